@@ -1,0 +1,34 @@
+/* RoPE kernels: rotate at absolute positions (model forward) and re-rotate stored K by a
+ * position delta (remap of a cached chunk to its new offset). DESIGN §6. */
+#ifndef CG_REMAP_H
+#define CG_REMAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    CG_ROPE_HALF,        /* HF/NeoX: pairs (i, i + d/2) */
+    CG_ROPE_INTERLEAVED, /* GPT-J: pairs (2i, 2i + 1) */
+} cg_rope_style;
+
+typedef struct cg_rope {
+    int head_dim;        /* even */
+    double theta;        /* base, e.g. 10000 */
+    cg_rope_style style;
+} cg_rope;
+
+/* "half" / "interleaved"; static storage. */
+const char *cg_rope_style_name(cg_rope_style s);
+
+/* Rotates x in place: n_tokens rows, each holding n_heads vectors of head_dim floats
+ * (row stride n_heads*head_dim). Row t is rotated to position pos0 + t.
+ * Angles pos*theta_i are computed in double; cos/sin applied in float. */
+void cg_rope_apply(const cg_rope *r, float *x, size_t n_tokens, int n_heads, int64_t pos0);
+
+/* Remap: dst[t] = R(delta) * src[t] for n_rows rows of head_dim floats, rows contiguous
+ * ([n_rows][head_dim]). src and dst may be equal (in place) but must not otherwise overlap.
+ * Every row gets the same delta, so cos/sin are head_dim/2 constants; the loop is
+ * memory-bound and vectorises. */
+void cg_remap_rope(const cg_rope *r, const float *src, float *dst, size_t n_rows, int64_t delta);
+
+#endif

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages chunkgate needs to build, test and run (as root, only the
+# missing ones). Used by scripts/test.sh and scripts/run.sh.
+set -euo pipefail
+PKGS=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev libsqlite3-dev
+      libxxhash-dev libcurl4-openssl-dev check libopenblas-dev curl sqlite3 ${CG_EXTRA_PKGS:-})
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+    echo "missing Debian packages: ${missing[*]} (run as root, or: sudo apt-get install -y ${missing[*]})" >&2
+    exit 1
+fi
+echo "installing: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

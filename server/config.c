@@ -1,0 +1,184 @@
+/* Table-driven configuration: defaults, CHUNKGATE_* environment, flags, --help. */
+#include "server/config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include "cache/base.h"
+
+static void *field(void *cfg, const cg_cfg_opt *o) { return (char *)cfg + o->offset; }
+
+static int parse_bool(const char *v, int *out)
+{
+    if (!strcasecmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") ||
+        !strcasecmp(v, "on"))
+        *out = 1;
+    else if (!strcasecmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
+             !strcasecmp(v, "off"))
+        *out = 0;
+    else
+        return -1;
+    return 0;
+}
+
+static void list_add(cg_strlist *l, const char *v, size_t len)
+{
+    l->v = cg_realloc(l->v, (l->n + 2) * sizeof *l->v);
+    l->v[l->n++] = cg_strndup(v, len);
+    l->v[l->n] = NULL;
+}
+
+static void list_clear(cg_strlist *l)
+{
+    for (size_t i = 0; i < l->n; i++) free(l->v[i]);
+    cg_free(&l->v);
+    l->n = 0;
+}
+
+/* Stores text v into the option's field. from_env: lists are comma-separated and replace. */
+static cg_status set_value(const cg_cfg_opt *o, void *cfg, const char *v, int append,
+                           char *err, size_t errlen)
+{
+    char *end = NULL;
+    switch (o->type) {
+    case CG_CFG_STR: {
+        char **s = field(cfg, o);
+        free(*s);
+        *s = cg_strdup(v);
+        return CG_OK;
+    }
+    case CG_CFG_BOOL:
+        if (parse_bool(v, field(cfg, o)) != 0) {
+            snprintf(err, errlen, "--%s: '%s' is not a boolean (true/false)", o->name, v);
+            return CG_E_VALUE;
+        }
+        return CG_OK;
+    case CG_CFG_INT:
+    case CG_CFG_SIZE: {
+        errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (end == v || errno) goto bad_number;
+        if (o->type == CG_CFG_SIZE && *end) {
+            long long mul = 1;
+            switch (*end) {
+            case 'k': case 'K': mul = 1LL << 10; break;
+            case 'm': case 'M': mul = 1LL << 20; break;
+            case 'g': case 'G': mul = 1LL << 30; break;
+            default: goto bad_number;
+            }
+            end++;
+            if (*end == 'i' || *end == 'I') end++;
+            if (*end == 'b' || *end == 'B') end++;
+            if (x > (1LL << 62) / mul) goto bad_number;
+            x *= mul;
+        }
+        if (*end) goto bad_number;
+        if (x < o->min || x > o->max) {
+            snprintf(err, errlen, "--%s: %lld is outside [%lld, %lld]", o->name, x, o->min, o->max);
+            return CG_E_VALUE;
+        }
+        if (o->type == CG_CFG_INT) *(long long *)field(cfg, o) = x;
+        else *(size_t *)field(cfg, o) = (size_t)x;
+        return CG_OK;
+    }
+    case CG_CFG_LIST: {
+        cg_strlist *l = field(cfg, o);
+        if (!append) {
+            list_clear(l);
+            for (const char *p = v; *p;) {
+                const char *c = strchr(p, ',');
+                size_t n = c ? (size_t)(c - p) : strlen(p);
+                if (n) list_add(l, p, n);
+                p += n + (c ? 1 : 0);
+            }
+        } else {
+            list_add(l, v, strlen(v));
+        }
+        return CG_OK;
+    }
+    }
+    return CG_E_INTERNAL;
+bad_number:
+    snprintf(err, errlen, "--%s: '%s' is not a valid %s", o->name, v,
+             o->type == CG_CFG_SIZE ? "size (e.g. 512, 64M, 2G)" : "integer");
+    return CG_E_VALUE;
+}
+
+cg_status cg_config_parse(const cg_cfg_opt *tab, size_t n, void *cfg, int argc, char **argv,
+                          int *want_help, char *err, size_t errlen)
+{
+    cg_status st = CG_OK;
+    *want_help = 0;
+    for (size_t i = 0; i < n; i++)
+        if (tab[i].def && (st = set_value(&tab[i], cfg, tab[i].def, 0, err, errlen)) != CG_OK)
+            return st;
+    for (size_t i = 0; i < n; i++) {
+        const char *v = tab[i].env ? getenv(tab[i].env) : NULL;
+        if (v && (st = set_value(&tab[i], cfg, v, 0, err, errlen)) != CG_OK) return st;
+    }
+    /* Repeated list flags replace the default/env list on their first use. */
+    unsigned char *seen = cg_calloc(n ? n : 1, 1);
+    for (int a = 1; a < argc; a++) {
+        const char *arg = argv[a];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            *want_help = 1;
+            continue;
+        }
+        if (strncmp(arg, "--", 2) != 0) {
+            snprintf(err, errlen, "unexpected argument '%s' (see --help)", arg);
+            st = CG_E_VALUE;
+            goto out;
+        }
+        const char *name = arg + 2, *eq = strchr(name, '=');
+        size_t nl = eq ? (size_t)(eq - name) : strlen(name);
+        const cg_cfg_opt *o = NULL;
+        size_t idx = 0;
+        for (size_t i = 0; i < n; i++)
+            if (strlen(tab[i].name) == nl && !strncmp(tab[i].name, name, nl)) {
+                o = &tab[i];
+                idx = i;
+            }
+        if (!o) {
+            snprintf(err, errlen, "unknown option '%.*s' (see --help)", (int)(nl + 2), arg);
+            st = CG_E_VALUE;
+            goto out;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v && o->type == CG_CFG_BOOL) v = "true";
+        if (!v) {
+            if (a + 1 >= argc) {
+                snprintf(err, errlen, "--%s needs a value", o->name);
+                st = CG_E_VALUE;
+                goto out;
+            }
+            v = argv[++a];
+        }
+        if (o->type == CG_CFG_LIST && !seen[idx]) list_clear(field(cfg, o));
+        seen[idx] = 1;
+        if ((st = set_value(o, cfg, v, 1, err, errlen)) != CG_OK) goto out;
+    }
+out:
+    free(seen);
+    return st;
+}
+
+void cg_config_help(FILE *out, const char *usage, const cg_cfg_opt *tab, size_t n)
+{
+    static const char *types[] = {"STR", "INT", "SIZE", "BOOL", "LIST"};
+    fprintf(out, "%s\n\nOptions (flags override environment variables):\n\n", usage);
+    fprintf(out, "| flag | env | type | default | description |\n|---|---|---|---|---|\n");
+    for (size_t i = 0; i < n; i++) {
+        const cg_cfg_opt *o = &tab[i];
+        fprintf(out, "| `--%s` | `%s` | %s | %s | %s |\n", o->name, o->env ? o->env : "",
+                types[o->type], o->def && *o->def ? o->def : "-", o->help);
+    }
+}
+
+void cg_config_free(const cg_cfg_opt *tab, size_t n, void *cfg)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (tab[i].type == CG_CFG_STR) cg_free((char **)field(cfg, &tab[i]));
+        else if (tab[i].type == CG_CFG_LIST) list_clear(field(cfg, &tab[i]));
+    }
+}

@@ -1,0 +1,45 @@
+/* One configuration table per program drives flag parsing, CHUNKGATE_* environment
+ * variables, validation and --help (Redis configs[], Varnish tbl/params.h). */
+#ifndef CG_CONFIG_H
+#define CG_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include "cache/status.h"
+
+typedef enum {
+    CG_CFG_STR,  /* char * (owned by the config; freed by cg_config_free) */
+    CG_CFG_INT,  /* long long, within [min, max] */
+    CG_CFG_SIZE, /* size_t, accepts K/M/G suffixes (powers of 1024), within [min, max] */
+    CG_CFG_BOOL, /* int 0/1: "--flag" alone, or true/false/1/0/yes/no */
+    CG_CFG_LIST, /* cg_strlist, repeatable flag; the env var is comma-separated */
+} cg_cfg_type;
+
+typedef struct cg_strlist {
+    char **v; /* NULL-terminated */
+    size_t n;
+} cg_strlist;
+
+typedef struct cg_cfg_opt {
+    const char *name; /* flag without dashes: "listen" -> --listen */
+    const char *env;  /* "CHUNKGATE_LISTEN" */
+    cg_cfg_type type;
+    size_t offset;    /* offsetof(struct, field) */
+    const char *def;  /* default as text; NULL = unset (NULL string / empty list / 0) */
+    long long min, max;
+    const char *help;
+} cg_cfg_opt;
+
+/* Applies defaults, then environment variables, then argv flags (flags win), validating
+ * each value. Positional arguments are an error. "--help" sets *want_help and returns CG_OK.
+ * On failure writes a message naming the option into err. cfg must be zeroed first. */
+cg_status cg_config_parse(const cg_cfg_opt *tab, size_t n, void *cfg, int argc, char **argv,
+                          int *want_help, char *err, size_t errlen) CG_WUR;
+
+/* Prints the table: usage line, then one row per option (flag, env, default, help). */
+void cg_config_help(FILE *out, const char *usage, const cg_cfg_opt *tab, size_t n);
+
+/* Frees the strings and lists that parse stored in cfg. */
+void cg_config_free(const cg_cfg_opt *tab, size_t n, void *cfg);
+
+#endif

@@ -1,0 +1,835 @@
+/* HTTP plumbing on libmicrohttpd: routing, body caps, auth, job pool, replies and streams.
+ * The threading model and the suspend/resume rules are described in server/http.h. */
+#include "server/http.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <microhttpd.h>
+
+#if MHD_VERSION >= 0x00097002
+#define CG_MHD_RESULT enum MHD_Result
+#else
+#define CG_MHD_RESULT int
+#endif
+
+#define MAX_PARAMS 4
+
+typedef struct hdr {
+    char *name, *value;
+    struct hdr *next;
+} hdr;
+
+struct cg_stream {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned refs;
+    char *buf; /* pending bytes: buf[head..head+len) */
+    size_t head, len, cap, max;
+    char *heartbeat;
+    int closed;   /* producer is done */
+    int gone;     /* client left or server stopping */
+    int poked;    /* heartbeat requested */
+    int suspended; /* the connection is suspended waiting for bytes */
+    struct MHD_Connection *conn;
+    cg_http_server *srv;
+    cg_stream *prev, *next; /* server's list of live streams */
+};
+
+struct cg_http_req {
+    cg_http_server *srv;
+    struct MHD_Connection *conn;
+    const cg_http_route *route;
+    char *params[MAX_PARAMS];
+    char method[16];
+    char *path;
+    cg_buf body;
+    cg_status early; /* error decided before the body was read */
+    int early_http;
+    char rid[65];
+    uint64_t start_ns;
+    int dispatched;
+    int suspended; /* parked while a job thread handles it */
+    struct MHD_Response *resp;
+    int resp_status;
+    hdr *headers;
+    cg_stream *stream;
+    void *data;
+    cg_http_req *next_job;
+};
+
+struct cg_http_server {
+    struct MHD_Daemon *d;
+    cg_http_params p;
+    uint16_t port;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* jobs queued / stopping */
+    pthread_cond_t idle_cv; /* a job finished */
+    cg_http_req *job_head, *job_tail;
+    unsigned jobs_running;
+    pthread_t *job_threads;
+    pthread_t hb_thread;
+    int stopping;
+    cg_stream *streams;
+    unsigned long long rid_seq;
+};
+
+cg_http_params cg_http_default_params(void)
+{
+    cg_http_params p;
+    memset(&p, 0, sizeof p);
+    p.listen = "127.0.0.1:8080";
+    p.io_threads = 2;
+    p.job_threads = 8;
+    p.max_body_bytes = 8u << 20;
+    p.conn_timeout_s = 60;
+    p.max_connections = 4096;
+    p.heartbeat_ms = 5000;
+    return p;
+}
+
+/* ---------------------------------------------------------------- streams */
+
+cg_stream *cg_stream_new(size_t max_buffered, const char *heartbeat)
+{
+    cg_stream *s = cg_calloc(1, sizeof *s);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->refs = 1;
+    s->max = max_buffered ? max_buffered : (1u << 20);
+    s->heartbeat = heartbeat ? cg_strdup(heartbeat) : NULL;
+    return s;
+}
+
+cg_stream *cg_stream_ref(cg_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->refs++;
+    pthread_mutex_unlock(&s->mu);
+    return s;
+}
+
+void cg_stream_unref(cg_stream **sp)
+{
+    cg_stream *s = *sp;
+    if (!s) return;
+    *sp = NULL;
+    pthread_mutex_lock(&s->mu);
+    unsigned left = --s->refs;
+    pthread_mutex_unlock(&s->mu);
+    if (left) return;
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->buf);
+    free(s->heartbeat);
+    free(s);
+}
+
+/* Resumes the connection if the reader suspended it. Caller holds s->mu. */
+static void stream_wake_locked(cg_stream *s)
+{
+    if (s->suspended && s->conn) {
+        s->suspended = 0;
+        MHD_resume_connection(s->conn);
+    }
+}
+
+int cg_stream_push(cg_stream *s, const void *data, size_t len)
+{
+    const char *p = data;
+    pthread_mutex_lock(&s->mu);
+    while (len) {
+        if (s->gone) break;
+        if (s->len >= s->max) { /* slow client: wait for the reader to drain */
+            stream_wake_locked(s);
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        size_t n = CG_MIN(len, s->max - s->len);
+        if (s->head + s->len + n > s->cap) {
+            if (s->head) { /* compact before growing */
+                memmove(s->buf, s->buf + s->head, s->len);
+                s->head = 0;
+            }
+            if (s->len + n > s->cap) {
+                size_t cap = s->cap ? s->cap : 4096;
+                while (cap < s->len + n) cap *= 2;
+                s->buf = cg_realloc(s->buf, cap);
+                s->cap = cap;
+            }
+        }
+        memcpy(s->buf + s->head + s->len, p, n);
+        s->len += n;
+        p += n;
+        len -= n;
+    }
+    int rc = s->gone ? -1 : 0;
+    stream_wake_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void cg_stream_close(cg_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->closed = 1;
+    stream_wake_locked(s);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int cg_stream_cancelled(cg_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int g = s->gone;
+    pthread_mutex_unlock(&s->mu);
+    return g;
+}
+
+/* MHD content reader: runs on the MHD thread. */
+static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
+{
+    cg_stream *s = cls;
+    ssize_t rc;
+    pthread_mutex_lock(&s->mu);
+    if (s->gone) {
+        rc = MHD_CONTENT_READER_END_WITH_ERROR;
+    } else if (s->len) {
+        size_t n = CG_MIN(max, s->len);
+        memcpy(out, s->buf + s->head, n);
+        s->head += n;
+        s->len -= n;
+        if (!s->len) s->head = 0;
+        pthread_cond_broadcast(&s->cv);
+        rc = (ssize_t)n;
+    } else if (s->closed) {
+        rc = MHD_CONTENT_READER_END_OF_STREAM;
+    } else if (s->poked && s->heartbeat) {
+        s->poked = 0;
+        size_t n = CG_MIN(max, strlen(s->heartbeat));
+        memcpy(out, s->heartbeat, n);
+        rc = (ssize_t)n;
+    } else {
+        /* Nothing to send: park the connection until a push, close or poke resumes it. */
+        s->poked = 0;
+        if (s->conn && !s->suspended) {
+            s->suspended = 1;
+            MHD_suspend_connection(s->conn);
+        }
+        rc = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+static void stream_response_free(void *cls)
+{
+    cg_stream *s = cls;
+    cg_stream_unref(&s);
+}
+
+/* Heartbeat: pokes parked streams so a dead client is noticed by a failing write. */
+static void *heartbeat_main(void *arg)
+{
+    cg_http_server *srv = arg;
+    pthread_mutex_lock(&srv->mu);
+    while (!srv->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)srv->p.heartbeat_ms * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_cond_timedwait(&srv->cv, &srv->mu, &ts);
+        if (srv->stopping) break;
+        for (cg_stream *s = srv->streams; s; s = s->next) {
+            pthread_mutex_lock(&s->mu);
+            if (s->suspended) {
+                s->poked = 1;
+                stream_wake_locked(s);
+            }
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- requests */
+
+static void req_free(cg_http_req **rp)
+{
+    cg_http_req *r = *rp;
+    if (!r) return;
+    for (unsigned i = 0; i < MAX_PARAMS; i++) free(r->params[i]);
+    free(r->path);
+    cg_buf_free(&r->body);
+    while (r->headers) {
+        hdr *h = r->headers;
+        r->headers = h->next;
+        free(h->name);
+        free(h->value);
+        free(h);
+    }
+    if (r->resp) MHD_destroy_response(r->resp);
+    cg_stream_unref(&r->stream);
+    free(r);
+    *rp = NULL;
+}
+
+const char *cg_http_req_method(const cg_http_req *r) { return r->method; }
+const char *cg_http_req_path(const cg_http_req *r) { return r->path; }
+const char *cg_http_req_param(const cg_http_req *r, unsigned i)
+{
+    return i < MAX_PARAMS ? r->params[i] : NULL;
+}
+const char *cg_http_req_query(cg_http_req *r, const char *name)
+{
+    return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
+}
+const char *cg_http_req_header(cg_http_req *r, const char *name)
+{
+    return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
+const char *cg_http_req_body(const cg_http_req *r, size_t *len)
+{
+    *len = r->body.len;
+    return r->body.data ? r->body.data : "";
+}
+const char *cg_http_req_id(const cg_http_req *r) { return r->rid; }
+void cg_http_req_set_data(cg_http_req *r, void *data) { r->data = data; }
+void *cg_http_req_data(const cg_http_req *r) { return r->data; }
+
+const char *cg_http_req_bearer(cg_http_req *r)
+{
+    const char *h = cg_http_req_header(r, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
+    h += 7;
+    while (*h == ' ') h++;
+    return *h ? h : NULL;
+}
+
+void cg_http_add_header(cg_http_req *r, const char *name, const char *value)
+{
+    hdr *h = cg_malloc(sizeof *h);
+    h->name = cg_strdup(name);
+    h->value = cg_strdup(value);
+    h->next = r->headers;
+    r->headers = h;
+}
+
+json_t *cg_http_error_json(cg_status st, const char *param, const char *message)
+{
+    return json_pack("{s:{s:s, s:s, s:s?, s:s}}", "error", "message",
+                     message ? message : cg_status_message(st), "type", cg_status_type(st),
+                     "param", param, "code", cg_status_code(st));
+}
+
+/* Stores the response; resumes the connection when the reply comes from a job thread. */
+static void set_response(cg_http_req *r, int status, struct MHD_Response *resp)
+{
+    if (r->resp) { /* a second reply is a bug in the handler; keep the first */
+        cg_log(CG_LOG_ERROR, "second reply to %s %s ignored", r->method, r->path);
+        MHD_destroy_response(resp);
+        return;
+    }
+    MHD_add_response_header(resp, "X-Request-Id", r->rid);
+    for (hdr *h = r->headers; h; h = h->next) MHD_add_response_header(resp, h->name, h->value);
+    r->resp_status = status;
+    r->resp = resp;
+    if (r->suspended) {
+        r->suspended = 0;
+        MHD_resume_connection(r->conn);
+    }
+}
+
+void cg_http_reply_raw(cg_http_req *r, int status, const char *content_type, const void *data,
+                       size_t len)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
+    MHD_add_response_header(resp, "Content-Type", content_type);
+    set_response(r, status, resp);
+}
+
+void cg_http_reply_json(cg_http_req *r, int status, json_t *body)
+{
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    size_t len = strlen(text);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    set_response(r, status, resp);
+}
+
+void cg_http_reply_error_status(cg_http_req *r, int http, cg_status st, const char *param,
+                                const char *message)
+{
+    cg_log(http >= 500 ? CG_LOG_WARN : CG_LOG_INFO, "%s %s -> %d %s%s%s", r->method, r->path, http,
+           cg_status_code(st), message ? ": " : "", message ? message : "");
+    cg_http_reply_json(r, http, cg_http_error_json(st, param, message));
+}
+
+void cg_http_reply_error(cg_http_req *r, cg_status st, const char *param, const char *message)
+{
+    cg_http_reply_error_status(r, cg_status_http(st), st, param, message);
+}
+
+void cg_http_reply_stream(cg_http_req *r, int status, const char *content_type, cg_stream *s)
+{
+    cg_http_server *srv = r->srv;
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read,
+                                          cg_stream_ref(s), stream_response_free);
+    MHD_add_response_header(resp, "Content-Type", content_type);
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    pthread_mutex_lock(&s->mu);
+    s->conn = r->conn;
+    s->srv = srv;
+    pthread_mutex_unlock(&s->mu);
+    r->stream = cg_stream_ref(s);
+    pthread_mutex_lock(&srv->mu);
+    s->next = srv->streams;
+    if (srv->streams) srv->streams->prev = s;
+    srv->streams = s;
+    pthread_mutex_unlock(&srv->mu);
+    set_response(r, status, resp);
+}
+
+json_t *cg_http_req_json(cg_http_req *r)
+{
+    json_error_t err;
+    if (!r->body.len) {
+        cg_http_reply_error(r, CG_E_JSON, NULL, "request body is empty; expected a JSON object");
+        return NULL;
+    }
+    json_t *j = json_loadb(r->body.data, r->body.len, 0, &err);
+    if (!j) {
+        char msg[256];
+        cg_status st = json_error_code(&err) == json_error_invalid_utf8 ? CG_E_UTF8 : CG_E_JSON;
+        snprintf(msg, sizeof msg, "invalid JSON at line %d column %d: %s", err.line, err.column,
+                 err.text);
+        cg_http_reply_error(r, st, NULL, msg);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        cg_http_reply_error(r, CG_E_TYPE, NULL, "request body must be a JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+/* ---------------------------------------------------------------- JSON fields */
+
+cg_status cg_json_get(json_t *obj, const char *name, json_type type, int required, json_t **out)
+{
+    json_t *v = json_object_get(obj, name);
+    *out = NULL;
+    if (!v || json_is_null(v)) return required ? CG_E_MISSING : CG_OK;
+    if (json_typeof(v) != type) return CG_E_TYPE;
+    *out = v;
+    return CG_OK;
+}
+
+cg_status cg_json_get_string(json_t *obj, const char *name, int required, const char **out)
+{
+    json_t *v;
+    cg_status st = cg_json_get(obj, name, JSON_STRING, required, &v);
+    *out = v ? json_string_value(v) : NULL;
+    return st;
+}
+
+cg_status cg_json_get_int(json_t *obj, const char *name, long long def, long long min,
+                          long long max, long long *out)
+{
+    json_t *v = json_object_get(obj, name);
+    *out = def;
+    if (!v || json_is_null(v)) return CG_OK;
+    if (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v))
+        *out = (long long)json_real_value(v);
+    else if (json_is_integer(v))
+        *out = json_integer_value(v);
+    else
+        return CG_E_TYPE;
+    return *out < min || *out > max ? CG_E_VALUE : CG_OK;
+}
+
+cg_status cg_json_get_number(json_t *obj, const char *name, double def, double min, double max,
+                             double *out)
+{
+    json_t *v = json_object_get(obj, name);
+    *out = def;
+    if (!v || json_is_null(v)) return CG_OK;
+    if (!json_is_number(v)) return CG_E_TYPE;
+    *out = json_number_value(v);
+    return *out < min || *out > max ? CG_E_VALUE : CG_OK;
+}
+
+cg_status cg_json_get_bool(json_t *obj, const char *name, int def, int *out)
+{
+    json_t *v = json_object_get(obj, name);
+    *out = def;
+    if (!v || json_is_null(v)) return CG_OK;
+    if (!json_is_boolean(v)) return CG_E_TYPE;
+    *out = json_is_true(v);
+    return CG_OK;
+}
+
+/* ---------------------------------------------------------------- routing */
+
+/* Matches path against pattern; fills params with the "*" segments (caller frees). */
+static int route_match(const char *pattern, const char *path, char **params)
+{
+    unsigned np = 0;
+    const char *p = pattern, *s = path;
+    while (*p && *s) {
+        if (*p == '*') {
+            const char *end = strchr(s, '/');
+            size_t n = end ? (size_t)(end - s) : strlen(s);
+            if (!n || np >= MAX_PARAMS) goto fail;
+            params[np++] = cg_strndup(s, n);
+            s += n;
+            p++;
+        } else if (*p == *s) {
+            p++;
+            s++;
+        } else {
+            goto fail;
+        }
+    }
+    if (!*p && !*s) return 1;
+fail:
+    for (unsigned i = 0; i < np; i++) cg_free(&params[i]);
+    return 0;
+}
+
+static int rid_char_ok(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '-' || c == '_' || c == '.';
+}
+
+static void set_request_id(cg_http_req *r)
+{
+    const char *in = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Id");
+    size_t n = in ? strlen(in) : 0;
+    int ok = n > 0 && n < sizeof r->rid;
+    for (size_t i = 0; ok && i < n; i++) ok = rid_char_ok(in[i]);
+    if (ok) {
+        memcpy(r->rid, in, n + 1);
+        return;
+    }
+    pthread_mutex_lock(&r->srv->mu);
+    unsigned long long seq = ++r->srv->rid_seq;
+    pthread_mutex_unlock(&r->srv->mu);
+    snprintf(r->rid, sizeof r->rid, "%08llx%08llx", (unsigned long long)(cg_wall_ms() & 0xffffffffu),
+             seq);
+}
+
+static int auth_ok(cg_http_req *r, unsigned flags)
+{
+    const cg_http_params *p = &r->srv->p;
+    const char *tok = cg_http_req_bearer(r);
+    if ((flags & CG_ROUTE_ADMIN) && p->admin_token && *p->admin_token)
+        return tok && cg_secret_equal(tok, p->admin_token);
+    if ((flags & CG_ROUTE_AUTH) && p->api_keys && p->api_keys[0]) {
+        int ok = 0;
+        for (const char *const *k = p->api_keys; *k; k++) ok |= tok && cg_secret_equal(tok, *k);
+        return ok;
+    }
+    return 1;
+}
+
+/* Decides route, auth and size before any body byte is read. */
+static void classify(cg_http_req *r)
+{
+    const cg_http_params *p = &r->srv->p;
+    int path_matched = 0;
+    for (size_t i = 0; i < p->n_routes; i++) {
+        char *params[MAX_PARAMS] = {0};
+        if (!route_match(p->routes[i].pattern, r->path, params)) continue;
+        if (strcmp(p->routes[i].method, r->method) != 0) {
+            path_matched = 1;
+            for (unsigned j = 0; j < MAX_PARAMS; j++) free(params[j]);
+            continue;
+        }
+        r->route = &p->routes[i];
+        memcpy(r->params, params, sizeof params);
+        break;
+    }
+    if (!r->route) {
+        r->early = path_matched ? CG_E_METHOD : CG_E_NOT_FOUND;
+        return;
+    }
+    if (!auth_ok(r, r->route->flags)) {
+        r->early = CG_E_AUTH;
+        return;
+    }
+    const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > p->max_body_bytes) r->early = CG_E_TOO_LARGE;
+}
+
+static CG_MHD_RESULT queue_reply(cg_http_req *r)
+{
+    CG_MHD_RESULT ret = MHD_queue_response(r->conn, (unsigned)r->resp_status, r->resp);
+    MHD_destroy_response(r->resp);
+    r->resp = NULL;
+    return ret;
+}
+
+static void early_reply(cg_http_req *r)
+{
+    char msg[160];
+    const char *m = NULL;
+    if (r->early == CG_E_NOT_FOUND) {
+        snprintf(msg, sizeof msg, "no route for %s %s", r->method, r->path);
+        m = msg;
+    } else if (r->early == CG_E_METHOD) {
+        snprintf(msg, sizeof msg, "method %s is not allowed on %s", r->method, r->path);
+        m = msg;
+    } else if (r->early == CG_E_TOO_LARGE) {
+        snprintf(msg, sizeof msg, "request body is larger than %zu bytes", r->srv->p.max_body_bytes);
+        m = msg;
+    }
+    cg_http_reply_error(r, r->early, NULL, m);
+}
+
+static void enqueue_job(cg_http_server *srv, cg_http_req *r)
+{
+    pthread_mutex_lock(&srv->mu);
+    r->next_job = NULL;
+    if (srv->job_tail) srv->job_tail->next_job = r;
+    else srv->job_head = r;
+    srv->job_tail = r;
+    pthread_cond_broadcast(&srv->cv);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+static void *job_main(void *arg)
+{
+    cg_http_server *srv = arg;
+    pthread_mutex_lock(&srv->mu);
+    for (;;) {
+        while (!srv->job_head && !srv->stopping) pthread_cond_wait(&srv->cv, &srv->mu);
+        cg_http_req *r = srv->job_head;
+        if (!r) break; /* stopping and drained */
+        srv->job_head = r->next_job;
+        if (!srv->job_head) srv->job_tail = NULL;
+        srv->jobs_running++;
+        pthread_mutex_unlock(&srv->mu);
+
+        cg_log_set_request_id(r->rid);
+        r->route->handler(r, srv->p.app);
+        cg_log_set_request_id(NULL);
+
+        pthread_mutex_lock(&srv->mu);
+        srv->jobs_running--;
+        pthread_cond_broadcast(&srv->idle_cv);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return NULL;
+}
+
+static CG_MHD_RESULT on_access(void *cls, struct MHD_Connection *conn, const char *url,
+                               const char *method, const char *version, const char *upload,
+                               size_t *upload_size, void **con_cls)
+{
+    cg_http_server *srv = cls;
+    cg_http_req *r = *con_cls;
+    if (!r) {
+        r = cg_calloc(1, sizeof *r);
+        r->srv = srv;
+        r->conn = conn;
+        r->start_ns = cg_now_ns();
+        snprintf(r->method, sizeof r->method, "%s", method);
+        r->path = cg_strdup(url);
+        cg_buf_init(&r->body, srv->p.max_body_bytes);
+        set_request_id(r);
+        classify(r);
+        *con_cls = r;
+        if (r->early != CG_OK && r->early != CG_E_TOO_LARGE) return MHD_YES;
+        if (r->early == CG_E_TOO_LARGE) { /* refuse before reading the body */
+            early_reply(r);
+            return queue_reply(r);
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (r->early == CG_OK && cg_buf_append(&r->body, upload, *upload_size) != CG_OK)
+            r->early = CG_E_TOO_LARGE;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (r->resp) return queue_reply(r); /* resumed after a job replied */
+    if (r->dispatched) return MHD_YES;  /* spurious wake-up */
+    r->dispatched = 1;
+    if (r->early != CG_OK) {
+        early_reply(r);
+        return queue_reply(r);
+    }
+    if (r->route->flags & CG_ROUTE_INLINE) {
+        cg_log_set_request_id(r->rid);
+        r->route->handler(r, srv->p.app);
+        cg_log_set_request_id(NULL);
+        if (!r->resp) cg_http_reply_error(r, CG_E_INTERNAL, NULL, "handler did not reply");
+        return queue_reply(r);
+    }
+    /* Suspend first, then hand over: the job may resume at once. */
+    r->suspended = 1;
+    MHD_suspend_connection(conn);
+    enqueue_job(srv, r);
+    return MHD_YES;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    cg_http_server *srv = cls;
+    cg_http_req *r = *con_cls;
+    if (!r) return;
+    *con_cls = NULL;
+    cg_stream *s = r->stream;
+    if (s) {
+        pthread_mutex_lock(&srv->mu);
+        if (s->prev) s->prev->next = s->next;
+        else if (srv->streams == s) srv->streams = s->next;
+        if (s->next) s->next->prev = s->prev;
+        s->prev = s->next = NULL;
+        pthread_mutex_unlock(&srv->mu);
+        pthread_mutex_lock(&s->mu);
+        s->conn = NULL;
+        s->suspended = 0;
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK || !s->closed) s->gone = 1;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+    double secs = (double)(cg_now_ns() - r->start_ns) / 1e9;
+    int status = r->resp_status ? r->resp_status : 499;
+    const char *route = r->route ? r->route->name : "unknown";
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) status = r->resp_status ? r->resp_status : 499;
+    cg_log_set_request_id(r->rid);
+    cg_log(CG_LOG_INFO, "%s %s %d %.3fms%s", r->method, r->path, status, secs * 1e3,
+           toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
+    cg_log_set_request_id(NULL);
+    if (srv->p.done) srv->p.done(srv->p.app, route, status, secs);
+    req_free(&r);
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static cg_status resolve_listen(const char *listen, struct sockaddr_storage *ss, socklen_t *len,
+                                int *v6)
+{
+    char host[256];
+    const char *colon = strrchr(listen, ':');
+    if (!colon || colon == listen || strlen(colon + 1) == 0) return CG_E_VALUE;
+    size_t hl = (size_t)(colon - listen);
+    if (hl >= sizeof host) return CG_E_VALUE;
+    memcpy(host, listen, hl);
+    host[hl] = '\0';
+    char *h = host;
+    if (h[0] == '[' && hl > 1 && h[hl - 1] == ']') {
+        h[hl - 1] = '\0';
+        h++;
+    }
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    if (getaddrinfo(*h ? h : NULL, colon + 1, &hints, &res) != 0 || !res) return CG_E_VALUE;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    *v6 = res->ai_family == AF_INET6;
+    freeaddrinfo(res);
+    return CG_OK;
+}
+
+cg_status cg_http_start(const cg_http_params *p, cg_http_server **out)
+{
+    *out = NULL;
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    int v6 = 0;
+    if (resolve_listen(p->listen, &ss, &sslen, &v6) != CG_OK) {
+        cg_log(CG_LOG_ERROR, "cannot parse or resolve listen address '%s' (want HOST:PORT)",
+               p->listen);
+        return CG_E_VALUE;
+    }
+    cg_http_server *srv = cg_calloc(1, sizeof *srv);
+    srv->p = *p;
+    pthread_mutex_init(&srv->mu, NULL);
+    pthread_cond_init(&srv->cv, NULL);
+    pthread_cond_init(&srv->idle_cv, NULL);
+
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_ERROR_LOG;
+    if (v6) flags |= MHD_USE_IPv6;
+    srv->d = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_access, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)CG_MAX(1u, p->io_threads),
+        MHD_OPTION_CONNECTION_TIMEOUT, p->conn_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+        p->max_connections, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1, MHD_OPTION_END);
+    if (!srv->d) {
+        cg_log(CG_LOG_ERROR, "cannot listen on %s: %s", p->listen, strerror(errno));
+        pthread_mutex_destroy(&srv->mu);
+        pthread_cond_destroy(&srv->cv);
+        pthread_cond_destroy(&srv->idle_cv);
+        free(srv);
+        return CG_E_IO;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->d, MHD_DAEMON_INFO_BIND_PORT);
+    srv->port = info ? info->port : 0;
+    unsigned nj = CG_MAX(1u, p->job_threads);
+    srv->job_threads = cg_calloc(nj, sizeof(pthread_t));
+    for (unsigned i = 0; i < nj; i++) pthread_create(&srv->job_threads[i], NULL, job_main, srv);
+    pthread_create(&srv->hb_thread, NULL, heartbeat_main, srv);
+    *out = srv;
+    return CG_OK;
+}
+
+uint16_t cg_http_port(const cg_http_server *s) { return s->port; }
+
+void cg_http_stop(cg_http_server **sp)
+{
+    cg_http_server *srv = *sp;
+    if (!srv) return;
+    *sp = NULL;
+    MHD_socket ls = MHD_quiesce_daemon(srv->d);
+    (void)ls;
+    /* Let queued handlers finish (they resume their connections), then end live streams so
+     * no connection stays suspended: MHD refuses to stop with suspended connections. */
+    pthread_mutex_lock(&srv->mu);
+    srv->stopping = 1;
+    pthread_cond_broadcast(&srv->cv);
+    pthread_mutex_unlock(&srv->mu);
+    for (unsigned i = 0; i < CG_MAX(1u, srv->p.job_threads); i++)
+        pthread_join(srv->job_threads[i], NULL);
+    pthread_join(srv->hb_thread, NULL);
+    for (int round = 0; round < 50; round++) {
+        int live = 0;
+        pthread_mutex_lock(&srv->mu);
+        for (cg_stream *s = srv->streams; s; s = s->next) {
+            pthread_mutex_lock(&s->mu);
+            s->gone = 1;
+            stream_wake_locked(s);
+            pthread_cond_broadcast(&s->cv);
+            pthread_mutex_unlock(&s->mu);
+            live++;
+        }
+        pthread_mutex_unlock(&srv->mu);
+        if (!live) break;
+        struct timespec ts = {0, 20 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    MHD_stop_daemon(srv->d);
+    free(srv->job_threads);
+    pthread_mutex_destroy(&srv->mu);
+    pthread_cond_destroy(&srv->cv);
+    pthread_cond_destroy(&srv->idle_cv);
+    free(srv);
+}

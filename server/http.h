@@ -1,0 +1,149 @@
+/* HTTP plumbing shared by the gateway and the worker, on libmicrohttpd.
+ *
+ * Threading model. MHD runs an internal epoll loop on a small pool of threads (one per core
+ * by default). Those threads only move bytes: they read headers and bodies and write
+ * responses, so one of them can hold thousands of idle or streaming connections. Route
+ * handlers that may block (upstream HTTP, model compute) never run there: once the body is
+ * complete, the connection is suspended and the request goes to a job pool; the handler
+ * replies from that thread, which resumes the connection. Cheap handlers (health, metrics)
+ * are marked inline and run on the MHD thread.
+ *
+ * Streams (SSE). A streamed reply is a cg_stream that a producer pushes bytes into from any
+ * thread. MHD pulls from it; when it is empty the connection is suspended and the next push
+ * resumes it. A suspended connection cannot see its client leave, so the server pokes idle
+ * streams every heartbeat interval: the reader then writes an SSE comment, and a dead client
+ * fails that write. The producer learns of it through cg_stream_push()'s return value and
+ * cancels its upstream. Streams are reference-counted, so neither side outlives the other's
+ * memory. */
+#ifndef CG_HTTP_H
+#define CG_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+#include "cache/base.h"
+
+typedef struct cg_http_server cg_http_server;
+typedef struct cg_http_req cg_http_req;
+typedef struct cg_stream cg_stream;
+
+/* A route handler. It must end the request with exactly one cg_http_reply_* call (from any
+ * thread, possibly later); after that it must not touch req. */
+typedef void (*cg_http_handler)(cg_http_req *req, void *app);
+
+enum {
+    CG_ROUTE_INLINE = 1 << 0, /* cheap, non-blocking: runs on the MHD thread */
+    CG_ROUTE_ADMIN = 1 << 1,  /* needs the admin bearer token when one is configured */
+    CG_ROUTE_AUTH = 1 << 2,   /* needs an API key when API keys are configured */
+};
+
+/* One route. pattern is a path where "*" matches exactly one non-empty path segment, e.g.
+ * "/v1/chunks/ *\/kv" (without the spaces). Matched segments are read with
+ * cg_http_req_param(req, i). The first route whose pattern matches decides: a matching
+ * pattern with another method answers 405. */
+typedef struct cg_http_route {
+    const char *method; /* "GET", "POST", "DELETE" */
+    const char *pattern;
+    cg_http_handler handler;
+    unsigned flags;
+    const char *name; /* label for metrics and logs, e.g. "completions" */
+} cg_http_route;
+
+/* Called once per finished request (any thread) with the route name ("unknown" for 404),
+ * the HTTP status sent, and the duration; for metrics and the access log. */
+typedef void (*cg_http_done_fn)(void *app, const char *route, int status, double seconds);
+
+typedef struct cg_http_params {
+    const char *listen;        /* "HOST:PORT"; port 0 picks a free port */
+    unsigned io_threads;       /* MHD epoll threads; default 2 */
+    unsigned job_threads;      /* blocking-handler pool; default 8 */
+    size_t max_body_bytes;     /* default 8 MiB; larger -> 413 */
+    unsigned conn_timeout_s;   /* idle connection timeout; default 60 */
+    unsigned max_connections;  /* default 4096 */
+    unsigned heartbeat_ms;     /* stream poke interval; default 5000 */
+    const char *admin_token;   /* borrowed; NULL/"" = admin routes open */
+    const char *const *api_keys; /* borrowed, NULL-terminated; NULL = inference routes open */
+    const cg_http_route *routes; /* borrowed, n_routes entries, must outlive the server */
+    size_t n_routes;
+    void *app;                 /* passed to handlers and done */
+    cg_http_done_fn done;
+} cg_http_params;
+
+cg_http_params cg_http_default_params(void);
+
+/* Starts listening and serving. *out is owned by the caller (cg_http_stop). */
+cg_status cg_http_start(const cg_http_params *p, cg_http_server **out) CG_WUR;
+/* The bound port (useful with port 0). */
+uint16_t cg_http_port(const cg_http_server *s);
+/* Stops accepting, waits for in-flight handlers (up to a few seconds), frees. NULL-safe. */
+void cg_http_stop(cg_http_server **s);
+
+/* ---- request accessors (borrowed pointers valid until the reply) ---- */
+const char *cg_http_req_method(const cg_http_req *r);
+const char *cg_http_req_path(const cg_http_req *r);
+/* The i-th "*" segment of the matched pattern (URL-decoded), or NULL. */
+const char *cg_http_req_param(const cg_http_req *r, unsigned i);
+/* Query-string argument or NULL. */
+const char *cg_http_req_query(cg_http_req *r, const char *name);
+/* Request header (case-insensitive) or NULL. */
+const char *cg_http_req_header(cg_http_req *r, const char *name);
+const char *cg_http_req_body(const cg_http_req *r, size_t *len);
+/* The request id: the client's X-Request-Id when it is sane, else a generated one. */
+const char *cg_http_req_id(const cg_http_req *r);
+/* The bearer token the request presented, or NULL. */
+const char *cg_http_req_bearer(cg_http_req *r);
+/* Per-request user data for the handler's own state (not freed by the server). */
+void cg_http_req_set_data(cg_http_req *r, void *data);
+void *cg_http_req_data(const cg_http_req *r);
+
+/* Parses the body as a JSON object. On failure replies 400 itself and returns NULL.
+ * The caller owns the returned reference. */
+json_t *cg_http_req_json(cg_http_req *r);
+
+/* ---- replies: exactly one per request ---- */
+/* Adds a response header to the coming reply (copied). */
+void cg_http_add_header(cg_http_req *r, const char *name, const char *value);
+/* Replies with body json (reference taken over) and the given status. */
+void cg_http_reply_json(cg_http_req *r, int status, json_t *body);
+/* Replies with raw bytes (copied). */
+void cg_http_reply_raw(cg_http_req *r, int status, const char *content_type, const void *data,
+                       size_t len);
+/* Replies with the OpenAI error shape {"error":{"message","type","param","code"}}, status from
+ * cg_status_http(st). message NULL uses the table's message; param may be NULL. */
+void cg_http_reply_error(cg_http_req *r, cg_status st, const char *param, const char *message);
+/* Same, with an explicit HTTP status (e.g. the status an upstream returned). */
+void cg_http_reply_error_status(cg_http_req *r, int http, cg_status st, const char *param,
+                                const char *message);
+/* Replies with a stream; the reply takes its own reference (the caller keeps its own). */
+void cg_http_reply_stream(cg_http_req *r, int status, const char *content_type, cg_stream *s);
+
+/* Builds the OpenAI error object (new reference). */
+json_t *cg_http_error_json(cg_status st, const char *param, const char *message);
+
+/* ---- streams ---- */
+/* New stream with one reference for the caller. max_buffered caps the bytes queued and not
+ * yet sent (a slow client makes cg_stream_push wait rather than grow memory without bound).
+ * heartbeat: bytes written when a poke finds it idle, e.g. ": keep-alive\n\n"; NULL = none. */
+cg_stream *cg_stream_new(size_t max_buffered, const char *heartbeat);
+cg_stream *cg_stream_ref(cg_stream *s);
+void cg_stream_unref(cg_stream **s);
+/* Queues bytes. Blocks while the buffer is full. Returns 0, or -1 once the client is gone
+ * (the producer should then cancel its upstream work). */
+int cg_stream_push(cg_stream *s, const void *data, size_t len);
+/* Marks the end: the reply completes once the queued bytes are sent. */
+void cg_stream_close(cg_stream *s);
+/* 1 once the client is gone or the server is stopping. */
+int cg_stream_cancelled(cg_stream *s);
+
+/* ---- JSON field helpers: on a type error they return CG_E_TYPE / CG_E_MISSING ---- */
+/* *out is borrowed from obj; absent and not required -> CG_OK with *out = NULL. */
+cg_status cg_json_get(json_t *obj, const char *name, json_type type, int required, json_t **out) CG_WUR;
+/* Convenience wrappers; def is used when absent. */
+cg_status cg_json_get_string(json_t *obj, const char *name, int required, const char **out) CG_WUR;
+cg_status cg_json_get_int(json_t *obj, const char *name, long long def, long long min, long long max,
+                          long long *out) CG_WUR;
+cg_status cg_json_get_number(json_t *obj, const char *name, double def, double min, double max,
+                             double *out) CG_WUR;
+cg_status cg_json_get_bool(json_t *obj, const char *name, int def, int *out) CG_WUR;
+
+#endif
