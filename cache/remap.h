@@ -31,4 +31,13 @@ void cg_rope_apply(const cg_rope *r, float *x, size_t n_tokens, int n_heads, int
  * memory-bound and vectorises. */
 void cg_remap_rope(const cg_rope *r, const float *src, float *dst, size_t n_rows, int64_t delta);
 
+/* The cos/sin of one delta, computed once, for remapping a chunk that lives in many small
+ * runs of rows (pool blocks: 16 rows each), where recomputing them per call would cost
+ * more than the rows. Caller owns it: cg_remap_table_free. */
+typedef struct cg_remap_table cg_remap_table;
+cg_remap_table *cg_remap_table_new(const cg_rope *r, int64_t delta);
+void cg_remap_table_free(cg_remap_table **t);
+/* Same as cg_remap_rope with the table's rope and delta. */
+void cg_remap_rope_table(const cg_remap_table *t, const float *src, float *dst, size_t n_rows);
+
 #endif
