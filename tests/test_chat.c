@@ -1,0 +1,539 @@
+/* Check suite for cache/chat: the rendering rule of messages + documents into segments, on
+ * fixed message shapes and on random conversations against a naive reference rendering. */
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/base.h"
+#include "cache/chat.h"
+#include "cache/split.h"
+
+#define MSG(r, c)                                                                                  \
+    {                                                                                              \
+        r, c, sizeof(c) - 1                                                                        \
+    }
+
+/* Reports only failures: a passing ck_assert costs a pipe write, and the random test makes
+ * hundreds of thousands of checks. */
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
+    } while (0)
+
+typedef struct rendered {
+    cg_status st;
+    cg_buf text;
+    cg_split_result segs;
+} rendered;
+
+static rendered render_docs(const cg_chat_msg *m, size_t n, const char *const *docs, size_t n_docs,
+                            const cg_split_params *p)
+{
+    rendered r;
+    size_t lens[512];
+    ck_assert_uint_le(n_docs, 512);
+    for (size_t i = 0; i < n_docs; i++)
+        lens[i] = strlen(docs[i]);
+    cg_buf_init(&r.text, 0);
+    memset(&r.segs, 0, sizeof r.segs);
+    r.st = cg_chat_render(m, n, docs, lens, n_docs, p, &r.text, &r.segs);
+    return r;
+}
+
+static void rendered_free(rendered *r)
+{
+    cg_buf_free(&r->text);
+    cg_split_result_free(&r->segs);
+}
+
+/* Checks an OK rendering: exact text, segment strings, positional roles, and that splitting
+ * the text again gives the same segments. */
+static void expect_rendered(const rendered *r, const cg_split_params *p, const char *text,
+                            const char *const *want, size_t n_want, size_t empties)
+{
+    CHECK(r->st == CG_OK, "status %s", cg_status_name(r->st));
+    CHECK(r->segs.passthrough == 0, "unexpected passthrough");
+    CHECK(r->segs.empty_skipped == empties, "empty_skipped %zu want %zu", r->segs.empty_skipped,
+          empties);
+    CHECK(r->text.len == strlen(text) && memcmp(r->text.data, text, r->text.len) == 0,
+          "text \"%s\" want \"%s\"", r->text.data, text);
+    CHECK(r->segs.n == n_want, "%zu segments, want %zu", r->segs.n, n_want);
+    for (size_t i = 0; i < n_want; i++) {
+        const cg_segment *s = &r->segs.segs[i];
+        CHECK(s->len == strlen(want[i]) && memcmp(r->text.data + s->off, want[i], s->len) == 0,
+              "segment %zu \"%.*s\" want \"%s\"", i, (int)s->len, r->text.data + s->off, want[i]);
+        cg_role role = i == 0 ? CG_ROLE_SYSTEM : i + 1 == n_want ? CG_ROLE_QUESTION : CG_ROLE_CHUNK;
+        CHECK(s->role == role, "segment %zu role %s", i, cg_role_name(s->role));
+    }
+    cg_split_result again = {0};
+    CHECK(cg_split_prompt(r->text.data, r->text.len, p, &again) == CG_OK, "re-split failed");
+    CHECK(again.n == n_want, "re-split gives %zu segments, want %zu", again.n, n_want);
+    for (size_t i = 0; i < n_want; i++)
+        CHECK(again.segs[i].off == r->segs.segs[i].off &&
+                  again.segs[i].len == r->segs.segs[i].len &&
+                  again.segs[i].role == r->segs.segs[i].role,
+              "re-split segment %zu differs", i);
+    cg_split_result_free(&again);
+}
+
+static void expect_passthrough(const rendered *r)
+{
+    ck_assert_msg(r->st == CG_OK, "status %s", cg_status_name(r->st));
+    ck_assert_int_eq(r->segs.passthrough, 1);
+    ck_assert_uint_eq(r->segs.n, 0);
+    ck_assert_uint_eq(r->text.len, 0);
+}
+
+START_TEST(test_system_and_user_with_separators)
+{
+    cg_chat_msg m[] = {MSG("system", "You are careful. # # Rules doc."),
+                       MSG("user", "Doc A # # Doc B # # What changed?")};
+    rendered r = render_docs(m, 2, NULL, 0, NULL);
+    const char *want[] = {"You are careful.", "Rules doc.", "Doc A", "Doc B",
+                          "user: What changed?\nassistant:"};
+    /* The separator contains ' ', so segments are joined by "\n# #\n". */
+    expect_rendered(&r, NULL,
+                    "You are careful.\n# #\nRules doc.\n# #\nDoc A\n# #\nDoc B\n# #\n"
+                    "user: What changed?\nassistant:",
+                    want, 5, 0);
+    rendered_free(&r);
+}
+END_TEST
+
+START_TEST(test_documents_array)
+{
+    cg_chat_msg m[] = {MSG("system", "S"), MSG("user", "Q?")};
+    const char *docs[] = {"  D1  ", " \n ", "D2 # # D3", "", "Learn C#"};
+    rendered r = render_docs(m, 2, docs, 5, NULL);
+    /* Empty documents are skipped and counted; a document holding the separator is split. */
+    const char *want[] = {"S", "D1", "D2", "D3", "Learn C#", "user: Q?\nassistant:"};
+    expect_rendered(&r, NULL,
+                    "S\n# #\nD1\n# #\nD2\n# #\nD3\n# #\nLearn C#\n# #\nuser: Q?\nassistant:", want,
+                    6, 2);
+    rendered_free(&r);
+}
+END_TEST
+
+START_TEST(test_documents_before_conversation_chunks)
+{
+    cg_chat_msg m[] = {MSG("user", "U1 # # q"), MSG("developer", "S # # SD")};
+    const char *docs[] = {"D"};
+    rendered r = render_docs(m, 2, docs, 1, NULL);
+    /* System parts (from any position), then documents, then conversation chunks. */
+    const char *want[] = {"S", "SD", "D", "U1", "user: q\nassistant:"};
+    expect_rendered(&r, NULL, "S\n# #\nSD\n# #\nD\n# #\nU1\n# #\nuser: q\nassistant:", want, 5, 0);
+    rendered_free(&r);
+}
+END_TEST
+
+START_TEST(test_multi_turn)
+{
+    cg_chat_msg m[] = {MSG("system", "S"),           MSG("user", "doc1 # # q1"),
+                       {"assistant", NULL, 0},       MSG("tool", "result # # "),
+                       MSG("assistant", "a1 # #a2"), MSG("user", "q2")};
+    rendered r = render_docs(m, 6, NULL, 0, NULL);
+    /* "result # # " has one non-empty part (its last), and one empty part, counted. The
+     * assistant message without content gets a bare "assistant:" line. */
+    const char *want[] = {
+        "S", "doc1", "a1",
+        "user: q1\nassistant:\ntool: result\nassistant: a2\nuser: q2\nassistant:"};
+    expect_rendered(&r, NULL,
+                    "S\n# #\ndoc1\n# #\na1\n# #\n"
+                    "user: q1\nassistant:\ntool: result\nassistant: a2\nuser: q2\nassistant:",
+                    want, 4, 1);
+    rendered_free(&r);
+}
+END_TEST
+
+START_TEST(test_no_system_message)
+{
+    /* Roles are positional: without a system message the first chunk takes position 0. */
+    cg_chat_msg m[] = {MSG("user", "Q")};
+    const char *docs[] = {"D1", "D2"};
+    rendered r = render_docs(m, 1, docs, 2, NULL);
+    const char *want[] = {"D1", "D2", "user: Q\nassistant:"};
+    expect_rendered(&r, NULL, "D1\n# #\nD2\n# #\nuser: Q\nassistant:", want, 3, 0);
+    rendered_free(&r);
+}
+END_TEST
+
+START_TEST(test_no_conversation)
+{
+    cg_chat_msg m[] = {MSG("system", "S # # D")};
+    rendered r = render_docs(m, 1, NULL, 0, NULL);
+    const char *want[] = {"S", "D", "assistant:"};
+    expect_rendered(&r, NULL, "S\n# #\nD\n# #\nassistant:", want, 3, 0);
+    rendered_free(&r);
+    const char *docs[] = {"only doc"};
+    r = render_docs(NULL, 0, docs, 1, NULL);
+    const char *want2[] = {"only doc", "assistant:"};
+    expect_rendered(&r, NULL, "only doc\n# #\nassistant:", want2, 2, 0);
+    rendered_free(&r);
+}
+END_TEST
+
+START_TEST(test_passthrough)
+{
+    cg_chat_msg m[] = {MSG("system", "S # no separator"), MSG("user", "plain question"),
+                       MSG("assistant", "a"), MSG("user", "q2")};
+    rendered r = render_docs(m, 4, NULL, 0, NULL);
+    expect_passthrough(&r);
+    rendered_free(&r);
+    /* Documents all empty and no system message: only a question would remain. */
+    const char *docs[] = {"   ", ""};
+    r = render_docs(m + 1, 1, docs, 2, NULL);
+    expect_passthrough(&r);
+    ck_assert_uint_eq(r.segs.empty_skipped, 0);
+    rendered_free(&r);
+    /* No messages, no documents. */
+    r = render_docs(NULL, 0, NULL, 0, NULL);
+    expect_passthrough(&r);
+    rendered_free(&r);
+    /* A separator but only empty parts: only a question would remain. */
+    cg_chat_msg only_sep[] = {MSG("user", " # # ")};
+    r = render_docs(only_sep, 1, NULL, 0, NULL);
+    expect_passthrough(&r);
+    rendered_free(&r);
+}
+END_TEST
+
+START_TEST(test_custom_separator)
+{
+    cg_split_params p = cg_split_default_params();
+    p.separator = "<<DOC>>";
+    cg_chat_msg m[] = {MSG("system", "S<<DOC>>D1"), MSG("user", "q # # still q")};
+    rendered r = render_docs(m, 2, NULL, 0, &p);
+    const char *want[] = {"S", "D1", "user: q # # still q\nassistant:"};
+    /* The separator has no ' ', so ' ' pads it. */
+    expect_rendered(&r, &p, "S <<DOC>> D1 <<DOC>> user: q # # still q\nassistant:", want, 3, 0);
+    rendered_free(&r);
+}
+END_TEST
+
+START_TEST(test_ambiguous_rendering_refused)
+{
+    /* A role name holding the separator would add a segment on re-split. */
+    cg_chat_msg m[] = {MSG("system", "S # # D"), MSG("x # # y", "q")};
+    rendered r = render_docs(m, 2, NULL, 0, NULL);
+    ck_assert_int_eq(r.st, CG_E_VALUE);
+    ck_assert_uint_eq(r.text.len, 0);
+    ck_assert_uint_eq(r.segs.n, 0);
+    rendered_free(&r);
+    /* A separator that forms across "<role>: " and the content. */
+    cg_split_params p = cg_split_default_params();
+    p.separator = ": #";
+    cg_chat_msg m2[] = {MSG("system", "S : # D"), MSG("user", "#tag")};
+    r = render_docs(m2, 2, NULL, 0, &p);
+    ck_assert_int_eq(r.st, CG_E_VALUE);
+    rendered_free(&r);
+}
+END_TEST
+
+START_TEST(test_invalid_utf8)
+{
+    cg_chat_msg bad_content[] = {MSG("system", "S # # D"), MSG("user", "q \xC0\xAF")};
+    rendered r = render_docs(bad_content, 2, NULL, 0, NULL);
+    ck_assert_int_eq(r.st, CG_E_UTF8);
+    ck_assert_uint_eq(r.text.len, 0);
+    rendered_free(&r);
+    /* Also when the request would pass through. */
+    cg_chat_msg bad_plain[] = {MSG("user", "q \xED\xA0\x80")};
+    r = render_docs(bad_plain, 1, NULL, 0, NULL);
+    ck_assert_int_eq(r.st, CG_E_UTF8);
+    rendered_free(&r);
+    cg_chat_msg ok[] = {MSG("user", "q")};
+    const char *bad_doc[] = {"fine", "trunc \xE4\xB8"};
+    r = render_docs(ok, 1, bad_doc, 2, NULL);
+    ck_assert_int_eq(r.st, CG_E_UTF8);
+    rendered_free(&r);
+    cg_chat_msg bad_role[] = {MSG("us\xFF"
+                                  "er",
+                                  "a # # q")};
+    r = render_docs(bad_role, 1, NULL, 0, NULL);
+    ck_assert_int_eq(r.st, CG_E_UTF8);
+    rendered_free(&r);
+    /* Valid multibyte text renders. */
+    cg_chat_msg utf[] = {MSG("system", "Système # # 文書"), MSG("user", "質問？")};
+    r = render_docs(utf, 2, NULL, 0, NULL);
+    const char *want[] = {"Système", "文書", "user: 質問？\nassistant:"};
+    expect_rendered(&r, NULL, "Système\n# #\n文書\n# #\nuser: 質問？\nassistant:", want, 3, 0);
+    rendered_free(&r);
+}
+END_TEST
+
+START_TEST(test_too_many_segments)
+{
+    cg_split_params p = cg_split_default_params();
+    p.max_segments = 4;
+    cg_chat_msg m[] = {MSG("system", "S"), MSG("user", "q")};
+    const char *docs[] = {"D1", "D2", "D3"};
+    /* S + 2 documents + question = 4: at the limit. */
+    rendered r = render_docs(m, 2, docs, 2, &p);
+    ck_assert_int_eq(r.st, CG_OK);
+    ck_assert_uint_eq(r.segs.n, 4);
+    rendered_free(&r);
+    /* One more: refused, nothing left behind. */
+    r = render_docs(m, 2, docs, 3, &p);
+    ck_assert_int_eq(r.st, CG_E_SEGMENTS);
+    ck_assert_uint_eq(r.segs.n, 0);
+    ck_assert_uint_eq(r.text.len, 0);
+    rendered_free(&r);
+    /* The default limit of 256 counts every segment. */
+    static char names[300][8];
+    static const char *many[300];
+    for (int i = 0; i < 300; i++) {
+        snprintf(names[i], sizeof names[i], "d%d", i);
+        many[i] = names[i];
+    }
+    r = render_docs(m, 2, many, 254, NULL);
+    ck_assert_int_eq(r.st, CG_OK);
+    ck_assert_uint_eq(r.segs.n, 256);
+    rendered_free(&r);
+    r = render_docs(m, 2, many, 255, NULL);
+    ck_assert_int_eq(r.st, CG_E_SEGMENTS);
+    rendered_free(&r);
+}
+END_TEST
+
+START_TEST(test_segment_size_and_buffer_cap)
+{
+    cg_split_params p = cg_split_default_params();
+    /* Every segment counts, the question too: "user: q\nassistant:" is 18 bytes. */
+    p.max_segment_bytes = 18;
+    cg_chat_msg m[] = {MSG("system", "S # # 12345678"), MSG("user", "q")};
+    rendered r = render_docs(m, 2, NULL, 0, &p);
+    ck_assert_int_eq(r.st, CG_OK);
+    rendered_free(&r);
+    cg_chat_msg big[] = {MSG("system", "S # # 1234567890123456789"), MSG("user", "q")};
+    r = render_docs(big, 2, NULL, 0, &p);
+    ck_assert_int_eq(r.st, CG_E_SEGMENT_SIZE);
+    rendered_free(&r);
+    p.max_segment_bytes = 17;
+    r = render_docs(m, 2, NULL, 0, &p);
+    ck_assert_int_eq(r.st, CG_E_SEGMENT_SIZE);
+    rendered_free(&r);
+
+    /* text_out's cap. */
+    size_t lens[1] = {0};
+    cg_buf text;
+    cg_buf_init(&text, 20);
+    cg_split_result segs = {0};
+    ck_assert_int_eq(cg_chat_render(m, 2, NULL, lens, 0, NULL, &text, &segs), CG_E_TOO_LARGE);
+    ck_assert_uint_eq(text.len, 0);
+    ck_assert_uint_eq(segs.n, 0);
+    text.max = 64;
+    ck_assert_int_eq(cg_chat_render(m, 2, NULL, lens, 0, NULL, &text, &segs), CG_OK);
+    ck_assert_uint_eq(segs.n, 3);
+    cg_buf_free(&text);
+    cg_split_result_free(&segs);
+}
+END_TEST
+
+START_TEST(test_bad_arguments)
+{
+    cg_buf text;
+    cg_buf_init(&text, 0);
+    cg_split_result segs = {0};
+    cg_chat_msg m[] = {MSG("user", "a # # q")};
+    cg_chat_msg no_role[] = {{NULL, "a # # q", 7}};
+    cg_chat_msg empty_role[] = {{"", "a # # q", 7}};
+    cg_chat_msg null_content[] = {{"user", NULL, 3}};
+    cg_split_params p = cg_split_default_params();
+    ck_assert_int_eq(cg_chat_render(no_role, 1, NULL, NULL, 0, NULL, &text, &segs), CG_E_VALUE);
+    ck_assert_int_eq(cg_chat_render(empty_role, 1, NULL, NULL, 0, NULL, &text, &segs), CG_E_VALUE);
+    ck_assert_int_eq(cg_chat_render(null_content, 1, NULL, NULL, 0, NULL, &text, &segs),
+                     CG_E_VALUE);
+    ck_assert_int_eq(cg_chat_render(NULL, 1, NULL, NULL, 0, NULL, &text, &segs), CG_E_VALUE);
+    ck_assert_int_eq(cg_chat_render(m, 1, NULL, NULL, 2, NULL, &text, &segs), CG_E_VALUE);
+    p.separator = "";
+    ck_assert_int_eq(cg_chat_render(m, 1, NULL, NULL, 0, &p, &text, &segs), CG_E_VALUE);
+    ck_assert_int_eq(cg_chat_render(m, 1, NULL, NULL, 0, NULL, &text, &segs), CG_OK);
+    ck_assert_uint_eq(segs.n, 2);
+    ck_assert(cg_chat_is_system_role("system"));
+    ck_assert(cg_chat_is_system_role("developer"));
+    ck_assert(!cg_chat_is_system_role("user"));
+    ck_assert(!cg_chat_is_system_role("System"));
+    ck_assert(!cg_chat_is_system_role(NULL));
+    cg_buf_free(&text);
+    cg_split_result_free(&segs);
+}
+END_TEST
+
+/* ---- random conversations against a naive reference rendering ---- */
+
+static uint64_t rng_state = 0xB7E151628AED2A6Bull;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545F4914F6CDD1Dull;
+}
+
+typedef struct strv {
+    char *s[600];
+    size_t n;
+} strv;
+
+static int ws(char c)
+{
+    return c && strchr(" \t\n\r\v\f", c) != NULL;
+}
+
+/* Naive split of s by sep into trimmed non-empty parts (appended to out as copies). Returns
+ * the number of empty parts. */
+static size_t naive_parts(const char *s, const char *sep, strv *out, int *had_sep)
+{
+    size_t len = strlen(s), sl = strlen(sep), start = 0, empties = 0;
+    *had_sep = 0;
+    for (size_t i = 0; i <= len; i++) {
+        int match = i + sl <= len && strncmp(s + i, sep, sl) == 0;
+        if (!match && i < len) continue;
+        *had_sep |= match;
+        size_t a = start, b = i;
+        while (a < b && ws(s[a]))
+            a++;
+        while (b > a && ws(s[b - 1]))
+            b--;
+        if (a == b)
+            empties++;
+        else
+            out->s[out->n++] = cg_strndup(s + a, b - a);
+        if (!match) break;
+        start = i + sl;
+        i = start - 1;
+    }
+    return empties;
+}
+
+static void strv_free(strv *v)
+{
+    for (size_t i = 0; i < v->n; i++)
+        free(v->s[i]);
+    v->n = 0;
+}
+
+START_TEST(test_random_conversations)
+{
+    static const char *roles[] = {"system", "developer", "user", "assistant", "tool"};
+    static const char *atoms[] = {"# #", "#", " ", "\n", "C#", "a", "bc", "é", "# ", " #", "##"};
+    size_t n_rendered = 0, n_pass = 0;
+    for (int iter = 0; iter < 20000; iter++) {
+        char bufs[12][64];
+        cg_chat_msg m[8];
+        const char *docs[4];
+        size_t n_msgs = rnd() % 6, n_docs = rnd() % 4 == 0 ? 1 + rnd() % 3 : 0;
+        for (size_t i = 0; i < n_msgs + n_docs; i++) {
+            size_t len = 0, target = rnd() % 40;
+            while (len < target) {
+                const char *a = atoms[rnd() % CG_ARRAY_LEN(atoms)];
+                size_t al = strlen(a);
+                if (len + al >= sizeof bufs[i]) break;
+                memcpy(bufs[i] + len, a, al);
+                len += al;
+            }
+            bufs[i][len] = '\0';
+        }
+        for (size_t i = 0; i < n_msgs; i++) {
+            m[i].role = roles[rnd() % CG_ARRAY_LEN(roles)];
+            m[i].content = bufs[i];
+            m[i].content_len = strlen(bufs[i]);
+        }
+        for (size_t i = 0; i < n_docs; i++)
+            docs[i] = bufs[n_msgs + i];
+
+        /* The reference rendering, straight from the documented rule. */
+        strv segs = {.n = 0};
+        size_t empties = 0;
+        int any_sep = 0, had;
+        strv tmp = {.n = 0};
+        for (size_t i = 0; i < n_msgs; i++) {
+            size_t e = naive_parts(m[i].content, "# #", &tmp, &had);
+            any_sep |= had;
+            if (had) empties += e;
+            if (cg_chat_is_system_role(m[i].role)) {
+                for (size_t k = 0; k < tmp.n; k++)
+                    segs.s[segs.n++] = cg_strdup(tmp.s[k]);
+            }
+            strv_free(&tmp);
+        }
+        for (size_t i = 0; i < n_docs; i++) {
+            empties += naive_parts(docs[i], "# #", &tmp, &had);
+            for (size_t k = 0; k < tmp.n; k++)
+                segs.s[segs.n++] = cg_strdup(tmp.s[k]);
+            strv_free(&tmp);
+        }
+        cg_buf q;
+        cg_buf_init(&q, 0);
+        for (size_t i = 0; i < n_msgs; i++) {
+            if (cg_chat_is_system_role(m[i].role)) continue;
+            naive_parts(m[i].content, "# #", &tmp, &had);
+            for (size_t k = 0; k + 1 < tmp.n; k++)
+                segs.s[segs.n++] = cg_strdup(tmp.s[k]);
+            if (tmp.n)
+                ck_assert_int_eq(cg_buf_printf(&q, "%s: %s\n", m[i].role, tmp.s[tmp.n - 1]), CG_OK);
+            else
+                ck_assert_int_eq(cg_buf_printf(&q, "%s:\n", m[i].role), CG_OK);
+            strv_free(&tmp);
+        }
+        ck_assert_int_eq(cg_buf_append(&q, "assistant:", 10), CG_OK);
+        segs.s[segs.n++] = cg_strdup(q.data);
+        int want_pass = (!any_sep && n_docs == 0) || segs.n < 2;
+
+        rendered r = render_docs(m, n_msgs, docs, n_docs, NULL);
+        CHECK(r.st == CG_OK, "iter %d: %s", iter, cg_status_name(r.st));
+        if (want_pass) {
+            expect_passthrough(&r);
+            n_pass++;
+        } else {
+            cg_buf joined;
+            cg_buf_init(&joined, 0);
+            for (size_t k = 0; k < segs.n; k++) {
+                if (k) ck_assert_int_eq(cg_buf_append(&joined, "\n# #\n", 5), CG_OK);
+                ck_assert_int_eq(cg_buf_append(&joined, segs.s[k], strlen(segs.s[k])), CG_OK);
+            }
+            expect_rendered(&r, NULL, joined.data, (const char *const *)segs.s, segs.n, empties);
+            cg_buf_free(&joined);
+            n_rendered++;
+        }
+        rendered_free(&r);
+        cg_buf_free(&q);
+        strv_free(&segs);
+    }
+    ck_assert_uint_gt(n_rendered, 5000);
+    ck_assert_uint_gt(n_pass, 1000);
+}
+END_TEST
+
+static Suite *chat_suite(void)
+{
+    Suite *s = suite_create("chat");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_system_and_user_with_separators);
+    tcase_add_test(tc, test_documents_array);
+    tcase_add_test(tc, test_documents_before_conversation_chunks);
+    tcase_add_test(tc, test_multi_turn);
+    tcase_add_test(tc, test_no_system_message);
+    tcase_add_test(tc, test_no_conversation);
+    tcase_add_test(tc, test_passthrough);
+    tcase_add_test(tc, test_custom_separator);
+    tcase_add_test(tc, test_ambiguous_rendering_refused);
+    tcase_add_test(tc, test_invalid_utf8);
+    tcase_add_test(tc, test_too_many_segments);
+    tcase_add_test(tc, test_segment_size_and_buffer_cap);
+    tcase_add_test(tc, test_bad_arguments);
+    tcase_add_test(tc, test_random_conversations);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(chat_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
