@@ -3,12 +3,14 @@
 #include "server/http.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <microhttpd.h>
 
 #if MHD_VERSION >= 0x00097002
@@ -31,10 +33,13 @@ struct cg_stream {
     char *buf; /* pending bytes: buf[head..head+len) */
     size_t head, len, cap, max;
     char *heartbeat;
-    int closed;   /* producer is done */
-    int gone;     /* client left or server stopping */
-    int poked;    /* heartbeat requested */
-    int suspended; /* the connection is suspended waiting for bytes */
+    int closed;     /* producer is done */
+    int gone;       /* client left or server stopping */
+    int poked;      /* heartbeat requested */
+    int suspended;  /* the connection is suspended waiting for bytes */
+    int want_drain; /* a non-blocking producer found the queue full */
+    void (*notify)(void *arg, int gone);
+    void *notify_arg;
     struct MHD_Connection *conn;
     cg_http_server *srv;
     cg_stream *prev, *next; /* server's list of live streams */
@@ -74,6 +79,7 @@ struct cg_http_server {
     pthread_t *job_threads;
     pthread_t hb_thread;
     int stopping;
+    int quiesced;
     cg_stream *streams;
     unsigned long long rid_seq;
 };
@@ -138,6 +144,67 @@ static void stream_wake_locked(cg_stream *s)
     }
 }
 
+/* Marks the client gone and tells the producer. Caller holds s->mu. */
+static void stream_gone_locked(cg_stream *s)
+{
+    if (s->gone) return;
+    s->gone = 1;
+    pthread_cond_broadcast(&s->cv);
+    if (s->notify) s->notify(s->notify_arg, 1);
+}
+
+/* Appends bytes to the queue, growing it as needed. Caller holds s->mu. */
+static void stream_append_locked(cg_stream *s, const char *p, size_t n)
+{
+    if (s->head + s->len + n > s->cap) {
+        if (s->head) { /* compact before growing */
+            memmove(s->buf, s->buf + s->head, s->len);
+            s->head = 0;
+        }
+        if (s->len + n > s->cap) {
+            size_t cap = s->cap ? s->cap : 4096;
+            while (cap < s->len + n) cap *= 2;
+            s->buf = cg_realloc(s->buf, cap);
+            s->cap = cap;
+        }
+    }
+    memcpy(s->buf + s->head + s->len, p, n);
+    s->len += n;
+}
+
+int cg_stream_writable(cg_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int rc = s->gone ? -1 : s->len < s->max ? 1 : 0;
+    if (rc == 0) {
+        s->want_drain = 1;
+        stream_wake_locked(s);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int cg_stream_push_nowait(cg_stream *s, const void *data, size_t len)
+{
+    pthread_mutex_lock(&s->mu);
+    int rc = s->gone ? -1 : 0;
+    if (!s->gone && len) {
+        stream_append_locked(s, data, len);
+        stream_wake_locked(s);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void cg_stream_set_notify(cg_stream *s, void (*fn)(void *arg, int gone), void *arg)
+{
+    pthread_mutex_lock(&s->mu);
+    s->notify = fn;
+    s->notify_arg = arg;
+    if (fn && s->gone) fn(arg, 1);
+    pthread_mutex_unlock(&s->mu);
+}
+
 int cg_stream_push(cg_stream *s, const void *data, size_t len)
 {
     const char *p = data;
@@ -150,20 +217,7 @@ int cg_stream_push(cg_stream *s, const void *data, size_t len)
             continue;
         }
         size_t n = CG_MIN(len, s->max - s->len);
-        if (s->head + s->len + n > s->cap) {
-            if (s->head) { /* compact before growing */
-                memmove(s->buf, s->buf + s->head, s->len);
-                s->head = 0;
-            }
-            if (s->len + n > s->cap) {
-                size_t cap = s->cap ? s->cap : 4096;
-                while (cap < s->len + n) cap *= 2;
-                s->buf = cg_realloc(s->buf, cap);
-                s->cap = cap;
-            }
-        }
-        memcpy(s->buf + s->head + s->len, p, n);
-        s->len += n;
+        stream_append_locked(s, p, n);
         p += n;
         len -= n;
     }
@@ -204,6 +258,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max)
         s->len -= n;
         if (!s->len) s->head = 0;
         pthread_cond_broadcast(&s->cv);
+        if (s->want_drain && s->len < s->max / 2) {
+            s->want_drain = 0;
+            if (s->notify) s->notify(s->notify_arg, 0);
+        }
         rc = (ssize_t)n;
     } else if (s->closed) {
         rc = MHD_CONTENT_READER_END_OF_STREAM;
@@ -368,8 +426,12 @@ void cg_http_reply_json(cg_http_req *r, int status, json_t *body)
 void cg_http_reply_error_status(cg_http_req *r, int http, cg_status st, const char *param,
                                 const char *message)
 {
-    cg_log(http >= 500 ? CG_LOG_WARN : CG_LOG_INFO, "%s %s -> %d %s%s%s", r->method, r->path, http,
-           cg_status_code(st), message ? ": " : "", message ? message : "");
+    /* Client-error messages can quote the request (a JSON parse error shows the text near
+     * the error), and logs must never carry prompt text: only the code is logged for them. */
+    int server_side = http >= 500;
+    cg_log(server_side ? CG_LOG_WARN : CG_LOG_INFO, "%s %s -> %d %s%s%s", r->method, r->path, http,
+           cg_status_code(st), server_side && message ? ": " : "",
+           server_side && message ? message : "");
     cg_http_reply_json(r, http, cg_http_error_json(st, param, message));
 }
 
@@ -703,7 +765,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         pthread_mutex_lock(&s->mu);
         s->conn = NULL;
         s->suspended = 0;
-        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK || !s->closed) s->gone = 1;
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK || !s->closed) stream_gone_locked(s);
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
     }
@@ -720,6 +782,17 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 }
 
 /* ---------------------------------------------------------------- lifecycle */
+
+/* MHD's own messages become JSON log lines. They are mostly clients that left mid-reply,
+ * which is routine, hence debug level; failures that matter are logged by this file. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = '\0';
+    cg_log(CG_LOG_DEBUG, "mhd: %s", msg);
+}
 
 static cg_status resolve_listen(const char *listen, struct sockaddr_storage *ss, socklen_t *len,
                                 int *v6)
@@ -773,7 +846,7 @@ cg_status cg_http_start(const cg_http_params *p, cg_http_server **out)
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)CG_MAX(1u, p->io_threads),
         MHD_OPTION_CONNECTION_TIMEOUT, p->conn_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
         p->max_connections, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1, MHD_OPTION_END);
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!srv->d) {
         cg_log(CG_LOG_ERROR, "cannot listen on %s: %s", p->listen, strerror(errno));
         pthread_mutex_destroy(&srv->mu);
@@ -794,13 +867,25 @@ cg_status cg_http_start(const cg_http_params *p, cg_http_server **out)
 
 uint16_t cg_http_port(const cg_http_server *s) { return s->port; }
 
+void cg_http_quiesce(cg_http_server *srv)
+{
+    pthread_mutex_lock(&srv->mu);
+    int done = srv->quiesced;
+    srv->quiesced = 1;
+    pthread_mutex_unlock(&srv->mu);
+    if (done) return;
+    /* MHD hands the listening socket back; closing it makes new connects fail at once
+     * instead of waiting in a backlog nobody accepts from. */
+    MHD_socket ls = MHD_quiesce_daemon(srv->d);
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+}
+
 void cg_http_stop(cg_http_server **sp)
 {
     cg_http_server *srv = *sp;
     if (!srv) return;
     *sp = NULL;
-    MHD_socket ls = MHD_quiesce_daemon(srv->d);
-    (void)ls;
+    cg_http_quiesce(srv);
     /* Let queued handlers finish (they resume their connections), then end live streams so
      * no connection stays suspended: MHD refuses to stop with suspended connections. */
     pthread_mutex_lock(&srv->mu);
@@ -815,7 +900,7 @@ void cg_http_stop(cg_http_server **sp)
         pthread_mutex_lock(&srv->mu);
         for (cg_stream *s = srv->streams; s; s = s->next) {
             pthread_mutex_lock(&s->mu);
-            s->gone = 1;
+            stream_gone_locked(s);
             stream_wake_locked(s);
             pthread_cond_broadcast(&s->cv);
             pthread_mutex_unlock(&s->mu);

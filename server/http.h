@@ -75,6 +75,9 @@ cg_http_params cg_http_default_params(void);
 cg_status cg_http_start(const cg_http_params *p, cg_http_server **out) CG_WUR;
 /* The bound port (useful with port 0). */
 uint16_t cg_http_port(const cg_http_server *s);
+/* Stops accepting new connections (the listening socket is closed); requests already
+ * accepted go on. For a graceful stop: quiesce, let work drain, then cg_http_stop. */
+void cg_http_quiesce(cg_http_server *s);
 /* Stops accepting, waits for in-flight handlers (up to a few seconds), frees. NULL-safe. */
 void cg_http_stop(cg_http_server **s);
 
@@ -134,6 +137,22 @@ int cg_stream_push(cg_stream *s, const void *data, size_t len);
 void cg_stream_close(cg_stream *s);
 /* 1 once the client is gone or the server is stopping. */
 int cg_stream_cancelled(cg_stream *s);
+
+/* Non-blocking producer side, for a producer that must never wait (the curl multi thread
+ * serves every upstream at once, so one slow client must not stall it).
+ * cg_stream_writable: 1 while fewer than max_buffered bytes are queued; 0 when the queue is
+ * full, and then the notify callback fires (gone = 0) once it has drained below half;
+ * -1 once the client is gone. */
+int cg_stream_writable(cg_stream *s);
+/* Queues all len bytes without waiting; the queue may exceed max_buffered by this call's
+ * bytes (check cg_stream_writable first). Returns 0, or -1 once the client is gone. */
+int cg_stream_push_nowait(cg_stream *s, const void *data, size_t len);
+/* Registers fn(arg, gone): gone = 0 when the queue drained (see cg_stream_writable), gone = 1
+ * once when the client goes away or the server stops. fn runs on a server thread with the
+ * stream's lock held: it must be quick, must not block and must not call cg_stream_* on s.
+ * fn NULL removes it; once this returns, the previous fn is not running and will not run
+ * again. If the client is already gone, fn(arg, 1) runs before this returns. */
+void cg_stream_set_notify(cg_stream *s, void (*fn)(void *arg, int gone), void *arg);
 
 /* ---- JSON field helpers: on a type error they return CG_E_TYPE / CG_E_MISSING ---- */
 /* *out is borrowed from obj; absent and not required -> CG_OK with *out = NULL. */

@@ -1,0 +1,684 @@
+/* OpenAI-compatible backend client: one curl multi thread drives every upstream transfer.
+ * Why this holds 1,000 streams is explained in backends/openai.h. */
+#include "backends/openai.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <curl/curl.h>
+#include "cache/base.h"
+
+struct cg_openai_xfer {
+    cg_openai *c;
+    CURL *easy;
+    struct curl_slist *headers;
+    char *body;
+    cg_openai_handlers h;
+    void *arg;
+    char errbuf[CURL_ERROR_SIZE];
+
+    /* Guarded by c->mu: references and requests from other threads. */
+    unsigned refs;
+    int done; /* on_done has been (or is being) called: requests are no-ops */
+    int want_resume;
+    int want_cancel;
+    cg_status abort_st; /* CG_OK: none */
+    char abort_detail[160];
+    int queued; /* in c->attn */
+    cg_openai_xfer *next_attn;
+    cg_openai_xfer *next_pending;
+
+    /* Multi thread only. */
+    int paused;
+    int head_done;
+    int cb_abort;                /* a callback returned CG_OPENAI_ABORT */
+    uint64_t idle_ns;            /* longest silence allowed */
+    uint64_t last_ns;            /* last byte from the backend (or start, or resume) */
+    cg_openai_xfer *prev, *next; /* active list */
+};
+
+struct cg_openai {
+    char *base;
+    char *auth;
+    cg_openai_params p;
+    CURLM *multi;
+    int epfd;          /* the multi thread's epoll set: upstream sockets + wake_fd */
+    int wake_fd;       /* eventfd: new transfers or requests for the multi thread */
+    uint64_t timer_ns; /* curl's next timeout (monotonic ns); 0 = none */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;                      /* a transfer ended (for drain) */
+    cg_openai_xfer *pending, *pending_tail; /* submitted, not yet added to multi */
+    cg_openai_xfer *attn;                   /* resume/cancel/abort requests */
+    size_t in_flight;
+    int stopping;
+    int joined;             /* cg_openai_shutdown has run (or is running) */
+    cg_openai_xfer *active; /* multi thread only */
+};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static void curl_init_once(void)
+{
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+cg_openai_params cg_openai_default_params(void)
+{
+    cg_openai_params p;
+    memset(&p, 0, sizeof p);
+    p.connect_timeout_ms = 3000;
+    p.idle_timeout_ms = 300000;
+    p.max_idle_conns = 1024;
+    return p;
+}
+
+const char *cg_openai_base_url(const cg_openai *c)
+{
+    return c->base;
+}
+
+/* "http://h:1/v1/" -> "http://h:1": paths are given from "/v1/" on. */
+char *cg_openai_base_normalise(const char *url)
+{
+    char *b = cg_strdup(url);
+    size_t n = strlen(b);
+    while (n && b[n - 1] == '/')
+        b[--n] = '\0';
+    if (n >= 3 && !strcmp(b + n - 3, "/v1")) b[n -= 3] = '\0';
+    while (n && b[n - 1] == '/')
+        b[--n] = '\0';
+    return b;
+}
+
+/* Wakes the multi thread (any thread; async-signal-safe write). */
+static void wake(cg_openai *c)
+{
+    uint64_t one = 1;
+    ssize_t n = write(c->wake_fd, &one, sizeof one);
+    (void)n; /* EAGAIN: the counter is already non-zero, a wakeup is pending anyway */
+}
+
+/* ---------------------------------------------------------------- references */
+
+static void xfer_free(cg_openai_xfer *x)
+{
+    if (x->easy) curl_easy_cleanup(x->easy);
+    curl_slist_free_all(x->headers);
+    free(x->body);
+    free(x);
+}
+
+void cg_openai_xfer_release(cg_openai_xfer **xp)
+{
+    cg_openai_xfer *x = *xp;
+    if (!x) return;
+    *xp = NULL;
+    cg_openai *c = x->c;
+    pthread_mutex_lock(&c->mu);
+    unsigned left = --x->refs;
+    pthread_mutex_unlock(&c->mu);
+    if (!left) xfer_free(x);
+}
+
+/* Queues a request for the multi thread. */
+static void request(cg_openai_xfer *x, int resume, int cancel, cg_status st, const char *detail)
+{
+    cg_openai *c = x->c;
+    pthread_mutex_lock(&c->mu);
+    if (x->done) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    x->want_resume |= resume;
+    x->want_cancel |= cancel;
+    if (st != CG_OK && x->abort_st == CG_OK) {
+        x->abort_st = st;
+        snprintf(x->abort_detail, sizeof x->abort_detail, "%s", detail ? detail : "aborted");
+    }
+    if (!x->queued) {
+        x->queued = 1;
+        x->next_attn = c->attn;
+        c->attn = x;
+    }
+    pthread_mutex_unlock(&c->mu);
+    wake(c);
+}
+
+void cg_openai_xfer_resume(cg_openai_xfer *x)
+{
+    request(x, 1, 0, CG_OK, NULL);
+}
+void cg_openai_xfer_cancel(cg_openai_xfer *x)
+{
+    request(x, 0, 1, CG_OK, NULL);
+}
+void cg_openai_xfer_abort(cg_openai_xfer *x, cg_status st, const char *detail)
+{
+    request(x, 0, 0, st == CG_OK ? CG_E_BAD_GATEWAY : st, detail);
+}
+
+/* ---------------------------------------------------------------- curl callbacks */
+
+/* Reports the head once: status and content type are known when the first body byte (or the
+ * end) arrives. Returns 0, or -1 when the consumer aborts. */
+static int deliver_head(cg_openai_xfer *x)
+{
+    if (x->head_done) return 0;
+    x->head_done = 1;
+    long status = 0;
+    char *ct = NULL;
+    curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_getinfo(x->easy, CURLINFO_CONTENT_TYPE, &ct);
+    if (x->h.on_head && x->h.on_head(x->arg, status, ct) == CG_OPENAI_ABORT) {
+        x->cb_abort = 1;
+        return -1;
+    }
+    return 0;
+}
+
+static size_t on_write(char *data, size_t size, size_t nmemb, void *ud)
+{
+    cg_openai_xfer *x = ud;
+    size_t n = size * nmemb;
+    x->last_ns = cg_now_ns();
+    if (deliver_head(x) != 0) return 0; /* != n: curl ends the transfer (CURLE_WRITE_ERROR) */
+    int r = x->h.on_body ? x->h.on_body(x->arg, data, n) : CG_OPENAI_CONTINUE;
+    if (r == CG_OPENAI_PAUSE) {
+        x->paused = 1;
+        return CURL_WRITEFUNC_PAUSE;
+    }
+    if (r == CG_OPENAI_ABORT) {
+        x->cb_abort = 1;
+        return 0;
+    }
+    return n;
+}
+
+static size_t on_header(char *data, size_t size, size_t nmemb, void *ud)
+{
+    cg_openai_xfer *x = ud;
+    x->last_ns = cg_now_ns();
+    return size * nmemb;
+}
+
+/* ---------------------------------------------------------------- multi thread */
+
+static void active_unlink(cg_openai *c, cg_openai_xfer *x)
+{
+    if (x->prev)
+        x->prev->next = x->next;
+    else
+        c->active = x->next;
+    if (x->next) x->next->prev = x->prev;
+    x->prev = x->next = NULL;
+}
+
+/* Ends x: removes it from curl and the lists, calls on_done, drops the client's reference. */
+static void finish(cg_openai *c, cg_openai_xfer *x, cg_status st, const char *detail)
+{
+    long status = 0;
+    curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &status);
+    curl_multi_remove_handle(c->multi, x->easy);
+    active_unlink(c, x);
+    pthread_mutex_lock(&c->mu);
+    x->done = 1;
+    if (x->queued) { /* drop a request that will never be served */
+        for (cg_openai_xfer **pp = &c->attn; *pp; pp = &(*pp)->next_attn)
+            if (*pp == x) {
+                *pp = x->next_attn;
+                break;
+            }
+        x->queued = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    x->h.on_done(x->arg, st, status, detail);
+    pthread_mutex_lock(&c->mu);
+    c->in_flight--;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    cg_openai_xfer_release(&x);
+}
+
+static void complete(cg_openai *c, cg_openai_xfer *x, CURLcode rc)
+{
+    char detail[CURL_ERROR_SIZE + 64];
+    cg_status st;
+    if (rc == CURLE_OK) {
+        deliver_head(x); /* an empty body still has a head */
+        st = CG_OK;
+        snprintf(detail, sizeof detail, "ok");
+    } else if (x->cb_abort) {
+        st = CG_E_BAD_GATEWAY;
+        snprintf(detail, sizeof detail, "aborted by the consumer");
+    } else {
+        switch (rc) {
+        case CURLE_COULDNT_CONNECT:
+        case CURLE_COULDNT_RESOLVE_HOST:
+        case CURLE_COULDNT_RESOLVE_PROXY:
+            st = CG_E_UNAVAILABLE;
+            break;
+        case CURLE_OPERATION_TIMEDOUT:
+            st = CG_E_TIMEOUT;
+            break;
+        default:
+            st = CG_E_BAD_GATEWAY;
+            break;
+        }
+        snprintf(detail, sizeof detail, "%s", x->errbuf[0] ? x->errbuf : curl_easy_strerror(rc));
+    }
+    finish(c, x, st, detail);
+}
+
+/* Serves resume/cancel/abort requests taken from c->attn. */
+static void serve_requests(cg_openai *c, cg_openai_xfer *list)
+{
+    while (list) {
+        cg_openai_xfer *x = list;
+        list = x->next_attn;
+        pthread_mutex_lock(&c->mu);
+        int resume = x->want_resume, cancel = x->want_cancel;
+        cg_status ast = x->abort_st;
+        char detail[sizeof x->abort_detail];
+        memcpy(detail, x->abort_detail, sizeof detail);
+        x->want_resume = x->want_cancel = 0;
+        x->queued = 0;
+        pthread_mutex_unlock(&c->mu);
+        if (cancel) {
+            finish(c, x, CG_E_UNAVAILABLE, "cancelled");
+        } else if (ast != CG_OK) {
+            finish(c, x, ast, detail);
+        } else if (resume && x->paused) {
+            x->paused = 0;
+            x->last_ns = cg_now_ns();
+            curl_easy_pause(x->easy, CURLPAUSE_CONT); /* may deliver the held bytes now */
+        }
+    }
+}
+
+static void check_idle(cg_openai *c, uint64_t now)
+{
+    for (cg_openai_xfer *x = c->active, *next; x; x = next) {
+        next = x->next;
+        if (x->paused || now - x->last_ns <= x->idle_ns) continue;
+        char detail[96];
+        snprintf(detail, sizeof detail, "upstream sent nothing for %llu ms",
+                 (unsigned long long)(x->idle_ns / 1000000ull));
+        finish(c, x, CG_E_TIMEOUT, detail);
+    }
+}
+
+/* curl tells which sockets to watch for what; they go into the thread's epoll set, so one
+ * wakeup costs O(sockets ready), never O(transfers). */
+static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp, void *socketp)
+{
+    cg_openai *c = userp;
+    if (what == CURL_POLL_REMOVE) {
+        epoll_ctl(c->epfd, EPOLL_CTL_DEL, fd, NULL); /* may already be gone with the fd */
+        return 0;
+    }
+    struct epoll_event ev = {0};
+    ev.data.fd = fd;
+    if (what == CURL_POLL_IN || what == CURL_POLL_INOUT) ev.events |= EPOLLIN;
+    if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT) ev.events |= EPOLLOUT;
+    if (epoll_ctl(c->epfd, EPOLL_CTL_MOD, fd, &ev) != 0 && errno == ENOENT)
+        epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev);
+    return 0;
+}
+
+/* curl's single timer: -1 deletes it, 0 means "call me at once". */
+static int on_timer(CURLM *m, long timeout_ms, void *userp)
+{
+    cg_openai *c = userp;
+    c->timer_ns = timeout_ms < 0 ? 0 : cg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    if (timeout_ms == 0) c->timer_ns = 1; /* in the past: due now */
+    return 0;
+}
+
+static void read_done(cg_openai *c)
+{
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(c->multi, &left))) {
+        if (m->msg != CURLMSG_DONE) continue;
+        cg_openai_xfer *x = NULL;
+        CURLcode rc = m->data.result;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
+        complete(c, x, rc);
+    }
+}
+
+static void *multi_main(void *arg)
+{
+    cg_openai *c = arg;
+    uint64_t last_idle_check = cg_now_ns();
+    struct epoll_event evs[256];
+    for (;;) {
+        /* 1. New transfers and requests from other threads. */
+        pthread_mutex_lock(&c->mu);
+        cg_openai_xfer *pend = c->pending, *attn = c->attn;
+        c->pending = c->pending_tail = NULL;
+        c->attn = NULL;
+        int stopping = c->stopping;
+        pthread_mutex_unlock(&c->mu);
+        uint64_t now = cg_now_ns();
+        while (pend) {
+            cg_openai_xfer *x = pend;
+            pend = x->next_pending;
+            x->last_ns = now;
+            x->next = c->active;
+            if (c->active) c->active->prev = x;
+            c->active = x;
+            curl_multi_add_handle(c->multi, x->easy); /* sets a 0 ms timer: starts below */
+        }
+        serve_requests(c, attn);
+        if (stopping) {
+            while (c->active)
+                finish(c, c->active, CG_E_UNAVAILABLE, "gateway is stopping");
+            break;
+        }
+
+        /* 2. curl's timer, then finished transfers. */
+        int running;
+        now = cg_now_ns();
+        if (c->timer_ns && now >= c->timer_ns) {
+            c->timer_ns = 0;
+            curl_multi_socket_action(c->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+        }
+        read_done(c);
+        now = cg_now_ns();
+        if (now - last_idle_check >= 100000000ull) { /* idle timeouts: 100 ms resolution */
+            check_idle(c, now);
+            last_idle_check = now;
+        }
+
+        /* 3. Wait for sockets, the timer or a wakeup. */
+        long wait_ms = c->active ? 100 : 1000;
+        if (c->timer_ns) {
+            now = cg_now_ns();
+            long t = c->timer_ns <= now ? 0 : (long)((c->timer_ns - now + 999999) / 1000000);
+            if (t < wait_ms) wait_ms = t;
+        }
+        int n = epoll_wait(c->epfd, evs, (int)CG_ARRAY_LEN(evs), (int)wait_ms);
+        for (int i = 0; i < n; i++) {
+            int fd = evs[i].data.fd;
+            if (fd == c->wake_fd) {
+                uint64_t v;
+                ssize_t r = read(c->wake_fd, &v, sizeof v);
+                (void)r;
+                continue;
+            }
+            int flags = 0;
+            if (evs[i].events & EPOLLIN) flags |= CURL_CSELECT_IN;
+            if (evs[i].events & EPOLLOUT) flags |= CURL_CSELECT_OUT;
+            if (evs[i].events & (EPOLLERR | EPOLLHUP)) flags |= CURL_CSELECT_ERR | CURL_CSELECT_IN;
+            curl_multi_socket_action(c->multi, fd, flags, &running);
+        }
+        read_done(c);
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- public */
+
+cg_status cg_openai_start(const cg_openai_params *p, cg_openai **out)
+{
+    *out = NULL;
+    if (p->base_url && strncmp(p->base_url, "http://", 7) && strncmp(p->base_url, "https://", 8)) {
+        cg_log(CG_LOG_ERROR, "backend URL must start with http:// or https://");
+        return CG_E_VALUE;
+    }
+    pthread_once(&curl_once, curl_init_once);
+    cg_openai *c = cg_calloc(1, sizeof *c);
+    c->p = *p;
+    c->base = p->base_url ? cg_openai_base_normalise(p->base_url) : NULL;
+    c->p.base_url = c->base;
+    c->p.api_key = NULL;
+    if (p->api_key && *p->api_key) {
+        size_t n = strlen(p->api_key) + 32;
+        c->auth = cg_malloc(n);
+        snprintf(c->auth, n, "Authorization: Bearer %s", p->api_key);
+    }
+    if (c->p.connect_timeout_ms <= 0) c->p.connect_timeout_ms = 3000;
+    if (c->p.idle_timeout_ms <= 0) c->p.idle_timeout_ms = 300000;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->multi = curl_multi_init();
+    curl_multi_setopt(c->multi, CURLMOPT_MAXCONNECTS,
+                      c->p.max_idle_conns > 0 ? c->p.max_idle_conns : 1024L);
+    curl_multi_setopt(c->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+    curl_multi_setopt(c->multi, CURLMOPT_SOCKETDATA, c);
+    curl_multi_setopt(c->multi, CURLMOPT_TIMERFUNCTION, on_timer);
+    curl_multi_setopt(c->multi, CURLMOPT_TIMERDATA, c);
+    c->epfd = epoll_create1(EPOLL_CLOEXEC);
+    c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    struct epoll_event ev = {0};
+    ev.events = EPOLLIN;
+    ev.data.fd = c->wake_fd;
+    if (c->epfd < 0 || c->wake_fd < 0 || epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->wake_fd, &ev) != 0 ||
+        pthread_create(&c->thread, NULL, multi_main, c) != 0) {
+        cg_log(CG_LOG_ERROR, "cannot start the backend client: %s", strerror(errno));
+        if (c->epfd >= 0) close(c->epfd);
+        if (c->wake_fd >= 0) close(c->wake_fd);
+        curl_multi_cleanup(c->multi);
+        pthread_mutex_destroy(&c->mu);
+        pthread_cond_destroy(&c->cv);
+        free(c->auth);
+        free(c->base);
+        free(c);
+        return CG_E_INTERNAL;
+    }
+    *out = c;
+    return CG_OK;
+}
+
+size_t cg_openai_in_flight(cg_openai *c)
+{
+    pthread_mutex_lock(&c->mu);
+    size_t n = c->in_flight;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+size_t cg_openai_drain(cg_openai *c, uint64_t timeout_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + timeout_ms * 1000000ull;
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    pthread_mutex_lock(&c->mu);
+    while (c->in_flight && pthread_cond_timedwait(&c->cv, &c->mu, &ts) == 0) {
+    }
+    size_t n = c->in_flight;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+void cg_openai_shutdown(cg_openai *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int joined = c->joined;
+    c->stopping = 1;
+    c->joined = 1;
+    pthread_mutex_unlock(&c->mu);
+    if (joined) return;
+    wake(c);
+    pthread_join(c->thread, NULL);
+}
+
+void cg_openai_stop(cg_openai **cp)
+{
+    cg_openai *c = *cp;
+    if (!c) return;
+    *cp = NULL;
+    cg_openai_shutdown(c);
+    curl_multi_cleanup(c->multi);
+    close(c->epfd);
+    close(c->wake_fd);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c->auth);
+    free(c->base);
+    free(c);
+}
+
+static struct curl_slist *base_headers(cg_openai *c, const char *request_id, int json_body,
+                                       int no_auth)
+{
+    struct curl_slist *h = NULL;
+    if (json_body) h = curl_slist_append(h, "Content-Type: application/json");
+    h = curl_slist_append(h, "Accept: application/json, text/event-stream");
+    h = curl_slist_append(h, "Expect:"); /* no 100-continue round trip for large bodies */
+    if (c->auth && !no_auth) h = curl_slist_append(h, c->auth);
+    if (request_id && *request_id) {
+        char rid[128];
+        snprintf(rid, sizeof rid, "X-Request-Id: %s", request_id);
+        h = curl_slist_append(h, rid);
+    }
+    return h;
+}
+
+static void set_common(cg_openai *c, CURL *e, const char *base, const char *path, char *url,
+                       size_t url_len)
+{
+    snprintf(url, url_len, "%s%s", base, path);
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, c->p.connect_timeout_ms);
+    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+#if LIBCURL_VERSION_NUM >= 0x075500
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+#endif
+}
+
+cg_status cg_openai_submit(cg_openai *c, const char *method, const char *path, char *body,
+                           size_t body_len, const char *request_id, const cg_openai_handlers *h,
+                           void *arg, cg_openai_xfer **ref)
+{
+    cg_openai_req r = {.method = method,
+                       .path = path,
+                       .body = body,
+                       .body_len = body_len,
+                       .request_id = request_id};
+    return cg_openai_submit_req(c, &r, h, arg, ref);
+}
+
+cg_status cg_openai_submit_req(cg_openai *c, const cg_openai_req *r, const cg_openai_handlers *h,
+                               void *arg, cg_openai_xfer **ref)
+{
+    if (ref) *ref = NULL;
+    const char *method = r->method;
+    char *body = r->body;
+    size_t body_len = r->body_len;
+    char *base = r->base ? cg_openai_base_normalise(r->base) : NULL;
+    if (!base && !c->base) {
+        free(body);
+        return CG_E_VALUE;
+    }
+    cg_openai_xfer *x = cg_calloc(1, sizeof *x);
+    x->c = c;
+    x->h = *h;
+    x->arg = arg;
+    x->body = body;
+    x->refs = ref ? 2 : 1;
+    x->idle_ns = (uint64_t)(r->idle_timeout_ms > 0 ? r->idle_timeout_ms : c->p.idle_timeout_ms) *
+                 1000000ull;
+    x->easy = curl_easy_init();
+    if (!x->easy) {
+        free(base);
+        xfer_free(x);
+        return CG_E_INTERNAL;
+    }
+    char url[2048];
+    set_common(c, x->easy, base ? base : c->base, r->path, url, sizeof url);
+    free(base);
+    x->headers = base_headers(c, r->request_id, body != NULL, r->no_auth);
+    curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->headers);
+    curl_easy_setopt(x->easy, CURLOPT_PRIVATE, (char *)x);
+    curl_easy_setopt(x->easy, CURLOPT_ERRORBUFFER, x->errbuf);
+    curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
+    curl_easy_setopt(x->easy, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(x->easy, CURLOPT_HEADERDATA, x);
+    if (!strcmp(method, "POST")) {
+        curl_easy_setopt(x->easy, CURLOPT_POST, 1L);
+        curl_easy_setopt(x->easy, CURLOPT_POSTFIELDS, body ? body : "");
+        curl_easy_setopt(x->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? body_len : 0));
+    } else if (!strcmp(method, "GET")) {
+        curl_easy_setopt(x->easy, CURLOPT_HTTPGET, 1L);
+    } else {
+        curl_easy_setopt(x->easy, CURLOPT_CUSTOMREQUEST, method);
+    }
+    /* Published before the multi thread can see x: its callbacks may use *ref at once. */
+    if (ref) *ref = x;
+    pthread_mutex_lock(&c->mu);
+    if (c->stopping) {
+        pthread_mutex_unlock(&c->mu);
+        if (ref) *ref = NULL;
+        xfer_free(x);
+        return CG_E_UNAVAILABLE;
+    }
+    c->in_flight++;
+    if (c->pending_tail)
+        c->pending_tail->next_pending = x;
+    else
+        c->pending = x;
+    c->pending_tail = x;
+    pthread_mutex_unlock(&c->mu);
+    wake(c);
+    return CG_OK;
+}
+
+static size_t discard(char *data, size_t size, size_t nmemb, void *ud)
+{
+    return size * nmemb;
+}
+
+cg_status cg_openai_probe(cg_openai *c, long timeout_ms, long *http_status, char *err,
+                          size_t errlen)
+{
+    *http_status = 0;
+    CURL *e = curl_easy_init();
+    if (!e) {
+        snprintf(err, errlen, "curl_easy_init failed");
+        return CG_E_INTERNAL;
+    }
+    char url[2048], ebuf[CURL_ERROR_SIZE] = "";
+    if (!c->base) {
+        snprintf(err, errlen, "no backend URL");
+        curl_easy_cleanup(e);
+        return CG_E_UNAVAILABLE;
+    }
+    set_common(c, e, c->base, "/v1/models", url, sizeof url);
+    struct curl_slist *h = base_headers(c, NULL, 0, 0);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, CG_MIN(timeout_ms, c->p.connect_timeout_ms));
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, ebuf);
+    CURLcode rc = curl_easy_perform(e);
+    cg_status st = CG_OK;
+    if (rc == CURLE_OK) {
+        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, http_status);
+        if (*http_status >= 500) {
+            snprintf(err, errlen, "backend answered HTTP %ld", *http_status);
+            st = CG_E_UNAVAILABLE;
+        } else {
+            snprintf(err, errlen, "ok");
+        }
+    } else {
+        st = rc == CURLE_OPERATION_TIMEDOUT                                    ? CG_E_TIMEOUT
+             : rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ? CG_E_UNAVAILABLE
+                                                                               : CG_E_BAD_GATEWAY;
+        snprintf(err, errlen, "%s", ebuf[0] ? ebuf : curl_easy_strerror(rc));
+    }
+    curl_slist_free_all(h);
+    curl_easy_cleanup(e);
+    return st;
+}

@@ -1,0 +1,255 @@
+/* Admin routes over the chunk index: list (OpenAI list shape with limit/after paging), get,
+ * delete, and lookup by keys or by prompt. Reads flush the writer queue first, so an admin
+ * sees every request the gateway answered before. */
+#include "server/gateway_impl.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LIST_DEFAULT 100
+#define LIST_MAX 1000
+#define LOOKUP_MAX_KEYS 10000
+
+json_t *cg_gw_placements_json(const cg_index_placement *p, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(
+            a, json_pack("{s:I, s:s, s:I, s:I}", "worker_id", (json_int_t)p[i].worker_id, "tier",
+                         cg_tier_name(p[i].tier), "tokens", (json_int_t)p[i].tokens, "updated_ms",
+                         (json_int_t)p[i].updated));
+    return a;
+}
+
+static json_t *int_or_null(int64_t v, int64_t null_below)
+{
+    return v < null_below ? json_null() : json_integer((json_int_t)v);
+}
+
+json_t *cg_gw_chunk_json(const cg_index_chunk *c)
+{
+    char hex[CG_KEY_HEX_LEN + 1];
+    cg_key_hex(&c->key, hex);
+    return json_pack(
+        "{s:s, s:s, s:o, s:o, s:o, s:o, s:I, s:I, s:I, s:o, s:I, s:I, s:b, s:o}", "id", hex,
+        "object", "chunk", "model", c->model ? json_string(c->model) : json_null(), "mode",
+        c->mode >= 0 ? json_string(cg_mode_name((cg_mode)c->mode)) : json_null(), "tokens",
+        int_or_null(c->tokens, 0), "bytes", int_or_null(c->bytes, 0), "created",
+        (json_int_t)(c->first_seen / 1000), "first_seen_ms", (json_int_t)c->first_seen,
+        "last_seen_ms", (json_int_t)c->last_seen, "last_hit_ms", int_or_null(c->last_hit, 1),
+        "seen_count", (json_int_t)c->seen_count, "hit_count", (json_int_t)c->hit_count, "pinned",
+        c->pinned, "placements", cg_gw_placements_json(c->placements, c->n_placements));
+}
+
+/* Makes queued writes visible to the reads that follow. */
+static void flush(cg_gateway *g)
+{
+    if (cg_index_flush(g->index) != CG_OK) cg_log(CG_LOG_WARN, "index flush reported errors");
+}
+
+/* The {key} path parameter; replies 400 itself when it is not 32 hex characters. */
+static int path_key(cg_http_req *req, cg_key *key)
+{
+    const char *hex = cg_http_req_param(req, 0);
+    if (!hex || cg_key_parse(hex, key) != 0) {
+        cg_http_reply_error(req, CG_E_VALUE, "key", "a chunk key is 32 hexadecimal characters");
+        return 0;
+    }
+    return 1;
+}
+
+void cg_gw_chunks_list(cg_http_req *req, void *app)
+{
+    cg_gateway *g = app;
+    long limit = LIST_DEFAULT;
+    cg_key after;
+    int has_after = 0;
+    const char *v = cg_http_req_query(req, "limit");
+    if (v) {
+        char *end;
+        errno = 0;
+        limit = strtol(v, &end, 10);
+        if (!*v || *end || errno || limit < 1 || limit > LIST_MAX) {
+            cg_http_reply_error(req, CG_E_VALUE, "limit", "limit must be an integer in [1, 1000]");
+            return;
+        }
+    }
+    v = cg_http_req_query(req, "after");
+    if (v && *v) {
+        if (cg_key_parse(v, &after) != 0) {
+            cg_http_reply_error(req, CG_E_VALUE, "after",
+                                "after must be a chunk key (32 hex characters)");
+            return;
+        }
+        has_after = 1;
+    }
+    flush(g);
+    cg_index_chunk *rows = NULL;
+    size_t n = 0;
+    /* One row more than asked tells whether another page exists. */
+    if (cg_index_chunks_list(g->index, has_after ? &after : NULL, (size_t)limit + 1, &rows, &n) !=
+        CG_OK) {
+        cg_http_reply_error(req, CG_E_IO, NULL, "the chunk index cannot be read");
+        return;
+    }
+    int more = n > (size_t)limit;
+    if (more) n = (size_t)limit;
+    json_t *data = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(data, cg_gw_chunk_json(&rows[i]));
+    char first[CG_KEY_HEX_LEN + 1], last[CG_KEY_HEX_LEN + 1];
+    if (n) {
+        cg_key_hex(&rows[0].key, first);
+        cg_key_hex(&rows[n - 1].key, last);
+    }
+    cg_index_chunks_free(&rows, more ? n + 1 : n);
+    cg_http_reply_json(req, 200,
+                       json_pack("{s:s, s:o, s:b, s:o, s:o}", "object", "list", "data", data,
+                                 "has_more", more, "first_id", n ? json_string(first) : json_null(),
+                                 "last_id", n ? json_string(last) : json_null()));
+}
+
+void cg_gw_chunk_get(cg_http_req *req, void *app)
+{
+    cg_gateway *g = app;
+    cg_key key;
+    if (!path_key(req, &key)) return;
+    flush(g);
+    cg_index_chunk c;
+    memset(&c, 0, sizeof c);
+    cg_status st = cg_index_chunk_get(g->index, &key, &c);
+    if (st == CG_E_NOT_FOUND) {
+        cg_http_reply_error(req, CG_E_NOT_FOUND, "key", "no chunk with this key");
+        return;
+    }
+    if (st != CG_OK) {
+        cg_http_reply_error(req, CG_E_IO, NULL, "the chunk index cannot be read");
+        return;
+    }
+    cg_http_reply_json(req, 200, cg_gw_chunk_json(&c));
+    cg_index_chunk_clear(&c);
+}
+
+void cg_gw_chunk_delete(cg_http_req *req, void *app)
+{
+    cg_gateway *g = app;
+    cg_key key;
+    if (!path_key(req, &key)) return;
+    flush(g);
+    cg_index_chunk c;
+    memset(&c, 0, sizeof c);
+    cg_status st = cg_index_chunk_get(g->index, &key, &c);
+    cg_index_chunk_clear(&c);
+    if (st == CG_E_NOT_FOUND) {
+        cg_http_reply_error(req, CG_E_NOT_FOUND, "key", "no chunk with this key");
+        return;
+    }
+    if (st != CG_OK) {
+        cg_http_reply_error(req, CG_E_IO, NULL, "the chunk index cannot be read");
+        return;
+    }
+    cg_index_chunk_delete(g->index, &key);
+    if (cg_index_flush(g->index) != CG_OK) {
+        cg_http_reply_error(req, CG_E_IO, NULL, "the chunk index could not be updated");
+        return;
+    }
+    cg_http_reply_json(req, 200,
+                       json_pack("{s:s, s:s, s:b}", "id", cg_http_req_param(req, 0), "object",
+                                 "chunk.deleted", "deleted", 1));
+}
+
+/* POST /v1/chunks/lookup: {"keys":[hex...]} or a request to split ({"model", "prompt"} or
+ * {"model", "messages", "documents"?} with the extension fields). Answers per key what the
+ * index knows. */
+void cg_gw_chunks_lookup(cg_http_req *req, void *app)
+{
+    cg_gateway *g = app;
+    cg_gw_segments segs;
+    cg_gw_segments_init(&segs);
+    cg_key *keys = NULL;
+    cg_index_entry *ent = NULL;
+    size_t n = 0;
+    int by_keys = 0;
+    char msg[256] = "";
+    const char *param = NULL;
+    json_t *body = cg_http_req_json(req);
+    if (!body) goto out;
+
+    json_t *jk = json_object_get(body, "keys");
+    if (jk && !json_is_null(jk)) {
+        by_keys = 1;
+        if (!json_is_array(jk)) {
+            cg_http_reply_error(req, CG_E_TYPE, "keys", "keys must be an array of chunk keys");
+            goto out;
+        }
+        n = json_array_size(jk);
+        if (n > LOOKUP_MAX_KEYS) {
+            snprintf(msg, sizeof msg, "at most %d keys per lookup", LOOKUP_MAX_KEYS);
+            cg_http_reply_error(req, CG_E_VALUE, "keys", msg);
+            goto out;
+        }
+        keys = cg_calloc(n ? n : 1, sizeof *keys);
+        for (size_t i = 0; i < n; i++) {
+            json_t *s = json_array_get(jk, i);
+            if (!json_is_string(s) || cg_key_parse(json_string_value(s), &keys[i]) != 0) {
+                snprintf(msg, sizeof msg, "keys[%zu] is not a chunk key (32 hex characters)", i);
+                cg_http_reply_error(req, CG_E_VALUE, "keys", msg);
+                goto out;
+            }
+        }
+    } else {
+        const char *model;
+        cg_status st = cg_json_get_string(body, "model", 1, &model);
+        if (st != CG_OK || !*model) {
+            cg_http_reply_error(req, st == CG_OK ? CG_E_VALUE : st, "model",
+                                "model (a string) is required with prompt or messages");
+            goto out;
+        }
+        int chat = json_object_get(body, "messages") != NULL;
+        if (!chat && !json_object_get(body, "prompt")) {
+            cg_http_reply_error(req, CG_E_MISSING, "keys", "give keys, prompt or messages");
+            goto out;
+        }
+        st = cg_gw_segment_request(g, body, model, chat, &segs, &param, msg, sizeof msg);
+        if (st != CG_OK) {
+            cg_gw_reply_error(req, st, param, msg);
+            goto out;
+        }
+        keys = segs.keys;
+        n = segs.n_keys;
+    }
+    flush(g);
+    ent = cg_calloc(n ? n : 1, sizeof *ent);
+    if (n && cg_index_lookup(g->index, keys, n, ent) != CG_OK) {
+        cg_http_reply_error(req, CG_E_IO, NULL, "the chunk index cannot be read");
+        goto out;
+    }
+    json_t *data = json_array();
+    for (size_t i = 0; i < n; i++) {
+        char hex[CG_KEY_HEX_LEN + 1];
+        cg_key_hex(&keys[i], hex);
+        json_t *role = by_keys ? json_null()
+                               : json_string(cg_role_name(segs.split.segs[segs.key_seg[i]].role));
+        json_array_append_new(
+            data, json_pack("{s:s, s:o, s:b, s:o, s:o, s:I, s:I, s:b, s:o}", "key", hex, "role",
+                            role, "found", ent[i].found, "tokens",
+                            ent[i].found ? int_or_null(ent[i].tokens, 0) : json_null(), "bytes",
+                            ent[i].found ? int_or_null(ent[i].bytes, 0) : json_null(), "seen_count",
+                            (json_int_t)ent[i].seen_count, "hit_count",
+                            (json_int_t)ent[i].hit_count, "pinned", ent[i].pinned, "placements",
+                            cg_gw_placements_json(ent[i].placements, ent[i].n_placements)));
+    }
+    json_t *reply = json_pack("{s:s, s:o}", "object", "list", "data", data);
+    if (!by_keys) {
+        json_object_set_new(reply, "mode", json_string(cg_mode_name(segs.mode)));
+        json_object_set_new(reply, "passthrough", json_boolean(segs.split.passthrough));
+    }
+    cg_http_reply_json(req, 200, reply);
+out:
+    if (by_keys) free(keys);
+    free(ent);
+    cg_gw_segments_free(&segs);
+    json_decref(body);
+}

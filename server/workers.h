@@ -1,0 +1,124 @@
+/* The gateway's worker registry: the KV workers it routes to (from --worker and the admin
+ * API), their health and load, registration checks against /v1/info, inventory sync into the
+ * index when a worker (re)appears, and the cache-aware routing decision. Thread-safe. */
+#ifndef CG_WORKERS_H
+#define CG_WORKERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+#include "backends/openai.h"
+#include "server/metrics.h"
+#include "sql/index.h"
+
+typedef struct cg_workers cg_workers;
+/* One registered worker. Reference-counted: a request that was routed to it holds a
+ * reference (and counts as in flight) until cg_workers_release, so removing the worker never
+ * frees it under a running request. */
+typedef struct cg_worker cg_worker;
+
+typedef struct cg_workers_params {
+    cg_openai *client;           /* borrowed: the gateway's curl event loop */
+    cg_index *index;             /* borrowed */
+    cg_metrics *metrics;         /* borrowed */
+    const char *model;           /* borrowed; NULL, or the model every worker must serve */
+    long health_interval_ms;     /* GET /healthz period per worker; default 2000 */
+    long health_timeout_ms;      /* one probe's limit; default 1000 */
+    long sync_interval_ms;       /* full inventory resync period of a healthy worker; 0 = only
+                                    when it (re)appears or a stale placement is seen; default
+                                    60000 */
+    long long load_penalty_tokens; /* routing: each in-flight request costs this many cached
+                                      tokens of score; default 256 */
+} cg_workers_params;
+
+cg_workers_params cg_workers_default_params(void);
+
+/* Creates an empty registry (no thread yet). *out is owned by the caller. */
+cg_status cg_workers_new(const cg_workers_params *p, cg_workers **out) CG_WUR;
+/* Starts the health-check thread. */
+cg_status cg_workers_start(cg_workers *r) CG_WUR;
+/* Stops the health-check thread (waits for a probe in progress). Idempotent. */
+void cg_workers_stop(cg_workers *r);
+/* Stops, drops every worker and frees. Requests must have released their workers. NULL-safe;
+ * sets *r to NULL. */
+void cg_workers_free(cg_workers **r);
+
+/* Registers the worker at url (normalised: a trailing "/" or "/v1" is dropped). Fetches
+ * {url}/v1/info and checks it against --model and the workers already registered (model id,
+ * dtype, RoPE style, key version, KV geometry), then syncs its inventory into the index.
+ * must_reach = 1 (admin API): an unreachable worker is refused (CG_E_UNAVAILABLE); 0
+ * (startup): it is registered as down and checked when it comes up. Returns CG_OK
+ * (*created = 1 when new, 0 when the url was already registered), CG_E_VALUE (bad url),
+ * CG_E_CONFLICT (incompatible), CG_E_UNAVAILABLE, CG_E_BAD_GATEWAY (bad /v1/info) or
+ * CG_E_IO (index); err gets a message. *out_json (may be NULL) gets the worker's JSON (new
+ * reference). */
+cg_status cg_workers_add(cg_workers *r, const char *url, int must_reach, int *created,
+                         json_t **out_json, char *err, size_t errlen) CG_WUR;
+/* Unregisters a worker by index id (id >= 0) or url and deletes its placements from the
+ * index. Requests already routed to it finish. CG_E_NOT_FOUND when unknown. *out_json (may
+ * be NULL) gets the removed worker's JSON. */
+cg_status cg_workers_remove(cg_workers *r, int64_t id, const char *url, json_t **out_json) CG_WUR;
+
+/* {"object":"list","data":[worker...]} (new reference). */
+json_t *cg_workers_list_json(cg_workers *r);
+/* One worker's JSON by id, or NULL (new reference). */
+json_t *cg_workers_get_json(cg_workers *r, int64_t id);
+/* Registered workers, and of those the healthy ones. */
+size_t cg_workers_count(cg_workers *r);
+size_t cg_workers_healthy(cg_workers *r);
+/* The model the worker pool serves (--model, else the first accepted worker's) into buf;
+ * returns 0 when none is known yet. */
+int cg_workers_model(cg_workers *r, char *buf, size_t n);
+
+/* ---- routing ---- */
+
+typedef enum { CG_ROUTE_HIT, CG_ROUTE_LEAST_LOADED, CG_ROUTE_PINNED } cg_route_kind;
+/* "hit", "least_loaded", "pinned"; static storage. */
+const char *cg_route_kind_name(cg_route_kind k);
+
+/* One candidate for cg_route_pick. */
+typedef struct cg_route_cand {
+    int64_t cached;    /* tokens of the request's segments placed on this worker */
+    int64_t in_flight; /* requests routed to it and not finished */
+    int pinned;        /* it holds a pinned chunk of the request */
+} cg_route_cand;
+
+/* The routing rule, pure so it can be tested without processes. Candidates holding a pinned
+ * chunk of the request, if any, are the only ones considered (kind pinned). Score = cached -
+ * in_flight * penalty; the best score wins (kind hit) when its cached > 0. Otherwise the
+ * least loaded wins (kind least_loaded). Ties go to the first candidate at or after
+ * tie % n in rotation order, so equal cold requests spread by their key instead of all
+ * landing on candidate 0. Returns the index, or -1 when n == 0. */
+int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, uint64_t tie,
+                  cg_route_kind *kind);
+
+/* Picks a healthy worker for a request whose keys the one index lookup answered (ent[k] for
+ * keys[k]; ent may be NULL when the lookup failed). tie: a hash of the request's first chunk.
+ * Returns a worker reference counted in flight (give it back with cg_workers_release), or
+ * NULL when no worker is healthy. *kind and *cached (tokens the index expects to reuse) are
+ * set. */
+cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, size_t n_keys, uint64_t tie,
+                            cg_route_kind *kind, int64_t *cached);
+/* The least-loaded healthy worker other than exclude (may be NULL), for a plain prompt;
+ * counted in flight like cg_workers_route. NULL when there is none. */
+cg_worker *cg_workers_pick_any(cg_workers *r, const cg_worker *exclude);
+/* Ends a routed request: in flight - 1, reference given back. Accepts NULL; sets *w NULL. */
+void cg_workers_release(cg_workers *r, cg_worker **w);
+
+const char *cg_worker_url(const cg_worker *w); /* borrowed, lives as long as the reference */
+int64_t cg_worker_id(const cg_worker *w);
+
+/* Reports a failed call to w: counted in chunkgate_worker_errors_total{kind}; kind
+ * "connect" or "timeout" also marks it down until a health probe succeeds. */
+void cg_workers_error(cg_workers *r, cg_worker *w, const char *kind, const char *detail);
+/* The worker reported a miss for a chunk the index placed on it: its cache changed behind
+ * the gateway's back (restart, eviction not reported, admin delete). Schedules a full
+ * inventory sync of it. */
+void cg_workers_stale(cg_workers *r, cg_worker *w);
+
+/* One round of the health logic at monotonic time now_ms: probes every worker whose check is
+ * due (or that needs a sync) and syncs those that came up, changed instance, or are due for a
+ * periodic resync. The health thread calls it; it blocks on the network. */
+void cg_workers_tick(cg_workers *r, uint64_t now_ms);
+
+#endif

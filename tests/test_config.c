@@ -1,0 +1,302 @@
+/* Tests of the table-driven configuration (server/config.c) and of the gateway's own table
+ * (server/gateway.c): defaults, environment, flags over environment, lists, sizes, bounds,
+ * errors and --help. */
+#include <check.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "server/config.h"
+#include "server/gateway.h"
+
+typedef struct tcfg {
+    char *name;
+    long long count;
+    size_t size;
+    int flag;
+    cg_strlist items;
+    char *unset;
+} tcfg;
+
+static const cg_cfg_opt tab[] = {
+    {"name", "CGT_NAME", CG_CFG_STR, offsetof(tcfg, name), "dflt", 0, 0, "a name"},
+    {"count", "CGT_COUNT", CG_CFG_INT, offsetof(tcfg, count), "5", 1, 100, "a count"},
+    {"size", "CGT_SIZE", CG_CFG_SIZE, offsetof(tcfg, size), "1K", 0, 1LL << 40, "a size"},
+    {"flag", "CGT_FLAG", CG_CFG_BOOL, offsetof(tcfg, flag), "false", 0, 0, "a flag"},
+    {"item", "CGT_ITEMS", CG_CFG_LIST, offsetof(tcfg, items), "a,b", 0, 0, "items"},
+    {"unset", "CGT_UNSET", CG_CFG_STR, offsetof(tcfg, unset), NULL, 0, 0, "not set by default"},
+};
+#define NTAB (sizeof tab / sizeof tab[0])
+
+static void clear_env(void)
+{
+    const char *vars[] = {"CGT_NAME", "CGT_COUNT", "CGT_SIZE",
+                          "CGT_FLAG", "CGT_ITEMS", "CGT_UNSET"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+}
+
+/* Parses argv (NULL-terminated, without program name) into *c; returns the status. */
+static cg_status parse(tcfg *c, const char *const *args, int *help, char *err, size_t errlen)
+{
+    char *argv[32];
+    int argc = 0;
+    argv[argc++] = "prog";
+    for (; args && *args; args++)
+        argv[argc++] = (char *)*args;
+    argv[argc] = NULL;
+    memset(c, 0, sizeof *c);
+    err[0] = '\0';
+    return cg_config_parse(tab, NTAB, c, argc, argv, help, err, errlen);
+}
+
+START_TEST(defaults)
+{
+    clear_env();
+    tcfg c;
+    int help;
+    char err[256];
+    ck_assert_int_eq(parse(&c, NULL, &help, err, sizeof err), CG_OK);
+    ck_assert_int_eq(help, 0);
+    ck_assert_str_eq(c.name, "dflt");
+    ck_assert_int_eq(c.count, 5);
+    ck_assert_uint_eq(c.size, 1024);
+    ck_assert_int_eq(c.flag, 0);
+    ck_assert_uint_eq(c.items.n, 2);
+    ck_assert_str_eq(c.items.v[0], "a");
+    ck_assert_str_eq(c.items.v[1], "b");
+    ck_assert_ptr_null(c.items.v[2]);
+    ck_assert_ptr_null(c.unset);
+    cg_config_free(tab, NTAB, &c);
+    ck_assert_ptr_null(c.name);
+    ck_assert_ptr_null(c.items.v);
+}
+END_TEST
+
+START_TEST(env_then_flags)
+{
+    clear_env();
+    setenv("CGT_NAME", "from-env", 1);
+    setenv("CGT_COUNT", "7", 1);
+    setenv("CGT_ITEMS", "x,,y", 1); /* empty items are skipped */
+    setenv("CGT_FLAG", "yes", 1);
+    tcfg c;
+    int help;
+    char err[256];
+    ck_assert_int_eq(parse(&c, NULL, &help, err, sizeof err), CG_OK);
+    ck_assert_str_eq(c.name, "from-env");
+    ck_assert_int_eq(c.count, 7);
+    ck_assert_int_eq(c.flag, 1);
+    ck_assert_uint_eq(c.items.n, 2);
+    ck_assert_str_eq(c.items.v[1], "y");
+    cg_config_free(tab, NTAB, &c);
+
+    /* flags win over the environment, in both spellings; a repeated list flag replaces the
+     * environment's list and then accumulates */
+    const char *args[] = {"--name", "from-flag", "--count=9",  "--item",
+                          "p",      "--item=q",  "--flag=off", NULL};
+    ck_assert_int_eq(parse(&c, args, &help, err, sizeof err), CG_OK);
+    ck_assert_str_eq(c.name, "from-flag");
+    ck_assert_int_eq(c.count, 9);
+    ck_assert_int_eq(c.flag, 0);
+    ck_assert_uint_eq(c.items.n, 2);
+    ck_assert_str_eq(c.items.v[0], "p");
+    ck_assert_str_eq(c.items.v[1], "q");
+    cg_config_free(tab, NTAB, &c);
+}
+END_TEST
+
+START_TEST(sizes)
+{
+    clear_env();
+    struct {
+        const char *in;
+        size_t want;
+    } ok[] = {{"512", 512},   {"64M", 64u << 20}, {"2G", 2ull << 30},
+              {"1KiB", 1024}, {"3kb", 3072},      {"0", 0}};
+    tcfg c;
+    int help;
+    char err[256];
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        const char *args[] = {"--size", ok[i].in, NULL};
+        ck_assert_int_eq(parse(&c, args, &help, err, sizeof err), CG_OK);
+        ck_assert_msg(c.size == ok[i].want, "%s -> %zu", ok[i].in, c.size);
+        cg_config_free(tab, NTAB, &c);
+    }
+    const char *bad[] = {"12X", "M", "", "1.5G", "-1K", "99999999999G"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *args[] = {"--size", bad[i], NULL};
+        ck_assert_msg(parse(&c, args, &help, err, sizeof err) == CG_E_VALUE, "'%s' accepted",
+                      bad[i]);
+        ck_assert_msg(strstr(err, "--size") != NULL, "error does not name the option: %s", err);
+        cg_config_free(tab, NTAB, &c);
+    }
+}
+END_TEST
+
+START_TEST(bounds_and_errors)
+{
+    clear_env();
+    tcfg c;
+    int help;
+    char err[256];
+    const char *lo[] = {"--count", "0", NULL};
+    ck_assert_int_eq(parse(&c, lo, &help, err, sizeof err), CG_E_VALUE);
+    ck_assert_ptr_nonnull(strstr(err, "outside [1, 100]"));
+    cg_config_free(tab, NTAB, &c);
+    const char *hi[] = {"--count=101", NULL};
+    ck_assert_int_eq(parse(&c, hi, &help, err, sizeof err), CG_E_VALUE);
+    cg_config_free(tab, NTAB, &c);
+    const char *edge[] = {"--count=100", NULL};
+    ck_assert_int_eq(parse(&c, edge, &help, err, sizeof err), CG_OK);
+    ck_assert_int_eq(c.count, 100);
+    cg_config_free(tab, NTAB, &c);
+    const char *notnum[] = {"--count", "ten", NULL};
+    ck_assert_int_eq(parse(&c, notnum, &help, err, sizeof err), CG_E_VALUE);
+    cg_config_free(tab, NTAB, &c);
+    const char *unknown[] = {"--nope", "1", NULL};
+    ck_assert_int_eq(parse(&c, unknown, &help, err, sizeof err), CG_E_VALUE);
+    ck_assert_ptr_nonnull(strstr(err, "unknown option '--nope'"));
+    cg_config_free(tab, NTAB, &c);
+    const char *positional[] = {"stray", NULL};
+    ck_assert_int_eq(parse(&c, positional, &help, err, sizeof err), CG_E_VALUE);
+    ck_assert_ptr_nonnull(strstr(err, "stray"));
+    cg_config_free(tab, NTAB, &c);
+    const char *novalue[] = {"--name", NULL};
+    ck_assert_int_eq(parse(&c, novalue, &help, err, sizeof err), CG_E_VALUE);
+    ck_assert_ptr_nonnull(strstr(err, "needs a value"));
+    cg_config_free(tab, NTAB, &c);
+    const char *badbool[] = {"--flag=maybe", NULL};
+    ck_assert_int_eq(parse(&c, badbool, &help, err, sizeof err), CG_E_VALUE);
+    cg_config_free(tab, NTAB, &c);
+    const char *boolalone[] = {"--flag", NULL};
+    ck_assert_int_eq(parse(&c, boolalone, &help, err, sizeof err), CG_OK);
+    ck_assert_int_eq(c.flag, 1);
+    cg_config_free(tab, NTAB, &c);
+    /* a bad environment value is reported too */
+    setenv("CGT_COUNT", "1000", 1);
+    ck_assert_int_eq(parse(&c, NULL, &help, err, sizeof err), CG_E_VALUE);
+    cg_config_free(tab, NTAB, &c);
+}
+END_TEST
+
+START_TEST(help_flag_and_text)
+{
+    clear_env();
+    tcfg c;
+    int help = 0;
+    char err[256];
+    const char *args[] = {"--help", NULL};
+    ck_assert_int_eq(parse(&c, args, &help, err, sizeof err), CG_OK);
+    ck_assert_int_eq(help, 1);
+    cg_config_free(tab, NTAB, &c);
+
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cg_config_help(f, "usage: prog", tab, NTAB);
+    fclose(f);
+    ck_assert_ptr_nonnull(strstr(text, "usage: prog"));
+    ck_assert_ptr_nonnull(strstr(text, "| `--count` | `CGT_COUNT` | INT | 5 | a count |"));
+    ck_assert_ptr_nonnull(strstr(text, "| `--unset` | `CGT_UNSET` | STR | - |"));
+    free(text);
+}
+END_TEST
+
+/* ---- the gateway's table ---- */
+
+static void clear_gateway_env(void)
+{
+    for (size_t i = 0; i < cg_gateway_n_options; i++)
+        unsetenv(cg_gateway_options[i].env);
+}
+
+static cg_status gw_load(cg_gateway_config *cfg, const char *const *args, char *err, size_t errlen)
+{
+    char *argv[32];
+    int argc = 0, help = 0;
+    argv[argc++] = "chunkgate";
+    for (; args && *args; args++)
+        argv[argc++] = (char *)*args;
+    argv[argc] = NULL;
+    return cg_gateway_config_load(cfg, argc, argv, &help, err, errlen);
+}
+
+START_TEST(gateway_table)
+{
+    clear_gateway_env();
+    for (size_t i = 0; i < cg_gateway_n_options; i++) {
+        const cg_cfg_opt *o = &cg_gateway_options[i];
+        ck_assert_msg(o->env && !strncmp(o->env, "CHUNKGATE_", 10), "--%s has no CHUNKGATE_ env",
+                      o->name);
+        ck_assert_msg(o->help && *o->help, "--%s has no help", o->name);
+    }
+    cg_gateway_config cfg;
+    char err[256];
+    ck_assert_int_eq(gw_load(&cfg, NULL, err, sizeof err), CG_OK);
+    ck_assert_str_eq(cfg.listen, "127.0.0.1:8080");
+    ck_assert_str_eq(cfg.separator, "# #");
+    ck_assert_str_eq(cfg.data_dir, "./data");
+    ck_assert_str_eq(cfg.chunk_mode, "strict");
+    ck_assert_uint_eq(cfg.max_body_bytes, 8u << 20);
+    ck_assert_int_eq(cfg.max_segments, 256);
+    ck_assert_uint_eq(cfg.max_upstream_bytes, 64u << 20);
+    ck_assert_ptr_null(cfg.backend);
+    ck_assert_ptr_null(cfg.admin_token);
+    ck_assert_uint_eq(cfg.workers.n, 0);
+    cg_gateway_config_free(&cfg);
+
+    setenv("CHUNKGATE_WORKERS", "http://w1:1,http://w2:2", 1);
+    setenv("CHUNKGATE_ADMIN_TOKEN", "", 1); /* empty = unset */
+    setenv("CHUNKGATE_BACKEND", "http://env:1", 1);
+    const char *args[] = {"--backend", "http://flag:2", "--max-body-bytes", "1M", NULL};
+    ck_assert_int_eq(gw_load(&cfg, args, err, sizeof err), CG_OK);
+    ck_assert_uint_eq(cfg.workers.n, 2);
+    ck_assert_str_eq(cfg.workers.v[1], "http://w2:2");
+    ck_assert_ptr_null(cfg.admin_token);
+    ck_assert_str_eq(cfg.backend, "http://flag:2");
+    ck_assert_uint_eq(cfg.max_body_bytes, 1u << 20);
+    cg_gateway_config_free(&cfg);
+}
+END_TEST
+
+START_TEST(gateway_bad_values)
+{
+    clear_gateway_env();
+    const char *cases[][3] = {
+        {"--log-level", "loud", "--log-level"},      {"--listen", "nohost", "--listen"},
+        {"--listen", "127.0.0.1:70000", "--listen"}, {"--backend", "ftp://x", "--backend"},
+        {"--chunk-mode", "loose", "--chunk-mode"},   {"--separator", "", "--separator"},
+        {"--max-segments", "1", "--max-segments"},   {"--max-body-bytes", "10", "--max-body-bytes"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cg_gateway_config cfg;
+        char err[256] = "";
+        const char *args[] = {cases[i][0], cases[i][1], NULL};
+        ck_assert_msg(gw_load(&cfg, args, err, sizeof err) == CG_E_VALUE, "%s %s accepted",
+                      cases[i][0], cases[i][1]);
+        ck_assert_msg(strstr(err, cases[i][2]) != NULL, "message '%s' does not name %s", err,
+                      cases[i][2]);
+        cg_gateway_config_free(&cfg);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("table");
+    tcase_add_test(tc, defaults);
+    tcase_add_test(tc, env_then_flags);
+    tcase_add_test(tc, sizes);
+    tcase_add_test(tc, bounds_and_errors);
+    tcase_add_test(tc, help_flag_and_text);
+    tcase_add_test(tc, gateway_table);
+    tcase_add_test(tc, gateway_bad_values);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

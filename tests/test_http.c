@@ -1,0 +1,836 @@
+/* Tests of the HTTP layer (server/http.c) with a real in-process server on port 0 and libcurl:
+ * routing, 404/405, body caps with and without Content-Length, request ids, bearer auth,
+ * streams (blocking and non-blocking producers, close, client disconnect), quiesce, and the
+ * JSON field helpers. */
+#include <check.h>
+#include <curl/curl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "server/http.h"
+
+static cg_http_server *srv;
+static uint16_t port;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------ test handlers */
+
+static void h_hello(cg_http_req *r, void *app)
+{
+    cg_http_reply_json(r, 200, json_pack("{s:s}", "hello", "world"));
+}
+
+static void h_item(cg_http_req *r, void *app)
+{
+    cg_http_reply_json(
+        r, 200,
+        json_pack("{s:s, s:s?}", "id", cg_http_req_param(r, 0), "q", cg_http_req_query(r, "q")));
+}
+
+static void h_echo(cg_http_req *r, void *app)
+{
+    json_t *j = cg_http_req_json(r);
+    if (!j) return;
+    size_t len;
+    cg_http_req_body(r, &len);
+    cg_http_reply_json(r, 200, json_pack("{s:I, s:o}", "n", (json_int_t)len, "obj", j));
+}
+
+static void h_ok(cg_http_req *r, void *app)
+{
+    cg_http_reply_json(r, 200, json_pack("{s:b}", "ok", 1));
+}
+
+/* Replies from another thread, later: the job thread returns first. */
+static void *late_reply(void *arg)
+{
+    sleep_ms(50);
+    cg_http_reply_json(arg, 202, json_pack("{s:s}", "late", "yes"));
+    return NULL;
+}
+static void h_late(cg_http_req *r, void *app)
+{
+    pthread_t t;
+    pthread_create(&t, NULL, late_reply, r);
+    pthread_detach(t);
+}
+
+/* Stream producers. prod_* are shared with the test body (same process: the server runs in
+ * the forked test child). */
+static pthread_mutex_t prod_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t prod_cv = PTHREAD_COND_INITIALIZER;
+static int prod_gone_seen; /* push returned -1 */
+static int prod_pushed;    /* pushes that succeeded */
+static int notify_drains, notify_gone;
+static int prod_finished;
+
+typedef struct prod {
+    cg_stream *s;
+    int n, delay_ms;
+} prod;
+
+static void *blocking_producer(void *arg)
+{
+    prod *p = arg;
+    for (int i = 0; i < p->n; i++) {
+        char line[64];
+        int len = snprintf(line, sizeof line, "data: %d\n\n", i);
+        if (cg_stream_push(p->s, line, (size_t)len) != 0) {
+            pthread_mutex_lock(&prod_mu);
+            prod_gone_seen = 1;
+            pthread_cond_broadcast(&prod_cv);
+            pthread_mutex_unlock(&prod_mu);
+            break;
+        }
+        pthread_mutex_lock(&prod_mu);
+        prod_pushed++;
+        pthread_mutex_unlock(&prod_mu);
+        if (p->delay_ms) sleep_ms(p->delay_ms);
+    }
+    cg_stream_close(p->s);
+    cg_stream_unref(&p->s);
+    pthread_mutex_lock(&prod_mu);
+    prod_finished = 1;
+    pthread_cond_broadcast(&prod_cv);
+    pthread_mutex_unlock(&prod_mu);
+    free(p);
+    return NULL;
+}
+
+static void start_stream(cg_http_req *r, int n, int delay_ms, size_t max)
+{
+    prod *p = calloc(1, sizeof *p);
+    p->s = cg_stream_new(max, ": hb\n\n");
+    p->n = n;
+    p->delay_ms = delay_ms;
+    cg_http_reply_stream(r, 200, "text/event-stream", p->s);
+    pthread_t t;
+    pthread_create(&t, NULL, blocking_producer, p);
+    pthread_detach(t);
+}
+
+static void h_stream(cg_http_req *r, void *app)
+{
+    start_stream(r, 20, 5, 1 << 16);
+}
+static void h_slow(cg_http_req *r, void *app)
+{
+    start_stream(r, 400, 25, 1 << 16);
+}
+
+/* Non-blocking producer: pushes 256 KiB through a 1 KiB queue, waiting for drain notices. */
+#define NB_TOTAL (256 * 1024)
+static void on_notify(void *arg, int gone)
+{
+    pthread_mutex_lock(&prod_mu);
+    if (gone)
+        notify_gone++;
+    else
+        notify_drains++;
+    pthread_cond_broadcast(&prod_cv);
+    pthread_mutex_unlock(&prod_mu);
+}
+
+static void *nowait_producer(void *arg)
+{
+    cg_stream *s = arg;
+    char chunk[512];
+    size_t sent = 0;
+    cg_stream_set_notify(s, on_notify, NULL);
+    while (sent < NB_TOTAL) {
+        int w = cg_stream_writable(s);
+        if (w < 0) break;
+        if (w == 0) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            pthread_mutex_lock(&prod_mu);
+            int before = notify_drains;
+            while (notify_drains == before && !notify_gone &&
+                   pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
+            }
+            pthread_mutex_unlock(&prod_mu);
+            continue;
+        }
+        for (size_t i = 0; i < sizeof chunk; i++)
+            chunk[i] = (char)('a' + (sent + i) % 26);
+        if (cg_stream_push_nowait(s, chunk, sizeof chunk) != 0) break;
+        sent += sizeof chunk;
+    }
+    cg_stream_set_notify(s, NULL, NULL);
+    cg_stream_close(s);
+    cg_stream_unref(&s);
+    return NULL;
+}
+
+static void h_nowait(cg_http_req *r, void *app)
+{
+    cg_stream *s = cg_stream_new(1024, NULL);
+    cg_http_reply_stream(r, 200, "application/octet-stream", s);
+    pthread_t t;
+    pthread_create(&t, NULL, nowait_producer, s);
+    pthread_detach(t);
+}
+
+/* A producer that parks with nothing to send: only the heartbeat can find the client gone. */
+static void *idle_producer(void *arg)
+{
+    cg_stream *s = arg;
+    cg_stream_set_notify(s, on_notify, NULL);
+    cg_stream_push(s, "data: first\n\n", 13);
+    for (int i = 0; i < 500 && !cg_stream_cancelled(s); i++)
+        sleep_ms(10);
+    int gone = cg_stream_cancelled(s); /* not under prod_mu: on_notify takes it under s's lock */
+    pthread_mutex_lock(&prod_mu);
+    prod_gone_seen = gone;
+    prod_finished = 1;
+    pthread_cond_broadcast(&prod_cv);
+    pthread_mutex_unlock(&prod_mu);
+    cg_stream_set_notify(s, NULL, NULL);
+    cg_stream_close(s);
+    cg_stream_unref(&s);
+    return NULL;
+}
+
+static void h_idle(cg_http_req *r, void *app)
+{
+    cg_stream *s = cg_stream_new(4096, ": hb\n\n");
+    cg_http_reply_stream(r, 200, "text/event-stream", s);
+    pthread_t t;
+    pthread_create(&t, NULL, idle_producer, s);
+    pthread_detach(t);
+}
+
+static const cg_http_route routes[] = {
+    {"GET", "/t/hello", h_hello, CG_ROUTE_INLINE, "hello"},
+    {"GET", "/t/items/*", h_item, 0, "item"},
+    {"GET", "/t/items/*/sub/*", h_item, 0, "item_sub"},
+    {"POST", "/t/echo", h_echo, 0, "echo"},
+    {"GET", "/t/admin", h_ok, CG_ROUTE_ADMIN, "admin"},
+    {"GET", "/t/auth", h_ok, CG_ROUTE_AUTH, "auth"},
+    {"GET", "/t/late", h_late, 0, "late"},
+    {"GET", "/t/stream", h_stream, 0, "stream"},
+    {"GET", "/t/slow", h_slow, 0, "slow"},
+    {"GET", "/t/nowait", h_nowait, 0, "nowait"},
+    {"GET", "/t/idle", h_idle, 0, "idle"},
+};
+
+static const char *const api_keys[] = {"key-one", "key-two", NULL};
+static int done_calls;
+static int done_last_status;
+static char done_last_route[32];
+static void on_done(void *app, const char *route, int status, double seconds)
+{
+    pthread_mutex_lock(&prod_mu);
+    done_calls++;
+    done_last_status = status;
+    snprintf(done_last_route, sizeof done_last_route, "%s", route);
+    pthread_mutex_unlock(&prod_mu);
+}
+
+static void setup(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    cg_http_params p = cg_http_default_params();
+    p.listen = "127.0.0.1:0";
+    p.max_body_bytes = 4096;
+    p.heartbeat_ms = 100;
+    p.admin_token = "s3cret-admin";
+    p.api_keys = api_keys;
+    p.routes = routes;
+    p.n_routes = sizeof routes / sizeof routes[0];
+    p.done = on_done;
+    ck_assert_int_eq(cg_http_start(&p, &srv), CG_OK);
+    port = cg_http_port(srv);
+    ck_assert_uint_gt(port, 0);
+}
+
+static void teardown(void)
+{
+    cg_http_stop(&srv);
+    ck_assert_ptr_null(srv);
+}
+
+/* ------------------------------------------------------------ client */
+
+typedef struct resp {
+    long status;
+    cg_buf body;
+    char rid[96];
+    char ctype[96];
+    CURLcode rc;
+    int stop_after; /* write callback aborts once this many bytes arrived (0 = never) */
+} resp;
+
+static size_t on_write(char *d, size_t sz, size_t n, void *ud)
+{
+    resp *r = ud;
+    ck_assert_int_eq(cg_buf_append(&r->body, d, sz * n), CG_OK);
+    if (r->stop_after && r->body.len >= (size_t)r->stop_after) return 0;
+    return sz * n;
+}
+
+static size_t on_header(char *d, size_t sz, size_t n, void *ud)
+{
+    resp *r = ud;
+    size_t len = sz * n;
+    if (len > 14 && !strncasecmp(d, "X-Request-Id: ", 14))
+        snprintf(r->rid, sizeof r->rid, "%.*s", (int)(len - 16), d + 14);
+    if (len > 14 && !strncasecmp(d, "Content-Type: ", 14))
+        snprintf(r->ctype, sizeof r->ctype, "%.*s", (int)(len - 16), d + 14);
+    return len;
+}
+
+/* Chunked upload: read callback over a fixed buffer. */
+typedef struct upload {
+    const char *p;
+    size_t left;
+} upload;
+static size_t on_read(char *out, size_t sz, size_t n, void *ud)
+{
+    upload *u = ud;
+    size_t k = CG_MIN(sz * n, CG_MIN(u->left, (size_t)700));
+    memcpy(out, u->p, k);
+    u->p += k;
+    u->left -= k;
+    return k;
+}
+
+static void http(resp *r, const char *method, const char *path, const char *body, size_t len,
+                 const char *const *headers, int chunked)
+{
+    memset(r->rid, 0, sizeof r->rid);
+    cg_buf_init(&r->body, 0);
+    CURL *e = curl_easy_init();
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u%s", (unsigned)port, path);
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT, 20L);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
+    struct curl_slist *h = NULL;
+    for (; headers && *headers; headers++)
+        h = curl_slist_append(h, *headers);
+    upload u = {body, len};
+    if (chunked) {
+        h = curl_slist_append(h, "Transfer-Encoding: chunked");
+        curl_easy_setopt(e, CURLOPT_POST, 1L);
+        curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+        curl_easy_setopt(e, CURLOPT_READDATA, &u);
+    } else if (body) {
+        curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
+    h = curl_slist_append(h, "Expect:");
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+    r->rc = curl_easy_perform(e);
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r->status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(e);
+}
+
+static json_t *body_json(resp *r)
+{
+    json_t *j = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, NULL);
+    ck_assert_msg(j != NULL, "body is not JSON: %.*s", (int)r->body.len, r->body.data);
+    return j;
+}
+
+/* Asserts the OpenAI error shape with the given code. */
+static void assert_error(resp *r, long status, const char *code)
+{
+    ck_assert_int_eq(r->status, status);
+    json_t *j = body_json(r);
+    json_t *e = json_object_get(j, "error");
+    ck_assert(json_is_object(e));
+    ck_assert(json_is_string(json_object_get(e, "message")));
+    ck_assert(json_is_string(json_object_get(e, "type")));
+    ck_assert(json_is_null(json_object_get(e, "param")) ||
+              json_is_string(json_object_get(e, "param")));
+    ck_assert_str_eq(json_string_value(json_object_get(e, "code")), code);
+    json_decref(j);
+}
+
+/* ------------------------------------------------------------ tests */
+
+START_TEST(routing)
+{
+    resp r = {0};
+    http(&r, "GET", "/t/hello", NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(r.ctype, "application/json");
+    json_t *j = body_json(&r);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "hello")), "world");
+    json_decref(j);
+    cg_buf_free(&r.body);
+
+    http(&r, "GET", "/t/items/abc%20d?q=1", NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.status, 200);
+    j = body_json(&r);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "id")), "abc d");
+    ck_assert_str_eq(json_string_value(json_object_get(j, "q")), "1");
+    json_decref(j);
+    cg_buf_free(&r.body);
+
+    http(&r, "GET", "/t/items/x/sub/y", NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.status, 200);
+    cg_buf_free(&r.body);
+
+    /* "*" matches one non-empty segment only */
+    const char *missing[] = {"/t/items/", "/t/items/a/b", "/t/nope", "/", "/t/hello/"};
+    for (size_t i = 0; i < sizeof missing / sizeof missing[0]; i++) {
+        http(&r, "GET", missing[i], NULL, 0, NULL, 0);
+        assert_error(&r, 404, "not_found");
+        cg_buf_free(&r.body);
+    }
+    http(&r, "POST", "/t/hello", "{}", 2, NULL, 0);
+    assert_error(&r, 405, "method_not_allowed");
+    cg_buf_free(&r.body);
+    http(&r, "DELETE", "/t/items/1", NULL, 0, NULL, 0);
+    assert_error(&r, 405, "method_not_allowed");
+    cg_buf_free(&r.body);
+
+    /* a reply may come later from another thread */
+    http(&r, "GET", "/t/late", NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.status, 202);
+    cg_buf_free(&r.body);
+    sleep_ms(50); /* the done callback runs after the reply is sent */
+    pthread_mutex_lock(&prod_mu);
+    ck_assert_int_eq(done_last_status, 202);
+    ck_assert_str_eq(done_last_route, "late");
+    ck_assert_int_ge(done_calls, 10);
+    pthread_mutex_unlock(&prod_mu);
+}
+END_TEST
+
+START_TEST(json_body)
+{
+    resp r = {0};
+    const char *ok = "{\"a\": [1, 2], \"b\": \"x\"}";
+    http(&r, "POST", "/t/echo", ok, strlen(ok), NULL, 0);
+    ck_assert_int_eq(r.status, 200);
+    json_t *j = body_json(&r);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "n")), (json_int_t)strlen(ok));
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "obj"), "b")), "x");
+    json_decref(j);
+    cg_buf_free(&r.body);
+
+    struct {
+        const char *body;
+        const char *code;
+    } bad[] = {{"", "invalid_json"},
+               {"{bad", "invalid_json"},
+               {"[1, 2]", "invalid_type"},
+               {"\"s\"", "invalid_json"},
+               {"{\"a\": \"\xff\"}", "invalid_utf8"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        http(&r, "POST", "/t/echo", bad[i].body, strlen(bad[i].body), NULL, 0);
+        assert_error(&r, 400, bad[i].code);
+        cg_buf_free(&r.body);
+    }
+}
+END_TEST
+
+START_TEST(body_caps)
+{
+    /* max_body_bytes is 4096 */
+    char *big = malloc(8192);
+    memset(big, ' ', 8192);
+    big[0] = '{';
+    big[4000] = '}';
+    resp r = {0};
+    http(&r, "POST", "/t/echo", big, 4096, NULL, 0); /* at the cap: fine */
+    ck_assert_int_eq(r.status, 200);
+    cg_buf_free(&r.body);
+    http(&r, "POST", "/t/echo", big, 4097, NULL, 0); /* Content-Length over the cap */
+    assert_error(&r, 413, "request_too_large");
+    cg_buf_free(&r.body);
+    http(&r, "POST", "/t/echo", big, 8192, NULL, 1); /* chunked: no Content-Length */
+    assert_error(&r, 413, "request_too_large");
+    cg_buf_free(&r.body);
+    http(&r, "POST", "/t/echo", big, 4096, NULL, 1); /* chunked, within the cap */
+    ck_assert_int_eq(r.status, 200);
+    cg_buf_free(&r.body);
+    free(big);
+    /* the server still serves */
+    http(&r, "GET", "/t/hello", NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.status, 200);
+    cg_buf_free(&r.body);
+}
+END_TEST
+
+START_TEST(request_ids)
+{
+    resp r = {0};
+    const char *mine[] = {"X-Request-Id: abc-123_x.y", NULL};
+    http(&r, "GET", "/t/hello", NULL, 0, mine, 0);
+    ck_assert_str_eq(r.rid, "abc-123_x.y");
+    cg_buf_free(&r.body);
+
+    http(&r, "GET", "/t/hello", NULL, 0, NULL, 0);
+    ck_assert_uint_ge(strlen(r.rid), 8);
+    char first[96];
+    snprintf(first, sizeof first, "%s", r.rid);
+    cg_buf_free(&r.body);
+    http(&r, "GET", "/t/nope", NULL, 0, NULL, 0); /* errors carry one too */
+    ck_assert_uint_ge(strlen(r.rid), 8);
+    ck_assert_str_ne(r.rid, first);
+    cg_buf_free(&r.body);
+
+    /* unsafe characters or an overlong id are replaced by a generated one */
+    const char *bad[] = {"X-Request-Id: bad id\"<>", NULL};
+    http(&r, "GET", "/t/hello", NULL, 0, bad, 0);
+    ck_assert_uint_ge(strlen(r.rid), 8);
+    ck_assert_ptr_null(strchr(r.rid, '<'));
+    cg_buf_free(&r.body);
+    char longid[128] = "X-Request-Id: ";
+    memset(longid + 14, 'a', 100);
+    longid[114] = '\0';
+    const char *lng[] = {longid, NULL};
+    http(&r, "GET", "/t/hello", NULL, 0, lng, 0);
+    ck_assert_uint_lt(strlen(r.rid), 65);
+    cg_buf_free(&r.body);
+}
+END_TEST
+
+START_TEST(bearer_auth)
+{
+    struct {
+        const char *path, *header;
+        long status;
+    } cases[] = {
+        {"/t/admin", NULL, 401},
+        {"/t/admin", "Authorization: Bearer wrong", 401},
+        {"/t/admin", "Authorization: Bearer s3cret-admi", 401},   /* prefix */
+        {"/t/admin", "Authorization: Bearer s3cret-admin2", 401}, /* longer */
+        {"/t/admin", "Authorization: Basic s3cret-admin", 401},
+        {"/t/admin", "Authorization: Bearer key-one", 401}, /* an API key is not the admin token */
+        {"/t/admin", "Authorization: Bearer s3cret-admin", 200},
+        {"/t/admin", "Authorization: bearer   s3cret-admin", 200},
+        {"/t/auth", NULL, 401},
+        {"/t/auth", "Authorization: Bearer key-three", 401},
+        {"/t/auth", "Authorization: Bearer key-two", 200},
+        {"/t/auth", "Authorization: Bearer key-one", 200},
+        {"/t/hello", "Authorization: Bearer anything", 200}, /* open route */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        resp r = {0};
+        const char *h[] = {cases[i].header, NULL};
+        http(&r, "GET", cases[i].path, NULL, 0, cases[i].header ? h : NULL, 0);
+        ck_assert_msg(r.status == cases[i].status, "case %zu: %ld", i, r.status);
+        if (r.status == 401) assert_error(&r, 401, "invalid_api_key");
+        cg_buf_free(&r.body);
+    }
+    /* the comparison itself: equal only when bytes and length match */
+    ck_assert_int_eq(cg_secret_equal("abc", "abc"), 1);
+    ck_assert_int_eq(cg_secret_equal("abc", "abd"), 0);
+    ck_assert_int_eq(cg_secret_equal("abc", "ab"), 0);
+    ck_assert_int_eq(cg_secret_equal("", "a"), 0);
+    ck_assert_int_eq(cg_secret_equal("", ""), 1);
+}
+END_TEST
+
+START_TEST(stream_complete)
+{
+    resp r = {0};
+    http(&r, "GET", "/t/stream", NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.rc, CURLE_OK);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_str_eq(r.ctype, "text/event-stream");
+    /* every event, in order, nothing else but heartbeats */
+    cg_buf want;
+    cg_buf_init(&want, 0);
+    for (int i = 0; i < 20; i++)
+        ck_assert_int_eq(cg_buf_printf(&want, "data: %d\n\n", i), CG_OK);
+    cg_buf got;
+    cg_buf_init(&got, 0);
+    const char *p = r.body.data;
+    while (p && *p) { /* drop heartbeat comments */
+        const char *end = strstr(p, "\n\n");
+        ck_assert_ptr_nonnull(end);
+        if (strncmp(p, ": hb", 4) != 0)
+            ck_assert_int_eq(cg_buf_append(&got, p, (size_t)(end - p) + 2), CG_OK);
+        p = end + 2;
+    }
+    ck_assert_str_eq(got.data, want.data);
+    cg_buf_free(&want);
+    cg_buf_free(&got);
+    cg_buf_free(&r.body);
+}
+END_TEST
+
+/* The client leaves after the first bytes: the producer's push must fail soon after. */
+START_TEST(stream_client_disconnect)
+{
+    resp r = {0};
+    r.stop_after = 1;
+    http(&r, "GET", "/t/slow", NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.rc, CURLE_WRITE_ERROR);
+    cg_buf_free(&r.body);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 5;
+    pthread_mutex_lock(&prod_mu);
+    while (!prod_gone_seen && pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
+    }
+    int gone = prod_gone_seen, pushed = prod_pushed;
+    pthread_mutex_unlock(&prod_mu);
+    ck_assert_msg(gone, "producer never learned that the client left");
+    ck_assert_int_lt(pushed, 400); /* it stopped early */
+}
+END_TEST
+
+/* Idle stream: only the heartbeat poke can notice the client left; the notify fires. */
+START_TEST(stream_idle_disconnect_heartbeat)
+{
+    resp r = {0};
+    r.stop_after = 5;
+    http(&r, "GET", "/t/idle", NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.rc, CURLE_WRITE_ERROR);
+    cg_buf_free(&r.body);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 6;
+    pthread_mutex_lock(&prod_mu);
+    while (!prod_finished && pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
+    }
+    int gone = prod_gone_seen, ngone = notify_gone;
+    pthread_mutex_unlock(&prod_mu);
+    ck_assert_msg(gone, "an idle stream never noticed its client left");
+    ck_assert_int_eq(ngone, 1);
+}
+END_TEST
+
+/* Non-blocking producer through a small queue: all bytes arrive intact, in order, and the
+ * producer was paced by drain notifications. */
+START_TEST(stream_nowait_backpressure)
+{
+    resp r = {0};
+    http(&r, "GET", "/t/nowait", NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.rc, CURLE_OK);
+    ck_assert_uint_eq(r.body.len, NB_TOTAL);
+    for (size_t i = 0; i < NB_TOTAL; i++)
+        if (r.body.data[i] != (char)('a' + i % 26)) ck_abort_msg("byte %zu is wrong", i);
+    cg_buf_free(&r.body);
+    pthread_mutex_lock(&prod_mu);
+    int drains = notify_drains;
+    pthread_mutex_unlock(&prod_mu);
+    ck_assert_int_gt(drains, 0);
+}
+END_TEST
+
+/* Many concurrent streams on one server: all complete. */
+START_TEST(many_streams)
+{
+    enum { N = 64 };
+    CURLM *m = curl_multi_init();
+    resp rs[N];
+    CURL *es[N];
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u/t/stream", (unsigned)port);
+    for (int i = 0; i < N; i++) {
+        memset(&rs[i], 0, sizeof rs[i]);
+        cg_buf_init(&rs[i].body, 0);
+        es[i] = curl_easy_init();
+        curl_easy_setopt(es[i], CURLOPT_URL, url);
+        curl_easy_setopt(es[i], CURLOPT_WRITEFUNCTION, on_write);
+        curl_easy_setopt(es[i], CURLOPT_WRITEDATA, &rs[i]);
+        curl_easy_setopt(es[i], CURLOPT_TIMEOUT, 30L);
+        curl_multi_add_handle(m, es[i]);
+    }
+    int running = 1;
+    while (running) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 100, NULL);
+    }
+    for (int i = 0; i < N; i++) {
+        ck_assert_ptr_nonnull(strstr(rs[i].body.data, "data: 19\n\n"));
+        curl_multi_remove_handle(m, es[i]);
+        curl_easy_cleanup(es[i]);
+        cg_buf_free(&rs[i].body);
+    }
+    curl_multi_cleanup(m);
+}
+END_TEST
+
+START_TEST(quiesce_refuses_new_connections)
+{
+    resp r = {0};
+    http(&r, "GET", "/t/hello", NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.status, 200);
+    cg_buf_free(&r.body);
+    cg_http_quiesce(srv);
+    cg_http_quiesce(srv); /* idempotent */
+    http(&r, "GET", "/t/hello", NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.rc, CURLE_COULDNT_CONNECT);
+    cg_buf_free(&r.body);
+}
+END_TEST
+
+static void *stop_main(void *arg)
+{
+    cg_http_stop(arg);
+    return NULL;
+}
+
+/* Stopping the server with a stream open ends it and releases its producer. */
+START_TEST(stop_with_live_stream)
+{
+    resp r = {0};
+    CURLM *m = curl_multi_init();
+    CURL *e = curl_easy_init();
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u/t/slow", (unsigned)port);
+    memset(&r, 0, sizeof r);
+    cg_buf_init(&r.body, 0);
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &r);
+    curl_multi_add_handle(m, e);
+    int running = 1;
+    while (running && r.body.len < 20) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 50, NULL);
+    }
+    ck_assert_uint_ge(r.body.len, 20);
+    /* stop while the stream is live; keep the client reading so nothing stays blocked */
+    cg_http_server *s = srv;
+    srv = NULL;
+    uint64_t t0 = cg_now_ms();
+    pthread_t stopper;
+    pthread_create(&stopper, NULL, stop_main, &s);
+    while (running) {
+        curl_multi_perform(m, &running);
+        curl_multi_poll(m, NULL, 0, 50, NULL);
+        ck_assert_uint_lt(cg_now_ms() - t0, 10000);
+    }
+    pthread_join(stopper, NULL);
+    ck_assert_ptr_null(s);
+    pthread_mutex_lock(&prod_mu);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 5;
+    while (!prod_finished && pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
+    }
+    int gone = prod_gone_seen, pushed = prod_pushed;
+    pthread_mutex_unlock(&prod_mu);
+    ck_assert(gone);
+    ck_assert_int_lt(pushed, 400);
+    curl_multi_remove_handle(m, e);
+    curl_easy_cleanup(e);
+    curl_multi_cleanup(m);
+    cg_buf_free(&r.body);
+}
+END_TEST
+
+START_TEST(json_helpers)
+{
+    json_t *o = json_loads(
+        "{\"s\":\"x\",\"i\":7,\"r\":2.0,\"f\":2.5,\"b\":true,\"n\":null,\"big\":99}", 0, NULL);
+    const char *s;
+    long long i;
+    double d;
+    int b;
+    json_t *v;
+    ck_assert_int_eq(cg_json_get_string(o, "s", 1, &s), CG_OK);
+    ck_assert_str_eq(s, "x");
+    ck_assert_int_eq(cg_json_get_string(o, "absent", 0, &s), CG_OK);
+    ck_assert_ptr_null(s);
+    ck_assert_int_eq(cg_json_get_string(o, "absent", 1, &s), CG_E_MISSING);
+    ck_assert_int_eq(cg_json_get_string(o, "n", 1, &s), CG_E_MISSING); /* null = absent */
+    ck_assert_int_eq(cg_json_get_string(o, "i", 0, &s), CG_E_TYPE);
+    ck_assert_int_eq(cg_json_get_int(o, "i", 0, 0, 10, &i), CG_OK);
+    ck_assert_int_eq(i, 7);
+    ck_assert_int_eq(cg_json_get_int(o, "r", 0, 0, 10, &i), CG_OK); /* 2.0 is an integer */
+    ck_assert_int_eq(i, 2);
+    ck_assert_int_eq(cg_json_get_int(o, "f", 0, 0, 10, &i), CG_E_TYPE);
+    ck_assert_int_eq(cg_json_get_int(o, "big", 0, 0, 10, &i), CG_E_VALUE);
+    ck_assert_int_eq(cg_json_get_int(o, "absent", 42, 0, 10, &i), CG_OK);
+    ck_assert_int_eq(i, 42);
+    ck_assert_int_eq(cg_json_get_int(o, "s", 0, 0, 10, &i), CG_E_TYPE);
+    ck_assert_int_eq(cg_json_get_number(o, "f", 0, 0, 10, &d), CG_OK);
+    ck_assert(d == 2.5);
+    ck_assert_int_eq(cg_json_get_number(o, "f", 0, 3, 10, &d), CG_E_VALUE);
+    ck_assert_int_eq(cg_json_get_number(o, "b", 0, 0, 10, &d), CG_E_TYPE);
+    ck_assert_int_eq(cg_json_get_bool(o, "b", 0, &b), CG_OK);
+    ck_assert_int_eq(b, 1);
+    ck_assert_int_eq(cg_json_get_bool(o, "i", 0, &b), CG_E_TYPE);
+    ck_assert_int_eq(cg_json_get_bool(o, "absent", 1, &b), CG_OK);
+    ck_assert_int_eq(b, 1);
+    ck_assert_int_eq(cg_json_get(o, "i", JSON_INTEGER, 1, &v), CG_OK);
+    ck_assert_ptr_nonnull(v);
+    ck_assert_int_eq(cg_json_get(o, "i", JSON_ARRAY, 1, &v), CG_E_TYPE);
+    json_decref(o);
+
+    json_t *e = cg_http_error_json(CG_E_SEGMENTS, "prompt", NULL);
+    json_t *err = json_object_get(e, "error");
+    ck_assert_str_eq(json_string_value(json_object_get(err, "code")), "too_many_segments");
+    ck_assert_str_eq(json_string_value(json_object_get(err, "param")), "prompt");
+    ck_assert_str_eq(json_string_value(json_object_get(err, "type")), "invalid_request_error");
+    json_decref(e);
+    e = cg_http_error_json(CG_E_TIMEOUT, NULL, "slow");
+    err = json_object_get(e, "error");
+    ck_assert(json_is_null(json_object_get(err, "param")));
+    ck_assert_str_eq(json_string_value(json_object_get(err, "message")), "slow");
+    json_decref(e);
+}
+END_TEST
+
+START_TEST(bad_listen_address)
+{
+    cg_http_params p = cg_http_default_params();
+    p.routes = routes;
+    p.n_routes = 1;
+    cg_http_server *s = NULL;
+    p.listen = "no-port";
+    ck_assert_int_eq(cg_http_start(&p, &s), CG_E_VALUE);
+    ck_assert_ptr_null(s);
+    /* the port of the running server is taken */
+    char taken[64];
+    snprintf(taken, sizeof taken, "127.0.0.1:%u", (unsigned)port);
+    p.listen = taken;
+    ck_assert_int_ne(cg_http_start(&p, &s), CG_OK);
+    ck_assert_ptr_null(s);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("http");
+    TCase *tc = tcase_create("server");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, routing);
+    tcase_add_test(tc, json_body);
+    tcase_add_test(tc, body_caps);
+    tcase_add_test(tc, request_ids);
+    tcase_add_test(tc, bearer_auth);
+    tcase_add_test(tc, stream_complete);
+    tcase_add_test(tc, stream_client_disconnect);
+    tcase_add_test(tc, stream_idle_disconnect_heartbeat);
+    tcase_add_test(tc, stream_nowait_backpressure);
+    tcase_add_test(tc, many_streams);
+    tcase_add_test(tc, quiesce_refuses_new_connections);
+    tcase_add_test(tc, stop_with_live_stream);
+    tcase_add_test(tc, json_helpers);
+    tcase_add_test(tc, bad_listen_address);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,328 @@
+/* Tests of the incremental SSE parser (backends/sse.c): field rules, line ends, splits at
+ * every byte boundary, BOM, caps, raw bytes, and a seeded random split-invariance check. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backends/sse.h"
+#include "cache/base.h"
+
+/* Collects events as one line of text each, and the raw bytes of all events. */
+typedef struct sink {
+    cg_buf text;
+    cg_buf raw;
+    int n;
+} sink;
+
+static void sink_init(sink *s)
+{
+    cg_buf_init(&s->text, 0);
+    cg_buf_init(&s->raw, 0);
+    s->n = 0;
+}
+
+static void sink_free(sink *s)
+{
+    cg_buf_free(&s->text);
+    cg_buf_free(&s->raw);
+}
+
+static void collect(void *arg, const cg_sse_event *ev)
+{
+    sink *s = arg;
+    cg_status st =
+        cg_buf_printf(&s->text, "[E=%.*s|D%d=%.*s|I%d=%.*s|R=%lld|C=%zu]", (int)ev->event_len,
+                      ev->event, ev->has_data, (int)ev->data_len, ev->data, ev->has_id,
+                      (int)ev->id_len, ev->id, ev->retry, ev->n_comments);
+    ck_assert_int_eq(st, CG_OK);
+    ck_assert_int_eq(cg_buf_append(&s->raw, ev->raw, ev->raw_len), CG_OK);
+    s->n++;
+}
+
+static const char *text_of(sink *s)
+{
+    return s->text.data ? s->text.data : "";
+}
+
+/* Parses input in one feed. */
+static void parse_whole(const char *in, size_t len, sink *s)
+{
+    cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
+    ck_assert_int_eq(cg_sse_feed(p, in, len, collect, s), CG_OK);
+    cg_sse_finish(p);
+    cg_sse_free(&p);
+    ck_assert_ptr_null(p);
+}
+
+START_TEST(basic_event)
+{
+    sink s;
+    sink_init(&s);
+    const char *in = "data: hello\n\n";
+    parse_whole(in, strlen(in), &s);
+    ck_assert_int_eq(s.n, 1);
+    ck_assert_str_eq(text_of(&s), "[E=|D1=hello|I0=|R=-1|C=0]");
+    ck_assert_str_eq(s.raw.data, in);
+    sink_free(&s);
+}
+END_TEST
+
+START_TEST(field_rules)
+{
+    sink s;
+    sink_init(&s);
+    /* one space after the colon is dropped, only one; a line without colon is a field with an
+     * empty value; unknown fields are ignored; data lines join with '\n'. */
+    const char *in =
+        "event: add\nid: 7\nretry: 1500\ndata:  two\ndata\nfoo: bar\n: note\ndata:x\n\n";
+    parse_whole(in, strlen(in), &s);
+    ck_assert_int_eq(s.n, 1);
+    ck_assert_str_eq(text_of(&s), "[E=add|D1= two\n\nx|I1=7|R=1500|C=1]");
+    sink_free(&s);
+}
+END_TEST
+
+START_TEST(data_empty_and_comment_only)
+{
+    sink s;
+    sink_init(&s);
+    const char *in = "data:\n\n: only a comment\n\n\n\n\nretry: 12a\n\n";
+    parse_whole(in, strlen(in), &s);
+    /* blank lines that end no block produce nothing */
+    ck_assert_int_eq(s.n, 3);
+    ck_assert_str_eq(text_of(&s),
+                     "[E=|D1=|I0=|R=-1|C=0][E=|D0=|I0=|R=-1|C=1][E=|D0=|I0=|R=-1|C=0]");
+    sink_free(&s);
+}
+END_TEST
+
+START_TEST(line_endings)
+{
+    sink s;
+    sink_init(&s);
+    const char *in = "data: a\r\ndata: b\rdata: c\n\r\ndata: d\r\r";
+    parse_whole(in, strlen(in), &s);
+    ck_assert_int_eq(s.n, 2);
+    ck_assert_str_eq(text_of(&s), "[E=|D1=a\nb\nc|I0=|R=-1|C=0][E=|D1=d|I0=|R=-1|C=0]");
+    ck_assert_str_eq(s.raw.data, in);
+    sink_free(&s);
+}
+END_TEST
+
+START_TEST(id_with_nul_ignored)
+{
+    sink s;
+    sink_init(&s);
+    const char in[] = "id: a\0b\ndata: x\n\n";
+    parse_whole(in, sizeof in - 1, &s);
+    ck_assert_int_eq(s.n, 1);
+    ck_assert_str_eq(text_of(&s), "[E=|D1=x|I0=|R=-1|C=0]");
+    sink_free(&s);
+}
+END_TEST
+
+/* Every split of the input into two feeds, and byte-by-byte feeding, give the same events as
+ * one feed, and the raw bytes reproduce the input. */
+START_TEST(every_split_point)
+{
+    const char *in = "\xEF\xBB\xBF"
+                     "event: e1\r\ndata: {\"a\":1}\r\n\r\n: c\n\nid: 3\ndata: x\ndata: y\n\n"
+                     "data: last\r\n\r\n";
+    size_t len = strlen(in);
+    sink whole;
+    sink_init(&whole);
+    parse_whole(in, len, &whole);
+    ck_assert_int_eq(whole.n, 4);
+    ck_assert_str_eq(whole.raw.data, in + 3); /* the BOM is not part of any event */
+    for (size_t cut = 0; cut <= len; cut++) {
+        sink s;
+        sink_init(&s);
+        cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
+        ck_assert_int_eq(cg_sse_feed(p, in, cut, collect, &s), CG_OK);
+        ck_assert_int_eq(cg_sse_feed(p, in + cut, len - cut, collect, &s), CG_OK);
+        ck_assert_int_eq(cg_sse_finish(p), 0);
+        ck_assert_msg(!strcmp(text_of(&s), text_of(&whole)), "cut at %zu: %s", cut, text_of(&s));
+        cg_sse_free(&p);
+        sink_free(&s);
+    }
+    sink s;
+    sink_init(&s);
+    cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
+    for (size_t i = 0; i < len; i++)
+        ck_assert_int_eq(cg_sse_feed(p, in + i, 1, collect, &s), CG_OK);
+    ck_assert_str_eq(text_of(&s), text_of(&whole));
+    ck_assert_uint_eq(cg_sse_events(p), 4);
+    cg_sse_free(&p);
+    sink_free(&s);
+    sink_free(&whole);
+}
+END_TEST
+
+/* A block ended by CR dispatches at once; its LF arriving in the next feed is dropped rather
+ * than starting the next block's raw bytes. */
+START_TEST(crlf_split_at_block_end)
+{
+    sink s;
+    sink_init(&s);
+    cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
+    ck_assert_int_eq(cg_sse_feed(p, "data: a\r\n\r", 10, collect, &s), CG_OK);
+    ck_assert_int_eq(s.n, 1); /* not waiting for the LF */
+    ck_assert_int_eq(cg_sse_feed(p, "\ndata: b\n\n", 10, collect, &s), CG_OK);
+    ck_assert_int_eq(s.n, 2);
+    ck_assert_str_eq(s.raw.data, "data: a\r\n\rdata: b\n\n");
+    ck_assert_str_eq(text_of(&s), "[E=|D1=a|I0=|R=-1|C=0][E=|D1=b|I0=|R=-1|C=0]");
+    cg_sse_free(&p);
+    sink_free(&s);
+}
+END_TEST
+
+START_TEST(bom_variants)
+{
+    /* A BOM split over three feeds is skipped. */
+    sink s;
+    sink_init(&s);
+    cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
+    ck_assert_int_eq(cg_sse_feed(p, "\xEF", 1, collect, &s), CG_OK);
+    ck_assert_int_eq(cg_sse_feed(p, "\xBB", 1, collect, &s), CG_OK);
+    ck_assert_int_eq(cg_sse_feed(p,
+                                 "\xBF"
+                                 "data: z\n\n",
+                                 11, collect, &s),
+                     CG_OK);
+    ck_assert_str_eq(text_of(&s), "[E=|D1=z|I0=|R=-1|C=0]");
+    cg_sse_free(&p);
+    sink_free(&s);
+
+    /* A BOM prefix that turns out not to be one is ordinary input: here it makes the field
+     * name unknown, so the block has no data. */
+    sink_init(&s);
+    p = cg_sse_new(cg_sse_default_params());
+    ck_assert_int_eq(cg_sse_feed(p, "\xEF\xBB", 2, collect, &s), CG_OK);
+    ck_assert_int_eq(cg_sse_feed(p, "data: z\n\ndata: ok\n\n", 19, collect, &s), CG_OK);
+    ck_assert_str_eq(text_of(&s), "[E=|D0=|I0=|R=-1|C=0][E=|D1=ok|I0=|R=-1|C=0]");
+    ck_assert_str_eq(s.raw.data, "\xEF\xBB"
+                                 "data: z\n\ndata: ok\n\n");
+    cg_sse_free(&p);
+    sink_free(&s);
+
+    /* Only the stream start may hold a BOM. */
+    sink_init(&s);
+    const char *in = "data: a\n\n\xEF\xBB\xBF"
+                     "data: b\n\n";
+    parse_whole(in, strlen(in), &s);
+    ck_assert_str_eq(text_of(&s), "[E=|D1=a|I0=|R=-1|C=0][E=|D0=|I0=|R=-1|C=0]");
+    sink_free(&s);
+}
+END_TEST
+
+START_TEST(line_cap)
+{
+    cg_sse_params prm = {.max_line = 16, .max_event = 1024};
+    sink s;
+    sink_init(&s);
+    cg_sse_parser *p = cg_sse_new(prm);
+    /* exactly 16 bytes is fine */
+    ck_assert_int_eq(cg_sse_feed(p, "data: 0123456789\n\n", 18, collect, &s), CG_OK);
+    ck_assert_int_eq(s.n, 1);
+    /* 17 bytes split across feeds is refused, and the parser stays failed */
+    ck_assert_int_eq(cg_sse_feed(p, "data: 01234", 11, collect, &s), CG_OK);
+    ck_assert_int_eq(cg_sse_feed(p, "567890", 6, collect, &s), CG_E_TOO_LARGE);
+    ck_assert_int_eq(cg_sse_feed(p, "\n\n", 2, collect, &s), CG_E_TOO_LARGE);
+    ck_assert_int_eq(s.n, 1);
+    /* finish resets it for a new stream */
+    ck_assert_int_eq(cg_sse_finish(p), 1);
+    ck_assert_int_eq(cg_sse_feed(p, "data: ok\n\n", 10, collect, &s), CG_OK);
+    ck_assert_int_eq(s.n, 2);
+    cg_sse_free(&p);
+    sink_free(&s);
+}
+END_TEST
+
+START_TEST(event_cap)
+{
+    cg_sse_params prm = {.max_line = 64, .max_event = 40};
+    sink s;
+    sink_init(&s);
+    cg_sse_parser *p = cg_sse_new(prm);
+    /* short lines, but the block grows past 40 bytes */
+    cg_status st = CG_OK;
+    for (int i = 0; i < 10 && st == CG_OK; i++)
+        st = cg_sse_feed(p, "data: abc\n", 10, collect, &s);
+    ck_assert_int_eq(st, CG_E_TOO_LARGE);
+    ck_assert_int_eq(s.n, 0);
+    cg_sse_free(&p);
+    sink_free(&s);
+}
+END_TEST
+
+START_TEST(finish_drops_partial)
+{
+    sink s;
+    sink_init(&s);
+    cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
+    ck_assert_int_eq(cg_sse_feed(p, "data: a\n\ndata: cut", 18, collect, &s), CG_OK);
+    ck_assert_int_eq(s.n, 1);
+    ck_assert_int_eq(cg_sse_finish(p), 1);
+    ck_assert_int_eq(s.n, 1);
+    ck_assert_int_eq(cg_sse_finish(p), 0);
+    ck_assert_int_eq(cg_sse_feed(p, "data: new\n\n", 11, collect, &s), CG_OK);
+    ck_assert_str_eq(text_of(&s), "[E=|D1=a|I0=|R=-1|C=0][E=|D1=new|I0=|R=-1|C=0]");
+    cg_sse_free(&p);
+    cg_sse_free(&p); /* NULL-safe */
+    sink_free(&s);
+}
+END_TEST
+
+/* Random inputs over a small alphabet rich in separators, fed in random pieces, give the same
+ * events as one feed (seeded, so a failure reproduces). */
+START_TEST(random_split_invariance)
+{
+    static const char alpha[] = "data: \r\n\n:eventid x";
+    unsigned seed = 12345;
+    for (int round = 0; round < 2000; round++) {
+        char in[200];
+        size_t len = (size_t)(rand_r(&seed) % (int)sizeof in);
+        for (size_t i = 0; i < len; i++)
+            in[i] = alpha[rand_r(&seed) % (int)(sizeof alpha - 1)];
+        sink whole, parts;
+        sink_init(&whole);
+        sink_init(&parts);
+        parse_whole(in, len, &whole);
+        cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
+        for (size_t at = 0; at < len;) {
+            size_t n = 1 + (size_t)(rand_r(&seed) % 7);
+            if (n > len - at) n = len - at;
+            ck_assert_int_eq(cg_sse_feed(p, in + at, n, collect, &parts), CG_OK);
+            at += n;
+        }
+        ck_assert_msg(!strcmp(text_of(&whole), text_of(&parts)), "round %d differs", round);
+        cg_sse_free(&p);
+        sink_free(&whole);
+        sink_free(&parts);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("sse");
+    TCase *tc = tcase_create("parser");
+    tcase_add_test(tc, basic_event);
+    tcase_add_test(tc, field_rules);
+    tcase_add_test(tc, data_empty_and_comment_only);
+    tcase_add_test(tc, line_endings);
+    tcase_add_test(tc, id_with_nul_ignored);
+    tcase_add_test(tc, every_split_point);
+    tcase_add_test(tc, crlf_split_at_block_end);
+    tcase_add_test(tc, bom_variants);
+    tcase_add_test(tc, line_cap);
+    tcase_add_test(tc, event_cap);
+    tcase_add_test(tc, finish_drops_partial);
+    tcase_add_test(tc, random_split_invariance);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
