@@ -1,0 +1,227 @@
+/* The reference worker's assembly engine: tokenizes segments on their own, computes missing
+ * chunks at virtual positions and stores them in the KV pool, remaps hits to their offsets,
+ * prefills the question under the segment mask, and decodes from the assembled KV. With a
+ * disk tier, chunks evicted from RAM are spilled to disk and read back on a later hit.
+ * DESIGN §5-§8. */
+#ifndef CG_ENGINE_H
+#define CG_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/reference/disk.h"
+#include "backends/reference/model.h"
+#include "cache/key.h"
+#include "cache/pool.h"
+#include "cache/split.h"
+#include "cache/status.h"
+
+typedef struct cg_engine cg_engine;
+
+typedef struct cg_engine_params {
+    size_t pool_bytes;        /* KV pool capacity; default 256 MiB */
+    uint32_t block_tokens;    /* pool block size in tokens; default 16 */
+    uint64_t assembly_ttl_ms; /* an unconsumed assembly is released after this; default 60000 */
+    size_t max_assemblies;    /* live assemblies at once; default 64 (more -> CG_E_UNAVAILABLE) */
+    uint32_t reserve_tokens;  /* decode room allocated with an assembly; default 512 */
+    /* Disk tier (backends/reference/disk.h) below the RAM pool: a chunk evicted from RAM is
+     * written there, a pool miss looks there. disk_bytes 0 (default) = no disk tier. */
+    size_t disk_bytes;
+    const char *disk_dir; /* required with disk_bytes; borrowed for cg_engine_create */
+    int disk_sync;        /* cg_disk_params.sync; default 0 */
+} cg_engine_params;
+
+cg_engine_params cg_engine_default_params(void);
+
+/* Creates an engine over model (borrowed: it must outlive the engine) with a pool of
+ * params.pool_bytes and, when params.disk_bytes > 0, the disk tier in params.disk_dir (its
+ * chunks from an earlier run are hits again). Returns CG_E_VALUE when the pool or the disk
+ * cannot hold one block, or the statuses of cg_disk_open (CG_E_UNSUPPORTED: the directory
+ * holds another model's KV; CG_E_CONFLICT: another process uses it; CG_E_IO). Caller frees
+ * with cg_engine_free. */
+cg_status cg_engine_create(const cg_model *model, cg_engine_params params, cg_engine **out) CG_WUR;
+/* Releases every live assembly, the pool and the engine; NULL-safe, sets *e to NULL. */
+void cg_engine_free(cg_engine **e);
+
+const cg_model *cg_engine_model(const cg_engine *e);
+/* The engine's pool, for inventory and stats (borrowed; it has its own lock). */
+cg_pool *cg_engine_pool(cg_engine *e);
+/* The engine's disk tier (borrowed; it has its own lock), or NULL without one. */
+cg_disk *cg_engine_disk(cg_engine *e);
+cg_engine_params cg_engine_get_params(const cg_engine *e);
+
+/* How assemble computes. Only CG_PATH_CACHED touches the pool; the others are references
+ * for tests and benches, and still return a normal assembly that can be decoded. */
+typedef enum {
+    CG_PATH_CACHED,    /* the product: pool hits remapped, misses computed and stored */
+    CG_PATH_BYPASS,    /* the same two-stage computation, every segment a miss, no pool */
+    CG_PATH_REFERENCE, /* ONE forward over all tokens at true positions, spans of cg_attn_plan */
+    CG_PATH_CAUSAL,    /* ONE plain causal forward over all tokens (no segment mask) */
+} cg_engine_path;
+
+/* One input segment (all borrowed for the call). */
+typedef struct cg_engine_seg {
+    cg_role role;
+    const char *text;
+    size_t len;
+    const cg_key *key; /* optional: checked against the key the engine computes */
+} cg_engine_seg;
+
+typedef struct cg_assemble_req {
+    const cg_engine_seg *segs; /* system (first only), chunks, question (last only) */
+    size_t n_segs;
+    cg_mode mode;
+    const char *salt; /* cache_salt, borrowed; may be NULL */
+    size_t salt_len;
+    uint32_t recompute_prefix_tokens; /* EPIC LegoLink: first k tokens of each chunk */
+    int64_t reserve_tokens;           /* < 0: the engine's default */
+    cg_engine_path path;              /* default CG_PATH_CACHED (0) */
+    float *logits_out;                /* optional: receives vocab_size logits of the last token */
+} cg_assemble_req;
+
+typedef struct cg_engine_seg_result {
+    cg_key key;
+    cg_role role;
+    uint32_t offset, n_tokens;
+    int hit;          /* 1: KV came from the cache (RAM pool or disk tier) */
+    int stored;       /* 1: a miss whose KV is now in the pool */
+    const char *tier; /* where the KV came from: "ram", "disk" (read back, then in RAM unless
+                         the pool was full) or "miss" (computed); static storage */
+} cg_engine_seg_result;
+
+/* The outcome of an assemble. Owned by the caller: cg_assembly_info_free. */
+typedef struct cg_assembly_info {
+    char id[33];              /* 32 lowercase hex characters: 128 random bits */
+    uint32_t n_tokens;        /* prompt tokens */
+    uint32_t cached_tokens;   /* tokens of hit segments */
+    uint32_t computed_tokens; /* tokens run through the model (misses, recompute, question) */
+    uint64_t ttl_ms;
+    cg_engine_seg_result *segs;
+    size_t n_segs;
+    /* Chunks that left RAM while this request stored or restored chunks, as they stand when
+     * it returns: evicted = no longer held by this worker at all (no disk tier, disk full or
+     * dropped from disk); spilled = moved to the disk tier (still a hit, tier "disk"). */
+    cg_key *evicted;
+    size_t n_evicted;
+    cg_key *spilled;
+    size_t n_spilled;
+} cg_assembly_info;
+void cg_assembly_info_free(cg_assembly_info *a);
+
+/* Builds the KV of a request and keeps it as a live assembly until it is consumed by
+ * cg_engine_complete, released, or expires (ttl from now). The assembly holds pool
+ * references to its chunks, so they are never evicted while it lives.
+ * Checks: at least one segment; system only first, question only last; no empty text;
+ * a given key must equal the computed one (CG_E_KEY_MISMATCH, nothing computed or stored);
+ * more tokens than the model's max_pos -> CG_E_CONTEXT; too many live assemblies ->
+ * CG_E_UNAVAILABLE. A full pool never fails the request: misses are then used unstored.
+ * On success fills *out (caller frees with cg_assembly_info_free); on error *out is empty and
+ * err (optional) names the problem. now: monotonic milliseconds. */
+cg_status cg_engine_assemble(cg_engine *e, const cg_assemble_req *req, uint64_t now,
+                             cg_assembly_info *out, char *err, size_t errlen) CG_WUR;
+
+/* Releases a live assembly now. Returns CG_OK or CG_E_NOT_FOUND (unknown, expired, consumed). */
+cg_status cg_engine_release(cg_engine *e, const char *assembly_id, uint64_t now) CG_WUR;
+/* Releases assemblies whose ttl has passed; returns how many. Every engine call does it too. */
+size_t cg_engine_reap(cg_engine *e, uint64_t now);
+/* Live assemblies (after reaping at now). */
+size_t cg_engine_live_assemblies(cg_engine *e, uint64_t now);
+
+/* Streaming callback: one call per generated token with its bytes (0 or 1 byte for the
+ * byte-level tokenizer). Return non-zero to stop (the client left). */
+typedef int (*cg_token_fn)(void *ud, int32_t token, const char *bytes, size_t len);
+/* Called before each token is sampled with the vocab_size logits it is drawn from (borrowed
+ * for the call; the raw model output, before temperature). For logprobs and tests. */
+typedef void (*cg_logits_fn)(void *ud, const float *logits, int vocab_size);
+
+typedef struct cg_complete_req {
+    const char *assembly_id; /* decode from this live assembly (consumed), or NULL: */
+    const char *prompt;      /* plain prompt: BOS + bytes, one causal forward (no cache) */
+    size_t prompt_len;
+    float temperature; /* <= 0: greedy */
+    float top_p;       /* (0, 1]; 1 = off */
+    uint64_t seed;
+    uint32_t max_tokens;  /* 0: no token, finish "length" */
+    cg_token_fn on_token;   /* optional */
+    cg_logits_fn on_logits; /* optional */
+    void *ud;               /* for both callbacks */
+} cg_complete_req;
+
+typedef struct cg_complete_result {
+    char *text; /* raw generated bytes, NUL-terminated; caller frees */
+    size_t text_len;
+    int32_t *tokens; /* generated tokens (EOS excluded); caller frees */
+    size_t n_tokens;
+    const char *finish_reason; /* "stop" (EOS or stopped by on_token) or "length"; static */
+    int cancelled;             /* on_token asked to stop */
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
+} cg_complete_result;
+void cg_complete_result_free(cg_complete_result *r);
+
+/* Decodes up to max_tokens from an assembly (which it consumes: released when done, also on
+ * error) or from a plain prompt. Stops at EOS ("stop") or max_tokens / max_pos ("length").
+ * The KV grows when decoding passes the assembly's reserve. Returns CG_E_NOT_FOUND for an
+ * unknown or expired assembly, CG_E_CONTEXT when the plain prompt exceeds max_pos.
+ * On success *out is filled (caller frees with cg_complete_result_free). */
+cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t now,
+                             cg_complete_result *out, char *err, size_t errlen) CG_WUR;
+
+/* Per-head KV export, DESIGN §7 (the payload of cache/kvwire.h; the api adds its header):
+ * for each KV head in [h0, h1], for each layer, K then V, each [tokens][head_dim]
+ * little-endian f32. *out is malloc'd (caller frees), *len its bytes, *tokens the row count.
+ * Chunk: a published pool chunk, or one on disk (read back into RAM first, like a hit; a
+ * record failing its checksum is dropped and reported as CG_E_NOT_FOUND).
+ * Assembly: its prompt KV as assembled (not consumed).
+ * Returns CG_E_NOT_FOUND, or CG_E_VALUE for a bad head range. */
+cg_status cg_engine_chunk_kv(cg_engine *e, const cg_key *key, int h0, int h1, void **out,
+                             size_t *len, uint32_t *tokens) CG_WUR;
+cg_status cg_engine_assembly_kv(cg_engine *e, const char *assembly_id, int h0, int h1, uint64_t now,
+                                void **out, size_t *len, uint32_t *tokens) CG_WUR;
+
+/* The logits of an assembly's last prompt token (vocab_size floats into out), its prompt
+ * tokens and cached tokens; the assembly is not consumed. This is what a backend that pulls
+ * the assembly's KV (backends/reference/kvpull.h) samples its first token from.
+ * CG_E_NOT_FOUND when unknown, expired or consumed. */
+cg_status cg_engine_assembly_logits(cg_engine *e, const char *assembly_id, uint64_t now, float *out,
+                                    uint32_t *n_tokens, uint32_t *cached_tokens) CG_WUR;
+/* 1 when assembly_id is a live assembly of this engine (after reaping at now). */
+int cg_engine_has_assembly(cg_engine *e, const char *assembly_id, uint64_t now);
+
+/* Makes a live assembly from KV built elsewhere (a backend that pulled it): *kv holds the
+ * prompt's n_tokens (1 .. cg_kv_cap) in slots [0, n_tokens), logits the last prompt token's
+ * vocab_size logits (copied). Takes *kv over (sets it to NULL), also on error. The assembly
+ * holds no pool chunk and is decoded by cg_engine_complete like any other; cached_tokens is
+ * reported in its usage. On CG_OK id_out holds its id. CG_E_VALUE for a bad n_tokens,
+ * CG_E_UNAVAILABLE when max_assemblies are live. */
+cg_status cg_engine_adopt(cg_engine *e, cg_kv **kv, uint32_t n_tokens, uint32_t cached_tokens,
+                          const float *logits, uint64_t now, char id_out[33]) CG_WUR;
+
+/* Removes a chunk from every tier (RAM pool and disk). CG_E_CONFLICT (nothing removed) when a
+ * live assembly references it; CG_E_NOT_FOUND when no tier holds it. */
+cg_status cg_engine_chunk_delete(cg_engine *e, const cg_key *key) CG_WUR;
+
+/* Writes every chunk in RAM to the disk tier (already there: only its LRU position moves),
+ * least recently used first, so that the most recent survive when the disk is smaller than
+ * RAM. For a clean shutdown: after it, a restart with the same directory finds them all.
+ * Returns the chunks on disk afterwards among those in RAM; 0 without a disk tier. */
+size_t cg_engine_flush(cg_engine *e, uint64_t now);
+
+/* Cumulative counters since create. */
+typedef struct cg_engine_stats {
+    uint64_t chunk_hits, chunk_misses; /* cacheable segments (system + chunks) */
+    uint64_t tokens_reused;            /* prompt tokens taken from the pool */
+    uint64_t tokens_computed;          /* prompt tokens not taken from the pool */
+    uint64_t prefill_tokens;           /* tokens run through the model during prefill */
+    uint64_t decode_tokens;            /* tokens generated */
+    uint64_t evictions;                /* chunks evicted from RAM by inserts */
+    uint64_t assemblies_created, assemblies_expired;
+    uint64_t disk_hits;        /* cacheable segments served from the disk tier (in chunk_hits) */
+    uint64_t restores;         /* chunks read back from disk and verified (assemble, export) */
+    uint64_t restore_failures; /* disk records that failed their checksum or read: misses */
+    uint64_t spills;           /* RAM evictions written to disk (or already there) */
+    uint64_t spill_failures;   /* RAM evictions the disk did not take: dropped */
+    uint64_t assemblies_adopted; /* assemblies made from pulled KV (cg_engine_adopt) */
+} cg_engine_stats;
+cg_engine_stats cg_engine_get_stats(cg_engine *e);
+
+#endif

@@ -1,0 +1,44 @@
+/* HTTP API of chunkgate-worker (openapi/worker.yaml): assemble, completions (OpenAI, SSE),
+ * inventory, KV export, health and metrics, as route handlers on server/http.h. */
+#ifndef CG_WORKER_API_H
+#define CG_WORKER_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/reference/engine.h"
+#include "server/http.h"
+
+typedef struct cg_worker_api cg_worker_api;
+
+typedef struct cg_worker_api_params {
+    cg_engine *engine;           /* borrowed; outlives the api */
+    const char *separator;       /* borrowed; default "# #" (prompts of /v1/completions) */
+    size_t max_segments;         /* default 256 */
+    uint32_t default_max_tokens; /* /v1/completions max_tokens when absent; default 16 */
+    /* Backend role: an assembly id this worker does not hold is pulled from
+     * kv_transfer_params.worker, else from kv_source (backends/reference/kvpull.h). */
+    const char *kv_source; /* borrowed; NULL/"" = none */
+    int tp;                /* tensor-parallel ranks of a pull; default 1 */
+    long kv_timeout_ms;    /* per pull request; default 30000 */
+} cg_worker_api_params;
+
+cg_worker_api_params cg_worker_api_default_params(void);
+
+/* Creates the api state (with its own metrics registry). Caller frees with cg_worker_api_free,
+ * after the HTTP server that uses it has stopped. */
+cg_worker_api *cg_worker_api_new(cg_worker_api_params p);
+void cg_worker_api_free(cg_worker_api **api);
+
+/* The route table (static storage): pass it with app = the api and done = cg_worker_api_done
+ * in cg_http_params. */
+const cg_http_route *cg_worker_api_routes(size_t *n_routes);
+/* The request-finished callback: requests_total{route,code} and request_duration_seconds. */
+void cg_worker_api_done(void *app, const char *route, int status, double seconds);
+
+/* Appends UTF-8 made from in[0..n) to out: valid sequences are copied, invalid bytes and NUL
+ * become U+FFFD. An incomplete sequence at the end is left unconsumed unless final (it may complete
+ * with the next token's bytes). Returns the bytes consumed. Exposed for tests. */
+size_t cg_utf8_sanitize(const char *in, size_t n, int final, cg_buf *out);
+
+#endif

@@ -1,0 +1,321 @@
+/* chunkgate-worker: the reference chunk-KV worker. `generate-model` writes the deterministic
+ * tiny model; `serve` loads a model and serves openapi/worker.yaml. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backends/reference/engine.h"
+#include "backends/reference/model.h"
+#include "backends/reference/worker_api.h"
+#include "cache/base.h"
+#include "server/config.h"
+#include "server/http.h"
+
+#define ERRLEN 1024
+
+typedef struct gen_cfg {
+    char *out;
+    long long seed;
+    char *dtype;
+    char *rope_style;
+    char *model_id;
+} gen_cfg;
+
+static const cg_cfg_opt gen_opts[] = {
+    {"out", "CHUNKGATE_WORKER_GEN_OUT", CG_CFG_STR, offsetof(gen_cfg, out), NULL, 0, 0,
+     "directory to write config.json and model.safetensors into (created if missing; required)"},
+    {"seed", "CHUNKGATE_WORKER_GEN_SEED", CG_CFG_INT, offsetof(gen_cfg, seed), "1", 0, (1LL << 62),
+     "weights seed; the same seed gives the same bytes"},
+    {"dtype", "CHUNKGATE_WORKER_GEN_DTYPE", CG_CFG_STR, offsetof(gen_cfg, dtype), "f32", 0, 0,
+     "storage dtype of the weights: f32, f16 or bf16 (converted to f32 at load)"},
+    {"rope-style", "CHUNKGATE_WORKER_GEN_ROPE_STYLE", CG_CFG_STR, offsetof(gen_cfg, rope_style),
+     "half", 0, 0, "RoPE pairing: half (HF/NeoX) or interleaved (GPT-J)"},
+    {"model-id", "CHUNKGATE_WORKER_GEN_MODEL_ID", CG_CFG_STR, offsetof(gen_cfg, model_id),
+     "chunkgate-tiny", 0, 0, "model id written into config.json"},
+};
+
+typedef struct serve_cfg {
+    char *model;
+    char *listen;
+    char *data_dir;
+    long long pool_mb;
+    long long block_tokens;
+    long long assembly_ttl_ms;
+    long long max_assemblies;
+    long long reserve_tokens;
+    long long max_segments;
+    char *separator;
+    long long default_max_tokens;
+    size_t max_body;
+    long long io_threads;
+    long long job_threads;
+    char *log_level;
+} serve_cfg;
+
+static const cg_cfg_opt serve_opts[] = {
+    {"model", "CHUNKGATE_WORKER_MODEL", CG_CFG_STR, offsetof(serve_cfg, model), NULL, 0, 0,
+     "model directory: config.json + model.safetensors (required)"},
+    {"listen", "CHUNKGATE_WORKER_LISTEN", CG_CFG_STR, offsetof(serve_cfg, listen), "127.0.0.1:8090",
+     0, 0, "HOST:PORT to listen on; port 0 picks a free port (logged)"},
+    {"data-dir", "CHUNKGATE_WORKER_DATA_DIR", CG_CFG_STR, offsetof(serve_cfg, data_dir),
+     "./chunkgate-worker-data", 0, 0,
+     "state directory (created if missing); reserved for the disk tier"},
+    {"pool-mb", "CHUNKGATE_WORKER_POOL_MB", CG_CFG_INT, offsetof(serve_cfg, pool_mb), "256", 1,
+     1 << 20, "KV pool capacity in MiB"},
+    {"block-tokens", "CHUNKGATE_WORKER_BLOCK_TOKENS", CG_CFG_INT, offsetof(serve_cfg, block_tokens),
+     "16", 1, 4096, "tokens per pool block"},
+    {"assembly-ttl-ms", "CHUNKGATE_WORKER_ASSEMBLY_TTL_MS", CG_CFG_INT,
+     offsetof(serve_cfg, assembly_ttl_ms), "60000", 1, 86400000,
+     "an assembly not consumed or deleted within this time is released"},
+    {"max-assemblies", "CHUNKGATE_WORKER_MAX_ASSEMBLIES", CG_CFG_INT,
+     offsetof(serve_cfg, max_assemblies), "64", 1, 1 << 20,
+     "live assemblies at once; more are refused with 503"},
+    {"reserve-tokens", "CHUNKGATE_WORKER_RESERVE_TOKENS", CG_CFG_INT,
+     offsetof(serve_cfg, reserve_tokens), "512", 0, 1 << 24,
+     "decode room allocated with each assembly (it grows when exceeded)"},
+    {"max-segments", "CHUNKGATE_WORKER_MAX_SEGMENTS", CG_CFG_INT, offsetof(serve_cfg, max_segments),
+     "256", 2, 1 << 20, "segments per request"},
+    {"separator", "CHUNKGATE_WORKER_SEPARATOR", CG_CFG_STR, offsetof(serve_cfg, separator), "# #",
+     0, 0, "segment separator of /v1/completions prompts"},
+    {"default-max-tokens", "CHUNKGATE_WORKER_DEFAULT_MAX_TOKENS", CG_CFG_INT,
+     offsetof(serve_cfg, default_max_tokens), "16", 0, 1 << 24,
+     "max_tokens of /v1/completions when the request has none"},
+    {"max-body", "CHUNKGATE_WORKER_MAX_BODY", CG_CFG_SIZE, offsetof(serve_cfg, max_body), "8M",
+     1024, 1LL << 32, "largest request body; larger gets 413"},
+    {"io-threads", "CHUNKGATE_WORKER_IO_THREADS", CG_CFG_INT, offsetof(serve_cfg, io_threads), "2",
+     1, 64, "HTTP event-loop threads"},
+    {"job-threads", "CHUNKGATE_WORKER_JOB_THREADS", CG_CFG_INT, offsetof(serve_cfg, job_threads),
+     "8", 1, 1024, "threads for blocking handlers (model compute is serialised anyway)"},
+    {"log-level", "CHUNKGATE_WORKER_LOG_LEVEL", CG_CFG_STR, offsetof(serve_cfg, log_level), "info",
+     0, 0, "debug, info, warn or error"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: chunkgate-worker generate-model --out DIR [--seed N] [--dtype f32|f16|bf16] "
+            "[--rope-style half|interleaved]\n"
+            "       chunkgate-worker serve --model DIR [--listen HOST:PORT] [--data-dir DIR] "
+            "[--pool-mb N] [options]\n"
+            "       chunkgate-worker SUBCOMMAND --help\n");
+}
+
+static int cmd_generate(int argc, char **argv)
+{
+    gen_cfg c;
+    memset(&c, 0, sizeof c);
+    char err[ERRLEN];
+    int help = 0, rc = 1;
+    if (cg_config_parse(gen_opts, CG_ARRAY_LEN(gen_opts), &c, argc, argv, &help, err, sizeof err) !=
+        CG_OK) {
+        fprintf(stderr, "chunkgate-worker generate-model: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    if (help) {
+        cg_config_help(stdout, "usage: chunkgate-worker generate-model --out DIR [options]",
+                       gen_opts, CG_ARRAY_LEN(gen_opts));
+        rc = 0;
+        goto out;
+    }
+    if (!c.out || !c.out[0]) {
+        fprintf(stderr, "chunkgate-worker generate-model: --out DIR is required\n");
+        rc = 2;
+        goto out;
+    }
+    cg_model_gen_params p = cg_model_gen_default_params();
+    p.seed = (uint64_t)c.seed;
+    p.dtype = c.dtype;
+    p.model_id = c.model_id;
+    if (!strcmp(c.rope_style, "half")) {
+        p.rope_style = CG_ROPE_HALF;
+    } else if (!strcmp(c.rope_style, "interleaved")) {
+        p.rope_style = CG_ROPE_INTERLEAVED;
+    } else {
+        fprintf(stderr,
+                "chunkgate-worker generate-model: --rope-style must be half or interleaved\n");
+        rc = 2;
+        goto out;
+    }
+    if (cg_model_generate(c.out, p, err, sizeof err) != CG_OK) {
+        fprintf(stderr, "chunkgate-worker generate-model: %s\n", err);
+        goto out;
+    }
+    printf("wrote %s/config.json and %s/model.safetensors (seed %lld, %s, rope %s)\n", c.out, c.out,
+           c.seed, c.dtype, c.rope_style);
+    rc = 0;
+out:
+    cg_config_free(gen_opts, CG_ARRAY_LEN(gen_opts), &c);
+    return rc;
+}
+
+static int parse_level(const char *s, cg_log_level *out)
+{
+    static const char *names[] = {"debug", "info", "warn", "error"};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(s, names[i])) {
+            *out = (cg_log_level)i;
+            return 0;
+        }
+    return -1;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *path)
+{
+    char tmp[4096];
+    size_t n = strlen(path);
+    if (!n || n >= sizeof tmp) return -1;
+    memcpy(tmp, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (tmp[i] != '/' && tmp[i] != '\0') continue;
+        char c = tmp[i];
+        tmp[i] = '\0';
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+        tmp[i] = c;
+    }
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && access(path, W_OK) == 0 ? 0 : -1;
+}
+
+static int cmd_serve(int argc, char **argv)
+{
+    serve_cfg c;
+    memset(&c, 0, sizeof c);
+    char err[ERRLEN];
+    int help = 0, rc = 1;
+    cg_model *model = NULL;
+    cg_engine *engine = NULL;
+    cg_worker_api *api = NULL;
+    cg_http_server *srv = NULL;
+    cg_log_level level = CG_LOG_INFO;
+
+    if (cg_config_parse(serve_opts, CG_ARRAY_LEN(serve_opts), &c, argc, argv, &help, err,
+                        sizeof err) != CG_OK) {
+        fprintf(stderr, "chunkgate-worker serve: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    if (help) {
+        cg_config_help(stdout, "usage: chunkgate-worker serve --model DIR [options]", serve_opts,
+                       CG_ARRAY_LEN(serve_opts));
+        rc = 0;
+        goto out;
+    }
+    if (parse_level(c.log_level, &level) != 0) {
+        fprintf(stderr, "chunkgate-worker serve: --log-level must be debug, info, warn or error\n");
+        rc = 2;
+        goto out;
+    }
+    if (!c.model || !c.model[0]) {
+        fprintf(stderr, "chunkgate-worker serve: --model DIR is required (see generate-model)\n");
+        rc = 2;
+        goto out;
+    }
+    if (!c.separator[0]) {
+        fprintf(stderr, "chunkgate-worker serve: --separator must not be empty\n");
+        rc = 2;
+        goto out;
+    }
+    cg_log_init("chunkgate-worker", level);
+    if (make_dirs(c.data_dir) != 0) {
+        cg_log(CG_LOG_ERROR, "data dir %s: cannot create or write: %s", c.data_dir,
+               strerror(errno));
+        goto out;
+    }
+    if (cg_model_load(c.model, &model, err, sizeof err) != CG_OK) {
+        cg_log(CG_LOG_ERROR, "cannot load model from %s: %s", c.model, err);
+        goto out;
+    }
+    const cg_model_config *mc = cg_model_cfg(model);
+    cg_engine_params ep = cg_engine_default_params();
+    ep.pool_bytes = (size_t)c.pool_mb << 20;
+    ep.block_tokens = (uint32_t)c.block_tokens;
+    ep.assembly_ttl_ms = (uint64_t)c.assembly_ttl_ms;
+    ep.max_assemblies = (size_t)c.max_assemblies;
+    ep.reserve_tokens = (uint32_t)c.reserve_tokens;
+    if (cg_engine_create(model, ep, &engine) != CG_OK) {
+        cg_log(CG_LOG_ERROR, "--pool-mb %lld cannot hold one block of %lld tokens", c.pool_mb,
+               c.block_tokens);
+        goto out;
+    }
+    cg_worker_api_params ap = cg_worker_api_default_params();
+    ap.engine = engine;
+    ap.separator = c.separator;
+    ap.max_segments = (size_t)c.max_segments;
+    ap.default_max_tokens = (uint32_t)c.default_max_tokens;
+    api = cg_worker_api_new(ap);
+
+    /* Signals are taken by sigwait below; block them before any thread starts so that no
+     * server thread receives them. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    cg_http_params hp = cg_http_default_params();
+    size_t n_routes = 0;
+    hp.listen = c.listen;
+    hp.io_threads = (unsigned)c.io_threads;
+    hp.job_threads = (unsigned)c.job_threads;
+    hp.max_body_bytes = c.max_body;
+    hp.routes = cg_worker_api_routes(&n_routes);
+    hp.n_routes = n_routes;
+    hp.app = api;
+    hp.done = cg_worker_api_done;
+    if (cg_http_start(&hp, &srv) != CG_OK) goto out; /* it logged why */
+    char host[256];
+    const char *colon = strrchr(c.listen, ':');
+    snprintf(host, sizeof host, "%.*s", (int)(colon - c.listen), c.listen);
+    cg_log(CG_LOG_INFO,
+           "model %s: %d layers, %d heads, %d kv heads, head dim %d, rope %s, %d positions, pool "
+           "%lld MiB",
+           mc->model_id, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim,
+           cg_rope_style_name(mc->rope_style), mc->max_pos, c.pool_mb);
+    cg_log(CG_LOG_INFO, "listening on %s:%u", host, (unsigned)cg_http_port(srv));
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    cg_log(CG_LOG_INFO, "signal %d: shutting down", sig);
+    rc = 0;
+out:
+    cg_http_stop(&srv);
+    cg_worker_api_free(&api);
+    cg_engine_free(&engine);
+    cg_model_free(&model);
+    cg_config_free(serve_opts, CG_ARRAY_LEN(serve_opts), &c);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "generate-model")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "serve")) {
+        /* libgomp reads OMP_WAIT_POLICY when it loads, before main. Its default spin-wait
+         * keeps both cores busy after every parallel region and starves the OpenBLAS threads
+         * of the next matrix product (decode became several times slower), so the server
+         * restarts itself once with the passive policy unless the operator chose one. */
+        if (!getenv("OMP_WAIT_POLICY")) {
+            setenv("OMP_WAIT_POLICY", "passive", 1);
+            execv("/proc/self/exe", argv);
+            /* exec failed: go on with the default policy */
+        }
+        return cmd_serve(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "chunkgate-worker: unknown subcommand '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,740 @@
+/* Check suite for the assembly engine: the fidelity proofs of issue 3. The cached path (chunks
+ * computed alone, stored, remapped to new offsets) must equal one forward over the whole
+ * prompt under the same mask; sys mode must equal its two-stage computation without the
+ * cache; full prefix recompute must equal a plain causal forward; a small pool must not change
+ * answers nor evict chunks that live assemblies use; keys must match texts. Both RoPE styles. */
+#include <check.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backends/reference/engine.h"
+#include "cache/base.h"
+
+#define ERRLEN 512
+#define GREEDY 32
+
+static char *dir_half, *dir_inter;
+static cg_model *m_half, *m_inter;
+
+/* Documents of a few hundred bytes, so the suite stays fast on two cores. */
+static const char *SYS1 = "You are a careful assistant. Answer from the documents only, and say "
+                          "which document supports each claim.";
+static const char *SYS2 = "System: terse mode. Cite sources.";
+static const char *DOC[5] = {
+    "Document A. The harbour town of Lindqvist exported dried cod and tar throughout the "
+    "eighteenth century. In 1761 a fire destroyed the customs house, and the merchants moved "
+    "their ledgers to the church vault, where they were found again in 1902 by a schoolteacher "
+    "cataloguing the parish archive.",
+    "Document B. Annual rainfall in the valley averaged 812 millimetres between 1990 and 2020. "
+    "The wettest month is October. In 2024 the regional authority replaced the two oldest "
+    "gauges, which had drifted by up to four percent, and revised the published series.",
+    "Document C. The cooperative's bylaws were amended in March: members may now vote by post, "
+    "the quorum fell from one half to one third, and the treasurer's term was extended from two "
+    "years to three. The amendment passed with 214 votes in favour and 9 against.",
+    "Document D. To recalibrate the sensor, hold the mode button for five seconds until the LED "
+    "blinks amber, place the unit on a level surface, and wait for a steady green light. Do not "
+    "move the unit during the ninety seconds of calibration or the offsets will be discarded.",
+    "Document E. The 2023 survey counted 1,140 breeding pairs of terns on the outer islands, up "
+    "from 870 in 2018. Observers attribute the rise to the fox eradication programme and to the "
+    "closure of the northern beach during the nesting season from May to July.",
+};
+static const char *Q1 = "Question: what changed in 2024?";
+static const char *Q2 = "Which document mentions a vote, and what was the result?";
+
+/* ---- helpers ---- */
+
+static void rm_rf(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[4096];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+            rm_rf(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static cg_model *make_model(cg_rope_style style, char **dir_out)
+{
+    char tmpl[] = "/tmp/cg_test_engine_XXXXXX";
+    char *d = mkdtemp(tmpl);
+    if (!d) abort();
+    char err[ERRLEN];
+    cg_model_gen_params gp = cg_model_gen_default_params();
+    gp.rope_style = style;
+    gp.seed = 7;
+    if (cg_model_generate(d, gp, err, sizeof err) != CG_OK) {
+        fprintf(stderr, "generate: %s\n", err);
+        abort();
+    }
+    cg_model *m = NULL;
+    if (cg_model_load(d, &m, err, sizeof err) != CG_OK) {
+        fprintf(stderr, "load: %s\n", err);
+        abort();
+    }
+    *dir_out = cg_strdup(d);
+    return m;
+}
+
+static cg_engine *new_engine(cg_model *m, size_t pool_bytes)
+{
+    cg_engine_params p = cg_engine_default_params();
+    if (pool_bytes) p.pool_bytes = pool_bytes;
+    cg_engine *e = NULL;
+    ck_assert_int_eq(cg_engine_create(m, p, &e), CG_OK);
+    return e;
+}
+
+/* Segments: system (optional, NULL = none), chunks by document index, question. */
+typedef struct req {
+    cg_engine_seg segs[8];
+    size_t n;
+} req;
+
+static req make_req(const char *sys, const int *docs, size_t n_docs, const char *q)
+{
+    req r;
+    memset(&r, 0, sizeof r);
+    if (sys) r.segs[r.n++] = (cg_engine_seg){CG_ROLE_SYSTEM, sys, strlen(sys), NULL};
+    for (size_t i = 0; i < n_docs; i++)
+        r.segs[r.n++] = (cg_engine_seg){CG_ROLE_CHUNK, DOC[docs[i]], strlen(DOC[docs[i]]), NULL};
+    if (q) r.segs[r.n++] = (cg_engine_seg){CG_ROLE_QUESTION, q, strlen(q), NULL};
+    return r;
+}
+
+/* The result of one assembly decoded greedily. */
+typedef struct run {
+    cg_assembly_info info;
+    float *logits;
+    int32_t toks[GREEDY];
+    size_t n_toks;
+} run;
+
+static void run_free(run *r)
+{
+    cg_assembly_info_free(&r->info);
+    free(r->logits);
+}
+
+static uint64_t clock_ms = 1000; /* the engine's "now": tests control time */
+
+static run do_run(cg_engine *e, const req *rq, cg_mode mode, cg_engine_path path, uint32_t k)
+{
+    run r;
+    memset(&r, 0, sizeof r);
+    int vocab = cg_model_cfg(cg_engine_model(e))->vocab_size;
+    r.logits = cg_malloc((size_t)vocab * sizeof(float));
+    cg_assemble_req ar = {.segs = rq->segs,
+                          .n_segs = rq->n,
+                          .mode = mode,
+                          .recompute_prefix_tokens = k,
+                          .reserve_tokens = -1,
+                          .path = path,
+                          .logits_out = r.logits};
+    char err[ERRLEN];
+    cg_status st = cg_engine_assemble(e, &ar, clock_ms, &r.info, err, sizeof err);
+    ck_assert_msg(st == CG_OK, "assemble: %s (%s)", cg_status_name(st), err);
+    cg_complete_req cr = {.assembly_id = r.info.id, .max_tokens = GREEDY};
+    cg_complete_result res;
+    st = cg_engine_complete(e, &cr, clock_ms, &res, err, sizeof err);
+    ck_assert_msg(st == CG_OK, "complete: %s (%s)", cg_status_name(st), err);
+    ck_assert_uint_eq(res.prompt_tokens, r.info.n_tokens);
+    ck_assert_uint_eq(res.cached_tokens, r.info.cached_tokens);
+    r.n_toks = res.n_tokens;
+    memcpy(r.toks, res.tokens, res.n_tokens * sizeof(int32_t));
+    cg_complete_result_free(&res);
+    return r;
+}
+
+/* max |a - b| relative to max |ref|. */
+static double rel_diff(const float *a, const float *ref, int n)
+{
+    double md = 0, mr = 0;
+    for (int i = 0; i < n; i++) {
+        md = fmax(md, fabs((double)a[i] - ref[i]));
+        mr = fmax(mr, fabs((double)ref[i]));
+    }
+    return md / mr;
+}
+
+/* Asserts logits within 1e-4 * max|logit| and the same greedy tokens. */
+static void assert_same(cg_engine *e, const run *got, const run *ref, const char *what)
+{
+    int vocab = cg_model_cfg(cg_engine_model(e))->vocab_size;
+    double d = rel_diff(got->logits, ref->logits, vocab);
+    ck_assert_msg(d <= 1e-4, "%s: max|dlogit| = %g * max|logit| > 1e-4", what, d);
+    ck_assert_msg(got->n_toks == ref->n_toks, "%s: %zu vs %zu greedy tokens", what, got->n_toks,
+                  ref->n_toks);
+    for (size_t i = 0; i < ref->n_toks; i++)
+        ck_assert_msg(got->toks[i] == ref->toks[i], "%s: greedy token %zu differs: %d vs %d", what,
+                      i, got->toks[i], ref->toks[i]);
+}
+
+static uint32_t chunk_tokens(const run *r)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < r->info.n_segs; i++)
+        if (r->info.segs[i].role == CG_ROLE_CHUNK) n += r->info.segs[i].n_tokens;
+    return n;
+}
+
+/* (1) strict: cached path vs one reference forward under the same mask, on misses and then
+ * on hits at new offsets. */
+static void strict_fidelity(cg_model *m)
+{
+    cg_engine *e = new_engine(m, 0);
+    int d1[] = {0, 1, 2};
+    req r1 = make_req(SYS1, d1, 3, Q1);
+    run a = do_run(e, &r1, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    for (size_t i = 0; i < a.info.n_segs; i++)
+        ck_assert_int_eq(a.info.segs[i].hit, 0);
+    run ref = do_run(e, &r1, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
+    assert_same(e, &a, &ref, "strict misses");
+    ck_assert_int_ge(ref.n_toks, GREEDY / 2); /* greedy decoding says something */
+
+    /* The mask matters: a plain causal forward gives other logits, so the comparison above
+     * could have failed. */
+    run causal = do_run(e, &r1, CG_MODE_STRICT, CG_PATH_CAUSAL, 0);
+    int vocab = cg_model_cfg(m)->vocab_size;
+    ck_assert_msg(rel_diff(causal.logits, ref.logits, vocab) > 1e-3,
+                  "causal and strict logits are too close for the test to discriminate");
+
+    /* Second request: another system prompt (another length) and the chunks reordered, so
+     * every chunk is a hit at a new offset. */
+    int d2[] = {2, 0, 1};
+    req r2 = make_req(SYS2, d2, 3, Q2);
+    run b = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    for (size_t i = 1; i < 4; i++) {
+        ck_assert_int_eq(b.info.segs[i].hit, 1);
+        ck_assert_str_eq(b.info.segs[i].tier, "ram");
+    }
+    ck_assert_int_eq(b.info.segs[0].hit, 0);                         /* new system prompt */
+    ck_assert_uint_ne(b.info.segs[2].offset, a.info.segs[1].offset); /* doc A moved */
+    ck_assert_uint_eq(b.info.cached_tokens, chunk_tokens(&b));
+    run ref2 = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
+    assert_same(e, &b, &ref2, "strict hits at new offsets");
+    run_free(&a);
+    run_free(&ref);
+    run_free(&causal);
+    run_free(&b);
+    run_free(&ref2);
+    ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
+    cg_engine_free(&e);
+}
+
+START_TEST(test_strict_fidelity)
+{
+    strict_fidelity(m_half);
+}
+END_TEST
+
+/* (7) the interleaved pairing passes (1) too. */
+START_TEST(test_strict_fidelity_interleaved)
+{
+    strict_fidelity(m_inter);
+}
+END_TEST
+
+/* (2) sys: cached equals the two-stage computation without the cache; equals a single pass
+ * where the chunk directly follows the system segment. */
+START_TEST(test_sys_fidelity)
+{
+    cg_engine *e = new_engine(m_half, 0);
+    int vocab = cg_model_cfg(m_half)->vocab_size;
+    int d[] = {0, 1};
+    req r = make_req(SYS1, d, 2, Q1);
+    run miss = do_run(e, &r, CG_MODE_SYS, CG_PATH_CACHED, 0);
+    run bypass = do_run(e, &r, CG_MODE_SYS, CG_PATH_BYPASS, 0);
+    assert_same(e, &miss, &bypass, "sys misses vs two-stage without cache");
+    run hit = do_run(e, &r, CG_MODE_SYS, CG_PATH_CACHED, 0);
+    ck_assert_int_eq(hit.info.segs[0].hit, 1);
+    ck_assert_int_eq(hit.info.segs[1].hit, 1);
+    ck_assert_int_eq(hit.info.segs[2].hit, 1);
+    assert_same(e, &hit, &bypass, "sys hits vs two-stage without cache");
+
+    /* Reordered: B now follows the system segment, A comes second. Still hits. */
+    int d2[] = {1, 0};
+    req r2 = make_req(SYS1, d2, 2, Q1);
+    run hit2 = do_run(e, &r2, CG_MODE_SYS, CG_PATH_CACHED, 0);
+    ck_assert_int_eq(hit2.info.segs[1].hit, 1);
+    ck_assert_int_eq(hit2.info.segs[2].hit, 1);
+    run bypass2 = do_run(e, &r2, CG_MODE_SYS, CG_PATH_BYPASS, 0);
+    assert_same(e, &hit2, &bypass2, "sys reordered hits vs two-stage without cache");
+
+    /* A single chunk directly after the system segment: the single pass is exact. */
+    int d3[] = {2};
+    req r3 = make_req(SYS1, d3, 1, Q2);
+    run c3 = do_run(e, &r3, CG_MODE_SYS, CG_PATH_CACHED, 0);
+    run ref3 = do_run(e, &r3, CG_MODE_SYS, CG_PATH_REFERENCE, 0);
+    assert_same(e, &c3, &ref3, "sys single chunk vs single pass");
+    run c3b = do_run(e, &r3, CG_MODE_SYS, CG_PATH_CACHED, 0);
+    ck_assert_int_eq(c3b.info.segs[1].hit, 1);
+    assert_same(e, &c3b, &ref3, "sys single chunk hit vs single pass");
+
+    /* With two chunks the second keeps its system-only context from virtual position s: the
+     * single pass differs (the approximation of DESIGN §6), which shows the comparisons
+     * above can fail. */
+    run ref = do_run(e, &r, CG_MODE_SYS, CG_PATH_REFERENCE, 0);
+    ck_assert_msg(rel_diff(ref.logits, bypass.logits, vocab) > 1e-4,
+                  "two-stage and single pass agree although chunk 2 is displaced");
+
+    /* sys keys depend on the system segment: another system prompt misses. */
+    req r4 = make_req(SYS2, d, 2, Q1);
+    run c4 = do_run(e, &r4, CG_MODE_SYS, CG_PATH_CACHED, 0);
+    ck_assert_int_eq(c4.info.segs[1].hit, 0);
+    ck_assert_int_eq(c4.info.segs[2].hit, 0);
+    ck_assert(!cg_key_equal(&c4.info.segs[1].key, &miss.info.segs[1].key));
+
+    run *all[] = {&miss, &bypass, &hit, &hit2, &bypass2, &c3, &ref3, &c3b, &ref, &c4};
+    for (size_t i = 0; i < CG_ARRAY_LEN(all); i++)
+        run_free(all[i]);
+    cg_engine_free(&e);
+}
+END_TEST
+
+/* (3) reuse across prompts: same chunks, another order, another system prompt (strict). */
+START_TEST(test_reuse_across_prompts)
+{
+    cg_engine *e = new_engine(m_half, 0);
+    int d1[] = {3, 4, 0, 1};
+    req r1 = make_req(SYS1, d1, 4, Q1);
+    run a = do_run(e, &r1, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    ck_assert_uint_eq(a.info.cached_tokens, 0);
+    int d2[] = {1, 0, 4, 3};
+    req r2 = make_req(SYS2, d2, 4, Q2);
+    run b = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    ck_assert_int_eq(b.info.segs[0].hit, 0);
+    for (size_t i = 1; i <= 4; i++)
+        ck_assert_int_eq(b.info.segs[i].hit, 1);
+    ck_assert_int_eq(b.info.segs[5].hit, 0); /* the question is never cached */
+    ck_assert_uint_eq(b.info.cached_tokens, chunk_tokens(&b));
+    /* same text, same key, wherever it sits */
+    ck_assert(cg_key_equal(&a.info.segs[1].key, &b.info.segs[4].key));
+    run ref = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
+    assert_same(e, &b, &ref, "reuse across prompts");
+
+    /* The same request again: now the system segment hits too, and nothing is computed but
+     * the question. */
+    run c = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    ck_assert_int_eq(c.info.segs[0].hit, 1);
+    ck_assert_uint_eq(c.info.cached_tokens, c.info.n_tokens - c.info.segs[5].n_tokens);
+    ck_assert_uint_eq(c.info.computed_tokens, c.info.segs[5].n_tokens);
+    assert_same(e, &c, &ref, "full reuse");
+
+    /* Without a question the last logits come from a hit chunk's last token. */
+    int d3[] = {4, 3};
+    req r3 = make_req(SYS2, d3, 2, NULL);
+    run nq = do_run(e, &r3, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    ck_assert_int_eq(nq.info.segs[2].hit, 1);
+    run nqref = do_run(e, &r3, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
+    assert_same(e, &nq, &nqref, "prompt ending in a hit chunk");
+
+    run *all[] = {&a, &b, &ref, &c, &nq, &nqref};
+    for (size_t i = 0; i < CG_ARRAY_LEN(all); i++)
+        run_free(all[i]);
+    ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
+    cg_engine_free(&e);
+}
+END_TEST
+
+/* (4) full recompute: k >= every chunk's length equals a plain causal forward. */
+START_TEST(test_full_recompute)
+{
+    cg_engine *e = new_engine(m_half, 0);
+    int d[] = {0, 2, 4};
+    req r = make_req(SYS1, d, 3, Q1);
+    run causal = do_run(e, &r, CG_MODE_STRICT, CG_PATH_CAUSAL, 0);
+    run miss = do_run(e, &r, CG_MODE_STRICT, CG_PATH_CACHED, 100000);
+    assert_same(e, &miss, &causal, "full recompute (misses) vs causal");
+    run hit = do_run(e, &r, CG_MODE_STRICT, CG_PATH_CACHED, 100000);
+    for (size_t i = 1; i <= 3; i++)
+        ck_assert_int_eq(hit.info.segs[i].hit, 1);
+    assert_same(e, &hit, &causal, "full recompute (hits) vs causal");
+    /* The pool kept the isolated version: a request without recompute still equals the
+     * strict reference. */
+    run plain = do_run(e, &r, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    run ref = do_run(e, &r, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
+    assert_same(e, &plain, &ref, "after recompute, pool still isolated");
+    /* sys mode too: after full recompute the system context is the causal one. */
+    run sys = do_run(e, &r, CG_MODE_SYS, CG_PATH_CACHED, 100000);
+    assert_same(e, &sys, &causal, "sys full recompute vs causal");
+    /* Partial recompute lies between: different from both (so k is honoured). */
+    run part = do_run(e, &r, CG_MODE_STRICT, CG_PATH_CACHED, 8);
+    int vocab = cg_model_cfg(m_half)->vocab_size;
+    ck_assert(rel_diff(part.logits, causal.logits, vocab) > 1e-5);
+    ck_assert(rel_diff(part.logits, ref.logits, vocab) > 1e-5);
+    /* Prompt ending in a chunk, fully recomputed: the last logits are the causal ones. */
+    req rn = make_req(SYS1, d, 3, NULL);
+    run nq = do_run(e, &rn, CG_MODE_STRICT, CG_PATH_CACHED, 100000);
+    run nqc = do_run(e, &rn, CG_MODE_STRICT, CG_PATH_CAUSAL, 0);
+    assert_same(e, &nq, &nqc, "full recompute, no question");
+    run *all[] = {&causal, &miss, &hit, &plain, &ref, &sys, &part, &nq, &nqc};
+    for (size_t i = 0; i < CG_ARRAY_LEN(all); i++)
+        run_free(all[i]);
+    cg_engine_free(&e);
+}
+END_TEST
+
+static int in_pool(cg_engine *e, const cg_key *k)
+{
+    cg_pool_chunk_info info;
+    return cg_pool_peek(cg_engine_pool(e), k, &info) == CG_OK;
+}
+
+/* (5) pool pressure: answers stay equal to the reference; live assemblies pin their chunks. */
+START_TEST(test_pool_pressure)
+{
+    /* Room for about two of the documents (each ~19 blocks of 16 tokens) and a system. */
+    const cg_model_config *c = cg_model_cfg(m_half);
+    cg_pool_params pp = cg_pool_default_params();
+    pp.n_layers = c->n_layers;
+    pp.n_kv_heads = c->n_kv_heads;
+    pp.head_dim = c->head_dim;
+    size_t bb = cg_pool_block_bytes(&pp);
+    cg_engine *e = new_engine(m_half, bb * 44);
+    const uint32_t sys_blocks = (uint32_t)((strlen(SYS2) + 1 + 15) / 16);
+    ck_assert_uint_lt(sys_blocks, 4);
+
+    /* All five in one request: the pool cannot hold them, some are used unstored. */
+    int all5[] = {0, 1, 2, 3, 4};
+    req r = make_req(SYS2, all5, 5, Q1);
+    run a = do_run(e, &r, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    run ref = do_run(e, &r, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
+    assert_same(e, &a, &ref, "pool pressure, one request");
+    int stored = 0;
+    for (size_t i = 1; i <= 5; i++)
+        stored += a.info.segs[i].stored;
+    ck_assert_int_ge(stored, 1);
+    ck_assert_int_lt(stored, 5);
+    ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
+
+    /* Hold an assembly on doc 0 (live, not consumed). */
+    int d0[] = {0};
+    req rh = make_req(SYS2, d0, 1, Q2);
+    cg_assembly_info held;
+    char err[ERRLEN];
+    cg_assemble_req ar = {
+        .segs = rh.segs, .n_segs = rh.n, .mode = CG_MODE_STRICT, .reserve_tokens = -1};
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, clock_ms, &held, err, sizeof err), CG_OK);
+    cg_key k0 = held.segs[1].key;
+    ck_assert(in_pool(e, &k0));
+
+    /* Push the other documents through, two at a time, in several orders: evictions happen,
+     * answers stay right, doc 0 stays. */
+    int pairs[][2] = {{1, 2}, {3, 4}, {2, 3}, {4, 1}, {1, 3}};
+    size_t evicted = 0;
+    for (size_t i = 0; i < CG_ARRAY_LEN(pairs); i++) {
+        req rp = make_req(SYS1, pairs[i], 2, Q1);
+        run x = do_run(e, &rp, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+        run xr = do_run(e, &rp, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
+        assert_same(e, &x, &xr, "pool pressure, rotating documents");
+        evicted += x.info.n_evicted;
+        for (size_t k = 0; k < x.info.n_evicted; k++) {
+            ck_assert(!cg_key_equal(&x.info.evicted[k], &k0));
+            ck_assert(!in_pool(e, &x.info.evicted[k]));
+        }
+        ck_assert(in_pool(e, &k0));
+        ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
+        run_free(&x);
+        run_free(&xr);
+    }
+    ck_assert_uint_gt(evicted, 0);
+    cg_engine_stats st = cg_engine_get_stats(e);
+    ck_assert_uint_eq(st.evictions, evicted);
+
+    /* A deleted chunk that a live assembly uses is refused. */
+    ck_assert_int_eq(cg_engine_chunk_delete(e, &k0), CG_E_CONFLICT);
+    ck_assert(in_pool(e, &k0));
+
+    /* Doc 0 still hits, and the held assembly still decodes to the reference answer. */
+    run again = do_run(e, &rh, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    ck_assert_int_eq(again.info.segs[1].hit, 1);
+    run href = do_run(e, &rh, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
+    assert_same(e, &again, &href, "held chunk hit");
+    cg_complete_req cr = {.assembly_id = held.id, .max_tokens = GREEDY};
+    cg_complete_result res;
+    ck_assert_int_eq(cg_engine_complete(e, &cr, clock_ms, &res, err, sizeof err), CG_OK);
+    ck_assert_uint_eq(res.n_tokens, href.n_toks);
+    for (size_t i = 0; i < res.n_tokens; i++)
+        ck_assert_int_eq(res.tokens[i], href.toks[i]);
+    cg_complete_result_free(&res);
+
+    /* Consumed: the chunk is evictable and deletable now. */
+    ck_assert_int_eq(cg_engine_chunk_delete(e, &k0), CG_OK);
+    ck_assert(!in_pool(e, &k0));
+    ck_assert_int_eq(cg_engine_chunk_delete(e, &k0), CG_E_NOT_FOUND);
+    ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
+
+    cg_assembly_info_free(&held);
+    run *rs[] = {&a, &ref, &again, &href};
+    for (size_t i = 0; i < CG_ARRAY_LEN(rs); i++)
+        run_free(rs[i]);
+    cg_engine_free(&e);
+}
+END_TEST
+
+/* (6) a key that does not match its text is refused, and nothing is stored under it. */
+START_TEST(test_key_mismatch)
+{
+    cg_engine *e = new_engine(m_half, 0);
+    const cg_model_config *c = cg_model_cfg(m_half);
+    int d[] = {0, 1};
+    req r = make_req(SYS1, d, 2, Q1);
+    /* Claim doc B's key for doc A's text (the poisoning attempt). */
+    cg_key kb = cg_key_compute(c->model_id, strlen(c->model_id), CG_MODE_STRICT, NULL, 0, NULL,
+                               DOC[1], strlen(DOC[1]));
+    r.segs[1].key = &kb;
+    cg_assembly_info info;
+    char err[ERRLEN];
+    cg_assemble_req ar = {
+        .segs = r.segs, .n_segs = r.n, .mode = CG_MODE_STRICT, .reserve_tokens = -1};
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, clock_ms, &info, err, sizeof err),
+                     CG_E_KEY_MISMATCH);
+    ck_assert_ptr_nonnull(strstr(err, "segments[1]"));
+    ck_assert_uint_eq(info.n_segs, 0);
+    cg_pool_stats ps = cg_pool_get_stats(cg_engine_pool(e));
+    ck_assert_uint_eq(ps.chunks, 0);
+    ck_assert_uint_eq(ps.bytes_used, 0);
+    ck_assert(!in_pool(e, &kb));
+    ck_assert_uint_eq(cg_engine_live_assemblies(e, clock_ms), 0);
+
+    /* The right key (and a salted one) is accepted; salt changes the key. */
+    cg_key ka = cg_key_compute(c->model_id, strlen(c->model_id), CG_MODE_STRICT, NULL, 0, NULL,
+                               DOC[0], strlen(DOC[0]));
+    r.segs[1].key = &ka;
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, clock_ms, &info, err, sizeof err), CG_OK);
+    ck_assert(cg_key_equal(&info.segs[1].key, &ka));
+    ck_assert(in_pool(e, &ka));
+    /* doc B's key now holds doc B's KV (it is in this request), not doc A's */
+    cg_pool_chunk_info pi;
+    ck_assert_int_eq(cg_pool_peek(cg_engine_pool(e), &kb, &pi), CG_OK);
+    ck_assert_uint_eq(pi.tokens, strlen(DOC[1]));
+    ck_assert(cg_key_equal(&info.segs[2].key, &kb));
+    ck_assert_int_eq(cg_engine_release(e, info.id, clock_ms), CG_OK);
+    ck_assert_int_eq(cg_engine_release(e, info.id, clock_ms), CG_E_NOT_FOUND);
+    cg_assembly_info_free(&info);
+    ar.salt = "tenant-1";
+    ar.salt_len = 8;
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, clock_ms, &info, err, sizeof err),
+                     CG_E_KEY_MISMATCH);
+    r.segs[1].key = NULL;
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, clock_ms, &info, err, sizeof err), CG_OK);
+    ck_assert(!cg_key_equal(&info.segs[1].key, &ka));
+    ck_assert_int_eq(info.segs[1].hit, 0); /* another tenant does not share the chunk */
+    cg_assembly_info_free(&info);
+    cg_engine_free(&e);
+}
+END_TEST
+
+/* Input checks, TTL expiry, plain prompts, KV growth while decoding, export. */
+START_TEST(test_lifecycle)
+{
+    cg_engine_params p = cg_engine_default_params();
+    p.assembly_ttl_ms = 500;
+    p.max_assemblies = 2;
+    cg_engine *e = NULL;
+    ck_assert_int_eq(cg_engine_create(m_half, p, &e), CG_OK);
+    char err[ERRLEN];
+    cg_assembly_info info;
+    cg_assemble_req ar = {.mode = CG_MODE_STRICT, .reserve_tokens = -1};
+
+    /* bad inputs */
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, clock_ms, &info, err, sizeof err), CG_E_VALUE);
+    cg_engine_seg bad[2] = {{CG_ROLE_CHUNK, "x", 1, NULL}, {CG_ROLE_SYSTEM, "y", 1, NULL}};
+    ar.segs = bad;
+    ar.n_segs = 2;
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, clock_ms, &info, err, sizeof err), CG_E_VALUE);
+    bad[0] = (cg_engine_seg){CG_ROLE_QUESTION, "x", 1, NULL};
+    bad[1] = (cg_engine_seg){CG_ROLE_CHUNK, "y", 1, NULL};
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, clock_ms, &info, err, sizeof err), CG_E_VALUE);
+    bad[0] = (cg_engine_seg){CG_ROLE_CHUNK, "", 0, NULL};
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, clock_ms, &info, err, sizeof err), CG_E_VALUE);
+    size_t big_n = (size_t)cg_model_cfg(m_half)->max_pos;
+    char *big = cg_malloc(big_n);
+    memset(big, 'a', big_n);
+    bad[0] = (cg_engine_seg){CG_ROLE_CHUNK, big, big_n / 2, NULL};
+    bad[1] = (cg_engine_seg){CG_ROLE_CHUNK, big, big_n / 2 + 1, NULL};
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, clock_ms, &info, err, sizeof err), CG_E_CONTEXT);
+    cg_complete_req cp = {.prompt = big, .prompt_len = big_n, .max_tokens = 1};
+    cg_complete_result res;
+    ck_assert_int_eq(cg_engine_complete(e, &cp, clock_ms, &res, err, sizeof err), CG_E_CONTEXT);
+    free(big);
+    ck_assert_uint_eq(cg_pool_get_stats(cg_engine_pool(e)).chunks, 0);
+
+    /* TTL: an unconsumed assembly expires and gives its chunks back. */
+    int d[] = {0};
+    req r = make_req(SYS1, d, 1, Q1);
+    ar.segs = r.segs;
+    ar.n_segs = r.n;
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, 1000, &info, err, sizeof err), CG_OK);
+    cg_key k = info.segs[1].key;
+    cg_pool_chunk_info pi;
+    ck_assert_int_eq(cg_pool_peek(cg_engine_pool(e), &k, &pi), CG_OK);
+    ck_assert_uint_eq(pi.refs, 1);
+    char id1[33];
+    memcpy(id1, info.id, sizeof id1);
+    cg_assembly_info_free(&info);
+    /* KV export of a live assembly: per head, per layer, K then V. */
+    void *kvb = NULL;
+    size_t kvlen = 0;
+    uint32_t kvt = 0;
+    const cg_model_config *c = cg_model_cfg(m_half);
+    ck_assert_int_eq(cg_engine_assembly_kv(e, id1, 1, 2, 1100, &kvb, &kvlen, &kvt), CG_OK);
+    ck_assert_uint_eq(kvlen, (size_t)2 * c->n_layers * 2 * kvt * c->head_dim * sizeof(float));
+    free(kvb);
+    ck_assert_int_eq(cg_engine_assembly_kv(e, id1, 2, 9, 1100, &kvb, &kvlen, &kvt), CG_E_VALUE);
+    /* Chunk export: every head, the chunk's own token count. */
+    ck_assert_int_eq(cg_engine_chunk_kv(e, &k, 0, c->n_kv_heads - 1, &kvb, &kvlen, &kvt), CG_OK);
+    ck_assert_uint_eq(kvt, (uint32_t)strlen(DOC[0]));
+    ck_assert_uint_eq(kvlen,
+                      (size_t)c->n_kv_heads * c->n_layers * 2 * kvt * c->head_dim * sizeof(float));
+    free(kvb);
+
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, 1200, &info, err, sizeof err), CG_OK);
+    char id2[33];
+    memcpy(id2, info.id, sizeof id2);
+    ck_assert_str_ne(id1, id2);
+    cg_assembly_info_free(&info);
+    /* the limit of live assemblies */
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, 1300, &info, err, sizeof err), CG_E_UNAVAILABLE);
+    ck_assert_uint_eq(cg_engine_live_assemblies(e, 1499), 2);
+    ck_assert_uint_eq(cg_engine_live_assemblies(e, 1500), 1); /* id1 expired */
+    cg_complete_req cr = {.assembly_id = id1, .max_tokens = 4};
+    ck_assert_int_eq(cg_engine_complete(e, &cr, 1500, &res, err, sizeof err), CG_E_NOT_FOUND);
+    ck_assert_int_eq(cg_pool_peek(cg_engine_pool(e), &k, &pi), CG_OK);
+    ck_assert_uint_eq(pi.refs, 1); /* id2's */
+    ck_assert_uint_eq(cg_engine_reap(e, 1700), 1);
+    ck_assert_int_eq(cg_pool_peek(cg_engine_pool(e), &k, &pi), CG_OK);
+    ck_assert_uint_eq(pi.refs, 0);
+    ck_assert_uint_eq(cg_engine_get_stats(e).assemblies_expired, 2);
+
+    /* A plain prompt decodes like a one-segment system prompt (BOS + bytes, causal). */
+    cp = (cg_complete_req){.prompt = SYS1, .prompt_len = strlen(SYS1), .max_tokens = GREEDY};
+    ck_assert_int_eq(cg_engine_complete(e, &cp, 2000, &res, err, sizeof err), CG_OK);
+    req rs = make_req(SYS1, NULL, 0, NULL);
+    run one = do_run(e, &rs, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
+    ck_assert_uint_eq(res.prompt_tokens, strlen(SYS1) + 1);
+    ck_assert_uint_eq(res.n_tokens, one.n_toks);
+    for (size_t i = 0; i < res.n_tokens; i++)
+        ck_assert_int_eq(res.tokens[i], one.toks[i]);
+    ck_assert_uint_eq(res.text_len, strlen(res.text));
+    cg_complete_result_free(&res);
+    run_free(&one);
+
+    /* Decoding past the reserve grows the KV; the tokens are those of a roomy KV. Sampling
+     * with a seed is reproducible. */
+    int dd[] = {1};
+    req rg = make_req(SYS2, dd, 1, Q2);
+    ar.segs = rg.segs;
+    ar.n_segs = rg.n;
+    int32_t toks[2][48];
+    size_t nt[2];
+    for (int round = 0; round < 2; round++) {
+        ar.reserve_tokens = round == 0 ? 0 : 512;
+        ck_assert_int_eq(cg_engine_assemble(e, &ar, 3000, &info, err, sizeof err), CG_OK);
+        cr = (cg_complete_req){.assembly_id = info.id,
+                               .max_tokens = 48,
+                               .temperature = 0.8f,
+                               .top_p = 0.9f,
+                               .seed = 42};
+        ck_assert_int_eq(cg_engine_complete(e, &cr, 3000, &res, err, sizeof err), CG_OK);
+        nt[round] = res.n_tokens;
+        memcpy(toks[round], res.tokens, res.n_tokens * sizeof(int32_t));
+        ck_assert(strcmp(res.finish_reason, "length") == 0 ||
+                  strcmp(res.finish_reason, "stop") == 0);
+        if (res.n_tokens < 48) ck_assert_str_eq(res.finish_reason, "stop");
+        cg_complete_result_free(&res);
+        cg_assembly_info_free(&info);
+    }
+    ck_assert_uint_eq(nt[0], nt[1]);
+    for (size_t i = 0; i < nt[0]; i++)
+        ck_assert_int_eq(toks[0][i], toks[1][i]);
+
+    /* max_tokens 0 */
+    cp = (cg_complete_req){.prompt = "hi", .prompt_len = 2, .max_tokens = 0};
+    ck_assert_int_eq(cg_engine_complete(e, &cp, 4000, &res, err, sizeof err), CG_OK);
+    ck_assert_uint_eq(res.n_tokens, 0);
+    ck_assert_str_eq(res.finish_reason, "length");
+    cg_complete_result_free(&res);
+    cg_engine_free(&e);
+}
+END_TEST
+
+/* A system text equal to a chunk text has the same strict key but one more token (BOS):
+ * the engine must not mix them up. */
+START_TEST(test_role_collision)
+{
+    cg_engine *e = new_engine(m_half, 0);
+    cg_engine_seg s1[2] = {{CG_ROLE_SYSTEM, DOC[2], strlen(DOC[2]), NULL},
+                           {CG_ROLE_QUESTION, Q1, strlen(Q1), NULL}};
+    req r1 = {{s1[0], s1[1]}, 2};
+    run a = do_run(e, &r1, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    int d[] = {2};
+    req r2 = make_req(SYS1, d, 1, Q1);
+    run b = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    ck_assert(cg_key_equal(&a.info.segs[0].key, &b.info.segs[1].key));
+    ck_assert_int_eq(b.info.segs[1].hit, 0);
+    run ref = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
+    assert_same(e, &b, &ref, "chunk whose text equals a cached system text");
+    run_free(&a);
+    run_free(&b);
+    run_free(&ref);
+    cg_engine_free(&e);
+}
+END_TEST
+
+static Suite *engine_suite(void)
+{
+    Suite *s = suite_create("engine");
+    TCase *tc = tcase_create("fidelity");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_strict_fidelity);
+    tcase_add_test(tc, test_strict_fidelity_interleaved);
+    tcase_add_test(tc, test_sys_fidelity);
+    tcase_add_test(tc, test_reuse_across_prompts);
+    tcase_add_test(tc, test_full_recompute);
+    tcase_add_test(tc, test_pool_pressure);
+    tcase_add_test(tc, test_key_mismatch);
+    tcase_add_test(tc, test_lifecycle);
+    tcase_add_test(tc, test_role_collision);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    /* As in worker_main.c: libgomp's default spin-wait starves OpenBLAS on two cores (this
+     * suite ran ten times slower); the policy is read at load time, hence the re-exec. */
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "passive", 1);
+        execv("/proc/self/exe", argv);
+    }
+    cg_log_init("test_engine", CG_LOG_WARN);
+    m_half = make_model(CG_ROPE_HALF, &dir_half);
+    m_inter = make_model(CG_ROPE_INTERLEAVED, &dir_inter);
+    SRunner *sr = srunner_create(engine_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    cg_model_free(&m_half);
+    cg_model_free(&m_inter);
+    rm_rf(dir_half);
+    rm_rf(dir_inter);
+    free(dir_half);
+    free(dir_inter);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

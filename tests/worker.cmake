@@ -1,0 +1,12 @@
+# Reference worker suites: the assembly engine's fidelity proofs (library level) and the HTTP
+# integration test against the real chunkgate-worker process.
+cg_check_test(NAME test_engine SOURCES test_engine.c LIBS cg_reference TIMEOUT 600)
+if(TARGET chunkgate-worker AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_worker.c)
+  cg_check_test(NAME test_worker SOURCES test_worker.c LIBS cg_reference PkgConfig::CURL TIMEOUT 600)
+  add_dependencies(test_worker chunkgate-worker)
+endif()
+# libgomp's default spin-wait steals the cores OpenBLAS threads need on a 2-core machine.
+set_property(TEST test_engine APPEND PROPERTY ENVIRONMENT OMP_WAIT_POLICY=passive)
+if(TARGET test_worker)
+  set_property(TEST test_worker APPEND PROPERTY ENVIRONMENT OMP_WAIT_POLICY=passive)
+endif()
