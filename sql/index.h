@@ -1,7 +1,7 @@
 /* The gateway's chunk index: a durable SQLite (WAL) view of which worker holds which chunk.
  * Reads run on a small pool of read connections; every write goes through one writer
  * thread that applies queued operations in batches, so request threads never wait on disk.
- * DESIGN §9, §11. Schema, durability and writer design: .helpers/readme-sql.md. */
+ * DESIGN §9, §11. Schema, durability and writer design: README.md, "Chunk index". */
 #ifndef CG_INDEX_H
 #define CG_INDEX_H
 
@@ -163,7 +163,9 @@ cg_status cg_index_chunk_get(cg_index *ix, const cg_key *key, cg_index_chunk *ou
  * cg_index_chunks_free. The next page starts after the last row's key. */
 cg_status cg_index_chunks_list(cg_index *ix, const cg_key *after, size_t limit,
                                cg_index_chunk **out, size_t *n) CG_WUR;
+/* Frees the model string of one chunk and zeroes it. Accepts NULL. */
 void cg_index_chunk_clear(cg_index_chunk *c);
+/* Frees an array from cg_index_chunks_list and sets *arr to NULL. Accepts NULL. */
 void cg_index_chunks_free(cg_index_chunk **arr, size_t n);
 
 typedef struct cg_index_stats {

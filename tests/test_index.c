@@ -283,6 +283,14 @@ END_TEST
 
 START_TEST(test_placements_pin_delete)
 {
+    cg_tier t;
+    ck_assert_str_eq(cg_tier_name(CG_TIER_RAM), "ram");
+    ck_assert_str_eq(cg_tier_name(CG_TIER_DISK), "disk");
+    ck_assert_int_eq(cg_tier_parse("disk", &t), 0);
+    ck_assert_int_eq(t, CG_TIER_DISK);
+    ck_assert_int_eq(cg_tier_parse("ram", &t), 0);
+    ck_assert_int_eq(t, CG_TIER_RAM);
+    ck_assert_int_eq(cg_tier_parse("ssd", &t), -1);
     cg_index *ix = open_default();
     int64_t w1, w2;
     ck_assert_int_eq(cg_index_worker_add(ix, "http://a", "tiny", 10, &w1), CG_OK);
