@@ -435,6 +435,13 @@ const float *cg_pool_chunk_rows(const cg_pool *p, const cg_pool_chunk *c, uint32
     return slab(p, c->blocks[block_idx], layer, head, kv);
 }
 
+void *cg_pool_chunk_block(cg_pool *p, cg_pool_chunk *c, uint32_t block_idx)
+{
+    assert(block_idx < c->n_blocks);
+    assert(!c->published && c->refs > 0); /* only the inserter writes, before publish */
+    return p->data + (size_t)c->blocks[block_idx] * p->block_floats;
+}
+
 /* ---- inventory, stats, invariants ---- */
 
 static cg_pool_chunk_info info_of(const cg_pool *p, const cg_pool_chunk *c)

@@ -106,6 +106,12 @@ void cg_pool_chunk_read(const cg_pool *p, const cg_pool_chunk *c, int layer, int
 const float *cg_pool_chunk_rows(const cg_pool *p, const cg_pool_chunk *c, uint32_t block_idx,
                                 int layer, int head, int kv, uint32_t *n_rows);
 
+/* Writable view of the whole block block_idx (< cg_pool_chunk_blocks) of a chunk that is
+ * still filling (between cg_pool_insert and cg_pool_publish): cg_pool_block_bytes bytes in
+ * the block layout above, for restoring a chunk's blocks as they were saved (disk tier).
+ * Borrowed pointer, valid while the chunk is referenced. */
+void *cg_pool_chunk_block(cg_pool *p, cg_pool_chunk *c, uint32_t block_idx);
+
 /* Inventory of published chunks (removed and filling ones are not listed). */
 typedef struct cg_pool_chunk_info {
     cg_key key;

@@ -2,9 +2,12 @@
  * computed alone, stored, remapped to new offsets) must equal one forward over the whole
  * prompt under the same mask; sys mode must equal its two-stage computation without the
  * cache; full prefix recompute must equal a plain causal forward; a small pool must not change
- * answers nor evict chunks that live assemblies use; keys must match texts. Both RoPE styles. */
+ * answers nor evict chunks that live assemblies use; keys must match texts. Both RoPE styles.
+ * The disk tier: spills and restores change no bit of the answers, a corrupt record is a miss,
+ * a flushed tier serves every chunk after a reopen; adopted KV decodes like its source. */
 #include <check.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -673,6 +676,224 @@ START_TEST(test_lifecycle)
 }
 END_TEST
 
+static cg_key doc_key(const cg_model *m, int d)
+{
+    const cg_model_config *c = cg_model_cfg(m);
+    return cg_key_compute(c->model_id, strlen(c->model_id), CG_MODE_STRICT, NULL, 0, NULL, DOC[d],
+                          strlen(DOC[d]));
+}
+
+/* Bit-exact: the same logits and tokens. */
+static void assert_identical(const run *got, const run *ref, int vocab, const char *what)
+{
+    ck_assert_msg(memcmp(got->logits, ref->logits, (size_t)vocab * sizeof(float)) == 0,
+                  "%s: logits differ", what);
+    ck_assert_uint_eq(got->n_toks, ref->n_toks);
+    ck_assert(memcmp(got->toks, ref->toks, ref->n_toks * sizeof(int32_t)) == 0);
+}
+
+/* (10) the disk tier under a small pool */
+START_TEST(test_disk_tier)
+{
+    const cg_model_config *c = cg_model_cfg(m_half);
+    const int vocab = c->vocab_size;
+    char dir[] = "/tmp/cg_test_engine_disk_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    cg_pool_params pp = cg_pool_default_params();
+    pp.n_layers = c->n_layers;
+    pp.n_kv_heads = c->n_kv_heads;
+    pp.head_dim = c->head_dim;
+    size_t bb = cg_pool_block_bytes(&pp);
+    cg_engine_params p = cg_engine_default_params();
+    p.pool_bytes = bb * 44; /* the system prompt and two documents */
+    p.disk_bytes = (size_t)64 << 20;
+    p.disk_dir = dir;
+    cg_engine *e = NULL;
+    ck_assert_int_eq(cg_engine_create(m_half, p, &e), CG_OK);
+    ck_assert_ptr_nonnull(cg_engine_disk(e));
+    cg_engine *big = new_engine(m_half, 0); /* RAM only, never evicts: the comparison */
+
+    /* Rotating pairs of documents: chunks go to disk and come back, answers keep every bit. */
+    int pairs[][2] = {{0, 1}, {2, 3}, {4, 0}, {1, 2}, {3, 4}, {0, 2}, {1, 3}};
+    size_t disk_segs = 0, spilled = 0;
+    for (size_t i = 0; i < CG_ARRAY_LEN(pairs); i++) {
+        req rp = make_req(SYS2, pairs[i], 2, Q1);
+        run x = do_run(e, &rp, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+        run xr = do_run(big, &rp, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+        assert_identical(&x, &xr, vocab, "disk tier, rotating documents");
+        for (size_t k = 0; k < x.info.n_segs; k++) {
+            disk_segs += !strcmp(x.info.segs[k].tier, "disk");
+            ck_assert_int_eq(x.info.segs[k].hit, strcmp(x.info.segs[k].tier, "miss") != 0);
+        }
+        ck_assert_uint_eq(x.info.n_evicted, 0); /* the disk had room: nothing left the worker */
+        spilled += x.info.n_spilled;
+        for (size_t k = 0; k < x.info.n_spilled; k++) {
+            ck_assert(!in_pool(e, &x.info.spilled[k]));
+            ck_assert(cg_disk_contains(cg_engine_disk(e), &x.info.spilled[k]));
+        }
+        ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
+        ck_assert_int_eq(cg_disk_check(cg_engine_disk(e)), CG_OK);
+        run_free(&x);
+        run_free(&xr);
+    }
+    cg_engine_stats st = cg_engine_get_stats(e);
+    ck_assert_uint_gt(spilled, 0);
+    ck_assert_uint_gt(disk_segs, 0);
+    ck_assert_uint_eq(st.disk_hits, disk_segs);
+    ck_assert_uint_ge(st.restores, disk_segs);
+    ck_assert_uint_eq(st.spills, st.evictions);
+    ck_assert_uint_eq(st.spill_failures, 0);
+    ck_assert_uint_eq(st.restore_failures, 0);
+
+    /* The KV export of a chunk on disk only reads it back. */
+    int on_disk = -1;
+    for (int d = 0; d < 5 && on_disk < 0; d++) {
+        cg_key k = doc_key(m_half, d);
+        if (!in_pool(e, &k) && cg_disk_contains(cg_engine_disk(e), &k)) on_disk = d;
+    }
+    ck_assert_int_ge(on_disk, 0);
+    cg_key kd = doc_key(m_half, on_disk);
+    void *kv1 = NULL, *kv2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    uint32_t t1 = 0, t2 = 0;
+    ck_assert_int_eq(cg_engine_chunk_kv(e, &kd, 0, c->n_kv_heads - 1, &kv1, &n1, &t1), CG_OK);
+    ck_assert_int_eq(cg_engine_chunk_kv(big, &kd, 0, c->n_kv_heads - 1, &kv2, &n2, &t2), CG_OK);
+    ck_assert_uint_eq(n1, n2);
+    ck_assert(memcmp(kv1, kv2, n1) == 0);
+    free(kv1);
+    free(kv2);
+
+    /* Corruption: every slot of the data file gets bytes flipped behind the tier's back. The
+     * records fail their checksum and are misses, recomputed: the answers keep every bit. */
+    char path[128];
+    snprintf(path, sizeof path, "%s/kv.blocks", dir);
+    int fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    struct stat sb;
+    ck_assert_int_eq(fstat(fd, &sb), 0);
+    for (off_t off = 0; off + 8 <= sb.st_size; off += (off_t)bb) {
+        uint8_t b[8];
+        ck_assert_int_eq(pread(fd, b, 8, off + 100), 8);
+        for (int i = 0; i < 8; i++)
+            b[i] ^= 0xa5;
+        ck_assert_int_eq(pwrite(fd, b, 8, off + 100), 8);
+    }
+    close(fd);
+    int two[2], n_two = 0;
+    for (int d = 0; d < 5 && n_two < 2; d++) {
+        cg_key k = doc_key(m_half, d);
+        if (!in_pool(e, &k) && cg_disk_contains(cg_engine_disk(e), &k)) two[n_two++] = d;
+    }
+    ck_assert_int_eq(n_two, 2);
+    req rc = make_req(SYS2, two, 2, Q2);
+    run x = do_run(e, &rc, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    run xr = do_run(big, &rc, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    assert_identical(&x, &xr, vocab, "corrupt disk records");
+    ck_assert_str_eq(x.info.segs[1].tier, "miss");
+    ck_assert_str_eq(x.info.segs[2].tier, "miss");
+    run_free(&x);
+    run_free(&xr);
+    st = cg_engine_get_stats(e);
+    ck_assert_uint_ge(st.restore_failures, 2);
+    ck_assert_uint_ge(cg_disk_get_stats(cg_engine_disk(e)).checksum_failures, 2);
+    ck_assert_int_eq(cg_disk_check(cg_engine_disk(e)), CG_OK);
+
+    /* Flush, close, reopen: every chunk that was in RAM is a disk hit. */
+    size_t in_ram = cg_pool_get_stats(cg_engine_pool(e)).chunks;
+    ck_assert_uint_eq(cg_engine_flush(e, clock_ms), in_ram);
+    cg_engine_free(&e);
+    ck_assert_int_eq(cg_engine_create(m_half, p, &e), CG_OK);
+    x = do_run(e, &rc, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    xr = do_run(big, &rc, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    assert_identical(&x, &xr, vocab, "after a reopen");
+    for (int k = 0; k < 3; k++)
+        ck_assert_str_eq(x.info.segs[k].tier, "disk");
+    run_free(&x);
+    run_free(&xr);
+
+    /* DELETE takes a chunk off both tiers. */
+    cg_key k0 = doc_key(m_half, two[0]);
+    ck_assert_int_eq(cg_engine_chunk_delete(e, &k0), CG_OK);
+    ck_assert(!in_pool(e, &k0));
+    ck_assert(!cg_disk_contains(cg_engine_disk(e), &k0));
+    ck_assert_int_eq(cg_engine_chunk_delete(e, &k0), CG_E_NOT_FOUND);
+
+    /* A second engine on the same directory is refused while this one has it. */
+    cg_engine *dup = NULL;
+    ck_assert_int_eq(cg_engine_create(m_half, p, &dup), CG_E_CONFLICT);
+    ck_assert_ptr_null(dup);
+
+    cg_engine_free(&e);
+    cg_engine_free(&big);
+    rm_rf(dir);
+}
+END_TEST
+
+/* (11) adopted KV (what a backend pulls) decodes exactly like the assembly it came from */
+START_TEST(test_adopt)
+{
+    const cg_model_config *c = cg_model_cfg(m_half);
+    cg_engine *src = new_engine(m_half, 0), *dst = new_engine(m_half, 0);
+    int d[] = {1, 2};
+    req r = make_req(SYS1, d, 2, Q1);
+    cg_assemble_req ar = {
+        .segs = r.segs, .n_segs = r.n, .mode = CG_MODE_STRICT, .reserve_tokens = -1};
+    cg_assembly_info a, b;
+    char err[ERRLEN];
+    ck_assert_int_eq(cg_engine_assemble(src, &ar, clock_ms, &a, err, sizeof err), CG_OK);
+    ck_assert_int_eq(cg_engine_assemble(src, &ar, clock_ms, &b, err, sizeof err), CG_OK);
+    ck_assert(cg_engine_has_assembly(src, a.id, clock_ms));
+    /* the logits and the per-head KV, as the HTTP export gives them */
+    float *logits = cg_malloc((size_t)c->vocab_size * sizeof(float));
+    uint32_t n_tokens = 0, cached = 0, tokens = 0;
+    ck_assert_int_eq(cg_engine_assembly_logits(src, a.id, clock_ms, logits, &n_tokens, &cached),
+                     CG_OK);
+    ck_assert_uint_eq(n_tokens, a.n_tokens);
+    ck_assert_uint_eq(cached, a.cached_tokens);
+    void *payload = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(
+        cg_engine_assembly_kv(src, a.id, 0, c->n_kv_heads - 1, clock_ms, &payload, &len, &tokens),
+        CG_OK);
+    cg_kv *kv = cg_kv_new(m_half, n_tokens + 64);
+    const size_t plane = (size_t)n_tokens * (size_t)c->head_dim;
+    const float *f = payload;
+    for (int h = 0; h < c->n_kv_heads; h++)
+        for (int l = 0; l < c->n_layers; l++) {
+            memcpy(cg_kv_k(kv, l, h), f, plane * sizeof(float));
+            f += plane;
+            memcpy(cg_kv_v(kv, l, h), f, plane * sizeof(float));
+            f += plane;
+        }
+    free(payload);
+    char id[33];
+    ck_assert_int_eq(cg_engine_adopt(dst, &kv, n_tokens, cached, logits, clock_ms, id), CG_OK);
+    ck_assert_ptr_null(kv);
+    cg_complete_req c1 = {.assembly_id = b.id, .max_tokens = GREEDY};
+    cg_complete_req c2 = {.assembly_id = id, .max_tokens = GREEDY};
+    cg_complete_result r1, r2;
+    ck_assert_int_eq(cg_engine_complete(src, &c1, clock_ms, &r1, err, sizeof err), CG_OK);
+    ck_assert_int_eq(cg_engine_complete(dst, &c2, clock_ms, &r2, err, sizeof err), CG_OK);
+    ck_assert_uint_eq(r1.n_tokens, r2.n_tokens);
+    ck_assert(memcmp(r1.tokens, r2.tokens, r1.n_tokens * sizeof(int32_t)) == 0);
+    ck_assert_uint_eq(r2.cached_tokens, cached);
+    ck_assert_uint_eq(r2.prompt_tokens, n_tokens);
+    ck_assert_uint_eq(cg_engine_get_stats(dst).assemblies_adopted, 1);
+    /* bad sizes are refused, and the KV is taken over anyway */
+    kv = cg_kv_new(m_half, 8);
+    ck_assert_int_eq(cg_engine_adopt(dst, &kv, 9, 0, logits, clock_ms, id), CG_E_VALUE);
+    ck_assert_ptr_null(kv);
+    cg_complete_result_free(&r1);
+    cg_complete_result_free(&r2);
+    ck_assert_int_eq(cg_engine_release(src, a.id, clock_ms), CG_OK);
+    cg_assembly_info_free(&a);
+    cg_assembly_info_free(&b);
+    free(logits);
+    cg_engine_free(&src);
+    cg_engine_free(&dst);
+}
+END_TEST
+
 /* A system text equal to a chunk text has the same strict key but one more token (BOS):
  * the engine must not mix them up. */
 START_TEST(test_role_collision)
@@ -710,6 +931,8 @@ static Suite *engine_suite(void)
     tcase_add_test(tc, test_key_mismatch);
     tcase_add_test(tc, test_lifecycle);
     tcase_add_test(tc, test_role_collision);
+    tcase_add_test(tc, test_disk_tier);
+    tcase_add_test(tc, test_adopt);
     suite_add_tcase(s, tc);
     return s;
 }

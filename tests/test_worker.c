@@ -7,6 +7,7 @@
 #include <curl/curl.h>
 #include <dirent.h>
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -270,6 +271,10 @@ START_TEST(test_info)
     ck_assert_str_eq(sget(j, "key_version"), CG_KEY_VERSION);
     ck_assert_int_eq(iget(j, "block_tokens"), 16);
     ck_assert_int_eq(iget(j, "pool_capacity_bytes"), 64 << 20);
+    ck_assert_int_eq(iget(j, "disk_capacity_bytes"), 0); /* no --disk-mb: RAM only */
+    ck_assert_int_eq(json_array_size(json_object_get(j, "tiers")), 1);
+    ck_assert_int_eq(iget(j, "tp"), 1);
+    ck_assert(json_is_null(json_object_get(j, "kv_source")));
     json_t *modes = json_object_get(j, "isolation_modes");
     ck_assert_int_eq(json_array_size(modes), 2);
     ck_assert_str_eq(json_string_value(json_array_get(modes, 0)), "strict");
@@ -640,7 +645,16 @@ START_TEST(test_inventory)
     ck_assert_int_eq(iget(c, "tokens"), (long long)strlen(doc));
     ck_assert_int_eq(iget(c, "bytes") % (16 * 4096), 0);
     ck_assert_str_eq(sget(c, "tier"), "ram");
+    ck_assert_int_eq(json_array_size(json_object_get(c, "tiers")), 1); /* no disk tier here */
     ck_assert_int_gt(iget(c, "last_used"), 1600000000000LL);
+    /* the per-head key strings: {model}@head:{h}@{key}, one per KV head */
+    json_t *hk = json_object_get(c, "head_keys");
+    ck_assert_int_eq(json_array_size(hk), cg_model_cfg(model)->n_kv_heads);
+    for (size_t h = 0; h < json_array_size(hk); h++) {
+        char want[256];
+        snprintf(want, sizeof want, "%s@head:%zu@%s", cg_model_cfg(model)->model_id, h, key);
+        ck_assert_str_eq(json_string_value(json_array_get(hk, h)), want);
+    }
     json_decref(c);
 
     /* the list holds it; paging with limit/after walks every chunk once, in key order */
@@ -741,6 +755,73 @@ START_TEST(test_inventory)
 }
 END_TEST
 
+/* logprobs (legacy completions shape, plus token_ids): the greedy token is the top entry, its
+ * logprob the largest; the same in a stream. */
+START_TEST(test_logprobs)
+{
+    char *p = rag_prompt(SYS1, DOCA, DOCB, QUESTION);
+    json_t *r = call("POST", "/v1/completions",
+                     greedy(json_pack("{s:s, s:i}", "prompt", p, "logprobs", 3), 12), 200);
+    json_t *ch = json_array_get(json_object_get(r, "choices"), 0);
+    json_t *lp = json_object_get(ch, "logprobs");
+    json_t *ids = json_object_get(lp, "token_ids"), *vals = json_object_get(lp, "token_logprobs");
+    json_t *tops = json_object_get(lp, "top_logprobs"), *offs = json_object_get(lp, "text_offset");
+    size_t n = json_array_size(ids), off = 0;
+    ck_assert_int_eq((long long)n, iget(json_object_get(r, "usage"), "completion_tokens"));
+    ck_assert_int_eq(json_array_size(vals), n);
+    ck_assert_int_eq(json_array_size(tops), n);
+    ck_assert_int_eq(json_array_size(json_object_get(lp, "tokens")), n);
+    for (size_t t = 0; t < n; t++) {
+        double v = json_real_value(json_array_get(vals, t)), mass = 0, best = -INFINITY;
+        ck_assert(v <= 0);
+        json_t *top = json_array_get(tops, t);
+        ck_assert_int_ge(json_object_size(top), 1);
+        ck_assert_int_le(json_object_size(top), 3);
+        const char *k;
+        json_t *x;
+        json_object_foreach(top, k, x)
+        {
+            mass += exp(json_real_value(x));
+            best = fmax(best, json_real_value(x));
+        }
+        ck_assert(mass <= 1.0 + 1e-9);
+        ck_assert(v == best); /* greedy picks the most likely token */
+        /* text_offset: bytes generated before the token (byte tokens are one byte each) */
+        ck_assert_int_eq(json_integer_value(json_array_get(offs, t)), (long long)off);
+        off += json_integer_value(json_array_get(ids, t)) < 256;
+    }
+    /* streamed: every chunk carries the entries of its tokens; together, the same ids */
+    json_t *body =
+        greedy(json_pack("{s:s, s:i, s:b}", "prompt", p, "logprobs", 3, "stream", 1), 12);
+    char *b = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    resp sr = http("POST", "/v1/completions", b);
+    free(b);
+    ck_assert_int_eq(sr.status, 200);
+    size_t k = 0;
+    for (char *q = sr.body.data; q && (q = strstr(q, "data: {"));) {
+        q += 6;
+        json_t *j = json_loads(q, JSON_DISABLE_EOF_CHECK, NULL);
+        ck_assert_ptr_nonnull(j);
+        json_t *cl = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+        json_t *ci = json_object_get(cl, "token_ids");
+        for (size_t t = 0; t < json_array_size(ci); t++, k++)
+            ck_assert_int_eq(json_integer_value(json_array_get(ci, t)),
+                             json_integer_value(json_array_get(ids, k)));
+        json_decref(j);
+    }
+    ck_assert_uint_eq(k, n);
+    cg_buf_free(&sr.body);
+    json_decref(r);
+    /* without logprobs the field is null */
+    r = call("POST", "/v1/completions", greedy(json_pack("{s:s}", "prompt", p), 2), 200);
+    ck_assert(json_is_null(
+        json_object_get(json_array_get(json_object_get(r, "choices"), 0), "logprobs")));
+    json_decref(r);
+    free(p);
+}
+END_TEST
+
 START_TEST(test_bad_inputs)
 {
     static const struct {
@@ -794,6 +875,12 @@ START_TEST(test_bad_inputs)
         {"POST", "/v1/completions", "{\"prompt\":\"a\",\"top_p\":0}", 400, "invalid_value"},
         {"POST", "/v1/completions", "{\"prompt\":\"a\",\"stream\":\"yes\"}", 400, "invalid_type"},
         {"POST", "/v1/completions", "{\"prompt\":\"a\",\"n\":2}", 400, "invalid_value"},
+        {"POST", "/v1/completions", "{\"prompt\":\"a\",\"logprobs\":21}", 400, "invalid_value"},
+        {"POST", "/v1/completions", "{\"prompt\":\"a\",\"logprobs\":\"x\"}", 400, "invalid_type"},
+        {"POST", "/v1/completions",
+         "{\"kv_transfer_params\":{\"assembly_id\":\"ffffffffffffffffffffffffffffffff\","
+         "\"worker\":\"gopher://x\"}}",
+         400, "invalid_value"},
         {"POST", "/v1/completions", "{\"prompt\":\"a # # b\",\"chunk_mode\":\"x\"}", 400,
          "invalid_value"},
         {"POST", "/v1/completions",
@@ -941,6 +1028,7 @@ static Suite *worker_suite(void)
     tcase_add_test(tc, test_stream);
     tcase_add_test(tc, test_stream_disconnect);
     tcase_add_test(tc, test_inventory);
+    tcase_add_test(tc, test_logprobs);
     tcase_add_test(tc, test_bad_inputs);
     tcase_add_test(tc, test_concurrent);
     tcase_add_test(tc, test_metrics); /* last: it reads the counters the others moved */

@@ -10,3 +10,11 @@ set_property(TEST test_engine APPEND PROPERTY ENVIRONMENT OMP_WAIT_POLICY=passiv
 if(TARGET test_worker)
   set_property(TEST test_worker APPEND PROPERTY ENVIRONMENT OMP_WAIT_POLICY=passive)
 endif()
+# Worker KV tiers end to end (real processes): spill/restore, restart after SIGTERM and kill -9,
+# corruption, full disk. Backend role: tensor-parallel KV pulls, tp 1/2/4/8 against one source.
+foreach(t test_tiers_e2e test_tp)
+  if(TARGET chunkgate-worker AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/${t}.c)
+    cg_check_test(NAME ${t} SOURCES ${t}.c LIBS cg_reference PkgConfig::CURL TIMEOUT 300)
+    add_dependencies(${t} chunkgate-worker)
+  endif()
+endforeach()

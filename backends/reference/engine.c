@@ -406,7 +406,8 @@ static void place_cached(cg_engine *e, cg_kv *dst, uint32_t p, const cached_kv *
 
 static void place_from_pool(cg_engine *e, cg_kv *dst, uint32_t p, cg_pool_chunk *c, int64_t delta)
 {
-    cached_kv s = {.c = c, .n_tokens = cg_pool_chunk_tokens(c), .n_blocks = cg_pool_chunk_blocks(c)};
+    cached_kv s = {
+        .c = c, .n_tokens = cg_pool_chunk_tokens(c), .n_blocks = cg_pool_chunk_blocks(c)};
     place_cached(e, dst, p, &s, delta);
 }
 
@@ -1071,7 +1072,14 @@ cg_status cg_engine_chunk_kv(cg_engine *e, const cg_key *key, int h0, int h1, vo
     /* A reference (or the private copy of a chunk read from disk) keeps the blocks alive
      * while they are copied out. */
     cached_kv c;
-    cg_status st = lookup(e, key, 0, cg_now_ms(), NULL, &c);
+    cg_pool_evictions ev = {0};
+    cg_status st = lookup(e, key, 0, cg_now_ms(), &ev, &c);
+    if (ev.n) { /* reading a chunk back from disk made room in RAM */
+        pthread_mutex_lock(&e->amu);
+        e->stats.evictions += ev.n;
+        pthread_mutex_unlock(&e->amu);
+    }
+    cg_pool_evictions_free(&ev);
     if (st != CG_OK) return CG_E_NOT_FOUND;
     uint32_t nt = c.n_tokens;
     const size_t hd = (size_t)cfg->head_dim, plane = (size_t)nt * hd;

@@ -141,7 +141,7 @@ typedef struct cg_complete_req {
     float temperature; /* <= 0: greedy */
     float top_p;       /* (0, 1]; 1 = off */
     uint64_t seed;
-    uint32_t max_tokens;  /* 0: no token, finish "length" */
+    uint32_t max_tokens;    /* 0: no token, finish "length" */
     cg_token_fn on_token;   /* optional */
     cg_logits_fn on_logits; /* optional */
     void *ud;               /* for both callbacks */
@@ -215,11 +215,11 @@ typedef struct cg_engine_stats {
     uint64_t decode_tokens;            /* tokens generated */
     uint64_t evictions;                /* chunks evicted from RAM by inserts */
     uint64_t assemblies_created, assemblies_expired;
-    uint64_t disk_hits;        /* cacheable segments served from the disk tier (in chunk_hits) */
-    uint64_t restores;         /* chunks read back from disk and verified (assemble, export) */
-    uint64_t restore_failures; /* disk records that failed their checksum or read: misses */
-    uint64_t spills;           /* RAM evictions written to disk (or already there) */
-    uint64_t spill_failures;   /* RAM evictions the disk did not take: dropped */
+    uint64_t disk_hits;          /* cacheable segments served from the disk tier (in chunk_hits) */
+    uint64_t restores;           /* chunks read back from disk and verified (assemble, export) */
+    uint64_t restore_failures;   /* disk records that failed their checksum or read: misses */
+    uint64_t spills;             /* RAM evictions written to disk (or already there) */
+    uint64_t spill_failures;     /* RAM evictions the disk did not take: dropped */
     uint64_t assemblies_adopted; /* assemblies made from pulled KV (cg_engine_adopt) */
 } cg_engine_stats;
 cg_engine_stats cg_engine_get_stats(cg_engine *e);

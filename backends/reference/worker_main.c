@@ -1,5 +1,8 @@
 /* chunkgate-worker: the reference chunk-KV worker. `generate-model` writes the deterministic
- * tiny model; `serve` loads a model and serves openapi/worker.yaml. */
+ * tiny model; `serve` loads a model and serves openapi/worker.yaml, with an optional disk tier
+ * (--disk-mb) and, as an inference backend, pulls assemblies from other workers (--kv-source,
+ * --tp). */
+#include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -11,6 +14,7 @@
 #include <unistd.h>
 
 #include "backends/reference/engine.h"
+#include "backends/reference/kvpull.h"
 #include "backends/reference/model.h"
 #include "backends/reference/worker_api.h"
 #include "cache/base.h"
@@ -45,6 +49,8 @@ typedef struct serve_cfg {
     char *listen;
     char *data_dir;
     long long pool_mb;
+    long long disk_mb;
+    long long disk_flush_on_exit;
     long long block_tokens;
     long long assembly_ttl_ms;
     long long max_assemblies;
@@ -55,6 +61,9 @@ typedef struct serve_cfg {
     size_t max_body;
     long long io_threads;
     long long job_threads;
+    char *kv_source;
+    long long tp;
+    long long kv_timeout_ms;
     char *log_level;
 } serve_cfg;
 
@@ -65,9 +74,16 @@ static const cg_cfg_opt serve_opts[] = {
      0, 0, "HOST:PORT to listen on; port 0 picks a free port (logged)"},
     {"data-dir", "CHUNKGATE_WORKER_DATA_DIR", CG_CFG_STR, offsetof(serve_cfg, data_dir),
      "./chunkgate-worker-data", 0, 0,
-     "state directory (created if missing); reserved for the disk tier"},
+     "state directory (created if missing): holds the disk tier (kv.blocks, kv.db)"},
     {"pool-mb", "CHUNKGATE_WORKER_POOL_MB", CG_CFG_INT, offsetof(serve_cfg, pool_mb), "256", 1,
-     1 << 20, "KV pool capacity in MiB"},
+     1 << 20, "KV pool (RAM tier) capacity in MiB"},
+    {"disk-mb", "CHUNKGATE_WORKER_DISK_MB", CG_CFG_INT, offsetof(serve_cfg, disk_mb), "0", 0,
+     1LL << 30,
+     "disk tier capacity in MiB in --data-dir (0 = no disk tier): RAM evictions spill there, "
+     "and it survives restarts"},
+    {"disk-flush-on-exit", "CHUNKGATE_WORKER_DISK_FLUSH_ON_EXIT", CG_CFG_INT,
+     offsetof(serve_cfg, disk_flush_on_exit), "1", 0, 1,
+     "1: on SIGTERM/SIGINT write every RAM chunk to the disk tier before exiting"},
     {"block-tokens", "CHUNKGATE_WORKER_BLOCK_TOKENS", CG_CFG_INT, offsetof(serve_cfg, block_tokens),
      "16", 1, 4096, "tokens per pool block"},
     {"assembly-ttl-ms", "CHUNKGATE_WORKER_ASSEMBLY_TTL_MS", CG_CFG_INT,
@@ -92,6 +108,15 @@ static const cg_cfg_opt serve_opts[] = {
      1, 64, "HTTP event-loop threads"},
     {"job-threads", "CHUNKGATE_WORKER_JOB_THREADS", CG_CFG_INT, offsetof(serve_cfg, job_threads),
      "8", 1, 1024, "threads for blocking handlers (model compute is serialised anyway)"},
+    {"kv-source", "CHUNKGATE_WORKER_KV_SOURCE", CG_CFG_STR, offsetof(serve_cfg, kv_source), "", 0,
+     0,
+     "backend role: base URL of the worker whose assemblies /v1/completions pulls when "
+     "kv_transfer_params names no worker (empty = only local assemblies)"},
+    {"tp", "CHUNKGATE_WORKER_TP", CG_CFG_INT, offsetof(serve_cfg, tp), "1", 1, 1024,
+     "tensor-parallel ranks of a pull: each fetches exactly its KV heads with its own request "
+     "(must divide the KV heads or be a multiple of them)"},
+    {"kv-timeout-ms", "CHUNKGATE_WORKER_KV_TIMEOUT_MS", CG_CFG_INT,
+     offsetof(serve_cfg, kv_timeout_ms), "30000", 1, 3600000, "timeout of each KV pull request"},
     {"log-level", "CHUNKGATE_WORKER_LOG_LEVEL", CG_CFG_STR, offsetof(serve_cfg, log_level), "info",
      0, 0, "debug, info, warn or error"},
 };
@@ -102,7 +127,7 @@ static void usage(FILE *out)
             "usage: chunkgate-worker generate-model --out DIR [--seed N] [--dtype f32|f16|bf16] "
             "[--rope-style half|interleaved]\n"
             "       chunkgate-worker serve --model DIR [--listen HOST:PORT] [--data-dir DIR] "
-            "[--pool-mb N] [options]\n"
+            "[--pool-mb N] [--disk-mb N] [--kv-source URL --tp N] [options]\n"
             "       chunkgate-worker SUBCOMMAND --help\n");
 }
 
@@ -234,15 +259,35 @@ static int cmd_serve(int argc, char **argv)
         goto out;
     }
     const cg_model_config *mc = cg_model_cfg(model);
+    if (cg_tp_check(mc->n_kv_heads, (int)c.tp) != CG_OK) {
+        cg_log(CG_LOG_ERROR,
+               "--tp %lld cannot split the model's %d KV heads: it must divide them "
+               "or be a multiple of them",
+               c.tp, mc->n_kv_heads);
+        goto out;
+    }
+    if (c.kv_source[0] && !cg_kvpull_url_ok(c.kv_source)) {
+        cg_log(CG_LOG_ERROR, "--kv-source must be an http:// or https:// base URL");
+        goto out;
+    }
     cg_engine_params ep = cg_engine_default_params();
     ep.pool_bytes = (size_t)c.pool_mb << 20;
     ep.block_tokens = (uint32_t)c.block_tokens;
     ep.assembly_ttl_ms = (uint64_t)c.assembly_ttl_ms;
     ep.max_assemblies = (size_t)c.max_assemblies;
     ep.reserve_tokens = (uint32_t)c.reserve_tokens;
-    if (cg_engine_create(model, ep, &engine) != CG_OK) {
-        cg_log(CG_LOG_ERROR, "--pool-mb %lld cannot hold one block of %lld tokens", c.pool_mb,
-               c.block_tokens);
+    ep.disk_bytes = (size_t)c.disk_mb << 20;
+    ep.disk_dir = c.data_dir;
+    cg_status est = cg_engine_create(model, ep, &engine);
+    if (est != CG_OK) {
+        if (est == CG_E_VALUE)
+            cg_log(CG_LOG_ERROR,
+                   "--pool-mb %lld or --disk-mb %lld cannot hold one block of %lld "
+                   "tokens",
+                   c.pool_mb, c.disk_mb, c.block_tokens);
+        else
+            cg_log(CG_LOG_ERROR, "cannot open the disk tier in %s (%s); see the line above",
+                   c.data_dir, cg_status_name(est));
         goto out;
     }
     cg_worker_api_params ap = cg_worker_api_default_params();
@@ -250,6 +295,9 @@ static int cmd_serve(int argc, char **argv)
     ap.separator = c.separator;
     ap.max_segments = (size_t)c.max_segments;
     ap.default_max_tokens = (uint32_t)c.default_max_tokens;
+    ap.kv_source = c.kv_source;
+    ap.tp = (int)c.tp;
+    ap.kv_timeout_ms = (long)c.kv_timeout_ms;
     api = cg_worker_api_new(ap);
 
     /* Signals are taken by sigwait below; block them before any thread starts so that no
@@ -277,14 +325,24 @@ static int cmd_serve(int argc, char **argv)
     snprintf(host, sizeof host, "%.*s", (int)(colon - c.listen), c.listen);
     cg_log(CG_LOG_INFO,
            "model %s: %d layers, %d heads, %d kv heads, head dim %d, rope %s, %d positions, pool "
-           "%lld MiB",
+           "%lld MiB, disk %lld MiB, tp %lld%s%s",
            mc->model_id, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim,
-           cg_rope_style_name(mc->rope_style), mc->max_pos, c.pool_mb);
+           cg_rope_style_name(mc->rope_style), mc->max_pos, c.pool_mb, c.disk_mb, c.tp,
+           c.kv_source[0] ? ", kv source " : "", c.kv_source);
     cg_log(CG_LOG_INFO, "listening on %s:%u", host, (unsigned)cg_http_port(srv));
 
     int sig = 0;
     sigwait(&sigs, &sig);
     cg_log(CG_LOG_INFO, "signal %d: shutting down", sig);
+    /* No request may run while RAM is written out: stop serving first. */
+    cg_http_stop(&srv);
+    if (c.disk_flush_on_exit && cg_engine_disk(engine)) {
+        uint64_t t0 = cg_now_ms();
+        cg_pool_stats ps = cg_pool_get_stats(cg_engine_pool(engine));
+        size_t n = cg_engine_flush(engine, cg_now_ms());
+        cg_log(CG_LOG_INFO, "flushed %zu of %zu RAM chunks to the disk tier in %llu ms", n,
+               ps.chunks, (unsigned long long)(cg_now_ms() - t0));
+    }
     rc = 0;
 out:
     cg_http_stop(&srv);
@@ -304,6 +362,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "generate-model")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve")) {
+        int rc;
         /* libgomp reads OMP_WAIT_POLICY when it loads, before main. Its default spin-wait
          * keeps both cores busy after every parallel region and starves the OpenBLAS threads
          * of the next matrix product (decode became several times slower), so the server
@@ -313,7 +372,11 @@ int main(int argc, char **argv)
             execv("/proc/self/exe", argv);
             /* exec failed: go on with the default policy */
         }
-        return cmd_serve(argc - 1, argv + 1);
+        /* before any thread: the backend role's rank threads use libcurl */
+        curl_global_init(CURL_GLOBAL_DEFAULT);
+        rc = cmd_serve(argc - 1, argv + 1);
+        curl_global_cleanup();
+        return rc;
     }
     fprintf(stderr, "chunkgate-worker: unknown subcommand '%s'\n", argv[1]);
     usage(stderr);

@@ -1,0 +1,532 @@
+/* Integration suite for the backend role with tensor parallelism, with real processes: one
+ * chunkgate-worker builds assemblies (the source), others serve /v1/completions with
+ * --kv-source and --tp N and pull the KV head range by head range, one request per rank.
+ * With 4 KV heads, tp 1, 2, 4 and 8 (two ranks per head) give the same tokens and the same
+ * logprobs as the source decoding its own assembly (the single-process path); the source's
+ * assembly is released; another model or geometry at the source is refused. */
+#include <check.h>
+#include <curl/curl.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backends/reference/kvpull.h"
+#include "backends/reference/model.h"
+#include "cache/base.h"
+
+#define WORKER CG_BINARY_DIR "/backends/reference/chunkgate-worker"
+#define ERRLEN 512
+#define MAX_TOKENS 24
+#define TOP 5
+
+static char tmpdir[64], model_dir[128], other_dir[128], kv2_dir[128];
+
+typedef struct worker {
+    pid_t pid;
+    int port;
+    char log[160];
+    char url[64];
+} worker;
+
+/* the source, a source with another model id, a source with 2 KV heads, backends tp 1/2/4/8 */
+static worker src, src_other, src_kv2, be[4];
+static const int TPS[4] = {1, 2, 4, 8};
+
+static const char *SYS = "You answer in one line, from the documents only.";
+static const char *DOCA = "Document A. Annual rainfall in the valley averaged 812 millimetres "
+                          "between 1990 and 2020; in 2024 two gauges were replaced.";
+static const char *DOCB = "Document B. The cooperative's bylaws were amended in March: members "
+                          "may vote by post and the quorum fell to one third.";
+static const char *QUESTION = "What changed in 2024?";
+
+/* ---- processes ---- */
+
+static void rm_rf(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[4096];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+            rm_rf(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static int run_cmd(char *const argv[])
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Starts `chunkgate-worker serve --model dir` plus extra arguments (NULL-terminated); returns
+ * 0 once it listens, -1 when it exited (its status in *status). */
+static int start(worker *w, const char *name, const char *dir, const char *const *extra,
+                 int *status)
+{
+    memset(w, 0, sizeof *w);
+    snprintf(w->log, sizeof w->log, "%s/%s.log", tmpdir, name);
+    char data[160];
+    snprintf(data, sizeof data, "%s/data-%s", tmpdir, name);
+    const char *argv[32] = {WORKER,        "serve",      "--model", dir,         "--listen",
+                            "127.0.0.1:0", "--data-dir", data,      "--pool-mb", "16"};
+    int n = 10;
+    for (int i = 0; extra && extra[i] && n < 30; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    w->pid = fork();
+    if (w->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        FILE *f = freopen(w->log, "w", stderr);
+        (void)f;
+        execv(WORKER, (char *const *)argv);
+        _exit(127);
+    }
+    const char *tag = "\"msg\":\"listening on 127.0.0.1:";
+    for (int i = 0; i < 600; i++) {
+        FILE *f = fopen(w->log, "r");
+        char line[4096];
+        while (f && fgets(line, sizeof line, f)) {
+            char *p = strstr(line, tag);
+            if (p) w->port = atoi(p + strlen(tag));
+        }
+        if (f) fclose(f);
+        if (w->port > 0) {
+            snprintf(w->url, sizeof w->url, "http://127.0.0.1:%d", w->port);
+            return 0;
+        }
+        if (waitpid(w->pid, status, WNOHANG) == w->pid) {
+            w->pid = 0;
+            return -1;
+        }
+        usleep(100000);
+    }
+    return -1;
+}
+
+/* SIGTERM; returns 0 when the worker exited cleanly (status 0: no sanitizer report either). */
+static int stop(worker *w)
+{
+    if (w->pid <= 0) return 0;
+    kill(w->pid, SIGTERM);
+    int status = 0;
+    waitpid(w->pid, &status, 0);
+    w->pid = 0;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+    fprintf(stderr, "worker did not exit cleanly (status %d); log %s\n", status, w->log);
+    return -1;
+}
+
+static int log_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    char line[8192];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f))
+        found = strstr(line, needle) != NULL;
+    if (f) fclose(f);
+    return found;
+}
+
+/* ---- HTTP ---- */
+
+typedef struct resp {
+    long status;
+    cg_buf body;
+} resp;
+
+static size_t on_body(char *p, size_t sz, size_t n, void *ud)
+{
+    resp *r = ud;
+    cg_status st = cg_buf_append(&r->body, p, sz * n);
+    (void)st;
+    return sz * n;
+}
+
+static resp http(const worker *w, const char *method, const char *path, const char *body)
+{
+    resp r;
+    memset(&r, 0, sizeof r);
+    cg_buf_init(&r.body, 0);
+    CURL *c = curl_easy_init();
+    char url[512];
+    snprintf(url, sizeof url, "%s%s", w->url, path);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 300L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    if (body) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    }
+    CURLcode rc = curl_easy_perform(c);
+    ck_assert_msg(rc == CURLE_OK, "%s %s: %s", method, url, curl_easy_strerror(rc));
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+    curl_easy_cleanup(c);
+    return r;
+}
+
+static json_t *call(const worker *w, const char *method, const char *path, json_t *body, long want)
+{
+    char *b = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    resp r = http(w, method, path, b);
+    free(b);
+    ck_assert_msg(r.status == want, "%s %s%s: status %ld, want %ld: %.400s", method, w->url, path,
+                  r.status, want, r.body.data);
+    json_t *j = json_loadb(r.body.data ? r.body.data : "", r.body.len, 0, NULL);
+    ck_assert_msg(j != NULL, "%s %s: not JSON: %.200s", method, path, r.body.data);
+    cg_buf_free(&r.body);
+    return j;
+}
+
+static const char *sget(json_t *j, const char *k)
+{
+    return json_string_value(json_object_get(j, k));
+}
+static long long iget(json_t *j, const char *k)
+{
+    return json_integer_value(json_object_get(j, k));
+}
+
+static double metric(const worker *w, const char *series)
+{
+    resp r = http(w, "GET", "/metrics", NULL);
+    double v = 0; /* an absent counter has not moved */
+    size_t n = strlen(series);
+    for (const char *p = r.body.data; p && *p;) {
+        if (!strncmp(p, series, n) && p[n] == ' ') {
+            v = strtod(p + n + 1, NULL);
+            break;
+        }
+        p = strchr(p, '\n');
+        if (p) p++;
+    }
+    cg_buf_free(&r.body);
+    return v;
+}
+
+#define KV_REQUESTS "chunkgate_worker_requests_total{route=\"assembly_kv\",code=\"200\"}"
+
+/* Assembles the test prompt on w; returns the assembly (caller decrefs). */
+static json_t *assemble(const worker *w)
+{
+    json_t *segs = json_pack("[{s:s,s:s},{s:s,s:s},{s:s,s:s},{s:s,s:s}]", "role", "system", "text",
+                             SYS, "role", "chunk", "text", DOCA, "role", "chunk", "text", DOCB,
+                             "role", "question", "text", QUESTION);
+    return call(w, "POST", "/v1/assemble", json_pack("{s:o}", "segments", segs), 200);
+}
+
+/* Decodes assembly id on w (greedy, logprobs); worker_url: kv_transfer_params.worker or NULL. */
+static json_t *decode(const worker *w, const char *id, const char *worker_url, long want)
+{
+    json_t *ktp = json_pack("{s:s}", "assembly_id", id);
+    if (worker_url) json_object_set_new(ktp, "worker", json_string(worker_url));
+    return call(w, "POST", "/v1/completions",
+                json_pack("{s:o, s:i, s:f, s:i}", "kv_transfer_params", ktp, "max_tokens",
+                          MAX_TOKENS, "temperature", 0.0, "logprobs", TOP),
+                want);
+}
+
+static json_t *choice0(json_t *r)
+{
+    return json_array_get(json_object_get(r, "choices"), 0);
+}
+
+static int close_enough(double a, double b)
+{
+    return fabs(a - b) <= 1e-6 * fmax(1.0, fabs(b));
+}
+
+/* The same tokens, and logprobs of the chosen and top tokens within 1e-6 relative; returns how
+ * many of the chosen tokens' logprobs are bit-identical. */
+static int assert_same_decode(json_t *got, json_t *ref, int tp)
+{
+    json_t *g = json_object_get(choice0(got), "logprobs"),
+           *r = json_object_get(choice0(ref), "logprobs");
+    ck_assert_str_eq(sget(choice0(got), "text"), sget(choice0(ref), "text"));
+    json_t *gi = json_object_get(g, "token_ids"), *ri = json_object_get(r, "token_ids");
+    ck_assert_int_eq(json_array_size(gi), json_array_size(ri));
+    ck_assert_int_gt(json_array_size(ri), 0);
+    int exact = 0;
+    for (size_t t = 0; t < json_array_size(ri); t++) {
+        ck_assert_int_eq(json_integer_value(json_array_get(gi, t)),
+                         json_integer_value(json_array_get(ri, t)));
+        double a = json_real_value(json_array_get(json_object_get(g, "token_logprobs"), t));
+        double b = json_real_value(json_array_get(json_object_get(r, "token_logprobs"), t));
+        ck_assert_msg(close_enough(a, b), "tp %d, token %zu: logprob %.17g vs %.17g", tp, t, a, b);
+        exact += a == b;
+        json_t *gt = json_array_get(json_object_get(g, "top_logprobs"), t);
+        json_t *rt = json_array_get(json_object_get(r, "top_logprobs"), t);
+        ck_assert_int_eq(json_object_size(gt), json_object_size(rt));
+        const char *k;
+        json_t *v;
+        json_object_foreach(rt, k, v)
+        {
+            json_t *o = json_object_get(gt, k);
+            ck_assert_msg(o != NULL, "tp %d, token %zu: top entry missing", tp, t);
+            ck_assert(close_enough(json_real_value(o), json_real_value(v)));
+        }
+    }
+    json_t *gu = json_object_get(got, "usage"), *ru = json_object_get(ref, "usage");
+    ck_assert_int_eq(iget(gu, "prompt_tokens"), iget(ru, "prompt_tokens"));
+    return exact;
+}
+
+/* ---- tests ---- */
+
+START_TEST(test_slices)
+{
+    /* 4 KV heads: tp 1, 2, 4 own 4, 2, 1 heads; tp 8 shares each head between 2 ranks */
+    for (int t = 0; t < 4; t++) {
+        int tp = TPS[t], covered[4] = {0};
+        ck_assert_int_eq(cg_tp_check(4, tp), CG_OK);
+        for (int r = 0; r < tp; r++) {
+            cg_tp_slice s = cg_tp_slice_of(4, tp, r);
+            ck_assert_int_eq(s.n_heads, tp <= 4 ? 4 / tp : 1);
+            ck_assert_int_eq(s.head0, tp <= 4 ? r * (4 / tp) : r / 2);
+            ck_assert_int_eq(s.leader, tp <= 4 ? 1 : r % 2 == 0);
+            for (int h = s.head0; h < s.head0 + s.n_heads; h++)
+                covered[h] += s.leader;
+        }
+        for (int h = 0; h < 4; h++)
+            ck_assert_int_eq(covered[h], 1); /* every head written exactly once */
+    }
+    ck_assert_int_eq(cg_tp_check(4, 3), CG_E_VALUE);
+    ck_assert_int_eq(cg_tp_check(4, 6), CG_E_VALUE);
+    ck_assert_int_eq(cg_tp_check(4, 12), CG_OK);
+    ck_assert_int_eq(cg_tp_check(8, 2), CG_OK);
+    ck_assert(cg_kvpull_url_ok("http://127.0.0.1:8090"));
+    ck_assert(cg_kvpull_url_ok("https://worker-1.example/"));
+    ck_assert(!cg_kvpull_url_ok("ftp://127.0.0.1"));
+    ck_assert(!cg_kvpull_url_ok("http://"));
+    ck_assert(!cg_kvpull_url_ok("http://a b"));
+    ck_assert(!cg_kvpull_url_ok(NULL));
+}
+END_TEST
+
+START_TEST(test_tp_matrix)
+{
+    /* the single-process path: the source decodes its own assembly */
+    json_t *a = assemble(&src);
+    char path[128];
+    snprintf(path, sizeof path, "/v1/assemblies/%s/logits", sget(a, "assembly_id"));
+    resp lg = http(&src, "GET", path, NULL);
+    ck_assert_int_eq(lg.status, 200);
+    cg_buf_free(&lg.body);
+    json_t *ref = decode(&src, sget(a, "assembly_id"), NULL, 200);
+    json_decref(a);
+
+    for (int t = 0; t < 4; t++) {
+        const int tp = TPS[t];
+        double kv0 = metric(&src, KV_REQUESTS);
+        double pulls0 = metric(&be[t], "chunkgate_worker_kv_pull_requests_total");
+        a = assemble(&src);
+        const char *id = sget(a, "assembly_id");
+        /* backend tp 1 has no --kv-source: the request names the worker */
+        json_t *got = decode(&be[t], id, tp == 1 ? src.url : NULL, 200);
+        int exact = assert_same_decode(got, ref, tp);
+        /* usage reports the source's cached tokens */
+        ck_assert_int_eq(
+            iget(json_object_get(json_object_get(got, "usage"), "prompt_tokens_details"),
+                 "cached_tokens"),
+            iget(a, "cached_tokens"));
+        ck_assert_int_gt(iget(a, "cached_tokens"), 0);
+        fprintf(stderr, "tp %d: %d of %d token logprobs bit-identical to the single-process path\n",
+                tp, exact, MAX_TOKENS);
+        /* each rank fetched its heads with its own request, and only those */
+        ck_assert_double_eq(metric(&src, KV_REQUESTS) - kv0, tp);
+        ck_assert_double_eq(metric(&be[t], "chunkgate_worker_kv_pull_requests_total") - pulls0, tp);
+        /* the source's assembly was released after the pull; the pulled copy was consumed */
+        ck_assert_double_eq(metric(&src, "chunkgate_worker_assemblies_live"), 0);
+        ck_assert_double_eq(metric(&be[t], "chunkgate_worker_assemblies_live"), 0);
+        json_t *e = decode(&be[t], id, tp == 1 ? src.url : NULL, 404);
+        ck_assert_str_eq(sget(json_object_get(e, "error"), "code"), "not_found");
+        json_decref(e);
+        json_decref(got);
+        json_decref(a);
+    }
+    json_decref(ref);
+}
+END_TEST
+
+/* The KV arrives through a stream too, with the same text. */
+START_TEST(test_stream)
+{
+    json_t *a = assemble(&src);
+    json_t *ref = decode(&src, sget(a, "assembly_id"), NULL, 200);
+    json_decref(a);
+    a = assemble(&src);
+    json_t *body = json_pack("{s:{s:s}, s:i, s:f, s:b}", "kv_transfer_params", "assembly_id",
+                             sget(a, "assembly_id"), "max_tokens", MAX_TOKENS, "temperature", 0.0,
+                             "stream", 1);
+    char *b = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    resp r = http(&be[2], "POST", "/v1/completions", b);
+    free(b);
+    ck_assert_int_eq(r.status, 200);
+    cg_buf text;
+    cg_buf_init(&text, 0);
+    int done = 0;
+    for (char *p = r.body.data; p && (p = strstr(p, "data: "));) {
+        p += 6;
+        if (!strncmp(p, "[DONE]", 6)) {
+            done = 1;
+            break;
+        }
+        json_t *j = json_loads(p, JSON_DISABLE_EOF_CHECK, NULL);
+        ck_assert_ptr_nonnull(j);
+        const char *t = sget(choice0(j), "text");
+        ck_assert_int_eq(cg_buf_append(&text, t, strlen(t)), CG_OK);
+        json_decref(j);
+    }
+    ck_assert(done);
+    ck_assert_str_eq(text.data ? text.data : "", sget(choice0(ref), "text"));
+    cg_buf_free(&text);
+    cg_buf_free(&r.body);
+    json_decref(ref);
+    json_decref(a);
+}
+END_TEST
+
+START_TEST(test_refusals)
+{
+    /* unknown at the source */
+    json_t *e = decode(&be[2], "0123456789abcdef0123456789abcdef", NULL, 404);
+    ck_assert_str_eq(sget(json_object_get(e, "error"), "code"), "not_found");
+    json_decref(e);
+
+    /* a source serving another model id: refused, and its assembly released */
+    json_t *a = assemble(&src_other);
+    e = decode(&be[2], sget(a, "assembly_id"), src_other.url, 502);
+    ck_assert_str_eq(sget(json_object_get(e, "error"), "code"), "bad_gateway");
+    ck_assert_ptr_nonnull(strstr(sget(json_object_get(e, "error"), "message"), "chunkgate-other"));
+    ck_assert_double_eq(metric(&src_other, "chunkgate_worker_assemblies_live"), 0);
+    json_decref(e);
+    json_decref(a);
+
+    /* the same model id with another geometry (2 KV heads): the CGKV header gives it away */
+    a = assemble(&src_kv2);
+    e = decode(&be[1], sget(a, "assembly_id"), src_kv2.url, 502);
+    ck_assert_str_eq(sget(json_object_get(e, "error"), "code"), "bad_gateway");
+    ck_assert_ptr_nonnull(strstr(sget(json_object_get(e, "error"), "message"), "2 KV heads"));
+    ck_assert_double_eq(metric(&src_kv2, "chunkgate_worker_assemblies_live"), 0);
+    json_decref(e);
+    json_decref(a);
+    ck_assert_double_gt(metric(&be[1], "chunkgate_worker_kv_pulls_total{result=\"error\"}"), 0);
+
+    /* a worker URL that is not http(s) */
+    e = decode(&be[2], "0123456789abcdef0123456789abcdef", "file:///etc/passwd", 400);
+    ck_assert_str_eq(sget(json_object_get(e, "error"), "param"), "kv_transfer_params.worker");
+    json_decref(e);
+    /* nobody listens there */
+    e = decode(&be[2], "0123456789abcdef0123456789abcdef", "http://127.0.0.1:1", 503);
+    json_decref(e);
+    /* the backends still serve */
+    a = assemble(&src);
+    json_t *ok = decode(&be[3], sget(a, "assembly_id"), NULL, 200);
+    json_decref(ok);
+    json_decref(a);
+
+    /* a tp that does not split the KV heads is refused at start */
+    worker w;
+    int status = 0;
+    const char *bad[] = {"--kv-source", src.url, "--tp", "3", NULL};
+    ck_assert_int_eq(start(&w, "tp3", model_dir, bad, &status), -1);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+    ck_assert(log_has(w.log, "--tp 3 cannot split"));
+}
+END_TEST
+
+static Suite *tp_suite(void)
+{
+    Suite *s = suite_create("tp");
+    TCase *tc = tcase_create("processes");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_slices);
+    tcase_add_test(tc, test_tp_matrix);
+    tcase_add_test(tc, test_stream);
+    tcase_add_test(tc, test_refusals);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    int failed = 1, status = 0;
+    cg_log_init("test_tp", CG_LOG_WARN);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/cg_test_tp_XXXXXX");
+    if (!mkdtemp(tmpdir)) return EXIT_FAILURE;
+    snprintf(model_dir, sizeof model_dir, "%s/model", tmpdir);
+    snprintf(other_dir, sizeof other_dir, "%s/model-other", tmpdir);
+    snprintf(kv2_dir, sizeof kv2_dir, "%s/model-kv2", tmpdir);
+    char *gen[] = {WORKER, "generate-model", "--out", model_dir, "--seed", "3", NULL};
+    char *gen2[] = {WORKER, "generate-model", "--out",           other_dir, "--seed",
+                    "3",    "--model-id",     "chunkgate-other", NULL};
+    char err[ERRLEN];
+    cg_model_gen_params gp = cg_model_gen_default_params();
+    gp.seed = 3;
+    gp.n_kv_heads = 2; /* same model id, another geometry */
+    if (run_cmd(gen) != 0 || run_cmd(gen2) != 0 ||
+        cg_model_generate(kv2_dir, gp, err, sizeof err) != CG_OK) {
+        fprintf(stderr, "generate-model failed\n");
+        goto out;
+    }
+    if (start(&src, "source", model_dir, NULL, &status) != 0 ||
+        start(&src_other, "source-other", other_dir, NULL, &status) != 0 ||
+        start(&src_kv2, "source-kv2", kv2_dir, NULL, &status) != 0) {
+        fprintf(stderr, "a source worker did not start; logs in %s\n", tmpdir);
+        goto out;
+    }
+    for (int t = 0; t < 4; t++) {
+        char name[16], tp[8];
+        snprintf(name, sizeof name, "tp%d", TPS[t]);
+        snprintf(tp, sizeof tp, "%d", TPS[t]);
+        const char *with_src[] = {"--kv-source", src.url, "--tp", tp, NULL};
+        const char *no_src[] = {"--tp", tp, NULL};
+        if (start(&be[t], name, model_dir, TPS[t] == 1 ? no_src : with_src, &status) != 0) {
+            fprintf(stderr, "backend tp %d did not start; logs in %s\n", TPS[t], tmpdir);
+            goto out;
+        }
+    }
+    SRunner *sr = srunner_create(tp_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+out:
+    failed += stop(&src) != 0;
+    failed += stop(&src_other) != 0;
+    failed += stop(&src_kv2) != 0;
+    for (int t = 0; t < 4; t++)
+        failed += stop(&be[t]) != 0;
+    if (!failed)
+        rm_rf(tmpdir);
+    else
+        fprintf(stderr, "logs kept in %s\n", tmpdir);
+    curl_global_cleanup();
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
