@@ -587,8 +587,8 @@ cg_status cg_openai_submit_req(cg_openai *c, const cg_openai_req *r, const cg_op
     x->arg = arg;
     x->body = body;
     x->refs = ref ? 2 : 1;
-    x->idle_ns = (uint64_t)(r->idle_timeout_ms > 0 ? r->idle_timeout_ms : c->p.idle_timeout_ms) *
-                 1000000ull;
+    x->idle_ns =
+        (uint64_t)(r->idle_timeout_ms > 0 ? r->idle_timeout_ms : c->p.idle_timeout_ms) * 1000000ull;
     x->easy = curl_easy_init();
     if (!x->easy) {
         free(base);

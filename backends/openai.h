@@ -81,10 +81,10 @@ size_t cg_openai_in_flight(cg_openai *c);
 
 /* One request for cg_openai_submit_req. Strings are borrowed for the call. */
 typedef struct cg_openai_req {
-    const char *base;       /* upstream base URL, normalised as base_url; NULL: the client's */
-    const char *method;     /* "GET", "POST", "DELETE" */
-    const char *path;       /* "/v1/completions" */
-    char *body;             /* taken over (freed by the client, also on failure); NULL = none */
+    const char *base;   /* upstream base URL, normalised as base_url; NULL: the client's */
+    const char *method; /* "GET", "POST", "DELETE" */
+    const char *path;   /* "/v1/completions" */
+    char *body;         /* taken over (freed by the client, also on failure); NULL = none */
     size_t body_len;
     const char *request_id; /* sent as X-Request-Id; may be NULL */
     long idle_timeout_ms;   /* 0: the client's idle_timeout_ms */

@@ -1,6 +1,6 @@
-/* Admin routes over the chunk index: list (OpenAI list shape with limit/after paging), get,
- * delete, and lookup by keys or by prompt. Reads flush the writer queue first, so an admin
- * sees every request the gateway answered before. */
+/* Admin routes: the chunk index (list with limit/after paging, get, delete, lookup by keys or
+ * by prompt, pin/unpin) and the worker registry (list, add, get, delete). Index reads flush
+ * the writer queue first, so an admin sees every request the gateway answered before. */
 #include "server/gateway_impl.h"
 
 #include <errno.h>
@@ -141,6 +141,7 @@ void cg_gw_chunk_delete(cg_http_req *req, void *app)
     cg_index_chunk c;
     memset(&c, 0, sizeof c);
     cg_status st = cg_index_chunk_get(g->index, &key, &c);
+    int pinned = c.pinned;
     cg_index_chunk_clear(&c);
     if (st == CG_E_NOT_FOUND) {
         cg_http_reply_error(req, CG_E_NOT_FOUND, "key", "no chunk with this key");
@@ -148,6 +149,11 @@ void cg_gw_chunk_delete(cg_http_req *req, void *app)
     }
     if (st != CG_OK) {
         cg_http_reply_error(req, CG_E_IO, NULL, "the chunk index cannot be read");
+        return;
+    }
+    if (pinned) {
+        cg_http_reply_error(req, CG_E_CONFLICT, "key",
+                            "the chunk is pinned; unpin it first (POST /v1/chunks/{key}/unpin)");
         return;
     }
     cg_index_chunk_delete(g->index, &key);
@@ -252,4 +258,184 @@ out:
     free(ent);
     cg_gw_segments_free(&segs);
     json_decref(body);
+}
+
+/* ---------------------------------------------------------------- pins */
+
+/* POST /v1/chunks/{key}/pin and /unpin. */
+static void set_pin(cg_http_req *req, cg_gateway *g, int pinned)
+{
+    cg_key key;
+    if (!path_key(req, &key)) return;
+    flush(g);
+    cg_index_chunk c;
+    memset(&c, 0, sizeof c);
+    cg_status st = cg_index_chunk_get(g->index, &key, &c);
+    cg_index_chunk_clear(&c);
+    if (st == CG_E_NOT_FOUND) {
+        cg_http_reply_error(req, CG_E_NOT_FOUND, "key", "no chunk with this key");
+        return;
+    }
+    if (st == CG_OK) {
+        cg_index_chunk_pin(g->index, &key, pinned);
+        st = cg_index_flush(g->index);
+    }
+    if (st == CG_OK) st = cg_index_chunk_get(g->index, &key, &c);
+    if (st != CG_OK) {
+        cg_http_reply_error(req, CG_E_IO, NULL, "the chunk index could not be updated");
+        return;
+    }
+    cg_http_reply_json(req, 200, cg_gw_chunk_json(&c));
+    cg_index_chunk_clear(&c);
+}
+
+void cg_gw_chunk_pin(cg_http_req *req, void *app)
+{
+    set_pin(req, app, 1);
+}
+
+void cg_gw_chunk_unpin(cg_http_req *req, void *app)
+{
+    set_pin(req, app, 0);
+}
+
+/* ---------------------------------------------------------------- workers */
+
+void cg_gw_workers_list(cg_http_req *req, void *app)
+{
+    cg_gateway *g = app;
+    cg_http_reply_json(req, 200, cg_workers_list_json(g->workers));
+}
+
+/* POST /v1/workers {"url": "http://host:port"}: 201 when registered, 200 when it already
+ * was; 400 bad url, 409 incompatible with the registered workers, 502 unreachable or a bad
+ * /v1/info. Registration fetches /v1/info and syncs the inventory before answering. */
+void cg_gw_workers_add(cg_http_req *req, void *app)
+{
+    cg_gateway *g = app;
+    json_t *body = cg_http_req_json(req);
+    if (!body) return;
+    const char *url = NULL;
+    cg_status st = cg_json_get_string(body, "url", 1, &url);
+    if (st != CG_OK) {
+        cg_http_reply_error(req, st, "url",
+                            st == CG_E_MISSING ? "url is required" : "url must be a string");
+        json_decref(body);
+        return;
+    }
+    char err[768];
+    int created = 0;
+    json_t *w = NULL;
+    st = cg_workers_add(g->workers, url, 1, &created, &w, err, sizeof err);
+    json_decref(body);
+    switch (st) {
+    case CG_OK:
+        cg_http_reply_json(req, created ? 201 : 200, w);
+        return;
+    case CG_E_VALUE:
+        cg_http_reply_error(req, st, "url", err);
+        break;
+    case CG_E_CONFLICT:
+        cg_http_reply_error(req, st, "url", err);
+        break;
+    case CG_E_UNAVAILABLE:
+    case CG_E_TIMEOUT:
+    case CG_E_BAD_GATEWAY:
+        cg_http_reply_error_status(req, 502, st, "url", err);
+        break;
+    default:
+        cg_http_reply_error(req, st, NULL, err);
+        break;
+    }
+    json_decref(w);
+}
+
+static void reply_removed(cg_http_req *req, cg_status st, json_t *w)
+{
+    if (st == CG_E_NOT_FOUND) {
+        cg_http_reply_error(req, st, NULL, "no such worker");
+        return;
+    }
+    if (st != CG_OK) {
+        json_decref(w);
+        cg_http_reply_error(req, CG_E_IO, NULL, "the index could not forget the worker");
+        return;
+    }
+    json_object_set_new(w, "object", json_string("worker.deleted"));
+    json_object_set_new(w, "deleted", json_true());
+    cg_http_reply_json(req, 200, w);
+}
+
+/* DELETE /v1/workers?url=... */
+void cg_gw_workers_delete(cg_http_req *req, void *app)
+{
+    cg_gateway *g = app;
+    const char *url = cg_http_req_query(req, "url");
+    if (!url || !*url) {
+        cg_http_reply_error(req, CG_E_MISSING, "url",
+                            "give the worker as ?url=... or use DELETE /v1/workers/{id}");
+        return;
+    }
+    json_t *w = NULL;
+    cg_status st = cg_workers_remove(g->workers, -1, url, &w);
+    reply_removed(req, st, w);
+}
+
+static int path_id(cg_http_req *req, int64_t *id)
+{
+    const char *s = cg_http_req_param(req, 0);
+    char *end;
+    errno = 0;
+    long long v = s ? strtoll(s, &end, 10) : -1;
+    if (!s || !*s || *end || errno || v < 0) {
+        cg_http_reply_error(req, CG_E_VALUE, "id", "a worker id is a non-negative integer");
+        return 0;
+    }
+    *id = v;
+    return 1;
+}
+
+void cg_gw_worker_get(cg_http_req *req, void *app)
+{
+    cg_gateway *g = app;
+    int64_t id;
+    if (!path_id(req, &id)) return;
+    json_t *w = cg_workers_get_json(g->workers, id);
+    if (!w) {
+        cg_http_reply_error(req, CG_E_NOT_FOUND, "id", "no such worker");
+        return;
+    }
+    cg_http_reply_json(req, 200, w);
+}
+
+void cg_gw_worker_delete(cg_http_req *req, void *app)
+{
+    cg_gateway *g = app;
+    int64_t id;
+    if (!path_id(req, &id)) return;
+    json_t *w = NULL;
+    cg_status st = cg_workers_remove(g->workers, id, NULL, &w);
+    reply_removed(req, st, w);
+}
+
+/* POST /v1/workers/{id}/sync: reconcile the index with the worker's inventory now. */
+void cg_gw_worker_sync(cg_http_req *req, void *app)
+{
+    cg_gateway *g = app;
+    int64_t id;
+    if (!path_id(req, &id)) return;
+    json_t *w = NULL;
+    char err[512];
+    cg_status st = cg_workers_sync(g->workers, id, &w, err, sizeof err);
+    if (st == CG_OK) {
+        cg_http_reply_json(req, 200, w);
+        return;
+    }
+    json_decref(w);
+    if (st == CG_E_NOT_FOUND)
+        cg_http_reply_error(req, st, "id", "no such worker");
+    else if (st == CG_E_CONFLICT)
+        cg_http_reply_error(req, st, "id", err);
+    else
+        cg_http_reply_error_status(req, 502, st, "id", err);
 }

@@ -269,6 +269,7 @@ static const cg_http_route routes[] = {
     {"DELETE", "/v1/workers", cg_gw_workers_delete, CG_ROUTE_ADMIN, "workers_delete"},
     {"GET", "/v1/workers/*", cg_gw_worker_get, CG_ROUTE_ADMIN, "worker_get"},
     {"DELETE", "/v1/workers/*", cg_gw_worker_delete, CG_ROUTE_ADMIN, "worker_delete"},
+    {"POST", "/v1/workers/*/sync", cg_gw_worker_sync, CG_ROUTE_ADMIN, "worker_sync"},
 };
 
 static void on_done(void *app, const char *route, int status, double seconds)
@@ -375,6 +376,33 @@ static cg_status mkdir_p(const char *dir)
     return st;
 }
 
+/* Workers the index remembers from an earlier run but that are not registered now: their
+ * placements would only inflate the index (routing never considers them), and a worker that
+ * comes back is synced at registration anyway. */
+static void forget_old_workers(cg_gateway *g)
+{
+    cg_index_worker *ws = NULL;
+    size_t n = 0;
+    if (cg_index_workers_list(g->index, &ws, &n) != CG_OK) return;
+    json_t *live = cg_workers_list_json(g->workers);
+    for (size_t i = 0; i < n; i++) {
+        int registered = 0;
+        size_t k;
+        json_t *w;
+        json_array_foreach(json_object_get(live, "data"), k, w)
+        {
+            registered |= json_integer_value(json_object_get(w, "id")) == ws[i].id;
+        }
+        if (registered) continue;
+        cg_log(CG_LOG_INFO, "forgetting worker %s from an earlier run (not in --worker)",
+               ws[i].url);
+        if (cg_index_worker_delete(g->index, ws[i].id) != CG_OK)
+            cg_log(CG_LOG_WARN, "could not forget worker %s", ws[i].url);
+    }
+    json_decref(live);
+    cg_index_workers_free(&ws, n);
+}
+
 cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
 {
     *out = NULL;
@@ -421,6 +449,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
             goto fail;
         }
     }
+    forget_old_workers(g);
     if ((st = cg_workers_start(g->workers)) != CG_OK) goto fail;
     if (!cfg->backend && !cfg->workers.n)
         cg_log(CG_LOG_WARN, "no --backend and no --worker configured: inference routes answer "

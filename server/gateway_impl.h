@@ -49,11 +49,12 @@ void cg_gw_chunk_delete(cg_http_req *req, void *app);
 void cg_gw_chunks_lookup(cg_http_req *req, void *app);
 void cg_gw_chunk_pin(cg_http_req *req, void *app);
 void cg_gw_chunk_unpin(cg_http_req *req, void *app);
-void cg_gw_workers_list(cg_http_req *req, void *app);  /* admin.c */
+void cg_gw_workers_list(cg_http_req *req, void *app); /* admin.c */
 void cg_gw_workers_add(cg_http_req *req, void *app);
 void cg_gw_workers_delete(cg_http_req *req, void *app);
 void cg_gw_worker_get(cg_http_req *req, void *app);
 void cg_gw_worker_delete(cg_http_req *req, void *app);
+void cg_gw_worker_sync(cg_http_req *req, void *app);
 
 /* ---- shared helpers ---- */
 
@@ -88,11 +89,11 @@ void cg_gw_reply_error(cg_http_req *req, cg_status st, const char *param, const 
 
 /* Where a relay sends its request and what it does with the answer. */
 typedef struct cg_gw_target {
-    const char *route;      /* metrics/log label, e.g. "completions" */
-    const char *base;       /* upstream base URL (borrowed for the call); NULL = --backend */
-    const char *path;       /* "/v1/completions", "/v1/chat/completions" */
-    int no_auth;            /* the upstream is a worker: no backend api key */
-    int to_chat;            /* the upstream speaks completions; answer in chat shape */
+    const char *route;       /* metrics/log label, e.g. "completions" */
+    const char *base;        /* upstream base URL (borrowed for the call); NULL = --backend */
+    const char *path;        /* "/v1/completions", "/v1/chat/completions" */
+    int no_auth;             /* the upstream is a worker: no backend api key */
+    int to_chat;             /* the upstream speaks completions; answer in chat shape */
     long long cached_tokens; /* >= 0: usage.prompt_tokens_details.cached_tokens is this */
     int count_usage;         /* count usage.prompt_tokens - cached as computed tokens */
     cg_worker *worker;       /* taken over: released (in flight - 1) when the relay ends */

@@ -511,9 +511,14 @@ cg_status cg_json_get_int(json_t *obj, const char *name, long long def, long lon
     json_t *v = json_object_get(obj, name);
     *out = def;
     if (!v || json_is_null(v)) return CG_OK;
-    if (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v))
-        *out = (long long)json_real_value(v);
-    else if (json_is_integer(v))
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        /* Range first: casting a double outside long long is undefined behaviour (found by
+         * tests/fuzz/fuzz_json_request with "max_tokens": 1e300). */
+        if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) return CG_E_VALUE;
+        if (d != (double)(long long)d) return CG_E_TYPE;
+        *out = (long long)d;
+    } else if (json_is_integer(v))
         *out = json_integer_value(v);
     else
         return CG_E_TYPE;

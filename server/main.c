@@ -66,9 +66,9 @@ int main(int argc, char **argv)
     const char *colon = strrchr(cfg.listen, ':');
     cg_log(CG_LOG_INFO, "listening on %.*s:%u", (int)(colon - cfg.listen), cfg.listen,
            (unsigned)cg_gateway_port(g));
-    cg_log(CG_LOG_INFO, "backend %s, data dir %s, admin routes %s",
-           cfg.backend ? cfg.backend : "(none)", cfg.data_dir,
-           cfg.admin_token ? "need a bearer token" : "open");
+    cg_log(CG_LOG_INFO, "backend %s, %zu worker(s), data dir %s, admin routes %s",
+           cfg.backend ? cfg.backend : "(none: the chosen worker answers)", cfg.workers.n,
+           cfg.data_dir, cfg.admin_token ? "need a bearer token" : "open");
 
     int sig = 0;
     sigwait(&stop, &sig);

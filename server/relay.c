@@ -31,10 +31,10 @@ typedef struct relay {
     int to_chat;
     long long cached_tokens; /* >= 0: forced into usage */
     int count_usage;
-    cg_worker *worker;  /* owned reference, released at the end */
-    char assembly[33];  /* "" = none */
+    cg_worker *worker; /* owned reference, released at the end */
+    char assembly[33]; /* "" = none */
     int backend_is_worker;
-    int chat_chunks;    /* chat chunks sent (the first carries the role) */
+    int chat_chunks; /* chat chunks sent (the first carries the role) */
 
     long status;
     int is_sse;
@@ -90,7 +90,8 @@ static void fix_usage(cg_gateway *g, json_t *obj, long long cached, int count)
         json_object_set_new(det, "cached_tokens", json_integer(0));
     json_t *pt = json_object_get(usage, "prompt_tokens");
     if (count && json_is_integer(pt)) {
-        json_int_t n = json_integer_value(pt) - json_integer_value(json_object_get(det, "cached_tokens"));
+        json_int_t n =
+            json_integer_value(pt) - json_integer_value(json_object_get(det, "cached_tokens"));
         if (n > 0) cg_metric_add(g->m_computed, (double)n);
     }
 }
@@ -144,8 +145,8 @@ static void on_event(void *arg, const cg_sse_event *ev)
     if (ev->has_data) {
         /* Parse only the events we change: the first data event and usage chunks (every
          * event when it is converted to the chat shape). */
-        int want = r->to_chat || !r->first_data_done ||
-                   memmem(ev->data, ev->data_len, "\"usage\"", 7);
+        int want =
+            r->to_chat || !r->first_data_done || memmem(ev->data, ev->data_len, "\"usage\"", 7);
         if (want) obj = json_loadb(ev->data, ev->data_len, 0, NULL);
         if (obj && !json_is_object(obj)) {
             json_decref(obj);
@@ -306,20 +307,22 @@ static void reply_models(relay *r, cg_status st)
 static void finish_target(relay *r, cg_status st, const char *detail)
 {
     cg_gateway *g = r->g;
-    int ok = st == CG_OK && r->status >= 200 && r->status < 300 && !r->client_gone &&
-             !r->sse_error;
+    int ok = st == CG_OK && r->status >= 200 && r->status < 300 && !r->client_gone && !r->sse_error;
     if (r->worker && r->backend_is_worker && st != CG_OK && !r->client_gone &&
         strcmp(detail, "cancelled") != 0)
         cg_workers_error(g->workers, r->worker,
-                         st == CG_E_TIMEOUT                          ? "timeout"
-                         : st == CG_E_UNAVAILABLE && !r->status      ? "connect"
-                         : r->is_sse                                 ? "stream"
-                                                                     : "invalid",
+                         st == CG_E_TIMEOUT                     ? "timeout"
+                         : st == CG_E_UNAVAILABLE && !r->status ? "connect"
+                         : r->is_sse                            ? "stream"
+                                                                : "invalid",
                          detail);
     if (r->assembly[0] && r->worker && !(ok && r->backend_is_worker)) {
         cg_wc_release(g->client, cg_worker_url(r->worker), r->assembly, r->rid);
         cg_metric_add(g->m_releases, 1);
     }
+    /* Out of the worker's load before the client sees the end: its next request must not be
+     * routed as if this one were still running. */
+    cg_workers_release(g->workers, &r->worker);
 }
 
 static void on_done(void *arg, cg_status st, long http, const char *detail)
@@ -407,7 +410,8 @@ void cg_gw_relay_to(cg_gateway *g, cg_http_req *req, const cg_gw_target *t, char
                        .no_auth = t->no_auth};
     if (cg_openai_submit_req(g->client, &q, &HANDLERS, r, &r->xfer) != CG_OK) {
         cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
-        if (r->assembly[0] && r->worker) cg_wc_release(g->client, cg_worker_url(r->worker), r->assembly, r->rid);
+        if (r->assembly[0] && r->worker)
+            cg_wc_release(g->client, cg_worker_url(r->worker), r->assembly, r->rid);
         relay_free(r);
     }
 }

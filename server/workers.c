@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -34,6 +35,19 @@ struct cg_worker {
 
 static const char *const ERROR_KINDS[] = {"connect", "timeout", "status", "invalid", "stream"};
 
+/* Recent placement notes: an open-addressed table, a slot per (key, worker); a full probe
+ * window overwrites its oldest note (they are hints the index catches up with). */
+#define RECENT_SLOTS 4096u
+#define RECENT_PROBE 8u
+#define RECENT_TTL_MS 30000u
+
+typedef struct recent {
+    cg_key key;
+    int64_t worker_id;
+    int64_t tokens; /* -1: gone */
+    uint64_t until; /* monotonic ms; 0 = empty */
+} recent;
+
 struct cg_workers {
     cg_workers_params p;
     pthread_mutex_t mu;
@@ -47,6 +61,7 @@ struct cg_workers {
     cg_metric *m_errors[CG_ARRAY_LEN(ERROR_KINDS)];
     cg_metric *m_route[3];
     cg_metric *m_syncs, *m_sync_fail, *m_stale;
+    recent *recent; /* RECENT_SLOTS, guarded by mu */
 };
 
 cg_workers_params cg_workers_default_params(void)
@@ -123,9 +138,9 @@ static cg_worker *worker_new(cg_workers *r, int64_t id, const char *url)
     snprintf(labels, sizeof labels, "worker=\"%s\"", esc);
     w->g_in_flight = cg_metrics_gauge(r->p.metrics, "chunkgate_worker_in_flight",
                                       "Requests routed to a worker and not finished.", labels);
-    w->g_healthy = cg_metrics_gauge(r->p.metrics, "chunkgate_worker_healthy",
-                                    "1 while a worker passes its health checks and is used.",
-                                    labels);
+    w->g_healthy =
+        cg_metrics_gauge(r->p.metrics, "chunkgate_worker_healthy",
+                         "1 while a worker passes its health checks and is used.", labels);
     cg_metric_set(w->g_in_flight, 0);
     cg_metric_set(w->g_healthy, 0);
     return w;
@@ -146,6 +161,16 @@ static void worker_free(cg_worker *w)
     free(w);
 }
 
+/* Stores the last error message (truncated to fit); the caller holds r->mu. */
+static void set_error(cg_worker *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_error(cg_worker *w, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->error, sizeof w->error, fmt, ap);
+    va_end(ap);
+}
+
 /* Sets the state and its gauge; the caller holds r->mu. */
 static void set_state_locked(cg_worker *w, wstate s)
 {
@@ -161,8 +186,7 @@ static json_t *worker_json_locked(const cg_worker *w)
                      w->state == W_HEALTHY, "state", state_names[w->state], "in_flight",
                      (json_int_t)w->in_flight, "routed", (json_int_t)w->routed, "errors",
                      (json_int_t)w->errors, "last_ok_ms",
-                     w->last_ok_wall ? json_integer(w->last_ok_wall) : json_null(),
-                     "last_sync_ms",
+                     w->last_ok_wall ? json_integer(w->last_ok_wall) : json_null(), "last_sync_ms",
                      w->last_sync_wall ? json_integer(w->last_sync_wall) : json_null(),
                      "synced_chunks", (json_int_t)w->synced_chunks, "last_error",
                      w->error[0] ? json_string(w->error) : json_null());
@@ -197,6 +221,7 @@ cg_status cg_workers_new(const cg_workers_params *p, cg_workers **out)
     if (r->p.health_timeout_ms <= 0) r->p.health_timeout_ms = d.health_timeout_ms;
     if (r->p.sync_interval_ms < 0) r->p.sync_interval_ms = 0;
     if (r->p.load_penalty_tokens < 0) r->p.load_penalty_tokens = 0;
+    r->recent = cg_calloc(RECENT_SLOTS, sizeof *r->recent);
     pthread_mutex_init(&r->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -222,17 +247,24 @@ cg_status cg_workers_new(const cg_workers_params *p, cg_workers **out)
             "cached), pinned (a worker holding a pinned chunk).",
             labels);
     }
-    r->m_syncs = cg_metrics_counter(m, "chunkgate_worker_syncs_total",
-                                    "Full inventory syncs of a worker into the index.",
-                                    "result=\"ok\"");
-    r->m_sync_fail = cg_metrics_counter(m, "chunkgate_worker_syncs_total",
-                                        "Full inventory syncs of a worker into the index.",
-                                        "result=\"error\"");
+    r->m_syncs =
+        cg_metrics_counter(m, "chunkgate_worker_syncs_total",
+                           "Full inventory syncs of a worker into the index.", "result=\"ok\"");
+    r->m_sync_fail =
+        cg_metrics_counter(m, "chunkgate_worker_syncs_total",
+                           "Full inventory syncs of a worker into the index.", "result=\"error\"");
     r->m_stale = cg_metrics_counter(
         m, "chunkgate_stale_placements_total",
         "Chunks the index placed on a worker that the worker reported as a miss.", NULL);
     *out = r;
     return CG_OK;
+}
+
+/* Drops the notes about one worker: its inventory was just read, which is fresher. */
+static void recent_forget_locked(cg_workers *r, int64_t wid)
+{
+    for (size_t i = 0; i < RECENT_SLOTS; i++)
+        if (r->recent[i].worker_id == wid) r->recent[i].until = 0;
 }
 
 static void *health_main(void *arg);
@@ -273,6 +305,7 @@ void cg_workers_free(cg_workers **rp)
             cg_log(CG_LOG_WARN, "worker %s still referenced at shutdown", w->url);
     }
     free(r->v);
+    free(r->recent);
     cg_wc_info_clear(&r->pool);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -344,8 +377,9 @@ static int compatible_locked(cg_workers *r, const char *url, const cg_wc_info *i
 {
     char why[320];
     if (r->p.model && strcmp(r->p.model, info->model) != 0) {
-        snprintf(msg, n, "worker %s serves model '%s' but the gateway is configured with --model '%s'",
-                 url, info->model, r->p.model);
+        snprintf(msg, n,
+                 "worker %s serves model '%s' but the gateway is configured with --model '%s'", url,
+                 info->model, r->p.model);
         return 0;
     }
     if (r->have_pool && !cg_wc_info_compatible(info, &r->pool, why, sizeof why)) {
@@ -415,6 +449,7 @@ static cg_status sync_inventory(cg_workers *r, cg_worker *w, char *err, size_t e
     free(rows);
     pthread_mutex_lock(&r->mu);
     w->synced_chunks = (int64_t)n;
+    recent_forget_locked(r, w->id);
     pthread_mutex_unlock(&r->mu);
     cg_metric_add(r->m_syncs, 1);
     cg_log(CG_LOG_INFO, "worker %s: inventory synced, %zu chunks", w->url, n);
@@ -432,19 +467,21 @@ static int sync_worker(cg_workers *r, cg_worker *w, uint64_t now)
     if (st != CG_OK) {
         if (w->state != W_DOWN) cg_log(CG_LOG_WARN, "worker %s is down: %s", w->url, err);
         set_state_locked(w, W_DOWN);
-        snprintf(w->error, sizeof w->error, "%s", err);
+        set_error(w, "%s", err);
         pthread_mutex_unlock(&r->mu);
         return 0;
     }
     if (!compatible_locked(r, w->url, &info, err, sizeof err)) {
-        if (w->state != W_REFUSED) cg_log(CG_LOG_ERROR, "%s; it is not used", err);
+        int was = w->state == W_REFUSED;
+        if (!was) cg_log(CG_LOG_ERROR, "%s; it is not used", err);
         set_state_locked(w, W_REFUSED);
-        snprintf(w->error, sizeof w->error, "%s", err);
+        set_error(w, "%s", err);
         pthread_mutex_unlock(&r->mu);
         cg_wc_info_clear(&info);
         /* Whatever it holds was computed by another model: route nothing there. */
-        cg_index_worker_placements_replace(r->p.index, w->id, NULL, NULL, NULL, 0,
-                                           (int64_t)cg_wall_ms());
+        if (!was)
+            cg_index_worker_placements_replace(r->p.index, w->id, NULL, NULL, NULL, 0,
+                                               (int64_t)cg_wall_ms());
         return 0;
     }
     if (!r->have_pool) {
@@ -466,7 +503,7 @@ static int sync_worker(cg_workers *r, cg_worker *w, uint64_t now)
     if (st != CG_OK) {
         cg_log(CG_LOG_WARN, "worker %s: inventory sync failed: %s", w->url, err);
         set_state_locked(w, W_DOWN);
-        snprintf(w->error, sizeof w->error, "inventory sync failed: %s", err);
+        set_error(w, "inventory sync failed: %s", err);
         w->want_sync = 1;
         pthread_mutex_unlock(&r->mu);
         return 0;
@@ -489,7 +526,8 @@ cg_status cg_workers_add(cg_workers *r, const char *url_in, int must_reach, int 
     if (out_json) *out_json = NULL;
     if (!url_in || (strncmp(url_in, "http://", 7) && strncmp(url_in, "https://", 8)) ||
         strlen(url_in) > 512) {
-        snprintf(err, errlen, "a worker url is an http:// or https:// base URL (at most 512 bytes)");
+        snprintf(err, errlen,
+                 "a worker url is an http:// or https:// base URL (at most 512 bytes)");
         return CG_E_VALUE;
     }
     char *url = cg_openai_base_normalise(url_in);
@@ -540,7 +578,7 @@ cg_status cg_workers_add(cg_workers *r, const char *url_in, int must_reach, int 
     }
     w = worker_new(r, id, url);
     set_state_locked(w, have_info ? W_UNKNOWN : W_DOWN);
-    if (!have_info) snprintf(w->error, sizeof w->error, "%s", err);
+    if (!have_info) set_error(w, "%s", err);
     w->want_sync = 1;
     w->syncing = have_info; /* synced below, outside the lock */
     if (r->n == r->cap) {
@@ -595,7 +633,7 @@ cg_status cg_workers_remove(cg_workers *r, int64_t id, const char *url_in, json_
         w->removed = 1;
         set_state_locked(w, W_DOWN);
         cg_metric_set(w->g_in_flight, 0);
-        if (out_json) *out_json = worker_json_locked(w);
+        if (out_json) *out_json = worker_json_full_locked(w);
         id = w->id;
         if (r->n == 0 && r->have_pool) { /* an empty pool accepts any model again */
             cg_wc_info_clear(&r->pool);
@@ -610,6 +648,101 @@ cg_status cg_workers_remove(cg_workers *r, int64_t id, const char *url_in, json_
     worker_free(dead);
     cg_status st = cg_index_worker_delete(r->p.index, id);
     return st == CG_E_NOT_FOUND ? CG_OK : st;
+}
+
+cg_status cg_workers_sync(cg_workers *r, int64_t id, json_t **out_json, char *err, size_t errlen)
+{
+    if (out_json) *out_json = NULL;
+    cg_worker *w = NULL;
+    /* A probe of the health thread may hold the worker for a moment: wait for it. */
+    for (int tries = 0; tries < 2000; tries++) {
+        pthread_mutex_lock(&r->mu);
+        w = NULL;
+        for (size_t i = 0; i < r->n; i++)
+            if (r->v[i]->id == id) w = r->v[i];
+        if (w && !w->syncing) {
+            w->syncing = 1;
+            w->refs++;
+            pthread_mutex_unlock(&r->mu);
+            break;
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (!w) return CG_E_NOT_FOUND;
+        w = NULL;
+        struct timespec ts = {0, 5 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (!w) {
+        snprintf(err, errlen, "the worker is busy syncing; try again");
+        return CG_E_CONFLICT;
+    }
+    int ok = sync_worker(r, w, cg_now_ms());
+    pthread_mutex_lock(&r->mu);
+    w->syncing = 0;
+    if (!ok) snprintf(err, errlen, "%s", w->error);
+    if (out_json) *out_json = worker_json_full_locked(w);
+    cg_worker *dead = unref_locked(w);
+    pthread_mutex_unlock(&r->mu);
+    worker_free(dead);
+    return ok ? CG_OK : CG_E_UNAVAILABLE;
+}
+
+/* ---------------------------------------------------------------- recent placements */
+
+static size_t recent_hash(const cg_key *k, int64_t worker_id)
+{
+    uint64_t h;
+    memcpy(&h, k->b, sizeof h); /* keys are uniform hashes already */
+    h ^= (uint64_t)worker_id * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h % RECENT_SLOTS);
+}
+
+/* The live note for (key, worker), or NULL; the caller holds r->mu. */
+static recent *recent_find_locked(cg_workers *r, const cg_key *k, int64_t wid, uint64_t now)
+{
+    size_t h = recent_hash(k, wid);
+    for (size_t i = 0; i < RECENT_PROBE; i++) {
+        recent *e = &r->recent[(h + i) % RECENT_SLOTS];
+        if (e->until > now && e->worker_id == wid && cg_key_equal(&e->key, k)) return e;
+    }
+    return NULL;
+}
+
+void cg_workers_note(cg_workers *r, const cg_worker *w, const cg_key *key, int64_t tokens,
+                     uint64_t now)
+{
+    size_t h = recent_hash(key, w->id);
+    pthread_mutex_lock(&r->mu);
+    recent *slot = recent_find_locked(r, key, w->id, now);
+    for (size_t i = 0; !slot && i < RECENT_PROBE; i++) {
+        recent *e = &r->recent[(h + i) % RECENT_SLOTS];
+        if (!slot || e->until < slot->until) slot = e; /* empty or expired first, else oldest */
+    }
+    slot->key = *key;
+    slot->worker_id = w->id;
+    slot->tokens = tokens;
+    slot->until = now + RECENT_TTL_MS;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Tokens of key on worker wid: a recent note, else the index entry. Caller holds r->mu. */
+static int64_t placed_locked(cg_workers *r, int64_t wid, const cg_key *key, const cg_index_entry *e,
+                             uint64_t now)
+{
+    recent *n = recent_find_locked(r, key, wid, now);
+    if (n) return n->tokens > 0 ? n->tokens : 0;
+    for (int p = 0; e && p < e->n_placements; p++)
+        if (e->placements[p].worker_id == wid) return e->placements[p].tokens;
+    return 0;
+}
+
+int64_t cg_workers_placed(cg_workers *r, const cg_worker *w, const cg_key *key,
+                          const cg_index_entry *e, uint64_t now)
+{
+    pthread_mutex_lock(&r->mu);
+    int64_t t = placed_locked(r, w->id, key, e, now);
+    pthread_mutex_unlock(&r->mu);
+    return t;
 }
 
 /* ---------------------------------------------------------------- routing */
@@ -636,9 +769,11 @@ static cg_worker *take_locked(cg_worker *w)
 
 #define MAX_ROUTE 64
 
-cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, size_t n_keys, uint64_t tie,
-                            cg_route_kind *kind, int64_t *cached)
+cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, const unsigned char *steer,
+                            size_t n_keys, const cg_key *keys, uint64_t tie, cg_route_kind *kind,
+                            int64_t *cached)
 {
+    uint64_t now = cg_now_ms();
     cg_route_cand cand[MAX_ROUTE];
     cg_worker *ws[MAX_ROUTE];
     size_t n = 0;
@@ -649,12 +784,13 @@ cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, size_t n_k
         cg_worker *w = r->v[i];
         if (w->state != W_HEALTHY) continue;
         cg_route_cand c = {0, w->in_flight, 0};
-        for (size_t k = 0; ent && k < n_keys; k++)
-            for (int p = 0; p < ent[k].n_placements; p++)
-                if (ent[k].placements[p].worker_id == w->id) {
-                    c.cached += ent[k].placements[p].tokens;
-                    c.pinned |= ent[k].pinned;
-                }
+        for (size_t k = 0; k < n_keys; k++) {
+            if (steer && !steer[k]) continue;
+            int64_t t = placed_locked(r, w->id, &keys[k], ent ? &ent[k] : NULL, now);
+            if (t <= 0) continue;
+            c.cached += t;
+            c.pinned |= ent && ent[k].pinned;
+        }
         ws[n] = w;
         cand[n++] = c;
     }
@@ -705,7 +841,7 @@ void cg_workers_error(cg_workers *r, cg_worker *w, const char *kind, const char 
     int down = !strcmp(kind, "connect") || !strcmp(kind, "timeout");
     pthread_mutex_lock(&r->mu);
     w->errors++;
-    snprintf(w->error, sizeof w->error, "%s: %s", kind, detail);
+    set_error(w, "%s: %s", kind, detail);
     if (down && w->state == W_HEALTHY && !w->removed) {
         /* Out of routing until a probe answers; the next probe runs at once. */
         cg_log(CG_LOG_WARN, "worker %s marked down after a %s error: %s", w->url, kind, detail);
@@ -749,17 +885,30 @@ static void check_one(cg_workers *r, cg_worker *w, uint64_t now)
                    st == CG_OK ? "bad status" : detail);
         set_state_locked(w, W_DOWN);
         if (st == CG_OK)
-            snprintf(w->error, sizeof w->error, "GET /healthz answered HTTP %ld", http);
+            set_error(w, "GET /healthz answered HTTP %ld", http);
         else
-            snprintf(w->error, sizeof w->error, "GET /healthz: %s", detail);
+            set_error(w, "GET /healthz: %s", detail);
     } else {
         w->last_ok_wall = (int64_t)cg_wall_ms();
         /* (Re)appearing, refused before (it may have been fixed), asked for, or due. */
-        need_sync = w->state != W_HEALTHY || w->want_sync ||
-                    (r->p.sync_interval_ms > 0 &&
-                     now - w->last_sync_ms >= (uint64_t)r->p.sync_interval_ms);
+        need_sync =
+            w->state != W_HEALTHY || w->want_sync ||
+            (r->p.sync_interval_ms > 0 && now - w->last_sync_ms >= (uint64_t)r->p.sync_interval_ms);
     }
+    /* A worker that reports an instance id may have restarted between two probes, too fast
+     * to be seen down: compare its id (one more small GET, only for such workers). */
+    char *instance =
+        !need_sync && ok && w->have_info && w->info.instance ? cg_strdup(w->info.instance) : NULL;
     pthread_mutex_unlock(&r->mu);
+    if (instance) {
+        cg_wc_info now_info;
+        char err[256];
+        if (fetch_info(r, w->url, &now_info, err, sizeof err) == CG_OK) {
+            if (!now_info.instance || strcmp(now_info.instance, instance) != 0) need_sync = 1;
+            cg_wc_info_clear(&now_info);
+        }
+        free(instance);
+    }
     if (went_down) {
         cg_status hst = cg_index_worker_set_health(r->p.index, w->id, 0, (int64_t)cg_wall_ms());
         (void)hst;

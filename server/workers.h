@@ -18,15 +18,15 @@ typedef struct cg_workers cg_workers;
 typedef struct cg_worker cg_worker;
 
 typedef struct cg_workers_params {
-    cg_openai *client;           /* borrowed: the gateway's curl event loop */
-    cg_index *index;             /* borrowed */
-    cg_metrics *metrics;         /* borrowed */
-    const char *model;           /* borrowed; NULL, or the model every worker must serve */
-    long health_interval_ms;     /* GET /healthz period per worker; default 2000 */
-    long health_timeout_ms;      /* one probe's limit; default 1000 */
-    long sync_interval_ms;       /* full inventory resync period of a healthy worker; 0 = only
-                                    when it (re)appears or a stale placement is seen; default
-                                    60000 */
+    cg_openai *client;             /* borrowed: the gateway's curl event loop */
+    cg_index *index;               /* borrowed */
+    cg_metrics *metrics;           /* borrowed */
+    const char *model;             /* borrowed; NULL, or the model every worker must serve */
+    long health_interval_ms;       /* GET /healthz period per worker; default 2000 */
+    long health_timeout_ms;        /* one probe's limit; default 1000 */
+    long sync_interval_ms;         /* full inventory resync period of a healthy worker; 0 = only
+                                      when it (re)appears or a stale placement is seen; default
+                                      60000 */
     long long load_penalty_tokens; /* routing: each in-flight request costs this many cached
                                       tokens of score; default 256 */
 } cg_workers_params;
@@ -58,6 +58,12 @@ cg_status cg_workers_add(cg_workers *r, const char *url, int must_reach, int *cr
  * index. Requests already routed to it finish. CG_E_NOT_FOUND when unknown. *out_json (may
  * be NULL) gets the removed worker's JSON. */
 cg_status cg_workers_remove(cg_workers *r, int64_t id, const char *url, json_t **out_json) CG_WUR;
+
+/* Syncs the worker with index id now (blocking): /v1/info, compatibility, inventory. Returns
+ * CG_OK when it is healthy afterwards, CG_E_NOT_FOUND, or CG_E_UNAVAILABLE with the reason in
+ * err. *out_json (may be NULL) gets its JSON. */
+cg_status cg_workers_sync(cg_workers *r, int64_t id, json_t **out_json, char *err,
+                          size_t errlen) CG_WUR;
 
 /* {"object":"list","data":[worker...]} (new reference). */
 json_t *cg_workers_list_json(cg_workers *r);
@@ -93,12 +99,16 @@ int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, uint64_t 
                   cg_route_kind *kind);
 
 /* Picks a healthy worker for a request whose keys the one index lookup answered (ent[k] for
- * keys[k]; ent may be NULL when the lookup failed). tie: a hash of the request's first chunk.
- * Returns a worker reference counted in flight (give it back with cg_workers_release), or
- * NULL when no worker is healthy. *kind and *cached (tokens the index expects to reuse) are
- * set. */
-cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, size_t n_keys, uint64_t tie,
-                            cg_route_kind *kind, int64_t *cached);
+ * keys[k]; ent may be NULL when the lookup failed) and the recent notes. steer[k] (NULL = all) says
+ * whether key k counts in the score: the gateway passes the document chunks only, because the few
+ * system prompts that every request shares end up on every worker, and steering by them would send
+ * every request to the first worker that cached one (herding). tie: a hash of the request's
+ * first chunk. Returns a worker reference counted in flight (give it back with
+ * cg_workers_release), or NULL when no worker is healthy. *kind and *cached (steering tokens
+ * the index expects to reuse) are set. */
+cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, const unsigned char *steer,
+                            size_t n_keys, const cg_key *keys, uint64_t tie, cg_route_kind *kind,
+                            int64_t *cached);
 /* The least-loaded healthy worker other than exclude (may be NULL), for a plain prompt;
  * counted in flight like cg_workers_route. NULL when there is none. */
 cg_worker *cg_workers_pick_any(cg_workers *r, const cg_worker *exclude);
@@ -107,6 +117,18 @@ void cg_workers_release(cg_workers *r, cg_worker **w);
 
 const char *cg_worker_url(const cg_worker *w); /* borrowed, lives as long as the reference */
 int64_t cg_worker_id(const cg_worker *w);
+
+/* Read-your-writes for routing: the index applies writes asynchronously, so a request that
+ * follows another within milliseconds could route before the first one's placements are
+ * committed. The registry keeps the placements reported by recent assemble answers (tokens;
+ * -1 = gone from the worker) for a while and routing prefers them over the index. now_ms:
+ * monotonic time. */
+void cg_workers_note(cg_workers *r, const cg_worker *w, const cg_key *key, int64_t tokens,
+                     uint64_t now_ms);
+/* Tokens of key on w in the merged view (recent notes over the index entry e, which may be
+ * NULL); 0 when not placed there. */
+int64_t cg_workers_placed(cg_workers *r, const cg_worker *w, const cg_key *key,
+                          const cg_index_entry *e, uint64_t now_ms);
 
 /* Reports a failed call to w: counted in chunkgate_worker_errors_total{kind}; kind
  * "connect" or "timeout" also marks it down until a health probe succeeds. */

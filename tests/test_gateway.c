@@ -1365,7 +1365,7 @@ START_TEST(metrics_series)
         "chunkgate_tokens_reused_total",
         "chunkgate_tokens_computed_total",
         "chunkgate_passthrough_total",
-        "chunkgate_worker_errors_total",
+        "chunkgate_worker_errors_total{kind=\"connect\"}",
         "chunkgate_index_chunks",
         "chunkgate_index_bytes",
         "chunkgate_index_writer_batches_total",

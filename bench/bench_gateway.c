@@ -1,0 +1,502 @@
+/* Gateway overhead: the same warm RAG request (documents cached, max_tokens 1) sent through
+ * chunkgate, and sent directly to the worker as the sequence the gateway performs (POST
+ * /v1/assemble with keys, then POST /v1/completions with kv_transfer_params). Both run in the
+ * same process, interleaved, against the same real chunkgate-worker; the baseline is the
+ * direct sequence. Reports p50/p99 of each and of the paired difference, then requests/s
+ * through the gateway and directly at 1 and 64 concurrent clients.
+ *
+ * usage: bench_gateway [--requests N (default 400)] [--seconds S per throughput run
+ *        (default 5)] [--log-level L (gateway, default info)] [--doc-bytes B (default 1024)]
+ * The binaries come from the build tree; a tiny model is generated into a temp directory. */
+#include <curl/curl.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/base.h"
+#include "cache/key.h"
+
+#define MODEL "chunkgate-tiny"
+#define MAX_CLIENTS 64
+
+static char tmp[128];
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------ processes */
+
+static pid_t spawn(const char *bin, const char *const *args, const char *log)
+{
+    char *argv[48];
+    int n = 0;
+    argv[n++] = (char *)bin;
+    for (; *args; args++)
+        argv[n++] = (char *)*args;
+    argv[n] = NULL;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+        execv(bin, argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* A loopback port that was free a moment ago. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(0x7f000001);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) return -1;
+    socklen_t len = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+static size_t discard(char *d, size_t sz, size_t n, void *ud)
+{
+    return sz * n;
+}
+
+/* Waits up to 30 s for GET /healthz on port to answer 200. */
+static int wait_healthz(int port)
+{
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/healthz", port);
+    for (int i = 0; i < 1500; i++) {
+        CURL *e = curl_easy_init();
+        curl_easy_setopt(e, CURLOPT_URL, url);
+        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard);
+        curl_easy_setopt(e, CURLOPT_TIMEOUT, 2L);
+        long st = 0;
+        if (curl_easy_perform(e) == CURLE_OK) curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &st);
+        curl_easy_cleanup(e);
+        if (st == 200) return 1;
+        sleep_ms(20);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ HTTP */
+
+typedef struct conn {
+    CURL *e;
+    struct curl_slist *h;
+    cg_buf body;
+    char url[256];
+} conn;
+
+static size_t on_write(char *d, size_t sz, size_t n, void *ud)
+{
+    conn *c = ud;
+    return cg_buf_append(&c->body, d, sz * n) == CG_OK ? sz * n : 0;
+}
+
+static void conn_init(conn *c)
+{
+    memset(c, 0, sizeof *c);
+    c->e = curl_easy_init();
+    cg_buf_init(&c->body, 0);
+    c->h = curl_slist_append(NULL, "Content-Type: application/json");
+    c->h = curl_slist_append(c->h, "Expect:");
+    curl_easy_setopt(c->e, CURLOPT_HTTPHEADER, c->h);
+    curl_easy_setopt(c->e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(c->e, CURLOPT_WRITEDATA, c);
+    curl_easy_setopt(c->e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c->e, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(c->e, CURLOPT_TIMEOUT, 120L);
+}
+
+/* Prepares a POST on c (keep-alive: the handle keeps its connection). */
+static void conn_post(conn *c, int port, const char *path, const char *body)
+{
+    snprintf(c->url, sizeof c->url, "http://127.0.0.1:%d%s", port, path);
+    cg_buf_reset(&c->body);
+    curl_easy_setopt(c->e, CURLOPT_URL, c->url);
+    curl_easy_setopt(c->e, CURLOPT_POSTFIELDS, body);
+}
+
+static long conn_status(conn *c)
+{
+    long st = 0;
+    curl_easy_getinfo(c->e, CURLINFO_RESPONSE_CODE, &st);
+    return st;
+}
+
+static void conn_free(conn *c)
+{
+    curl_slist_free_all(c->h);
+    curl_easy_cleanup(c->e);
+    cg_buf_free(&c->body);
+}
+
+/* ------------------------------------------------------------ workload */
+
+static char *gw_body, *assemble_body;
+static int gw_port, w_port;
+
+static char *make_text(size_t n, const char *prefix, unsigned seed)
+{
+    static const char *words[] = {"the",     "valley", "rainfall", "gauge",   "council",
+                                  "records", "annual", "report",   "members", "harbour",
+                                  "survey",  "data",   "changed",  "in",      "of"};
+    char *s = cg_malloc(n + 1);
+    size_t len = (size_t)snprintf(s, n + 1, "%s", prefix);
+    while (len < n) {
+        seed = seed * 1103515245u + 12345u;
+        const char *w = words[(seed >> 16) % CG_ARRAY_LEN(words)];
+        for (size_t i = 0; i <= strlen(w) && len < n; i++)
+            s[len++] = i < strlen(w) ? w[i] : ' ';
+    }
+    s[n - 1] = '.';
+    s[n] = '\0';
+    return s;
+}
+
+static void make_workload(size_t doc_bytes)
+{
+    char *sys = make_text(200, "System: answer from the documents. ", 1);
+    char *d1 = make_text(doc_bytes, "Document one. ", 2);
+    char *d2 = make_text(doc_bytes, "Document two. ", 3);
+    const char *q = "What changed in the valley records?";
+    size_t n = strlen(sys) + strlen(d1) + strlen(d2) + strlen(q) + 32;
+    char *prompt = cg_malloc(n);
+    snprintf(prompt, n, "%s # # %s # # %s # # %s", sys, d1, d2, q);
+    json_t *g = json_pack("{s:s, s:s, s:i, s:f}", "model", MODEL, "prompt", prompt, "max_tokens", 1,
+                          "temperature", 0.0);
+    gw_body = json_dumps(g, JSON_COMPACT);
+    json_decref(g);
+    /* The same sequence the gateway sends: segments with the keys it computes. */
+    const char *texts[] = {sys, d1, d2, q};
+    const char *roles[] = {"system", "chunk", "chunk", "question"};
+    json_t *segs = json_array();
+    for (int i = 0; i < 4; i++) {
+        json_t *s = json_pack("{s:s, s:s}", "role", roles[i], "text", texts[i]);
+        if (i < 3) {
+            cg_key k = cg_key_compute(MODEL, strlen(MODEL), CG_MODE_STRICT, NULL, 0, NULL, texts[i],
+                                      strlen(texts[i]));
+            char hex[CG_KEY_HEX_LEN + 1];
+            cg_key_hex(&k, hex);
+            json_object_set_new(s, "key", json_string(hex));
+        }
+        json_array_append_new(segs, s);
+    }
+    json_t *a = json_pack("{s:s, s:s, s:o}", "model", MODEL, "mode", "strict", "segments", segs);
+    assemble_body = json_dumps(a, JSON_COMPACT);
+    json_decref(a);
+    free(sys);
+    free(d1);
+    free(d2);
+    free(prompt);
+}
+
+/* The completion body for an assembly id (static buffer). */
+static const char *complete_body(conn *assembled)
+{
+    static char buf[256];
+    json_t *j = json_loadb(assembled->body.data, assembled->body.len, 0, NULL);
+    const char *id = json_string_value(json_object_get(j, "assembly_id"));
+    snprintf(buf, sizeof buf,
+             "{\"model\":\"" MODEL "\",\"max_tokens\":1,\"temperature\":0,"
+             "\"kv_transfer_params\":{\"assembly_id\":\"%s\"}}",
+             id ? id : "none");
+    json_decref(j);
+    return buf;
+}
+
+/* CPU seconds (user + system) a process has used so far, from /proc/PID/stat. */
+static double cpu_seconds(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command name may contain spaces */
+    if (!p) return -1;
+    unsigned long ut = 0, st = 0;
+    /* after ")": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+     */
+    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return -1;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* ------------------------------------------------------------ latency */
+
+static double one_gateway(conn *c)
+{
+    conn_post(c, gw_port, "/v1/completions", gw_body);
+    uint64_t t0 = cg_now_ns();
+    CURLcode rc = curl_easy_perform(c->e);
+    double us = (double)(cg_now_ns() - t0) / 1e3;
+    if (rc != CURLE_OK || conn_status(c) != 200) {
+        fprintf(stderr, "gateway request failed: %s %ld %.200s\n", curl_easy_strerror(rc),
+                conn_status(c), c->body.data ? c->body.data : "");
+        exit(1);
+    }
+    return us;
+}
+
+static double one_direct(conn *a, conn *b)
+{
+    uint64_t t0 = cg_now_ns();
+    conn_post(a, w_port, "/v1/assemble", assemble_body);
+    CURLcode rc = curl_easy_perform(a->e);
+    if (rc != CURLE_OK || conn_status(a) != 200) {
+        fprintf(stderr, "assemble failed: %.200s\n", a->body.data ? a->body.data : "");
+        exit(1);
+    }
+    conn_post(b, w_port, "/v1/completions", complete_body(a));
+    rc = curl_easy_perform(b->e);
+    double us = (double)(cg_now_ns() - t0) / 1e3;
+    if (rc != CURLE_OK || conn_status(b) != 200) {
+        fprintf(stderr, "completion failed: %.200s\n", b->body.data ? b->body.data : "");
+        exit(1);
+    }
+    return us;
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+static double pct(double *v, size_t n, double p)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+/* ------------------------------------------------------------ throughput */
+
+typedef struct client {
+    conn a, b;
+    int direct;
+    int step; /* direct: 0 assemble, 1 completion */
+    uint64_t t0;
+} client;
+
+/* Runs n clients back to back for seconds; returns requests/s and fills p50/p99 (ms). */
+static double throughput(int n, int direct, double seconds, double *p50, double *p99)
+{
+    CURLM *m = curl_multi_init();
+    client *cl = cg_calloc((size_t)n, sizeof *cl);
+    size_t cap = 1 << 20, done = 0;
+    double *lat = cg_malloc(cap * sizeof *lat);
+    for (int i = 0; i < n; i++) {
+        conn_init(&cl[i].a);
+        conn_init(&cl[i].b);
+        cl[i].direct = direct;
+        curl_easy_setopt(cl[i].a.e, CURLOPT_PRIVATE, (char *)&cl[i]);
+        curl_easy_setopt(cl[i].b.e, CURLOPT_PRIVATE, (char *)&cl[i]);
+        cl[i].t0 = cg_now_ns();
+        if (direct)
+            conn_post(&cl[i].a, w_port, "/v1/assemble", assemble_body);
+        else
+            conn_post(&cl[i].a, gw_port, "/v1/completions", gw_body);
+        curl_multi_add_handle(m, cl[i].a.e);
+    }
+    uint64_t start = cg_now_ns(), end = start + (uint64_t)(seconds * 1e9);
+    int running = n, failures = 0, active = n; /* handles added and not yet removed */
+    while (running > 0) {
+        curl_multi_perform(m, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(m, &left))) {
+            if (msg->msg != CURLMSG_DONE) continue;
+            client *c = NULL;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&c);
+            long st = 0;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &st);
+            curl_multi_remove_handle(m, msg->easy_handle);
+            active--;
+            if (msg->data.result != CURLE_OK || st != 200) failures++;
+            uint64_t now = cg_now_ns();
+            if (c->direct && c->step == 0) {
+                c->step = 1;
+                conn_post(&c->b, w_port, "/v1/completions", complete_body(&c->a));
+                curl_multi_add_handle(m, c->b.e);
+                active++;
+                continue;
+            }
+            if (done < cap) lat[done++] = (double)(now - c->t0) / 1e6;
+            if (now >= end) continue; /* this client stops */
+            c->step = 0;
+            c->t0 = now;
+            if (c->direct)
+                conn_post(&c->a, w_port, "/v1/assemble", assemble_body);
+            else
+                conn_post(&c->a, gw_port, "/v1/completions", gw_body);
+            curl_multi_add_handle(m, c->a.e);
+            active++;
+        }
+        if (active) curl_multi_poll(m, NULL, 0, 50, NULL);
+        running = active;
+    }
+    double elapsed = (double)(cg_now_ns() - start) / 1e9;
+    *p50 = pct(lat, done, 0.5);
+    *p99 = pct(lat, done, 0.99);
+    if (failures) fprintf(stderr, "  (%d failed requests)\n", failures);
+    for (int i = 0; i < n; i++) {
+        conn_free(&cl[i].a);
+        conn_free(&cl[i].b);
+    }
+    free(cl);
+    free(lat);
+    curl_multi_cleanup(m);
+    return (double)done / elapsed;
+}
+
+/* ------------------------------------------------------------ main */
+
+int main(int argc, char **argv)
+{
+    int requests = 400;
+    double seconds = 5;
+    const char *level = "info";
+    size_t doc_bytes = 1024;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--requests"))
+            requests = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seconds"))
+            seconds = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--log-level"))
+            level = argv[i + 1];
+        else if (!strcmp(argv[i], "--doc-bytes"))
+            doc_bytes = (size_t)atol(argv[i + 1]);
+    }
+    if (requests < 10) requests = 10;
+    setenv("OMP_WAIT_POLICY", "passive", 0);
+    signal(SIGPIPE, SIG_IGN);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    snprintf(tmp, sizeof tmp, "/tmp/cg_bench_gw_XXXXXX");
+    if (!mkdtemp(tmp)) return 1;
+    char model[256], log[256], wdata[256], gdata[256], wurl[64];
+    snprintf(model, sizeof model, "%s/model", tmp);
+    snprintf(log, sizeof log, "%s/gen.log", tmp);
+    const char *gen[] = {"generate-model", "--out", model, NULL};
+    int st;
+    waitpid(spawn(WORKER_BIN, gen, log), &st, 0);
+    snprintf(wdata, sizeof wdata, "%s/w", tmp);
+    snprintf(log, sizeof log, "%s/worker.log", tmp);
+    char wlisten[64], glisten[64];
+    w_port = free_port();
+    gw_port = free_port();
+    snprintf(wlisten, sizeof wlisten, "127.0.0.1:%d", w_port);
+    snprintf(glisten, sizeof glisten, "127.0.0.1:%d", gw_port);
+    const char *wargs[] = {"serve", "--model",   model, "--listen",         wlisten, "--data-dir",
+                           wdata,   "--pool-mb", "64",  "--max-assemblies", "512",   NULL};
+    pid_t wpid = spawn(WORKER_BIN, wargs, log);
+    snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", w_port);
+    snprintf(gdata, sizeof gdata, "%s/g", tmp);
+    snprintf(log, sizeof log, "%s/gateway.log", tmp);
+    if (!wait_healthz(w_port)) {
+        fprintf(stderr, "the worker did not start (logs in %s)\n", tmp);
+        return 1;
+    }
+    const char *gargs[] = {"--listen", glisten,       "--worker", wurl, "--data-dir",
+                           gdata,      "--log-level", level,      NULL};
+    pid_t gpid = spawn(CHUNKGATE_BIN, gargs, log);
+    if (!wait_healthz(gw_port)) {
+        fprintf(stderr, "the gateway did not start (logs in %s)\n", tmp);
+        return 1;
+    }
+    sleep_ms(200); /* the worker's first health check and inventory sync */
+    make_workload(doc_bytes);
+
+    conn g, a, b;
+    conn_init(&g);
+    conn_init(&a);
+    conn_init(&b);
+    for (int i = 0; i < 20; i++) { /* warm: documents cached, connections open */
+        one_gateway(&g);
+        one_direct(&a, &b);
+    }
+    double cpu0 = cpu_seconds(gpid);
+    double *tg = cg_malloc((size_t)requests * sizeof *tg);
+    double *td = cg_malloc((size_t)requests * sizeof *td);
+    double *diff = cg_malloc((size_t)requests * sizeof *diff);
+    for (int i = 0; i < requests; i++) {
+        /* alternate the order so drift and caches favour neither */
+        if (i & 1) {
+            tg[i] = one_gateway(&g);
+            td[i] = one_direct(&a, &b);
+        } else {
+            td[i] = one_direct(&a, &b);
+            tg[i] = one_gateway(&g);
+        }
+        diff[i] = tg[i] - td[i];
+    }
+    double gw_cpu_us = (cpu_seconds(gpid) - cpu0) * 1e6 / requests;
+    json_t *check = json_loadb(g.body.data, g.body.len, 0, NULL);
+    json_int_t cached = json_integer_value(
+        json_object_get(json_object_get(json_object_get(check, "usage"), "prompt_tokens_details"),
+                        "cached_tokens"));
+    json_decref(check);
+    printf("workload: system 200 B, 2 documents of %zu B (cached), question 35 B, max_tokens 1; "
+           "cached_tokens per request %lld; gateway log level %s\n",
+           doc_bytes, (long long)cached, level);
+    printf("sequential latency, %d requests each, interleaved (microseconds):\n", requests);
+    double dg50 = pct(td, (size_t)requests, 0.5), dg99 = pct(td, (size_t)requests, 0.99);
+    double gg50 = pct(tg, (size_t)requests, 0.5), gg99 = pct(tg, (size_t)requests, 0.99);
+    double df50 = pct(diff, (size_t)requests, 0.5), df99 = pct(diff, (size_t)requests, 0.99);
+    printf("  direct to worker (assemble + complete): p50 %8.0f  p99 %8.0f\n", dg50, dg99);
+    printf("  through chunkgate                      : p50 %8.0f  p99 %8.0f\n", gg50, gg99);
+    printf("  added by the gateway (paired diff)     : p50 %8.0f  p99 %8.0f   (p50 ratio %.3f)\n",
+           df50, df99, gg50 / dg50);
+    printf("  gateway CPU per request (user+sys, /proc): %.0f us\n", gw_cpu_us);
+    conn_free(&g);
+    conn_free(&a);
+    conn_free(&b);
+    free(tg);
+    free(td);
+    free(diff);
+
+    printf("throughput, %.0f s per run (requests/s, latency ms):\n", seconds);
+    int conc[] = {1, 64};
+    for (size_t i = 0; i < 2; i++) {
+        double p50d, p99d, p50g, p99g;
+        double rd = throughput(conc[i], 1, seconds, &p50d, &p99d);
+        double rg = throughput(conc[i], 0, seconds, &p50g, &p99g);
+        printf("  %2d clients: direct %7.1f req/s (p50 %6.2f p99 %6.2f)   gateway %7.1f req/s "
+               "(p50 %6.2f p99 %6.2f)   gateway/direct %.3f\n",
+               conc[i], rd, p50d, p99d, rg, p50g, p99g, rg / rd);
+    }
+    kill(gpid, SIGTERM);
+    kill(wpid, SIGTERM);
+    waitpid(gpid, NULL, 0);
+    waitpid(wpid, NULL, 0);
+    free(gw_body);
+    free(assemble_body);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    return 0;
+}

@@ -1,0 +1,587 @@
+/* The request dispatcher and the main path (DESIGN §2): route a "# #" request to the worker
+ * holding most of its chunks, POST {worker}/v1/assemble, record what the worker reported in
+ * the index, then complete with kv_transfer_params.assembly_id on the backend (the worker
+ * itself unless --backend is set). Requests that cannot take the main path are forwarded with
+ * the plain prompt: pass-through (no separator) or fallback (no usable worker, worker failure,
+ * another model), DESIGN §11.
+ *
+ * Threads: the handler (a job thread) routes and submits the assemble; its answer arrives on
+ * the curl thread, which records it and submits the completion. Nothing waits. */
+#include "server/gateway_impl.h"
+
+#include <stdio.h>
+#include <string.h>
+#include "backends/worker_client.h"
+#include "cache/chat.h"
+
+/* Fields of ours that an OpenAI-compatible backend would not know: never forwarded to it. */
+static const char *const EXT_FIELDS[] = {"chunk_separator", "cache_salt", "chunk_mode", "documents",
+                                         "recompute_prefix_tokens"};
+
+/* Sampling fields that mean the same in chat and completions requests. */
+static const char *const CHAT_COPY[] = {"temperature",
+                                        "top_p",
+                                        "seed",
+                                        "stop",
+                                        "n",
+                                        "stream",
+                                        "stream_options",
+                                        "presence_penalty",
+                                        "frequency_penalty",
+                                        "logit_bias",
+                                        "user"};
+
+/* One request on its way through the dispatcher. */
+typedef struct gw_call {
+    cg_gateway *g;
+    cg_http_req *req;
+    json_t *body; /* owned reference: the request */
+    cg_gw_segments segs;
+    cg_index_entry *ent; /* owned; the one lookup, segs.n_keys entries, may be NULL */
+    int chat, stream;
+    char rid[72];
+    cg_worker *w; /* routed worker (reference, in flight) */
+    cg_route_kind kind;
+    uint64_t t0;
+} gw_call;
+
+static void call_free(gw_call *c)
+{
+    cg_workers_release(c->g->workers, &c->w);
+    json_decref(c->body);
+    cg_gw_segments_free(&c->segs);
+    free(c->ent);
+    free(c);
+}
+
+static const char *route_name(const gw_call *c)
+{
+    return c->chat ? "chat_completions" : "completions";
+}
+
+/* ---------------------------------------------------------------- chat <-> completions */
+
+json_t *cg_gw_chat_as_completion(json_t *body, const char *prompt, size_t prompt_len)
+{
+    json_t *o = json_object();
+    json_object_set(o, "model", json_object_get(body, "model"));
+    json_object_set_new(o, "prompt", json_stringn(prompt ? prompt : "", prompt_len));
+    json_t *mt = json_object_get(body, "max_completion_tokens");
+    if (!mt || json_is_null(mt)) mt = json_object_get(body, "max_tokens");
+    if (mt && !json_is_null(mt)) json_object_set(o, "max_tokens", mt);
+    for (size_t i = 0; i < CG_ARRAY_LEN(CHAT_COPY); i++) {
+        json_t *v = json_object_get(body, CHAT_COPY[i]);
+        if (v) json_object_set(o, CHAT_COPY[i], v);
+    }
+    return o;
+}
+
+void cg_gw_to_chat(json_t *obj, int stream, int first)
+{
+    const char *id = json_string_value(json_object_get(obj, "id"));
+    if (id && strncmp(id, "chatcmpl-", 9) != 0) {
+        char nid[160];
+        snprintf(nid, sizeof nid, "chatcmpl-%s", strncmp(id, "cmpl-", 5) ? id : id + 5);
+        json_object_set_new(obj, "id", json_string(nid));
+    }
+    json_object_set_new(obj, "object",
+                        json_string(stream ? "chat.completion.chunk" : "chat.completion"));
+    size_t i;
+    json_t *ch;
+    json_array_foreach(json_object_get(obj, "choices"), i, ch)
+    {
+        if (!json_is_object(ch)) continue;
+        json_t *text = json_object_get(ch, "text");
+        json_t *m = json_object();
+        if (!stream || first) json_object_set_new(m, "role", json_string("assistant"));
+        if (!stream)
+            json_object_set(m, "content", json_is_string(text) ? text : json_null());
+        else if (json_is_string(text) && (first || json_string_length(text)))
+            json_object_set(m, "content", text);
+        json_object_set_new(ch, stream ? "delta" : "message", m);
+        json_object_del(ch, "text");
+        if (!json_object_get(ch, "logprobs")) json_object_set_new(ch, "logprobs", json_null());
+    }
+}
+
+/* A chat without separators, for a worker (which has no chat route): one line per message,
+ * "<role>: <text>", then "assistant:". */
+static void render_plain_chat(json_t *body, cg_buf *out)
+{
+    size_t i, j;
+    json_t *m, *part;
+    cg_status st = CG_OK;
+    json_array_foreach(json_object_get(body, "messages"), i, m)
+    {
+        st = cg_buf_printf(out, "%s: ", json_string_value(json_object_get(m, "role")));
+        json_t *c = json_object_get(m, "content");
+        if (json_is_string(c)) {
+            st = cg_buf_append(out, json_string_value(c), json_string_length(c));
+        } else if (json_is_array(c)) {
+            int n = 0;
+            json_array_foreach(c, j, part)
+            {
+                json_t *t = json_object_get(part, "text");
+                if (!json_is_string(t)) continue;
+                if (n++) st = cg_buf_append(out, "\n", 1);
+                st = cg_buf_append(out, json_string_value(t), json_string_length(t));
+            }
+        }
+        st = cg_buf_append(out, "\n", 1);
+    }
+    st = cg_buf_append(out, "assistant:", 10);
+    (void)st; /* unlimited buffer; the body cap bounds it */
+}
+
+/* ---------------------------------------------------------------- bodies */
+
+/* The body for --backend: the client's bytes unchanged when it used no extension field, else
+ * the request re-serialised without them. Chat documents must still reach the model, so they
+ * move into one system message placed after the leading system/developer messages (the same
+ * place the rendering gives them), joined by blank lines. Returns a new buffer. */
+static char *forward_body(cg_http_req *req, json_t *body, int chat, size_t *len)
+{
+    int has_ext = 0;
+    for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
+        has_ext |= json_object_get(body, EXT_FIELDS[i]) != NULL;
+    if (!has_ext) {
+        const char *raw = cg_http_req_body(req, len);
+        char *copy = cg_malloc(*len + 1);
+        memcpy(copy, raw, *len);
+        copy[*len] = '\0';
+        return copy;
+    }
+    json_t *docs = json_object_get(body, "documents");
+    if (chat && json_is_array(docs) && json_array_size(docs)) {
+        cg_buf joined;
+        cg_buf_init(&joined, 0);
+        size_t i;
+        json_t *d;
+        json_array_foreach(docs, i, d)
+        {
+            cg_status st = CG_OK;
+            if (i) st = cg_buf_append(&joined, "\n\n", 2);
+            if (st == CG_OK)
+                st = cg_buf_append(&joined, json_string_value(d), json_string_length(d));
+            (void)st;
+        }
+        json_t *msgs = json_object_get(body, "messages");
+        size_t at = 0;
+        while (at < json_array_size(msgs)) {
+            json_t *role = json_object_get(json_array_get(msgs, at), "role");
+            if (!cg_chat_is_system_role(json_string_value(role))) break;
+            at++;
+        }
+        json_array_insert_new(msgs, at,
+                              json_pack("{s:s, s:s%}", "role", "system", "content",
+                                        joined.data ? joined.data : "", joined.len));
+        cg_buf_free(&joined);
+    }
+    for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
+        json_object_del(body, EXT_FIELDS[i]);
+    char *out = json_dumps(body, JSON_COMPACT);
+    *len = strlen(out);
+    return out;
+}
+
+/* The plain-prompt body for a worker's /v1/completions. A worker splits a "# #" prompt
+ * itself, so the tenant salt, mode and the separator in use go along: a fallback never mixes
+ * tenants in the worker's pool. Chat becomes a completion of its rendering. */
+static char *worker_plain_body(gw_call *c, size_t *len)
+{
+    json_t *o;
+    if (c->chat) {
+        cg_buf plain;
+        cg_buf_init(&plain, 0);
+        if (!c->segs.split.passthrough) {
+            o = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
+        } else {
+            render_plain_chat(c->body, &plain);
+            o = cg_gw_chat_as_completion(c->body, plain.data, plain.len);
+        }
+        cg_buf_free(&plain);
+        const char *keep[] = {"cache_salt", "chunk_mode", "recompute_prefix_tokens"};
+        for (size_t i = 0; i < CG_ARRAY_LEN(keep); i++) {
+            json_t *v = json_object_get(c->body, keep[i]);
+            if (v) json_object_set(o, keep[i], v);
+        }
+    } else {
+        o = json_copy(c->body); /* shallow: top-level edits only */
+    }
+    json_object_del(o, "documents");
+    json_object_set_new(o, "chunk_separator", json_string(c->segs.separator));
+    char *out = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    *len = strlen(out);
+    return out;
+}
+
+/* ---------------------------------------------------------------- chunk_cache */
+
+static json_t *seg_json(const cg_gw_segments *s, size_t k, json_t *tokens, int hit, json_t *tier)
+{
+    const cg_segment *seg = &s->split.segs[s->key_seg[k]];
+    char hex[CG_KEY_HEX_LEN + 1];
+    cg_key_hex(&s->keys[k], hex);
+    return json_pack("{s:s, s:s, s:o, s:I, s:b, s:o}", "key", hex, "role", cg_role_name(seg->role),
+                     "tokens", tokens, "bytes", (json_int_t)seg->len, "hit", hit, "tier", tier);
+}
+
+/* chunk_cache of a request forwarded with the plain prompt. reason: why it fell back (NULL
+ * for pass-through). */
+static json_t *chunk_cache_plain(const cg_gw_segments *s, const cg_index_entry *ent,
+                                 const char *reason)
+{
+    json_t *segs = json_array();
+    for (size_t k = 0; k < s->n_keys; k++) {
+        json_t *tokens =
+            ent && ent[k].found && ent[k].tokens >= 0 ? json_integer(ent[k].tokens) : json_null();
+        json_array_append_new(segs, seg_json(s, k, tokens, 0, json_null()));
+    }
+    return json_pack("{s:o, s:s, s:n, s:b, s:b, s:I, s:n, s:o}", "segments", segs, "mode",
+                     cg_mode_name(s->mode), "worker", "fallback", s->n_keys > 0, "passthrough",
+                     s->split.passthrough, "empty_segments", (json_int_t)s->split.empty_skipped,
+                     "routing", "fallback_reason", reason ? json_string(reason) : json_null());
+}
+
+static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
+{
+    const cg_gw_segments *s = &c->segs;
+    json_t *segs = json_array();
+    for (size_t k = 0; k < s->n_keys; k++) {
+        const cg_wc_seg *r = &a->segs[s->key_seg[k]];
+        json_array_append_new(segs, seg_json(s, k, json_integer((json_int_t)r->n_tokens), r->hit,
+                                             json_string(r->tier)));
+    }
+    return json_pack("{s:o, s:s, s:s, s:b, s:b, s:I, s:s, s:n}", "segments", segs, "mode",
+                     cg_mode_name(s->mode), "worker", cg_worker_url(c->w), "fallback", 0,
+                     "passthrough", 0, "empty_segments", (json_int_t)s->split.empty_skipped,
+                     "routing", cg_route_kind_name(c->kind), "fallback_reason");
+}
+
+/* ---------------------------------------------------------------- plain forwarding */
+
+static void count_fallback(cg_gateway *g, const gw_call *c, const char *reason)
+{
+    cg_metric_add(g->m_fallbacks, 1);
+    cg_metric_add(g->m_misses, (double)c->segs.n_keys);
+    cg_metric_add(!strcmp(reason, "model")          ? g->m_fallback_model
+                  : !strcmp(reason, "worker_error") ? g->m_fallback_worker_error
+                                                    : g->m_fallback_no_worker,
+                  1);
+}
+
+/* Forwards the plain prompt: to --backend, else to the least-loaded healthy worker other
+ * than exclude. reason: NULL for pass-through, else the fallback reason; why: what failed
+ * (for the error message). Frees c. */
+static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclude, const char *why)
+{
+    cg_gateway *g = c->g;
+    if (reason) count_fallback(g, c, reason);
+    cg_gw_target t = {.route = route_name(c), .cached_tokens = -1, .count_usage = 1};
+    char *body;
+    size_t len = 0;
+    if (g->has_backend) {
+        t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
+        body = forward_body(c->req, c->body, c->chat, &len);
+    } else {
+        cg_worker *w = cg_workers_pick_any(g->workers, exclude);
+        if (!w) {
+            char msg[768];
+            snprintf(msg, sizeof msg, "no backend is configured and no worker is healthy%s%s%s",
+                     why ? " (" : "", why ? why : "", why ? ")" : "");
+            cg_http_reply_error(c->req, CG_E_UNAVAILABLE, NULL, msg);
+            call_free(c);
+            return;
+        }
+        t.base = cg_worker_url(w);
+        t.no_auth = 1;
+        t.path = "/v1/completions";
+        t.to_chat = c->chat;
+        t.worker = w;
+        t.backend_is_worker = 1;
+        body = worker_plain_body(c, &len);
+    }
+    json_t *cc = chunk_cache_plain(&c->segs, c->ent, reason);
+    cg_gw_relay_to(g, c->req, &t, body, len, c->stream, cc);
+    call_free(c);
+}
+
+/* ---------------------------------------------------------------- main path */
+
+/* The worker's assembly must describe exactly the segments we sent, keys included. */
+static int assembly_matches(const gw_call *c, const cg_wc_assembly *a, char *why, size_t n)
+{
+    const cg_gw_segments *s = &c->segs;
+    if (a->n_segs != s->split.n) {
+        snprintf(why, n, "the assembly has %zu segments, %zu were sent", a->n_segs, s->split.n);
+        return 0;
+    }
+    for (size_t i = 0; i < a->n_segs; i++)
+        if (a->segs[i].role != s->split.segs[i].role) {
+            snprintf(why, n, "assembly segment %zu has another role", i);
+            return 0;
+        }
+    for (size_t k = 0; k < s->n_keys; k++)
+        if (!cg_key_equal(&a->segs[s->key_seg[k]].key, &s->keys[k])) {
+            snprintf(why, n, "assembly segment %zu has another key", s->key_seg[k]);
+            return 0;
+        }
+    return 1;
+}
+
+/* The worker is the source of truth: every assemble answer updates the index at once (hits
+ * refresh their placement, stored misses become placements, unstored ones and evicted keys
+ * are removed), and a miss where the index expected a hit schedules a full resync. */
+static void record(gw_call *c, const cg_wc_assembly *a)
+{
+    cg_gateway *g = c->g;
+    cg_index *ix = g->index;
+    int64_t wid = cg_worker_id(c->w), now = (int64_t)cg_wall_ms();
+    uint64_t mono = cg_now_ms();
+    size_t hits = 0, stale = 0;
+    for (size_t k = 0; k < c->segs.n_keys; k++) {
+        const cg_wc_seg *s = &a->segs[c->segs.key_seg[k]];
+        const cg_key *key = &c->segs.keys[k];
+        if (!s->hit && cg_workers_placed(g->workers, c->w, key, c->ent ? &c->ent[k] : NULL, mono))
+            stale++;
+        if (s->hit) {
+            hits++;
+            cg_index_chunk_hit(ix, key, now);
+            cg_index_placement_set(ix, key, wid, CG_TIER_RAM, s->n_tokens, now);
+        } else if (s->stored) {
+            cg_index_placement_set(ix, key, wid, CG_TIER_RAM, s->n_tokens, now);
+        } else {
+            cg_index_placement_del(ix, key, wid); /* computed but not kept (pool full) */
+        }
+        cg_workers_note(g->workers, c->w, key, s->hit || s->stored ? s->n_tokens : -1, mono);
+    }
+    for (size_t i = 0; i < a->n_evicted; i++) {
+        int ours = 0;
+        for (size_t k = 0; k < c->segs.n_keys && !ours; k++)
+            ours = cg_key_equal(&a->evicted[i], &c->segs.keys[k]);
+        if (ours) continue;
+        cg_index_placement_del(ix, &a->evicted[i], wid);
+        cg_workers_note(g->workers, c->w, &a->evicted[i], -1, mono);
+    }
+    cg_metric_add(g->m_hits, (double)hits);
+    cg_metric_add(g->m_misses, (double)(c->segs.n_keys - hits));
+    cg_metric_add(g->m_reused, (double)a->cached_tokens);
+    cg_metric_add(g->m_computed, (double)a->computed_tokens);
+    if (stale) {
+        cg_log(CG_LOG_INFO,
+               "worker %s no longer holds %zu chunk(s) the index placed there; "
+               "resyncing its inventory",
+               cg_worker_url(c->w), stale);
+        cg_workers_stale(g->workers, c->w);
+    }
+}
+
+/* Completes the request from the assembly on the backend (the worker without --backend).
+ * Frees c. */
+static void complete(gw_call *c, const cg_wc_assembly *a)
+{
+    cg_gateway *g = c->g;
+    json_t *cb;
+    if (c->chat) {
+        cb = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
+    } else {
+        cb = json_copy(c->body); /* shallow: top-level edits only */
+        for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
+            json_object_del(cb, EXT_FIELDS[i]);
+    }
+    json_object_set_new(cb, "kv_transfer_params", json_pack("{s:s}", "assembly_id", a->id));
+    char *text = json_dumps(cb, JSON_COMPACT);
+    json_decref(cb);
+    json_t *cc = chunk_cache_main(c, a);
+    /* --backend naming the worker itself is the same as no --backend: it consumes the
+     * assembly, so there is nothing to release after a good answer. */
+    int same = g->has_backend && !strcmp(cg_openai_base_url(g->client), cg_worker_url(c->w));
+    cg_gw_target t = {.route = route_name(c),
+                      .base = g->has_backend ? NULL : cg_worker_url(c->w),
+                      .path = "/v1/completions",
+                      .no_auth = !g->has_backend,
+                      .to_chat = c->chat,
+                      .cached_tokens = a->cached_tokens,
+                      .count_usage = 0,
+                      .worker = c->w,
+                      .assembly_id = a->id,
+                      .backend_is_worker = !g->has_backend || same};
+    c->w = NULL; /* the relay owns it now */
+    cg_gw_relay_to(g, c->req, &t, text, strlen(text), c->stream, cc);
+    call_free(c);
+}
+
+static void on_assembled(void *arg, cg_status st, long http, json_t *j, const char *detail)
+{
+    gw_call *c = arg;
+    cg_gateway *g = c->g;
+    cg_wc_assembly a;
+    memset(&a, 0, sizeof a);
+    char why[768];
+    cg_log_set_request_id(c->rid);
+    cg_metric_observe(g->m_assemble, (double)(cg_now_ns() - c->t0) / 1e9);
+    const char *url = cg_worker_url(c->w);
+    if (st != CG_OK) {
+        snprintf(why, sizeof why, "assemble on %s: %s", url, detail);
+        cg_workers_error(g->workers, c->w,
+                         st == CG_E_TIMEOUT       ? "timeout"
+                         : st == CG_E_UNAVAILABLE ? "connect"
+                                                  : "invalid",
+                         why);
+        goto fallback;
+    }
+    if (http != 200) {
+        const char *code = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+        if (http == 400 && code && !strcmp(code, "context_length_exceeded")) {
+            /* The prompt does not fit the model: the client's error, as the worker put it. */
+            cg_http_reply_json(c->req, 400, j);
+            j = NULL;
+            call_free(c);
+            goto out;
+        }
+        const char *m = cg_wc_error_message(j);
+        snprintf(why, sizeof why, "assemble on %s answered HTTP %ld: %s", url, http,
+                 m ? m : "no error message");
+        cg_workers_error(g->workers, c->w, "status", why);
+        goto fallback;
+    }
+    char perr[256];
+    if (cg_wc_assembly_parse(j, &a, perr, sizeof perr) != CG_OK ||
+        !assembly_matches(c, &a, perr, sizeof perr)) {
+        snprintf(why, sizeof why, "assemble on %s: %s", url, perr);
+        if (a.id[0]) cg_wc_release(g->client, url, a.id, c->rid);
+        cg_workers_error(g->workers, c->w, "invalid", why);
+        goto fallback;
+    }
+    record(c, &a);
+    complete(c, &a);
+    goto out;
+fallback:
+    cg_log(CG_LOG_WARN, "falling back to the plain prompt: %s", why);
+    {
+        cg_worker *failed = c->w;
+        c->w = NULL;
+        forward_plain(c, "worker_error", failed, why);
+        cg_workers_release(g->workers, &failed);
+    }
+out:
+    json_decref(j);
+    cg_wc_assembly_free(&a);
+    cg_log_set_request_id(NULL);
+}
+
+static json_t *assemble_body(const gw_call *c)
+{
+    const cg_gw_segments *s = &c->segs;
+    json_t *segs = json_array();
+    size_t k = 0;
+    for (size_t i = 0; i < s->split.n; i++) {
+        const cg_segment *seg = &s->split.segs[i];
+        json_t *o = json_pack("{s:s, s:s%}", "role", cg_role_name(seg->role), "text",
+                              s->text + seg->off, seg->len);
+        if (k < s->n_keys && s->key_seg[k] == i) {
+            char hex[CG_KEY_HEX_LEN + 1];
+            cg_key_hex(&s->keys[k++], hex);
+            json_object_set_new(o, "key", json_string(hex));
+        }
+        json_array_append_new(segs, o);
+    }
+    json_t *ab = json_pack("{s:O, s:s, s:o}", "model", json_object_get(c->body, "model"), "mode",
+                           cg_mode_name(s->mode), "segments", segs);
+    if (s->salt) json_object_set_new(ab, "cache_salt", json_string(s->salt));
+    if (s->recompute >= 0)
+        json_object_set_new(ab, "recompute_prefix_tokens", json_integer(s->recompute));
+    return ab;
+}
+
+/* Routing tie-break: the request's first document chunk (else its system segment), so equal
+ * cold requests spread over the workers by content and a document set seen for the first
+ * time by two gateways' requests at once still lands on one worker. */
+static uint64_t tie_hash(const cg_gw_segments *s)
+{
+    size_t pick = 0;
+    for (size_t k = 0; k < s->n_keys; k++)
+        if (s->split.segs[s->key_seg[k]].role == CG_ROLE_CHUNK) {
+            pick = k;
+            break;
+        }
+    uint64_t h = 0;
+    for (int i = 0; i < 8; i++)
+        h = h << 8 | s->keys[pick].b[i];
+    return h;
+}
+
+static void count_roles(cg_gateway *g, const cg_gw_segments *s)
+{
+    size_t by_role[3] = {0, 0, 0};
+    for (size_t i = 0; i < s->split.n; i++)
+        by_role[s->split.segs[i].role]++;
+    cg_metric_add(g->m_seg_system, (double)by_role[CG_ROLE_SYSTEM]);
+    cg_metric_add(g->m_seg_chunk, (double)by_role[CG_ROLE_CHUNK]);
+    cg_metric_add(g->m_seg_question, (double)by_role[CG_ROLE_QUESTION]);
+    cg_metric_add(g->m_empty, (double)s->split.empty_skipped);
+}
+
+void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segments *segs,
+                       cg_index_entry *ent, int chat, int stream)
+{
+    gw_call *c = cg_calloc(1, sizeof *c);
+    c->g = g;
+    c->req = req;
+    c->body = body;
+    c->segs = *segs;
+    cg_gw_segments_init(segs); /* moved */
+    c->ent = ent;
+    c->chat = chat;
+    c->stream = stream;
+    snprintf(c->rid, sizeof c->rid, "%s", cg_http_req_id(req));
+    count_roles(g, &c->segs);
+
+    if (c->segs.split.passthrough || !c->segs.n_keys) {
+        if (c->segs.split.passthrough) cg_metric_add(g->m_passthrough, 1);
+        forward_plain(c, NULL, NULL, NULL);
+        return;
+    }
+    char pool_model[256];
+    const char *model = json_string_value(json_object_get(body, "model"));
+    if (!cg_workers_count(g->workers) ||
+        !cg_workers_model(g->workers, pool_model, sizeof pool_model)) {
+        forward_plain(c, "no_worker", NULL, NULL);
+        return;
+    }
+    if (strcmp(pool_model, model) != 0) {
+        /* Keys include the model id: a worker of another model cannot serve these chunks. */
+        char why[400];
+        snprintf(why, sizeof why, "the workers serve '%.128s', the request names '%.128s'",
+                 pool_model, model);
+        forward_plain(c, "model", NULL, why);
+        return;
+    }
+    int64_t expect = 0;
+    unsigned char *steer = cg_calloc(c->segs.n_keys, 1);
+    for (size_t k = 0; k < c->segs.n_keys; k++)
+        steer[k] = c->segs.split.segs[c->segs.key_seg[k]].role == CG_ROLE_CHUNK;
+    c->w = cg_workers_route(g->workers, c->ent, steer, c->segs.n_keys, c->segs.keys,
+                            tie_hash(&c->segs), &c->kind, &expect);
+    free(steer);
+    if (!c->w) {
+        forward_plain(c, "no_worker", NULL, NULL);
+        return;
+    }
+    json_t *ab = assemble_body(c);
+    char *text = json_dumps(ab, JSON_COMPACT);
+    json_decref(ab);
+    cg_log(CG_LOG_DEBUG, "routed to %s (%s, %lld cached tokens expected)", cg_worker_url(c->w),
+           cg_route_kind_name(c->kind), (long long)expect);
+    c->t0 = cg_now_ns();
+    /* The answer may arrive (on the curl thread) before cg_wc_call returns: c is not ours
+     * once the call is submitted. */
+    char url[600];
+    snprintf(url, sizeof url, "%s", cg_worker_url(c->w));
+    if (cg_wc_call(g->client, url, "POST", "/v1/assemble", text, strlen(text), c->rid,
+                   (long)g->cfg->worker_timeout_ms, on_assembled, c, NULL) != CG_OK) {
+        cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
+        call_free(c);
+    }
+}
