@@ -1,7 +1,10 @@
 /* Tests for segment-aware attention: the plan against DESIGN §5's table (naive rule), and the
  * blocked CBLAS forward against a naive O(n^2) attention under the dense mask. */
+#include <cblas.h>
 #include <check.h>
 #include <math.h>
+#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -235,6 +238,171 @@ START_TEST(test_forward_long_range)
 }
 END_TEST
 
+/* Spans long enough to cross the kernel's key tiles (256 keys) and query blocks (128 stacked
+ * rows): causal, and a sys-mode layout whose prefix and own ranges start and end mid-tile.
+ * Shapes cover group sizes 1..8 and head_dim with and without a multiple of 8. Run with
+ * OpenBLAS at one thread per call (the worker's setting: the largest tiles) and at two (tiles
+ * kept under OpenBLAS's threading sizes). */
+START_TEST(test_forward_large_tiles)
+{
+    static const int shapes[][3] = {{8, 4, 32}, {8, 1, 64}, {16, 2, 16}, {3, 3, 40}, {4, 2, 12}};
+    cg_role roles[] = {CG_ROLE_SYSTEM, CG_ROLE_CHUNK, CG_ROLE_CHUNK, CG_ROLE_QUESTION};
+    uint32_t lens[] = {300, 517, 389, 70};
+    unsigned st = 31337;
+    for (int i = 0; i < 10; i++) {
+        const int *sh = shapes[i % 5];
+        openblas_set_num_threads(i < 5 ? 1 : 2);
+        cg_attn_span causal = {.q_start = 0, .q_len = 1100, .own_start = 0, .prefix = 0};
+        double e = compare(&st, sh[0], sh[1], sh[2], &causal, 1, 1100, 3.0f);
+        ck_assert_msg(e <= 1e-5, "causal heads %d/%d d %d: max diff %g", sh[0], sh[1], sh[2], e);
+        cg_attn_span spans[4];
+        size_t ns = cg_attn_plan(roles, lens, 4, CG_MODE_SYS, spans);
+        e = compare(&st, sh[0], sh[1], sh[2], spans, ns, 1276, 3.0f);
+        ck_assert_msg(e <= 1e-5, "sys layout heads %d/%d d %d: max diff %g", sh[0], sh[1], sh[2],
+                      e);
+    }
+}
+END_TEST
+
+/* Decode-sized work (one or two query slots, up to 4 stacked rows: the few-row path) over
+ * several of its 2048-key tiles, with a prefix, a causal cut between the two slots, and head_dim
+ * with and without a multiple of 8; and 8 stacked rows (the smallest matrix-matrix case). */
+START_TEST(test_forward_decode_long)
+{
+    static const int shapes[][3] = {{8, 4, 32}, {4, 1, 32}, {2, 2, 12}, {4, 2, 64}, {8, 1, 16}};
+    unsigned st = 2024;
+    for (int i = 0; i < 10; i++) {
+        const int *sh = shapes[i % 5];
+        openblas_set_num_threads(i < 5 ? 1 : 2);
+        cg_attn_span one = {.q_start = 5000, .q_len = 1, .own_start = 0, .prefix = 0};
+        double e = compare(&st, sh[0], sh[1], sh[2], &one, 1, 5001, 4.0f);
+        ck_assert_msg(e <= 1e-5, "decode heads %d/%d d %d: max diff %g", sh[0], sh[1], sh[2], e);
+        cg_attn_span two[2] = {{.q_start = 4700, .q_len = 2, .own_start = 2100, .prefix = 2090},
+                               {.q_start = 4702, .q_len = 1, .own_start = 4702, .prefix = 0}};
+        e = compare(&st, sh[0], sh[1], sh[2], two, 2, 4703, 4.0f);
+        ck_assert_msg(e <= 1e-5, "two rows heads %d/%d d %d: max diff %g", sh[0], sh[1], sh[2], e);
+    }
+}
+END_TEST
+
+/* Few work items for many threads: each block's keys are split into parts computed apart and
+ * merged (one KV head; decode and a question block), including a part boundary that falls
+ * between the prefix and the own range. Four threads are asked for so that the split happens
+ * whatever the machine's core count. */
+START_TEST(test_forward_split_keys)
+{
+    omp_set_num_threads(4);
+    openblas_set_num_threads(1);
+    unsigned st = 555;
+    cg_attn_span dec = {.q_start = 4000, .q_len = 1, .own_start = 0, .prefix = 0};
+    double e = compare(&st, 8, 1, 64, &dec, 1, 4001, 4.0f);
+    ck_assert_msg(e <= 1e-5, "decode: max diff %g", e);
+    cg_attn_span qb = {.q_start = 3000, .q_len = 64, .own_start = 0, .prefix = 0};
+    e = compare(&st, 4, 1, 32, &qb, 1, 3064, 4.0f);
+    ck_assert_msg(e <= 1e-5, "question block: max diff %g", e);
+    cg_attn_span pre = {.q_start = 3500, .q_len = 40, .own_start = 1700, .prefix = 1100};
+    e = compare(&st, 4, 2, 32, &pre, 1, 3540, 4.0f);
+    ck_assert_msg(e <= 1e-5, "prefix + own: max diff %g", e);
+}
+END_TEST
+
+/* Very peaked rows. Random: scores spread over tens. Exact: scores that float holds exactly
+ * (head_dim 4, so the scale is 1/2; integer q and k), spread down to -400 below each row's max,
+ * so most exponentials fall in the range where the kernel's exp clamps; the output must still
+ * match the double-precision reference. */
+START_TEST(test_forward_peaked)
+{
+    unsigned st = 8080;
+    cg_attn_span sp[2] = {{.q_start = 0, .q_len = 700, .own_start = 0, .prefix = 0},
+                          {.q_start = 700, .q_len = 1, .own_start = 0, .prefix = 0}};
+    double e = compare(&st, 4, 2, 32, sp, 2, 701, 20.0f);
+    ck_assert_msg(e <= 1e-5, "random: max diff %g", e);
+
+    enum { N = 600, D = 4, H = 2 };
+    float *k = cg_calloc(N * D, sizeof(float)), *v = cg_malloc(N * D * sizeof(float));
+    float *q = cg_calloc(N * H * D, sizeof(float)), *o1 = cg_malloc(N * H * D * sizeof(float));
+    float *o2 = cg_malloc(N * H * D * sizeof(float));
+    for (int j = 0; j < N; j++) {
+        k[j * D] = j == 0 ? 0.0f : -(float)((j * 7) % 401); /* key 0 holds every row's max */
+        for (int e2 = 0; e2 < D; e2++)
+            v[j * D + e2] = frand(&st);
+    }
+    for (int i = 0; i < N; i++) {
+        q[(i * H + 0) * D] = 1.0f; /* head 0: scores 0 .. -200 */
+        q[(i * H + 1) * D] = 2.0f; /* head 1: scores 0 .. -400 */
+    }
+    cg_attn_kv kv = {.k = k, .v = v, .head_stride = N * D, .n_kv_heads = 1, .head_dim = D};
+    cg_attn_span causal = {.q_start = 0, .q_len = N, .own_start = 0, .prefix = 0};
+    cg_attn_forward(&kv, H, &causal, 1, q, o1);
+    naive_attn(&kv, H, &causal, 1, N, q, o2);
+    double m = 0;
+    for (int i = 0; i < N * H * D; i++) {
+        double d = fabs((double)o1[i] - (double)o2[i]);
+        if (!(d <= m)) m = d;
+    }
+    ck_assert_msg(m <= 1e-6, "exact scores: max diff %g", m);
+    free(k);
+    free(v);
+    free(q);
+    free(o1);
+    free(o2);
+}
+END_TEST
+
+/* The softmax weights themselves, to a few ulp: with one-hot values (v_j = e_j, head_dim 64)
+ * the output of a row is its weight vector. Scores are exact in float (scale 1/8, integer q and
+ * k) and their fractional parts cover [0, 1) in steps of 1/8, down to -112 below the max.
+ * Rows: a 64-slot causal span (matrix path, 128 stacked rows) and a single decode row
+ * (few-row path). */
+START_TEST(test_forward_softmax_weights)
+{
+    enum { N = 64, D = 64, H = 2 };
+    float *k = cg_calloc(N * D, sizeof(float)), *v = cg_calloc(N * D, sizeof(float));
+    float *q = cg_calloc(N * H * D, sizeof(float)), *o = cg_malloc(N * H * D * sizeof(float));
+    for (int j = 0; j < N; j++) {
+        k[j * D] = j == 5 ? 1.0f : -(float)((j * 37) % 113); /* max at key 5 for rows >= 5 */
+        v[j * D + j] = 1.0f;
+    }
+    for (int i = 0; i < N; i++) {
+        q[(i * H + 0) * D] = 1.0f; /* scores k/8 */
+        q[(i * H + 1) * D] = 3.0f; /* scores 3k/8 */
+    }
+    cg_attn_kv kv = {.k = k, .v = v, .head_stride = N * D, .n_kv_heads = 1, .head_dim = D};
+    cg_attn_span spans[2][1] = {{{.q_start = 0, .q_len = N, .own_start = 0, .prefix = 0}},
+                                {{.q_start = N - 1, .q_len = 1, .own_start = 0, .prefix = 0}}};
+    double worst = 0;
+    openblas_set_num_threads(1);
+    for (int c = 0; c < 2; c++) {
+        cg_attn_forward(&kv, H, spans[c], 1, q + (c ? (size_t)(N - 1) * H * D : 0), o);
+        for (uint32_t r = 0; r < spans[c][0].q_len; r++) {
+            uint32_t slot = spans[c][0].q_start + r;
+            for (int h = 0; h < H; h++) {
+                double a = h ? 3.0 : 1.0, mx = -INFINITY, sum = 0;
+                for (uint32_t j = 0; j <= slot; j++)
+                    mx = fmax(mx, a * k[j * D] / 8.0);
+                for (uint32_t j = 0; j <= slot; j++)
+                    sum += exp(a * k[j * D] / 8.0 - mx);
+                const float *row = o + ((size_t)r * H + (size_t)h) * D;
+                for (uint32_t j = 0; j < N; j++) {
+                    double want = j <= slot ? exp(a * k[j * D] / 8.0 - mx) / sum : 0.0;
+                    double err = fabs(row[j] - want);
+                    /* relative where the weight is a normal float; absolute below */
+                    double rel = want > 1e-30 ? err / want : err / 1e-30;
+                    ck_assert_msg(rel <= 5e-7, "case %d slot %u head %d key %u: %.9g vs %.9g", c,
+                                  slot, h, j, row[j], want);
+                    worst = fmax(worst, rel);
+                }
+            }
+        }
+    }
+    fprintf(stderr, "softmax weights: worst relative error %.3g\n", worst);
+    free(k);
+    free(v);
+    free(q);
+    free(o);
+}
+END_TEST
+
 /* The check must be able to fail: a visible key whose value differs changes the output. */
 START_TEST(test_forward_sees_visible_only)
 {
@@ -249,6 +417,9 @@ START_TEST(test_forward_sees_visible_only)
     sp.own_start = 0; /* plain causal: the large values at slots 0 and 1 dominate */
     cg_attn_forward(&kv, 1, &sp, 1, q, out);
     ck_assert(out[0] > 50.0f);
+    out[0] = -1.0f; /* no spans: nothing is written */
+    cg_attn_forward(&kv, 1, &sp, 0, q, out);
+    ck_assert(out[0] == -1.0f);
 }
 END_TEST
 
@@ -263,6 +434,11 @@ int main(void)
     tcase_add_test(tc, test_forward_decode_and_prefix);
     tcase_add_test(tc, test_forward_long_range);
     tcase_add_test(tc, test_forward_sees_visible_only);
+    tcase_add_test(tc, test_forward_large_tiles);
+    tcase_add_test(tc, test_forward_decode_long);
+    tcase_add_test(tc, test_forward_split_keys);
+    tcase_add_test(tc, test_forward_peaked);
+    tcase_add_test(tc, test_forward_softmax_weights);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
