@@ -2,12 +2,19 @@
 # Installs the Debian 12 packages chunkgate needs to build, test and run (as root, only the
 # missing ones). Used by scripts/test.sh and scripts/run.sh.
 set -euo pipefail
+# prometheus: promtool (tests/metrics_check.sh); docker-compose: `docker-compose config`
+# (tests/docker_check.sh); python3-yaml comes with it.
 PKGS=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev libsqlite3-dev
-      libxxhash-dev libcurl4-openssl-dev check libopenblas-dev curl sqlite3 ${CG_EXTRA_PKGS:-})
+      libxxhash-dev libcurl4-openssl-dev check libopenblas-dev libssl-dev curl sqlite3
+      prometheus docker-compose ${CG_EXTRA_PKGS:-})
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node and npm run the client-compatibility tests (tests/compat). Any node >= 18 will do (a
+# NodeSource build, for one, bundles npm); Debian 12's own nodejs (18.x) and npm are
+# installed only when no node is on the PATH at all.
+command -v node >/dev/null || missing+=(nodejs npm)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
     echo "missing Debian packages: ${missing[*]} (run as root, or: sudo apt-get install -y ${missing[*]})" >&2
