@@ -158,6 +158,9 @@ cg_status cg_wc_info_parse(json_t *j, cg_wc_info *out, char *err, size_t errlen)
     out->dtype = dup_field(j, "dtype");
     out->rope_style = dup_field(j, "rope_style");
     out->key_version = dup_field(j, "key_version");
+    /* Workers from before --key-hash existed hash with XXH3-128. */
+    out->key_hash = dup_field(j, "key_hash");
+    if (!out->key_hash) out->key_hash = cg_strdup("xxhash");
     out->n_layers = json_integer_value(json_object_get(j, "n_layers"));
     out->n_kv_heads = json_integer_value(json_object_get(j, "n_kv_heads"));
     out->head_dim = json_integer_value(json_object_get(j, "head_dim"));
@@ -195,6 +198,7 @@ void cg_wc_info_clear(cg_wc_info *i)
     free(i->dtype);
     free(i->rope_style);
     free(i->key_version);
+    free(i->key_hash);
     free(i->instance);
     memset(i, 0, sizeof *i);
 }
@@ -211,6 +215,7 @@ void cg_wc_info_copy(cg_wc_info *dst, const cg_wc_info *src)
     dst->dtype = dup_or_null(src->dtype);
     dst->rope_style = dup_or_null(src->rope_style);
     dst->key_version = dup_or_null(src->key_version);
+    dst->key_hash = dup_or_null(src->key_hash);
     dst->instance = dup_or_null(src->instance);
 }
 
@@ -221,7 +226,8 @@ int cg_wc_info_compatible(const cg_wc_info *a, const cg_wc_info *b, char *msg, s
     } s[] = {{"model", a->model, b->model},
              {"dtype", a->dtype, b->dtype},
              {"rope_style", a->rope_style, b->rope_style},
-             {"key_version", a->key_version, b->key_version}};
+             {"key_version", a->key_version, b->key_version},
+             {"key_hash", a->key_hash, b->key_hash}};
     for (size_t i = 0; i < CG_ARRAY_LEN(s); i++)
         if (strcmp(s[i].x ? s[i].x : "", s[i].y ? s[i].y : "") != 0) {
             snprintf(msg, msglen, "%s '%s' differs from '%s'", s[i].name, s[i].x ? s[i].x : "",

@@ -48,6 +48,7 @@ const char *cg_wc_error_message(json_t *j);
 
 typedef struct cg_wc_info {
     char *model, *dtype, *rope_style, *key_version; /* owned */
+    char *key_hash; /* owned; "xxhash" when the worker does not report key_hash */
     char *instance; /* owned; the worker's instance id or start time when it reports one
                        (instance_id, started_ms or start_time), else NULL */
     int64_t n_layers, n_kv_heads, head_dim, max_positions;
@@ -59,8 +60,8 @@ cg_status cg_wc_info_parse(json_t *j, cg_wc_info *out, char *err, size_t errlen)
 void cg_wc_info_clear(cg_wc_info *i);
 /* Copies src into *dst (dst zeroed or cleared first). */
 void cg_wc_info_copy(cg_wc_info *dst, const cg_wc_info *src);
-/* 1 when two workers can share one index: same model id, dtype, RoPE style, key version and
- * KV geometry (layers, KV heads, head dim). Otherwise 0 and msg names the first difference. */
+/* 1 when two workers can share one index: same model id, dtype, RoPE style, key version, key
+ * hash and KV geometry (layers, KV heads, head dim). Otherwise 0 and msg names the first difference. */
 int cg_wc_info_compatible(const cg_wc_info *a, const cg_wc_info *b, char *msg, size_t msglen);
 
 /* ---- POST /v1/assemble ---- */

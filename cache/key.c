@@ -1,7 +1,11 @@
-/* Chunk keys: XXH3-128 streamed over the length-prefixed fields, so segment bytes are hashed
- * in place and never copied. The encoding is pinned by tests/test_key.c. DESIGN §4. */
+/* Chunk keys: XXH3-128 (or SHA-256) streamed over the length-prefixed fields, so segment bytes
+ * are hashed in place and never copied. The encoding is pinned by tests/test_key.c and
+ * tests/test_keyhash.c. DESIGN §4. */
 #include "cache/key.h"
 
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The state struct is needed on the stack (no malloc per key); the header and the library
@@ -36,26 +40,110 @@ int cg_mode_parse(const char *s, cg_mode *out)
     return -1;
 }
 
+const char *cg_key_hash_name(cg_key_hash h)
+{
+    return h == CG_KEY_HASH_SHA256 ? "sha256" : "xxhash";
+}
+
+int cg_key_hash_parse(const char *s, cg_key_hash *out)
+{
+    if (!s) return -1;
+    if (!strcmp(s, "xxhash") || !strcmp(s, "xxh3")) {
+        *out = CG_KEY_HASH_XXH3;
+        return 0;
+    }
+    if (!strcmp(s, "sha256")) {
+        *out = CG_KEY_HASH_SHA256;
+        return 0;
+    }
+    return -1;
+}
+
+/* Written once at startup, before threads; read-only afterwards. */
+static cg_key_hash g_hash = CG_KEY_HASH_XXH3;
+
+void cg_key_set_hash(cg_key_hash h)
+{
+    g_hash = h;
+}
+
+cg_key_hash cg_key_get_hash(void)
+{
+    return g_hash;
+}
+
+/* ---- SHA-256 through libcrypto's EVP interface ---- */
+
+/* OpenSSL 3 looks an algorithm up by name on every EVP_DigestInit with EVP_sha256(); fetching
+ * it once makes a short key about twice as fast. It lives until the process ends. */
+static EVP_MD *g_sha256;
+static pthread_once_t g_sha256_once = PTHREAD_ONCE_INIT;
+
+static void sha256_fetch(void)
+{
+    g_sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+    if (!g_sha256) abort(); /* libcrypto without SHA-256: nothing sensible to do */
+}
+
+static EVP_MD_CTX *sha256_begin(void)
+{
+    pthread_once(&g_sha256_once, sha256_fetch);
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    if (!c || EVP_DigestInit_ex(c, g_sha256, NULL) != 1) abort(); /* out of memory */
+    return c;
+}
+
+static void sha256_end(EVP_MD_CTX *c, uint8_t out[32])
+{
+    unsigned n = 0;
+    if (EVP_DigestFinal_ex(c, out, &n) != 1 || n != 32) abort();
+    EVP_MD_CTX_free(c);
+}
+
+/* One hash state of either kind, fed field by field. */
+typedef struct key_state {
+    cg_key_hash h;
+    XXH3_state_t xx;
+    EVP_MD_CTX *sha;
+} key_state;
+
+static void ks_update(key_state *st, const void *p, size_t n)
+{
+    if (st->h == CG_KEY_HASH_SHA256) {
+        if (EVP_DigestUpdate(st->sha, p, n) != 1) abort();
+    } else {
+        (void)XXH3_128bits_update(&st->xx, p, n);
+    }
+}
+
 /* One field of the encoding: its length as an unsigned 64-bit little-endian integer, then its
  * bytes. The prefix makes the concatenation unambiguous ("ab"+"c" differs from "a"+"bc"). */
-static void put_field(XXH3_state_t *st, const void *p, size_t n)
+static void put_field(key_state *st, const void *p, size_t n)
 {
     uint8_t len[8];
     uint64_t v = (uint64_t)n;
     for (int i = 0; i < 8; i++)
         len[i] = (uint8_t)(v >> (8 * i));
-    (void)XXH3_128bits_update(st, len, sizeof len);
-    if (n) (void)XXH3_128bits_update(st, p, n);
+    ks_update(st, len, sizeof len);
+    if (n) ks_update(st, p, n);
 }
 
-cg_key cg_key_compute(const char *model, size_t model_len, cg_mode mode, const char *salt,
-                      size_t salt_len, const cg_key *sys_key, const char *text, size_t text_len)
+cg_key cg_key_compute_with(cg_key_hash h, const char *model, size_t model_len, cg_mode mode,
+                           const char *salt, size_t salt_len, const cg_key *sys_key,
+                           const char *text, size_t text_len)
 {
-    XXH3_state_t st;
+    key_state st;
     const char *mode_name = cg_mode_name(mode);
+    cg_key k;
 
-    XXH3_INITSTATE(&st);
-    (void)XXH3_128bits_reset(&st);
+    st.h = h;
+    st.sha = NULL;
+    if (h == CG_KEY_HASH_SHA256) {
+        st.sha = sha256_begin();
+    } else {
+        XXH3_INITSTATE(&st.xx);
+        (void)XXH3_128bits_reset(&st.xx);
+    }
     put_field(&st, CG_KEY_VERSION, strlen(CG_KEY_VERSION));
     put_field(&st, model, model_len);
     put_field(&st, mode_name, strlen(mode_name));
@@ -67,11 +155,34 @@ cg_key cg_key_compute(const char *model, size_t model_len, cg_mode mode, const c
         put_field(&st, NULL, 0);
     put_field(&st, text, text_len);
 
-    XXH128_canonical_t canon;
-    XXH128_canonicalFromHash(&canon, XXH3_128bits_digest(&st));
-    cg_key k;
-    memcpy(k.b, canon.digest, sizeof k.b);
+    if (h == CG_KEY_HASH_SHA256) {
+        uint8_t d[32];
+        sha256_end(st.sha, d);
+        memcpy(k.b, d, sizeof k.b); /* the first 16 bytes, in digest order */
+    } else {
+        XXH128_canonical_t canon;
+        XXH128_canonicalFromHash(&canon, XXH3_128bits_digest(&st.xx));
+        memcpy(k.b, canon.digest, sizeof k.b);
+    }
     return k;
+}
+
+cg_key cg_key_compute(const char *model, size_t model_len, cg_mode mode, const char *salt,
+                      size_t salt_len, const cg_key *sys_key, const char *text, size_t text_len)
+{
+    return cg_key_compute_with(g_hash, model, model_len, mode, salt, salt_len, sys_key, text,
+                               text_len);
+}
+
+void cg_key_tenant_id(const char *key, size_t len, char out[CG_KEY_HEX_LEN + 1])
+{
+    static const char domain[] = "chunkgate-tenant-v1"; /* and its NUL: a separator */
+    EVP_MD_CTX *c = sha256_begin();
+    uint8_t d[32];
+    if (EVP_DigestUpdate(c, domain, sizeof domain) != 1 || EVP_DigestUpdate(c, key, len) != 1)
+        abort();
+    sha256_end(c, d);
+    cg_hex_encode(d, 16, out);
 }
 
 void cg_key_hex(const cg_key *k, char out[CG_KEY_HEX_LEN + 1])

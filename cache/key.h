@@ -1,5 +1,6 @@
-/* Chunk keys: XXH3-128 over a canonical length-prefixed encoding. DESIGN §4.
- * The encoding is documented byte for byte in README.md ("Chunk key encoding"). */
+/* Chunk keys: XXH3-128 (default) or the first 16 bytes of SHA-256 over a canonical
+ * length-prefixed encoding. DESIGN §4. The encoding is documented byte for byte in README.md
+ * ("Chunk key encoding"). */
 #ifndef CG_KEY_H
 #define CG_KEY_H
 
@@ -7,7 +8,7 @@
 #include <stdint.h>
 
 typedef struct cg_key {
-    uint8_t b[16]; /* XXH3-128 canonical (big-endian) byte order */
+    uint8_t b[16]; /* XXH3-128 canonical (big-endian) byte order, or SHA-256 bytes 0..15 */
 } cg_key;
 
 #define CG_KEY_HEX_LEN 32
@@ -20,11 +21,34 @@ const char *cg_mode_name(cg_mode m);
 /* Parses a mode name; returns 0 on success, -1 if unknown. */
 int cg_mode_parse(const char *s, cg_mode *out);
 
-/* Computes a segment key. model and salt are borrowed byte strings (salt may be NULL with
- * salt_len 0). sys_key is the system segment's key in mode sys, NULL otherwise (the system
- * segment's own key is computed with sys_key NULL). */
+/* The hash over the encoding. XXH3-128 is fast but not built to resist crafted collisions;
+ * SHA-256 (its first 16 bytes) is, at a higher cost. Gateway and workers must use the same. */
+typedef enum { CG_KEY_HASH_XXH3, CG_KEY_HASH_SHA256 } cg_key_hash;
+
+/* "xxhash" / "sha256" (the names of --key-hash and of key_hash in /v1/info); static storage. */
+const char *cg_key_hash_name(cg_key_hash h);
+/* Parses "xxhash" (alias "xxh3") or "sha256"; returns 0 on success, -1 if unknown. */
+int cg_key_hash_parse(const char *s, cg_key_hash *out);
+/* Sets the process-wide hash that cg_key_compute uses (default CG_KEY_HASH_XXH3). Call it once
+ * at startup, before any thread computes keys. */
+void cg_key_set_hash(cg_key_hash h);
+cg_key_hash cg_key_get_hash(void);
+
+/* Computes a segment key with the process-wide hash (cg_key_set_hash). model and salt are borrowed
+ * byte strings (salt may be NULL with salt_len 0). sys_key is the system segment's key in mode sys,
+ * NULL otherwise (the system segment's own key is computed with sys_key NULL). */
 cg_key cg_key_compute(const char *model, size_t model_len, cg_mode mode, const char *salt,
                       size_t salt_len, const cg_key *sys_key, const char *text, size_t text_len);
+/* The same with an explicit hash. */
+cg_key cg_key_compute_with(cg_key_hash h, const char *model, size_t model_len, cg_mode mode,
+                           const char *salt, size_t salt_len, const cg_key *sys_key,
+                           const char *text, size_t text_len);
+
+/* The tenant id of an API key: lowercase hex of the first 16 bytes of
+ * SHA-256("chunkgate-tenant-v1" || 0x00 || key), whatever the key hash. The gateway salts the
+ * keys of an authenticated request with it, so the raw API key never enters a key, a log or a
+ * worker request. key is borrowed (len bytes). */
+void cg_key_tenant_id(const char *key, size_t len, char out[CG_KEY_HEX_LEN + 1]);
 
 /* 32 lowercase hex characters + NUL into out. */
 void cg_key_hex(const cg_key *k, char out[CG_KEY_HEX_LEN + 1]);

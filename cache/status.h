@@ -23,6 +23,8 @@
       "prompt and max_tokens exceed the model's context length")                                   \
     X(CG_E_AUTH, 401, "authentication_error", "invalid_api_key",                                   \
       "missing or invalid bearer token")                                                           \
+    X(CG_E_FORBIDDEN, 403, "permission_error", "forbidden",                                        \
+      "this credential may not do that")                                                           \
     X(CG_E_NOT_FOUND, 404, "invalid_request_error", "not_found", "no such route or object")       \
     X(CG_E_MODEL, 404, "invalid_request_error", "model_not_found", "the model does not exist")    \
     X(CG_E_METHOD, 405, "invalid_request_error", "method_not_allowed",                             \
@@ -31,6 +33,8 @@
     X(CG_E_TOO_LARGE, 413, "invalid_request_error", "request_too_large",                           \
       "request body is larger than allowed")                                                       \
     X(CG_E_UNSUPPORTED, 422, "invalid_request_error", "unsupported", "unsupported model or option")\
+    X(CG_E_HEADERS_TOO_LARGE, 431, "invalid_request_error", "request_header_fields_too_large",     \
+      "request headers are larger than allowed")                                                   \
     X(CG_E_INTERNAL, 500, "server_error", "internal_error", "internal error")                      \
     X(CG_E_IO, 500, "server_error", "io_error", "input/output error")                              \
     X(CG_E_BAD_GATEWAY, 502, "upstream_error", "bad_gateway", "upstream returned an invalid reply")\

@@ -3,10 +3,11 @@
 # missing ones). Used by scripts/test.sh and scripts/run.sh.
 set -euo pipefail
 # prometheus: promtool (tests/metrics_check.sh); docker-compose: `docker-compose config`
-# (tests/docker_check.sh); python3-yaml comes with it.
+# (tests/docker_check.sh); python3-yaml comes with it. chromium: headless render of the status
+# page (tests/test_status.c; ~290 MB installed, the test skips without it).
 PKGS=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev libsqlite3-dev
       libxxhash-dev libcurl4-openssl-dev check libopenblas-dev libssl-dev curl sqlite3
-      prometheus docker-compose ${CG_EXTRA_PKGS:-})
+      prometheus docker-compose chromium valgrind ${CG_EXTRA_PKGS:-})
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

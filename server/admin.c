@@ -168,7 +168,9 @@ void cg_gw_chunk_delete(cg_http_req *req, void *app)
 
 /* POST /v1/chunks/lookup: {"keys":[hex...]} or a request to split ({"model", "prompt"} or
  * {"model", "messages", "documents"?} with the extension fields). Answers per key what the
- * index knows. */
+ * index knows. With an API key instead of the admin token the view is the caller's tenant:
+ * only the request form, keyed with the caller's tenant salt, so it can find only chunks that
+ * tenant's own requests made; raw keys could probe any tenant's chunks and are refused. */
 void cg_gw_chunks_lookup(cg_http_req *req, void *app)
 {
     cg_gateway *g = app;
@@ -185,6 +187,12 @@ void cg_gw_chunks_lookup(cg_http_req *req, void *app)
 
     json_t *jk = json_object_get(body, "keys");
     if (jk && !json_is_null(jk)) {
+        if (cg_http_req_caller(req) == CG_CALLER_API_KEY) {
+            cg_http_reply_error(req, CG_E_FORBIDDEN, "keys",
+                                "a lookup by keys needs the admin token; with an API key, look "
+                                "up a prompt or messages");
+            goto out;
+        }
         by_keys = 1;
         if (!json_is_array(jk)) {
             cg_http_reply_error(req, CG_E_TYPE, "keys", "keys must be an array of chunk keys");
@@ -218,6 +226,7 @@ void cg_gw_chunks_lookup(cg_http_req *req, void *app)
             cg_http_reply_error(req, CG_E_MISSING, "keys", "give keys, prompt or messages");
             goto out;
         }
+        segs.tenant = cg_gw_tenant(g, req);
         st = cg_gw_segment_request(g, body, model, chat, &segs, &param, msg, sizeof msg);
         if (st != CG_OK) {
             cg_gw_reply_error(req, st, param, msg);

@@ -1,12 +1,14 @@
 /* The gateway's configuration table, lifetime, route table, and operations routes
  * (/healthz, /readyz, /metrics). */
 #include "server/gateway_impl.h"
+#include "server/status.h"
 
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define OPT(name, env, type, field, def, min, max, help)                                           \
     {                                                                                              \
@@ -70,10 +72,79 @@ const cg_cfg_opt cg_gateway_options[] = {
     OPT("load-penalty-tokens", "CHUNKGATE_LOAD_PENALTY_TOKENS", CG_CFG_INT, load_penalty_tokens,
         "256", 0, 1LL << 40,
         "routing: each request in flight on a worker costs this many cached tokens of its score"),
+    OPT("api-key", "CHUNKGATE_API_KEYS", CG_CFG_LIST, api_keys, NULL, 0, 0,
+        "API key the inference routes accept as a bearer token; repeatable (env: "
+        "comma-separated). Unset (and no --api-key-file) = inference routes open"),
+    OPT("api-key-file", "CHUNKGATE_API_KEY_FILE", CG_CFG_STR, api_key_file, NULL, 0, 0,
+        "file of API keys, one per line (blank lines and lines starting with # are skipped)"),
+    OPT("max-header-bytes", "CHUNKGATE_MAX_HEADER_BYTES", CG_CFG_SIZE, max_header_bytes, "16K",
+        1024, 1LL << 20, "largest sum of request header names and values; larger -> 431"),
+    OPT("max-segment-bytes", "CHUNKGATE_MAX_SEGMENT_BYTES", CG_CFG_SIZE, max_segment_bytes, "1M",
+        0, 1LL << 30, "largest prompt segment after trimming (0 = no limit); larger -> 400"),
+    OPT("max-connections", "CHUNKGATE_MAX_CONNECTIONS", CG_CFG_INT, max_connections, "4096", 1,
+        1000000, "open client connections; one more is closed at accept without a reply"),
+    OPT("conn-timeout-s", "CHUNKGATE_CONN_TIMEOUT_S", CG_CFG_INT, conn_timeout_s, "60", 1, 86400,
+        "a client connection idle this long, or not done sending its request (headers and "
+        "body) this long after it began, is closed; answers and streams are not limited"),
+    OPT("key-hash", "CHUNKGATE_KEY_HASH", CG_CFG_STR, key_hash, "xxhash", 0, 0,
+        "chunk key hash: xxhash (XXH3-128) or sha256 (first 16 bytes of SHA-256, resists "
+        "crafted collisions); every worker must use the same"),
+    OPT("index-busy-timeout-ms", "CHUNKGATE_INDEX_BUSY_TIMEOUT_MS", CG_CFG_INT,
+        index_busy_timeout_ms, "5000", 0, 600000,
+        "how long an index write waits for a lock held by another process (3 tries, then the "
+        "batch is dropped and counted)"),
 };
 const size_t cg_gateway_n_options = CG_ARRAY_LEN(cg_gateway_options);
 
 /* ---------------------------------------------------------------- configuration */
+
+/* A key is sent as "Authorization: Bearer <key>": printable ASCII without spaces. */
+static int valid_key(const char *k)
+{
+    if (!*k) return 0;
+    for (; *k; k++)
+        if ((unsigned char)*k <= 0x20 || (unsigned char)*k >= 0x7f) return 0;
+    return 1;
+}
+
+/* Appends the keys of path (one per line; surrounding whitespace and CR trimmed; blank lines
+ * and "#" comments skipped) to keys. */
+static cg_status read_key_file(const char *path, cg_strlist *keys, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "--api-key-file: cannot read %s: %s", path, strerror(errno));
+        return CG_E_VALUE;
+    }
+    char line[4096];
+    size_t n = 0, lineno = 0;
+    cg_status st = CG_OK;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        size_t len = strlen(line);
+        if (len == sizeof line - 1 && line[len - 1] != '\n') {
+            snprintf(err, errlen, "--api-key-file: %s line %zu is longer than %zu bytes", path,
+                     lineno, sizeof line - 2);
+            st = CG_E_VALUE;
+            break;
+        }
+        char *a = line, *b = line + len;
+        while (a < b && (*a == ' ' || *a == '\t')) a++;
+        while (b > a && (b[-1] == '\n' || b[-1] == '\r' || b[-1] == ' ' || b[-1] == '\t')) b--;
+        if (a == b || *a == '#') continue;
+        keys->v = cg_realloc(keys->v, (keys->n + 2) * sizeof *keys->v);
+        keys->v[keys->n++] = cg_strndup(a, (size_t)(b - a));
+        keys->v[keys->n] = NULL;
+        n++;
+    }
+    fclose(f);
+    if (st == CG_OK && !n) {
+        snprintf(err, errlen, "--api-key-file: %s holds no key", path);
+        st = CG_E_VALUE;
+    }
+    explicit_bzero(line, sizeof line);
+    return st;
+}
 
 static int valid_listen(const char *s)
 {
@@ -93,7 +164,8 @@ cg_status cg_gateway_config_load(cg_gateway_config *cfg, int argc, char **argv, 
                                    want_help, err, errlen);
     if (st != CG_OK || *want_help) return st;
     /* An empty environment variable means unset for the optional strings. */
-    char **optional[] = {&cfg->backend, &cfg->backend_api_key, &cfg->admin_token, &cfg->model};
+    char **optional[] = {&cfg->backend, &cfg->backend_api_key, &cfg->admin_token, &cfg->model,
+                         &cfg->api_key_file};
     for (size_t i = 0; i < CG_ARRAY_LEN(optional); i++)
         if (*optional[i] && !**optional[i]) cg_free(optional[i]);
     cg_mode mode;
@@ -127,6 +199,21 @@ cg_status cg_gateway_config_load(cg_gateway_config *cfg, int argc, char **argv, 
         snprintf(err, errlen, "--data-dir: must not be empty");
         return CG_E_VALUE;
     }
+    cg_key_hash kh;
+    if (cg_key_hash_parse(cfg->key_hash, &kh) != 0) {
+        snprintf(err, errlen, "--key-hash: '%s' is not xxhash or sha256", cfg->key_hash);
+        return CG_E_VALUE;
+    }
+    if (cfg->api_key_file && *cfg->api_key_file &&
+        read_key_file(cfg->api_key_file, &cfg->api_keys, err, errlen) != CG_OK)
+        return CG_E_VALUE;
+    for (size_t i = 0; i < cfg->api_keys.n; i++)
+        if (!valid_key(cfg->api_keys.v[i])) {
+            /* Never echo a key: the message names its position only. */
+            snprintf(err, errlen,
+                     "--api-key: key %zu is empty or contains whitespace or control bytes", i + 1);
+            return CG_E_VALUE;
+        }
     return CG_OK;
 }
 
@@ -232,7 +319,27 @@ static void h_metrics(cg_http_req *req, void *app)
             (unsigned long long)s.ops_dropped, (unsigned long long)s.queue_depth);
         (void)st;
     }
+    cg_http_stats hs;
+    cg_http_get_stats(g->http, &hs);
     size_t in_flight = cg_openai_in_flight(g->client);
+    cg_status cst = cg_buf_printf(
+        &out,
+        "# HELP chunkgate_http_connections Open client connections.\n"
+        "# TYPE chunkgate_http_connections gauge\nchunkgate_http_connections %zu\n"
+        "# HELP chunkgate_http_connections_refused_total Connections closed at accept because "
+        "--max-connections were open.\n"
+        "# TYPE chunkgate_http_connections_refused_total counter\n"
+        "chunkgate_http_connections_refused_total %llu\n"
+        "# HELP chunkgate_http_connections_timed_out_total Connections closed because they did "
+        "not send a complete request within --conn-timeout-s.\n"
+        "# TYPE chunkgate_http_connections_timed_out_total counter\n"
+        "chunkgate_http_connections_timed_out_total %llu\n"
+        "# HELP chunkgate_http_headers_too_large_total Requests refused with 431.\n"
+        "# TYPE chunkgate_http_headers_too_large_total counter\n"
+        "chunkgate_http_headers_too_large_total %llu\n",
+        hs.connections, (unsigned long long)hs.refused, (unsigned long long)hs.timed_out,
+        (unsigned long long)hs.headers_too_large);
+    (void)cst;
     cg_status st = cg_buf_printf(
         &out,
         "# HELP chunkgate_upstream_in_flight Backend and worker transfers in flight.\n"
@@ -258,8 +365,13 @@ static const cg_http_route routes[] = {
     {"GET", "/healthz", h_healthz, CG_ROUTE_INLINE, "healthz"},
     {"GET", "/readyz", h_readyz, 0, "readyz"},
     {"GET", "/metrics", h_metrics, 0, "metrics"},
+    /* The page is static and holds no data; /v1/stats (worker URLs, recent requests) is admin. */
+    {"GET", "/", cg_gw_status_page, CG_ROUTE_INLINE, "status_page"},
+    {"GET", "/v1/stats", cg_gw_status_stats, CG_ROUTE_ADMIN, "stats"},
     {"GET", "/v1/chunks", cg_gw_chunks_list, CG_ROUTE_ADMIN, "chunks_list"},
-    {"POST", "/v1/chunks/lookup", cg_gw_chunks_lookup, CG_ROUTE_ADMIN, "chunks_lookup"},
+    /* Also open to API keys, scoped to the caller's tenant (admin.c). */
+    {"POST", "/v1/chunks/lookup", cg_gw_chunks_lookup, CG_ROUTE_ADMIN | CG_ROUTE_AUTH,
+     "chunks_lookup"},
     {"GET", "/v1/chunks/*", cg_gw_chunk_get, CG_ROUTE_ADMIN, "chunk_get"},
     {"DELETE", "/v1/chunks/*", cg_gw_chunk_delete, CG_ROUTE_ADMIN, "chunk_delete"},
     {"POST", "/v1/chunks/*/pin", cg_gw_chunk_pin, CG_ROUTE_ADMIN, "chunk_pin"},
@@ -413,12 +525,31 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     if (cg_mode_parse(cfg->chunk_mode, &g->default_mode) != 0) g->default_mode = CG_MODE_STRICT;
     g->metrics = cg_metrics_new();
     metrics_setup(g);
+    g->recent = cg_status_ring_new();
+
+    cg_key_hash kh = CG_KEY_HASH_XXH3;
+    if (cg_key_hash_parse(cfg->key_hash, &kh) != 0) kh = CG_KEY_HASH_XXH3; /* validated at load */
+    cg_key_set_hash(kh);
+    if (cfg->api_keys.n) {
+        g->tenants = cg_calloc(cfg->api_keys.n, sizeof *g->tenants);
+        for (size_t i = 0; i < cfg->api_keys.n; i++)
+            cg_key_tenant_id(cfg->api_keys.v[i], strlen(cfg->api_keys.v[i]), g->tenants[i]);
+    }
 
     if ((st = mkdir_p(cfg->data_dir)) != CG_OK) goto fail;
+    /* Say what is wrong with the directory instead of SQLite's "unable to open database". */
+    if (access(cfg->data_dir, R_OK | W_OK | X_OK) != 0) {
+        cg_log(CG_LOG_ERROR, "data dir %s is not readable and writable by this process: %s",
+               cfg->data_dir, strerror(errno));
+        st = CG_E_IO;
+        goto fail;
+    }
     size_t n = strlen(cfg->data_dir) + 16;
     g->index_path = cg_malloc(n);
     snprintf(g->index_path, n, "%s/index.db", cfg->data_dir);
-    if ((st = cg_index_open(g->index_path, cg_index_default_params(), &g->index)) != CG_OK) {
+    cg_index_params ip = cg_index_default_params();
+    ip.busy_timeout_ms = (int)cfg->index_busy_timeout_ms;
+    if ((st = cg_index_open(g->index_path, ip, &g->index)) != CG_OK) {
         cg_log(CG_LOG_ERROR, "cannot open the chunk index %s", g->index_path);
         goto fail;
     }
@@ -460,8 +591,15 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     hp.io_threads = (unsigned)cfg->io_threads;
     hp.job_threads = (unsigned)cfg->job_threads;
     hp.max_body_bytes = cfg->max_body_bytes;
+    hp.max_header_bytes = cfg->max_header_bytes;
+    hp.max_connections = (unsigned)cfg->max_connections;
+    hp.conn_timeout_s = (unsigned)cfg->conn_timeout_s;
     hp.heartbeat_ms = (unsigned)cfg->heartbeat_ms;
     hp.admin_token = cfg->admin_token;
+    hp.api_keys = cfg->api_keys.n ? (const char *const *)cfg->api_keys.v : NULL;
+    if (cfg->api_keys.n && !cfg->admin_token)
+        cg_log(CG_LOG_WARN, "API keys are configured and no --admin-token: the admin routes "
+                            "are closed");
     hp.routes = routes;
     hp.n_routes = CG_ARRAY_LEN(routes);
     hp.app = g;
@@ -502,7 +640,9 @@ void cg_gateway_close(cg_gateway **gp)
         cg_index_close(&g->index);
     }
     cg_metrics_free(&g->metrics);
+    cg_status_ring_free(&g->recent);
     pthread_mutex_destroy(&g->ready_mu);
     free(g->index_path);
+    free(g->tenants);
     free(g);
 }

@@ -35,6 +35,14 @@ typedef struct cg_gateway_config {
     long long health_timeout_ms;
     long long sync_interval_ms;
     long long load_penalty_tokens;
+    cg_strlist api_keys; /* --api-key, then the keys of --api-key-file (appended at load) */
+    char *api_key_file;
+    size_t max_header_bytes;
+    size_t max_segment_bytes;
+    long long max_connections;
+    long long conn_timeout_s;
+    char *key_hash;
+    long long index_busy_timeout_ms;
 } cg_gateway_config;
 
 extern const cg_cfg_opt cg_gateway_options[];
@@ -42,7 +50,8 @@ extern const size_t cg_gateway_n_options;
 #define CG_GATEWAY_USAGE "usage: chunkgate [--option VALUE]..."
 
 /* Parses the environment and argv into *cfg (zeroed first) and checks the values the table
- * cannot (log level, chunk mode, separator, backend URL, listen address).
+ * cannot (log level, chunk mode, separator, backend URL, listen address, key hash). Reads
+ * --api-key-file and appends its keys to cfg->api_keys.
  * Returns CG_OK or CG_E_VALUE with a message in err. --help sets *want_help. */
 cg_status cg_gateway_config_load(cg_gateway_config *cfg, int argc, char **argv, int *want_help,
                                  char *err, size_t errlen) CG_WUR;

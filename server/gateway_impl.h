@@ -24,6 +24,9 @@ struct cg_gateway {
     cg_workers *workers;
     cg_http_server *http;
     char *index_path;
+    /* Tenant id (cg_key_tenant_id) of each API key, in cfg->api_keys order; NULL without
+     * keys. An authenticated request's chunk keys are salted with its tenant id. */
+    char (*tenants)[CG_KEY_HEX_LEN + 1];
 
     /* Series updated on every request, looked up once. */
     cg_metric *m_seg_system, *m_seg_chunk, *m_seg_question;
@@ -37,6 +40,8 @@ struct cg_gateway {
     uint64_t ready_at_ms; /* monotonic time of the last probe; 0 = never */
     cg_status ready_st;
     char ready_msg[256];
+
+    struct cg_status_ring *recent; /* the status page's recent requests (status.c) */
 };
 
 /* ---- route handlers ---- */
@@ -65,7 +70,11 @@ typedef struct cg_gw_segments {
     const char *text;      /* borrowed: the prompt string or the chat rendering */
     cg_buf rendered;       /* owns the chat rendering */
     const char *separator; /* borrowed: the separator used (request's or --separator) */
-    const char *salt;      /* borrowed from the body: cache_salt, or NULL */
+    const char *tenant;    /* borrowed: the caller's tenant id, set before splitting; NULL
+                              when the request carries no API key */
+    const char *salt;      /* the salt of the keys: cache_salt, or with a tenant
+                              "<tenant>" / "<tenant>:<cache_salt>"; NULL = none */
+    char *salt_owned;      /* owned: the tenant form of salt */
     long long recompute;   /* recompute_prefix_tokens, -1 when absent */
     cg_mode mode;
     cg_key *keys;    /* owned; n_keys entries */
@@ -76,10 +85,15 @@ typedef struct cg_gw_segments {
 void cg_gw_segments_init(cg_gw_segments *s);
 void cg_gw_segments_free(cg_gw_segments *s);
 
+/* The tenant id of the API key the request presented, or NULL (borrowed from g). */
+const char *cg_gw_tenant(cg_gateway *g, cg_http_req *req);
+
 /* Parses the extension fields shared by completions, chat and lookup (chunk_separator,
  * chunk_mode, cache_salt) and splits the request (prompt or messages + documents) into
- * segments with keys. chat: 1 for a chat request. On failure returns the status and sets
- * *param to the offending field and msg to a message. */
+ * segments with keys. out->tenant (may be NULL) must be set before: with a tenant, the salt is
+ * always bound to it, so no cache_salt reaches another tenant's keys. chat: 1 for a chat
+ * request. On failure returns the status and sets *param to the offending field and msg to a
+ * message. */
 cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, int chat,
                                 cg_gw_segments *out, const char **param, char *msg,
                                 size_t msglen) CG_WUR;
@@ -90,6 +104,7 @@ void cg_gw_reply_error(cg_http_req *req, cg_status st, const char *param, const 
 /* Where a relay sends its request and what it does with the answer. */
 typedef struct cg_gw_target {
     const char *route;       /* metrics/log label, e.g. "completions" */
+    const char *model;       /* the request's model (borrowed for the call), for the status page */
     const char *base;        /* upstream base URL (borrowed for the call); NULL = --backend */
     const char *path;        /* "/v1/completions", "/v1/chat/completions" */
     int no_auth;             /* the upstream is a worker: no backend api key */

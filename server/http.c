@@ -1,5 +1,6 @@
-/* HTTP plumbing on libmicrohttpd: routing, body caps, auth, job pool, replies and streams.
- * The threading model and the suspend/resume rules are described in server/http.h. */
+/* HTTP plumbing on libmicrohttpd: routing, header and body caps, auth, connection limit and
+ * request deadline, job pool, replies and streams. The threading model and the suspend/resume
+ * rules are described in server/http.h. */
 #include "server/http.h"
 
 #include <errno.h>
@@ -20,6 +21,16 @@
 #endif
 
 #define MAX_PARAMS 4
+/* How often the deadline thread looks for connections that are too slow to send a request. */
+#define DEADLINE_TICK_MS 200
+
+/* One client connection (MHD's socket context), from accept to close: the connection limit
+ * counts these and the deadline thread watches them. */
+typedef struct conn_state {
+    int fd;
+    uint64_t waiting_since_ns; /* waiting for a request since; 0 = a request is being handled */
+    struct conn_state *prev, *next;
+} conn_state;
 
 typedef struct hdr {
     char *name, *value;
@@ -57,6 +68,10 @@ struct cg_http_req {
     int early_http;
     char rid[65];
     uint64_t start_ns;
+    cg_http_caller caller;
+    int api_key;            /* index into p.api_keys, or -1 */
+    const char *early_msg;  /* static message for an early error, or NULL */
+    conn_state *cs;         /* the connection's state (MHD socket context) */
     int dispatched;
     int suspended; /* parked while a job thread handles it */
     struct MHD_Response *resp;
@@ -82,6 +97,15 @@ struct cg_http_server {
     int quiesced;
     cg_stream *streams;
     unsigned long long rid_seq;
+
+    /* Connections: the limit, the request deadline and their counters. */
+    pthread_mutex_t conn_mu;
+    pthread_cond_t conn_cv; /* wakes the deadline thread at stop */
+    conn_state *conns;
+    size_t n_conns, n_pending; /* open; admitted by the accept policy, not yet started */
+    uint64_t accepted, refused, timed_out, headers_too_large;
+    pthread_t deadline_thread;
+    int deadline_stop;
 };
 
 cg_http_params cg_http_default_params(void)
@@ -92,6 +116,7 @@ cg_http_params cg_http_default_params(void)
     p.io_threads = 2;
     p.job_threads = 8;
     p.max_body_bytes = 8u << 20;
+    p.max_header_bytes = 16u << 10;
     p.conn_timeout_s = 60;
     p.max_connections = 4096;
     p.heartbeat_ms = 5000;
@@ -315,6 +340,112 @@ static void *heartbeat_main(void *arg)
     return NULL;
 }
 
+/* ---------------------------------------------------------------- connections */
+
+/* Marks a connection waiting for a request since now_ns (0: not waiting). cs may be NULL. */
+static void conn_waiting(cg_http_server *srv, conn_state *cs, uint64_t now_ns)
+{
+    if (!cs) return;
+    pthread_mutex_lock(&srv->conn_mu);
+    cs->waiting_since_ns = now_ns;
+    pthread_mutex_unlock(&srv->conn_mu);
+}
+
+/* Accept policy (MHD's accepting thread): admits a connection while fewer than max are open
+ * or admitted. MHD's own limit is split per io thread; this one counts them all. */
+static CG_MHD_RESULT on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    cg_http_server *srv = cls;
+    CG_MHD_RESULT ok = MHD_YES;
+    pthread_mutex_lock(&srv->conn_mu);
+    if (srv->n_conns + srv->n_pending >= srv->p.max_connections) {
+        srv->refused++;
+        ok = MHD_NO;
+    } else {
+        srv->n_pending++;
+    }
+    pthread_mutex_unlock(&srv->conn_mu);
+    if (!ok) cg_log(CG_LOG_DEBUG, "connection refused: %u connections are open",
+                    srv->p.max_connections);
+    return ok;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    cg_http_server *srv = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_state *cs = cg_calloc(1, sizeof *cs);
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        cs->fd = ci ? ci->connect_fd : -1;
+        cs->waiting_since_ns = cg_now_ns();
+        pthread_mutex_lock(&srv->conn_mu);
+        if (srv->n_pending) srv->n_pending--;
+        srv->n_conns++;
+        srv->accepted++;
+        cs->next = srv->conns;
+        if (srv->conns) srv->conns->prev = cs;
+        srv->conns = cs;
+        pthread_mutex_unlock(&srv->conn_mu);
+        *socket_context = cs;
+        return;
+    }
+    conn_state *cs = *socket_context;
+    if (!cs) return;
+    *socket_context = NULL;
+    /* MHD closes the socket after this returns; unlinking under conn_mu means the deadline
+     * thread never shuts down a descriptor that may already belong to someone else. */
+    pthread_mutex_lock(&srv->conn_mu);
+    if (cs->prev) cs->prev->next = cs->next;
+    else srv->conns = cs->next;
+    if (cs->next) cs->next->prev = cs->prev;
+    srv->n_conns--;
+    pthread_mutex_unlock(&srv->conn_mu);
+    free(cs);
+}
+
+/* Request deadline: a connection that has not delivered a complete request within
+ * conn_timeout_s of starting to wait for one is shut down; MHD then sees the end of the
+ * socket and closes it like any client that left. MHD's own timeout is an idle timeout, which
+ * a client sending one byte a second never reaches (slowloris). */
+static void *deadline_main(void *arg)
+{
+    cg_http_server *srv = arg;
+    uint64_t limit = (uint64_t)srv->p.conn_timeout_s * 1000000000ull;
+    pthread_mutex_lock(&srv->conn_mu);
+    while (!srv->deadline_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + DEADLINE_TICK_MS * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_cond_timedwait(&srv->conn_cv, &srv->conn_mu, &ts);
+        if (srv->deadline_stop) break;
+        uint64_t now = cg_now_ns();
+        for (conn_state *cs = srv->conns; cs; cs = cs->next) {
+            if (!cs->waiting_since_ns || now - cs->waiting_since_ns < limit || cs->fd < 0)
+                continue;
+            cs->waiting_since_ns = 0; /* once */
+            srv->timed_out++;
+            shutdown(cs->fd, SHUT_RDWR);
+        }
+    }
+    pthread_mutex_unlock(&srv->conn_mu);
+    return NULL;
+}
+
+void cg_http_get_stats(cg_http_server *srv, cg_http_stats *out)
+{
+    pthread_mutex_lock(&srv->conn_mu);
+    out->connections = srv->n_conns;
+    out->accepted = srv->accepted;
+    out->refused = srv->refused;
+    out->timed_out = srv->timed_out;
+    out->headers_too_large = srv->headers_too_large;
+    pthread_mutex_unlock(&srv->conn_mu);
+}
+
 /* ---------------------------------------------------------------- requests */
 
 static void req_free(cg_http_req **rp)
@@ -368,6 +499,9 @@ const char *cg_http_req_bearer(cg_http_req *r)
     while (*h == ' ') h++;
     return *h ? h : NULL;
 }
+
+cg_http_caller cg_http_req_caller(const cg_http_req *r) { return r->caller; }
+int cg_http_req_api_key(const cg_http_req *r) { return r->api_key; }
 
 void cg_http_add_header(cg_http_req *r, const char *name, const char *value)
 {
@@ -597,18 +731,62 @@ static void set_request_id(cg_http_req *r)
              seq);
 }
 
-static int auth_ok(cg_http_req *r, unsigned flags)
+/* Decides who the request is (route flags in http.h) and whether it may go on. Every
+ * configured secret is compared, in constant time, whatever matched: the time taken says
+ * nothing about which key, if any, was close. */
+static int authorize(cg_http_req *r, unsigned flags)
 {
     const cg_http_params *p = &r->srv->p;
     const char *tok = cg_http_req_bearer(r);
-    if ((flags & CG_ROUTE_ADMIN) && p->admin_token && *p->admin_token)
-        return tok && cg_secret_equal(tok, p->admin_token);
-    if ((flags & CG_ROUTE_AUTH) && p->api_keys && p->api_keys[0]) {
-        int ok = 0;
-        for (const char *const *k = p->api_keys; *k; k++) ok |= tok && cg_secret_equal(tok, *k);
-        return ok;
+    int has_admin = p->admin_token && *p->admin_token;
+    int has_keys = p->api_keys && p->api_keys[0];
+    int admin = has_admin && tok && cg_secret_equal(tok, p->admin_token);
+    int key = -1;
+    for (int i = 0; has_keys && p->api_keys[i]; i++) {
+        int eq = tok && cg_secret_equal(tok, p->api_keys[i]);
+        if (eq && key < 0) key = i;
+    }
+    r->caller = CG_CALLER_OPEN;
+    r->api_key = -1;
+    if (flags & CG_ROUTE_ADMIN) {
+        if (admin || (!has_admin && !has_keys)) {
+            r->caller = CG_CALLER_ADMIN;
+            return 1;
+        }
+        if ((flags & CG_ROUTE_AUTH) && key >= 0) {
+            r->caller = CG_CALLER_API_KEY;
+            r->api_key = key;
+            return 1;
+        }
+        if (!has_admin)
+            r->early_msg = "admin routes are closed: API keys are configured and no admin "
+                           "token is set";
+        else if (key >= 0)
+            r->early_msg = "an API key does not open the admin routes; use the admin token";
+        return 0;
+    }
+    if ((flags & CG_ROUTE_AUTH) && has_keys) {
+        if (key < 0) {
+            r->early_msg = tok ? "the bearer token is not a valid API key"
+                               : "an API key is required: Authorization: Bearer <key>";
+            return 0;
+        }
+        r->caller = CG_CALLER_API_KEY;
+        r->api_key = key;
     }
     return 1;
+}
+
+struct hdr_sum {
+    size_t bytes;
+};
+
+static CG_MHD_RESULT sum_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                const char *value)
+{
+    struct hdr_sum *h = cls;
+    h->bytes += strlen(key) + (value ? strlen(value) : 0);
+    return MHD_YES;
 }
 
 /* Decides route, auth and size before any body byte is read. */
@@ -628,11 +806,23 @@ static void classify(cg_http_req *r)
         memcpy(r->params, params, sizeof params);
         break;
     }
+    if (p->max_header_bytes) {
+        /* Checked first: a head over the cap gets 431 whatever the route. */
+        struct hdr_sum h = {0};
+        MHD_get_connection_values(r->conn, MHD_HEADER_KIND, sum_header, &h);
+        if (h.bytes > p->max_header_bytes) {
+            r->early = CG_E_HEADERS_TOO_LARGE;
+            pthread_mutex_lock(&r->srv->conn_mu);
+            r->srv->headers_too_large++;
+            pthread_mutex_unlock(&r->srv->conn_mu);
+            return;
+        }
+    }
     if (!r->route) {
         r->early = path_matched ? CG_E_METHOD : CG_E_NOT_FOUND;
         return;
     }
-    if (!auth_ok(r, r->route->flags)) {
+    if (!authorize(r, r->route->flags)) {
         r->early = CG_E_AUTH;
         return;
     }
@@ -661,6 +851,13 @@ static void early_reply(cg_http_req *r)
     } else if (r->early == CG_E_TOO_LARGE) {
         snprintf(msg, sizeof msg, "request body is larger than %zu bytes", r->srv->p.max_body_bytes);
         m = msg;
+    } else if (r->early == CG_E_HEADERS_TOO_LARGE) {
+        snprintf(msg, sizeof msg, "request headers are larger than %zu bytes",
+                 r->srv->p.max_header_bytes);
+        m = msg;
+    } else if (r->early == CG_E_AUTH) {
+        m = r->early_msg;
+        cg_http_add_header(r, "WWW-Authenticate", "Bearer");
     }
     cg_http_reply_error(r, r->early, NULL, m);
 }
@@ -714,12 +911,18 @@ static CG_MHD_RESULT on_access(void *cls, struct MHD_Connection *conn, const cha
         r->start_ns = cg_now_ns();
         snprintf(r->method, sizeof r->method, "%s", method);
         r->path = cg_strdup(url);
+        r->api_key = -1;
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        r->cs = ci ? ci->socket_context : NULL;
         cg_buf_init(&r->body, srv->p.max_body_bytes);
         set_request_id(r);
         classify(r);
         *con_cls = r;
-        if (r->early != CG_OK && r->early != CG_E_TOO_LARGE) return MHD_YES;
-        if (r->early == CG_E_TOO_LARGE) { /* refuse before reading the body */
+        if (r->early == CG_E_TOO_LARGE || r->early == CG_E_HEADERS_TOO_LARGE) {
+            /* refuse before reading the body */
+            r->dispatched = 1;
+            conn_waiting(srv, r->cs, 0);
             early_reply(r);
             return queue_reply(r);
         }
@@ -734,6 +937,7 @@ static CG_MHD_RESULT on_access(void *cls, struct MHD_Connection *conn, const cha
     if (r->resp) return queue_reply(r); /* resumed after a job replied */
     if (r->dispatched) return MHD_YES;  /* spurious wake-up */
     r->dispatched = 1;
+    conn_waiting(srv, r->cs, 0); /* the request is complete: the deadline stops */
     if (r->early != CG_OK) {
         early_reply(r);
         return queue_reply(r);
@@ -774,6 +978,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
     }
+    /* Keep-alive: the connection now waits for its next request. */
+    conn_waiting(srv, r->cs, cg_now_ns());
     double secs = (double)(cg_now_ns() - r->start_ns) / 1e9;
     int status = r->resp_status ? r->resp_status : 499;
     const char *route = r->route ? r->route->name : "unknown";
@@ -839,24 +1045,37 @@ cg_status cg_http_start(const cg_http_params *p, cg_http_server **out)
     }
     cg_http_server *srv = cg_calloc(1, sizeof *srv);
     srv->p = *p;
+    if (!srv->p.max_connections) srv->p.max_connections = 4096;
+    if (!srv->p.conn_timeout_s) srv->p.conn_timeout_s = 60;
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cv, NULL);
     pthread_cond_init(&srv->idle_cv, NULL);
+    pthread_mutex_init(&srv->conn_mu, NULL);
+    pthread_cond_init(&srv->conn_cv, NULL);
 
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG;
     if (v6) flags |= MHD_USE_IPv6;
+    unsigned threads = CG_MAX(1u, p->io_threads);
+    /* MHD splits its own limit between the io threads; ours (on_accept) is the real one, so
+     * MHD's is set where no thread can reach it first. */
+    unsigned mhd_limit = (srv->p.max_connections + 16) * threads;
+    /* The memory pool holds the request head, the header list and the I/O buffers. */
+    size_t pool = p->max_header_bytes ? p->max_header_bytes * 2 + (32u << 10) : (32u << 10);
     srv->d = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_access, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)CG_MAX(1u, p->io_threads),
-        MHD_OPTION_CONNECTION_TIMEOUT, p->conn_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
-        p->max_connections, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+        flags, 0, on_accept, srv, on_access, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+        MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_CONNECTION_TIMEOUT,
+        srv->p.conn_timeout_s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        NULL, MHD_OPTION_END);
     if (!srv->d) {
         cg_log(CG_LOG_ERROR, "cannot listen on %s: %s", p->listen, strerror(errno));
         pthread_mutex_destroy(&srv->mu);
         pthread_cond_destroy(&srv->cv);
         pthread_cond_destroy(&srv->idle_cv);
+        pthread_mutex_destroy(&srv->conn_mu);
+        pthread_cond_destroy(&srv->conn_cv);
         free(srv);
         return CG_E_IO;
     }
@@ -866,6 +1085,7 @@ cg_status cg_http_start(const cg_http_params *p, cg_http_server **out)
     srv->job_threads = cg_calloc(nj, sizeof(pthread_t));
     for (unsigned i = 0; i < nj; i++) pthread_create(&srv->job_threads[i], NULL, job_main, srv);
     pthread_create(&srv->hb_thread, NULL, heartbeat_main, srv);
+    pthread_create(&srv->deadline_thread, NULL, deadline_main, srv);
     *out = srv;
     return CG_OK;
 }
@@ -916,10 +1136,18 @@ void cg_http_stop(cg_http_server **sp)
         struct timespec ts = {0, 20 * 1000000};
         nanosleep(&ts, NULL);
     }
+    /* The deadline thread may shut sockets down until MHD has closed them all. */
     MHD_stop_daemon(srv->d);
+    pthread_mutex_lock(&srv->conn_mu);
+    srv->deadline_stop = 1;
+    pthread_cond_broadcast(&srv->conn_cv);
+    pthread_mutex_unlock(&srv->conn_mu);
+    pthread_join(srv->deadline_thread, NULL);
     free(srv->job_threads);
     pthread_mutex_destroy(&srv->mu);
     pthread_cond_destroy(&srv->cv);
     pthread_cond_destroy(&srv->idle_cv);
+    pthread_mutex_destroy(&srv->conn_mu);
+    pthread_cond_destroy(&srv->conn_cv);
     free(srv);
 }

@@ -31,11 +31,26 @@ typedef struct cg_stream cg_stream;
  * thread, possibly later); after that it must not touch req. */
 typedef void (*cg_http_handler)(cg_http_req *req, void *app);
 
+/* Route flags. Auth (the bearer token, compared in constant time with cg_secret_equal):
+ *   ADMIN        the admin token. Without an admin token the route is open, unless API keys
+ *                are configured: then it is closed to everyone (an API key never opens it).
+ *   AUTH         one of the API keys when any is configured, else open. The admin token is
+ *                not an API key.
+ *   ADMIN | AUTH the admin token (caller CG_CALLER_ADMIN), or an API key (CG_CALLER_API_KEY:
+ *                the handler must scope its answer to that key's tenant); open when neither
+ *                an admin token nor API keys are configured. */
 enum {
     CG_ROUTE_INLINE = 1 << 0, /* cheap, non-blocking: runs on the MHD thread */
-    CG_ROUTE_ADMIN = 1 << 1,  /* needs the admin bearer token when one is configured */
-    CG_ROUTE_AUTH = 1 << 2,   /* needs an API key when API keys are configured */
+    CG_ROUTE_ADMIN = 1 << 1,
+    CG_ROUTE_AUTH = 1 << 2,
 };
+
+/* Who a request was authorised as. */
+typedef enum {
+    CG_CALLER_OPEN,    /* no credential needed on this route */
+    CG_CALLER_ADMIN,   /* the admin token (or an admin route open for lack of one) */
+    CG_CALLER_API_KEY, /* one of the API keys: cg_http_req_api_key says which */
+} cg_http_caller;
 
 /* One route. pattern is a path where "*" matches exactly one non-empty path segment, e.g.
  * "/v1/chunks/ *\/kv" (without the spaces). Matched segments are read with
@@ -58,8 +73,17 @@ typedef struct cg_http_params {
     unsigned io_threads;       /* MHD epoll threads; default 2 */
     unsigned job_threads;      /* blocking-handler pool; default 8 */
     size_t max_body_bytes;     /* default 8 MiB; larger -> 413 */
-    unsigned conn_timeout_s;   /* idle connection timeout; default 60 */
-    unsigned max_connections;  /* default 4096 */
+    size_t max_header_bytes;   /* sum of the request's header name and value bytes; larger ->
+                                  431. MHD's per-connection memory is 2x this + 32 KiB: a request
+                                  head that does not fit there gets MHD's own 431 and is closed.
+                                  Default 16 KiB; 0 = only MHD's default 32 KiB pool */
+    unsigned conn_timeout_s;   /* a connection silent this long is closed (MHD), and so is one
+                                  that has not delivered a complete request (headers and body)
+                                  this long after it began waiting for one (accept, or the end
+                                  of the previous reply): slow clients cannot hold it. Replies
+                                  and streams are not limited by it. Default 60 */
+    unsigned max_connections;  /* open client connections; one more is accepted and closed at
+                                  once, without a reply. Exact across io threads. Default 4096 */
     unsigned heartbeat_ms;     /* stream poke interval; default 5000 */
     const char *admin_token;   /* borrowed; NULL/"" = admin routes open */
     const char *const *api_keys; /* borrowed, NULL-terminated; NULL = inference routes open */
@@ -71,6 +95,15 @@ typedef struct cg_http_params {
 
 cg_http_params cg_http_default_params(void);
 
+/* Connection counters since start. */
+typedef struct cg_http_stats {
+    size_t connections; /* open now */
+    uint64_t accepted;  /* connections admitted */
+    uint64_t refused;   /* closed at accept: max_connections open */
+    uint64_t timed_out; /* closed for not delivering a request within conn_timeout_s */
+    uint64_t headers_too_large; /* 431 answered by our header count */
+} cg_http_stats;
+
 /* Starts listening and serving. *out is owned by the caller (cg_http_stop). */
 cg_status cg_http_start(const cg_http_params *p, cg_http_server **out) CG_WUR;
 /* The bound port (useful with port 0). */
@@ -80,6 +113,8 @@ uint16_t cg_http_port(const cg_http_server *s);
 void cg_http_quiesce(cg_http_server *s);
 /* Stops accepting, waits for in-flight handlers (up to a few seconds), frees. NULL-safe. */
 void cg_http_stop(cg_http_server **s);
+/* Fills *out with the connection counters. */
+void cg_http_get_stats(cg_http_server *s, cg_http_stats *out);
 
 /* ---- request accessors (borrowed pointers valid until the reply) ---- */
 const char *cg_http_req_method(const cg_http_req *r);
@@ -95,6 +130,10 @@ const char *cg_http_req_body(const cg_http_req *r, size_t *len);
 const char *cg_http_req_id(const cg_http_req *r);
 /* The bearer token the request presented, or NULL. */
 const char *cg_http_req_bearer(cg_http_req *r);
+/* How the request was authorised (see the route flags). */
+cg_http_caller cg_http_req_caller(const cg_http_req *r);
+/* The index in params.api_keys of the key the request presented, or -1. */
+int cg_http_req_api_key(const cg_http_req *r);
 /* Per-request user data for the handler's own state (not freed by the server). */
 void cg_http_req_set_data(cg_http_req *r, void *data);
 void *cg_http_req_data(const cg_http_req *r);

@@ -20,6 +20,7 @@ void cg_gw_segments_init(cg_gw_segments *s)
 
 void cg_gw_segments_free(cg_gw_segments *s)
 {
+    cg_free(&s->salt_owned);
     cg_split_result_free(&s->split);
     cg_buf_free(&s->rendered);
     cg_free(&s->keys);
@@ -195,6 +196,16 @@ cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, 
     }
     *param = "cache_salt";
     if ((st = cg_json_get_string(body, "cache_salt", 0, &salt)) != CG_OK) goto out;
+    if (out->tenant) {
+        /* The tenant id prefixes every salt of an authenticated request: a tenant can split
+         * its own cache with cache_salt but never pick a salt that another tenant's keys use,
+         * and the raw API key never enters a key, a worker request or a log. */
+        cg_free(&out->salt_owned);
+        size_t n = strlen(out->tenant) + (salt ? strlen(salt) + 1 : 0) + 1;
+        out->salt_owned = cg_malloc(n);
+        snprintf(out->salt_owned, n, "%s%s%s", out->tenant, salt ? ":" : "", salt ? salt : "");
+        salt = out->salt_owned;
+    }
     out->salt = salt;
     *param = "recompute_prefix_tokens";
     out->recompute = -1;
@@ -209,6 +220,7 @@ cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, 
     sp.separator = sep ? sep : g->cfg->separator;
     out->separator = sp.separator;
     sp.max_segments = (size_t)g->cfg->max_segments;
+    sp.max_segment_bytes = g->cfg->max_segment_bytes;
     if (!chat) {
         const char *text;
         size_t len;
@@ -240,6 +252,9 @@ cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, 
         if (st == CG_E_SEGMENTS)
             snprintf(msg, msglen, "the prompt has more than %lld segments",
                      (long long)g->cfg->max_segments);
+        else if (st == CG_E_SEGMENT_SIZE)
+            snprintf(msg, msglen, "a prompt segment is longer than %zu bytes",
+                     g->cfg->max_segment_bytes);
         goto out;
     }
 
@@ -276,6 +291,12 @@ out:
 }
 
 /* ---------------------------------------------------------------- handlers */
+
+const char *cg_gw_tenant(cg_gateway *g, cg_http_req *req)
+{
+    int k = cg_http_req_api_key(req);
+    return g->tenants && k >= 0 && (size_t)k < g->cfg->api_keys.n ? g->tenants[k] : NULL;
+}
 
 static void handle(cg_http_req *req, cg_gateway *g, int chat)
 {
@@ -315,6 +336,7 @@ static void handle(cg_http_req *req, cg_gateway *g, int chat)
                  "put the documents in the prompt between separators");
         goto bad;
     }
+    segs.tenant = cg_gw_tenant(g, req);
     if ((st = cg_gw_segment_request(g, body, model, chat, &segs, &param, msg, sizeof msg)) != CG_OK)
         goto bad;
     if (!g->has_backend && !cg_workers_count(g->workers)) {

@@ -66,9 +66,14 @@ int main(int argc, char **argv)
     const char *colon = strrchr(cfg.listen, ':');
     cg_log(CG_LOG_INFO, "listening on %.*s:%u", (int)(colon - cfg.listen), cfg.listen,
            (unsigned)cg_gateway_port(g));
-    cg_log(CG_LOG_INFO, "backend %s, %zu worker(s), data dir %s, admin routes %s",
+    /* Counts only: neither a key nor the admin token is ever logged. */
+    cg_log(CG_LOG_INFO,
+           "backend %s, %zu worker(s), data dir %s, admin routes %s, inference routes %s "
+           "(%zu API key(s)), key hash %s",
            cfg.backend ? cfg.backend : "(none: the chosen worker answers)", cfg.workers.n,
-           cfg.data_dir, cfg.admin_token ? "need a bearer token" : "open");
+           cfg.data_dir,
+           cfg.admin_token ? "need the admin token" : cfg.api_keys.n ? "closed" : "open",
+           cfg.api_keys.n ? "need an API key" : "open", cfg.api_keys.n, cfg.key_hash);
 
     int sig = 0;
     sigwait(&stop, &sig);

@@ -210,6 +210,11 @@ static char *worker_plain_body(gw_call *c, size_t *len)
     }
     json_object_del(o, "documents");
     json_object_set_new(o, "chunk_separator", json_string(c->segs.separator));
+    /* The salt the keys were made with (a tenant's salt is not the client's cache_salt). */
+    if (c->segs.salt)
+        json_object_set_new(o, "cache_salt", json_string(c->segs.salt));
+    else
+        json_object_del(o, "cache_salt");
     char *out = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     *len = strlen(out);
@@ -278,7 +283,10 @@ static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclu
 {
     cg_gateway *g = c->g;
     if (reason) count_fallback(g, c, reason);
-    cg_gw_target t = {.route = route_name(c), .cached_tokens = -1, .count_usage = 1};
+    cg_gw_target t = {.route = route_name(c),
+                      .model = json_string_value(json_object_get(c->body, "model")),
+                      .cached_tokens = -1,
+                      .count_usage = 1};
     char *body;
     size_t len = 0;
     if (g->has_backend) {
@@ -398,6 +406,7 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
      * assembly, so there is nothing to release after a good answer. */
     int same = g->has_backend && !strcmp(cg_openai_base_url(g->client), cg_worker_url(c->w));
     cg_gw_target t = {.route = route_name(c),
+                      .model = json_string_value(json_object_get(c->body, "model")),
                       .base = g->has_backend ? NULL : cg_worker_url(c->w),
                       .path = "/v1/completions",
                       .no_auth = !g->has_backend,

@@ -10,6 +10,7 @@
 #include <string.h>
 #include "backends/sse.h"
 #include "backends/worker_client.h"
+#include "server/status.h"
 
 /* Queued SSE bytes per stream before the upstream is paused. */
 #define STREAM_MAX_BUFFERED (256u * 1024u)
@@ -22,6 +23,7 @@ typedef struct relay {
     cg_http_req *req; /* NULL once replied */
     char rid[72];     /* for log lines from the multi thread */
     const char *route;
+    char model[128]; /* for the status page */
     int want_stream;
     json_t *chunk_cache; /* owned reference; NULL for models */
     cg_openai_xfer *xfer;
@@ -47,6 +49,7 @@ typedef struct relay {
     int client_gone;
     int sse_error;
     int ttft_done;
+    uint64_t ttft_ns; /* start_ns to the first answer byte */
     size_t events;
 } relay;
 
@@ -65,7 +68,8 @@ static void observe_ttft(relay *r)
 {
     if (r->ttft_done) return;
     r->ttft_done = 1;
-    cg_metric_observe(r->g->m_ttft, (double)(cg_now_ns() - r->start_ns) / 1e9);
+    r->ttft_ns = cg_now_ns() - r->start_ns;
+    cg_metric_observe(r->g->m_ttft, (double)r->ttft_ns / 1e9);
 }
 
 /* Guarantees usage.prompt_tokens_details.cached_tokens: forced to cached when cached >= 0
@@ -325,6 +329,20 @@ static void finish_target(relay *r, cg_status st, const char *detail)
     cg_workers_release(g->workers, &r->worker);
 }
 
+/* One line in the status page's recent requests. The status is the one the client got:
+ * the upstream's, or what reply_failure answers for a failed exchange. */
+static void record_status(relay *r, cg_status st)
+{
+    int status = r->is_sse || st == CG_OK ? (int)r->status : st == CG_E_TIMEOUT ? 504 : 502;
+    cg_status_rec rec = {.route = r->route,
+                         .model = r->model[0] ? r->model : NULL,
+                         .status = status ? status : 502,
+                         .cached_tokens = r->cached_tokens,
+                         .ttft_ms = r->ttft_done ? (double)r->ttft_ns / 1e6 : -1,
+                         .chunk_cache = r->chunk_cache};
+    cg_status_ring_add(r->g->recent, &rec);
+}
+
 static void on_done(void *arg, cg_status st, long http, const char *detail)
 {
     relay *r = arg;
@@ -368,6 +386,7 @@ static void on_done(void *arg, cg_status st, long http, const char *detail)
     } else {
         reply_answer(r);
     }
+    if (r->kind == RELAY_INFER) record_status(r, st);
     cg_log_set_request_id(NULL);
     relay_free(r);
 }
@@ -395,6 +414,7 @@ void cg_gw_relay_to(cg_gateway *g, cg_http_req *req, const cg_gw_target *t, char
     relay *r = relay_new(g, req, RELAY_INFER, t->route);
     r->want_stream = stream;
     r->chunk_cache = chunk_cache;
+    if (t->model) snprintf(r->model, sizeof r->model, "%s", t->model);
     r->to_chat = t->to_chat;
     r->cached_tokens = t->cached_tokens;
     r->count_usage = t->count_usage;

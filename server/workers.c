@@ -199,11 +199,12 @@ static json_t *worker_json_full_locked(const cg_worker *w)
     if (w->have_info)
         json_object_set_new(
             j, "info",
-            json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:o}", "model", w->info.model,
+            json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:s, s:o}", "model", w->info.model,
                       "dtype", w->info.dtype, "rope_style", w->info.rope_style, "key_version",
                       w->info.key_version, "n_layers", (json_int_t)w->info.n_layers, "n_kv_heads",
                       (json_int_t)w->info.n_kv_heads, "head_dim", (json_int_t)w->info.head_dim,
-                      "max_positions", (json_int_t)w->info.max_positions, "instance",
+                      "max_positions", (json_int_t)w->info.max_positions, "key_hash",
+                      w->info.key_hash ? w->info.key_hash : "xxhash", "instance",
                       w->info.instance ? json_string(w->info.instance) : json_null()));
     else
         json_object_set_new(j, "info", json_null());
@@ -376,6 +377,16 @@ static int compatible_locked(cg_workers *r, const char *url, const cg_wc_info *i
                              size_t n)
 {
     char why[320];
+    /* One key hash for the gateway and every worker, or the worker refuses every key the
+     * gateway sends (and hits would be impossible). */
+    const char *kh = cg_key_hash_name(cg_key_get_hash());
+    if (strcmp(info->key_hash ? info->key_hash : "xxhash", kh) != 0) {
+        snprintf(msg, n,
+                 "worker %s hashes chunk keys with key_hash '%s' but the gateway uses "
+                 "--key-hash '%s'",
+                 url, info->key_hash ? info->key_hash : "xxhash", kh);
+        return 0;
+    }
     if (r->p.model && strcmp(r->p.model, info->model) != 0) {
         snprintf(msg, n,
                  "worker %s serves model '%s' but the gateway is configured with --model '%s'", url,

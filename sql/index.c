@@ -498,6 +498,15 @@ cg_status cg_index_open(const char *path, cg_index_params params, cg_index **out
                ix->wdb ? sqlite3_errmsg(ix->wdb) : "out of memory");
         goto out;
     }
+    /* SQLite silently opens a write-protected file read-only; every write would then fail
+     * while requests go on as if recorded. Refuse it at start with the reason instead. */
+    if (sqlite3_db_readonly(ix->wdb, "main") == 1) {
+        cg_log(CG_LOG_ERROR,
+               "index: %s is read-only for this process (file permissions or a read-only "
+               "file system); the index must be writable",
+               path);
+        goto out;
+    }
     if (configure(ix->wdb, &params, params.cache_kib) != CG_OK) goto out;
     /* Refuse a future or foreign file before changing anything in it. */
     st = check_version(ix->wdb, path, &version);

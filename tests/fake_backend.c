@@ -12,8 +12,13 @@
  *   FAULT:CLOSE       stream: close the connection after 2 events
  *   FAULT:BIG:n       non-stream answer padded by n bytes   FAULT:SLOW     stream 60 events
  *   FAULT:CRLF        stream with CRLF line ends            FAULT:EVENTS:n stream n events
+ *   FAULT:MIDSTALL:ms stream: wait ms after 2 events      FAULT:RST      stream: TCP reset after 2
+ *   FAULT:BADSSE      stream: the first event's data is not JSON, then a line without a colon,
+ *                     an unknown field and a bad retry, then the normal events
+ *   FAULT:HUGESSE:n   stream: after 1 event, one data line of n bytes
  * Libmicrohttpd is used directly (thread per connection, so a stream can simply sleep). */
 #include <arpa/inet.h>
+#include <sys/socket.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <microhttpd.h>
@@ -47,7 +52,10 @@ typedef struct conn {
 
 typedef struct stream {
     conn *c;
+    struct MHD_Connection *mc;
     int chat, crlf, close_after, stall_ms, events, usage, i, phase;
+    int midstall_ms, rst, badsse;
+    long huge, huge_sent; /* FAULT:HUGESSE: bytes of the long line, sent so far */
     char *model;
     json_t *fake; /* echo object for the first event */
     long prompt_len;
@@ -106,10 +114,48 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         s->c->stream_done = 1;
         return MHD_CONTENT_READER_END_OF_STREAM;
     }
+    if (s->huge > 0 && s->i == 1 && s->huge_sent < s->huge + 8) {
+        /* One endless-looking data line, sent as fast as the reader takes it. */
+        size_t n = 0;
+        if (s->huge_sent == 0) {
+            memcpy(buf, "data: ", 6);
+            n = 6;
+        }
+        while (n < max && s->huge_sent + (long)n < s->huge + 6)
+            buf[n++] = 'x';
+        s->huge_sent += (long)n;
+        if (s->huge_sent >= s->huge + 6 && n + 2 <= max) {
+            buf[n++] = '\n';
+            buf[n++] = '\n';
+            s->huge_sent = s->huge + 8;
+        }
+        return (ssize_t)n;
+    }
     if (s->i == 0 && s->phase == 0)
         sleep_ms(s->stall_ms > 0 ? s->stall_ms : 0);
     else
         sleep_ms(delay_ms);
+    if (s->midstall_ms && s->i == 2 && s->phase == 0) {
+        sleep_ms(s->midstall_ms);
+        s->midstall_ms = 0;
+    }
+    if (s->rst && s->i >= 2) {
+        /* SO_LINGER 0: closing sends a TCP RST instead of a FIN */
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(s->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        struct linger lg = {1, 0};
+        if (ci) setsockopt(ci->connect_fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        if (ci) shutdown(ci->connect_fd, SHUT_RD);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    if (s->badsse && s->i == 0 && s->phase == 0) {
+        s->badsse = 0;
+        int n = snprintf(buf, max,
+                         "data: {\"id\": \"cmpl-fake\", not json%s%sthis line has no colon%s"
+                         "weird-field: 1%sretry: soon%s%s",
+                         nl, nl, nl, nl, nl, nl);
+        return n > 0 && (size_t)n < max ? n : MHD_CONTENT_READER_END_WITH_ERROR;
+    }
     if (s->close_after && s->i >= s->close_after) return MHD_CONTENT_READER_END_WITH_ERROR;
     char *data = NULL;
     if (s->i < s->events) {
@@ -235,6 +281,13 @@ static MHD_RESULT handle_infer(struct MHD_Connection *mc, conn *c, int chat)
         s->crlf = magic(text, "FAULT:CRLF") >= 0;
         s->close_after = magic(text, "FAULT:CLOSE") >= 0 ? 2 : 0;
         s->stall_ms = stall > 0 ? (int)stall : 0;
+        s->mc = mc;
+        long ms = magic(text, "FAULT:MIDSTALL");
+        s->midstall_ms = ms > 0 ? (int)ms : 0;
+        s->rst = magic(text, "FAULT:RST") >= 0;
+        s->badsse = magic(text, "FAULT:BADSSE") >= 0;
+        long huge = magic(text, "FAULT:HUGESSE");
+        s->huge = huge > 0 ? huge : 0;
         s->events = magic(text, "FAULT:SLOW") >= 0 ? 60 : n_events;
         long ev = magic(text, "FAULT:EVENTS");
         if (ev > 0) s->events = (int)ev;

@@ -535,6 +535,12 @@ static cg_status store(cg_engine *e, const cg_key *key, cg_kv *src, uint32_t v, 
     *out = NULL;
     cg_status st = cg_pool_insert(e->pool, key, n, now, &c, ev);
     if (st != CG_OK) return st;
+    /* The rows past n in the last block are never read, but the disk tier writes and
+     * checksums whole blocks: zero them so no stale bytes of an evicted chunk (or never
+     * initialised memory) reach the disk. One block per stored chunk. */
+    uint32_t nb = cg_pool_chunk_blocks(c);
+    cg_pool_params pp = cg_pool_get_params(e->pool);
+    if (nb) memset(cg_pool_chunk_block(e->pool, c, nb - 1), 0, cg_pool_block_bytes(&pp));
     for (int l = 0; l < cfg->n_layers; l++)
         for (int h = 0; h < cfg->n_kv_heads; h++) {
             cg_pool_chunk_write(e->pool, c, l, h, 0, cg_kv_k(src, l, h) + (size_t)v * hd);

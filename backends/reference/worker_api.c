@@ -24,6 +24,8 @@ struct cg_worker_api {
     cg_worker_api_params p;
     cg_engine *e;
     cg_metrics *metrics;
+    char instance_id[33]; /* random per process: a gateway sees a restart by it */
+    int64_t started_ms;   /* wall clock at start */
 };
 
 cg_worker_api_params cg_worker_api_default_params(void)
@@ -39,6 +41,8 @@ cg_worker_api_params cg_worker_api_default_params(void)
     };
 }
 
+static void random_hex(char *out, size_t n_bytes);
+
 cg_worker_api *cg_worker_api_new(cg_worker_api_params p)
 {
     cg_worker_api *a = cg_calloc(1, sizeof *a);
@@ -49,6 +53,8 @@ cg_worker_api *cg_worker_api_new(cg_worker_api_params p)
     if (a->p.kv_timeout_ms <= 0) a->p.kv_timeout_ms = 30000;
     a->e = p.engine;
     a->metrics = cg_metrics_new();
+    random_hex(a->instance_id, 16);
+    a->started_ms = (int64_t)cg_wall_ms();
     return a;
 }
 
@@ -186,6 +192,9 @@ static void h_info(cg_http_req *req, void *app)
     SET("max_positions", json_integer(c->max_pos));
     SET("isolation_modes", json_pack("[s,s]", "strict", "sys"));
     SET("key_version", json_string(CG_KEY_VERSION));
+    SET("key_hash", json_string(cg_key_hash_name(cg_key_get_hash())));
+    SET("instance_id", json_string(a->instance_id));
+    SET("started_ms", json_integer((json_int_t)a->started_ms));
     SET("separator", json_string(a->p.separator));
     SET("block_tokens", json_integer(ep.block_tokens));
     SET("block_bytes", json_integer((json_int_t)ps.block_bytes));
@@ -295,8 +304,8 @@ static void h_metrics(cg_http_req *req, void *app)
                 ds.checksum_failures);
     set_counter(m, P "disk_io_errors_total", "Disk tier read, write or inventory errors",
                 ds.io_errors);
-    set_counter(m, P "disk_bytes_written_total", "Bytes written by spills", ds.bytes_written);
-    set_counter(m, P "disk_bytes_read_total", "Bytes read back by restores", ds.bytes_read);
+    set_counter(m, P "disk_written_bytes_total", "Bytes written by spills", ds.bytes_written);
+    set_counter(m, P "disk_read_bytes_total", "Bytes read back by restores", ds.bytes_read);
     set_counter(m, P "disk_open_dropped_total",
                 "Inventory rows dropped at start (out of range, overlapping or invalid)",
                 ds.open_dropped);

@@ -65,6 +65,7 @@ typedef struct serve_cfg {
     long long tp;
     long long kv_timeout_ms;
     char *log_level;
+    char *key_hash;
 } serve_cfg;
 
 static const cg_cfg_opt serve_opts[] = {
@@ -119,6 +120,10 @@ static const cg_cfg_opt serve_opts[] = {
      offsetof(serve_cfg, kv_timeout_ms), "30000", 1, 3600000, "timeout of each KV pull request"},
     {"log-level", "CHUNKGATE_WORKER_LOG_LEVEL", CG_CFG_STR, offsetof(serve_cfg, log_level), "info",
      0, 0, "debug, info, warn or error"},
+    {"key-hash", "CHUNKGATE_WORKER_KEY_HASH", CG_CFG_STR, offsetof(serve_cfg, key_hash), "xxhash",
+     0, 0,
+     "chunk key hash: xxhash (XXH3-128) or sha256; must equal the gateway's --key-hash (reported "
+     "as key_hash in /v1/info)"},
 };
 
 static void usage(FILE *out)
@@ -206,7 +211,13 @@ static int make_dirs(const char *path)
         tmp[i] = c;
     }
     struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode) && access(path, W_OK) == 0 ? 0 : -1;
+    if (stat(path, &sb) != 0) return -1;
+    if (!S_ISDIR(sb.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    /* The disk tier reads, writes and creates files there. */
+    return access(path, R_OK | W_OK | X_OK) == 0 ? 0 : -1;
 }
 
 static int cmd_serve(int argc, char **argv)
@@ -248,10 +259,19 @@ static int cmd_serve(int argc, char **argv)
         rc = 2;
         goto out;
     }
+    cg_key_hash kh;
+    if (cg_key_hash_parse(c.key_hash, &kh) != 0) {
+        fprintf(stderr, "chunkgate-worker serve: --key-hash must be xxhash or sha256\n");
+        rc = 2;
+        goto out;
+    }
+    cg_key_set_hash(kh); /* before any thread computes a key */
     cg_log_init("chunkgate-worker", level);
     if (make_dirs(c.data_dir) != 0) {
-        cg_log(CG_LOG_ERROR, "data dir %s: cannot create or write: %s", c.data_dir,
-               strerror(errno));
+        cg_log(CG_LOG_ERROR,
+               "data dir %s: cannot create it, or it is not readable and writable "
+               "by this process: %s",
+               c.data_dir, strerror(errno));
         goto out;
     }
     if (cg_model_load(c.model, &model, err, sizeof err) != CG_OK) {

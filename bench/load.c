@@ -1,0 +1,470 @@
+/* Load test: the real chunkgate in front of one real chunkgate-worker (the worker also answers
+ * the completions), driven by a libcurl multi loop holding N keep-alive connections for S
+ * seconds with a mix of requests:
+ *   hit    a RAG prompt whose documents are cached (8 recurring document sets)   40%
+ *   miss   a RAG prompt with a new document                                      15%
+ *   stream a cached RAG prompt with "stream": true (must end with [DONE])        20%
+ *   plain  a prompt without separator (pass-through)                             10%
+ *   bad    invalid JSON, a missing field, or an unknown route (400/404 expected) 15%
+ * Reports requests/s, p50/p99 per kind, errors (any other status, a curl error, a stream
+ * without [DONE]; deliberate bad requests answered as expected are not errors), and the RSS and
+ * open descriptors of both processes at the start and the end.
+ *
+ * usage: load [--seconds S (60)] [--conns N (64)] [--max-tokens T (4)] [--doc-bytes B (256)]
+ * The binaries come from the build tree; a tiny model is generated into a temp directory. */
+#include <curl/curl.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/base.h"
+
+#define MODEL "chunkgate-tiny"
+#define MAX_CONNS 1024
+#define N_SETS 8
+
+enum { K_HIT, K_MISS, K_STREAM, K_PLAIN, K_BAD, K_N };
+static const char *KIND[K_N] = {"hit", "miss", "stream", "plain", "bad"};
+static const int WEIGHT[K_N] = {40, 15, 20, 10, 15};
+
+static char tmp[128];
+static int seconds = 60, conns = 64, max_tokens = 4, doc_bytes = 256;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static double now_s(void)
+{
+    return (double)cg_now_ns() / 1e9;
+}
+
+/* ------------------------------------------------------------ processes */
+
+static pid_t spawn(const char *bin, const char *const *args, const char *log)
+{
+    char *argv[48];
+    int n = 0;
+    argv[n++] = (char *)bin;
+    for (; *args; args++)
+        argv[n++] = (char *)*args;
+    argv[n] = NULL;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+        execv(bin, argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits for "listening on 127.0.0.1:" in log and returns the port, or -1. */
+static int wait_port(const char *log)
+{
+    for (int i = 0; i < 3000; i++) {
+        FILE *f = fopen(log, "r");
+        if (f) {
+            char line[4096];
+            while (fgets(line, sizeof line, f)) {
+                const char *m = strstr(line, "listening on 127.0.0.1:");
+                if (m) {
+                    fclose(f);
+                    return atoi(m + 23);
+                }
+            }
+            fclose(f);
+        }
+        sleep_ms(20);
+    }
+    return -1;
+}
+
+typedef struct usage {
+    long rss_kib;
+    int fds, threads;
+} usage;
+
+static usage usage_of(pid_t pid)
+{
+    usage u = {0, 0, 0};
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "VmRSS:", 6)) u.rss_kib = atol(line + 6);
+        if (!strncmp(line, "Threads:", 8)) u.threads = atoi(line + 8);
+    }
+    if (f) fclose(f);
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] != '.') u.fds++;
+    if (d) closedir(d);
+    return u;
+}
+
+/* ------------------------------------------------------------ requests */
+
+static char *set_docs[N_SETS][2];
+static unsigned long miss_seq;
+
+static char *doc_text(const char *tag, unsigned long id)
+{
+    cg_buf b;
+    cg_buf_init(&b, 0);
+    cg_status st = cg_buf_printf(&b, "Document %s-%lu.", tag, id);
+    for (unsigned long i = 0; st == CG_OK && b.len < (size_t)doc_bytes; i++)
+        st = cg_buf_printf(&b, " Record %lu of %s %lu notes item %lu.", i, tag, id, i * 31 + id);
+    return b.data;
+}
+
+static char *rag_body(const char *d1, const char *d2, int stream)
+{
+    cg_buf b;
+    cg_buf_init(&b, 0);
+    cg_status st = cg_buf_printf(&b,
+                                 "{\"model\":\"" MODEL "\",\"max_tokens\":%d,\"temperature\":0,"
+                                 "\"stream\":%s,\"prompt\":\"You are a load test. # # %s # # %s "
+                                 "# # What is recorded?\"}",
+                                 max_tokens, stream ? "true" : "false", d1, d2);
+    (void)st;
+    return b.data;
+}
+
+typedef struct conn {
+    CURL *e;
+    struct curl_slist *h;
+    int kind;
+    long expect[2];
+    char *body;
+    char url[128];
+    cg_buf resp;
+    double t0;
+} conn;
+
+static double *lat[K_N];
+static size_t n_lat[K_N], cap_lat[K_N];
+static long done_n[K_N], errors_n[K_N];
+static int gw_port;
+
+static size_t on_write(char *d, size_t sz, size_t n, void *ud)
+{
+    conn *c = ud;
+    size_t len = sz * n;
+    /* keep only the tail: enough to see [DONE] */
+    if (c->resp.len > 4096) cg_buf_reset(&c->resp);
+    return cg_buf_append(&c->resp, d, len) == CG_OK ? len : 0;
+}
+
+static int pick_kind(void)
+{
+    int r = rand() % 100, acc = 0;
+    for (int k = 0; k < K_N; k++) {
+        acc += WEIGHT[k];
+        if (r < acc) return k;
+    }
+    return K_HIT;
+}
+
+static void start(CURLM *m, conn *c)
+{
+    free(c->body);
+    c->body = NULL;
+    cg_buf_reset(&c->resp);
+    c->kind = pick_kind();
+    const char *path = "/v1/completions";
+    c->expect[0] = 200;
+    c->expect[1] = 200;
+    int s = rand() % N_SETS;
+    switch (c->kind) {
+    case K_HIT:
+        c->body = rag_body(set_docs[s][0], set_docs[s][1], 0);
+        break;
+    case K_STREAM:
+        c->body = rag_body(set_docs[s][0], set_docs[s][1], 1);
+        break;
+    case K_MISS: {
+        char *d = doc_text("miss", ++miss_seq);
+        c->body = rag_body(set_docs[s][0], d, 0);
+        free(d);
+        break;
+    }
+    case K_PLAIN: {
+        cg_buf b;
+        cg_buf_init(&b, 0);
+        cg_status st = cg_buf_printf(&b,
+                                     "{\"model\":\"" MODEL "\",\"max_tokens\":%d,\"prompt\":"
+                                     "\"A plain question without documents %d?\"}",
+                                     max_tokens, rand() % 1000);
+        (void)st;
+        c->body = b.data;
+        break;
+    }
+    default: {
+        int v = rand() % 3;
+        if (v == 0) {
+            c->body = cg_strdup("{\"model\":\"" MODEL "\",\"prompt\":\"broken # # json\"");
+            c->expect[0] = c->expect[1] = 400;
+        } else if (v == 1) {
+            c->body = cg_strdup("{\"prompt\":\"no model # # here # # q\"}");
+            c->expect[0] = c->expect[1] = 400;
+        } else {
+            c->body = cg_strdup("{}");
+            path = "/v1/no-such-route";
+            c->expect[0] = c->expect[1] = 404;
+        }
+    }
+    }
+    snprintf(c->url, sizeof c->url, "http://127.0.0.1:%d%s", gw_port, path);
+    curl_easy_setopt(c->e, CURLOPT_URL, c->url);
+    curl_easy_setopt(c->e, CURLOPT_POSTFIELDS, c->body);
+    c->t0 = now_s();
+    curl_multi_add_handle(m, c->e);
+}
+
+static void record(conn *c, CURLcode rc)
+{
+    double ms = (now_s() - c->t0) * 1e3;
+    long status = 0;
+    curl_easy_getinfo(c->e, CURLINFO_RESPONSE_CODE, &status);
+    int ok = rc == CURLE_OK && (status == c->expect[0] || status == c->expect[1]);
+    if (ok && c->kind == K_STREAM)
+        ok = c->resp.len >= 14 && !memcmp(c->resp.data + c->resp.len - 14, "data: [DONE]\n\n", 14);
+    int k = c->kind;
+    done_n[k]++;
+    if (!ok) {
+        errors_n[k]++;
+        if (errors_n[k] <= 3)
+            fprintf(stderr, "error (%s): curl %d HTTP %ld: %.200s\n", KIND[k], (int)rc, status,
+                    c->resp.data ? c->resp.data : "");
+    }
+    if (n_lat[k] == cap_lat[k]) {
+        cap_lat[k] = cap_lat[k] ? cap_lat[k] * 2 : 4096;
+        lat[k] = cg_realloc(lat[k], cap_lat[k] * sizeof *lat[k]);
+    }
+    lat[k][n_lat[k]++] = ms;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, size_t n, double p)
+{
+    if (!n) return 0;
+    return v[(size_t)(p * (double)(n - 1) + 0.5)];
+}
+
+/* A blocking warm-up request (caches the document sets). */
+static long warm(const char *body)
+{
+    CURL *e = curl_easy_init();
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", gw_port);
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
+    FILE *null = fopen("/dev/null", "w");
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, null);
+    long status = 0;
+    if (curl_easy_perform(e) == CURLE_OK) curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+    fclose(null);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(e);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--seconds"))
+            seconds = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--conns"))
+            conns = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--max-tokens"))
+            max_tokens = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--doc-bytes"))
+            doc_bytes = atoi(argv[i + 1]);
+    }
+    if (conns < 1 || conns > MAX_CONNS) conns = 64;
+    signal(SIGPIPE, SIG_IGN);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    snprintf(tmp, sizeof tmp, "/tmp/cg_load_XXXXXX");
+    if (!mkdtemp(tmp)) return 1;
+    char model[200], wlog[200], glog[200], glog2[200], wdata[200], gdata[200], wurl[64];
+    snprintf(model, sizeof model, "%s/model", tmp);
+    snprintf(wlog, sizeof wlog, "%s/worker.log", tmp);
+    snprintf(glog, sizeof glog, "%s/gateway.log", tmp);
+    snprintf(glog2, sizeof glog2, "%s/gen.log", tmp);
+    snprintf(wdata, sizeof wdata, "%s/w", tmp);
+    snprintf(gdata, sizeof gdata, "%s/g", tmp);
+    const char *ga_gen[] = {"generate-model", "--out", model, NULL};
+    pid_t gen = spawn(WORKER_BIN, ga_gen, glog2);
+    int st;
+    waitpid(gen, &st, 0);
+    setenv("OMP_WAIT_POLICY", "passive", 0);
+    const char *wa[] = {"serve",       "--model",          model, "--listen",
+                        "127.0.0.1:0", "--data-dir",       wdata, "--pool-mb",
+                        "256",         "--max-assemblies", "256", NULL};
+    pid_t wpid = spawn(WORKER_BIN, wa, wlog);
+    int wport = wait_port(wlog);
+    if (wport <= 0) {
+        fprintf(stderr, "the worker did not start (%s)\n", wlog);
+        return 1;
+    }
+    snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", wport);
+    /* Default configuration (log level info: one access line per request). */
+    const char *gargs[] = {"--listen", "127.0.0.1:0",         "--data-dir", gdata, "--worker",
+                           wurl,       "--worker-timeout-ms", "120000",     NULL};
+    pid_t gpid = spawn(CHUNKGATE_BIN, gargs, glog);
+    gw_port = wait_port(glog);
+    if (gw_port <= 0) {
+        fprintf(stderr, "the gateway did not start (%s)\n", glog);
+        return 1;
+    }
+    /* the worker must be healthy before the main path is used */
+    for (int i = 0; i < 200; i++) {
+        char *b = rag_body("warm-up doc", "warm-up doc 2", 0);
+        long s = warm(b);
+        free(b);
+        if (s == 200) break;
+        sleep_ms(50);
+    }
+    srand(42);
+    for (int s = 0; s < N_SETS; s++) {
+        set_docs[s][0] = doc_text("set-a", (unsigned long)s);
+        set_docs[s][1] = doc_text("set-b", (unsigned long)s);
+        char *b = rag_body(set_docs[s][0], set_docs[s][1], 0);
+        if (warm(b) != 200) fprintf(stderr, "warm-up of set %d failed\n", s);
+        free(b);
+    }
+    usage g0 = usage_of(gpid), w0 = usage_of(wpid);
+
+    CURLM *m = curl_multi_init();
+    curl_multi_setopt(m, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)conns);
+    conn *cs = cg_calloc((size_t)conns, sizeof *cs);
+    for (int i = 0; i < conns; i++) {
+        conn *c = &cs[i];
+        c->e = curl_easy_init();
+        cg_buf_init(&c->resp, 0);
+        c->h = curl_slist_append(NULL, "Content-Type: application/json");
+        c->h = curl_slist_append(c->h, "Expect:");
+        curl_easy_setopt(c->e, CURLOPT_HTTPHEADER, c->h);
+        curl_easy_setopt(c->e, CURLOPT_WRITEFUNCTION, on_write);
+        curl_easy_setopt(c->e, CURLOPT_WRITEDATA, c);
+        curl_easy_setopt(c->e, CURLOPT_PRIVATE, c);
+        curl_easy_setopt(c->e, CURLOPT_TIMEOUT, 120L);
+        curl_easy_setopt(c->e, CURLOPT_NOSIGNAL, 1L);
+        start(m, c);
+    }
+    double t0 = now_s(), end = t0 + seconds, next_report = t0 + 10;
+    int running = conns;
+    usage gmax = g0, wmax = w0;
+    while (running > 0) {
+        curl_multi_perform(m, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(m, &left))) {
+            if (msg->msg != CURLMSG_DONE) continue;
+            conn *c;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&c);
+            CURLcode rc = msg->data.result;
+            curl_multi_remove_handle(m, c->e);
+            record(c, rc);
+            if (now_s() < end) {
+                start(m, c);
+                running++;
+            }
+        }
+        if (now_s() >= next_report) {
+            usage g = usage_of(gpid), w = usage_of(wpid);
+            gmax.rss_kib = CG_MAX(gmax.rss_kib, g.rss_kib);
+            gmax.fds = CG_MAX(gmax.fds, g.fds);
+            wmax.rss_kib = CG_MAX(wmax.rss_kib, w.rss_kib);
+            wmax.fds = CG_MAX(wmax.fds, w.fds);
+            long total = 0;
+            for (int k = 0; k < K_N; k++)
+                total += done_n[k];
+            fprintf(
+                stderr,
+                "%4.0f s: %ld requests; gateway RSS %ld KiB fds %d; worker RSS %ld KiB fds %d\n",
+                now_s() - t0, total, g.rss_kib, g.fds, w.rss_kib, w.fds);
+            next_report += 10;
+        }
+        curl_multi_poll(m, NULL, 0, 50, NULL);
+    }
+    double elapsed = now_s() - t0;
+    sleep_ms(500); /* let both settle: connections closed, assemblies released */
+    for (int i = 0; i < conns; i++) {
+        curl_easy_cleanup(cs[i].e);
+        curl_slist_free_all(cs[i].h);
+    }
+    curl_multi_cleanup(m);
+    sleep_ms(500);
+    usage g1 = usage_of(gpid), w1 = usage_of(wpid);
+
+    long total = 0, errs = 0, bad_ok = 0;
+    printf("load: chunkgate + 1 chunkgate-worker, %d connections, %.1f s, max_tokens %d, "
+           "documents %d bytes\n",
+           conns, elapsed, max_tokens, doc_bytes);
+    printf("%8s %9s %8s %10s %10s %7s\n", "kind", "requests", "req/s", "p50 ms", "p99 ms",
+           "errors");
+    double *all = NULL;
+    size_t n_all = 0;
+    for (int k = 0; k < K_N; k++) {
+        qsort(lat[k], n_lat[k], sizeof *lat[k], cmp);
+        printf("%8s %9ld %8.1f %10.2f %10.2f %7ld\n", KIND[k], done_n[k], done_n[k] / elapsed,
+               pct(lat[k], n_lat[k], 0.5), pct(lat[k], n_lat[k], 0.99), errors_n[k]);
+        total += done_n[k];
+        errs += errors_n[k];
+        if (k == K_BAD) bad_ok = done_n[k] - errors_n[k];
+        all = cg_realloc(all, (n_all + n_lat[k] + 1) * sizeof *all);
+        memcpy(all + n_all, lat[k], n_lat[k] * sizeof *all);
+        n_all += n_lat[k];
+    }
+    qsort(all, n_all, sizeof *all, cmp);
+    printf("%8s %9ld %8.1f %10.2f %10.2f %7ld\n", "all", total, total / elapsed,
+           pct(all, n_all, 0.5), pct(all, n_all, 0.99), errs);
+    printf("errors: %ld (deliberate bad requests answered 400/404 as expected: %ld, not errors)\n",
+           errs, bad_ok);
+    printf("gateway: RSS %ld -> %ld KiB (max %ld), open fds %d -> %d (max %d), threads %d -> %d\n",
+           g0.rss_kib, g1.rss_kib, gmax.rss_kib, g0.fds, g1.fds, gmax.fds, g0.threads, g1.threads);
+    printf("worker:  RSS %ld -> %ld KiB (max %ld), open fds %d -> %d (max %d), threads %d -> %d\n",
+           w0.rss_kib, w1.rss_kib, wmax.rss_kib, w0.fds, w1.fds, wmax.fds, w0.threads, w1.threads);
+    kill(gpid, SIGTERM);
+    waitpid(gpid, &st, 0);
+    int gexit = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    kill(wpid, SIGTERM);
+    waitpid(wpid, &st, 0);
+    printf("gateway exit status after SIGTERM: %d\n", gexit);
+    free(all);
+    for (int k = 0; k < K_N; k++)
+        free(lat[k]);
+    for (int s = 0; s < N_SETS; s++) {
+        free(set_docs[s][0]);
+        free(set_docs[s][1]);
+    }
+    free(cs);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (!getenv("CG_KEEP_TMP") && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    return errs ? 1 : 0;
+}

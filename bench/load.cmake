@@ -1,0 +1,9 @@
+# Load test (helper "harden"): chunkgate + one chunkgate-worker under a libcurl multi driver,
+# a mix of hits, misses, streams, pass-through and bad requests; RSS and fds at start and end.
+if(TARGET chunkgate AND TARGET chunkgate-worker)
+  add_executable(load load.c)
+  target_link_libraries(load PRIVATE cg_cache PkgConfig::CURL)
+  add_dependencies(load chunkgate chunkgate-worker)
+  target_compile_definitions(load PRIVATE
+    CHUNKGATE_BIN="$<TARGET_FILE:chunkgate>" WORKER_BIN="$<TARGET_FILE:chunkgate-worker>")
+endif()

@@ -1,0 +1,30 @@
+# Hardening suites (helper "harden"): auth and tenants, limits and slow clients, faults,
+# gateway crash safety, the key hash option, and one valgrind run. Each starts the real
+# chunkgate (and chunkgate-worker / tests/fake_backend) on loopback.
+if(TARGET chunkgate AND TARGET chunkgate-worker AND TARGET fake_backend)
+  set(CG_HARDEN_SUITES auth limits faults crash keyhash valgrind)
+  set(CG_HARDEN_LIBS_auth cg_server)
+  set(CG_HARDEN_LIBS_limits cg_server)
+  set(CG_HARDEN_LIBS_faults cg_server PkgConfig::SQLITE)
+  set(CG_HARDEN_LIBS_crash cg_server)
+  set(CG_HARDEN_LIBS_keyhash cg_server)
+  set(CG_HARDEN_LIBS_valgrind cg_server)
+  foreach(s ${CG_HARDEN_SUITES})
+    if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_${s}.c)
+      cg_check_test(NAME test_${s} SOURCES test_${s}.c harden_util.c
+                    LIBS ${CG_HARDEN_LIBS_${s}} PkgConfig::CURL TIMEOUT 180)
+      add_dependencies(test_${s} chunkgate chunkgate-worker fake_backend)
+      target_compile_definitions(test_${s} PRIVATE
+        CHUNKGATE_BIN="$<TARGET_FILE:chunkgate>" WORKER_BIN="$<TARGET_FILE:chunkgate-worker>"
+        FAKE_BACKEND_BIN="$<TARGET_FILE:fake_backend>")
+    endif()
+  endforeach()
+  if(TARGET test_valgrind)
+    # 77: valgrind is not installed, or the build is instrumented (ASan and valgrind exclude
+    # each other).
+    set_tests_properties(test_valgrind PROPERTIES SKIP_RETURN_CODE 77)
+    if(CG_SANITIZE)
+      target_compile_definitions(test_valgrind PRIVATE CG_SANITIZE_BUILD=1)
+    endif()
+  endif()
+endif()
