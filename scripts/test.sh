@@ -48,3 +48,8 @@ if [ "${CG_SANITIZE:-0}" = 1 ]; then
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
         run_suite build-san -DCG_SANITIZE=ON -DCG_BENCH=OFF
 fi
+# Bounded fuzzing on top of the corpus replay that ctest already ran (needs clang; see
+# scripts/fuzz.sh): each libFuzzer target runs for CG_FUZZ_SECONDS seconds.
+if [ -n "${CG_FUZZ_SECONDS:-}" ]; then
+    scripts/fuzz.sh
+fi
