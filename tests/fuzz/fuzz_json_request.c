@@ -1,0 +1,254 @@
+/* Fuzz target for the gateway's request decoding: the body bytes go through what the
+ * completions, chat completions and chunk lookup routes do before any I/O, with the limits of
+ * a default gateway configuration: jansson's parse (flags of cg_http_req_json), the field
+ * helpers (model, stream, max_tokens, max_completion_tokens, keys) and cg_gw_segment_request
+ * (extension fields, prompt or messages + documents, split/chat rendering, keys); and the
+ * chat <-> completions conversions of server/orchestrate.c (cg_gw_chat_as_completion on the
+ * body, cg_gw_to_chat on the body taken as an upstream answer).
+ * The HTTP plumbing (cg_http_req), forward_body() and the handlers themselves are static in
+ * server/infer.c and server/admin.c and are not reached (see tests/README.md).
+ * Invariants: no crash or leak; every refusal is a 4xx status naming a field with a message;
+ * a successful split has in-bounds, trimmed, non-empty segments with positional roles and
+ * one key per cacheable segment, and decoding the same body again gives the same keys. */
+#include "fuzz_common.h"
+
+#include "cache/base.h"
+#include "cache/key.h"
+#include "server/gateway.h"
+#include "server/gateway_impl.h"
+#include "server/http.h"
+
+static cg_gateway_config g_cfg;
+static cg_gateway g_gw;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    char prog[] = "chunkgate", err[256];
+    char *args[] = {prog, NULL};
+    int help = 0;
+    cg_log_init("fuzz_json_request", (cg_log_level)(CG_LOG_ERROR + 1));
+    /* The defaults of the real configuration table: separator, segment and body limits. */
+    if (cg_gateway_config_load(&g_cfg, 1, args, &help, err, sizeof err) != CG_OK) {
+        fprintf(stderr, "fuzz_json_request: default configuration: %s\n", err);
+        abort();
+    }
+    if (cg_mode_parse(g_cfg.chunk_mode, &g_gw.default_mode) != 0) abort();
+    g_gw.cfg = &g_cfg;
+    return 0;
+}
+
+static void check_error(cg_status st, const char *param, const char *msg, size_t msglen)
+{
+    FUZZ_CHECK(st != CG_OK);
+    int http = cg_status_http(st);
+    FUZZ_CHECK(http >= 400 && http < 500); /* bad input is never a server error */
+    FUZZ_CHECK(param && *param);
+    FUZZ_CHECK(memchr(msg, '\0', msglen) != NULL);
+}
+
+/* Splits and keys body as route chat (0: completions) would, and checks the result. */
+static void segment(json_t *body, const char *model, int chat)
+{
+    cg_gw_segments s, again;
+    char msg[256], msg2[256];
+    const char *param = NULL, *param2 = NULL;
+    cg_gw_segments_init(&s);
+    cg_gw_segments_init(&again);
+    cg_status st = cg_gw_segment_request(&g_gw, body, model, chat, &s, &param, msg, sizeof msg);
+    cg_status st2 =
+        cg_gw_segment_request(&g_gw, body, model, chat, &again, &param2, msg2, sizeof msg2);
+    FUZZ_CHECK(st == st2);
+    if (st != CG_OK) {
+        check_error(st, param, msg, sizeof msg);
+        FUZZ_CHECK(param2 && !strcmp(param, param2) && !strcmp(msg, msg2));
+        goto out;
+    }
+    FUZZ_CHECK(param == NULL && s.text != NULL);
+    size_t text_len;
+    if (chat) {
+        text_len = s.rendered.len;
+        FUZZ_CHECK(s.rendered.max == 0 || text_len <= s.rendered.max);
+    } else {
+        json_t *p = json_object_get(body, "prompt");
+        if (json_is_array(p)) p = json_array_get(p, 0);
+        FUZZ_CHECK(json_is_string(p) && s.text == json_string_value(p));
+        text_len = json_string_length(p);
+    }
+    if (s.split.passthrough) {
+        FUZZ_CHECK(s.split.n == 0 && s.n_keys == 0);
+        goto out;
+    }
+    FUZZ_CHECK(s.split.n >= 2 && s.split.n <= (size_t)g_cfg.max_segments);
+    FUZZ_CHECK(s.n_keys == s.split.n - 1); /* every segment but the question */
+    for (size_t i = 0; i < s.split.n; i++) {
+        const cg_segment *g = &s.split.segs[i];
+        FUZZ_CHECK(g->len > 0 && g->off <= text_len && g->len <= text_len - g->off);
+        FUZZ_CHECK(!fuzz_is_space((uint8_t)s.text[g->off]) &&
+                   !fuzz_is_space((uint8_t)s.text[g->off + g->len - 1]));
+        cg_role want = i == 0               ? CG_ROLE_SYSTEM
+                       : i + 1 == s.split.n ? CG_ROLE_QUESTION
+                                            : CG_ROLE_CHUNK;
+        FUZZ_CHECK(g->role == want);
+    }
+    for (size_t k = 0; k < s.n_keys; k++) {
+        FUZZ_CHECK(s.key_seg[k] == k); /* system and chunks come before the question */
+        FUZZ_CHECK(again.n_keys == s.n_keys && cg_key_equal(&s.keys[k], &again.keys[k]));
+        char hex[CG_KEY_HEX_LEN + 1];
+        cg_key back;
+        cg_key_hex(&s.keys[k], hex);
+        FUZZ_CHECK(strlen(hex) == CG_KEY_HEX_LEN && cg_key_parse(hex, &back) == 0 &&
+                   cg_key_equal(&back, &s.keys[k]));
+    }
+out:
+    cg_gw_segments_free(&s);
+    cg_gw_segments_free(&again);
+}
+
+/* POST /v1/completions and /v1/chat/completions: the checks of infer.c's handle(). */
+static void completions(json_t *body, int chat)
+{
+    const char *model = NULL;
+    int stream;
+    long long ll;
+    cg_status st = cg_json_get_string(body, "model", 1, &model);
+    if (st != CG_OK) {
+        FUZZ_CHECK(st == CG_E_MISSING || st == CG_E_TYPE);
+        return;
+    }
+    FUZZ_CHECK(model != NULL);
+    if (!*model) return;
+    st = cg_json_get_bool(body, "stream", 0, &stream);
+    FUZZ_CHECK(st == CG_OK || st == CG_E_TYPE);
+    if (st != CG_OK) return;
+    FUZZ_CHECK(stream == 0 || stream == 1);
+    st = cg_json_get_int(body, "max_tokens", 0, 0, 1LL << 31, &ll);
+    FUZZ_CHECK(st == CG_OK || st == CG_E_TYPE || st == CG_E_VALUE);
+    if (st != CG_OK) return;
+    FUZZ_CHECK(ll >= 0 && ll <= 1LL << 31);
+    if (chat) {
+        st = cg_json_get_int(body, "max_completion_tokens", 0, 0, 1LL << 31, &ll);
+        if (st != CG_OK) return;
+    }
+    if (!chat && json_object_get(body, "documents")) return; /* refused by handle() */
+    segment(body, model, chat);
+}
+
+/* POST /v1/chunks/lookup: keys[], or a request to split (admin.c). */
+static void lookup(json_t *body)
+{
+    json_t *jk = json_object_get(body, "keys");
+    if (jk && !json_is_null(jk)) {
+        if (!json_is_array(jk)) return;
+        size_t i;
+        json_t *v;
+        json_array_foreach(jk, i, v)
+        {
+            cg_key k;
+            if (!json_is_string(v)) return;
+            if (cg_key_parse(json_string_value(v), &k) != 0) return;
+            char hex[CG_KEY_HEX_LEN + 1];
+            cg_key_hex(&k, hex);
+            /* a parsed key is 32 hex digits; the canonical form is lowercase */
+            FUZZ_CHECK(strlen(json_string_value(v)) == CG_KEY_HEX_LEN);
+            FUZZ_CHECK(strncasecmp(hex, json_string_value(v), CG_KEY_HEX_LEN) == 0);
+        }
+        return;
+    }
+    const char *model;
+    if (cg_json_get_string(body, "model", 1, &model) != CG_OK || !*model) return;
+    int chat = json_object_get(body, "messages") != NULL;
+    if (!chat && !json_object_get(body, "prompt")) return;
+    segment(body, model, chat);
+}
+
+/* The numeric helpers on every member, with the ranges the handlers use. */
+static void helpers(json_t *body)
+{
+    const char *name;
+    json_t *v;
+    json_object_foreach(body, name, v)
+    {
+        long long ll;
+        double d;
+        int b;
+        const char *s;
+        json_t *o;
+        cg_status st = cg_json_get_int(body, name, 7, -5, 1LL << 31, &ll);
+        if (st == CG_OK) FUZZ_CHECK(ll >= -5 && ll <= 1LL << 31);
+        if (st == CG_OK && !json_is_null(v)) FUZZ_CHECK(json_is_number(v));
+        if (json_is_null(v)) FUZZ_CHECK(st == CG_OK && ll == 7);
+        if (json_is_real(v)) {
+            /* a real beyond long long is out of range, not undefined behaviour (http.c fix) */
+            double r = json_real_value(v);
+            if (r >= 9223372036854775808.0 || r < -9223372036854775808.0)
+                FUZZ_CHECK(st == CG_E_VALUE);
+            else if (r == (double)(long long)r && r >= -5 && r <= (double)(1LL << 31))
+                FUZZ_CHECK(st == CG_OK && ll == (long long)r);
+            else if (r != (double)(long long)r)
+                FUZZ_CHECK(st == CG_E_TYPE);
+        }
+        st = cg_json_get_number(body, name, 0.5, 0.0, 2.0, &d);
+        if (st == CG_OK) FUZZ_CHECK(d >= 0.0 && d <= 2.0);
+        st = cg_json_get_bool(body, name, 1, &b);
+        FUZZ_CHECK(st == (json_is_boolean(v) || json_is_null(v) ? CG_OK : CG_E_TYPE));
+        st = cg_json_get_string(body, name, 1, &s);
+        FUZZ_CHECK(st == (json_is_string(v) ? CG_OK : json_is_null(v) ? CG_E_MISSING : CG_E_TYPE));
+        FUZZ_CHECK((st == CG_OK) == (s != NULL));
+        st = cg_json_get(body, name, JSON_ARRAY, 0, &o);
+        FUZZ_CHECK((st == CG_OK && o) == json_is_array(v));
+    }
+}
+
+/* The chat <-> completions conversions of server/orchestrate.c: the body as a chat request
+ * turned into a completions body, and as an upstream answer rewritten in chat shape. */
+static void conversions(json_t *body, const uint8_t *data, size_t size)
+{
+    size_t plen = size < 64 ? size : 64;
+    json_t *c = cg_gw_chat_as_completion(body, (const char *)data, plen);
+    FUZZ_CHECK(json_is_object(c));
+    json_t *p = json_object_get(c, "prompt");
+    /* jansson refuses invalid UTF-8, so the prompt may be absent, never wrong */
+    if (p) FUZZ_CHECK(json_is_string(p) && json_string_length(p) == plen);
+    json_decref(c);
+    for (int mode = 0; mode < 3; mode++) {
+        json_t *ans = json_deep_copy(body);
+        FUZZ_CHECK(ans != NULL);
+        int stream = mode > 0, first = mode == 1;
+        cg_gw_to_chat(ans, stream, first);
+        FUZZ_CHECK(!strcmp(json_string_value(json_object_get(ans, "object")),
+                           stream ? "chat.completion.chunk" : "chat.completion"));
+        const char *id = json_string_value(json_object_get(ans, "id"));
+        if (json_is_string(json_object_get(body, "id")))
+            FUZZ_CHECK(id && !strncmp(id, "chatcmpl-", 9));
+        size_t i;
+        json_t *ch;
+        json_array_foreach(json_object_get(ans, "choices"), i, ch)
+        {
+            if (!json_is_object(ch)) continue;
+            FUZZ_CHECK(!json_object_get(ch, "text"));
+            FUZZ_CHECK(json_is_object(json_object_get(ch, stream ? "delta" : "message")));
+        }
+        json_decref(ans);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    json_error_t err;
+    /* Bodies over the cap never reach the parser (MHD answers 413). */
+    if (size > g_cfg.max_body_bytes) return 0;
+    json_t *body = json_loadb((const char *)data, size, 0, &err);
+    if (!body) {
+        FUZZ_CHECK(err.text[0] != '\0');
+        return 0;
+    }
+    if (json_is_object(body)) {
+        helpers(body);
+        completions(body, 0);
+        completions(body, 1);
+        lookup(body);
+        conversions(body, data, size);
+    }
+    json_decref(body);
+    return 0;
+}
