@@ -99,6 +99,12 @@ START_TEST(gateway_and_worker_under_memcheck)
                         "sha256",
                         "--health-interval-ms",
                         "500",
+                        /* valgrind runs a process's threads one at a time, so a worker busy
+                         * computing answers its health probe late: give it room. */
+                        "--health-timeout-ms",
+                        "30000",
+                        "--worker-timeout-ms",
+                        "300000",
                         NULL};
     ck_assert_msg(hu_spawn(&g, valgrind, ga, env, "gateway.log", "listening on 127.0.0.1:", 0) == 0,
                   "the gateway did not start under valgrind");
