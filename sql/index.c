@@ -1,6 +1,9 @@
 /* The gateway's SQLite index: schema and migrations, a pool of read connections, and one
  * writer thread that applies queued updates in batched transactions. All SQL lives here. */
 #include "sql/index.h"
+#include "sql/db.h"
+
+#define DB_MODULE "index" /* prefix of this module's SQLite error logs */
 
 #include <pthread.h>
 #include <sqlite3.h>
@@ -269,54 +272,6 @@ cg_index_params cg_index_default_params(void)
 
 /* ---- Small SQLite helpers ----------------------------------------------------------------- */
 
-static void log_sqlite(sqlite3 *db, const char *what)
-{
-    cg_log(CG_LOG_ERROR, "index: %s: %s (%d)", what, sqlite3_errmsg(db),
-           sqlite3_extended_errcode(db));
-}
-
-/* Steps s to completion (ignoring rows), then resets it. Returns the final step code. */
-static int step_done(sqlite3_stmt *s)
-{
-    int rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-    }
-    sqlite3_reset(s);
-    sqlite3_clear_bindings(s);
-    return rc;
-}
-
-static cg_status exec_sql(sqlite3 *db, const char *sql, const char *what)
-{
-    char *err = NULL;
-    if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK) {
-        cg_log(CG_LOG_ERROR, "index: %s: %s", what, err ? err : sqlite3_errmsg(db));
-        sqlite3_free(err);
-        return CG_E_IO;
-    }
-    return CG_OK;
-}
-
-/* Runs a one-row integer query (a PRAGMA) that is only needed at open. */
-static cg_status query_int(sqlite3 *db, const char *sql, int64_t *out)
-{
-    sqlite3_stmt *s = NULL;
-    cg_status st = CG_E_IO;
-    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) goto out;
-    if (sqlite3_step(s) != SQLITE_ROW) goto out;
-    *out = sqlite3_column_int64(s, 0);
-    st = CG_OK;
-out:
-    if (st != CG_OK) log_sqlite(db, sql);
-    sqlite3_finalize(s);
-    return st;
-}
-
-static void bind_key(sqlite3_stmt *s, int i, const cg_key *k)
-{
-    sqlite3_bind_blob(s, i, k->b, sizeof k->b, SQLITE_STATIC);
-}
-
 /* NULL columns read as -1 (unknown). */
 static int64_t col_int_or_neg(sqlite3_stmt *s, int i)
 {
@@ -347,7 +302,7 @@ static cg_status prepare_all(sqlite3 *db, const char *const *sql, sqlite3_stmt *
     for (int i = 0; i < n; i++) {
         if (sqlite3_prepare_v3(db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &out[i], NULL) !=
             SQLITE_OK) {
-            log_sqlite(db, sql[i]);
+            cg_db_log(DB_MODULE, db, sql[i]);
             return CG_E_IO;
         }
     }
@@ -370,7 +325,7 @@ static cg_status configure(sqlite3 *db, const cg_index_params *p, int64_t cache_
     sqlite3_busy_timeout(db, p->busy_timeout_ms);
     snprintf(sql, sizeof sql, "PRAGMA cache_size = %lld; PRAGMA mmap_size = %lld;",
              (long long)-cache_kib, (long long)p->mmap_bytes);
-    return exec_sql(db, sql, "configure connection");
+    return cg_db_exec(DB_MODULE, db, sql, "configure connection");
 }
 
 /* ---- Open: version checks and migrations --------------------------------------------------- */
@@ -378,9 +333,9 @@ static cg_status configure(sqlite3 *db, const cg_index_params *p, int64_t cache_
 static cg_status check_version(sqlite3 *db, const char *path, int64_t *version)
 {
     int64_t app = 0, tables = 0;
-    if (query_int(db, "PRAGMA application_id", &app) != CG_OK ||
-        query_int(db, "PRAGMA user_version", version) != CG_OK ||
-        query_int(db, "SELECT count(*) FROM sqlite_schema", &tables) != CG_OK)
+    if (cg_db_query_int(DB_MODULE, db, "PRAGMA application_id", &app) != CG_OK ||
+        cg_db_query_int(DB_MODULE, db, "PRAGMA user_version", version) != CG_OK ||
+        cg_db_query_int(DB_MODULE, db, "SELECT count(*) FROM sqlite_schema", &tables) != CG_OK)
         return CG_E_IO;
     if (app != 0 && app != APP_ID) {
         cg_log(CG_LOG_ERROR, "index: %s is an SQLite file of another application (id %lld)", path,
@@ -408,25 +363,28 @@ static cg_status migrate(sqlite3 *db, const char *path)
         cg_status st = check_version(db, path, &v);
         if (st != CG_OK) return st;
         if (v == CG_INDEX_SCHEMA_VERSION) return CG_OK;
-        if (exec_sql(db, "BEGIN IMMEDIATE", "begin migration") != CG_OK) return CG_E_IO;
+        if (cg_db_exec(DB_MODULE, db, "BEGIN IMMEDIATE", "begin migration") != CG_OK)
+            return CG_E_IO;
         /* Re-read inside the write lock: another process may have migrated meanwhile. */
         st = check_version(db, path, &v);
         if (st == CG_OK && v < CG_INDEX_SCHEMA_VERSION) {
             char sql[96];
             snprintf(sql, sizeof sql, "PRAGMA user_version = %lld; PRAGMA application_id = %d;",
                      (long long)(v + 1), APP_ID);
-            st = exec_sql(db, migrations[v], "migration");
-            if (st == CG_OK) st = exec_sql(db, sql, "set user_version");
-            if (st == CG_OK) st = exec_sql(db, "COMMIT", "commit migration");
+            st = cg_db_exec(DB_MODULE, db, migrations[v], "migration");
+            if (st == CG_OK) st = cg_db_exec(DB_MODULE, db, sql, "set user_version");
+            if (st == CG_OK) st = cg_db_exec(DB_MODULE, db, "COMMIT", "commit migration");
             if (st == CG_OK)
                 cg_log(CG_LOG_INFO, "index: %s migrated to schema version %lld", path,
                        (long long)(v + 1));
         }
         if (st != CG_OK) {
-            if (!sqlite3_get_autocommit(db)) (void)exec_sql(db, "ROLLBACK", "rollback migration");
+            if (!sqlite3_get_autocommit(db))
+                (void)cg_db_exec(DB_MODULE, db, "ROLLBACK", "rollback migration");
             return st;
         }
-        if (!sqlite3_get_autocommit(db) && exec_sql(db, "COMMIT", "end migration") != CG_OK)
+        if (!sqlite3_get_autocommit(db) &&
+            cg_db_exec(DB_MODULE, db, "COMMIT", "end migration") != CG_OK)
             return CG_E_IO;
     }
 }
@@ -534,7 +492,7 @@ cg_status cg_index_open(const char *path, cg_index_params params, cg_index **out
              " PRAGMA journal_size_limit = %d;",
              params.synchronous_full ? "FULL" : "NORMAL", params.wal_autocheckpoint,
              WAL_SIZE_LIMIT);
-    if (exec_sql(ix->wdb, sql, "configure writer") != CG_OK) goto out;
+    if (cg_db_exec(DB_MODULE, ix->wdb, sql, "configure writer") != CG_OK) goto out;
     st = migrate(ix->wdb, path);
     if (st != CG_OK) goto out;
     st = CG_E_IO;
@@ -551,7 +509,7 @@ cg_status cg_index_open(const char *path, cg_index_params params, cg_index **out
             goto out;
         }
         if (configure(c->db, &params, params.read_cache_kib) != CG_OK ||
-            exec_sql(c->db, "PRAGMA query_only = ON", "configure reader") != CG_OK ||
+            cg_db_exec(DB_MODULE, c->db, "PRAGMA query_only = ON", "configure reader") != CG_OK ||
             prepare_all(c->db, read_sql, c->s, R_COUNT) != CG_OK)
             goto out;
         ix->pool_free[ix->n_free++] = i;
@@ -608,8 +566,8 @@ static void op_free(op *o)
 /* Runs one statement whose bindings are set; logs on failure. Returns the SQLite code. */
 static int wstep(cg_index *ix, int which)
 {
-    int rc = step_done(ix->ws[which]);
-    if (rc != SQLITE_DONE) log_sqlite(ix->wdb, write_sql[which]);
+    int rc = cg_db_step_done(ix->ws[which]);
+    if (rc != SQLITE_DONE) cg_db_log(DB_MODULE, ix->wdb, write_sql[which]);
     return rc;
 }
 
@@ -630,7 +588,7 @@ static int bind_worker_model(cg_index *ix, int64_t worker_id, sqlite3_stmt *stmt
     sqlite3_clear_bindings(s);
     if (rc == SQLITE_ROW) return 1;
     if (rc == SQLITE_DONE) return 0;
-    log_sqlite(ix->wdb, write_sql[W_WORKER_MODEL]);
+    cg_db_log(DB_MODULE, ix->wdb, write_sql[W_WORKER_MODEL]);
     return -1;
 }
 
@@ -639,7 +597,7 @@ static cg_status place_one(cg_index *ix, const cg_key *key, int64_t worker_id, i
                            int64_t tokens, int64_t now)
 {
     sqlite3_stmt *s = ix->ws[W_CHUNK_STUB];
-    bind_key(s, 1, key);
+    cg_db_bind_key(s, 1, key);
     sqlite3_bind_int64(s, 3, tokens);
     sqlite3_bind_int64(s, 4, now);
     /* step_done clears bindings; keep the model binding for the next placement */
@@ -648,11 +606,11 @@ static cg_status place_one(cg_index *ix, const cg_key *key, int64_t worker_id, i
     }
     sqlite3_reset(s);
     if (rc != SQLITE_DONE) {
-        log_sqlite(ix->wdb, write_sql[W_CHUNK_STUB]);
+        cg_db_log(DB_MODULE, ix->wdb, write_sql[W_CHUNK_STUB]);
         return CG_E_IO;
     }
     s = ix->ws[W_PLACE];
-    bind_key(s, 1, key);
+    cg_db_bind_key(s, 1, key);
     sqlite3_bind_int64(s, 2, worker_id);
     sqlite3_bind_text(s, 3, tier_names[tier], -1, SQLITE_STATIC);
     sqlite3_bind_int64(s, 4, tokens);
@@ -685,7 +643,7 @@ static cg_status apply_op(cg_index *ix, op *o)
     switch ((enum op_type)o->type) {
     case OP_SEEN:
         s = ix->ws[W_SEEN];
-        bind_key(s, 1, &o->key);
+        cg_db_bind_key(s, 1, &o->key);
         sqlite3_bind_text(s, 2, o->u.model, -1, SQLITE_STATIC);
         sqlite3_bind_text(s, 3, mode_names[o->mode], -1, SQLITE_STATIC);
         if (o->bytes >= 0) sqlite3_bind_int64(s, 4, o->bytes);
@@ -693,7 +651,7 @@ static cg_status apply_op(cg_index *ix, op *o)
         return wrun(ix, W_SEEN);
     case OP_HIT:
         s = ix->ws[W_HIT];
-        bind_key(s, 1, &o->key);
+        cg_db_bind_key(s, 1, &o->key);
         sqlite3_bind_int64(s, 2, o->now);
         return wrun(ix, W_HIT);
     case OP_PLACE_SET: {
@@ -705,20 +663,20 @@ static cg_status apply_op(cg_index *ix, op *o)
     }
     case OP_PLACE_DEL:
         s = ix->ws[W_PLACE_DEL];
-        bind_key(s, 1, &o->key);
+        cg_db_bind_key(s, 1, &o->key);
         sqlite3_bind_int64(s, 2, o->worker_id);
         return wrun(ix, W_PLACE_DEL);
     case OP_REPLACE:
         return apply_replace(ix, o);
     case OP_PIN:
         s = ix->ws[W_PIN];
-        bind_key(s, 1, &o->key);
+        cg_db_bind_key(s, 1, &o->key);
         sqlite3_bind_int(s, 2, o->flag);
         return wrun(ix, W_PIN);
     case OP_DELETE:
-        bind_key(ix->ws[W_CHUNK_PLACES_DEL], 1, &o->key);
+        cg_db_bind_key(ix->ws[W_CHUNK_PLACES_DEL], 1, &o->key);
         if (wrun(ix, W_CHUNK_PLACES_DEL) != CG_OK) return CG_E_IO;
-        bind_key(ix->ws[W_CHUNK_DEL], 1, &o->key);
+        cg_db_bind_key(ix->ws[W_CHUNK_DEL], 1, &o->key);
         return wrun(ix, W_CHUNK_DEL);
     case OP_WORKER_ADD: {
         s = ix->ws[W_WORKER_ADD];
@@ -727,9 +685,9 @@ static cg_status apply_op(cg_index *ix, op *o)
         sqlite3_bind_int64(s, 3, o->now);
         int rc = sqlite3_step(s);
         if (rc == SQLITE_ROW) o->u.sync->id = sqlite3_column_int64(s, 0);
-        int rc2 = step_done(s); /* finish the statement so its write is complete */
+        int rc2 = cg_db_step_done(s); /* finish the statement so its write is complete */
         if (rc != SQLITE_ROW || rc2 != SQLITE_DONE) {
-            log_sqlite(ix->wdb, write_sql[W_WORKER_ADD]);
+            cg_db_log(DB_MODULE, ix->wdb, write_sql[W_WORKER_ADD]);
             return CG_E_IO;
         }
         return CG_OK;
@@ -1006,8 +964,8 @@ static void pool_put(cg_index *ix, rconn *c)
 
 static cg_status read_begin(rconn *c)
 {
-    if (step_done(c->s[R_BEGIN]) == SQLITE_DONE) return CG_OK;
-    log_sqlite(c->db, "BEGIN");
+    if (cg_db_step_done(c->s[R_BEGIN]) == SQLITE_DONE) return CG_OK;
+    cg_db_log(DB_MODULE, c->db, "BEGIN");
     return CG_E_IO;
 }
 
@@ -1015,8 +973,8 @@ static cg_status read_begin(rconn *c)
 static cg_status read_end(rconn *c, cg_status st)
 {
     if (sqlite3_get_autocommit(c->db)) return st;
-    if (step_done(c->s[st == CG_OK ? R_COMMIT : R_ROLLBACK]) != SQLITE_DONE) {
-        log_sqlite(c->db, "end read transaction");
+    if (cg_db_step_done(c->s[st == CG_OK ? R_COMMIT : R_ROLLBACK]) != SQLITE_DONE) {
+        cg_db_log(DB_MODULE, c->db, "end read transaction");
         return st == CG_OK ? CG_E_IO : st;
     }
     return st;
@@ -1041,7 +999,7 @@ cg_status cg_index_lookup(cg_index *ix, const cg_key *keys, size_t n, cg_index_e
         e->found = 0;
         e->tokens = e->bytes = e->seen_count = e->hit_count = 0;
         e->pinned = e->n_placements = 0;
-        bind_key(s, 1, &keys[i]);
+        cg_db_bind_key(s, 1, &keys[i]);
         int rc;
         while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
             if (!e->found) {
@@ -1058,7 +1016,7 @@ cg_status cg_index_lookup(cg_index *ix, const cg_key *keys, size_t n, cg_index_e
         }
         sqlite3_reset(s);
         if (rc != SQLITE_DONE) {
-            log_sqlite(c->db, "lookup");
+            cg_db_log(DB_MODULE, c->db, "lookup");
             st = CG_E_IO;
         }
     }
@@ -1110,7 +1068,7 @@ cg_status cg_index_worker_get_by_url(cg_index *ix, const char *url, cg_index_wor
     } else if (rc == SQLITE_DONE) {
         st = CG_E_NOT_FOUND;
     } else {
-        log_sqlite(c->db, "worker by url");
+        cg_db_log(DB_MODULE, c->db, "worker by url");
         st = CG_E_IO;
     }
     sqlite3_reset(s);
@@ -1178,7 +1136,7 @@ static cg_status fill_chunk(rconn *c, sqlite3_stmt *s, cg_index_chunk *out)
     out->pinned = sqlite3_column_int(s, 10);
 
     sqlite3_stmt *p = c->s[R_CHUNK_PLACEMENTS];
-    bind_key(p, 1, &out->key);
+    cg_db_bind_key(p, 1, &out->key);
     sqlite3_bind_int(p, 2, CG_INDEX_MAX_PLACEMENTS);
     int rc;
     while ((rc = sqlite3_step(p)) == SQLITE_ROW && out->n_placements < CG_INDEX_MAX_PLACEMENTS)
@@ -1186,7 +1144,7 @@ static cg_status fill_chunk(rconn *c, sqlite3_stmt *s, cg_index_chunk *out)
     sqlite3_reset(p);
     sqlite3_clear_bindings(p);
     if (rc != SQLITE_DONE && rc != SQLITE_ROW) {
-        log_sqlite(c->db, "chunk placements");
+        cg_db_log(DB_MODULE, c->db, "chunk placements");
         return CG_E_IO;
     }
     return CG_OK;
@@ -1199,14 +1157,14 @@ cg_status cg_index_chunk_get(cg_index *ix, const cg_key *key, cg_index_chunk *ou
     cg_status st = read_begin(c);
     if (st == CG_OK) {
         sqlite3_stmt *s = c->s[R_CHUNK_GET];
-        bind_key(s, 1, key);
+        cg_db_bind_key(s, 1, key);
         int rc = sqlite3_step(s);
         if (rc == SQLITE_ROW) {
             st = fill_chunk(c, s, out);
         } else if (rc == SQLITE_DONE) {
             st = CG_E_NOT_FOUND;
         } else {
-            log_sqlite(c->db, "chunk get");
+            cg_db_log(DB_MODULE, c->db, "chunk get");
             st = CG_E_IO;
         }
         sqlite3_reset(s);
@@ -1232,7 +1190,7 @@ cg_status cg_index_chunks_list(cg_index *ix, const cg_key *after, size_t limit,
         sqlite3_stmt *s = c->s[R_CHUNK_PAGE];
         /* A zero-length BLOB sorts before every 16-byte key. */
         if (after)
-            bind_key(s, 1, after);
+            cg_db_bind_key(s, 1, after);
         else
             sqlite3_bind_zeroblob(s, 1, 0);
         sqlite3_bind_int64(s, 2, (int64_t)limit);
@@ -1245,7 +1203,7 @@ cg_status cg_index_chunks_list(cg_index *ix, const cg_key *after, size_t limit,
             st = fill_chunk(c, s, &(*out)[(*n)++]);
         }
         if (st == CG_OK && *n < limit && rc != SQLITE_DONE) {
-            log_sqlite(c->db, "chunk page");
+            cg_db_log(DB_MODULE, c->db, "chunk page");
             st = CG_E_IO;
         }
         sqlite3_reset(s);
@@ -1273,7 +1231,7 @@ cg_status cg_index_stats_get(cg_index *ix, cg_index_stats *out)
         out->workers = sqlite3_column_int64(s, 3);
         out->file_bytes = sqlite3_column_int64(s, 4);
     } else {
-        log_sqlite(c->db, "totals");
+        cg_db_log(DB_MODULE, c->db, "totals");
         st = CG_E_IO;
     }
     sqlite3_reset(s);

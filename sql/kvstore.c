@@ -1,6 +1,9 @@
 /* The disk tier's inventory in SQLite: schema and migrations, the geometry row, and one row
  * per chunk record. Every statement is prepared once at open. All SQL of the tier is here. */
 #include "sql/kvstore.h"
+#include "sql/db.h"
+
+#define DB_MODULE "kvstore" /* prefix of this module's SQLite error logs */
 
 #include <sqlite3.h>
 #include <stdio.h>
@@ -73,66 +76,19 @@ struct cg_kvstore {
     size_t blob_cap;
 };
 
-static void log_sqlite(sqlite3 *db, const char *what)
-{
-    cg_log(CG_LOG_ERROR, "kvstore: %s: %s (%d)", what, sqlite3_errmsg(db),
-           sqlite3_extended_errcode(db));
-}
-
-static cg_status exec_sql(sqlite3 *db, const char *sql, const char *what)
-{
-    char *err = NULL;
-    if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK) {
-        cg_log(CG_LOG_ERROR, "kvstore: %s: %s", what, err ? err : sqlite3_errmsg(db));
-        sqlite3_free(err);
-        return CG_E_IO;
-    }
-    return CG_OK;
-}
-
-static cg_status query_int(sqlite3 *db, const char *sql, int64_t *out)
-{
-    sqlite3_stmt *s = NULL;
-    cg_status st = CG_E_IO;
-    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) != SQLITE_OK) goto out;
-    if (sqlite3_step(s) != SQLITE_ROW) goto out;
-    *out = sqlite3_column_int64(s, 0);
-    st = CG_OK;
-out:
-    if (st != CG_OK) log_sqlite(db, sql);
-    sqlite3_finalize(s);
-    return st;
-}
-
-/* Runs a statement whose bindings are set to completion and resets it. */
-static int step_done(sqlite3_stmt *s)
-{
-    int rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-    }
-    sqlite3_reset(s);
-    sqlite3_clear_bindings(s);
-    return rc;
-}
-
 static cg_status run(cg_kvstore *kv, int which)
 {
-    if (step_done(kv->s[which]) == SQLITE_DONE) return CG_OK;
-    log_sqlite(kv->db, stmt_sql[which]);
+    if (cg_db_step_done(kv->s[which]) == SQLITE_DONE) return CG_OK;
+    cg_db_log(DB_MODULE, kv->db, stmt_sql[which]);
     return CG_E_IO;
-}
-
-static void bind_key(sqlite3_stmt *s, int i, const cg_key *k)
-{
-    sqlite3_bind_blob(s, i, k->b, sizeof k->b, SQLITE_STATIC);
 }
 
 static cg_status check_version(sqlite3 *db, const char *path, int64_t *version)
 {
     int64_t app = 0, tables = 0;
-    if (query_int(db, "PRAGMA application_id", &app) != CG_OK ||
-        query_int(db, "PRAGMA user_version", version) != CG_OK ||
-        query_int(db, "SELECT count(*) FROM sqlite_schema", &tables) != CG_OK)
+    if (cg_db_query_int(DB_MODULE, db, "PRAGMA application_id", &app) != CG_OK ||
+        cg_db_query_int(DB_MODULE, db, "PRAGMA user_version", version) != CG_OK ||
+        cg_db_query_int(DB_MODULE, db, "SELECT count(*) FROM sqlite_schema", &tables) != CG_OK)
         return CG_E_IO;
     if (app != 0 && app != APP_ID) {
         cg_log(CG_LOG_ERROR, "kvstore: %s is an SQLite file of another application (id %lld)", path,
@@ -161,18 +117,20 @@ static cg_status migrate(sqlite3 *db, const char *path)
         cg_status st = check_version(db, path, &v);
         if (st != CG_OK) return st;
         if (v == CG_KVSTORE_SCHEMA_VERSION) return CG_OK;
-        if (exec_sql(db, "BEGIN IMMEDIATE", "begin migration") != CG_OK) return CG_E_IO;
+        if (cg_db_exec(DB_MODULE, db, "BEGIN IMMEDIATE", "begin migration") != CG_OK)
+            return CG_E_IO;
         st = check_version(db, path, &v); /* re-read under the write lock */
         if (st == CG_OK && v < CG_KVSTORE_SCHEMA_VERSION) {
             char sql[96];
             snprintf(sql, sizeof sql, "PRAGMA user_version = %lld; PRAGMA application_id = %d;",
                      (long long)(v + 1), APP_ID);
-            st = exec_sql(db, migrations[v], "migration");
-            if (st == CG_OK) st = exec_sql(db, sql, "set user_version");
+            st = cg_db_exec(DB_MODULE, db, migrations[v], "migration");
+            if (st == CG_OK) st = cg_db_exec(DB_MODULE, db, sql, "set user_version");
         }
-        if (st == CG_OK) st = exec_sql(db, "COMMIT", "commit migration");
+        if (st == CG_OK) st = cg_db_exec(DB_MODULE, db, "COMMIT", "commit migration");
         if (st != CG_OK) {
-            if (!sqlite3_get_autocommit(db)) (void)exec_sql(db, "ROLLBACK", "rollback migration");
+            if (!sqlite3_get_autocommit(db))
+                (void)cg_db_exec(DB_MODULE, db, "ROLLBACK", "rollback migration");
             return st;
         }
         cg_log(CG_LOG_INFO, "kvstore: %s at schema version %lld", path, (long long)(v + 1));
@@ -224,10 +182,10 @@ cg_status cg_kvstore_open(const char *path, int sync_full, cg_kvstore **out)
             goto out;
         }
     }
-    if (exec_sql(kv->db,
-                 sync_full ? "PRAGMA synchronous = FULL; PRAGMA journal_size_limit = 16777216;"
-                           : "PRAGMA synchronous = NORMAL; PRAGMA journal_size_limit = 16777216;",
-                 "configure") != CG_OK)
+    if (cg_db_exec(DB_MODULE, kv->db,
+                   sync_full ? "PRAGMA synchronous = FULL; PRAGMA journal_size_limit = 16777216;"
+                             : "PRAGMA synchronous = NORMAL; PRAGMA journal_size_limit = 16777216;",
+                   "configure") != CG_OK)
         goto out;
     st = migrate(kv->db, path);
     if (st != CG_OK) goto out;
@@ -235,7 +193,7 @@ cg_status cg_kvstore_open(const char *path, int sync_full, cg_kvstore **out)
     for (int i = 0; i < S_COUNT; i++) {
         if (sqlite3_prepare_v3(kv->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &kv->s[i],
                                NULL) != SQLITE_OK) {
-            log_sqlite(kv->db, stmt_sql[i]);
+            cg_db_log(DB_MODULE, kv->db, stmt_sql[i]);
             goto out;
         }
     }
@@ -274,7 +232,7 @@ cg_status cg_kvstore_geometry_get(cg_kvstore *kv, cg_kvstore_geometry *out, int 
     }
     sqlite3_reset(s);
     if (rc != SQLITE_DONE) {
-        log_sqlite(kv->db, stmt_sql[S_GEOM_GET]);
+        cg_db_log(DB_MODULE, kv->db, stmt_sql[S_GEOM_GET]);
         return CG_E_IO;
     }
     return CG_OK;
@@ -291,10 +249,10 @@ cg_status cg_kvstore_geometry_set(cg_kvstore *kv, const cg_kvstore_geometry *g, 
     sqlite3_bind_int64(s, 6, g->n_kv_heads);
     sqlite3_bind_int64(s, 7, g->head_dim);
     sqlite3_bind_int64(s, 8, (sqlite3_int64)created_ms);
-    int rc = step_done(s);
+    int rc = cg_db_step_done(s);
     if (rc == SQLITE_DONE) return CG_OK;
     if (rc == SQLITE_CONSTRAINT_PRIMARYKEY) return CG_E_CONFLICT;
-    log_sqlite(kv->db, stmt_sql[S_GEOM_SET]);
+    cg_db_log(DB_MODULE, kv->db, stmt_sql[S_GEOM_SET]);
     return CG_E_IO;
 }
 
@@ -315,16 +273,16 @@ cg_status cg_kvstore_put(cg_kvstore *kv, const cg_kvstore_row *row)
         p[3] = (uint8_t)(v >> 24);
     }
     sqlite3_stmt *s = kv->s[S_PUT];
-    bind_key(s, 1, &row->key);
+    cg_db_bind_key(s, 1, &row->key);
     sqlite3_bind_int64(s, 2, row->n_tokens);
     sqlite3_bind_blob(s, 3, kv->blob_buf, (int)n, SQLITE_STATIC);
     sqlite3_bind_blob(s, 4, row->checksum, CG_KVSTORE_SUM_BYTES, SQLITE_STATIC);
     sqlite3_bind_int64(s, 5, (sqlite3_int64)row->last_used);
     sqlite3_bind_text(s, 6, row->model ? row->model : "", -1, SQLITE_STATIC);
-    int rc = step_done(s);
+    int rc = cg_db_step_done(s);
     if (rc == SQLITE_DONE) return CG_OK;
     if (rc == SQLITE_CONSTRAINT_PRIMARYKEY) return CG_E_CONFLICT;
-    log_sqlite(kv->db, stmt_sql[S_PUT]);
+    cg_db_log(DB_MODULE, kv->db, stmt_sql[S_PUT]);
     return CG_E_IO;
 }
 
@@ -336,7 +294,7 @@ static cg_status per_key(cg_kvstore *kv, int which, const cg_key *keys, const ui
     if (n == 0) return CG_OK;
     cg_status st = n > 1 ? run(kv, S_BEGIN) : CG_OK;
     for (size_t i = 0; i < n && st == CG_OK; i++) {
-        bind_key(kv->s[which], 1, &keys[i]);
+        cg_db_bind_key(kv->s[which], 1, &keys[i]);
         if (vals) sqlite3_bind_int64(kv->s[which], 2, (sqlite3_int64)vals[i]);
         st = run(kv, which);
     }
@@ -399,7 +357,7 @@ cg_status cg_kvstore_load(cg_kvstore *kv, int (*fn)(void *ud, const cg_kvstore_r
         if (fn(ud, &row)) break;
     }
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-        log_sqlite(kv->db, stmt_sql[S_LOAD]);
+        cg_db_log(DB_MODULE, kv->db, stmt_sql[S_LOAD]);
         st = CG_E_IO;
     }
     sqlite3_reset(s);
@@ -418,7 +376,7 @@ cg_status cg_kvstore_check(cg_kvstore *kv)
         else
             cg_log(CG_LOG_ERROR, "kvstore: %s: integrity_check: %s", kv->path, r ? r : "?");
     } else {
-        log_sqlite(kv->db, stmt_sql[S_INTEGRITY]);
+        cg_db_log(DB_MODULE, kv->db, stmt_sql[S_INTEGRITY]);
     }
     sqlite3_reset(s);
     return st;
