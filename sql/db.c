@@ -1,6 +1,8 @@
 /* Small SQLite helpers shared by the gateway's index and the worker's disk-tier inventory. */
 #include "sql/db.h"
 
+#include <stdio.h>
+
 #include "cache/base.h"
 
 void cg_db_log(const char *module, sqlite3 *db, const char *what)
@@ -47,4 +49,63 @@ out:
 void cg_db_bind_key(sqlite3_stmt *s, int i, const cg_key *k)
 {
     sqlite3_bind_blob(s, i, k->b, sizeof k->b, SQLITE_STATIC);
+}
+
+cg_status cg_db_check_version(sqlite3 *db, const char *path, const cg_db_schema *schema,
+                              int64_t *version)
+{
+    const char *m = schema->module;
+    int64_t app = 0, tables = 0;
+    if (cg_db_query_int(m, db, "PRAGMA application_id", &app) != CG_OK ||
+        cg_db_query_int(m, db, "PRAGMA user_version", version) != CG_OK ||
+        cg_db_query_int(m, db, "SELECT count(*) FROM sqlite_schema", &tables) != CG_OK)
+        return CG_E_IO;
+    if (app != 0 && app != schema->app_id) {
+        cg_log(CG_LOG_ERROR, "%s: %s is an SQLite file of another application (id %lld)", m, path,
+               (long long)app);
+        return CG_E_UNSUPPORTED;
+    }
+    if (app == 0 && (*version != 0 || tables != 0)) {
+        cg_log(CG_LOG_ERROR, "%s: %s is an SQLite file but not %s", m, path, schema->kind);
+        return CG_E_UNSUPPORTED;
+    }
+    if (*version > schema->version) {
+        cg_log(CG_LOG_ERROR,
+               "%s: %s has schema version %lld but this build knows versions up to %d; %s", m, path,
+               (long long)*version, schema->version, schema->upgrade_hint);
+        return CG_E_UNSUPPORTED;
+    }
+    return CG_OK;
+}
+
+cg_status cg_db_migrate(sqlite3 *db, const char *path, const cg_db_schema *schema)
+{
+    const char *m = schema->module;
+    for (;;) {
+        int64_t v = 0;
+        cg_status st = cg_db_check_version(db, path, schema, &v);
+        if (st != CG_OK) return st;
+        if (v == schema->version) return CG_OK;
+        if (cg_db_exec(m, db, "BEGIN IMMEDIATE", "begin migration") != CG_OK) return CG_E_IO;
+        /* Re-read inside the write lock: another process may have migrated meanwhile. */
+        st = cg_db_check_version(db, path, schema, &v);
+        if (st == CG_OK && v < schema->version) {
+            char sql[96];
+            snprintf(sql, sizeof sql, "PRAGMA user_version = %lld; PRAGMA application_id = %d;",
+                     (long long)(v + 1), schema->app_id);
+            st = cg_db_exec(m, db, schema->migrations[v], "migration");
+            if (st == CG_OK) st = cg_db_exec(m, db, sql, "set user_version");
+            if (st == CG_OK) st = cg_db_exec(m, db, "COMMIT", "commit migration");
+            if (st == CG_OK)
+                cg_log(CG_LOG_INFO, "%s: %s migrated to schema version %lld", m, path,
+                       (long long)(v + 1));
+        }
+        if (st != CG_OK) {
+            if (!sqlite3_get_autocommit(db))
+                (void)cg_db_exec(m, db, "ROLLBACK", "rollback migration");
+            return st;
+        }
+        if (!sqlite3_get_autocommit(db) && cg_db_exec(m, db, "COMMIT", "end migration") != CG_OK)
+            return CG_E_IO;
+    }
 }

@@ -20,4 +20,24 @@ cg_status cg_db_query_int(const char *module, sqlite3 *db, const char *sql, int6
 /* Binds the 16 key bytes to parameter i; the key must outlive the statement's next step. */
 void cg_db_bind_key(sqlite3_stmt *s, int i, const cg_key *k);
 
+/* A versioned schema: PRAGMA application_id marks the file as ours, PRAGMA user_version holds
+ * the number of migrations applied. */
+typedef struct cg_db_schema {
+    const char *module;            /* log prefix, e.g. "index" */
+    const char *kind;              /* what the file is, e.g. "a chunkgate index" */
+    const char *upgrade_hint;      /* what to do about a file newer than this build */
+    int app_id;                    /* PRAGMA application_id of our files */
+    int version;                   /* the latest version this build knows */
+    const char *const *migrations; /* migrations[v] takes version v to v + 1 */
+} cg_db_schema;
+
+/* Reads the file's version into *version. Refuses (CG_E_UNSUPPORTED, logged) a file of another
+ * application, an SQLite file that is not ours, or a version newer than schema->version;
+ * CG_E_IO when the file cannot be read. Changes nothing. */
+cg_status cg_db_check_version(sqlite3 *db, const char *path, const cg_db_schema *schema,
+                              int64_t *version) CG_WUR;
+/* Applies the pending migrations, each with its user_version bump in one BEGIN IMMEDIATE
+ * transaction, so a crash leaves the old or the new version, never a mix. */
+cg_status cg_db_migrate(sqlite3 *db, const char *path, const cg_db_schema *schema) CG_WUR;
+
 #endif

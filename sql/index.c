@@ -330,64 +330,14 @@ static cg_status configure(sqlite3 *db, const cg_index_params *p, int64_t cache_
 
 /* ---- Open: version checks and migrations --------------------------------------------------- */
 
-static cg_status check_version(sqlite3 *db, const char *path, int64_t *version)
-{
-    int64_t app = 0, tables = 0;
-    if (cg_db_query_int(DB_MODULE, db, "PRAGMA application_id", &app) != CG_OK ||
-        cg_db_query_int(DB_MODULE, db, "PRAGMA user_version", version) != CG_OK ||
-        cg_db_query_int(DB_MODULE, db, "SELECT count(*) FROM sqlite_schema", &tables) != CG_OK)
-        return CG_E_IO;
-    if (app != 0 && app != APP_ID) {
-        cg_log(CG_LOG_ERROR, "index: %s is an SQLite file of another application (id %lld)", path,
-               (long long)app);
-        return CG_E_UNSUPPORTED;
-    }
-    if (app == 0 && (*version != 0 || tables != 0)) {
-        cg_log(CG_LOG_ERROR, "index: %s is an SQLite file but not a chunkgate index", path);
-        return CG_E_UNSUPPORTED;
-    }
-    if (*version > CG_INDEX_SCHEMA_VERSION) {
-        cg_log(CG_LOG_ERROR,
-               "index: %s has schema version %lld but this build knows versions up to %d; "
-               "run a newer chunkgate or point it at another index file",
-               path, (long long)*version, CG_INDEX_SCHEMA_VERSION);
-        return CG_E_UNSUPPORTED;
-    }
-    return CG_OK;
-}
-
-static cg_status migrate(sqlite3 *db, const char *path)
-{
-    for (;;) {
-        int64_t v = 0;
-        cg_status st = check_version(db, path, &v);
-        if (st != CG_OK) return st;
-        if (v == CG_INDEX_SCHEMA_VERSION) return CG_OK;
-        if (cg_db_exec(DB_MODULE, db, "BEGIN IMMEDIATE", "begin migration") != CG_OK)
-            return CG_E_IO;
-        /* Re-read inside the write lock: another process may have migrated meanwhile. */
-        st = check_version(db, path, &v);
-        if (st == CG_OK && v < CG_INDEX_SCHEMA_VERSION) {
-            char sql[96];
-            snprintf(sql, sizeof sql, "PRAGMA user_version = %lld; PRAGMA application_id = %d;",
-                     (long long)(v + 1), APP_ID);
-            st = cg_db_exec(DB_MODULE, db, migrations[v], "migration");
-            if (st == CG_OK) st = cg_db_exec(DB_MODULE, db, sql, "set user_version");
-            if (st == CG_OK) st = cg_db_exec(DB_MODULE, db, "COMMIT", "commit migration");
-            if (st == CG_OK)
-                cg_log(CG_LOG_INFO, "index: %s migrated to schema version %lld", path,
-                       (long long)(v + 1));
-        }
-        if (st != CG_OK) {
-            if (!sqlite3_get_autocommit(db))
-                (void)cg_db_exec(DB_MODULE, db, "ROLLBACK", "rollback migration");
-            return st;
-        }
-        if (!sqlite3_get_autocommit(db) &&
-            cg_db_exec(DB_MODULE, db, "COMMIT", "end migration") != CG_OK)
-            return CG_E_IO;
-    }
-}
+static const cg_db_schema schema = {
+    .module = DB_MODULE,
+    .kind = "a chunkgate index",
+    .upgrade_hint = "run a newer chunkgate or point it at another index file",
+    .app_id = APP_ID,
+    .version = CG_INDEX_SCHEMA_VERSION,
+    .migrations = migrations,
+};
 
 static void *writer_main(void *arg);
 
@@ -467,7 +417,7 @@ cg_status cg_index_open(const char *path, cg_index_params params, cg_index **out
     }
     if (configure(ix->wdb, &params, params.cache_kib) != CG_OK) goto out;
     /* Refuse a future or foreign file before changing anything in it. */
-    st = check_version(ix->wdb, path, &version);
+    st = cg_db_check_version(ix->wdb, path, &schema, &version);
     if (st != CG_OK) goto out;
     st = CG_E_IO;
     /* WAL: readers never block the writer nor each other. synchronous=NORMAL in WAL mode
@@ -493,7 +443,7 @@ cg_status cg_index_open(const char *path, cg_index_params params, cg_index **out
              params.synchronous_full ? "FULL" : "NORMAL", params.wal_autocheckpoint,
              WAL_SIZE_LIMIT);
     if (cg_db_exec(DB_MODULE, ix->wdb, sql, "configure writer") != CG_OK) goto out;
-    st = migrate(ix->wdb, path);
+    st = cg_db_migrate(ix->wdb, path, &schema);
     if (st != CG_OK) goto out;
     st = CG_E_IO;
     if (prepare_all(ix->wdb, write_sql, ix->ws, W_COUNT) != CG_OK) goto out;

@@ -83,59 +83,14 @@ static cg_status run(cg_kvstore *kv, int which)
     return CG_E_IO;
 }
 
-static cg_status check_version(sqlite3 *db, const char *path, int64_t *version)
-{
-    int64_t app = 0, tables = 0;
-    if (cg_db_query_int(DB_MODULE, db, "PRAGMA application_id", &app) != CG_OK ||
-        cg_db_query_int(DB_MODULE, db, "PRAGMA user_version", version) != CG_OK ||
-        cg_db_query_int(DB_MODULE, db, "SELECT count(*) FROM sqlite_schema", &tables) != CG_OK)
-        return CG_E_IO;
-    if (app != 0 && app != APP_ID) {
-        cg_log(CG_LOG_ERROR, "kvstore: %s is an SQLite file of another application (id %lld)", path,
-               (long long)app);
-        return CG_E_UNSUPPORTED;
-    }
-    if (app == 0 && (*version != 0 || tables != 0)) {
-        cg_log(CG_LOG_ERROR, "kvstore: %s is an SQLite file but not a chunkgate disk inventory",
-               path);
-        return CG_E_UNSUPPORTED;
-    }
-    if (*version > CG_KVSTORE_SCHEMA_VERSION) {
-        cg_log(CG_LOG_ERROR,
-               "kvstore: %s has schema version %lld but this build knows versions up to %d; run "
-               "a newer chunkgate-worker or use another data dir",
-               path, (long long)*version, CG_KVSTORE_SCHEMA_VERSION);
-        return CG_E_UNSUPPORTED;
-    }
-    return CG_OK;
-}
-
-static cg_status migrate(sqlite3 *db, const char *path)
-{
-    for (;;) {
-        int64_t v = 0;
-        cg_status st = check_version(db, path, &v);
-        if (st != CG_OK) return st;
-        if (v == CG_KVSTORE_SCHEMA_VERSION) return CG_OK;
-        if (cg_db_exec(DB_MODULE, db, "BEGIN IMMEDIATE", "begin migration") != CG_OK)
-            return CG_E_IO;
-        st = check_version(db, path, &v); /* re-read under the write lock */
-        if (st == CG_OK && v < CG_KVSTORE_SCHEMA_VERSION) {
-            char sql[96];
-            snprintf(sql, sizeof sql, "PRAGMA user_version = %lld; PRAGMA application_id = %d;",
-                     (long long)(v + 1), APP_ID);
-            st = cg_db_exec(DB_MODULE, db, migrations[v], "migration");
-            if (st == CG_OK) st = cg_db_exec(DB_MODULE, db, sql, "set user_version");
-        }
-        if (st == CG_OK) st = cg_db_exec(DB_MODULE, db, "COMMIT", "commit migration");
-        if (st != CG_OK) {
-            if (!sqlite3_get_autocommit(db))
-                (void)cg_db_exec(DB_MODULE, db, "ROLLBACK", "rollback migration");
-            return st;
-        }
-        cg_log(CG_LOG_INFO, "kvstore: %s at schema version %lld", path, (long long)(v + 1));
-    }
-}
+static const cg_db_schema schema = {
+    .module = DB_MODULE,
+    .kind = "a chunkgate disk inventory",
+    .upgrade_hint = "run a newer chunkgate-worker or use another data dir",
+    .app_id = APP_ID,
+    .version = CG_KVSTORE_SCHEMA_VERSION,
+    .migrations = migrations,
+};
 
 static void kvstore_destroy(cg_kvstore *kv)
 {
@@ -165,7 +120,7 @@ cg_status cg_kvstore_open(const char *path, int sync_full, cg_kvstore **out)
     }
     sqlite3_extended_result_codes(kv->db, 1);
     sqlite3_busy_timeout(kv->db, 5000);
-    st = check_version(kv->db, path, &(int64_t){0});
+    st = cg_db_check_version(kv->db, path, &schema, &(int64_t){0});
     if (st != CG_OK) goto out;
     st = CG_E_IO;
     {
@@ -187,7 +142,7 @@ cg_status cg_kvstore_open(const char *path, int sync_full, cg_kvstore **out)
                              : "PRAGMA synchronous = NORMAL; PRAGMA journal_size_limit = 16777216;",
                    "configure") != CG_OK)
         goto out;
-    st = migrate(kv->db, path);
+    st = cg_db_migrate(kv->db, path, &schema);
     if (st != CG_OK) goto out;
     st = CG_E_IO;
     for (int i = 0; i < S_COUNT; i++) {
