@@ -298,6 +298,9 @@ const char *cg_gw_tenant(cg_gateway *g, cg_http_req *req)
     return g->tenants && k >= 0 && (size_t)k < g->cfg->api_keys.n ? g->tenants[k] : NULL;
 }
 
+/* Request fields that only the gateway may set towards a worker or backend. */
+static const char *const GATEWAY_ONLY_FIELDS[] = {"kv_transfer_params"};
+
 static void handle(cg_http_req *req, cg_gateway *g, int chat)
 {
     cg_gw_segments segs;
@@ -334,6 +337,17 @@ static void handle(cg_http_req *req, cg_gateway *g, int chat)
         snprintf(msg, sizeof msg,
                  "documents is a /v1/chat/completions extension; in a completion "
                  "put the documents in the prompt between separators");
+        goto bad;
+    }
+    /* Fields only the gateway sets on its upstream requests. A client's copy would steer
+     * the worker (kv_transfer_params names an assembly and, on some backends, a host to pull
+     * KV from), so it is refused rather than silently dropped. */
+    for (size_t i = 0; i < CG_ARRAY_LEN(GATEWAY_ONLY_FIELDS); i++) {
+        if (!json_object_get(body, GATEWAY_ONLY_FIELDS[i])) continue;
+        param = GATEWAY_ONLY_FIELDS[i];
+        st = CG_E_VALUE;
+        snprintf(msg, sizeof msg, "%s is set by the gateway only; remove it from the request",
+                 param);
         goto bad;
     }
     segs.tenant = cg_gw_tenant(g, req);

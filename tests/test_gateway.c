@@ -833,6 +833,15 @@ START_TEST(bad_inputs)
          "invalid_type", "cache_salt"},
         {"POST", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"x\",\"documents\":[\"d\"]}", 400,
          "invalid_value", "documents"},
+        /* only the gateway names an assembly or a KV source to a worker (SSRF otherwise) */
+        {"POST", "/v1/completions",
+         "{\"model\":\"m\",\"prompt\":\"x\",\"kv_transfer_params\":{\"assembly_id\":\"a\","
+         "\"worker\":\"http://127.0.0.1:1\"}}",
+         400, "invalid_value", "kv_transfer_params"},
+        {"POST", "/v1/chat/completions",
+         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+         "\"kv_transfer_params\":null}",
+         400, "invalid_value", "kv_transfer_params"},
         /* 9 segments; the gateway runs with --max-segments 8 */
         {"POST", "/v1/completions",
          "{\"model\":\"m\",\"prompt\":\"a # # b # # c # # d # # e # # f # # g # # h # # q\"}", 400,

@@ -13,7 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <strings.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,8 +41,11 @@ typedef struct worker {
     char url[64];
 } worker;
 
-/* the source, a source with another model id, a source with 2 KV heads, backends tp 1/2/4/8 */
-static worker src, src_other, src_kv2, be[4];
+/* the source, a source with another model id, a source with 2 KV heads, backends tp 1/2/4/8
+ * (which trust a request's kv_transfer_params.worker: --kv-request-source 1), a backend that
+ * does not (the default), and one whose --kv-source never answers */
+static worker src, src_other, src_kv2, be[4], guarded, hung;
+static int hung_fd = -1;
 static const int TPS[4] = {1, 2, 4, 8};
 
 static const char *SYS = "You answer in one line, from the documents only.";
@@ -154,7 +162,21 @@ static int log_has(const char *path, const char *needle)
 typedef struct resp {
     long status;
     cg_buf body;
+    char retry_after[16]; /* the Retry-After header, "" when absent */
 } resp;
+
+static size_t on_header(char *p, size_t sz, size_t n, void *ud)
+{
+    resp *r = ud;
+    size_t len = sz * n;
+    if (len > 12 && !strncasecmp(p, "Retry-After:", 12)) {
+        size_t a = 12, b = len;
+        while (a < b && p[a] == ' ') a++;
+        while (b > a && (p[b - 1] == '\r' || p[b - 1] == '\n' || p[b - 1] == ' ')) b--;
+        snprintf(r->retry_after, sizeof r->retry_after, "%.*s", (int)(b - a), p + a);
+    }
+    return len;
+}
 
 static size_t on_body(char *p, size_t sz, size_t n, void *ud)
 {
@@ -176,6 +198,8 @@ static resp http(const worker *w, const char *method, const char *path, const ch
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, &r);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, 300L);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     if (body) {
@@ -461,6 +485,92 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* A loopback socket that listens and never answers (connections wait in its backlog), the
+ * way a scanned port or a hung host looks to a client. Non-blocking, so accept() tells whether
+ * anyone connected. Returns the fd; *port receives its port. */
+static int silent_listener(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(listen(fd, 16), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* A request cannot choose where the worker pulls KV from: without --kv-request-source the
+ * worker refuses kv_transfer_params.worker with 403 and connects nowhere. (Before, it sent a
+ * GET and a DELETE to any host and port a client named.) */
+START_TEST(test_request_source_refused)
+{
+    int port, fd = silent_listener(&port);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+    double pulls0 = metric(&guarded, "chunkgate_worker_kv_pull_requests_total");
+    json_t *e = decode(&guarded, "0123456789abcdef0123456789abcdef", url, 403);
+    ck_assert_str_eq(sget(json_object_get(e, "error"), "param"), "kv_transfer_params.worker");
+    json_decref(e);
+    ck_assert_int_eq(accept(fd, NULL, NULL), -1); /* nobody connected */
+    ck_assert_double_eq(metric(&guarded, "chunkgate_worker_kv_pull_requests_total"), pulls0);
+    close(fd);
+    /* its configured --kv-source still works */
+    json_t *a = assemble(&src);
+    json_t *ok = decode(&guarded, sget(a, "assembly_id"), NULL, 200);
+    json_decref(ok);
+    json_decref(a);
+}
+END_TEST
+
+typedef struct pull_call {
+    const worker *w;
+    resp r;
+    int done;
+} pull_call;
+
+static void *pull_thread(void *arg)
+{
+    pull_call *pc = arg;
+    const char *body = "{\"kv_transfer_params\":{\"assembly_id\":"
+                       "\"0123456789abcdef0123456789abcdef\"},\"max_tokens\":1}";
+    pc->r = http(pc->w, "POST", "/v1/completions", body);
+    __atomic_store_n(&pc->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Pulls from a source that never answers are bounded: one at a time here (--kv-max-pulls 1),
+ * the next is answered 503 with Retry-After at once instead of waiting for a job thread, and
+ * the stuck pull ends at --kv-timeout-ms with 504. Other requests keep being served. */
+START_TEST(test_pulls_bounded)
+{
+    pull_call first = {.w = &hung};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, pull_thread, &first), 0);
+    /* wait until the first pull holds the only slot */
+    for (int i = 0; i < 200 && metric(&hung, "chunkgate_worker_kv_pulls_in_flight") < 1; i++)
+        usleep(10000);
+    ck_assert_double_eq(metric(&hung, "chunkgate_worker_kv_pulls_in_flight"), 1);
+    pull_call second = {.w = &hung};
+    pull_thread(&second);
+    ck_assert_int_eq(second.r.status, 503);
+    ck_assert_str_eq(second.r.retry_after, "1");
+    ck_assert_msg(!__atomic_load_n(&first.done, __ATOMIC_ACQUIRE),
+                  "the busy answer waited for the stuck pull");
+    cg_buf_free(&second.r.body);
+    /* an unrelated request is served meanwhile */
+    resp h = http(&hung, "GET", "/healthz", NULL);
+    ck_assert_int_eq(h.status, 200);
+    cg_buf_free(&h.body);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(first.r.status, 504);
+    cg_buf_free(&first.r.body);
+    ck_assert_double_eq(metric(&hung, "chunkgate_worker_kv_pulls_total{result=\"busy\"}"), 1);
+    ck_assert_double_eq(metric(&hung, "chunkgate_worker_kv_pulls_in_flight"), 0);
+}
+END_TEST
+
 static Suite *tp_suite(void)
 {
     Suite *s = suite_create("tp");
@@ -468,6 +578,8 @@ static Suite *tp_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_slices);
     tcase_add_test(tc, test_tp_matrix);
+    tcase_add_test(tc, test_request_source_refused);
+    tcase_add_test(tc, test_pulls_bounded);
     tcase_add_test(tc, test_stream);
     tcase_add_test(tc, test_refusals);
     suite_add_tcase(s, tc);
@@ -506,12 +618,35 @@ int main(void)
         char name[16], tp[8];
         snprintf(name, sizeof name, "tp%d", TPS[t]);
         snprintf(tp, sizeof tp, "%d", TPS[t]);
-        const char *with_src[] = {"--kv-source", src.url, "--tp", tp, NULL};
-        const char *no_src[] = {"--tp", tp, NULL};
+        const char *with_src[] = {"--kv-source", src.url, "--tp", tp, "--kv-request-source", "1",
+                                  NULL};
+        const char *no_src[] = {"--tp", tp, "--kv-request-source", "1", NULL};
         if (start(&be[t], name, model_dir, TPS[t] == 1 ? no_src : with_src, &status) != 0) {
             fprintf(stderr, "backend tp %d did not start; logs in %s\n", TPS[t], tmpdir);
             goto out;
         }
+    }
+    int hung_port;
+    char hung_url[64];
+    {
+        /* the suite's checks run in forked children; the listener lives in this process */
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t sl = sizeof sa;
+        if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 16) != 0 ||
+            getsockname(fd, (struct sockaddr *)&sa, &sl) != 0)
+            goto out;
+        hung_fd = fd;
+        hung_port = ntohs(sa.sin_port);
+    }
+    snprintf(hung_url, sizeof hung_url, "http://127.0.0.1:%d", hung_port);
+    const char *guarded_args[] = {"--kv-source", src.url, NULL};
+    const char *hung_args[] = {"--kv-source", hung_url, "--kv-max-pulls", "1", "--kv-timeout-ms",
+                               "1500", NULL};
+    if (start(&guarded, "guarded", model_dir, guarded_args, &status) != 0 ||
+        start(&hung, "hung", model_dir, hung_args, &status) != 0) {
+        fprintf(stderr, "a guarded backend did not start; logs in %s\n", tmpdir);
+        goto out;
     }
     SRunner *sr = srunner_create(tp_suite());
     srunner_run_all(sr, CK_NORMAL);
@@ -523,6 +658,9 @@ out:
     failed += stop(&src_kv2) != 0;
     for (int t = 0; t < 4; t++)
         failed += stop(&be[t]) != 0;
+    failed += stop(&guarded) != 0;
+    failed += stop(&hung) != 0;
+    if (hung_fd >= 0) close(hung_fd);
     if (!failed)
         rm_rf(tmpdir);
     else

@@ -26,6 +26,7 @@ struct cg_worker_api {
     cg_metrics *metrics;
     char instance_id[33]; /* random per process: a gateway sees a restart by it */
     int64_t started_ms;   /* wall clock at start */
+    int pulls;            /* KV pulls in flight (atomic) */
 };
 
 cg_worker_api_params cg_worker_api_default_params(void)
@@ -36,8 +37,10 @@ cg_worker_api_params cg_worker_api_default_params(void)
         .max_segments = 256,
         .default_max_tokens = 16,
         .kv_source = NULL,
+        .kv_request_source = 0,
         .tp = 1,
-        .kv_timeout_ms = 30000,
+        .kv_timeout_ms = 5000,
+        .kv_max_pulls = 4,
     };
 }
 
@@ -50,7 +53,8 @@ cg_worker_api *cg_worker_api_new(cg_worker_api_params p)
     if (!a->p.separator || !a->p.separator[0]) a->p.separator = "# #";
     if (a->p.kv_source && !a->p.kv_source[0]) a->p.kv_source = NULL;
     if (a->p.tp < 1) a->p.tp = 1;
-    if (a->p.kv_timeout_ms <= 0) a->p.kv_timeout_ms = 30000;
+    if (a->p.kv_timeout_ms <= 0) a->p.kv_timeout_ms = 5000;
+    if (a->p.kv_max_pulls < 1) a->p.kv_max_pulls = 1;
     a->e = p.engine;
     a->metrics = cg_metrics_new();
     random_hex(a->instance_id, 16);
@@ -259,6 +263,8 @@ static void h_metrics(cg_http_req *req, void *app)
               (double)ps.referenced_chunks);
     set_gauge(m, P "assemblies_live", "Assemblies built and not yet consumed or released",
               (double)live);
+    set_gauge(m, P "kv_pulls_in_flight", "KV pulls from a source worker in progress",
+              (double)__atomic_load_n(&a->pulls, __ATOMIC_ACQUIRE));
     set_counter(m, P "chunk_hits_total", "Cacheable segments found in the pool", es.chunk_hits);
     set_counter(m, P "chunk_misses_total", "Cacheable segments computed", es.chunk_misses);
     set_counter(m, P "evictions_total", "Chunks evicted from the pool", es.evictions);
@@ -816,6 +822,12 @@ static void h_completions(cg_http_req *req, void *app)
         field_error(req, st, "kv_transfer_params.worker", "a string (the worker's base URL)");
         goto out;
     }
+    if (worker && !a->p.kv_request_source) {
+        cg_http_reply_error(req, CG_E_FORBIDDEN, "kv_transfer_params.worker",
+                            "this worker pulls KV only from its configured --kv-source; "
+                            "kv_transfer_params.worker is refused");
+        goto out;
+    }
     if (worker && !cg_kvpull_url_ok(worker)) {
         cg_http_reply_error(req, CG_E_VALUE, "kv_transfer_params.worker",
                             "kv_transfer_params.worker must be an http:// or https:// base URL");
@@ -848,12 +860,24 @@ static void h_completions(cg_http_req *req, void *app)
          * it; pull its KV here. Ids are 128 random bits, so a local id is never a remote one. */
         const char *src = worker ? worker : a->p.kv_source;
         if (src && !cg_engine_has_assembly(a->e, assembly_id, cg_now_ms())) {
+            /* A pull holds a job thread for up to its timeout: bound how many can. */
+            if (__atomic_add_fetch(&a->pulls, 1, __ATOMIC_ACQ_REL) > a->p.kv_max_pulls) {
+                __atomic_sub_fetch(&a->pulls, 1, __ATOMIC_ACQ_REL);
+                cg_metrics_inc(a->metrics, P "kv_pulls_total",
+                               "Assemblies pulled from a worker (backend role), by result",
+                               "result=\"busy\"", 1);
+                cg_http_add_header(req, "Retry-After", "1");
+                cg_http_reply_error(req, CG_E_UNAVAILABLE, "kv_transfer_params",
+                                    "too many KV pulls in flight; retry shortly");
+                goto out;
+            }
             cg_kvpull_params pp = cg_kvpull_default_params();
             pp.worker = src;
             pp.assembly_id = assembly_id;
             pp.tp = a->p.tp;
             pp.timeout_ms = a->p.kv_timeout_ms;
             st = cg_kvpull_assembly(a->e, &pp, cg_now_ms(), &pulled, err, sizeof err);
+            __atomic_sub_fetch(&a->pulls, 1, __ATOMIC_ACQ_REL);
             cg_metrics_inc(a->metrics, P "kv_pulls_total",
                            "Assemblies pulled from a worker (backend role), by result",
                            st == CG_OK ? "result=\"ok\"" : "result=\"error\"", 1);

@@ -16,11 +16,15 @@ typedef struct cg_worker_api_params {
     const char *separator;       /* borrowed; default "# #" (prompts of /v1/completions) */
     size_t max_segments;         /* default 256 */
     uint32_t default_max_tokens; /* /v1/completions max_tokens when absent; default 16 */
-    /* Backend role: an assembly id this worker does not hold is pulled from
-     * kv_transfer_params.worker, else from kv_source (backends/reference/kvpull.h). */
+    /* Backend role: an assembly id this worker does not hold is pulled from kv_source
+     * (backends/reference/kvpull.h). A request's kv_transfer_params.worker is a URL chosen by
+     * whoever sent the request: it is refused unless kv_request_source is set, because the
+     * worker would otherwise connect wherever a client points it. */
     const char *kv_source; /* borrowed; NULL/"" = none */
+    int kv_request_source; /* 1: kv_transfer_params.worker may name the source; default 0 */
     int tp;                /* tensor-parallel ranks of a pull; default 1 */
-    long kv_timeout_ms;    /* per pull request; default 30000 */
+    long kv_timeout_ms;    /* per pull request; default 5000 */
+    int kv_max_pulls;      /* pulls at once; more are answered 503 at once; default 4 */
 } cg_worker_api_params;
 
 cg_worker_api_params cg_worker_api_default_params(void);

@@ -62,8 +62,10 @@ typedef struct serve_cfg {
     long long io_threads;
     long long job_threads;
     char *kv_source;
+    long long kv_request_source;
     long long tp;
     long long kv_timeout_ms;
+    long long kv_max_pulls;
     char *log_level;
     char *key_hash;
 } serve_cfg;
@@ -111,13 +113,20 @@ static const cg_cfg_opt serve_opts[] = {
      "8", 1, 1024, "threads for blocking handlers (model compute is serialised anyway)"},
     {"kv-source", "CHUNKGATE_WORKER_KV_SOURCE", CG_CFG_STR, offsetof(serve_cfg, kv_source), "", 0,
      0,
-     "backend role: base URL of the worker whose assemblies /v1/completions pulls when "
-     "kv_transfer_params names no worker (empty = only local assemblies)"},
+     "backend role: base URL of the worker whose assemblies /v1/completions pulls (empty = "
+     "only local assemblies)"},
+    {"kv-request-source", "CHUNKGATE_WORKER_KV_REQUEST_SOURCE", CG_CFG_INT,
+     offsetof(serve_cfg, kv_request_source), "0", 0, 1,
+     "1: a request's kv_transfer_params.worker may name the worker to pull from (lets any "
+     "client make this worker connect to a URL of its choice; trusted networks only)"},
     {"tp", "CHUNKGATE_WORKER_TP", CG_CFG_INT, offsetof(serve_cfg, tp), "1", 1, 1024,
      "tensor-parallel ranks of a pull: each fetches exactly its KV heads with its own request "
      "(must divide the KV heads or be a multiple of them)"},
     {"kv-timeout-ms", "CHUNKGATE_WORKER_KV_TIMEOUT_MS", CG_CFG_INT,
-     offsetof(serve_cfg, kv_timeout_ms), "30000", 1, 3600000, "timeout of each KV pull request"},
+     offsetof(serve_cfg, kv_timeout_ms), "5000", 1, 3600000,
+     "timeout of each KV pull request, connect included"},
+    {"kv-max-pulls", "CHUNKGATE_WORKER_KV_MAX_PULLS", CG_CFG_INT, offsetof(serve_cfg, kv_max_pulls),
+     "4", 1, 1024, "KV pulls in flight at once; more are answered 503 with Retry-After"},
     {"log-level", "CHUNKGATE_WORKER_LOG_LEVEL", CG_CFG_STR, offsetof(serve_cfg, log_level), "info",
      0, 0, "debug, info, warn or error"},
     {"key-hash", "CHUNKGATE_WORKER_KEY_HASH", CG_CFG_STR, offsetof(serve_cfg, key_hash), "xxhash",
@@ -318,6 +327,8 @@ static int cmd_serve(int argc, char **argv)
     ap.kv_source = c.kv_source;
     ap.tp = (int)c.tp;
     ap.kv_timeout_ms = (long)c.kv_timeout_ms;
+    ap.kv_request_source = (int)c.kv_request_source;
+    ap.kv_max_pulls = (int)c.kv_max_pulls;
     api = cg_worker_api_new(ap);
 
     /* Signals are taken by sigwait below; block them before any thread starts so that no
