@@ -17,12 +17,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "backends/reference/engine.h"
-#include "backends/reference/worker_api.h"
-#include "cache/base.h"
-#include "cache/kvwire.h"
+#include "worker/serve/engine.h"
+#include "worker/serve/worker_api.h"
+#include "base/base.h"
+#include "kv/kvwire.h"
 
-#define WORKER CG_BINARY_DIR "/backends/reference/chunkgate-worker"
+#define WORKER CG_BINARY_DIR "/worker/chunkgate-worker"
 #define ERRLEN 512
 
 static char tmpdir[64], model_dir[128], data_dir[128], log_path[128];
@@ -689,7 +689,7 @@ START_TEST(test_inventory)
     }
     ck_assert_uint_eq(walked, n);
 
-    /* KV export (cache/kvwire.h): heads 0-1 of the chunk, per head, per layer, K then V */
+    /* KV export (kv/kvwire.h): heads 0-1 of the chunk, per head, per layer, K then V */
     const cg_model_config *mc = cg_model_cfg(model);
     const size_t nt = strlen(doc), hd = (size_t)mc->head_dim;
     char kvp[256];
@@ -880,7 +880,7 @@ START_TEST(test_bad_inputs)
         {"POST", "/v1/completions",
          "{\"kv_transfer_params\":{\"assembly_id\":\"ffffffffffffffffffffffffffffffff\","
          "\"worker\":\"gopher://x\"}}",
-         400, "invalid_value"},
+         403, "forbidden"}, /* only --kv-source, unless --kv-request-source 1 (test_tp) */
         {"POST", "/v1/completions", "{\"prompt\":\"a # # b\",\"chunk_mode\":\"x\"}", 400,
          "invalid_value"},
         {"POST", "/v1/completions",
