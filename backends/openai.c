@@ -11,7 +11,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <curl/curl.h>
-#include "cache/base.h"
+#include "base/base.h"
 
 struct cg_openai_xfer {
     cg_openai *c;

@@ -22,7 +22,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "cache/status.h"
+#include "base/status.h"
 
 typedef struct cg_openai cg_openai;
 typedef struct cg_openai_xfer cg_openai_xfer;

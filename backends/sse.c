@@ -5,7 +5,7 @@
 
 #include <limits.h>
 #include <string.h>
-#include "cache/base.h"
+#include "base/base.h"
 
 static const char BOM[] = "\xEF\xBB\xBF";
 

@@ -12,7 +12,7 @@
 #define CG_SSE_H
 
 #include <stddef.h>
-#include "cache/status.h"
+#include "base/status.h"
 
 typedef struct cg_sse_parser cg_sse_parser;
 

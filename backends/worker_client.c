@@ -4,7 +4,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include "cache/base.h"
+#include "base/base.h"
 
 #define INVENTORY_PAGE 10000
 

@@ -11,7 +11,7 @@
 #include "backends/openai.h"
 #include "cache/key.h"
 #include "cache/split.h"
-#include "cache/status.h"
+#include "base/status.h"
 
 /* Largest worker answer the client reads (an assembly or one inventory page). */
 #define CG_WC_MAX_BYTES (64u << 20)

@@ -1,5 +1,5 @@
 /* Process-wide basics: status table, aborting allocator, capped buffers, JSON-lines log, clocks. */
-#include "cache/base.h"
+#include "base/base.h"
 
 #include <stdarg.h>
 #include <stdio.h>

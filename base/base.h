@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include "cache/status.h"
+#include "base/status.h"
 
 #define CG_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define CG_MIN(a, b) ((a) < (b) ? (a) : (b))

@@ -1,11 +1,11 @@
 /* Table-driven configuration: defaults, CHUNKGATE_* environment, flags, --help. */
-#include "server/config.h"
+#include "base/config.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include "cache/base.h"
+#include "base/base.h"
 
 static void *field(void *cfg, const cg_cfg_opt *o) { return (char *)cfg + o->offset; }
 

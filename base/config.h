@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
-#include "cache/status.h"
+#include "base/status.h"
 
 typedef enum {
     CG_CFG_STR,  /* char * (owned by the config; freed by cg_config_free) */

@@ -21,7 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <jansson.h>
-#include "cache/base.h"
+#include "base/base.h"
+#include "base/json.h"
 
 typedef struct cg_http_server cg_http_server;
 typedef struct cg_http_req cg_http_req;
@@ -192,16 +193,5 @@ int cg_stream_push_nowait(cg_stream *s, const void *data, size_t len);
  * fn NULL removes it; once this returns, the previous fn is not running and will not run
  * again. If the client is already gone, fn(arg, 1) runs before this returns. */
 void cg_stream_set_notify(cg_stream *s, void (*fn)(void *arg, int gone), void *arg);
-
-/* ---- JSON field helpers: on a type error they return CG_E_TYPE / CG_E_MISSING ---- */
-/* *out is borrowed from obj; absent and not required -> CG_OK with *out = NULL. */
-cg_status cg_json_get(json_t *obj, const char *name, json_type type, int required, json_t **out) CG_WUR;
-/* Convenience wrappers; def is used when absent. */
-cg_status cg_json_get_string(json_t *obj, const char *name, int required, const char **out) CG_WUR;
-cg_status cg_json_get_int(json_t *obj, const char *name, long long def, long long min, long long max,
-                          long long *out) CG_WUR;
-cg_status cg_json_get_number(json_t *obj, const char *name, double def, double min, double max,
-                             double *out) CG_WUR;
-cg_status cg_json_get_bool(json_t *obj, const char *name, int def, int *out) CG_WUR;
 
 #endif

@@ -1,5 +1,5 @@
 /* Prometheus metrics registry: series are created once and updated under a lock. */
-#include "server/metrics.h"
+#include "base/metrics.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "cache/base.h"
+#include "base/base.h"
 
 typedef struct cg_metrics cg_metrics;
 typedef struct cg_metric cg_metric; /* one series: name + labels */

@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cache/attn.h"
-#include "cache/base.h"
+#include "kv/attn.h"
+#include "base/base.h"
 
 static double now_s(void)
 {

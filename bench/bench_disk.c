@@ -19,10 +19,10 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
-#include "backends/reference/disk.h"
-#include "backends/reference/engine.h"
-#include "backends/reference/model.h"
-#include "cache/base.h"
+#include "worker/store/disk.h"
+#include "worker/serve/engine.h"
+#include "worker/model/model.h"
+#include "base/base.h"
 
 #define LAYERS 4
 #define HEADS 4

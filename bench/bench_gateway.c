@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 #include "cache/key.h"
 
 #define MODEL "chunkgate-tiny"

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 #include "sql/index.h"
 
 typedef struct opts {

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 #include "cache/key.h"
 
 static double secs_per_cell = 0.3;

@@ -13,8 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/reference/model.h"
-#include "cache/base.h"
+#include "worker/model/model.h"
+#include "base/base.h"
 
 static double now_s(void) { return (double)cg_now_ns() * 1e-9; }
 

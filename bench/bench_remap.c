@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/base.h"
-#include "cache/pool.h"
-#include "cache/remap.h"
+#include "base/base.h"
+#include "kv/pool.h"
+#include "kv/remap.h"
 
 static volatile float sink;
 

@@ -14,8 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/reference/engine.h"
-#include "cache/base.h"
+#include "worker/serve/engine.h"
+#include "base/base.h"
 
 #define SYS_BYTES 256
 #define DOC_BYTES 2048

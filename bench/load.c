@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 
 #define MODEL "chunkgate-tiny"
 #define MAX_CONNS 1024

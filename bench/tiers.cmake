@@ -1,3 +1,3 @@
 # Disk tier benchmark: restore vs sequential pread, spill vs sequential pwrite, same run.
 add_executable(bench_disk bench_disk.c)
-target_link_libraries(bench_disk PRIVATE cg_reference)
+target_link_libraries(bench_disk PRIVATE cg_wserve)

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 #include "cache/split.h"
 
 typedef struct cg_chat_msg {

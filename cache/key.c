@@ -13,7 +13,7 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 
 const char *cg_mode_name(cg_mode m)
 {

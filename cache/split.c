@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 
 /* Separators longer than this are searched with memmem (two-way, linear in the worst case):
  * memchr on the first byte plus memcmp is faster for short separators but degrades to

@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "cache/status.h"
+#include "base/status.h"
 
 typedef enum { CG_ROLE_SYSTEM, CG_ROLE_CHUNK, CG_ROLE_QUESTION } cg_role;
 

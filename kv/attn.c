@@ -1,7 +1,7 @@
 /* Segment-aware attention (DESIGN §5): per query block and KV head, scores only against the
  * visible key ranges [0, prefix) and [own_start, i], in key tiles with an online softmax, with
  * CBLAS for the products. */
-#include "cache/attn.h"
+#include "kv/attn.h"
 
 #include <assert.h>
 #include <cblas.h>
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 
 /* Stacked query rows per work item (query slots x the query heads of one KV head). With
  * OpenBLAS at one thread per call (cg_model_load sets it for the whole process) a product may

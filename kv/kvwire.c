@@ -1,6 +1,6 @@
 /* Per-head KV wire format: header encode/decode with strict validation, body encoder,
  * ?heads= parser and the per-head key string. */
-#include "cache/kvwire.h"
+#include "kv/kvwire.h"
 
 #include <stdint.h>
 #include <stdio.h>

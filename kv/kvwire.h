@@ -8,8 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cache/base.h"
-#include "cache/status.h"
+#include "base/base.h"
+#include "base/status.h"
 
 #define CG_KVWIRE_MAGIC "CGKV"
 #define CG_KVWIRE_VERSION 1

@@ -1,12 +1,12 @@
 /* KV pool: block allocator with a free list, reference-counted chunks, LRU eviction. */
-#include "cache/pool.h"
+#include "kv/pool.h"
 
 #include <assert.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 
 struct cg_pool_chunk {
     cg_key key;

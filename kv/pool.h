@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "cache/key.h"
-#include "cache/status.h"
+#include "base/status.h"
 
 typedef struct cg_pool cg_pool;
 /* One cached chunk: its key, token count and blocks. Handles are reference-counted. */

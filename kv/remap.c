@@ -1,12 +1,12 @@
 /* RoPE kernels: absolute rotation for the model forward and delta re-rotation of cached K. */
-#include "cache/remap.h"
+#include "kv/remap.h"
 
 #include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 
 /* The inner loops use GCC/Clang vector extensions (4 floats = one SSE register at
  * -march=x86-64-v2). GCC 12's -O2 "very cheap" auto-vectoriser refuses these loops (unknown

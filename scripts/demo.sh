@@ -41,13 +41,13 @@ wait_port() { # log pid
 
 if ! curl -fs "$gw/healthz" >/dev/null 2>&1; then
     echo "no gateway at $gw: starting a worker and a gateway on free ports"
-    if [ ! -x "$bdir/server/chunkgate" ] || [ ! -x "$bdir/backends/reference/chunkgate-worker" ]; then
+    if [ ! -x "$bdir/server/chunkgate" ] || [ ! -x "$bdir/worker/chunkgate-worker" ]; then
         cmake -S . -B "$bdir" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
         cmake --build "$bdir" -j"$(nproc)" --target chunkgate chunkgate-worker >/dev/null
     fi
     tmp=$(mktemp -d /tmp/chunkgate-demo.XXXXXX)
-    "$bdir/backends/reference/chunkgate-worker" generate-model --out "$tmp/model" >/dev/null
-    "$bdir/backends/reference/chunkgate-worker" serve --model "$tmp/model" --listen 127.0.0.1:0 \
+    "$bdir/worker/chunkgate-worker" generate-model --out "$tmp/model" >/dev/null
+    "$bdir/worker/chunkgate-worker" serve --model "$tmp/model" --listen 127.0.0.1:0 \
         --data-dir "$tmp/worker" --pool-mb 256 2>"$tmp/worker.log" &
     pids+=($!)
     wport=$(wait_port "$tmp/worker.log" "${pids[0]}")

@@ -17,11 +17,11 @@ listen=${CG_LISTEN:-127.0.0.1:8080}
 wlisten=${CG_WORKER_LISTEN:-127.0.0.1:8081}
 data=${CG_DATA:-./data}
 mkdir -p "$data/worker" "$data/gateway"
-[ -f "$data/model/config.json" ] || build/backends/reference/chunkgate-worker generate-model --out "$data/model"
+[ -f "$data/model/config.json" ] || build/worker/chunkgate-worker generate-model --out "$data/model"
 model=$(sed -n 's/.*"model_id"[^"]*"\([^"]*\)".*/\1/p' "$data/model/config.json" | head -n1)
 model=${model:-chunkgate-tiny}
 
-build/backends/reference/chunkgate-worker serve --model "$data/model" --listen "$wlisten" \
+build/worker/chunkgate-worker serve --model "$data/model" --listen "$wlisten" \
     --data-dir "$data/worker" --pool-mb "${CG_POOL_MB:-256}" &
 worker=$!
 trap 'kill $worker 2>/dev/null; wait $worker 2>/dev/null' EXIT INT TERM

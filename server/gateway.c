@@ -1,7 +1,7 @@
 /* The gateway's configuration table, lifetime, route table, and operations routes
  * (/healthz, /readyz, /metrics). */
 #include "server/gateway_impl.h"
-#include "server/status.h"
+#include "server/statuspage.h"
 
 #include <errno.h>
 #include <stddef.h>

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "server/config.h"
+#include "base/config.h"
 
 /* Every setting of the chunkgate executable; filled by cg_config_parse from
  * cg_gateway_options. */

@@ -9,8 +9,8 @@
 #include "cache/key.h"
 #include "cache/split.h"
 #include "server/gateway.h"
-#include "server/http.h"
-#include "server/metrics.h"
+#include "base/http.h"
+#include "base/metrics.h"
 #include "server/workers.h"
 #include "sql/index.h"
 

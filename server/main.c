@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include "server/gateway.h"
-#include "cache/base.h"
+#include "base/base.h"
 
 static cg_log_level parse_level(const char *s)
 {

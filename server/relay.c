@@ -10,7 +10,7 @@
 #include <string.h>
 #include "backends/sse.h"
 #include "backends/worker_client.h"
-#include "server/status.h"
+#include "server/statuspage.h"
 
 /* Queued SSE bytes per stream before the upstream is paused. */
 #define STREAM_MAX_BUFFERED (256u * 1024u)

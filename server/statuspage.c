@@ -3,7 +3,7 @@
  * the gateway's live totals, its workers and a ring of the last requests with their segment
  * hits. The ring holds metadata only: keys (32 hex), roles, tokens, hits; never prompt text
  * or credentials. */
-#include "server/status.h"
+#include "server/statuspage.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 #include <jansson.h>
-#include "server/http.h"
+#include "base/http.h"
 
 /* Requests the ring keeps for /v1/stats. */
 #define CG_STATUS_RECENT 50

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 #include "backends/worker_client.h"
-#include "cache/base.h"
+#include "base/base.h"
 
 typedef enum { W_UNKNOWN, W_HEALTHY, W_DOWN, W_REFUSED } wstate;
 static const char *const state_names[] = {"unknown", "healthy", "down", "refused"};

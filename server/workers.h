@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <jansson.h>
 #include "backends/openai.h"
-#include "server/metrics.h"
+#include "base/metrics.h"
 #include "sql/index.h"
 
 typedef struct cg_workers cg_workers;

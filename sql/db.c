@@ -3,7 +3,7 @@
 
 #include <stdio.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 
 void cg_db_log(const char *module, sqlite3 *db, const char *what)
 {

@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <sqlite3.h>
 #include "cache/key.h"
-#include "cache/status.h"
+#include "base/status.h"
 
 /* Logs an SQLite error of db as "<module>: <what>: <message> (<extended code>)". */
 void cg_db_log(const char *module, sqlite3 *db, const char *what);

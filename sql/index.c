@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 
 /* PRAGMA application_id of a chunkgate index: "CGIX". Lets us refuse foreign SQLite files. */
 #define APP_ID 0x43474958

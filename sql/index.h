@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "cache/key.h"
-#include "cache/status.h"
+#include "base/status.h"
 
 typedef struct cg_index cg_index;
 

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 
 /* PRAGMA application_id of a disk-tier inventory: "CGDK". Refuses foreign SQLite files
  * (including a gateway index, "CGIX", pointed at by mistake). */

@@ -1,6 +1,6 @@
 /* Durable inventory of the worker's disk tier (DESIGN §8): one SQLite (WAL) row per chunk
  * record in the data file, plus the geometry the data directory was written for. The data
- * itself lives in backends/reference/disk.c; this module only holds the SQL. */
+ * itself lives in worker/store/disk.c; this module only holds the SQL. */
 #ifndef CG_KVSTORE_H
 #define CG_KVSTORE_H
 
@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "cache/key.h"
-#include "cache/status.h"
+#include "base/status.h"
 
 typedef struct cg_kvstore cg_kvstore;
 

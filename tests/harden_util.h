@@ -8,7 +8,7 @@
 #include <jansson.h>
 #include <stddef.h>
 #include <sys/types.h>
-#include "cache/base.h"
+#include "base/base.h"
 
 typedef struct hu_proc {
     pid_t pid;

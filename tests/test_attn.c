@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/attn.h"
-#include "cache/base.h"
+#include "kv/attn.h"
+#include "base/base.h"
 
 static unsigned rnd(unsigned *st)
 {

@@ -1,4 +1,4 @@
-/* Tests of the table-driven configuration (server/config.c) and of the gateway's own table
+/* Tests of the table-driven configuration (base/config.c) and of the gateway's own table
  * (server/gateway.c): defaults, environment, flags over environment, lists, sizes, bounds,
  * errors and --help. */
 #include <check.h>
@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "server/config.h"
+#include "base/config.h"
 #include "server/gateway.h"
 
 typedef struct tcfg {

@@ -1,4 +1,4 @@
-/* Check suite for the worker's disk tier (backends/reference/disk.h): exact round trips and
+/* Check suite for the worker's disk tier (worker/store/disk.h): exact round trips and
  * accounting, restart, LRU drop, oversize chunks, corruption and torn writes (kill -9 in a
  * loop) never served, open-time validation, geometry refusal, the pool adapter and a
  * multi-threaded smoke test. */
@@ -16,9 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/reference/disk.h"
-#include "cache/base.h"
-#include "cache/pool.h"
+#include "worker/store/disk.h"
+#include "base/base.h"
+#include "kv/pool.h"
 #include "sql/kvstore.h"
 
 /* Geometry: 2 layers, 2 KV heads, head_dim 8, 4 tokens a block -> 1024-byte blocks. */

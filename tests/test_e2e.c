@@ -23,9 +23,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/reference/engine.h"
-#include "backends/reference/worker_api.h"
-#include "cache/base.h"
+#include "worker/serve/engine.h"
+#include "worker/serve/worker_api.h"
+#include "base/base.h"
 #include "cache/key.h"
 #include "server/workers.h"
 

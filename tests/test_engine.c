@@ -15,8 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/reference/engine.h"
-#include "cache/base.h"
+#include "worker/serve/engine.h"
+#include "base/base.h"
 
 #define ERRLEN 512
 #define GREEDY 32

@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include "cache/base.h"
+#include "base/base.h"
 #include "cache/key.h"
 
 #define ADMIN_TOKEN "tok-admin"

@@ -1,4 +1,4 @@
-/* Tests of the HTTP layer (server/http.c) with a real in-process server on port 0 and libcurl:
+/* Tests of the HTTP layer (base/http.c) with a real in-process server on port 0 and libcurl:
  * routing, 404/405, body caps with and without Content-Length, request ids, bearer auth,
  * streams (blocking and non-blocking producers, close, client disconnect), quiesce, and the
  * JSON field helpers. */
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include "server/http.h"
+#include "base/http.h"
 
 static cg_http_server *srv;
 static uint16_t port;

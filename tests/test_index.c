@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 #include "sql/index.h"
 
 /* ---- fixtures ----------------------------------------------------------------------------- */

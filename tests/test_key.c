@@ -6,7 +6,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 #include "cache/key.h"
 
 static const cg_key SYS_KEY = {{0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a,

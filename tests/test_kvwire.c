@@ -1,4 +1,4 @@
-/* Check suite for the per-head KV wire format (cache/kvwire.h): round trips over shapes and
+/* Check suite for the per-head KV wire format (kv/kvwire.h): round trips over shapes and
  * head ranges, the exact header bytes, every truncation, corrupted fields, ?heads= parsing
  * and the per-head key string. */
 #include <check.h>
@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/base.h"
-#include "cache/kvwire.h"
+#include "base/base.h"
+#include "kv/kvwire.h"
 
 /* The value the test model holds at (layer, head, kv, token, dim): exact in f32 and unique. */
 static float val(uint32_t l, uint32_t h, int kv, uint32_t t, uint32_t d)

@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/reference/model.h"
-#include "backends/reference/safetensors.h"
-#include "cache/base.h"
+#include "worker/model/model.h"
+#include "worker/model/safetensors.h"
+#include "base/base.h"
 
 #define ERRLEN 512
 

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/base.h"
-#include "cache/pool.h"
+#include "base/base.h"
+#include "kv/pool.h"
 
 /* Geometry used throughout: block = 3 heads * 2 layers * 2 * 4 tokens * 4 dims floats. */
 #define LAYERS 2

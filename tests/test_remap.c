@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/base.h"
-#include "cache/remap.h"
+#include "base/base.h"
+#include "kv/remap.h"
 
 static float frand(unsigned *st)
 {

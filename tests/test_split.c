@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 /* Included, not only linked, to reach the static scalar validator that the vector path is
  * checked against (STYLE: tests reach static functions by including the .c file). */
 #include "cache/split.c"

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backends/sse.h"
-#include "cache/base.h"
+#include "base/base.h"
 
 /* Collects events as one line of text each, and the raw bytes of all events. */
 typedef struct sink {

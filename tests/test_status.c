@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 
 #define ADMIN "tok-status"
 #define MODEL "chunkgate-tiny"

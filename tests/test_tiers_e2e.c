@@ -21,12 +21,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/reference/engine.h"
-#include "backends/reference/worker_api.h"
-#include "cache/base.h"
-#include "cache/kvwire.h"
+#include "worker/serve/engine.h"
+#include "worker/serve/worker_api.h"
+#include "base/base.h"
+#include "kv/kvwire.h"
 
-#define WORKER CG_BINARY_DIR "/backends/reference/chunkgate-worker"
+#define WORKER CG_BINARY_DIR "/worker/chunkgate-worker"
 #define ERRLEN 512
 #define MAX_TOKENS 8
 

@@ -23,11 +23,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "backends/reference/kvpull.h"
-#include "backends/reference/model.h"
-#include "cache/base.h"
+#include "worker/serve/kvpull.h"
+#include "worker/model/model.h"
+#include "base/base.h"
 
-#define WORKER CG_BINARY_DIR "/backends/reference/chunkgate-worker"
+#define WORKER CG_BINARY_DIR "/worker/chunkgate-worker"
 #define ERRLEN 512
 #define MAX_TOKENS 24
 #define TOP 5

@@ -9,7 +9,7 @@
  * non-empty, roles positional; the text splits back into the same segments. */
 #include "fuzz_common.h"
 
-#include "cache/base.h"
+#include "base/base.h"
 #include "cache/chat.h"
 
 static const char *const SEPS[] = {

@@ -1,4 +1,4 @@
-/* Fuzz target for the config.json side of the model loader (backends/reference/model.c): the
+/* Fuzz target for the config.json side of the model loader (worker/model/model.c): the
  * input is config.json, next to the model.safetensors of a tiny generated model (1 layer,
  * dim 32, bf16). Invariants (fuzz_model.h): every refusal carries a message; an accepted
  * configuration is consistent (ranges, head and vocabulary divisibility, token ids inside the

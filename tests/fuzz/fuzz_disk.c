@@ -1,4 +1,4 @@
-/* Fuzz target for the worker's disk-tier reader (backends/reference/disk.c + sql/kvstore.c).
+/* Fuzz target for the worker's disk-tier reader (worker/store/disk.c + sql/kvstore.c).
  * A small valid tier is written once (8 records of 1..3 blocks in 24 slots); each input is a
  * list of edits, applied, then every record is read back, then the tier is restored.
  * Input: [flags][op, off lo, off hi, len, bytes[len]]... (at most 32 ops); op % 4:
@@ -20,8 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/reference/disk.h"
-#include "cache/base.h"
+#include "worker/store/disk.h"
+#include "base/base.h"
 #include "sql/kvstore.h"
 
 #define LAYERS 1

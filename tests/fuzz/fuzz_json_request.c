@@ -12,11 +12,11 @@
  * one key per cacheable segment, and decoding the same body again gives the same keys. */
 #include "fuzz_common.h"
 
-#include "cache/base.h"
+#include "base/base.h"
 #include "cache/key.h"
 #include "server/gateway.h"
 #include "server/gateway_impl.h"
-#include "server/http.h"
+#include "base/http.h"
 
 static cg_gateway_config g_cfg;
 static cg_gateway g_gw;

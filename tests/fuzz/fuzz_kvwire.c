@@ -1,4 +1,4 @@
-/* Fuzz target for the per-head KV wire format (cache/kvwire.c), which the gateway and other
+/* Fuzz target for the per-head KV wire format (kv/kvwire.c), which the gateway and other
  * workers read from the network. Input: [mode][bytes...]; mode % 4:
  *  0: cg_kvwire_decode of the bytes (a heap copy of exactly their size, 8-byte aligned);
  *  1: the same at an odd address (the decoder must refuse, not fault);
@@ -12,8 +12,8 @@
 
 #include <stdbool.h>
 
-#include "cache/base.h"
-#include "cache/kvwire.h"
+#include "base/base.h"
+#include "kv/kvwire.h"
 
 typedef struct rows_src {
     const cg_kvwire_header *h;

@@ -12,10 +12,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/reference/model.h"
-#include "backends/reference/safetensors.h"
-#include "cache/attn.h"
-#include "cache/base.h"
+#include "worker/model/model.h"
+#include "worker/model/safetensors.h"
+#include "kv/attn.h"
+#include "base/base.h"
 #include "fuzz_common.h"
 
 static char g_dir[256];  /* the model directory the loader reads */

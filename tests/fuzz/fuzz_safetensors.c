@@ -1,4 +1,4 @@
-/* Fuzz target for the safetensors reader and the model loader (backends/reference/
+/* Fuzz target for the safetensors reader and the model loader (worker/model/
  * safetensors.c, model.c): the input is model.safetensors, next to the valid config.json of a
  * tiny generated model (1 layer, dim 32). Invariants (fuzz_model.h): a file the reader accepts
  * has a header that says exactly what the reader returns (names, dtypes, shapes, offsets inside

@@ -10,7 +10,7 @@
  * naive decoder on the prompt and on its short prefixes and suffixes. */
 #include "fuzz_common.h"
 
-#include "cache/base.h"
+#include "base/base.h"
 #include "cache/split.h"
 
 static const char *const SEPS[] = {

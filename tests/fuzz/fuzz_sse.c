@@ -11,7 +11,7 @@
 #include "fuzz_common.h"
 
 #include "backends/sse.h"
-#include "cache/base.h"
+#include "base/base.h"
 
 typedef struct ev {
     char *event, *data, *id, *raw;

@@ -1,6 +1,6 @@
 /* Byte-level tokenizer of the tiny model: token b (0..255) is byte b; BOS and EOS come from the
  * config (256 and 257 for generated models). Every byte string round-trips exactly. */
-#include "backends/reference/model.h"
+#include "worker/model/model.h"
 
 size_t cg_tok_encode(const cg_model *m, const char *text, size_t len, int add_bos, int32_t *out)
 {

@@ -1,7 +1,7 @@
 /* Llama-architecture forward pass on the CPU (RMSNorm, RoPE, grouped-query attention, SwiGLU,
  * CBLAS), its loader for HF-style config.json + model.safetensors, the per-head KV buffer and
  * sampling. */
-#include "backends/reference/model.h"
+#include "worker/model/model.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -17,8 +17,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "backends/reference/safetensors.h"
-#include "cache/base.h"
+#include "worker/model/safetensors.h"
+#include "base/base.h"
 
 /* Tokens per pass through the layers. Bounds the scratch memory of a long prefill, and is big
  * enough that sgemm runs near its peak. Splitting the rows of a span is exact: a query row's

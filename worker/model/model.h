@@ -7,9 +7,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "cache/status.h"
-#include "cache/remap.h"
-#include "cache/attn.h"
+#include "base/status.h"
+#include "kv/remap.h"
+#include "kv/attn.h"
 
 typedef struct cg_model_config {
     char model_id[128];   /* "name" from config.json "_name_or_path"/"model_id", else dir name */

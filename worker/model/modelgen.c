@@ -2,7 +2,7 @@
  * layout the loader reads. Weights come from a seeded splitmix64 stream per tensor mapped to a
  * uniform distribution with the wanted standard deviation (no libm in the draw, so the bytes
  * do not depend on the C library). */
-#include "backends/reference/model.h"
+#include "worker/model/model.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -14,8 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/reference/safetensors.h"
-#include "cache/base.h"
+#include "worker/model/safetensors.h"
+#include "base/base.h"
 
 #define GEN_VOCAB 258 /* 256 bytes + BOS + EOS */
 #define GEN_BOS 256

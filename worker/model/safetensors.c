@@ -1,6 +1,6 @@
 /* safetensors reader and writer: the reader maps the file and checks every header field before
  * anything touches tensor data, so a hostile or damaged file yields an error, never a crash. */
-#include "backends/reference/safetensors.h"
+#include "worker/model/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors data is little-endian; this reader assumes a little-endian host"

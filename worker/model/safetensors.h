@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
-#include "cache/status.h"
+#include "base/status.h"
 
 /* Largest header the reader accepts (real checkpoints stay far below this). */
 #define CG_ST_MAX_HEADER (100u * 1024u * 1024u)

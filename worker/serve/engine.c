@@ -2,7 +2,7 @@
  * (then the disk tier), misses computed at virtual positions and stored, hits remapped by
  * R(p - v) into the request's KV, EPIC prefix recompute, question prefill, decoding, and the
  * spill of evicted chunks to disk. DESIGN §5-§8. */
-#include "backends/reference/engine.h"
+#include "worker/serve/engine.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -11,9 +11,9 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "cache/attn.h"
-#include "cache/base.h"
-#include "cache/remap.h"
+#include "kv/attn.h"
+#include "base/base.h"
+#include "kv/remap.h"
 
 /* A request's KV, built by assemble and consumed by complete. It holds one pool reference
  * per chunk it took from (or stored into) the pool. */
@@ -378,7 +378,7 @@ static const float *cached_rows(const cg_engine *e, const cached_kv *s, uint32_t
                                 int which, uint32_t *n_rows)
 {
     if (s->c) return cg_pool_chunk_rows(e->pool, s->c, b, l, h, which, n_rows);
-    /* The block layout of cache/pool.h: [head][layer][K,V][block_tokens][head_dim]. */
+    /* The block layout of kv/pool.h: [head][layer][K,V][block_tokens][head_dim]. */
     const cg_model_config *cfg = cg_model_cfg(e->m);
     const size_t bt = e->p.block_tokens, slab = bt * (size_t)cfg->head_dim;
     *n_rows = b + 1 < s->n_blocks ? (uint32_t)bt : s->n_tokens - b * (uint32_t)bt;

@@ -9,12 +9,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backends/reference/disk.h"
-#include "backends/reference/model.h"
+#include "worker/store/disk.h"
+#include "worker/model/model.h"
 #include "cache/key.h"
-#include "cache/pool.h"
+#include "kv/pool.h"
 #include "cache/split.h"
-#include "cache/status.h"
+#include "base/status.h"
 
 typedef struct cg_engine cg_engine;
 
@@ -24,7 +24,7 @@ typedef struct cg_engine_params {
     uint64_t assembly_ttl_ms; /* an unconsumed assembly is released after this; default 60000 */
     size_t max_assemblies;    /* live assemblies at once; default 64 (more -> CG_E_UNAVAILABLE) */
     uint32_t reserve_tokens;  /* decode room allocated with an assembly; default 512 */
-    /* Disk tier (backends/reference/disk.h) below the RAM pool: a chunk evicted from RAM is
+    /* Disk tier (worker/store/disk.h) below the RAM pool: a chunk evicted from RAM is
      * written there, a pool miss looks there. disk_bytes 0 (default) = no disk tier. */
     size_t disk_bytes;
     const char *disk_dir; /* required with disk_bytes; borrowed for cg_engine_create */
@@ -166,7 +166,7 @@ void cg_complete_result_free(cg_complete_result *r);
 cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t now,
                              cg_complete_result *out, char *err, size_t errlen) CG_WUR;
 
-/* Per-head KV export, DESIGN §7 (the payload of cache/kvwire.h; the api adds its header):
+/* Per-head KV export, DESIGN §7 (the payload of kv/kvwire.h; the api adds its header):
  * for each KV head in [h0, h1], for each layer, K then V, each [tokens][head_dim]
  * little-endian f32. *out is malloc'd (caller frees), *len its bytes, *tokens the row count.
  * Chunk: a published pool chunk, or one on disk (read back into RAM first, like a hit; a
@@ -180,7 +180,7 @@ cg_status cg_engine_assembly_kv(cg_engine *e, const char *assembly_id, int h0, i
 
 /* The logits of an assembly's last prompt token (vocab_size floats into out), its prompt
  * tokens and cached tokens; the assembly is not consumed. This is what a backend that pulls
- * the assembly's KV (backends/reference/kvpull.h) samples its first token from.
+ * the assembly's KV (worker/serve/kvpull.h) samples its first token from.
  * CG_E_NOT_FOUND when unknown, expired or consumed. */
 cg_status cg_engine_assembly_logits(cg_engine *e, const char *assembly_id, uint64_t now, float *out,
                                     uint32_t *n_tokens, uint32_t *cached_tokens) CG_WUR;

@@ -1,6 +1,6 @@
 /* Pulling a remote assembly's KV with N tensor-parallel rank threads, one libcurl request per
  * rank for exactly its KV heads, checked against the local model, then adopted by the engine. */
-#include "backends/reference/kvpull.h"
+#include "worker/serve/kvpull.h"
 
 #include <curl/curl.h>
 #include <pthread.h>
@@ -10,8 +10,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "cache/base.h"
-#include "cache/kvwire.h"
+#include "base/base.h"
+#include "kv/kvwire.h"
 
 #define URL_MAX 1024
 /* Room for a CGKV header before the payload whose size is known in advance. */

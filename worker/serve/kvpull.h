@@ -9,8 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backends/reference/engine.h"
-#include "cache/status.h"
+#include "worker/serve/engine.h"
+#include "base/status.h"
 
 /* The KV heads tensor-parallel rank `rank` of `tp` owns. */
 typedef struct cg_tp_slice {

@@ -13,13 +13,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/reference/engine.h"
-#include "backends/reference/kvpull.h"
-#include "backends/reference/model.h"
-#include "backends/reference/worker_api.h"
-#include "cache/base.h"
-#include "server/config.h"
-#include "server/http.h"
+#include "worker/serve/engine.h"
+#include "worker/serve/kvpull.h"
+#include "worker/model/model.h"
+#include "worker/serve/worker_api.h"
+#include "base/base.h"
+#include "base/config.h"
+#include "base/http.h"
 
 #define ERRLEN 1024
 

@@ -1,7 +1,7 @@
 /* Route handlers of chunkgate-worker: request parsing and validation (every bad input gets
  * the OpenAI error shape), the engine calls, OpenAI-shaped replies and SSE streams, the
  * inventory and metrics. The contract is openapi/worker.yaml. */
-#include "backends/reference/worker_api.h"
+#include "worker/serve/worker_api.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -9,9 +9,9 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "backends/reference/kvpull.h"
-#include "cache/kvwire.h"
-#include "server/metrics.h"
+#include "worker/serve/kvpull.h"
+#include "kv/kvwire.h"
+#include "base/metrics.h"
 
 #define P "chunkgate_worker_"
 #define LIST_LIMIT_DEFAULT 1000
@@ -1224,7 +1224,7 @@ static int parse_heads(cg_worker_api *a, cg_http_req *req, int *h0, int *h1)
     return 1;
 }
 
-/* Replies with the KV wire format (cache/kvwire.h): its header, then payload, which the
+/* Replies with the KV wire format (kv/kvwire.h): its header, then payload, which the
  * engine already lays out per head, per layer, K then V. */
 static void reply_kv(cg_worker_api *a, cg_http_req *req, const void *payload, size_t len,
                      uint32_t tokens, int h0, int h1)

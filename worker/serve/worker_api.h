@@ -1,13 +1,13 @@
 /* HTTP API of chunkgate-worker (openapi/worker.yaml): assemble, completions (OpenAI, SSE),
- * inventory, KV export, health and metrics, as route handlers on server/http.h. */
+ * inventory, KV export, health and metrics, as route handlers on base/http.h. */
 #ifndef CG_WORKER_API_H
 #define CG_WORKER_API_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backends/reference/engine.h"
-#include "server/http.h"
+#include "worker/serve/engine.h"
+#include "base/http.h"
 
 typedef struct cg_worker_api cg_worker_api;
 
@@ -17,7 +17,7 @@ typedef struct cg_worker_api_params {
     size_t max_segments;         /* default 256 */
     uint32_t default_max_tokens; /* /v1/completions max_tokens when absent; default 16 */
     /* Backend role: an assembly id this worker does not hold is pulled from kv_source
-     * (backends/reference/kvpull.h). A request's kv_transfer_params.worker is a URL chosen by
+     * (worker/serve/kvpull.h). A request's kv_transfer_params.worker is a URL chosen by
      * whoever sent the request: it is refused unless kv_request_source is set, because the
      * worker would otherwise connect wherever a client points it. */
     const char *kv_source; /* borrowed; NULL/"" = none */

@@ -1,6 +1,6 @@
 /* Disk tier: a file of fixed-size slots written with pwritev/preadv, an SQLite inventory that
  * names only fully written slots, XXH3-128 checksums checked on every read, LRU drop. */
-#include "backends/reference/disk.h"
+#include "worker/store/disk.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 #include "sql/kvstore.h"
 
 /* Most slots moved by one preadv/pwritev: consecutive slots are one contiguous file range. */

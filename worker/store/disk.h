@@ -10,8 +10,8 @@
 #include <stdint.h>
 
 #include "cache/key.h"
-#include "cache/pool.h"
-#include "cache/status.h"
+#include "kv/pool.h"
+#include "base/status.h"
 
 typedef struct cg_disk cg_disk;
 
