@@ -425,7 +425,7 @@ static void *multi_main(void *arg)
 
 /* ---------------------------------------------------------------- public */
 
-cg_status cg_openai_start(const cg_openai_params *p, cg_openai **out)
+cg_status cg_openai_open(const cg_openai_params *p, cg_openai **out)
 {
     *out = NULL;
     if (p->base_url && strncmp(p->base_url, "http://", 7) && strncmp(p->base_url, "https://", 8)) {
@@ -511,7 +511,7 @@ void cg_openai_shutdown(cg_openai *c)
     pthread_join(c->thread, NULL);
 }
 
-void cg_openai_stop(cg_openai **cp)
+void cg_openai_close(cg_openai **cp)
 {
     cg_openai *c = *cp;
     if (!c) return;

@@ -63,8 +63,8 @@ typedef struct cg_openai_handlers {
     void (*on_done)(void *arg, cg_status st, long http_status, const char *detail);
 } cg_openai_handlers;
 
-/* Starts the client and its multi thread. *out is owned by the caller (cg_openai_stop). */
-cg_status cg_openai_start(const cg_openai_params *p, cg_openai **out) CG_WUR;
+/* Starts the client and its multi thread. *out is owned by the caller (cg_openai_close). */
+cg_status cg_openai_open(const cg_openai_params *p, cg_openai **out) CG_WUR;
 
 /* Waits up to timeout_ms for the transfers in flight to end; returns how many are left. */
 size_t cg_openai_drain(cg_openai *c, uint64_t timeout_ms);
@@ -74,7 +74,7 @@ size_t cg_openai_drain(cg_openai *c, uint64_t timeout_ms);
  * stays allocated, so threads that still hold it may call submit safely. Idempotent. */
 void cg_openai_shutdown(cg_openai *c);
 /* cg_openai_shutdown, then frees. Accepts NULL; sets *c to NULL. */
-void cg_openai_stop(cg_openai **c);
+void cg_openai_close(cg_openai **c);
 
 /* Transfers submitted and not yet done. */
 size_t cg_openai_in_flight(cg_openai *c);

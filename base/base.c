@@ -254,3 +254,12 @@ int cg_hex_decode(const char *in, size_t n_bytes, uint8_t *out)
     }
     return 0;
 }
+
+void cg_seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}

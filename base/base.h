@@ -49,6 +49,11 @@ const char *cg_log_request_id(void);
 /* Writes one JSON line to stderr: {"ts","level","prog","rid","msg"}. No trailing newline in fmt. */
 void cg_log(cg_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Formats a message into err (errlen bytes, always NUL-terminated, truncated to fit); does
+ * nothing when err is NULL or errlen is 0. Fallible functions that take (err, errlen) describe
+ * their failure with it. */
+void cg_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* Monotonic clock in nanoseconds / milliseconds; wall clock in milliseconds since the epoch. */
 uint64_t cg_now_ns(void);
 uint64_t cg_now_ms(void);

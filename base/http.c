@@ -973,7 +973,7 @@ static cg_status resolve_listen(const char *listen, struct sockaddr_storage *ss,
     return CG_OK;
 }
 
-cg_status cg_http_start(const cg_http_params *p, cg_http_server **out)
+cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
 {
     *out = NULL;
     struct sockaddr_storage ss;
@@ -1046,7 +1046,7 @@ void cg_http_quiesce(cg_http_server *srv)
     if (ls != MHD_INVALID_SOCKET) close(ls);
 }
 
-void cg_http_stop(cg_http_server **sp)
+void cg_http_close(cg_http_server **sp)
 {
     cg_http_server *srv = *sp;
     if (!srv) return;

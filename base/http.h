@@ -105,15 +105,15 @@ typedef struct cg_http_stats {
     uint64_t headers_too_large; /* 431 answered by our header count */
 } cg_http_stats;
 
-/* Starts listening and serving. *out is owned by the caller (cg_http_stop). */
-cg_status cg_http_start(const cg_http_params *p, cg_http_server **out) CG_WUR;
+/* Starts listening and serving. *out is owned by the caller (cg_http_close). */
+cg_status cg_http_open(const cg_http_params *p, cg_http_server **out) CG_WUR;
 /* The bound port (useful with port 0). */
 uint16_t cg_http_port(const cg_http_server *s);
 /* Stops accepting new connections (the listening socket is closed); requests already
- * accepted go on. For a graceful stop: quiesce, let work drain, then cg_http_stop. */
+ * accepted go on. For a graceful stop: quiesce, let work drain, then cg_http_close. */
 void cg_http_quiesce(cg_http_server *s);
 /* Stops accepting, waits for in-flight handlers (up to a few seconds), frees. NULL-safe. */
-void cg_http_stop(cg_http_server **s);
+void cg_http_close(cg_http_server **s);
 /* Fills *out with the connection counters. */
 void cg_http_get_stats(cg_http_server *s, cg_http_stats *out);
 

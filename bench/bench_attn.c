@@ -229,7 +229,7 @@ int main(int argc, char **argv)
         const bcase *b = &cases[c];
         if (only && !strstr(b->name, only)) continue;
         double flops = visible_pairs(b->spans, b->n_spans) * sh.heads * 4.0 * sh.dim;
-        /* baselines first, then OpenBLAS back at one thread as cg_model_load leaves it */
+        /* baselines first, then OpenBLAS back at one thread as cg_model_open leaves it */
         double g1 = sgemm_gflops(flops, 1, 5), g2 = sgemm_gflops(flops, 2, 5);
         timing t = time_attn(&sh, b->spans, b->n_spans, b->n_slots, b->block, b->reps);
         double g = flops / t.best * 1e-9;

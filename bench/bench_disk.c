@@ -376,7 +376,7 @@ int main(int argc, char **argv)
     cg_model *m = NULL;
     cg_engine *e = NULL;
     if (cg_model_generate(mdir, cg_model_gen_default_params(), err, sizeof err) != CG_OK ||
-        cg_model_load(mdir, &m, err, sizeof err) != CG_OK) {
+        cg_model_open(mdir, &m, err, sizeof err) != CG_OK) {
         fprintf(stderr, "bench_disk: model: %s\n", err);
         return 1;
     }
@@ -389,7 +389,7 @@ int main(int argc, char **argv)
     ep.pool_bytes = 4 * b.chunk_bytes;
     ep.disk_bytes = b.total;
     ep.disk_dir = b.dir;
-    if (cg_engine_create(m, ep, &e) != CG_OK) {
+    if (cg_engine_open(m, ep, &e) != CG_OK) {
         fprintf(stderr, "bench_disk: cannot open the engine on %s\n", b.dir);
         return 1;
     }
@@ -424,8 +424,8 @@ int main(int argc, char **argv)
            "touch only)\n",
            (unsigned long long)es.restores, (unsigned long long)es.restore_failures,
            (unsigned long long)es.spills);
-    cg_engine_free(&e);
-    cg_model_free(&m);
+    cg_engine_close(&e);
+    cg_model_close(&m);
     {
         char pth[700];
         static const char *mf[] = {"config.json", "model.safetensors"};

@@ -206,7 +206,7 @@ int main(int argc, char **argv)
     double raw_mt = raw_sgemm_gflops(1024, 768, 256, 7);
     double raw_sq = raw_sgemm_gflops(1024, 1024, 1024, 3);
     cg_model *m = NULL;
-    if (cg_model_load(dir, &m, err, sizeof err) != CG_OK) {
+    if (cg_model_open(dir, &m, err, sizeof err) != CG_OK) {
         fprintf(stderr, "load: %s\n", err);
         return 1;
     }
@@ -286,7 +286,7 @@ int main(int argc, char **argv)
         free(lg);
         free(tok);
     }
-    cg_model_free(&m);
+    cg_model_close(&m);
     if (own) rm_rf(dir);
     return 0;
 }

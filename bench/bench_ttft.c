@@ -141,7 +141,7 @@ int main(int argc, char **argv)
         generated = 1;
     }
     cg_model *m = NULL;
-    cg_status st = cg_model_load(model_dir, &m, err, sizeof err);
+    cg_status st = cg_model_open(model_dir, &m, err, sizeof err);
     if (st != CG_OK) die("load", st, err);
     const cg_model_config *c = cg_model_cfg(m);
     printf("model %s: %d layers, dim %d, %d heads, %d kv heads, head_dim %d, vocab %d\n",
@@ -177,7 +177,7 @@ int main(int argc, char **argv)
         s_warm[N_DOCS + 1] = s_cold[N_DOCS + 1];
 
         cg_engine *e = NULL;
-        st = cg_engine_create(m, cg_engine_default_params(), &e);
+        st = cg_engine_open(m, cg_engine_default_params(), &e);
         if (st != CG_OK) die("engine", st, NULL);
         /* baseline: no cache at all, one causal forward over the whole prompt */
         base[r] = ttft(e, s_warm, N_DOCS + 2, CG_PATH_CAUSAL, NULL);
@@ -195,7 +195,7 @@ int main(int argc, char **argv)
         for (size_t i = 1; i <= N_DOCS; i++)
             if (!info.segs[i].hit) die("warm run had a miss", CG_E_INTERNAL, NULL);
         cg_assembly_info_free(&info);
-        cg_engine_free(&e);
+        cg_engine_close(&e);
         free(sys1);
         free(sys2);
         free(q);
@@ -217,7 +217,7 @@ int main(int argc, char **argv)
     static const size_t ctx_bytes[] = {N_DOCS * DOC_BYTES, 0};
     for (size_t t = 0; t < CG_ARRAY_LEN(ctx_bytes); t++) {
         cg_engine *e = NULL;
-        st = cg_engine_create(m, cg_engine_default_params(), &e);
+        st = cg_engine_open(m, cg_engine_default_params(), &e);
         if (st != CG_OK) die("engine", st, NULL);
         rng_state = 12345;
         char *sys = make_text(SYS_BYTES, "System: ");
@@ -251,13 +251,13 @@ int main(int argc, char **argv)
         cg_assembly_info_free(&info);
         free(sys);
         free(doc);
-        cg_engine_free(&e);
+        cg_engine_close(&e);
     }
     free(cold);
     free(warm);
     free(base);
     free(prefill);
-    cg_model_free(&m);
+    cg_model_close(&m);
     if (generated) rm_rf(tmp);
     return 0;
 }

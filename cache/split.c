@@ -29,7 +29,7 @@ const char *cg_role_name(cg_role r)
 cg_split_params cg_split_default_params(void)
 {
     cg_split_params p = {
-        .separator = "# #",
+        .separator = CG_SPLIT_DEFAULT_SEPARATOR,
         .max_segments = 256,
         .max_segment_bytes = 0,
         .check_utf8 = 1,

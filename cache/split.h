@@ -7,6 +7,10 @@
 #include <stdint.h>
 #include "base/status.h"
 
+/* The separator of prompt segments unless configured otherwise (DESIGN §3; LMCache blend
+ * mode uses the same one). */
+#define CG_SPLIT_DEFAULT_SEPARATOR "# #"
+
 typedef enum { CG_ROLE_SYSTEM, CG_ROLE_CHUNK, CG_ROLE_QUESTION } cg_role;
 
 /* "system" / "chunk" / "question"; static storage. */
@@ -19,7 +23,7 @@ typedef struct cg_segment {
 } cg_segment;
 
 typedef struct cg_split_params {
-    const char *separator;    /* borrowed; default "# #" */
+    const char *separator;    /* borrowed; default CG_SPLIT_DEFAULT_SEPARATOR */
     size_t max_segments;      /* default 256; more non-empty segments -> CG_E_SEGMENTS */
     size_t max_segment_bytes; /* default 0 = no limit; larger -> CG_E_SEGMENT_SIZE */
     int check_utf8;           /* default 1: invalid UTF-8 anywhere in text -> CG_E_UTF8 */

@@ -13,7 +13,7 @@
 #include "base/base.h"
 
 /* Stacked query rows per work item (query slots x the query heads of one KV head). With
- * OpenBLAS at one thread per call (cg_model_load sets it for the whole process) a product may
+ * OpenBLAS at one thread per call (cg_model_open sets it for the whole process) a product may
  * be as large as it likes: 128 rows x KEY_TILE keys keeps the scores tile (128 KiB) and the K
  * and V tiles in L2 and amortises OpenBLAS's packing of K over many rows. */
 #define BLOCK_STACKED_ROWS 128

@@ -29,7 +29,7 @@ const cg_cfg_opt cg_gateway_options[] = {
         "directory for the chunk index (DIR/index.db); created if missing"),
     OPT("admin-token", "CHUNKGATE_ADMIN_TOKEN", CG_CFG_STR, admin_token, NULL, 0, 0,
         "bearer token required by the admin routes (/v1/chunks...); unset = open"),
-    OPT("separator", "CHUNKGATE_SEPARATOR", CG_CFG_STR, separator, "# #", 0, 0,
+    OPT("separator", "CHUNKGATE_SEPARATOR", CG_CFG_STR, separator, CG_SPLIT_DEFAULT_SEPARATOR, 0, 0,
         "prompt segment separator (literal); per request: chunk_separator"),
     OPT("chunk-mode", "CHUNKGATE_CHUNK_MODE", CG_CFG_STR, chunk_mode, "strict", 0, 0,
         "isolation mode for keys, strict or sys; per request: chunk_mode"),
@@ -558,7 +558,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     op.api_key = cfg->backend_api_key;
     op.connect_timeout_ms = (long)cfg->connect_timeout_ms;
     op.idle_timeout_ms = (long)cfg->backend_timeout_ms;
-    if ((st = cg_openai_start(&op, &g->client)) != CG_OK) goto fail;
+    if ((st = cg_openai_open(&op, &g->client)) != CG_OK) goto fail;
     g->has_backend = cfg->backend != NULL;
 
     cg_workers_params wp = cg_workers_default_params();
@@ -570,7 +570,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     wp.health_timeout_ms = (long)cfg->health_timeout_ms;
     wp.sync_interval_ms = (long)cfg->sync_interval_ms;
     wp.load_penalty_tokens = cfg->load_penalty_tokens;
-    if ((st = cg_workers_new(&wp, &g->workers)) != CG_OK) goto fail;
+    if ((st = cg_workers_open(&wp, &g->workers)) != CG_OK) goto fail;
     for (size_t i = 0; i < cfg->workers.n; i++) {
         char err[512];
         int created;
@@ -581,7 +581,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
         }
     }
     forget_old_workers(g);
-    if ((st = cg_workers_start(g->workers)) != CG_OK) goto fail;
+    if ((st = cg_workers_health_start(g->workers)) != CG_OK) goto fail;
     if (!cfg->backend && !cfg->workers.n)
         cg_log(CG_LOG_WARN, "no --backend and no --worker configured: inference routes answer "
                             "503 until a worker is added (POST /v1/workers)");
@@ -604,7 +604,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     hp.n_routes = CG_ARRAY_LEN(routes);
     hp.app = g;
     hp.done = on_done;
-    if ((st = cg_http_start(&hp, &g->http)) != CG_OK) goto fail;
+    if ((st = cg_http_open(&hp, &g->http)) != CG_OK) goto fail;
     *out = g;
     return CG_OK;
 fail:
@@ -624,7 +624,7 @@ void cg_gateway_close(cg_gateway **gp)
     *gp = NULL;
     if (g->http) cg_http_quiesce(g->http);
     /* The health thread blocks on the upstream client: stop it before the client. */
-    cg_workers_stop(g->workers);
+    cg_workers_health_stop(g->workers);
     if (g->client) {
         size_t left = cg_openai_drain(g->client, (uint64_t)g->cfg->drain_ms);
         if (left) cg_log(CG_LOG_WARN, "stopping with %zu upstream transfers still running", left);
@@ -632,9 +632,9 @@ void cg_gateway_close(cg_gateway **gp)
          * later submits fail fast, so the HTTP server can then stop with nothing suspended. */
         cg_openai_shutdown(g->client);
     }
-    cg_http_stop(&g->http);
-    cg_workers_free(&g->workers);
-    cg_openai_stop(&g->client);
+    cg_http_close(&g->http);
+    cg_workers_close(&g->workers);
+    cg_openai_close(&g->client);
     if (g->index) {
         if (cg_index_flush(g->index) != CG_OK) cg_log(CG_LOG_WARN, "index flush reported errors");
         cg_index_close(&g->index);

@@ -213,7 +213,7 @@ static json_t *worker_json_full_locked(const cg_worker *w)
 
 /* ---------------------------------------------------------------- registry */
 
-cg_status cg_workers_new(const cg_workers_params *p, cg_workers **out)
+cg_status cg_workers_open(const cg_workers_params *p, cg_workers **out)
 {
     cg_workers *r = cg_calloc(1, sizeof *r);
     r->p = *p;
@@ -270,7 +270,7 @@ static void recent_forget_locked(cg_workers *r, int64_t wid)
 
 static void *health_main(void *arg);
 
-cg_status cg_workers_start(cg_workers *r)
+cg_status cg_workers_health_start(cg_workers *r)
 {
     if (r->started) return CG_OK;
     if (pthread_create(&r->thread, NULL, health_main, r) != 0) {
@@ -281,7 +281,7 @@ cg_status cg_workers_start(cg_workers *r)
     return CG_OK;
 }
 
-void cg_workers_stop(cg_workers *r)
+void cg_workers_health_stop(cg_workers *r)
 {
     if (!r || !r->started) return;
     pthread_mutex_lock(&r->mu);
@@ -292,12 +292,12 @@ void cg_workers_stop(cg_workers *r)
     r->started = 0;
 }
 
-void cg_workers_free(cg_workers **rp)
+void cg_workers_close(cg_workers **rp)
 {
     cg_workers *r = *rp;
     if (!r) return;
     *rp = NULL;
-    cg_workers_stop(r);
+    cg_workers_health_stop(r);
     for (size_t i = 0; i < r->n; i++) {
         cg_worker *w = r->v[i];
         if (--w->refs == 0)

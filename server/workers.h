@@ -34,14 +34,14 @@ typedef struct cg_workers_params {
 cg_workers_params cg_workers_default_params(void);
 
 /* Creates an empty registry (no thread yet). *out is owned by the caller. */
-cg_status cg_workers_new(const cg_workers_params *p, cg_workers **out) CG_WUR;
+cg_status cg_workers_open(const cg_workers_params *p, cg_workers **out) CG_WUR;
 /* Starts the health-check thread. */
-cg_status cg_workers_start(cg_workers *r) CG_WUR;
+cg_status cg_workers_health_start(cg_workers *r) CG_WUR;
 /* Stops the health-check thread (waits for a probe in progress). Idempotent. */
-void cg_workers_stop(cg_workers *r);
+void cg_workers_health_stop(cg_workers *r);
 /* Stops, drops every worker and frees. Requests must have released their workers. NULL-safe;
  * sets *r to NULL. */
-void cg_workers_free(cg_workers **r);
+void cg_workers_close(cg_workers **r);
 
 /* Registers the worker at url (normalised: a trailing "/" or "/v1" is dropped). Fetches
  * {url}/v1/info and checks it against --model and the workers already registered (model id,

@@ -522,7 +522,7 @@ static char *reference_text(const char *sys, const char *a, const char *b, const
                             uint32_t max_tokens)
 {
     cg_engine *e = NULL;
-    ck_assert_int_eq(cg_engine_create(model, cg_engine_default_params(), &e), CG_OK);
+    ck_assert_int_eq(cg_engine_open(model, cg_engine_default_params(), &e), CG_OK);
     cg_engine_seg s[4] = {{CG_ROLE_SYSTEM, sys, strlen(sys), NULL},
                           {CG_ROLE_CHUNK, a, strlen(a), NULL},
                           {CG_ROLE_CHUNK, b, strlen(b), NULL},
@@ -545,7 +545,7 @@ static char *reference_text(const char *sys, const char *a, const char *b, const
     cg_buf_free(&out);
     cg_complete_result_free(&res);
     cg_assembly_info_free(&info);
-    cg_engine_free(&e);
+    cg_engine_close(&e);
     return t;
 }
 
@@ -576,7 +576,7 @@ static void suite_setup(void)
     waitpid(gen.pid, &st, 0);
     wait_or_die(WIFEXITED(st) && WEXITSTATUS(st) == 0, "generate-model", log);
     char err[256];
-    if (cg_model_load(model_dir, &model, err, sizeof err) != CG_OK) {
+    if (cg_model_open(model_dir, &model, err, sizeof err) != CG_OK) {
         fprintf(stderr, "cannot load the model: %s\n", err);
         abort();
     }
@@ -620,7 +620,7 @@ static void suite_teardown(void)
     int rc = gw.pid > 0 ? stop_proc(&gw, SIGTERM) : 0;
     for (int i = 0; i < 2; i++)
         stop_proc(&wk[i], SIGTERM);
-    cg_model_free(&model);
+    cg_model_close(&model);
     if (rc != 0) fprintf(stderr, "chunkgate exited with %d; logs kept in %s\n", rc, tmp_root);
     if (rc == 0 && !getenv("CG_KEEP_TMP")) nftw(tmp_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }

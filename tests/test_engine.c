@@ -84,7 +84,7 @@ static cg_model *make_model(cg_rope_style style, char **dir_out)
         abort();
     }
     cg_model *m = NULL;
-    if (cg_model_load(d, &m, err, sizeof err) != CG_OK) {
+    if (cg_model_open(d, &m, err, sizeof err) != CG_OK) {
         fprintf(stderr, "load: %s\n", err);
         abort();
     }
@@ -97,7 +97,7 @@ static cg_engine *new_engine(cg_model *m, size_t pool_bytes)
     cg_engine_params p = cg_engine_default_params();
     if (pool_bytes) p.pool_bytes = pool_bytes;
     cg_engine *e = NULL;
-    ck_assert_int_eq(cg_engine_create(m, p, &e), CG_OK);
+    ck_assert_int_eq(cg_engine_open(m, p, &e), CG_OK);
     return e;
 }
 
@@ -235,7 +235,7 @@ static void strict_fidelity(cg_model *m)
     run_free(&b);
     run_free(&ref2);
     ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
-    cg_engine_free(&e);
+    cg_engine_close(&e);
 }
 
 START_TEST(test_strict_fidelity)
@@ -304,7 +304,7 @@ START_TEST(test_sys_fidelity)
     run *all[] = {&miss, &bypass, &hit, &hit2, &bypass2, &c3, &ref3, &c3b, &ref, &c4};
     for (size_t i = 0; i < CG_ARRAY_LEN(all); i++)
         run_free(all[i]);
-    cg_engine_free(&e);
+    cg_engine_close(&e);
 }
 END_TEST
 
@@ -349,7 +349,7 @@ START_TEST(test_reuse_across_prompts)
     for (size_t i = 0; i < CG_ARRAY_LEN(all); i++)
         run_free(all[i]);
     ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
-    cg_engine_free(&e);
+    cg_engine_close(&e);
 }
 END_TEST
 
@@ -387,7 +387,7 @@ START_TEST(test_full_recompute)
     run *all[] = {&causal, &miss, &hit, &plain, &ref, &sys, &part, &nq, &nqc};
     for (size_t i = 0; i < CG_ARRAY_LEN(all); i++)
         run_free(all[i]);
-    cg_engine_free(&e);
+    cg_engine_close(&e);
 }
 END_TEST
 
@@ -485,7 +485,7 @@ START_TEST(test_pool_pressure)
     run *rs[] = {&a, &ref, &again, &href};
     for (size_t i = 0; i < CG_ARRAY_LEN(rs); i++)
         run_free(rs[i]);
-    cg_engine_free(&e);
+    cg_engine_close(&e);
 }
 END_TEST
 
@@ -538,7 +538,7 @@ START_TEST(test_key_mismatch)
     ck_assert(!cg_key_equal(&info.segs[1].key, &ka));
     ck_assert_int_eq(info.segs[1].hit, 0); /* another tenant does not share the chunk */
     cg_assembly_info_free(&info);
-    cg_engine_free(&e);
+    cg_engine_close(&e);
 }
 END_TEST
 
@@ -549,7 +549,7 @@ START_TEST(test_lifecycle)
     p.assembly_ttl_ms = 500;
     p.max_assemblies = 2;
     cg_engine *e = NULL;
-    ck_assert_int_eq(cg_engine_create(m_half, p, &e), CG_OK);
+    ck_assert_int_eq(cg_engine_open(m_half, p, &e), CG_OK);
     char err[ERRLEN];
     cg_assembly_info info;
     cg_assemble_req ar = {.mode = CG_MODE_STRICT, .reserve_tokens = -1};
@@ -672,7 +672,7 @@ START_TEST(test_lifecycle)
     ck_assert_uint_eq(res.n_tokens, 0);
     ck_assert_str_eq(res.finish_reason, "length");
     cg_complete_result_free(&res);
-    cg_engine_free(&e);
+    cg_engine_close(&e);
 }
 END_TEST
 
@@ -709,7 +709,7 @@ START_TEST(test_disk_tier)
     p.disk_bytes = (size_t)64 << 20;
     p.disk_dir = dir;
     cg_engine *e = NULL;
-    ck_assert_int_eq(cg_engine_create(m_half, p, &e), CG_OK);
+    ck_assert_int_eq(cg_engine_open(m_half, p, &e), CG_OK);
     ck_assert_ptr_nonnull(cg_engine_disk(e));
     cg_engine *big = new_engine(m_half, 0); /* RAM only, never evicts: the comparison */
 
@@ -801,8 +801,8 @@ START_TEST(test_disk_tier)
     /* Flush, close, reopen: every chunk that was in RAM is a disk hit. */
     size_t in_ram = cg_pool_get_stats(cg_engine_pool(e)).chunks;
     ck_assert_uint_eq(cg_engine_flush(e, clock_ms), in_ram);
-    cg_engine_free(&e);
-    ck_assert_int_eq(cg_engine_create(m_half, p, &e), CG_OK);
+    cg_engine_close(&e);
+    ck_assert_int_eq(cg_engine_open(m_half, p, &e), CG_OK);
     x = do_run(e, &rc, CG_MODE_STRICT, CG_PATH_CACHED, 0);
     xr = do_run(big, &rc, CG_MODE_STRICT, CG_PATH_CACHED, 0);
     assert_identical(&x, &xr, vocab, "after a reopen");
@@ -820,11 +820,11 @@ START_TEST(test_disk_tier)
 
     /* A second engine on the same directory is refused while this one has it. */
     cg_engine *dup = NULL;
-    ck_assert_int_eq(cg_engine_create(m_half, p, &dup), CG_E_CONFLICT);
+    ck_assert_int_eq(cg_engine_open(m_half, p, &dup), CG_E_CONFLICT);
     ck_assert_ptr_null(dup);
 
-    cg_engine_free(&e);
-    cg_engine_free(&big);
+    cg_engine_close(&e);
+    cg_engine_close(&big);
     rm_rf(dir);
 }
 END_TEST
@@ -889,8 +889,8 @@ START_TEST(test_adopt)
     cg_assembly_info_free(&a);
     cg_assembly_info_free(&b);
     free(logits);
-    cg_engine_free(&src);
-    cg_engine_free(&dst);
+    cg_engine_close(&src);
+    cg_engine_close(&dst);
 }
 END_TEST
 
@@ -913,7 +913,7 @@ START_TEST(test_role_collision)
     run_free(&a);
     run_free(&b);
     run_free(&ref);
-    cg_engine_free(&e);
+    cg_engine_close(&e);
 }
 END_TEST
 
@@ -953,8 +953,8 @@ int main(int argc, char **argv)
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
-    cg_model_free(&m_half);
-    cg_model_free(&m_inter);
+    cg_model_close(&m_half);
+    cg_model_close(&m_inter);
     rm_rf(dir_half);
     rm_rf(dir_inter);
     free(dir_half);

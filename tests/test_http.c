@@ -249,14 +249,14 @@ static void setup(void)
     p.routes = routes;
     p.n_routes = sizeof routes / sizeof routes[0];
     p.done = on_done;
-    ck_assert_int_eq(cg_http_start(&p, &srv), CG_OK);
+    ck_assert_int_eq(cg_http_open(&p, &srv), CG_OK);
     port = cg_http_port(srv);
     ck_assert_uint_gt(port, 0);
 }
 
 static void teardown(void)
 {
-    cg_http_stop(&srv);
+    cg_http_close(&srv);
     ck_assert_ptr_null(srv);
 }
 
@@ -682,7 +682,7 @@ END_TEST
 
 static void *stop_main(void *arg)
 {
-    cg_http_stop(arg);
+    cg_http_close(arg);
     return NULL;
 }
 
@@ -796,13 +796,13 @@ START_TEST(bad_listen_address)
     p.n_routes = 1;
     cg_http_server *s = NULL;
     p.listen = "no-port";
-    ck_assert_int_eq(cg_http_start(&p, &s), CG_E_VALUE);
+    ck_assert_int_eq(cg_http_open(&p, &s), CG_E_VALUE);
     ck_assert_ptr_null(s);
     /* the port of the running server is taken */
     char taken[64];
     snprintf(taken, sizeof taken, "127.0.0.1:%u", (unsigned)port);
     p.listen = taken;
-    ck_assert_int_ne(cg_http_start(&p, &s), CG_OK);
+    ck_assert_int_ne(cg_http_open(&p, &s), CG_OK);
     ck_assert_ptr_null(s);
 }
 END_TEST

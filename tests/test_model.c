@@ -105,7 +105,7 @@ static cg_model *load(const char *dir)
 {
     char err[ERRLEN] = "";
     cg_model *m = NULL;
-    cg_status st = cg_model_load(dir, &m, err, sizeof err);
+    cg_status st = cg_model_open(dir, &m, err, sizeof err);
     ck_assert_msg(st == CG_OK, "load %s: %s (%s)", dir, cg_status_name(st), err);
     ck_assert_ptr_nonnull(m);
     return m;
@@ -180,9 +180,9 @@ START_TEST(test_generate_load_defaults)
     ck_assert_int_eq(r.head_dim, 32);
     ck_assert(r.theta == 10000.0);
     ck_assert_int_eq(r.style, CG_ROPE_HALF);
-    cg_model_free(&m);
+    cg_model_close(&m);
     ck_assert_ptr_null(m);
-    cg_model_free(&m); /* NULL is accepted */
+    cg_model_close(&m); /* NULL is accepted */
     rm_rf(dir);
     free(dir);
 }
@@ -208,7 +208,7 @@ START_TEST(test_generate_load_custom)
     ck_assert_int_eq(c->max_pos, 1000);
     ck_assert_int_eq(c->rope_style, CG_ROPE_INTERLEAVED);
     ck_assert_int_eq(cg_model_rope(m).style, CG_ROPE_INTERLEAVED);
-    cg_model_free(&m);
+    cg_model_close(&m);
 
     /* invalid generator parameters are refused, nothing crashes */
     char err[ERRLEN];
@@ -242,8 +242,8 @@ START_TEST(test_rope_styles)
     cg_kv_free(&ka);
     cg_kv_free(&kb);
     ck_assert_ptr_null(ka);
-    cg_model_free(&a);
-    cg_model_free(&b);
+    cg_model_close(&a);
+    cg_model_close(&b);
     rm_rf(d1);
     rm_rf(d2);
     free(d1);
@@ -325,7 +325,7 @@ START_TEST(test_dtypes)
     free(w);
     for (int i = 0; i < 3; i++) {
         cg_st_close(&sf[i]);
-        cg_model_free(&m[i]);
+        cg_model_close(&m[i]);
         rm_rf(d[i]);
         free(d[i]);
     }
@@ -407,7 +407,7 @@ static void expect_fail(const char *dir, cg_status want, const char *needle)
 {
     char err[ERRLEN] = "";
     cg_model *m = NULL;
-    cg_status st = cg_model_load(dir, &m, err, sizeof err);
+    cg_status st = cg_model_open(dir, &m, err, sizeof err);
     ck_assert_msg(st == want, "want %s, got %s (%s)", cg_status_name(want), cg_status_name(st), err);
     ck_assert_ptr_null(m);
     ck_assert_msg(strstr(err, needle) != NULL, "message '%s' lacks '%s'", err, needle);
@@ -588,7 +588,7 @@ START_TEST(test_bad_config)
         if (cases[i].st == CG_OK) {
             cg_model *m = load(dir);
             ck_assert_int_eq(cg_model_cfg(m)->n_layers, 1);
-            cg_model_free(&m);
+            cg_model_close(&m);
         } else {
             expect_fail(dir, cases[i].st, cases[i].needle);
         }
@@ -634,9 +634,9 @@ START_TEST(test_fuzz_header)
         if (it % 5 == 0) len = (size_t)((s >> 7) % n);
         write_all(path, b, len);
         cg_model *m = NULL;
-        if (cg_model_load(dir, &m, err, sizeof err) == CG_OK) {
+        if (cg_model_open(dir, &m, err, sizeof err) == CG_OK) {
             ok++;
-            cg_model_free(&m);
+            cg_model_close(&m);
         } else {
             ck_assert_ptr_null(m);
             ck_assert(err[0] != '\0');
@@ -678,9 +678,9 @@ START_TEST(test_fuzz_header)
         free(text);
         json_decref(h);
         cg_model *m = NULL;
-        if (cg_model_load(dir, &m, err, sizeof err) == CG_OK) {
+        if (cg_model_open(dir, &m, err, sizeof err) == CG_OK) {
             ok++;
-            cg_model_free(&m);
+            cg_model_close(&m);
         } else {
             ck_assert_ptr_null(m);
             ck_assert(err[0] != '\0');
@@ -842,7 +842,7 @@ START_TEST(test_reference_forward)
                 cg_rope_style_name(c->rope_style), n, rd);
         ck_assert_msg(rd < 1e-4, "%s: rel diff %g", cg_rope_style_name(c->rope_style), rd);
         cg_kv_free(&kv);
-        cg_model_free(&m);
+        cg_model_close(&m);
         rm_rf(dir);
         free(dir);
     }
@@ -863,7 +863,7 @@ static void forward_setup(void)
 
 static void forward_teardown(void)
 {
-    cg_model_free(&g_model);
+    cg_model_close(&g_model);
     rm_rf(g_dir);
     free(g_dir);
 }

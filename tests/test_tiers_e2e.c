@@ -266,7 +266,7 @@ static char *recomputed_text(int i)
     static char *memo[4];
     if (memo[i]) return cg_strdup(memo[i]);
     cg_engine *e = NULL;
-    ck_assert_int_eq(cg_engine_create(model, cg_engine_default_params(), &e), CG_OK);
+    ck_assert_int_eq(cg_engine_open(model, cg_engine_default_params(), &e), CG_OK);
     const char *d1 = DOC[(2 * i) % 8], *d2 = DOC[(2 * i + 1) % 8];
     cg_engine_seg s[4] = {{CG_ROLE_SYSTEM, SYS, strlen(SYS), NULL},
                           {CG_ROLE_CHUNK, d1, strlen(d1), NULL},
@@ -290,7 +290,7 @@ static char *recomputed_text(int i)
     cg_buf_free(&b);
     cg_complete_result_free(&res);
     cg_assembly_info_free(&info);
-    cg_engine_free(&e);
+    cg_engine_close(&e);
     return cg_strdup(memo[i]);
 }
 
@@ -303,7 +303,7 @@ static const uint8_t *local_chunk_kv(const char *key_hex, size_t *len)
     static cg_key keys[9];
     const cg_model_config *c = cg_model_cfg(model);
     if (!e) {
-        ck_assert_int_eq(cg_engine_create(model, cg_engine_default_params(), &e), CG_OK);
+        ck_assert_int_eq(cg_engine_open(model, cg_engine_default_params(), &e), CG_OK);
         for (int i = 0; i < 4; i++) {
             const char *d1 = DOC[(2 * i) % 8], *d2 = DOC[(2 * i + 1) % 8];
             cg_engine_seg sg[4] = {{CG_ROLE_SYSTEM, SYS, strlen(SYS), NULL},
@@ -763,7 +763,7 @@ int main(void)
         fprintf(stderr, "generate-model failed\n");
         goto out;
     }
-    if (cg_model_load(model_dir, &model, err, sizeof err) != CG_OK) {
+    if (cg_model_open(model_dir, &model, err, sizeof err) != CG_OK) {
         fprintf(stderr, "load: %s\n", err);
         goto out;
     }
@@ -772,7 +772,7 @@ int main(void)
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
 out:
-    cg_model_free(&model);
+    cg_model_close(&model);
     if (!failed)
         rm_rf(tmpdir);
     else

@@ -223,7 +223,7 @@ static char *reference_text_path(const char *sys, const char *d1, const char *d2
                                  uint32_t max_tokens, cg_engine_path path)
 {
     cg_engine *e = NULL;
-    ck_assert_int_eq(cg_engine_create(model, cg_engine_default_params(), &e), CG_OK);
+    ck_assert_int_eq(cg_engine_open(model, cg_engine_default_params(), &e), CG_OK);
     cg_engine_seg s[4] = {{CG_ROLE_SYSTEM, sys, strlen(sys), NULL},
                           {CG_ROLE_CHUNK, d1, strlen(d1), NULL},
                           {CG_ROLE_CHUNK, d2, strlen(d2), NULL},
@@ -243,7 +243,7 @@ static char *reference_text_path(const char *sys, const char *d1, const char *d2
     cg_buf_free(&b);
     cg_complete_result_free(&res);
     cg_assembly_info_free(&info);
-    cg_engine_free(&e);
+    cg_engine_close(&e);
     return out;
 }
 
@@ -1052,7 +1052,7 @@ int main(void)
         goto out;
     }
     char err[ERRLEN];
-    if (cg_model_load(model_dir, &model, err, sizeof err) != CG_OK) {
+    if (cg_model_open(model_dir, &model, err, sizeof err) != CG_OK) {
         fprintf(stderr, "load: %s\n", err);
         goto out;
     }
@@ -1079,7 +1079,7 @@ out:
         kill(worker_pid, SIGKILL);
         waitpid(worker_pid, NULL, 0);
     }
-    cg_model_free(&model);
+    cg_model_close(&model);
     if (!failed) rm_rf(tmpdir);
     curl_global_cleanup();
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -1,6 +1,6 @@
 /* Shared by fuzz_safetensors.c and fuzz_config.c: a tiny generated model (1 layer, dim 32,
  * bf16) written once into a temporary directory, the file the input replaces, and the checks
- * on the safetensors reader and on cg_model_load. Set CG_FUZZ_SEED_OUT=DIR to also copy the
+ * on the safetensors reader and on cg_model_open. Set CG_FUZZ_SEED_OUT=DIR to also copy the
  * generated config.json and model.safetensors there (how the seed corpora were made). */
 #ifndef CG_FUZZ_MODEL_H
 #define CG_FUZZ_MODEL_H
@@ -202,12 +202,12 @@ __attribute__((unused)) static void check_safetensors(const char *path, const ui
     FUZZ_CHECK(f == NULL);
 }
 
-/* cg_model_load on g_dir; a model it accepts must be consistent and run a forward pass. */
+/* cg_model_open on g_dir; a model it accepts must be consistent and run a forward pass. */
 __attribute__((unused)) static void check_model(void)
 {
     cg_model *m = NULL;
     char err[512] = "";
-    cg_status st = cg_model_load(g_dir, &m, err, sizeof err);
+    cg_status st = cg_model_open(g_dir, &m, err, sizeof err);
     if (st != CG_OK) {
         FUZZ_CHECK(m == NULL && err[0] != '\0');
         return;
@@ -230,7 +230,7 @@ __attribute__((unused)) static void check_model(void)
     FUZZ_CHECK(cg_model_forward(m, kv, tok, n, 0, 0, &sp, 1, logits) == CG_OK);
     free(logits);
     cg_kv_free(&kv);
-    cg_model_free(&m);
+    cg_model_close(&m);
     FUZZ_CHECK(m == NULL);
 }
 

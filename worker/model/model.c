@@ -47,16 +47,6 @@ struct cg_kv {
     float *data; /* [layer][K,V][kv head][cap][head_dim] */
 };
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* ---- config.json ---- */
 
 /* Reads an integer field. Absent or null: *out = def, or CG_E_MISSING when required. */
@@ -66,19 +56,19 @@ static cg_status cfg_int(json_t *root, const char *key, int required, long long 
     json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v)) {
         if (required) {
-            seterr(err, errlen, "config.json: required field '%s' is missing", key);
+            cg_seterr(err, errlen, "config.json: required field '%s' is missing", key);
             return CG_E_MISSING;
         }
         *out = (int)def;
         return CG_OK;
     }
     if (!json_is_integer(v)) {
-        seterr(err, errlen, "config.json: '%s' must be an integer", key);
+        cg_seterr(err, errlen, "config.json: '%s' must be an integer", key);
         return CG_E_TYPE;
     }
     long long x = json_integer_value(v);
     if (x < lo || x > hi) {
-        seterr(err, errlen, "config.json: '%s' = %lld is out of range [%lld, %lld]", key, x, lo, hi);
+        cg_seterr(err, errlen, "config.json: '%s' = %lld is out of range [%lld, %lld]", key, x, lo, hi);
         return CG_E_VALUE;
     }
     *out = (int)x;
@@ -94,12 +84,12 @@ static cg_status cfg_num(json_t *root, const char *key, double def, double lo, d
         return CG_OK;
     }
     if (!json_is_number(v)) {
-        seterr(err, errlen, "config.json: '%s' must be a number", key);
+        cg_seterr(err, errlen, "config.json: '%s' must be a number", key);
         return CG_E_TYPE;
     }
     double x = json_number_value(v);
     if (!(x >= lo && x <= hi)) {
-        seterr(err, errlen, "config.json: '%s' = %g is out of range [%g, %g]", key, x, lo, hi);
+        cg_seterr(err, errlen, "config.json: '%s' = %g is out of range [%g, %g]", key, x, lo, hi);
         return CG_E_VALUE;
     }
     *out = x;
@@ -114,7 +104,7 @@ static cg_status cfg_bool(json_t *root, const char *key, int def, int *out, char
         return CG_OK;
     }
     if (!json_is_boolean(v)) {
-        seterr(err, errlen, "config.json: '%s' must be true or false", key);
+        cg_seterr(err, errlen, "config.json: '%s' must be true or false", key);
         return CG_E_TYPE;
     }
     *out = json_is_true(v);
@@ -130,17 +120,17 @@ static cg_status cfg_token(json_t *root, const char *key, int def, int vocab, in
     if (!v || json_is_null(v)) {
         *out = def;
     } else if (!json_is_integer(v)) {
-        seterr(err, errlen, "config.json: '%s' must be an integer", key);
+        cg_seterr(err, errlen, "config.json: '%s' must be an integer", key);
         return CG_E_TYPE;
     } else if (json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
-        seterr(err, errlen, "config.json: '%s' = %lld is outside the vocabulary of %d", key,
+        cg_seterr(err, errlen, "config.json: '%s' = %lld is outside the vocabulary of %d", key,
                (long long)json_integer_value(v), vocab);
         return CG_E_VALUE;
     } else {
         *out = (int)json_integer_value(v);
     }
     if (*out < 0 || *out >= vocab) {
-        seterr(err, errlen, "config.json: default '%s' %d is outside the vocabulary of %d", key, def,
+        cg_seterr(err, errlen, "config.json: default '%s' %d is outside the vocabulary of %d", key, def,
                vocab);
         return CG_E_VALUE;
     }
@@ -156,16 +146,16 @@ static cg_status read_small_file(const char *path, size_t max, char **out, size_
     struct stat sb;
     *out = NULL;
     if (!fp) {
-        seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        cg_seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return CG_E_IO;
     }
     if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        seterr(err, errlen, "%s: not a regular file", path);
+        cg_seterr(err, errlen, "%s: not a regular file", path);
         st = CG_E_IO;
         goto out;
     }
     if ((uint64_t)sb.st_size > max) {
-        seterr(err, errlen, "%s: %lld bytes is larger than the limit of %zu", path,
+        cg_seterr(err, errlen, "%s: %lld bytes is larger than the limit of %zu", path,
                (long long)sb.st_size, max);
         st = CG_E_VALUE;
         goto out;
@@ -173,7 +163,7 @@ static cg_status read_small_file(const char *path, size_t max, char **out, size_
     buf = cg_malloc((size_t)sb.st_size + 1);
     *len = fread(buf, 1, (size_t)sb.st_size, fp);
     if (ferror(fp)) {
-        seterr(err, errlen, "%s: read error", path);
+        cg_seterr(err, errlen, "%s: read error", path);
         st = CG_E_IO;
         goto out;
     }
@@ -214,12 +204,12 @@ static cg_status parse_config(const char *dir, cg_model_config *c, char *err, si
     json_error_t jerr;
     root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        seterr(err, errlen, "config.json: not valid JSON: %s (line %d)", jerr.text, jerr.line);
+        cg_seterr(err, errlen, "config.json: not valid JSON: %s (line %d)", jerr.text, jerr.line);
         st = CG_E_JSON;
         goto out;
     }
     if (!json_is_object(root)) {
-        seterr(err, errlen, "config.json: not a JSON object");
+        cg_seterr(err, errlen, "config.json: not a JSON object");
         st = CG_E_TYPE;
         goto out;
     }
@@ -233,7 +223,7 @@ static cg_status parse_config(const char *dir, cg_model_config *c, char *err, si
             kind = json_string_value(json_object_get(rs, "rope_type"));
             if (!kind) kind = json_string_value(json_object_get(rs, "type"));
         }
-        seterr(err, errlen,
+        cg_seterr(err, errlen,
                "config.json: rope_scaling '%.40s' is not supported (only unscaled RoPE; scaled "
                "angles cannot be remapped by position delta)",
                kind ? kind : "?");
@@ -243,7 +233,7 @@ static cg_status parse_config(const char *dir, cg_model_config *c, char *err, si
     static const char *const bias_keys[] = {"attention_bias", "mlp_bias"};
     for (size_t i = 0; i < CG_ARRAY_LEN(bias_keys); i++) {
         if (json_is_true(json_object_get(root, bias_keys[i]))) {
-            seterr(err, errlen, "config.json: '%s' = true is not supported (no bias tensors)",
+            cg_seterr(err, errlen, "config.json: '%s' = true is not supported (no bias tensors)",
                    bias_keys[i]);
             st = CG_E_UNSUPPORTED;
             goto out;
@@ -260,7 +250,7 @@ static cg_status parse_config(const char *dir, cg_model_config *c, char *err, si
     json_t *hd = json_object_get(root, "head_dim");
     if (!hd || json_is_null(hd)) {
         if (c->dim % c->n_heads) {
-            seterr(err, errlen,
+            cg_seterr(err, errlen,
                    "config.json: num_attention_heads %d does not divide hidden_size %d", c->n_heads,
                    c->dim);
             st = CG_E_VALUE;
@@ -271,12 +261,12 @@ static cg_status parse_config(const char *dir, cg_model_config *c, char *err, si
         TRY(cfg_int(root, "head_dim", 1, 0, 1, 4096, &c->head_dim, err, errlen));
     }
     if (c->head_dim % 2) {
-        seterr(err, errlen, "config.json: head_dim %d is odd; RoPE needs pairs", c->head_dim);
+        cg_seterr(err, errlen, "config.json: head_dim %d is odd; RoPE needs pairs", c->head_dim);
         st = CG_E_VALUE;
         goto out;
     }
     if (c->n_heads % c->n_kv_heads) {
-        seterr(err, errlen,
+        cg_seterr(err, errlen,
                "config.json: num_key_value_heads %d does not divide num_attention_heads %d",
                c->n_kv_heads, c->n_heads);
         st = CG_E_VALUE;
@@ -297,7 +287,7 @@ static cg_status parse_config(const char *dir, cg_model_config *c, char *err, si
         if (s && !strcmp(s, "interleaved")) {
             c->rope_style = CG_ROPE_INTERLEAVED;
         } else if (!s || strcmp(s, "half")) {
-            seterr(err, errlen, "config.json: rope_style must be \"half\" or \"interleaved\"");
+            cg_seterr(err, errlen, "config.json: rope_style must be \"half\" or \"interleaved\"");
             st = s ? CG_E_VALUE : CG_E_TYPE;
             goto out;
         }
@@ -307,7 +297,7 @@ static cg_status parse_config(const char *dir, cg_model_config *c, char *err, si
     for (size_t i = 0; i < CG_ARRAY_LEN(keys) && !id; i++) {
         json_t *v = json_object_get(root, keys[i]);
         if (v && !json_is_null(v) && !json_is_string(v)) {
-            seterr(err, errlen, "config.json: '%s' must be a string", keys[i]);
+            cg_seterr(err, errlen, "config.json: '%s' must be a string", keys[i]);
             st = CG_E_TYPE;
             goto out;
         }
@@ -316,7 +306,7 @@ static cg_status parse_config(const char *dir, cg_model_config *c, char *err, si
     char tmp[sizeof c->model_id + 1];
     if (!id) id = base_name(dir, tmp, sizeof tmp);
     if (strlen(id) >= sizeof c->model_id || !id[0]) {
-        seterr(err, errlen, "config.json: model id must be 1 to %zu bytes", sizeof c->model_id - 1);
+        cg_seterr(err, errlen, "config.json: model id must be 1 to %zu bytes", sizeof c->model_id - 1);
         st = CG_E_VALUE;
         goto out;
     }
@@ -346,7 +336,7 @@ static void add_spec(wspec *w, size_t *n, const char *name, int64_t d0, int64_t 
 
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
-cg_status cg_model_load(const char *dir, cg_model **out, char *err, size_t errlen)
+cg_status cg_model_open(const char *dir, cg_model **out, char *err, size_t errlen)
 {
     cg_status st = CG_OK;
     cg_model *m = cg_calloc(1, sizeof *m);
@@ -394,7 +384,7 @@ cg_status cg_model_load(const char *dir, cg_model **out, char *err, size_t errle
         const cg_st_tensor *t = cg_st_find(sf, ws[i].name);
         int ndim = ws[i].d1 ? 2 : 1;
         if (!t) {
-            seterr(err, errlen, "model.safetensors: missing tensor '%s'", ws[i].name);
+            cg_seterr(err, errlen, "model.safetensors: missing tensor '%s'", ws[i].name);
             st = CG_E_MISSING;
             goto out;
         }
@@ -406,13 +396,13 @@ cg_status cg_model_load(const char *dir, cg_model **out, char *err, size_t errle
                                        (long long)t->shape[d]);
             if (ndim == 2) snprintf(want, sizeof want, "%lld, %lld", (long long)ws[i].d0, (long long)ws[i].d1);
             else snprintf(want, sizeof want, "%lld", (long long)ws[i].d0);
-            seterr(err, errlen, "model.safetensors: tensor '%s' has shape [%s], expected [%s]",
+            cg_seterr(err, errlen, "model.safetensors: tensor '%s' has shape [%s], expected [%s]",
                    ws[i].name, got, want);
             st = CG_E_VALUE;
             goto out;
         }
         if (t->dtype == CG_ST_OTHER) {
-            seterr(err, errlen,
+            cg_seterr(err, errlen,
                    "model.safetensors: tensor '%s' has dtype %s; supported are F32, F16, BF16",
                    ws[i].name, t->dtype_str);
             st = CG_E_UNSUPPORTED;
@@ -445,11 +435,11 @@ cg_status cg_model_load(const char *dir, cg_model **out, char *err, size_t errle
 out:
     cg_st_close(&sf);
     free(ws);
-    cg_model_free(&m);
+    cg_model_close(&m);
     return st;
 }
 
-void cg_model_free(cg_model **pm)
+void cg_model_close(cg_model **pm)
 {
     cg_model *m = *pm;
     if (!m) return;

@@ -34,12 +34,12 @@ typedef struct cg_model cg_model;
 /* Loads dir/config.json and dir/model.safetensors (mmapped; f16/bf16 converted to f32 at
  * load). On failure returns a status and writes a message naming the problem into err
  * (missing tensor, wrong shape or dtype, truncated file, unsupported rope_scaling, ...).
- * Never crashes on bad files. Caller frees with cg_model_free.
+ * Never crashes on bad files. Caller frees with cg_model_close.
  * Side effect: sets OpenBLAS to one thread per call, process-wide; the forward and the
  * attention kernel use both cores through OpenMP instead (two thread pools spinning on the
  * same two cores slow each other down). */
-cg_status cg_model_load(const char *dir, cg_model **out, char *err, size_t errlen) CG_WUR;
-void cg_model_free(cg_model **m);
+cg_status cg_model_open(const char *dir, cg_model **out, char *err, size_t errlen) CG_WUR;
+void cg_model_close(cg_model **m);
 const cg_model_config *cg_model_cfg(const cg_model *m);
 /* The rope parameters of the model (for cg_remap_rope). */
 cg_rope cg_model_rope(const cg_model *m);

@@ -28,16 +28,6 @@
  * possible) and BOS is essentially never produced. */
 #define GEN_SPECIAL_ROW_SCALE 0.25
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 cg_model_gen_params cg_model_gen_default_params(void)
 {
     cg_model_gen_params p = {
@@ -89,7 +79,7 @@ static cg_status mkdir_p(const char *dir, char *err, size_t errlen)
     char tmp[4096];
     size_t n = strlen(dir);
     if (n == 0 || n >= sizeof tmp) {
-        seterr(err, errlen, "output directory path is empty or too long");
+        cg_seterr(err, errlen, "output directory path is empty or too long");
         return CG_E_VALUE;
     }
     memcpy(tmp, dir, n + 1);
@@ -98,14 +88,14 @@ static cg_status mkdir_p(const char *dir, char *err, size_t errlen)
         char c = tmp[i];
         tmp[i] = '\0';
         if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-            seterr(err, errlen, "%s: cannot create directory: %s", tmp, strerror(errno));
+            cg_seterr(err, errlen, "%s: cannot create directory: %s", tmp, strerror(errno));
             return CG_E_IO;
         }
         tmp[i] = c;
     }
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        seterr(err, errlen, "%s: not a directory", dir);
+        cg_seterr(err, errlen, "%s: not a directory", dir);
         return CG_E_IO;
     }
     return CG_OK;
@@ -126,7 +116,7 @@ static cg_status check_params(const cg_model_gen_params *p, cg_st_dtype *dt, cha
     else if (!p->model_id || !p->model_id[0] || strlen(p->model_id) >= sizeof(((cg_model_config *)0)->model_id))
         bad = "model_id must be 1 to 127 bytes";
     if (bad) {
-        seterr(err, errlen, "generate: %s", bad);
+        cg_seterr(err, errlen, "generate: %s", bad);
         return CG_E_VALUE;
     }
     return CG_OK;
@@ -168,7 +158,7 @@ static cg_status write_config(const char *dir, const cg_model_gen_params *p, cg_
     int rc = json_dump_file(c, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
     json_decref(c);
     if (rc != 0 || rename(tmp, path) != 0) {
-        seterr(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+        cg_seterr(err, errlen, "%s: cannot write: %s", path, strerror(errno));
         unlink(tmp);
         return CG_E_IO;
     }
@@ -244,7 +234,7 @@ cg_status cg_model_generate(const char *dir, cg_model_gen_params p, char *err, s
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     fp = fopen(tmp, "wb");
     if (!fp) {
-        seterr(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+        cg_seterr(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
         st = CG_E_IO;
         goto out;
     }
@@ -264,20 +254,20 @@ cg_status cg_model_generate(const char *dir, cg_model_gen_params p, char *err, s
             }
         }
         if (cg_st_write_data(fp, dt, buf, numel) != CG_OK) {
-            seterr(err, errlen, "%s: write error: %s", tmp, strerror(errno));
+            cg_seterr(err, errlen, "%s: write error: %s", tmp, strerror(errno));
             st = CG_E_IO;
             goto out;
         }
     }
     if (fclose(fp) != 0) {
         fp = NULL;
-        seterr(err, errlen, "%s: write error: %s", tmp, strerror(errno));
+        cg_seterr(err, errlen, "%s: write error: %s", tmp, strerror(errno));
         st = CG_E_IO;
         goto out;
     }
     fp = NULL;
     if (rename(tmp, path) != 0) {
-        seterr(err, errlen, "%s: cannot rename: %s", path, strerror(errno));
+        cg_seterr(err, errlen, "%s: cannot rename: %s", path, strerror(errno));
         st = CG_E_IO;
         goto out;
     }

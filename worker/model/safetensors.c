@@ -27,16 +27,6 @@ struct cg_st_file {
     size_t n;
 };
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* Every dtype the format defines, so that an unknown string is an error and a known but
  * unusable one can be reported as unsupported by the model. */
 static const struct {
@@ -172,18 +162,18 @@ static cg_status parse_entry(const char *path, const char *name, json_t *v, cons
                              size_t data_len, cg_st_tensor *t, char *err, size_t errlen)
 {
     if (!json_is_object(v)) {
-        seterr(err, errlen, "%s: tensor '%s': header entry is not an object", path, name);
+        cg_seterr(err, errlen, "%s: tensor '%s': header entry is not an object", path, name);
         return CG_E_TYPE;
     }
     json_t *jd = json_object_get(v, "dtype"), *js = json_object_get(v, "shape"),
            *jo = json_object_get(v, "data_offsets");
     if (!jd || !js || !jo) {
-        seterr(err, errlen, "%s: tensor '%s': missing '%s'", path, name,
+        cg_seterr(err, errlen, "%s: tensor '%s': missing '%s'", path, name,
                !jd ? "dtype" : !js ? "shape" : "data_offsets");
         return CG_E_MISSING;
     }
     if (!json_is_string(jd)) {
-        seterr(err, errlen, "%s: tensor '%s': dtype is not a string", path, name);
+        cg_seterr(err, errlen, "%s: tensor '%s': dtype is not a string", path, name);
         return CG_E_TYPE;
     }
     const char *ds = json_string_value(jd);
@@ -198,11 +188,11 @@ static cg_status parse_entry(const char *path, const char *name, json_t *v, cons
         }
     }
     if (!t->dtype_str) {
-        seterr(err, errlen, "%s: tensor '%s': unknown dtype '%.32s'", path, name, ds);
+        cg_seterr(err, errlen, "%s: tensor '%s': unknown dtype '%.32s'", path, name, ds);
         return CG_E_VALUE;
     }
     if (!json_is_array(js) || json_array_size(js) > CG_ST_MAX_DIMS) {
-        seterr(err, errlen, "%s: tensor '%s': shape is not an array of at most %d dims", path, name,
+        cg_seterr(err, errlen, "%s: tensor '%s': shape is not an array of at most %d dims", path, name,
                CG_ST_MAX_DIMS);
         return json_is_array(js) ? CG_E_VALUE : CG_E_TYPE;
     }
@@ -211,42 +201,42 @@ static cg_status parse_entry(const char *path, const char *name, json_t *v, cons
     for (int i = 0; i < t->ndim; i++) {
         json_t *d = json_array_get(js, (size_t)i);
         if (!json_is_integer(d) || json_integer_value(d) < 0) {
-            seterr(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", path,
+            cg_seterr(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", path,
                    name, i);
             return json_is_integer(d) ? CG_E_VALUE : CG_E_TYPE;
         }
         t->shape[i] = json_integer_value(d);
         if (__builtin_mul_overflow(numel, (size_t)t->shape[i], &numel)) {
-            seterr(err, errlen, "%s: tensor '%s': shape is too large", path, name);
+            cg_seterr(err, errlen, "%s: tensor '%s': shape is too large", path, name);
             return CG_E_VALUE;
         }
     }
     size_t nbytes;
     if (__builtin_mul_overflow(numel, esize, &nbytes)) {
-        seterr(err, errlen, "%s: tensor '%s': shape is too large", path, name);
+        cg_seterr(err, errlen, "%s: tensor '%s': shape is too large", path, name);
         return CG_E_VALUE;
     }
     if (!json_is_array(jo) || json_array_size(jo) != 2 || !json_is_integer(json_array_get(jo, 0)) ||
         !json_is_integer(json_array_get(jo, 1))) {
-        seterr(err, errlen, "%s: tensor '%s': data_offsets is not an array of two integers", path,
+        cg_seterr(err, errlen, "%s: tensor '%s': data_offsets is not an array of two integers", path,
                name);
         return CG_E_TYPE;
     }
     json_int_t b = json_integer_value(json_array_get(jo, 0)), e = json_integer_value(json_array_get(jo, 1));
     if (b < 0 || e < b) {
-        seterr(err, errlen, "%s: tensor '%s': data_offsets [%lld, %lld] are not an ordered range",
+        cg_seterr(err, errlen, "%s: tensor '%s': data_offsets [%lld, %lld] are not an ordered range",
                path, name, (long long)b, (long long)e);
         return CG_E_VALUE;
     }
     if ((uint64_t)e > data_len) {
-        seterr(err, errlen,
+        cg_seterr(err, errlen,
                "%s: tensor '%s': data_offsets [%lld, %lld] extend beyond the data section of %zu "
                "bytes (file truncated?)",
                path, name, (long long)b, (long long)e, data_len);
         return CG_E_VALUE;
     }
     if ((uint64_t)(e - b) != nbytes) {
-        seterr(err, errlen,
+        cg_seterr(err, errlen,
                "%s: tensor '%s': data_offsets cover %lld bytes but shape and dtype %s need %zu", path,
                name, (long long)(e - b), t->dtype_str, nbytes);
         return CG_E_VALUE;
@@ -266,26 +256,26 @@ cg_status cg_st_open(const char *path, cg_st_file **out, char *err, size_t errle
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     *out = NULL;
     if (fd < 0) {
-        seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        cg_seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         st = CG_E_IO;
         goto out;
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        seterr(err, errlen, "%s: not a regular file", path);
+        cg_seterr(err, errlen, "%s: not a regular file", path);
         st = CG_E_IO;
         goto out;
     }
     size_t size = (size_t)sb.st_size;
     if (size < 8) {
-        seterr(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header length", path,
+        cg_seterr(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header length", path,
                size);
         st = CG_E_VALUE;
         goto out;
     }
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) {
-        seterr(err, errlen, "%s: cannot map: %s", path, strerror(errno));
+        cg_seterr(err, errlen, "%s: cannot map: %s", path, strerror(errno));
         st = CG_E_IO;
         goto out;
     }
@@ -294,13 +284,13 @@ cg_status cg_st_open(const char *path, cg_st_file **out, char *err, size_t errle
     uint64_t hl;
     memcpy(&hl, f->map, 8);
     if (hl > size - 8) {
-        seterr(err, errlen, "%s: header length %llu exceeds the file size %zu (file truncated?)",
+        cg_seterr(err, errlen, "%s: header length %llu exceeds the file size %zu (file truncated?)",
                path, (unsigned long long)hl, size);
         st = CG_E_VALUE;
         goto out;
     }
     if (hl > CG_ST_MAX_HEADER) {
-        seterr(err, errlen, "%s: header length %llu exceeds the limit of %u bytes", path,
+        cg_seterr(err, errlen, "%s: header length %llu exceeds the limit of %u bytes", path,
                (unsigned long long)hl, CG_ST_MAX_HEADER);
         st = CG_E_VALUE;
         goto out;
@@ -308,13 +298,13 @@ cg_status cg_st_open(const char *path, cg_st_file **out, char *err, size_t errle
     json_error_t jerr;
     f->header = json_loadb((const char *)f->map + 8, (size_t)hl, JSON_REJECT_DUPLICATES, &jerr);
     if (!f->header) {
-        seterr(err, errlen, "%s: header is not valid JSON: %s (offset %d)", path, jerr.text,
+        cg_seterr(err, errlen, "%s: header is not valid JSON: %s (offset %d)", path, jerr.text,
                jerr.position);
         st = CG_E_JSON;
         goto out;
     }
     if (!json_is_object(f->header)) {
-        seterr(err, errlen, "%s: header is not a JSON object", path);
+        cg_seterr(err, errlen, "%s: header is not a JSON object", path);
         st = CG_E_TYPE;
         goto out;
     }
@@ -339,7 +329,7 @@ cg_status cg_st_open(const char *path, cg_st_file **out, char *err, size_t errle
     for (size_t i = 0; i < f->n; i++) {
         if (!order[i]->nbytes) continue;
         if (prev && prev->data + prev->nbytes > order[i]->data) {
-            seterr(err, errlen, "%s: tensors '%s' and '%s' overlap in the data section", path,
+            cg_seterr(err, errlen, "%s: tensors '%s' and '%s' overlap in the data section", path,
                    prev->name, order[i]->name);
             st = CG_E_VALUE;
             goto out;
@@ -401,7 +391,7 @@ cg_status cg_st_write_header(FILE *fp, const cg_st_spec *specs, size_t n, char *
     /* Insertion order is kept by jansson, so the same specs always dump the same text. */
     text = json_dumps(root, JSON_COMPACT);
     if (!text) {
-        seterr(err, errlen, "cannot encode the safetensors header");
+        cg_seterr(err, errlen, "cannot encode the safetensors header");
         st = CG_E_INTERNAL;
         goto out;
     }
@@ -412,7 +402,7 @@ cg_status cg_st_write_header(FILE *fp, const cg_st_spec *specs, size_t n, char *
         if (fputc(' ', fp) == EOF) goto io;
     goto out;
 io:
-    seterr(err, errlen, "cannot write the safetensors header: %s", strerror(errno));
+    cg_seterr(err, errlen, "cannot write the safetensors header: %s", strerror(errno));
     st = CG_E_IO;
 out:
     free(text);

@@ -66,17 +66,6 @@ cg_engine_params cg_engine_default_params(void)
     };
 }
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* Disk records dropped (LRU) by the spills this thread makes while an assemble collects them
  * for its reply. Spills run in the pool's eviction callback, which cg_pool_insert calls on
  * the inserting thread, so a thread-local pointer reaches exactly this request's list. */
@@ -116,7 +105,7 @@ static void engine_destroy(cg_engine *e)
     free(e);
 }
 
-cg_status cg_engine_create(const cg_model *model, cg_engine_params params, cg_engine **out)
+cg_status cg_engine_open(const cg_model *model, cg_engine_params params, cg_engine **out)
 {
     *out = NULL;
     const cg_model_config *c = cg_model_cfg(model);
@@ -220,7 +209,7 @@ static void assembly_free(cg_engine *e, assembly **ap, uint64_t now)
     *ap = NULL;
 }
 
-void cg_engine_free(cg_engine **ep)
+void cg_engine_close(cg_engine **ep)
 {
     cg_engine *e = *ep;
     if (!e) return;
@@ -565,30 +554,30 @@ void cg_assembly_info_free(cg_assembly_info *a)
 static cg_status check_segments(const cg_assemble_req *req, char *err, size_t errlen)
 {
     if (!req->segs || req->n_segs == 0) {
-        seterr(err, errlen, "segments must hold at least one segment");
+        cg_seterr(err, errlen, "segments must hold at least one segment");
         return CG_E_VALUE;
     }
     for (size_t i = 0; i < req->n_segs; i++) {
         const cg_engine_seg *s = &req->segs[i];
         if (s->role != CG_ROLE_SYSTEM && s->role != CG_ROLE_CHUNK && s->role != CG_ROLE_QUESTION) {
-            seterr(err, errlen, "segments[%zu].role is not system, chunk or question", i);
+            cg_seterr(err, errlen, "segments[%zu].role is not system, chunk or question", i);
             return CG_E_VALUE;
         }
         if (s->role == CG_ROLE_SYSTEM && i != 0) {
-            seterr(err, errlen, "segments[%zu]: a system segment may only come first", i);
+            cg_seterr(err, errlen, "segments[%zu]: a system segment may only come first", i);
             return CG_E_VALUE;
         }
         if (s->role == CG_ROLE_QUESTION && i != req->n_segs - 1) {
-            seterr(err, errlen, "segments[%zu]: a question segment may only come last", i);
+            cg_seterr(err, errlen, "segments[%zu]: a question segment may only come last", i);
             return CG_E_VALUE;
         }
         if (!s->text || s->len == 0) {
-            seterr(err, errlen, "segments[%zu].text is empty", i);
+            cg_seterr(err, errlen, "segments[%zu].text is empty", i);
             return CG_E_VALUE;
         }
     }
     if (req->mode != CG_MODE_STRICT && req->mode != CG_MODE_SYS) {
-        seterr(err, errlen, "mode must be strict or sys");
+        cg_seterr(err, errlen, "mode must be strict or sys");
         return CG_E_VALUE;
     }
     return CG_OK;
@@ -696,7 +685,7 @@ cg_status cg_engine_assemble(cg_engine *e, const cg_assemble_req *req, uint64_t 
     for (size_t i = 0; i < n; i++) {
         const cg_engine_seg *s = &req->segs[i];
         if (s->len > (size_t)cfg->max_pos) {
-            seterr(err, errlen, "segments[%zu] has %zu bytes; the model holds %d positions", i,
+            cg_seterr(err, errlen, "segments[%zu] has %zu bytes; the model holds %d positions", i,
                    s->len, cfg->max_pos);
             st = CG_E_CONTEXT;
             goto out;
@@ -707,7 +696,7 @@ cg_status cg_engine_assemble(cg_engine *e, const cg_assemble_req *req, uint64_t 
         j.roles[i] = s->role;
         j.offs[i] = total;
         if ((uint64_t)total + j.lens[i] > (uint64_t)cfg->max_pos) {
-            seterr(err, errlen, "the prompt needs more than the model's %d positions",
+            cg_seterr(err, errlen, "the prompt needs more than the model's %d positions",
                    cfg->max_pos);
             st = CG_E_CONTEXT;
             goto out;
@@ -727,7 +716,7 @@ cg_status cg_engine_assemble(cg_engine *e, const cg_assemble_req *req, uint64_t 
         if (s->key && !cg_key_equal(s->key, &j.keys[i])) {
             char want[CG_KEY_HEX_LEN + 1];
             cg_key_hex(&j.keys[i], want);
-            seterr(err, errlen, "segments[%zu].key does not match its text (expected %s)", i, want);
+            cg_seterr(err, errlen, "segments[%zu].key does not match its text (expected %s)", i, want);
             st = CG_E_KEY_MISMATCH;
             goto out;
         }
@@ -740,7 +729,7 @@ cg_status cg_engine_assemble(cg_engine *e, const cg_assemble_req *req, uint64_t 
     size_t live = e->n_live;
     pthread_mutex_unlock(&e->amu);
     if (live >= e->p.max_assemblies) {
-        seterr(err, errlen, "%zu assemblies are live (the limit); consume or release some", live);
+        cg_seterr(err, errlen, "%zu assemblies are live (the limit); consume or release some", live);
         st = CG_E_UNAVAILABLE;
         goto out;
     }
@@ -952,7 +941,7 @@ static cg_status plain_prompt(cg_engine *e, const char *text, size_t len, assemb
     const cg_model_config *cfg = cg_model_cfg(e->m);
     *out = NULL;
     if (len + 1 > (size_t)cfg->max_pos) {
-        seterr(err, errlen, "the prompt needs %zu positions; the model holds %d", len + 1,
+        cg_seterr(err, errlen, "the prompt needs %zu positions; the model holds %d", len + 1,
                cfg->max_pos);
         return CG_E_CONTEXT;
     }
@@ -994,7 +983,7 @@ cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t 
     if (req->assembly_id) {
         a = take(e, req->assembly_id); /* consumed: DELETE and the reaper no longer see it */
         if (!a) {
-            seterr(err, errlen, "assembly '%.64s' is unknown, expired or already consumed",
+            cg_seterr(err, errlen, "assembly '%.64s' is unknown, expired or already consumed",
                    req->assembly_id);
             return CG_E_NOT_FOUND;
         }
@@ -1042,7 +1031,7 @@ cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t 
         st = fwd(e, a->kv, &tok, 1, pos, (cg_attn_span){pos, 1, 0, 0}, logits, &computed);
         pthread_mutex_unlock(&e->mu);
         if (st != CG_OK) {
-            seterr(err, errlen, "decode step at position %u failed", pos);
+            cg_seterr(err, errlen, "decode step at position %u failed", pos);
             goto out;
         }
         pos++;

@@ -27,7 +27,7 @@ typedef struct cg_engine_params {
     /* Disk tier (worker/store/disk.h) below the RAM pool: a chunk evicted from RAM is
      * written there, a pool miss looks there. disk_bytes 0 (default) = no disk tier. */
     size_t disk_bytes;
-    const char *disk_dir; /* required with disk_bytes; borrowed for cg_engine_create */
+    const char *disk_dir; /* required with disk_bytes; borrowed for cg_engine_open */
     int disk_sync;        /* cg_disk_params.sync; default 0 */
 } cg_engine_params;
 
@@ -38,10 +38,10 @@ cg_engine_params cg_engine_default_params(void);
  * chunks from an earlier run are hits again). Returns CG_E_VALUE when the pool or the disk
  * cannot hold one block, or the statuses of cg_disk_open (CG_E_UNSUPPORTED: the directory
  * holds another model's KV; CG_E_CONFLICT: another process uses it; CG_E_IO). Caller frees
- * with cg_engine_free. */
-cg_status cg_engine_create(const cg_model *model, cg_engine_params params, cg_engine **out) CG_WUR;
+ * with cg_engine_close. */
+cg_status cg_engine_open(const cg_model *model, cg_engine_params params, cg_engine **out) CG_WUR;
 /* Releases every live assembly, the pool and the engine; NULL-safe, sets *e to NULL. */
-void cg_engine_free(cg_engine **e);
+void cg_engine_close(cg_engine **e);
 
 const cg_model *cg_engine_model(const cg_engine *e);
 /* The engine's pool, for inventory and stats (borrowed; it has its own lock). */

@@ -28,17 +28,6 @@ cg_kvpull_params cg_kvpull_default_params(void)
     };
 }
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 cg_status cg_tp_check(int n_kv_heads, int tp)
 {
     if (n_kv_heads <= 0 || tp <= 0) return CG_E_VALUE;
@@ -172,28 +161,28 @@ static void xfer_free(xfer *x)
 static cg_status xfer_status(const xfer *x, const char *what, char *err, size_t errlen)
 {
     if (x->too_big) {
-        seterr(err, errlen, "%s: the reply is larger than expected", what);
+        cg_seterr(err, errlen, "%s: the reply is larger than expected", what);
         return CG_E_BAD_GATEWAY;
     }
     if (x->rc == CURLE_OPERATION_TIMEDOUT) {
-        seterr(err, errlen, "%s: timed out", what);
+        cg_seterr(err, errlen, "%s: timed out", what);
         return CG_E_TIMEOUT;
     }
     if (x->rc != CURLE_OK) {
-        seterr(err, errlen, "%s: %s", what, curl_easy_strerror(x->rc));
+        cg_seterr(err, errlen, "%s: %s", what, curl_easy_strerror(x->rc));
         return x->rc == CURLE_COULDNT_CONNECT || x->rc == CURLE_COULDNT_RESOLVE_HOST
                    ? CG_E_UNAVAILABLE
                    : CG_E_BAD_GATEWAY;
     }
     if (x->status == 404) {
-        seterr(err, errlen,
+        cg_seterr(err, errlen,
                "%s: the source worker does not know the assembly (expired, "
                "consumed or never made)",
                what);
         return CG_E_NOT_FOUND;
     }
     if (x->status != 200) {
-        seterr(err, errlen, "%s: the source worker answered HTTP %ld", what, x->status);
+        cg_seterr(err, errlen, "%s: the source worker answered HTTP %ld", what, x->status);
         return CG_E_BAD_GATEWAY;
     }
     return CG_OK;
@@ -237,7 +226,7 @@ static void *rank_main(void *arg)
     cg_kvwire_header h;
     cg_status st = cg_kvwire_decode(k->x.body.data, k->x.body.len, &h, &k->payload);
     if (st != CG_OK) {
-        seterr(k->err, sizeof k->err, "%s: the body is not valid CGKV v1 (%s)", what,
+        cg_seterr(k->err, sizeof k->err, "%s: the body is not valid CGKV v1 (%s)", what,
                cg_status_name(st));
         k->st = CG_E_BAD_GATEWAY;
         return NULL;
@@ -245,7 +234,7 @@ static void *rank_main(void *arg)
     /* The same model and geometry, or the KV would be decoded by the wrong weights. */
     if (strcmp(h.model, c->model_id) != 0 || h.n_layers != (uint32_t)c->n_layers ||
         h.head_dim != (uint32_t)c->head_dim || h.total_kv_heads != (uint32_t)c->n_kv_heads) {
-        seterr(k->err, sizeof k->err,
+        cg_seterr(k->err, sizeof k->err,
                "%s: the source sends KV of model '%s' (%u layers, %u KV heads, head_dim %u) but "
                "this backend serves '%s' (%d layers, %d KV heads, head_dim %d); refused",
                what, h.model, h.n_layers, h.total_kv_heads, h.head_dim, c->model_id, c->n_layers,
@@ -255,7 +244,7 @@ static void *rank_main(void *arg)
     }
     if (h.n_tokens != P->n_tokens || h.head_start != (uint32_t)k->s.head0 ||
         h.n_heads != (uint32_t)k->s.n_heads) {
-        seterr(k->err, sizeof k->err,
+        cg_seterr(k->err, sizeof k->err,
                "%s: the source sent %u tokens of heads %u+%u, expected %u tokens of heads %d+%d",
                what, h.n_tokens, h.head_start, h.n_heads, P->n_tokens, k->s.head0, k->s.n_heads);
         k->st = CG_E_BAD_GATEWAY;
@@ -308,19 +297,19 @@ cg_status cg_kvpull_assembly(cg_engine *e, const cg_kvpull_params *p, uint64_t n
     if (err && errlen) err[0] = '\0';
 
     if (!cg_kvpull_url_ok(p->worker)) {
-        seterr(err, errlen,
+        cg_seterr(err, errlen,
                "the source worker URL must be http:// or https://, printable, at "
                "most %d bytes",
                URL_MAX);
         return CG_E_VALUE;
     }
     if (!id_ok(p->assembly_id)) {
-        seterr(err, errlen, "assembly '%.64s' is unknown (an id is 32 lowercase hex characters)",
+        cg_seterr(err, errlen, "assembly '%.64s' is unknown (an id is 32 lowercase hex characters)",
                p->assembly_id ? p->assembly_id : "");
         return CG_E_NOT_FOUND;
     }
     if (p->tp < 1 || p->tp > 1024 || cg_tp_check(c->n_kv_heads, p->tp) != CG_OK) {
-        seterr(err, errlen, "tp %d cannot split %d KV heads", p->tp, c->n_kv_heads);
+        cg_seterr(err, errlen, "tp %d cannot split %d KV heads", p->tp, c->n_kv_heads);
         return CG_E_VALUE;
     }
     snprintf(base, sizeof base, "%s", p->worker);
@@ -337,7 +326,7 @@ cg_status cg_kvpull_assembly(cg_engine *e, const cg_kvpull_params *p, uint64_t n
     }
     if (strcmp(lx.model, c->model_id) != 0 || lx.vocab != c->vocab_size ||
         lx.body.len != logits_bytes) {
-        seterr(err, errlen,
+        cg_seterr(err, errlen,
                "the source serves model '%s' with %lld logits (%zu bytes) but this backend "
                "serves '%s' with %d; refused",
                lx.model, lx.vocab, lx.body.len, c->model_id, c->vocab_size);
@@ -345,7 +334,7 @@ cg_status cg_kvpull_assembly(cg_engine *e, const cg_kvpull_params *p, uint64_t n
         goto release;
     }
     if (lx.tokens < 1 || lx.tokens > c->max_pos || lx.cached < 0 || lx.cached > lx.tokens) {
-        seterr(err, errlen,
+        cg_seterr(err, errlen,
                "the source reports %lld prompt tokens (%lld cached); this model holds "
                "%d positions",
                lx.tokens, lx.cached, c->max_pos);
@@ -364,7 +353,7 @@ cg_status cg_kvpull_assembly(cg_engine *e, const cg_kvpull_params *p, uint64_t n
     for (int r = 0; r < p->tp; r++) {
         ranks[r] = (rank){.P = &P, .r = r, .s = cg_tp_slice_of(c->n_kv_heads, p->tp, r)};
         if (pthread_create(&th[r], NULL, rank_main, &ranks[r]) != 0) {
-            seterr(err, errlen, "cannot start rank thread %d", r);
+            cg_seterr(err, errlen, "cannot start rank thread %d", r);
             st = CG_E_INTERNAL;
             break;
         }
@@ -377,14 +366,14 @@ cg_status cg_kvpull_assembly(cg_engine *e, const cg_kvpull_params *p, uint64_t n
         res->kv_requests++;
         res->kv_bytes += ranks[r].x.body.len;
         if (ranks[r].st != CG_OK && st == CG_OK) {
-            seterr(err, errlen, "%s", ranks[r].err);
+            cg_seterr(err, errlen, "%s", ranks[r].err);
             st = ranks[r].st;
         }
     }
     if (st != CG_OK) goto release; /* a rank failed */
     for (int r = 0; r < p->tp; r++) {
         if (!ranks[r].s.leader && !same_as_leader(&P, &ranks[r])) {
-            seterr(err, errlen, "rank %d received other bytes for KV head %d than rank %d", r,
+            cg_seterr(err, errlen, "rank %d received other bytes for KV head %d than rank %d", r,
                    ranks[r].s.head0, r - r % (p->tp / c->n_kv_heads));
             st = CG_E_BAD_GATEWAY;
             goto release;
@@ -413,7 +402,7 @@ release:
     st = cg_engine_adopt(e, &kv, res->n_tokens, res->cached_tokens, (const float *)lx.body.data,
                          now, res->id);
     if (st != CG_OK)
-        seterr(err, errlen, "cannot keep the pulled assembly here (%s)", cg_status_name(st));
+        cg_seterr(err, errlen, "cannot keep the pulled assembly here (%s)", cg_status_name(st));
 out:
     res->seconds = (double)(cg_now_ns() - t0) / 1e9;
     if (st == CG_OK)

@@ -100,7 +100,7 @@ static const cg_cfg_opt serve_opts[] = {
      "decode room allocated with each assembly (it grows when exceeded)"},
     {"max-segments", "CHUNKGATE_WORKER_MAX_SEGMENTS", CG_CFG_INT, offsetof(serve_cfg, max_segments),
      "256", 2, 1 << 20, "segments per request"},
-    {"separator", "CHUNKGATE_WORKER_SEPARATOR", CG_CFG_STR, offsetof(serve_cfg, separator), "# #",
+    {"separator", "CHUNKGATE_WORKER_SEPARATOR", CG_CFG_STR, offsetof(serve_cfg, separator), CG_SPLIT_DEFAULT_SEPARATOR,
      0, 0, "segment separator of /v1/completions prompts"},
     {"default-max-tokens", "CHUNKGATE_WORKER_DEFAULT_MAX_TOKENS", CG_CFG_INT,
      offsetof(serve_cfg, default_max_tokens), "16", 0, 1 << 24,
@@ -283,7 +283,7 @@ static int cmd_serve(int argc, char **argv)
                c.data_dir, strerror(errno));
         goto out;
     }
-    if (cg_model_load(c.model, &model, err, sizeof err) != CG_OK) {
+    if (cg_model_open(c.model, &model, err, sizeof err) != CG_OK) {
         cg_log(CG_LOG_ERROR, "cannot load model from %s: %s", c.model, err);
         goto out;
     }
@@ -307,7 +307,7 @@ static int cmd_serve(int argc, char **argv)
     ep.reserve_tokens = (uint32_t)c.reserve_tokens;
     ep.disk_bytes = (size_t)c.disk_mb << 20;
     ep.disk_dir = c.data_dir;
-    cg_status est = cg_engine_create(model, ep, &engine);
+    cg_status est = cg_engine_open(model, ep, &engine);
     if (est != CG_OK) {
         if (est == CG_E_VALUE)
             cg_log(CG_LOG_ERROR,
@@ -350,7 +350,7 @@ static int cmd_serve(int argc, char **argv)
     hp.n_routes = n_routes;
     hp.app = api;
     hp.done = cg_worker_api_done;
-    if (cg_http_start(&hp, &srv) != CG_OK) goto out; /* it logged why */
+    if (cg_http_open(&hp, &srv) != CG_OK) goto out; /* it logged why */
     char host[256];
     const char *colon = strrchr(c.listen, ':');
     snprintf(host, sizeof host, "%.*s", (int)(colon - c.listen), c.listen);
@@ -366,7 +366,7 @@ static int cmd_serve(int argc, char **argv)
     sigwait(&sigs, &sig);
     cg_log(CG_LOG_INFO, "signal %d: shutting down", sig);
     /* No request may run while RAM is written out: stop serving first. */
-    cg_http_stop(&srv);
+    cg_http_close(&srv);
     if (c.disk_flush_on_exit && cg_engine_disk(engine)) {
         uint64_t t0 = cg_now_ms();
         cg_pool_stats ps = cg_pool_get_stats(cg_engine_pool(engine));
@@ -376,10 +376,10 @@ static int cmd_serve(int argc, char **argv)
     }
     rc = 0;
 out:
-    cg_http_stop(&srv);
+    cg_http_close(&srv);
     cg_worker_api_free(&api);
-    cg_engine_free(&engine);
-    cg_model_free(&model);
+    cg_engine_close(&engine);
+    cg_model_close(&model);
     cg_config_free(serve_opts, CG_ARRAY_LEN(serve_opts), &c);
     return rc;
 }
