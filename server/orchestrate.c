@@ -346,13 +346,11 @@ static void record(gw_call *c, const cg_wc_assembly *a)
     cg_gateway *g = c->g;
     cg_index *ix = g->index;
     int64_t wid = cg_worker_id(c->w), now = (int64_t)cg_wall_ms();
-    uint64_t mono = cg_now_ms();
     size_t hits = 0, stale = 0;
     for (size_t k = 0; k < c->segs.n_keys; k++) {
         const cg_wc_seg *s = &a->segs[c->segs.key_seg[k]];
         const cg_key *key = &c->segs.keys[k];
-        if (!s->hit && cg_workers_placed(g->workers, c->w, key, c->ent ? &c->ent[k] : NULL, mono))
-            stale++;
+        if (!s->hit && cg_index_entry_tokens_on(c->ent ? &c->ent[k] : NULL, wid) > 0) stale++;
         if (s->hit) {
             hits++;
             cg_index_chunk_hit(ix, key, now);
@@ -362,7 +360,6 @@ static void record(gw_call *c, const cg_wc_assembly *a)
         } else {
             cg_index_placement_del(ix, key, wid); /* computed but not kept (pool full) */
         }
-        cg_workers_note(g->workers, c->w, key, s->hit || s->stored ? s->n_tokens : -1, mono);
     }
     for (size_t i = 0; i < a->n_evicted; i++) {
         int ours = 0;
@@ -370,7 +367,6 @@ static void record(gw_call *c, const cg_wc_assembly *a)
             ours = cg_key_equal(&a->evicted[i], &c->segs.keys[k]);
         if (ours) continue;
         cg_index_placement_del(ix, &a->evicted[i], wid);
-        cg_workers_note(g->workers, c->w, &a->evicted[i], -1, mono);
     }
     cg_metric_add(g->m_hits, (double)hits);
     cg_metric_add(g->m_misses, (double)(c->segs.n_keys - hits));

@@ -35,18 +35,6 @@ struct cg_worker {
 
 static const char *const ERROR_KINDS[] = {"connect", "timeout", "status", "invalid", "stream"};
 
-/* Recent placement notes: an open-addressed table, a slot per (key, worker); a full probe
- * window overwrites its oldest note (they are hints the index catches up with). */
-#define RECENT_SLOTS 4096u
-#define RECENT_PROBE 8u
-#define RECENT_TTL_MS 30000u
-
-typedef struct recent {
-    cg_key key;
-    int64_t worker_id;
-    int64_t tokens; /* -1: gone */
-    uint64_t until; /* monotonic ms; 0 = empty */
-} recent;
 
 struct cg_workers {
     cg_workers_params p;
@@ -61,7 +49,6 @@ struct cg_workers {
     cg_metric *m_errors[CG_ARRAY_LEN(ERROR_KINDS)];
     cg_metric *m_route[3];
     cg_metric *m_syncs, *m_sync_fail, *m_stale;
-    recent *recent; /* RECENT_SLOTS, guarded by mu */
 };
 
 cg_workers_params cg_workers_default_params(void)
@@ -222,7 +209,6 @@ cg_status cg_workers_open(const cg_workers_params *p, cg_workers **out)
     if (r->p.health_timeout_ms <= 0) r->p.health_timeout_ms = d.health_timeout_ms;
     if (r->p.sync_interval_ms < 0) r->p.sync_interval_ms = 0;
     if (r->p.load_penalty_tokens < 0) r->p.load_penalty_tokens = 0;
-    r->recent = cg_calloc(RECENT_SLOTS, sizeof *r->recent);
     pthread_mutex_init(&r->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -261,12 +247,6 @@ cg_status cg_workers_open(const cg_workers_params *p, cg_workers **out)
     return CG_OK;
 }
 
-/* Drops the notes about one worker: its inventory was just read, which is fresher. */
-static void recent_forget_locked(cg_workers *r, int64_t wid)
-{
-    for (size_t i = 0; i < RECENT_SLOTS; i++)
-        if (r->recent[i].worker_id == wid) r->recent[i].until = 0;
-}
 
 static void *health_main(void *arg);
 
@@ -306,7 +286,6 @@ void cg_workers_close(cg_workers **rp)
             cg_log(CG_LOG_WARN, "worker %s still referenced at shutdown", w->url);
     }
     free(r->v);
-    free(r->recent);
     cg_wc_info_clear(&r->pool);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -460,7 +439,6 @@ static cg_status sync_inventory(cg_workers *r, cg_worker *w, char *err, size_t e
     free(rows);
     pthread_mutex_lock(&r->mu);
     w->synced_chunks = (int64_t)n;
-    recent_forget_locked(r, w->id);
     pthread_mutex_unlock(&r->mu);
     cg_metric_add(r->m_syncs, 1);
     cg_log(CG_LOG_INFO, "worker %s: inventory synced, %zu chunks", w->url, n);
@@ -698,64 +676,6 @@ cg_status cg_workers_sync(cg_workers *r, int64_t id, json_t **out_json, char *er
     return ok ? CG_OK : CG_E_UNAVAILABLE;
 }
 
-/* ---------------------------------------------------------------- recent placements */
-
-static size_t recent_hash(const cg_key *k, int64_t worker_id)
-{
-    uint64_t h;
-    memcpy(&h, k->b, sizeof h); /* keys are uniform hashes already */
-    h ^= (uint64_t)worker_id * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h % RECENT_SLOTS);
-}
-
-/* The live note for (key, worker), or NULL; the caller holds r->mu. */
-static recent *recent_find_locked(cg_workers *r, const cg_key *k, int64_t wid, uint64_t now)
-{
-    size_t h = recent_hash(k, wid);
-    for (size_t i = 0; i < RECENT_PROBE; i++) {
-        recent *e = &r->recent[(h + i) % RECENT_SLOTS];
-        if (e->until > now && e->worker_id == wid && cg_key_equal(&e->key, k)) return e;
-    }
-    return NULL;
-}
-
-void cg_workers_note(cg_workers *r, const cg_worker *w, const cg_key *key, int64_t tokens,
-                     uint64_t now)
-{
-    size_t h = recent_hash(key, w->id);
-    pthread_mutex_lock(&r->mu);
-    recent *slot = recent_find_locked(r, key, w->id, now);
-    for (size_t i = 0; !slot && i < RECENT_PROBE; i++) {
-        recent *e = &r->recent[(h + i) % RECENT_SLOTS];
-        if (!slot || e->until < slot->until) slot = e; /* empty or expired first, else oldest */
-    }
-    slot->key = *key;
-    slot->worker_id = w->id;
-    slot->tokens = tokens;
-    slot->until = now + RECENT_TTL_MS;
-    pthread_mutex_unlock(&r->mu);
-}
-
-/* Tokens of key on worker wid: a recent note, else the index entry. Caller holds r->mu. */
-static int64_t placed_locked(cg_workers *r, int64_t wid, const cg_key *key, const cg_index_entry *e,
-                             uint64_t now)
-{
-    recent *n = recent_find_locked(r, key, wid, now);
-    if (n) return n->tokens > 0 ? n->tokens : 0;
-    for (int p = 0; e && p < e->n_placements; p++)
-        if (e->placements[p].worker_id == wid) return e->placements[p].tokens;
-    return 0;
-}
-
-int64_t cg_workers_placed(cg_workers *r, const cg_worker *w, const cg_key *key,
-                          const cg_index_entry *e, uint64_t now)
-{
-    pthread_mutex_lock(&r->mu);
-    int64_t t = placed_locked(r, w->id, key, e, now);
-    pthread_mutex_unlock(&r->mu);
-    return t;
-}
-
 /* ---------------------------------------------------------------- routing */
 
 const char *cg_worker_url(const cg_worker *w)
@@ -784,7 +704,6 @@ cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, const unsi
                             size_t n_keys, const cg_key *keys, uint64_t tie, cg_route_kind *kind,
                             int64_t *cached)
 {
-    uint64_t now = cg_now_ms();
     cg_route_cand cand[MAX_ROUTE];
     cg_worker *ws[MAX_ROUTE];
     size_t n = 0;
@@ -797,7 +716,7 @@ cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, const unsi
         cg_route_cand c = {0, w->in_flight, 0};
         for (size_t k = 0; k < n_keys; k++) {
             if (steer && !steer[k]) continue;
-            int64_t t = placed_locked(r, w->id, &keys[k], ent ? &ent[k] : NULL, now);
+            int64_t t = cg_index_entry_tokens_on(ent ? &ent[k] : NULL, w->id);
             if (t <= 0) continue;
             c.cached += t;
             c.pinned |= ent && ent[k].pinned;

@@ -99,7 +99,8 @@ int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, uint64_t 
                   cg_route_kind *kind);
 
 /* Picks a healthy worker for a request whose keys the one index lookup answered (ent[k] for
- * keys[k]; ent may be NULL when the lookup failed) and the recent notes. steer[k] (NULL = all) says
+ * keys[k], with the placements still queued for the index; ent may be NULL when the lookup
+ * failed). steer[k] (NULL = all) says
  * whether key k counts in the score: the gateway passes the document chunks only, because the few
  * system prompts that every request shares end up on every worker, and steering by them would send
  * every request to the first worker that cached one (herding). tie: a hash of the request's
@@ -118,17 +119,6 @@ void cg_workers_release(cg_workers *r, cg_worker **w);
 const char *cg_worker_url(const cg_worker *w); /* borrowed, lives as long as the reference */
 int64_t cg_worker_id(const cg_worker *w);
 
-/* Read-your-writes for routing: the index applies writes asynchronously, so a request that
- * follows another within milliseconds could route before the first one's placements are
- * committed. The registry keeps the placements reported by recent assemble answers (tokens;
- * -1 = gone from the worker) for a while and routing prefers them over the index. now_ms:
- * monotonic time. */
-void cg_workers_note(cg_workers *r, const cg_worker *w, const cg_key *key, int64_t tokens,
-                     uint64_t now_ms);
-/* Tokens of key on w in the merged view (recent notes over the index entry e, which may be
- * NULL); 0 when not placed there. */
-int64_t cg_workers_placed(cg_workers *r, const cg_worker *w, const cg_key *key,
-                          const cg_index_entry *e, uint64_t now_ms);
 
 /* Reports a failed call to w: counted in chunkgate_worker_errors_total{kind}; kind
  * "connect" or "timeout" also marks it down until a health probe succeeds. */

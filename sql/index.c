@@ -201,6 +201,26 @@ typedef struct op {
     } u;
 } op;
 
+/* A placement op (set or delete) of one (key, worker) waiting in the queue; only the newest
+ * op of the pair is kept. seq: the op's position in the queue. */
+typedef struct pend {
+    cg_key key;
+    int64_t worker_id, tokens, now;
+    uint64_t seq;
+    uint8_t tier, del;
+    struct pend *next;
+} pend;
+
+/* An inventory replace waiting in the queue: until it commits, the index's placements of the
+ * worker are superseded by the pend entries the replace queued. */
+typedef struct pend_replace {
+    int64_t worker_id;
+    uint64_t seq;
+    struct pend_replace *next;
+} pend_replace;
+
+#define PEND_BUCKETS 4096u
+
 typedef struct opvec {
     op *v;
     size_t n, cap;
@@ -232,6 +252,11 @@ struct cg_index {
 
     pthread_t writer;
     int writer_started, sync_inited;
+
+    /* Placements still in the queue, so lookups see them before the writer commits (under
+     * mu; see "Queued placements" below). */
+    pend *pend_buckets[PEND_BUCKETS];
+    pend_replace *replaces; /* inventory replaces queued, newest first */
 };
 
 static const char *const tier_names[] = {"ram", "disk"};
@@ -339,6 +364,210 @@ static const cg_db_schema schema = {
     .migrations = migrations,
 };
 
+/* ---- Queued placements ---------------------------------------------------------------------
+ * The index is the one owner of where a chunk is. Writes are asynchronous, so a placement the
+ * gateway has just learned sits in the queue for a while; lookups must still see it (read your
+ * writes). Every queued placement op also updates this overlay under mu, and the writer drops
+ * an entry once the op that made it has been applied. A lookup copies the overlay entries of
+ * its keys before it reads SQLite: an entry committed meanwhile is in the snapshot too, and
+ * applying it again changes nothing. */
+
+static size_t pend_bucket(const cg_key *k)
+{
+    uint64_t h;
+    memcpy(&h, k->b, sizeof h); /* keys are uniform hashes already */
+    return (size_t)(h % PEND_BUCKETS);
+}
+
+static pend **pend_find_locked(cg_index *ix, const cg_key *k, int64_t wid)
+{
+    pend **pp = &ix->pend_buckets[pend_bucket(k)];
+    while (*pp && !((*pp)->worker_id == wid && cg_key_equal(&(*pp)->key, k)))
+        pp = &(*pp)->next;
+    return pp;
+}
+
+/* Records the queued op seq for (key, worker). */
+static void pend_put_locked(cg_index *ix, const cg_key *k, int64_t wid, uint8_t tier,
+                            int64_t tokens, int64_t now, int del, uint64_t seq)
+{
+    pend **pp = pend_find_locked(ix, k, wid);
+    if (!*pp) {
+        *pp = cg_calloc(1, sizeof **pp);
+        (*pp)->key = *k;
+        (*pp)->worker_id = wid;
+    }
+    (*pp)->tier = tier;
+    (*pp)->tokens = tokens;
+    (*pp)->now = now;
+    (*pp)->del = (uint8_t)(del != 0);
+    (*pp)->seq = seq;
+}
+
+/* The op seq on (key, worker) was applied: its entry goes unless a newer op replaced it. */
+static void pend_done_locked(cg_index *ix, const cg_key *k, int64_t wid, uint64_t seq)
+{
+    pend **pp = pend_find_locked(ix, k, wid);
+    if (*pp && (*pp)->seq == seq) {
+        pend *dead = *pp;
+        *pp = dead->next;
+        free(dead);
+    }
+}
+
+/* A replace of wid's inventory was queued as op seq: older entries of wid are superseded. */
+static void pend_replace_locked(cg_index *ix, int64_t wid, uint64_t seq)
+{
+    for (size_t b = 0; b < PEND_BUCKETS; b++)
+        for (pend **pp = &ix->pend_buckets[b]; *pp;) {
+            if ((*pp)->worker_id == wid) {
+                pend *dead = *pp;
+                *pp = dead->next;
+                free(dead);
+            } else {
+                pp = &(*pp)->next;
+            }
+        }
+    pend_replace *r = cg_calloc(1, sizeof *r);
+    r->worker_id = wid;
+    r->seq = seq;
+    r->next = ix->replaces;
+    ix->replaces = r;
+}
+
+static void pend_replace_done_locked(cg_index *ix, int64_t wid, uint64_t seq)
+{
+    for (pend_replace **pp = &ix->replaces; *pp; pp = &(*pp)->next)
+        if ((*pp)->worker_id == wid && (*pp)->seq == seq) {
+            pend_replace *dead = *pp;
+            *pp = dead->next;
+            free(dead);
+            return;
+        }
+}
+
+static void pend_free_all(cg_index *ix)
+{
+    for (size_t b = 0; b < PEND_BUCKETS; b++)
+        while (ix->pend_buckets[b]) {
+            pend *dead = ix->pend_buckets[b];
+            ix->pend_buckets[b] = dead->next;
+            free(dead);
+        }
+    while (ix->replaces) {
+        pend_replace *dead = ix->replaces;
+        ix->replaces = dead->next;
+        free(dead);
+    }
+}
+
+/* Queues o's overlay entries; seq is the position o gets in the queue. Called with mu held. */
+static void pend_enqueued_locked(cg_index *ix, const op *o, uint64_t seq)
+{
+    if (o->type == OP_PLACE_SET)
+        pend_put_locked(ix, &o->key, o->worker_id, o->tier, o->tokens, o->now, 0, seq);
+    else if (o->type == OP_PLACE_DEL)
+        pend_put_locked(ix, &o->key, o->worker_id, 0, 0, 0, 1, seq);
+    else if (o->type == OP_REPLACE) {
+        pend_replace_locked(ix, o->worker_id, seq);
+        for (size_t i = 0; i < o->u.rep->n; i++)
+            pend_put_locked(ix, &o->u.rep->keys[i], o->worker_id, o->u.rep->tiers[i],
+                            o->u.rep->tokens[i], o->now, 0, seq);
+    }
+}
+
+/* o, at queue position seq, has been applied (or failed). Called with mu held. */
+static void pend_applied_locked(cg_index *ix, const op *o, uint64_t seq)
+{
+    if (o->type == OP_PLACE_SET || o->type == OP_PLACE_DEL) {
+        pend_done_locked(ix, &o->key, o->worker_id, seq);
+    } else if (o->type == OP_REPLACE) {
+        pend_replace_done_locked(ix, o->worker_id, seq);
+        for (size_t i = 0; i < o->u.rep->n; i++)
+            pend_done_locked(ix, &o->u.rep->keys[i], o->worker_id, seq);
+    }
+}
+
+/* What the queue says about one key, copied for a lookup. */
+typedef struct pend_view {
+    pend *v; /* copies; next unused */
+    size_t n;
+    int64_t *replaced; /* workers with a queued inventory replace */
+    size_t n_replaced;
+} pend_view;
+
+static void pend_view_take(cg_index *ix, const cg_key *keys, size_t n, pend_view *out)
+{
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&ix->mu);
+    size_t cap = 0, rcap = 0;
+    for (pend_replace *r = ix->replaces; r; r = r->next) {
+        if (out->n_replaced == rcap) {
+            rcap = rcap ? rcap * 2 : 4;
+            out->replaced = cg_realloc(out->replaced, rcap * sizeof *out->replaced);
+        }
+        out->replaced[out->n_replaced++] = r->worker_id;
+    }
+    for (size_t i = 0; i < n; i++)
+        for (pend *p = ix->pend_buckets[pend_bucket(&keys[i])]; p; p = p->next) {
+            if (!cg_key_equal(&p->key, &keys[i])) continue;
+            if (out->n == cap) {
+                cap = cap ? cap * 2 : 8;
+                out->v = cg_realloc(out->v, cap * sizeof *out->v);
+            }
+            out->v[out->n++] = *p;
+        }
+    pthread_mutex_unlock(&ix->mu);
+}
+
+static void pend_view_free(pend_view *v)
+{
+    cg_free(&v->v);
+    cg_free(&v->replaced);
+}
+
+static void entry_drop_placement(cg_index_entry *e, int i)
+{
+    memmove(&e->placements[i], &e->placements[i + 1],
+            (size_t)(e->n_placements - i - 1) * sizeof e->placements[0]);
+    e->n_placements--;
+}
+
+/* Sets (or, del, removes) worker wid's placement in e, keeping worker_id order. */
+static void entry_put_placement(cg_index_entry *e, const pend *p)
+{
+    int i = 0;
+    while (i < e->n_placements && e->placements[i].worker_id < p->worker_id) i++;
+    int here = i < e->n_placements && e->placements[i].worker_id == p->worker_id;
+    if (p->del) {
+        if (here) entry_drop_placement(e, i);
+        return;
+    }
+    if (!here) {
+        if (e->n_placements == CG_INDEX_MAX_PLACEMENTS) return;
+        memmove(&e->placements[i + 1], &e->placements[i],
+                (size_t)(e->n_placements - i) * sizeof e->placements[0]);
+        e->n_placements++;
+    }
+    e->placements[i] = (cg_index_placement){p->worker_id, p->tier ? CG_TIER_DISK : CG_TIER_RAM,
+                                            p->tokens, p->now};
+    if (!e->found) {
+        e->found = 1;
+        e->bytes = -1;
+    }
+    e->tokens = p->tokens;
+}
+
+/* Applies the queued placements of key to e, the committed state. */
+static void pend_view_apply(const pend_view *v, const cg_key *key, cg_index_entry *e)
+{
+    for (size_t r = 0; r < v->n_replaced; r++)
+        for (int i = e->n_placements - 1; i >= 0; i--)
+            if (e->placements[i].worker_id == v->replaced[r]) entry_drop_placement(e, i);
+    for (size_t i = 0; i < v->n; i++)
+        if (cg_key_equal(&v->v[i].key, key)) entry_put_placement(e, &v->v[i]);
+}
+
 static void *writer_main(void *arg);
 
 /* SQLite's memory statistics take a global mutex on every allocation, which serializes the
@@ -371,6 +600,7 @@ static void index_destroy(cg_index *ix)
     }
     cg_free(&ix->pool_free);
     cg_free(&ix->pending.v);
+    pend_free_all(ix);
     free(ix);
 }
 
@@ -714,6 +944,7 @@ static void *writer_main(void *arg)
         opvec t = ix->pending;
         ix->pending = work;
         work = t;
+        const uint64_t seq0 = ix->done_seq; /* ops finish in order: work.v[0] is op seq0 */
         pthread_mutex_unlock(&ix->mu);
 
         for (size_t i = 0; i < work.n; i += ix->params.batch_max) {
@@ -726,6 +957,7 @@ static void *writer_main(void *arg)
             ix->applied += k - failed;
             ix->failed += failed;
             for (size_t j = i; j < i + k; j++) {
+                pend_applied_locked(ix, &work.v[j], seq0 + j);
                 /* Last touch of a sync slot: its owner may return as soon as we unlock. */
                 if (is_sync(&work.v[j])) work.v[j].u.sync->done = 1;
             }
@@ -756,6 +988,7 @@ static int enqueue_locked(cg_index *ix, const op *o, int droppable)
         q->v = cg_realloc(q->v, q->cap * sizeof *q->v);
     }
     q->v[q->n++] = *o;
+    pend_enqueued_locked(ix, o, ix->enq_seq);
     ix->enq_seq++;
     if (ix->writer_idle) pthread_cond_signal(&ix->work_cv);
     return 1;
@@ -941,6 +1174,8 @@ static void fill_placement(sqlite3_stmt *s, int col, cg_index_placement *p)
 cg_status cg_index_lookup(cg_index *ix, const cg_key *keys, size_t n, cg_index_entry *out)
 {
     if (n == 0) return CG_OK;
+    pend_view pv;
+    pend_view_take(ix, keys, n, &pv); /* before the snapshot: see "Queued placements" */
     rconn *c = pool_get(ix);
     cg_status st = read_begin(c);
     sqlite3_stmt *s = c->s[R_LOOKUP];
@@ -969,11 +1204,20 @@ cg_status cg_index_lookup(cg_index *ix, const cg_key *keys, size_t n, cg_index_e
             cg_db_log(DB_MODULE, c->db, "lookup");
             st = CG_E_IO;
         }
+        pend_view_apply(&pv, &keys[i], e);
     }
     sqlite3_clear_bindings(s);
     st = read_end(c, st);
     pool_put(ix, c);
+    pend_view_free(&pv);
     return st;
+}
+
+int64_t cg_index_entry_tokens_on(const cg_index_entry *e, int64_t worker_id)
+{
+    for (int p = 0; e && p < e->n_placements; p++)
+        if (e->placements[p].worker_id == worker_id) return e->placements[p].tokens;
+    return 0;
 }
 
 /* ---- Admin reads -------------------------------------------------------------------------- */

@@ -72,8 +72,13 @@ typedef struct cg_index_entry {
 /* Looks up n keys in one read transaction (a consistent snapshot) and fills out[0..n).
  * keys and out are borrowed; out must hold n entries. Duplicate keys are fine. Safe to call
  * from any number of threads; it takes a connection from the read pool. Sees every write
- * committed before it starts (cg_index_flush makes queued writes visible). */
+ * committed before it starts, and the placements (set, delete, inventory replace) still
+ * waiting in the write queue: the index is the one owner of where a chunk is, also for the
+ * moment between learning a placement and committing it. */
 cg_status cg_index_lookup(cg_index *ix, const cg_key *keys, size_t n, cg_index_entry *out) CG_WUR;
+/* Tokens of the chunk on worker_id according to e (a lookup result; NULL = unknown), or 0 when
+ * e places it elsewhere only. */
+int64_t cg_index_entry_tokens_on(const cg_index_entry *e, int64_t worker_id);
 
 /* ---- Asynchronous writes ------------------------------------------------------------------- *
  * Each call copies its arguments into the writer queue and returns at once; the writer

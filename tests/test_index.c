@@ -717,6 +717,62 @@ START_TEST(test_inventory_replace)
 }
 END_TEST
 
+/* ---- read your writes ------------------------------------------------------------------------ */
+
+/* Lookups see placements still waiting in the write queue: the writer is held in BEGIN by
+ * another connection, and the queued set, delete and inventory replace show at once, then
+ * remain the same once committed. */
+START_TEST(test_queued_placements_visible)
+{
+    cg_index *ix = NULL;
+    cg_index_params p = cg_index_default_params();
+    p.busy_timeout_ms = 20000;
+    ck_assert_int_eq(cg_index_open(g_path, p, &ix), CG_OK);
+    int64_t a, b;
+    ck_assert_int_eq(cg_index_worker_add(ix, "http://a", "tiny", 1, &a), CG_OK);
+    ck_assert_int_eq(cg_index_worker_add(ix, "http://b", "tiny", 1, &b), CG_OK);
+    cg_key k[3] = {key_of(500), key_of(501), key_of(502)};
+    cg_index_placement_set(ix, &k[0], a, CG_TIER_RAM, 5, 1);
+    cg_index_placement_set(ix, &k[0], b, CG_TIER_RAM, 5, 1);
+    flush_ok(ix);
+
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(g_path, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    cg_index_placement_set(ix, &k[1], a, CG_TIER_DISK, 7, 2);
+    cg_index_placement_del(ix, &k[0], a);
+    cg_tier tiers[1] = {CG_TIER_RAM};
+    int64_t toks[1] = {9};
+    cg_index_worker_placements_replace(ix, b, &k[2], tiers, toks, 1, 3);
+    for (int round = 0; round < 2; round++) {
+        if (round == 1) { /* the same once committed */
+            ck_assert_int_eq(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+            flush_ok(ix);
+        } else {
+            ck_assert_uint_gt(stats_of(ix).queue_depth, 0); /* still queued */
+        }
+        cg_index_entry e[3];
+        ck_assert_int_eq(cg_index_lookup(ix, k, 3, e), CG_OK);
+        /* k0: deleted from a, and b's inventory no longer holds it */
+        ck_assert_int_eq(e[0].n_placements, 0);
+        ck_assert_int_eq(cg_index_entry_tokens_on(&e[0], a), 0);
+        /* k1: on a, from the queued set */
+        ck_assert_int_eq(e[1].found, 1);
+        ck_assert_int_eq(e[1].n_placements, 1);
+        ck_assert_int_eq(e[1].placements[0].worker_id, a);
+        ck_assert_int_eq(e[1].placements[0].tier, CG_TIER_DISK);
+        ck_assert_int_eq(cg_index_entry_tokens_on(&e[1], a), 7);
+        ck_assert_int_eq(e[1].tokens, 7);
+        /* k2: on b, from the queued inventory replace */
+        ck_assert_int_eq(e[2].n_placements, 1);
+        ck_assert_int_eq(cg_index_entry_tokens_on(&e[2], b), 9);
+    }
+    sqlite3_close(db);
+    check_ok(ix);
+    cg_index_close(&ix);
+}
+END_TEST
+
 /* ---- check detects damage ------------------------------------------------------------------- */
 
 START_TEST(test_check_detects_bad_totals)
@@ -992,6 +1048,7 @@ static Suite *index_suite(void)
     tcase_add_test(tc, test_queue_full_drops);
     tcase_add_test(tc, test_batch_lost_when_locked);
     tcase_add_test(tc, test_inventory_replace);
+    tcase_add_test(tc, test_queued_placements_visible);
     tcase_add_test(tc, test_check_detects_bad_totals);
     tcase_add_test(tc, test_concurrency);
     tcase_add_test(tc, test_kill9_crash_safety);
