@@ -203,3 +203,18 @@ int cg_key_equal(const cg_key *a, const cg_key *b)
 {
     return memcmp(a->b, b->b, sizeof a->b) == 0;
 }
+
+void cg_key_request(const cg_key_scope *sc, const cg_key_seg *segs, size_t n, int with_question,
+                    cg_key *keys)
+{
+    const int chain = sc->mode == CG_MODE_SYS && n > 0 && segs[0].role == CG_ROLE_SYSTEM;
+    for (size_t i = 0; i < n; i++) {
+        if (segs[i].role == CG_ROLE_QUESTION && !with_question) {
+            memset(&keys[i], 0, sizeof keys[i]);
+            continue;
+        }
+        const cg_key *sys_key = chain && i > 0 ? &keys[0] : NULL;
+        keys[i] = cg_key_compute(sc->model, sc->model_len, sc->mode, sc->salt,
+                                 sc->salt ? sc->salt_len : 0, sys_key, segs[i].text, segs[i].len);
+    }
+}

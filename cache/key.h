@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "cache/split.h"
 
 typedef struct cg_key {
     uint8_t b[16]; /* XXH3-128 canonical (big-endian) byte order, or SHA-256 bytes 0..15 */
@@ -43,6 +44,30 @@ cg_key cg_key_compute(const char *model, size_t model_len, cg_mode mode, const c
 cg_key cg_key_compute_with(cg_key_hash h, const char *model, size_t model_len, cg_mode mode,
                            const char *salt, size_t salt_len, const cg_key *sys_key,
                            const char *text, size_t text_len);
+
+/* One segment of a request, as the key loop sees it (text borrowed). */
+typedef struct cg_key_seg {
+    cg_role role;
+    const char *text;
+    size_t len;
+} cg_key_seg;
+
+/* What every key of a request shares (all borrowed; salt may be NULL with salt_len 0). */
+typedef struct cg_key_scope {
+    const char *model;
+    size_t model_len;
+    cg_mode mode;
+    const char *salt;
+    size_t salt_len;
+} cg_key_scope;
+
+/* The keys of a request's segments, in prompt order: the one loop both programs run, so the
+ * gateway's keys and the worker's are computed the same way (DESIGN §4). keys[i] is the key
+ * of segs[i]. In mode sys the key of every segment after a leading system segment chains the
+ * system segment's key. A question segment is cacheable nowhere: its key is computed only
+ * when with_question is set (the worker reports it), else keys[i] is zeroed. */
+void cg_key_request(const cg_key_scope *scope, const cg_key_seg *segs, size_t n, int with_question,
+                    cg_key *keys);
 
 /* The tenant id of an API key: lowercase hex of the first 16 bytes of
  * SHA-256("chunkgate-tenant-v1" || 0x00 || key), whatever the key hash. The gateway salts the

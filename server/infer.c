@@ -258,26 +258,24 @@ cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, 
         goto out;
     }
 
-    /* Keys for the cacheable segments. In mode sys a chunk's key includes the system key. */
-    out->keys = cg_calloc(out->split.n ? out->split.n : 1, sizeof *out->keys);
-    out->key_seg = cg_calloc(out->split.n ? out->split.n : 1, sizeof *out->key_seg);
-    cg_key sys_key;
-    int have_sys = 0;
-    size_t salt_len = salt ? strlen(salt) : 0;
-    for (size_t i = 0; i < out->split.n; i++) {
-        const cg_segment *s = &out->split.segs[i];
-        if (s->role == CG_ROLE_QUESTION) continue;
-        const cg_key *sk =
-            out->mode == CG_MODE_SYS && s->role == CG_ROLE_CHUNK && have_sys ? &sys_key : NULL;
-        cg_key k = cg_key_compute(model, strlen(model), out->mode, salt, salt_len, sk,
-                                  out->text + s->off, s->len);
-        if (s->role == CG_ROLE_SYSTEM) {
-            sys_key = k;
-            have_sys = 1;
-        }
-        out->keys[out->n_keys] = k;
+    /* Keys for the cacheable segments (system and chunks), compacted. */
+    size_t ns = out->split.n;
+    cg_key_seg *ks = cg_calloc(ns ? ns : 1, sizeof *ks);
+    cg_key *all = cg_calloc(ns ? ns : 1, sizeof *all);
+    for (size_t i = 0; i < ns; i++)
+        ks[i] = (cg_key_seg){out->split.segs[i].role, out->text + out->split.segs[i].off,
+                             out->split.segs[i].len};
+    cg_key_scope scope = {model, strlen(model), out->mode, salt, salt ? strlen(salt) : 0};
+    cg_key_request(&scope, ks, ns, 0, all);
+    out->keys = cg_calloc(ns ? ns : 1, sizeof *out->keys);
+    out->key_seg = cg_calloc(ns ? ns : 1, sizeof *out->key_seg);
+    for (size_t i = 0; i < ns; i++) {
+        if (ks[i].role == CG_ROLE_QUESTION) continue;
+        out->keys[out->n_keys] = all[i];
         out->key_seg[out->n_keys++] = i;
     }
+    free(ks);
+    free(all);
     *param = NULL;
 out:
     if (parts)

@@ -253,6 +253,41 @@ START_TEST(test_parse_rejects)
 }
 END_TEST
 
+/* The request loop: each key equals its own cg_key_compute; in mode sys everything after the
+ * system segment chains its key; a question has a key only on request. */
+START_TEST(test_request_keys)
+{
+    const char *m = "tiny-llama", *salt = "t";
+    cg_key_seg segs[] = {{CG_ROLE_SYSTEM, "You are terse.", 14},
+                         {CG_ROLE_CHUNK, "Doc A", 5},
+                         {CG_ROLE_CHUNK, "Doc B", 5},
+                         {CG_ROLE_QUESTION, "Why?", 4}};
+    const cg_mode modes[] = {CG_MODE_STRICT, CG_MODE_SYS};
+    for (int mi = 0; mi < 2; mi++) {
+        cg_key_scope sc = {m, strlen(m), modes[mi], salt, 1};
+        cg_key k[4], kq[4], zero;
+        memset(&zero, 0, sizeof zero);
+        cg_key_request(&sc, segs, 4, 0, k);
+        cg_key_request(&sc, segs, 4, 1, kq);
+        cg_key sys = cg_key_compute(m, strlen(m), modes[mi], salt, 1, NULL, segs[0].text, 14);
+        ck_assert(cg_key_equal(&k[0], &sys));
+        for (int i = 1; i < 4; i++) {
+            cg_key want = cg_key_compute(m, strlen(m), modes[mi], salt, 1,
+                                         modes[mi] == CG_MODE_SYS ? &sys : NULL, segs[i].text,
+                                         segs[i].len);
+            ck_assert(cg_key_equal(&kq[i], &want));
+            if (i < 3) ck_assert(cg_key_equal(&k[i], &want));
+        }
+        ck_assert(cg_key_equal(&k[3], &zero));
+        /* without a leading system segment nothing chains */
+        cg_key c[2];
+        cg_key_request(&sc, segs + 1, 2, 0, c);
+        cg_key plain = cg_key_compute(m, strlen(m), modes[mi], salt, 1, NULL, "Doc B", 5);
+        ck_assert(cg_key_equal(&c[1], &plain));
+    }
+}
+END_TEST
+
 START_TEST(test_mode_names)
 {
     ck_assert_str_eq(cg_mode_name(CG_MODE_STRICT), "strict");
@@ -283,6 +318,7 @@ static Suite *key_suite(void)
     tcase_add_test(tc, test_hex_round_trip);
     tcase_add_test(tc, test_parse_rejects);
     tcase_add_test(tc, test_mode_names);
+    tcase_add_test(tc, test_request_keys);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -706,11 +706,15 @@ cg_status cg_engine_assemble(cg_engine *e, const cg_assemble_req *req, uint64_t 
     }
     const int has_sys = j.roles[0] == CG_ROLE_SYSTEM;
     const uint32_t s_len = has_sys ? j.lens[0] : 0;
+    cg_key_seg *ks = cg_malloc(n * sizeof *ks);
+    for (size_t i = 0; i < n; i++)
+        ks[i] = (cg_key_seg){req->segs[i].role, req->segs[i].text, req->segs[i].len};
+    cg_key_scope scope = {cfg->model_id, strlen(cfg->model_id), req->mode, req->salt,
+                          req->salt_len};
+    cg_key_request(&scope, ks, n, 1, j.keys);
+    free(ks);
     for (size_t i = 0; i < n; i++) {
         const cg_engine_seg *s = &req->segs[i];
-        const cg_key *sys_key = req->mode == CG_MODE_SYS && has_sys && i > 0 ? &j.keys[0] : NULL;
-        j.keys[i] = cg_key_compute(cfg->model_id, strlen(cfg->model_id), req->mode, req->salt,
-                                   req->salt ? req->salt_len : 0, sys_key, s->text, s->len);
         /* A client-supplied key must name exactly this text, or it could plant KV under
          * another chunk's key. */
         if (s->key && !cg_key_equal(s->key, &j.keys[i])) {
