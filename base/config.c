@@ -7,6 +7,8 @@
 #include <strings.h>
 #include "base/base.h"
 
+const char *const cg_log_level_names[] = {"debug", "info", "warn", "error", NULL};
+
 static void *field(void *cfg, const cg_cfg_opt *o) { return (char *)cfg + o->offset; }
 
 static int parse_bool(const char *v, int *out)
@@ -82,6 +84,19 @@ static cg_status set_value(const cg_cfg_opt *o, void *cfg, const char *v, int ap
         else *(size_t *)field(cfg, o) = (size_t)x;
         return CG_OK;
     }
+    case CG_CFG_ENUM:
+        for (int i = 0; o->choices[i]; i++)
+            if (!strcmp(v, o->choices[i])) {
+                *(int *)field(cfg, o) = i;
+                return CG_OK;
+            }
+        {
+            size_t len = (size_t)snprintf(err, errlen, "--%s: '%s' is not one of", o->name, v);
+            for (int i = 0; o->choices[i] && len < errlen; i++)
+                len += (size_t)snprintf(err + len, errlen - len, "%s %s", i ? "," : "",
+                                        o->choices[i]);
+        }
+        return CG_E_VALUE;
     case CG_CFG_LIST: {
         cg_strlist *l = field(cfg, o);
         if (!append) {
@@ -165,7 +180,7 @@ out:
 
 void cg_config_help(FILE *out, const char *usage, const cg_cfg_opt *tab, size_t n)
 {
-    static const char *types[] = {"STR", "INT", "SIZE", "BOOL", "LIST"};
+    static const char *types[] = {"STR", "INT", "SIZE", "BOOL", "LIST", "ENUM"};
     fprintf(out, "%s\n\nOptions (flags override environment variables):\n\n", usage);
     fprintf(out, "| flag | env | type | default | description |\n|---|---|---|---|---|\n");
     for (size_t i = 0; i < n; i++) {

@@ -13,6 +13,7 @@ typedef enum {
     CG_CFG_SIZE, /* size_t, accepts K/M/G suffixes (powers of 1024), within [min, max] */
     CG_CFG_BOOL, /* int 0/1: "--flag" alone, or true/false/1/0/yes/no */
     CG_CFG_LIST, /* cg_strlist, repeatable flag; the env var is comma-separated */
+    CG_CFG_ENUM, /* int: the index of the value in choices */
 } cg_cfg_type;
 
 typedef struct cg_strlist {
@@ -28,7 +29,17 @@ typedef struct cg_cfg_opt {
     const char *def;  /* default as text; NULL = unset (NULL string / empty list / 0) */
     long long min, max;
     const char *help;
+    const char *const *choices; /* CG_CFG_ENUM: the allowed values, NULL-terminated */
 } cg_cfg_opt;
+
+/* One row of a program's table over its config struct T (both programs use these). */
+#define CG_OPT(T, name, env, type, field, def, min, max, help)                                    \
+    {name, env, type, offsetof(T, field), def, min, max, help, NULL}
+#define CG_OPT_ENUM(T, name, env, field, def, choices, help)                                      \
+    {name, env, CG_CFG_ENUM, offsetof(T, field), def, 0, 0, help, choices}
+
+/* The values of --log-level, in cg_log_level order. */
+extern const char *const cg_log_level_names[];
 
 /* Applies defaults, then environment variables, then argv flags (flags win), validating
  * each value. Positional arguments are an error. "--help" sets *want_help and returns CG_OK.

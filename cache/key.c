@@ -15,29 +15,27 @@
 
 #include "base/base.h"
 
+const char *const cg_mode_names[] = {"strict", "sys", NULL};
+const char *const cg_key_hash_names[] = {"xxhash", "sha256", NULL};
+
 const char *cg_mode_name(cg_mode m)
 {
-    switch (m) {
-    case CG_MODE_STRICT:
-        return "strict";
-    case CG_MODE_SYS:
-        return "sys";
-    }
-    return "unknown";
+    return (unsigned)m < 2 ? cg_mode_names[m] : "unknown";
+}
+
+/* The index of s in names (NULL-terminated), or -1. */
+static int name_index(const char *const *names, const char *s)
+{
+    for (int i = 0; s && names[i]; i++)
+        if (!strcmp(s, names[i])) return i;
+    return -1;
 }
 
 int cg_mode_parse(const char *s, cg_mode *out)
 {
-    if (!s) return -1;
-    if (strcmp(s, "strict") == 0) {
-        *out = CG_MODE_STRICT;
-        return 0;
-    }
-    if (strcmp(s, "sys") == 0) {
-        *out = CG_MODE_SYS;
-        return 0;
-    }
-    return -1;
+    int i = name_index(cg_mode_names, s);
+    if (i >= 0) *out = (cg_mode)i;
+    return i >= 0 ? 0 : -1;
 }
 
 const char *cg_key_hash_name(cg_key_hash h)
@@ -47,16 +45,9 @@ const char *cg_key_hash_name(cg_key_hash h)
 
 int cg_key_hash_parse(const char *s, cg_key_hash *out)
 {
-    if (!s) return -1;
-    if (!strcmp(s, "xxhash") || !strcmp(s, "xxh3")) {
-        *out = CG_KEY_HASH_XXH3;
-        return 0;
-    }
-    if (!strcmp(s, "sha256")) {
-        *out = CG_KEY_HASH_SHA256;
-        return 0;
-    }
-    return -1;
+    int i = s && !strcmp(s, "xxh3") ? CG_KEY_HASH_XXH3 : name_index(cg_key_hash_names, s);
+    if (i >= 0) *out = (cg_key_hash)i;
+    return i >= 0 ? 0 : -1;
 }
 
 /* Written once at startup, before threads; read-only afterwards. */

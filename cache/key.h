@@ -17,6 +17,8 @@ typedef struct cg_key {
 
 typedef enum { CG_MODE_STRICT, CG_MODE_SYS } cg_mode;
 
+/* "strict", "sys" in cg_mode order, NULL-terminated (the values of --chunk-mode). */
+extern const char *const cg_mode_names[];
 /* "strict" / "sys"; static storage. */
 const char *cg_mode_name(cg_mode m);
 /* Parses a mode name; returns 0 on success, -1 if unknown. */
@@ -26,6 +28,8 @@ int cg_mode_parse(const char *s, cg_mode *out);
  * SHA-256 (its first 16 bytes) is, at a higher cost. Gateway and workers must use the same. */
 typedef enum { CG_KEY_HASH_XXH3, CG_KEY_HASH_SHA256 } cg_key_hash;
 
+/* "xxhash", "sha256" in cg_key_hash order, NULL-terminated (the values of --key-hash). */
+extern const char *const cg_key_hash_names[];
 /* "xxhash" / "sha256" (the names of --key-hash and of key_hash in /v1/info); static storage. */
 const char *cg_key_hash_name(cg_key_hash h);
 /* Parses "xxhash" (alias "xxh3") or "sha256"; returns 0 on success, -1 if unknown. */

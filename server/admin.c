@@ -1,7 +1,9 @@
 /* Admin routes: the chunk index (list with limit/after paging, get, delete, lookup by keys or
  * by prompt, pin/unpin) and the worker registry (list, add, get, delete). Index reads flush
  * the writer queue first, so an admin sees every request the gateway answered before. */
-#include "server/gateway_impl.h"
+#include "server/admin.h"
+#include "server/gwstate.h"
+#include "server/segments.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -12,7 +14,7 @@
 #define LIST_MAX 1000
 #define LOOKUP_MAX_KEYS 10000
 
-json_t *cg_gw_placements_json(const cg_index_placement *p, int n)
+static json_t *placements_json(const cg_index_placement *p, int n)
 {
     json_t *a = json_array();
     for (int i = 0; i < n; i++)
@@ -28,7 +30,7 @@ static json_t *int_or_null(int64_t v, int64_t null_below)
     return v < null_below ? json_null() : json_integer((json_int_t)v);
 }
 
-json_t *cg_gw_chunk_json(const cg_index_chunk *c)
+static json_t *chunk_json(const cg_index_chunk *c)
 {
     char hex[CG_KEY_HEX_LEN + 1];
     cg_key_hex(&c->key, hex);
@@ -40,7 +42,7 @@ json_t *cg_gw_chunk_json(const cg_index_chunk *c)
         (json_int_t)(c->first_seen / 1000), "first_seen_ms", (json_int_t)c->first_seen,
         "last_seen_ms", (json_int_t)c->last_seen, "last_hit_ms", int_or_null(c->last_hit, 1),
         "seen_count", (json_int_t)c->seen_count, "hit_count", (json_int_t)c->hit_count, "pinned",
-        c->pinned, "placements", cg_gw_placements_json(c->placements, c->n_placements));
+        c->pinned, "placements", placements_json(c->placements, c->n_placements));
 }
 
 /* Makes queued writes visible to the reads that follow. */
@@ -98,7 +100,7 @@ void cg_gw_chunks_list(cg_http_req *req, void *app)
     if (more) n = (size_t)limit;
     json_t *data = json_array();
     for (size_t i = 0; i < n; i++)
-        json_array_append_new(data, cg_gw_chunk_json(&rows[i]));
+        json_array_append_new(data, chunk_json(&rows[i]));
     char first[CG_KEY_HEX_LEN + 1], last[CG_KEY_HEX_LEN + 1];
     if (n) {
         cg_key_hex(&rows[0].key, first);
@@ -128,7 +130,7 @@ void cg_gw_chunk_get(cg_http_req *req, void *app)
         cg_http_reply_error(req, CG_E_IO, NULL, "the chunk index cannot be read");
         return;
     }
-    cg_http_reply_json(req, 200, cg_gw_chunk_json(&c));
+    cg_http_reply_json(req, 200, chunk_json(&c));
     cg_index_chunk_clear(&c);
 }
 
@@ -254,7 +256,7 @@ void cg_gw_chunks_lookup(cg_http_req *req, void *app)
                             ent[i].found ? int_or_null(ent[i].bytes, 0) : json_null(), "seen_count",
                             (json_int_t)ent[i].seen_count, "hit_count",
                             (json_int_t)ent[i].hit_count, "pinned", ent[i].pinned, "placements",
-                            cg_gw_placements_json(ent[i].placements, ent[i].n_placements)));
+                            placements_json(ent[i].placements, ent[i].n_placements)));
     }
     json_t *reply = json_pack("{s:s, s:o}", "object", "list", "data", data);
     if (!by_keys) {
@@ -294,7 +296,7 @@ static void set_pin(cg_http_req *req, cg_gateway *g, int pinned)
         cg_http_reply_error(req, CG_E_IO, NULL, "the chunk index could not be updated");
         return;
     }
-    cg_http_reply_json(req, 200, cg_gw_chunk_json(&c));
+    cg_http_reply_json(req, 200, chunk_json(&c));
     cg_index_chunk_clear(&c);
 }
 

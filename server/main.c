@@ -6,16 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include "cache/key.h"
 #include "server/gateway.h"
 #include "base/base.h"
-
-static cg_log_level parse_level(const char *s)
-{
-    if (!strcmp(s, "debug")) return CG_LOG_DEBUG;
-    if (!strcmp(s, "warn")) return CG_LOG_WARN;
-    if (!strcmp(s, "error")) return CG_LOG_ERROR;
-    return CG_LOG_INFO;
-}
 
 /* Every streamed answer holds two sockets (client and backend), so 1,000 streams need more
  * descriptors than the usual soft limit of 1024: raise it to the hard limit. */
@@ -46,7 +39,7 @@ int main(int argc, char **argv)
         cg_config_help(stdout, CG_GATEWAY_USAGE, cg_gateway_options, cg_gateway_n_options);
         goto out;
     }
-    cg_log_init("chunkgate", parse_level(cfg.log_level));
+    cg_log_init("chunkgate", (cg_log_level)cfg.log_level);
 
     /* Block the stop signals in every thread (threads inherit the mask), then wait for them
      * here with sigwait: no handler runs in an arbitrary thread. SIGPIPE from a client that
@@ -73,7 +66,7 @@ int main(int argc, char **argv)
            cfg.backend ? cfg.backend : "(none: the chosen worker answers)", cfg.workers.n,
            cfg.data_dir,
            cfg.admin_token ? "need the admin token" : cfg.api_keys.n ? "closed" : "open",
-           cfg.api_keys.n ? "need an API key" : "open", cfg.api_keys.n, cfg.key_hash);
+           cfg.api_keys.n ? "need an API key" : "open", cfg.api_keys.n, cg_key_hash_names[cfg.key_hash]);
 
     int sig = 0;
     sigwait(&stop, &sig);

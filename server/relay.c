@@ -4,11 +4,12 @@
  * client as they arrive: the first data event gains chunk_cache, the others pass through byte
  * for byte, and the gateway ends the stream with "data: [DONE]". A slow client pauses the
  * upstream transfer; a client that leaves cancels it. */
-#include "server/gateway_impl.h"
+#include "server/relay.h"
 
 #include <stdio.h>
 #include <string.h>
 #include "backends/sse.h"
+#include "server/chatconv.h"
 #include "backends/worker_client.h"
 #include "server/statuspage.h"
 

@@ -9,7 +9,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include "server/gateway_impl.h"
+#include "server/gwstate.h"
 
 /* Segments kept per recorded request: a request may have thousands, the page shows a few. */
 #define SEGS_KEPT 64

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "base/config.h"
+#include "base/base.h"
+#include "cache/key.h"
 #include "server/gateway.h"
 
 typedef struct tcfg {
@@ -16,22 +18,26 @@ typedef struct tcfg {
     int flag;
     cg_strlist items;
     char *unset;
+    int color;
 } tcfg;
 
+static const char *const colors[] = {"red", "green", "blue", NULL};
+
 static const cg_cfg_opt tab[] = {
-    {"name", "CGT_NAME", CG_CFG_STR, offsetof(tcfg, name), "dflt", 0, 0, "a name"},
-    {"count", "CGT_COUNT", CG_CFG_INT, offsetof(tcfg, count), "5", 1, 100, "a count"},
-    {"size", "CGT_SIZE", CG_CFG_SIZE, offsetof(tcfg, size), "1K", 0, 1LL << 40, "a size"},
-    {"flag", "CGT_FLAG", CG_CFG_BOOL, offsetof(tcfg, flag), "false", 0, 0, "a flag"},
-    {"item", "CGT_ITEMS", CG_CFG_LIST, offsetof(tcfg, items), "a,b", 0, 0, "items"},
-    {"unset", "CGT_UNSET", CG_CFG_STR, offsetof(tcfg, unset), NULL, 0, 0, "not set by default"},
+    CG_OPT(tcfg, "name", "CGT_NAME", CG_CFG_STR, name, "dflt", 0, 0, "a name"),
+    CG_OPT(tcfg, "count", "CGT_COUNT", CG_CFG_INT, count, "5", 1, 100, "a count"),
+    CG_OPT(tcfg, "size", "CGT_SIZE", CG_CFG_SIZE, size, "1K", 0, 1LL << 40, "a size"),
+    CG_OPT(tcfg, "flag", "CGT_FLAG", CG_CFG_BOOL, flag, "false", 0, 0, "a flag"),
+    CG_OPT(tcfg, "item", "CGT_ITEMS", CG_CFG_LIST, items, "a,b", 0, 0, "items"),
+    CG_OPT(tcfg, "unset", "CGT_UNSET", CG_CFG_STR, unset, NULL, 0, 0, "not set by default"),
+    CG_OPT_ENUM(tcfg, "color", "CGT_COLOR", color, "green", colors, "a color"),
 };
 #define NTAB (sizeof tab / sizeof tab[0])
 
 static void clear_env(void)
 {
-    const char *vars[] = {"CGT_NAME", "CGT_COUNT", "CGT_SIZE",
-                          "CGT_FLAG", "CGT_ITEMS", "CGT_UNSET"};
+    const char *vars[] = {"CGT_NAME",  "CGT_COUNT", "CGT_SIZE", "CGT_FLAG",
+                          "CGT_ITEMS", "CGT_UNSET", "CGT_COLOR"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         unsetenv(vars[i]);
 }
@@ -237,7 +243,9 @@ START_TEST(gateway_table)
     ck_assert_str_eq(cfg.listen, "127.0.0.1:8080");
     ck_assert_str_eq(cfg.separator, "# #");
     ck_assert_str_eq(cfg.data_dir, "./data");
-    ck_assert_str_eq(cfg.chunk_mode, "strict");
+    ck_assert_int_eq(cfg.chunk_mode, CG_MODE_STRICT);
+    ck_assert_int_eq(cfg.log_level, CG_LOG_INFO);
+    ck_assert_int_eq(cfg.key_hash, CG_KEY_HASH_XXH3);
     ck_assert_uint_eq(cfg.max_body_bytes, 8u << 20);
     ck_assert_int_eq(cfg.max_segments, 256);
     ck_assert_uint_eq(cfg.max_upstream_bytes, 64u << 20);
@@ -268,6 +276,7 @@ START_TEST(gateway_bad_values)
         {"--listen", "127.0.0.1:70000", "--listen"}, {"--backend", "ftp://x", "--backend"},
         {"--chunk-mode", "loose", "--chunk-mode"},   {"--separator", "", "--separator"},
         {"--max-segments", "1", "--max-segments"},   {"--max-body-bytes", "10", "--max-body-bytes"},
+        {"--key-hash", "md5", "--key-hash"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cg_gateway_config cfg;
@@ -282,6 +291,34 @@ START_TEST(gateway_bad_values)
 }
 END_TEST
 
+/* An enum option stores the index of its value, from the default, the environment or a flag,
+ * and a value outside its choices is refused with the choices listed. */
+START_TEST(enum_values)
+{
+    clear_env();
+    tcfg c;
+    int help;
+    char err[256];
+    const char *none[] = {NULL};
+    ck_assert_int_eq(parse(&c, none, &help, err, sizeof err), CG_OK);
+    ck_assert_int_eq(c.color, 1);
+    cg_config_free(tab, NTAB, &c);
+    setenv("CGT_COLOR", "blue", 1);
+    ck_assert_int_eq(parse(&c, none, &help, err, sizeof err), CG_OK);
+    ck_assert_int_eq(c.color, 2);
+    cg_config_free(tab, NTAB, &c);
+    const char *flag[] = {"--color", "red", NULL};
+    ck_assert_int_eq(parse(&c, flag, &help, err, sizeof err), CG_OK);
+    ck_assert_int_eq(c.color, 0);
+    cg_config_free(tab, NTAB, &c);
+    const char *bad[] = {"--color=mauve", NULL};
+    ck_assert_int_eq(parse(&c, bad, &help, err, sizeof err), CG_E_VALUE);
+    ck_assert_str_eq(err, "--color: 'mauve' is not one of red, green, blue");
+    cg_config_free(tab, NTAB, &c);
+    clear_env();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config");
@@ -293,6 +330,7 @@ int main(void)
     tcase_add_test(tc, help_flag_and_text);
     tcase_add_test(tc, gateway_table);
     tcase_add_test(tc, gateway_bad_values);
+    tcase_add_test(tc, enum_values);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

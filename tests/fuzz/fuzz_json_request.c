@@ -3,7 +3,7 @@
  * a default gateway configuration: jansson's parse (flags of cg_http_req_json), the field
  * helpers (model, stream, max_tokens, max_completion_tokens, keys) and cg_gw_segment_request
  * (extension fields, prompt or messages + documents, split/chat rendering, keys); and the
- * chat <-> completions conversions of server/orchestrate.c (cg_gw_chat_as_completion on the
+ * chat <-> completions conversions of server/chatconv.c (cg_gw_chat_as_completion on the
  * body, cg_gw_to_chat on the body taken as an upstream answer).
  * The HTTP plumbing (cg_http_req), forward_body() and the handlers themselves are static in
  * server/infer.c and server/admin.c and are not reached (see tests/README.md).
@@ -15,7 +15,9 @@
 #include "base/base.h"
 #include "cache/key.h"
 #include "server/gateway.h"
-#include "server/gateway_impl.h"
+#include "server/chatconv.h"
+#include "server/gwstate.h"
+#include "server/segments.h"
 #include "base/http.h"
 
 static cg_gateway_config g_cfg;
@@ -32,7 +34,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         fprintf(stderr, "fuzz_json_request: default configuration: %s\n", err);
         abort();
     }
-    if (cg_mode_parse(g_cfg.chunk_mode, &g_gw.default_mode) != 0) abort();
+    g_gw.default_mode = (cg_mode)g_cfg.chunk_mode;
     g_gw.cfg = &g_cfg;
     return 0;
 }
@@ -199,7 +201,7 @@ static void helpers(json_t *body)
     }
 }
 
-/* The chat <-> completions conversions of server/orchestrate.c: the body as a chat request
+/* The chat <-> completions conversions of server/chatconv.c: the body as a chat request
  * turned into a completions body, and as an upstream answer rewritten in chat shape. */
 static void conversions(json_t *body, const uint8_t *data, size_t size)
 {

@@ -31,17 +31,18 @@ typedef struct gen_cfg {
     char *model_id;
 } gen_cfg;
 
+#define GEN_OPT(...) CG_OPT(gen_cfg, __VA_ARGS__)
 static const cg_cfg_opt gen_opts[] = {
-    {"out", "CHUNKGATE_WORKER_GEN_OUT", CG_CFG_STR, offsetof(gen_cfg, out), NULL, 0, 0,
-     "directory to write config.json and model.safetensors into (created if missing; required)"},
-    {"seed", "CHUNKGATE_WORKER_GEN_SEED", CG_CFG_INT, offsetof(gen_cfg, seed), "1", 0, (1LL << 62),
-     "weights seed; the same seed gives the same bytes"},
-    {"dtype", "CHUNKGATE_WORKER_GEN_DTYPE", CG_CFG_STR, offsetof(gen_cfg, dtype), "f32", 0, 0,
-     "storage dtype of the weights: f32, f16 or bf16 (converted to f32 at load)"},
-    {"rope-style", "CHUNKGATE_WORKER_GEN_ROPE_STYLE", CG_CFG_STR, offsetof(gen_cfg, rope_style),
-     "half", 0, 0, "RoPE pairing: half (HF/NeoX) or interleaved (GPT-J)"},
-    {"model-id", "CHUNKGATE_WORKER_GEN_MODEL_ID", CG_CFG_STR, offsetof(gen_cfg, model_id),
-     "chunkgate-tiny", 0, 0, "model id written into config.json"},
+    GEN_OPT("out", "CHUNKGATE_WORKER_GEN_OUT", CG_CFG_STR, out, NULL, 0, 0,
+     "directory to write config.json and model.safetensors into (created if missing; required)"),
+    GEN_OPT("seed", "CHUNKGATE_WORKER_GEN_SEED", CG_CFG_INT, seed, "1", 0, (1LL << 62),
+     "weights seed; the same seed gives the same bytes"),
+    GEN_OPT("dtype", "CHUNKGATE_WORKER_GEN_DTYPE", CG_CFG_STR, dtype, "f32", 0, 0,
+     "storage dtype of the weights: f32, f16 or bf16 (converted to f32 at load)"),
+    GEN_OPT("rope-style", "CHUNKGATE_WORKER_GEN_ROPE_STYLE", CG_CFG_STR, rope_style,
+     "half", 0, 0, "RoPE pairing: half (HF/NeoX) or interleaved (GPT-J)"),
+    GEN_OPT("model-id", "CHUNKGATE_WORKER_GEN_MODEL_ID", CG_CFG_STR, model_id,
+     "chunkgate-tiny", 0, 0, "model id written into config.json"),
 };
 
 typedef struct serve_cfg {
@@ -66,73 +67,67 @@ typedef struct serve_cfg {
     long long tp;
     long long kv_timeout_ms;
     long long kv_max_pulls;
-    char *log_level;
-    char *key_hash;
+    int log_level; /* cg_log_level */
+    int key_hash;  /* cg_key_hash */
 } serve_cfg;
 
+#define OPT(...) CG_OPT(serve_cfg, __VA_ARGS__)
+#define OPT_ENUM(...) CG_OPT_ENUM(serve_cfg, __VA_ARGS__)
 static const cg_cfg_opt serve_opts[] = {
-    {"model", "CHUNKGATE_WORKER_MODEL", CG_CFG_STR, offsetof(serve_cfg, model), NULL, 0, 0,
-     "model directory: config.json + model.safetensors (required)"},
-    {"listen", "CHUNKGATE_WORKER_LISTEN", CG_CFG_STR, offsetof(serve_cfg, listen), "127.0.0.1:8090",
-     0, 0, "HOST:PORT to listen on; port 0 picks a free port (logged)"},
-    {"data-dir", "CHUNKGATE_WORKER_DATA_DIR", CG_CFG_STR, offsetof(serve_cfg, data_dir),
+    OPT("model", "CHUNKGATE_WORKER_MODEL", CG_CFG_STR, model, NULL, 0, 0,
+     "model directory: config.json + model.safetensors (required)"),
+    OPT("listen", "CHUNKGATE_WORKER_LISTEN", CG_CFG_STR, listen, "127.0.0.1:8090",
+     0, 0, "HOST:PORT to listen on; port 0 picks a free port (logged)"),
+    OPT("data-dir", "CHUNKGATE_WORKER_DATA_DIR", CG_CFG_STR, data_dir,
      "./chunkgate-worker-data", 0, 0,
-     "state directory (created if missing): holds the disk tier (kv.blocks, kv.db)"},
-    {"pool-mb", "CHUNKGATE_WORKER_POOL_MB", CG_CFG_INT, offsetof(serve_cfg, pool_mb), "256", 1,
-     1 << 20, "KV pool (RAM tier) capacity in MiB"},
-    {"disk-mb", "CHUNKGATE_WORKER_DISK_MB", CG_CFG_INT, offsetof(serve_cfg, disk_mb), "0", 0,
+     "state directory (created if missing): holds the disk tier (kv.blocks, kv.db)"),
+    OPT("pool-mb", "CHUNKGATE_WORKER_POOL_MB", CG_CFG_INT, pool_mb, "256", 1,
+     1 << 20, "KV pool (RAM tier) capacity in MiB"),
+    OPT("disk-mb", "CHUNKGATE_WORKER_DISK_MB", CG_CFG_INT, disk_mb, "0", 0,
      1LL << 30,
      "disk tier capacity in MiB in --data-dir (0 = no disk tier): RAM evictions spill there, "
-     "and it survives restarts"},
-    {"disk-flush-on-exit", "CHUNKGATE_WORKER_DISK_FLUSH_ON_EXIT", CG_CFG_INT,
-     offsetof(serve_cfg, disk_flush_on_exit), "1", 0, 1,
-     "1: on SIGTERM/SIGINT write every RAM chunk to the disk tier before exiting"},
-    {"block-tokens", "CHUNKGATE_WORKER_BLOCK_TOKENS", CG_CFG_INT, offsetof(serve_cfg, block_tokens),
-     "16", 1, 4096, "tokens per pool block"},
-    {"assembly-ttl-ms", "CHUNKGATE_WORKER_ASSEMBLY_TTL_MS", CG_CFG_INT,
-     offsetof(serve_cfg, assembly_ttl_ms), "60000", 1, 86400000,
-     "an assembly not consumed or deleted within this time is released"},
-    {"max-assemblies", "CHUNKGATE_WORKER_MAX_ASSEMBLIES", CG_CFG_INT,
-     offsetof(serve_cfg, max_assemblies), "64", 1, 1 << 20,
-     "live assemblies at once; more are refused with 503"},
-    {"reserve-tokens", "CHUNKGATE_WORKER_RESERVE_TOKENS", CG_CFG_INT,
-     offsetof(serve_cfg, reserve_tokens), "512", 0, 1 << 24,
-     "decode room allocated with each assembly (it grows when exceeded)"},
-    {"max-segments", "CHUNKGATE_WORKER_MAX_SEGMENTS", CG_CFG_INT, offsetof(serve_cfg, max_segments),
-     "256", 2, 1 << 20, "segments per request"},
-    {"separator", "CHUNKGATE_WORKER_SEPARATOR", CG_CFG_STR, offsetof(serve_cfg, separator), CG_SPLIT_DEFAULT_SEPARATOR,
-     0, 0, "segment separator of /v1/completions prompts"},
-    {"default-max-tokens", "CHUNKGATE_WORKER_DEFAULT_MAX_TOKENS", CG_CFG_INT,
-     offsetof(serve_cfg, default_max_tokens), "16", 0, 1 << 24,
-     "max_tokens of /v1/completions when the request has none"},
-    {"max-body", "CHUNKGATE_WORKER_MAX_BODY", CG_CFG_SIZE, offsetof(serve_cfg, max_body), "8M",
-     1024, 1LL << 32, "largest request body; larger gets 413"},
-    {"io-threads", "CHUNKGATE_WORKER_IO_THREADS", CG_CFG_INT, offsetof(serve_cfg, io_threads), "2",
-     1, 64, "HTTP event-loop threads"},
-    {"job-threads", "CHUNKGATE_WORKER_JOB_THREADS", CG_CFG_INT, offsetof(serve_cfg, job_threads),
-     "8", 1, 1024, "threads for blocking handlers (model compute is serialised anyway)"},
-    {"kv-source", "CHUNKGATE_WORKER_KV_SOURCE", CG_CFG_STR, offsetof(serve_cfg, kv_source), "", 0,
+     "and it survives restarts"),
+    OPT("disk-flush-on-exit", "CHUNKGATE_WORKER_DISK_FLUSH_ON_EXIT", CG_CFG_INT, disk_flush_on_exit, "1", 0, 1,
+     "1: on SIGTERM/SIGINT write every RAM chunk to the disk tier before exiting"),
+    OPT("block-tokens", "CHUNKGATE_WORKER_BLOCK_TOKENS", CG_CFG_INT, block_tokens,
+     "16", 1, 4096, "tokens per pool block"),
+    OPT("assembly-ttl-ms", "CHUNKGATE_WORKER_ASSEMBLY_TTL_MS", CG_CFG_INT, assembly_ttl_ms, "60000", 1, 86400000,
+     "an assembly not consumed or deleted within this time is released"),
+    OPT("max-assemblies", "CHUNKGATE_WORKER_MAX_ASSEMBLIES", CG_CFG_INT, max_assemblies, "64", 1, 1 << 20,
+     "live assemblies at once; more are refused with 503"),
+    OPT("reserve-tokens", "CHUNKGATE_WORKER_RESERVE_TOKENS", CG_CFG_INT, reserve_tokens, "512", 0, 1 << 24,
+     "decode room allocated with each assembly (it grows when exceeded)"),
+    OPT("max-segments", "CHUNKGATE_WORKER_MAX_SEGMENTS", CG_CFG_INT, max_segments,
+     "256", 2, 1 << 20, "segments per request"),
+    OPT("separator", "CHUNKGATE_WORKER_SEPARATOR", CG_CFG_STR, separator, CG_SPLIT_DEFAULT_SEPARATOR,
+     0, 0, "segment separator of /v1/completions prompts"),
+    OPT("default-max-tokens", "CHUNKGATE_WORKER_DEFAULT_MAX_TOKENS", CG_CFG_INT, default_max_tokens, "16", 0, 1 << 24,
+     "max_tokens of /v1/completions when the request has none"),
+    OPT("max-body", "CHUNKGATE_WORKER_MAX_BODY", CG_CFG_SIZE, max_body, "8M",
+     1024, 1LL << 32, "largest request body; larger gets 413"),
+    OPT("io-threads", "CHUNKGATE_WORKER_IO_THREADS", CG_CFG_INT, io_threads, "2",
+     1, 64, "HTTP event-loop threads"),
+    OPT("job-threads", "CHUNKGATE_WORKER_JOB_THREADS", CG_CFG_INT, job_threads,
+     "8", 1, 1024, "threads for blocking handlers (model compute is serialised anyway)"),
+    OPT("kv-source", "CHUNKGATE_WORKER_KV_SOURCE", CG_CFG_STR, kv_source, "", 0,
      0,
      "backend role: base URL of the worker whose assemblies /v1/completions pulls (empty = "
-     "only local assemblies)"},
-    {"kv-request-source", "CHUNKGATE_WORKER_KV_REQUEST_SOURCE", CG_CFG_INT,
-     offsetof(serve_cfg, kv_request_source), "0", 0, 1,
+     "only local assemblies)"),
+    OPT("kv-request-source", "CHUNKGATE_WORKER_KV_REQUEST_SOURCE", CG_CFG_INT, kv_request_source, "0", 0, 1,
      "1: a request's kv_transfer_params.worker may name the worker to pull from (lets any "
-     "client make this worker connect to a URL of its choice; trusted networks only)"},
-    {"tp", "CHUNKGATE_WORKER_TP", CG_CFG_INT, offsetof(serve_cfg, tp), "1", 1, 1024,
+     "client make this worker connect to a URL of its choice; trusted networks only)"),
+    OPT("tp", "CHUNKGATE_WORKER_TP", CG_CFG_INT, tp, "1", 1, 1024,
      "tensor-parallel ranks of a pull: each fetches exactly its KV heads with its own request "
-     "(must divide the KV heads or be a multiple of them)"},
-    {"kv-timeout-ms", "CHUNKGATE_WORKER_KV_TIMEOUT_MS", CG_CFG_INT,
-     offsetof(serve_cfg, kv_timeout_ms), "5000", 1, 3600000,
-     "timeout of each KV pull request, connect included"},
-    {"kv-max-pulls", "CHUNKGATE_WORKER_KV_MAX_PULLS", CG_CFG_INT, offsetof(serve_cfg, kv_max_pulls),
-     "4", 1, 1024, "KV pulls in flight at once; more are answered 503 with Retry-After"},
-    {"log-level", "CHUNKGATE_WORKER_LOG_LEVEL", CG_CFG_STR, offsetof(serve_cfg, log_level), "info",
-     0, 0, "debug, info, warn or error"},
-    {"key-hash", "CHUNKGATE_WORKER_KEY_HASH", CG_CFG_STR, offsetof(serve_cfg, key_hash), "xxhash",
-     0, 0,
+     "(must divide the KV heads or be a multiple of them)"),
+    OPT("kv-timeout-ms", "CHUNKGATE_WORKER_KV_TIMEOUT_MS", CG_CFG_INT, kv_timeout_ms, "5000", 1, 3600000,
+     "timeout of each KV pull request, connect included"),
+    OPT("kv-max-pulls", "CHUNKGATE_WORKER_KV_MAX_PULLS", CG_CFG_INT, kv_max_pulls,
+     "4", 1, 1024, "KV pulls in flight at once; more are answered 503 with Retry-After"),
+    OPT_ENUM("log-level", "CHUNKGATE_WORKER_LOG_LEVEL", log_level, "info", cg_log_level_names,
+             "debug, info, warn or error"),
+    OPT_ENUM("key-hash", "CHUNKGATE_WORKER_KEY_HASH", key_hash, "xxhash", cg_key_hash_names,
      "chunk key hash: xxhash (XXH3-128) or sha256; must equal the gateway's --key-hash (reported "
-     "as key_hash in /v1/info)"},
+     "as key_hash in /v1/info)"),
 };
 
 static void usage(FILE *out)
@@ -194,17 +189,6 @@ out:
     return rc;
 }
 
-static int parse_level(const char *s, cg_log_level *out)
-{
-    static const char *names[] = {"debug", "info", "warn", "error"};
-    for (int i = 0; i < 4; i++)
-        if (!strcmp(s, names[i])) {
-            *out = (cg_log_level)i;
-            return 0;
-        }
-    return -1;
-}
-
 /* mkdir -p */
 static int make_dirs(const char *path)
 {
@@ -229,17 +213,137 @@ static int make_dirs(const char *path)
     return access(path, R_OK | W_OK | X_OK) == 0 ? 0 : -1;
 }
 
+/* Checks what the table cannot; returns 0, or 2 after printing why. */
+static int check_serve_cfg(const serve_cfg *c)
+{
+    const char *why = NULL;
+    if (!c->model || !c->model[0])
+        why = "--model DIR is required (see generate-model)";
+    else if (!c->separator[0])
+        why = "--separator must not be empty";
+    else if (c->kv_source[0] && !cg_kvpull_url_ok(c->kv_source))
+        why = "--kv-source must be an http:// or https:// base URL";
+    if (!why) return 0;
+    fprintf(stderr, "chunkgate-worker serve: %s\n", why);
+    return 2;
+}
+
+/* The worker's parts, opened in order by open_parts and closed in reverse by close_parts. */
+typedef struct parts {
+    cg_model *model;
+    cg_engine *engine;
+    cg_worker_api *api;
+    cg_http_server *srv;
+} parts;
+
+/* Opens the model and the engine (with its tiers); logs why on failure. */
+static int open_engine(const serve_cfg *c, parts *w)
+{
+    char err[ERRLEN];
+    if (make_dirs(c->data_dir) != 0) {
+        cg_log(CG_LOG_ERROR,
+               "data dir %s: cannot create it, or it is not readable and writable by this "
+               "process: %s",
+               c->data_dir, strerror(errno));
+        return -1;
+    }
+    if (cg_model_open(c->model, &w->model, err, sizeof err) != CG_OK) {
+        cg_log(CG_LOG_ERROR, "cannot load model from %s: %s", c->model, err);
+        return -1;
+    }
+    const cg_model_config *mc = cg_model_cfg(w->model);
+    if (cg_tp_check(mc->n_kv_heads, (int)c->tp) != CG_OK) {
+        cg_log(CG_LOG_ERROR,
+               "--tp %lld cannot split the model's %d KV heads: it must divide them or be a "
+               "multiple of them",
+               c->tp, mc->n_kv_heads);
+        return -1;
+    }
+    cg_engine_params ep = cg_engine_default_params();
+    ep.pool_bytes = (size_t)c->pool_mb << 20;
+    ep.block_tokens = (uint32_t)c->block_tokens;
+    ep.assembly_ttl_ms = (uint64_t)c->assembly_ttl_ms;
+    ep.max_assemblies = (size_t)c->max_assemblies;
+    ep.reserve_tokens = (uint32_t)c->reserve_tokens;
+    ep.disk_bytes = (size_t)c->disk_mb << 20;
+    ep.disk_dir = c->data_dir;
+    cg_status st = cg_engine_open(w->model, ep, &w->engine);
+    if (st == CG_OK) return 0;
+    if (st == CG_E_VALUE)
+        cg_log(CG_LOG_ERROR, "--pool-mb %lld or --disk-mb %lld cannot hold one block of %lld tokens",
+               c->pool_mb, c->disk_mb, c->block_tokens);
+    else
+        cg_log(CG_LOG_ERROR, "cannot open the disk tier in %s (%s); see the line above",
+               c->data_dir, cg_status_name(st));
+    return -1;
+}
+
+/* Starts the HTTP API on the engine. */
+static int open_api(const serve_cfg *c, parts *w)
+{
+    cg_worker_api_params ap = cg_worker_api_default_params();
+    ap.engine = w->engine;
+    ap.separator = c->separator;
+    ap.max_segments = (size_t)c->max_segments;
+    ap.default_max_tokens = (uint32_t)c->default_max_tokens;
+    ap.kv_source = c->kv_source;
+    ap.tp = (int)c->tp;
+    ap.kv_timeout_ms = (long)c->kv_timeout_ms;
+    ap.kv_request_source = (int)c->kv_request_source;
+    ap.kv_max_pulls = (int)c->kv_max_pulls;
+    w->api = cg_worker_api_new(ap);
+
+    cg_http_params hp = cg_http_default_params();
+    size_t n_routes = 0;
+    hp.listen = c->listen;
+    hp.io_threads = (unsigned)c->io_threads;
+    hp.job_threads = (unsigned)c->job_threads;
+    hp.max_body_bytes = c->max_body;
+    hp.routes = cg_worker_api_routes(&n_routes);
+    hp.n_routes = n_routes;
+    hp.app = w->api;
+    hp.done = cg_worker_api_done;
+    if (cg_http_open(&hp, &w->srv) != CG_OK) return -1; /* it logged why */
+    const cg_model_config *mc = cg_model_cfg(w->model);
+    char host[256];
+    const char *colon = strrchr(c->listen, ':');
+    snprintf(host, sizeof host, "%.*s", (int)(colon - c->listen), c->listen);
+    cg_log(CG_LOG_INFO,
+           "model %s: %d layers, %d heads, %d kv heads, head dim %d, rope %s, %d positions, pool "
+           "%lld MiB, disk %lld MiB, tp %lld%s%s",
+           mc->model_id, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim,
+           cg_rope_style_name(mc->rope_style), mc->max_pos, c->pool_mb, c->disk_mb, c->tp,
+           c->kv_source[0] ? ", kv source " : "", c->kv_source);
+    cg_log(CG_LOG_INFO, "listening on %s:%u", host, (unsigned)cg_http_port(w->srv));
+    return 0;
+}
+
+static void close_parts(parts *w)
+{
+    cg_http_close(&w->srv);
+    cg_worker_api_free(&w->api);
+    cg_engine_close(&w->engine);
+    cg_model_close(&w->model);
+}
+
+/* After the last request: every RAM chunk goes to the disk tier (--disk-flush-on-exit). */
+static void flush_on_exit(const serve_cfg *c, cg_engine *e)
+{
+    if (!c->disk_flush_on_exit || !cg_engine_disk(e)) return;
+    uint64_t t0 = cg_now_ms();
+    cg_pool_stats ps = cg_pool_get_stats(cg_engine_pool(e));
+    size_t n = cg_engine_flush(e, cg_now_ms());
+    cg_log(CG_LOG_INFO, "flushed %zu of %zu RAM chunks to the disk tier in %llu ms", n, ps.chunks,
+           (unsigned long long)(cg_now_ms() - t0));
+}
+
 static int cmd_serve(int argc, char **argv)
 {
     serve_cfg c;
     memset(&c, 0, sizeof c);
     char err[ERRLEN];
     int help = 0, rc = 1;
-    cg_model *model = NULL;
-    cg_engine *engine = NULL;
-    cg_worker_api *api = NULL;
-    cg_http_server *srv = NULL;
-    cg_log_level level = CG_LOG_INFO;
+    parts w = {0};
 
     if (cg_config_parse(serve_opts, CG_ARRAY_LEN(serve_opts), &c, argc, argv, &help, err,
                         sizeof err) != CG_OK) {
@@ -253,84 +357,10 @@ static int cmd_serve(int argc, char **argv)
         rc = 0;
         goto out;
     }
-    if (parse_level(c.log_level, &level) != 0) {
-        fprintf(stderr, "chunkgate-worker serve: --log-level must be debug, info, warn or error\n");
-        rc = 2;
-        goto out;
-    }
-    if (!c.model || !c.model[0]) {
-        fprintf(stderr, "chunkgate-worker serve: --model DIR is required (see generate-model)\n");
-        rc = 2;
-        goto out;
-    }
-    if (!c.separator[0]) {
-        fprintf(stderr, "chunkgate-worker serve: --separator must not be empty\n");
-        rc = 2;
-        goto out;
-    }
-    cg_key_hash kh;
-    if (cg_key_hash_parse(c.key_hash, &kh) != 0) {
-        fprintf(stderr, "chunkgate-worker serve: --key-hash must be xxhash or sha256\n");
-        rc = 2;
-        goto out;
-    }
-    cg_key_set_hash(kh); /* before any thread computes a key */
-    cg_log_init("chunkgate-worker", level);
-    if (make_dirs(c.data_dir) != 0) {
-        cg_log(CG_LOG_ERROR,
-               "data dir %s: cannot create it, or it is not readable and writable "
-               "by this process: %s",
-               c.data_dir, strerror(errno));
-        goto out;
-    }
-    if (cg_model_open(c.model, &model, err, sizeof err) != CG_OK) {
-        cg_log(CG_LOG_ERROR, "cannot load model from %s: %s", c.model, err);
-        goto out;
-    }
-    const cg_model_config *mc = cg_model_cfg(model);
-    if (cg_tp_check(mc->n_kv_heads, (int)c.tp) != CG_OK) {
-        cg_log(CG_LOG_ERROR,
-               "--tp %lld cannot split the model's %d KV heads: it must divide them "
-               "or be a multiple of them",
-               c.tp, mc->n_kv_heads);
-        goto out;
-    }
-    if (c.kv_source[0] && !cg_kvpull_url_ok(c.kv_source)) {
-        cg_log(CG_LOG_ERROR, "--kv-source must be an http:// or https:// base URL");
-        goto out;
-    }
-    cg_engine_params ep = cg_engine_default_params();
-    ep.pool_bytes = (size_t)c.pool_mb << 20;
-    ep.block_tokens = (uint32_t)c.block_tokens;
-    ep.assembly_ttl_ms = (uint64_t)c.assembly_ttl_ms;
-    ep.max_assemblies = (size_t)c.max_assemblies;
-    ep.reserve_tokens = (uint32_t)c.reserve_tokens;
-    ep.disk_bytes = (size_t)c.disk_mb << 20;
-    ep.disk_dir = c.data_dir;
-    cg_status est = cg_engine_open(model, ep, &engine);
-    if (est != CG_OK) {
-        if (est == CG_E_VALUE)
-            cg_log(CG_LOG_ERROR,
-                   "--pool-mb %lld or --disk-mb %lld cannot hold one block of %lld "
-                   "tokens",
-                   c.pool_mb, c.disk_mb, c.block_tokens);
-        else
-            cg_log(CG_LOG_ERROR, "cannot open the disk tier in %s (%s); see the line above",
-                   c.data_dir, cg_status_name(est));
-        goto out;
-    }
-    cg_worker_api_params ap = cg_worker_api_default_params();
-    ap.engine = engine;
-    ap.separator = c.separator;
-    ap.max_segments = (size_t)c.max_segments;
-    ap.default_max_tokens = (uint32_t)c.default_max_tokens;
-    ap.kv_source = c.kv_source;
-    ap.tp = (int)c.tp;
-    ap.kv_timeout_ms = (long)c.kv_timeout_ms;
-    ap.kv_request_source = (int)c.kv_request_source;
-    ap.kv_max_pulls = (int)c.kv_max_pulls;
-    api = cg_worker_api_new(ap);
-
+    if ((rc = check_serve_cfg(&c)) != 0) goto out;
+    rc = 1;
+    cg_key_set_hash((cg_key_hash)c.key_hash); /* before any thread computes a key */
+    cg_log_init("chunkgate-worker", (cg_log_level)c.log_level);
     /* Signals are taken by sigwait below; block them before any thread starts so that no
      * server thread receives them. */
     sigset_t sigs;
@@ -339,47 +369,17 @@ static int cmd_serve(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
-
-    cg_http_params hp = cg_http_default_params();
-    size_t n_routes = 0;
-    hp.listen = c.listen;
-    hp.io_threads = (unsigned)c.io_threads;
-    hp.job_threads = (unsigned)c.job_threads;
-    hp.max_body_bytes = c.max_body;
-    hp.routes = cg_worker_api_routes(&n_routes);
-    hp.n_routes = n_routes;
-    hp.app = api;
-    hp.done = cg_worker_api_done;
-    if (cg_http_open(&hp, &srv) != CG_OK) goto out; /* it logged why */
-    char host[256];
-    const char *colon = strrchr(c.listen, ':');
-    snprintf(host, sizeof host, "%.*s", (int)(colon - c.listen), c.listen);
-    cg_log(CG_LOG_INFO,
-           "model %s: %d layers, %d heads, %d kv heads, head dim %d, rope %s, %d positions, pool "
-           "%lld MiB, disk %lld MiB, tp %lld%s%s",
-           mc->model_id, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim,
-           cg_rope_style_name(mc->rope_style), mc->max_pos, c.pool_mb, c.disk_mb, c.tp,
-           c.kv_source[0] ? ", kv source " : "", c.kv_source);
-    cg_log(CG_LOG_INFO, "listening on %s:%u", host, (unsigned)cg_http_port(srv));
+    if (open_engine(&c, &w) != 0 || open_api(&c, &w) != 0) goto out;
 
     int sig = 0;
     sigwait(&sigs, &sig);
     cg_log(CG_LOG_INFO, "signal %d: shutting down", sig);
     /* No request may run while RAM is written out: stop serving first. */
-    cg_http_close(&srv);
-    if (c.disk_flush_on_exit && cg_engine_disk(engine)) {
-        uint64_t t0 = cg_now_ms();
-        cg_pool_stats ps = cg_pool_get_stats(cg_engine_pool(engine));
-        size_t n = cg_engine_flush(engine, cg_now_ms());
-        cg_log(CG_LOG_INFO, "flushed %zu of %zu RAM chunks to the disk tier in %llu ms", n,
-               ps.chunks, (unsigned long long)(cg_now_ms() - t0));
-    }
+    cg_http_close(&w.srv);
+    flush_on_exit(&c, w.engine);
     rc = 0;
 out:
-    cg_http_close(&srv);
-    cg_worker_api_free(&api);
-    cg_engine_close(&engine);
-    cg_model_close(&model);
+    close_parts(&w);
     cg_config_free(serve_opts, CG_ARRAY_LEN(serve_opts), &c);
     return rc;
 }

@@ -1,0 +1,18 @@
+/* Conversions between the chat and completions shapes of OpenAI requests and answers, for
+ * upstreams that speak completions only. */
+#ifndef CG_GW_CHATCONV_H
+#define CG_GW_CHATCONV_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+/* The text_completion answer obj (or one streamed chunk) rewritten in place as a
+ * chat.completion (chat.completion.chunk when stream). first: the first streamed chunk, whose
+ * delta carries the role. */
+void cg_gw_to_chat(json_t *obj, int stream, int first);
+
+/* A completions request body for a chat request: prompt, the sampling fields that mean the
+ * same in both APIs, and max_completion_tokens (or max_tokens) as max_tokens. New reference. */
+json_t *cg_gw_chat_as_completion(json_t *body, const char *prompt, size_t prompt_len);
+
+#endif

@@ -1,0 +1,59 @@
+/* The gateway's configuration: one table drives its flags, CHUNKGATE_* environment variables,
+ * validation and --help (base/config.h). */
+#ifndef CG_GWCONFIG_H
+#define CG_GWCONFIG_H
+
+#include <stddef.h>
+#include "base/config.h"
+
+/* Every setting of the chunkgate executable; filled by cg_config_parse from
+ * cg_gateway_options. */
+typedef struct cg_gateway_config {
+    char *listen;
+    char *backend;
+    char *backend_api_key;
+    cg_strlist workers;
+    char *data_dir;
+    char *admin_token;
+    char *separator;
+    int chunk_mode; /* cg_mode */
+    size_t max_body_bytes;
+    long long max_segments;
+    size_t max_upstream_bytes;
+    char *model;
+    long long backend_timeout_ms;
+    long long connect_timeout_ms;
+    long long io_threads;
+    long long job_threads;
+    long long heartbeat_ms;
+    long long drain_ms;
+    int log_level; /* cg_log_level */
+    long long worker_timeout_ms;
+    long long health_interval_ms;
+    long long health_timeout_ms;
+    long long sync_interval_ms;
+    long long load_penalty_tokens;
+    cg_strlist api_keys; /* --api-key, then the keys of --api-key-file (appended at load) */
+    char *api_key_file;
+    size_t max_header_bytes;
+    size_t max_segment_bytes;
+    long long max_connections;
+    long long conn_timeout_s;
+    int key_hash; /* cg_key_hash */
+    long long index_busy_timeout_ms;
+} cg_gateway_config;
+
+extern const cg_cfg_opt cg_gateway_options[];
+extern const size_t cg_gateway_n_options;
+#define CG_GATEWAY_USAGE "usage: chunkgate [--option VALUE]..."
+
+/* Parses the environment and argv into *cfg (zeroed first) and checks the values the table
+ * cannot (separator, backend URL, listen address, API keys). Reads
+ * --api-key-file and appends its keys to cfg->api_keys.
+ * Returns CG_OK or CG_E_VALUE with a message in err. --help sets *want_help. */
+cg_status cg_gateway_config_load(cg_gateway_config *cfg, int argc, char **argv, int *want_help,
+                                 char *err, size_t errlen) CG_WUR;
+/* Frees what cg_gateway_config_load stored. */
+void cg_gateway_config_free(cg_gateway_config *cfg);
+
+#endif
