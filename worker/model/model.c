@@ -497,6 +497,16 @@ static float *kv_plane(cg_kv *kv, int layer, int which, int head)
 float *cg_kv_k(cg_kv *kv, int layer, int head) { return kv_plane(kv, layer, 0, head); }
 float *cg_kv_v(cg_kv *kv, int layer, int head) { return kv_plane(kv, layer, 1, head); }
 
+void cg_kv_copy_slots(cg_kv *dst, cg_kv *src, uint32_t n)
+{
+    const size_t bytes = (size_t)n * (size_t)src->head_dim * sizeof(float);
+    for (int l = 0; l < src->n_layers; l++)
+        for (int h = 0; h < src->n_kv_heads; h++) {
+            memcpy(cg_kv_k(dst, l, h), cg_kv_k(src, l, h), bytes);
+            memcpy(cg_kv_v(dst, l, h), cg_kv_v(src, l, h), bytes);
+        }
+}
+
 /* ---- forward ---- */
 
 /* y[n][out] = x[n][in] * W^T with W [out][in] row-major (the HF layout).

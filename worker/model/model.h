@@ -75,6 +75,8 @@ void cg_kv_free(cg_kv **kv);
 uint32_t cg_kv_cap(const cg_kv *kv);
 float *cg_kv_k(cg_kv *kv, int layer, int head); /* -> [cap][head_dim] */
 float *cg_kv_v(cg_kv *kv, int layer, int head);
+/* Copies slots [0, n) of every plane of src into dst (same model; n <= both capacities). */
+void cg_kv_copy_slots(cg_kv *dst, cg_kv *src, uint32_t n);
 
 /* Runs the model over n tokens written to KV slots [slot0, slot0+n), at RoPE positions
  * [pos0, pos0+n). Each layer writes the tokens' K (rotated) and V into kv, then attends

@@ -1,0 +1,434 @@
+/* Building an assembly (worker/serve/engine.h, cg_engine_assemble), in named phases:
+ *   1. prepare:  check the segments, tokenize each on its own, compute and verify the keys;
+ *   2. place:    system and chunks in prompt order: a hit is remapped into place from the
+ *                pool (or the disk tier), a miss is computed at its virtual position, stored,
+ *                and placed the same way (DESIGN §6);
+ *   3. link:     EPIC's LegoLink, the first k tokens of each chunk with full causal context;
+ *   4. finish:   the question prefilled under the mask, and the last token's logits;
+ *   5. report:   the assembly made live and described to the caller.
+ * The reference paths run one forward over the whole prompt instead of phases 2-4. */
+#include "worker/serve/engine_state.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "kv/attn.h"
+
+void cg_assembly_info_free(cg_assembly_info *a)
+{
+    if (!a) return;
+    cg_free(&a->segs);
+    cg_free(&a->evicted);
+    cg_free(&a->spilled);
+    a->n_segs = a->n_evicted = a->n_spilled = 0;
+}
+
+static cg_status check_segments(const cg_assemble_req *req, char *err, size_t errlen)
+{
+    if (!req->segs || req->n_segs == 0) {
+        cg_seterr(err, errlen, "segments must hold at least one segment");
+        return CG_E_VALUE;
+    }
+    for (size_t i = 0; i < req->n_segs; i++) {
+        const cg_engine_seg *s = &req->segs[i];
+        if (s->role != CG_ROLE_SYSTEM && s->role != CG_ROLE_CHUNK && s->role != CG_ROLE_QUESTION) {
+            cg_seterr(err, errlen, "segments[%zu].role is not system, chunk or question", i);
+            return CG_E_VALUE;
+        }
+        if (s->role == CG_ROLE_SYSTEM && i != 0) {
+            cg_seterr(err, errlen, "segments[%zu]: a system segment may only come first", i);
+            return CG_E_VALUE;
+        }
+        if (s->role == CG_ROLE_QUESTION && i != req->n_segs - 1) {
+            cg_seterr(err, errlen, "segments[%zu]: a question segment may only come last", i);
+            return CG_E_VALUE;
+        }
+        if (!s->text || s->len == 0) {
+            cg_seterr(err, errlen, "segments[%zu].text is empty", i);
+            return CG_E_VALUE;
+        }
+    }
+    if (req->mode != CG_MODE_STRICT && req->mode != CG_MODE_SYS) {
+        cg_seterr(err, errlen, "mode must be strict or sys");
+        return CG_E_VALUE;
+    }
+    return CG_OK;
+}
+
+/* Working state of one assemble call. */
+typedef struct job {
+    cg_engine *e;
+    const cg_assemble_req *req;
+    uint64_t now;
+    size_t n;
+    int32_t **toks;
+    uint32_t *lens, *offs;
+    cg_role *roles;
+    cg_key *keys;
+    uint8_t *hit, *stored;
+    const char **tier;
+    uint32_t total, s_len, max_chunk;
+    cg_kv *scratch;            /* chunk misses are computed here (phase 2) */
+    cg_pool_evictions ev;      /* RAM evictions */
+    cg_pool_evictions dropped; /* disk records dropped by spills */
+    cg_assembly *a;
+    int have_logits;     /* a->logits hold the last token's logits */
+    int last_recomputed; /* phase 3 recomputed all of the last segment */
+    cg_engine_stats count;
+} job;
+
+static void job_free(job *j)
+{
+    for (size_t i = 0; j->toks && i < j->n; i++)
+        free(j->toks[i]);
+    free(j->toks);
+    free(j->lens);
+    free(j->offs);
+    free(j->roles);
+    free(j->keys);
+    free(j->hit);
+    free(j->stored);
+    free(j->tier);
+    cg_kv_free(&j->scratch);
+    cg_pool_evictions_free(&j->ev);
+    cg_pool_evictions_free(&j->dropped);
+}
+
+/* Runs one forward and counts its tokens (the caller holds e->mu). */
+static cg_status fwd(job *j, cg_kv *kv, const int32_t *t, uint32_t n, uint32_t slot,
+                     cg_attn_span span, float *logits)
+{
+    j->count.prefill_tokens += n;
+    return cg_model_forward(j->e->m, kv, t, n, slot, slot, &span, 1, logits);
+}
+
+/* ---- 1. prepare ---- */
+
+/* Each segment is tokenized on its own, so the same text always gives the same tokens and a
+ * key over text identifies its KV (DESIGN §4). */
+static cg_status tokenize(job *j, char *err, size_t errlen)
+{
+    const cg_model_config *cfg = cg_model_cfg(j->e->m);
+    for (size_t i = 0; i < j->n; i++) {
+        const cg_engine_seg *s = &j->req->segs[i];
+        if (s->len > (size_t)cfg->max_pos) {
+            cg_seterr(err, errlen, "segments[%zu] has %zu bytes; the model holds %d positions", i,
+                      s->len, cfg->max_pos);
+            return CG_E_CONTEXT;
+        }
+        j->toks[i] = cg_malloc((s->len + 1) * sizeof(int32_t));
+        j->lens[i] = (uint32_t)cg_tok_encode(j->e->m, s->text, s->len,
+                                             s->role == CG_ROLE_SYSTEM, j->toks[i]);
+        j->roles[i] = s->role;
+        j->offs[i] = j->total;
+        if ((uint64_t)j->total + j->lens[i] > (uint64_t)cfg->max_pos) {
+            cg_seterr(err, errlen, "the prompt needs more than the model's %d positions",
+                      cfg->max_pos);
+            return CG_E_CONTEXT;
+        }
+        j->total += j->lens[i];
+        if (s->role == CG_ROLE_CHUNK) j->max_chunk = CG_MAX(j->max_chunk, j->lens[i]);
+    }
+    j->s_len = j->roles[0] == CG_ROLE_SYSTEM ? j->lens[0] : 0;
+    return CG_OK;
+}
+
+/* Keys of every segment; a client-supplied key must name exactly its text, or it could plant
+ * KV under another chunk's key. */
+static cg_status key_segments(job *j, char *err, size_t errlen)
+{
+    const cg_model_config *cfg = cg_model_cfg(j->e->m);
+    const cg_assemble_req *req = j->req;
+    cg_key_seg *ks = cg_malloc(j->n * sizeof *ks);
+    for (size_t i = 0; i < j->n; i++)
+        ks[i] = (cg_key_seg){req->segs[i].role, req->segs[i].text, req->segs[i].len};
+    cg_key_scope scope = {cfg->model_id, strlen(cfg->model_id), req->mode, req->salt,
+                          req->salt_len};
+    cg_key_request(&scope, ks, j->n, 1, j->keys);
+    free(ks);
+    for (size_t i = 0; i < j->n; i++) {
+        const cg_key *given = req->segs[i].key;
+        if (given && !cg_key_equal(given, &j->keys[i])) {
+            char want[CG_KEY_HEX_LEN + 1];
+            cg_key_hex(&j->keys[i], want);
+            cg_seterr(err, errlen, "segments[%zu].key does not match its text (expected %s)", i,
+                      want);
+            return CG_E_KEY_MISMATCH;
+        }
+    }
+    return CG_OK;
+}
+
+static cg_status prepare(job *j, char *err, size_t errlen)
+{
+    const size_t n = j->n;
+    j->toks = cg_calloc(n, sizeof *j->toks);
+    j->lens = cg_calloc(n, sizeof *j->lens);
+    j->offs = cg_calloc(n, sizeof *j->offs);
+    j->roles = cg_calloc(n, sizeof *j->roles);
+    j->keys = cg_calloc(n, sizeof *j->keys);
+    j->hit = cg_calloc(n, 1);
+    j->stored = cg_calloc(n, 1);
+    j->tier = cg_calloc(n, sizeof *j->tier);
+    cg_status st = tokenize(j, err, errlen);
+    return st == CG_OK ? key_segments(j, err, errlen) : st;
+}
+
+/* The assembly's KV, its prompt tokens and its chunk room. */
+static cg_status new_assembly(job *j, char *err, size_t errlen)
+{
+    cg_engine *e = j->e;
+    const cg_model_config *cfg = cg_model_cfg(e->m);
+    if (cg_live_full(e->live, j->now)) {
+        cg_seterr(err, errlen, "%zu assemblies are live (the limit); consume or release some",
+                  e->p.max_assemblies);
+        return CG_E_UNAVAILABLE;
+    }
+    int64_t reserve =
+        j->req->reserve_tokens < 0 ? (int64_t)e->p.reserve_tokens : j->req->reserve_tokens;
+    uint64_t cap = CG_MIN((uint64_t)j->total + (uint64_t)reserve, (uint64_t)cfg->max_pos);
+    j->a = cg_live_prepare(e->live, j->total, (uint32_t)CG_MAX(cap, 1), j->n);
+    if (!j->a) return CG_E_INTERNAL;
+    j->a->tokens = cg_malloc(((size_t)j->total + 1) * sizeof(int32_t));
+    for (size_t i = 0; i < j->n; i++)
+        memcpy(j->a->tokens + j->offs[i], j->toks[i], j->lens[i] * sizeof(int32_t));
+    return CG_OK;
+}
+
+/* ---- reference paths ---- */
+
+/* One forward over the whole prompt at true positions: the ground truth the cached path is
+ * compared with (under the segment mask, or plain causal). */
+static cg_status run_reference(job *j)
+{
+    cg_attn_span *spans = cg_calloc(j->n, sizeof *spans);
+    size_t ns = 1;
+    if (j->req->path == CG_PATH_REFERENCE)
+        ns = cg_attn_plan(j->roles, j->lens, j->n, j->req->mode, spans);
+    else
+        spans[0] = (cg_attn_span){0, j->total, 0, 0};
+    j->count.prefill_tokens += j->total;
+    cg_status st = cg_model_forward(j->e->m, j->a->kv, j->a->tokens, j->total, 0, 0, spans, ns,
+                                    j->a->logits);
+    free(spans);
+    return st;
+}
+
+/* ---- 2. place ---- */
+
+/* A hit: the system segment sits at its virtual position already (delta 0); a chunk was
+ * computed at v = 0 (strict) or v = s (sys). */
+static void place_hit(job *j, size_t i, cg_cached *hit)
+{
+    int64_t v = j->roles[i] == CG_ROLE_SYSTEM ? 0 : j->req->mode == CG_MODE_SYS ? j->s_len : 0;
+    cg_tiers_place(j->e->tiers, j->a->kv, j->offs[i], hit, (int64_t)j->offs[i] - v);
+    if (hit->c) {
+        j->a->chunks[j->a->n_chunks++] = hit->c;
+        hit->c = NULL;
+    }
+    cg_tiers_drop(j->e->tiers, hit, j->now);
+    j->hit[i] = 1;
+    j->tier[i] = hit->tier;
+    j->count.chunk_hits++;
+    j->count.disk_hits += hit->tier[0] == 'd';
+    j->count.tokens_reused += j->lens[i];
+}
+
+/* A system miss: plain causal at slot 0, its virtual position. */
+static cg_status compute_system(job *j, size_t i, float *lg, int cached)
+{
+    const uint32_t len = j->lens[i];
+    cg_status st = fwd(j, j->a->kv, j->toks[i], len, 0, (cg_attn_span){0, len, 0, 0}, lg);
+    if (st != CG_OK) return st;
+    j->have_logits |= lg != NULL;
+    cg_pool_chunk *c = NULL;
+    if (cached &&
+        cg_tiers_store(j->e->tiers, &j->keys[i], j->a->kv, 0, len, j->now, &j->ev, &c) == CG_OK) {
+        j->a->chunks[j->a->n_chunks++] = c;
+        j->stored[i] = 1;
+    }
+    return CG_OK;
+}
+
+/* A chunk miss is computed where it will be stored: alone at v = 0 (strict), or right after
+ * the system segment at v = s (sys), in a scratch KV; then placed like a hit. */
+static cg_status compute_chunk(job *j, size_t i, int cached)
+{
+    const uint32_t p = j->offs[i], len = j->lens[i];
+    const uint32_t v = j->req->mode == CG_MODE_SYS ? j->s_len : 0;
+    if (!j->scratch) {
+        j->scratch = cg_kv_new(j->e->m, v + j->max_chunk);
+        if (v) cg_kv_copy_slots(j->scratch, j->a->kv, v);
+    }
+    cg_status st = fwd(j, j->scratch, j->toks[i], len, v, (cg_attn_span){v, len, v, v}, NULL);
+    if (st != CG_OK) return st;
+    cg_pool_chunk *c = NULL;
+    if (cached &&
+        cg_tiers_store(j->e->tiers, &j->keys[i], j->scratch, v, len, j->now, &j->ev, &c) == CG_OK) {
+        j->a->chunks[j->a->n_chunks++] = c;
+        cg_tiers_place_chunk(j->e->tiers, j->a->kv, p, c, (int64_t)p - v);
+        j->stored[i] = 1;
+    } else {
+        cg_tiers_place_rows(j->e->tiers, j->a->kv, p, j->scratch, v, len, (int64_t)p - v);
+    }
+    return CG_OK;
+}
+
+static cg_status place(job *j)
+{
+    const int cached = j->req->path == CG_PATH_CACHED;
+    const size_t last = j->n - 1;
+    for (size_t i = 0; i < j->n; i++) {
+        if (j->roles[i] == CG_ROLE_QUESTION) continue; /* phase 4 */
+        cg_cached hit;
+        /* Keys carry no role: a system text equal to a chunk text has the same strict key
+         * but one more token (BOS); lookup refuses a chunk of another length. */
+        if (cached &&
+            cg_tiers_lookup(j->e->tiers, &j->keys[i], j->lens[i], j->now, &j->ev, &hit) == CG_OK) {
+            place_hit(j, i, &hit);
+            continue;
+        }
+        if (cached) j->count.chunk_misses++;
+        cg_status st = j->roles[i] == CG_ROLE_SYSTEM
+                           ? compute_system(j, i, i == last ? j->a->logits : NULL, cached)
+                           : compute_chunk(j, i, cached);
+        if (st != CG_OK) return st;
+    }
+    return CG_OK;
+}
+
+/* ---- 3. link ---- */
+
+/* EPIC LegoLink: the first k tokens of each chunk get full causal context, in prompt order;
+ * the pool keeps the isolated version. */
+static cg_status link_chunks(job *j)
+{
+    const uint32_t k = j->req->recompute_prefix_tokens;
+    const size_t last = j->n - 1;
+    for (size_t i = 0; k && i < j->n; i++) {
+        if (j->roles[i] != CG_ROLE_CHUNK) continue;
+        uint32_t kk = CG_MIN(k, j->lens[i]);
+        float *lg = i == last && kk == j->lens[i] ? j->a->logits : NULL;
+        cg_status st =
+            fwd(j, j->a->kv, j->toks[i], kk, j->offs[i], (cg_attn_span){j->offs[i], kk, 0, 0}, lg);
+        if (st != CG_OK) return st;
+        if (lg) j->have_logits = j->last_recomputed = 1;
+    }
+    return CG_OK;
+}
+
+/* ---- 4. finish ---- */
+
+static cg_status finish(job *j)
+{
+    const size_t last = j->n - 1;
+    if (j->roles[last] == CG_ROLE_QUESTION) {
+        cg_status st = fwd(j, j->a->kv, j->toks[last], j->lens[last], j->offs[last],
+                           (cg_attn_span){j->offs[last], j->lens[last], 0, 0}, j->a->logits);
+        if (st != CG_OK) return st;
+        j->have_logits = 1;
+    }
+    if (j->have_logits) return CG_OK;
+    /* The prompt ends in a segment taken from the pool: run its last token again, under the
+     * span it had, to get the logits (its K/V come out the same). */
+    uint32_t slot = j->total - 1;
+    cg_attn_span sp = {slot, 1, 0, 0};
+    if (j->roles[last] == CG_ROLE_CHUNK && !j->last_recomputed) {
+        sp.own_start = j->offs[last];
+        sp.prefix = j->req->mode == CG_MODE_SYS ? j->s_len : 0;
+    }
+    return fwd(j, j->a->kv, j->toks[last] + j->lens[last] - 1, 1, slot, sp, j->a->logits);
+}
+
+/* ---- 5. report ---- */
+
+/* The segments of the answer, and what left RAM meanwhile. */
+static void describe(job *j, cg_assembly_info *out)
+{
+    out->segs = cg_calloc(j->n, sizeof *out->segs);
+    out->n_segs = j->n;
+    for (size_t i = 0; i < j->n; i++) {
+        cg_engine_seg_result *r = &out->segs[i];
+        r->key = j->keys[i];
+        r->role = j->roles[i];
+        r->offset = j->offs[i];
+        r->n_tokens = j->lens[i];
+        r->hit = j->hit[i];
+        r->stored = j->stored[i];
+        r->tier = r->hit ? j->tier[i] : "miss";
+    }
+    out->n_tokens = j->total;
+    out->cached_tokens = (uint32_t)j->count.tokens_reused;
+    out->computed_tokens = (uint32_t)j->count.prefill_tokens;
+    out->ttl_ms = j->e->p.assembly_ttl_ms;
+    size_t nd = j->ev.n + j->dropped.n;
+    if (!nd) return;
+    cg_key *left = cg_malloc(nd * sizeof *left);
+    memcpy(left, j->ev.keys, j->ev.n * sizeof *left);
+    memcpy(left + j->ev.n, j->dropped.keys, j->dropped.n * sizeof *left);
+    out->evicted = cg_malloc(nd * sizeof *out->evicted);
+    out->spilled = cg_malloc(nd * sizeof *out->spilled);
+    cg_tiers_classify(j->e->tiers, left, nd, out->evicted, &out->n_evicted, out->spilled,
+                      &out->n_spilled);
+    free(left);
+}
+
+static cg_status report(job *j, cg_assembly_info *out, char *err, size_t errlen)
+{
+    const cg_model_config *cfg = cg_model_cfg(j->e->m);
+    j->a->cached_tokens = (uint32_t)j->count.tokens_reused;
+    if (j->req->logits_out)
+        memcpy(j->req->logits_out, j->a->logits, (size_t)cfg->vocab_size * sizeof(float));
+    cg_status st = cg_live_add(j->e->live, &j->a, j->now, 0, out->id);
+    if (st != CG_OK) {
+        cg_seterr(err, errlen, "%zu assemblies are live (the limit); consume or release some",
+                  j->e->p.max_assemblies);
+        return st;
+    }
+    describe(j, out);
+    return CG_OK;
+}
+
+/* Phases 2-4 (or the reference forward), one at a time on the model. */
+static cg_status compute(job *j)
+{
+    pthread_mutex_lock(&j->e->mu);
+    cg_tiers_collect(j->e->tiers, &j->dropped);
+    cg_status st;
+    if (j->req->path == CG_PATH_REFERENCE || j->req->path == CG_PATH_CAUSAL) {
+        st = run_reference(j);
+    } else {
+        st = place(j);
+        if (st == CG_OK) st = link_chunks(j);
+        if (st == CG_OK) st = finish(j);
+    }
+    cg_tiers_collect(j->e->tiers, NULL);
+    pthread_mutex_unlock(&j->e->mu);
+    return st;
+}
+
+cg_status cg_engine_assemble(cg_engine *e, const cg_assemble_req *req, uint64_t now,
+                             cg_assembly_info *out, char *err, size_t errlen)
+{
+    job j = {.e = e, .req = req, .now = now, .n = req->n_segs};
+    memset(out, 0, sizeof *out);
+    if (err && errlen) err[0] = '\0';
+    cg_status st = check_segments(req, err, errlen);
+    if (st == CG_OK) st = prepare(&j, err, errlen);
+    if (st == CG_OK) st = new_assembly(&j, err, errlen);
+    if (st == CG_OK) st = compute(&j);
+    if (st == CG_OK) st = report(&j, out, err, errlen);
+    /* Evictions happened even when the request failed: keep the count exact. */
+    cg_engine_stats add = {.evictions = j.ev.n};
+    if (st == CG_OK) {
+        add = j.count;
+        add.evictions = j.ev.n;
+        add.tokens_computed = j.total - j.count.tokens_reused;
+    }
+    cg_engine_count(e, &add);
+    cg_live_discard(e->live, &j.a, now);
+    job_free(&j);
+    if (st != CG_OK) cg_assembly_info_free(out);
+    return st;
+}

@@ -1,0 +1,253 @@
+/* The worker's live assemblies (worker/serve/live.h). */
+#include "worker/serve/live.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "base/base.h"
+
+/* Freed assembly KV buffers kept for the next assembly: a fresh buffer costs a page fault
+ * per 4 KiB on first write, a noticeable part of a warm TTFT. */
+#define SPARE_KV 2
+
+struct cg_live {
+    const cg_model *m;
+    cg_pool *pool;
+    size_t max;
+    uint64_t ttl_ms;
+    pthread_mutex_t mu; /* guards everything below; never held while computing */
+    cg_assembly *head;
+    size_t n;
+    cg_live_stats stats;
+    cg_kv *spare[SPARE_KV];
+};
+
+cg_live *cg_live_new(const cg_model *m, cg_pool *pool, size_t max, uint64_t ttl_ms)
+{
+    cg_live *l = cg_calloc(1, sizeof *l);
+    l->m = m;
+    l->pool = pool;
+    l->max = max ? max : 1;
+    l->ttl_ms = ttl_ms;
+    pthread_mutex_init(&l->mu, NULL);
+    return l;
+}
+
+void cg_live_free(cg_live **lp)
+{
+    cg_live *l = *lp;
+    if (!l) return;
+    while (l->head) {
+        cg_assembly *a = l->head;
+        l->head = a->next;
+        cg_live_discard(l, &a, 0);
+    }
+    for (int i = 0; i < SPARE_KV; i++)
+        cg_kv_free(&l->spare[i]);
+    pthread_mutex_destroy(&l->mu);
+    cg_free(lp);
+}
+
+/* A KV of at least cap slots: a spare one when one fits without wasting more than half of
+ * it, else a new one. Stale rows are harmless: every slot is written before it is read. */
+static cg_kv *kv_get(cg_live *l, uint32_t cap)
+{
+    cg_kv *kv = NULL;
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < SPARE_KV && !kv; i++) {
+        uint32_t c = l->spare[i] ? cg_kv_cap(l->spare[i]) : 0;
+        if (c >= cap && c / 2 <= cap) {
+            kv = l->spare[i];
+            l->spare[i] = NULL;
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+    return kv ? kv : cg_kv_new(l->m, cap);
+}
+
+/* Keeps kv as a spare (replacing the smallest) or frees it. */
+static void kv_put(cg_live *l, cg_kv **kvp)
+{
+    cg_kv *kv = *kvp;
+    *kvp = NULL;
+    if (!kv) return;
+    pthread_mutex_lock(&l->mu);
+    int slot = 0;
+    for (int i = 0; i < SPARE_KV; i++) {
+        if (!l->spare[i]) {
+            slot = i;
+            break;
+        }
+        if (cg_kv_cap(l->spare[i]) < cg_kv_cap(l->spare[slot])) slot = i;
+    }
+    cg_kv *old = l->spare[slot];
+    if (old && cg_kv_cap(old) >= cg_kv_cap(kv)) {
+        old = kv; /* keep the bigger one */
+    } else {
+        l->spare[slot] = kv;
+    }
+    pthread_mutex_unlock(&l->mu);
+    cg_kv_free(&old);
+}
+
+cg_assembly *cg_live_prepare(cg_live *l, uint32_t n_tokens, uint32_t cap, size_t max_chunks)
+{
+    cg_kv *kv = kv_get(l, cap ? cap : 1);
+    if (!kv) return NULL;
+    cg_assembly *a = cg_calloc(1, sizeof *a);
+    a->kv = kv;
+    a->n_tokens = n_tokens;
+    a->logits = cg_malloc((size_t)cg_model_cfg(l->m)->vocab_size * sizeof(float));
+    a->chunks = cg_calloc(max_chunks ? max_chunks : 1, sizeof *a->chunks);
+    return a;
+}
+
+void cg_live_discard(cg_live *l, cg_assembly **ap, uint64_t now)
+{
+    cg_assembly *a = *ap;
+    if (!a) return;
+    for (size_t i = 0; i < a->n_chunks; i++)
+        cg_pool_release(l->pool, &a->chunks[i], now);
+    free(a->chunks);
+    kv_put(l, &a->kv);
+    free(a->tokens);
+    free(a->logits);
+    cg_free(ap);
+}
+
+static void random_id(char out[33])
+{
+    uint8_t b[16];
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
+        /* No entropy source: ids only need to be unique and unguessable enough for a
+         * loopback worker; mix the clock and a counter. */
+        static uint64_t ctr;
+        uint64_t s = cg_now_ns() ^ (__atomic_add_fetch(&ctr, 1, __ATOMIC_RELAXED) << 32);
+        for (int i = 0; i < 16; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            b[i] = (uint8_t)(s >> 56);
+        }
+    }
+    cg_hex_encode(b, sizeof b, out);
+}
+
+cg_status cg_live_add(cg_live *l, cg_assembly **ap, uint64_t now, int adopted, char id_out[33])
+{
+    cg_assembly *a = *ap;
+    *ap = NULL;
+    if (id_out) id_out[0] = '\0';
+    cg_live_reap(l, now);
+    a->expires = now + l->ttl_ms;
+    random_id(a->id);
+    cg_status st = CG_E_UNAVAILABLE;
+    pthread_mutex_lock(&l->mu);
+    if (l->n < l->max) {
+        a->next = l->head;
+        l->head = a;
+        l->n++;
+        if (adopted)
+            l->stats.adopted++;
+        else
+            l->stats.created++;
+        if (id_out) memcpy(id_out, a->id, 33);
+        a = NULL;
+        st = CG_OK;
+    }
+    pthread_mutex_unlock(&l->mu);
+    cg_live_discard(l, &a, now);
+    return st;
+}
+
+cg_assembly *cg_live_take(cg_live *l, const char *id, uint64_t now)
+{
+    cg_live_reap(l, now);
+    cg_assembly *a = NULL;
+    pthread_mutex_lock(&l->mu);
+    for (cg_assembly **pp = &l->head; *pp; pp = &(*pp)->next) {
+        if (strcmp((*pp)->id, id) == 0) {
+            a = *pp;
+            *pp = a->next;
+            a->next = NULL;
+            l->n--;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+    return a;
+}
+
+cg_status cg_live_with(cg_live *l, const char *id, uint64_t now,
+                       void (*fn)(const cg_assembly *a, void *ud), void *ud)
+{
+    cg_live_reap(l, now);
+    cg_status st = CG_E_NOT_FOUND;
+    pthread_mutex_lock(&l->mu);
+    for (cg_assembly *a = l->head; a; a = a->next)
+        if (strcmp(a->id, id) == 0) {
+            fn(a, ud);
+            st = CG_OK;
+            break;
+        }
+    pthread_mutex_unlock(&l->mu);
+    return st;
+}
+
+size_t cg_live_reap(cg_live *l, uint64_t now)
+{
+    cg_assembly *dead = NULL;
+    size_t n = 0;
+    pthread_mutex_lock(&l->mu);
+    for (cg_assembly **pp = &l->head; *pp;) {
+        cg_assembly *a = *pp;
+        if (a->expires <= now) {
+            *pp = a->next;
+            a->next = dead;
+            dead = a;
+            l->n--;
+            n++;
+        } else {
+            pp = &a->next;
+        }
+    }
+    l->stats.expired += n;
+    pthread_mutex_unlock(&l->mu);
+    while (dead) {
+        cg_assembly *a = dead;
+        dead = a->next;
+        cg_log(CG_LOG_INFO, "assembly %s expired unconsumed", a->id);
+        cg_live_discard(l, &a, now);
+    }
+    return n;
+}
+
+size_t cg_live_count(cg_live *l, uint64_t now)
+{
+    cg_live_reap(l, now);
+    pthread_mutex_lock(&l->mu);
+    size_t n = l->n;
+    pthread_mutex_unlock(&l->mu);
+    return n;
+}
+
+int cg_live_full(cg_live *l, uint64_t now)
+{
+    return cg_live_count(l, now) >= l->max;
+}
+
+void cg_live_grow(cg_live *l, cg_assembly *a, uint32_t used, uint32_t cap)
+{
+    cg_kv *kv = kv_get(l, cap);
+    cg_kv_copy_slots(kv, a->kv, used);
+    kv_put(l, &a->kv);
+    a->kv = kv;
+}
+
+cg_live_stats cg_live_get_stats(cg_live *l)
+{
+    pthread_mutex_lock(&l->mu);
+    cg_live_stats s = l->stats;
+    pthread_mutex_unlock(&l->mu);
+    return s;
+}

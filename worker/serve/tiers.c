@@ -1,0 +1,439 @@
+/* The worker's chunk KV tiers: RAM pool, disk tier, and the one path by which a chunk's rows
+ * enter a request's KV (worker/serve/tiers.h). */
+#include "worker/serve/tiers.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "kv/remap.h"
+
+struct cg_tiers {
+    const cg_model *m;
+    cg_tiers_params p;
+    cg_pool *pool;
+    cg_disk *disk; /* NULL without a disk tier */
+    size_t block_bytes;
+    cg_rope rope;
+    /* Counted inside the pool's eviction callback (pool lock held): atomics. */
+    uint64_t n_spills, n_spill_failures, n_restores, n_restore_failures;
+};
+
+/* Disk records dropped (LRU) by the spills this thread makes while an assemble collects them
+ * for its reply. Spills run in the pool's eviction callback, which cg_pool_insert calls on
+ * the inserting thread, so a thread-local pointer reaches exactly this request's list. */
+static _Thread_local cg_pool_evictions *tl_dropped;
+
+void cg_tiers_collect(cg_tiers *t, cg_pool_evictions *dropped)
+{
+    (void)t;
+    tl_dropped = dropped;
+}
+
+/* The pool's eviction callback: the chunk goes to disk instead of being dropped.
+ *
+ * It runs with the pool lock held, so the write is synchronous under that lock (lock order:
+ * pool, then disk; the disk never calls the pool). Chosen over a copy and a background
+ * writer because it keeps every chunk in exactly one visible place at every moment the pool
+ * lock is free: in RAM, or committed on disk, or gone. A queue of pending spills would need
+ * its own lookup, delete and shutdown rules. The cost is bounded and measured (bench/README.md,
+ * "Disk tier"): a page-cache pwritev plus one SQLite commit per evicted chunk, paid by the
+ * request that needs the room; other pool users (release, export, inventory) wait that long
+ * at most. */
+static void spill(void *ud, const cg_key *key, const cg_pool_chunk *c)
+{
+    cg_tiers *t = ud;
+    cg_disk_pool_src src = {t->pool, c};
+    cg_status st = cg_disk_put(t->disk, key, cg_pool_chunk_tokens(c), cg_disk_pool_block, &src,
+                               cg_wall_ms(), tl_dropped);
+    __atomic_add_fetch(st == CG_OK ? &t->n_spills : &t->n_spill_failures, 1, __ATOMIC_RELAXED);
+    if (st != CG_OK) {
+        char hex[CG_KEY_HEX_LEN + 1];
+        cg_key_hex(key, hex);
+        cg_log(CG_LOG_INFO, "chunk %s evicted from RAM and not spilled (%s): dropped", hex,
+               cg_status_name(st));
+    }
+}
+
+cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **out)
+{
+    *out = NULL;
+    const cg_model_config *c = cg_model_cfg(m);
+    cg_tiers *t = cg_calloc(1, sizeof *t);
+    t->m = m;
+    t->p = *p;
+    t->p.disk_dir = NULL; /* borrowed for open only */
+    t->rope = cg_model_rope(m);
+    cg_pool_params pp = cg_pool_default_params();
+    pp.capacity_bytes = p->pool_bytes;
+    pp.block_tokens = p->block_tokens;
+    pp.n_layers = c->n_layers;
+    pp.n_kv_heads = c->n_kv_heads;
+    pp.head_dim = c->head_dim;
+    t->block_bytes = cg_pool_block_bytes(&pp);
+    cg_status st = CG_OK;
+    if (p->disk_bytes > 0) {
+        cg_disk_params dp = cg_disk_default_params();
+        dp.dir = p->disk_dir;
+        dp.capacity_bytes = p->disk_bytes;
+        dp.block_bytes = t->block_bytes;
+        dp.block_tokens = p->block_tokens;
+        dp.n_layers = c->n_layers;
+        dp.n_kv_heads = c->n_kv_heads;
+        dp.head_dim = c->head_dim;
+        dp.model_id = c->model_id;
+        dp.sync = p->disk_sync;
+        if (!p->disk_dir || !p->disk_dir[0]) {
+            st = CG_E_VALUE;
+            goto out;
+        }
+        if ((st = cg_disk_open(dp, &t->disk)) != CG_OK) goto out;
+        pp.on_evict = spill;
+        pp.on_evict_ud = t;
+    }
+    st = cg_pool_open(pp, &t->pool);
+out:
+    if (st != CG_OK) {
+        cg_tiers_close(&t);
+        return st;
+    }
+    *out = t;
+    return CG_OK;
+}
+
+void cg_tiers_close(cg_tiers **tp)
+{
+    cg_tiers *t = *tp;
+    if (!t) return;
+    cg_pool_close(&t->pool);
+    cg_disk_close(&t->disk);
+    cg_free(tp);
+}
+
+cg_pool *cg_tiers_pool(cg_tiers *t)
+{
+    return t->pool;
+}
+
+cg_disk *cg_tiers_disk(cg_tiers *t)
+{
+    return t->disk;
+}
+
+cg_tiers_stats cg_tiers_get_stats(cg_tiers *t)
+{
+    return (cg_tiers_stats){
+        .restores = __atomic_load_n(&t->n_restores, __ATOMIC_RELAXED),
+        .restore_failures = __atomic_load_n(&t->n_restore_failures, __ATOMIC_RELAXED),
+        .spills = __atomic_load_n(&t->n_spills, __ATOMIC_RELAXED),
+        .spill_failures = __atomic_load_n(&t->n_spill_failures, __ATOMIC_RELAXED),
+    };
+}
+
+/* ---- placement: the one path by which a chunk's rows enter an assembly ---- */
+
+/* Writes n rows of one plane: K is rotated by delta (R(a+b) = R(a)R(b)), V is copied. */
+static void put_rows(const cg_rope *r, const float *src, float *dst, size_t n, int64_t delta,
+                     int is_k)
+{
+    if (!is_k || delta == 0)
+        memcpy(dst, src, n * (size_t)r->head_dim * sizeof(float));
+    else
+        cg_remap_rope(r, src, dst, n, delta);
+}
+
+void cg_tiers_drop(cg_tiers *t, cg_cached *s, uint64_t now)
+{
+    cg_pool_release(t->pool, &s->c, now);
+    cg_free(&s->buf);
+}
+
+/* Rows [*n_rows][head_dim] of one layer/head/K-or-V in block b of a cached chunk. */
+static const float *cached_rows(const cg_tiers *t, const cg_cached *s, uint32_t b, int l, int h,
+                                int which, uint32_t *n_rows)
+{
+    if (s->c) return cg_pool_chunk_rows(t->pool, s->c, b, l, h, which, n_rows);
+    /* The block layout of kv/pool.h: [head][layer][K,V][block_tokens][head_dim]. */
+    const cg_model_config *cfg = cg_model_cfg(t->m);
+    const size_t bt = t->p.block_tokens, slab = bt * (size_t)cfg->head_dim;
+    *n_rows = b + 1 < s->n_blocks ? (uint32_t)bt : s->n_tokens - b * (uint32_t)bt;
+    size_t i = ((size_t)h * (size_t)cfg->n_layers + (size_t)l) * 2 + (size_t)which;
+    return s->buf + (size_t)b * (t->block_bytes / sizeof(float)) + i * slab;
+}
+
+void cg_tiers_place(cg_tiers *t, cg_kv *dst, uint32_t p, const cg_cached *s, int64_t delta)
+{
+    const cg_model_config *cfg = cg_model_cfg(t->m);
+    const size_t hd = (size_t)cfg->head_dim;
+    for (int l = 0; l < cfg->n_layers; l++)
+        for (int h = 0; h < cfg->n_kv_heads; h++)
+            for (int which = 0; which < 2; which++) {
+                float *out = (which ? cg_kv_v(dst, l, h) : cg_kv_k(dst, l, h)) + (size_t)p * hd;
+                for (uint32_t b = 0; b < s->n_blocks; b++) {
+                    uint32_t nr = 0;
+                    const float *rows = cached_rows(t, s, b, l, h, which, &nr);
+                    put_rows(&t->rope, rows, out, nr, delta, !which);
+                    out += (size_t)nr * hd;
+                }
+            }
+}
+
+void cg_tiers_place_chunk(cg_tiers *t, cg_kv *dst, uint32_t p, cg_pool_chunk *c, int64_t delta)
+{
+    cg_cached s = {
+        .c = c, .n_tokens = cg_pool_chunk_tokens(c), .n_blocks = cg_pool_chunk_blocks(c)};
+    cg_tiers_place(t, dst, p, &s, delta);
+}
+
+void cg_tiers_place_rows(cg_tiers *t, cg_kv *dst, uint32_t p, cg_kv *src, uint32_t v, uint32_t n,
+                         int64_t delta)
+{
+    const cg_model_config *cfg = cg_model_cfg(t->m);
+    const size_t hd = (size_t)cfg->head_dim;
+    for (int l = 0; l < cfg->n_layers; l++)
+        for (int h = 0; h < cfg->n_kv_heads; h++) {
+            put_rows(&t->rope, cg_kv_k(src, l, h) + (size_t)v * hd,
+                     cg_kv_k(dst, l, h) + (size_t)p * hd, n, delta, 1);
+            put_rows(&t->rope, cg_kv_v(src, l, h) + (size_t)v * hd,
+                     cg_kv_v(dst, l, h) + (size_t)p * hd, n, delta, 0);
+        }
+}
+
+/* ---- lookup and store ---- */
+
+typedef struct pool_dst {
+    cg_pool *pool;
+    cg_pool_chunk *c;
+} pool_dst;
+
+static void *pool_block(void *ud, uint32_t i)
+{
+    pool_dst *d = ud;
+    return cg_pool_chunk_block(d->pool, d->c, i);
+}
+
+/* Reads a chunk back from the disk tier: into a new pool chunk (published, referenced) when
+ * RAM has room, else into a private buffer. A record that fails its checksum or its read is
+ * dropped by the disk tier and is a miss here: corrupt KV is never used. */
+static cg_status restore(cg_tiers *t, const cg_key *key, uint32_t want, uint64_t now,
+                         cg_pool_evictions *ev, cg_cached *out)
+{
+    cg_disk_chunk_info di;
+    if (cg_disk_peek(t->disk, key, &di) != CG_OK) return CG_E_NOT_FOUND;
+    if (want && di.tokens != want) {
+        /* Keys carry no role: a system text equal to a chunk text has the same strict key
+         * but one more token (BOS). Never mix the two. */
+        cg_log(CG_LOG_WARN, "disk chunk has %u tokens, the segment %u; computing it", di.tokens,
+               want);
+        return CG_E_CONFLICT;
+    }
+    /* Making room in RAM may spill chunks, and their room on disk is made by dropping the
+     * least recently used records: this one must not be among the first. */
+    if (cg_disk_touch(t->disk, key, cg_wall_ms()) != CG_OK) return CG_E_NOT_FOUND;
+    cg_pool_chunk *c = NULL;
+    cg_status st = cg_pool_insert(t->pool, key, di.tokens, now, &c, ev);
+    out->n_tokens = di.tokens;
+    out->n_blocks = (uint32_t)((di.tokens + t->p.block_tokens - 1) / t->p.block_tokens);
+    out->tier = "disk";
+    if (st == CG_OK) {
+        pool_dst d = {t->pool, c};
+        st = cg_disk_get(t->disk, key, di.tokens, pool_block, &d, cg_wall_ms());
+        if (st == CG_OK) {
+            cg_pool_publish(t->pool, c, now);
+            out->c = c;
+        } else {
+            cg_pool_release(t->pool, &c, now); /* unpublished: dropped with its bytes */
+        }
+    } else {
+        /* RAM is full of referenced chunks, or another thread is filling this key. */
+        size_t len = (size_t)out->n_blocks * t->block_bytes;
+        out->buf = cg_malloc(len);
+        st = cg_disk_get_buf(t->disk, key, di.tokens, out->buf, len, cg_wall_ms());
+        if (st != CG_OK) cg_free(&out->buf);
+    }
+    if (st == CG_OK) {
+        __atomic_add_fetch(&t->n_restores, 1, __ATOMIC_RELAXED);
+        return CG_OK;
+    }
+    if (st == CG_E_IO) __atomic_add_fetch(&t->n_restore_failures, 1, __ATOMIC_RELAXED);
+    memset(out, 0, sizeof *out);
+    return CG_E_NOT_FOUND; /* gone meanwhile, or failed verification: a miss */
+}
+
+cg_status cg_tiers_lookup(cg_tiers *t, const cg_key *key, uint32_t want, uint64_t now,
+                          cg_pool_evictions *ev, cg_cached *out)
+{
+    memset(out, 0, sizeof *out);
+    cg_pool_chunk *c = NULL;
+    if (cg_pool_get(t->pool, key, now, &c) == CG_OK) {
+        if (want && cg_pool_chunk_tokens(c) != want) {
+            cg_log(CG_LOG_WARN, "pool chunk has %u tokens, the segment %u; computing it unstored",
+                   cg_pool_chunk_tokens(c), want);
+            cg_pool_release(t->pool, &c, now);
+            return CG_E_CONFLICT;
+        }
+        out->c = c;
+        out->n_tokens = cg_pool_chunk_tokens(c);
+        out->n_blocks = cg_pool_chunk_blocks(c);
+        out->tier = "ram";
+        return CG_OK;
+    }
+    if (!t->disk) return CG_E_NOT_FOUND;
+    return restore(t, key, want, now, ev, out);
+}
+
+cg_status cg_tiers_store(cg_tiers *t, const cg_key *key, cg_kv *src, uint32_t v, uint32_t n,
+                         uint64_t now, cg_pool_evictions *ev, cg_pool_chunk **out)
+{
+    const cg_model_config *cfg = cg_model_cfg(t->m);
+    const size_t hd = (size_t)cfg->head_dim;
+    cg_pool_chunk *c = NULL;
+    *out = NULL;
+    cg_status st = cg_pool_insert(t->pool, key, n, now, &c, ev);
+    if (st != CG_OK) return st;
+    /* The rows past n in the last block are never read, but the disk tier writes and
+     * checksums whole blocks: zero them so no stale bytes of an evicted chunk (or never
+     * initialised memory) reach the disk. One block per stored chunk. */
+    uint32_t nb = cg_pool_chunk_blocks(c);
+    if (nb) memset(cg_pool_chunk_block(t->pool, c, nb - 1), 0, t->block_bytes);
+    for (int l = 0; l < cfg->n_layers; l++)
+        for (int h = 0; h < cfg->n_kv_heads; h++) {
+            cg_pool_chunk_write(t->pool, c, l, h, 0, cg_kv_k(src, l, h) + (size_t)v * hd);
+            cg_pool_chunk_write(t->pool, c, l, h, 1, cg_kv_v(src, l, h) + (size_t)v * hd);
+        }
+    cg_pool_publish(t->pool, c, now);
+    *out = c;
+    return CG_OK;
+}
+
+/* ---- what left, export, delete, flush ---- */
+
+static int key_in(const cg_key *v, size_t n, const cg_key *k)
+{
+    for (size_t i = 0; i < n; i++)
+        if (cg_key_equal(&v[i], k)) return 1;
+    return 0;
+}
+
+void cg_tiers_classify(cg_tiers *t, const cg_key *keys, size_t n, cg_key *evicted,
+                       size_t *n_evicted, cg_key *spilled, size_t *n_spilled)
+{
+    *n_evicted = *n_spilled = 0;
+    for (size_t i = 0; i < n; i++) {
+        const cg_key *k = &keys[i];
+        if (key_in(evicted, *n_evicted, k) || key_in(spilled, *n_spilled, k)) continue;
+        cg_pool_chunk_info pi;
+        if (cg_pool_peek(t->pool, k, &pi) == CG_OK) continue;
+        if (t->disk && cg_disk_contains(t->disk, k))
+            spilled[(*n_spilled)++] = *k;
+        else
+            evicted[(*n_evicted)++] = *k;
+    }
+}
+
+cg_status cg_tiers_export(cg_tiers *t, const cg_key *key, int h0, int h1, uint64_t now, void **out,
+                          size_t *len, uint32_t *tokens, size_t *evictions)
+{
+    const cg_model_config *cfg = cg_model_cfg(t->m);
+    *out = NULL;
+    *len = 0;
+    *tokens = 0;
+    *evictions = 0;
+    if (h0 < 0 || h1 < h0 || h1 >= cfg->n_kv_heads) return CG_E_VALUE;
+    /* A reference (or the private copy of a chunk read from disk) keeps the blocks alive
+     * while they are copied out. */
+    cg_cached c;
+    cg_pool_evictions ev = {0};
+    cg_status st = cg_tiers_lookup(t, key, 0, now, &ev, &c);
+    *evictions = ev.n; /* reading a chunk back from disk made room in RAM */
+    cg_pool_evictions_free(&ev);
+    if (st != CG_OK) return CG_E_NOT_FOUND;
+    uint32_t nt = c.n_tokens;
+    const size_t hd = (size_t)cfg->head_dim, plane = (size_t)nt * hd;
+    float *buf =
+        cg_malloc((size_t)(h1 - h0 + 1) * (size_t)cfg->n_layers * 2 * plane * sizeof(float) + 1);
+    float *w = buf;
+    for (int h = h0; h <= h1; h++)
+        for (int l = 0; l < cfg->n_layers; l++)
+            for (int which = 0; which < 2; which++)
+                for (uint32_t b = 0; b < c.n_blocks; b++) {
+                    uint32_t nr = 0;
+                    const float *rows = cached_rows(t, &c, b, l, h, which, &nr);
+                    memcpy(w, rows, (size_t)nr * hd * sizeof(float));
+                    w += (size_t)nr * hd;
+                }
+    cg_tiers_drop(t, &c, now);
+    *out = buf;
+    *len = (size_t)(w - buf) * sizeof(float);
+    *tokens = nt;
+    return CG_OK;
+}
+
+cg_status cg_tiers_delete(cg_tiers *t, const cg_key *key)
+{
+    cg_pool_chunk_info info;
+    /* Only live assemblies (and a moment's export) hold references: deleting a chunk an
+     * assembly still uses is refused rather than deferred, so the caller learns of it. */
+    if (cg_pool_peek(t->pool, key, &info) == CG_OK && info.refs > 0) return CG_E_CONFLICT;
+    /* RAM first, then disk: an eviction between the two spills the chunk to disk, where the
+     * second step finds it. A chunk being read back (filling) leaves the pool index too: its
+     * reader uses its blocks once and frees them. */
+    int deferred = 0, found = 0;
+    found |= cg_pool_remove(t->pool, key, &deferred) == CG_OK;
+    if (t->disk) {
+        cg_status st = cg_disk_remove(t->disk, key);
+        if (st == CG_E_IO) return st;
+        found |= st == CG_OK;
+    }
+    return found ? CG_OK : CG_E_NOT_FOUND;
+}
+
+typedef struct flush_item {
+    cg_key key;
+    uint64_t last_used;
+} flush_item;
+
+typedef struct flush_list {
+    flush_item *v;
+    size_t n, cap;
+} flush_list;
+
+static void flush_add(void *ud, const cg_pool_chunk_info *info)
+{
+    flush_list *l = ud;
+    if (l->n == l->cap) {
+        l->cap = l->cap ? l->cap * 2 : 64;
+        l->v = cg_realloc(l->v, l->cap * sizeof *l->v);
+    }
+    l->v[l->n++] = (flush_item){info->key, info->last_used};
+}
+
+static int cmp_last_used(const void *x, const void *y)
+{
+    uint64_t a = ((const flush_item *)x)->last_used, b = ((const flush_item *)y)->last_used;
+    return a < b ? -1 : a > b;
+}
+
+size_t cg_tiers_flush(cg_tiers *t, uint64_t now)
+{
+    if (!t->disk) return 0;
+    flush_list l = {0};
+    cg_pool_foreach(t->pool, flush_add, &l);
+    if (l.n) qsort(l.v, l.n, sizeof *l.v, cmp_last_used);
+    /* The disk orders its records by the wall-clock time of their last use: translate the
+     * pool's monotonic times so the LRU order survives the restart. */
+    const uint64_t wall = cg_wall_ms(), mono = cg_now_ms();
+    size_t done = 0;
+    for (size_t i = 0; i < l.n; i++) {
+        cg_pool_chunk *c = NULL;
+        if (cg_pool_get(t->pool, &l.v[i].key, now, &c) != CG_OK) continue; /* gone meanwhile */
+        uint64_t age = mono > l.v[i].last_used ? mono - l.v[i].last_used : 0;
+        cg_disk_pool_src src = {t->pool, c};
+        cg_status st = cg_disk_put(t->disk, &l.v[i].key, cg_pool_chunk_tokens(c),
+                                   cg_disk_pool_block, &src, wall > age ? wall - age : wall, NULL);
+        done += st == CG_OK;
+        cg_pool_release(t->pool, &c, now);
+    }
+    free(l.v);
+    return done;
+}

@@ -1,0 +1,96 @@
+/* The worker's chunk KV tiers as the engine sees them: the RAM pool (kv/pool.h) and, below it,
+ * the disk tier (worker/store/disk.h). Finds a chunk in RAM, then on disk (read back and
+ * verified), stores computed chunks, spills RAM evictions to disk, and places a chunk's rows
+ * into a request's KV at any offset (K re-rotated by R(p - v), V copied: DESIGN §6, §8). */
+#ifndef CG_TIERS_H
+#define CG_TIERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "cache/key.h"
+#include "kv/pool.h"
+#include "worker/model/model.h"
+#include "worker/store/disk.h"
+
+typedef struct cg_tiers cg_tiers;
+
+typedef struct cg_tiers_params {
+    size_t pool_bytes;     /* RAM pool capacity */
+    uint32_t block_tokens; /* pool block size in tokens */
+    size_t disk_bytes;     /* 0 = no disk tier */
+    const char *disk_dir;  /* required with disk_bytes; borrowed for cg_tiers_open */
+    int disk_sync;         /* cg_disk_params.sync */
+} cg_tiers_params;
+
+/* Opens the pool and, with disk_bytes > 0, the disk tier over model m (borrowed; it must
+ * outlive the tiers). CG_E_VALUE when the pool or the disk cannot hold one block, or
+ * cg_disk_open's statuses. Caller closes with cg_tiers_close. */
+cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **out) CG_WUR;
+void cg_tiers_close(cg_tiers **t);
+
+cg_pool *cg_tiers_pool(cg_tiers *t);
+cg_disk *cg_tiers_disk(cg_tiers *t); /* NULL without a disk tier */
+
+typedef struct cg_tiers_stats {
+    uint64_t restores, restore_failures; /* disk records read back and verified / failed */
+    uint64_t spills, spill_failures;     /* RAM evictions written to disk / dropped */
+} cg_tiers_stats;
+cg_tiers_stats cg_tiers_get_stats(cg_tiers *t);
+
+/* A cached chunk's KV as found: a referenced pool chunk, or (when RAM had no room for a chunk
+ * read from disk) its blocks in a private buffer, in the pool's block layout. */
+typedef struct cg_cached {
+    cg_pool_chunk *c;
+    float *buf; /* owned; n_blocks * block bytes */
+    uint32_t n_tokens, n_blocks;
+    const char *tier; /* "ram" or "disk"; static */
+} cg_cached;
+
+/* The disk records dropped by spills that this thread's inserts cause go into *dropped until
+ * cg_tiers_collect(t, NULL) (spills run in the pool's eviction callback, on the inserting
+ * thread). */
+void cg_tiers_collect(cg_tiers *t, cg_pool_evictions *dropped);
+
+/* Finds key: the RAM pool, then the disk tier. want: the token count the segment needs (0 =
+ * any). CG_OK fills *out (give it back with cg_tiers_drop, or keep out->c); otherwise a miss
+ * (CG_E_CONFLICT: a chunk of another length holds the key). RAM evictions made to read a chunk
+ * back go into ev. */
+cg_status cg_tiers_lookup(cg_tiers *t, const cg_key *key, uint32_t want, uint64_t now,
+                          cg_pool_evictions *ev, cg_cached *out) CG_WUR;
+void cg_tiers_drop(cg_tiers *t, cg_cached *c, uint64_t now);
+
+/* Stores rows [v, v+n) of src as a new published chunk; returns it referenced. CG_E_FULL or
+ * CG_E_CONFLICT: nothing stored (the caller uses its rows unstored). */
+cg_status cg_tiers_store(cg_tiers *t, const cg_key *key, cg_kv *src, uint32_t v, uint32_t n,
+                         uint64_t now, cg_pool_evictions *ev, cg_pool_chunk **out) CG_WUR;
+
+/* Places a cached chunk at slot p of dst, its K rotated by delta. */
+void cg_tiers_place(cg_tiers *t, cg_kv *dst, uint32_t p, const cg_cached *c, int64_t delta);
+/* The same for a referenced pool chunk. */
+void cg_tiers_place_chunk(cg_tiers *t, cg_kv *dst, uint32_t p, cg_pool_chunk *c, int64_t delta);
+/* Places rows [v, v+n) of src (a miss the pool could not store) at slot p of dst. */
+void cg_tiers_place_rows(cg_tiers *t, cg_kv *dst, uint32_t p, cg_kv *src, uint32_t v, uint32_t n,
+                         int64_t delta);
+
+/* Sorts keys that left RAM (or the disk) into what the gateway must learn: still in RAM:
+ * nothing; on disk: spilled; neither: evicted. evicted and spilled have room for n each. */
+void cg_tiers_classify(cg_tiers *t, const cg_key *keys, size_t n, cg_key *evicted,
+                       size_t *n_evicted, cg_key *spilled, size_t *n_spilled);
+
+/* Per-head KV of a chunk (DESIGN §7): for each KV head in [h0, h1], each layer, K then V,
+ * [tokens][head_dim] f32. A chunk on disk is read back first; evictions made for it are
+ * counted in *evictions. *out is malloc'd (caller frees). CG_E_NOT_FOUND or CG_E_VALUE. */
+cg_status cg_tiers_export(cg_tiers *t, const cg_key *key, int h0, int h1, uint64_t now, void **out,
+                          size_t *len, uint32_t *tokens, size_t *evictions) CG_WUR;
+
+/* Removes key from every tier. CG_E_CONFLICT (nothing removed) when it is referenced;
+ * CG_E_NOT_FOUND when no tier holds it; CG_E_IO. */
+cg_status cg_tiers_delete(cg_tiers *t, const cg_key *key) CG_WUR;
+
+/* Writes every RAM chunk to the disk tier, least recently used first; returns how many.
+ * 0 without a disk tier. */
+size_t cg_tiers_flush(cg_tiers *t, uint64_t now);
+
+#endif
