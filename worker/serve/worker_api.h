@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "worker/serve/engine.h"
+#include "worker/serve/text.h"
 #include "base/http.h"
 
 typedef struct cg_worker_api cg_worker_api;
@@ -39,10 +40,5 @@ void cg_worker_api_free(cg_worker_api **api);
 const cg_http_route *cg_worker_api_routes(size_t *n_routes);
 /* The request-finished callback: requests_total{route,code} and request_duration_seconds. */
 void cg_worker_api_done(void *app, const char *route, int status, double seconds);
-
-/* Appends UTF-8 made from in[0..n) to out: valid sequences are copied, invalid bytes and NUL
- * become U+FFFD. An incomplete sequence at the end is left unconsumed unless final (it may complete
- * with the next token's bytes). Returns the bytes consumed. Exposed for tests. */
-size_t cg_utf8_sanitize(const char *in, size_t n, int final, cg_buf *out);
 
 #endif

@@ -1,0 +1,100 @@
+/* Helpers of the worker's route handlers (worker/serve/api_common.h). */
+#include "worker/serve/api_common.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "base/json.h"
+
+const cg_model_config *cg_api_cfg(cg_worker_api *a)
+{
+    return cg_model_cfg(cg_engine_model(a->e));
+}
+
+/* Replies 404 when the request names another model. Returns 0 when it replied. */
+int cg_api_model_ok(cg_worker_api *a, cg_http_req *req, json_t *body)
+{
+    const char *model = NULL;
+    cg_status st = cg_json_get_string(body, "model", 0, &model);
+    if (st != CG_OK) {
+        cg_http_reply_error(req, st, "model", "model must be a string");
+        return 0;
+    }
+    if (model && strcmp(model, cg_api_cfg(a)->model_id) != 0) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "model '%.128s' is not served here; this worker serves '%s'",
+                 model, cg_api_cfg(a)->model_id);
+        cg_http_reply_error(req, CG_E_MODEL, "model", msg);
+        return 0;
+    }
+    return 1;
+}
+
+/* Replies with a field error naming the field. */
+void cg_api_field_error(cg_http_req *req, cg_status st, const char *field, const char *what)
+{
+    char msg[256];
+    if (st == CG_E_MISSING)
+        snprintf(msg, sizeof msg, "%s is required", field);
+    else if (st == CG_E_TYPE)
+        snprintf(msg, sizeof msg, "%s must be %s", field, what);
+    else
+        snprintf(msg, sizeof msg, "%s is out of range (%s)", field, what);
+    cg_http_reply_error(req, st, field, msg);
+}
+
+int cg_api_parse_opts(cg_worker_api *a, cg_http_req *req, json_t *body, const char *mode_field,
+                      cg_api_opts *o)
+{
+    cg_status st;
+    const char *mode = NULL;
+    json_t *salt = NULL;
+    o->mode = CG_MODE_STRICT;
+    if ((st = cg_json_get_string(body, mode_field, 0, &mode)) != CG_OK) {
+        cg_api_field_error(req, st, mode_field, "a string");
+        return 0;
+    }
+    if (mode && cg_mode_parse(mode, &o->mode) != 0) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s must be \"strict\" or \"sys\"", mode_field);
+        cg_http_reply_error(req, CG_E_VALUE, mode_field, msg);
+        return 0;
+    }
+    if ((st = cg_json_get(body, "cache_salt", JSON_STRING, 0, &salt)) != CG_OK) {
+        cg_api_field_error(req, st, "cache_salt", "a string");
+        return 0;
+    }
+    o->salt = salt ? json_string_value(salt) : NULL;
+    o->salt_len = salt ? json_string_length(salt) : 0;
+    long long maxpos = cg_api_cfg(a)->max_pos;
+    if ((st = cg_json_get_int(body, "recompute_prefix_tokens", 0, 0, INT32_MAX, &o->recompute)) !=
+        CG_OK) {
+        cg_api_field_error(req, st, "recompute_prefix_tokens", "an integer >= 0");
+        return 0;
+    }
+    if ((st = cg_json_get_int(body, "reserve_tokens", -1, 0, maxpos, &o->reserve)) != CG_OK) {
+        cg_api_field_error(req, st, "reserve_tokens", "an integer >= 0");
+        return 0;
+    }
+    return 1;
+}
+
+void cg_api_engine_error(cg_http_req *req, cg_status st, const char *param, const char *err)
+{
+    cg_http_reply_error(req, st, param, err && err[0] ? err : NULL);
+}
+
+void cg_api_random_hex(char *out, size_t n_bytes)
+{
+    uint8_t b[32];
+    if (n_bytes > sizeof b) n_bytes = sizeof b;
+    if (getrandom(b, n_bytes, 0) != (ssize_t)n_bytes) {
+        uint64_t s = cg_now_ns();
+        for (size_t i = 0; i < n_bytes; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            b[i] = (uint8_t)(s >> 56);
+        }
+    }
+    cg_hex_encode(b, n_bytes, out);
+}

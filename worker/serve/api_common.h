@@ -1,0 +1,50 @@
+/* What the worker's route handlers share: the API state and the request helpers (parsing
+ * the common fields, field errors in the OpenAI shape). Not a public interface. */
+#ifndef CG_API_COMMON_H
+#define CG_API_COMMON_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/http.h"
+#include "base/metrics.h"
+#include "worker/serve/engine.h"
+#include "worker/serve/text.h"
+#include "worker/serve/worker_api.h"
+
+#define P "chunkgate_worker_"
+
+struct cg_worker_api {
+    cg_worker_api_params p;
+    cg_engine *e;
+    cg_metrics *metrics;
+    char instance_id[33]; /* random per process: a gateway sees a restart by it */
+    int64_t started_ms;   /* wall clock at start */
+    int pulls;            /* KV pulls in flight (atomic) */
+};
+
+const cg_model_config *cg_api_cfg(cg_worker_api *a);
+/* Replies 404 when the request names another model. Returns 0 when it replied. */
+int cg_api_model_ok(cg_worker_api *a, cg_http_req *req, json_t *body);
+/* Replies with a field error naming the field; what: the expected form. */
+void cg_api_field_error(cg_http_req *req, cg_status st, const char *field, const char *what);
+/* Replies with an engine error (err: the engine's message, may be empty). */
+void cg_api_engine_error(cg_http_req *req, cg_status st, const char *param, const char *err);
+
+/* The assemble options shared by /v1/assemble and /v1/completions. */
+typedef struct cg_api_opts {
+    cg_mode mode;
+    const char *salt; /* borrowed from the body */
+    size_t salt_len;
+    long long recompute;
+    long long reserve;
+} cg_api_opts;
+/* Parses them (mode from mode_field); replies 400 and returns 0 on a bad value. */
+int cg_api_parse_opts(cg_worker_api *a, cg_http_req *req, json_t *body, const char *mode_field,
+                      cg_api_opts *o);
+
+/* Lowercase hex of n_bytes random bytes (at most 32) into out (2 n_bytes + 1). */
+void cg_api_random_hex(char *out, size_t n_bytes);
+
+#endif

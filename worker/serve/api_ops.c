@@ -1,0 +1,167 @@
+/* The worker's operations routes: GET /healthz, /v1/info, /v1/models, /metrics. */
+#include "worker/serve/api_ops.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "kv/pool.h"
+#include "worker/serve/api_common.h"
+
+void cg_api_health(cg_http_req *req, void *app)
+{
+    (void)app;
+    cg_http_reply_json(req, 200, json_pack("{s:s}", "status", "ok"));
+}
+
+void cg_api_info(cg_http_req *req, void *app)
+{
+    cg_worker_api *a = app;
+    const cg_model_config *c = cg_api_cfg(a);
+    cg_pool_stats ps = cg_pool_get_stats(cg_engine_pool(a->e));
+    cg_engine_params ep = cg_engine_get_params(a->e);
+    json_t *j = json_object();
+#define SET(k, v) json_object_set_new(j, k, v)
+    SET("object", json_string("worker.info"));
+    SET("model", json_string(c->model_id));
+    SET("n_layers", json_integer(c->n_layers));
+    SET("n_heads", json_integer(c->n_heads));
+    SET("n_kv_heads", json_integer(c->n_kv_heads));
+    SET("head_dim", json_integer(c->head_dim));
+    SET("hidden_size", json_integer(c->dim));
+    SET("intermediate_size", json_integer(c->hidden_dim));
+    SET("vocab_size", json_integer(c->vocab_size));
+    SET("bos_token_id", json_integer(c->bos_id));
+    SET("eos_token_id", json_integer(c->eos_id));
+    SET("dtype", json_string("f32")); /* compute and KV dtype */
+    SET("weights_dtype", json_string(c->dtype));
+    SET("rope_style", json_string(cg_rope_style_name(c->rope_style)));
+    SET("rope_theta", json_real(c->rope_theta));
+    SET("max_positions", json_integer(c->max_pos));
+    SET("isolation_modes", json_pack("[s,s]", "strict", "sys"));
+    SET("key_version", json_string(CG_KEY_VERSION));
+    SET("key_hash", json_string(cg_key_hash_name(cg_key_get_hash())));
+    SET("instance_id", json_string(a->instance_id));
+    SET("started_ms", json_integer((json_int_t)a->started_ms));
+    SET("separator", json_string(a->p.separator));
+    SET("block_tokens", json_integer(ep.block_tokens));
+    SET("block_bytes", json_integer((json_int_t)ps.block_bytes));
+    SET("pool_capacity_bytes", json_integer((json_int_t)ps.capacity_bytes));
+    SET("pool_used_bytes", json_integer((json_int_t)ps.bytes_used));
+    SET("chunks", json_integer((json_int_t)ps.chunks));
+    cg_disk *d = cg_engine_disk(a->e);
+    if (d) {
+        cg_disk_stats ds = cg_disk_get_stats(d);
+        SET("disk_capacity_bytes", json_integer((json_int_t)ds.capacity_bytes));
+        SET("disk_used_bytes", json_integer((json_int_t)ds.used_bytes));
+        SET("disk_chunks", json_integer((json_int_t)ds.chunks));
+    } else {
+        SET("disk_capacity_bytes", json_integer(0));
+        SET("disk_used_bytes", json_integer(0));
+        SET("disk_chunks", json_integer(0));
+    }
+    SET("tiers", d ? json_pack("[s,s]", "ram", "disk") : json_pack("[s]", "ram"));
+    SET("tp", json_integer(a->p.tp));
+    SET("kv_source", a->p.kv_source ? json_string(a->p.kv_source) : json_null());
+    SET("assemblies_live", json_integer((json_int_t)cg_engine_live_assemblies(a->e, cg_now_ms())));
+    SET("assembly_ttl_ms", json_integer((json_int_t)ep.assembly_ttl_ms));
+    SET("kv_format", json_string("CGKV1"));
+    SET("kv_layout", json_string("per head, per layer: K then V, each [tokens][head_dim] "
+                                 "little-endian f32"));
+#undef SET
+    cg_http_reply_json(req, 200, j);
+}
+
+void cg_api_models(cg_http_req *req, void *app)
+{
+    cg_worker_api *a = app;
+    const cg_model_config *c = cg_api_cfg(a);
+    json_t *j = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i}]}", "object", "list", "data", "id",
+                          c->model_id, "object", "model", "created", (json_int_t)0, "owned_by",
+                          "chunkgate-worker", "max_model_len", c->max_pos);
+    cg_http_reply_json(req, 200, j);
+}
+
+static void set_counter(cg_metrics *m, const char *name, const char *help, uint64_t v)
+{
+    cg_metric_set(cg_metrics_counter(m, name, help, NULL), (double)v);
+}
+
+static void set_gauge(cg_metrics *m, const char *name, const char *help, double v)
+{
+    cg_metric_set(cg_metrics_gauge(m, name, help, NULL), v);
+}
+
+void cg_api_metrics(cg_http_req *req, void *app)
+{
+    cg_worker_api *a = app;
+    cg_metrics *m = a->metrics;
+    cg_pool_stats ps = cg_pool_get_stats(cg_engine_pool(a->e));
+    cg_engine_stats es = cg_engine_get_stats(a->e);
+    size_t live = cg_engine_live_assemblies(a->e, cg_now_ms());
+    /* The engine and the pool keep the counts; a scrape copies them into the registry. */
+    set_gauge(m, P "pool_capacity_bytes", "KV pool capacity in bytes", (double)ps.capacity_bytes);
+    set_gauge(m, P "pool_used_bytes", "KV pool bytes held by chunks", (double)ps.bytes_used);
+    set_gauge(m, P "pool_chunks", "Chunks in the KV pool", (double)ps.chunks);
+    set_gauge(m, P "pool_referenced_chunks", "Pool chunks referenced by live assemblies",
+              (double)ps.referenced_chunks);
+    set_gauge(m, P "assemblies_live", "Assemblies built and not yet consumed or released",
+              (double)live);
+    set_gauge(m, P "kv_pulls_in_flight", "KV pulls from a source worker in progress",
+              (double)__atomic_load_n(&a->pulls, __ATOMIC_ACQUIRE));
+    set_counter(m, P "chunk_hits_total", "Cacheable segments found in the pool", es.chunk_hits);
+    set_counter(m, P "chunk_misses_total", "Cacheable segments computed", es.chunk_misses);
+    set_counter(m, P "evictions_total", "Chunks evicted from the pool", es.evictions);
+    set_counter(m, P "tokens_reused_total", "Prompt tokens taken from the pool", es.tokens_reused);
+    set_counter(m, P "tokens_computed_total", "Prompt tokens not taken from the pool",
+                es.tokens_computed);
+    set_counter(m, P "prefill_tokens_total", "Tokens run through the model during prefill",
+                es.prefill_tokens);
+    set_counter(m, P "decode_tokens_total", "Tokens generated", es.decode_tokens);
+    set_counter(m, P "assemblies_total", "Assemblies built", es.assemblies_created);
+    set_counter(m, P "assemblies_expired_total", "Assemblies released by their ttl",
+                es.assemblies_expired);
+    set_counter(m, P "assemblies_adopted_total", "Assemblies made from KV pulled from a worker",
+                es.assemblies_adopted);
+    /* Tiers: what each holds now, and the traffic between them. */
+    cg_disk *d = cg_engine_disk(a->e);
+    cg_disk_stats ds = d ? cg_disk_get_stats(d) : (cg_disk_stats){0};
+    static const char *tb = "Bytes held per KV tier (RAM: pool blocks; disk: slots)";
+    static const char *tc = "Chunks per KV tier (a chunk restored from disk is in both)";
+    static const char *tcap = "Capacity per KV tier in bytes";
+    cg_metric_set(cg_metrics_gauge(m, P "tier_bytes", tb, "tier=\"ram\""), (double)ps.bytes_used);
+    cg_metric_set(cg_metrics_gauge(m, P "tier_bytes", tb, "tier=\"disk\""), (double)ds.used_bytes);
+    cg_metric_set(cg_metrics_gauge(m, P "tier_chunks", tc, "tier=\"ram\""), (double)ps.chunks);
+    cg_metric_set(cg_metrics_gauge(m, P "tier_chunks", tc, "tier=\"disk\""), (double)ds.chunks);
+    cg_metric_set(cg_metrics_gauge(m, P "tier_capacity_bytes", tcap, "tier=\"ram\""),
+                  (double)ps.capacity_bytes);
+    cg_metric_set(cg_metrics_gauge(m, P "tier_capacity_bytes", tcap, "tier=\"disk\""),
+                  (double)ds.capacity_bytes);
+    set_counter(m, P "disk_hits_total", "Cacheable segments served from the disk tier",
+                es.disk_hits);
+    set_counter(m, P "spills_total", "Chunks evicted from RAM and written to disk", es.spills);
+    set_counter(m, P "spill_failures_total",
+                "Chunks evicted from RAM that the disk tier did not take (dropped)",
+                es.spill_failures);
+    set_counter(m, P "restores_total", "Chunks read back from disk and verified", es.restores);
+    set_counter(m, P "restore_failures_total",
+                "Disk records that failed verification or reading (recomputed)",
+                es.restore_failures);
+    set_counter(m, P "disk_drops_total", "Chunks dropped from the disk tier to make room (LRU)",
+                ds.drops);
+    set_counter(m, P "checksum_failures_total",
+                "Disk records whose XXH3-128 checksum did not match (never served)",
+                ds.checksum_failures);
+    set_counter(m, P "disk_io_errors_total", "Disk tier read, write or inventory errors",
+                ds.io_errors);
+    set_counter(m, P "disk_written_bytes_total", "Bytes written by spills", ds.bytes_written);
+    set_counter(m, P "disk_read_bytes_total", "Bytes read back by restores", ds.bytes_read);
+    set_counter(m, P "disk_open_dropped_total",
+                "Inventory rows dropped at start (out of range, overlapping or invalid)",
+                ds.open_dropped);
+    cg_buf out;
+    cg_buf_init(&out, 0);
+    cg_metrics_render(m, &out);
+    cg_http_reply_raw(req, 200, "text/plain; version=0.0.4; charset=utf-8",
+                      out.data ? out.data : "", out.len);
+    cg_buf_free(&out);
+}
