@@ -281,77 +281,68 @@ static int same_as_leader(const pull *P, const rank *k)
     return 1;
 }
 
-cg_status cg_kvpull_assembly(cg_engine *e, const cg_kvpull_params *p, uint64_t now,
-                             cg_kvpull_result *res, char *err, size_t errlen)
+/* Checks the request before any connection. */
+static cg_status check_params(const cg_model_config *c, const cg_kvpull_params *p, char *err,
+                              size_t errlen)
 {
-    const cg_model_config *c = cg_model_cfg(cg_engine_model(e));
-    const uint64_t t0 = cg_now_ns();
-    char base[URL_MAX + 1], url[URL_MAX + 128];
-    xfer lx = {0};
-    rank *ranks = NULL;
-    pthread_t *th = NULL;
-    cg_kv *kv = NULL;
-    int n_started = 0;
-    cg_status st = CG_E_VALUE;
-    memset(res, 0, sizeof *res);
-    if (err && errlen) err[0] = '\0';
-
     if (!cg_kvpull_url_ok(p->worker)) {
         cg_seterr(err, errlen,
-               "the source worker URL must be http:// or https://, printable, at "
-               "most %d bytes",
-               URL_MAX);
+                  "the source worker URL must be http:// or https://, printable, at most %d bytes",
+                  URL_MAX);
         return CG_E_VALUE;
     }
     if (!id_ok(p->assembly_id)) {
         cg_seterr(err, errlen, "assembly '%.64s' is unknown (an id is 32 lowercase hex characters)",
-               p->assembly_id ? p->assembly_id : "");
+                  p->assembly_id ? p->assembly_id : "");
         return CG_E_NOT_FOUND;
     }
     if (p->tp < 1 || p->tp > 1024 || cg_tp_check(c->n_kv_heads, p->tp) != CG_OK) {
         cg_seterr(err, errlen, "tp %d cannot split %d KV heads", p->tp, c->n_kv_heads);
         return CG_E_VALUE;
     }
-    snprintf(base, sizeof base, "%s", p->worker);
-    for (size_t n = strlen(base); n && base[n - 1] == '/'; n--)
-        base[n - 1] = '\0';
+    return CG_OK;
+}
 
-    /* 1. the logits of the last prompt token and the sizes */
+/* 1. GET the logits of the last prompt token and the sizes; checks they fit this model. */
+static cg_status fetch_logits(const cg_model_config *c, const cg_kvpull_params *p,
+                              const char *base, xfer *lx, char *err, size_t errlen)
+{
+    char url[URL_MAX + 128];
     snprintf(url, sizeof url, "%s/v1/assemblies/%s/logits", base, p->assembly_id);
     const size_t logits_bytes = (size_t)c->vocab_size * sizeof(float);
-    http_do("GET", url, p->timeout_ms, logits_bytes, &lx);
-    if ((st = xfer_status(&lx, "logits", err, errlen)) != CG_OK) {
-        if (st == CG_E_NOT_FOUND) goto out; /* nothing to release */
-        goto release;
-    }
-    if (strcmp(lx.model, c->model_id) != 0 || lx.vocab != c->vocab_size ||
-        lx.body.len != logits_bytes) {
+    http_do("GET", url, p->timeout_ms, logits_bytes, lx);
+    cg_status st = xfer_status(lx, "logits", err, errlen);
+    if (st != CG_OK) return st;
+    if (strcmp(lx->model, c->model_id) != 0 || lx->vocab != c->vocab_size ||
+        lx->body.len != logits_bytes) {
         cg_seterr(err, errlen,
-               "the source serves model '%s' with %lld logits (%zu bytes) but this backend "
-               "serves '%s' with %d; refused",
-               lx.model, lx.vocab, lx.body.len, c->model_id, c->vocab_size);
-        st = CG_E_BAD_GATEWAY;
-        goto release;
+                  "the source serves model '%s' with %lld logits (%zu bytes) but this backend "
+                  "serves '%s' with %d; refused",
+                  lx->model, lx->vocab, lx->body.len, c->model_id, c->vocab_size);
+        return CG_E_BAD_GATEWAY;
     }
-    if (lx.tokens < 1 || lx.tokens > c->max_pos || lx.cached < 0 || lx.cached > lx.tokens) {
+    if (lx->tokens < 1 || lx->tokens > c->max_pos || lx->cached < 0 || lx->cached > lx->tokens) {
         cg_seterr(err, errlen,
-               "the source reports %lld prompt tokens (%lld cached); this model holds "
-               "%d positions",
-               lx.tokens, lx.cached, c->max_pos);
-        st = lx.tokens > c->max_pos ? CG_E_CONTEXT : CG_E_BAD_GATEWAY;
-        goto release;
+                  "the source reports %lld prompt tokens (%lld cached); this model holds %d "
+                  "positions",
+                  lx->tokens, lx->cached, c->max_pos);
+        return lx->tokens > c->max_pos ? CG_E_CONTEXT : CG_E_BAD_GATEWAY;
     }
+    return CG_OK;
+}
 
-    /* 2. the ranks, each on its own connection for exactly its heads */
-    const uint32_t n_tokens = (uint32_t)lx.tokens;
-    uint64_t cap =
-        CG_MIN((uint64_t)n_tokens + cg_engine_get_params(e).reserve_tokens, (uint64_t)c->max_pos);
-    kv = cg_kv_new(cg_engine_model(e), (uint32_t)CG_MAX(cap, (uint64_t)n_tokens));
-    pull P = {.cfg = c, .p = p, .base = base, .n_tokens = n_tokens, .kv = kv};
-    ranks = cg_calloc((size_t)p->tp, sizeof *ranks);
-    th = cg_calloc((size_t)p->tp, sizeof *th);
-    for (int r = 0; r < p->tp; r++) {
-        ranks[r] = (rank){.P = &P, .r = r, .s = cg_tp_slice_of(c->n_kv_heads, p->tp, r)};
+/* 2. The ranks, each on its own thread and connection for exactly its heads; the ranks that
+ * share a head must agree with its leader. */
+static cg_status run_ranks(pull *P, cg_kvpull_result *res, char *err, size_t errlen)
+{
+    const cg_model_config *c = P->cfg;
+    const int tp = P->p->tp;
+    rank *ranks = cg_calloc((size_t)tp, sizeof *ranks);
+    pthread_t *th = cg_calloc((size_t)tp, sizeof *th);
+    int n_started = 0;
+    cg_status st = CG_OK;
+    for (int r = 0; r < tp; r++) {
+        ranks[r] = (rank){.P = P, .r = r, .s = cg_tp_slice_of(c->n_kv_heads, tp, r)};
         if (pthread_create(&th[r], NULL, rank_main, &ranks[r]) != 0) {
             cg_seterr(err, errlen, "cannot start rank thread %d", r);
             st = CG_E_INTERNAL;
@@ -361,39 +352,71 @@ cg_status cg_kvpull_assembly(cg_engine *e, const cg_kvpull_params *p, uint64_t n
     }
     for (int r = 0; r < n_started; r++)
         pthread_join(th[r], NULL);
-    if (n_started < p->tp) goto release;
-    for (int r = 0; r < p->tp; r++) {
+    for (int r = 0; st == CG_OK && r < tp; r++) {
         res->kv_requests++;
         res->kv_bytes += ranks[r].x.body.len;
-        if (ranks[r].st != CG_OK && st == CG_OK) {
+        if (ranks[r].st != CG_OK) {
             cg_seterr(err, errlen, "%s", ranks[r].err);
             st = ranks[r].st;
         }
     }
-    if (st != CG_OK) goto release; /* a rank failed */
-    for (int r = 0; r < p->tp; r++) {
-        if (!ranks[r].s.leader && !same_as_leader(&P, &ranks[r])) {
+    for (int r = 0; st == CG_OK && r < tp; r++) {
+        if (!ranks[r].s.leader && !same_as_leader(P, &ranks[r])) {
             cg_seterr(err, errlen, "rank %d received other bytes for KV head %d than rank %d", r,
-                   ranks[r].s.head0, r - r % (p->tp / c->n_kv_heads));
+                      ranks[r].s.head0, r - r % (tp / c->n_kv_heads));
             st = CG_E_BAD_GATEWAY;
-            goto release;
         }
     }
-    st = CG_OK;
+    for (int r = 0; r < n_started; r++)
+        xfer_free(&ranks[r].x);
+    free(ranks);
+    free(th);
+    return st;
+}
 
-release:
-    /* 3. the source's assembly is no longer needed, whether or not the pull worked: it holds
-     * pool references there until released */
-    if (p->release) {
-        xfer dx = {0};
-        snprintf(url, sizeof url, "%s/v1/assemblies/%s", base, p->assembly_id);
-        http_do("DELETE", url, p->timeout_ms, 4096, &dx);
-        res->released = dx.rc == CURLE_OK && dx.status == 200;
-        if (!res->released)
-            cg_log(CG_LOG_WARN, "kv pull: DELETE %s: %s, HTTP %ld", url, curl_easy_strerror(dx.rc),
-                   dx.status);
-        xfer_free(&dx);
+/* 3. The source's assembly is no longer needed, whether or not the pull worked: it holds pool
+ * references there until released. */
+static void release_source(const cg_kvpull_params *p, const char *base, cg_kvpull_result *res)
+{
+    if (!p->release) return;
+    char url[URL_MAX + 128];
+    xfer dx = {0};
+    snprintf(url, sizeof url, "%s/v1/assemblies/%s", base, p->assembly_id);
+    http_do("DELETE", url, p->timeout_ms, 4096, &dx);
+    res->released = dx.rc == CURLE_OK && dx.status == 200;
+    if (!res->released)
+        cg_log(CG_LOG_WARN, "kv pull: DELETE %s: %s, HTTP %ld", url, curl_easy_strerror(dx.rc),
+               dx.status);
+    xfer_free(&dx);
+}
+
+cg_status cg_kvpull_assembly(cg_engine *e, const cg_kvpull_params *p, uint64_t now,
+                             cg_kvpull_result *res, char *err, size_t errlen)
+{
+    const cg_model_config *c = cg_model_cfg(cg_engine_model(e));
+    const uint64_t t0 = cg_now_ns();
+    char base[URL_MAX + 1];
+    xfer lx = {0};
+    cg_kv *kv = NULL;
+    memset(res, 0, sizeof *res);
+    if (err && errlen) err[0] = '\0';
+    cg_status st = check_params(c, p, err, errlen);
+    if (st != CG_OK) return st;
+    snprintf(base, sizeof base, "%s", p->worker);
+    for (size_t n = strlen(base); n && base[n - 1] == '/'; n--)
+        base[n - 1] = '\0';
+
+    st = fetch_logits(c, p, base, &lx, err, errlen);
+    if (st == CG_E_NOT_FOUND) goto out; /* nothing to release */
+    if (st == CG_OK) {
+        const uint32_t n_tokens = (uint32_t)lx.tokens;
+        uint64_t cap = CG_MIN((uint64_t)n_tokens + cg_engine_get_params(e).reserve_tokens,
+                              (uint64_t)c->max_pos);
+        kv = cg_kv_new(cg_engine_model(e), (uint32_t)CG_MAX(cap, (uint64_t)n_tokens));
+        pull P = {.cfg = c, .p = p, .base = base, .n_tokens = n_tokens, .kv = kv};
+        st = run_ranks(&P, res, err, errlen);
     }
+    release_source(p, base, res);
     if (st != CG_OK) goto out;
 
     /* 4. a local assembly that complete decodes like one built here */
@@ -411,10 +434,6 @@ out:
                "%.1f ms, local %s",
                p->assembly_id, base, res->n_tokens, p->tp, res->kv_requests,
                (unsigned long long)res->kv_bytes, res->seconds * 1e3, res->id);
-    for (int r = 0; ranks && r < p->tp; r++)
-        xfer_free(&ranks[r].x);
-    free(ranks);
-    free(th);
     cg_kv_free(&kv);
     xfer_free(&lx);
     return st;
