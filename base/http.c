@@ -926,8 +926,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     const char *route = r->route ? r->route->name : "unknown";
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) status = r->resp_status ? r->resp_status : 499;
     cg_log_set_request_id(r->rid);
-    cg_log(CG_LOG_INFO, "%s %s %d %.3fms%s", r->method, r->path, status, secs * 1e3,
-           toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
+    /* Health probes arrive every few seconds from every gateway: they log at debug level
+     * unless they fail, so the access log shows traffic, not liveness checks. */
+    int probe = route && (!strcmp(route, "healthz") || !strcmp(route, "readyz")) && status < 400;
+    cg_log(probe ? CG_LOG_DEBUG : CG_LOG_INFO, "%s %s %d %.3fms%s", r->method, r->path, status,
+           secs * 1e3, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
     cg_log_set_request_id(NULL);
     if (srv->p.done) srv->p.done(srv->p.app, route, status, secs);
     req_free(&r);

@@ -2,7 +2,7 @@
  * one pool block, same per-head layout), a durable SQLite inventory (sql/kvstore.h), XXH3-128
  * checksums verified on every read, LRU drop when full. Survives restarts and kill -9; a torn
  * or corrupted record is detected and dropped, never served. Layout and crash-safety argument:
- * .helpers/readme-tiers.md. */
+ * docs/worker.md ("Disk tier internals"). */
 #ifndef CG_DISK_H
 #define CG_DISK_H
 
