@@ -49,6 +49,18 @@ struct cg_remap_table {
 };
 typedef struct cg_remap_table table;
 
+/* The per-frequency rates: the rope's own table, or theta^(-2i/d). */
+static void fill_inv_freq(const cg_rope *r, double *inv_freq)
+{
+    for (int i = 0; i < r->head_dim / 2; i++)
+        inv_freq[i] = r->inv_freq ? r->inv_freq[i] : pow(r->theta, -2.0 * (double)i / r->head_dim);
+}
+
+static double attn_factor(const cg_rope *r)
+{
+    return r->attn_factor > 0 ? r->attn_factor : 1.0;
+}
+
 static void table_init(table *t, const cg_rope *r)
 {
     assert(r->head_dim > 0 && r->head_dim % 2 == 0);
@@ -57,8 +69,7 @@ static void table_init(table *t, const cg_rope *r)
     t->c = cg_malloc((size_t)t->d * sizeof(float));
     t->s = cg_malloc((size_t)t->d * sizeof(float));
     t->inv_freq = cg_malloc((size_t)(t->d / 2) * sizeof(double));
-    for (int i = 0; i < t->d / 2; i++)
-        t->inv_freq[i] = pow(r->theta, -2.0 * (double)i / (double)t->d);
+    fill_inv_freq(r, t->inv_freq);
 }
 
 static void table_free(table *t)
@@ -68,13 +79,14 @@ static void table_free(table *t)
     cg_free(&t->inv_freq);
 }
 
-/* Fills cos/sin for one position (or delta); angles in double, stored as float. */
-static void table_set(table *t, int64_t pos)
+/* Fills cos/sin for one position (or delta), times scale; angles in double, stored as
+ * float. */
+static void table_set(table *t, int64_t pos, double scale)
 {
     int h = t->d / 2;
     for (int i = 0; i < h; i++) {
         double a = (double)pos * t->inv_freq[i];
-        float c = (float)cos(a), s = (float)sin(a);
+        float c = (float)(cos(a) * scale), s = (float)(sin(a) * scale);
         if (t->style == CG_ROPE_HALF) {
             t->c[i] = c;
             t->s[i] = s;
@@ -149,7 +161,7 @@ void cg_rope_apply(const cg_rope *r, float *x, size_t n_tokens, int n_heads, int
     for (size_t i = 0; i < n_tokens; i++) {
         /* One table per token, shared by its heads: the heads of a row are n_heads
          * contiguous vectors, i.e. n_heads rows of head_dim. */
-        table_set(&t, pos0 + (int64_t)i);
+        table_set(&t, pos0 + (int64_t)i, attn_factor(r));
         float *row = x + i * stride;
         rotate_rows(&t, row, row, (size_t)n_heads);
     }
@@ -173,7 +185,7 @@ void cg_remap_rope(const cg_rope *r, const float *src, float *dst, size_t n_rows
     if (r->head_dim > CACHED_MAX_DIM) {
         table t;
         table_init(&t, r);
-        table_set(&t, delta);
+        table_set(&t, delta, 1.0);
         rotate_rows(&t, src, dst, n_rows);
         table_free(&t);
         return;
@@ -182,10 +194,9 @@ void cg_remap_rope(const cg_rope *r, const float *src, float *dst, size_t n_rows
     table t = {
         .c = last.c, .s = last.s, .inv_freq = last.inv_freq, .d = r->head_dim, .style = r->style};
     if (!last.valid || last.rope.head_dim != r->head_dim || last.rope.theta != r->theta ||
-        last.rope.style != r->style || last.delta != delta) {
-        for (int i = 0; i < t.d / 2; i++)
-            t.inv_freq[i] = pow(r->theta, -2.0 * (double)i / (double)t.d);
-        table_set(&t, delta);
+        last.rope.style != r->style || last.rope.inv_freq != r->inv_freq || last.delta != delta) {
+        fill_inv_freq(r, t.inv_freq);
+        table_set(&t, delta, 1.0);
         last.valid = 1;
         last.rope = *r;
         last.delta = delta;
@@ -197,7 +208,7 @@ cg_remap_table *cg_remap_table_new(const cg_rope *r, int64_t delta)
 {
     table *t = cg_malloc(sizeof *t);
     table_init(t, r);
-    table_set(t, delta);
+    table_set(t, delta, 1.0);
     return t;
 }
 
@@ -211,4 +222,42 @@ void cg_remap_table_free(cg_remap_table **t)
 void cg_remap_rope_table(const cg_remap_table *t, const float *src, float *dst, size_t n_rows)
 {
     rotate_rows(t, src, dst, n_rows);
+}
+
+void cg_rope_angles(const cg_rope *r, const int64_t *pos, size_t n, float *c, float *s)
+{
+    const int h = r->head_dim / 2;
+    double inv_freq[CACHED_MAX_DIM / 2], *f = inv_freq;
+    if (h > CACHED_MAX_DIM / 2) f = cg_malloc((size_t)h * sizeof *f);
+    fill_inv_freq(r, f);
+    const double scale = attn_factor(r);
+    for (size_t t = 0; t < n; t++)
+        for (int i = 0; i < h; i++) {
+            double a = (double)pos[t] * f[i];
+            c[t * (size_t)h + (size_t)i] = (float)(cos(a) * scale);
+            s[t * (size_t)h + (size_t)i] = (float)(sin(a) * scale);
+        }
+    if (f != inv_freq) free(f);
+}
+
+void cg_rope_rotate(const cg_rope *r, float *x, size_t n, int n_heads, const float *c,
+                    const float *s)
+{
+    const int d = r->head_dim, h = d / 2;
+    const size_t stride = (size_t)n_heads * (size_t)d;
+    float ce[CACHED_MAX_DIM], se[CACHED_MAX_DIM];
+    for (size_t t = 0; t < n; t++) {
+        const float *ct = c + t * (size_t)h, *st = s + t * (size_t)h;
+        float *row = x + t * stride;
+        if (r->style == CG_ROPE_HALF) {
+            rows_half(row, row, (size_t)n_heads, d, ct, st);
+            continue;
+        }
+        for (int i = 0; i < h; i++) { /* the interleaved kernel takes the expanded table */
+            ce[2 * i] = ce[2 * i + 1] = ct[i];
+            se[2 * i] = -st[i];
+            se[2 * i + 1] = st[i];
+        }
+        rows_interleaved(row, row, (size_t)n_heads, d, ce, se);
+    }
 }
