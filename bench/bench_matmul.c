@@ -190,20 +190,25 @@ static void bench_prefill(int reps, cg_matmul_scratch *scr)
             t[v] = cg_malloc((size_t)reps * sizeof(double));
             q[v] = cg_malloc((size_t)reps * sizeof(double));
         }
+        /* small products repeat within one timing so that each lasts about 5 ms or more */
+        const double flops = 2.0 * PREFILL_N * (double)cnt;
+        const int inner = CG_MAX(1, (int)(0.5e9 / flops));
         for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
             for (int v = 0; v < 4; v++) {
                 double t0 = now_s();
-                if (v == 0)
-                    sgemm_baseline(x, PREFILL_N, w[0], pr->rows, pr->cols, y);
-                else
-                    cg_matmul_prefill(&cw[v - 1], x, PREFILL_N, y, scr);
-                if (r >= 0) t[v][r] = now_s() - t0;
+                for (int i = 0; i < inner; i++) {
+                    if (v == 0)
+                        sgemm_baseline(x, PREFILL_N, w[0], pr->rows, pr->cols, y);
+                    else
+                        cg_matmul_prefill(&cw[v - 1], x, PREFILL_N, y, scr);
+                }
+                if (r >= 0) t[v][r] = (now_s() - t0) / inner;
             }
             if (r >= 0)
                 for (int v = 1; v < 4; v++)
                     q[v][r] = t[0][r] / t[v][r];
         }
-        double flops = 2.0 * PREFILL_N * (double)cnt, g[4], ratio[4];
+        double g[4], ratio[4];
         for (int v = 0; v < 4; v++) {
             double m = median(t[v], reps);
             g[v] = flops / m * 1e-9;
