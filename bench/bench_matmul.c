@@ -1,0 +1,405 @@
+/* Weight-product throughput (worker/model/matmul.c) at the Qwen2.5-0.5B shapes, as ratios to
+ * baselines measured in the same run:
+ *   prefill, n = 512 rows per projection: cg_matmul_prefill on f32, bf16 and f16 weights vs
+ *     plain sgemm on f32 weights (both cores, each thread one sgemm on half the rows of x, as
+ *     the forward pass did before); GFLOP/s and ratio.
+ *   decode, n = 1..16: cg_matmul_decode over several layers' weights (more bytes than L3) and
+ *     over lm_head vs a plain 2-thread read of the same bytes; GB/s of weight bytes and ratio.
+ *   usage: bench_matmul [--reps N] [--layers L] [--isa generic|avx2|avx512] [--skip-prefill]
+ *          [--skip-decode]
+ * Re-execs itself with OMP_WAIT_POLICY=passive unless the variable is set (as the worker runs). */
+#include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "worker/model/matmul.h"
+
+/* Qwen2.5-0.5B */
+#define HIDDEN 896
+#define QDIM 896
+#define KVDIM 128
+#define INTER 4864
+#define VOCAB 151936
+#define PREFILL_N 512
+
+typedef struct proj {
+    const char *name;
+    int rows, cols;
+} proj;
+
+static const proj projs[] = {{"q_proj", QDIM, HIDDEN},     {"k_proj", KVDIM, HIDDEN},
+                             {"v_proj", KVDIM, HIDDEN},    {"o_proj", HIDDEN, QDIM},
+                             {"gate_proj", INTER, HIDDEN}, {"up_proj", INTER, HIDDEN},
+                             {"down_proj", HIDDEN, INTER}};
+#define NPROJ ((int)CG_ARRAY_LEN(projs))
+
+static const cg_dtype dts[3] = {CG_DTYPE_F32, CG_DTYPE_BF16, CG_DTYPE_F16};
+static const char *const dt_names[3] = {"f32", "bf16", "f16"};
+
+static double now_s(void)
+{
+    return (double)cg_now_ns() * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* Random weights in [-0.5, 0.5) in dtype dt (16-bit ones by truncating the f32 bits for bf16
+ * and by F16C-style rounding for f16: the values only need to be finite). */
+static void fill_weights(void *dst, cg_dtype dt, size_t count, uint64_t seed)
+{
+#pragma omp parallel
+    {
+        size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+        size_t a = count * t / nt, b = count * (t + 1) / nt;
+        uint64_t s = seed + t * 0x9e3779b97f4a7c15ull;
+        for (size_t i = a; i < b; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            float f = (float)((double)(s >> 40) / (double)(1 << 24) - 0.5);
+            if (dt == CG_DTYPE_F32) {
+                ((float *)dst)[i] = f;
+            } else if (dt == CG_DTYPE_BF16) {
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                ((uint16_t *)dst)[i] = (uint16_t)(u >> 16);
+            } else {
+                /* |f| < 0.5: exponent and 10 mantissa bits, truncated */
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                int e = (int)((u >> 23) & 255) - 127 + 15;
+                uint16_t h = (uint16_t)((u >> 16) & 0x8000);
+                if (e > 0) h |= (uint16_t)((unsigned)e << 10 | ((u >> 13) & 1023));
+                ((uint16_t *)dst)[i] = h;
+            }
+        }
+    }
+}
+
+static void fill_x(float *x, size_t n, uint64_t s)
+{
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)(s >> 40) / (double)(1 << 24) - 0.5);
+    }
+}
+
+/* ---- baselines ---- */
+
+/* The forward pass's f32 product before this module: rows of x split between the threads,
+ * each one single-threaded sgemm against all of W. */
+static void sgemm_baseline(const float *x, int n, const float *w, int rows, int cols, float *y)
+{
+#pragma omp parallel
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int a = (int)((int64_t)n * t / nt), b = (int)((int64_t)n * (t + 1) / nt);
+        if (b > a)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b - a, rows, cols, 1.0f,
+                        x + (size_t)a * cols, cols, w, cols, 0.0f, y + (size_t)a * rows, rows);
+    }
+}
+
+__attribute__((target("avx2"))) static uint64_t read_avx2(const char *p, size_t bytes)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 128 <= bytes; i += 128) {
+        a0 = _mm256_xor_si256(a0, _mm256_loadu_si256((const __m256i *)(p + i)));
+        a1 = _mm256_xor_si256(a1, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+        a2 = _mm256_xor_si256(a2, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
+        a3 = _mm256_xor_si256(a3, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
+    }
+    __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    uint64_t r = (uint64_t)_mm256_extract_epi64(a, 0) ^ (uint64_t)_mm256_extract_epi64(a, 3);
+    for (; i < bytes; i++)
+        r ^= (uint8_t)p[i];
+    return r;
+}
+
+static uint64_t read_plain(const char *p, size_t bytes)
+{
+    uint64_t r = 0, v;
+    size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+        memcpy(&v, p + i, 8);
+        r ^= v;
+    }
+    for (; i < bytes; i++)
+        r ^= (uint8_t)p[i];
+    return r;
+}
+
+static volatile uint64_t sink;
+
+/* A plain read of `bytes` with both threads, each its contiguous half. */
+static void read_2threads(const void *p, size_t bytes)
+{
+    const int avx2 = __builtin_cpu_supports("avx2");
+    uint64_t r = 0;
+#pragma omp parallel reduction(^ : r)
+    {
+        size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+        size_t a = bytes * t / nt / 64 * 64,
+               b = t + 1 == nt ? bytes : bytes * (t + 1) / nt / 64 * 64;
+        r ^= avx2 ? read_avx2((const char *)p + a, b - a) : read_plain((const char *)p + a, b - a);
+    }
+    sink = r;
+}
+
+/* ---- prefill ---- */
+
+static void bench_prefill(int reps, cg_matmul_scratch *scr)
+{
+    printf("\nprefill: n = %d rows per product; GFLOP/s = 2*n*rows*cols / median time; ratio to "
+           "plain f32 sgemm (same run)\n",
+           PREFILL_N);
+    printf("%-10s %5s %5s | %8s | %8s %5s | %8s %5s | %8s %5s\n", "projection", "out", "in",
+           "sgemm", "f32", "ratio", "bf16", "ratio", "f16", "ratio");
+    float *x = cg_malloc((size_t)PREFILL_N * INTER * sizeof(float));
+    float *y = cg_malloc((size_t)PREFILL_N * INTER * sizeof(float));
+    fill_x(x, (size_t)PREFILL_N * INTER, 5);
+    double tot[4] = {0, 0, 0, 0};
+    for (int p = 0; p < NPROJ; p++) {
+        const proj *pr = &projs[p];
+        size_t cnt = (size_t)pr->rows * pr->cols;
+        void *w[3];
+        cg_weight cw[3];
+        for (int d = 0; d < 3; d++) {
+            w[d] = cg_malloc(cnt * cg_dtype_size(dts[d]));
+            fill_weights(w[d], dts[d], cnt, 10 + (uint64_t)p);
+            cw[d] = (cg_weight){w[d], dts[d], pr->rows, pr->cols};
+        }
+        /* each rep times the baseline and the three variants back to back; a variant's ratio
+         * is the median over reps of baseline time / variant time within one rep */
+        double *t[4], *q[4];
+        for (int v = 0; v < 4; v++) {
+            t[v] = cg_malloc((size_t)reps * sizeof(double));
+            q[v] = cg_malloc((size_t)reps * sizeof(double));
+        }
+        /* small products repeat within one timing so that each lasts about 5 ms or more */
+        const double flops = 2.0 * PREFILL_N * (double)cnt;
+        const int inner = CG_MAX(1, (int)(0.5e9 / flops));
+        for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+            for (int v = 0; v < 4; v++) {
+                double t0 = now_s();
+                for (int i = 0; i < inner; i++) {
+                    if (v == 0)
+                        sgemm_baseline(x, PREFILL_N, w[0], pr->rows, pr->cols, y);
+                    else
+                        cg_matmul_prefill(&cw[v - 1], x, PREFILL_N, y, scr);
+                }
+                if (r >= 0) t[v][r] = (now_s() - t0) / inner;
+            }
+            if (r >= 0)
+                for (int v = 1; v < 4; v++)
+                    q[v][r] = t[0][r] / t[v][r];
+        }
+        double g[4], ratio[4];
+        for (int v = 0; v < 4; v++) {
+            double m = median(t[v], reps);
+            g[v] = flops / m * 1e-9;
+            ratio[v] = v ? median(q[v], reps) : 1.0;
+            tot[v] += m;
+            free(t[v]);
+            free(q[v]);
+        }
+        printf("%-10s %5d %5d | %8.1f | %8.1f %5.2f | %8.1f %5.2f | %8.1f %5.2f\n", pr->name,
+               pr->rows, pr->cols, g[0], g[1], ratio[1], g[2], ratio[2], g[3], ratio[3]);
+        for (int d = 0; d < 3; d++)
+            free(w[d]);
+    }
+    printf("%-22s | %8s | %8s %5.2f | %8s %5.2f | %8s %5.2f   (time ratio, sum of medians)\n",
+           "whole layer", "", "", tot[0] / tot[1], "", tot[0] / tot[2], "", tot[0] / tot[3]);
+    free(x);
+    free(y);
+}
+
+/* ---- decode ---- */
+
+typedef struct wset {
+    cg_weight *w; /* count matrices inside one arena, as in an mmapped file */
+    int count;
+    void *arena;
+    size_t bytes;
+} wset;
+
+static wset wset_layers(cg_dtype dt, int layers)
+{
+    wset s = {cg_malloc((size_t)layers * NPROJ * sizeof(cg_weight)), layers * NPROJ, NULL, 0};
+    const size_t es = cg_dtype_size(dt);
+    for (int p = 0; p < NPROJ; p++)
+        s.bytes += (size_t)projs[p].rows * projs[p].cols * es * (size_t)layers;
+    s.arena = cg_malloc(s.bytes);
+    fill_weights(s.arena, dt, s.bytes / es, 3);
+    char *q = s.arena;
+    for (int l = 0; l < layers; l++)
+        for (int p = 0; p < NPROJ; p++) {
+            s.w[l * NPROJ + p] = (cg_weight){q, dt, projs[p].rows, projs[p].cols};
+            q += (size_t)projs[p].rows * projs[p].cols * es;
+        }
+    return s;
+}
+
+static wset wset_lm_head(cg_dtype dt)
+{
+    wset s = {cg_malloc(sizeof(cg_weight)), 1, NULL, (size_t)VOCAB * HIDDEN * cg_dtype_size(dt)};
+    s.arena = cg_malloc(s.bytes);
+    fill_weights(s.arena, dt, (size_t)VOCAB * HIDDEN, 4);
+    s.w[0] = (cg_weight){s.arena, dt, VOCAB, HIDDEN};
+    return s;
+}
+
+static void wset_free(wset *s)
+{
+    free(s->w);
+    free(s->arena);
+}
+
+static void read_set(const wset *s)
+{
+    for (int i = 0; i < s->count; i++) {
+        const cg_weight *w = &s->w[i];
+        read_2threads(w->data, (size_t)w->rows * w->cols * cg_dtype_size(w->dtype));
+    }
+}
+
+static void decode_set(const wset *s, const float *x, int n, float *y)
+{
+    for (int i = 0; i < s->count; i++)
+        cg_matmul_decode(&s->w[i], x, n, y);
+}
+
+/* Each rep times, for every n, the read baseline and the kernel back to back (one OpenMP
+ * region per matrix in both); ratios are medians over reps of the pair's time ratio. */
+static void bench_decode_set(const char *label, const wset *s, int reps, const float *x, float *y)
+{
+    static const int ns[] = {1, 2, 4, 8, 16};
+    enum { NN = (int)CG_ARRAY_LEN(ns) };
+    double *tr[NN], *tk[NN], *q[NN], *q8 = cg_malloc((size_t)reps * sizeof(double));
+    for (int v = 0; v < NN; v++) {
+        tr[v] = cg_malloc((size_t)reps * sizeof(double));
+        tk[v] = cg_malloc((size_t)reps * sizeof(double));
+        q[v] = cg_malloc((size_t)reps * sizeof(double));
+    }
+    for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
+        for (int v = 0; v < NN; v++) {
+            double t0 = now_s();
+            read_set(s);
+            double t1 = now_s();
+            decode_set(s, x, ns[v], y);
+            double t2 = now_s();
+            if (r < 0) continue;
+            tr[v][r] = t1 - t0;
+            tk[v][r] = t2 - t1;
+            q[v][r] = tr[v][r] / tk[v][r];
+        }
+        if (r >= 0) q8[r] = tk[3][r] / tk[0][r];
+    }
+    double gb = (double)s->bytes * 1e-9, all_reads = 0;
+    for (int v = 0; v < NN; v++)
+        for (int r = 0; r < reps; r++)
+            all_reads += tr[v][r];
+    printf("%-16s %7.1f | %6.1f |", label, (double)s->bytes / (1 << 20),
+           gb * NN * reps / all_reads);
+    for (int v = 0; v < NN; v++) {
+        printf(" %6.1f %4.2f |", gb / median(tk[v], reps), median(q[v], reps));
+        free(tr[v]);
+        free(tk[v]);
+        free(q[v]);
+    }
+    printf(" %5.2f\n", median(q8, reps));
+    free(q8);
+}
+
+static void bench_decode(int reps, int layers)
+{
+    printf("\ndecode: GB/s of weight bytes (median time); ratio = read time / kernel time, same "
+           "rep (median); read = mean GB/s of the plain 2-thread read; 8/1 = time(n=8) / "
+           "time(n=1), same rep (median)\n");
+    printf("%-16s %7s | %6s | %11s | %11s | %11s | %11s | %11s | %5s\n", "weights", "MiB", "read",
+           "n=1  ratio", "n=2  ratio", "n=4  ratio", "n=8  ratio", "n=16 ratio", "8/1");
+    float *x = cg_malloc((size_t)16 * INTER * sizeof(float));
+    float *y = cg_malloc((size_t)16 * VOCAB * sizeof(float));
+    fill_x(x, (size_t)16 * INTER, 9);
+    char label[64];
+    for (int d = 0; d < 3; d++) {
+        wset s = wset_layers(dts[d], layers);
+        snprintf(label, sizeof label, "%s %d layers", dt_names[d], layers);
+        bench_decode_set(label, &s, reps, x, y);
+        wset_free(&s);
+    }
+    for (int d = 0; d < 3; d++) {
+        wset s = wset_lm_head(dts[d]);
+        snprintf(label, sizeof label, "%s lm_head", dt_names[d]);
+        bench_decode_set(label, &s, reps, x, y);
+        wset_free(&s);
+    }
+    free(x);
+    free(y);
+}
+
+int main(int argc, char **argv)
+{
+    if (!getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "passive", 1);
+        execv("/proc/self/exe", argv);
+        perror("bench_matmul: re-exec");
+        return 1;
+    }
+    int reps = 7, layers = 4, prefill = 1, decode = 1;
+    const char *isa = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc)
+            layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--isa") && i + 1 < argc)
+            isa = argv[++i];
+        else if (!strcmp(argv[i], "--skip-prefill"))
+            prefill = 0;
+        else if (!strcmp(argv[i], "--skip-decode"))
+            decode = 0;
+        else {
+            fprintf(stderr, "usage: bench_matmul [--reps N] [--layers L] "
+                            "[--isa generic|avx2|avx512] [--skip-prefill] [--skip-decode]\n");
+            return 2;
+        }
+    }
+    if (reps <= 0 || layers <= 0) {
+        fprintf(stderr, "bench_matmul: --reps and --layers must be positive\n");
+        return 2;
+    }
+    if (isa) {
+        int found = -1;
+        for (int i = 0; i < CG_MATMUL_ISA_COUNT; i++)
+            if (!strcmp(isa, cg_matmul_isa_name((cg_matmul_isa)i))) found = i;
+        if (found < 0 || cg_matmul_set_isa((cg_matmul_isa)found) != CG_OK) {
+            fprintf(stderr, "bench_matmul: variant %s is not available here\n", isa);
+            return 2;
+        }
+    }
+    cg_matmul_scratch *scr = cg_matmul_scratch_new(); /* also OpenBLAS at one thread */
+    printf("bench_matmul: variant %s; OpenMP threads %d; OMP_WAIT_POLICY=%s; OpenBLAS %s "
+           "(OPENBLAS_CORETYPE=%s); %d reps, medians\n",
+           cg_matmul_isa_name(cg_matmul_isa_active()), omp_get_max_threads(),
+           getenv("OMP_WAIT_POLICY"), openblas_get_corename(),
+           getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "unset", reps);
+    if (prefill) bench_prefill(reps, scr);
+    if (decode) bench_decode(reps, layers);
+    cg_matmul_scratch_free(&scr);
+    return 0;
+}

@@ -1,0 +1,522 @@
+/* Tests for the weight products (worker/model/matmul.c): every ISA variant this CPU has, for
+ * f32, f16 and bf16 weights, against an f64 reference and against the portable variant;
+ * exact results on integer data; the decode kernel's batch invariance (bits independent of
+ * the batch size, the row's position and the thread count); unaligned pointers; every finite
+ * f16 and bf16 value widened exactly. */
+#include <check.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+#include "worker/model/matmul.h"
+
+static const cg_dtype dtypes[] = {CG_DTYPE_F32, CG_DTYPE_F16, CG_DTYPE_BF16};
+static const char *const dtype_names[] = {"f32", "f16", "bf16"};
+
+static uint64_t rnd(uint64_t *st)
+{
+    *st = *st * 6364136223846793005ull + 1442695040888963407ull;
+    return *st >> 33;
+}
+
+static double urand(uint64_t *st) /* [-1, 1) */
+{
+    return (double)rnd(st) / (double)(1ull << 30) - 1.0;
+}
+
+/* Reference decoding, written differently from the library's bit tricks. */
+static double ref_f16(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? INFINITY : ldexp(1024 + m, e - 25);
+    return h & 0x8000 ? -v : v;
+}
+
+static double ref_bf16(uint16_t h)
+{
+    int e = (h >> 7) & 255, m = h & 127;
+    double v = e == 0 ? ldexp(m, -133) : e == 255 ? INFINITY : ldexp(128 + m, e - 134);
+    return h & 0x8000 ? -v : v;
+}
+
+/* A weight matrix in one dtype, with the f64 value of every element. The data sits `skew`
+ * bytes past malloc's 16-byte alignment (0, or the element size to test unaligned rows). */
+typedef struct mat {
+    cg_weight w;
+    void *raw;
+    double *val;
+} mat;
+
+static uint16_t f16_bits(double v) /* v must be exactly representable */
+{
+    for (uint32_t h = 0; h < 0x7c00; h++)
+        if (ref_f16((uint16_t)h) == fabs(v)) return (uint16_t)(h | (v < 0 ? 0x8000 : 0));
+    ck_abort_msg("%g is not an f16 value", v);
+    return 0;
+}
+
+/* Fills with random values of the dtype (integers in [-4, 4] when `ints`). */
+static mat mat_new(cg_dtype dt, int rows, int cols, size_t skew, int ints, uint64_t seed)
+{
+    mat m;
+    size_t n = (size_t)rows * (size_t)cols, es = cg_dtype_size(dt);
+    /* no slack after the last element: a read past it is an ASan error */
+    m.raw = cg_malloc(n * es + skew);
+    char *p = (char *)m.raw + skew;
+    m.val = cg_malloc((n + 1) * sizeof(double));
+    uint64_t st = seed;
+    uint16_t int_f16[9];
+    for (int i = 0; i < 9; i++)
+        int_f16[i] = f16_bits(i - 4);
+    for (size_t i = 0; i < n; i++) {
+        if (dt == CG_DTYPE_F32) {
+            float f = ints ? (float)((int)(rnd(&st) % 9) - 4) : (float)urand(&st);
+            memcpy(p + i * 4, &f, 4);
+            m.val[i] = f;
+            continue;
+        }
+        uint16_t h;
+        if (ints) {
+            /* small integers are exact in both 16-bit dtypes */
+            int v = (int)(rnd(&st) % 9) - 4;
+            float f = (float)v;
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            h = dt == CG_DTYPE_BF16 ? (uint16_t)(u >> 16) : int_f16[v + 4];
+        } else if (dt == CG_DTYPE_BF16) {
+            /* |w| in [2^-6, 2^2): sign, exponent 121..128, random mantissa */
+            h = (uint16_t)((rnd(&st) & 1) << 15 | (121 + rnd(&st) % 8) << 7 | (rnd(&st) & 127));
+        } else {
+            /* f16: mostly normal values in [2^-6, 2^2), one in 16 subnormal */
+            uint32_t e = rnd(&st) % 16 == 0 ? 0 : 9 + rnd(&st) % 8;
+            h = (uint16_t)((rnd(&st) & 1) << 15 | e << 10 | (rnd(&st) & 1023));
+        }
+        memcpy(p + i * 2, &h, 2);
+        m.val[i] = dt == CG_DTYPE_F16 ? ref_f16(h) : ref_bf16(h);
+    }
+    m.w = (cg_weight){.data = p, .dtype = dt, .rows = rows, .cols = cols};
+    return m;
+}
+
+static void mat_free(mat *m)
+{
+    free(m->raw);
+    free(m->val);
+}
+
+/* x: n rows of `cols` floats, `skew` bytes past malloc's alignment; *raw to free. */
+static float *x_new(int n, int cols, size_t skew, int ints, uint64_t seed, void **raw)
+{
+    size_t len = (size_t)n * (size_t)cols;
+    *raw = cg_malloc(len * sizeof(float) + skew);
+    float *x = (float *)((char *)*raw + skew);
+    uint64_t st = seed;
+    for (size_t i = 0; i < len; i++)
+        x[i] = ints ? (float)((int)(rnd(&st) % 9) - 4) : (float)urand(&st);
+    return x;
+}
+
+/* Reference y[i][r] = sum_k x[i][k] * w[r][k] in f64, and the sum of |terms|. */
+static void reference(const mat *m, const float *x, int n, double *ref, double *mag)
+{
+    const int rows = m->w.rows, cols = m->w.cols;
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < rows; r++) {
+            double s = 0, a = 0;
+            for (int k = 0; k < cols; k++) {
+                double t = (double)x[(size_t)i * cols + k] * m->val[(size_t)r * cols + k];
+                s += t;
+                a += fabs(t);
+            }
+            ref[(size_t)i * rows + r] = s;
+            mag[(size_t)i * rows + r] = a;
+        }
+}
+
+/* Error bound of f32 summation split into `lanes` sequential partial sums combined by a tree:
+ * (cols / lanes + log2(lanes) + 1) * 2^-24 * sum |terms|, with a little slack. */
+static double bound(int cols, int lanes, double mag)
+{
+    double depth = (cols + lanes - 1) / lanes + log2(lanes) + 2;
+    return 1.05 * depth * 0x1p-24 * mag + 1e-30;
+}
+
+/* Lanes of the decode kernel's partial sums in each variant; the prefill path is bounded as
+ * one sequential sum (lanes 1), which holds for any order OpenBLAS uses. */
+static int decode_lanes(cg_matmul_isa isa)
+{
+    return isa == CG_MATMUL_ISA_AVX512 ? 16 : isa == CG_MATMUL_ISA_AVX2 ? 8 : 4;
+}
+
+static int n_isas;
+static cg_matmul_isa isas[CG_MATMUL_ISA_COUNT];
+static cg_matmul_scratch *scratch;
+
+static void setup(void)
+{
+    n_isas = 0;
+    for (int i = 0; i < CG_MATMUL_ISA_COUNT; i++)
+        if (cg_matmul_isa_supported((cg_matmul_isa)i)) isas[n_isas++] = (cg_matmul_isa)i;
+    scratch = cg_matmul_scratch_new();
+}
+
+static void teardown(void)
+{
+    cg_matmul_scratch_free(&scratch);
+    ck_assert_ptr_null(scratch);
+}
+
+static void use_isa(cg_matmul_isa isa)
+{
+    ck_assert_int_eq(cg_matmul_set_isa(isa), CG_OK);
+    ck_assert_int_eq(cg_matmul_isa_active(), isa);
+}
+
+typedef enum { PREFILL, DECODE } path;
+
+static void run(path p, const cg_weight *w, const float *x, int n, float *y)
+{
+    if (p == PREFILL)
+        cg_matmul_prefill(w, x, n, y, scratch);
+    else
+        cg_matmul_decode(w, x, n, y);
+}
+
+/* rows, cols, n; 2100 columns make three column panels in the prefill path */
+static const int shapes[][3] = {{1, 1, 1},    {3, 5, 2},      {5, 7, 1},    {4, 8, 3},
+                                {7, 16, 5},   {9, 17, 4},     {13, 31, 63}, {16, 33, 64},
+                                {33, 100, 1}, {70, 129, 9},   {17, 6, 63},  {130, 300, 8},
+                                {64, 896, 2}, {257, 513, 16}, {24, 2100, 7}};
+
+/* Random data: every path, variant and dtype within the bound of its summation order, and each
+ * variant's decode within the sum of both bounds of the portable variant's. */
+START_TEST(test_against_f64)
+{
+    for (size_t si = 0; si < CG_ARRAY_LEN(shapes); si++) {
+        const int rows = shapes[si][0], cols = shapes[si][1], n = shapes[si][2];
+        void *xraw;
+        float *x = x_new(n, cols, 0, 0, 100 + si, &xraw);
+        double *ref = cg_malloc((size_t)n * rows * sizeof(double));
+        double *mag = cg_malloc((size_t)n * rows * sizeof(double));
+        float *y = cg_malloc((size_t)n * rows * sizeof(float));
+        float *yg = cg_malloc((size_t)n * rows * sizeof(float));
+        for (int d = 0; d < 3; d++) {
+            mat m = mat_new(dtypes[d], rows, cols, 0, 0, 7 + si * 3 + d);
+            reference(&m, x, n, ref, mag);
+            use_isa(CG_MATMUL_ISA_GENERIC);
+            cg_matmul_decode(&m.w, x, n, yg);
+            for (int v = 0; v < n_isas; v++) {
+                use_isa(isas[v]);
+                for (int p = 0; p < 2; p++) {
+                    memset(y, 0xff, (size_t)n * rows * sizeof(float)); /* NaN: unwritten */
+                    run((path)p, &m.w, x, n, y);
+                    int lanes = p == PREFILL ? 1 : decode_lanes(isas[v]);
+                    for (size_t i = 0; i < (size_t)n * rows; i++) {
+                        double e = fabs((double)y[i] - ref[i]);
+                        ck_assert_msg(e <= bound(cols, lanes, mag[i]),
+                                      "%s %s %s %dx%d n %d [%zu]: %.9g vs %.9g (bound %g)",
+                                      p == PREFILL ? "prefill" : "decode",
+                                      cg_matmul_isa_name(isas[v]), dtype_names[d], rows, cols, n, i,
+                                      y[i], ref[i], bound(cols, lanes, mag[i]));
+                        if (p == DECODE)
+                            ck_assert(fabs((double)y[i] - yg[i]) <=
+                                      bound(cols, lanes, mag[i]) + bound(cols, 4, mag[i]));
+                    }
+                }
+            }
+            mat_free(&m);
+        }
+        free(xraw);
+        free(ref);
+        free(mag);
+        free(y);
+        free(yg);
+    }
+}
+END_TEST
+
+/* Integer data: every partial sum is an integer below 2^24, so any summation order gives the
+ * exact result; a dropped, repeated or misplaced term cannot hide in a tolerance. */
+START_TEST(test_exact_integers)
+{
+    for (size_t si = 0; si < CG_ARRAY_LEN(shapes); si++) {
+        const int rows = shapes[si][0], cols = shapes[si][1], n = shapes[si][2];
+        void *xraw;
+        float *x = x_new(n, cols, 0, 1, 300 + si, &xraw);
+        double *ref = cg_malloc((size_t)n * rows * sizeof(double));
+        double *mag = cg_malloc((size_t)n * rows * sizeof(double));
+        float *y = cg_malloc((size_t)n * rows * sizeof(float));
+        for (int d = 0; d < 3; d++) {
+            mat m = mat_new(dtypes[d], rows, cols, 0, 1, 500 + si * 3 + d);
+            reference(&m, x, n, ref, mag);
+            for (int v = 0; v < n_isas; v++) {
+                use_isa(isas[v]);
+                for (int p = 0; p < 2; p++) {
+                    memset(y, 0xff, (size_t)n * rows * sizeof(float));
+                    run((path)p, &m.w, x, n, y);
+                    for (size_t i = 0; i < (size_t)n * rows; i++)
+                        ck_assert_msg((double)y[i] == ref[i], "%s %s %s %dx%d n %d [%zu]: %g vs %g",
+                                      p == PREFILL ? "prefill" : "decode",
+                                      cg_matmul_isa_name(isas[v]), dtype_names[d], rows, cols, n, i,
+                                      y[i], ref[i]);
+                }
+            }
+            mat_free(&m);
+        }
+        free(xraw);
+        free(ref);
+        free(mag);
+        free(y);
+    }
+}
+END_TEST
+
+/* The decode path's batch invariance: a row's bits are the same alone, in any batch size, at
+ * any position, and with 1, 2 or 3 threads. */
+START_TEST(test_decode_batch_invariant)
+{
+    /* the last shape is big enough (> 256 KiB of weights) for the kernel to fork threads */
+    static const int bshapes[][2] = {{5, 7}, {37, 100}, {70, 129}, {96, 896}, {300, 530}};
+    enum { N = 64 };
+    uint64_t st = 99;
+    for (size_t si = 0; si < CG_ARRAY_LEN(bshapes); si++) {
+        const int rows = bshapes[si][0], cols = bshapes[si][1];
+        void *xraw;
+        float *x = x_new(N, cols, 0, 0, 900 + si, &xraw);
+        float *full = cg_malloc((size_t)N * rows * sizeof(float));
+        float *xs = cg_malloc((size_t)N * cols * sizeof(float));
+        float *ys = cg_malloc((size_t)N * rows * sizeof(float));
+        int idx[N];
+        for (int d = 0; d < 3; d++) {
+            mat m = mat_new(dtypes[d], rows, cols, 0, 0, 40 + si * 3 + d);
+            for (int v = 0; v < n_isas; v++) {
+                use_isa(isas[v]);
+                cg_matmul_decode(&m.w, x, N, full);
+                static const int ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 63, 64};
+                for (size_t ni = 0; ni < CG_ARRAY_LEN(ns); ni++) {
+                    const int n = ns[ni];
+                    for (int rep = 0; rep < (n == 1 ? 4 : 2); rep++) {
+                        for (int i = 0; i < n; i++) /* random rows, any order, repeats allowed */
+                            idx[i] = (int)(rnd(&st) % N);
+                        for (int i = 0; i < n; i++)
+                            memcpy(xs + (size_t)i * cols, x + (size_t)idx[i] * cols,
+                                   (size_t)cols * sizeof(float));
+                        const int threads = 1 + (int)(rnd(&st) % 3);
+                        omp_set_num_threads(threads);
+                        cg_matmul_decode(&m.w, xs, n, ys);
+                        omp_set_num_threads(2);
+                        for (int i = 0; i < n; i++)
+                            ck_assert_msg(!memcmp(ys + (size_t)i * rows,
+                                                  full + (size_t)idx[i] * rows,
+                                                  (size_t)rows * sizeof(float)),
+                                          "%s %s %dx%d: row %d of a batch of %d (%d threads) "
+                                          "differs from row %d of 64",
+                                          cg_matmul_isa_name(isas[v]), dtype_names[d], rows, cols,
+                                          i, n, threads, idx[i]);
+                    }
+                }
+            }
+            mat_free(&m);
+        }
+        free(xraw);
+        free(full);
+        free(xs);
+        free(ys);
+    }
+}
+END_TEST
+
+/* Weights, x and y at addresses that are only element-aligned give the same bits as aligned
+ * ones, in both paths. */
+START_TEST(test_unaligned)
+{
+    static const int ushapes[][3] = {{9, 17, 5}, {70, 129, 9}, {130, 300, 64}};
+    for (size_t si = 0; si < CG_ARRAY_LEN(ushapes); si++) {
+        const int rows = ushapes[si][0], cols = ushapes[si][1], n = ushapes[si][2];
+        void *xraw, *xuraw;
+        float *x = x_new(n, cols, 0, 0, 77 + si, &xraw);
+        float *xu = x_new(n, cols, 4, 0, 77 + si, &xuraw);
+        float *y = cg_malloc((size_t)n * rows * sizeof(float));
+        char *yuraw = cg_malloc((size_t)n * rows * sizeof(float) + 64);
+        float *yu = (float *)(((uintptr_t)yuraw + 63) & ~(uintptr_t)63) + 1;
+        for (int d = 0; d < 3; d++) {
+            mat a = mat_new(dtypes[d], rows, cols, 0, 0, 60 + d);
+            mat u = mat_new(dtypes[d], rows, cols, cg_dtype_size(dtypes[d]), 0, 60 + d);
+            ck_assert((uintptr_t)u.w.data % 4 != 0 || dtypes[d] == CG_DTYPE_F32);
+            for (int v = 0; v < n_isas; v++) {
+                use_isa(isas[v]);
+                for (int p = 0; p < 2; p++) {
+                    run((path)p, &a.w, x, n, y);
+                    run((path)p, &u.w, xu, n, yu);
+                    ck_assert_msg(!memcmp(y, yu, (size_t)n * rows * sizeof(float)),
+                                  "%s %s %s unaligned differs", p == PREFILL ? "prefill" : "decode",
+                                  cg_matmul_isa_name(isas[v]), dtype_names[d]);
+                }
+            }
+            mat_free(&a);
+            mat_free(&u);
+        }
+        free(xraw);
+        free(xuraw);
+        free(y);
+        free(yuraw);
+    }
+}
+END_TEST
+
+/* Every finite f16 and bf16 value is widened exactly by every variant and both paths:
+ * W holds all of them and x is the identity, so y[j][r] = W[r][j]. */
+START_TEST(test_widen_all_values)
+{
+    enum { COLS = 32 }; /* 2048 rows of 32: all 65536 patterns */
+    void *xraw;
+    float *x = x_new(COLS, COLS, 0, 0, 1, &xraw);
+    memset(x, 0, (size_t)COLS * COLS * sizeof(float));
+    for (int j = 0; j < COLS; j++)
+        x[j * COLS + j] = 1.0f;
+    uint16_t *w = cg_malloc(65536 * sizeof(uint16_t));
+    float *y = cg_malloc((size_t)COLS * 2048 * sizeof(float));
+    for (int d = 1; d < 3; d++) {
+        for (uint32_t h = 0; h < 65536; h++) { /* Inf and NaN become 0: 0 * Inf is NaN */
+            double v = d == 1 ? ref_f16((uint16_t)h) : ref_bf16((uint16_t)h);
+            w[h] = isfinite(v) ? (uint16_t)h : 0;
+        }
+        cg_weight cw = {.data = w, .dtype = dtypes[d], .rows = 2048, .cols = COLS};
+        for (int v = 0; v < n_isas; v++) {
+            use_isa(isas[v]);
+            for (int p = 0; p < 2; p++) {
+                run((path)p, &cw, x, COLS, y);
+                for (uint32_t h = 0; h < 65536; h++) {
+                    double want = d == 1 ? ref_f16(w[h]) : ref_bf16(w[h]);
+                    float got = y[(size_t)(h % COLS) * 2048 + h / COLS];
+                    ck_assert_msg(((double)got == want && !signbit(got) == !signbit(want)) ||
+                                      (want == 0 && got == 0), /* -0 + 0 is +0 */
+                                  "%s %s 0x%04x: %g vs %g", cg_matmul_isa_name(isas[v]),
+                                  dtype_names[d], h, got, want);
+                }
+            }
+        }
+    }
+    free(xraw);
+    free(w);
+    free(y);
+}
+END_TEST
+
+/* Widening is exact, so the prefill path gives the same bits in every variant; and it is
+ * deterministic for the same rows. Whether a row's bits depend on n or on its position
+ * (OpenBLAS's reduction order) is printed, not asserted: the worker does not rely on it. */
+START_TEST(test_prefill_deterministic)
+{
+    static const int pshapes[][3] = {{64, 896, 48}, {130, 300, 33}, {896, 896, 128}};
+    for (size_t si = 0; si < CG_ARRAY_LEN(pshapes); si++) {
+        const int rows = pshapes[si][0], cols = pshapes[si][1], n = pshapes[si][2];
+        void *xraw;
+        float *x = x_new(n, cols, 0, 0, 11 + si, &xraw);
+        float *y0 = cg_malloc((size_t)n * rows * sizeof(float));
+        float *y1 = cg_malloc((size_t)n * rows * sizeof(float));
+        for (int d = 0; d < 3; d++) {
+            mat m = mat_new(dtypes[d], rows, cols, 0, 0, 20 + d);
+            use_isa(isas[0]);
+            cg_matmul_prefill(&m.w, x, n, y0, scratch);
+            for (int v = 0; v < n_isas; v++) {
+                use_isa(isas[v]);
+                cg_matmul_prefill(&m.w, x, n, y1, scratch);
+                ck_assert_msg(!memcmp(y0, y1, (size_t)n * rows * sizeof(float)),
+                              "prefill %s %s differs from %s", dtype_names[d],
+                              cg_matmul_isa_name(isas[v]), cg_matmul_isa_name(isas[0]));
+            }
+            /* the same rows at other batch sizes and positions */
+            int moved = 0;
+            static const int ns[] = {1, 3, 17};
+            for (size_t ni = 0; ni < CG_ARRAY_LEN(ns); ni++) {
+                const int k = ns[ni], off = n - k; /* the last k rows, now at the front */
+                cg_matmul_prefill(&m.w, x + (size_t)off * cols, k, y1, scratch);
+                moved += memcmp(y1, y0 + (size_t)off * rows, (size_t)k * rows * sizeof(float)) != 0;
+            }
+            printf("test_matmul: prefill %s %dx%d: rows %s when n and position change\n",
+                   dtype_names[d], rows, cols, moved ? "CHANGE bits" : "keep their bits");
+            mat_free(&m);
+        }
+        free(xraw);
+        free(y0);
+        free(y1);
+    }
+}
+END_TEST
+
+START_TEST(test_empty_and_zero_cols)
+{
+    float x[6] = {1, 2, 3, 4, 5, 6}, y[6] = {7, 7, 7, 7, 7, 7};
+    uint16_t w[6] = {0};
+    cg_weight cw = {.data = w, .dtype = CG_DTYPE_BF16, .rows = 3, .cols = 0};
+    for (int v = 0; v < n_isas; v++) {
+        use_isa(isas[v]);
+        for (int p = 0; p < 2; p++) {
+            for (int i = 0; i < 6; i++)
+                y[i] = 7;
+            run((path)p, &cw, x, 2, y); /* cols 0: an empty sum is 0 */
+            for (int i = 0; i < 6; i++)
+                ck_assert(y[i] == 0.0f);
+            y[0] = 7;
+            run((path)p, &cw, x, 0, y); /* n 0: nothing is written */
+            ck_assert(y[0] == 7.0f);
+        }
+    }
+}
+END_TEST
+
+/* The default variant is the best this CPU has, or the one CG_MATMUL_ISA names (ctest runs
+ * this case again with CG_MATMUL_ISA=generic); an unsupported variant is refused. */
+START_TEST(test_isa_choice)
+{
+    const char *env = getenv("CG_MATMUL_ISA");
+    cg_matmul_isa want = isas[n_isas - 1];
+    if (env && *env) {
+        int found = -1;
+        for (int i = 0; i < CG_MATMUL_ISA_COUNT; i++)
+            if (!strcmp(env, cg_matmul_isa_name((cg_matmul_isa)i))) found = i;
+        ck_assert_int_ge(found, 0);
+        if (cg_matmul_isa_supported((cg_matmul_isa)found)) want = (cg_matmul_isa)found;
+    }
+    ck_assert_str_eq(cg_matmul_isa_name(cg_matmul_isa_active()), cg_matmul_isa_name(want));
+    printf("test_matmul: variants on this CPU:");
+    for (int v = 0; v < n_isas; v++)
+        printf(" %s", cg_matmul_isa_name(isas[v]));
+    printf("; default %s\n", cg_matmul_isa_name(want));
+    ck_assert_int_eq(cg_matmul_set_isa(CG_MATMUL_ISA_COUNT), CG_E_UNSUPPORTED);
+    ck_assert_str_eq(cg_matmul_isa_name(cg_matmul_isa_active()), cg_matmul_isa_name(want));
+    for (int i = 0; i < CG_MATMUL_ISA_COUNT; i++)
+        if (!cg_matmul_isa_supported((cg_matmul_isa)i))
+            ck_assert_int_eq(cg_matmul_set_isa((cg_matmul_isa)i), CG_E_UNSUPPORTED);
+    ck_assert(cg_matmul_isa_supported(CG_MATMUL_ISA_GENERIC));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("matmul");
+    TCase *env = tcase_create("isa env");
+    tcase_add_checked_fixture(env, setup, teardown);
+    tcase_add_test(env, test_isa_choice);
+    suite_add_tcase(s, env);
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 300);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_against_f64);
+    tcase_add_test(tc, test_exact_integers);
+    tcase_add_test(tc, test_decode_batch_invariant);
+    tcase_add_test(tc, test_unaligned);
+    tcase_add_test(tc, test_widen_all_values);
+    tcase_add_test(tc, test_prefill_deterministic);
+    tcase_add_test(tc, test_empty_and_zero_cols);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,84 @@
+/* Weight products of the forward pass, y[n][rows] = x[n][cols] * W^T, for weights stored as
+ * f32, f16 or bf16 and kept in that dtype: activations and accumulation are f32, 16-bit
+ * weights are widened to f32 inside the product. Two entry points with different reduction
+ * orders: a prefill path (OpenBLAS sgemm on widened panels) for chunks of prompt tokens and a
+ * batch-invariant decode kernel for small batches of decode rows. */
+#ifndef CG_MATMUL_H
+#define CG_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+typedef enum cg_dtype { CG_DTYPE_F32, CG_DTYPE_F16, CG_DTYPE_BF16 } cg_dtype;
+
+/* Bytes per element of a dtype (4 or 2). */
+size_t cg_dtype_size(cg_dtype dt);
+
+/* One weight matrix in the Hugging Face layout: [rows = out features][cols = in features],
+ * row-major, rows * cols elements of dtype with no padding between rows. The data is
+ * borrowed (typically a tensor inside an mmapped safetensors file) and must stay valid and
+ * unchanged while products run. Alignment: the element size (2 bytes for f16/bf16, 4 for f32)
+ * is all that is required, which is what safetensors guarantees for 16-bit tensors; an f32
+ * tensor at an address that is not a multiple of 4 must be copied by the loader. */
+typedef struct cg_weight {
+    const void *data;
+    cg_dtype dtype;
+    int rows;
+    int cols;
+} cg_weight;
+
+/* Decode batches up to this size are the kernel's design point (each weight is read from
+ * memory once for the whole batch); larger n works but rereads x from beyond L2. */
+#define CG_MATMUL_DECODE_MAX 64
+
+/* Per-caller scratch of the prefill path: one widening buffer per OpenMP thread, grown on
+ * demand (at most 1 MiB per thread). Not thread-safe: a
+ * thread that issues products owns its scratch; the OpenMP threads a product forks use
+ * their own slots in it. */
+typedef struct cg_matmul_scratch cg_matmul_scratch;
+
+/* New empty scratch (caller frees with cg_matmul_scratch_free). Also sets OpenBLAS to one
+ * thread, process-wide: the products share the cores out through OpenMP, and every sgemm
+ * runs on its calling thread (the forward pass has relied on this since its first version). */
+cg_matmul_scratch *cg_matmul_scratch_new(void);
+/* Frees the scratch and its buffers; accepts NULL and *s == NULL; sets *s to NULL. */
+void cg_matmul_scratch_free(cg_matmul_scratch **s);
+
+/* Prefill path: y[n][w->rows] = x[n][w->cols] * W^T, for a chunk of prompt tokens.
+ * 16-bit weights are widened to f32 one panel of rows at a time into the scratch and
+ * multiplied with single-threaded cblas_sgemm; f32 weights go to sgemm directly. The output
+ * rows of W are split between the OpenMP threads. Deterministic for the same x and the same
+ * thread count; a row's result may depend on n and on its position (OpenBLAS's kernels), so
+ * a sequence's prompt must be computed in the same chunking to reproduce bits.
+ * x, w and y are borrowed; y must not overlap x. n == 0 does nothing. */
+void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_matmul_scratch *s);
+
+/* Decode path: the same product for a small batch of rows (1..CG_MATMUL_DECODE_MAX decode
+ * tokens of different sequences), through a kernel that reads each weight once for the whole
+ * batch and widens it in registers; OpenMP over output rows. Batch-invariant: the bits of a
+ * row's result do not depend on n, on the row's position in the batch, nor on the thread
+ * count (for a given ISA variant, see cg_matmul_set_isa). Borrowed pointers as above. */
+void cg_matmul_decode(const cg_weight *w, const float *x, int n, float *y);
+
+/* Kernel variants, chosen once at first use: the best the CPU supports, capped by the
+ * environment variable CG_MATMUL_ISA=generic|avx2|avx512 when set. */
+typedef enum cg_matmul_isa {
+    CG_MATMUL_ISA_GENERIC, /* portable C */
+    CG_MATMUL_ISA_AVX2,    /* AVX2 + FMA + F16C */
+    CG_MATMUL_ISA_AVX512,  /* AVX-512 F/BW/VL */
+    CG_MATMUL_ISA_COUNT
+} cg_matmul_isa;
+
+/* 1 if this CPU (and OS) can run the variant. */
+int cg_matmul_isa_supported(cg_matmul_isa isa);
+/* The variant products use now. */
+cg_matmul_isa cg_matmul_isa_active(void);
+/* "generic", "avx2", "avx512" (static storage). */
+const char *cg_matmul_isa_name(cg_matmul_isa isa);
+/* Forces a variant (tests, benchmarks). Returns CG_E_UNSUPPORTED, changing nothing, when the
+ * CPU cannot run it. Must not be called while a product runs. */
+cg_status cg_matmul_set_isa(cg_matmul_isa isa) CG_WUR;
+
+#endif
