@@ -388,15 +388,19 @@ fail:
     return NULL;
 }
 
-/* Compiles a pattern (literal: a plain string to find). Returns NULL with a message in why. */
-static pcre2_code *rx_compile(const char *pat, size_t n, bool literal, char *why, size_t whylen)
+/* Compiles a pattern (literal: a plain string to find). Returns NULL with a message in why and
+ * *st CG_E_UNSUPPORTED (a construct refused by rx_rewrite) or CG_E_VALUE (does not compile). */
+static pcre2_code *rx_compile(const char *pat, size_t n, bool literal, char *why, size_t whylen,
+                              cg_status *st)
 {
     const char *refusal = NULL;
     char *src = literal ? cg_strndup(pat, n) : rx_rewrite(pat, n, &refusal);
+    *st = CG_E_UNSUPPORTED;
     if (!src) {
         snprintf(why, whylen, "uses %s, which is not supported", refusal);
         return NULL;
     }
+    *st = CG_E_VALUE;
     int ec = 0;
     PCRE2_SIZE eo = 0;
     uint32_t opt = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
@@ -1247,13 +1251,14 @@ static cg_status encode_hf(const cg_tokenizer *t, const char *text, size_t len, 
     if (add_special && t->n_tmpl) {
         size_t k = out->n - start;
         int32_t *seq = cg_malloc((k ? k : 1) * sizeof *seq);
-        memcpy(seq, out->ids + start, k * sizeof *seq);
+        if (k) memcpy(seq, out->ids + start, k * sizeof *seq);
         out->n = start;
         for (size_t i = 0; i < t->n_tmpl; i++) {
             if (t->tmpl[i] >= 0) {
                 ids_add(out, t->tmpl[i]);
                 continue;
             }
+            if (!k) continue;
             grow(&out->ids, &out->cap, out->n + k, sizeof *out->ids);
             memcpy(out->ids + out->n, seq, k * sizeof *seq);
             out->n += k;
@@ -1731,9 +1736,10 @@ static cg_status get_pattern(ld *L, const json_t *o, const char *path, pcre2_cod
     if (!v || !json_is_string(v))
         return fail(L, CG_E_VALUE, "%s.pattern must be {\"String\": ...} or {\"Regex\": ...}", path);
     char why[256];
-    *re = rx_compile(json_string_value(v), json_string_length(v), s != NULL, why, sizeof why);
+    cg_status st;
+    *re = rx_compile(json_string_value(v), json_string_length(v), s != NULL, why, sizeof why, &st);
     if (!*re)
-        return fail(L, CG_E_VALUE, "%s.pattern.%s '%s' %s", path, s ? "String" : "Regex",
+        return fail(L, st, "%s.pattern.%s '%s' %s", path, s ? "String" : "Regex",
                     json_string_value(v), why);
     return CG_OK;
 }
@@ -1816,7 +1822,7 @@ static cg_status load_pretok(ld *L, const json_t *o, const char *path)
             return st;
         if (p.use_regex) {
             char why[256];
-            p.re = rx_compile(gpt2_pattern, sizeof gpt2_pattern - 1, false, why, sizeof why);
+            p.re = rx_compile(gpt2_pattern, sizeof gpt2_pattern - 1, false, why, sizeof why, &st);
             if (!p.re) return fail(L, CG_E_INTERNAL, "%s: the GPT-2 pattern %s", path, why);
         }
     } else if (!strcmp(type, "Split")) {
@@ -2333,6 +2339,9 @@ static cg_status build_added(ld *L)
             return fail(L, CG_E_INTERNAL, "added_tokens: normalizing '%s' failed", a->content);
         }
         if (c.norm.n) trie_insert(&t->norm_trie, c.norm.p, c.norm.n, (int32_t)i);
+        /* tokenizers gives such a token its normalized content as its string (id -> token),
+         * while the content as written still finds its id (token -> id) */
+        set_str(t, a->id, c.norm.p ? c.norm.p : "", c.norm.n);
     }
     if (c.md) pcre2_match_data_free(c.md);
     sb_free(&c.norm);
