@@ -1,48 +1,41 @@
-/* The reference worker's model: a Llama-architecture transformer on the CPU (RMSNorm, RoPE,
- * grouped-query attention, SwiGLU, CBLAS), loaded from an HF-style directory
- * (config.json + model.safetensors), plus the deterministic tiny-model generator, the
- * byte-level tokenizer and sampling. */
+/* The worker's model: Hugging Face checkpoints of LlamaForCausalLM, Qwen2ForCausalLM and
+ * Qwen3ForCausalLM on the CPU (RMSNorm, RoPE with static scaling, grouped-query attention,
+ * q/k/v biases, q/k norms, SwiGLU), loaded from config.json + safetensors (one file or
+ * sharded; f32, f16, bf16 weights kept in their dtype and mmapped), with the checkpoint's
+ * tokenizer; the per-head KV buffer of a sequence; the forward pass over a batch of sequences;
+ * sampling; and the deterministic test-model generator. DESIGN §13. */
 #ifndef CG_MODEL_H
 #define CG_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include "base/status.h"
-#include "kv/remap.h"
 #include "kv/attn.h"
-
-typedef struct cg_model_config {
-    char model_id[128];   /* "name" from config.json "_name_or_path"/"model_id", else dir name */
-    int vocab_size;
-    int dim;              /* hidden_size */
-    int hidden_dim;       /* intermediate_size */
-    int n_layers;         /* num_hidden_layers */
-    int n_heads;          /* num_attention_heads */
-    int n_kv_heads;       /* num_key_value_heads */
-    int head_dim;         /* dim / n_heads unless "head_dim" is given */
-    int max_pos;          /* max_position_embeddings */
-    double rope_theta;
-    float norm_eps;       /* rms_norm_eps */
-    cg_rope_style rope_style; /* "rope_style": "half" (default, HF) or "interleaved" */
-    int tie_embeddings;   /* tie_word_embeddings */
-    int bos_id, eos_id;
-    char dtype[8];        /* storage dtype in the file: "f32", "f16", "bf16" */
-} cg_model_config;
+#include "kv/remap.h"
+#include "worker/model/config.h"
+#include "worker/model/tokenizer.h"
 
 typedef struct cg_model cg_model;
 
-/* Loads dir/config.json and dir/model.safetensors (mmapped; f16/bf16 converted to f32 at
- * load). On failure returns a status and writes a message naming the problem into err
- * (missing tensor, wrong shape or dtype, truncated file, unsupported rope_scaling, ...).
- * Never crashes on bad files. Caller frees with cg_model_close.
- * Side effect: sets OpenBLAS to one thread per call, process-wide; the forward and the
- * attention kernel use both cores through OpenMP instead (two thread pools spinning on the
- * same two cores slow each other down). */
+/* Opens the checkpoint in dir: config.json (worker/model/config.h), the weights from
+ * model.safetensors or the shards of model.safetensors.index.json (kept mapped; 16-bit
+ * matrices are used in place), and tokenizer.json (+ tokenizer_config.json). A checkpoint
+ * without tokenizer.json is accepted only with a byte vocabulary (at most 512 tokens, BOS and
+ * EOS above 255: the generated tiny model), which gets the byte tokenizer. Refused, with a
+ * message naming the file and the tensor or field: a missing tensor, a wrong shape or dtype,
+ * a tensor the architecture does not use, a tokenizer larger than the vocabulary. Never
+ * crashes on bad files. Caller closes with cg_model_close.
+ * Side effect: sets OpenBLAS to one thread per call, process-wide: the forward pass shares
+ * the cores out through OpenMP (two thread pools spinning on two cores slow each other). */
 cg_status cg_model_open(const char *dir, cg_model **out, char *err, size_t errlen) CG_WUR;
 void cg_model_close(cg_model **m);
 const cg_model_config *cg_model_cfg(const cg_model *m);
-/* The rope parameters of the model (for cg_remap_rope). */
+/* The model's tokenizer (borrowed; lives as long as the model). */
+const cg_tokenizer *cg_model_tokenizer(const cg_model *m);
+/* The RoPE of the model (for cg_remap_rope); borrows the model's frequency table. */
 cg_rope cg_model_rope(const cg_model *m);
+/* Bytes of the weights as stored (mapped or copied). */
+size_t cg_model_weight_bytes(const cg_model *m);
 
 typedef struct cg_model_gen_params {
     uint64_t seed;        /* default 1 */
@@ -61,10 +54,16 @@ cg_model_gen_params cg_model_gen_default_params(void);
  * missing). Same params -> same bytes. */
 cg_status cg_model_generate(const char *dir, cg_model_gen_params p, char *err, size_t errlen) CG_WUR;
 
-/* ---- tokenizer: byte-level. Token b (0..255) is byte b; BOS = 256, EOS = 257. ---- */
-/* Tokenizes text into out (room for len + 1), prepending BOS if add_bos. Returns the count. */
+/* ---- tokens ---- */
+
+/* Longest stream text cg_tok_decode writes. */
+#define CG_TOKEN_MAX_BYTES 256
+/* Tokenizes text with the model's tokenizer into out (room for len + 2), with its BOS when
+ * add_bos (the post-processor's template). Returns the count; 0 for text the tokenizer refuses
+ * (invalid UTF-8 for a tokenizer.json model). */
 size_t cg_tok_encode(const cg_model *m, const char *text, size_t len, int add_bos, int32_t *out);
-/* Appends the bytes of token t (nothing for BOS/EOS/other specials) to out; returns count (0/1). */
+/* Writes the bytes token t adds to a generated text into out (room for CG_TOKEN_MAX_BYTES;
+ * special tokens and unknown ids add nothing); returns the count. */
 size_t cg_tok_decode(const cg_model *m, int32_t t, char *out);
 
 /* ---- KV buffer of one sequence, per-head layout ----
@@ -78,12 +77,46 @@ float *cg_kv_v(cg_kv *kv, int layer, int head);
 /* Copies slots [0, n) of every plane of src into dst (same model; n <= both capacities). */
 void cg_kv_copy_slots(cg_kv *dst, cg_kv *src, uint32_t n);
 
-/* Runs the model over n tokens written to KV slots [slot0, slot0+n), at RoPE positions
- * [pos0, pos0+n). Each layer writes the tokens' K (rotated) and V into kv, then attends
- * per spans (which must cover exactly those slots, in order). Slots outside the spans are
- * read as already-filled keys.
- * logits_last: if non-NULL, receives vocab_size logits of the last token.
- * Uses both cores. Returns CG_E_VALUE if slots exceed kv capacity or positions max_pos. */
+/* ---- forward pass ---- */
+
+/* One sequence's rows in a forward call. Rows go to KV slots slot0 + i at RoPE positions
+ * pos0 + i, or, when slots / pos are given, to slots[i] at pos[i] (scattered rows: a selective
+ * recompute). Each layer writes the rows' K (rotated) and V into kv, then the rows attend per
+ * spans (which list the rows' slots in row order; other slots are read as already filled). */
+typedef struct cg_fwd_seq {
+    cg_kv *kv;
+    const int32_t *tokens; /* n tokens */
+    uint32_t n;
+    uint32_t slot0;
+    int64_t pos0;
+    const uint32_t *slots; /* optional, n entries */
+    const int64_t *pos;    /* optional, n entries */
+    const cg_attn_span *spans;
+    size_t n_spans;
+    float *logits; /* optional: receives vocab_size logits of the last row */
+} cg_fwd_seq;
+
+/* Which kernels the weight products use: prefill chunks (sgemm on widened panels) or decode
+ * rows (the batch-invariant kernel: a row's result does not depend on the other rows of the
+ * call). Logits always come from the decode kernel. */
+typedef enum { CG_FWD_PREFILL, CG_FWD_DECODE } cg_fwd_kind;
+
+/* Buffers a forward call reuses (activations, widened weight panels). One per thread that
+ * runs forwards; NULL in a call uses temporary ones. */
+typedef struct cg_fwd_scratch cg_fwd_scratch;
+cg_fwd_scratch *cg_fwd_scratch_new(void);
+void cg_fwd_scratch_free(cg_fwd_scratch **s);
+
+/* Runs the model over the rows of n_seqs sequences at once: the weight products see every
+ * row of the call, attention runs per sequence over its own KV. Uses both cores. Returns
+ * CG_E_VALUE for rows outside a KV's capacity or the model's positions, a token outside the
+ * vocabulary, or spans that do not list the rows. */
+cg_status cg_model_forward_batch(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs,
+                                 cg_fwd_kind kind, cg_fwd_scratch *scratch) CG_WUR;
+
+/* One sequence, contiguous rows: n tokens to slots [slot0, slot0+n) at positions
+ * [pos0, pos0+n), on the prefill kernels. logits_last: optional, vocab_size logits of the last
+ * token. */
 cg_status cg_model_forward(const cg_model *m, cg_kv *kv, const int32_t *tokens, uint32_t n,
                            uint32_t slot0, int64_t pos0, const cg_attn_span *spans,
                            size_t n_spans, float *logits_last) CG_WUR;

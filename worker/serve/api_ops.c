@@ -31,7 +31,13 @@ void cg_api_info(cg_http_req *req, void *app)
     SET("intermediate_size", json_integer(c->hidden_dim));
     SET("vocab_size", json_integer(c->vocab_size));
     SET("bos_token_id", json_integer(c->bos_id));
-    SET("eos_token_id", json_integer(c->eos_id));
+    SET("eos_token_id", c->n_eos ? json_integer(c->eos_ids[0]) : json_null());
+    json_t *eos = json_array();
+    for (int i = 0; i < c->n_eos; i++)
+        json_array_append_new(eos, json_integer(c->eos_ids[i]));
+    SET("eos_token_ids", eos);
+    SET("architecture", json_string(cg_arch_name(c->arch)));
+    SET("rope_scaling", json_string(c->rope_scaling));
     SET("dtype", json_string("f32")); /* compute and KV dtype */
     SET("weights_dtype", json_string(c->dtype));
     SET("rope_style", json_string(cg_rope_style_name(c->rope_style)));

@@ -25,7 +25,19 @@ static cg_status fwd_one(cg_engine *e, cg_kv *kv, const int32_t *t, uint32_t n, 
     return st;
 }
 
-/* The KV of a plain prompt: BOS + bytes, one causal forward, no cache. */
+/* One decode token at pos, on the batch-invariant decode kernels. */
+static cg_status decode_step(cg_engine *e, cg_kv *kv, int32_t tok, uint32_t pos, float *logits)
+{
+    cg_attn_span span = {pos, 1, 0, 0};
+    cg_fwd_seq q = {.kv = kv, .tokens = &tok, .n = 1, .slot0 = pos, .pos0 = pos,
+                    .spans = &span, .n_spans = 1, .logits = logits};
+    pthread_mutex_lock(&e->mu);
+    cg_status st = cg_model_forward_batch(e->m, &q, 1, CG_FWD_DECODE, NULL);
+    pthread_mutex_unlock(&e->mu);
+    return st;
+}
+
+/* The KV of a plain prompt: BOS + its tokens, one causal forward, no cache. */
 static cg_status plain_prompt(cg_engine *e, const char *text, size_t len, cg_assembly **out,
                               char *err, size_t errlen)
 {
@@ -36,8 +48,13 @@ static cg_status plain_prompt(cg_engine *e, const char *text, size_t len, cg_ass
                   cfg->max_pos);
         return CG_E_CONTEXT;
     }
-    int32_t *t = cg_malloc((len + 1) * sizeof *t);
+    int32_t *t = cg_malloc((len + 2) * sizeof *t);
     uint32_t n = (uint32_t)cg_tok_encode(e->m, text, len, 1, t);
+    if (!n) {
+        free(t);
+        cg_seterr(err, errlen, "the prompt cannot be tokenized (invalid UTF-8)");
+        return CG_E_UTF8;
+    }
     uint64_t cap = CG_MIN((uint64_t)n + e->p.reserve_tokens, (uint64_t)cfg->max_pos);
     cg_assembly *a = cg_live_prepare(e->live, n, (uint32_t)cap, 0);
     cg_status st = a ? fwd_one(e, a->kv, t, n, 0, (cg_attn_span){0, n, 0, 0}, a->logits)
@@ -60,7 +77,10 @@ static void append_token(cg_complete_result *out, size_t *cap_tok, int32_t tok, 
     if (out->n_tokens == *cap_tok) {
         *cap_tok = *cap_tok ? *cap_tok * 2 : 64;
         out->tokens = cg_realloc(out->tokens, *cap_tok * sizeof *out->tokens);
-        out->text = cg_realloc(out->text, *cap_tok * 4 + 1);
+    }
+    if (out->text_len + nb + 1 > out->text_cap) {
+        out->text_cap = CG_MAX(out->text_cap * 2, out->text_len + nb + 1);
+        out->text = cg_realloc(out->text, out->text_cap);
     }
     out->tokens[out->n_tokens++] = tok;
     memcpy(out->text + out->text_len, bytes, nb);
@@ -80,16 +100,17 @@ static cg_status decode(cg_engine *e, const cg_complete_req *req, cg_assembly *a
     size_t cap_tok = 0;
     cg_status st = CG_OK;
     out->finish_reason = "length";
-    out->text = cg_malloc(1);
+    out->text_cap = 64;
+    out->text = cg_malloc(out->text_cap);
     out->text[0] = '\0';
     for (uint32_t i = 0; i < req->max_tokens; i++) {
         if (req->on_logits) req->on_logits(req->ud, logits, cfg->vocab_size);
         int32_t tok = cg_sample(&smp, logits, cfg->vocab_size);
-        if (tok == cfg->eos_id) {
+        if (cg_model_config_is_eos(cfg, tok)) {
             out->finish_reason = "stop";
             break;
         }
-        char bytes[4];
+        char bytes[CG_TOKEN_MAX_BYTES];
         size_t nb = cg_tok_decode(e->m, tok, bytes);
         append_token(out, &cap_tok, tok, bytes, nb);
         if (req->on_token && req->on_token(req->ud, tok, bytes, nb) != 0) {
@@ -105,8 +126,7 @@ static cg_status decode(cg_engine *e, const cg_complete_req *req, cg_assembly *a
                                   (uint64_t)cfg->max_pos);
             cg_live_grow(e->live, a, pos, (uint32_t)cap);
         }
-        if ((st = fwd_one(e, a->kv, &tok, 1, pos, (cg_attn_span){pos, 1, 0, 0}, logits)) !=
-            CG_OK) {
+        if ((st = decode_step(e, a->kv, tok, pos, logits)) != CG_OK) {
             cg_seterr(err, errlen, "decode step at position %u failed", pos);
             break;
         }
