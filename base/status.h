@@ -33,6 +33,8 @@
     X(CG_E_TOO_LARGE, 413, "invalid_request_error", "request_too_large",                           \
       "request body is larger than allowed")                                                       \
     X(CG_E_UNSUPPORTED, 422, "invalid_request_error", "unsupported", "unsupported model or option")\
+    X(CG_E_RATE_LIMIT, 429, "rate_limit_exceeded", "rate_limit_exceeded",                         \
+      "too many requests in progress; retry shortly")                                              \
     X(CG_E_HEADERS_TOO_LARGE, 431, "invalid_request_error", "request_header_fields_too_large",     \
       "request headers are larger than allowed")                                                   \
     X(CG_E_INTERNAL, 500, "server_error", "internal_error", "internal error")                      \

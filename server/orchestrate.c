@@ -79,16 +79,32 @@ static void render_plain_chat(json_t *body, cg_buf *out)
 
 /* ---------------------------------------------------------------- bodies */
 
+/* A stream's upstream always reports usage (the gateway counts the tokens it computed); the
+ * client gets it only when it asked with stream_options.include_usage, as OpenAI sends it.
+ * Sets include_usage in body when stream; returns 1 when the relay must drop the usage. */
+static int ask_usage(json_t *body, int stream)
+{
+    if (!stream) return 0;
+    json_t *so = json_object_get(body, "stream_options");
+    if (json_is_object(so) && json_is_true(json_object_get(so, "include_usage"))) return 0;
+    json_t *o = json_is_object(so) ? json_copy(so) : json_object();
+    json_object_set_new(o, "include_usage", json_true());
+    json_object_set_new(body, "stream_options", o);
+    return 1;
+}
+
 /* The body for --backend: the client's bytes unchanged when it used no extension field, else
  * the request re-serialised without them. Chat documents must still reach the model, so they
  * move into one system message placed after the leading system/developer messages (the same
  * place the rendering gives them), joined by blank lines. Returns a new buffer. */
-static char *forward_body(cg_http_req *req, json_t *body, int chat, size_t *len)
+static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, int *strip_usage,
+                          size_t *len)
 {
     int has_ext = 0;
     for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
         has_ext |= json_object_get(body, EXT_FIELDS[i]) != NULL;
-    if (!has_ext) {
+    *strip_usage = ask_usage(body, stream);
+    if (!has_ext && !*strip_usage) {
         const char *raw = cg_http_req_body(req, len);
         char *copy = cg_malloc(*len + 1);
         memcpy(copy, raw, *len);
@@ -131,7 +147,7 @@ static char *forward_body(cg_http_req *req, json_t *body, int chat, size_t *len)
 /* The plain-prompt body for a worker's /v1/completions. A worker splits a "# #" prompt
  * itself, so the tenant salt, mode and the separator in use go along: a fallback never mixes
  * tenants in the worker's pool. Chat becomes a completion of its rendering. */
-static char *worker_plain_body(gw_call *c, size_t *len)
+static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
 {
     json_t *o;
     if (c->chat) {
@@ -153,6 +169,7 @@ static char *worker_plain_body(gw_call *c, size_t *len)
         o = json_copy(c->body); /* shallow: top-level edits only */
     }
     json_object_del(o, "documents");
+    *strip_usage = ask_usage(o, c->stream);
     json_object_set_new(o, "chunk_separator", json_string(c->segs.separator));
     /* The salt the keys were made with (a tenant's salt is not the client's cache_salt). */
     if (c->segs.salt)
@@ -235,7 +252,7 @@ static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclu
     size_t len = 0;
     if (g->has_backend) {
         t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
-        body = forward_body(c->req, c->body, c->chat, &len);
+        body = forward_body(c->req, c->body, c->chat, c->stream, &t.strip_usage, &len);
     } else {
         cg_worker *w = cg_workers_pick_any(g->workers, exclude);
         if (!w) {
@@ -252,7 +269,7 @@ static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclu
         t.to_chat = c->chat;
         t.worker = w;
         t.backend_is_worker = 1;
-        body = worker_plain_body(c, &len);
+        body = worker_plain_body(c, &t.strip_usage, &len);
     }
     json_t *cc = chunk_cache_plain(&c->segs, c->ent, reason);
     cg_gw_relay_to(g, c->req, &t, body, len, c->stream, cc);
@@ -339,6 +356,7 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
             json_object_del(cb, EXT_FIELDS[i]);
     }
     json_object_set_new(cb, "kv_transfer_params", json_pack("{s:s}", "assembly_id", a->id));
+    int strip = ask_usage(cb, c->stream);
     char *text = json_dumps(cb, JSON_COMPACT);
     json_decref(cb);
     json_t *cc = chunk_cache_main(c, a);
@@ -355,7 +373,8 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
                       .count_usage = 0,
                       .worker = c->w,
                       .assembly_id = a->id,
-                      .backend_is_worker = !g->has_backend || same};
+                      .backend_is_worker = !g->has_backend || same,
+                      .strip_usage = strip};
     c->w = NULL; /* the relay owns it now */
     cg_gw_relay_to(g, c->req, &t, text, strlen(text), c->stream, cc);
     call_free(c);

@@ -20,6 +20,7 @@ typedef enum { RELAY_INFER, RELAY_MODELS } relay_kind;
 
 typedef struct relay {
     cg_gateway *g;
+    int strip_usage; /* drop usage from streamed events (counted, not asked for) */
     relay_kind kind;
     cg_http_req *req; /* NULL once replied */
     char rid[72];     /* for log lines from the multi thread */
@@ -166,7 +167,11 @@ static void on_event(void *arg, const cg_sse_event *ev)
             r->first_data_done = 1;
         }
         if (json_object_get(obj, "usage")) fix_usage(r->g, obj, r->cached_tokens, r->count_usage);
-        push_json_event(r, ev, obj);
+        json_t *choices = json_object_get(obj, "choices");
+        int usage_only = json_is_array(choices) && json_array_size(choices) == 0 &&
+                         json_is_object(json_object_get(obj, "usage"));
+        if (r->strip_usage) json_object_del(obj, "usage");
+        if (!(r->strip_usage && usage_only)) push_json_event(r, ev, obj);
         json_decref(obj);
     } else {
         push(r, ev->raw, ev->raw_len);
@@ -421,6 +426,7 @@ void cg_gw_relay_to(cg_gateway *g, cg_http_req *req, const cg_gw_target *t, char
     r->count_usage = t->count_usage;
     r->worker = t->worker;
     r->backend_is_worker = t->backend_is_worker;
+    r->strip_usage = t->strip_usage;
     if (t->assembly_id) snprintf(r->assembly, sizeof r->assembly, "%s", t->assembly_id);
     cg_openai_req q = {.base = t->base,
                        .method = "POST",

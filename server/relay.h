@@ -20,6 +20,7 @@ typedef struct cg_gw_target {
     cg_worker *worker;       /* taken over: released (in flight - 1) when the relay ends */
     const char *assembly_id; /* copied; the assembly on worker, released unless consumed */
     int backend_is_worker;   /* the upstream is worker itself (it consumes the assembly) */
+    int strip_usage;         /* a stream's usage is counted but not relayed (not asked for) */
 } cg_gw_target;
 
 /* Upstream relay (relay.c). Takes over body (forwarded bytes), chunk_cache (a reference,

@@ -740,8 +740,9 @@ START_TEST(streaming_main_path)
     ck_assert_int_eq(cached_of(plain), (long long)(strlen(D1) + strlen(D2)));
     sse s = {0};
     CURLcode rc = sse_post(&s, gw.port, "/v1/completions",
-                           json_pack("{s:s, s:s, s:i, s:f, s:b}", "model", MODEL, "prompt", p,
-                                     "max_tokens", 12, "temperature", 0.0, "stream", 1));
+                           json_pack("{s:s, s:s, s:i, s:f, s:b, s:{s:b}}", "model", MODEL, "prompt",
+                                     p, "max_tokens", 12, "temperature", 0.0, "stream", 1,
+                                     "stream_options", "include_usage", 1));
     ck_assert_int_eq(rc, CURLE_OK);
     ck_assert_int_eq(s.status, 200);
     cg_buf text;
@@ -780,6 +781,23 @@ START_TEST(streaming_main_path)
     ck_assert_str_eq(text.data ? text.data : "", text_of(plain));
     cg_buf_free(&text);
     sse_free(&s);
+    /* not asked for: no event carries usage (OpenAI's rule; the gateway still counts it) */
+    sse s2 = {0};
+    rc = sse_post(&s2, gw.port, "/v1/completions",
+                  json_pack("{s:s, s:s, s:i, s:f, s:b}", "model", MODEL, "prompt", p, "max_tokens",
+                            12, "temperature", 0.0, "stream", 1));
+    ck_assert_int_eq(rc, CURLE_OK);
+    int events = 0;
+    for (int i = 0; i < s2.n; i++) {
+        json_t *j = sse_json(&s2, i);
+        if (!j) continue;
+        events++;
+        ck_assert_ptr_null(json_object_get(j, "usage"));
+        ck_assert_int_eq(json_array_size(json_object_get(j, "choices")), 1);
+        json_decref(j);
+    }
+    ck_assert_int_ge(events, 2);
+    sse_free(&s2);
     json_decref(plain);
     free(p);
 }

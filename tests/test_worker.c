@@ -503,7 +503,9 @@ START_TEST(test_stream)
     const char *want_finish =
         sget(json_array_get(json_object_get(nb, "choices"), 0), "finish_reason");
 
-    json_t *body = greedy(json_pack("{s:s, s:b}", "prompt", p, "stream", 1), 20);
+    json_t *body = greedy(json_pack("{s:s, s:b, s:{s:b}}", "prompt", p, "stream", 1,
+                                    "stream_options", "include_usage", 1),
+                          20);
     char *b = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     resp r = http("POST", "/v1/completions", b);
@@ -514,7 +516,7 @@ START_TEST(test_stream)
     cg_buf text;
     cg_buf_init(&text, 0);
     const char *s = r.body.data, *end = r.body.data + r.body.len;
-    int done = 0, finals = 0, events = 0;
+    int done = 0, finals = 0, events = 0, usages = 0;
     while (s < end) {
         const char *e = strstr(s, "\n\n");
         ck_assert_msg(e != NULL, "event without terminating blank line: %.80s", s);
@@ -531,6 +533,23 @@ START_TEST(test_stream)
             json_t *j = json_loadb(s + 6, (size_t)(e - s - 6), 0, &je);
             ck_assert_msg(j != NULL, "event is not JSON: %s", je.text);
             ck_assert_str_eq(sget(j, "object"), "text_completion");
+            json_t *u = json_object_get(j, "usage");
+            if (u) {
+                /* usage (asked for): a last chunk of its own with no choice, as OpenAI sends
+                 * it, after the finish reason */
+                usages++;
+                ck_assert_int_eq(finals, 1);
+                ck_assert_int_eq(json_array_size(json_object_get(j, "choices")), 0);
+                ck_assert_int_eq(iget(u, "prompt_tokens"),
+                                 iget(json_object_get(nb, "usage"), "prompt_tokens"));
+                ck_assert_int_eq(
+                    iget(json_object_get(u, "prompt_tokens_details"), "cached_tokens"),
+                    iget(json_object_get(json_object_get(nb, "usage"), "prompt_tokens_details"),
+                         "cached_tokens"));
+                json_decref(j);
+                s = e + 2;
+                continue;
+            }
             json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
             const char *t = sget(ch, "text");
             cg_status st = cg_buf_append(&text, t, strlen(t));
@@ -538,14 +557,6 @@ START_TEST(test_stream)
             if (!json_is_null(json_object_get(ch, "finish_reason"))) {
                 finals++;
                 ck_assert_str_eq(sget(ch, "finish_reason"), want_finish);
-                json_t *u = json_object_get(j, "usage");
-                ck_assert(json_is_object(u));
-                ck_assert_int_eq(iget(u, "prompt_tokens"),
-                                 iget(json_object_get(nb, "usage"), "prompt_tokens"));
-                ck_assert_int_eq(
-                    iget(json_object_get(u, "prompt_tokens_details"), "cached_tokens"),
-                    iget(json_object_get(json_object_get(nb, "usage"), "prompt_tokens_details"),
-                         "cached_tokens"));
             }
             events++;
             json_decref(j);
@@ -554,6 +565,7 @@ START_TEST(test_stream)
     }
     ck_assert_int_eq(done, 1);
     ck_assert_int_eq(finals, 1);
+    ck_assert_int_eq(usages, 1);
     ck_assert_int_ge(events, 2);
     ck_assert_str_eq(text.data ? text.data : "", want);
     cg_buf_free(&text);

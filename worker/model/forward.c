@@ -227,6 +227,9 @@ static cg_status check_seq(const cg_model *m, const cg_fwd_seq *q)
         if (row_slot(q, i) >= cg_kv_cap(q->kv) || p < 0 || p >= c->max_pos) return CG_E_VALUE;
         if (q->tokens[i] < 0 || q->tokens[i] >= c->vocab_size) return CG_E_VALUE;
     }
+    if (q->row_lp && (!q->next || q->row_top_k < 0 || (q->row_top_k && (!q->row_top_ids ||
+                                                                       !q->row_top_lps))))
+        return CG_E_VALUE;
     return spans_valid(q) ? CG_OK : CG_E_VALUE;
 }
 
@@ -338,6 +341,53 @@ static void logits(const cg_model *m, const block *b, cg_fwd_scratch *s)
             memcpy(b->seqs[i].logits, s->lg_out + (k++) * V, V * sizeof(float));
 }
 
+/* The log-softmax of a logits row at tok, its top k entries (best first) into ids/lps. */
+static float row_logprobs(const float *lg, int vocab, int32_t tok, int k, int32_t *ids, float *lps)
+{
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < vocab; i++)
+        if (lg[i] > mx) mx = lg[i];
+    for (int i = 0; i < vocab; i++) sum += exp((double)lg[i] - mx);
+    double lse = mx + log(sum);
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int i = 0; i < vocab; i++) {
+            if (best >= 0 && !(lg[i] > lg[best])) continue;
+            int taken = 0;
+            for (int t = 0; t < j && !taken; t++) taken = ids[t] == i;
+            if (!taken) best = i;
+        }
+        ids[j] = best;
+        lps[j] = (float)((double)lg[best] - lse);
+    }
+    return tok >= 0 && tok < vocab ? (float)((double)lg[tok] - lse) : NAN;
+}
+
+#define LP_ROWS 16
+
+/* Prompt logprobs of every row of q (rows row0.. of the activations): final norm and lm_head
+ * for LP_ROWS rows at a time. */
+static void prompt_logprobs(const cg_model *m, const cg_fwd_seq *q, size_t row0, cg_fwd_scratch *s)
+{
+    const cg_model_config *c = &m->cfg;
+    const size_t D = (size_t)c->dim, V = (size_t)c->vocab_size;
+    if (LP_ROWS > s->logit_cap) {
+        s->lg_in = cg_realloc(s->lg_in, LP_ROWS * D * sizeof(float));
+        s->lg_out = cg_realloc(s->lg_out, LP_ROWS * V * sizeof(float));
+        s->logit_cap = LP_ROWS;
+    }
+    for (uint32_t t0 = 0; t0 < q->n; t0 += LP_ROWS) {
+        int n = (int)CG_MIN(LP_ROWS, q->n - t0);
+        rmsnorm(s->lg_in, s->x + (row0 + t0) * D, m->norm, n, (int)D, c->norm_eps);
+        cg_matmul_decode(&m->lm_head, s->lg_in, n, s->lg_out);
+        for (int i = 0; i < n; i++) {
+            size_t t = t0 + (size_t)i, k = (size_t)q->row_top_k;
+            q->row_lp[t] = row_logprobs(s->lg_out + (size_t)i * V, (int)V, q->next[t],
+                                        q->row_top_k, q->row_top_ids + t * k, q->row_top_lps + t * k);
+        }
+    }
+}
+
 /* Runs the layers over the rows of seqs (at most FWD_BLOCK rows in all). */
 static void run_block(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs, cg_fwd_kind kind,
                       cg_fwd_scratch *s)
@@ -362,12 +412,13 @@ static void run_block(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs, 
     block b = {seqs, n_seqs, row0, rows};
     for (int l = 0; l < c->n_layers; l++)
         run_layer(m, &b, l, kind, s);
+    for (size_t i = 0; i < n_seqs; i++)
+        if (seqs[i].row_lp) prompt_logprobs(m, &seqs[i], row0[i], s);
     logits(m, &b, s);
     free(row0);
 }
 
-/* The part of q's spans covering its rows [r0, r0 + n), as a sequence of its own. */
-static cg_fwd_seq sub_seq(const cg_fwd_seq *q, uint32_t r0, uint32_t n, cg_attn_span *spans)
+cg_fwd_seq cg_fwd_seq_slice(const cg_fwd_seq *q, uint32_t r0, uint32_t n, cg_attn_span *spans)
 {
     cg_fwd_seq sub = *q;
     sub.tokens = q->tokens + r0;
@@ -377,6 +428,13 @@ static cg_fwd_seq sub_seq(const cg_fwd_seq *q, uint32_t r0, uint32_t n, cg_attn_
     if (q->pos) sub.pos = q->pos + r0;
     else sub.pos0 = q->pos0 + r0;
     if (r0 + n < q->n) sub.logits = NULL;
+    if (q->row_lp) {
+        size_t k = (size_t)q->row_top_k;
+        sub.next = q->next + r0;
+        sub.row_lp = q->row_lp + r0;
+        sub.row_top_ids = q->row_top_ids + r0 * k;
+        sub.row_top_lps = q->row_top_lps + r0 * k;
+    }
     size_t k = 0;
     uint32_t row = 0;
     for (size_t i = 0; i < q->n_spans; row += q->spans[i].q_len, i++) {
@@ -415,7 +473,7 @@ cg_status cg_model_forward_batch(const cg_model *m, const cg_fwd_seq *seqs, size
                 s->spans_cap = q->n_spans;
             }
             for (uint32_t r0 = 0; r0 < q->n; r0 += FWD_BLOCK) {
-                cg_fwd_seq sub = sub_seq(q, r0, CG_MIN(FWD_BLOCK, q->n - r0), s->spans);
+                cg_fwd_seq sub = cg_fwd_seq_slice(q, r0, CG_MIN(FWD_BLOCK, q->n - r0), s->spans);
                 run_block(m, &sub, 1, kind, s);
             }
         }

@@ -94,6 +94,15 @@ typedef struct cg_fwd_seq {
     const cg_attn_span *spans;
     size_t n_spans;
     float *logits; /* optional: receives vocab_size logits of the last row */
+    /* Optional, for prompt logprobs (echo): row i's log-softmax evaluated at next[i] (the
+     * token that follows row i; < 0 for none) and its row_top_k most likely tokens go to
+     * row_lp[i] (logprob, NAN without a next token), row_top_ids/row_top_lps[i * row_top_k
+     * ...]. Costs one lm_head product per row. */
+    const int32_t *next;
+    float *row_lp;
+    int32_t *row_top_ids;
+    float *row_top_lps;
+    int row_top_k;
 } cg_fwd_seq;
 
 /* Which kernels the weight products use: prefill chunks (sgemm on widened panels) or decode
@@ -114,6 +123,10 @@ void cg_fwd_scratch_free(cg_fwd_scratch **s);
 cg_status cg_model_forward_batch(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs,
                                  cg_fwd_kind kind, cg_fwd_scratch *scratch) CG_WUR;
 
+/* Rows [r0, r0+n) of q as a sequence of their own (spans clipped; logits only when the slice
+ * holds q's last row). spans receives the clipped spans: room for q->n_spans. */
+cg_fwd_seq cg_fwd_seq_slice(const cg_fwd_seq *q, uint32_t r0, uint32_t n, cg_attn_span *spans);
+
 /* One sequence, contiguous rows: n tokens to slots [slot0, slot0+n) at positions
  * [pos0, pos0+n), on the prefill kernels. logits_last: optional, vocab_size logits of the last
  * token. */
@@ -129,5 +142,7 @@ typedef struct cg_sampler {
 } cg_sampler;
 /* Picks the next token from logits (vocab_size floats; may be modified). */
 int32_t cg_sample(cg_sampler *s, float *logits, int vocab_size);
+/* The same, and *raw receives the chosen token's logit as it was before sampling. */
+int32_t cg_sample_keep(cg_sampler *s, float *logits, int vocab_size, float *raw);
 
 #endif

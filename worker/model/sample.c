@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/base.h"
 
@@ -33,6 +34,19 @@ static int cmp_prob_desc(const void *a, const void *b)
     const prob_ix *x = a, *y = b;
     if (x->p != y->p) return x->p > y->p ? -1 : 1;
     return x->i < y->i ? -1 : x->i > y->i; /* ties by index: the order is deterministic */
+}
+
+int32_t cg_sample_keep(cg_sampler *s, float *logits, int vocab_size, float *raw)
+{
+    float *copy = NULL;
+    if (s->temperature > 0.0f) { /* sampling rewrites the logits into probabilities */
+        copy = cg_malloc((size_t)vocab_size * sizeof(float));
+        memcpy(copy, logits, (size_t)vocab_size * sizeof(float));
+    }
+    int32_t t = cg_sample(s, logits, vocab_size);
+    *raw = copy ? copy[t] : logits[t];
+    free(copy);
+    return t;
 }
 
 int32_t cg_sample(cg_sampler *s, float *logits, int vocab_size)

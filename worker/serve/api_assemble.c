@@ -54,6 +54,13 @@ void cg_api_assemble(cg_http_req *req, void *app)
     cg_assembly_info info = {0};
     char err[512], field[64];
     if (!body) return;
+    if (cg_engine_admit(a->e) != CG_OK) {
+        cg_http_add_header(req, "Retry-After", "1");
+        cg_http_reply_error(req, CG_E_RATE_LIMIT, NULL,
+                            "the worker is at --max-running + --max-queue requests; retry shortly");
+        json_decref(body);
+        return;
+    }
     if (!cg_api_model_ok(a, req, body)) goto out;
     cg_api_opts o;
     if (!cg_api_parse_opts(a, req, body, "mode", &o)) goto out;
@@ -125,6 +132,7 @@ void cg_api_assemble(cg_http_req *req, void *app)
                           .salt_len = o.salt_len,
                           .recompute_prefix_tokens = (uint32_t)o.recompute,
                           .reserve_tokens = o.reserve,
+                          .no_bos = !o.add_special,
                           .path = CG_PATH_CACHED};
     st = cg_engine_assemble(a->e, &ar, cg_now_ms(), &info, err, sizeof err);
     if (st != CG_OK) {
@@ -136,6 +144,7 @@ void cg_api_assemble(cg_http_req *req, void *app)
            info.n_tokens, info.cached_tokens, info.n_segs, info.n_evicted);
     cg_http_reply_json(req, 200, assembly_json(a, &info));
 out:
+    cg_engine_leave(a->e);
     cg_assembly_info_free(&info);
     free(segs);
     free(keys);

@@ -77,6 +77,10 @@ int cg_api_parse_opts(cg_worker_api *a, cg_http_req *req, json_t *body, const ch
         cg_api_field_error(req, st, "reserve_tokens", "an integer >= 0");
         return 0;
     }
+    if ((st = cg_json_get_bool(body, "add_special_tokens", 1, &o->add_special)) != CG_OK) {
+        cg_api_field_error(req, st, "add_special_tokens", "a boolean");
+        return 0;
+    }
     return 1;
 }
 

@@ -1,5 +1,8 @@
 /* The worker's POST /v1/completions: from an assembly (local or pulled), a "# #" prompt or a
- * plain prompt, as JSON or an SSE stream, with logprobs. */
+ * plain prompt (text or token ids), as JSON or an SSE stream, with the OpenAI and vLLM
+ * conventions clients rely on: stop sequences, seed, logprobs, echo (with prompt logprobs, as
+ * lm-evaluation-harness asks for them), return_tokens_as_token_ids,
+ * stream_options.include_usage. Parameters it cannot honour are refused by name. */
 #include "worker/serve/api_complete.h"
 
 #include <math.h>
@@ -9,118 +12,473 @@
 #include <sys/random.h>
 
 #include "base/json.h"
-#include "worker/serve/kvpull.h"
 #include "worker/serve/api_common.h"
+#include "worker/serve/kvpull.h"
 
 #define STREAM_BUFFER (256u << 10)
 /* Most top_logprobs entries per token (vLLM's default limit is 20). */
-#define LOGPROBS_MAX 20
+#define LOGPROBS_MAX CG_SCHED_TOP_MAX
+/* Stop sequences: at most this many, each at most STOP_BYTES bytes. */
+#define STOP_MAX 16
+#define STOP_BYTES 256
+/* Token ids of a prompt given as ids. */
+#define PROMPT_IDS_MAX (1u << 20)
+
+/* ---- the request ---- */
+
+typedef struct creq {
+    long long max_tokens, seed, logprobs;
+    int max_tokens_given;
+    double temperature, top_p;
+    int stream, include_usage, echo, return_ids;
+    const char *stops[STOP_MAX];
+    size_t stop_lens[STOP_MAX], stop_max;
+    int n_stops;
+    const char *assembly_id, *worker; /* kv_transfer_params */
+    const char *text;                 /* the prompt as text, or: */
+    size_t text_len;
+    int32_t *ids; /* owned: the prompt as token ids */
+    size_t n_ids;
+    cg_api_opts o;
+    const char *separator;
+} creq;
+
+static int parse_sampling(cg_worker_api *a, cg_http_req *req, json_t *body, creq *c)
+{
+    cg_status st;
+    long long maxpos = cg_api_cfg(a)->max_pos, n_choices;
+    c->max_tokens_given = json_object_get(body, "max_tokens") &&
+                          !json_is_null(json_object_get(body, "max_tokens"));
+    if ((st = cg_json_get_int(body, "max_tokens", a->p.default_max_tokens, 0, maxpos,
+                              &c->max_tokens)) != CG_OK) {
+        cg_api_field_error(req, st, "max_tokens", "an integer between 0 and the context length");
+        return 0;
+    }
+    if ((st = cg_json_get_number(body, "temperature", 1.0, 0.0, 2.0, &c->temperature)) != CG_OK) {
+        cg_api_field_error(req, st, "temperature", "a number in [0, 2]");
+        return 0;
+    }
+    if ((st = cg_json_get_number(body, "top_p", 1.0, 0.0, 1.0, &c->top_p)) != CG_OK ||
+        c->top_p <= 0.0) {
+        cg_api_field_error(req, st == CG_OK ? CG_E_VALUE : st, "top_p", "a number in (0, 1]");
+        return 0;
+    }
+    uint64_t rnd;
+    if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) rnd = cg_now_ns();
+    if ((st = cg_json_get_int(body, "seed", (long long)(rnd >> 2), -(1LL << 62), 1LL << 62,
+                              &c->seed)) != CG_OK) {
+        cg_api_field_error(req, st, "seed", "an integer");
+        return 0;
+    }
+    if ((st = cg_json_get_int(body, "n", 1, 1, 1, &n_choices)) != CG_OK) {
+        cg_api_field_error(req, st, "n", "1 (one choice per request)");
+        return 0;
+    }
+    c->logprobs = -1;
+    json_t *lp = json_object_get(body, "logprobs");
+    if (lp && !json_is_null(lp) &&
+        (st = cg_json_get_int(body, "logprobs", -1, 0, LOGPROBS_MAX, &c->logprobs)) != CG_OK) {
+        cg_api_field_error(req, st, "logprobs", "an integer in [0, 20] or null");
+        return 0;
+    }
+    return 1;
+}
+
+static int parse_flags(cg_http_req *req, json_t *body, creq *c)
+{
+    struct {
+        const char *name;
+        int def, *out;
+    } f[] = {{"stream", 0, &c->stream},
+             {"echo", 0, &c->echo},
+             {"return_tokens_as_token_ids", 0, &c->return_ids}};
+    for (size_t i = 0; i < CG_ARRAY_LEN(f); i++) {
+        cg_status st = cg_json_get_bool(body, f[i].name, f[i].def, f[i].out);
+        if (st != CG_OK) {
+            cg_api_field_error(req, st, f[i].name, "a boolean");
+            return 0;
+        }
+    }
+    json_t *so = json_object_get(body, "stream_options");
+    if (so && !json_is_null(so)) {
+        cg_status st = json_is_object(so) ? cg_json_get_bool(so, "include_usage", 0,
+                                                             &c->include_usage)
+                                          : CG_E_TYPE;
+        if (st != CG_OK) {
+            cg_api_field_error(req, st, "stream_options", "an object {include_usage: boolean}");
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Parameters the worker does not implement are refused by name, never ignored: a client that
+ * sets them expects an effect. Their neutral values are accepted. */
+static int refuse_unsupported(cg_http_req *req, json_t *body)
+{
+    static const struct {
+        const char *name;
+        double neutral; /* NAN: only null (or absent, empty) is neutral */
+    } params[] = {{"best_of", 1}, {"presence_penalty", 0}, {"frequency_penalty", 0},
+                  {"repetition_penalty", 1}, {"min_tokens", 0}, {"top_k", -1},
+                  {"suffix", NAN}, {"logit_bias", NAN}, {"tools", NAN}, {"functions", NAN},
+                  {"response_format", NAN}, {"guided_json", NAN}, {"guided_regex", NAN}};
+    for (size_t i = 0; i < CG_ARRAY_LEN(params); i++) {
+        json_t *v = json_object_get(body, params[i].name);
+        if (!v || json_is_null(v)) continue;
+        if (json_is_number(v) && json_number_value(v) == params[i].neutral) continue;
+        if ((json_is_object(v) && json_object_size(v) == 0) ||
+            (json_is_string(v) && json_string_length(v) == 0) ||
+            (json_is_array(v) && json_array_size(v) == 0))
+            continue;
+        if (!strcmp(params[i].name, "top_k") && json_is_integer(v) && json_integer_value(v) == 0)
+            continue;
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s is not supported by chunkgate-worker; remove it or use its "
+                                  "neutral value", params[i].name);
+        cg_http_reply_error(req, CG_E_VALUE, params[i].name, msg);
+        return 0;
+    }
+    return 1;
+}
+
+/* stop: a string or an array of strings (OpenAI allows 4; vLLM any number). */
+static int parse_stops(cg_http_req *req, json_t *body, creq *c)
+{
+    json_t *stop = json_object_get(body, "stop");
+    if (!stop || json_is_null(stop)) return 1;
+    json_t *one[1] = {stop};
+    size_t n = json_is_array(stop) ? json_array_size(stop) : 1;
+    if (n > STOP_MAX) {
+        cg_http_reply_error(req, CG_E_VALUE, "stop", "stop holds at most 16 sequences");
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = json_is_array(stop) ? json_array_get(stop, i) : one[0];
+        if (!json_is_string(s) || json_string_length(s) == 0 ||
+            json_string_length(s) > STOP_BYTES) {
+            cg_http_reply_error(req, json_is_string(s) ? CG_E_VALUE : CG_E_TYPE, "stop",
+                                "stop must be a non-empty string of at most 256 bytes, or an "
+                                "array of them");
+            return 0;
+        }
+        c->stops[c->n_stops] = json_string_value(s);
+        c->stop_lens[c->n_stops++] = json_string_length(s);
+        c->stop_max = CG_MAX(c->stop_max, json_string_length(s));
+    }
+    return 1;
+}
+
+/* kv_transfer_params: {assembly_id, worker?}; worker only with --kv-request-source 1. */
+static int parse_kv_source(cg_worker_api *a, cg_http_req *req, json_t *body, creq *c)
+{
+    json_t *ktp = NULL;
+    cg_status st;
+    if ((st = cg_json_get(body, "kv_transfer_params", JSON_OBJECT, 0, &ktp)) != CG_OK) {
+        cg_api_field_error(req, st, "kv_transfer_params", "an object {assembly_id, worker?}");
+        return 0;
+    }
+    if (ktp && (st = cg_json_get_string(ktp, "assembly_id", 1, &c->assembly_id)) != CG_OK) {
+        cg_api_field_error(req, st, "kv_transfer_params.assembly_id", "a string");
+        return 0;
+    }
+    if (ktp && (st = cg_json_get_string(ktp, "worker", 0, &c->worker)) != CG_OK) {
+        cg_api_field_error(req, st, "kv_transfer_params.worker", "a string (the worker's base URL)");
+        return 0;
+    }
+    if (c->worker && !a->p.kv_request_source) {
+        cg_http_reply_error(req, CG_E_FORBIDDEN, "kv_transfer_params.worker",
+                            "this worker pulls KV only from its configured --kv-source; "
+                            "kv_transfer_params.worker is refused");
+        return 0;
+    }
+    if (c->worker && !cg_kvpull_url_ok(c->worker)) {
+        cg_http_reply_error(req, CG_E_VALUE, "kv_transfer_params.worker",
+                            "kv_transfer_params.worker must be an http:// or https:// base URL");
+        return 0;
+    }
+    return 1;
+}
+
+/* prompt: a string, an array of one string, or token ids (an array of integers, or an array
+ * of one such array). */
+static int parse_prompt(cg_http_req *req, json_t *body, creq *c)
+{
+    json_t *p = json_object_get(body, "prompt");
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0);
+    if (c->assembly_id && (!p || json_is_null(p))) return 1;
+    if (!p || json_is_null(p)) {
+        cg_api_field_error(req, CG_E_MISSING, "prompt", "a string");
+        return 0;
+    }
+    if (json_is_string(p)) {
+        c->text = json_string_value(p);
+        c->text_len = json_string_length(p);
+        return 1;
+    }
+    size_t n = json_is_array(p) ? json_array_size(p) : 0;
+    for (size_t i = 0; i < n && json_is_integer(json_array_get(p, i)); i++) {
+        if (i == 0) c->ids = cg_malloc(n * sizeof *c->ids);
+        json_int_t v = json_integer_value(json_array_get(p, i));
+        c->ids[i] = v < 0 || v > INT32_MAX ? -1 : (int32_t)v;
+        c->n_ids = i + 1;
+    }
+    if (n == 0 || c->n_ids != n || n > PROMPT_IDS_MAX) {
+        cg_free(&c->ids);
+        cg_api_field_error(req, CG_E_TYPE, "prompt",
+                           "a string, an array of one string, or an array of token ids");
+        return 0;
+    }
+    return 1;
+}
+
+/* Every field of the body; replies 4xx and returns 0 on the first bad one. */
+static int parse_request(cg_worker_api *a, cg_http_req *req, json_t *body, creq *c)
+{
+    cg_status st;
+    if (!cg_api_model_ok(a, req, body) || !parse_sampling(a, req, body, c) ||
+        !parse_flags(req, body, c) || !refuse_unsupported(req, body) ||
+        !parse_stops(req, body, c) || !parse_kv_source(a, req, body, c) ||
+        !cg_api_parse_opts(a, req, body, "chunk_mode", &c->o) || !parse_prompt(req, body, c))
+        return 0;
+    if ((st = cg_json_get_string(body, "chunk_separator", 0, &c->separator)) != CG_OK ||
+        (c->separator && !c->separator[0])) {
+        cg_api_field_error(req, st == CG_OK ? CG_E_VALUE : st, "chunk_separator",
+                           "a non-empty string");
+        return 0;
+    }
+    if (!c->separator) c->separator = a->p.separator;
+    return 1;
+}
+
+/* ---- where the KV comes from ---- */
+
+typedef struct kvsrc {
+    cg_split_result sr;
+    cg_engine_seg *segs;
+    cg_assembly_info info;
+    cg_kvpull_result pulled;
+} kvsrc;
+
+static void kvsrc_free(kvsrc *k)
+{
+    cg_split_result_free(&k->sr);
+    free(k->segs);
+    cg_assembly_info_free(&k->info);
+}
+
+/* Backend role: an assembly this worker does not hold lives on the worker that built it; its
+ * KV is pulled here (at most kv_max_pulls at once). Replies on failure. */
+static int pull(cg_worker_api *a, cg_http_req *req, const creq *c, const char *src, kvsrc *k,
+                cg_complete_req *cr)
+{
+    char err[512];
+    if (__atomic_add_fetch(&a->pulls, 1, __ATOMIC_ACQ_REL) > a->p.kv_max_pulls) {
+        __atomic_sub_fetch(&a->pulls, 1, __ATOMIC_ACQ_REL);
+        cg_metrics_inc(a->metrics, P "kv_pulls_total",
+                       "Assemblies pulled from a worker (backend role), by result",
+                       "result=\"busy\"", 1);
+        cg_http_add_header(req, "Retry-After", "1");
+        cg_http_reply_error(req, CG_E_UNAVAILABLE, "kv_transfer_params",
+                            "too many KV pulls in flight; retry shortly");
+        return 0;
+    }
+    cg_kvpull_params pp = cg_kvpull_default_params();
+    pp.worker = src;
+    pp.assembly_id = c->assembly_id;
+    pp.tp = a->p.tp;
+    pp.timeout_ms = a->p.kv_timeout_ms;
+    cg_status st = cg_kvpull_assembly(a->e, &pp, cg_now_ms(), &k->pulled, err, sizeof err);
+    __atomic_sub_fetch(&a->pulls, 1, __ATOMIC_ACQ_REL);
+    cg_metrics_inc(a->metrics, P "kv_pulls_total",
+                   "Assemblies pulled from a worker (backend role), by result",
+                   st == CG_OK ? "result=\"ok\"" : "result=\"error\"", 1);
+    cg_metrics_inc(a->metrics, P "kv_pull_requests_total",
+                   "KV requests made by tensor-parallel ranks", NULL, k->pulled.kv_requests);
+    cg_metrics_inc(a->metrics, P "kv_pull_bytes_total", "KV bytes pulled from workers", NULL,
+                   (double)k->pulled.kv_bytes);
+    if (st != CG_OK) {
+        cg_log(CG_LOG_WARN, "kv pull of assembly %.64s from %s failed: %s", c->assembly_id, src,
+               err);
+        cg_api_engine_error(req, st,
+                            st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id"
+                                                 : "kv_transfer_params",
+                            err);
+        return 0;
+    }
+    cg_metric_observe(cg_metrics_histogram(a->metrics, P "kv_pull_seconds",
+                                           "Time to pull an assembly's KV", NULL,
+                                           cg_metrics_latency_buckets, cg_metrics_latency_n),
+                      k->pulled.seconds);
+    cr->assembly_id = k->pulled.id;
+    return 1;
+}
+
+/* A "# #" prompt is split like the gateway splits it and assembled here. */
+static int assemble(cg_worker_api *a, cg_http_req *req, const creq *c, kvsrc *k,
+                    cg_complete_req *cr)
+{
+    char err[512];
+    k->segs = cg_calloc(k->sr.n, sizeof *k->segs);
+    for (size_t i = 0; i < k->sr.n; i++)
+        k->segs[i] = (cg_engine_seg){k->sr.segs[i].role, c->text + k->sr.segs[i].off,
+                                     k->sr.segs[i].len, NULL};
+    cg_assemble_req ar = {.segs = k->segs,
+                          .n_segs = k->sr.n,
+                          .mode = c->o.mode,
+                          .salt = c->o.salt,
+                          .salt_len = c->o.salt_len,
+                          .recompute_prefix_tokens = (uint32_t)c->o.recompute,
+                          .reserve_tokens = c->o.reserve,
+                          .no_bos = !c->o.add_special,
+                          .path = CG_PATH_CACHED};
+    cg_status st = cg_engine_assemble(a->e, &ar, cg_now_ms(), &k->info, err, sizeof err);
+    if (st != CG_OK) {
+        cg_api_engine_error(req, st, "prompt", err);
+        return 0;
+    }
+    cr->assembly_id = k->info.id;
+    return 1;
+}
+
+/* Fills the source of cr: an assembly (pulled when it lives elsewhere), an assembled "# #"
+ * prompt, or the plain prompt. Replies on failure. */
+static int resolve_kv(cg_worker_api *a, cg_http_req *req, const creq *c, kvsrc *k,
+                      cg_complete_req *cr)
+{
+    if (c->assembly_id) {
+        cr->assembly_id = c->assembly_id;
+        /* Ids are 128 random bits, so a local id is never a remote one. */
+        const char *src = c->worker ? c->worker : a->p.kv_source;
+        if (src && !cg_engine_has_assembly(a->e, c->assembly_id, cg_now_ms()))
+            return pull(a, req, c, src, k, cr);
+        return 1;
+    }
+    if (c->ids) {
+        cr->prompt_tokens = c->ids;
+        cr->n_prompt_tokens = c->n_ids;
+        return 1;
+    }
+    cg_split_params sp = cg_split_default_params();
+    sp.separator = c->separator;
+    sp.max_segments = a->p.max_segments;
+    cg_status st = cg_split_prompt(c->text, c->text_len, &sp, &k->sr);
+    if (st != CG_OK) {
+        cg_api_engine_error(req, st, "prompt", NULL);
+        return 0;
+    }
+    if (!k->sr.passthrough) {
+        if (c->echo && c->logprobs >= 0) {
+            cg_http_reply_error(req, CG_E_VALUE, "echo",
+                                "echo with logprobs scores every prompt token with a full "
+                                "forward pass; send the prompt without separators");
+            return 0;
+        }
+        return assemble(a, req, c, k, cr);
+    }
+    cr->prompt = c->text;
+    cr->prompt_len = c->text_len;
+    return 1;
+}
+
+/* ---- the answer ---- */
+
+/* One token as the answer reports it. */
+typedef struct tok_entry {
+    cg_tok_rec rec;
+    size_t start, end; /* its bytes in the choice text */
+    int prompt;        /* a prompt token (echo): logprob null for the first */
+} tok_entry;
 
 typedef struct gen {
     cg_worker_api *a;
     cg_http_req *req;
-    int stream;
-    cg_stream *s; /* created at the first streamed token */
+    const creq *c;
+    cg_stream *s; /* created at the first streamed event */
     char id[48];
     json_int_t created;
-    char pend[8]; /* bytes of an incomplete UTF-8 sequence */
-    size_t n_pend;
-    /* logprobs (OpenAI legacy completions shape): -1 = not asked; else top entries per token */
-    long long logprobs;
-    float *lg; /* the logits the next token is sampled from (copy) */
-    int vocab;
-    double lse; /* log-sum-exp of lg */
-    int32_t top_ids[LOGPROBS_MAX];
-    int n_top;
-    size_t text_bytes;                                            /* generated bytes so far */
-    json_t *lp_tokens, *lp_values, *lp_top, *lp_offsets, *lp_ids; /* entries not yet sent */
+    cg_buf text;        /* the choice text: the echoed prompt, then the generated bytes */
+    size_t gen_start;   /* where the generated bytes begin in text */
+    size_t sent;        /* bytes of text streamed so far */
+    int stopped;        /* a stop sequence matched: text ends where it began */
+    tok_entry *toks;    /* every token of the choice, in order */
+    size_t n_toks, cap_toks, toks_sent;
 } gen;
 
-static void logprobs_reset(gen *g)
+static void gen_free(gen *g)
 {
-    g->lp_tokens = json_array();
-    g->lp_values = json_array();
-    g->lp_top = json_array();
-    g->lp_offsets = json_array();
-    g->lp_ids = json_array();
+    cg_buf_free(&g->text);
+    free(g->toks);
+    g->toks = NULL;
 }
 
-static void logprobs_free(gen *g)
+/* Ends the stream (the reply completes once its bytes are sent). */
+static void gen_close(gen *g)
 {
-    json_decref(g->lp_tokens);
-    json_decref(g->lp_values);
-    json_decref(g->lp_top);
-    json_decref(g->lp_offsets);
-    json_decref(g->lp_ids);
-    g->lp_tokens = g->lp_values = g->lp_top = g->lp_offsets = g->lp_ids = NULL;
-    cg_free(&g->lg);
+    if (!g->s) return;
+    cg_stream_close(g->s);
+    cg_stream_unref(&g->s);
 }
 
-/* The logprobs object of the tokens since the last call (null when not asked): the legacy
- * completions shape plus token_ids (an extension: byte tokens have no unique text). */
-static json_t *logprobs_take(gen *g)
+static void add_entry(gen *g, const cg_tok_rec *r, size_t start, size_t end, int prompt)
 {
-    if (g->logprobs < 0) return json_null();
-    json_t *j = json_pack("{s:o, s:o, s:o, s:o, s:o}", "tokens", g->lp_tokens, "token_logprobs",
-                          g->lp_values, "top_logprobs", g->lp_top, "text_offset", g->lp_offsets,
-                          "token_ids", g->lp_ids);
-    logprobs_reset(g);
-    return j;
-}
-
-/* Keeps the distribution the next token is drawn from: its log-normalizer and top entries. */
-static void on_logits(void *ud, const float *logits, int vocab)
-{
-    gen *g = ud;
-    if (!g->lg) g->lg = cg_malloc((size_t)vocab * sizeof(float));
-    memcpy(g->lg, logits, (size_t)vocab * sizeof(float));
-    g->vocab = vocab;
-    double mx = -INFINITY, sum = 0;
-    for (int i = 0; i < vocab; i++)
-        if (logits[i] > mx) mx = logits[i];
-    for (int i = 0; i < vocab; i++)
-        sum += exp((double)logits[i] - mx);
-    g->lse = mx + log(sum);
-    /* top entries by selection: k is at most LOGPROBS_MAX */
-    g->n_top = 0;
-    for (int k = 0; k < (int)g->logprobs && k < vocab; k++) {
-        int best = -1;
-        for (int i = 0; i < vocab; i++) {
-            int taken = 0;
-            for (int t = 0; t < g->n_top && !taken; t++)
-                taken = g->top_ids[t] == i;
-            if (!taken && (best < 0 || logits[i] > logits[best])) best = i;
-        }
-        g->top_ids[g->n_top++] = best;
+    if (g->n_toks == g->cap_toks) {
+        g->cap_toks = g->cap_toks ? g->cap_toks * 2 : 64;
+        g->toks = cg_realloc(g->toks, g->cap_toks * sizeof *g->toks);
     }
+    g->toks[g->n_toks++] = (tok_entry){*r, start, end, prompt};
 }
 
-static json_t *token_text(gen *g, int32_t tok)
+/* A token's text in logprobs: its bytes (sanitized), or "token_id:N". */
+static json_t *token_json(gen *g, int32_t id)
 {
-    char b[4];
-    size_t n = cg_tok_decode(cg_engine_model(g->a->e), tok, b);
+    if (g->c->return_ids) {
+        char b[32];
+        snprintf(b, sizeof b, "token_id:%d", (int)id);
+        return json_string(b);
+    }
+    char b[CG_TOKEN_MAX_BYTES];
+    size_t n = cg_tok_decode(cg_engine_model(g->a->e), id, b);
     return cg_json_text(b, n);
 }
 
-/* Records the logprob entry of a sampled token. */
-static void logprobs_add(gen *g, int32_t tok, size_t n_bytes)
+/* The logprobs object (legacy completions shape, plus token_ids) of entries [from, to). */
+static json_t *logprobs_json(gen *g, size_t from, size_t to)
 {
-    if (g->logprobs < 0 || !g->lg || tok < 0 || tok >= g->vocab) return;
-    json_array_append_new(g->lp_tokens, token_text(g, tok));
-    json_array_append_new(g->lp_values, json_real((double)g->lg[tok] - g->lse));
-    json_t *top = json_object();
-    for (int t = 0; t < g->n_top; t++) {
-        json_t *txt = token_text(g, g->top_ids[t]);
-        /* several byte tokens can render as U+FFFD: the first (most likely) one stays */
-        if (!json_object_get(top, json_string_value(txt)))
-            json_object_set_new(top, json_string_value(txt),
-                                json_real((double)g->lg[g->top_ids[t]] - g->lse));
-        json_decref(txt);
+    if (g->c->logprobs < 0) return json_null();
+    json_t *tokens = json_array(), *values = json_array(), *tops = json_array();
+    json_t *offsets = json_array(), *ids = json_array();
+    for (size_t i = from; i < to; i++) {
+        const tok_entry *t = &g->toks[i];
+        int none = t->prompt && i == 0; /* nothing precedes the first prompt token */
+        json_array_append_new(tokens, token_json(g, t->rec.token));
+        json_array_append_new(values, none ? json_null() : json_real(t->rec.logprob));
+        json_t *top = none ? json_null() : json_object();
+        for (int k = 0; !none && k < t->rec.n_top; k++) {
+            json_t *txt = token_json(g, t->rec.top_ids[k]);
+            /* several byte tokens can render as U+FFFD: the first (most likely) one stays */
+            if (!json_object_get(top, json_string_value(txt)))
+                json_object_set_new(top, json_string_value(txt), json_real(t->rec.top_lps[k]));
+            json_decref(txt);
+        }
+        json_array_append_new(tops, top);
+        json_array_append_new(offsets, json_integer((json_int_t)t->start));
+        json_array_append_new(ids, json_integer(t->rec.token));
     }
-    json_array_append_new(g->lp_top, top);
-    json_array_append_new(g->lp_offsets, json_integer((json_int_t)g->text_bytes));
-    json_array_append_new(g->lp_ids, json_integer(tok));
-    g->text_bytes += n_bytes;
+    return json_pack("{s:o, s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", values,
+                     "top_logprobs", tops, "text_offset", offsets, "token_ids", ids);
+}
+
+static json_t *chunk_json(gen *g, const char *text, size_t len, json_t *logprobs,
+                          const char *finish)
+{
+    json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", cg_json_text(text, len), "index", 0,
+                               "logprobs", logprobs, "finish_reason",
+                               finish ? json_string(finish) : json_null());
+    return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", g->id, "object", "text_completion",
+                     "created", g->created, "model", cg_api_cfg(g->a)->model_id, "choices", choice);
 }
 
 static int push_event(gen *g, json_t *j)
@@ -137,15 +495,6 @@ static int push_event(gen *g, json_t *j)
     return rc;
 }
 
-static json_t *chunk_json(gen *g, const char *text, size_t len, const char *finish)
-{
-    json_t *choice =
-        json_pack("{s:o, s:i, s:o, s:o}", "text", cg_json_text(text, len), "index", 0, "logprobs",
-                  logprobs_take(g), "finish_reason", finish ? json_string(finish) : json_null());
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", g->id, "object", "text_completion",
-                     "created", g->created, "model", cg_api_cfg(g->a)->model_id, "choices", choice);
-}
-
 static void stream_start(gen *g)
 {
     if (g->s) return;
@@ -154,27 +503,97 @@ static void stream_start(gen *g)
     g->req = NULL; /* replied: the request is the server's now */
 }
 
-/* Streams one token's bytes as a text_completion chunk, holding back an incomplete UTF-8
- * sequence. Returns non-zero to stop decoding (the client left). */
-static int on_token(void *ud, int32_t tok, const char *bytes, size_t len)
+/* Streams the text that can no longer change: not the bytes a stop sequence may still start
+ * with, not an incomplete UTF-8 sequence (unless final). The logprob entries of the tokens
+ * whose bytes went out go with it. */
+static int stream_text(gen *g, int final)
 {
-    gen *g = ud;
-    logprobs_add(g, tok, len);
-    if (!g->stream) return 0;
-    stream_start(g);
-    if (len && g->n_pend + len <= sizeof g->pend) {
-        memcpy(g->pend + g->n_pend, bytes, len);
-        g->n_pend += len;
-    }
+    size_t safe = g->text.len;
+    if (!final && !g->stopped && g->c->stop_max > 1)
+        safe = safe > g->c->stop_max - 1 ? safe - (g->c->stop_max - 1) : 0;
+    if (safe < g->sent) safe = g->sent;
     cg_buf b;
     cg_buf_init(&b, 0);
-    size_t used = cg_utf8_sanitize(g->pend, g->n_pend, 0, &b);
-    memmove(g->pend, g->pend + used, g->n_pend - used);
-    g->n_pend -= used;
+    size_t used = cg_utf8_sanitize(g->text.data + g->sent, safe - g->sent, final, &b);
+    g->sent += used;
+    size_t upto = g->toks_sent;
+    while (upto < g->n_toks && g->toks[upto].end <= g->sent) upto++;
+    if (final) upto = g->n_toks;
     int rc = 0;
-    if (b.len) rc = push_event(g, chunk_json(g, b.data, b.len, NULL));
+    if (b.len || upto > g->toks_sent)
+        rc = push_event(g, chunk_json(g, b.data ? b.data : "", b.len,
+                                      logprobs_json(g, g->toks_sent, upto), NULL));
+    g->toks_sent = upto;
     cg_buf_free(&b);
-    return rc != 0 || cg_stream_cancelled(g->s);
+    return rc;
+}
+
+/* Cuts the text at the first stop sequence that a token completed: OpenAI leaves the stop
+ * sequence out. Entries of tokens that lie wholly past the cut go. Returns 1 on a match. */
+static int find_stop(gen *g, size_t before)
+{
+    const creq *c = g->c;
+    size_t len = g->text.len, best = len;
+    for (int i = 0; i < c->n_stops; i++) {
+        size_t from = before > c->stop_lens[i] - 1 ? before - (c->stop_lens[i] - 1) : 0;
+        if (from < g->gen_start) from = g->gen_start;
+        const char *p = memmem(g->text.data + from, len - from, c->stops[i], c->stop_lens[i]);
+        if (p && (size_t)(p - g->text.data) < best) best = (size_t)(p - g->text.data);
+    }
+    if (best == len) return 0;
+    g->text.len = best;
+    g->text.data[best] = '\0';
+    while (g->n_toks && !g->toks[g->n_toks - 1].prompt && g->toks[g->n_toks - 1].start >= best)
+        g->n_toks--;
+    g->stopped = 1;
+    return 1;
+}
+
+/* The engine's token callback (this request's thread). Non-zero stops decoding. */
+static int on_token(void *ud, const cg_tok_rec *rec, const char *bytes, size_t len)
+{
+    gen *g = ud;
+    size_t before = g->text.len;
+    cg_status st = cg_buf_append(&g->text, bytes, len);
+    (void)st; /* unlimited buffer */
+    add_entry(g, rec, before, g->text.len, 0);
+    int stop = g->c->n_stops && find_stop(g, before);
+    /* With echo the prompt goes first, and its logprobs come with the answer: such a stream
+     * is sent when decoding ends. */
+    if (!g->c->stream || g->c->echo) return stop;
+    stream_start(g);
+    int rc = stream_text(g, 0);
+    return stop || rc != 0 || cg_stream_cancelled(g->s);
+}
+
+/* Echo: the prompt text first, and with logprobs its tokens' entries. */
+static void echo_prompt(gen *g, const cg_complete_result *res)
+{
+    const creq *c = g->c;
+    cg_status st = CG_OK;
+    if (c->text) {
+        st = cg_buf_append(&g->text, c->text, c->text_len);
+    } else if (c->ids) {
+        st = cg_tokenizer_decode(cg_model_tokenizer(cg_engine_model(g->a->e)), c->ids, c->n_ids,
+                                 0, &g->text);
+    }
+    (void)st;
+    if (res->prompt_lp) {
+        size_t off = 0;
+        for (size_t i = 0; i < res->n_prompt; i++) {
+            cg_tok_rec r = {.token = res->prompt_ids[i], .logprob = res->prompt_lp[i],
+                            .n_top = i ? res->prompt_top_k : 0};
+            for (int k = 0; k < r.n_top; k++) {
+                r.top_ids[k] = res->prompt_top_ids[i * (size_t)res->prompt_top_k + (size_t)k];
+                r.top_lps[k] = res->prompt_top_lps[i * (size_t)res->prompt_top_k + (size_t)k];
+            }
+            char b[CG_TOKEN_MAX_BYTES];
+            size_t n = cg_tok_decode(cg_engine_model(g->a->e), r.token, b);
+            add_entry(g, &r, CG_MIN(off, g->text.len), CG_MIN(off + n, g->text.len), 1);
+            off += n;
+        }
+    }
+    g->gen_start = g->text.len;
 }
 
 static json_t *usage_json(const cg_complete_result *r)
@@ -185,258 +604,117 @@ static json_t *usage_json(const cg_complete_result *r)
                      "cached_tokens", (int)r->cached_tokens);
 }
 
+/* The end of a stream: the rest of the text, the finish reason, usage when asked for (in a
+ * chunk of its own with no choice, as OpenAI sends it), then [DONE]. */
+static void stream_end(gen *g, const cg_complete_result *res, const char *finish)
+{
+    stream_start(g);
+    int rc = stream_text(g, 1);
+    rc |= push_event(g, chunk_json(g, "", 0, json_null(), finish));
+    if (g->c->include_usage) {
+        json_t *u = chunk_json(g, "", 0, json_null(), NULL);
+        json_object_set_new(u, "choices", json_array());
+        json_object_set_new(u, "usage", usage_json(res));
+        rc |= push_event(g, u);
+    }
+    rc |= cg_stream_push(g->s, "data: [DONE]\n\n", 14);
+    (void)rc;
+}
+
+static void reply_json(gen *g, const cg_complete_result *res, const char *finish)
+{
+    json_t *choice = json_pack("{s:o, s:i, s:o, s:s}", "text",
+                               cg_json_text(g->text.data ? g->text.data : "", g->text.len),
+                               "index", 0, "logprobs", logprobs_json(g, 0, g->n_toks),
+                               "finish_reason", finish);
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", g->id, "object",
+                          "text_completion", "created", g->created, "model",
+                          cg_api_cfg(g->a)->model_id, "choices", choice, "usage", usage_json(res));
+    cg_http_reply_json(g->req, 200, j);
+}
+
+/* Decodes and answers (JSON, or the stream started at the first token). */
+static void generate(cg_worker_api *a, const creq *c, cg_complete_req *cr, gen *g)
+{
+    char err[512];
+    cg_complete_result res = {0};
+    cr->on_token = on_token;
+    cr->ud = g;
+    cr->prompt_logprobs = c->echo && c->logprobs >= 0 && !cr->assembly_id ? (int)c->logprobs : -1;
+    cg_status st = cg_engine_complete(a->e, cr, cg_now_ms(), &res, err, sizeof err);
+    if (st != CG_OK) {
+        if (!g->s) {
+            cg_api_engine_error(g->req, st,
+                                st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id"
+                                : st == CG_E_CONTEXT ? "max_tokens"
+                                                     : NULL,
+                                err);
+        } else { /* too late for a status code: the error goes out as an event */
+            int rc = push_event(g, cg_http_error_json(st, NULL, err[0] ? err : NULL));
+            rc |= cg_stream_push(g->s, "data: [DONE]\n\n", 14);
+            (void)rc;
+        }
+        return;
+    }
+    if (res.cancelled && !g->stopped)
+        cg_log(CG_LOG_INFO, "client left; decoding stopped after %zu tokens", res.n_tokens);
+    const char *finish = g->stopped ? "stop" : res.finish_reason;
+    if (c->echo) { /* the prompt goes before what was generated */
+        gen pre = *g;
+        cg_buf_init(&pre.text, 0);
+        pre.toks = NULL;
+        pre.n_toks = pre.cap_toks = 0;
+        echo_prompt(&pre, &res);
+        cg_status s2 = cg_buf_append(&pre.text, g->text.data ? g->text.data : "", g->text.len);
+        (void)s2;
+        for (size_t i = 0; i < g->n_toks; i++) {
+            tok_entry t = g->toks[i];
+            add_entry(&pre, &t.rec, t.start + pre.gen_start, t.end + pre.gen_start, 0);
+        }
+        gen_free(g);
+        *g = pre;
+    }
+    if (c->stream)
+        stream_end(g, &res, finish);
+    else
+        reply_json(g, &res, finish);
+    cg_complete_result_free(&res);
+}
+
 void cg_api_completions(cg_http_req *req, void *app)
 {
     cg_worker_api *a = app;
     json_t *body = cg_http_req_json(req);
-    cg_split_result sr = {0};
-    cg_engine_seg *segs = NULL;
-    cg_assembly_info info = {0};
-    cg_complete_result res = {0};
-    cg_kvpull_result pulled = {0};
-    gen g = {0};
-    char err[512];
-    cg_status st;
+    creq c = {0};
+    kvsrc k = {0};
+    gen g = {.a = a, .req = req, .c = &c};
     if (!body) return;
-    g.a = a;
-    g.req = req;
-    g.logprobs = -1;
-    if (!cg_api_model_ok(a, req, body)) goto out;
-
-    /* sampling and length */
-    long long max_tokens, seed, n_choices;
-    double temperature, top_p;
-    int stream;
-    long long maxpos = cg_api_cfg(a)->max_pos;
-    if ((st = cg_json_get_int(body, "max_tokens", a->p.default_max_tokens, 0, maxpos,
-                              &max_tokens)) != CG_OK) {
-        cg_api_field_error(req, st, "max_tokens", "an integer between 0 and the context length");
-        goto out;
+    cg_buf_init(&g.text, 0);
+    if (cg_engine_admit(a->e) != CG_OK) {
+        cg_http_add_header(req, "Retry-After", "1");
+        cg_http_reply_error(req, CG_E_RATE_LIMIT, NULL,
+                            "the worker is at --max-running + --max-queue requests; retry shortly");
+        goto out_unadmitted;
     }
-    if ((st = cg_json_get_number(body, "temperature", 1.0, 0.0, 2.0, &temperature)) != CG_OK) {
-        cg_api_field_error(req, st, "temperature", "a number in [0, 2]");
-        goto out;
-    }
-    if ((st = cg_json_get_number(body, "top_p", 1.0, 0.0, 1.0, &top_p)) != CG_OK || top_p <= 0.0) {
-        cg_api_field_error(req, st == CG_OK ? CG_E_VALUE : st, "top_p", "a number in (0, 1]");
-        goto out;
-    }
-    uint64_t rnd;
-    if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) rnd = cg_now_ns();
-    if ((st = cg_json_get_int(body, "seed", (long long)(rnd >> 2), -(1LL << 62), 1LL << 62,
-                              &seed)) != CG_OK) {
-        cg_api_field_error(req, st, "seed", "an integer");
-        goto out;
-    }
-    if ((st = cg_json_get_bool(body, "stream", 0, &stream)) != CG_OK) {
-        cg_api_field_error(req, st, "stream", "a boolean");
-        goto out;
-    }
-    if ((st = cg_json_get_int(body, "n", 1, 1, 1, &n_choices)) != CG_OK) {
-        cg_api_field_error(req, st, "n", "1 (one choice per request)");
-        goto out;
-    }
-    json_t *lp = json_object_get(body, "logprobs");
-    if (lp && !json_is_null(lp) &&
-        (st = cg_json_get_int(body, "logprobs", -1, 0, LOGPROBS_MAX, &g.logprobs)) != CG_OK) {
-        cg_api_field_error(req, st, "logprobs", "an integer in [0, 20] or null");
-        goto out;
-    }
-    if (g.logprobs >= 0) logprobs_reset(&g);
-    json_t *stop = json_object_get(body, "stop");
-    if (stop && !json_is_null(stop) && !(json_is_array(stop) && json_array_size(stop) == 0)) {
-        cg_http_reply_error(req, CG_E_UNSUPPORTED, "stop",
-                            "stop sequences are not supported by the reference worker");
-        goto out;
-    }
-
-    /* where the KV comes from: an assembly, a "# #" prompt, or a plain prompt */
-    json_t *ktp = NULL;
-    const char *assembly_id = NULL, *worker = NULL;
-    if ((st = cg_json_get(body, "kv_transfer_params", JSON_OBJECT, 0, &ktp)) != CG_OK) {
-        cg_api_field_error(req, st, "kv_transfer_params", "an object {assembly_id, worker?}");
-        goto out;
-    }
-    if (ktp && (st = cg_json_get_string(ktp, "assembly_id", 1, &assembly_id)) != CG_OK) {
-        cg_api_field_error(req, st, "kv_transfer_params.assembly_id", "a string");
-        goto out;
-    }
-    if (ktp && (st = cg_json_get_string(ktp, "worker", 0, &worker)) != CG_OK) {
-        cg_api_field_error(req, st, "kv_transfer_params.worker", "a string (the worker's base URL)");
-        goto out;
-    }
-    if (worker && !a->p.kv_request_source) {
-        cg_http_reply_error(req, CG_E_FORBIDDEN, "kv_transfer_params.worker",
-                            "this worker pulls KV only from its configured --kv-source; "
-                            "kv_transfer_params.worker is refused");
-        goto out;
-    }
-    if (worker && !cg_kvpull_url_ok(worker)) {
-        cg_http_reply_error(req, CG_E_VALUE, "kv_transfer_params.worker",
-                            "kv_transfer_params.worker must be an http:// or https:// base URL");
-        goto out;
-    }
-    cg_api_opts o; /* checked even when unused, so a typo is never silently ignored */
-    if (!cg_api_parse_opts(a, req, body, "chunk_mode", &o)) goto out;
-    json_t *prompt = json_object_get(body, "prompt");
-    if (json_is_array(prompt) && json_array_size(prompt) == 1) prompt = json_array_get(prompt, 0);
-    if (!assembly_id) {
-        if (!prompt || json_is_null(prompt)) {
-            cg_api_field_error(req, CG_E_MISSING, "prompt", "a string");
-            goto out;
-        }
-        if (!json_is_string(prompt)) {
-            cg_api_field_error(req, CG_E_TYPE, "prompt", "a string (or an array of one string)");
-            goto out;
-        }
-    }
-    cg_complete_req cr = {.temperature = (float)temperature,
-                          .top_p = (float)top_p,
-                          .seed = (uint64_t)seed,
-                          .max_tokens = (uint32_t)max_tokens,
-                          .on_token = on_token,
-                          .on_logits = g.logprobs >= 0 ? on_logits : NULL,
-                          .ud = &g};
-    if (assembly_id) {
-        cr.assembly_id = assembly_id;
-        /* Backend role: an assembly this worker does not hold lives on the worker that built
-         * it; pull its KV here. Ids are 128 random bits, so a local id is never a remote one. */
-        const char *src = worker ? worker : a->p.kv_source;
-        if (src && !cg_engine_has_assembly(a->e, assembly_id, cg_now_ms())) {
-            /* A pull holds a job thread for up to its timeout: bound how many can. */
-            if (__atomic_add_fetch(&a->pulls, 1, __ATOMIC_ACQ_REL) > a->p.kv_max_pulls) {
-                __atomic_sub_fetch(&a->pulls, 1, __ATOMIC_ACQ_REL);
-                cg_metrics_inc(a->metrics, P "kv_pulls_total",
-                               "Assemblies pulled from a worker (backend role), by result",
-                               "result=\"busy\"", 1);
-                cg_http_add_header(req, "Retry-After", "1");
-                cg_http_reply_error(req, CG_E_UNAVAILABLE, "kv_transfer_params",
-                                    "too many KV pulls in flight; retry shortly");
-                goto out;
-            }
-            cg_kvpull_params pp = cg_kvpull_default_params();
-            pp.worker = src;
-            pp.assembly_id = assembly_id;
-            pp.tp = a->p.tp;
-            pp.timeout_ms = a->p.kv_timeout_ms;
-            st = cg_kvpull_assembly(a->e, &pp, cg_now_ms(), &pulled, err, sizeof err);
-            __atomic_sub_fetch(&a->pulls, 1, __ATOMIC_ACQ_REL);
-            cg_metrics_inc(a->metrics, P "kv_pulls_total",
-                           "Assemblies pulled from a worker (backend role), by result",
-                           st == CG_OK ? "result=\"ok\"" : "result=\"error\"", 1);
-            cg_metrics_inc(a->metrics, P "kv_pull_requests_total",
-                           "KV requests made by tensor-parallel ranks", NULL, pulled.kv_requests);
-            cg_metrics_inc(a->metrics, P "kv_pull_bytes_total", "KV bytes pulled from workers",
-                           NULL, (double)pulled.kv_bytes);
-            if (st != CG_OK) {
-                cg_log(CG_LOG_WARN, "kv pull of assembly %.64s from %s failed: %s", assembly_id,
-                       src, err);
-                cg_api_engine_error(req, st,
-                                   st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id"
-                                                        : "kv_transfer_params",
-                                   err);
-                goto out;
-            }
-            cg_metric_observe(cg_metrics_histogram(
-                                  a->metrics, P "kv_pull_seconds", "Time to pull an assembly's KV",
-                                  NULL, cg_metrics_latency_buckets, cg_metrics_latency_n),
-                              pulled.seconds);
-            cr.assembly_id = pulled.id;
-        }
-    } else {
-        const char *text = json_string_value(prompt), *sep = NULL;
-        size_t len = json_string_length(prompt);
-        if ((st = cg_json_get_string(body, "chunk_separator", 0, &sep)) != CG_OK ||
-            (sep && !sep[0])) {
-            cg_api_field_error(req, st == CG_OK ? CG_E_VALUE : st, "chunk_separator",
-                        "a non-empty string");
-            goto out;
-        }
-        cg_split_params sp = cg_split_default_params();
-        sp.separator = sep ? sep : a->p.separator;
-        sp.max_segments = a->p.max_segments;
-        st = cg_split_prompt(text, len, &sp, &sr);
-        if (st != CG_OK) {
-            cg_api_engine_error(req, st, "prompt", NULL);
-            goto out;
-        }
-        if (sr.passthrough) {
-            cr.prompt = text;
-            cr.prompt_len = len;
-        } else {
-            segs = cg_calloc(sr.n, sizeof *segs);
-            for (size_t i = 0; i < sr.n; i++)
-                segs[i] =
-                    (cg_engine_seg){sr.segs[i].role, text + sr.segs[i].off, sr.segs[i].len, NULL};
-            cg_assemble_req ar = {.segs = segs,
-                                  .n_segs = sr.n,
-                                  .mode = o.mode,
-                                  .salt = o.salt,
-                                  .salt_len = o.salt_len,
-                                  .recompute_prefix_tokens = (uint32_t)o.recompute,
-                                  .reserve_tokens = o.reserve,
-                                  .path = CG_PATH_CACHED};
-            st = cg_engine_assemble(a->e, &ar, cg_now_ms(), &info, err, sizeof err);
-            if (st != CG_OK) {
-                cg_api_engine_error(req, st, "prompt", err);
-                goto out;
-            }
-            cr.assembly_id = info.id;
-        }
-    }
+    if (!parse_request(a, req, body, &c)) goto out;
+    cg_complete_req cr = {.temperature = (float)c.temperature,
+                          .top_p = (float)c.top_p,
+                          .seed = (uint64_t)c.seed,
+                          .max_tokens = (uint32_t)c.max_tokens,
+                          .clamp_max_tokens = !c.max_tokens_given,
+                          .no_bos = !c.o.add_special,
+                          .logprobs = c.logprobs >= 0 ? (int)c.logprobs : -1};
+    if (!resolve_kv(a, req, &c, &k, &cr)) goto out;
     snprintf(g.id, sizeof g.id, "cmpl-");
     cg_api_random_hex(g.id + 5, 12);
     g.created = (json_int_t)(cg_wall_ms() / 1000);
-    g.stream = stream;
-
-    st = cg_engine_complete(a->e, &cr, cg_now_ms(), &res, err, sizeof err);
-    if (st != CG_OK) {
-        if (!g.s) {
-            cg_api_engine_error(req, st,
-                               st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id" : NULL, err);
-        } else {
-            /* Too late for a status code: the error goes out as an event. */
-            int rc = push_event(&g, cg_http_error_json(st, NULL, err[0] ? err : NULL));
-            rc |= cg_stream_push(g.s, "data: [DONE]\n\n", 14);
-            (void)rc;
-        }
-        goto out;
-    }
-    if (res.cancelled)
-        cg_log(CG_LOG_INFO, "client left; decoding stopped after %zu tokens", res.n_tokens);
-    if (stream) {
-        stream_start(&g);
-        int rc = 0;
-        if (g.n_pend) { /* an incomplete sequence at the end becomes U+FFFD */
-            cg_buf b;
-            cg_buf_init(&b, 0);
-            cg_utf8_sanitize(g.pend, g.n_pend, 1, &b);
-            rc |= push_event(&g, chunk_json(&g, b.data, b.len, NULL));
-            cg_buf_free(&b);
-        }
-        json_t *last = chunk_json(&g, "", 0, res.finish_reason);
-        json_object_set_new(last, "usage", usage_json(&res));
-        rc |= push_event(&g, last);
-        rc |= cg_stream_push(g.s, "data: [DONE]\n\n", 14);
-        (void)rc;
-    } else {
-        json_t *choice =
-            json_pack("{s:o, s:i, s:o, s:s}", "text", cg_json_text(res.text, res.text_len), "index", 0,
-                      "logprobs", logprobs_take(&g), "finish_reason", res.finish_reason);
-        json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", g.id, "object",
-                              "text_completion", "created", g.created, "model", cg_api_cfg(a)->model_id,
-                              "choices", choice, "usage", usage_json(&res));
-        cg_http_reply_json(req, 200, j);
-    }
+    generate(a, &c, &cr, &g);
 out:
-    if (g.s) {
-        cg_stream_close(g.s);
-        cg_stream_unref(&g.s);
-    }
-    cg_complete_result_free(&res);
-    cg_assembly_info_free(&info);
-    cg_split_result_free(&sr);
-    logprobs_free(&g);
-    free(segs);
+    cg_engine_leave(a->e);
+out_unadmitted:
+    gen_close(&g);
+    gen_free(&g);
+    kvsrc_free(&k);
+    free(c.ids);
     json_decref(body);
 }

@@ -95,12 +95,15 @@ static void job_free(job *j)
     cg_pool_evictions_free(&j->dropped);
 }
 
-/* Runs one forward and counts its tokens (the caller holds e->mu). */
+/* Runs one forward on the scheduler (rows at slots = positions [slot, slot+n)) and counts
+ * its tokens. */
 static cg_status fwd(job *j, cg_kv *kv, const int32_t *t, uint32_t n, uint32_t slot,
                      cg_attn_span span, float *logits)
 {
     j->count.prefill_tokens += n;
-    return cg_model_forward(j->e->m, kv, t, n, slot, slot, &span, 1, logits);
+    cg_fwd_seq q = {.kv = kv, .tokens = t, .n = n, .slot0 = slot, .pos0 = slot, .spans = &span,
+                    .n_spans = 1, .logits = logits};
+    return cg_sched_prefill(j->e->sched, &q, NULL);
 }
 
 /* ---- 1. prepare ---- */
@@ -117,9 +120,14 @@ static cg_status tokenize(job *j, char *err, size_t errlen)
                       s->len, cfg->max_pos);
             return CG_E_CONTEXT;
         }
-        j->toks[i] = cg_malloc((s->len + 1) * sizeof(int32_t));
+        j->toks[i] = cg_malloc((s->len + 2) * sizeof(int32_t));
         j->lens[i] = (uint32_t)cg_tok_encode(j->e->m, s->text, s->len,
-                                             s->role == CG_ROLE_SYSTEM, j->toks[i]);
+                                             s->role == CG_ROLE_SYSTEM && !j->req->no_bos,
+                                             j->toks[i]);
+        if (!j->lens[i]) {
+            cg_seterr(err, errlen, "segments[%zu] has no token (invalid UTF-8?)", i);
+            return CG_E_VALUE;
+        }
         j->roles[i] = s->role;
         j->offs[i] = j->total;
         if ((uint64_t)j->total + j->lens[i] > (uint64_t)cfg->max_pos) {
@@ -209,8 +217,9 @@ static cg_status run_reference(job *j)
     else
         spans[0] = (cg_attn_span){0, j->total, 0, 0};
     j->count.prefill_tokens += j->total;
-    cg_status st = cg_model_forward(j->e->m, j->a->kv, j->a->tokens, j->total, 0, 0, spans, ns,
-                                    j->a->logits);
+    cg_fwd_seq q = {.kv = j->a->kv, .tokens = j->a->tokens, .n = j->total, .spans = spans,
+                    .n_spans = ns, .logits = j->a->logits};
+    cg_status st = cg_sched_prefill(j->e->sched, &q, NULL);
     free(spans);
     return st;
 }
@@ -390,10 +399,9 @@ static cg_status report(job *j, cg_assembly_info *out, char *err, size_t errlen)
     return CG_OK;
 }
 
-/* Phases 2-4 (or the reference forward), one at a time on the model. */
+/* Phases 2-4 (or the reference forward); the forwards run on the scheduler. */
 static cg_status compute(job *j)
 {
-    pthread_mutex_lock(&j->e->mu);
     cg_tiers_collect(j->e->tiers, &j->dropped);
     cg_status st;
     if (j->req->path == CG_PATH_REFERENCE || j->req->path == CG_PATH_CAUSAL) {
@@ -404,7 +412,6 @@ static cg_status compute(job *j)
         if (st == CG_OK) st = finish(j);
     }
     cg_tiers_collect(j->e->tiers, NULL);
-    pthread_mutex_unlock(&j->e->mu);
     return st;
 }
 

@@ -1,7 +1,10 @@
 /* Decoding of the assembly engine: from a live assembly (which it consumes) or from a plain
- * prompt (worker/serve/engine.h, cg_engine_complete). */
+ * prompt (worker/serve/engine.h, cg_engine_complete). The tokens are computed by the
+ * scheduler, together with every other running sequence; this thread hands them to the
+ * caller. */
 #include "worker/serve/engine_state.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,58 +15,95 @@ void cg_complete_result_free(cg_complete_result *r)
     if (!r) return;
     cg_free(&r->text);
     cg_free(&r->tokens);
-    r->text_len = r->n_tokens = 0;
+    cg_free(&r->prompt_ids);
+    cg_free(&r->prompt_lp);
+    cg_free(&r->prompt_top_ids);
+    cg_free(&r->prompt_top_lps);
+    r->text_len = r->n_tokens = r->text_cap = r->n_prompt = 0;
 }
 
-/* Runs one forward (one at a time: it uses both cores) and counts its tokens. */
-static cg_status fwd_one(cg_engine *e, cg_kv *kv, const int32_t *t, uint32_t n, uint32_t slot,
-                         cg_attn_span span, float *logits)
-{
-    pthread_mutex_lock(&e->mu);
-    cg_status st = cg_model_forward(e->m, kv, t, n, slot, slot, &span, 1, logits);
-    pthread_mutex_unlock(&e->mu);
-    return st;
-}
-
-/* One decode token at pos, on the batch-invariant decode kernels. */
-static cg_status decode_step(cg_engine *e, cg_kv *kv, int32_t tok, uint32_t pos, float *logits)
-{
-    cg_attn_span span = {pos, 1, 0, 0};
-    cg_fwd_seq q = {.kv = kv, .tokens = &tok, .n = 1, .slot0 = pos, .pos0 = pos,
-                    .spans = &span, .n_spans = 1, .logits = logits};
-    pthread_mutex_lock(&e->mu);
-    cg_status st = cg_model_forward_batch(e->m, &q, 1, CG_FWD_DECODE, NULL);
-    pthread_mutex_unlock(&e->mu);
-    return st;
-}
-
-/* The KV of a plain prompt: BOS + its tokens, one causal forward, no cache. */
-static cg_status plain_prompt(cg_engine *e, const char *text, size_t len, cg_assembly **out,
-                              char *err, size_t errlen)
+/* The plain prompt's tokens: given, or its text tokenized whole. */
+static cg_status prompt_tokens(cg_engine *e, const cg_complete_req *req, cg_tokens *t, char *err,
+                               size_t errlen)
 {
     const cg_model_config *cfg = cg_model_cfg(e->m);
-    *out = NULL;
-    if (len + 1 > (size_t)cfg->max_pos) {
-        cg_seterr(err, errlen, "the prompt needs %zu positions; the model holds %d", len + 1,
-                  cfg->max_pos);
-        return CG_E_CONTEXT;
-    }
-    int32_t *t = cg_malloc((len + 2) * sizeof *t);
-    uint32_t n = (uint32_t)cg_tok_encode(e->m, text, len, 1, t);
-    if (!n) {
-        free(t);
+    if (req->prompt_tokens) {
+        for (size_t i = 0; i < req->n_prompt_tokens; i++)
+            if (req->prompt_tokens[i] < 0 || req->prompt_tokens[i] >= cfg->vocab_size) {
+                cg_seterr(err, errlen, "prompt token %d is outside the vocabulary of %d",
+                          (int)req->prompt_tokens[i], cfg->vocab_size);
+                return CG_E_VALUE;
+            }
+        t->ids = cg_malloc((req->n_prompt_tokens + 1) * sizeof *t->ids);
+        memcpy(t->ids, req->prompt_tokens, req->n_prompt_tokens * sizeof *t->ids);
+        t->n = t->cap = req->n_prompt_tokens;
+    } else if (cg_tokenizer_encode(cg_model_tokenizer(e->m), req->prompt ? req->prompt : "",
+                                   req->prompt ? req->prompt_len : 0, !req->no_bos,
+                                   t) != CG_OK) {
         cg_seterr(err, errlen, "the prompt cannot be tokenized (invalid UTF-8)");
         return CG_E_UTF8;
     }
+    if (t->n == 0 || t->n > (size_t)cfg->max_pos) {
+        cg_seterr(err, errlen, "the prompt has %zu tokens; the model holds %d positions", t->n,
+                  cfg->max_pos);
+        return t->n ? CG_E_CONTEXT : CG_E_VALUE;
+    }
+    return CG_OK;
+}
+
+/* With prompt logprobs: the arrays the forward fills (row i scores token i + 1). */
+static void want_prompt_logprobs(const cg_complete_req *req, const int32_t *ids, uint32_t n,
+                                 cg_fwd_seq *q, int32_t **next, cg_complete_result *out)
+{
+    if (req->prompt_logprobs < 0) return;
+    size_t k = (size_t)req->prompt_logprobs;
+    *next = cg_malloc(n * sizeof **next);
+    for (uint32_t i = 0; i < n; i++) (*next)[i] = i + 1 < n ? ids[i + 1] : -1;
+    out->prompt_lp = cg_malloc(((size_t)n + 1) * sizeof(float));
+    out->prompt_top_ids = cg_calloc(((size_t)n + 1) * (k ? k : 1), sizeof(int32_t));
+    out->prompt_top_lps = cg_calloc(((size_t)n + 1) * (k ? k : 1), sizeof(float));
+    out->prompt_top_k = (int)k;
+    q->next = *next;
+    /* row i's entry belongs to token i + 1: store from index 1 */
+    q->row_lp = out->prompt_lp + 1;
+    q->row_top_ids = out->prompt_top_ids + k;
+    q->row_top_lps = out->prompt_top_lps + k;
+    q->row_top_k = (int)k;
+}
+
+/* The KV of a plain prompt: one causal forward, no cache. */
+static cg_status plain_prompt(cg_engine *e, const cg_complete_req *req, cg_assembly **out,
+                              cg_complete_result *res, char *err, size_t errlen)
+{
+    const cg_model_config *cfg = cg_model_cfg(e->m);
+    cg_tokens t = {0};
+    int32_t *next = NULL;
+    *out = NULL;
+    cg_status st = prompt_tokens(e, req, &t, err, errlen);
+    if (st != CG_OK) {
+        cg_tokens_free(&t);
+        return st;
+    }
+    uint32_t n = (uint32_t)t.n;
     uint64_t cap = CG_MIN((uint64_t)n + e->p.reserve_tokens, (uint64_t)cfg->max_pos);
     cg_assembly *a = cg_live_prepare(e->live, n, (uint32_t)cap, 0);
-    cg_status st = a ? fwd_one(e, a->kv, t, n, 0, (cg_attn_span){0, n, 0, 0}, a->logits)
-                     : CG_E_INTERNAL;
-    free(t);
+    st = CG_E_INTERNAL;
+    if (a) {
+        a->tokens = t.ids; /* taken over */
+        t.ids = NULL;
+        cg_attn_span span = {0, n, 0, 0};
+        cg_fwd_seq q = {.kv = a->kv, .tokens = a->tokens, .n = n, .spans = &span, .n_spans = 1,
+                        .logits = a->logits};
+        want_prompt_logprobs(req, a->tokens, n, &q, &next, res);
+        st = cg_sched_prefill(e->sched, &q, NULL);
+    }
+    free(next);
+    cg_tokens_free(&t);
     if (st != CG_OK) {
         cg_live_discard(e->live, &a, 0);
         return st;
     }
+    if (res->prompt_lp) res->prompt_lp[0] = NAN;
     cg_engine_stats add = {.tokens_computed = n, .prefill_tokens = n};
     cg_engine_count(e, &add);
     *out = a;
@@ -71,69 +111,100 @@ static cg_status plain_prompt(cg_engine *e, const char *text, size_t len, cg_ass
 }
 
 /* Appends token tok (and its bytes) to the result. */
-static void append_token(cg_complete_result *out, size_t *cap_tok, int32_t tok, const char *bytes,
-                         size_t nb)
+static void append_token(cg_complete_result *out, int32_t tok, const char *bytes, size_t nb)
 {
-    if (out->n_tokens == *cap_tok) {
-        *cap_tok = *cap_tok ? *cap_tok * 2 : 64;
-        out->tokens = cg_realloc(out->tokens, *cap_tok * sizeof *out->tokens);
-    }
+    if ((out->n_tokens & (out->n_tokens - 1)) == 0) /* 0, 1, 2, 4, ...: grow */
+        out->tokens = cg_realloc(out->tokens, (out->n_tokens ? out->n_tokens * 2 : 1) *
+                                                  sizeof *out->tokens);
+    out->tokens[out->n_tokens++] = tok;
     if (out->text_len + nb + 1 > out->text_cap) {
         out->text_cap = CG_MAX(out->text_cap * 2, out->text_len + nb + 1);
         out->text = cg_realloc(out->text, out->text_cap);
     }
-    out->tokens[out->n_tokens++] = tok;
     memcpy(out->text + out->text_len, bytes, nb);
     out->text_len += nb;
     out->text[out->text_len] = '\0';
 }
 
-/* The decode loop over a's KV from its last prompt token's logits. */
+typedef struct grow_ctx {
+    cg_engine *e;
+    cg_assembly *a;
+} grow_ctx;
+
+/* The scheduler ran past the assembly's reserve: a bigger KV (on the scheduler thread). */
+static cg_kv *grow(void *ud, cg_kv *kv, uint32_t pos, uint32_t need)
+{
+    grow_ctx *g = ud;
+    const cg_model_config *cfg = cg_model_cfg(g->e->m);
+    uint64_t cap = CG_MIN(CG_MAX((uint64_t)cg_kv_cap(kv) * 2, (uint64_t)need + g->e->p.reserve_tokens),
+                          (uint64_t)cfg->max_pos);
+    cg_live_grow(g->e->live, g->a, pos, (uint32_t)CG_MAX(cap, need));
+    return g->a->kv;
+}
+
+/* Decodes from a's KV and last prompt logits; the scheduler computes, this thread delivers. */
 static cg_status decode(cg_engine *e, const cg_complete_req *req, cg_assembly *a,
                         cg_complete_result *out, char *err, size_t errlen)
 {
-    const cg_model_config *cfg = cg_model_cfg(e->m);
-    cg_sampler smp = {req->temperature, req->top_p, req->seed};
-    float *logits = cg_malloc((size_t)cfg->vocab_size * sizeof(float));
-    memcpy(logits, a->logits, (size_t)cfg->vocab_size * sizeof(float));
-    uint32_t pos = a->n_tokens;
-    size_t cap_tok = 0;
-    cg_status st = CG_OK;
+    const cg_tokenizer *tok = cg_model_tokenizer(e->m);
     out->finish_reason = "length";
     out->text_cap = 64;
     out->text = cg_malloc(out->text_cap);
     out->text[0] = '\0';
-    for (uint32_t i = 0; i < req->max_tokens; i++) {
-        if (req->on_logits) req->on_logits(req->ud, logits, cfg->vocab_size);
-        int32_t tok = cg_sample(&smp, logits, cfg->vocab_size);
-        if (cg_model_config_is_eos(cfg, tok)) {
-            out->finish_reason = "stop";
-            break;
+    if (req->max_tokens == 0) return CG_OK;
+    grow_ctx gc = {e, a};
+    cg_dseq d = {.kv = a->kv,
+                 .pos = a->n_tokens,
+                 .logits = a->logits,
+                 .sampler = {req->temperature, req->top_p, req->seed},
+                 .max_tokens = req->max_tokens,
+                 .top_k = req->logprobs,
+                 .grow = grow,
+                 .grow_ud = &gc};
+    cg_sched_join(e->sched, &d);
+    cg_tok_rec rec;
+    cg_dseq_state state;
+    while (cg_sched_next(e->sched, &d, &rec, &state)) {
+        size_t nb = 0;
+        const char *bytes = "";
+        if (!cg_tokenizer_is_special(tok, rec.token)) {
+            bytes = cg_tokenizer_token_bytes(tok, rec.token, &nb);
+            if (!bytes) bytes = "", nb = 0;
         }
-        char bytes[CG_TOKEN_MAX_BYTES];
-        size_t nb = cg_tok_decode(e->m, tok, bytes);
-        append_token(out, &cap_tok, tok, bytes, nb);
-        if (req->on_token && req->on_token(req->ud, tok, bytes, nb) != 0) {
+        append_token(out, rec.token, bytes, nb);
+        if (req->on_token && req->on_token(req->ud, &rec, bytes, nb) != 0) {
             out->cancelled = 1;
-            out->finish_reason = "stop";
-            break;
+            cg_sched_cancel(e->sched, &d);
         }
-        if (i + 1 == req->max_tokens) break;
-        if (pos >= (uint32_t)cfg->max_pos) break; /* no position left: "length" */
-        if (pos >= cg_kv_cap(a->kv)) {
-            uint64_t cap = CG_MIN(CG_MAX((uint64_t)cg_kv_cap(a->kv) * 2,
-                                         (uint64_t)pos + e->p.reserve_tokens),
-                                  (uint64_t)cfg->max_pos);
-            cg_live_grow(e->live, a, pos, (uint32_t)cap);
-        }
-        if ((st = decode_step(e, a->kv, tok, pos, logits)) != CG_OK) {
-            cg_seterr(err, errlen, "decode step at position %u failed", pos);
-            break;
-        }
-        pos++;
     }
-    free(logits);
-    return st;
+    cg_sched_leave(e->sched, &d);
+    a->kv = d.kv;
+    if (out->cancelled || state == CG_DSEQ_EOS || state == CG_DSEQ_CANCELLED)
+        out->finish_reason = "stop";
+    if (state == CG_DSEQ_FAILED) {
+        cg_seterr(err, errlen, "a decode step failed at position %u", d.pos);
+        return CG_E_INTERNAL;
+    }
+    return CG_OK;
+}
+
+/* The prompt and the completion must fit the model's positions (as OpenAI and vLLM answer). */
+static cg_status fit_context(cg_engine *e, cg_complete_req *r, uint32_t n_prompt, char *err,
+                             size_t errlen)
+{
+    const uint64_t max_pos = (uint64_t)cg_model_cfg(e->m)->max_pos;
+    if ((uint64_t)n_prompt + r->max_tokens <= max_pos) return CG_OK;
+    if (r->clamp_max_tokens) {
+        r->max_tokens = (uint32_t)(max_pos > n_prompt ? max_pos - n_prompt : 0);
+        return CG_OK;
+    }
+    cg_seterr(err, errlen,
+              "This model's maximum context length is %llu tokens. However, you requested %llu "
+              "tokens (%u in the prompt, %u for the completion). Please reduce the prompt or "
+              "max_tokens.",
+              (unsigned long long)max_pos, (unsigned long long)n_prompt + r->max_tokens, n_prompt,
+              r->max_tokens);
+    return CG_E_CONTEXT;
 }
 
 cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t now,
@@ -152,11 +223,20 @@ cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t 
             return CG_E_NOT_FOUND;
         }
     } else {
-        st = plain_prompt(e, req->prompt ? req->prompt : "", req->prompt ? req->prompt_len : 0, &a,
-                          err, errlen);
-        if (st != CG_OK) return st;
+        st = plain_prompt(e, req, &a, out, err, errlen);
+        if (st != CG_OK) {
+            cg_complete_result_free(out);
+            return st;
+        }
     }
-    st = decode(e, req, a, out, err, errlen);
+    cg_complete_req r = *req;
+    st = fit_context(e, &r, a->n_tokens, err, errlen);
+    if (st == CG_OK) st = decode(e, &r, a, out, err, errlen);
+    if (st == CG_OK && a->tokens) {
+        out->prompt_ids = cg_malloc(((size_t)a->n_tokens + 1) * sizeof *out->prompt_ids);
+        memcpy(out->prompt_ids, a->tokens, (size_t)a->n_tokens * sizeof *out->prompt_ids);
+        out->n_prompt = a->n_tokens;
+    }
     if (st == CG_OK) {
         out->prompt_tokens = a->n_tokens;
         out->completion_tokens = (uint32_t)out->n_tokens;
@@ -167,4 +247,19 @@ cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t 
     cg_live_discard(e->live, &a, now);
     if (st != CG_OK) cg_complete_result_free(out);
     return st;
+}
+
+cg_status cg_engine_admit(cg_engine *e)
+{
+    return cg_sched_admit(e->sched);
+}
+
+void cg_engine_leave(cg_engine *e)
+{
+    cg_sched_release(e->sched);
+}
+
+cg_sched_stats cg_engine_sched_stats(cg_engine *e)
+{
+    return cg_sched_get_stats(e->sched);
 }

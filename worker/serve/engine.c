@@ -19,6 +19,10 @@ cg_engine_params cg_engine_default_params(void)
         .disk_bytes = 0,
         .disk_dir = NULL,
         .disk_sync = 0,
+        .max_running = 16,
+        .max_queue = 48,
+        .prefill_chunk = 256,
+        .prefill_budget = 256,
     };
 }
 
@@ -30,11 +34,13 @@ cg_status cg_engine_open(const cg_model *model, cg_engine_params params, cg_engi
     e->p = params;
     e->p.disk_dir = NULL; /* borrowed for open only */
     if (!e->p.max_assemblies) e->p.max_assemblies = 1;
-    pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->smu, NULL);
     cg_tiers_params tp = {params.pool_bytes, params.block_tokens, params.disk_bytes,
                           params.disk_dir, params.disk_sync};
     cg_status st = cg_tiers_open(model, &tp, &e->tiers);
+    cg_sched_params sp = {params.max_running, params.max_queue, params.prefill_chunk,
+                          params.prefill_budget};
+    if (st == CG_OK) st = cg_sched_open(model, sp, &e->sched);
     if (st != CG_OK) {
         cg_engine_close(&e);
         return st;
@@ -49,9 +55,9 @@ void cg_engine_close(cg_engine **ep)
 {
     cg_engine *e = *ep;
     if (!e) return;
+    cg_sched_close(&e->sched);
     cg_live_free(&e->live); /* gives its pool references back first */
     cg_tiers_close(&e->tiers);
-    pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->smu);
     cg_free(ep);
 }

@@ -11,6 +11,7 @@
 
 #include "worker/store/disk.h"
 #include "worker/model/model.h"
+#include "worker/serve/sched.h"
 #include "cache/key.h"
 #include "kv/pool.h"
 #include "cache/split.h"
@@ -29,6 +30,12 @@ typedef struct cg_engine_params {
     size_t disk_bytes;
     const char *disk_dir; /* required with disk_bytes; borrowed for cg_engine_open */
     int disk_sync;        /* cg_disk_params.sync; default 0 */
+    /* The scheduler (worker/serve/sched.h): decoding sequences stepped together, admitted
+     * requests beyond them, rows per prefill piece and prefill rows between decode steps. */
+    uint32_t max_running;    /* default 16 */
+    uint32_t max_queue;      /* default 48 */
+    uint32_t prefill_chunk;  /* default 256 */
+    uint32_t prefill_budget; /* default 256 */
 } cg_engine_params;
 
 cg_engine_params cg_engine_default_params(void);
@@ -74,6 +81,10 @@ typedef struct cg_assemble_req {
     const char *salt; /* cache_salt, borrowed; may be NULL */
     size_t salt_len;
     uint32_t recompute_prefix_tokens; /* EPIC LegoLink: first k tokens of each chunk */
+    /* 0 (default): the system segment gets the tokenizer's BOS, as a completion prompt does;
+     * 1: it does not (a prompt rendered by a chat template writes its own). Other segments
+     * never do. */
+    int no_bos;
     int64_t reserve_tokens;           /* < 0: the engine's default */
     cg_engine_path path;              /* default CG_PATH_CACHED (0) */
     float *logits_out;                /* optional: receives vocab_size logits of the last token */
@@ -127,24 +138,31 @@ size_t cg_engine_reap(cg_engine *e, uint64_t now);
 /* Live assemblies (after reaping at now). */
 size_t cg_engine_live_assemblies(cg_engine *e, uint64_t now);
 
-/* Streaming callback: one call per generated token with its bytes (0 or 1 byte for the
- * byte-level tokenizer). Return non-zero to stop (the client left). */
-typedef int (*cg_token_fn)(void *ud, int32_t token, const char *bytes, size_t len);
-/* Called before each token is sampled with the vocab_size logits it is drawn from (borrowed
- * for the call; the raw model output, before temperature). For logprobs and tests. */
-typedef void (*cg_logits_fn)(void *ud, const float *logits, int vocab_size);
+/* Streaming callback, on the caller's thread: one call per generated token with its record
+ * (logprob and top entries when asked) and the bytes it adds to the text (special tokens add
+ * none). Return non-zero to stop (the client left, a stop sequence matched). */
+typedef int (*cg_token_fn)(void *ud, const cg_tok_rec *rec, const char *bytes, size_t len);
 
 typedef struct cg_complete_req {
     const char *assembly_id; /* decode from this live assembly (consumed), or NULL: */
-    const char *prompt;      /* plain prompt: BOS + bytes, one causal forward (no cache) */
+    const char *prompt;      /* plain prompt: tokenized whole (with the tokenizer's BOS unless
+                                no_bos), one causal forward, no cache */
     size_t prompt_len;
+    int no_bos;
+    const int32_t *prompt_tokens; /* or a plain prompt given as token ids (used when set) */
+    size_t n_prompt_tokens;
+    int prompt_logprobs; /* -1: none; else a plain prompt's token logprobs with this many top
+                            entries (echo) */
     float temperature; /* <= 0: greedy */
     float top_p;       /* (0, 1]; 1 = off */
     uint64_t seed;
-    uint32_t max_tokens;    /* 0: no token, finish "length" */
-    cg_token_fn on_token;   /* optional */
-    cg_logits_fn on_logits; /* optional */
-    void *ud;               /* for both callbacks */
+    uint32_t max_tokens;  /* 0: no token, finish "length" */
+    /* 1: max_tokens was not asked for, and is cut to the context left after the prompt; 0: a
+     * prompt plus max_tokens beyond the context is CG_E_CONTEXT (never silently cut) */
+    int clamp_max_tokens;
+    int logprobs;         /* -1: none; else the top entries of each token's record (<= 20) */
+    cg_token_fn on_token; /* optional */
+    void *ud;
 } cg_complete_req;
 
 typedef struct cg_complete_result {
@@ -153,18 +171,35 @@ typedef struct cg_complete_result {
     int32_t *tokens; /* generated tokens (EOS excluded); caller frees */
     size_t n_tokens;
     const char *finish_reason; /* "stop" (EOS or stopped by on_token) or "length"; static */
+    /* The prompt's tokens, and with prompt_logprobs their logprobs (entry 0 NAN: nothing
+     * precedes it) and top entries [n_prompt][prompt_top_k] of the distribution each was
+     * drawn from (entry 0 unused). All owned. */
+    int32_t *prompt_ids;
+    size_t n_prompt;
+    float *prompt_lp;
+    int32_t *prompt_top_ids;
+    float *prompt_top_lps;
+    int prompt_top_k;
     int cancelled;             /* on_token asked to stop */
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
 } cg_complete_result;
 void cg_complete_result_free(cg_complete_result *r);
 
 /* Decodes up to max_tokens from an assembly (which it consumes: released when done, also on
- * error) or from a plain prompt. Stops at EOS ("stop") or max_tokens / max_pos ("length").
+ * error) or from a plain prompt. Stops at EOS ("stop") or max_tokens ("length"). A prompt
+ * plus max_tokens beyond the model's positions is CG_E_CONTEXT unless clamp_max_tokens.
  * The KV grows when decoding passes the assembly's reserve. Returns CG_E_NOT_FOUND for an
  * unknown or expired assembly, CG_E_CONTEXT when the plain prompt exceeds max_pos.
  * On success *out is filled (caller frees with cg_complete_result_free). */
 cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t now,
                              cg_complete_result *out, char *err, size_t errlen) CG_WUR;
+
+/* Admission (the scheduler's): CG_OK, or CG_E_RATE_LIMIT when max_running + max_queue requests
+ * are in the worker. Every CG_OK is paired with cg_engine_leave. */
+cg_status cg_engine_admit(cg_engine *e) CG_WUR;
+void cg_engine_leave(cg_engine *e);
+/* The scheduler's counters. */
+cg_sched_stats cg_engine_sched_stats(cg_engine *e);
 
 /* Per-head KV export, DESIGN §7 (the payload of kv/kvwire.h; the api adds its header):
  * for each KV head in [h0, h1], for each layer, K then V, each [tokens][head_dim]

@@ -7,6 +7,7 @@
 
 #include "worker/serve/engine.h"
 #include "worker/serve/live.h"
+#include "worker/serve/sched.h"
 #include "worker/serve/tiers.h"
 
 struct cg_engine {
@@ -14,8 +15,7 @@ struct cg_engine {
     cg_engine_params p;
     cg_tiers *tiers;
     cg_live *live;
-    /* Model compute: one forward already uses both cores, so forwards run one at a time. */
-    pthread_mutex_t mu;
+    cg_sched *sched; /* runs every forward pass */
     /* The counters of cg_engine_stats that the engine itself keeps (the tiers and the live
      * table keep theirs); never held while computing. */
     pthread_mutex_t smu;

@@ -67,6 +67,10 @@ typedef struct serve_cfg {
     long long tp;
     long long kv_timeout_ms;
     long long kv_max_pulls;
+    long long max_running;
+    long long max_queue;
+    long long prefill_chunk;
+    long long prefill_budget;
     int log_level; /* cg_log_level */
     int key_hash;  /* cg_key_hash */
 } serve_cfg;
@@ -108,7 +112,18 @@ static const cg_cfg_opt serve_opts[] = {
     OPT("io-threads", "CHUNKGATE_WORKER_IO_THREADS", CG_CFG_INT, io_threads, "2",
      1, 64, "HTTP event-loop threads"),
     OPT("job-threads", "CHUNKGATE_WORKER_JOB_THREADS", CG_CFG_INT, job_threads,
-     "8", 1, 1024, "threads for blocking handlers (model compute is serialised anyway)"),
+     "64", 1, 1024,
+     "threads for blocking handlers; a decoding request holds one (keep it at least "
+     "--max-running + --max-queue)"),
+    OPT("max-running", "CHUNKGATE_WORKER_MAX_RUNNING", CG_CFG_INT, max_running, "16", 1, 1024,
+     "decoding sequences stepped together (continuous batching)"),
+    OPT("max-queue", "CHUNKGATE_WORKER_MAX_QUEUE", CG_CFG_INT, max_queue, "48", 0, 1 << 20,
+     "admitted requests beyond --max-running; one more assemble or completion is answered 429 "
+     "with Retry-After"),
+    OPT("prefill-chunk", "CHUNKGATE_WORKER_PREFILL_CHUNK", CG_CFG_INT, prefill_chunk, "256", 16,
+     1 << 20, "rows per prefill piece; a long prompt is computed in pieces between decode steps"),
+    OPT("prefill-budget", "CHUNKGATE_WORKER_PREFILL_BUDGET", CG_CFG_INT, prefill_budget, "256", 1,
+     1 << 20, "prefill rows computed between two decode steps while sequences decode"),
     OPT("kv-source", "CHUNKGATE_WORKER_KV_SOURCE", CG_CFG_STR, kv_source, "", 0,
      0,
      "backend role: base URL of the worker whose assemblies /v1/completions pulls (empty = "
@@ -267,6 +282,10 @@ static int open_engine(const serve_cfg *c, parts *w)
     ep.reserve_tokens = (uint32_t)c->reserve_tokens;
     ep.disk_bytes = (size_t)c->disk_mb << 20;
     ep.disk_dir = c->data_dir;
+    ep.max_running = (uint32_t)c->max_running;
+    ep.max_queue = (uint32_t)c->max_queue;
+    ep.prefill_chunk = (uint32_t)c->prefill_chunk;
+    ep.prefill_budget = (uint32_t)c->prefill_budget;
     cg_status st = cg_engine_open(w->model, ep, &w->engine);
     if (st == CG_OK) return 0;
     if (st == CG_E_VALUE)

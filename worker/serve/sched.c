@@ -1,0 +1,429 @@
+/* The worker's scheduler: one compute thread, continuous batching of decode steps, chunked
+ * FIFO prefill between them, admission (worker/serve/sched.h). */
+#include "worker/serve/sched.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/base.h"
+
+/* Tokens a sequence may have sampled and not yet handed to its owner. The scheduler stops
+ * stepping a sequence whose owner is this far behind (a slow client), instead of buffering. */
+#define REC_RING 64u
+
+/* The scheduler's side of a decoding sequence (guarded by the scheduler's lock). */
+struct cg_dseq_sync {
+    cg_tok_rec ring[REC_RING];
+    uint32_t head, count; /* records not yet read */
+    cg_dseq_state state;
+    int cancel, left, joined;
+    uint32_t generated;
+    int32_t last; /* the last token sampled: the next decode row */
+    pthread_cond_t cv; /* the owner waits here */
+    struct cg_dseq *next_wait; /* the join queue */
+};
+
+/* Prefill work waiting for the scheduler thread. */
+typedef struct pjob {
+    const cg_fwd_seq *q;
+    uint32_t done_rows; /* rows computed so far */
+    cg_status st;
+    int finished;
+    uint64_t enq_ns, start_ns;
+    pthread_cond_t cv;
+    struct pjob *next;
+} pjob;
+
+struct cg_sched {
+    const cg_model *m;
+    cg_sched_params p;
+    pthread_t th;
+    int started, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv; /* the scheduler waits here */
+    cg_dseq **run;          /* the decoding set, max_running entries */
+    uint32_t n_run;
+    cg_dseq *wait_head, *wait_tail; /* joined, waiting for a place */
+    pjob *pq_head, *pq_tail;        /* prefill queue, FIFO */
+    uint32_t admitted;
+    cg_sched_stats stats;
+    cg_fwd_scratch *scratch; /* the scheduler thread's */
+    cg_attn_span *spans;     /* slice spans of the piece running */
+    size_t spans_cap;
+    /* decode step buffers, max_running entries */
+    cg_fwd_seq *fseqs;
+    int32_t *toks;
+    cg_attn_span *dspans;
+};
+
+cg_sched_params cg_sched_default_params(void)
+{
+    return (cg_sched_params){
+        .max_running = 16, .max_queue = 48, .prefill_chunk = 256, .prefill_budget = 256};
+}
+
+/* ---- sampling with its record ---- */
+
+/* The top_k most likely tokens of logits (raw, before temperature) with their logprobs, into
+ * r; returns the log-normaliser. Computed before sampling modifies the logits. */
+static double record_of(const float *logits, int vocab, int top_k, cg_tok_rec *r)
+{
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    r->n_top = 0;
+    for (int k = 0; k < top_k && k < vocab; k++) {
+        int best = -1;
+        for (int i = 0; i < vocab; i++) {
+            if (best >= 0 && !(logits[i] > logits[best])) continue;
+            int taken = 0;
+            for (int t = 0; t < r->n_top && !taken; t++) taken = r->top_ids[t] == i;
+            if (!taken) best = i;
+        }
+        r->top_ids[r->n_top] = best;
+        r->top_lps[r->n_top++] = (float)((double)logits[best] - lse);
+    }
+    return lse;
+}
+
+/* Samples d's next token; records it unless it is an EOS. Returns 1 when d goes on. */
+static int sample_one(cg_sched *s, cg_dseq *d)
+{
+    const cg_model_config *c = cg_model_cfg(s->m);
+    struct cg_dseq_sync *y = d->sync;
+    cg_tok_rec r = {.n_top = 0, .logprob = 0};
+    double lse = 0;
+    float raw = 0;
+    /* logprobs are of the raw distribution: taken before sampling scales the logits */
+    if (d->top_k >= 0) {
+        lse = record_of(d->logits, c->vocab_size, d->top_k, &r);
+    }
+    int32_t tok = cg_sample_keep(&d->sampler, d->logits, c->vocab_size, &raw);
+    r.token = tok;
+    r.logprob = d->top_k >= 0 ? (float)((double)raw - lse) : 0.0f;
+    if (cg_model_config_is_eos(c, tok)) {
+        y->state = CG_DSEQ_EOS;
+        return 0;
+    }
+    y->ring[(y->head + y->count) % REC_RING] = r;
+    y->count++;
+    y->generated++;
+    y->last = tok;
+    if (y->generated >= d->max_tokens || d->pos >= (uint32_t)c->max_pos) {
+        y->state = CG_DSEQ_LENGTH;
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- the decode step ---- */
+
+/* Moves waiting joiners into the decoding set while there is room (under mu). */
+static void admit_joiners(cg_sched *s)
+{
+    while (s->wait_head && s->n_run < s->p.max_running) {
+        cg_dseq *d = s->wait_head;
+        s->wait_head = d->sync->next_wait;
+        if (!s->wait_head) s->wait_tail = NULL;
+        d->sync->joined = 1;
+        s->run[s->n_run++] = d;
+    }
+}
+
+/* Drops ended and cancelled sequences from the set and wakes their owners (under mu). */
+static void drop_ended(cg_sched *s)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < s->n_run; i++) {
+        cg_dseq *d = s->run[i];
+        if (d->sync->cancel && d->sync->state == CG_DSEQ_RUNNING) d->sync->state = CG_DSEQ_CANCELLED;
+        if (d->sync->state == CG_DSEQ_RUNNING) {
+            s->run[k++] = d;
+            continue;
+        }
+        d->sync->left = 1;
+        pthread_cond_broadcast(&d->sync->cv);
+    }
+    s->n_run = k;
+}
+
+/* One step: every running sequence samples its next token (under mu), then the tokens that
+ * go on run through the model together (mu released). */
+static void decode_step(cg_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    drop_ended(s);
+    size_t n = 0;
+    cg_dseq *step[s->p.max_running > 0 ? s->p.max_running : 1];
+    for (uint32_t i = 0; i < s->n_run; i++) {
+        cg_dseq *d = s->run[i];
+        if (d->sync->count >= REC_RING) continue; /* its owner is behind: wait */
+        int more = sample_one(s, d);
+        pthread_cond_broadcast(&d->sync->cv);
+        if (more) {
+            s->toks[n] = d->sync->last;
+            step[n++] = d;
+        }
+    }
+    drop_ended(s);
+    pthread_mutex_unlock(&s->mu);
+    if (!n) return;
+    for (size_t i = 0; i < n; i++) {
+        cg_dseq *d = step[i];
+        uint32_t pos = d->pos;
+        if (pos >= cg_kv_cap(d->kv)) d->kv = d->grow(d->grow_ud, d->kv, pos, pos + 1);
+        s->dspans[i] = (cg_attn_span){pos, 1, 0, 0};
+        s->fseqs[i] = (cg_fwd_seq){.kv = d->kv, .tokens = &s->toks[i], .n = 1, .slot0 = pos,
+                                   .pos0 = pos, .spans = &s->dspans[i], .n_spans = 1,
+                                   .logits = d->logits};
+    }
+    cg_status st = cg_model_forward_batch(s->m, s->fseqs, n, CG_FWD_DECODE, s->scratch);
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < n; i++) {
+        step[i]->pos++;
+        if (st != CG_OK) step[i]->sync->state = CG_DSEQ_FAILED;
+    }
+    s->stats.steps++;
+    s->stats.decode_rows += n;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- prefill pieces ---- */
+
+/* Runs the next piece of the queue's head job; returns its rows (0: nothing queued). */
+static uint32_t prefill_piece(cg_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    pjob *j = s->pq_head;
+    pthread_mutex_unlock(&s->mu);
+    if (!j) return 0;
+    if (!j->start_ns) j->start_ns = cg_now_ns();
+    const cg_fwd_seq *q = j->q;
+    uint32_t n = CG_MIN(s->p.prefill_chunk, q->n - j->done_rows);
+    if (q->n_spans > s->spans_cap) {
+        s->spans = cg_realloc(s->spans, q->n_spans * sizeof *s->spans);
+        s->spans_cap = q->n_spans;
+    }
+    cg_fwd_seq piece = cg_fwd_seq_slice(q, j->done_rows, n, s->spans);
+    cg_status st = cg_model_forward_batch(s->m, &piece, 1, CG_FWD_PREFILL, s->scratch);
+    pthread_mutex_lock(&s->mu);
+    j->done_rows += n;
+    s->stats.prefill_pieces++;
+    s->stats.prefill_rows += n;
+    if (st != CG_OK || j->done_rows == q->n) {
+        j->st = st;
+        j->finished = 1;
+        s->pq_head = j->next;
+        if (!s->pq_head) s->pq_tail = NULL;
+        s->stats.prefill_waiting--;
+        pthread_cond_broadcast(&j->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+static void *sched_main(void *arg)
+{
+    cg_sched *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        admit_joiners(s);
+        while (!s->stop && !s->n_run && !s->pq_head) {
+            pthread_cond_wait(&s->work_cv, &s->mu);
+            admit_joiners(s);
+        }
+        int stop = s->stop && !s->n_run && !s->pq_head;
+        int decoding = s->n_run > 0;
+        pthread_mutex_unlock(&s->mu);
+        if (stop) break;
+        if (decoding) decode_step(s);
+        /* Prefill between two decode steps: at most the budget while sequences decode, one
+         * piece at a time otherwise (so a joiner starts at the next step). */
+        uint32_t budget = decoding ? s->p.prefill_budget : 1, done = 0;
+        while (done < budget) {
+            uint32_t rows = prefill_piece(s);
+            if (!rows) break;
+            done += rows;
+        }
+    }
+    return NULL;
+}
+
+/* ---- lifetime ---- */
+
+cg_status cg_sched_open(const cg_model *m, cg_sched_params p, cg_sched **out)
+{
+    *out = NULL;
+    if (!p.max_running || !p.prefill_chunk || !p.prefill_budget) return CG_E_VALUE;
+    cg_sched *s = cg_calloc(1, sizeof *s);
+    s->m = m;
+    s->p = p;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work_cv, NULL);
+    s->run = cg_calloc(p.max_running, sizeof *s->run);
+    s->fseqs = cg_calloc(p.max_running, sizeof *s->fseqs);
+    s->toks = cg_calloc(p.max_running, sizeof *s->toks);
+    s->dspans = cg_calloc(p.max_running, sizeof *s->dspans);
+    s->scratch = cg_fwd_scratch_new();
+    if (pthread_create(&s->th, NULL, sched_main, s) != 0) {
+        cg_sched_close(&s);
+        return CG_E_INTERNAL;
+    }
+    s->started = 1;
+    *out = s;
+    return CG_OK;
+}
+
+void cg_sched_close(cg_sched **sp)
+{
+    cg_sched *s = *sp;
+    if (!s) return;
+    if (s->started) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_signal(&s->work_cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->th, NULL);
+    }
+    cg_fwd_scratch_free(&s->scratch);
+    free(s->spans);
+    free(s->run);
+    free(s->fseqs);
+    free(s->toks);
+    free(s->dspans);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->work_cv);
+    cg_free(sp);
+}
+
+/* ---- admission ---- */
+
+cg_status cg_sched_admit(cg_sched *s)
+{
+    cg_status st = CG_OK;
+    pthread_mutex_lock(&s->mu);
+    if (s->admitted >= s->p.max_running + s->p.max_queue) {
+        s->stats.refused++;
+        st = CG_E_RATE_LIMIT;
+    } else {
+        s->admitted++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void cg_sched_release(cg_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->admitted) s->admitted--;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- prefill ---- */
+
+cg_status cg_sched_prefill(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns)
+{
+    pjob j = {.q = q, .enq_ns = cg_now_ns()};
+    if (!q->n) return CG_E_VALUE;
+    pthread_cond_init(&j.cv, NULL);
+    pthread_mutex_lock(&s->mu);
+    if (s->pq_tail)
+        s->pq_tail->next = &j;
+    else
+        s->pq_head = &j;
+    s->pq_tail = &j;
+    s->stats.prefill_waiting++;
+    pthread_cond_signal(&s->work_cv);
+    while (!j.finished) pthread_cond_wait(&j.cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    pthread_cond_destroy(&j.cv);
+    if (queued_ns) *queued_ns = j.start_ns > j.enq_ns ? j.start_ns - j.enq_ns : 0;
+    return j.st;
+}
+
+/* ---- decode ---- */
+
+void cg_sched_join(cg_sched *s, cg_dseq *d)
+{
+    d->sync = cg_calloc(1, sizeof *d->sync);
+    pthread_cond_init(&d->sync->cv, NULL);
+    d->sync->state = CG_DSEQ_RUNNING;
+    pthread_mutex_lock(&s->mu);
+    if (s->wait_tail)
+        s->wait_tail->sync->next_wait = d;
+    else
+        s->wait_head = d;
+    s->wait_tail = d;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int cg_sched_next(cg_sched *s, cg_dseq *d, cg_tok_rec *rec, cg_dseq_state *state)
+{
+    struct cg_dseq_sync *y = d->sync;
+    pthread_mutex_lock(&s->mu);
+    while (!y->count && !y->left) pthread_cond_wait(&y->cv, &s->mu);
+    int got = 0;
+    if (y->count) {
+        *rec = y->ring[y->head];
+        y->head = (y->head + 1) % REC_RING;
+        y->count--;
+        got = 1;
+        pthread_cond_signal(&s->work_cv); /* a sequence held back for its owner may go on */
+    }
+    *state = y->state;
+    pthread_mutex_unlock(&s->mu);
+    return got;
+}
+
+void cg_sched_cancel(cg_sched *s, cg_dseq *d)
+{
+    pthread_mutex_lock(&s->mu);
+    d->sync->cancel = 1;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Removes d from the join queue when it never got a place (under mu). */
+static void unlink_waiting(cg_sched *s, cg_dseq *d)
+{
+    cg_dseq *prev = NULL;
+    for (cg_dseq *w = s->wait_head; w; prev = w, w = w->sync->next_wait) {
+        if (w != d) continue;
+        if (prev)
+            prev->sync->next_wait = w->sync->next_wait;
+        else
+            s->wait_head = w->sync->next_wait;
+        if (s->wait_tail == d) s->wait_tail = prev;
+        d->sync->left = 1;
+        return;
+    }
+}
+
+void cg_sched_leave(cg_sched *s, cg_dseq *d)
+{
+    struct cg_dseq_sync *y = d->sync;
+    if (!y) return;
+    pthread_mutex_lock(&s->mu);
+    y->cancel = 1;
+    if (!y->joined) unlink_waiting(s, d);
+    pthread_cond_signal(&s->work_cv);
+    while (!y->left) pthread_cond_wait(&y->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    pthread_cond_destroy(&y->cv);
+    cg_free(&d->sync);
+}
+
+cg_sched_stats cg_sched_get_stats(cg_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    cg_sched_stats st = s->stats;
+    st.running = s->n_run;
+    st.admitted = s->admitted;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
