@@ -479,6 +479,55 @@ START_TEST(test_malformed_refused)
 }
 END_TEST
 
+/* tokenizer_config.json's add_bos_token / add_eos_token rebuild the template as transformers
+ * does; chat_template.jinja is read when the config has no template. */
+START_TEST(test_config_template)
+{
+    static const struct {
+        const char *config;
+        const char *text;
+        int32_t want[4];
+        size_t n;
+        int adds_bos;
+    } C[] = {
+        {"{\"bos_token\": \"<s>\", \"add_bos_token\": true}", "ab", {3, 2}, 2, 1},
+        {"{\"bos_token\": \"<s>\", \"add_bos_token\": false}", "ab", {2}, 1, 0},
+        {"{\"tokenizer_class\": \"LlamaTokenizer\", \"bos_token\": \"<s>\"}", "a", {3, 0}, 2, 1},
+        {"{\"tokenizer_class\": \"LlamaTokenizerFast\", \"bos_token\": \"<s>\", \"eos_token\": \"b\", "
+         "\"add_bos_token\": false, \"add_eos_token\": true}", "a", {0, 1}, 2, 0},
+        {"{\"bos_token\": {\"content\": \"<s>\"}, \"eos_token\": \"b\", \"add_bos_token\": true, "
+         "\"add_eos_token\": true}", "ab", {3, 2, 1}, 3, 1},
+    };
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/cg_tok_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    write_file(tmpdir, "tokenizer.json", "{" MODEL_OK "}");
+    for (size_t i = 0; i < CG_ARRAY_LEN(C); i++) {
+        write_file(tmpdir, "tokenizer_config.json", C[i].config);
+        char err[512] = "";
+        cg_tokenizer *t = NULL;
+        ck_assert_msg(cg_tokenizer_new(tmpdir, &t, err, sizeof err) == CG_OK, "%zu: %s", i, err);
+        cg_tokens tk = {0};
+        ck_assert_int_eq(cg_tokenizer_encode(t, C[i].text, strlen(C[i].text), 1, &tk), CG_OK);
+        ck_assert_uint_eq(tk.n, C[i].n);
+        for (size_t k = 0; k < tk.n; k++) CHECK(tk.ids[k] == C[i].want[k], "case %zu id %zu: %d", i, k, tk.ids[k]);
+        ck_assert_int_eq(cg_tokenizer_adds_bos(t), C[i].adds_bos);
+        ck_assert_ptr_null(cg_tokenizer_chat_template(t));
+        cg_tokens_free(&tk);
+        cg_tokenizer_free(&t);
+    }
+    write_file(tmpdir, "chat_template.jinja", "{{ bos_token }}{{ messages }}");
+    cg_tokenizer *t = NULL;
+    ck_assert_int_eq(cg_tokenizer_new(tmpdir, &t, NULL, 0), CG_OK);
+    ck_assert_str_eq(cg_tokenizer_chat_template(t), "{{ bos_token }}{{ messages }}");
+    cg_tokenizer_free(&t);
+    char p[512];
+    snprintf(p, sizeof p, "%s/chat_template.jinja", tmpdir);
+    unlink(p);
+    clear_dir(tmpdir);
+    rmdir(tmpdir);
+}
+END_TEST
+
 /* ---- concurrency: shared cache, same results ---- */
 
 typedef struct job {
@@ -713,6 +762,7 @@ int main(int argc, char **argv)
         tcase_add_test(tc, test_hand_checked);
         tcase_add_test(tc, test_invalid_utf8_and_caps);
         tcase_add_test(tc, test_malformed_refused);
+        tcase_add_test(tc, test_config_template);
         tcase_add_test(tc, test_threads);
     }
     suite_add_tcase(s, tc);

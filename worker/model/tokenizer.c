@@ -235,24 +235,30 @@ static void smap_free(smap *m)
     m->n = m->cap = 0;
 }
 
+typedef struct pent {
+    uint64_t key; /* (a << 32 | b), UINT64_MAX when empty */
+    uint64_t val; /* (rank << 32 | new_id) */
+} pent;
+
 typedef struct pmap {
-    uint64_t *key; /* (a << 32 | b), UINT64_MAX when empty */
-    uint64_t *val; /* (rank << 32 | new_id) */
+    pent *v;
     size_t mask, n;
 } pmap;
 
 static inline size_t pmap_slot(uint64_t k, size_t mask)
 {
-    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 17) & mask;
+    k ^= k >> 29;
+    k *= 0xBF58476D1CE4E5B9ull;
+    k ^= k >> 32;
+    return (size_t)k & mask;
 }
 
 static void pmap_init(pmap *m, size_t expected)
 {
     size_t n = 64;
-    while (n < expected * 2) n *= 2;
-    m->key = cg_malloc(n * sizeof *m->key);
-    memset(m->key, 0xFF, n * sizeof *m->key);
-    m->val = cg_malloc(n * sizeof *m->val);
+    while (n < expected + expected / 2) n *= 2;
+    m->v = cg_malloc(n * sizeof *m->v);
+    for (size_t i = 0; i < n; i++) m->v[i].key = UINT64_MAX;
     m->mask = n - 1;
     m->n = 0;
 }
@@ -263,32 +269,29 @@ static void pmap_put(pmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t id
 {
     uint64_t k = (uint64_t)a << 32 | b;
     size_t s = pmap_slot(k, m->mask);
-    while (m->key[s] != UINT64_MAX && m->key[s] != k) s = (s + 1) & m->mask;
-    if (m->key[s] == UINT64_MAX) m->n++;
-    m->key[s] = k;
-    m->val[s] = (uint64_t)rank << 32 | id;
+    while (m->v[s].key != UINT64_MAX && m->v[s].key != k) s = (s + 1) & m->mask;
+    if (m->v[s].key == UINT64_MAX) m->n++;
+    m->v[s] = (pent){k, (uint64_t)rank << 32 | id};
 }
 
 static inline bool pmap_get(const pmap *m, uint32_t a, uint32_t b, uint32_t *rank, uint32_t *id)
 {
-    if (!m->key) return false;
+    if (!m->v) return false;
     uint64_t k = (uint64_t)a << 32 | b;
-    size_t s = pmap_slot(k, m->mask);
-    for (;;) {
-        if (m->key[s] == k) {
-            *rank = (uint32_t)(m->val[s] >> 32);
-            *id = (uint32_t)m->val[s];
+    for (size_t s = pmap_slot(k, m->mask);; s = (s + 1) & m->mask) {
+        const pent *e = &m->v[s];
+        if (e->key == k) {
+            *rank = (uint32_t)(e->val >> 32);
+            *id = (uint32_t)e->val;
             return true;
         }
-        if (m->key[s] == UINT64_MAX) return false;
-        s = (s + 1) & m->mask;
+        if (e->key == UINT64_MAX) return false;
     }
 }
 
 static void pmap_free(pmap *m)
 {
-    cg_free(&m->key);
-    cg_free(&m->val);
+    cg_free(&m->v);
 }
 
 static int hexval(char ch)
@@ -495,7 +498,7 @@ typedef struct trie {
 
 /* The BPE cache: pre-token -> ids, bounded, sharded, one lock per shard. */
 #define CACHE_SHARDS 64
-#define CACHE_SLOTS 256 /* per shard: 16384 entries in all */
+#define CACHE_SLOTS 1024 /* per shard: 65536 entries in all */
 #define CACHE_MAX_KEY 256
 typedef struct cache_ent {
     uint64_t h;
@@ -551,6 +554,8 @@ struct cg_tokenizer {
 
 /* Byte-level alphabet of GPT-2: byte b <-> one printable code point. */
 static uint32_t bl_cp[256];
+static char bl_utf8[256][2]; /* bl_cp as UTF-8 (one or two bytes) */
+static uint8_t bl_utf8_len[256];
 static int16_t bl_byte[324]; /* code point -> byte, -1 */
 static pthread_once_t bl_once = PTHREAD_ONCE_INIT;
 static void bl_init(void)
@@ -561,6 +566,7 @@ static void bl_init(void)
         bool keep = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
         bl_cp[b] = keep ? (uint32_t)b : next++;
         bl_byte[bl_cp[b]] = (int16_t)b;
+        bl_utf8_len[b] = (uint8_t)u8enc(bl_cp[b], bl_utf8[b]);
     }
 }
 
@@ -781,11 +787,15 @@ static int replace_all(ectx *c, const pcre2_code *re, const char *s, size_t n, c
     return 0;
 }
 
-static bool all_ascii(const char *s, size_t n)
+/* The largest lead byte in s: below 0x80 the text is ASCII, which no normalization form
+ * changes; below 0xCC every code point is below U+0300, where NFC changes nothing (those
+ * characters are NFC_QC=Yes with combining class 0, and composition needs a mark >= U+0300). */
+static unsigned char max_lead(const char *s, size_t n)
 {
+    unsigned char m = 0;
     for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] >= 0x80) return false;
-    return true;
+        if ((unsigned char)s[i] > m) m = (unsigned char)s[i];
+    return m;
 }
 
 /* Normalizes s[0..n) into c->norm. Returns -1 on a regex engine error. */
@@ -803,7 +813,8 @@ static int normalize(ectx *c, const char *s, size_t n)
         case NZ_NFD:
         case NZ_NFKC:
         case NZ_NFKD: {
-            if (all_ascii(cur->p, cur->n)) continue;
+            unsigned char ml = max_lead(cur->p, cur->n);
+            if (ml < 0x80 || (ml < 0xCC && z->kind == NZ_NFC)) continue;
             int opt = UTF8PROC_STABLE;
             opt |= (z->kind == NZ_NFC || z->kind == NZ_NFKC) ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
             if (z->kind == NZ_NFKC || z->kind == NZ_NFKD) opt |= UTF8PROC_COMPAT;
@@ -867,13 +878,17 @@ static int pretok_step(ectx *c, const pt_step *p, const plist *in, plist *out)
             for (size_t k = 0; k < c->nkr; k++) {
                 size_t a = c->kr[k].s, e = c->kr[k].e;
                 if (e <= a) continue;
-                char mapped[8];
                 grow(&out->v, &out->cap, out->n + 1, sizeof *out->v);
+                grow(&out->buf.p, &out->buf.cap, out->buf.n + 2 * (e - a) + 1, 1);
                 span sp = {(uint32_t)out->buf.n, 0, first && a == 0};
+                char *o = out->buf.p + out->buf.n;
                 for (size_t j = a; j < e; j++) {
-                    size_t l = u8enc(bl_cp[(unsigned char)w->p[j]], mapped);
-                    sb_add(&out->buf, mapped, l);
+                    unsigned char b = (unsigned char)w->p[j];
+                    *o++ = bl_utf8[b][0];
+                    if (bl_utf8_len[b] == 2) *o++ = bl_utf8[b][1];
                 }
+                *o = '\0';
+                out->buf.n = (size_t)(o - out->buf.p);
                 sp.len = (uint32_t)(out->buf.n - sp.off);
                 out->v[out->n++] = sp;
             }
