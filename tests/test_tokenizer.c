@@ -196,7 +196,7 @@ static size_t run_cases(bool refs)
 
 START_TEST(test_cases_vs_tokenizers)
 {
-    ck_assert_uint_ge(run_cases(false), 300);
+    ck_assert_uint_ge(run_cases(false), 400);
 }
 END_TEST
 
@@ -345,6 +345,8 @@ static const bad_file BAD[] = {
     {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":\"0\"},\"merges\":[]}}", NULL, CG_E_VALUE, "model.vocab['a'] must be an id"},
     {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0},\"merges\":[]}}", NULL, CG_E_VALUE, "id 0 is given to two tokens"},
     {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0}}}", NULL, CG_E_VALUE, "model.merges must be an array"},
+    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1000000000},\"merges\":[]}}", NULL, CG_E_VALUE,
+     "model.vocab: id 1000000000 is far beyond its 2 tokens"},
     {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b c\"]}}", NULL, CG_E_VALUE,
      "model.merges[0] 'a b c' is not two tokens"},
     {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\", [\"a\", \"b\"]]}}", NULL,
@@ -367,6 +369,10 @@ static const bad_file BAD[] = {
      NULL, CG_E_VALUE, "pre_tokenizer.pattern.Regex '(a' does not compile"},
     {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\bx\"},\"behavior\":\"Isolated\"}}",
      NULL, CG_E_UNSUPPORTED, "uses word boundaries"},
+    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"[a-z&&[^aeiou]]\"},"
+     "\"behavior\":\"Isolated\"}}", NULL, CG_E_UNSUPPORTED, "uses class intersection (&&)"},
+    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\u12\"},\"behavior\":\"Isolated\"}}",
+     NULL, CG_E_UNSUPPORTED, "uses \\u without four hex digits"},
     {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"x\"},\"behavior\":\"Sideways\"}}",
      NULL, CG_E_VALUE, "pre_tokenizer.behavior 'Sideways' is not a split behavior"},
     {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":\"x\",\"behavior\":\"Removed\"}}", NULL,

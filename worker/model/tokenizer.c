@@ -309,8 +309,9 @@ static int hexval(char ch)
 /* Rewrites a tokenizers (Oniguruma) pattern for PCRE2 with UCP. The classes that differ:
  * Oniguruma's \s is White_Space (PCRE2 adds U+180E), \w is letters, marks, numbers and
  * connector punctuation (PCRE2 lacks marks), \uHHHH is a code point (PCRE2: an error), \h is a
- * hex digit (PCRE2: horizontal space). \b, \B, \h, \H, \W inside a class and POSIX classes are
- * refused rather than approximated. Returns NULL and sets why on refusal. */
+ * hex digit (PCRE2: horizontal space). \b, \B, \h, \H, \W inside a class, POSIX classes,
+ * nested classes and class intersection are refused rather than approximated. (^ and $ are line
+ * anchors in Oniguruma: rx_compile sets PCRE2_MULTILINE.) Returns NULL and sets why on refusal. */
 static char *rx_rewrite(const char *p, size_t n, const char **why)
 {
     static const char word[] = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
@@ -381,6 +382,10 @@ static char *rx_rewrite(const char *p, size_t n, const char **why)
             *why = "nested character classes";
             goto fail;
         }
+        if (in_class && c == '&' && i + 1 < n && p[i + 1] == '&') {
+            *why = "class intersection (&&)";
+            goto fail;
+        }
         if (in_class && c == ']') in_class = false;
         sb_add(&o, &c, 1);
     }
@@ -406,9 +411,12 @@ static pcre2_code *rx_compile(const char *pat, size_t n, bool literal, char *why
     *st = CG_E_VALUE;
     int ec = 0;
     PCRE2_SIZE eo = 0;
-    uint32_t opt = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)src, literal ? n : PCRE2_ZERO_TERMINATED, opt, &ec, &eo,
-                                   NULL);
+    uint32_t opt = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_MULTILINE);
+    pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
+    if (!cc) abort();
+    pcre2_set_newline(cc, PCRE2_NEWLINE_LF); /* Oniguruma's newline, whatever PCRE2's build says */
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)src, literal ? n : PCRE2_ZERO_TERMINATED, opt, &ec, &eo, cc);
+    pcre2_compile_context_free(cc);
     free(src);
     if (!re) {
         PCRE2_UCHAR msg[160];
@@ -496,10 +504,12 @@ typedef struct trie {
     bool first[256];
 } trie;
 
-/* The BPE cache: pre-token -> ids, bounded, sharded, one lock per shard. */
+/* The BPE cache: pre-token -> ids, direct-mapped, sharded, one lock per shard. Words of fewer
+ * than CACHE_MAX_KEY bytes are cached; an entry is at most 16 + 5 * 127 bytes, so the cache
+ * holds at most ~42 MB whatever the input (a few MB on real text). */
 #define CACHE_SHARDS 64
 #define CACHE_SLOTS 1024 /* per shard: 65536 entries in all */
-#define CACHE_MAX_KEY 256
+#define CACHE_MAX_KEY 128
 typedef struct cache_ent {
     uint64_t h;
     uint32_t klen, nids;
@@ -2056,6 +2066,11 @@ static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
             return fail(L, CG_E_VALUE, "model.vocab['%s'] must be an id (0 .. 2^30)", key);
         if (json_integer_value(val) > *max_id) *max_id = (int32_t)json_integer_value(val);
     }
+    /* id tables are dense arrays: a few huge ids must not make us allocate gigabytes (added
+     * tokens follow the model's ids, so they cannot stray) */
+    if ((size_t)(*max_id + 1) > 2 * json_object_size(vocab) + 1024)
+        return fail(L, CG_E_VALUE, "model.vocab: id %d is far beyond its %zu tokens (ids must be dense)",
+                    *max_id, json_object_size(vocab));
     size_t nv = (size_t)(*max_id + 1);
     int32_t *seen = cg_malloc((nv ? nv : 1) * sizeof *seen);
     memset(seen, 0xFF, (nv ? nv : 1) * sizeof *seen);
