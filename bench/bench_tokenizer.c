@@ -54,7 +54,8 @@ static double encode_all(const cg_tokenizer *t, const json_t *texts, size_t *tok
     for (size_t i = 0; i < json_array_size(texts); i++) {
         const json_t *x = json_array_get(texts, i);
         tk.n = 0;
-        if (cg_tokenizer_encode(t, json_string_value(x), json_string_length(x), 0, &tk) != CG_OK) abort();
+        if (cg_tokenizer_encode(t, json_string_value(x), json_string_length(x), 0, &tk) != CG_OK)
+            abort();
         *tokens += tk.n;
     }
     cg_tokens_free(&tk);
@@ -66,20 +67,26 @@ int main(int argc, char **argv)
     double seconds = 2;
     const char *models = "gpt2,llama2,llama3_1,qwen2_5,qwen3";
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--models")) models = argv[i + 1];
+        if (!strcmp(argv[i], "--seconds"))
+            seconds = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--models"))
+            models = argv[i + 1];
     }
     const char *src = CG_SOURCE_DIR;
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "node '%s/tests/ref/tokenize.mjs' texts '%s/tests/data/tokenizer_corpus.json'", src, src);
+    snprintf(cmd, sizeof cmd,
+             "node '%s/tests/ref/tokenize.mjs' texts '%s/tests/data/tokenizer_corpus.json'", src,
+             src);
     json_t *in = run_json(cmd);
     if (!in) return 1;
     const json_t *texts = json_object_get(in, "texts"), *rag = json_object_get(in, "rag");
     size_t bytes = 0;
-    for (size_t i = 0; i < json_array_size(texts); i++) bytes += json_string_length(json_array_get(texts, i));
+    for (size_t i = 0; i < json_array_size(texts); i++)
+        bytes += json_string_length(json_array_get(texts, i));
     printf("corpus: %zu texts, %zu bytes; RAG: %zu documents\n\n", json_array_size(texts), bytes,
            json_array_size(rag));
-    printf("| tokenizer | load ms | C MB/s | node MB/s | ratio | RAG tokens | C RAG cold ms | C RAG warm ms "
+    printf("| tokenizer | load ms | C MB/s | node MB/s | ratio | RAG tokens | C RAG cold ms | C "
+           "RAG warm ms "
            "| node RAG cold ms | node RAG warm ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
 
     char *list = cg_strdup(models), *save = NULL;
@@ -107,14 +114,15 @@ int main(int argc, char **argv)
         cg_tokenizer_free(&t);
 
         snprintf(cmd, sizeof cmd,
-                 "node '%s/tests/ref/tokenize.mjs' bench '%s/tests/data/tokenizer_corpus.json' --models %s "
+                 "node '%s/tests/ref/tokenize.mjs' bench '%s/tests/data/tokenizer_corpus.json' "
+                 "--models %s "
                  "--seconds %g",
                  src, src, m, seconds);
         json_t *js = run_json(cmd);
         const json_t *r = json_object_get(js, m);
         double n_mbs = json_number_value(json_object_get(r, "mb_per_s"));
-        printf("| %s | %.0f | %.2f | %.2f | %.1fx | %zu | %.2f | %.2f | %.2f | %.2f |\n", m, load_ms, c_mbs,
-               n_mbs, n_mbs > 0 ? c_mbs / n_mbs : 0.0, rag_tokens, cold, warm,
+        printf("| %s | %.0f | %.2f | %.2f | %.1fx | %zu | %.2f | %.2f | %.2f | %.2f |\n", m,
+               load_ms, c_mbs, n_mbs, n_mbs > 0 ? c_mbs / n_mbs : 0.0, rag_tokens, cold, warm,
                json_number_value(json_object_get(r, "rag_ms_cold")),
                json_number_value(json_object_get(r, "rag_ms_warm")));
         fflush(stdout);
