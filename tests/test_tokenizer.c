@@ -381,20 +381,20 @@ static const bad_file BAD[] = {
     {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":\"yes\"}}", NULL,
      CG_E_VALUE, "pre_tokenizer.add_prefix_space must be a boolean, not a string"},
     {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a\"},"
-                  "\"behavior\":\"Isolated\"}}",
+     "\"behavior\":\"Isolated\"}}",
      NULL, CG_E_VALUE, "pre_tokenizer.pattern.Regex '(a' does not compile"},
     {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\bx\"},"
-                  "\"behavior\":\"Isolated\"}}",
+     "\"behavior\":\"Isolated\"}}",
      NULL, CG_E_UNSUPPORTED, "uses word boundaries"},
     {"{" MODEL_OK
      ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"[a-z&&[^aeiou]]\"},"
      "\"behavior\":\"Isolated\"}}",
      NULL, CG_E_UNSUPPORTED, "uses class intersection (&&)"},
     {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\u12\"},"
-                  "\"behavior\":\"Isolated\"}}",
+     "\"behavior\":\"Isolated\"}}",
      NULL, CG_E_UNSUPPORTED, "uses \\u without four hex digits"},
     {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"x\"},"
-                  "\"behavior\":\"Sideways\"}}",
+     "\"behavior\":\"Sideways\"}}",
      NULL, CG_E_VALUE, "pre_tokenizer.behavior 'Sideways' is not a split behavior"},
     {"{" MODEL_OK
      ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":\"x\",\"behavior\":\"Removed\"}}",
@@ -402,10 +402,10 @@ static const bad_file BAD[] = {
     {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"ab\"}}", NULL,
      CG_E_VALUE, "pre_tokenizer.replacement must be exactly one character"},
     {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"_\",\"prepend_"
-                  "scheme\":\"sometimes\"}}",
+     "scheme\":\"sometimes\"}}",
      NULL, CG_E_VALUE, "prepend_scheme 'sometimes'"},
     {"{" MODEL_OK ",\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"},{"
-                  "\"type\":\"Lowercase\"}]}}",
+     "\"type\":\"Lowercase\"}]}}",
      NULL, CG_E_UNSUPPORTED, "normalizer.normalizers[1].type 'Lowercase' is not supported"},
     {"{" MODEL_OK ",\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"}}}", NULL,
      CG_E_VALUE, "normalizer.content is missing"},
@@ -416,18 +416,18 @@ static const bad_file BAD[] = {
     {"{" MODEL_OK ",\"post_processor\":{\"type\":\"RobertaProcessing\"}}", NULL, CG_E_UNSUPPORTED,
      "post_processor.type 'RobertaProcessing' is not supported"},
     {"{" MODEL_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{"
-                  "\"SpecialToken\":{\"id\":\"<s>\"}},"
+     "\"SpecialToken\":{\"id\":\"<s>\"}},"
      "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{}}}",
      NULL, CG_E_VALUE, "special token '<s>' is not in post_processor.special_tokens"},
     {"{" MODEL_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"Sequence\":{"
-                  "\"id\":\"B\"}}]}}",
+     "\"id\":\"B\"}}]}}",
      NULL, CG_E_VALUE, "names sequence 'B'"},
     {"{" MODEL_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{"
-                  "\"SpecialToken\":{\"id\":\"<s>\"}}],"
+     "\"SpecialToken\":{\"id\":\"<s>\"}}],"
      "\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[3],\"tokens\":[\"<s>\"]}}}}",
      NULL, CG_E_VALUE, "must hold the sequence A exactly once"},
     {"{" MODEL_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{"
-                  "\"SpecialToken\":{\"id\":\"<s>\"}},"
+     "\"SpecialToken\":{\"id\":\"<s>\"}},"
      "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[99],"
      "\"tokens\":[\"<s>\"]}}}}",
      NULL, CG_E_VALUE, "special_tokens['<s>'].ids[0] is not a token id"},
@@ -444,6 +444,10 @@ static const bad_file BAD[] = {
     {"{" MODEL_OK "}", "{\"add_bos_token\": true}", CG_E_VALUE,
      "add_bos_token is set but bos_token is not"},
     {"{" MODEL_OK "}", "{\"chat_template\": 5}", CG_E_VALUE, "chat_template must be a string"},
+    {"{" MODEL_OK "}", "{\"additional_special_tokens\": [\"<s>\", {\"content\": \"<x>\"}]}",
+     CG_E_VALUE, "additional_special_tokens[1] '<x>' is not in the vocabulary"},
+    {"{" MODEL_OK "}", "{\"pad_token\": \"<pad>\"}", CG_E_VALUE,
+     "pad_token '<pad>' is not in the vocabulary"},
 };
 
 static char tmpdir[256];
@@ -529,7 +533,9 @@ START_TEST(test_config_template)
         size_t n;
         int adds_bos;
     } C[] = {
-        {"{\"bos_token\": \"<s>\", \"add_bos_token\": true}", "ab", {3, 2}, 2, 1},
+        /* "<s>" is only in the model's vocabulary; named as bos_token, it is matched as a
+         * special token in the text, as transformers does */
+        {"{\"bos_token\": \"<s>\", \"add_bos_token\": true}", "ab<s>", {3, 2, 3}, 3, 1},
         {"{\"bos_token\": \"<s>\", \"add_bos_token\": false}", "ab", {2}, 1, 0},
         {"{\"tokenizer_class\": \"LlamaTokenizer\", \"bos_token\": \"<s>\"}", "a", {3, 0}, 2, 1},
         {"{\"tokenizer_class\": \"LlamaTokenizerFast\", \"bos_token\": \"<s>\", \"eos_token\": "
@@ -542,8 +548,8 @@ START_TEST(test_config_template)
         {"{\"bos_token\": {\"content\": \"<s>\"}, \"eos_token\": \"b\", \"add_bos_token\": true, "
          "\"add_eos_token\": true}",
          "ab",
-         {3, 2, 1},
-         3,
+         {3, 0, 1, 1},
+         4,
          1},
     };
     snprintf(tmpdir, sizeof tmpdir, "/tmp/cg_tok_XXXXXX");

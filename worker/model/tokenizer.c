@@ -2447,6 +2447,39 @@ static cg_status config_token(ld *L, const json_t *cfg, const char *key, int32_t
     return CG_OK;
 }
 
+/* transformers makes the tokens that tokenizer_config.json names (bos_token, eos_token, ...,
+ * additional_special_tokens) special: skipped by decode with skip_special, and matched in the
+ * text like any special token even when tokenizer.json only has them in the model's vocabulary.
+ * A named token that is in neither is refused (transformers would add a new id the model does
+ * not have). */
+static cg_status config_special(ld *L, const json_t *v, const char *what)
+{
+    cg_tokenizer *t = L->t;
+    if (!v || json_is_null(v)) return CG_OK;
+    if (json_is_object(v)) v = json_object_get(v, "content");
+    if (!json_is_string(v))
+        return fail(L, CG_E_VALUE, "%s must be a string, an object with \"content\", or null",
+                    what);
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v);
+    if (n == 0) return fail(L, CG_E_VALUE, "%s is empty", what);
+    int32_t k = smap_get(&t->added_map, s, n);
+    if (k >= 0) {
+        t->special[t->added[k].id] = 1;
+        return CG_OK;
+    }
+    int32_t id = smap_get(&t->model_vocab, s, n);
+    if (id < 0) return fail(L, CG_E_VALUE, "%s '%s' is not in the vocabulary", what, s);
+    t->added = cg_realloc(t->added, (t->n_added + 1) * sizeof *t->added);
+    t->added[t->n_added] =
+        (added_tok){.id = id, .content = cg_strndup(s, n), .len = n, .special = true};
+    smap_put(&t->added_map, s, n, (int32_t)t->n_added);
+    trie_insert(&t->raw_trie, s, n, (int32_t)t->n_added);
+    t->n_added++;
+    t->special[id] = 1;
+    return CG_OK;
+}
+
 static cg_status load_config(ld *L, const json_t *cfg)
 {
     cg_tokenizer *t = L->t;
@@ -2456,6 +2489,18 @@ static cg_status load_config(ld *L, const json_t *cfg)
         (st = get_bool(L, cfg, "clean_up_tokenization_spaces", "tokenizer_config", false,
                        &t->clean_up)) != CG_OK)
         return st;
+    static const char *const named[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                        "pad_token", "cls_token", "mask_token"};
+    for (size_t i = 0; i < CG_ARRAY_LEN(named); i++)
+        if ((st = config_special(L, json_object_get(cfg, named[i]), named[i])) != CG_OK) return st;
+    const json_t *extra = json_object_get(cfg, "additional_special_tokens");
+    if (extra && !json_is_null(extra) && !json_is_array(extra))
+        return fail(L, CG_E_VALUE, "additional_special_tokens must be an array");
+    for (size_t i = 0; i < json_array_size(extra); i++) {
+        char what[64];
+        snprintf(what, sizeof what, "additional_special_tokens[%zu]", i);
+        if ((st = config_special(L, json_array_get(extra, i), what)) != CG_OK) return st;
+    }
     const json_t *ct = json_object_get(cfg, "chat_template");
     if (json_is_string(ct))
         t->chat_template = cg_strdup(json_string_value(ct));

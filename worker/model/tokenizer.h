@@ -95,7 +95,9 @@ int cg_tokenizer_adds_bos(const cg_tokenizer *t);
  * vocabulary. -1 when there is none. */
 int32_t cg_tokenizer_token_id(const cg_tokenizer *t, const char *s);
 
-/* 1 if id is a special token (an added token marked special, or the byte tokenizer's BOS/EOS). */
+/* 1 if id is a special token: an added token marked special, a token tokenizer_config.json
+ * names (bos_token, eos_token, unk/sep/pad/cls/mask_token, additional_special_tokens; these are
+ * also matched in the text, as transformers does), or the byte tokenizer's BOS/EOS. */
 int cg_tokenizer_is_special(const cg_tokenizer *t, int32_t id);
 
 /* The chat template of tokenizer_config.json (its "default" entry when it holds several) or of
