@@ -448,6 +448,10 @@ static const bad_file BAD[] = {
      CG_E_VALUE, "additional_special_tokens[1] '<x>' is not in the vocabulary"},
     {"{" MODEL_OK "}", "{\"pad_token\": \"<pad>\"}", CG_E_VALUE,
      "pad_token '<pad>' is not in the vocabulary"},
+    {"{" MODEL_OK "}",
+     "{\"tokenizer_class\": \"LlamaTokenizerFast\", \"bos_token\": \"<s>\", \"add_prefix_space\": "
+     "true}",
+     CG_E_UNSUPPORTED, "rebuild a LlamaTokenizerFast from tokenizer.model"},
 };
 
 static char tmpdir[256];
@@ -570,6 +574,27 @@ START_TEST(test_config_template)
         cg_tokens_free(&tk);
         cg_tokenizer_free(&t);
     }
+    /* GPT-2's tokenizer class takes add_prefix_space from the config */
+    json_t *bl = load_json("tests/data/tokenizers/bl/tokenizer.json");
+    char *text = json_dumps(bl, 0);
+    write_file(tmpdir, "tokenizer.json", text);
+    free(text);
+    json_decref(bl);
+    for (int aps = 0; aps < 2; aps++) {
+        write_file(tmpdir, "tokenizer_config.json",
+                   aps ? "{\"tokenizer_class\": \"GPT2Tokenizer\", \"add_prefix_space\": true}"
+                       : "{\"tokenizer_class\": \"GPT2Tokenizer\", \"add_prefix_space\": false}");
+        cg_tokenizer *t = NULL;
+        ck_assert_int_eq(cg_tokenizer_new(tmpdir, &t, NULL, 0), CG_OK);
+        cg_tokens tk = {0};
+        ck_assert_int_eq(cg_tokenizer_encode(t, "hello", 5, 0, &tk), CG_OK);
+        ck_assert_int_eq(tk.n, 1);
+        ck_assert_int_eq(tk.ids[0], cg_tokenizer_token_id(t, aps ? "Ġhello" : "hello"));
+        cg_tokens_free(&tk);
+        cg_tokenizer_free(&t);
+    }
+    write_file(tmpdir, "tokenizer.json", "{" MODEL_OK "}");
+    write_file(tmpdir, "tokenizer_config.json", "{}");
     write_file(tmpdir, "chat_template.jinja", "{{ bos_token }}{{ messages }}");
     cg_tokenizer *t = NULL;
     ck_assert_int_eq(cg_tokenizer_new(tmpdir, &t, NULL, 0), CG_OK);

@@ -2523,6 +2523,22 @@ static cg_status load_config(ld *L, const json_t *cfg)
     const char *c = json_is_string(cls) ? json_string_value(cls) : "";
     bool llama = !strncmp(c, "LlamaTokenizer", 14) || !strncmp(c, "CodeLlamaTokenizer", 18) ||
                  !strncmp(c, "GemmaTokenizer", 14);
+    /* add_prefix_space: transformers' GPT-2 tokenizer sets it on the ByteLevel pre-tokenizer;
+     * the Llama ones rebuild the whole tokenizer from tokenizer.model, which we cannot do */
+    const json_t *aps = json_object_get(cfg, "add_prefix_space");
+    if (aps && !json_is_null(aps)) {
+        if (!json_is_boolean(aps))
+            return fail(L, CG_E_VALUE, "add_prefix_space must be a boolean, not %s", jtype(aps));
+        if (llama)
+            return fail(
+                L, CG_E_UNSUPPORTED,
+                "add_prefix_space makes transformers rebuild a %s from tokenizer.model; only "
+                "tokenizer.json is supported",
+                c);
+        if (!strncmp(c, "GPT2Tokenizer", 13))
+            for (size_t i = 0; i < t->n_pt; i++)
+                if (t->pt[i].kind == PT_BYTELEVEL) t->pt[i].add_prefix_space = json_is_true(aps);
+    }
     bool add_bos, add_eos;
     if ((st = get_bool(L, cfg, "add_bos_token", "tokenizer_config", llama, &add_bos)) != CG_OK ||
         (st = get_bool(L, cfg, "add_eos_token", "tokenizer_config", false, &add_eos)) != CG_OK)
