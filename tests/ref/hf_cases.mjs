@@ -17,7 +17,7 @@ import { fileURLToPath } from 'node:url';
 const here = path.dirname(fileURLToPath(import.meta.url));
 const { Tokenizer } = createRequire(import.meta.url)('tokenizers');
 
-const FIXTURES = ['spm', 'meta', 'wp', 'split', 'bl'];
+const FIXTURES = ['spm', 'meta', 'wp', 'split', 'bl', 'rx'];
 const TEXTS = [
   '', ' ', '   ', '\n\n\n', 'hello world', ' hello  world ', 'Hello World', 'hello\nworld', 'a\tb c',
   'helloworld', ' helloworld', 'hello world hello', 'the  new  lines\n\n', '12-34,56.78',
@@ -29,6 +29,9 @@ const TEXTS = [
   '\ufb01ne fine', '\uff46\uff49\uff4e\uff45', 'xyz  ok', 'unknown ЖЖ ж', '😀', '€', '\u00ff',
   'emoji 👍🏽 mix', '<0x41>', '▁', '▁hello', 'nul\u0000byte', '日本', "it's ok , isn't it ?",
   'end .', 'a , b ! c ?',
+  // line anchors, '.', \w and \d, (?i:), \u0041 (the rx tokenizer)
+  '  ab  \n\tcd\t\n  AB', 'aBAbab', 'c\nc.cd', 'é_ab²-12', 'e\u0301b a\u0301', 'A1Ab2AB',
+  ' \n \n', 'cc\ncc\n', 'ab\r\ncd ', '\t\t', 'Ab_cd-AB.ab', 'x\u00b2\u2163y',
 ];
 // Inputs where @lenml/tokenizers differs from tokenizers (its JavaScript \s includes U+FEFF and
 // lacks U+0085), and one where PCRE2 would differ without the \s rewrite (U+180E).

@@ -26,7 +26,8 @@
  * Small helpers: errors, growable arrays, UTF-8
  * ------------------------------------------------------------------------------------------- */
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
 {
     if (!err || !errlen) return;
@@ -41,7 +42,8 @@ static void grow(void *pp, size_t *cap, size_t need, size_t sz)
 {
     if (need <= *cap) return;
     size_t c = *cap ? *cap : 16;
-    while (c < need) c *= 2;
+    while (c < need)
+        c *= 2;
     *(void **)pp = cg_realloc(*(void **)pp, c * sz);
     *cap = c;
 }
@@ -78,9 +80,12 @@ static inline uint32_t u8dec(const char *s, size_t *len)
     size_t l = u8len(u[0]);
     *len = l;
     switch (l) {
-    case 1: return u[0];
-    case 2: return (uint32_t)(u[0] & 0x1F) << 6 | (u[1] & 0x3F);
-    case 3: return (uint32_t)(u[0] & 0x0F) << 12 | (uint32_t)(u[1] & 0x3F) << 6 | (u[2] & 0x3F);
+    case 1:
+        return u[0];
+    case 2:
+        return (uint32_t)(u[0] & 0x1F) << 6 | (u[1] & 0x3F);
+    case 3:
+        return (uint32_t)(u[0] & 0x0F) << 12 | (uint32_t)(u[1] & 0x3F) << 6 | (u[2] & 0x3F);
     default:
         return (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3F) << 12 |
                (uint32_t)(u[2] & 0x3F) << 6 | (u[3] & 0x3F);
@@ -96,7 +101,8 @@ static size_t u8enc(uint32_t cp, char *out)
 static size_t u8prev(const char *s, size_t n)
 {
     size_t i = n - 1;
-    while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--;
+    while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80)
+        i--;
     return i;
 }
 
@@ -126,13 +132,16 @@ static void append_lossy(sbuf *out, const char *s, size_t n)
         unsigned char b = u[i];
         if (b < 0x80) {
             size_t j = i + 1;
-            while (j < n && u[j] < 0x80) j++;
+            while (j < n && u[j] < 0x80)
+                j++;
             sb_add(out, s + i, j - i);
             i = j;
             continue;
         }
-        size_t w = (b >= 0xC2 && b <= 0xDF) ? 2 : (b >= 0xE0 && b <= 0xEF) ? 3
-                                               : (b >= 0xF0 && b <= 0xF4) ? 4 : 0;
+        size_t w = (b >= 0xC2 && b <= 0xDF)   ? 2
+                   : (b >= 0xE0 && b <= 0xEF) ? 3
+                   : (b >= 0xF0 && b <= 0xF4) ? 4
+                                              : 0;
         if (!w) {
             sb_add(out, fffd, 3);
             i++;
@@ -146,10 +155,13 @@ static void append_lossy(sbuf *out, const char *s, size_t n)
         size_t k = 1;
         if (i + 1 < n && u[i + 1] >= lo && u[i + 1] <= hi) {
             k = 2;
-            while (k < w && i + k < n && (u[i + k] & 0xC0) == 0x80) k++;
+            while (k < w && i + k < n && (u[i + k] & 0xC0) == 0x80)
+                k++;
         }
-        if (k == w) sb_add(out, s + i, w);
-        else sb_add(out, fffd, 3);
+        if (k == w)
+            sb_add(out, s + i, w);
+        else
+            sb_add(out, fffd, 3);
         i += k;
     }
 }
@@ -180,7 +192,8 @@ static void smap_rehash(smap *m, size_t nslots)
     m->mask = nslots - 1;
     for (size_t i = 0; i < m->n; i++) {
         size_t s = m->ent[i].h & m->mask;
-        while (m->slot[s] != NO_ID) s = (s + 1) & m->mask;
+        while (m->slot[s] != NO_ID)
+            s = (s + 1) & m->mask;
         m->slot[s] = (uint32_t)i;
     }
 }
@@ -235,24 +248,32 @@ static void smap_free(smap *m)
     m->n = m->cap = 0;
 }
 
+typedef struct pent {
+    uint64_t key; /* (a << 32 | b), UINT64_MAX when empty */
+    uint64_t val; /* (rank << 32 | new_id) */
+} pent;
+
 typedef struct pmap {
-    uint64_t *key; /* (a << 32 | b), UINT64_MAX when empty */
-    uint64_t *val; /* (rank << 32 | new_id) */
+    pent *v;
     size_t mask, n;
 } pmap;
 
 static inline size_t pmap_slot(uint64_t k, size_t mask)
 {
-    return (size_t)((k * 0x9E3779B97F4A7C15ull) >> 17) & mask;
+    k ^= k >> 29;
+    k *= 0xBF58476D1CE4E5B9ull;
+    k ^= k >> 32;
+    return (size_t)k & mask;
 }
 
 static void pmap_init(pmap *m, size_t expected)
 {
     size_t n = 64;
-    while (n < expected * 2) n *= 2;
-    m->key = cg_malloc(n * sizeof *m->key);
-    memset(m->key, 0xFF, n * sizeof *m->key);
-    m->val = cg_malloc(n * sizeof *m->val);
+    while (n < expected + expected / 2)
+        n *= 2;
+    m->v = cg_malloc(n * sizeof *m->v);
+    for (size_t i = 0; i < n; i++)
+        m->v[i].key = UINT64_MAX;
     m->mask = n - 1;
     m->n = 0;
 }
@@ -263,32 +284,30 @@ static void pmap_put(pmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t id
 {
     uint64_t k = (uint64_t)a << 32 | b;
     size_t s = pmap_slot(k, m->mask);
-    while (m->key[s] != UINT64_MAX && m->key[s] != k) s = (s + 1) & m->mask;
-    if (m->key[s] == UINT64_MAX) m->n++;
-    m->key[s] = k;
-    m->val[s] = (uint64_t)rank << 32 | id;
+    while (m->v[s].key != UINT64_MAX && m->v[s].key != k)
+        s = (s + 1) & m->mask;
+    if (m->v[s].key == UINT64_MAX) m->n++;
+    m->v[s] = (pent){k, (uint64_t)rank << 32 | id};
 }
 
 static inline bool pmap_get(const pmap *m, uint32_t a, uint32_t b, uint32_t *rank, uint32_t *id)
 {
-    if (!m->key) return false;
+    if (!m->v) return false;
     uint64_t k = (uint64_t)a << 32 | b;
-    size_t s = pmap_slot(k, m->mask);
-    for (;;) {
-        if (m->key[s] == k) {
-            *rank = (uint32_t)(m->val[s] >> 32);
-            *id = (uint32_t)m->val[s];
+    for (size_t s = pmap_slot(k, m->mask);; s = (s + 1) & m->mask) {
+        const pent *e = &m->v[s];
+        if (e->key == k) {
+            *rank = (uint32_t)(e->val >> 32);
+            *id = (uint32_t)e->val;
             return true;
         }
-        if (m->key[s] == UINT64_MAX) return false;
-        s = (s + 1) & m->mask;
+        if (e->key == UINT64_MAX) return false;
     }
 }
 
 static void pmap_free(pmap *m)
 {
-    cg_free(&m->key);
-    cg_free(&m->val);
+    cg_free(&m->v);
 }
 
 static int hexval(char ch)
@@ -306,8 +325,9 @@ static int hexval(char ch)
 /* Rewrites a tokenizers (Oniguruma) pattern for PCRE2 with UCP. The classes that differ:
  * Oniguruma's \s is White_Space (PCRE2 adds U+180E), \w is letters, marks, numbers and
  * connector punctuation (PCRE2 lacks marks), \uHHHH is a code point (PCRE2: an error), \h is a
- * hex digit (PCRE2: horizontal space). \b, \B, \h, \H, \W inside a class and POSIX classes are
- * refused rather than approximated. Returns NULL and sets why on refusal. */
+ * hex digit (PCRE2: horizontal space). \b, \B, \h, \H, \W inside a class, POSIX classes,
+ * nested classes and class intersection are refused rather than approximated. (^ and $ are line
+ * anchors in Oniguruma: rx_compile sets PCRE2_MULTILINE.) Returns NULL and sets why on refusal. */
 static char *rx_rewrite(const char *p, size_t n, const char **why)
 {
     static const char word[] = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
@@ -319,10 +339,15 @@ static char *rx_rewrite(const char *p, size_t n, const char **why)
             char d = p[i + 1];
             i++;
             switch (d) {
-            case 's': sb_add(&o, "\\p{White_Space}", 15); break;
-            case 'S': sb_add(&o, "\\P{White_Space}", 15); break;
+            case 's':
+                sb_add(&o, "\\p{White_Space}", 15);
+                break;
+            case 'S':
+                sb_add(&o, "\\P{White_Space}", 15);
+                break;
             case 'w':
-                if (in_class) sb_add(&o, word, sizeof word - 1);
+                if (in_class)
+                    sb_add(&o, word, sizeof word - 1);
                 else {
                     sb_add(&o, "[", 1);
                     sb_add(&o, word, sizeof word - 1);
@@ -339,12 +364,17 @@ static char *rx_rewrite(const char *p, size_t n, const char **why)
                 sb_add(&o, "]", 1);
                 break;
             case 'b':
-            case 'B': *why = "word boundaries (\\b, \\B)"; goto fail;
+            case 'B':
+                *why = "word boundaries (\\b, \\B)";
+                goto fail;
             case 'h':
-            case 'H': *why = "\\h and \\H"; goto fail;
+            case 'H':
+                *why = "\\h and \\H";
+                goto fail;
             case 'u': {
                 size_t k = 0;
-                while (k < 4 && i + 1 + k < n && hexval(p[i + 1 + k]) >= 0) k++;
+                while (k < 4 && i + 1 + k < n && hexval(p[i + 1 + k]) >= 0)
+                    k++;
                 if (k != 4) {
                     *why = "\\u without four hex digits";
                     goto fail;
@@ -370,12 +400,17 @@ static char *rx_rewrite(const char *p, size_t n, const char **why)
             if (i + 1 < n && p[i + 1] == ']') sb_add(&o, p + ++i, 1);
             continue;
         }
-        if (in_class && c == '[' && i + 1 < n && (p[i + 1] == ':' || p[i + 1] == '=' || p[i + 1] == '.')) {
+        if (in_class && c == '[' && i + 1 < n &&
+            (p[i + 1] == ':' || p[i + 1] == '=' || p[i + 1] == '.')) {
             *why = "POSIX character classes";
             goto fail;
         }
         if (in_class && c == '[') {
             *why = "nested character classes";
+            goto fail;
+        }
+        if (in_class && c == '&' && i + 1 < n && p[i + 1] == '&') {
+            *why = "class intersection (&&)";
             goto fail;
         }
         if (in_class && c == ']') in_class = false;
@@ -403,9 +438,13 @@ static pcre2_code *rx_compile(const char *pat, size_t n, bool literal, char *why
     *st = CG_E_VALUE;
     int ec = 0;
     PCRE2_SIZE eo = 0;
-    uint32_t opt = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)src, literal ? n : PCRE2_ZERO_TERMINATED, opt, &ec, &eo,
-                                   NULL);
+    uint32_t opt = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_MULTILINE);
+    pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
+    if (!cc) abort();
+    pcre2_set_newline(cc, PCRE2_NEWLINE_LF); /* Oniguruma's newline, whatever PCRE2's build says */
+    pcre2_code *re =
+        pcre2_compile((PCRE2_SPTR)src, literal ? n : PCRE2_ZERO_TERMINATED, opt, &ec, &eo, cc);
+    pcre2_compile_context_free(cc);
     free(src);
     if (!re) {
         PCRE2_UCHAR msg[160];
@@ -437,7 +476,13 @@ static int rx_match(const pcre2_code *re, const char *s, size_t n, size_t pos, u
  * Tokenizer structure
  * ------------------------------------------------------------------------------------------- */
 
-typedef enum { BEH_REMOVED, BEH_ISOLATED, BEH_MERGED_PREV, BEH_MERGED_NEXT, BEH_CONTIGUOUS } behavior;
+typedef enum {
+    BEH_REMOVED,
+    BEH_ISOLATED,
+    BEH_MERGED_PREV,
+    BEH_MERGED_NEXT,
+    BEH_CONTIGUOUS
+} behavior;
 typedef enum { PS_ALWAYS, PS_FIRST, PS_NEVER } prepend_scheme;
 
 typedef enum { NZ_NFC, NZ_NFD, NZ_NFKC, NZ_NFKD, NZ_PREPEND, NZ_REPLACE } nz_kind;
@@ -464,8 +509,8 @@ typedef struct pt_step {
 typedef enum { DC_BYTELEVEL, DC_METASPACE, DC_REPLACE, DC_BYTEFALLBACK, DC_FUSE, DC_STRIP } dc_kind;
 typedef struct dc_step {
     dc_kind kind;
-    pcre2_code *re;        /* Replace */
-    char *str;             /* Replace's content */
+    pcre2_code *re; /* Replace */
+    char *str;      /* Replace's content */
     size_t str_len;
     uint32_t ch;           /* Metaspace replacement, Strip content */
     prepend_scheme scheme; /* Metaspace */
@@ -493,10 +538,12 @@ typedef struct trie {
     bool first[256];
 } trie;
 
-/* The BPE cache: pre-token -> ids, bounded, sharded, one lock per shard. */
+/* The BPE cache: pre-token -> ids, direct-mapped, sharded, one lock per shard. Words of fewer
+ * than CACHE_MAX_KEY bytes are cached; an entry is at most 16 + 5 * 127 bytes, so the cache
+ * holds at most ~42 MB whatever the input (a few MB on real text). */
 #define CACHE_SHARDS 64
-#define CACHE_SLOTS 256 /* per shard: 16384 entries in all */
-#define CACHE_MAX_KEY 256
+#define CACHE_SLOTS 1024 /* per shard: 65536 entries in all */
+#define CACHE_MAX_KEY 128
 typedef struct cache_ent {
     uint64_t h;
     uint32_t klen, nids;
@@ -551,16 +598,20 @@ struct cg_tokenizer {
 
 /* Byte-level alphabet of GPT-2: byte b <-> one printable code point. */
 static uint32_t bl_cp[256];
+static char bl_utf8[256][2]; /* bl_cp as UTF-8 (one or two bytes) */
+static uint8_t bl_utf8_len[256];
 static int16_t bl_byte[324]; /* code point -> byte, -1 */
 static pthread_once_t bl_once = PTHREAD_ONCE_INIT;
 static void bl_init(void)
 {
-    for (int i = 0; i < 324; i++) bl_byte[i] = -1;
+    for (int i = 0; i < 324; i++)
+        bl_byte[i] = -1;
     uint32_t next = 256;
     for (int b = 0; b < 256; b++) {
         bool keep = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
         bl_cp[b] = keep ? (uint32_t)b : next++;
         bl_byte[bl_cp[b]] = (int16_t)b;
+        bl_utf8_len[b] = (uint8_t)u8enc(bl_cp[b], bl_utf8[b]);
     }
 }
 
@@ -707,11 +758,13 @@ static void apply_behavior(ectx *c, behavior b, bool invert)
 {
     c->nkr = 0;
     if (invert)
-        for (size_t i = 0; i < c->nmr; i++) c->mr[i].m = !c->mr[i].m;
+        for (size_t i = 0; i < c->nmr; i++)
+            c->mr[i].m = !c->mr[i].m;
     bool prev_match = false;
     switch (b) {
     case BEH_ISOLATED:
-        for (size_t i = 0; i < c->nmr; i++) kr_add(c, c->mr[i].s, c->mr[i].e);
+        for (size_t i = 0; i < c->nmr; i++)
+            kr_add(c, c->mr[i].s, c->mr[i].e);
         break;
     case BEH_REMOVED:
         for (size_t i = 0; i < c->nmr; i++)
@@ -719,22 +772,28 @@ static void apply_behavior(ectx *c, behavior b, bool invert)
         break;
     case BEH_MERGED_PREV:
         for (size_t i = 0; i < c->nmr; i++) {
-            if (c->mr[i].m && !prev_match && c->nkr) c->kr[c->nkr - 1].e = c->mr[i].e;
-            else kr_add(c, c->mr[i].s, c->mr[i].e);
+            if (c->mr[i].m && !prev_match && c->nkr)
+                c->kr[c->nkr - 1].e = c->mr[i].e;
+            else
+                kr_add(c, c->mr[i].s, c->mr[i].e);
             prev_match = c->mr[i].m;
         }
         break;
     case BEH_CONTIGUOUS:
         for (size_t i = 0; i < c->nmr; i++) {
-            if (c->mr[i].m == prev_match && c->nkr) c->kr[c->nkr - 1].e = c->mr[i].e;
-            else kr_add(c, c->mr[i].s, c->mr[i].e);
+            if (c->mr[i].m == prev_match && c->nkr)
+                c->kr[c->nkr - 1].e = c->mr[i].e;
+            else
+                kr_add(c, c->mr[i].s, c->mr[i].e);
             prev_match = c->mr[i].m;
         }
         break;
     case BEH_MERGED_NEXT:
         for (size_t i = c->nmr; i-- > 0;) {
-            if (c->mr[i].m && !prev_match && c->nkr) c->kr[c->nkr - 1].s = c->mr[i].s;
-            else kr_add(c, c->mr[i].s, c->mr[i].e);
+            if (c->mr[i].m && !prev_match && c->nkr)
+                c->kr[c->nkr - 1].s = c->mr[i].s;
+            else
+                kr_add(c, c->mr[i].s, c->mr[i].e);
             prev_match = c->mr[i].m;
         }
         for (size_t i = 0, j = c->nkr; i < j / 2; i++) {
@@ -775,17 +834,23 @@ static int replace_all(ectx *c, const pcre2_code *re, const char *s, size_t n, c
 {
     if (find_matches_rx(c, re, s, n) < 0) return -1;
     for (size_t i = 0; i < c->nmr; i++) {
-        if (c->mr[i].m) sb_add(out, rep, rep_len);
-        else sb_add(out, s + c->mr[i].s, c->mr[i].e - c->mr[i].s);
+        if (c->mr[i].m)
+            sb_add(out, rep, rep_len);
+        else
+            sb_add(out, s + c->mr[i].s, c->mr[i].e - c->mr[i].s);
     }
     return 0;
 }
 
-static bool all_ascii(const char *s, size_t n)
+/* The largest lead byte in s: below 0x80 the text is ASCII, which no normalization form
+ * changes; below 0xCC every code point is below U+0300, where NFC changes nothing (those
+ * characters are NFC_QC=Yes with combining class 0, and composition needs a mark >= U+0300). */
+static unsigned char max_lead(const char *s, size_t n)
 {
+    unsigned char m = 0;
     for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] >= 0x80) return false;
-    return true;
+        if ((unsigned char)s[i] > m) m = (unsigned char)s[i];
+    return m;
 }
 
 /* Normalizes s[0..n) into c->norm. Returns -1 on a regex engine error. */
@@ -803,13 +868,15 @@ static int normalize(ectx *c, const char *s, size_t n)
         case NZ_NFD:
         case NZ_NFKC:
         case NZ_NFKD: {
-            if (all_ascii(cur->p, cur->n)) continue;
+            unsigned char ml = max_lead(cur->p, cur->n);
+            if (ml < 0x80 || (ml < 0xCC && z->kind == NZ_NFC)) continue;
             int opt = UTF8PROC_STABLE;
-            opt |= (z->kind == NZ_NFC || z->kind == NZ_NFKC) ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
+            opt |=
+                (z->kind == NZ_NFC || z->kind == NZ_NFKC) ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
             if (z->kind == NZ_NFKC || z->kind == NZ_NFKD) opt |= UTF8PROC_COMPAT;
             utf8proc_uint8_t *d = NULL;
-            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)cur->p, (utf8proc_ssize_t)cur->n,
-                                              &d, (utf8proc_option_t)opt);
+            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)cur->p,
+                                              (utf8proc_ssize_t)cur->n, &d, (utf8proc_option_t)opt);
             if (r < 0) return -1;
             sb_add(tmp, d, (size_t)r);
             free(d);
@@ -867,13 +934,17 @@ static int pretok_step(ectx *c, const pt_step *p, const plist *in, plist *out)
             for (size_t k = 0; k < c->nkr; k++) {
                 size_t a = c->kr[k].s, e = c->kr[k].e;
                 if (e <= a) continue;
-                char mapped[8];
                 grow(&out->v, &out->cap, out->n + 1, sizeof *out->v);
+                grow(&out->buf.p, &out->buf.cap, out->buf.n + 2 * (e - a) + 1, 1);
                 span sp = {(uint32_t)out->buf.n, 0, first && a == 0};
+                char *o = out->buf.p + out->buf.n;
                 for (size_t j = a; j < e; j++) {
-                    size_t l = u8enc(bl_cp[(unsigned char)w->p[j]], mapped);
-                    sb_add(&out->buf, mapped, l);
+                    unsigned char b = (unsigned char)w->p[j];
+                    *o++ = bl_utf8[b][0];
+                    if (bl_utf8_len[b] == 2) *o++ = bl_utf8[b][1];
                 }
+                *o = '\0';
+                out->buf.n = (size_t)(o - out->buf.p);
                 sp.len = (uint32_t)(out->buf.n - sp.off);
                 out->v[out->n++] = sp;
             }
@@ -890,8 +961,10 @@ static int pretok_step(ectx *c, const pt_step *p, const plist *in, plist *out)
             if (!starts && (p->scheme == PS_ALWAYS || (p->scheme == PS_FIRST && first)))
                 sb_add(w, rep, rl);
             for (size_t j = 0; j < n; j++) {
-                if (s[j] == ' ') sb_add(w, rep, rl);
-                else sb_add(w, s + j, 1);
+                if (s[j] == ' ')
+                    sb_add(w, rep, rl);
+                else
+                    sb_add(w, s + j, 1);
             }
             if (p->split) {
                 find_matches_char(c, w->p, w->n, pred_eq, p->repl);
@@ -988,9 +1061,11 @@ static void bpe_symbols(ectx *c, const char *s, size_t n)
         }
         if (t->byte_fallback) {
             bool all = true;
-            for (size_t j = 0; j < kl && all; j++) all = t->byte_ids[(unsigned char)key[j]] >= 0;
+            for (size_t j = 0; j < kl && all; j++)
+                all = t->byte_ids[(unsigned char)key[j]] >= 0;
             if (all) {
-                for (size_t j = 0; j < kl; j++) sym_add(c, (uint32_t)t->byte_ids[(unsigned char)key[j]]);
+                for (size_t j = 0; j < kl; j++)
+                    sym_add(c, (uint32_t)t->byte_ids[(unsigned char)key[j]]);
                 continue;
             }
         }
@@ -1105,7 +1180,8 @@ static void trie_insert(trie *tr, const char *s, size_t n, int32_t tok)
     for (size_t i = 0; i < n; i++) {
         unsigned char b = (unsigned char)s[i];
         uint32_t ch = tr->v[cur].child;
-        while (ch != NO_ID && tr->v[ch].byte != b) ch = tr->v[ch].sibling;
+        while (ch != NO_ID && tr->v[ch].byte != b)
+            ch = tr->v[ch].sibling;
         if (ch == NO_ID) {
             grow(&tr->v, &tr->cap, tr->n + 1, sizeof *tr->v);
             ch = (uint32_t)tr->n++;
@@ -1125,7 +1201,8 @@ static int32_t trie_longest(const trie *tr, const char *s, size_t n, size_t i, s
     uint32_t cur = 0;
     for (size_t j = i; j < n; j++) {
         uint32_t ch = tr->v[cur].child;
-        while (ch != NO_ID && tr->v[ch].byte != (unsigned char)s[j]) ch = tr->v[ch].sibling;
+        while (ch != NO_ID && tr->v[ch].byte != (unsigned char)s[j])
+            ch = tr->v[ch].sibling;
         if (ch == NO_ID) break;
         cur = ch;
         if (tr->v[cur].tok >= 0) {
@@ -1217,7 +1294,8 @@ static int encode_piece(ectx *c, const char *s, size_t n, bool first)
         in = out;
         out = x;
     }
-    for (size_t i = 0; i < in->n; i++) bpe_word(c, in->buf.p + in->v[i].off, in->v[i].len);
+    for (size_t i = 0; i < in->n; i++)
+        bpe_word(c, in->buf.p + in->v[i].off, in->v[i].len);
     return 0;
 }
 
@@ -1242,7 +1320,8 @@ static cg_status encode_hf(const cg_tokenizer *t, const char *text, size_t len, 
         if (normalize(&c, text + s1[i].s, s1[i].e - s1[i].s) < 0) goto fail;
         find_added(&c, &t->norm_trie, c.norm.p, c.norm.n, &s2, &n2, &c2);
         for (size_t j = 0; j < n2; j++) {
-            if (s2[j].tok >= 0) ids_add(out, t->added[s2[j].tok].id);
+            if (s2[j].tok >= 0)
+                ids_add(out, t->added[s2[j].tok].id);
             else if (encode_piece(&c, c.norm.p + s2[j].s, s2[j].e - s2[j].s,
                                   s1[i].s == 0 && s2[j].s == 0) < 0)
                 goto fail;
@@ -1297,7 +1376,8 @@ cg_status cg_tokenizer_encode(const cg_tokenizer *t, const char *text, size_t le
     if (!t->bytes) return encode_hf(t, text, len, add_special, out);
     grow(&out->ids, &out->cap, out->n + len + 1, sizeof *out->ids);
     if (add_special) out->ids[out->n++] = t->bos;
-    for (size_t i = 0; i < len; i++) out->ids[out->n++] = (unsigned char)text[i];
+    for (size_t i = 0; i < len; i++)
+        out->ids[out->n++] = (unsigned char)text[i];
     return CG_OK;
 }
 
@@ -1317,7 +1397,8 @@ static int dc_replace(const dc_step *d, plist *in, plist *out, ectx *c)
     for (size_t i = 0; i < in->n; i++) {
         sbuf *w = &c->tmp;
         w->n = 0;
-        if (replace_all(c, d->re, in->buf.p + in->v[i].off, in->v[i].len, d->str, d->str_len, w) < 0)
+        if (replace_all(c, d->re, in->buf.p + in->v[i].off, in->v[i].len, d->str, d->str_len, w) <
+            0)
             return -1;
         pl_add(out, w->p ? w->p : "", w->n, false);
     }
@@ -1345,9 +1426,11 @@ static void dc_bytefallback(plist *in, plist *out)
             continue;
         }
         if (pend.n) {
-            if (cg_utf8_valid(pend.p, pend.n)) pl_add(out, pend.p, pend.n, false);
+            if (cg_utf8_valid(pend.p, pend.n))
+                pl_add(out, pend.p, pend.n, false);
             else
-                for (size_t k = 0; k < pend.n; k++) pl_add(out, "\xEF\xBF\xBD", 3, false);
+                for (size_t k = 0; k < pend.n; k++)
+                    pl_add(out, "\xEF\xBF\xBD", 3, false);
             pend.n = 0;
         }
         if (i < in->n) pl_add(out, in->buf.p + in->v[i].off, in->v[i].len, false);
@@ -1388,7 +1471,8 @@ static void dc_metaspace(const dc_step *d, plist *in, plist *out)
             uint32_t cp = u8dec(s + j, &l);
             if (cp == d->ch) {
                 if (!(i == 0 && d->scheme != PS_NEVER)) sb_add(&out->buf, " ", 1);
-            } else sb_add(&out->buf, s + j, l);
+            } else
+                sb_add(&out->buf, s + j, l);
             j += l;
         }
         sp.len = (uint32_t)(out->buf.n - sp.off);
@@ -1418,7 +1502,8 @@ static void bytelevel_bytes(const char *s, size_t n, sbuf *out)
 static void dc_bytelevel(plist *in, plist *out)
 {
     sbuf raw = {0};
-    for (size_t i = 0; i < in->n; i++) bytelevel_bytes(in->buf.p + in->v[i].off, in->v[i].len, &raw);
+    for (size_t i = 0; i < in->n; i++)
+        bytelevel_bytes(in->buf.p + in->v[i].off, in->v[i].len, &raw);
     pl_reset(out);
     sbuf fixed = {0};
     append_lossy(&fixed, raw.p ? raw.p : "", raw.n);
@@ -1431,7 +1516,8 @@ static void dc_fuse(plist *in, plist *out)
 {
     pl_reset(out);
     sbuf all = {0};
-    for (size_t i = 0; i < in->n; i++) sb_add(&all, in->buf.p + in->v[i].off, in->v[i].len);
+    for (size_t i = 0; i < in->n; i++)
+        sb_add(&all, in->buf.p + in->v[i].off, in->v[i].len);
     pl_add(out, all.p ? all.p : "", all.n, false);
     sb_free(&all);
 }
@@ -1439,7 +1525,8 @@ static void dc_fuse(plist *in, plist *out)
 /* transformers' clean_up_tokenization: a fixed list of English spacing fixes, in order. */
 static void clean_up(sbuf *s)
 {
-    static const char *const from[] = {" .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's", " 've", " 're"};
+    static const char *const from[] = {" .",   " ?",  " !",  " ,",   " ' ",
+                                       " n't", " 'm", " 's", " 've", " 're"};
     static const char *const to[] = {".", "?", "!", ",", "'", "n't", "'m", "'s", "'ve", "'re"};
     for (size_t r = 0; r < CG_ARRAY_LEN(from); r++) {
         size_t fl = strlen(from[r]), tl = strlen(to[r]), w = 0;
@@ -1449,7 +1536,8 @@ static void clean_up(sbuf *s)
                 memmove(s->p + w, to[r], tl);
                 w += tl;
                 i += fl;
-            } else s->p[w++] = s->p[i++];
+            } else
+                s->p[w++] = s->p[i++];
         }
         s->n = w;
         s->p[w] = '\0';
@@ -1487,11 +1575,21 @@ cg_status cg_tokenizer_decode(const cg_tokenizer *t, const int32_t *ids, size_t 
         for (size_t k = 0; k < t->n_dc; k++) {
             const dc_step *d = &t->dc[k];
             switch (d->kind) {
-            case DC_BYTELEVEL: dc_bytelevel(in, o); break;
-            case DC_METASPACE: dc_metaspace(d, in, o); break;
-            case DC_BYTEFALLBACK: dc_bytefallback(in, o); break;
-            case DC_FUSE: dc_fuse(in, o); break;
-            case DC_STRIP: dc_strip(d, in, o); break;
+            case DC_BYTELEVEL:
+                dc_bytelevel(in, o);
+                break;
+            case DC_METASPACE:
+                dc_metaspace(d, in, o);
+                break;
+            case DC_BYTEFALLBACK:
+                dc_bytefallback(in, o);
+                break;
+            case DC_FUSE:
+                dc_fuse(in, o);
+                break;
+            case DC_STRIP:
+                dc_strip(d, in, o);
+                break;
             case DC_REPLACE:
                 if (!c.md) c.md = pcre2_match_data_create(1, NULL);
                 if (dc_replace(d, in, o, &c) < 0) {
@@ -1504,7 +1602,8 @@ cg_status cg_tokenizer_decode(const cg_tokenizer *t, const int32_t *ids, size_t 
             in = o;
             o = x;
         }
-        for (size_t i = 0; i < in->n; i++) sb_add(&res, in->buf.p + in->v[i].off, in->v[i].len);
+        for (size_t i = 0; i < in->n; i++)
+            sb_add(&res, in->buf.p + in->v[i].off, in->v[i].len);
     }
     if (t->clean_up && res.n) clean_up(&res);
     st = cg_buf_append(out, res.p ? res.p : "", res.n);
@@ -1532,19 +1631,24 @@ static int stream_bytes(const cg_tokenizer *t, ectx *c, const char *s, size_t n,
         const dc_step *d = &t->dc[k];
         w.n = 0;
         switch (d->kind) {
-        case DC_BYTELEVEL: bytelevel_bytes(out->p, out->n, &w); break;
+        case DC_BYTELEVEL:
+            bytelevel_bytes(out->p, out->n, &w);
+            break;
         case DC_METASPACE:
             for (size_t j = 0; j < out->n;) {
                 size_t l;
                 uint32_t cp = u8dec(out->p + j, &l);
-                if (cp == d->ch) sb_add(&w, " ", 1);
-                else sb_add(&w, out->p + j, l);
+                if (cp == d->ch)
+                    sb_add(&w, " ", 1);
+                else
+                    sb_add(&w, out->p + j, l);
                 j += l;
             }
             break;
         case DC_BYTEFALLBACK: {
             int b = byte_token(out->p, out->n);
-            if (b < 0) sb_add(&w, out->p, out->n);
+            if (b < 0)
+                sb_add(&w, out->p, out->n);
             else {
                 char ch = (char)b;
                 sb_add(&w, &ch, 1);
@@ -1556,7 +1660,8 @@ static int stream_bytes(const cg_tokenizer *t, ectx *c, const char *s, size_t n,
             if (replace_all(c, d->re, out->p, out->n, d->str, d->str_len, &w) < 0) rc = -1;
             break;
         case DC_FUSE:
-        case DC_STRIP: continue;
+        case DC_STRIP:
+            continue;
         }
         out->n = 0;
         sb_add(out, w.p ? w.p : "", w.n);
@@ -1649,7 +1754,8 @@ typedef struct ld {
     cg_tokenizer *t;
 } ld;
 
-static cg_status fail(ld *L, cg_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static cg_status fail(ld *L, cg_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static cg_status fail(ld *L, cg_status st, const char *fmt, ...)
 {
     char msg[512];
@@ -1664,19 +1770,27 @@ static cg_status fail(ld *L, cg_status st, const char *fmt, ...)
 static const char *jtype(const json_t *v)
 {
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a number";
     case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
+    case JSON_FALSE:
+        return "a boolean";
+    default:
+        return "null";
     }
 }
 
 /* An optional boolean: absent or null gives def. */
-static cg_status get_bool(ld *L, const json_t *o, const char *key, const char *path, bool def, bool *out)
+static cg_status get_bool(ld *L, const json_t *o, const char *key, const char *path, bool def,
+                          bool *out)
 {
     const json_t *v = json_object_get(o, key);
     *out = def;
@@ -1713,14 +1827,16 @@ static cg_status get_char(ld *L, const json_t *o, const char *key, const char *p
     cg_status st = get_str(L, o, key, path, true, &s, &n);
     if (st != CG_OK) return st;
     size_t l = n ? u8len((unsigned char)s[0]) : 0;
-    if (n == 0 || l != n) return fail(L, CG_E_VALUE, "%s.%s must be exactly one character", path, key);
+    if (n == 0 || l != n)
+        return fail(L, CG_E_VALUE, "%s.%s must be exactly one character", path, key);
     *cp = u8dec(s, &l);
     return CG_OK;
 }
 
 static cg_status get_type(ld *L, const json_t *o, const char *path, const char **type)
 {
-    if (!json_is_object(o)) return fail(L, CG_E_VALUE, "%s must be an object, not %s", path, jtype(o));
+    if (!json_is_object(o))
+        return fail(L, CG_E_VALUE, "%s must be an object, not %s", path, jtype(o));
     return get_str(L, o, "type", path, true, type, NULL);
 }
 
@@ -1730,11 +1846,13 @@ static cg_status get_pattern(ld *L, const json_t *o, const char *path, pcre2_cod
     const json_t *p = json_object_get(o, "pattern");
     if (!p) return fail(L, CG_E_VALUE, "%s.pattern is missing", path);
     if (!json_is_object(p) || json_object_size(p) != 1)
-        return fail(L, CG_E_VALUE, "%s.pattern must be {\"String\": ...} or {\"Regex\": ...}", path);
+        return fail(L, CG_E_VALUE, "%s.pattern must be {\"String\": ...} or {\"Regex\": ...}",
+                    path);
     const json_t *s = json_object_get(p, "String"), *r = json_object_get(p, "Regex");
     const json_t *v = s ? s : r;
     if (!v || !json_is_string(v))
-        return fail(L, CG_E_VALUE, "%s.pattern must be {\"String\": ...} or {\"Regex\": ...}", path);
+        return fail(L, CG_E_VALUE, "%s.pattern must be {\"String\": ...} or {\"Regex\": ...}",
+                    path);
     char why[256];
     cg_status st;
     *re = rx_compile(json_string_value(v), json_string_length(v), s != NULL, why, sizeof why, &st);
@@ -1753,7 +1871,8 @@ static cg_status load_normalizer(ld *L, const json_t *o, const char *path)
     if (st != CG_OK) return st;
     if (!strcmp(type, "Sequence")) {
         const json_t *list = json_object_get(o, "normalizers");
-        if (!json_is_array(list)) return fail(L, CG_E_VALUE, "%s.normalizers must be an array", path);
+        if (!json_is_array(list))
+            return fail(L, CG_E_VALUE, "%s.normalizers must be an array", path);
         for (size_t i = 0; i < json_array_size(list); i++) {
             char sub[256];
             snprintf(sub, sizeof sub, "%s.normalizers[%zu]", path, i);
@@ -1763,10 +1882,14 @@ static cg_status load_normalizer(ld *L, const json_t *o, const char *path)
         return CG_OK;
     }
     nz_step z = {0};
-    if (!strcmp(type, "NFC")) z.kind = NZ_NFC;
-    else if (!strcmp(type, "NFD")) z.kind = NZ_NFD;
-    else if (!strcmp(type, "NFKC")) z.kind = NZ_NFKC;
-    else if (!strcmp(type, "NFKD")) z.kind = NZ_NFKD;
+    if (!strcmp(type, "NFC"))
+        z.kind = NZ_NFC;
+    else if (!strcmp(type, "NFD"))
+        z.kind = NZ_NFD;
+    else if (!strcmp(type, "NFKC"))
+        z.kind = NZ_NFKC;
+    else if (!strcmp(type, "NFKD"))
+        z.kind = NZ_NFKD;
     else if (!strcmp(type, "Prepend")) {
         const char *s;
         size_t n;
@@ -1805,7 +1928,8 @@ static cg_status load_pretok(ld *L, const json_t *o, const char *path)
     if (st != CG_OK) return st;
     if (!strcmp(type, "Sequence")) {
         const json_t *list = json_object_get(o, "pretokenizers");
-        if (!json_is_array(list)) return fail(L, CG_E_VALUE, "%s.pretokenizers must be an array", path);
+        if (!json_is_array(list))
+            return fail(L, CG_E_VALUE, "%s.pretokenizers must be an array", path);
         for (size_t i = 0; i < json_array_size(list); i++) {
             char sub[256];
             snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", path, i);
@@ -1829,12 +1953,18 @@ static cg_status load_pretok(ld *L, const json_t *o, const char *path)
         p.kind = PT_SPLIT;
         const char *b;
         if ((st = get_str(L, o, "behavior", path, true, &b, NULL)) != CG_OK) return st;
-        if (!strcmp(b, "Removed")) p.beh = BEH_REMOVED;
-        else if (!strcmp(b, "Isolated")) p.beh = BEH_ISOLATED;
-        else if (!strcmp(b, "MergedWithPrevious")) p.beh = BEH_MERGED_PREV;
-        else if (!strcmp(b, "MergedWithNext")) p.beh = BEH_MERGED_NEXT;
-        else if (!strcmp(b, "Contiguous")) p.beh = BEH_CONTIGUOUS;
-        else return fail(L, CG_E_VALUE, "%s.behavior '%s' is not a split behavior", path, b);
+        if (!strcmp(b, "Removed"))
+            p.beh = BEH_REMOVED;
+        else if (!strcmp(b, "Isolated"))
+            p.beh = BEH_ISOLATED;
+        else if (!strcmp(b, "MergedWithPrevious"))
+            p.beh = BEH_MERGED_PREV;
+        else if (!strcmp(b, "MergedWithNext"))
+            p.beh = BEH_MERGED_NEXT;
+        else if (!strcmp(b, "Contiguous"))
+            p.beh = BEH_CONTIGUOUS;
+        else
+            return fail(L, CG_E_VALUE, "%s.behavior '%s' is not a split behavior", path, b);
         if ((st = get_bool(L, o, "invert", path, false, &p.invert)) != CG_OK) return st;
         if ((st = get_pattern(L, o, path, &p.re)) != CG_OK) return st;
     } else if (!strcmp(type, "Metaspace")) {
@@ -1843,18 +1973,23 @@ static cg_status load_pretok(ld *L, const json_t *o, const char *path)
         const char *sch;
         if ((st = get_str(L, o, "prepend_scheme", path, false, &sch, NULL)) != CG_OK) return st;
         p.scheme = PS_ALWAYS;
-        if (sch && !strcmp(sch, "first")) p.scheme = PS_FIRST;
-        else if (sch && !strcmp(sch, "never")) p.scheme = PS_NEVER;
+        if (sch && !strcmp(sch, "first"))
+            p.scheme = PS_FIRST;
+        else if (sch && !strcmp(sch, "never"))
+            p.scheme = PS_NEVER;
         else if (sch && strcmp(sch, "always"))
-            return fail(L, CG_E_VALUE, "%s.prepend_scheme '%s' is not always, first or never", path, sch);
+            return fail(L, CG_E_VALUE, "%s.prepend_scheme '%s' is not always, first or never", path,
+                        sch);
         bool aps;
         if ((st = get_bool(L, o, "add_prefix_space", path, true, &aps)) != CG_OK) return st;
         if (!aps && p.scheme != PS_NEVER)
-            return fail(L, CG_E_VALUE, "%s.add_prefix_space false does not match prepend_scheme", path);
+            return fail(L, CG_E_VALUE, "%s.add_prefix_space false does not match prepend_scheme",
+                        path);
         if ((st = get_bool(L, o, "split", path, true, &p.split)) != CG_OK) return st;
     } else if (!strcmp(type, "Digits")) {
         p.kind = PT_DIGITS;
-        if ((st = get_bool(L, o, "individual_digits", path, false, &p.individual)) != CG_OK) return st;
+        if ((st = get_bool(L, o, "individual_digits", path, false, &p.individual)) != CG_OK)
+            return st;
     } else
         return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
     t->pt = cg_realloc(t->pt, (t->n_pt + 1) * sizeof *t->pt);
@@ -1882,23 +2017,30 @@ static cg_status load_decoder(ld *L, const json_t *o, const char *path)
         return CG_OK;
     }
     dc_step d = {0};
-    if (!strcmp(type, "ByteLevel")) d.kind = DC_BYTELEVEL;
-    else if (!strcmp(type, "ByteFallback")) d.kind = DC_BYTEFALLBACK;
-    else if (!strcmp(type, "Fuse")) d.kind = DC_FUSE;
+    if (!strcmp(type, "ByteLevel"))
+        d.kind = DC_BYTELEVEL;
+    else if (!strcmp(type, "ByteFallback"))
+        d.kind = DC_BYTEFALLBACK;
+    else if (!strcmp(type, "Fuse"))
+        d.kind = DC_FUSE;
     else if (!strcmp(type, "Metaspace")) {
         d.kind = DC_METASPACE;
         if ((st = get_char(L, o, "replacement", path, &d.ch)) != CG_OK) return st;
         const char *sch;
         if ((st = get_str(L, o, "prepend_scheme", path, false, &sch, NULL)) != CG_OK) return st;
         d.scheme = PS_ALWAYS;
-        if (sch && !strcmp(sch, "first")) d.scheme = PS_FIRST;
-        else if (sch && !strcmp(sch, "never")) d.scheme = PS_NEVER;
+        if (sch && !strcmp(sch, "first"))
+            d.scheme = PS_FIRST;
+        else if (sch && !strcmp(sch, "never"))
+            d.scheme = PS_NEVER;
         else if (sch && strcmp(sch, "always"))
-            return fail(L, CG_E_VALUE, "%s.prepend_scheme '%s' is not always, first or never", path, sch);
+            return fail(L, CG_E_VALUE, "%s.prepend_scheme '%s' is not always, first or never", path,
+                        sch);
         bool aps;
         if ((st = get_bool(L, o, "add_prefix_space", path, true, &aps)) != CG_OK) return st;
         if (!aps && d.scheme != PS_NEVER)
-            return fail(L, CG_E_VALUE, "%s.add_prefix_space false does not match prepend_scheme", path);
+            return fail(L, CG_E_VALUE, "%s.add_prefix_space false does not match prepend_scheme",
+                        path);
     } else if (!strcmp(type, "Replace")) {
         d.kind = DC_REPLACE;
         const char *s;
@@ -1935,7 +2077,8 @@ static cg_status load_post(ld *L, const json_t *o, const char *path)
     if (st != CG_OK) return st;
     if (!strcmp(type, "Sequence")) {
         const json_t *list = json_object_get(o, "processors");
-        if (!json_is_array(list)) return fail(L, CG_E_VALUE, "%s.processors must be an array", path);
+        if (!json_is_array(list))
+            return fail(L, CG_E_VALUE, "%s.processors must be an array", path);
         for (size_t i = 0; i < json_array_size(list); i++) {
             char sub[256];
             snprintf(sub, sizeof sub, "%s.processors[%zu]", path, i);
@@ -1947,7 +2090,8 @@ static cg_status load_post(ld *L, const json_t *o, const char *path)
     if (!strcmp(type, "ByteLevel")) return CG_OK; /* offsets only; ids unchanged */
     if (strcmp(type, "TemplateProcessing"))
         return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
-    const json_t *single = json_object_get(o, "single"), *specials = json_object_get(o, "special_tokens");
+    const json_t *single = json_object_get(o, "single"),
+                 *specials = json_object_get(o, "special_tokens");
     if (!json_is_array(single)) return fail(L, CG_E_VALUE, "%s.single must be an array", path);
     if (specials && !json_is_object(specials))
         return fail(L, CG_E_VALUE, "%s.special_tokens must be an object", path);
@@ -1955,25 +2099,32 @@ static cg_status load_post(ld *L, const json_t *o, const char *path)
     size_t nn = 0, cap = 0, seqs = 0;
     for (size_t i = 0; i < json_array_size(single); i++) {
         const json_t *it = json_array_get(single, i);
-        const json_t *sp = json_object_get(it, "SpecialToken"), *sq = json_object_get(it, "Sequence");
+        const json_t *sp = json_object_get(it, "SpecialToken"),
+                     *sq = json_object_get(it, "Sequence");
         const json_t *id = json_object_get(sp ? sp : sq, "id");
-        if (!json_is_object(it) || json_object_size(it) != 1 || !(sp || sq) || !json_is_string(id)) {
+        if (!json_is_object(it) || json_object_size(it) != 1 || !(sp || sq) ||
+            !json_is_string(id)) {
             free(nt);
-            return fail(L, CG_E_VALUE, "%s.single[%zu] must be {\"SpecialToken\": {\"id\": ...}} or "
-                                       "{\"Sequence\": {\"id\": ...}}", path, i);
+            return fail(L, CG_E_VALUE,
+                        "%s.single[%zu] must be {\"SpecialToken\": {\"id\": ...}} or "
+                        "{\"Sequence\": {\"id\": ...}}",
+                        path, i);
         }
         if (sq) {
             if (strcmp(json_string_value(id), "A")) {
                 free(nt);
-                return fail(L, CG_E_VALUE, "%s.single[%zu] names sequence '%s'; a single template has only A",
+                return fail(L, CG_E_VALUE,
+                            "%s.single[%zu] names sequence '%s'; a single template has only A",
                             path, i, json_string_value(id));
             }
             seqs++;
             /* an earlier template is wrapped by this one */
             size_t k = t->n_tmpl ? t->n_tmpl : 1;
             grow(&nt, &cap, nn + k, sizeof *nt);
-            if (t->n_tmpl) memcpy(nt + nn, t->tmpl, k * sizeof *nt);
-            else nt[nn] = -1;
+            if (t->n_tmpl)
+                memcpy(nt + nn, t->tmpl, k * sizeof *nt);
+            else
+                nt[nn] = -1;
             nn += k;
             continue;
         }
@@ -1981,16 +2132,17 @@ static cg_status load_post(ld *L, const json_t *o, const char *path)
         const json_t *ids = json_object_get(def, "ids");
         if (!json_is_array(ids)) {
             free(nt);
-            return fail(L, CG_E_VALUE, "%s.single[%zu]: special token '%s' is not in %s.special_tokens",
-                        path, i, json_string_value(id), path);
+            return fail(L, CG_E_VALUE,
+                        "%s.single[%zu]: special token '%s' is not in %s.special_tokens", path, i,
+                        json_string_value(id), path);
         }
         for (size_t k = 0; k < json_array_size(ids); k++) {
             const json_t *v = json_array_get(ids, k);
             if (!json_is_integer(v) || json_integer_value(v) < 0 ||
                 json_integer_value(v) >= t->n_ids || t->str_off[json_integer_value(v)] == NO_ID) {
                 free(nt);
-                return fail(L, CG_E_VALUE, "%s.special_tokens['%s'].ids[%zu] is not a token id", path,
-                            json_string_value(id), k);
+                return fail(L, CG_E_VALUE, "%s.special_tokens['%s'].ids[%zu] is not a token id",
+                            path, json_string_value(id), k);
             }
             grow(&nt, &cap, nn + 1, sizeof *nt);
             nt[nn++] = (int32_t)json_integer_value(v);
@@ -2029,7 +2181,8 @@ static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
         return fail(L, CG_E_UNSUPPORTED, "model has no type and no merges: only BPE is supported");
     const json_t *drop = json_object_get(m, "dropout");
     if (drop && !json_is_null(drop) && !(json_is_number(drop) && json_number_value(drop) == 0.0))
-        return fail(L, CG_E_UNSUPPORTED, "model.dropout must be null: BPE dropout is not supported");
+        return fail(L, CG_E_UNSUPPORTED,
+                    "model.dropout must be null: BPE dropout is not supported");
     const json_t *vocab = json_object_get(m, "vocab");
     if (!json_is_object(vocab)) return fail(L, CG_E_VALUE, "model.vocab must be an object");
     const char *key;
@@ -2037,10 +2190,17 @@ static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
     *max_id = -1;
     json_object_foreach((json_t *)vocab, key, val)
     {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= (1 << 30))
+        if (!json_is_integer(val) || json_integer_value(val) < 0 ||
+            json_integer_value(val) >= (1 << 30))
             return fail(L, CG_E_VALUE, "model.vocab['%s'] must be an id (0 .. 2^30)", key);
         if (json_integer_value(val) > *max_id) *max_id = (int32_t)json_integer_value(val);
     }
+    /* id tables are dense arrays: a few huge ids must not make us allocate gigabytes (added
+     * tokens follow the model's ids, so they cannot stray) */
+    if ((size_t)(*max_id + 1) > 2 * json_object_size(vocab) + 1024)
+        return fail(L, CG_E_VALUE,
+                    "model.vocab: id %d is far beyond its %zu tokens (ids must be dense)", *max_id,
+                    json_object_size(vocab));
     size_t nv = (size_t)(*max_id + 1);
     int32_t *seen = cg_malloc((nv ? nv : 1) * sizeof *seen);
     memset(seen, 0xFF, (nv ? nv : 1) * sizeof *seen);
@@ -2051,7 +2211,8 @@ static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
         int32_t id = (int32_t)json_integer_value(json_object_iter_value(it));
         if (seen[id] >= 0) {
             free(seen);
-            return fail(L, CG_E_VALUE, "model.vocab: id %d is given to two tokens ('%s' and another)", id, k);
+            return fail(L, CG_E_VALUE,
+                        "model.vocab: id %d is given to two tokens ('%s' and another)", id, k);
         }
         seen[id] = 1;
         smap_put(&t->model_vocab, k, kl, id);
@@ -2068,9 +2229,11 @@ static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
     if ((st = get_str(L, m, "unk_token", "model", false, &s, &sl)) != CG_OK) return st;
     if (s) {
         t->unk_id = smap_get(&t->model_vocab, s, sl);
-        if (t->unk_id < 0) return fail(L, CG_E_VALUE, "model.unk_token '%s' is not in model.vocab", s);
+        if (t->unk_id < 0)
+            return fail(L, CG_E_VALUE, "model.unk_token '%s' is not in model.vocab", s);
     }
-    if ((st = get_str(L, m, "continuing_subword_prefix", "model", false, &s, &sl)) != CG_OK) return st;
+    if ((st = get_str(L, m, "continuing_subword_prefix", "model", false, &s, &sl)) != CG_OK)
+        return st;
     if (s && sl) {
         t->cs_prefix = cg_strndup(s, sl);
         t->cs_prefix_len = sl;
@@ -2098,9 +2261,10 @@ static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
         const char *a, *b;
         size_t al, bl;
         if (tuples) {
-            if (!json_is_array(e) || json_array_size(e) != 2 || !json_is_string(json_array_get(e, 0)) ||
-                !json_is_string(json_array_get(e, 1))) {
-                st = fail(L, CG_E_VALUE, "model.merges[%zu] must be a pair of strings like the others", i);
+            if (!json_is_array(e) || json_array_size(e) != 2 ||
+                !json_is_string(json_array_get(e, 0)) || !json_is_string(json_array_get(e, 1))) {
+                st = fail(L, CG_E_VALUE,
+                          "model.merges[%zu] must be a pair of strings like the others", i);
                 break;
             }
             a = json_string_value(json_array_get(e, 0));
@@ -2109,7 +2273,8 @@ static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
             bl = json_string_length(json_array_get(e, 1));
         } else {
             if (!json_is_string(e)) {
-                st = fail(L, CG_E_VALUE, "model.merges[%zu] must be a string \"a b\" like the others", i);
+                st = fail(L, CG_E_VALUE,
+                          "model.merges[%zu] must be a string \"a b\" like the others", i);
                 break;
             }
             const char *x = json_string_value(e);
@@ -2117,8 +2282,8 @@ static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
             if (xl >= 8 && !memcmp(x, "#version", 8)) continue;
             const char *sp = memchr(x, ' ', xl);
             if (!sp || memchr(sp + 1, ' ', xl - (size_t)(sp + 1 - x))) {
-                st = fail(L, CG_E_VALUE, "model.merges[%zu] '%s' is not two tokens separated by one space",
-                          i, x);
+                st = fail(L, CG_E_VALUE,
+                          "model.merges[%zu] '%s' is not two tokens separated by one space", i, x);
                 break;
             }
             a = x;
@@ -2133,8 +2298,9 @@ static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
             break;
         }
         if (bl < t->cs_prefix_len) {
-            st = fail(L, CG_E_VALUE, "model.merges[%zu]: '%.*s' is shorter than continuing_subword_prefix",
-                      i, (int)bl, b);
+            st = fail(L, CG_E_VALUE,
+                      "model.merges[%zu]: '%.*s' is shorter than continuing_subword_prefix", i,
+                      (int)bl, b);
             break;
         }
         cat.n = 0;
@@ -2142,8 +2308,8 @@ static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
         sb_add(&cat, b + t->cs_prefix_len, bl - t->cs_prefix_len);
         int32_t ic = smap_get(&t->model_vocab, cat.p, cat.n);
         if (ic < 0) {
-            st = fail(L, CG_E_VALUE, "model.merges[%zu]: the merged token '%s' is not in model.vocab", i,
-                      cat.p);
+            st = fail(L, CG_E_VALUE,
+                      "model.merges[%zu]: the merged token '%s' is not in model.vocab", i, cat.p);
             break;
         }
         pmap_put(&t->merges, (uint32_t)ia, (uint32_t)ib, rank++, (uint32_t)ic);
@@ -2174,7 +2340,8 @@ static cg_status load_added(ld *L, const json_t *list, int32_t *max_id)
         if ((st = get_str(L, o, "content", path, true, &s, &sl)) != CG_OK) return st;
         if (sl == 0) return fail(L, CG_E_VALUE, "%s.content is empty", path);
         const json_t *idv = json_object_get(o, "id");
-        if (!json_is_integer(idv) || json_integer_value(idv) < 0 || json_integer_value(idv) >= (1 << 30))
+        if (!json_is_integer(idv) || json_integer_value(idv) < 0 ||
+            json_integer_value(idv) >= (1 << 30))
             return fail(L, CG_E_VALUE, "%s.id must be an id (0 .. 2^30)", path);
         if ((st = get_bool(L, o, "special", path, false, &a.special)) != CG_OK ||
             (st = get_bool(L, o, "lstrip", path, false, &a.lstrip)) != CG_OK ||
@@ -2186,16 +2353,21 @@ static cg_status load_added(ld *L, const json_t *list, int32_t *max_id)
         int32_t dup = smap_get(&t->added_map, s, sl);
         if (dup >= 0) {
             if (t->added[dup].id != want)
-                return fail(L, CG_E_VALUE, "%s: '%s' is listed again with another id (%d, was %d)", path, s,
-                            want, t->added[dup].id);
+                return fail(L, CG_E_VALUE, "%s: '%s' is listed again with another id (%d, was %d)",
+                            path, s, want, t->added[dup].id);
             continue;
         }
         id = smap_get(&t->model_vocab, s, sl);
-        if (id < 0) id = amax < 0 ? model_size : (amax >= model_size || model_size == 0) ? amax + 1 : model_size;
+        if (id < 0)
+            id = amax < 0                                  ? model_size
+                 : (amax >= model_size || model_size == 0) ? amax + 1
+                                                           : model_size;
         if (id != want)
-            return fail(L, CG_E_VALUE,
-                        "%s: '%s' has id %d, but tokenizers would give it %d (ids must follow the model's "
-                        "vocabulary in order)", path, s, want, id);
+            return fail(
+                L, CG_E_VALUE,
+                "%s: '%s' has id %d, but tokenizers would give it %d (ids must follow the model's "
+                "vocabulary in order)",
+                path, s, want, id);
         if (id > amax) amax = id;
         if (id > *max_id) *max_id = id;
         a.id = id;
@@ -2244,7 +2416,9 @@ static cg_status parse_json(ld *L, const char *buf, size_t len, size_t flags, js
 {
     json_error_t je;
     *out = json_loadb(buf, len, flags, &je);
-    if (!*out) return fail(L, CG_E_JSON, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+    if (!*out)
+        return fail(L, CG_E_JSON, "invalid JSON at line %d column %d: %s", je.line, je.column,
+                    je.text);
     if (!json_is_object(*out)) {
         json_decref(*out);
         *out = NULL;
@@ -2267,8 +2441,42 @@ static cg_status config_token(ld *L, const json_t *cfg, const char *key, int32_t
     if (!json_is_string(v))
         return fail(L, CG_E_VALUE, "%s must be a string, an object with \"content\", or null", key);
     int32_t k = cg_tokenizer_token_id(L->t, json_string_value(v));
-    if (k < 0) return fail(L, CG_E_VALUE, "%s '%s' is not in the vocabulary", key, json_string_value(v));
+    if (k < 0)
+        return fail(L, CG_E_VALUE, "%s '%s' is not in the vocabulary", key, json_string_value(v));
     *id = k;
+    return CG_OK;
+}
+
+/* transformers makes the tokens that tokenizer_config.json names (bos_token, eos_token, ...,
+ * additional_special_tokens) special: skipped by decode with skip_special, and matched in the
+ * text like any special token even when tokenizer.json only has them in the model's vocabulary.
+ * A named token that is in neither is refused (transformers would add a new id the model does
+ * not have). */
+static cg_status config_special(ld *L, const json_t *v, const char *what)
+{
+    cg_tokenizer *t = L->t;
+    if (!v || json_is_null(v)) return CG_OK;
+    if (json_is_object(v)) v = json_object_get(v, "content");
+    if (!json_is_string(v))
+        return fail(L, CG_E_VALUE, "%s must be a string, an object with \"content\", or null",
+                    what);
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v);
+    if (n == 0) return fail(L, CG_E_VALUE, "%s is empty", what);
+    int32_t k = smap_get(&t->added_map, s, n);
+    if (k >= 0) {
+        t->special[t->added[k].id] = 1;
+        return CG_OK;
+    }
+    int32_t id = smap_get(&t->model_vocab, s, n);
+    if (id < 0) return fail(L, CG_E_VALUE, "%s '%s' is not in the vocabulary", what, s);
+    t->added = cg_realloc(t->added, (t->n_added + 1) * sizeof *t->added);
+    t->added[t->n_added] =
+        (added_tok){.id = id, .content = cg_strndup(s, n), .len = n, .special = true};
+    smap_put(&t->added_map, s, n, (int32_t)t->n_added);
+    trie_insert(&t->raw_trie, s, n, (int32_t)t->n_added);
+    t->n_added++;
+    t->special[id] = 1;
     return CG_OK;
 }
 
@@ -2278,17 +2486,33 @@ static cg_status load_config(ld *L, const json_t *cfg)
     cg_status st;
     if ((st = config_token(L, cfg, "bos_token", &t->bos)) != CG_OK ||
         (st = config_token(L, cfg, "eos_token", &t->eos)) != CG_OK ||
-        (st = get_bool(L, cfg, "clean_up_tokenization_spaces", "tokenizer_config", false, &t->clean_up)) != CG_OK)
+        (st = get_bool(L, cfg, "clean_up_tokenization_spaces", "tokenizer_config", false,
+                       &t->clean_up)) != CG_OK)
         return st;
+    static const char *const named[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                        "pad_token", "cls_token", "mask_token"};
+    for (size_t i = 0; i < CG_ARRAY_LEN(named); i++)
+        if ((st = config_special(L, json_object_get(cfg, named[i]), named[i])) != CG_OK) return st;
+    const json_t *extra = json_object_get(cfg, "additional_special_tokens");
+    if (extra && !json_is_null(extra) && !json_is_array(extra))
+        return fail(L, CG_E_VALUE, "additional_special_tokens must be an array");
+    for (size_t i = 0; i < json_array_size(extra); i++) {
+        char what[64];
+        snprintf(what, sizeof what, "additional_special_tokens[%zu]", i);
+        if ((st = config_special(L, json_array_get(extra, i), what)) != CG_OK) return st;
+    }
     const json_t *ct = json_object_get(cfg, "chat_template");
-    if (json_is_string(ct)) t->chat_template = cg_strdup(json_string_value(ct));
+    if (json_is_string(ct))
+        t->chat_template = cg_strdup(json_string_value(ct));
     else if (json_is_array(ct)) {
         for (size_t i = 0; i < json_array_size(ct); i++) {
             const json_t *e = json_array_get(ct, i);
             const json_t *nm = json_object_get(e, "name"), *tp = json_object_get(e, "template");
             if (!json_is_string(nm) || !json_is_string(tp))
-                return fail(L, CG_E_VALUE, "chat_template[%zu] must have string name and template", i);
-            if (!strcmp(json_string_value(nm), "default")) t->chat_template = cg_strdup(json_string_value(tp));
+                return fail(L, CG_E_VALUE, "chat_template[%zu] must have string name and template",
+                            i);
+            if (!strcmp(json_string_value(nm), "default"))
+                t->chat_template = cg_strdup(json_string_value(tp));
         }
     } else if (ct && !json_is_null(ct))
         return fail(L, CG_E_VALUE, "chat_template must be a string or a list of {name, template}");
@@ -2299,13 +2523,31 @@ static cg_status load_config(ld *L, const json_t *cfg)
     const char *c = json_is_string(cls) ? json_string_value(cls) : "";
     bool llama = !strncmp(c, "LlamaTokenizer", 14) || !strncmp(c, "CodeLlamaTokenizer", 18) ||
                  !strncmp(c, "GemmaTokenizer", 14);
+    /* add_prefix_space: transformers' GPT-2 tokenizer sets it on the ByteLevel pre-tokenizer;
+     * the Llama ones rebuild the whole tokenizer from tokenizer.model, which we cannot do */
+    const json_t *aps = json_object_get(cfg, "add_prefix_space");
+    if (aps && !json_is_null(aps)) {
+        if (!json_is_boolean(aps))
+            return fail(L, CG_E_VALUE, "add_prefix_space must be a boolean, not %s", jtype(aps));
+        if (llama)
+            return fail(
+                L, CG_E_UNSUPPORTED,
+                "add_prefix_space makes transformers rebuild a %s from tokenizer.model; only "
+                "tokenizer.json is supported",
+                c);
+        if (!strncmp(c, "GPT2Tokenizer", 13))
+            for (size_t i = 0; i < t->n_pt; i++)
+                if (t->pt[i].kind == PT_BYTELEVEL) t->pt[i].add_prefix_space = json_is_true(aps);
+    }
     bool add_bos, add_eos;
     if ((st = get_bool(L, cfg, "add_bos_token", "tokenizer_config", llama, &add_bos)) != CG_OK ||
         (st = get_bool(L, cfg, "add_eos_token", "tokenizer_config", false, &add_eos)) != CG_OK)
         return st;
     if (llama || add_bos || add_eos) {
-        if (add_bos && t->bos < 0) return fail(L, CG_E_VALUE, "add_bos_token is set but bos_token is not");
-        if (add_eos && t->eos < 0) return fail(L, CG_E_VALUE, "add_eos_token is set but eos_token is not");
+        if (add_bos && t->bos < 0)
+            return fail(L, CG_E_VALUE, "add_bos_token is set but bos_token is not");
+        if (add_eos && t->eos < 0)
+            return fail(L, CG_E_VALUE, "add_eos_token is set but eos_token is not");
         free(t->tmpl);
         t->tmpl = cg_malloc(3 * sizeof *t->tmpl);
         t->n_tmpl = 0;
@@ -2351,7 +2593,8 @@ static cg_status build_added(ld *L)
         static const char w[] = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]";
         int ec;
         PCRE2_SIZE eo;
-        t->word_rx = pcre2_compile((PCRE2_SPTR)w, sizeof w - 1, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+        t->word_rx =
+            pcre2_compile((PCRE2_SPTR)w, sizeof w - 1, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
         if (!t->word_rx) return fail(L, CG_E_INTERNAL, "cannot compile the word class");
     }
     return CG_OK;
@@ -2439,7 +2682,9 @@ static cg_status load(ld *L, const char *json_path, const char *dir)
     if ((st = read_file(L, cfg_path, &buf, &len, true)) != CG_OK) goto out;
     if (buf) {
         /* model_max_length is often 1e30 written as an integer */
-        if ((st = parse_json(L, buf, len, JSON_DECODE_INT_AS_REAL, &cfg)) != CG_OK || (st = load_config(L, cfg)) != CG_OK) goto out;
+        if ((st = parse_json(L, buf, len, JSON_DECODE_INT_AS_REAL, &cfg)) != CG_OK ||
+            (st = load_config(L, cfg)) != CG_OK)
+            goto out;
         cg_free(&buf);
     }
     if (!t->chat_template) {
@@ -2454,7 +2699,8 @@ static cg_status load(ld *L, const char *json_path, const char *dir)
     L->file = json_path;
     if ((st = build_stream_bytes(L)) != CG_OK) goto out;
     t->cache = cg_calloc(CACHE_SHARDS, sizeof *t->cache);
-    for (int i = 0; i < CACHE_SHARDS; i++) pthread_mutex_init(&t->cache[i].lock, NULL);
+    for (int i = 0; i < CACHE_SHARDS; i++)
+        pthread_mutex_init(&t->cache[i].lock, NULL);
 out:
     free(buf);
     free(cfg_path);
@@ -2497,7 +2743,8 @@ cg_status cg_tokenizer_new_bytes(int32_t bos_id, int32_t eos_id, cg_tokenizer **
                                  size_t errlen)
 {
     *out = NULL;
-    if (bos_id < 256 || eos_id < 256 || bos_id == eos_id || bos_id >= (1 << 30) || eos_id >= (1 << 30)) {
+    if (bos_id < 256 || eos_id < 256 || bos_id == eos_id || bos_id >= (1 << 30) ||
+        eos_id >= (1 << 30)) {
         seterr(err, errlen, "byte tokenizer: BOS (%d) and EOS (%d) must be distinct ids above 255",
                bos_id, eos_id);
         return CG_E_VALUE;
@@ -2530,7 +2777,8 @@ void cg_tokenizer_free(cg_tokenizer **tp)
     free(t->eow_suffix);
     if (t->cache) {
         for (int i = 0; i < CACHE_SHARDS; i++) {
-            for (int k = 0; k < CACHE_SLOTS; k++) free(t->cache[i].slot[k]);
+            for (int k = 0; k < CACHE_SLOTS; k++)
+                free(t->cache[i].slot[k]);
             pthread_mutex_destroy(&t->cache[i].lock);
         }
         free(t->cache);
@@ -2540,14 +2788,16 @@ void cg_tokenizer_free(cg_tokenizer **tp)
         pcre2_code_free(t->nz[i].re);
     }
     free(t->nz);
-    for (size_t i = 0; i < t->n_pt; i++) pcre2_code_free(t->pt[i].re);
+    for (size_t i = 0; i < t->n_pt; i++)
+        pcre2_code_free(t->pt[i].re);
     free(t->pt);
     for (size_t i = 0; i < t->n_dc; i++) {
         free(t->dc[i].str);
         pcre2_code_free(t->dc[i].re);
     }
     free(t->dc);
-    for (size_t i = 0; i < t->n_added; i++) free(t->added[i].content);
+    for (size_t i = 0; i < t->n_added; i++)
+        free(t->added[i].content);
     free(t->added);
     free(t->raw_trie.v);
     free(t->norm_trie.v);

@@ -37,7 +37,11 @@ void cg_tokens_free(cg_tokens *t);
 
 /* Loads a Hugging Face tokenizer. path is a directory holding tokenizer.json (and optionally
  * tokenizer_config.json and chat_template.jinja), or the path of a tokenizer.json file whose
- * directory may hold those. On success *out owns a new tokenizer (free with cg_tokenizer_free).
+ * directory may hold those. tokenizer_config.json is read as transformers reads it: bos_token,
+ * eos_token, add_bos_token / add_eos_token (which rebuild the template), the other named special
+ * tokens, clean_up_tokenization_spaces, add_prefix_space (GPT-2 class) and chat_template; its
+ * other keys are ignored, as are tokenizer.json's truncation and padding.
+ * On success *out owns a new tokenizer (free with cg_tokenizer_free).
  * On failure *out is NULL and err (errlen bytes, may be NULL) names the file and the field:
  * CG_E_IO (unreadable), CG_E_TOO_LARGE (over CG_TOKENIZER_MAX_FILE), CG_E_JSON (not JSON),
  * CG_E_UNSUPPORTED (a component type or option this implementation does not have, e.g. a
@@ -95,7 +99,9 @@ int cg_tokenizer_adds_bos(const cg_tokenizer *t);
  * vocabulary. -1 when there is none. */
 int32_t cg_tokenizer_token_id(const cg_tokenizer *t, const char *s);
 
-/* 1 if id is a special token (an added token marked special, or the byte tokenizer's BOS/EOS). */
+/* 1 if id is a special token: an added token marked special, a token tokenizer_config.json
+ * names (bos_token, eos_token, unk/sep/pad/cls/mask_token, additional_special_tokens; these are
+ * also matched in the text, as transformers does), or the byte tokenizer's BOS/EOS. */
 int cg_tokenizer_is_special(const cg_tokenizer *t, int32_t id);
 
 /* The chat template of tokenizer_config.json (its "default" entry when it holds several) or of
