@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
-#include "cache/base.h"
+#include "base/base.h"
 #include "worker/model/tokenizer.h"
 
 static volatile size_t sink;
