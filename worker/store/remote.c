@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -34,6 +35,12 @@
 #define BATCH_MAX 65536
 /* Bytes read from a socket per recv(). */
 #define RECV_CHUNK (64 * 1024)
+/* A bulk reply of at least this many bytes is received straight into the value's own buffer
+ * (the one handed to the caller) instead of through the reply parser's buffer: no copy, no
+ * growth of a second value-sized buffer. Smaller replies go through hiredis's parser. */
+#define BIG_MIN (64 * 1024)
+/* Value buffers kept for reuse by cg_remote_values_free (at most value_cache_bytes). */
+#define CACHE_SLOTS 16
 /* Values up to this size are copied next to the command header; larger ones are sent from
  * the caller's memory. */
 #define INLINE_MAX (16 * 1024)
@@ -106,6 +113,13 @@ struct cg_remote {
     int q_stop;
     pthread_t writer;
     int writer_started;
+
+    pthread_mutex_t cache_mu; /* recycled value buffers (cg_remote_values_free) */
+    struct {
+        char *p;
+        size_t cap;
+    } cache[CACHE_SLOTS];
+    size_t cache_n, cache_bytes;
 
     pthread_mutex_t err_mu;
     char last_err[256]; /* err_mu: last server-side refusal worth telling the operator */
@@ -303,6 +317,9 @@ typedef struct group {
     redisReply **rep; /* n_expect replies, in command order */
     size_t *map;      /* n_expect: op index (| ASK_FLAG for the ASKING reply before it) */
     cg_status st;     /* I/O outcome on this connection */
+    char *big;        /* a large bulk string being received in place (BIG_MIN bytes or more) */
+    size_t big_len, big_got; /* its length, and bytes received of big_len + 2 (with CRLF) */
+    size_t big_cap;          /* its buffer's size */
 } group;
 
 static void group_free(group *g)
@@ -311,6 +328,7 @@ static void group_free(group *g)
         if (g->rep[i]) freeReplyObject(g->rep[i]);
     free(g->rep);
     free(g->map);
+    free(g->big);
     out_free(&g->out);
 }
 
@@ -352,41 +370,163 @@ static cg_status send_some(group *g)
     return CG_OK;
 }
 
+/* A buffer of at least need bytes: a recycled one (no page faults) or a new one. */
+static char *buf_get(cg_remote *r, size_t need, size_t *cap)
+{
+    char *p = NULL;
+    pthread_mutex_lock(&r->cache_mu);
+    for (size_t i = 0; i < r->cache_n; i++)
+        if (r->cache[i].cap >= need && r->cache[i].cap / 2 <= need) {
+            p = r->cache[i].p;
+            *cap = r->cache[i].cap;
+            r->cache_bytes -= *cap;
+            r->cache[i] = r->cache[--r->cache_n];
+            break;
+        }
+    pthread_mutex_unlock(&r->cache_mu);
+    if (!p) {
+        p = cg_malloc(need);
+        *cap = need;
+    }
+    return p;
+}
+
+/* Keeps p for reuse when the cache has room, else frees it. */
+static void buf_put(cg_remote *r, char *p, size_t cap)
+{
+    pthread_mutex_lock(&r->cache_mu);
+    if (r->cache_n == CACHE_SLOTS && r->cache_bytes + cap <= r->p.value_cache_bytes) {
+        /* Full of slots: make room by dropping the smallest buffer if p is larger. */
+        size_t k = 0;
+        for (size_t i = 1; i < r->cache_n; i++)
+            if (r->cache[i].cap < r->cache[k].cap) k = i;
+        if (r->cache[k].cap < cap) {
+            free(r->cache[k].p);
+            r->cache_bytes -= r->cache[k].cap;
+            r->cache[k] = r->cache[--r->cache_n];
+        }
+    }
+    if (r->cache_n < CACHE_SLOTS && r->cache_bytes + cap <= r->p.value_cache_bytes) {
+        r->cache[r->cache_n].p = p;
+        r->cache[r->cache_n++].cap = cap;
+        r->cache_bytes += cap;
+        p = NULL;
+    }
+    pthread_mutex_unlock(&r->cache_mu);
+    free(p);
+}
+
+/* Completes the in-place bulk string: checks its CRLF and appends it as a reply whose string
+ * is the buffer itself (freeReplyObject frees both with free()). */
+static cg_status big_finish(group *g)
+{
+    if (g->big[g->big_len] != '\r' || g->big[g->big_len + 1] != '\n') return CG_E_BAD_GATEWAY;
+    g->big[g->big_len] = 0;
+    redisReply *rep = cg_calloc(1, sizeof *rep);
+    rep->type = REDIS_REPLY_STRING;
+    rep->str = g->big;
+    rep->len = g->big_len;
+    rep->elements = g->big_cap; /* unused for a string: marks a recyclable buffer */
+    g->rep[g->n_got++] = rep;
+    g->big = NULL;
+    g->big_len = g->big_got = g->big_cap = 0;
+    return CG_OK;
+}
+
+/* With the parser between replies and a complete "$<len>\r\n" header of a large value at its
+ * cursor, takes the value over: allocates its buffer, moves the bytes already read into it and
+ * advances the parser past them. Returns 1 when taken over, 2 when a bulk header has started
+ * but is not complete (wait for more bytes), 0 when the parser should go on, -1 when the length
+ * is larger than value_max_bytes. */
+static int big_take(cg_remote *r, group *g, redisReader *rd)
+{
+    if (rd->ridx != -1 || rd->pos >= rd->len || rd->buf[rd->pos] != '$') return 0;
+    const char *p = rd->buf + rd->pos + 1, *end = rd->buf + rd->len;
+    size_t len = 0;
+    const char *q = p;
+    for (; q < end && *q >= '0' && *q <= '9' && q - p < 19; q++) len = len * 10 + (size_t)(*q - '0');
+    if (q + 1 >= end && q - p < 19) return 2; /* header not complete yet: wait for it */
+    if (q == p || q + 1 >= end || q[0] != '\r' || q[1] != '\n' || len < BIG_MIN) return 0;
+    if (len > r->p.value_max_bytes) {
+        LOG_LIMITED(r, "remote: a reply from %s:%d is larger than value_max_bytes (%zu)",
+                    g->nd->host, g->nd->port, r->p.value_max_bytes);
+        return -1;
+    }
+    const char *payload = q + 2;
+    size_t have = CG_MIN((size_t)(end - payload), len + 2);
+    g->big = buf_get(r, len + 2, &g->big_cap);
+    g->big_len = len;
+    g->big_got = have;
+    memcpy(g->big, payload, have);
+    rd->pos = (size_t)(payload + have - rd->buf);
+    if (rd->pos == rd->len || rd->pos >= 1024) {
+        sdsrange(rd->buf, (ssize_t)rd->pos, -1);
+        rd->pos = 0;
+        rd->len = sdslen(rd->buf);
+    }
+    return 1;
+}
+
+/* Parses what the reader holds into replies, taking large values over. */
+static cg_status parse_some(cg_remote *r, group *g, redisReader *rd)
+{
+    while (g->n_got < g->n_expect && !g->big) {
+        int t = big_take(r, g, rd);
+        if (t < 0) return CG_E_BAD_GATEWAY;
+        if (t == 2) break;
+        if (t == 1) {
+            if (g->big_got == g->big_len + 2 && big_finish(g) != CG_OK) return CG_E_BAD_GATEWAY;
+            continue;
+        }
+        void *rep = NULL;
+        if (redisReaderGetReply(rd, &rep) != REDIS_OK) {
+            LOG_LIMITED(r, "remote: protocol error from %s:%d: %s", g->nd->host, g->nd->port,
+                        rd->errstr);
+            return CG_E_BAD_GATEWAY;
+        }
+        if (!rep) break;
+        g->rep[g->n_got++] = rep;
+    }
+    return CG_OK;
+}
+
 static cg_status recv_some(cg_remote *r, group *g)
 {
     char buf[RECV_CHUNK];
     redisReader *rd = g->cn->ctx->reader;
-    for (int round = 0; round < 16; round++) {
-        ssize_t n = recv(group_fd(g), buf, sizeof buf, 0);
+    for (int round = 0; round < 64; round++) {
+        ssize_t n;
+        if (g->big)
+            n = recv(group_fd(g), g->big + g->big_got, g->big_len + 2 - g->big_got, 0);
+        else
+            n = recv(group_fd(g), buf, sizeof buf, 0);
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return CG_OK;
             return CG_E_UNAVAILABLE;
         }
         if (n == 0) return CG_E_UNAVAILABLE; /* closed by the server */
-        if (redisReaderFeed(rd, buf, (size_t)n) != REDIS_OK) return CG_E_BAD_GATEWAY;
-        while (g->n_got < g->n_expect) {
-            void *rep = NULL;
-            if (redisReaderGetReply(rd, &rep) != REDIS_OK) {
-                LOG_LIMITED(r, "remote: protocol error from %s:%d: %s", g->nd->host, g->nd->port,
-                            rd->errstr);
-                return CG_E_BAD_GATEWAY;
-            }
-            if (!rep) break;
-            g->rep[g->n_got++] = rep;
+        if (g->big) {
+            g->big_got += (size_t)n;
+            if (g->big_got < g->big_len + 2) continue;
+            if (big_finish(g) != CG_OK) return CG_E_BAD_GATEWAY;
+        } else if (redisReaderFeed(rd, buf, (size_t)n) != REDIS_OK) {
+            return CG_E_BAD_GATEWAY;
         }
+        cg_status st = parse_some(r, g, rd);
+        if (st != CG_OK) return st;
         size_t buffered = rd->len - rd->pos;
         if (g->n_got == g->n_expect) {
             if (buffered) return CG_E_BAD_GATEWAY; /* bytes nobody asked for */
             return CG_OK;
         }
-        /* A reply is being buffered whole by the reader: refuse it before it gets large. */
+        /* A reply the parser is buffering whole: refuse it before it gets large. */
         if (buffered > r->p.value_max_bytes + 1024) {
             LOG_LIMITED(r, "remote: a reply from %s:%d is larger than value_max_bytes (%zu)",
                         g->nd->host, g->nd->port, r->p.value_max_bytes);
             return CG_E_BAD_GATEWAY;
         }
-        if ((size_t)n < sizeof buf) return CG_OK;
+        if (!g->big && (size_t)n < sizeof buf) return CG_OK;
     }
     return CG_OK;
 }
@@ -1091,6 +1231,7 @@ cg_remote_params cg_remote_default_params(void)
     p.max_redirects = 5;
     p.value_max_bytes = (size_t)256 << 20;
     p.drain_ms = 2000;
+    p.value_cache_bytes = (size_t)64 << 20;
     return p;
 }
 
@@ -1371,6 +1512,7 @@ cg_status cg_remote_open(cg_remote_params params, cg_remote **out, char *err, si
     pthread_cond_init(&r->qcv, NULL);
     cond_init_mono(&r->qdone);
     pthread_mutex_init(&r->err_mu, NULL);
+    pthread_mutex_init(&r->cache_mu, NULL);
     for (size_t i = 0; i < CG_REMOTE_SLOTS; i++) r->slots[i] = url.cluster ? -1 : 0;
     r->map_loaded = !url.cluster;
     r->nodes[0] = node_new(url.host, url.port, params.conns_per_node, params.backoff_min_ms);
@@ -1419,6 +1561,8 @@ void cg_remote_close(cg_remote **pr)
         qitem_free(&it);
     }
     for (int i = 0; i < r->n_nodes; i++) node_free(&r->nodes[i]);
+    for (size_t i = 0; i < r->cache_n; i++) free(r->cache[i].p);
+    pthread_mutex_destroy(&r->cache_mu);
     pthread_mutex_destroy(&r->err_mu);
     pthread_cond_destroy(&r->qdone);
     pthread_cond_destroy(&r->qcv);
@@ -1460,7 +1604,9 @@ cg_status cg_remote_get(cg_remote *r, size_t n, const char *const *keys, cg_remo
             /* The reply's string is malloc'd by hiredis's reader: hand it over as is. */
             out[i].data = ops[i].rep->str;
             out[i].len = ops[i].rep->len;
+            out[i].cap_ = ops[i].rep->elements;
             ops[i].rep->str = NULL;
+            ops[i].rep->elements = 0;
             ops[i].rep->len = 0;
             bytes += out[i].len;
         }
@@ -1478,12 +1624,14 @@ out:
     return st;
 }
 
-void cg_remote_values_free(cg_remote_value *v, size_t n)
+void cg_remote_values_free(cg_remote *r, cg_remote_value *v, size_t n)
 {
     for (size_t i = 0; v && i < n; i++) {
-        free(v[i].data);
-        v[i].data = NULL;
-        v[i].len = 0;
+        if (v[i].cap_ && r)
+            buf_put(r, v[i].data, v[i].cap_);
+        else
+            free(v[i].data);
+        v[i] = (cg_remote_value){0};
     }
 }
 

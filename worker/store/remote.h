@@ -44,6 +44,9 @@ typedef struct cg_remote_params {
     size_t value_max_bytes; /* default 256 MiB: a reply value larger than this is refused
                                (CG_E_BAD_GATEWAY) before it is buffered whole */
     int drain_ms;           /* default 2000: cg_remote_close waits this long for the queue */
+    size_t value_cache_bytes; /* default 64 MiB: buffers of large values (64 KiB and more) given
+                                 back with cg_remote_values_free are kept for the next reads,
+                                 up to this many bytes (no page faults for each read); 0: off */
 } cg_remote_params;
 
 /* The defaults above; url is NULL. */
@@ -97,11 +100,13 @@ cg_status cg_remote_open(cg_remote_params params, cg_remote **out, char *err,
  * Accepts NULL / *r == NULL, sets *r to NULL. No other call on r may be running. */
 void cg_remote_close(cg_remote **r);
 
-/* One value read by cg_remote_get: data is malloc'd (free with free() or
- * cg_remote_values_free), NUL-terminated after len bytes, 16-byte aligned. */
+/* One value read by cg_remote_get: data is malloc'd, NUL-terminated after len bytes, 16-byte
+ * aligned. Give it back with cg_remote_values_free (which recycles large buffers); free(data)
+ * is also correct. */
 typedef struct cg_remote_value {
     char *data;
     size_t len;
+    size_t cap_; /* private: size of a recyclable buffer, 0 for a plain one */
 } cg_remote_value;
 
 /* Reads n keys (NUL-terminated strings, borrowed), all or nothing: the commands are grouped by
@@ -115,8 +120,9 @@ typedef struct cg_remote_value {
  * at once. *elapsed_ns (may be NULL) receives the call's duration on every return. */
 cg_status cg_remote_get(cg_remote *r, size_t n, const char *const *keys, cg_remote_value *out,
                         uint64_t *elapsed_ns) CG_WUR;
-/* Frees the n values' data and sets them to NULL / 0. */
-void cg_remote_values_free(cg_remote_value *v, size_t n);
+/* Releases the n values (r: the client that read them; NULL frees them without recycling) and
+ * zeroes them. Safe from any thread while r is open. */
+void cg_remote_values_free(cg_remote *r, cg_remote_value *v, size_t n);
 
 /* Writes n values (vals[i] of lens[i] bytes, borrowed) under keys[i], pipelined and grouped
  * by node like cg_remote_get, with SET ... EX ttl_s when params.ttl_s > 0. Returns CG_OK when
