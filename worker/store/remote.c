@@ -606,11 +606,16 @@ static void conn_release(cg_remote *r, node *nd, conn *cn, cg_status st)
                 o->ctx = NULL;
             }
         }
-        if (!nd->failed)
-            LOG_LIMITED(r, "remote: %s:%d failed (%s); retrying in %d ms", nd->host, nd->port,
-                        cg_status_name(st), nd->backoff_ms);
-        nd->retry_at_ms = cg_now_ms() + (uint64_t)nd->backoff_ms;
-        nd->backoff_ms = CG_MIN(nd->backoff_ms * 2, r->p.backoff_max_ms);
+        uint64_t now = cg_now_ms();
+        /* Calls that were already on the wire when the node failed report it too: one backoff
+         * step per failure episode, not one per connection. */
+        if (now >= nd->retry_at_ms) {
+            if (!nd->failed)
+                LOG_LIMITED(r, "remote: %s:%d failed (%s); retrying in %d ms", nd->host,
+                            nd->port, cg_status_name(st), nd->backoff_ms);
+            nd->retry_at_ms = now + (uint64_t)nd->backoff_ms;
+            nd->backoff_ms = CG_MIN(nd->backoff_ms * 2, r->p.backoff_max_ms);
+        }
         nd->failed = 1;
         if (r->url.cluster) __atomic_store_n(&r->map_stale, 1, __ATOMIC_RELAXED);
     }
@@ -1590,8 +1595,11 @@ cg_status cg_remote_get(cg_remote *r, size_t n, const char *const *keys, cg_remo
     uint64_t t0 = cg_now_ns();
     cg_status st = check_batch(n, keys);
     op *ops = NULL;
-    if (st != CG_OK) goto out;
-    for (size_t i = 0; i < n; i++) out[i] = (cg_remote_value){0};
+    for (size_t i = 0; out && i < n && i <= BATCH_MAX; i++) out[i] = (cg_remote_value){0};
+    if (st != CG_OK || !out) {
+        st = CG_E_VALUE;
+        goto out;
+    }
     ops = cg_calloc(n, sizeof *ops);
     for (size_t i = 0; i < n; i++) {
         ops[i].key = keys[i];
