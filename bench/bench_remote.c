@@ -1,19 +1,19 @@
 /* Remote tier throughput against plain hiredis in the same run: a chunk read with cg_remote_get
  * (its KV heads in one pipelined batch) against a raw hiredis GET loop of the same keys
  * (redis-benchmark style: one blocking GET at a time) and a raw pipelined GET (append both,
- * then read both), plus cg_remote_get one head per call; a chunk write with cg_remote_set against raw SET. MB/s of value bytes and
- * the ratio to the baselines, per chunk size: each mode runs in its own process (so one
- * mode's malloc/free pattern does not change another's page faults), the read modes, then the
- * write modes, take turns in short slices in a rotated order each round, and the median slice
- * is reported (the build machines are shared and Redis takes most of the time).
+ * then read both), plus cg_remote_get one head per call; a chunk write with cg_remote_set against
+ * raw SET. MB/s of value bytes and the ratio to the baselines, per chunk size: each mode runs in
+ * its own process (so one mode's malloc/free pattern does not change another's page faults), the
+ * read modes, then the write modes, take turns in short slices in a rotated order each round, and
+ * the median slice is reported (the build machines are shared and Redis takes most of the time).
  *
  * Geometry: a small model's per-head KV (Qwen2.5-0.5B: 24 layers, 2 KV heads, head_dim 64,
- * f32 K and V = 12 KiB per head per token), chunks of 256 and 1024 tokens (3 and 12 MiB per
- * head, 2 heads per chunk).
+ * f32 K and V = 12 KiB per head per token), 2 heads a chunk: chunks of 4 tokens (48 KiB per
+ * head: below the in-place threshold, parsed by hiredis), 256 and 1024 tokens (3 and 12 MiB).
  *
  * usage: bench_remote [--url redis://host:port] [--rounds R (9)] [--ms M (120 per mode and round)]
  *                     [--modes MASK (bit per mode, default all)]
- *                     [--tokens 256|1024 (default both)] [--mallopt]
+ *                     [--tokens 4|256|1024 (default all)] [--mallopt]
  * --mallopt sets M_MMAP_THRESHOLD 32 MiB and M_TRIM_THRESHOLD 512 MiB in every mode's process,
  * so freed value buffers are reused instead of trimmed and faulted in again.
  * Without --url it starts redis-server on a free loopback port (--save '' --appendonly no). */
@@ -44,7 +44,8 @@
 static int port_free(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
     close(fd);
@@ -86,7 +87,7 @@ typedef struct ctx {
 } ctx;
 
 typedef enum { M_RAW_GET, M_RAW_PIPE, M_CG_GET, M_CG_GET1, M_RAW_SET, M_CG_SET, M_COUNT } mode;
-static const char *mode_name[M_COUNT] = {"raw GET loop",  "raw pipelined GET", "cg_remote_get",
+static const char *mode_name[M_COUNT] = {"raw GET loop",    "raw pipelined GET", "cg_remote_get",
                                          "  one head/call", "raw SET loop",      "cg_remote_set"};
 
 static void die(const char *what)
@@ -99,7 +100,8 @@ static void die(const char *what)
 static size_t one_chunk(ctx *c, mode m, unsigned chunk)
 {
     const char *kp[KV_HEADS];
-    for (int h = 0; h < KV_HEADS; h++) kp[h] = c->keys[chunk][h];
+    for (int h = 0; h < KV_HEADS; h++)
+        kp[h] = c->keys[chunk][h];
     size_t bytes = 0;
     switch (m) {
     case M_RAW_GET:
@@ -111,7 +113,8 @@ static size_t one_chunk(ctx *c, mode m, unsigned chunk)
         }
         break;
     case M_RAW_PIPE:
-        for (int h = 0; h < KV_HEADS; h++) redisAppendCommand(c->raw, "GET %s", kp[h]);
+        for (int h = 0; h < KV_HEADS; h++)
+            redisAppendCommand(c->raw, "GET %s", kp[h]);
         for (int h = 0; h < KV_HEADS; h++) {
             redisReply *rep = NULL;
             if (redisGetReply(c->raw, (void **)&rep) != REDIS_OK || rep->type != REDIS_REPLY_STRING)
@@ -123,7 +126,8 @@ static size_t one_chunk(ctx *c, mode m, unsigned chunk)
     case M_CG_GET: {
         cg_remote_value out[KV_HEADS];
         if (cg_remote_get(c->r, KV_HEADS, kp, out, NULL) != CG_OK) die("cg_remote_get");
-        for (int h = 0; h < KV_HEADS; h++) bytes += out[h].len;
+        for (int h = 0; h < KV_HEADS; h++)
+            bytes += out[h].len;
         cg_remote_values_free(c->r, out, KV_HEADS);
         break;
     }
@@ -145,7 +149,8 @@ static size_t one_chunk(ctx *c, mode m, unsigned chunk)
         break;
     case M_CG_SET: {
         size_t lens[KV_HEADS];
-        for (int h = 0; h < KV_HEADS; h++) lens[h] = c->len;
+        for (int h = 0; h < KV_HEADS; h++)
+            lens[h] = c->len;
         if (cg_remote_set(c->r, KV_HEADS, kp, (const void *const *)c->vals, lens) != CG_OK)
             die("cg_remote_set");
         bytes += KV_HEADS * c->len;
@@ -184,12 +189,18 @@ int main(int argc, char **argv)
     unsigned mode_mask = (1u << M_COUNT) - 1, only_tokens = 0;
     int tune_malloc = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--url") && i + 1 < argc) url = argv[++i];
-        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--ms") && i + 1 < argc) ms = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--modes") && i + 1 < argc) mode_mask = (unsigned)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) only_tokens = (unsigned)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--mallopt")) tune_malloc = 1;
+        if (!strcmp(argv[i], "--url") && i + 1 < argc)
+            url = argv[++i];
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+            rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ms") && i + 1 < argc)
+            ms = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--modes") && i + 1 < argc)
+            mode_mask = (unsigned)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
+            only_tokens = (unsigned)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--mallopt"))
+            tune_malloc = 1;
         else {
             fprintf(stderr, "usage: %s [--url redis://host:port] [--rounds R] [--ms M]\n", argv[0]);
             return 2;
@@ -227,24 +238,27 @@ int main(int argc, char **argv)
     printf("bench_remote: %s%s; per-head KV of a 24-layer, head_dim 64 model (%zu B/token/head), "
            "%d heads a chunk; %d rounds x %d ms per mode; MB/s of value bytes (median round)\n",
            url, tune_malloc ? " (--mallopt)" : "", PER_TOKEN, KV_HEADS, rounds, ms);
-    static const unsigned tokens[] = {256, 1024};
+    static const unsigned tokens[] = {4, 256, 1024};
     for (size_t t = 0; t < CG_ARRAY_LEN(tokens); t++) {
         if (only_tokens && tokens[t] != only_tokens) continue;
         c.len = PER_TOKEN * tokens[t];
         for (int h = 0; h < KV_HEADS; h++) {
             c.vals[h] = cg_malloc(c.len);
-            for (size_t i = 0; i < c.len; i++) c.vals[h][i] = (char)(i * 31 + (size_t)h);
+            for (size_t i = 0; i < c.len; i++)
+                c.vals[h][i] = (char)(i * 31 + (size_t)h);
         }
         for (unsigned k = 0; k < CHUNKS; k++)
             for (int h = 0; h < KV_HEADS; h++) {
                 char hex[33];
                 snprintf(hex, sizeof hex, "%016x%016x", k + 1, tokens[t]);
-                if (cg_remote_key("qwen2.5-0.5b", (uint32_t)h, hex, c.keys[k][h], CG_REMOTE_KEY_MAX))
+                if (cg_remote_key("qwen2.5-0.5b", (uint32_t)h, hex, c.keys[k][h],
+                                  CG_REMOTE_KEY_MAX))
                     die("key");
             }
         if (cg_remote_open(p, &c.r, err, sizeof err) != CG_OK) die(err);
-        for (unsigned k = 0; k < CHUNKS; k++) one_chunk(&c, M_CG_SET, k); /* preload */
-        cg_remote_close(&c.r); /* no thread may run across the fork below */
+        for (unsigned k = 0; k < CHUNKS; k++)
+            one_chunk(&c, M_CG_SET, k); /* preload */
+        cg_remote_close(&c.r);          /* no thread may run across the fork below */
 
         /* One process per mode: each keeps its own allocator state (a value-sized malloc/free
          * pattern in one mode changes page faults in another), the slices interleave in time. */
@@ -318,7 +332,8 @@ int main(int argc, char **argv)
         printf("  read:  cg_remote_get / raw GET loop = %.2f, / raw pipelined GET = %.2f\n",
                med[M_CG_GET] / med[M_RAW_GET], med[M_CG_GET] / med[M_RAW_PIPE]);
         printf("  write: cg_remote_set / raw SET loop = %.2f\n", med[M_CG_SET] / med[M_RAW_SET]);
-        for (int h = 0; h < KV_HEADS; h++) free(c.vals[h]);
+        for (int h = 0; h < KV_HEADS; h++)
+            free(c.vals[h]);
     }
     if (pid > 0) {
         kill(pid, SIGKILL);

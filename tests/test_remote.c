@@ -50,7 +50,10 @@ static int find_prog(const char *name, char *out, size_t cap)
     return found;
 }
 
-static double ms_since(uint64_t t0) { return (double)(cg_now_ns() - t0) / 1e6; }
+static double ms_since(uint64_t t0)
+{
+    return (double)(cg_now_ns() - t0) / 1e6;
+}
 
 static void sleep_ms(int ms)
 {
@@ -64,7 +67,8 @@ static void sleep_ms(int ms)
 static int port_free(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
     close(fd);
@@ -79,7 +83,8 @@ static int pick_ports(int n, int bus)
     for (int tries = 0; tries < 500; tries++) {
         int base = 20000 + (int)(rand_r(&seed) % 9000);
         int ok = 1;
-        for (int i = 0; i < n && ok; i++) ok = port_free(base + i) && (!bus || port_free(base + i + 10000));
+        for (int i = 0; i < n && ok; i++)
+            ok = port_free(base + i) && (!bus || port_free(base + i + 10000));
         if (ok) return base;
     }
     ck_abort_msg("no free loopback ports");
@@ -147,11 +152,13 @@ static void srv_spawn(srv *s)
         dup2(nul, 1);
         char port[16];
         snprintf(port, sizeof port, "%d", s->port);
-        const char *argv[32] = {g_redis_server, "--port", port, "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--dir", s->dir, "--logfile", "redis.log",
-                                "--daemonize", "no"};
+        const char *argv[32] = {g_redis_server, "--port",      port,   "--bind",
+                                "127.0.0.1",    "--save",      "",     "--appendonly",
+                                "no",           "--dir",       s->dir, "--logfile",
+                                "redis.log",    "--daemonize", "no"};
         int k = 15;
-        for (int i = 0; i < s->n_extra; i++) argv[k++] = s->extra[i];
+        for (int i = 0; i < s->n_extra; i++)
+            argv[k++] = s->extra[i];
         argv[k] = NULL;
         execv(g_redis_server, (char *const *)argv);
         _exit(127);
@@ -451,7 +458,8 @@ START_TEST(backoff_doubles_to_its_cap)
         sleep_ms(2);
     }
     printf("remote: connection attempts while down, ms apart:");
-    for (size_t i = 1; i < n_at; i++) printf(" %.0f", (double)(start_ns[i] - start_ns[i - 1]) / 1e6);
+    for (size_t i = 1; i < n_at; i++)
+        printf(" %.0f", (double)(start_ns[i] - start_ns[i - 1]) / 1e6);
     printf(" (backoff 40 doubling to 160)\n");
     ck_assert_uint_ge(n_at, 3);
     for (size_t i = 1; i < n_at; i++) {
@@ -627,14 +635,14 @@ static cg_status fake_get(const char *reply, size_t reply_len, size_t value_max)
 
 START_TEST(wrong_replies_are_errors)
 {
-    ck_assert_int_eq(fake_get(":1\r\n", 4, 0), CG_E_BAD_GATEWAY);        /* integer for GET */
-    ck_assert_int_eq(fake_get("*0\r\n", 4, 0), CG_E_BAD_GATEWAY);        /* array for GET */
-    ck_assert_int_eq(fake_get("+OK\r\n", 5, 0), CG_E_BAD_GATEWAY);       /* status for GET */
-    ck_assert_int_eq(fake_get("garbage\r\n", 9, 0), CG_E_BAD_GATEWAY);   /* not RESP */
-    ck_assert_int_eq(fake_get("-ERR no\r\n", 9, 0), CG_E_BAD_GATEWAY);   /* error reply */
+    ck_assert_int_eq(fake_get(":1\r\n", 4, 0), CG_E_BAD_GATEWAY);      /* integer for GET */
+    ck_assert_int_eq(fake_get("*0\r\n", 4, 0), CG_E_BAD_GATEWAY);      /* array for GET */
+    ck_assert_int_eq(fake_get("+OK\r\n", 5, 0), CG_E_BAD_GATEWAY);     /* status for GET */
+    ck_assert_int_eq(fake_get("garbage\r\n", 9, 0), CG_E_BAD_GATEWAY); /* not RESP */
+    ck_assert_int_eq(fake_get("-ERR no\r\n", 9, 0), CG_E_BAD_GATEWAY); /* error reply */
     ck_assert_int_eq(fake_get("-LOADING x\r\n", 12, 0), CG_E_UNAVAILABLE);
     ck_assert_int_eq(fake_get("-NOAUTH x\r\n", 11, 0), CG_E_AUTH);
-    ck_assert_int_eq(fake_get("$-1\r\n", 5, 0), CG_E_NOT_FOUND);         /* nil: a miss */
+    ck_assert_int_eq(fake_get("$-1\r\n", 5, 0), CG_E_NOT_FOUND); /* nil: a miss */
     /* A single-node client that meets a cluster node's MOVED. */
     ck_assert_int_eq(fake_get("-MOVED 1 127.0.0.1:1\r\n", 22, 0), CG_E_BAD_GATEWAY);
     /* A value larger than value_max_bytes, announced then streamed: refused while buffering. */
@@ -712,7 +720,7 @@ START_TEST(silent_server_times_out)
     ck_assert_int_eq(cg_remote_get(r, 1, keys, v, &ns), CG_E_TIMEOUT);
     printf("remote: get from a silent server: CG_E_TIMEOUT after %.1f ms (timeout 250)\n",
            (double)ns / 1e6);
-    ck_assert_uint_ge(ns, 200ull * 1000000); /* it did wait for the reply */
+    ck_assert_uint_ge(ns, 200ull * 1000000);  /* it did wait for the reply */
     ck_assert_uint_lt(ns, 3000ull * 1000000); /* hang detector, not a timing check */
     uint64_t ns2 = 0;
     ck_assert_int_eq(cg_remote_get(r, 1, keys, v, &ns2), CG_E_UNAVAILABLE); /* backoff */
@@ -748,14 +756,15 @@ START_TEST(bad_cluster_maps_fail_open)
         CG_E_VALUE);
     ck_assert_ptr_nonnull(strstr(err, "cluster support disabled"));
     /* Slot out of range, port out of range, wrong element types. */
-    ck_assert_int_eq(fake_cluster_open("*1\r\n*3\r\n:0\r\n:16384\r\n*2\r\n$9\r\n127.0.0.1\r\n:7000\r\n",
-                                       err, sizeof err),
-                     CG_E_BAD_GATEWAY);
+    ck_assert_int_eq(
+        fake_cluster_open("*1\r\n*3\r\n:0\r\n:16384\r\n*2\r\n$9\r\n127.0.0.1\r\n:7000\r\n", err,
+                          sizeof err),
+        CG_E_BAD_GATEWAY);
     ck_assert_int_eq(fake_cluster_open("*1\r\n*3\r\n:0\r\n:100\r\n*2\r\n$9\r\n127.0.0.1\r\n:0\r\n",
                                        err, sizeof err),
                      CG_E_BAD_GATEWAY);
-    ck_assert_int_eq(fake_cluster_open("*1\r\n*3\r\n$1\r\n0\r\n:100\r\n*2\r\n$1\r\nh\r\n:1\r\n", err,
-                                       sizeof err),
+    ck_assert_int_eq(fake_cluster_open("*1\r\n*3\r\n$1\r\n0\r\n:100\r\n*2\r\n$1\r\nh\r\n:1\r\n",
+                                       err, sizeof err),
                      CG_E_BAD_GATEWAY);
     ck_assert_int_eq(fake_cluster_open(":5\r\n", err, sizeof err), CG_E_BAD_GATEWAY);
 }
@@ -771,7 +780,10 @@ static void node_setup(void)
     srv_start(&g_srv);
 }
 
-static void node_teardown(void) { srv_free(&g_srv); }
+static void node_teardown(void)
+{
+    srv_free(&g_srv);
+}
 
 static cg_remote_params node_params(char *url, size_t cap, const char *suffix)
 {
@@ -825,7 +837,8 @@ START_TEST(node_round_trips)
     chunk_key(missing, 2, 0, 0xa);
     const char *mixed[3] = {keys[2], missing, keys[3]};
     ck_assert_int_eq(cg_remote_get(r, 3, mixed, out, NULL), CG_E_NOT_FOUND);
-    for (int i = 0; i < 3; i++) ck_assert_ptr_null(out[i].data);
+    for (int i = 0; i < 3; i++)
+        ck_assert_ptr_null(out[i].data);
 
     size_t deleted = 99;
     const char *dels[3] = {keys[0], keys[1], missing};
@@ -847,7 +860,8 @@ START_TEST(node_round_trips)
     ck_assert_uint_eq(s.dels, 2);
     ck_assert_uint_eq(s.errors, 0);
     ck_assert_uint_eq(s.nodes, 1);
-    for (unsigned i = 0; i < N; i++) free(vals[i]);
+    for (unsigned i = 0; i < N; i++)
+        free(vals[i]);
     cg_remote_close(&r);
 }
 END_TEST
@@ -1015,7 +1029,8 @@ static void chunk_values(unsigned chunk, unsigned heads, size_t len, char keys[]
 
 static void free_vals(char **vals, unsigned n)
 {
-    for (unsigned i = 0; i < n; i++) free(vals[i]);
+    for (unsigned i = 0; i < n; i++)
+        free(vals[i]);
 }
 
 /* Checks that a chunk is stored (1) or absent (0) with the expected bytes. */
@@ -1058,7 +1073,8 @@ START_TEST(node_write_behind_drops_and_flushes)
     chunk_values(0, HEADS, LEN, keys, kp, vals, lens, 0xb);
     ck_assert_int_eq(cg_remote_put_async(r, HEADS, kp, (const void *const *)vals, lens), CG_OK);
     free_vals(vals, HEADS);
-    for (int i = 0; i < 200 && stats(r).queue_writing == 0; i++) sleep_ms(10);
+    for (int i = 0; i < 200 && stats(r).queue_writing == 0; i++)
+        sleep_ms(10);
     ck_assert_uint_eq(stats(r).queue_writing, 1);
     double worst = 0;
     for (unsigned c = 1; c <= 6; c++) {
@@ -1090,7 +1106,8 @@ START_TEST(node_write_behind_drops_and_flushes)
     ck_assert_uint_eq(s.queue_failed, 0);
     ck_assert_uint_eq(s.queue_puts, 4);
     ck_assert_uint_eq(s.sets, 4 * HEADS);
-    for (unsigned c = 0; c <= 6; c++) expect_chunk(r, c, HEADS, LEN, 0xb, c <= 3);
+    for (unsigned c = 0; c <= 6; c++)
+        expect_chunk(r, c, HEADS, LEN, 0xb, c <= 3);
     cg_remote_close(&r);
 }
 END_TEST
@@ -1112,7 +1129,8 @@ START_TEST(node_close_drains_queue)
     }
     cg_remote_close(&r); /* drains within drain_ms */
     r = open_ok(p);
-    for (unsigned c = 0; c < CHUNKS; c++) expect_chunk(r, c, HEADS, LEN, 0xc, 1);
+    for (unsigned c = 0; c < CHUNKS; c++)
+        expect_chunk(r, c, HEADS, LEN, 0xc, 1);
     ck_assert_uint_eq(stats(r).errors, 0);
     cg_remote_close(&r);
 }
@@ -1151,7 +1169,8 @@ static void *traffic_main(void *arg)
         if (k && t0 > k && (!rs || t1 < rs)) {
             t->calls_in_outage++;
             t->worst_outage_ms = CG_MAX(t->worst_outage_ms, ms);
-            if (st2 == CG_OK) t->ok_in_outage++;
+            if (st2 == CG_OK)
+                t->ok_in_outage++;
             else
                 t->errs_in_outage++;
         }
@@ -1189,7 +1208,8 @@ START_TEST(node_killed_mid_traffic_recovers)
     srv_spawn(&g_srv); /* same port, empty (no persistence) */
     uint64_t back = 0;
     for (int i = 0; i < 300 && !back; i++) {
-        if (__atomic_load_n(&t.ok_after, __ATOMIC_RELAXED) && __atomic_load_n(&t2.ok_after, __ATOMIC_RELAXED))
+        if (__atomic_load_n(&t.ok_after, __ATOMIC_RELAXED) &&
+            __atomic_load_n(&t2.ok_after, __ATOMIC_RELAXED))
             back = cg_now_ns();
         else
             sleep_ms(10);
@@ -1199,14 +1219,15 @@ START_TEST(node_killed_mid_traffic_recovers)
     pthread_join(th[0], NULL);
     pthread_join(th[1], NULL);
     cg_remote_stats s = stats(r);
-    printf("remote: kill -9 mid-traffic: %llu calls in the outage, all failed; slowest %.1f ms "
-           "(timeout 500); errors %llu (unavailable %llu, timeout %llu), fast fails %llu, "
-           "connect attempts failed %llu; traffic back %.0f ms after the restart, reconnects %llu\n",
-           (unsigned long long)(t.calls_in_outage + t2.calls_in_outage),
-           CG_MAX(t.worst_outage_ms, t2.worst_outage_ms), (unsigned long long)mid.errors,
-           (unsigned long long)mid.errors_unavailable, (unsigned long long)mid.errors_timeout,
-           (unsigned long long)mid.fast_fails, (unsigned long long)mid.connect_failures,
-           back ? (double)(back - rs) / 1e6 : -1.0, (unsigned long long)s.reconnects);
+    printf(
+        "remote: kill -9 mid-traffic: %llu calls in the outage, all failed; slowest %.1f ms "
+        "(timeout 500); errors %llu (unavailable %llu, timeout %llu), fast fails %llu, "
+        "connect attempts failed %llu; traffic back %.0f ms after the restart, reconnects %llu\n",
+        (unsigned long long)(t.calls_in_outage + t2.calls_in_outage),
+        CG_MAX(t.worst_outage_ms, t2.worst_outage_ms), (unsigned long long)mid.errors,
+        (unsigned long long)mid.errors_unavailable, (unsigned long long)mid.errors_timeout,
+        (unsigned long long)mid.fast_fails, (unsigned long long)mid.connect_failures,
+        back ? (double)(back - rs) / 1e6 : -1.0, (unsigned long long)s.reconnects);
     ck_assert_uint_gt(t.calls_in_outage, 0);
     ck_assert_uint_eq(t.ok_in_outage + t2.ok_in_outage, 0);
     ck_assert_uint_gt(mid.errors, 0);
@@ -1273,7 +1294,10 @@ typedef struct rd_arg {
 
 enum { CC_HEADS = 2, CC_PRELOAD = 16 };
 /* Chunk sizes mix values read through the parser and large ones received in place. */
-static size_t cc_len(unsigned c) { return c % 3 == 0 ? 100000 : 20000; }
+static size_t cc_len(unsigned c)
+{
+    return c % 3 == 0 ? 100000 : 20000;
+}
 
 static void *reader_main(void *arg)
 {
@@ -1353,7 +1377,8 @@ START_TEST(node_concurrent_readers_and_writer)
     ck_assert_uint_gt(hits, 0);
     ck_assert_uint_eq(s.gets, reads);
     ck_assert_uint_le(s.connects, 2);
-    for (unsigned c = 0; c < CC_PRELOAD + 32; c++) expect_chunk(r, c, CC_HEADS, cc_len(c), 0xf, 1);
+    for (unsigned c = 0; c < CC_PRELOAD + 32; c++)
+        expect_chunk(r, c, CC_HEADS, cc_len(c), 0xf, 1);
     cg_remote_close(&r);
 }
 END_TEST
@@ -1427,10 +1452,11 @@ START_TEST(cluster_batches_spread_over_masters)
         free_vals(vals, HEADS);
     }
     ck_assert_int_eq(cg_remote_flush(r, 10000), CG_OK);
-    for (unsigned c = 0; c < CHUNKS; c++) expect_chunk(r, c, HEADS, LEN, 0x10, 1);
+    for (unsigned c = 0; c < CHUNKS; c++)
+        expect_chunk(r, c, HEADS, LEN, 0x10, 1);
 
     /* One batch spanning every chunk: grouped by node, pipelined, all three in parallel. */
-    char (*bk)[CG_REMOTE_KEY_MAX] = cg_malloc((size_t)CHUNKS * HEADS * CG_REMOTE_KEY_MAX);
+    char(*bk)[CG_REMOTE_KEY_MAX] = cg_malloc((size_t)CHUNKS * HEADS * CG_REMOTE_KEY_MAX);
     const char *bp[CHUNKS * HEADS];
     for (unsigned c = 0; c < CHUNKS; c++)
         for (unsigned h = 0; h < HEADS; h++) {
@@ -1440,7 +1466,8 @@ START_TEST(cluster_batches_spread_over_masters)
     cg_remote_value *out = cg_calloc(CHUNKS * HEADS, sizeof *out);
     uint64_t ns = 0;
     ck_assert_int_eq(cg_remote_get(r, CHUNKS * HEADS, bp, out, &ns), CG_OK);
-    for (unsigned i = 0; i < CHUNKS * HEADS; i++) ck_assert_uint_eq(out[i].len, LEN);
+    for (unsigned i = 0; i < CHUNKS * HEADS; i++)
+        ck_assert_uint_eq(out[i].len, LEN);
     cg_remote_values_free(r, out, CHUNKS * HEADS);
     free(out);
     printf("remote: cluster batch of %d values (%d bytes) in %.2f ms\n", CHUNKS * HEADS,
@@ -1457,7 +1484,8 @@ START_TEST(cluster_batches_spread_over_masters)
     printf("remote: %d keys over the masters: %lld / %lld / %lld\n", CHUNKS * HEADS, per[0], per[1],
            per[2]);
     ck_assert_int_eq(sum, CHUNKS * HEADS);
-    for (int i = 0; i < 3; i++) ck_assert_int_gt(per[i], 0);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_gt(per[i], 0);
     /* Our slots agree with the server's. */
     for (unsigned i = 0; i < CHUNKS * HEADS; i++)
         ck_assert_int_eq(cmd_int(c0, "CLUSTER KEYSLOT %s", bp[i]),
@@ -1582,8 +1610,8 @@ START_TEST(cluster_ask_and_moved_during_migration)
     ck_assert_uint_ge(s3.map_refreshes, 2);
     printf("remote: migration of slot %u from :%d to :%d: ASK %llu, MOVED %llu, map refreshes "
            "%llu\n",
-           slot, a, b, (unsigned long long)s3.redirects_ask,
-           (unsigned long long)s3.redirects_moved, (unsigned long long)s3.map_refreshes);
+           slot, a, b, (unsigned long long)s3.redirects_ask, (unsigned long long)s3.redirects_moved,
+           (unsigned long long)s3.map_refreshes);
 
     /* A client whose first map is stale gets there too. */
     cg_remote *r2 = cluster_open(NULL);

@@ -100,8 +100,8 @@ struct cg_remote {
     int map_stale;                  /* atomic: a redirect or a node failure asks for a refresh */
     pthread_mutex_t refresh_mu;
     pthread_cond_t refresh_cv;
-    int refreshing;     /* refresh_mu */
-    uint64_t map_at_ms; /* refresh_mu: when the last refresh finished */
+    int refreshing;      /* refresh_mu */
+    uint64_t map_at_ms;  /* refresh_mu: when the last refresh finished */
     unsigned refresh_rr; /* refresh_mu: where the next refresh starts among the nodes */
 
     pthread_mutex_t qmu;
@@ -154,10 +154,18 @@ static void count_error(cg_remote *r, cg_status st)
     if (st == CG_OK || st == CG_E_NOT_FOUND) return;
     ST_ADD(r, errors, 1);
     switch (st) {
-    case CG_E_UNAVAILABLE: ST_ADD(r, errors_unavailable, 1); break;
-    case CG_E_TIMEOUT: ST_ADD(r, errors_timeout, 1); break;
-    case CG_E_BAD_GATEWAY: ST_ADD(r, errors_protocol, 1); break;
-    default: ST_ADD(r, errors_other, 1); break;
+    case CG_E_UNAVAILABLE:
+        ST_ADD(r, errors_unavailable, 1);
+        break;
+    case CG_E_TIMEOUT:
+        ST_ADD(r, errors_timeout, 1);
+        break;
+    case CG_E_BAD_GATEWAY:
+        ST_ADD(r, errors_protocol, 1);
+        break;
+    default:
+        ST_ADD(r, errors_other, 1);
+        break;
     }
 }
 
@@ -206,7 +214,10 @@ static void node_free(node **pnd)
     *pnd = NULL;
 }
 
-static int nodes_count(cg_remote *r) { return __atomic_load_n(&r->n_nodes, __ATOMIC_ACQUIRE); }
+static int nodes_count(cg_remote *r)
+{
+    return __atomic_load_n(&r->n_nodes, __ATOMIC_ACQUIRE);
+}
 
 /* Index of the node host:port, added when new; -1 when CG_REMOTE_MAX_NODES are known. */
 static int node_find_or_add(cg_remote *r, const char *host, size_t host_len, int port)
@@ -267,7 +278,8 @@ static void out_copy(outq *o, const void *p, size_t len)
 {
     if (o->hdr_len + len > o->hdr_cap) {
         size_t cap = o->hdr_cap ? o->hdr_cap : 1024;
-        while (cap < o->hdr_len + len) cap *= 2;
+        while (cap < o->hdr_len + len)
+            cap *= 2;
         o->hdr = cg_realloc(o->hdr, cap);
         o->hdr_cap = cap;
     }
@@ -294,10 +306,14 @@ static void out_cmd(outq *o, int argc, const char *const *argv, const size_t *le
     char h[32];
     int k = snprintf(h, sizeof h, "*%d\r\n", argc);
     out_copy(o, h, (size_t)k);
-    for (int i = 0; i < argc; i++) out_arg(o, argv[i], lens ? lens[i] : strlen(argv[i]));
+    for (int i = 0; i < argc; i++)
+        out_arg(o, argv[i], lens ? lens[i] : strlen(argv[i]));
 }
 
-static int out_pending(const outq *o) { return o->cur < o->n_segs; }
+static int out_pending(const outq *o)
+{
+    return o->cur < o->n_segs;
+}
 
 static void out_free(outq *o)
 {
@@ -332,7 +348,10 @@ static void group_free(group *g)
     out_free(&g->out);
 }
 
-static int group_fd(const group *g) { return g->cn->ctx->fd; }
+static int group_fd(const group *g)
+{
+    return g->cn->ctx->fd;
+}
 
 static cg_status send_some(group *g)
 {
@@ -444,7 +463,8 @@ static int big_take(cg_remote *r, group *g, redisReader *rd)
     const char *p = rd->buf + rd->pos + 1, *end = rd->buf + rd->len;
     size_t len = 0;
     const char *q = p;
-    for (; q < end && *q >= '0' && *q <= '9' && q - p < 19; q++) len = len * 10 + (size_t)(*q - '0');
+    for (; q < end && *q >= '0' && *q <= '9' && q - p < 19; q++)
+        len = len * 10 + (size_t)(*q - '0');
     if (q + 1 >= end && q - p < 19) return 2; /* header not complete yet: wait for it */
     if (q == p || q + 1 >= end || q[0] != '\r' || q[1] != '\n' || len < BIG_MIN) return 0;
     if (len > r->p.value_max_bytes) {
@@ -552,7 +572,8 @@ static void pump(cg_remote *r, group *gs, size_t ng, uint64_t deadline_ns)
         if (!np) break;
         uint64_t now = cg_now_ns();
         if (now >= deadline_ns) {
-            for (size_t k = 0; k < np; k++) gs[idx[k]].st = CG_E_TIMEOUT;
+            for (size_t k = 0; k < np; k++)
+                gs[idx[k]].st = CG_E_TIMEOUT;
             break;
         }
         uint64_t left = deadline_ns - now;
@@ -560,7 +581,8 @@ static void pump(cg_remote *r, group *gs, size_t ng, uint64_t deadline_ns)
         int rc = poll(pfd, (nfds_t)np, ms);
         if (rc < 0) {
             if (errno == EINTR) continue;
-            for (size_t k = 0; k < np; k++) gs[idx[k]].st = CG_E_UNAVAILABLE;
+            for (size_t k = 0; k < np; k++)
+                gs[idx[k]].st = CG_E_UNAVAILABLE;
             break;
         }
         for (size_t k = 0; k < np; k++) {
@@ -611,8 +633,8 @@ static void conn_release(cg_remote *r, node *nd, conn *cn, cg_status st)
          * step per failure episode, not one per connection. */
         if (now >= nd->retry_at_ms) {
             if (!nd->failed)
-                LOG_LIMITED(r, "remote: %s:%d failed (%s); retrying in %d ms", nd->host,
-                            nd->port, cg_status_name(st), nd->backoff_ms);
+                LOG_LIMITED(r, "remote: %s:%d failed (%s); retrying in %d ms", nd->host, nd->port,
+                            cg_status_name(st), nd->backoff_ms);
             nd->retry_at_ms = now + (uint64_t)nd->backoff_ms;
             nd->backoff_ms = CG_MIN(nd->backoff_ms * 2, r->p.backoff_max_ms);
         }
@@ -686,10 +708,15 @@ static cg_status error_reply_status(const redisReply *rep)
         const char *prefix;
         cg_status st;
     } map[] = {
-        {"NOAUTH", CG_E_AUTH},       {"WRONGPASS", CG_E_AUTH},         {"NOPERM", CG_E_AUTH},
-        {"LOADING", CG_E_UNAVAILABLE}, {"CLUSTERDOWN", CG_E_UNAVAILABLE},
-        {"TRYAGAIN", CG_E_UNAVAILABLE}, {"MASTERDOWN", CG_E_UNAVAILABLE},
-        {"BUSY", CG_E_UNAVAILABLE},  {"OOM", CG_E_FULL},
+        {"NOAUTH", CG_E_AUTH},
+        {"WRONGPASS", CG_E_AUTH},
+        {"NOPERM", CG_E_AUTH},
+        {"LOADING", CG_E_UNAVAILABLE},
+        {"CLUSTERDOWN", CG_E_UNAVAILABLE},
+        {"TRYAGAIN", CG_E_UNAVAILABLE},
+        {"MASTERDOWN", CG_E_UNAVAILABLE},
+        {"BUSY", CG_E_UNAVAILABLE},
+        {"OOM", CG_E_FULL},
     };
     for (size_t i = 0; i < CG_ARRAY_LEN(map); i++) {
         size_t k = strlen(map[i].prefix);
@@ -708,7 +735,8 @@ static cg_status conn_open(cg_remote *r, node *nd, conn *cn, uint64_t deadline_n
     uint64_t now = cg_now_ns();
     if (now >= deadline_ns) return CG_E_TIMEOUT;
     uint64_t left_us = (deadline_ns - now) / 1000;
-    struct timeval tv = {.tv_sec = (time_t)(left_us / 1000000), .tv_usec = (long)(left_us % 1000000)};
+    struct timeval tv = {.tv_sec = (time_t)(left_us / 1000000),
+                         .tv_usec = (long)(left_us % 1000000)};
     redisContext *ctx = redisConnectWithTimeout(nd->host, nd->port, tv);
     if (!ctx || ctx->err) {
         int timed_out = ctx && (strstr(ctx->errstr, "timed out") != NULL);
@@ -821,15 +849,17 @@ unsigned cg_remote_key_slot(const char *key, size_t len)
 static cg_status map_install(cg_remote *r, const redisReply *rep, const node *from)
 {
     if (rep->type == REDIS_REPLY_ERROR) {
-        set_last_err(r, "Redis at %s:%d refused CLUSTER SLOTS (is it a cluster node? use "
-                        "redis:// for a single node): %.*s",
+        set_last_err(r,
+                     "Redis at %s:%d refused CLUSTER SLOTS (is it a cluster node? use "
+                     "redis:// for a single node): %.*s",
                      from->host, from->port, (int)CG_MIN(rep->len, 160), rep->str);
         cg_status st = error_reply_status(rep);
         return st == CG_E_BAD_GATEWAY ? CG_E_VALUE : st;
     }
     if (rep->type != REDIS_REPLY_ARRAY) return CG_E_BAD_GATEWAY;
     int16_t *tab = cg_malloc(sizeof r->slots);
-    for (size_t i = 0; i < CG_REMOTE_SLOTS; i++) tab[i] = -1;
+    for (size_t i = 0; i < CG_REMOTE_SLOTS; i++)
+        tab[i] = -1;
     cg_status st = CG_OK;
     for (size_t i = 0; i < rep->elements && st == CG_OK; i++) {
         const redisReply *e = rep->element[i];
@@ -857,7 +887,8 @@ static cg_status map_install(cg_remote *r, const redisReply *rep, const node *fr
             st = CG_E_BAD_GATEWAY;
             break;
         }
-        for (long long s = a; s <= b; s++) tab[s] = (int16_t)ni;
+        for (long long s = a; s <= b; s++)
+            tab[s] = (int16_t)ni;
     }
     if (st == CG_OK) {
         pthread_rwlock_wrlock(&r->map_lock);
@@ -1035,8 +1066,8 @@ static cg_status op_check(cg_remote *r, op_kind kind, const redisReply *rep, con
 {
     if (rep->type == REDIS_REPLY_ERROR) {
         cg_status st = error_reply_status(rep);
-        LOG_LIMITED(r, "remote: %s:%d replied %.*s", nd->host, nd->port,
-                    (int)CG_MIN(rep->len, 160), rep->str);
+        LOG_LIMITED(r, "remote: %s:%d replied %.*s", nd->host, nd->port, (int)CG_MIN(rep->len, 160),
+                    rep->str);
         return st;
     }
     switch (kind) {
@@ -1132,7 +1163,8 @@ static cg_status run_round(cg_remote *r, op_kind kind, op *ops, size_t n, uint64
             }
         }
     }
-    for (size_t k = 0; k < ng; k++) group_free(&gs[k]);
+    for (size_t k = 0; k < ng; k++)
+        group_free(&gs[k]);
     free(gs);
     return st;
 }
@@ -1172,8 +1204,9 @@ static cg_status exec_ops(cg_remote *r, op_kind kind, op *ops, size_t n, uint64_
                 int ask = rep->len > 4 && !memcmp(rep->str, "ASK ", 4);
                 if (moved || ask) {
                     if (!r->url.cluster) {
-                        LOG_LIMITED(r, "remote: %s:%d replied %.*s: it is a cluster node, use "
-                                       "redis+cluster://",
+                        LOG_LIMITED(r,
+                                    "remote: %s:%d replied %.*s: it is a cluster node, use "
+                                    "redis+cluster://",
                                     from->host, from->port, (int)CG_MIN(rep->len, 80), rep->str);
                         return CG_E_BAD_GATEWAY;
                     }
@@ -1248,8 +1281,8 @@ cg_status cg_remote_key(const char *model, uint32_t head, const char *key_hex, c
 
 static int host_char_ok(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '-' || c == '_';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '-' || c == '_';
 }
 
 cg_status cg_remote_parse_url(const char *url, cg_remote_url *out, char *err, size_t errlen)
@@ -1298,7 +1331,8 @@ cg_status cg_remote_parse_url(const char *url, cg_remote_url *out, char *err, si
         p = he + 1;
     } else {
         hs = p;
-        while (host_char_ok(*p)) p++;
+        while (host_char_ok(*p))
+            p++;
         he = p;
         if (he == hs) {
             cg_seterr(err, errlen, "remote URL %s: missing host", url);
@@ -1318,7 +1352,8 @@ cg_status cg_remote_parse_url(const char *url, cg_remote_url *out, char *err, si
     p++;
     long port = 0;
     const char *ds = p;
-    while (*p >= '0' && *p <= '9' && p - ds < 6) port = port * 10 + (*p++ - '0');
+    while (*p >= '0' && *p <= '9' && p - ds < 6)
+        port = port * 10 + (*p++ - '0');
     if (p == ds || (*p >= '0' && *p <= '9') || port < 1 || port > 65535) {
         cg_seterr(err, errlen, "remote URL %s: port must be 1..65535", url);
         return CG_E_VALUE;
@@ -1333,7 +1368,8 @@ cg_status cg_remote_parse_url(const char *url, cg_remote_url *out, char *err, si
         p++;
         long db = 0;
         ds = p;
-        while (*p >= '0' && *p <= '9' && p - ds < 7) db = db * 10 + (*p++ - '0');
+        while (*p >= '0' && *p <= '9' && p - ds < 7)
+            db = db * 10 + (*p++ - '0');
         if (p == ds || (*p >= '0' && *p <= '9') || db > 999999) {
             cg_seterr(err, errlen, "remote URL %s: database must be a number 0..999999", url);
             return CG_E_VALUE;
@@ -1341,8 +1377,10 @@ cg_status cg_remote_parse_url(const char *url, cg_remote_url *out, char *err, si
         out->db = (int)db;
     }
     if (*p) {
-        cg_seterr(err, errlen, "remote URL %s: unexpected characters \"%s\" (expected "
-                  "redis://host:port[/db] or redis+cluster://host:port)", url, p);
+        cg_seterr(err, errlen,
+                  "remote URL %s: unexpected characters \"%s\" (expected "
+                  "redis://host:port[/db] or redis+cluster://host:port)",
+                  url, p);
         return CG_E_VALUE;
     }
     return CG_OK;
@@ -1388,8 +1426,7 @@ cg_status cg_remote_load_password(const char *path, char **out, char *err, size_
         cg_seterr(err, errlen, "password file %s is empty", path);
         st = CG_E_VALUE;
     } else if (memchr(buf, 0, n) || memchr(buf, '\n', n)) {
-        cg_seterr(err, errlen, "password file %s: the password must be one line without NUL",
-                  path);
+        cg_seterr(err, errlen, "password file %s: the password must be one line without NUL", path);
         st = CG_E_VALUE;
     }
 out:
@@ -1413,7 +1450,8 @@ static void *writer_main(void *arg)
     cg_remote *r = arg;
     pthread_mutex_lock(&r->qmu);
     for (;;) {
-        while (!r->qhead && !r->q_stop) pthread_cond_wait(&r->qcv, &r->qmu);
+        while (!r->qhead && !r->q_stop)
+            pthread_cond_wait(&r->qcv, &r->qmu);
         if (r->q_stop) break;
         qitem *batch[WRITER_BATCH_ITEMS];
         size_t k = 0, bytes = 0;
@@ -1431,7 +1469,8 @@ static void *writer_main(void *arg)
 
         cg_status st = write_items(r, batch, k);
         if (st != CG_OK) ST_ADD(r, queue_failed, k);
-        for (size_t i = 0; i < k; i++) qitem_free(&batch[i]);
+        for (size_t i = 0; i < k; i++)
+            qitem_free(&batch[i]);
 
         pthread_mutex_lock(&r->qmu);
         r->q_items -= k;
@@ -1449,7 +1488,8 @@ static cg_status set_ops(cg_remote *r, op *ops, size_t n, uint64_t t0)
     cg_status st = exec_ops(r, OP_SET, ops, n, deadline_after(r, t0));
     if (st == CG_OK) {
         uint64_t bytes = 0;
-        for (size_t i = 0; i < n; i++) bytes += ops[i].vlen;
+        for (size_t i = 0; i < n; i++)
+            bytes += ops[i].vlen;
         ST_ADD(r, sets, n);
         ST_ADD(r, bytes_written, bytes);
     }
@@ -1461,7 +1501,8 @@ static cg_status set_ops(cg_remote *r, op *ops, size_t n, uint64_t t0)
 static cg_status write_items(cg_remote *r, qitem *const *items, size_t k)
 {
     size_t n = 0;
-    for (size_t i = 0; i < k; i++) n += items[i]->n;
+    for (size_t i = 0; i < k; i++)
+        n += items[i]->n;
     op *ops = cg_calloc(n, sizeof *ops);
     size_t j = 0;
     for (size_t i = 0; i < k; i++)
@@ -1499,7 +1540,8 @@ cg_status cg_remote_open(cg_remote_params params, cg_remote **out, char *err, si
                   "queue bounds and value_max_bytes >= 1, drain_ms 0..600000)");
         return CG_E_VALUE;
     }
-    if (params.password && (!*params.password || strlen(params.password) > CG_REMOTE_PASSWORD_MAX)) {
+    if (params.password &&
+        (!*params.password || strlen(params.password) > CG_REMOTE_PASSWORD_MAX)) {
         cg_seterr(err, errlen, "remote password must be 1..%d bytes", CG_REMOTE_PASSWORD_MAX);
         return CG_E_VALUE;
     }
@@ -1518,7 +1560,8 @@ cg_status cg_remote_open(cg_remote_params params, cg_remote **out, char *err, si
     cond_init_mono(&r->qdone);
     pthread_mutex_init(&r->err_mu, NULL);
     pthread_mutex_init(&r->cache_mu, NULL);
-    for (size_t i = 0; i < CG_REMOTE_SLOTS; i++) r->slots[i] = url.cluster ? -1 : 0;
+    for (size_t i = 0; i < CG_REMOTE_SLOTS; i++)
+        r->slots[i] = url.cluster ? -1 : 0;
     r->map_loaded = !url.cluster;
     r->nodes[0] = node_new(url.host, url.port, params.conns_per_node, params.backoff_min_ms);
     r->n_nodes = 1;
@@ -1565,8 +1608,10 @@ void cg_remote_close(cg_remote **pr)
         ST_ADD(r, queue_failed, 1);
         qitem_free(&it);
     }
-    for (int i = 0; i < r->n_nodes; i++) node_free(&r->nodes[i]);
-    for (size_t i = 0; i < r->cache_n; i++) free(r->cache[i].p);
+    for (int i = 0; i < r->n_nodes; i++)
+        node_free(&r->nodes[i]);
+    for (size_t i = 0; i < r->cache_n; i++)
+        free(r->cache[i].p);
     pthread_mutex_destroy(&r->cache_mu);
     pthread_mutex_destroy(&r->err_mu);
     pthread_cond_destroy(&r->qdone);
@@ -1595,7 +1640,8 @@ cg_status cg_remote_get(cg_remote *r, size_t n, const char *const *keys, cg_remo
     uint64_t t0 = cg_now_ns();
     cg_status st = check_batch(n, keys);
     op *ops = NULL;
-    for (size_t i = 0; out && i < n && i <= BATCH_MAX; i++) out[i] = (cg_remote_value){0};
+    for (size_t i = 0; out && i < n && i <= BATCH_MAX; i++)
+        out[i] = (cg_remote_value){0};
     if (st != CG_OK || !out) {
         st = CG_E_VALUE;
         goto out;
@@ -1681,7 +1727,8 @@ cg_status cg_remote_del(cg_remote *r, size_t n, const char *const *keys, size_t 
     st = exec_ops(r, OP_DEL, ops, n, deadline_after(r, t0));
     if (st == CG_OK) {
         size_t d = 0;
-        for (size_t i = 0; i < n; i++) d += (size_t)ops[i].rep->integer;
+        for (size_t i = 0; i < n; i++)
+            d += (size_t)ops[i].rep->integer;
         ST_ADD(r, dels, d);
         if (n_deleted) *n_deleted = d;
     }

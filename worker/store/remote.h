@@ -26,24 +26,24 @@ typedef struct cg_remote cg_remote;
 #define CG_REMOTE_MAX_NODES 256
 
 typedef struct cg_remote_params {
-    const char *url;        /* required: redis://host:port[/db] or redis+cluster://host:port;
-                               borrowed for cg_remote_open */
-    const char *password;   /* NULL: no AUTH; borrowed for cg_remote_open (copied). Load it
-                               with cg_remote_load_password, never from the command line */
-    int timeout_ms;         /* default 200: the most one call costs (connect, commands,
-                               redirects, map refresh), 1..600000 */
-    uint32_t ttl_s;         /* default 0: no TTL (memory policy belongs to Redis: maxmemory +
-                               allkeys-lru); else SET ... EX ttl_s */
-    size_t queue_max_items; /* default 256: write-behind items (chunks) queued or being written */
-    size_t queue_max_bytes; /* default 256 MiB: value bytes queued or being written */
-    int backoff_min_ms;     /* default 100: first wait after a node fails before it is tried
-                               again; also the least time between two cluster map refreshes */
-    int backoff_max_ms;     /* default 10000: cap of the doubling backoff */
-    int conns_per_node;     /* default 4: connections per node, opened lazily, 1..64 */
-    int max_redirects;      /* default 5: MOVED/ASK rounds one call follows, 0..16 */
-    size_t value_max_bytes; /* default 256 MiB: a reply value larger than this is refused
-                               (CG_E_BAD_GATEWAY) before it is buffered whole */
-    int drain_ms;           /* default 2000: cg_remote_close waits this long for the queue */
+    const char *url;          /* required: redis://host:port[/db] or redis+cluster://host:port;
+                                 borrowed for cg_remote_open */
+    const char *password;     /* NULL: no AUTH; borrowed for cg_remote_open (copied). Load it
+                                 with cg_remote_load_password, never from the command line */
+    int timeout_ms;           /* default 200: the most one call costs (connect, commands,
+                                 redirects, map refresh), 1..600000 */
+    uint32_t ttl_s;           /* default 0: no TTL (memory policy belongs to Redis: maxmemory +
+                                 allkeys-lru); else SET ... EX ttl_s */
+    size_t queue_max_items;   /* default 256: write-behind items (chunks) queued or being written */
+    size_t queue_max_bytes;   /* default 256 MiB: value bytes queued or being written */
+    int backoff_min_ms;       /* default 100: first wait after a node fails before it is tried
+                                 again; also the least time between two cluster map refreshes */
+    int backoff_max_ms;       /* default 10000: cap of the doubling backoff */
+    int conns_per_node;       /* default 4: connections per node, opened lazily, 1..64 */
+    int max_redirects;        /* default 5: MOVED/ASK rounds one call follows, 0..16 */
+    size_t value_max_bytes;   /* default 256 MiB: a reply value larger than this is refused
+                                 (CG_E_BAD_GATEWAY) before it is buffered whole */
+    int drain_ms;             /* default 2000: cg_remote_close waits this long for the queue */
     size_t value_cache_bytes; /* default 64 MiB: buffers of large values (64 KiB and more) given
                                  back with cg_remote_values_free are kept for the next reads,
                                  up to this many bytes (no page faults for each read); 0: off */
@@ -65,8 +65,7 @@ typedef struct cg_remote_url {
  * supported), user info or a password in the URL, a missing or out-of-range port, a database on
  * a cluster, and trailing characters. Returns CG_OK or CG_E_VALUE with a message in err
  * (errlen bytes, may be NULL). */
-cg_status cg_remote_parse_url(const char *url, cg_remote_url *out, char *err,
-                              size_t errlen) CG_WUR;
+cg_status cg_remote_parse_url(const char *url, cg_remote_url *out, char *err, size_t errlen) CG_WUR;
 
 /* Loads the Redis password: from the file at path when path is not NULL (one trailing newline
  * is dropped; empty, unreadable or longer than CG_REMOTE_PASSWORD_MAX is an error), otherwise
@@ -75,7 +74,7 @@ cg_status cg_remote_parse_url(const char *url, cg_remote_url *out, char *err,
  * the file cannot be read, CG_E_VALUE when its content is refused; err describes it. */
 cg_status cg_remote_load_password(const char *path, char **out, char *err, size_t errlen) CG_WUR;
 
-/* Builds the per-head key "{model}@head:{head}@{key_hex}" into out (cap bytes; 
+/* Builds the per-head key "{model}@head:{head}@{key_hex}" into out (cap bytes;
  * CG_REMOTE_KEY_MAX is enough). key_hex: 32 lowercase hex characters. CG_E_VALUE for a bad
  * model or key, CG_E_TOO_LARGE when out is short. */
 cg_status cg_remote_key(const char *model, uint32_t head, const char *key_hex, char *out,
@@ -92,8 +91,7 @@ unsigned cg_remote_key_slot(const char *key, size_t len);
  * CG_E_VALUE: both fail the open with err saying why. A server that is down or slow does not:
  * the client opens, logs a warning, and connects later by itself. *out is owned by the caller:
  * cg_remote_close. */
-cg_status cg_remote_open(cg_remote_params params, cg_remote **out, char *err,
-                         size_t errlen) CG_WUR;
+cg_status cg_remote_open(cg_remote_params params, cg_remote **out, char *err, size_t errlen) CG_WUR;
 
 /* Drains the write-behind queue for at most params.drain_ms (what is left is dropped and
  * counted in stats.queue_failed), stops the writer, closes every connection and frees r.
