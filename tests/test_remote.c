@@ -974,8 +974,15 @@ START_TEST(node_auth)
     ck_assert_msg(strstr(err, "refused the password") && strstr(err, "WRONGPASS"), "%s", err);
     p.password = NULL;
     err[0] = 0;
+    ck_assert_int_eq(cg_remote_open(p, &r, err, sizeof err), CG_E_AUTH); /* at SELECT */
+    ck_assert_msg(strstr(err, "needs a password") && strstr(err, "NOAUTH"), "%s", err);
+    ck_assert_ptr_null(r);
+    p.url = url;
+    url_of(url, sizeof url, g_srv.port, NULL); /* no SELECT: refused at the first command */
+    err[0] = 0;
     ck_assert_int_eq(cg_remote_open(p, &r, err, sizeof err), CG_E_AUTH);
-    ck_assert_msg(strstr(err, "NOAUTH"), "%s", err);
+    ck_assert_msg(strstr(err, "needs a password") && strstr(err, CG_REMOTE_PASSWORD_ENV), "%s",
+                  err);
     ck_assert_ptr_null(r);
 }
 END_TEST

@@ -1066,6 +1066,10 @@ static cg_status op_check(cg_remote *r, op_kind kind, const redisReply *rep, con
 {
     if (rep->type == REDIS_REPLY_ERROR) {
         cg_status st = error_reply_status(rep);
+        if (st == CG_E_AUTH)
+            set_last_err(r, "Redis at %s:%d needs a password (%s or a password file): %.*s",
+                         nd->host, nd->port, CG_REMOTE_PASSWORD_ENV, (int)CG_MIN(rep->len, 160),
+                         rep->str);
         LOG_LIMITED(r, "remote: %s:%d replied %.*s", nd->host, nd->port, (int)CG_MIN(rep->len, 160),
                     rep->str);
         return st;
@@ -1099,7 +1103,7 @@ static int cmp_int(const void *a, const void *b)
 }
 
 /* Runs one round: every op not done goes to its node; returns the I/O outcome. Replies land
- * in ops[i].rep; *asking_bad is set when an ASKING was refused. */
+ * in ops[i].rep (a refused ASKING is CG_E_BAD_GATEWAY). */
 static cg_status run_round(cg_remote *r, op_kind kind, op *ops, size_t n, uint64_t deadline_ns)
 {
     int nodes_used[CG_REMOTE_MAX_NODES];
@@ -1578,7 +1582,10 @@ cg_status cg_remote_open(cg_remote_params params, cg_remote **out, char *err, si
         if (r->last_err[0])
             cg_seterr(err, errlen, "%s", r->last_err);
         else
-            cg_seterr(err, errlen, "remote %s:%d: %s", url.host, url.port, cg_status_message(st));
+            cg_seterr(err, errlen,
+                      "remote %s:%d: %s (not a Redis server, or a reply of the wrong "
+                      "type or size)",
+                      url.host, url.port, cg_status_name(st));
         pthread_mutex_unlock(&r->err_mu);
         cg_remote_close(&r);
         return st;
