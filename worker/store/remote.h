@@ -3,7 +3,10 @@
  * "{model}@head:{h}@{key}". The values are opaque bytes here (the caller encodes and checks the
  * CGKV wire format); this module moves them: pipelined batch reads and writes grouped by node,
  * cluster slot routing with MOVED/ASK redirects, a bounded write-behind queue, per-node
- * connection pools, fail-fast reconnect backoff, a deadline on every call, and counters. */
+ * connection pools, fail-fast reconnect backoff, a deadline on every call, and counters.
+ * A reply of the wrong type or size is an error, never a crash; but RESP carries no request
+ * ids, so whether a value belongs to its key is the caller's check (the CGKV header and
+ * checksum). */
 #ifndef CG_REMOTE_H
 #define CG_REMOTE_H
 
@@ -31,7 +34,9 @@ typedef struct cg_remote_params {
     const char *password;     /* NULL: no AUTH; borrowed for cg_remote_open (copied). Load it
                                  with cg_remote_load_password, never from the command line */
     int timeout_ms;           /* default 200: the most one call costs (connect, commands,
-                                 redirects, map refresh), 1..600000 */
+                                 redirects, map refresh), 1..600000; it must cover moving a
+                                 chunk's values. Resolving a host name is not bounded by it
+                                 (getaddrinfo): give addresses or use a local resolver */
     uint32_t ttl_s;           /* default 0: no TTL (memory policy belongs to Redis: maxmemory +
                                  allkeys-lru); else SET ... EX ttl_s */
     size_t queue_max_items;   /* default 256: write-behind items (chunks) queued or being written */
@@ -124,7 +129,8 @@ void cg_remote_values_free(cg_remote *r, cg_remote_value *v, size_t n);
 
 /* Writes n values (vals[i] of lens[i] bytes, borrowed) under keys[i], pipelined and grouped
  * by node like cg_remote_get, with SET ... EX ttl_s when params.ttl_s > 0. Returns CG_OK when
- * every value was stored, else the first failure (some values may be stored). */
+ * every value was stored, else the first failure (some values may be stored): the statuses of
+ * cg_remote_get, and CG_E_FULL when Redis is out of memory under a noeviction policy. */
 cg_status cg_remote_set(cg_remote *r, size_t n, const char *const *keys, const void *const *vals,
                         const size_t *lens) CG_WUR;
 
