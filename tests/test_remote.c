@@ -81,7 +81,8 @@ static int pick_ports(int n, int bus)
     static unsigned seed;
     if (!seed) seed = (unsigned)getpid() ^ (unsigned)cg_now_ns();
     for (int tries = 0; tries < 500; tries++) {
-        int base = 20000 + (int)(rand_r(&seed) % 9000);
+        /* Below the kernel's ephemeral range (32768-), cluster bus ports (+10000) included. */
+        int base = 20000 + (int)(rand_r(&seed) % (bus ? 2700 : 9000));
         int ok = 1;
         for (int i = 0; i < n && ok; i++)
             ok = port_free(base + i) && (!bus || port_free(base + i + 10000));
