@@ -6,8 +6,8 @@ set -euo pipefail
 # (tests/docker_check.sh); python3-yaml comes with it. chromium: headless render of the status
 # page (tests/test_status.c; ~290 MB installed, the test skips without it).
 PKGS=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev libsqlite3-dev
-      libxxhash-dev libcurl4-openssl-dev check libopenblas-dev libssl-dev libpcre2-dev libutf8proc-dev curl sqlite3
-      prometheus docker-compose chromium valgrind ${CG_EXTRA_PKGS:-})
+      libxxhash-dev libcurl4-openssl-dev check libopenblas-dev libssl-dev libpcre2-dev libutf8proc-dev libhiredis-dev curl sqlite3
+      redis-server redis-tools prometheus docker-compose chromium valgrind ${CG_EXTRA_PKGS:-})
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
