@@ -41,8 +41,10 @@ static cg_status render_lim(const char *tpl, size_t len, const json_t *vars,
     cg_buf b;
     cg_buf_init(&b, 0);
     st = cg_chat_template_render(t, vars, &b, err, errlen);
-    if (st == CG_OK) *out = cg_strndup(b.data ? b.data : "", b.len);
-    else ck_assert_uint_eq(b.len, 0); /* a failed render leaves out unchanged */
+    if (st == CG_OK)
+        *out = cg_strndup(b.data ? b.data : "", b.len);
+    else
+        ck_assert_uint_eq(b.len, 0); /* a failed render leaves out unchanged */
     cg_buf_free(&b);
     cg_chat_template_free(&t);
     ck_assert_ptr_null(t);
@@ -78,11 +80,11 @@ static void expect_err(const char *tpl, const char *vars_json, cg_status want, c
 {
     char *out, err[512];
     cg_status st = render_json(tpl, vars_json, &out, err, sizeof err);
-    ck_assert_msg(st == want, "\"%s\": %s (%s), want %s", tpl, cg_status_name(st), err,
+    ck_assert_msg(st == want, "\"%.200s\": %s (%s), want %s", tpl, cg_status_name(st), err,
                   cg_status_name(want));
     ck_assert_ptr_null(out);
-    ck_assert_msg(strncmp(err, prefix, strlen(prefix)) == 0, "\"%s\": error \"%s\", want \"%s...\"",
-                  tpl, err, prefix);
+    ck_assert_msg(strncmp(err, prefix, strlen(prefix)) == 0,
+                  "\"%.200s\": error \"%s\", want \"%s...\"", tpl, err, prefix);
 }
 
 static const char *llama2_template(json_t **spec)
@@ -99,12 +101,14 @@ static const char *llama2_template(json_t **spec)
 START_TEST(test_render_basics)
 {
     expect_out("{% for m in messages %}{{ m.role }}: {{ m['content'] }}\n{% endfor %}",
-               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"yo\"}]}",
+               "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\","
+               "\"content\":\"yo\"}]}",
                "user: hi\nassistant: yo\n");
     expect_out("{% if x %}\n  A\n{% else %}\n  B\n{% endif %}\n", "{\"x\":false}", "  B\n");
     expect_out("a  {%- if true -%}  b  {%- endif -%}  c", NULL, "abc");
-    expect_out("{{ 1.0 }} {{ 2 }} {{ 0.5 }} {{ true }} [{{ none }}] {{ [1, 'a'] }} {{ {'k': none} }}", NULL,
-               "1.0 2 0.5 true [] [1, \"a\"] {\"k\": null}");
+    expect_out(
+        "{{ 1.0 }} {{ 2 }} {{ 0.5 }} {{ true }} [{{ none }}] {{ [1, 'a'] }} {{ {'k': none} }}",
+        NULL, "1.0 2 0.5 true [] [1, \"a\"] {\"k\": null}");
     /* text that looks like Jinja inside a value is never interpreted */
     expect_out("{{ m }}", "{\"m\":\"{{ x }}{% if %}\"}", "{{ x }}{% if %}");
 }
@@ -115,11 +119,11 @@ START_TEST(test_llama2_golden)
     json_t *spec;
     const char *tpl = llama2_template(&spec);
     char *out, err[512];
-    json_t *vars = json_pack("{s:[{s:s,s:s},{s:s,s:s},{s:s,s:s},{s:s,s:s}],s:s,s:s,s:b}", "messages",
-                             "role", "system", "content", "Be brief.", "role", "user", "content",
-                             " Hi ", "role", "assistant", "content", "Hello!", "role", "user",
-                             "content", "{{ x }}", "bos_token", "<s>", "eos_token", "</s>",
-                             "add_generation_prompt", 1);
+    json_t *vars =
+        json_pack("{s:[{s:s,s:s},{s:s,s:s},{s:s,s:s},{s:s,s:s}],s:s,s:s,s:b}", "messages", "role",
+                  "system", "content", "Be brief.", "role", "user", "content", " Hi ", "role",
+                  "assistant", "content", "Hello!", "role", "user", "content", "{{ x }}",
+                  "bos_token", "<s>", "eos_token", "</s>", "add_generation_prompt", 1);
     cg_status st = render_lim(tpl, strlen(tpl), vars, NULL, &out, err, sizeof err);
     ck_assert_msg(st == CG_OK, "%s", err);
     ck_assert_str_eq(out, "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\n Hi [/INST] Hello! </s>"
@@ -144,12 +148,14 @@ START_TEST(test_parse_errors)
     expect_err("ab\n{{ 'abc }}", NULL, CG_E_VALUE, "2:4: unterminated string");
     expect_err("{{ 'a\\qb' }}", NULL, CG_E_VALUE, "1:6: unexpected escaped character: q");
     expect_err("{{ é }}", NULL, CG_E_VALUE, "1:4: unexpected character: é");
-    expect_err("x\ny é {{ 1 + }}", NULL, CG_E_VALUE, "2:12: unexpected '}}'"); /* columns count characters */
+    expect_err("x\ny é {{ 1 + }}", NULL, CG_E_VALUE,
+               "2:12: unexpected '}}'"); /* columns count characters */
     expect_err("{# open", NULL, CG_E_VALUE, "1:1: missing end of comment tag");
     expect_err("{% for 1 in x %}{% endfor %}", NULL, CG_E_VALUE, "1:8:");
     expect_err("{% set x|trim = 1 %}", NULL, CG_E_VALUE, "1:8: cannot assign");
     expect_err("{% macro m(a, a) %}{% endmacro %}", NULL, CG_E_VALUE, "1:15: duplicate parameter");
-    expect_err("{{ f(a=1, 2) }}{% macro f() %}{% endmacro %}", NULL, CG_E_VALUE, "1:11: positional");
+    expect_err("{{ f(a=1, 2) }}{% macro f() %}{% endmacro %}", NULL, CG_E_VALUE,
+               "1:11: positional");
     expect_err("{{ x[] }}", NULL, CG_E_VALUE, "1:5:");
     expect_err("{{ x[1:2:3:4] }}", NULL, CG_E_VALUE, "1:5:");
     /* invalid UTF-8, with where */
@@ -159,41 +165,79 @@ END_TEST
 
 START_TEST(test_refusals)
 {
-    expect_err("{% raw %}x{% endraw %}", NULL, CG_E_UNSUPPORTED, "1:4: unsupported statement 'raw'");
+    expect_err("{% raw %}x{% endraw %}", NULL, CG_E_UNSUPPORTED,
+               "1:4: unsupported statement 'raw'");
     expect_err("{% extends 'a' %}", NULL, CG_E_UNSUPPORTED, "1:4: unsupported statement 'extends'");
     expect_err("{% frobnicate %}", NULL, CG_E_UNSUPPORTED, "1:4: unknown statement 'frobnicate'");
-    expect_err("line1\n  {{ x|nosuch }}", NULL, CG_E_UNSUPPORTED, "2:8: unsupported filter 'nosuch'");
-    expect_err("{% if false %}{{ x|round }}{% endif %}", NULL, CG_E_UNSUPPORTED, "1:20: unsupported filter 'round'");
-    expect_err("{{ x is divisibleby }}", NULL, CG_E_UNSUPPORTED, "1:9: unsupported test 'divisibleby'");
+    expect_err("line1\n  {{ x|nosuch }}", NULL, CG_E_UNSUPPORTED,
+               "2:8: unsupported filter 'nosuch'");
+    expect_err("{% if false %}{{ x|round }}{% endif %}", NULL, CG_E_UNSUPPORTED,
+               "1:20: unsupported filter 'round'");
+    expect_err("{{ x is divisibleby }}", NULL, CG_E_UNSUPPORTED,
+               "1:9: unsupported test 'divisibleby'");
     expect_err("{{ x is equalto }}", NULL, CG_E_UNSUPPORTED, "1:9: unsupported test 'equalto'");
-    expect_err("{{ 'a{}'.format(1) }}", NULL, CG_E_UNSUPPORTED, "1:10: unsupported method 'format'");
-    expect_err("{% set l = [] %}{% do l.append(1) %}", NULL, CG_E_UNSUPPORTED, "1:20: unsupported statement 'do'");
+    expect_err("{{ 'a{}'.format(1) }}", NULL, CG_E_UNSUPPORTED,
+               "1:10: unsupported method 'format'");
+    expect_err("{% set l = [] %}{% do l.append(1) %}", NULL, CG_E_UNSUPPORTED,
+               "1:20: unsupported statement 'do'");
     expect_err("{{ l.append(1) }}", NULL, CG_E_UNSUPPORTED, "1:6: unsupported method 'append'");
     expect_err("{{ lipsum() }}", NULL, CG_E_UNSUPPORTED, "1:4: unknown function 'lipsum'");
-    expect_err("{{ x|tojson(1)(2) }}", NULL, CG_E_UNSUPPORTED, "1:6: unsupported filter expression");
+    expect_err("{{ x|tojson(1)(2) }}", NULL, CG_E_UNSUPPORTED,
+               "1:6: unsupported filter expression");
     /* bound names may be called: macros, set variables, caller */
-    expect_out("{% set f = range %}{{ f(2) }}{% macro g() %}G{% endmacro %}{{ g() }}", NULL, "[0, 1]G");
+    expect_out("{% set f = range %}{{ f(2) }}{% macro g() %}G{% endmacro %}{{ g() }}", NULL,
+               "[0, 1]G");
     /* over-deep trees are refused before they can recurse */
     sbuf b = {0};
     sbuf_put(&b, "{{ ", 3);
-    for (int i = 0; i < 400; i++) sbuf_put(&b, "(", 1);
+    for (int i = 0; i < 400; i++)
+        sbuf_put(&b, "(", 1);
     sbuf_put(&b, "1", 1);
-    for (int i = 0; i < 400; i++) sbuf_put(&b, ")", 1);
+    for (int i = 0; i < 400; i++)
+        sbuf_put(&b, ")", 1);
     sbuf_put(&b, " }}", 3);
     expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
     b.len = 0;
     sbuf_put(&b, "{{ a", 4);
-    for (int i = 0; i < 400; i++) sbuf_put(&b, ".b", 2);
+    for (int i = 0; i < 400; i++)
+        sbuf_put(&b, ".b", 2);
     sbuf_put(&b, " }}", 4);
     expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
     b.len = 0;
     sbuf_put(&b, "{{ 1", 4);
-    for (int i = 0; i < 400; i++) sbuf_put(&b, " ~ 1", 4);
+    for (int i = 0; i < 400; i++)
+        sbuf_put(&b, " ~ 1", 4);
+    sbuf_put(&b, " }}", 4);
+    expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
+    b.len = 0; /* elif chains and conditional chains recurse in the parser */
+    sbuf_put(&b, "{% if 0 %}", 10);
+    for (int i = 0; i < 20000; i++)
+        sbuf_put(&b, "{% elif 0 %}", 12);
+    sbuf_put(&b, "{% endif %}", 11);
+    expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
+    b.len = 0;
+    sbuf_put(&b, "{{ 1", 4);
+    for (int i = 0; i < 20000; i++)
+        sbuf_put(&b, " if 0 else 1", 12);
     sbuf_put(&b, " }}", 4);
     expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
     b.len = 0;
-    for (int i = 0; i < 300; i++) sbuf_put(&b, "{% if 1 %}", 10);
-    for (int i = 0; i < 300; i++) sbuf_put(&b, "{% endif %}", 11);
+    sbuf_put(&b, "{{ f", 4);
+    for (int i = 0; i < 20000; i++)
+        sbuf_put(&b, "()", 2);
+    sbuf_put(&b, " }}", 4);
+    expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
+    b.len = 0;
+    sbuf_put(&b, "{{ ", 3);
+    for (int i = 0; i < 20000; i++)
+        sbuf_put(&b, "not -", 5);
+    sbuf_put(&b, "1 }}", 4);
+    expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
+    b.len = 0;
+    for (int i = 0; i < 300; i++)
+        sbuf_put(&b, "{% if 1 %}", 10);
+    for (int i = 0; i < 300; i++)
+        sbuf_put(&b, "{% endif %}", 11);
     expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
     sbuf_free(&b);
     /* a template over 1 MiB */
@@ -210,8 +254,9 @@ END_TEST
 
 START_TEST(test_undefined)
 {
-    expect_out("[{{ x }}][{{ x.y }}][{{ x['y'] }}][{{ none.y }}]{{ x is defined }}{{ x is undefined }}",
-               NULL, "[][][][]falsetrue");
+    expect_out(
+        "[{{ x }}][{{ x.y }}][{{ x['y'] }}][{{ none.y }}]{{ x is defined }}{{ x is undefined }}",
+        NULL, "[][][][]falsetrue");
     expect_out("{{ x|default('d') }}|{{ x|tojson }}|{{ [x] }}|{{ x == none }}", NULL,
                "d|null|[undefined]|true");
     expect_out("{{ 'a' in x }}{{ 'a' not in x }}", NULL, "falsetrue");
@@ -222,7 +267,8 @@ START_TEST(test_undefined)
                "{\"messages\":[{\"content\":null}]}", CG_E_VALUE, "1:36: cannot call");
     expect_err("{{ 'a' ~ none }}", NULL, CG_E_VALUE, "1:8: cannot perform operation on null");
     expect_err("{{ range }}", NULL, CG_E_VALUE, "1:4: cannot print a function");
-    expect_err("{% for i in [1] %}{% endfor %}{% break %}", NULL, CG_E_VALUE, "1:34: break outside a loop");
+    expect_err("{% for i in [1] %}{% endfor %}{% break %}", NULL, CG_E_VALUE,
+               "1:34: break outside a loop");
 }
 END_TEST
 
@@ -231,7 +277,8 @@ START_TEST(test_raise_exception)
     char *out, err[512];
     cg_chat_template *t;
     ck_assert_int_eq(cg_chat_template_new("a{{ raise_exception('No ' ~ 2 ~ ' here') }}b", 44, NULL,
-                                          &t, err, sizeof err), CG_OK);
+                                          &t, err, sizeof err),
+                     CG_OK);
     cg_buf b;
     cg_buf_init(&b, 0);
     ck_assert_int_eq(cg_buf_append(&b, "keep", 4), CG_OK);
@@ -255,6 +302,7 @@ START_TEST(test_vars)
     expect_err("x", "{\"range\": 1}", CG_E_VALUE, "variable already declared: range");
     expect_err("x", "{\"namespace\": 1}", CG_E_VALUE, "variable already declared: namespace");
     expect_out("{{ a }}", NULL, "");
+    expect_out("{{ d|length }}{{ d }}{% for k in d %}x{% endfor %}", "{\"d\":{}}", "0{}");
     /* index-like keys come first, as in JavaScript objects */
     expect_out("{{ d|tojson }}|{% for k in d %}{{ k }}{% endfor %}",
                "{\"d\":{\"b\":1,\"10\":2,\"a\":3,\"2\":4,\"01\":5}}",
@@ -270,15 +318,27 @@ START_TEST(test_numbers)
         double d;
         const char *js;
     } cases[] = {
-        {0.1, "0.1"}, {1e21, "1e+21"}, {1e20, "100000000000000000000"}, {1e-7, "1e-7"},
-        {1e-6, "0.000001"}, {-1.5, "-1.5"}, {5e-324, "5e-324"}, {1.7976931348623157e308, "1.7976931348623157e+308"},
-        {100, "100"}, {123456789012345680000.0, "123456789012345680000"}, {0.30000000000000004, "0.30000000000000004"},
-        {-0.0, "0"}, {1.5e-10, "1.5e-10"}, {2.5e25, "2.5e+25"}, {1.0 / 3, "0.3333333333333333"},
+        {0.1, "0.1"},
+        {1e21, "1e+21"},
+        {1e20, "100000000000000000000"},
+        {1e-7, "1e-7"},
+        {1e-6, "0.000001"},
+        {-1.5, "-1.5"},
+        {5e-324, "5e-324"},
+        {1.7976931348623157e308, "1.7976931348623157e+308"},
+        {100, "100"},
+        {123456789012345680000.0, "123456789012345680000"},
+        {0.30000000000000004, "0.30000000000000004"},
+        {-0.0, "0"},
+        {1.5e-10, "1.5e-10"},
+        {2.5e25, "2.5e+25"},
+        {1.0 / 3, "0.3333333333333333"},
     };
     char buf[64];
     for (size_t i = 0; i < CG_ARRAY_LEN(cases); i++) {
         js_num(cases[i].d, buf);
-        ck_assert_msg(strcmp(buf, cases[i].js) == 0, "%.17g printed %s, want %s", cases[i].d, buf, cases[i].js);
+        ck_assert_msg(strcmp(buf, cases[i].js) == 0, "%.17g printed %s, want %s", cases[i].d, buf,
+                      cases[i].js);
     }
     js_float_str(3, buf, sizeof buf);
     ck_assert_str_eq(buf, "3.0");
@@ -308,7 +368,8 @@ static cg_chat_template_limits small_limits(void)
     return l;
 }
 
-static cg_status render_small(const char *tpl, const cg_chat_template_limits *lim, char *err, size_t errlen)
+static cg_status render_small(const char *tpl, const cg_chat_template_limits *lim, char *err,
+                              size_t errlen)
 {
     char *out;
     cg_status st = render_lim(tpl, strlen(tpl), NULL, lim, &out, err, errlen);
@@ -321,26 +382,40 @@ START_TEST(test_limits)
     cg_chat_template_limits l = small_limits();
     char err[256];
     /* output */
-    ck_assert_int_eq(render_small("{% for i in range(1000) %}0123456789{% endfor %}", &l, err, sizeof err), CG_E_TOO_LARGE);
+    ck_assert_int_eq(
+        render_small("{% for i in range(1000) %}0123456789{% endfor %}", &l, err, sizeof err),
+        CG_E_TOO_LARGE);
     ck_assert_msg(strstr(err, "exceeds 4096 bytes"), "%s", err);
-    ck_assert_int_eq(render_small("{% for i in range(400) %}0123456789{% endfor %}", &l, err, sizeof err), CG_OK);
+    ck_assert_int_eq(
+        render_small("{% for i in range(400) %}0123456789{% endfor %}", &l, err, sizeof err),
+        CG_OK);
     /* a string value, not only the output */
-    ck_assert_int_eq(render_small("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-                                  &l, err, sizeof err), CG_E_TOO_LARGE);
-    /* steps: an endless-looking loop ends */
-    ck_assert_int_eq(render_small("{% for i in range(1000000000) %}{% endfor %}", &l, err, sizeof err), CG_E_TOO_LARGE);
-    ck_assert_msg(strstr(err, "steps"), "%s", err);
-    ck_assert_int_eq(render_small("{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}", &l, err, sizeof err),
+    ck_assert_int_eq(render_small("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set "
+                                  "ns.s = ns.s ~ ns.s %}{% endfor %}",
+                                  &l, err, sizeof err),
                      CG_E_TOO_LARGE);
+    /* steps: an endless-looking loop ends */
+    ck_assert_int_eq(
+        render_small("{% for i in range(1000000000) %}{% endfor %}", &l, err, sizeof err),
+        CG_E_TOO_LARGE);
+    ck_assert_msg(strstr(err, "steps"), "%s", err);
+    ck_assert_int_eq(
+        render_small("{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}",
+                     &l, err, sizeof err),
+        CG_E_TOO_LARGE);
     /* memory: a list that grows quadratically */
     cg_chat_template_limits m = l;
     m.max_steps = UINT64_MAX;
     m.max_memory = 4u << 20;
-    ck_assert_int_eq(render_small("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + [i] %}{% endfor %}",
-                                  &m, err, sizeof err), CG_E_TOO_LARGE);
+    ck_assert_int_eq(render_small("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% "
+                                  "set ns.l = ns.l + [i] %}{% endfor %}",
+                                  &m, err, sizeof err),
+                     CG_E_TOO_LARGE);
     ck_assert_msg(strstr(err, "memory"), "%s", err);
     /* depth: unbounded macro recursion */
-    ck_assert_int_eq(render_small("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", &l, err, sizeof err), CG_E_TOO_LARGE);
+    ck_assert_int_eq(
+        render_small("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", &l, err, sizeof err),
+        CG_E_TOO_LARGE);
     ck_assert_msg(strstr(err, "deeper"), "%s", err);
     /* depth of the variables */
     json_t *deep = json_array(), *cur = deep;
@@ -351,7 +426,8 @@ START_TEST(test_limits)
     }
     json_t *vars = json_pack("{s:o}", "x", deep);
     char *out;
-    ck_assert_int_eq(render_lim("{{ x|length }}", 14, vars, &l, &out, err, sizeof err), CG_E_TOO_LARGE);
+    ck_assert_int_eq(render_lim("{{ x|length }}", 14, vars, &l, &out, err, sizeof err),
+                     CG_E_TOO_LARGE);
     json_decref(vars);
     /* the caller's buffer cap */
     cg_chat_template *t;
@@ -374,7 +450,8 @@ START_TEST(test_many_messages)
     for (int i = 0; i < 20000; i++)
         json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", i % 2 ? "assistant" : "user",
                                               "content", "some words in a turn"));
-    json_t *vars = json_pack("{s:o,s:s,s:s}", "messages", msgs, "bos_token", "<s>", "eos_token", "</s>");
+    json_t *vars =
+        json_pack("{s:o,s:s,s:s}", "messages", msgs, "bos_token", "<s>", "eos_token", "</s>");
     char *out, err[256];
     ck_assert_int_eq(render_lim(tpl, strlen(tpl), vars, NULL, &out, err, sizeof err), CG_OK);
     ck_assert_uint_gt(strlen(out), 20000 * 20);
@@ -414,8 +491,8 @@ START_TEST(test_threads)
     char err[256];
     ck_assert_int_eq(cg_chat_template_new(tpl, strlen(tpl), NULL, &t, err, sizeof err), CG_OK);
     json_t *vars = json_pack("{s:[{s:s,s:s},{s:s,s:s},{s:s,s:s}],s:s,s:s}", "messages", "role",
-                             "system", "content", "S", "role", "user", "content", "U é",
-                             "role", "assistant", "content", "A", "bos_token", "<s>", "eos_token", "</s>");
+                             "system", "content", "S", "role", "user", "content", "U é", "role",
+                             "assistant", "content", "A", "bos_token", "<s>", "eos_token", "</s>");
     cg_buf b;
     cg_buf_init(&b, 0);
     ck_assert_int_eq(cg_chat_template_render(t, vars, &b, err, sizeof err), CG_OK);
@@ -447,7 +524,8 @@ static uint32_t rnd(void)
     return (uint32_t)(rng_state >> 16);
 }
 
-static int fuzz_one(const char *src, size_t len, const json_t *vars, const cg_chat_template_limits *l)
+static int fuzz_one(const char *src, size_t len, const json_t *vars,
+                    const cg_chat_template_limits *l)
 {
     cg_chat_template *t = NULL;
     char err[256];
@@ -455,7 +533,8 @@ static int fuzz_one(const char *src, size_t len, const json_t *vars, const cg_ch
     cg_status st = cg_chat_template_new(src, len, l, &t, err, sizeof err);
     if (st != CG_OK) {
         ck_assert_ptr_null(t);
-        ck_assert_msg(err[0] && (st == CG_E_VALUE || st == CG_E_UNSUPPORTED || st == CG_E_TOO_LARGE),
+        ck_assert_msg(err[0] &&
+                          (st == CG_E_VALUE || st == CG_E_UNSUPPORTED || st == CG_E_TOO_LARGE),
                       "parse status %s, error \"%s\"", cg_status_name(st), err);
         return 0;
     }
@@ -464,8 +543,10 @@ static int fuzz_one(const char *src, size_t len, const json_t *vars, const cg_ch
     st = cg_chat_template_render(t, vars, &b, err, sizeof err);
     ck_assert_msg(st == CG_OK || st == CG_E_VALUE || st == CG_E_TOO_LARGE, "render status %s: %s",
                   cg_status_name(st), err);
-    if (st == CG_OK) ck_assert_uint_le(b.len, l->max_output);
-    else ck_assert_uint_eq(b.len, 0);
+    if (st == CG_OK)
+        ck_assert_uint_le(b.len, l->max_output);
+    else
+        ck_assert_uint_eq(b.len, 0);
     cg_buf_free(&b);
     cg_chat_template_free(&t);
     return 1;
@@ -473,52 +554,154 @@ static int fuzz_one(const char *src, size_t len, const json_t *vars, const cg_ch
 
 START_TEST(test_fuzz)
 {
-    static const char *const frags[] = {
-        "{{", "}}", "{%", "%}", "{#", "#}", "{%-", "-%}", "{{-", "-}}", " if ", " for ", " in ",
-        " endif ", " endfor ", " else ", " elif ", " set ", " = ", "x", "messages", "m", ".role",
-        "['content']", "[0]", "[::-1]", "[1:]", "|length", "|tojson", "|trim", "|join(',')",
-        "|tojson(indent=2)", "|items", "|sort", " ~ ", " + ", " - ", " * ", " / ", " // ", " % ",
-        " ** ", " == ", " != ", " < ", " and ", " or ", " not ", " is defined", " is string", "(",
-        ")", "[", "]", "{", "}", ",", ":", "'a'", "\"b\"", "1", "2.5", "-3", "none", "true",
-        "loop.index", "loop.last", "namespace(a=1)", "ns.a", " macro f(a) ", " endmacro ", "f(1)",
-        "caller()", " call f() ", " endcall ", "range(5)", "raise_exception('r')", ".split('a')",
-        ".strip()", " break ", " continue ", "\n", "  ", "text", "é😀", "\\", "'", "\"", "-",
-        " generation ", " endgeneration ", " filter upper ", " endfilter ", "*", "**", "=", " is ",
-        "tools", "ns", " ns = namespace(x=[]) ", "ns.x + ns.x", "d.items()"};
+    static const char *const frags[] = {"{{",
+                                        "}}",
+                                        "{%",
+                                        "%}",
+                                        "{#",
+                                        "#}",
+                                        "{%-",
+                                        "-%}",
+                                        "{{-",
+                                        "-}}",
+                                        " if ",
+                                        " for ",
+                                        " in ",
+                                        " endif ",
+                                        " endfor ",
+                                        " else ",
+                                        " elif ",
+                                        " set ",
+                                        " = ",
+                                        "x",
+                                        "messages",
+                                        "m",
+                                        ".role",
+                                        "['content']",
+                                        "[0]",
+                                        "[::-1]",
+                                        "[1:]",
+                                        "|length",
+                                        "|tojson",
+                                        "|trim",
+                                        "|join(',')",
+                                        "|tojson(indent=2)",
+                                        "|items",
+                                        "|sort",
+                                        " ~ ",
+                                        " + ",
+                                        " - ",
+                                        " * ",
+                                        " / ",
+                                        " // ",
+                                        " % ",
+                                        " ** ",
+                                        " == ",
+                                        " != ",
+                                        " < ",
+                                        " and ",
+                                        " or ",
+                                        " not ",
+                                        " is defined",
+                                        " is string",
+                                        "(",
+                                        ")",
+                                        "[",
+                                        "]",
+                                        "{",
+                                        "}",
+                                        ",",
+                                        ":",
+                                        "'a'",
+                                        "\"b\"",
+                                        "1",
+                                        "2.5",
+                                        "-3",
+                                        "none",
+                                        "true",
+                                        "loop.index",
+                                        "loop.last",
+                                        "namespace(a=1)",
+                                        "ns.a",
+                                        " macro f(a) ",
+                                        " endmacro ",
+                                        "f(1)",
+                                        "caller()",
+                                        " call f() ",
+                                        " endcall ",
+                                        "range(5)",
+                                        "raise_exception('r')",
+                                        ".split('a')",
+                                        ".strip()",
+                                        " break ",
+                                        " continue ",
+                                        "\n",
+                                        "  ",
+                                        "text",
+                                        "é😀",
+                                        "\\",
+                                        "'",
+                                        "\"",
+                                        "-",
+                                        " generation ",
+                                        " endgeneration ",
+                                        " filter upper ",
+                                        " endfilter ",
+                                        "*",
+                                        "**",
+                                        "=",
+                                        " is ",
+                                        "tools",
+                                        "ns",
+                                        " ns = namespace(x=[]) ",
+                                        "ns.x + ns.x",
+                                        "d.items()"};
     cg_chat_template_limits l = small_limits();
     l.max_steps = 20000;
     json_t *vars = json_loads(
-        "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"u {{ x }}\"},"
-        "{\"role\":\"assistant\",\"content\":\"<think>\\nr\\n</think>\\n\\na\",\"tool_calls\":[{\"function\":"
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"u "
+        "{{ x }}\"},"
+        "{\"role\":\"assistant\",\"content\":\"<think>\\nr\\n</"
+        "think>\\n\\na\",\"tool_calls\":[{\"function\":"
         "{\"name\":\"f\",\"arguments\":{\"a\":1}}}]},{\"role\":\"tool\",\"content\":null}],"
-        "\"add_generation_prompt\":true,\"bos_token\":\"<s>\",\"eos_token\":\"</s>\",\"x\":[1,\"a\",{\"k\":2.5}],"
-        "\"d\":{\"k\":\"v\"},\"tools\":[{\"type\":\"function\"}]}", 0, NULL);
+        "\"add_generation_prompt\":true,\"bos_token\":\"<s>\",\"eos_token\":\"</"
+        "s>\",\"x\":[1,\"a\",{\"k\":2.5}],"
+        "\"d\":{\"k\":\"v\"},\"tools\":[{\"type\":\"function\"}]}",
+        0, NULL);
     ck_assert_ptr_nonnull(vars);
     json_t *spec = load_json(CASES);
     ck_assert_ptr_nonnull(spec);
     /* the templates of the fixtures: every prefix of the real one, some of the others */
-    const char *llama2 = json_string_value(json_object_get(json_array_get(json_object_get(spec, "templates"), 0), "template"));
+    const char *llama2 = json_string_value(
+        json_object_get(json_array_get(json_object_get(spec, "templates"), 0), "template"));
     size_t accepted = 0, runs = 0;
-    for (size_t n = 0; n <= strlen(llama2); n++, runs++) accepted += fuzz_one(llama2, n, vars, &l);
+    for (size_t n = 0; n <= strlen(llama2); n++, runs++)
+        accepted += fuzz_one(llama2, n, vars, &l);
     json_t *feats = json_object_get(spec, "features");
     for (size_t i = 0; i < json_array_size(feats); i += 7) {
         const char *s = json_string_value(json_object_get(json_array_get(feats, i), "template"));
-        for (size_t n = 0; n <= strlen(s); n++, runs++) accepted += fuzz_one(s, n, vars, &l);
+        for (size_t n = 0; n <= strlen(s); n++, runs++)
+            accepted += fuzz_one(s, n, vars, &l);
     }
     /* byte mutations of the fixture templates */
     static const char alphabet[] = "{}%#-+~|.,:()[]'\"\\ \n=*/abx01";
     for (int i = 0; i < 2500; i++, runs++) {
-        const char *s = i % 3 == 0 ? llama2
-                                   : json_string_value(json_object_get(
-                                         json_array_get(feats, rnd() % json_array_size(feats)), "template"));
+        const char *s =
+            i % 3 == 0 ? llama2
+                       : json_string_value(json_object_get(
+                             json_array_get(feats, rnd() % json_array_size(feats)), "template"));
         size_t n = strlen(s);
         char *m = cg_malloc(n + 8);
         memcpy(m, s, n);
         for (int k = 0, edits = 1 + (int)(rnd() % 4); k < edits && n; k++) {
             size_t at = rnd() % n;
             switch (rnd() % 3) {
-            case 0: m[at] = alphabet[rnd() % (sizeof alphabet - 1)]; break;
-            case 1: memmove(m + at, m + at + 1, n - at - 1), n--; break;
+            case 0:
+                m[at] = alphabet[rnd() % (sizeof alphabet - 1)];
+                break;
+            case 1:
+                memmove(m + at, m + at + 1, n - at - 1), n--;
+                break;
             default:
                 memmove(m + at + 1, m + at, n - at);
                 m[at] = alphabet[rnd() % (sizeof alphabet - 1)];
@@ -556,7 +739,8 @@ static char *run_node(const char *args, size_t *len)
     sbuf b = {0};
     char tmp[65536];
     size_t n;
-    while ((n = fread(tmp, 1, sizeof tmp, p)) > 0) sbuf_put(&b, tmp, n);
+    while ((n = fread(tmp, 1, sizeof tmp, p)) > 0)
+        sbuf_put(&b, tmp, n);
     int rc = pclose(p);
     ck_assert_msg(rc == 0, "%s exited with %d: %.300s", cmd, rc, b.p ? b.p : "");
     *len = b.len;
@@ -569,9 +753,11 @@ static bool has_position(const char *err)
 {
     const char *p = err;
     if (!is_digit(*p)) return false;
-    while (is_digit(*p)) p++;
+    while (is_digit(*p))
+        p++;
     if (*p++ != ':' || !is_digit(*p)) return false;
-    while (is_digit(*p)) p++;
+    while (is_digit(*p))
+        p++;
     return p[0] == ':' && p[1] == ' ';
 }
 
@@ -582,7 +768,8 @@ typedef struct parity_run {
     int mismatches;
 } parity_run;
 
-static void parity_case(parity_run *pc, const char *id, const char *src, const json_t *vars, const char *refuses)
+static void parity_case(parity_run *pc, const char *id, const char *src, const json_t *vars,
+                        const char *refuses)
 {
     const json_t *r = json_object_get(pc->ref, id);
     pc->compared++;
@@ -597,11 +784,12 @@ static void parity_case(parity_run *pc, const char *id, const char *src, const j
     cg_status st = cg_chat_template_new(src, strlen(src), NULL, &t, err, sizeof err);
     char line[4096];
     if (refuses) {
-        if (st == CG_E_UNSUPPORTED && strstr(err, refuses)) pc->refused++;
+        if (st == CG_E_UNSUPPORTED && strstr(err, refuses))
+            pc->refused++;
         else {
             pc->mismatches++;
-            snprintf(line, sizeof line, "\n  %s: want a parse-time refusal (%s), got %s %s", id, refuses,
-                     cg_status_name(st), err);
+            snprintf(line, sizeof line, "\n  %s: want a parse-time refusal (%s), got %s %s", id,
+                     refuses, cg_status_name(st), err);
             sbuf_put(&pc->report, line, strlen(line));
         }
         cg_chat_template_free(&t);
@@ -615,7 +803,8 @@ static void parity_case(parity_run *pc, const char *id, const char *src, const j
     const char *ref_out = json_string_value(json_object_get(r, "out"));
     const char *ref_err = json_string_value(json_object_get(r, "error"));
     size_t ref_len = json_string_length(json_object_get(r, "out"));
-    if (ref_ok && st == CG_OK && ref_len == b.len && memcmp(ref_out, b.data ? b.data : "", b.len) == 0) {
+    if (ref_ok && st == CG_OK && ref_len == b.len &&
+        memcmp(ref_out, b.data ? b.data : "", b.len) == 0) {
         pc->same_text++;
     } else if (!ref_ok && st != CG_OK && has_position(err)) {
         pc->both_failed++;
@@ -624,7 +813,8 @@ static void parity_case(parity_run *pc, const char *id, const char *src, const j
     } else {
         pc->mismatches++;
         if (pc->mismatches <= 8) {
-            snprintf(line, sizeof line, "\n  %s:\n    reference: %s %.600s\n    chunkgate: %s %.600s", id,
+            snprintf(line, sizeof line,
+                     "\n  %s:\n    reference: %s %.600s\n    chunkgate: %s %.600s", id,
                      ref_ok ? "ok" : "error", ref_ok ? ref_out : ref_err, cg_status_name(st),
                      st == CG_OK ? (b.data ? b.data : "") : err);
             sbuf_put(&pc->report, line, strlen(line));
@@ -657,7 +847,8 @@ START_TEST(test_parity_cases)
         json_t *cfg = NULL;
         if (!src) {
             cfg = load_json(json_string_value(json_object_get(t, "config")));
-            ck_assert_msg(cfg != NULL, "cannot read %s", json_string_value(json_object_get(t, "config")));
+            ck_assert_msg(cfg != NULL, "cannot read %s",
+                          json_string_value(json_object_get(t, "config")));
             src = json_string_value(json_object_get(cfg, "chat_template"));
             ck_assert_ptr_nonnull(src);
         }
@@ -675,17 +866,18 @@ START_TEST(test_parity_cases)
                 json_object_set(vars, "bos_token", json_object_get(t, "bos_token"));
                 json_object_set(vars, "eos_token", json_object_get(t, "eos_token"));
                 json_object_set_new(vars, "add_generation_prompt", json_boolean(agp));
-                if (json_object_get(conv, "vars")) json_object_update(vars, json_object_get(conv, "vars"));
+                if (json_object_get(conv, "vars"))
+                    json_object_update(vars, json_object_get(conv, "vars"));
                 char id[512];
-                snprintf(id, sizeof id, "%s/%s/%s", name, json_string_value(json_object_get(conv, "name")),
-                         agp ? "gen" : "nogen");
+                snprintf(id, sizeof id, "%s/%s/%s", name,
+                         json_string_value(json_object_get(conv, "name")), agp ? "gen" : "nogen");
                 parity_case(&pc, id, src, vars, NULL);
                 json_decref(vars);
             }
         }
         /* every real template renders most conversations, so "both failed" hides nothing */
-        ck_assert_msg(pc.same_text - before >= 20, "template %s rendered only %zu conversations", name,
-                      pc.same_text - before);
+        ck_assert_msg(pc.same_text - before >= 20, "template %s rendered only %zu conversations",
+                      name, pc.same_text - before);
         json_decref(cfg);
     }
     json_t *f;
@@ -701,8 +893,8 @@ START_TEST(test_parity_cases)
            "messages, %zu failed in both, %zu refused at parse time, %d mismatches\n",
            pc.compared, pc.same_text, pc.same_raise, pc.both_failed, pc.refused, pc.mismatches);
     fflush(stdout);
-    ck_assert_msg(pc.mismatches == 0, "%d of %zu cases differ from @huggingface/jinja:%s", pc.mismatches,
-                  pc.compared, pc.report.p ? pc.report.p : "");
+    ck_assert_msg(pc.mismatches == 0, "%d of %zu cases differ from @huggingface/jinja:%s",
+                  pc.mismatches, pc.compared, pc.report.p ? pc.report.p : "");
     ck_assert_uint_ge(pc.same_raise, 6);
     ck_assert_uint_ge(pc.same_text, 200);
     sbuf_free(&pc.report);
@@ -770,14 +962,16 @@ START_TEST(test_parity_case_map)
             if (ngot == nwant[up] && memcmp(got, want[up], ngot * sizeof(uint32_t)) == 0) continue;
             bool unassigned = utf8proc_category((utf8proc_int32_t)cp) == UTF8PROC_CATEGORY_CN;
             for (size_t k = 0; k < nwant[up]; k++)
-                unassigned = unassigned || utf8proc_category((utf8proc_int32_t)want[up][k]) == UTF8PROC_CATEGORY_CN;
+                unassigned = unassigned || utf8proc_category((utf8proc_int32_t)want[up][k]) ==
+                                               UTF8PROC_CATEGORY_CN;
             if (unassigned) {
                 newer++;
                 continue;
             }
             if (++bad <= 10) {
                 char line[128];
-                snprintf(line, sizeof line, "\n  U+%04X %s: node U+%04X (+%zu), chunkgate U+%04X (+%zu)", cp,
+                snprintf(line, sizeof line,
+                         "\n  U+%04X %s: node U+%04X (+%zu), chunkgate U+%04X (+%zu)", cp,
                          up == 0 ? "upper" : "lower", want[up][0], nwant[up] - 1, got[0], ngot - 1);
                 sbuf_put(&report, line, strlen(line));
             }
@@ -787,7 +981,8 @@ START_TEST(test_parity_case_map)
     arena_free(&c.ar);
     free(txt);
     printf("case mapping: %zu mappings checked, %zu differ only where node's Unicode is newer than "
-           "utf8proc's, %zu differ\n", checked, newer, bad);
+           "utf8proc's, %zu differ\n",
+           checked, newer, bad);
     fflush(stdout);
     ck_assert_msg(bad == 0, "%zu case mappings differ from node:%s", bad, report.p ? report.p : "");
     ck_assert_uint_lt(newer, 300);
@@ -799,7 +994,8 @@ END_TEST
 static const char *parity_missing(void)
 {
     if (system("command -v node >/dev/null 2>&1") != 0)
-        return "node is not installed (Debian 12: apt-get install nodejs npm; scripts/deps.sh does it)";
+        return "node is not installed (Debian 12: apt-get install nodejs npm; scripts/deps.sh does "
+               "it)";
     FILE *p = popen("node -p 'process.versions.node.split(\".\")[0]' 2>/dev/null", "r");
     int major = 0;
     if (p) {
@@ -817,7 +1013,8 @@ static const char *parity_missing(void)
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", CG_SOURCE_DIR, need[i]);
         if (access(path, R_OK) != 0)
-            return "the npm packages of tests/ref are not installed (run `npm ci` in tests/ref; scripts/test.sh does)";
+            return "the npm packages of tests/ref are not installed (run `npm ci` in tests/ref; "
+                   "scripts/test.sh does)";
     }
     return NULL;
 }

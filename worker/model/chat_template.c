@@ -33,9 +33,12 @@ static uint32_t u8_decode(const unsigned char *p, size_t n, size_t *len)
     }
     size_t need;
     uint32_t min;
-    if ((c & 0xE0) == 0xC0) need = 2, c &= 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) need = 3, c &= 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) need = 4, c &= 0x07, min = 0x10000;
+    if ((c & 0xE0) == 0xC0)
+        need = 2, c &= 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0)
+        need = 3, c &= 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0)
+        need = 4, c &= 0x07, min = 0x10000;
     else {
         *len = 1;
         return 0xFFFD;
@@ -89,8 +92,8 @@ static bool js_space(uint32_t c)
 {
     if (c == ' ' || (c >= 0x09 && c <= 0x0D)) return true;
     if (c < 0xA0) return false;
-    return c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 ||
-           c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000 || c == 0xFEFF;
+    return c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+           c == 0x202F || c == 0x205F || c == 0x3000 || c == 0xFEFF;
 }
 
 /* Length of the JavaScript whitespace character at p, 0 if there is none. */
@@ -109,7 +112,8 @@ static size_t js_space_before(const char *p, size_t n)
 {
     if (n == 0) return 0;
     size_t s = n - 1;
-    while (s > 0 && n - s < 4 && ((unsigned char)p[s] & 0xC0) == 0x80) s--;
+    while (s > 0 && n - s < 4 && ((unsigned char)p[s] & 0xC0) == 0x80)
+        s--;
     size_t l = js_space_at(p + s, n - s);
     return (l && s + l == n) ? l : 0;
 }
@@ -257,7 +261,8 @@ static void sbuf_put(sbuf *b, const void *p, size_t n)
     if (n == 0) return;
     if (b->cap - b->len < n + 1) {
         size_t cap = b->cap ? b->cap : 64;
-        while (cap - b->len < n + 1) cap *= 2;
+        while (cap - b->len < n + 1)
+            cap *= 2;
         b->p = cg_realloc(b->p, cap);
         b->cap = cap;
     }
@@ -306,7 +311,8 @@ static void js_num(double d, char *out)
     if (*p == '-') neg = true, p++;
     for (; *p && *p != 'e'; p++)
         if (is_digit(*p)) digits[k++] = *p;
-    while (k > 1 && digits[k - 1] == '0') k--;
+    while (k > 1 && digits[k - 1] == '0')
+        k--;
     digits[k] = 0;
     int e = atoi(p + 1);
     int n = e + 1; /* position of the decimal point */
@@ -315,7 +321,8 @@ static void js_num(double d, char *out)
     if (k <= n && n <= 21) {
         memcpy(o, digits, (size_t)k);
         o += k;
-        for (int i = 0; i < n - k; i++) *o++ = '0';
+        for (int i = 0; i < n - k; i++)
+            *o++ = '0';
     } else if (0 < n && n <= 21) {
         memcpy(o, digits, (size_t)n);
         o += n;
@@ -325,7 +332,8 @@ static void js_num(double d, char *out)
     } else if (-6 < n && n <= 0) {
         *o++ = '0';
         *o++ = '.';
-        for (int i = 0; i < -n; i++) *o++ = '0';
+        for (int i = 0; i < -n; i++)
+            *o++ = '0';
         memcpy(o, digits, (size_t)k);
         o += k;
     } else {
@@ -360,18 +368,24 @@ static void js_float_str(double d, char *out, size_t outlen)
 static double js_str_to_num(const char *p, size_t n)
 {
     size_t l;
-    while (n && (l = js_space_at(p, n))) p += l, n -= l;
-    while (n && (l = js_space_before(p, n))) n -= l;
+    while (n && (l = js_space_at(p, n)))
+        p += l, n -= l;
+    while (n && (l = js_space_before(p, n)))
+        n -= l;
     if (n == 0) return 0;
     if (n > 2 && p[0] == '0' && strchr("xXoObB", p[1])) {
         int base = (p[1] == 'x' || p[1] == 'X') ? 16 : (p[1] == 'o' || p[1] == 'O') ? 8 : 2;
         double v = 0;
         for (size_t i = 2; i < n; i++) {
             int c = p[i], dgt;
-            if (is_digit(c)) dgt = c - '0';
-            else if (c >= 'a' && c <= 'f') dgt = c - 'a' + 10;
-            else if (c >= 'A' && c <= 'F') dgt = c - 'A' + 10;
-            else return NAN;
+            if (is_digit(c))
+                dgt = c - '0';
+            else if (c >= 'a' && c <= 'f')
+                dgt = c - 'a' + 10;
+            else if (c >= 'A' && c <= 'F')
+                dgt = c - 'A' + 10;
+            else
+                return NAN;
             if (dgt >= base) return NAN;
             v = v * base + dgt;
         }
@@ -382,17 +396,20 @@ static double js_str_to_num(const char *p, size_t n)
     if (p[i] == '+' || p[i] == '-') neg = p[i] == '-', i++;
     if (n - i == 8 && memcmp(p + i, "Infinity", 8) == 0) return neg ? -INFINITY : INFINITY;
     size_t start = i, nd = 0;
-    while (i < n && is_digit(p[i])) i++, nd++;
+    while (i < n && is_digit(p[i]))
+        i++, nd++;
     if (i < n && p[i] == '.') {
         i++;
-        while (i < n && is_digit(p[i])) i++, nd++;
+        while (i < n && is_digit(p[i]))
+            i++, nd++;
     }
     if (nd == 0) return NAN;
     if (i < n && (p[i] == 'e' || p[i] == 'E')) {
         size_t j = i + 1;
         if (j < n && (p[j] == '+' || p[j] == '-')) j++;
         size_t ed = 0;
-        while (j < n && is_digit(p[j])) j++, ed++;
+        while (j < n && is_digit(p[j]))
+            j++, ed++;
         if (ed == 0) return NAN;
         i = j;
     }
@@ -407,12 +424,14 @@ static double js_str_to_num(const char *p, size_t n)
 static double js_parse_int(const char *p, size_t n)
 {
     size_t l;
-    while (n && (l = js_space_at(p, n))) p += l, n -= l;
+    while (n && (l = js_space_at(p, n)))
+        p += l, n -= l;
     size_t i = 0;
     bool neg = false;
     if (i < n && (p[i] == '+' || p[i] == '-')) neg = p[i] == '-', i++;
     size_t s = i;
-    while (i < n && is_digit(p[i])) i++;
+    while (i < n && is_digit(p[i]))
+        i++;
     if (i == s) return NAN;
     char *tmp = cg_strndup(p + s, i - s);
     double v = strtod(tmp, NULL);
@@ -424,16 +443,19 @@ static double js_parse_int(const char *p, size_t n)
 static double js_parse_float(const char *p, size_t n)
 {
     size_t l;
-    while (n && (l = js_space_at(p, n))) p += l, n -= l;
+    while (n && (l = js_space_at(p, n)))
+        p += l, n -= l;
     size_t i = 0;
     bool neg = false;
     if (i < n && (p[i] == '+' || p[i] == '-')) neg = p[i] == '-', i++;
     if (n - i >= 8 && memcmp(p + i, "Infinity", 8) == 0) return neg ? -INFINITY : INFINITY;
     size_t s = i, nd = 0;
-    while (i < n && is_digit(p[i])) i++, nd++;
+    while (i < n && is_digit(p[i]))
+        i++, nd++;
     if (i < n && p[i] == '.') {
         size_t j = i + 1, fd = 0;
-        while (j < n && is_digit(p[j])) j++, fd++;
+        while (j < n && is_digit(p[j]))
+            j++, fd++;
         if (nd + fd > 0) i = j, nd += fd;
     }
     if (nd == 0) return NAN;
@@ -441,7 +463,8 @@ static double js_parse_float(const char *p, size_t n)
         size_t j = i + 1;
         if (j < n && (p[j] == '+' || p[j] == '-')) j++;
         size_t ed = 0;
-        while (j < n && is_digit(p[j])) j++, ed++;
+        while (j < n && is_digit(p[j]))
+            j++, ed++;
         if (ed) i = j;
     }
     char *tmp = cg_strndup(p + s, i - s);
@@ -456,18 +479,64 @@ static double js_parse_float(const char *p, size_t n)
 
 typedef enum {
     /* statements */
-    N_TEXT, N_OUTPUT, N_IF, N_FOR, N_SET, N_MACRO, N_CALLBLOCK, N_FILTERBLOCK, N_BREAK,
-    N_CONTINUE, N_COMMENT,
+    N_TEXT,
+    N_OUTPUT,
+    N_IF,
+    N_FOR,
+    N_SET,
+    N_MACRO,
+    N_CALLBLOCK,
+    N_FILTERBLOCK,
+    N_BREAK,
+    N_CONTINUE,
+    N_COMMENT,
     /* expressions */
-    N_STR, N_INT, N_FLOAT, N_IDENT, N_ARRAY, N_TUPLE, N_DICT, N_MEMBER, N_SLICE, N_CALL, N_KWARG,
-    N_SPREAD, N_KWSPREAD, N_UNARY, N_BINARY, N_FILTER, N_TEST, N_SELECT, N_TERNARY
+    N_STR,
+    N_INT,
+    N_FLOAT,
+    N_IDENT,
+    N_ARRAY,
+    N_TUPLE,
+    N_DICT,
+    N_MEMBER,
+    N_SLICE,
+    N_CALL,
+    N_KWARG,
+    N_SPREAD,
+    N_KWSPREAD,
+    N_UNARY,
+    N_BINARY,
+    N_FILTER,
+    N_TEST,
+    N_SELECT,
+    N_TERNARY
 } node_kind;
 
 typedef enum {
-    OP_OR, OP_AND, OP_NOT, OP_EQ, OP_NE, OP_LT, OP_GT, OP_LE, OP_GE, OP_IN, OP_NOTIN, OP_ADD,
-    OP_SUB, OP_CAT, OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD, OP_POW, OP_NEG, OP_POS
+    OP_OR,
+    OP_AND,
+    OP_NOT,
+    OP_EQ,
+    OP_NE,
+    OP_LT,
+    OP_GT,
+    OP_LE,
+    OP_GE,
+    OP_IN,
+    OP_NOTIN,
+    OP_ADD,
+    OP_SUB,
+    OP_CAT,
+    OP_MUL,
+    OP_DIV,
+    OP_FLOORDIV,
+    OP_MOD,
+    OP_POW,
+    OP_NEG,
+    OP_POS
 } op_kind;
 
+/* clang-format off */
 #define FILTERS(X)                                                                                 \
     X(safe) X(tojson) X(list) X(first) X(last) X(length) X(reverse) X(sort) X(join) X(string)      \
     X(unique) X(upper) X(lower) X(title) X(capitalize) X(trim) X(indent) X(int) X(float) X(abs)    \
@@ -477,11 +546,12 @@ typedef enum {
     X(boolean) X(callable) X(odd) X(even) X(false) X(true) X(none) X(string) X(number)             \
     X(integer) X(iterable) X(mapping) X(sequence) X(lower) X(upper) X(defined) X(undefined)        \
     X(equalto) X(eq)
-/* Methods of strings (first row) and of mappings (second row). */
+/* Methods of strings (first two rows) and of mappings (last row). */
 #define METHODS(X)                                                                                 \
     X(upper) X(lower) X(strip) X(title) X(capitalize) X(rstrip) X(lstrip) X(startswith)            \
     X(endswith) X(split) X(replace)                                                                \
     X(get) X(items) X(keys) X(values) X(dictsort)
+/* clang-format on */
 
 #define ENUM_F(n) F_##n,
 #define ENUM_T(n) T_##n,
@@ -505,7 +575,8 @@ typedef struct nodelist {
 struct node {
     uint8_t kind;
     uint8_t op;     /* op_kind, filter, test */
-    uint8_t flag;   /* MEMBER: computed; FILTER: call form; TEST: negated; MACRO: uses kwargs(1) varargs(2) */
+    uint8_t flag;   /* MEMBER: computed; FILTER: call form; TEST: negated; MACRO: uses kwargs(1)
+                       varargs(2) */
     uint16_t depth; /* height of the subtree */
     uint32_t pos;   /* byte offset in the original source */
     node *a, *b, *c;
@@ -539,8 +610,10 @@ static void src_linecol(const char *src, size_t len, size_t off, unsigned *line,
     unsigned l = 1, c = 1;
     if (off > len) off = len;
     for (size_t i = 0; i < off; i++) {
-        if (src[i] == '\n') l++, c = 1;
-        else if (((unsigned char)src[i] & 0xC0) != 0x80) c++;
+        if (src[i] == '\n')
+            l++, c = 1;
+        else if (((unsigned char)src[i] & 0xC0) != 0x80)
+            c++;
     }
     *line = l;
     *col = c;
@@ -599,7 +672,8 @@ static void pp_lstrip(const ptext *in, ptext *o)
     for (size_t i = 0; i < in->n;) {
         if (line_start(in->s, i)) {
             size_t j = i;
-            while (j < in->n && (in->s[j] == ' ' || in->s[j] == '\t')) j++;
+            while (j < in->n && (in->s[j] == ' ' || in->s[j] == '\t'))
+                j++;
             if (j + 1 < in->n && in->s[j] == '{' &&
                 (in->s[j + 1] == '#' || in->s[j + 1] == '%' || in->s[j + 1] == '-')) {
                 ptext_copy(o, in, j, 2);
@@ -634,7 +708,8 @@ static void pp_trim(const ptext *in, ptext *o)
 static size_t skip_js_space(const char *s, size_t n, size_t i)
 {
     size_t l;
-    while (i < n && (l = js_space_at(s + i, n - i))) i += l;
+    while (i < n && (l = js_space_at(s + i, n - i)))
+        i += l;
     return i;
 }
 
@@ -689,9 +764,32 @@ static void pp_generation(const ptext *in, ptext *o)
 /* ------------------------------------------------------------------------------------------ */
 
 typedef enum {
-    K_EOF, K_TEXT, K_NUM, K_STR, K_IDENT, K_EQUALS, K_LPAREN, K_RPAREN, K_OPEN_STMT,
-    K_CLOSE_STMT, K_OPEN_EXPR, K_CLOSE_EXPR, K_LBRACKET, K_RBRACKET, K_LBRACE, K_RBRACE,
-    K_COMMA, K_DOT, K_COLON, K_PIPE, K_ADD, K_MUL, K_POW, K_CMP, K_UNARY, K_COMMENT
+    K_EOF,
+    K_TEXT,
+    K_NUM,
+    K_STR,
+    K_IDENT,
+    K_EQUALS,
+    K_LPAREN,
+    K_RPAREN,
+    K_OPEN_STMT,
+    K_CLOSE_STMT,
+    K_OPEN_EXPR,
+    K_CLOSE_EXPR,
+    K_LBRACKET,
+    K_RBRACKET,
+    K_LBRACE,
+    K_RBRACE,
+    K_COMMA,
+    K_DOT,
+    K_COLON,
+    K_PIPE,
+    K_ADD,
+    K_MUL,
+    K_POW,
+    K_CMP,
+    K_UNARY,
+    K_COMMENT
 } tok_kind;
 
 typedef struct tok {
@@ -747,7 +845,8 @@ static void strip_trailing(parser *ps)
     if (last_type(ps) != K_TEXT) return;
     tok *t = &ps->toks[ps->n - 1];
     size_t l;
-    while (t->len && (l = js_space_before(t->v, t->len))) t->len -= l;
+    while (t->len && (l = js_space_before(t->v, t->len)))
+        t->len -= l;
     if (t->len == 0) ps->n--;
 }
 
@@ -802,7 +901,7 @@ static bool lex_string(parser *ps, size_t *posp)
                 }
                 for (size_t k = 0; k < hl; k++) {
                     char h = s[pos + k];
-                    int d = is_digit(h) ? h - '0'
+                    int d = is_digit(h)              ? h - '0'
                             : (h >= 'a' && h <= 'f') ? h - 'a' + 10
                             : (h >= 'A' && h <= 'F') ? h - 'A' + 10
                                                      : -1;
@@ -866,9 +965,8 @@ static bool lex(parser *ps)
         int lt = last_type(ps);
         if (lt == -1 || lt == K_CLOSE_STMT || lt == K_CLOSE_EXPR || lt == K_COMMENT) {
             size_t st = pos;
-            while (pos < n &&
-                   !(s[pos] == '{' && pos + 1 < n &&
-                     (s[pos + 1] == '%' || s[pos + 1] == '{' || s[pos + 1] == '#')))
+            while (pos < n && !(s[pos] == '{' && pos + 1 < n &&
+                                (s[pos + 1] == '%' || s[pos + 1] == '{' || s[pos + 1] == '#')))
                 pos++;
             if (pos > st) {
                 push_tok(ps, K_TEXT, st, s + st, pos - st);
@@ -882,7 +980,8 @@ static bool lex(parser *ps)
             if (strip_before) pos++;
             size_t cs = pos;
             while (!(pos + 1 < n && s[pos] == '#' && s[pos + 1] == '}')) {
-                if (pos + 2 >= n) return perr_at(ps, CG_E_VALUE, st, "missing end of comment tag"), false;
+                if (pos + 2 >= n)
+                    return perr_at(ps, CG_E_VALUE, st, "missing end of comment tag"), false;
                 pos++;
             }
             bool strip_after = pos > cs && s[pos - 1] == '-';
@@ -929,14 +1028,17 @@ static bool lex(parser *ps)
                 return perr_at(ps, CG_E_VALUE, pos, "unexpected character: %c", c), false;
             if (l2 != K_IDENT && l2 != K_NUM && l2 != K_STR && l2 != K_RPAREN && l2 != K_RBRACKET) {
                 size_t st = pos++;
-                while (pos < n && is_digit(s[pos])) pos++;
+                while (pos < n && is_digit(s[pos]))
+                    pos++;
                 bool num = pos > st + 1;
                 if (num && pos >= n)
                     return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
                 if (num && s[pos] == '.' && pos + 1 < n && is_digit(s[pos + 1])) {
                     pos++;
-                    while (pos < n && is_digit(s[pos])) pos++;
-                    if (pos >= n) return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
+                    while (pos < n && is_digit(s[pos]))
+                        pos++;
+                    if (pos >= n)
+                        return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
                 }
                 push_tok(ps, num ? K_NUM : K_UNARY, st, s + st, pos - st);
                 continue;
@@ -948,9 +1050,12 @@ static bool lex(parser *ps)
             if (table[k].type == K_CLOSE_EXPR && curly > 0) continue;
             if (n - pos >= l && memcmp(s + pos, table[k].seq, l) == 0) {
                 push_tok(ps, table[k].type, pos, s + pos, l);
-                if (table[k].type == K_OPEN_EXPR) curly = 0;
-                else if (table[k].type == K_LBRACE) curly++;
-                else if (table[k].type == K_RBRACE) curly--;
+                if (table[k].type == K_OPEN_EXPR)
+                    curly = 0;
+                else if (table[k].type == K_LBRACE)
+                    curly++;
+                else if (table[k].type == K_RBRACE)
+                    curly--;
                 pos += l;
                 matched = true;
                 break;
@@ -963,11 +1068,13 @@ static bool lex(parser *ps)
         }
         if (is_digit(c)) {
             size_t st = pos;
-            while (pos < n && is_digit(s[pos])) pos++;
+            while (pos < n && is_digit(s[pos]))
+                pos++;
             if (pos >= n) return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
             if (last_type(ps) != K_DOT && s[pos] == '.' && pos + 1 < n && is_digit(s[pos + 1])) {
                 pos++;
-                while (pos < n && is_digit(s[pos])) pos++;
+                while (pos < n && is_digit(s[pos]))
+                    pos++;
                 if (pos >= n) return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
             }
             push_tok(ps, K_NUM, st, s + st, pos - st);
@@ -975,7 +1082,8 @@ static bool lex(parser *ps)
         }
         if (is_word(c)) {
             size_t st = pos;
-            while (pos < n && is_word(s[pos])) pos++;
+            while (pos < n && is_word(s[pos]))
+                pos++;
             if (pos >= n) return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
             push_tok(ps, K_IDENT, st, s + st, pos - st);
             continue;
@@ -1068,10 +1176,32 @@ static bool is_stmt(parser *ps, const char *a, const char *b, const char *c)
 
 static const char *tok_desc(const tok *t)
 {
-    static const char *const names[] = {
-        "end of template", "text", "number", "string", "identifier", "'='", "'('", "')'",
-        "'{%'", "'%}'", "'{{'", "'}}'", "'['", "']'", "'{'", "'}'", "','", "'.'", "':'", "'|'",
-        "operator", "operator", "'**'", "comparison", "unary operator", "comment"};
+    static const char *const names[] = {"end of template",
+                                        "text",
+                                        "number",
+                                        "string",
+                                        "identifier",
+                                        "'='",
+                                        "'('",
+                                        "')'",
+                                        "'{%'",
+                                        "'%}'",
+                                        "'{{'",
+                                        "'}}'",
+                                        "'['",
+                                        "']'",
+                                        "'{'",
+                                        "'}'",
+                                        "','",
+                                        "'.'",
+                                        "':'",
+                                        "'|'",
+                                        "operator",
+                                        "operator",
+                                        "'**'",
+                                        "comparison",
+                                        "unary operator",
+                                        "comment"};
     return names[t->type];
 }
 
@@ -1150,8 +1280,7 @@ static node *parse_call_expression(parser *ps, node *callee);
 static bool enter(parser *ps)
 {
     if (++ps->depth > TPL_MAX_NEST) {
-        perr_at(ps, CG_E_UNSUPPORTED, peek(ps)->pos, "template nests deeper than %d",
-                TPL_MAX_NEST);
+        perr_at(ps, CG_E_UNSUPPORTED, peek(ps)->pos, "template nests deeper than %d", TPL_MAX_NEST);
         return false;
     }
     return true;
@@ -1188,7 +1317,9 @@ static bool parse_args(parser *ps, char mode, nodelist *out)
         bool kwspread = t->type == K_POW;
         bool spread = t->type == K_MUL && t->len == 1 && t->v[0] == '*';
         if (mode == 'p' && (kwspread || spread))
-            return perr_at(ps, CG_E_VALUE, t->pos, "argument unpacking is not allowed in parameters"), false;
+            return perr_at(ps, CG_E_VALUE, t->pos,
+                           "argument unpacking is not allowed in parameters"),
+                   false;
         if (kwspread) {
             advance(ps);
             node *x = mk(ps, N_KWSPREAD, t);
@@ -1196,13 +1327,17 @@ static bool parse_args(parser *ps, char mode, nodelist *out)
             nvec_push(&ps->t->ar, &v, x);
             if (is(ps, K_COMMA)) advance(ps);
             if (!is(ps, K_RPAREN))
-                return perr_at(ps, CG_E_VALUE, peek(ps)->pos, "'**' must be applied to the final argument"), false;
+                return perr_at(ps, CG_E_VALUE, peek(ps)->pos,
+                               "'**' must be applied to the final argument"),
+                       false;
             break;
         }
         node *arg;
         if (spread) {
             if (saw_spread)
-                return perr_at(ps, CG_E_VALUE, t->pos, "only one '*' argument unpacking is allowed"), false;
+                return perr_at(ps, CG_E_VALUE, t->pos,
+                               "only one '*' argument unpacking is allowed"),
+                       false;
             saw_spread = true;
             advance(ps);
             arg = mk(ps, N_SPREAD, t);
@@ -1212,7 +1347,8 @@ static bool parse_args(parser *ps, char mode, nodelist *out)
             if (is(ps, K_EQUALS)) {
                 advance(ps);
                 if (arg->kind != N_IDENT)
-                    return perr_at(ps, CG_E_VALUE, t->pos, "expected an identifier before '='"), false;
+                    return perr_at(ps, CG_E_VALUE, t->pos, "expected an identifier before '='"),
+                           false;
                 node *kw = mk(ps, N_KWARG, t);
                 kw->s = arg->s;
                 if (!(kw->a = parse_expression(ps)) || !fin(ps, kw)) return false;
@@ -1220,19 +1356,25 @@ static bool parse_args(parser *ps, char mode, nodelist *out)
             }
             if (mode == 'p') {
                 if (arg->kind != N_IDENT && arg->kind != N_KWARG)
-                    return perr_at(ps, CG_E_VALUE, t->pos, "expected an identifier for a parameter"), false;
+                    return perr_at(ps, CG_E_VALUE, t->pos,
+                                   "expected an identifier for a parameter"),
+                           false;
                 for (size_t i = 0; i < v.n; i++)
                     if (jstr_eq(v.v[i]->s, arg->s))
                         return perr_at(ps, CG_E_VALUE, t->pos, "duplicate parameter name: %.*s",
-                                       (int)arg->s->len, arg->s->p), false;
+                                       (int)arg->s->len, arg->s->p),
+                               false;
             }
-            if (arg->kind == N_KWARG) saw_kw = true;
+            if (arg->kind == N_KWARG)
+                saw_kw = true;
             else if (saw_kw)
                 return perr_at(ps, CG_E_VALUE, t->pos,
                                mode == 'c' ? "positional argument follows keyword argument"
-                                           : "non-default parameter follows default parameter"), false;
+                                           : "non-default parameter follows default parameter"),
+                       false;
             else if (saw_spread)
-                return perr_at(ps, CG_E_VALUE, t->pos, "positional argument follows '*' unpacking"), false;
+                return perr_at(ps, CG_E_VALUE, t->pos, "positional argument follows '*' unpacking"),
+                       false;
         }
         nvec_push(&ps->t->ar, &v, arg);
         if (is(ps, K_COMMA)) advance(ps);
@@ -1289,7 +1431,8 @@ static node *parse_member(parser *ps, node *obj)
             tok *pt = peek(ps);
             P(m->b = parse_primary(ps));
             if (m->b->kind != N_IDENT && m->b->kind != N_INT)
-                return perr_at(ps, CG_E_VALUE, pt->pos, "expected an identifier or an integer after '.'");
+                return perr_at(ps, CG_E_VALUE, pt->pos,
+                               "expected an identifier or an integer after '.'");
         }
         P(obj = fin(ps, m));
     }
@@ -1320,7 +1463,8 @@ static node *parse_call_member(parser *ps)
 static node *parse_unary_sign(parser *ps)
 {
     tok *t = peek(ps);
-    if ((t->type == K_UNARY || t->type == K_ADD) && t->len == 1 && (t->v[0] == '-' || t->v[0] == '+')) {
+    if ((t->type == K_UNARY || t->type == K_ADD) && t->len == 1 &&
+        (t->v[0] == '-' || t->v[0] == '+')) {
         if (!enter(ps)) return NULL;
         advance(ps);
         node *u = mk(ps, N_UNARY, t);
@@ -1348,8 +1492,8 @@ static node *parse_filter(parser *ps)
         f->s = name->s;
         int id = name_index(filter_names, F_COUNT, nt);
         if (id < 0)
-            return perr_at(ps, CG_E_UNSUPPORTED, nt->pos, "unsupported filter '%.*s'",
-                           (int)nt->len, nt->v);
+            return perr_at(ps, CG_E_UNSUPPORTED, nt->pos, "unsupported filter '%.*s'", (int)nt->len,
+                           nt->v);
         f->op = (uint8_t)id;
         if (is(ps, K_LPAREN)) {
             node *call = parse_call_expression(ps, name);
@@ -1378,7 +1522,8 @@ static node *parse_test(parser *ps)
         if (name->kind != N_IDENT) return perr_at(ps, CG_E_VALUE, nt->pos, "expected a test name");
         int id = name_index(test_names, TEST_COUNT, nt);
         if (id < 0 || id == T_equalto || id == T_eq)
-            return perr_at(ps, CG_E_UNSUPPORTED, nt->pos, "unsupported test '%.*s'", (int)nt->len, nt->v);
+            return perr_at(ps, CG_E_UNSUPPORTED, nt->pos, "unsupported test '%.*s'", (int)nt->len,
+                           nt->v);
         node *x = mk(ps, N_TEST, nt);
         x->a = operand;
         x->op = (uint8_t)id;
@@ -1416,7 +1561,10 @@ static node *parse_multiplicative(parser *ps)
     P(l);
     while (is(ps, K_MUL)) {
         tok *t = advance(ps);
-        int op = t->len == 2 ? OP_FLOORDIV : t->v[0] == '*' ? OP_MUL : t->v[0] == '/' ? OP_DIV : OP_MOD;
+        int op = t->len == 2      ? OP_FLOORDIV
+                 : t->v[0] == '*' ? OP_MUL
+                 : t->v[0] == '/' ? OP_DIV
+                                  : OP_MOD;
         node *r = parse_power(ps);
         P(r);
         P(l = binary(ps, t, op, l, r));
@@ -1453,7 +1601,10 @@ static node *parse_comparison(parser *ps)
             op = OP_IN;
             advance(ps);
         } else if (t->type == K_CMP) {
-            op = t->v[0] == '=' ? OP_EQ : t->v[0] == '!' ? OP_NE : t->v[0] == '<' ? (t->len == 2 ? OP_LE : OP_LT) : (t->len == 2 ? OP_GE : OP_GT);
+            op = t->v[0] == '='   ? OP_EQ
+                 : t->v[0] == '!' ? OP_NE
+                 : t->v[0] == '<' ? (t->len == 2 ? OP_LE : OP_LT)
+                                  : (t->len == 2 ? OP_GE : OP_GT);
             advance(ps);
         } else {
             break;
@@ -1513,6 +1664,7 @@ static node *parse_if_expression(parser *ps)
     node *a = parse_or(ps);
     P(a);
     if (!is_ident(ps, "if")) return a;
+    if (!enter(ps)) return NULL; /* a if b else c if d else ...: recursion per 'else' */
     tok *t = advance(ps);
     node *test = parse_or(ps);
     P(test);
@@ -1524,11 +1676,13 @@ static node *parse_if_expression(parser *ps)
         x->a = test;
         x->b = a;
         x->c = f;
+        ps->depth--;
         return fin(ps, x);
     }
     node *x = mk(ps, N_SELECT, t);
     x->a = a;
     x->b = test;
+    ps->depth--;
     return fin(ps, x);
 }
 
@@ -1652,6 +1806,7 @@ static bool valid_target(const node *x, bool allow_member)
 
 static node *parse_if(parser *ps, tok *t)
 {
+    if (!enter(ps)) return NULL; /* recursion per elif */
     node *x = mk(ps, N_IF, t);
     P(x->a = parse_expression(ps));
     P(expect(ps, K_CLOSE_STMT, "'%}'"));
@@ -1670,6 +1825,7 @@ static node *parse_if(parser *ps, tok *t)
         P(expect(ps, K_CLOSE_STMT, "'%}'"));
         if (!parse_body(ps, &x->l2, "endif", NULL, NULL)) return NULL;
     }
+    ps->depth--;
     return fin(ps, x);
 }
 
@@ -1710,14 +1866,16 @@ static node *parse_statement(parser *ps)
         x->s = name->s;
         if (!parse_args(ps, 'p', &x->l1)) return NULL;
         P(expect(ps, K_CLOSE_STMT, "'%}'"));
-        if (!parse_body(ps, &x->l2, "endmacro", NULL, NULL) || !end_stmt(ps, "endmacro")) return NULL;
+        if (!parse_body(ps, &x->l2, "endmacro", NULL, NULL) || !end_stmt(ps, "endmacro"))
+            return NULL;
     } else if (tok_is_word(t, "for")) {
         advance(ps);
         x = mk(ps, N_FOR, t);
         tok *vt = peek(ps);
         P(x->a = parse_expression_sequence(ps, true));
         if (!valid_target(x->a, false))
-            return perr_at(ps, CG_E_VALUE, vt->pos, "expected a name or a tuple of names for the loop variable");
+            return perr_at(ps, CG_E_VALUE, vt->pos,
+                           "expected a name or a tuple of names for the loop variable");
         if (!is_ident(ps, "in"))
             return perr_at(ps, CG_E_VALUE, peek(ps)->pos, "expected 'in' after the loop variable");
         advance(ps);
@@ -1767,7 +1925,8 @@ static node *parse_statement(parser *ps)
             return perr_at(ps, CG_E_UNSUPPORTED, ft->pos, "unsupported filter expression");
         int id = name_index(filter_names, F_COUNT, ft);
         if (id < 0)
-            return perr_at(ps, CG_E_UNSUPPORTED, ft->pos, "unsupported filter '%.*s'", (int)ft->len, ft->v);
+            return perr_at(ps, CG_E_UNSUPPORTED, ft->pos, "unsupported filter '%.*s'", (int)ft->len,
+                           ft->v);
         node *f = mk(ps, N_FILTER, ft);
         f->s = name->s;
         f->op = (uint8_t)id;
@@ -1777,15 +1936,18 @@ static node *parse_statement(parser *ps)
         }
         P(x->a = fin(ps, f));
         P(expect(ps, K_CLOSE_STMT, "'%}'"));
-        if (!parse_body(ps, &x->l1, "endfilter", NULL, NULL) || !end_stmt(ps, "endfilter")) return NULL;
+        if (!parse_body(ps, &x->l1, "endfilter", NULL, NULL) || !end_stmt(ps, "endfilter"))
+            return NULL;
     } else {
-        static const char *const known[] = {"raw", "include", "import", "from", "extends", "block",
-                                            "with", "autoescape", "do", "trans", "pluralize"};
+        static const char *const known[] = {"raw",     "include", "import",   "from",
+                                            "extends", "block",   "with",     "autoescape",
+                                            "do",      "trans",   "pluralize"};
         for (size_t i = 0; i < CG_ARRAY_LEN(known); i++)
             if (tok_is_word(t, known[i]))
-                return perr_at(ps, CG_E_UNSUPPORTED, t->pos, "unsupported statement '%s'", known[i]);
-        static const char *const closing[] = {"endif", "elif", "else", "endfor", "endset",
-                                              "endmacro", "endcall", "endfilter"};
+                return perr_at(ps, CG_E_UNSUPPORTED, t->pos, "unsupported statement '%s'",
+                               known[i]);
+        static const char *const closing[] = {"endif",  "elif",     "else",    "endfor",
+                                              "endset", "endmacro", "endcall", "endfilter"};
         for (size_t i = 0; i < CG_ARRAY_LEN(closing); i++)
             if (tok_is_word(t, closing[i]))
                 return perr_at(ps, CG_E_VALUE, t->pos, "unexpected '%s'", closing[i]);
@@ -1858,14 +2020,17 @@ static bool names_has(const names *ns, const jstr *s)
 static void bind_target(names *ns, const node *t)
 {
     if (!t) return;
-    if (t->kind == N_IDENT) names_add(ns, t->s);
+    if (t->kind == N_IDENT)
+        names_add(ns, t->s);
     else if (t->kind == N_TUPLE)
-        for (size_t i = 0; i < t->l1.n; i++) bind_target(ns, t->l1.v[i]);
+        for (size_t i = 0; i < t->l1.n; i++)
+            bind_target(ns, t->l1.v[i]);
 }
 
 static void bind_params(names *ns, const nodelist *params)
 {
-    for (size_t i = 0; i < params->n; i++) names_add(ns, params->v[i]->s);
+    for (size_t i = 0; i < params->n; i++)
+        names_add(ns, params->v[i]->s);
 }
 
 /* Names a template binds anywhere (set, for, macro and its parameters, call parameters). */
@@ -1890,8 +2055,10 @@ static void collect_bound(names *ns, const node *x)
     collect_bound(ns, x->a);
     collect_bound(ns, x->b);
     collect_bound(ns, x->c);
-    for (size_t i = 0; i < x->l1.n; i++) collect_bound(ns, x->l1.v[i]);
-    for (size_t i = 0; i < x->l2.n; i++) collect_bound(ns, x->l2.v[i]);
+    for (size_t i = 0; i < x->l1.n; i++)
+        collect_bound(ns, x->l1.v[i]);
+    for (size_t i = 0; i < x->l2.n; i++)
+        collect_bound(ns, x->l2.v[i]);
 }
 
 /* Whether a macro body reads kwargs / varargs without binding them (bit 1 / bit 2). */
@@ -1905,8 +2072,10 @@ static int special_args(const node *x)
     }
     if (!(x->kind == N_MEMBER && !x->flag)) r |= special_args(x->b);
     r |= special_args(x->a) | special_args(x->c);
-    for (size_t i = 0; i < x->l1.n; i++) r |= special_args(x->l1.v[i]);
-    for (size_t i = 0; i < x->l2.n; i++) r |= special_args(x->l2.v[i]);
+    for (size_t i = 0; i < x->l1.n; i++)
+        r |= special_args(x->l1.v[i]);
+    for (size_t i = 0; i < x->l2.n; i++)
+        r |= special_args(x->l2.v[i]);
     return r;
 }
 
@@ -1926,7 +2095,8 @@ static bool check_calls(parser *ps, const names *bound, node *x)
     if (x->kind == N_MACRO || x->kind == N_CALLBLOCK) {
         const nodelist *body = &x->l2;
         int used = 0;
-        for (size_t i = 0; i < body->n; i++) used |= special_args(body->v[i]);
+        for (size_t i = 0; i < body->n; i++)
+            used |= special_args(body->v[i]);
         for (size_t i = 0; i < x->l1.n; i++)
             if (x->l1.v[i]->kind == N_KWARG) used |= special_args(x->l1.v[i]->a);
         x->flag = (uint8_t)(used & ~params_declare(&x->l1));
@@ -1948,7 +2118,8 @@ static bool check_calls(parser *ps, const names *bound, node *x)
             }
         } else if (callee->kind == N_MEMBER && !callee->flag && callee->b->kind == N_IDENT) {
             bool ok = false;
-            for (size_t i = 0; i < M_COUNT && !ok; i++) ok = jstr_eqc(callee->b->s, method_names[i]);
+            for (size_t i = 0; i < M_COUNT && !ok; i++)
+                ok = jstr_eqc(callee->b->s, method_names[i]);
             if (!ok) {
                 ps->st = CG_E_UNSUPPORTED;
                 ps->errpos = callee->b->pos;
@@ -2007,7 +2178,15 @@ struct jobj {
     size_t idxcap;
 };
 
-typedef enum { FN_NAMESPACE, FN_RANGE, FN_RAISE, FN_STRFTIME, FN_METHOD, FN_MACRO, FN_CALLER } fn_kind;
+typedef enum {
+    FN_NAMESPACE,
+    FN_RANGE,
+    FN_RAISE,
+    FN_STRFTIME,
+    FN_METHOD,
+    FN_MACRO,
+    FN_CALLER
+} fn_kind;
 
 typedef struct env env;
 struct jfunc {
@@ -2064,16 +2243,26 @@ static bool is_container(val v) /* ObjectValue or NamespaceValue */
 static const char *type_name(val v)
 {
     switch (v.t) {
-    case V_UNDEF: return "UndefinedValue";
-    case V_NULL: return "NullValue";
-    case V_BOOL: return "BooleanValue";
-    case V_INT: return "IntegerValue";
-    case V_FLOAT: return "FloatValue";
-    case V_STR: return "StringValue";
-    case V_ARR: return v.sub == SUB_TUPLE ? "TupleValue" : "ArrayValue";
-    case V_OBJ: return v.sub == SUB_KWARGS ? "KeywordArgumentsValue" : "ObjectValue";
-    case V_NS: return "NamespaceValue";
-    default: return "FunctionValue";
+    case V_UNDEF:
+        return "UndefinedValue";
+    case V_NULL:
+        return "NullValue";
+    case V_BOOL:
+        return "BooleanValue";
+    case V_INT:
+        return "IntegerValue";
+    case V_FLOAT:
+        return "FloatValue";
+    case V_STR:
+        return "StringValue";
+    case V_ARR:
+        return v.sub == SUB_TUPLE ? "TupleValue" : "ArrayValue";
+    case V_OBJ:
+        return v.sub == SUB_KWARGS ? "KeywordArgumentsValue" : "ObjectValue";
+    case V_NS:
+        return "NamespaceValue";
+    default:
+        return "FunctionValue";
     }
 }
 
@@ -2093,18 +2282,21 @@ static jobj *obj_new(arena *a)
 static uint32_t str_hash(const char *p, size_t n)
 {
     uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 16777619u;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 16777619u;
     return h;
 }
 
 static void obj_reindex(arena *a, jobj *o)
 {
     o->idxcap = 16;
-    while (o->idxcap < o->n * 2) o->idxcap *= 2;
+    while (o->idxcap < o->n * 2)
+        o->idxcap *= 2;
     o->idx = arena_zalloc(a, o->idxcap * sizeof(uint32_t));
     for (size_t i = 0; i < o->n; i++) {
         size_t s = str_hash(o->k[i]->p, o->k[i]->len) & (o->idxcap - 1);
-        while (o->idx[s]) s = (s + 1) & (o->idxcap - 1);
+        while (o->idx[s])
+            s = (s + 1) & (o->idxcap - 1);
         o->idx[s] = (uint32_t)(i + 1);
     }
 }
@@ -2156,10 +2348,12 @@ static void obj_set(arena *a, jobj *o, const jstr *k, val v)
     o->k[o->n] = k;
     o->v[o->n] = v;
     o->n++;
-    if (o->n > 8 && (!o->idx || o->n * 2 > o->idxcap)) obj_reindex(a, o);
+    if (o->n > 8 && (!o->idx || o->n * 2 > o->idxcap))
+        obj_reindex(a, o);
     else if (o->idx) {
         size_t s = str_hash(k->p, k->len) & (o->idxcap - 1);
-        while (o->idx[s]) s = (s + 1) & (o->idxcap - 1);
+        while (o->idx[s])
+            s = (s + 1) & (o->idxcap - 1);
         o->idx[s] = (uint32_t)o->n;
     }
 }
@@ -2180,7 +2374,8 @@ typedef struct ctx {
     cg_status st;
     char msg[1024];
     env *global;
-    const node *ctl; /* the last break or continue, for the error when it escapes every loop */
+    const node *ctl;  /* the last break or continue, for the error when it escapes every loop */
+    size_t buf_alloc; /* bytes of text buffers allocated so far (never decremented) */
 } ctx;
 
 #define TRY(x)                                                                                     \
@@ -2210,6 +2405,15 @@ static int rerr(ctx *c, const node *at, cg_status st, const char *fmt, ...)
 
 #define TERR(c, at, ...) rerr((c), (at), CG_E_VALUE, __VA_ARGS__)
 
+/* Values and text buffers both count, cumulatively: a render allocates at most max_memory. */
+static int check_memory(ctx *c, const node *at)
+{
+    if (c->ar.total + c->buf_alloc > c->lim->max_memory)
+        return rerr(c, at, CG_E_TOO_LARGE, "template evaluation exceeds %zu bytes of memory",
+                    c->lim->max_memory);
+    return RC_OK;
+}
+
 /* Charges k units of work; fails when the render crosses its step or memory bound. */
 static int step(ctx *c, const node *at, uint64_t k)
 {
@@ -2217,10 +2421,7 @@ static int step(ctx *c, const node *at, uint64_t k)
     if (c->steps > c->lim->max_steps)
         return rerr(c, at, CG_E_TOO_LARGE, "template evaluation exceeds %llu steps",
                     (unsigned long long)c->lim->max_steps);
-    if (c->ar.total > c->lim->max_memory)
-        return rerr(c, at, CG_E_TOO_LARGE, "template evaluation exceeds %zu bytes of memory",
-                    c->lim->max_memory);
-    return RC_OK;
+    return check_memory(c, at);
 }
 
 static int work(ctx *c, const node *at, size_t bytes)
@@ -2233,7 +2434,12 @@ static int cput(ctx *c, const node *at, sbuf *b, const void *p, size_t n)
 {
     if (n > c->lim->max_output || b->len > c->lim->max_output - n)
         return rerr(c, at, CG_E_TOO_LARGE, "rendered text exceeds %zu bytes", c->lim->max_output);
+    size_t cap = b->cap;
     sbuf_put(b, p, n);
+    if (b->cap != cap) {
+        c->buf_alloc += b->cap - cap;
+        return check_memory(c, at);
+    }
     return RC_OK;
 }
 
@@ -2333,49 +2539,57 @@ static const jstr *cname(ctx *c, const char *s)
 static const struct {
     uint32_t cp;
     uint32_t to[3];
-} special_upper[] = {
-    {0x00DF, {0x0053, 0x0053, 0x0000}}, {0x0149, {0x02BC, 0x004E, 0x0000}}, {0x01F0, {0x004A,
-    0x030C, 0x0000}}, {0x0390, {0x0399, 0x0308, 0x0301}}, {0x03B0, {0x03A5, 0x0308, 0x0301}},
-    {0x0587, {0x0535, 0x0552, 0x0000}}, {0x1E96, {0x0048, 0x0331, 0x0000}}, {0x1E97, {0x0054,
-    0x0308, 0x0000}}, {0x1E98, {0x0057, 0x030A, 0x0000}}, {0x1E99, {0x0059, 0x030A, 0x0000}},
-    {0x1E9A, {0x0041, 0x02BE, 0x0000}}, {0x1F50, {0x03A5, 0x0313, 0x0000}}, {0x1F52, {0x03A5,
-    0x0313, 0x0300}}, {0x1F54, {0x03A5, 0x0313, 0x0301}}, {0x1F56, {0x03A5, 0x0313, 0x0342}},
-    {0x1F80, {0x1F08, 0x0399, 0x0000}}, {0x1F81, {0x1F09, 0x0399, 0x0000}}, {0x1F82, {0x1F0A,
-    0x0399, 0x0000}}, {0x1F83, {0x1F0B, 0x0399, 0x0000}}, {0x1F84, {0x1F0C, 0x0399, 0x0000}},
-    {0x1F85, {0x1F0D, 0x0399, 0x0000}}, {0x1F86, {0x1F0E, 0x0399, 0x0000}}, {0x1F87, {0x1F0F,
-    0x0399, 0x0000}}, {0x1F88, {0x1F08, 0x0399, 0x0000}}, {0x1F89, {0x1F09, 0x0399, 0x0000}},
-    {0x1F8A, {0x1F0A, 0x0399, 0x0000}}, {0x1F8B, {0x1F0B, 0x0399, 0x0000}}, {0x1F8C, {0x1F0C,
-    0x0399, 0x0000}}, {0x1F8D, {0x1F0D, 0x0399, 0x0000}}, {0x1F8E, {0x1F0E, 0x0399, 0x0000}},
-    {0x1F8F, {0x1F0F, 0x0399, 0x0000}}, {0x1F90, {0x1F28, 0x0399, 0x0000}}, {0x1F91, {0x1F29,
-    0x0399, 0x0000}}, {0x1F92, {0x1F2A, 0x0399, 0x0000}}, {0x1F93, {0x1F2B, 0x0399, 0x0000}},
-    {0x1F94, {0x1F2C, 0x0399, 0x0000}}, {0x1F95, {0x1F2D, 0x0399, 0x0000}}, {0x1F96, {0x1F2E,
-    0x0399, 0x0000}}, {0x1F97, {0x1F2F, 0x0399, 0x0000}}, {0x1F98, {0x1F28, 0x0399, 0x0000}},
-    {0x1F99, {0x1F29, 0x0399, 0x0000}}, {0x1F9A, {0x1F2A, 0x0399, 0x0000}}, {0x1F9B, {0x1F2B,
-    0x0399, 0x0000}}, {0x1F9C, {0x1F2C, 0x0399, 0x0000}}, {0x1F9D, {0x1F2D, 0x0399, 0x0000}},
-    {0x1F9E, {0x1F2E, 0x0399, 0x0000}}, {0x1F9F, {0x1F2F, 0x0399, 0x0000}}, {0x1FA0, {0x1F68,
-    0x0399, 0x0000}}, {0x1FA1, {0x1F69, 0x0399, 0x0000}}, {0x1FA2, {0x1F6A, 0x0399, 0x0000}},
-    {0x1FA3, {0x1F6B, 0x0399, 0x0000}}, {0x1FA4, {0x1F6C, 0x0399, 0x0000}}, {0x1FA5, {0x1F6D,
-    0x0399, 0x0000}}, {0x1FA6, {0x1F6E, 0x0399, 0x0000}}, {0x1FA7, {0x1F6F, 0x0399, 0x0000}},
-    {0x1FA8, {0x1F68, 0x0399, 0x0000}}, {0x1FA9, {0x1F69, 0x0399, 0x0000}}, {0x1FAA, {0x1F6A,
-    0x0399, 0x0000}}, {0x1FAB, {0x1F6B, 0x0399, 0x0000}}, {0x1FAC, {0x1F6C, 0x0399, 0x0000}},
-    {0x1FAD, {0x1F6D, 0x0399, 0x0000}}, {0x1FAE, {0x1F6E, 0x0399, 0x0000}}, {0x1FAF, {0x1F6F,
-    0x0399, 0x0000}}, {0x1FB2, {0x1FBA, 0x0399, 0x0000}}, {0x1FB3, {0x0391, 0x0399, 0x0000}},
-    {0x1FB4, {0x0386, 0x0399, 0x0000}}, {0x1FB6, {0x0391, 0x0342, 0x0000}}, {0x1FB7, {0x0391,
-    0x0342, 0x0399}}, {0x1FBC, {0x0391, 0x0399, 0x0000}}, {0x1FC2, {0x1FCA, 0x0399, 0x0000}},
-    {0x1FC3, {0x0397, 0x0399, 0x0000}}, {0x1FC4, {0x0389, 0x0399, 0x0000}}, {0x1FC6, {0x0397,
-    0x0342, 0x0000}}, {0x1FC7, {0x0397, 0x0342, 0x0399}}, {0x1FCC, {0x0397, 0x0399, 0x0000}},
-    {0x1FD2, {0x0399, 0x0308, 0x0300}}, {0x1FD3, {0x0399, 0x0308, 0x0301}}, {0x1FD6, {0x0399,
-    0x0342, 0x0000}}, {0x1FD7, {0x0399, 0x0308, 0x0342}}, {0x1FE2, {0x03A5, 0x0308, 0x0300}},
-    {0x1FE3, {0x03A5, 0x0308, 0x0301}}, {0x1FE4, {0x03A1, 0x0313, 0x0000}}, {0x1FE6, {0x03A5,
-    0x0342, 0x0000}}, {0x1FE7, {0x03A5, 0x0308, 0x0342}}, {0x1FF2, {0x1FFA, 0x0399, 0x0000}},
-    {0x1FF3, {0x03A9, 0x0399, 0x0000}}, {0x1FF4, {0x038F, 0x0399, 0x0000}}, {0x1FF6, {0x03A9,
-    0x0342, 0x0000}}, {0x1FF7, {0x03A9, 0x0342, 0x0399}}, {0x1FFC, {0x03A9, 0x0399, 0x0000}},
-    {0xFB00, {0x0046, 0x0046, 0x0000}}, {0xFB01, {0x0046, 0x0049, 0x0000}}, {0xFB02, {0x0046,
-    0x004C, 0x0000}}, {0xFB03, {0x0046, 0x0046, 0x0049}}, {0xFB04, {0x0046, 0x0046, 0x004C}},
-    {0xFB05, {0x0053, 0x0054, 0x0000}}, {0xFB06, {0x0053, 0x0054, 0x0000}}, {0xFB13, {0x0544,
-    0x0546, 0x0000}}, {0xFB14, {0x0544, 0x0535, 0x0000}}, {0xFB15, {0x0544, 0x053B, 0x0000}},
-    {0xFB16, {0x054E, 0x0546, 0x0000}}, {0xFB17, {0x0544, 0x053D, 0x0000}}
-};
+} special_upper[] = {{0x00DF, {0x0053, 0x0053, 0x0000}}, {0x0149, {0x02BC, 0x004E, 0x0000}},
+                     {0x01F0, {0x004A, 0x030C, 0x0000}}, {0x0390, {0x0399, 0x0308, 0x0301}},
+                     {0x03B0, {0x03A5, 0x0308, 0x0301}}, {0x0587, {0x0535, 0x0552, 0x0000}},
+                     {0x1E96, {0x0048, 0x0331, 0x0000}}, {0x1E97, {0x0054, 0x0308, 0x0000}},
+                     {0x1E98, {0x0057, 0x030A, 0x0000}}, {0x1E99, {0x0059, 0x030A, 0x0000}},
+                     {0x1E9A, {0x0041, 0x02BE, 0x0000}}, {0x1F50, {0x03A5, 0x0313, 0x0000}},
+                     {0x1F52, {0x03A5, 0x0313, 0x0300}}, {0x1F54, {0x03A5, 0x0313, 0x0301}},
+                     {0x1F56, {0x03A5, 0x0313, 0x0342}}, {0x1F80, {0x1F08, 0x0399, 0x0000}},
+                     {0x1F81, {0x1F09, 0x0399, 0x0000}}, {0x1F82, {0x1F0A, 0x0399, 0x0000}},
+                     {0x1F83, {0x1F0B, 0x0399, 0x0000}}, {0x1F84, {0x1F0C, 0x0399, 0x0000}},
+                     {0x1F85, {0x1F0D, 0x0399, 0x0000}}, {0x1F86, {0x1F0E, 0x0399, 0x0000}},
+                     {0x1F87, {0x1F0F, 0x0399, 0x0000}}, {0x1F88, {0x1F08, 0x0399, 0x0000}},
+                     {0x1F89, {0x1F09, 0x0399, 0x0000}}, {0x1F8A, {0x1F0A, 0x0399, 0x0000}},
+                     {0x1F8B, {0x1F0B, 0x0399, 0x0000}}, {0x1F8C, {0x1F0C, 0x0399, 0x0000}},
+                     {0x1F8D, {0x1F0D, 0x0399, 0x0000}}, {0x1F8E, {0x1F0E, 0x0399, 0x0000}},
+                     {0x1F8F, {0x1F0F, 0x0399, 0x0000}}, {0x1F90, {0x1F28, 0x0399, 0x0000}},
+                     {0x1F91, {0x1F29, 0x0399, 0x0000}}, {0x1F92, {0x1F2A, 0x0399, 0x0000}},
+                     {0x1F93, {0x1F2B, 0x0399, 0x0000}}, {0x1F94, {0x1F2C, 0x0399, 0x0000}},
+                     {0x1F95, {0x1F2D, 0x0399, 0x0000}}, {0x1F96, {0x1F2E, 0x0399, 0x0000}},
+                     {0x1F97, {0x1F2F, 0x0399, 0x0000}}, {0x1F98, {0x1F28, 0x0399, 0x0000}},
+                     {0x1F99, {0x1F29, 0x0399, 0x0000}}, {0x1F9A, {0x1F2A, 0x0399, 0x0000}},
+                     {0x1F9B, {0x1F2B, 0x0399, 0x0000}}, {0x1F9C, {0x1F2C, 0x0399, 0x0000}},
+                     {0x1F9D, {0x1F2D, 0x0399, 0x0000}}, {0x1F9E, {0x1F2E, 0x0399, 0x0000}},
+                     {0x1F9F, {0x1F2F, 0x0399, 0x0000}}, {0x1FA0, {0x1F68, 0x0399, 0x0000}},
+                     {0x1FA1, {0x1F69, 0x0399, 0x0000}}, {0x1FA2, {0x1F6A, 0x0399, 0x0000}},
+                     {0x1FA3, {0x1F6B, 0x0399, 0x0000}}, {0x1FA4, {0x1F6C, 0x0399, 0x0000}},
+                     {0x1FA5, {0x1F6D, 0x0399, 0x0000}}, {0x1FA6, {0x1F6E, 0x0399, 0x0000}},
+                     {0x1FA7, {0x1F6F, 0x0399, 0x0000}}, {0x1FA8, {0x1F68, 0x0399, 0x0000}},
+                     {0x1FA9, {0x1F69, 0x0399, 0x0000}}, {0x1FAA, {0x1F6A, 0x0399, 0x0000}},
+                     {0x1FAB, {0x1F6B, 0x0399, 0x0000}}, {0x1FAC, {0x1F6C, 0x0399, 0x0000}},
+                     {0x1FAD, {0x1F6D, 0x0399, 0x0000}}, {0x1FAE, {0x1F6E, 0x0399, 0x0000}},
+                     {0x1FAF, {0x1F6F, 0x0399, 0x0000}}, {0x1FB2, {0x1FBA, 0x0399, 0x0000}},
+                     {0x1FB3, {0x0391, 0x0399, 0x0000}}, {0x1FB4, {0x0386, 0x0399, 0x0000}},
+                     {0x1FB6, {0x0391, 0x0342, 0x0000}}, {0x1FB7, {0x0391, 0x0342, 0x0399}},
+                     {0x1FBC, {0x0391, 0x0399, 0x0000}}, {0x1FC2, {0x1FCA, 0x0399, 0x0000}},
+                     {0x1FC3, {0x0397, 0x0399, 0x0000}}, {0x1FC4, {0x0389, 0x0399, 0x0000}},
+                     {0x1FC6, {0x0397, 0x0342, 0x0000}}, {0x1FC7, {0x0397, 0x0342, 0x0399}},
+                     {0x1FCC, {0x0397, 0x0399, 0x0000}}, {0x1FD2, {0x0399, 0x0308, 0x0300}},
+                     {0x1FD3, {0x0399, 0x0308, 0x0301}}, {0x1FD6, {0x0399, 0x0342, 0x0000}},
+                     {0x1FD7, {0x0399, 0x0308, 0x0342}}, {0x1FE2, {0x03A5, 0x0308, 0x0300}},
+                     {0x1FE3, {0x03A5, 0x0308, 0x0301}}, {0x1FE4, {0x03A1, 0x0313, 0x0000}},
+                     {0x1FE6, {0x03A5, 0x0342, 0x0000}}, {0x1FE7, {0x03A5, 0x0308, 0x0342}},
+                     {0x1FF2, {0x1FFA, 0x0399, 0x0000}}, {0x1FF3, {0x03A9, 0x0399, 0x0000}},
+                     {0x1FF4, {0x038F, 0x0399, 0x0000}}, {0x1FF6, {0x03A9, 0x0342, 0x0000}},
+                     {0x1FF7, {0x03A9, 0x0342, 0x0399}}, {0x1FFC, {0x03A9, 0x0399, 0x0000}},
+                     {0xFB00, {0x0046, 0x0046, 0x0000}}, {0xFB01, {0x0046, 0x0049, 0x0000}},
+                     {0xFB02, {0x0046, 0x004C, 0x0000}}, {0xFB03, {0x0046, 0x0046, 0x0049}},
+                     {0xFB04, {0x0046, 0x0046, 0x004C}}, {0xFB05, {0x0053, 0x0054, 0x0000}},
+                     {0xFB06, {0x0053, 0x0054, 0x0000}}, {0xFB13, {0x0544, 0x0546, 0x0000}},
+                     {0xFB14, {0x0544, 0x0535, 0x0000}}, {0xFB15, {0x0544, 0x053B, 0x0000}},
+                     {0xFB16, {0x054E, 0x0546, 0x0000}}, {0xFB17, {0x0544, 0x053D, 0x0000}}};
 
 static const uint32_t *upper_special(uint32_t cp)
 {
@@ -2383,8 +2597,10 @@ static const uint32_t *upper_special(uint32_t cp)
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
         if (special_upper[mid].cp == cp) return special_upper[mid].to;
-        if (special_upper[mid].cp < cp) lo = mid + 1;
-        else hi = mid;
+        if (special_upper[mid].cp < cp)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return NULL;
 }
@@ -2403,8 +2619,8 @@ static bool case_ignorable(uint32_t cp)
     if (cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_ME || cat == UTF8PROC_CATEGORY_CF ||
         cat == UTF8PROC_CATEGORY_LM || cat == UTF8PROC_CATEGORY_SK)
         return true;
-    static const uint32_t mid[] = {0x27, 0x2E, 0x3A, 0xB7, 0x387, 0x5F4, 0x2018, 0x2019, 0x2024,
-                                   0x2027, 0xFE13, 0xFE52, 0xFE55, 0xFF07, 0xFF0E, 0xFF1A};
+    static const uint32_t mid[] = {0x27,   0x2E,   0x3A,   0xB7,   0x387,  0x5F4,  0x2018, 0x2019,
+                                   0x2024, 0x2027, 0xFE13, 0xFE52, 0xFE55, 0xFF07, 0xFF0E, 0xFF1A};
     for (size_t i = 0; i < CG_ARRAY_LEN(mid); i++)
         if (mid[i] == cp) return true;
     return false;
@@ -2417,7 +2633,8 @@ static bool final_sigma(const unsigned char *p, size_t n, size_t at, size_t len)
     size_t i = at;
     while (i > 0) {
         size_t s = i - 1, l;
-        while (s > 0 && (p[s] & 0xC0) == 0x80) s--;
+        while (s > 0 && (p[s] & 0xC0) == 0x80)
+            s--;
         uint32_t cp = u8_decode(p + s, n - s, &l);
         i = s;
         if (case_ignorable(cp)) continue;
@@ -2455,7 +2672,8 @@ static int case_map(ctx *c, const node *at, const jstr *s, bool upper, sbuf *b)
         if (upper) {
             const uint32_t *sp = upper_special(cp);
             if (sp)
-                for (int j = 0; j < 3 && sp[j]; j++) k += u8_encode(sp[j], enc + k);
+                for (int j = 0; j < 3 && sp[j]; j++)
+                    k += u8_encode(sp[j], enc + k);
             else
                 k = u8_encode((uint32_t)utf8proc_toupper((utf8proc_int32_t)cp), enc);
         } else if (cp == 0x130) {
@@ -2532,10 +2750,18 @@ static int from_json(ctx *c, const json_t *j, val *out, unsigned depth)
         return rerr(c, NULL, CG_E_TOO_LARGE, "variables nest deeper than %u", c->lim->max_depth);
     TRY(step(c, NULL, 1));
     switch (json_typeof(j)) {
-    case JSON_NULL: *out = VNULL; return RC_OK;
-    case JSON_TRUE: *out = vbool(true); return RC_OK;
-    case JSON_FALSE: *out = vbool(false); return RC_OK;
-    case JSON_INTEGER: *out = vint((double)json_integer_value(j)); return RC_OK;
+    case JSON_NULL:
+        *out = VNULL;
+        return RC_OK;
+    case JSON_TRUE:
+        *out = vbool(true);
+        return RC_OK;
+    case JSON_FALSE:
+        *out = vbool(false);
+        return RC_OK;
+    case JSON_INTEGER:
+        *out = vint((double)json_integer_value(j));
+        return RC_OK;
     case JSON_REAL: {
         double d = json_real_value(j);
         *out = (isfinite(d) && floor(d) == d) ? vint(d) : vfloat(d);
@@ -2547,7 +2773,8 @@ static int from_json(ctx *c, const json_t *j, val *out, unsigned depth)
     case JSON_ARRAY: {
         size_t n = json_array_size(j);
         jarr *a = arr_new(&c->ar, n);
-        for (size_t i = 0; i < n; i++) TRY(from_json(c, json_array_get(j, i), &a->v[i], depth + 1));
+        for (size_t i = 0; i < n; i++)
+            TRY(from_json(c, json_array_get(j, i), &a->v[i], depth + 1));
         *out = varr(a, 0);
         return RC_OK;
     }
@@ -2562,7 +2789,7 @@ static int from_json(ctx *c, const json_t *j, val *out, unsigned depth)
             double x;
             if (index_key(k, strlen(k), &x)) ik[ni++] = (ikey){x, k, v};
         }
-        qsort(ik, ni, sizeof(ikey), ikey_cmp);
+        if (ni > 1) qsort(ik, ni, sizeof(ikey), ikey_cmp);
         for (size_t i = 0; i < ni; i++) {
             val x;
             TRY(from_json(c, ik[i].val, &x, depth + 1));
@@ -2601,13 +2828,20 @@ static int json_str(ctx *c, const node *at, sbuf *b, const char *p, size_t n, bo
         const char *esc = NULL;
         char tmp[16];
         size_t l = 1;
-        if (ch == '"') esc = "\\\"";
-        else if (ch == '\\') esc = "\\\\";
-        else if (ch == '\b') esc = "\\b";
-        else if (ch == '\f') esc = "\\f";
-        else if (ch == '\n') esc = "\\n";
-        else if (ch == '\r') esc = "\\r";
-        else if (ch == '\t') esc = "\\t";
+        if (ch == '"')
+            esc = "\\\"";
+        else if (ch == '\\')
+            esc = "\\\\";
+        else if (ch == '\b')
+            esc = "\\b";
+        else if (ch == '\f')
+            esc = "\\f";
+        else if (ch == '\n')
+            esc = "\\n";
+        else if (ch == '\r')
+            esc = "\\r";
+        else if (ch == '\t')
+            esc = "\\t";
         else if (ch < 0x20) {
             snprintf(tmp, sizeof tmp, "\\u%04x", ch);
             esc = tmp;
@@ -2638,29 +2872,35 @@ static int put_indent(ctx *c, const node *at, sbuf *b, double indent, int depth)
 {
     TRY(cput(c, at, b, "\n", 1));
     for (int d = 0; d < depth; d++)
-        for (double i = 0; i < indent; i++) TRY(cput(c, at, b, " ", 1));
+        for (double i = 0; i < indent; i++)
+            TRY(cput(c, at, b, " ", 1));
     return RC_OK;
 }
 
 static int utf16_cmp(const jstr *a, const jstr *b);
 
 /* toJSON of @huggingface/jinja: tojson, and printing of lists, mappings and namespaces. */
-static int to_json(ctx *c, const node *at, sbuf *b, val v, const jopts *o, int depth, bool undef_null)
+static int to_json(ctx *c, const node *at, sbuf *b, val v, const jopts *o, int depth,
+                   bool undef_null)
 {
     char num[32];
     if ((unsigned)depth > c->lim->max_depth)
         return rerr(c, at, CG_E_TOO_LARGE, "value nests deeper than %u", c->lim->max_depth);
     TRY(step(c, at, 1));
     switch (v.t) {
-    case V_NULL: return cputs(c, at, b, "null");
-    case V_UNDEF: return cputs(c, at, b, undef_null ? "null" : "undefined");
-    case V_BOOL: return cputs(c, at, b, v.u.b ? "true" : "false");
+    case V_NULL:
+        return cputs(c, at, b, "null");
+    case V_UNDEF:
+        return cputs(c, at, b, undef_null ? "null" : "undefined");
+    case V_BOOL:
+        return cputs(c, at, b, v.u.b ? "true" : "false");
     case V_INT:
     case V_FLOAT:
         if (!isfinite(v.u.n)) return cputs(c, at, b, "null");
         js_num(v.u.n, num);
         return cputs(c, at, b, num);
-    case V_STR: return json_str(c, at, b, v.u.s->p, v.u.s->len, o->ensure_ascii);
+    case V_STR:
+        return json_str(c, at, b, v.u.s->p, v.u.s->len, o->ensure_ascii);
     case V_ARR:
         if (v.sub == SUB_TUPLE) break;
         {
@@ -2668,8 +2908,10 @@ static int to_json(ctx *c, const node *at, sbuf *b, val v, const jopts *o, int d
             TRY(cput(c, at, b, "[", 1));
             for (size_t i = 0; i < v.u.a->n; i++) {
                 if (i) {
-                    if (isep) TRY(cputs(c, at, b, isep));
-                    else TRY(cput(c, at, b, o->item_sep->p, o->item_sep->len));
+                    if (isep)
+                        TRY(cputs(c, at, b, isep));
+                    else
+                        TRY(cput(c, at, b, o->item_sep->p, o->item_sep->len));
                 }
                 if (o->indent) TRY(put_indent(c, at, b, o->indent, depth + 1));
                 TRY(to_json(c, at, b, v.u.a->v[i], o, depth + 1, undef_null));
@@ -2690,12 +2932,15 @@ static int to_json(ctx *c, const node *at, sbuf *b, val v, const jopts *o, int d
                 for (size_t k = 0; k < ob->k[i]->len; k++) {
                     char ch = ob->k[i]->p[k];
                     if (!((ch >= 'a' && ch <= 'z') || is_digit(ch)))
-                        return TERR(c, at, "tojson(sort_keys=true) supports keys of a-z and 0-9 only");
+                        return TERR(c, at,
+                                    "tojson(sort_keys=true) supports keys of a-z and 0-9 only");
                 }
             order = arena_alloc(&c->ar, ob->n * sizeof(size_t));
-            for (size_t i = 0; i < ob->n; i++) order[i] = i;
+            for (size_t i = 0; i < ob->n; i++)
+                order[i] = i;
             for (size_t i = 1; i < ob->n; i++) /* insertion sort: stable, few keys */
-                for (size_t k = i; k > 0 && utf16_cmp(ob->k[order[k - 1]], ob->k[order[k]]) > 0; k--) {
+                for (size_t k = i; k > 0 && utf16_cmp(ob->k[order[k - 1]], ob->k[order[k]]) > 0;
+                     k--) {
                     size_t t = order[k];
                     order[k] = order[k - 1];
                     order[k - 1] = t;
@@ -2706,13 +2951,17 @@ static int to_json(ctx *c, const node *at, sbuf *b, val v, const jopts *o, int d
         for (size_t i = 0; i < ob->n; i++) {
             size_t e = order ? order[i] : i;
             if (i) {
-                if (isep) TRY(cputs(c, at, b, isep));
-                else TRY(cput(c, at, b, o->item_sep->p, o->item_sep->len));
+                if (isep)
+                    TRY(cputs(c, at, b, isep));
+                else
+                    TRY(cput(c, at, b, o->item_sep->p, o->item_sep->len));
             }
             if (o->indent) TRY(put_indent(c, at, b, o->indent, depth + 1));
             TRY(json_str(c, at, b, ob->k[e]->p, ob->k[e]->len, o->ensure_ascii));
-            if (o->key_sep) TRY(cput(c, at, b, o->key_sep->p, o->key_sep->len));
-            else TRY(cputs(c, at, b, ": "));
+            if (o->key_sep)
+                TRY(cput(c, at, b, o->key_sep->p, o->key_sep->len));
+            else
+                TRY(cputs(c, at, b, ": "));
             TRY(to_json(c, at, b, ob->v[e], o, depth + 1, undef_null));
         }
         if (o->indent && ob->n) TRY(put_indent(c, at, b, o->indent, depth));
@@ -2731,16 +2980,27 @@ static int emit(ctx *c, const node *at, sbuf *b, val v)
 {
     char num[40];
     switch (v.t) {
-    case V_UNDEF: return cputs(c, at, b, "undefined");
-    case V_NULL: return cputs(c, at, b, "null");
-    case V_BOOL: return cputs(c, at, b, v.u.b ? "true" : "false");
-    case V_INT: js_num(v.u.n, num); return cputs(c, at, b, num);
-    case V_FLOAT: js_float_str(v.u.n, num, sizeof num); return cputs(c, at, b, num);
-    case V_STR: TRY(work(c, at, v.u.s->len)); return cput(c, at, b, v.u.s->p, v.u.s->len);
+    case V_UNDEF:
+        return cputs(c, at, b, "undefined");
+    case V_NULL:
+        return cputs(c, at, b, "null");
+    case V_BOOL:
+        return cputs(c, at, b, v.u.b ? "true" : "false");
+    case V_INT:
+        js_num(v.u.n, num);
+        return cputs(c, at, b, num);
+    case V_FLOAT:
+        js_float_str(v.u.n, num, sizeof num);
+        return cputs(c, at, b, num);
+    case V_STR:
+        TRY(work(c, at, v.u.s->len));
+        return cput(c, at, b, v.u.s->p, v.u.s->len);
     case V_ARR:
     case V_OBJ:
-    case V_NS: return to_json(c, at, b, v, &JSON_DEFAULT, 0, false);
-    default: return TERR(c, at, "cannot print a function");
+    case V_NS:
+        return to_json(c, at, b, v, &JSON_DEFAULT, 0, false);
+    default:
+        return TERR(c, at, "cannot print a function");
     }
 }
 
@@ -2753,7 +3013,9 @@ static int raw_str(ctx *c, const node *at, sbuf *b, val v, unsigned depth)
         return rerr(c, at, CG_E_TOO_LARGE, "value nests deeper than %u", c->lim->max_depth);
     switch (v.t) {
     case V_INT:
-    case V_FLOAT: js_num(v.u.n, num); return cputs(c, at, b, num);
+    case V_FLOAT:
+        js_num(v.u.n, num);
+        return cputs(c, at, b, num);
     case V_ARR:
         for (size_t i = 0; i < v.u.a->n; i++) {
             if (i) TRY(cput(c, at, b, ",", 1));
@@ -2761,9 +3023,12 @@ static int raw_str(ctx *c, const node *at, sbuf *b, val v, unsigned depth)
         }
         return RC_OK;
     case V_OBJ:
-    case V_NS: return cputs(c, at, b, "[object Map]");
-    case V_FUNC: return TERR(c, at, "cannot convert a function to a string");
-    default: return emit(c, at, b, v);
+    case V_NS:
+        return cputs(c, at, b, "[object Map]");
+    case V_FUNC:
+        return TERR(c, at, "cannot convert a function to a string");
+    default:
+        return emit(c, at, b, v);
     }
 }
 
@@ -2772,14 +3037,21 @@ static bool truthy(val v)
 {
     switch (v.t) {
     case V_UNDEF:
-    case V_NULL: return false;
-    case V_BOOL: return v.u.b;
+    case V_NULL:
+        return false;
+    case V_BOOL:
+        return v.u.b;
     case V_INT:
-    case V_FLOAT: return v.u.n != 0 && !isnan(v.u.n);
-    case V_STR: return v.u.s->len > 0;
-    case V_ARR: return v.u.a->n > 0;
-    case V_OBJ: return v.u.o->n > 0;
-    default: return true;
+    case V_FLOAT:
+        return v.u.n != 0 && !isnan(v.u.n);
+    case V_STR:
+        return v.u.s->len > 0;
+    case V_ARR:
+        return v.u.a->n > 0;
+    case V_OBJ:
+        return v.u.o->n > 0;
+    default:
+        return true;
     }
 }
 
@@ -2798,11 +3070,15 @@ static bool same_object(val a, val b)
 {
     if (a.t != b.t) return false;
     switch (a.t) {
-    case V_ARR: return a.u.a == b.u.a;
+    case V_ARR:
+        return a.u.a == b.u.a;
     case V_OBJ:
-    case V_NS: return a.u.o == b.u.o;
-    case V_FUNC: return a.u.f == b.u.f;
-    default: return false;
+    case V_NS:
+        return a.u.o == b.u.o;
+    case V_FUNC:
+        return a.u.f == b.u.f;
+    default:
+        return false;
     }
 }
 
@@ -2819,10 +3095,14 @@ static bool strict_eq(val a, val b)
     if (a.t != b.t) return false;
     switch (a.t) {
     case V_UNDEF:
-    case V_NULL: return true;
-    case V_BOOL: return a.u.b == b.u.b;
-    case V_STR: return jstr_eq(a.u.s, b.u.s);
-    default: return false;
+    case V_NULL:
+        return true;
+    case V_BOOL:
+        return a.u.b == b.u.b;
+    case V_STR:
+        return jstr_eq(a.u.s, b.u.s);
+    default:
+        return false;
     }
 }
 
@@ -2895,22 +3175,30 @@ static int utf16_cmp(const jstr *a, const jstr *b)
     uint32_t pend_a = 0, pend_b = 0;
     for (;;) {
         uint32_t ua, ub;
-        if (pend_a) ua = pend_a, pend_a = 0;
+        if (pend_a)
+            ua = pend_a, pend_a = 0;
         else if (i < a->len) {
             size_t l;
             uint32_t cp = u8_decode(p + i, a->len - i, &l);
             i += l;
-            if (cp >= 0x10000) ua = 0xD800 + ((cp - 0x10000) >> 10), pend_a = 0xDC00 + ((cp - 0x10000) & 0x3FF);
-            else ua = cp;
-        } else ua = UINT32_MAX;
-        if (pend_b) ub = pend_b, pend_b = 0;
+            if (cp >= 0x10000)
+                ua = 0xD800 + ((cp - 0x10000) >> 10), pend_a = 0xDC00 + ((cp - 0x10000) & 0x3FF);
+            else
+                ua = cp;
+        } else
+            ua = UINT32_MAX;
+        if (pend_b)
+            ub = pend_b, pend_b = 0;
         else if (j < b->len) {
             size_t l;
             uint32_t cp = u8_decode(q + j, b->len - j, &l);
             j += l;
-            if (cp >= 0x10000) ub = 0xD800 + ((cp - 0x10000) >> 10), pend_b = 0xDC00 + ((cp - 0x10000) & 0x3FF);
-            else ub = cp;
-        } else ub = UINT32_MAX;
+            if (cp >= 0x10000)
+                ub = 0xD800 + ((cp - 0x10000) >> 10), pend_b = 0xDC00 + ((cp - 0x10000) & 0x3FF);
+            else
+                ub = cp;
+        } else
+            ub = UINT32_MAX;
         if (ua == UINT32_MAX && ub == UINT32_MAX) return 0;
         if (ua == UINT32_MAX) return -1;
         if (ub == UINT32_MAX) return 1;
@@ -2981,8 +3269,10 @@ static int merge_sort(sortctx *s, val *v, size_t n)
                 TRY(sort_cmp(s, v[i], v[j], &r));
                 tmp[k++] = r <= 0 ? v[i++] : v[j++];
             }
-            while (i < mid) tmp[k++] = v[i++];
-            while (j < hi) tmp[k++] = v[j++];
+            while (i < mid)
+                tmp[k++] = v[i++];
+            while (j < hi)
+                tmp[k++] = v[j++];
         }
         memcpy(v, tmp, n * sizeof(val));
     }
@@ -2996,7 +3286,8 @@ static val attr_path(ctx *c, val item, const jstr *path)
     size_t i = 0;
     for (;;) {
         size_t j = i;
-        while (j < path->len && path->p[j] != '.') j++;
+        while (j < path->len && path->p[j] != '.')
+            j++;
         if (is_container(item)) {
             if (!obj_get(item.u.o, path->p + i, j - i, &item)) return UNDEF;
         } else if (item.t == V_ARR) {
@@ -3117,9 +3408,11 @@ static val str_trim(ctx *c, const jstr *s, bool left, bool right)
 {
     size_t a = 0, b = s->len, l;
     if (left)
-        while (a < b && (l = js_space_at(s->p + a, b - a))) a += l;
+        while (a < b && (l = js_space_at(s->p + a, b - a)))
+            a += l;
     if (right)
-        while (b > a && (l = js_space_before(s->p + a, b - a))) b -= l;
+        while (b > a && (l = js_space_before(s->p + a, b - a)))
+            b -= l;
     if (a == 0 && b == s->len) return vstr((jstr *)s);
     return substr(c, s, a, b);
 }
@@ -3182,7 +3475,8 @@ static const char *memfind(const char *h, size_t hn, const char *n, size_t nn)
 static int str_split(ctx *c, const node *at, const jstr *s, val sep, val maxsplit, val *out)
 {
     TRY(work(c, at, s->len));
-    if (sep.t != V_STR && sep.t != V_NULL) return TERR(c, at, "sep argument must be a string or null");
+    if (sep.t != V_STR && sep.t != V_NULL)
+        return TERR(c, at, "sep argument must be a string or null");
     if (maxsplit.t != V_INT) return TERR(c, at, "maxsplit argument must be a number");
     double m = maxsplit.u.n;
     size_t n = 0, cap = 8;
@@ -3202,7 +3496,8 @@ static int str_split(ctx *c, const node *at, const jstr *s, val sep, val maxspli
         const jstr *ts = t.u.s;
         size_t i = 0, l;
         for (;;) {
-            while (i < ts->len && (l = js_space_at(ts->p + i, ts->len - i))) i += l;
+            while (i < ts->len && (l = js_space_at(ts->p + i, ts->len - i)))
+                i += l;
             if (i >= ts->len) break;
             size_t j = i;
             while (j < ts->len && !js_space_at(ts->p + j, ts->len - j)) {
@@ -3270,7 +3565,7 @@ static int str_replace(ctx *c, const node *at, const jstr *s, const jstr *from, 
     sbuf b = {0};
     int r = RC_OK;
     if (from->len == 0) {
-        for (size_t i = 0; !r; ) {
+        for (size_t i = 0; !r;) {
             if (remaining > 0) {
                 remaining--;
                 r = cput(c, at, &b, to->p, to->len);
@@ -3284,7 +3579,8 @@ static int str_replace(ctx *c, const node *at, const jstr *s, const jstr *from, 
     } else {
         size_t i = 0;
         while (!r && i <= s->len) {
-            const char *f = remaining > 0 ? memfind(s->p + i, s->len - i, from->p, from->len) : NULL;
+            const char *f =
+                remaining > 0 ? memfind(s->p + i, s->len - i, from->p, from->len) : NULL;
             if (!f) {
                 r = cput(c, at, &b, s->p + i, s->len - i);
                 break;
@@ -3319,7 +3615,8 @@ static int str_indent(ctx *c, const node *at, const jstr *s, double width, bool 
         size_t j = nl ? (size_t)(nl - s->p) : s->len;
         bool keep = (!first && line == 0) || (!blank && j == i);
         if (!keep)
-            for (double w = 0; w < width && !r; w++) r = cput(c, at, &b, " ", 1);
+            for (double w = 0; w < width && !r; w++)
+                r = cput(c, at, &b, " ", 1);
         if (!r) r = cput(c, at, &b, s->p + i, j - i);
         if (r || !nl) break;
         r = cput(c, at, &b, "\n", 1);
@@ -3425,21 +3722,24 @@ static int eval_args(ctx *c, env *e, const nodelist *args, val **pos, size_t *np
             p = np;
             cap = ncap;
         }
-        for (size_t k = 0; k < v.u.a->n; k++) p[n++] = v.u.a->v[k];
+        for (size_t k = 0; k < v.u.a->n; k++)
+            p[n++] = v.u.a->v[k];
     }
     jobj *o = obj_new(&c->ar);
     for (size_t i = 0; i < args->n; i++) {
         const node *a = args->v[i];
         if (a->kind == N_KWARG) {
             if (obj_find(o, a->s->p, a->s->len) >= 0)
-                return TERR(c, a, "got multiple values for keyword argument '%.*s'", (int)a->s->len, a->s->p);
+                return TERR(c, a, "got multiple values for keyword argument '%.*s'", (int)a->s->len,
+                            a->s->p);
             val v;
             TRY(eval(c, e, a->a, &v));
             obj_set(&c->ar, o, a->s, v);
         } else if (a->kind == N_KWSPREAD) {
             val v;
             TRY(eval(c, e, a->a, &v));
-            if (v.t != V_OBJ) return TERR(c, a, "argument after ** must be a mapping, not %s", type_name(v));
+            if (v.t != V_OBJ)
+                return TERR(c, a, "argument after ** must be a mapping, not %s", type_name(v));
             for (size_t k = 0; k < v.u.o->n; k++) {
                 if (obj_find(o, v.u.o->k[k]->p, v.u.o->k[k]->len) >= 0)
                     return TERR(c, a, "got multiple values for keyword argument '%.*s'",
@@ -3460,7 +3760,8 @@ static bool kw_get(const jobj *kw, const char *name, val *out)
 }
 
 /* args.at(i) ?? kwargs.get(name) ?? fallback */
-static val arg_or(const val *pos, size_t n, size_t i, const jobj *kw, const char *name, val fallback)
+static val arg_or(const val *pos, size_t n, size_t i, const jobj *kw, const char *name,
+                  val fallback)
 {
     if (i < n) return pos[i];
     val v;
@@ -3473,22 +3774,44 @@ static val arg_or(const val *pos, size_t n, size_t i, const jobj *kw, const char
 static int run_test(ctx *c, const node *at, int test, val v, const val *arg, bool *res)
 {
     switch (test) {
-    case T_boolean: *res = v.t == V_BOOL; break;
-    case T_callable: *res = v.t == V_FUNC; break;
+    case T_boolean:
+        *res = v.t == V_BOOL;
+        break;
+    case T_callable:
+        *res = v.t == V_FUNC;
+        break;
     case T_odd:
     case T_even:
         if (v.t != V_INT) return TERR(c, at, "cannot %s on %s", test_names[test], type_name(v));
         *res = (fmod(v.u.n, 2) != 0) == (test == T_odd);
         break;
-    case T_false: *res = v.t == V_BOOL && !v.u.b; break;
-    case T_true: *res = v.t == V_BOOL && v.u.b; break;
-    case T_none: *res = v.t == V_NULL; break;
-    case T_string: *res = v.t == V_STR; break;
-    case T_number: *res = is_num(v); break;
-    case T_integer: *res = v.t == V_INT; break;
-    case T_iterable: *res = (v.t == V_ARR && v.sub != SUB_TUPLE) || v.t == V_STR; break;
-    case T_mapping: *res = v.t == V_OBJ; break;
-    case T_sequence: *res = v.t == V_ARR || v.t == V_OBJ || v.t == V_STR; break;
+    case T_false:
+        *res = v.t == V_BOOL && !v.u.b;
+        break;
+    case T_true:
+        *res = v.t == V_BOOL && v.u.b;
+        break;
+    case T_none:
+        *res = v.t == V_NULL;
+        break;
+    case T_string:
+        *res = v.t == V_STR;
+        break;
+    case T_number:
+        *res = is_num(v);
+        break;
+    case T_integer:
+        *res = v.t == V_INT;
+        break;
+    case T_iterable:
+        *res = (v.t == V_ARR && v.sub != SUB_TUPLE) || v.t == V_STR;
+        break;
+    case T_mapping:
+        *res = v.t == V_OBJ;
+        break;
+    case T_sequence:
+        *res = v.t == V_ARR || v.t == V_OBJ || v.t == V_STR;
+        break;
     case T_lower:
     case T_upper: {
         *res = false;
@@ -3498,30 +3821,38 @@ static int run_test(ctx *c, const node *at, int test, val v, const val *arg, boo
         *res = jstr_eq(m.u.s, v.u.s);
         break;
     }
-    case T_defined: *res = v.t != V_UNDEF; break;
-    case T_undefined: *res = v.t == V_UNDEF; break;
+    case T_defined:
+        *res = v.t != V_UNDEF;
+        break;
+    case T_undefined:
+        *res = v.t == V_UNDEF;
+        break;
     case T_equalto:
     case T_eq:
         if (!arg) return TERR(c, at, "the %s test needs a value to compare with", test_names[test]);
         /* a.value === b.value */
         *res = strict_eq(v, *arg);
         break;
-    default: return TERR(c, at, "unknown test");
+    default:
+        return TERR(c, at, "unknown test");
     }
     return RC_OK;
 }
 
 /* ---- methods of strings and mappings ---- */
 
-static int method_call(ctx *c, env *e, const node *at, const jfunc *f, val *args, size_t n, val *out);
+static int method_call(ctx *c, env *e, const node *at, const jfunc *f, val *args, size_t n,
+                       val *out);
 
 static int obj_items(ctx *c, const jobj *o, int which, val *out) /* 0 items, 1 keys, 2 values */
 {
     jarr *a = arr_new(&c->ar, o->n);
     for (size_t i = 0; i < o->n; i++) {
         val k = vstr((jstr *)o->k[i]);
-        if (which == 1) a->v[i] = k;
-        else if (which == 2) a->v[i] = o->v[i];
+        if (which == 1)
+            a->v[i] = k;
+        else if (which == 2)
+            a->v[i] = o->v[i];
         else {
             jarr *pair = arr_new(&c->ar, 2);
             pair->v[0] = k;
@@ -3533,7 +3864,8 @@ static int obj_items(ctx *c, const jobj *o, int which, val *out) /* 0 items, 1 k
     return step(c, NULL, o->n);
 }
 
-static int method_call(ctx *c, env *e, const node *at, const jfunc *f, val *args, size_t n, val *out)
+static int method_call(ctx *c, env *e, const node *at, const jfunc *f, val *args, size_t n,
+                       val *out)
 {
     (void)e;
     val self = f->self;
@@ -3542,20 +3874,26 @@ static int method_call(ctx *c, env *e, const node *at, const jfunc *f, val *args
         switch (f->method) {
         case M_get: {
             val key = n > 0 ? args[0] : UNDEF;
-            if (key.t != V_STR) return TERR(c, at, "object key must be a string: got %s", type_name(key));
+            if (key.t != V_STR)
+                return TERR(c, at, "object key must be a string: got %s", type_name(key));
             if (!obj_get(o, key.u.s->p, key.u.s->len, out)) *out = n > 1 ? args[1] : VNULL;
             return RC_OK;
         }
-        case M_items: return obj_items(c, o, 0, out);
-        case M_keys: return obj_items(c, o, 1, out);
-        case M_values: return obj_items(c, o, 2, out);
+        case M_items:
+            return obj_items(c, o, 0, out);
+        case M_keys:
+            return obj_items(c, o, 1, out);
+        case M_values:
+            return obj_items(c, o, 2, out);
         case M_dictsort: {
             const jobj *kw = NULL;
             val pos[3];
             size_t np = 0;
             for (size_t i = 0; i < n; i++) {
-                if (args[i].t == V_OBJ && args[i].sub == SUB_KWARGS) kw = args[i].u.o;
-                else if (np < 3) pos[np++] = args[i];
+                if (args[i].t == V_OBJ && args[i].sub == SUB_KWARGS)
+                    kw = args[i].u.o;
+                else if (np < 3)
+                    pos[np++] = args[i];
             }
             val cs = arg_or(pos, np, 0, kw, "case_sensitive", vbool(false));
             if (cs.t != V_BOOL) return TERR(c, at, "case_sensitive must be a boolean");
@@ -3563,7 +3901,8 @@ static int method_call(ctx *c, env *e, const node *at, const jfunc *f, val *args
             val by = arg_or(pos, np, 1, kw, "by", vstr(&KEY));
             if (by.t != V_STR) return TERR(c, at, "by must be a string");
             bool by_value = jstr_eqc(by.u.s, "value");
-            if (!by_value && !jstr_eqc(by.u.s, "key")) return TERR(c, at, "by must be either 'key' or 'value'");
+            if (!by_value && !jstr_eqc(by.u.s, "key"))
+                return TERR(c, at, "by must be either 'key' or 'value'");
             val rev = arg_or(pos, np, 2, kw, "reverse", vbool(false));
             if (rev.t != V_BOOL) return TERR(c, at, "reverse must be a boolean");
             val items;
@@ -3579,13 +3918,23 @@ static int method_call(ctx *c, env *e, const node *at, const jfunc *f, val *args
     }
     const jstr *s = self.u.s;
     switch (f->method) {
-    case M_upper: return case_val(c, at, s, true, out);
-    case M_lower: return case_val(c, at, s, false, out);
-    case M_strip: *out = str_trim(c, s, true, true); return work(c, at, s->len);
-    case M_lstrip: *out = str_trim(c, s, true, false); return work(c, at, s->len);
-    case M_rstrip: *out = str_trim(c, s, false, true); return work(c, at, s->len);
-    case M_title: return str_title(c, at, s, out);
-    case M_capitalize: return str_capitalize(c, at, s, out);
+    case M_upper:
+        return case_val(c, at, s, true, out);
+    case M_lower:
+        return case_val(c, at, s, false, out);
+    case M_strip:
+        *out = str_trim(c, s, true, true);
+        return work(c, at, s->len);
+    case M_lstrip:
+        *out = str_trim(c, s, true, false);
+        return work(c, at, s->len);
+    case M_rstrip:
+        *out = str_trim(c, s, false, true);
+        return work(c, at, s->len);
+    case M_title:
+        return str_title(c, at, s, out);
+    case M_capitalize:
+        return str_capitalize(c, at, s, out);
     case M_startswith:
     case M_endswith: {
         const char *name = f->method == M_startswith ? "startswith" : "endswith";
@@ -3598,7 +3947,8 @@ static int method_call(ctx *c, env *e, const node *at, const jfunc *f, val *args
         }
         if (p.t == V_ARR) {
             for (size_t i = 0; i < p.u.a->n; i++) {
-                if (p.u.a->v[i].t != V_STR) return TERR(c, at, "%s() tuple elements must be strings", name);
+                if (p.u.a->v[i].t != V_STR)
+                    return TERR(c, at, "%s() tuple elements must be strings", name);
                 if (has_prefix(s, p.u.a->v[i].u.s, suffix)) {
                     *out = vbool(true);
                     return RC_OK;
@@ -3609,10 +3959,12 @@ static int method_call(ctx *c, env *e, const node *at, const jfunc *f, val *args
         }
         return TERR(c, at, "%s() argument must be a string or tuple of strings", name);
     }
-    case M_split: return str_split(c, at, s, n > 0 ? args[0] : VNULL, n > 1 ? args[1] : vint(-1), out);
+    case M_split:
+        return str_split(c, at, s, n > 0 ? args[0] : VNULL, n > 1 ? args[1] : vint(-1), out);
     case M_replace: {
         if (n < 2) return TERR(c, at, "replace() requires at least two arguments");
-        if (args[0].t != V_STR || args[1].t != V_STR) return TERR(c, at, "replace() arguments must be strings");
+        if (args[0].t != V_STR || args[1].t != V_STR)
+            return TERR(c, at, "replace() arguments must be strings");
         val count = VNULL;
         if (n > 2) {
             if (args[2].t == V_OBJ && args[2].sub == SUB_KWARGS) {
@@ -3649,7 +4001,8 @@ static int method_index(const jstr *name, int first, int last)
 static int member_get(ctx *c, const node *at, val obj, val prop, val *out)
 {
     if (is_container(obj)) {
-        if (prop.t != V_STR) return TERR(c, at, "cannot access property with non-string: got %s", type_name(prop));
+        if (prop.t != V_STR)
+            return TERR(c, at, "cannot access property with non-string: got %s", type_name(prop));
         if (obj_get(obj.u.o, prop.u.s->p, prop.u.s->len, out)) return RC_OK;
         int m = obj.t == V_OBJ ? method_index(prop.u.s, M_FIRST_MAPPING, M_COUNT) : -1;
         *out = m >= 0 ? method_val(c, obj, m) : UNDEF;
@@ -3664,7 +4017,8 @@ static int member_get(ctx *c, const node *at, val obj, val prop, val *out)
             return RC_OK;
         }
         if (prop.t != V_STR)
-            return TERR(c, at, "cannot access property with non-string/non-number: got %s", type_name(prop));
+            return TERR(c, at, "cannot access property with non-string/non-number: got %s",
+                        type_name(prop));
         if (jstr_eqc(prop.u.s, "length")) {
             *out = vint(obj.t == V_STR ? (double)obj.u.s->u16 : (double)obj.u.a->n);
             return RC_OK;
@@ -3673,7 +4027,8 @@ static int member_get(ctx *c, const node *at, val obj, val prop, val *out)
         *out = m >= 0 ? method_val(c, obj, m) : UNDEF;
         return RC_OK;
     }
-    if (prop.t != V_STR) return TERR(c, at, "cannot access property with non-string: got %s", type_name(prop));
+    if (prop.t != V_STR)
+        return TERR(c, at, "cannot access property with non-string: got %s", type_name(prop));
     *out = UNDEF;
     return RC_OK;
 }
@@ -3723,13 +4078,22 @@ static int filter_plain(ctx *c, env *e, const node *f, val v, val *out)
     case V_ARR: {
         const jarr *a = v.u.a;
         switch (id) {
-        case F_list: *out = v; return RC_OK;
-        case F_first: *out = a->n ? a->v[0] : UNDEF; return RC_OK;
-        case F_last: *out = a->n ? a->v[a->n - 1] : UNDEF; return RC_OK;
-        case F_length: *out = vint((double)a->n); return RC_OK;
+        case F_list:
+            *out = v;
+            return RC_OK;
+        case F_first:
+            *out = a->n ? a->v[0] : UNDEF;
+            return RC_OK;
+        case F_last:
+            *out = a->n ? a->v[a->n - 1] : UNDEF;
+            return RC_OK;
+        case F_length:
+            *out = vint((double)a->n);
+            return RC_OK;
         case F_reverse: {
             jarr *r = arr_new(&c->ar, a->n);
-            for (size_t i = 0; i < a->n; i++) r->v[i] = a->v[a->n - 1 - i];
+            for (size_t i = 0; i < a->n; i++)
+                r->v[i] = a->v[a->n - 1 - i];
             *out = varr(r, 0);
             return step(c, f, a->n);
         }
@@ -3741,7 +4105,8 @@ static int filter_plain(ctx *c, env *e, const node *f, val v, val *out)
             *out = varr(r, 0);
             return RC_OK;
         }
-        case F_join: return join_vals(c, f, a, NULL, out);
+        case F_join:
+            return join_vals(c, f, a, NULL, out);
         case F_string: {
             sbuf b = {0};
             int r = to_json(c, f, &b, v, &JSON_DEFAULT, 0, false);
@@ -3754,7 +4119,8 @@ static int filter_plain(ctx *c, env *e, const node *f, val v, val *out)
             TRY(step(c, f, (uint64_t)a->n * a->n / 2));
             for (size_t i = 0; i < a->n; i++) {
                 bool seen = false;
-                for (size_t k = 0; k < r->n && !seen; k++) seen = same_value_zero(r->v[k], a->v[i]);
+                for (size_t k = 0; k < r->n && !seen; k++)
+                    seen = same_value_zero(r->v[k], a->v[i]);
                 if (!seen) r->v[r->n++] = a->v[i];
             }
             *out = varr(r, 0);
@@ -3766,15 +4132,26 @@ static int filter_plain(ctx *c, env *e, const node *f, val v, val *out)
     case V_STR: {
         const jstr *s = v.u.s;
         switch (id) {
-        case F_length: *out = vint((double)s->u16); return RC_OK;
-        case F_upper: return case_val(c, f, s, true, out);
-        case F_lower: return case_val(c, f, s, false, out);
-        case F_title: return str_title(c, f, s, out);
-        case F_capitalize: return str_capitalize(c, f, s, out);
-        case F_trim: *out = str_trim(c, s, true, true); return work(c, f, s->len);
-        case F_indent: return str_indent(c, f, s, 4, false, false, out);
+        case F_length:
+            *out = vint((double)s->u16);
+            return RC_OK;
+        case F_upper:
+            return case_val(c, f, s, true, out);
+        case F_lower:
+            return case_val(c, f, s, false, out);
+        case F_title:
+            return str_title(c, f, s, out);
+        case F_capitalize:
+            return str_capitalize(c, f, s, out);
+        case F_trim:
+            *out = str_trim(c, s, true, true);
+            return work(c, f, s->len);
+        case F_indent:
+            return str_indent(c, f, s, 4, false, false, out);
         case F_join:
-        case F_string: *out = v; return RC_OK;
+        case F_string:
+            *out = v;
+            return RC_OK;
         case F_int:
         case F_float: {
             double d;
@@ -3788,9 +4165,16 @@ static int filter_plain(ctx *c, env *e, const node *f, val v, val *out)
     case V_INT:
     case V_FLOAT:
         switch (id) {
-        case F_abs: *out = v; out->u.n = fabs(v.u.n); return RC_OK;
-        case F_int: *out = vint(floor(v.u.n)); return RC_OK;
-        case F_float: *out = vfloat(v.u.n); return RC_OK;
+        case F_abs:
+            *out = v;
+            out->u.n = fabs(v.u.n);
+            return RC_OK;
+        case F_int:
+            *out = vint(floor(v.u.n));
+            return RC_OK;
+        case F_float:
+            *out = vfloat(v.u.n);
+            return RC_OK;
         case F_string: {
             sbuf b = {0};
             int r = emit(c, f, &b, v);
@@ -3801,8 +4185,11 @@ static int filter_plain(ctx *c, env *e, const node *f, val v, val *out)
         return TERR(c, f, "unknown NumericValue filter: %s", name);
     case V_OBJ:
         switch (id) {
-        case F_items: return obj_items(c, v.u.o, 0, out);
-        case F_length: *out = vint((double)v.u.o->n); return RC_OK;
+        case F_items:
+            return obj_items(c, v.u.o, 0, out);
+        case F_length:
+            *out = vint((double)v.u.o->n);
+            return RC_OK;
         default: {
             int m = method_index(f->s, M_FIRST_MAPPING, M_COUNT);
             if (m < 0) break;
@@ -3813,10 +4200,17 @@ static int filter_plain(ctx *c, env *e, const node *f, val v, val *out)
         return TERR(c, f, "unknown ObjectValue filter: %s", name);
     case V_BOOL:
         switch (id) {
-        case F_bool: *out = v; return RC_OK;
-        case F_int: *out = vint(v.u.b); return RC_OK;
-        case F_float: *out = vfloat(v.u.b); return RC_OK;
-        case F_string: return str_val(c, f, v.u.b ? "true" : "false", v.u.b ? 4 : 5, out);
+        case F_bool:
+            *out = v;
+            return RC_OK;
+        case F_int:
+            *out = vint(v.u.b);
+            return RC_OK;
+        case F_float:
+            *out = vfloat(v.u.b);
+            return RC_OK;
+        case F_string:
+            return str_val(c, f, v.u.b ? "true" : "false", v.u.b ? 4 : 5, out);
         }
         return TERR(c, f, "unknown BooleanValue filter: %s", name);
     default:
@@ -3836,7 +4230,8 @@ static int filter_call(ctx *c, env *e, const node *f, val v, val *out)
         TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
         jopts o = {0};
         val indent = arg_or(NULL, 0, 0, kw, "indent", VNULL);
-        if (indent.t != V_INT && indent.t != V_NULL) return TERR(c, f, "if set, indent must be a number");
+        if (indent.t != V_INT && indent.t != V_NULL)
+            return TERR(c, f, "if set, indent must be a number");
         if (indent.t == V_INT && !isnan(indent.u.n) && indent.u.n != 0) {
             if (indent.u.n < 0) return TERR(c, f, "invalid count value: %g", indent.u.n);
             if (indent.u.n > TPL_MAX_INDENT) return TERR(c, f, "indent over %d", TPL_MAX_INDENT);
@@ -3927,7 +4322,8 @@ static int filter_call(ctx *c, env *e, const node *f, val v, val *out)
                 if (!is_container(a->v[i]))
                     return TERR(c, f, "`%s` can only be applied to array of objects", name);
             for (size_t i = 0; i < f->l1.n; i++)
-                if (f->l1.v[i]->kind != N_STR) return TERR(c, f, "arguments of `%s` must be strings", name);
+                if (f->l1.v[i]->kind != N_STR)
+                    return TERR(c, f, "arguments of `%s` must be strings", name);
             if (f->l1.n == 0) return TERR(c, f, "`%s` needs an attribute name", name);
             const jstr *attr = f->l1.v[0]->s;
             int test = -1;
@@ -3945,8 +4341,10 @@ static int filter_call(ctx *c, env *e, const node *f, val v, val *out)
                 val item;
                 bool res = false;
                 if (obj_get(a->v[i].u.o, attr->p, attr->len, &item)) {
-                    if (test < 0) res = truthy(item);
-                    else TRY(run_test(c, f, test, item, f->l1.n > 2 ? &tv : NULL, &res));
+                    if (test < 0)
+                        res = truthy(item);
+                    else
+                        TRY(run_test(c, f, test, item, f->l1.n > 2 ? &tv : NULL, &res));
                 }
                 if (res == select) r->v[r->n++] = a->v[i];
             }
@@ -3957,7 +4355,8 @@ static int filter_call(ctx *c, env *e, const node *f, val v, val *out)
             TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
             val attr;
             if (!kw_get(kw, "attribute", &attr))
-                return TERR(c, f, "`map` expressions without `attribute` set are not currently supported.");
+                return TERR(
+                    c, f, "`map` expressions without `attribute` set are not currently supported.");
             if (attr.t != V_STR) return TERR(c, f, "attribute must be a string");
             val def;
             bool has_def = kw_get(kw, "default", &def);
@@ -4057,9 +4456,9 @@ static int call_range(ctx *c, const node *at, val *args, size_t n, val *out)
 static int call_strftime(ctx *c, const node *at, val *args, size_t n, val *out)
 {
     if (n < 1 || args[0].t != V_STR) return TERR(c, at, "strftime_now() needs a format string");
-    static const char *const months[] = {"January", "February", "March",     "April",
-                                         "May",     "June",     "July",      "August",
-                                         "September", "October", "November", "December"};
+    static const char *const months[] = {"January",   "February", "March",    "April",
+                                         "May",       "June",     "July",     "August",
+                                         "September", "October",  "November", "December"};
     time_t now = time(NULL);
     struct tm tm;
     localtime_r(&now, &tm);
@@ -4071,15 +4470,38 @@ static int call_strftime(ctx *c, const node *at, val *args, size_t n, val *out)
         char d = i + 1 < f->len && f->p[i] == '%' ? f->p[i + 1] : 0;
         const char *s = NULL;
         switch (d) {
-        case 'Y': snprintf(tmp, sizeof tmp, "%d", tm.tm_year + 1900); s = tmp; break;
-        case 'm': snprintf(tmp, sizeof tmp, "%02d", tm.tm_mon + 1); s = tmp; break;
-        case 'd': snprintf(tmp, sizeof tmp, "%02d", tm.tm_mday); s = tmp; break;
-        case 'H': snprintf(tmp, sizeof tmp, "%02d", tm.tm_hour); s = tmp; break;
-        case 'M': snprintf(tmp, sizeof tmp, "%02d", tm.tm_min); s = tmp; break;
-        case 'B': s = months[tm.tm_mon]; break;
-        case 'b': snprintf(tmp, sizeof tmp, "%.3s", months[tm.tm_mon]); s = tmp; break;
-        case '%': s = "%"; break;
-        default: break;
+        case 'Y':
+            snprintf(tmp, sizeof tmp, "%d", tm.tm_year + 1900);
+            s = tmp;
+            break;
+        case 'm':
+            snprintf(tmp, sizeof tmp, "%02d", tm.tm_mon + 1);
+            s = tmp;
+            break;
+        case 'd':
+            snprintf(tmp, sizeof tmp, "%02d", tm.tm_mday);
+            s = tmp;
+            break;
+        case 'H':
+            snprintf(tmp, sizeof tmp, "%02d", tm.tm_hour);
+            s = tmp;
+            break;
+        case 'M':
+            snprintf(tmp, sizeof tmp, "%02d", tm.tm_min);
+            s = tmp;
+            break;
+        case 'B':
+            s = months[tm.tm_mon];
+            break;
+        case 'b':
+            snprintf(tmp, sizeof tmp, "%.3s", months[tm.tm_mon]);
+            s = tmp;
+            break;
+        case '%':
+            s = "%";
+            break;
+        default:
+            break;
         }
         if (s) {
             r = cputs(c, at, &b, s);
@@ -4102,7 +4524,8 @@ static int call_namespace(ctx *c, const node *at, val *args, size_t n, val *out)
     if (n == 1) {
         val src = args[0];
         if (src.t == V_OBJ) {
-            for (size_t i = 0; i < src.u.o->n; i++) obj_set(&c->ar, o, src.u.o->k[i], src.u.o->v[i]);
+            for (size_t i = 0; i < src.u.o->n; i++)
+                obj_set(&c->ar, o, src.u.o->k[i], src.u.o->v[i]);
         } else if (src.t == V_ARR) {
             for (size_t i = 0; i < src.u.a->n; i++) {
                 val pair = src.u.a->v[i], k, v;
@@ -4113,7 +4536,8 @@ static int call_namespace(ctx *c, const node *at, val *args, size_t n, val *out)
                     TRY(str_val(c, at, pair.u.s->p, 1, &k));
                     TRY(str_val(c, at, pair.u.s->p + 1, 1, &v));
                 } else {
-                    return TERR(c, at, "namespace expected an object or an iterable of [key, value] pairs");
+                    return TERR(
+                        c, at, "namespace expected an object or an iterable of [key, value] pairs");
                 }
                 if (k.t != V_STR) return TERR(c, at, "namespace keys must be strings");
                 obj_set(&c->ar, o, k.u.s, v);
@@ -4123,14 +4547,15 @@ static int call_namespace(ctx *c, const node *at, val *args, size_t n, val *out)
         }
     }
     if (kw)
-        for (size_t i = 0; i < kw->n; i++) obj_set(&c->ar, o, kw->k[i], kw->v[i]);
+        for (size_t i = 0; i < kw->n; i++)
+            obj_set(&c->ar, o, kw->k[i], kw->v[i]);
     *out = (val){.t = V_NS, .u.o = o};
     return RC_OK;
 }
 
 /* bindMacroArguments: positional, then keyword, then defaults (evaluated in the new scope). */
 static int bind_macro_args(ctx *c, const node *at, const char *display, const nodelist *params,
-                       int special, val *args, size_t n, env *scope)
+                           int special, val *args, size_t n, env *scope)
 {
     const jobj *kw = NULL;
     if (n && args[n - 1].t == V_OBJ && args[n - 1].sub == SUB_KWARGS) kw = args[--n].u.o;
@@ -4151,7 +4576,8 @@ static int bind_macro_args(ctx *c, const node *at, const char *display, const no
         env_set(c, scope, p->s, v);
     }
     size_t left = 0;
-    for (size_t k = 0; kw && k < kw->n; k++) left += !used[k];
+    for (size_t k = 0; kw && k < kw->n; k++)
+        left += !used[k];
     if (special & 1) {
         jobj *rest = obj_new(&c->ar);
         for (size_t k = 0; kw && k < kw->n; k++)
@@ -4166,7 +4592,8 @@ static int bind_macro_args(ctx *c, const node *at, const char *display, const no
     if (special & 2) {
         size_t extra = n > params->n ? n - params->n : 0;
         jarr *va = arr_new(&c->ar, extra);
-        for (size_t i = 0; i < extra; i++) va->v[i] = args[params->n + i];
+        for (size_t i = 0; i < extra; i++)
+            va->v[i] = args[params->n + i];
         env_set(c, scope, cname(c, "varargs"), varr(va, 0));
     } else if (n > params->n) {
         return TERR(c, at, "macro %s takes not more than %zu argument(s)", display, params->n);
@@ -4192,21 +4619,27 @@ static int call_value(ctx *c, env *e, const node *at, val fn, val *args, size_t 
         return TERR(c, at, "cannot call something that is not a function: got %s", type_name(fn));
     const jfunc *f = fn.u.f;
     switch (f->kind) {
-    case FN_NAMESPACE: return call_namespace(c, at, args, n, out);
-    case FN_RANGE: return call_range(c, at, args, n, out);
-    case FN_STRFTIME: return call_strftime(c, at, args, n, out);
+    case FN_NAMESPACE:
+        return call_namespace(c, at, args, n, out);
+    case FN_RANGE:
+        return call_range(c, at, args, n, out);
+    case FN_STRFTIME:
+        return call_strftime(c, at, args, n, out);
     case FN_RAISE: {
         /* new Error(first argument's value): the message reaches the client as is */
         val m = n ? args[0] : UNDEF;
-        if (m.t == V_UNDEF) m = vstr(jstr_borrow(&c->ar, "", 0));
-        else TRY(raw_val(c, at, m, &m));
+        if (m.t == V_UNDEF)
+            m = vstr(jstr_borrow(&c->ar, "", 0));
+        else
+            TRY(raw_val(c, at, m, &m));
         if (c->st == CG_OK) {
             c->st = CG_E_VALUE;
             snprintf(c->msg, sizeof c->msg, "%.*s", (int)m.u.s->len, m.u.s->p);
         }
         return RC_ERR;
     }
-    case FN_METHOD: return method_call(c, e, at, f, args, n, out);
+    case FN_METHOD:
+        return method_call(c, e, at, f, args, n, out);
     case FN_MACRO:
     case FN_CALLER: {
         const node *def = f->def;
@@ -4214,8 +4647,10 @@ static int call_value(ctx *c, env *e, const node *at, val fn, val *args, size_t 
         TRY(enter_depth(c, at));
         env *scope = env_new(c, macro ? e : f->lex);
         char display[80];
-        if (macro) snprintf(display, sizeof display, "'%.*s'", (int)def->s->len, def->s->p);
-        else snprintf(display, sizeof display, "None");
+        if (macro)
+            snprintf(display, sizeof display, "'%.*s'", (int)def->s->len, def->s->p);
+        else
+            snprintf(display, sizeof display, "None");
         /* a macro and a call block both keep their parameters in l1 and their body in l2 */
         int r = bind_macro_args(c, at, display, &def->l1, def->flag, args, n, scope);
         if (!r) r = capture(c, scope, at, &def->l2, out);
@@ -4253,13 +4688,16 @@ static int eval_binary(ctx *c, env *e, const node *x, val *out)
         *out = vbool(op == OP_EQ ? eq : !eq);
         return RC_OK;
     }
-    static const char *const opname[] = {"or", "and", "not", "==", "!=", "<", ">", "<=", ">=",
-                                         "in", "not in", "+", "-", "~", "*", "/", "//", "%", "**"};
+    static const char *const opname[] = {"or", "and", "not", "==",     "!=", "<", ">",
+                                         "<=", ">=",  "in",  "not in", "+",  "-", "~",
+                                         "*",  "/",   "//",  "%",      "**"};
     if (l.t == V_UNDEF || r.t == V_UNDEF) {
-        if (r.t == V_UNDEF && (op == OP_IN || op == OP_NOTIN)) return *out = vbool(op == OP_NOTIN), RC_OK;
+        if (r.t == V_UNDEF && (op == OP_IN || op == OP_NOTIN))
+            return *out = vbool(op == OP_NOTIN), RC_OK;
         return TERR(c, x, "cannot perform operation %s on undefined values", opname[op]);
     }
-    if (l.t == V_NULL || r.t == V_NULL) return TERR(c, x, "cannot perform operation on null values");
+    if (l.t == V_NULL || r.t == V_NULL)
+        return TERR(c, x, "cannot perform operation on null values");
     if (op == OP_CAT) {
         val a, b;
         TRY(raw_val(c, x, l, &a));
@@ -4279,21 +4717,43 @@ static int eval_binary(ctx *c, env *e, const node *x, val *out)
         double a = l.u.n, b = r.u.n;
         bool fl = l.t == V_FLOAT || r.t == V_FLOAT;
         switch (op) {
-        case OP_ADD: *out = fl ? vfloat(a + b) : vint(a + b); return RC_OK;
-        case OP_SUB: *out = fl ? vfloat(a - b) : vint(a - b); return RC_OK;
-        case OP_MUL: *out = fl ? vfloat(a * b) : vint(a * b); return RC_OK;
-        case OP_DIV: *out = vfloat(a / b); return RC_OK;
-        case OP_FLOORDIV: *out = fl ? vfloat(floor(a / b)) : vint(floor(a / b)); return RC_OK;
-        case OP_MOD: *out = fl ? vfloat(fmod(a, b)) : vint(fmod(a, b)); return RC_OK;
-        case OP_LT: *out = vbool(a < b); return RC_OK;
-        case OP_GT: *out = vbool(a > b); return RC_OK;
-        case OP_GE: *out = vbool(a >= b); return RC_OK;
-        case OP_LE: *out = vbool(a <= b); return RC_OK;
-        default: break;
+        case OP_ADD:
+            *out = fl ? vfloat(a + b) : vint(a + b);
+            return RC_OK;
+        case OP_SUB:
+            *out = fl ? vfloat(a - b) : vint(a - b);
+            return RC_OK;
+        case OP_MUL:
+            *out = fl ? vfloat(a * b) : vint(a * b);
+            return RC_OK;
+        case OP_DIV:
+            *out = vfloat(a / b);
+            return RC_OK;
+        case OP_FLOORDIV:
+            *out = fl ? vfloat(floor(a / b)) : vint(floor(a / b));
+            return RC_OK;
+        case OP_MOD:
+            *out = fl ? vfloat(fmod(a, b)) : vint(fmod(a, b));
+            return RC_OK;
+        case OP_LT:
+            *out = vbool(a < b);
+            return RC_OK;
+        case OP_GT:
+            *out = vbool(a > b);
+            return RC_OK;
+        case OP_GE:
+            *out = vbool(a >= b);
+            return RC_OK;
+        case OP_LE:
+            *out = vbool(a <= b);
+            return RC_OK;
+        default:
+            break;
         }
     } else if (l.t == V_ARR && r.t == V_ARR) {
         if (op != OP_ADD)
-            return TERR(c, x, "unknown operator \"%s\" between %s and %s", opname[op], type_name(l), type_name(r));
+            return TERR(c, x, "unknown operator \"%s\" between %s and %s", opname[op], type_name(l),
+                        type_name(r));
         jarr *a = arr_new(&c->ar, l.u.a->n + r.u.a->n);
         if (l.u.a->n) memcpy(a->v, l.u.a->v, l.u.a->n * sizeof(val));
         if (r.u.a->n) memcpy(a->v + l.u.a->n, r.u.a->v, r.u.a->n * sizeof(val));
@@ -4302,7 +4762,8 @@ static int eval_binary(ctx *c, env *e, const node *x, val *out)
     } else if (r.t == V_ARR && (op == OP_IN || op == OP_NOTIN)) {
         bool member = false;
         TRY(step(c, x, r.u.a->n));
-        for (size_t i = 0; i < r.u.a->n && !member; i++) member = strict_eq(r.u.a->v[i], l);
+        for (size_t i = 0; i < r.u.a->n && !member; i++)
+            member = strict_eq(r.u.a->v[i], l);
         *out = vbool(op == OP_IN ? member : !member);
         return RC_OK;
     }
@@ -4323,7 +4784,8 @@ static int eval_binary(ctx *c, env *e, const node *x, val *out)
         *out = vbool(op == OP_IN ? in : !in);
         return RC_OK;
     }
-    return TERR(c, x, "unknown operator \"%s\" between %s and %s", opname[op], type_name(l), type_name(r));
+    return TERR(c, x, "unknown operator \"%s\" between %s and %s", opname[op], type_name(l),
+                type_name(r));
 }
 
 static int eval_member(ctx *c, env *e, const node *x, val *out)
@@ -4332,13 +4794,17 @@ static int eval_member(ctx *c, env *e, const node *x, val *out)
     TRY(eval(c, e, x->a, &obj));
     const node *p = x->b;
     if (x->flag && p->kind == N_SLICE) {
-        if (obj.t != V_ARR && obj.t != V_STR) return TERR(c, x, "slice object must be an array or string");
+        if (obj.t != V_ARR && obj.t != V_STR)
+            return TERR(c, x, "slice object must be an array or string");
         val s[3] = {UNDEF, UNDEF, UNDEF};
         const node *parts[3] = {p->a, p->b, p->c};
         for (int i = 0; i < 3; i++) {
             if (parts[i]) TRY(eval(c, e, parts[i], &s[i]));
             if (s[i].t != V_INT && s[i].t != V_UNDEF)
-                return TERR(c, x, "slice %s must be numeric or undefined", i == 0 ? "start" : i == 1 ? "stop" : "step");
+                return TERR(c, x, "slice %s must be numeric or undefined",
+                            i == 0   ? "start"
+                            : i == 1 ? "stop"
+                                     : "step");
         }
         if (obj.t == V_ARR) {
             slicer sl = slice_begin((double)obj.u.a->n, &s[0], &s[1], &s[2]);
@@ -4366,9 +4832,12 @@ static int eval_member(ctx *c, env *e, const node *x, val *out)
         if (r) return sbuf_free(&b), r;
         return sbuf_val(c, x, &b, out);
     }
-    if (x->flag) TRY(eval(c, e, p, &prop));
-    else if (p->kind == N_INT) prop = vint(p->num);
-    else prop = vstr(p->s);
+    if (x->flag)
+        TRY(eval(c, e, p, &prop));
+    else if (p->kind == N_INT)
+        prop = vint(p->num);
+    else
+        prop = vstr(p->s);
     return member_get(c, x, obj, prop, out);
 }
 
@@ -4378,14 +4847,23 @@ static int eval(ctx *c, env *e, const node *x, val *out)
     TRY(enter_depth(c, x));
     int r = RC_OK;
     switch (x->kind) {
-    case N_STR: *out = vstr(x->s); break;
-    case N_INT: *out = vint(x->num); break;
-    case N_FLOAT: *out = vfloat(x->num); break;
-    case N_IDENT: *out = env_lookup(c, e, x->s); break;
+    case N_STR:
+        *out = vstr(x->s);
+        break;
+    case N_INT:
+        *out = vint(x->num);
+        break;
+    case N_FLOAT:
+        *out = vfloat(x->num);
+        break;
+    case N_IDENT:
+        *out = env_lookup(c, e, x->s);
+        break;
     case N_ARRAY:
     case N_TUPLE: {
         jarr *a = arr_new(&c->ar, x->l1.n);
-        for (size_t i = 0; i < x->l1.n && !r; i++) r = eval(c, e, x->l1.v[i], &a->v[i]);
+        for (size_t i = 0; i < x->l1.n && !r; i++)
+            r = eval(c, e, x->l1.v[i], &a->v[i]);
         *out = varr(a, x->kind == N_TUPLE ? SUB_TUPLE : 0);
         break;
     }
@@ -4394,15 +4872,20 @@ static int eval(ctx *c, env *e, const node *x, val *out)
         for (size_t i = 0; i < x->l1.n && !r; i++) {
             val k, v;
             r = eval(c, e, x->l1.v[i], &k);
-            if (!r && k.t != V_STR) r = TERR(c, x->l1.v[i], "object keys must be strings: got %s", type_name(k));
+            if (!r && k.t != V_STR)
+                r = TERR(c, x->l1.v[i], "object keys must be strings: got %s", type_name(k));
             if (!r) r = eval(c, e, x->l2.v[i], &v);
             if (!r) obj_set(&c->ar, o, k.u.s, v);
         }
         *out = vobj(o, 0);
         break;
     }
-    case N_MEMBER: r = eval_member(c, e, x, out); break;
-    case N_CALL: r = eval_call(c, e, x, out); break;
+    case N_MEMBER:
+        r = eval_member(c, e, x, out);
+        break;
+    case N_CALL:
+        r = eval_call(c, e, x, out);
+        break;
     case N_UNARY: {
         val v;
         r = eval(c, e, x->a, &v);
@@ -4414,11 +4897,14 @@ static int eval(ctx *c, env *e, const node *x, val *out)
             d = x->op == OP_NEG ? -d : d;
             *out = v.t == V_FLOAT ? vfloat(d) : vint(d);
         } else {
-            r = TERR(c, x, "unknown operator \"%s\" for %s", x->op == OP_NEG ? "-" : "+", type_name(v));
+            r = TERR(c, x, "unknown operator \"%s\" for %s", x->op == OP_NEG ? "-" : "+",
+                     type_name(v));
         }
         break;
     }
-    case N_BINARY: r = eval_binary(c, e, x, out); break;
+    case N_BINARY:
+        r = eval_binary(c, e, x, out);
+        break;
     case N_FILTER: {
         val v;
         r = eval(c, e, x->a, &v);
@@ -4437,8 +4923,10 @@ static int eval(ctx *c, env *e, const node *x, val *out)
         val t;
         r = eval(c, e, x->b, &t);
         if (!r) {
-            if (truthy(t)) r = eval(c, e, x->a, out);
-            else *out = UNDEF;
+            if (truthy(t))
+                r = eval(c, e, x->a, out);
+            else
+                *out = UNDEF;
         }
         break;
     }
@@ -4448,7 +4936,9 @@ static int eval(ctx *c, env *e, const node *x, val *out)
         if (!r) r = eval(c, e, truthy(t) ? x->b : x->c, out);
         break;
     }
-    default: r = TERR(c, x, "unknown expression"); break;
+    default:
+        r = TERR(c, x, "unknown expression");
+        break;
     }
     c->depth--;
     return r;
@@ -4465,8 +4955,10 @@ static int assign_loop_var(ctx *c, env *scope, const node *target, val item)
     if (item.t != V_ARR || item.sub == SUB_TUPLE)
         return TERR(c, target, "cannot unpack non-iterable type: %s", type_name(item));
     if (item.u.a->n != target->l1.n)
-        return TERR(c, target, "too %s items to unpack", target->l1.n > item.u.a->n ? "few" : "many");
-    for (size_t j = 0; j < target->l1.n; j++) env_set(c, scope, target->l1.v[j]->s, item.u.a->v[j]);
+        return TERR(c, target, "too %s items to unpack",
+                    target->l1.n > item.u.a->n ? "few" : "many");
+    for (size_t j = 0; j < target->l1.n; j++)
+        env_set(c, scope, target->l1.v[j]->s, item.u.a->v[j]);
     return RC_OK;
 }
 
@@ -4492,9 +4984,10 @@ static int exec_for(ctx *c, env *e, const node *x)
         }
         items->v[items->n++] = src->v[i];
     }
-    static jstr K[9] = {{"index", 5, 5, true},    {"index0", 6, 6, true},   {"revindex", 8, 8, true},
-                        {"revindex0", 9, 9, true}, {"first", 5, 5, true},    {"last", 4, 4, true},
-                        {"length", 6, 6, true},    {"previtem", 8, 8, true}, {"nextitem", 8, 8, true}};
+    static jstr K[9] = {
+        {"index", 5, 5, true},     {"index0", 6, 6, true},   {"revindex", 8, 8, true},
+        {"revindex0", 9, 9, true}, {"first", 5, 5, true},    {"last", 4, 4, true},
+        {"length", 6, 6, true},    {"previtem", 8, 8, true}, {"nextitem", 8, 8, true}};
     static jstr LOOP = {"loop", 4, 4, true};
     bool none = true;
     size_t n = items->n;
@@ -4533,16 +5026,20 @@ static int exec_for(ctx *c, env *e, const node *x)
 static int exec_set(ctx *c, env *e, const node *x)
 {
     val v;
-    if (x->b) TRY(eval(c, e, x->b, &v));
-    else TRY(capture(c, e, x, &x->l1, &v));
+    if (x->b)
+        TRY(eval(c, e, x->b, &v));
+    else
+        TRY(capture(c, e, x, &x->l1, &v));
     const node *t = x->a;
     if (t->kind == N_IDENT) {
         env_set(c, e, t->s, v);
     } else if (t->kind == N_TUPLE) {
-        if (v.t != V_ARR) return TERR(c, x, "cannot unpack non-iterable type in set: %s", type_name(v));
+        if (v.t != V_ARR)
+            return TERR(c, x, "cannot unpack non-iterable type in set: %s", type_name(v));
         if (v.u.a->n != t->l1.n)
             return TERR(c, x, "too %s items to unpack in set", t->l1.n > v.u.a->n ? "few" : "many");
-        for (size_t i = 0; i < t->l1.n; i++) env_set(c, e, t->l1.v[i]->s, v.u.a->v[i]);
+        for (size_t i = 0; i < t->l1.n; i++)
+            env_set(c, e, t->l1.v[i]->s, v.u.a->v[i]);
     } else {
         val obj;
         TRY(eval(c, e, t->a, &obj));
@@ -4564,8 +5061,11 @@ static int exec(ctx *c, env *e, const node *x)
     TRY(enter_depth(c, x));
     int r = RC_OK;
     switch (x->kind) {
-    case N_TEXT: r = cput(c, x, c->out, x->s->p, x->s->len); break;
-    case N_COMMENT: break;
+    case N_TEXT:
+        r = cput(c, x, c->out, x->s->p, x->s->len);
+        break;
+    case N_COMMENT:
+        break;
     case N_OUTPUT: {
         val v;
         r = eval(c, e, x->a, &v);
@@ -4578,8 +5078,12 @@ static int exec(ctx *c, env *e, const node *x)
         if (!r) r = exec_list(c, e, truthy(t) ? &x->l1 : &x->l2);
         break;
     }
-    case N_FOR: r = exec_for(c, e, x); break;
-    case N_SET: r = exec_set(c, e, x); break;
+    case N_FOR:
+        r = exec_for(c, e, x);
+        break;
+    case N_SET:
+        r = exec_set(c, e, x);
+        break;
     case N_MACRO: {
         val f = fn_val(c, FN_MACRO);
         f.u.f->def = x;
@@ -4630,7 +5134,8 @@ static int exec(ctx *c, env *e, const node *x)
 
 static int exec_list(ctx *c, env *e, const nodelist *l)
 {
-    for (size_t i = 0; i < l->n; i++) TRY(exec(c, e, l->v[i]));
+    for (size_t i = 0; i < l->n; i++)
+        TRY(exec(c, e, l->v[i]));
     return RC_OK;
 }
 
@@ -4638,7 +5143,8 @@ static int exec_list(ctx *c, env *e, const nodelist *l)
 /* Public API                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
 {
     if (!err || errlen == 0) return;
@@ -4694,7 +5200,8 @@ cg_status cg_chat_template_new(const char *src, size_t len, const cg_chat_templa
     /* the rewrites of @huggingface/jinja's preprocess(), in its order */
     ptext_init(&p0, len);
     memcpy(p0.s, t->src, len);
-    for (size_t i = 0; i <= len; i++) p0.map[i] = (uint32_t)i;
+    for (size_t i = 0; i <= len; i++)
+        p0.map[i] = (uint32_t)i;
     p0.n = len;
     if (p0.n && p0.s[p0.n - 1] == '\n') p0.n--;
     p0.s[p0.n] = 0;
@@ -4714,8 +5221,10 @@ cg_status cg_chat_template_new(const char *src, size_t len, const cg_chat_templa
         t->body = nvec_list(body);
     }
     if (ps.st == CG_OK) {
-        for (size_t i = 0; i < t->body.n; i++) collect_bound(&bound, t->body.v[i]);
-        for (size_t i = 0; i < t->body.n && ps.st == CG_OK; i++) check_calls(&ps, &bound, t->body.v[i]);
+        for (size_t i = 0; i < t->body.n; i++)
+            collect_bound(&bound, t->body.v[i]);
+        for (size_t i = 0; i < t->body.n && ps.st == CG_OK; i++)
+            check_calls(&ps, &bound, t->body.v[i]);
     }
     if (ps.st != CG_OK) {
         unsigned line, col;
@@ -4751,8 +5260,9 @@ cg_status cg_chat_template_render(const cg_chat_template *t, const json_t *vars,
     cg_status st = CG_OK;
     env *g = env_new(&c, NULL);
     c.global = g;
-    static const char *const reserved[] = {"false", "true", "none", "raise_exception", "range",
-                                           "strftime_now", "True", "False", "None", "namespace"};
+    static const char *const reserved[] = {"false", "true",         "none", "raise_exception",
+                                           "range", "strftime_now", "True", "False",
+                                           "None",  "namespace"};
     env_set(&c, g, cname(&c, "false"), vbool(false));
     env_set(&c, g, cname(&c, "true"), vbool(true));
     env_set(&c, g, cname(&c, "none"), VNULL);

@@ -16,8 +16,8 @@ typedef struct cg_chat_template cg_chat_template;
 /* Bounds on one render. Messages come from clients, so every render is bounded in output,
  * memory, work and nesting; crossing a bound fails the render with CG_E_TOO_LARGE. */
 typedef struct cg_chat_template_limits {
-    size_t max_output; /* bytes of rendered text, and of any one string value */
-    size_t max_memory; /* bytes of values one render may allocate (soft: checked per step) */
+    size_t max_output;  /* bytes of rendered text, and of any one string value */
+    size_t max_memory;  /* bytes one render may allocate for values and text, cumulatively */
     uint64_t max_steps; /* evaluation steps: nodes, loop iterations, 64-byte units of string work */
     unsigned max_depth; /* nesting of evaluation: blocks, expressions, macro calls, data depth */
 } cg_chat_template_limits;
@@ -34,7 +34,7 @@ cg_chat_template_limits cg_chat_template_default_limits(void);
 cg_status cg_chat_template_new(const char *src, size_t len, const cg_chat_template_limits *limits,
                                cg_chat_template **out, char *err, size_t errlen) CG_WUR;
 
-/* Renders t with the variables of vars (a JSON object, borrowed: messages,
+/* Renders t with the variables of vars (a JSON object or NULL, borrowed: messages,
  * add_generation_prompt, bos_token, eos_token, tools, documents, enable_thinking, ...) and
  * appends the text to out (whose own cap applies too). A template that calls
  * raise_exception(msg) fails with CG_E_VALUE and err holding exactly msg; a runtime error of
