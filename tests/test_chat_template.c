@@ -289,6 +289,23 @@ START_TEST(test_raise_exception)
     cg_chat_template_free(&t);
     cg_chat_template_free(&t); /* NULL is fine */
     expect_err("{{ raise_exception() }}", NULL, CG_E_VALUE, "");
+    /* a long message is cut at a character boundary: it goes into a JSON reply */
+    for (size_t cut = 2; cut < 12; cut++) {
+        sbuf src = {0};
+        sbuf_put(&src, "{{ raise_exception('", 20);
+        for (int i = 0; i < 800; i++)
+            sbuf_put(&src, "é", 2);
+        sbuf_put(&src, "') }}", 5);
+        char small[16];
+        ck_assert_int_eq(cg_chat_template_new(src.p, src.len, NULL, &t, small, sizeof small),
+                         CG_OK);
+        cg_buf_init(&b, 0);
+        ck_assert_int_eq(cg_chat_template_render(t, NULL, &b, small, cut), CG_E_VALUE);
+        ck_assert_uint_eq(strlen(small) % 2, 0); /* whole 2-byte characters only */
+        cg_buf_free(&b);
+        cg_chat_template_free(&t);
+        sbuf_free(&src);
+    }
     (void)out;
 }
 END_TEST
@@ -547,6 +564,14 @@ static int fuzz_one(const char *src, size_t len, const json_t *vars,
         ck_assert_uint_le(b.len, l->max_output);
     else
         ck_assert_uint_eq(b.len, 0);
+    /* valid template and variables give valid UTF-8, text and messages alike */
+    for (size_t i = 0, k; i < b.len; i += k)
+        ck_assert_msg(u8_decode((const unsigned char *)b.data + i, b.len - i, &k) != 0xFFFD ||
+                          k == 3,
+                      "invalid UTF-8 rendered at byte %zu", i);
+    for (size_t i = 0, k, n = strlen(err); i < n; i += k)
+        ck_assert_msg(u8_decode((const unsigned char *)err + i, n - i, &k) != 0xFFFD || k == 3,
+                      "invalid UTF-8 in \"%s\"", err);
     cg_buf_free(&b);
     cg_chat_template_free(&t);
     return 1;

@@ -3,9 +3,9 @@
  * and thinking, a tool-calling chat with tools, an empty object, none); flags & 4 caps the
  * output at 256 bytes. Invariants: parse and render return only their documented statuses,
  * with a message; a refused template leaves no template; a failed render leaves the output
- * buffer as it was; a rendered text respects the output cap; rendering twice gives the same
- * status and text (templates that read the clock excepted). The bounds are small, so every
- * input finishes quickly. */
+ * buffer as it was; a rendered text respects the output cap and, like every error message, is
+ * valid UTF-8; rendering twice gives the same status and text (templates that read the clock
+ * excepted). The bounds are small, so every input finishes quickly. */
 #include "fuzz_common.h"
 
 #include <jansson.h>
@@ -38,6 +38,30 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     for (int i = 0; i < 3; i++)
         FUZZ_CHECK((VARS[i] = json_loads(src[i], 0, NULL)) != NULL);
     return 0;
+}
+
+/* The template parsed, so it is valid UTF-8, as are the variables: so must the text be. */
+static bool valid_utf8(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = p[i];
+        size_t l = c < 0x80             ? 1
+                   : (c & 0xE0) == 0xC0 ? 2
+                   : (c & 0xF0) == 0xE0 ? 3
+                   : (c & 0xF8) == 0xF0 ? 4
+                                        : 0;
+        if (!l || i + l > n) return false;
+        uint32_t cp = l == 1 ? c : c & (0x7Fu >> l);
+        for (size_t k = 1; k < l; k++) {
+            if ((p[i + k] & 0xC0) != 0x80) return false;
+            cp = (cp << 6) | (p[i + k] & 0x3F);
+        }
+        static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < min[l] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+        i += l;
+    }
+    return true;
 }
 
 static cg_status render(const cg_chat_template *t, const json_t *vars, cg_buf *b, char *err,
@@ -83,6 +107,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(a.len - 3 <= lim.max_output);
     else
         FUZZ_CHECK(err[0] != 0 || s1 == CG_E_VALUE); /* raise_exception('') has an empty message */
+    FUZZ_CHECK(valid_utf8(a.data, a.len) && valid_utf8(err, strlen(err)));
     bool clock = memmem(in.p, in.n, "strftime_now", 12) != NULL;
     if (!clock) {
         FUZZ_CHECK(s1 == s2);

@@ -87,6 +87,19 @@ static size_t u8_encode(uint32_t c, char *o)
     return 4;
 }
 
+/* Cuts a NUL-terminated message that snprintf may have truncated inside a character back to
+ * whole characters, so an error message is always valid UTF-8 (it goes into JSON replies). */
+static void utf8_clip(char *s)
+{
+    size_t n = strlen(s), lead = n;
+    while (lead > 0 && n - lead < 4 && ((unsigned char)s[lead - 1] & 0xC0) == 0x80)
+        lead--;
+    if (lead == 0) return;
+    unsigned char c = (unsigned char)s[lead - 1];
+    size_t need = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : 4;
+    if (c >= 0x80 && n - (lead - 1) < need) s[lead - 1] = 0;
+}
+
 /* JavaScript's \s and String.prototype.trim() set. */
 static bool js_space(uint32_t c)
 {
@@ -822,6 +835,7 @@ static void *perr_at(parser *ps, cg_status st, size_t ppos, const char *fmt, ...
     va_start(ap, fmt);
     vsnprintf(ps->msg, sizeof ps->msg, fmt, ap);
     va_end(ap);
+    utf8_clip(ps->msg);
     return NULL;
 }
 
@@ -2400,6 +2414,7 @@ static int rerr(ctx *c, const node *at, cg_status st, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(c->msg + off, sizeof c->msg - off, fmt, ap);
     va_end(ap);
+    utf8_clip(c->msg);
     return RC_ERR;
 }
 
@@ -4635,6 +4650,7 @@ static int call_value(ctx *c, env *e, const node *at, val fn, val *args, size_t 
         if (c->st == CG_OK) {
             c->st = CG_E_VALUE;
             snprintf(c->msg, sizeof c->msg, "%.*s", (int)m.u.s->len, m.u.s->p);
+            utf8_clip(c->msg);
         }
         return RC_ERR;
     }
@@ -5152,6 +5168,7 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
+    utf8_clip(err);
 }
 
 void cg_chat_template_free(cg_chat_template **tp)
