@@ -2,7 +2,20 @@
  * chat templates use, matching @huggingface/jinja (the JavaScript renderer of transformers.js)
  * byte for byte: its whitespace preprocessing, its value semantics (JavaScript numbers and
  * loose equality, JSON printing of lists) and its filters, tests and methods. Templates are
- * parsed once and are immutable; each render allocates its values from its own arena. */
+ * parsed once and are immutable; each render allocates its values from its own arena.
+ *
+ * Where @huggingface/jinja and Python's jinja2 (what transformers runs) disagree, this follows
+ * @huggingface/jinja, which the parity tests check. The differences a chat template can meet:
+ * true/false/none print as "true"/"false"/"" and lists/dicts print as JSON; == is JavaScript's
+ * loose equality ("" == false, "0" == 0); strip/lstrip/rstrip ignore their argument and strip
+ * whitespace; an integral float prints "1" in tojson and JSON input 1.0 is an integer;
+ * index-like keys of input objects come first; ~ and + fail on none or undefined; a for loop
+ * over a string or undefined fails; break/continue drop what their iteration printed; macros
+ * see the caller's variables; title/capitalize do not lower the rest; length counts UTF-16
+ * units; % keeps the dividend's sign; ** is left-associative; the text rewrites of
+ * trim_blocks/lstrip_blocks also apply to literal text, and CRLF is kept.
+ * This renderer is stricter in one way: unknown filters, tests, methods, functions and
+ * statements are refused when the template is parsed, not when the branch runs. */
 #include "worker/model/chat_template.h"
 
 #include <math.h>
