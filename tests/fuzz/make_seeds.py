@@ -98,6 +98,15 @@ def chat_seeds():
     c("custom_sep", [(SYS, "s <> d"), (USER, "q")], sel=0xC0 | 1, custom=b"<>")
 
 
+# ---- fuzz_chat_template: [flags][template]: the templates of the chat-template parity cases
+def chat_template_seeds():
+    spec = json.load(open(os.path.join(HERE, "..", "data", "chat_template_cases.json"), encoding="utf-8"))
+    srcs = [(t["name"], t["template"]) for t in spec["templates"] if "template" in t]
+    srcs += [(f["name"], f["template"]) for f in spec["features"]]
+    for i, (name, src) in enumerate(srcs):
+        write("chat_template", name, bytes([i % 8]) + src.encode())
+
+
 # ---- fuzz_sse: [caps][seed][stream]
 def sse_seeds():
     def e(name, stream, caps=0, seed=7):
@@ -327,6 +336,7 @@ def main():
     json_seeds()
     kvwire_seeds()
     disk_seeds()
+    chat_template_seeds()
     model_seeds(a.model_dir)
 
 
