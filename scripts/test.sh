@@ -7,30 +7,32 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 jobs=$(nproc)
 
-# The client-compatibility tests (tests/compat) need their npm packages exactly as locked; a
+# The npm packages of the tests, exactly as locked: tests/compat (client compatibility, the
+# OpenAPI contract) and tests/ref (the reference tokenizers and chat-template renderer). A
 # local `npm ci`, skipped when they are already installed. When it fails (no node, registry
 # unreachable) those tests report SKIPPED with the reason instead of failing the run.
-compat_deps() {
-    local dir=tests/compat
+npm_deps() { # dir
+    local dir=$1
     if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-        echo "compat tests: node or npm not found, they will be SKIPPED"
+        echo "$dir: node or npm not found, its tests will be SKIPPED"
         return 0
     fi
-    if (cd "$dir" && node check-deps.js >/dev/null); then
+    if node tests/compat/check-deps.js "$dir" >/dev/null 2>&1; then
         rm -f "$dir/.npm-ci.log"
         return 0
     fi
-    echo "compat tests: npm ci in $dir"
+    echo "npm ci in $dir"
     if (cd "$dir" && timeout 600 npm ci --no-audit --no-fund --prefer-offline --fetch-retries=1 \
             >.npm-ci.log 2>&1); then
         rm -f "$dir/.npm-ci.log"
     else
         local why
         why=$(grep -m2 -E '^npm (ERR!|error) (code |[A-Za-z]+Error)' "$dir/.npm-ci.log" || tail -n 3 "$dir/.npm-ci.log")
-        echo "compat tests: npm ci failed, they will be SKIPPED: $(tr '\n' ' ' <<<"$why")(log: $dir/.npm-ci.log)" >&2
+        echo "$dir: npm ci failed, its tests will be SKIPPED: $(tr '\n' ' ' <<<"$why")(log: $dir/.npm-ci.log)" >&2
     fi
 }
-compat_deps
+npm_deps tests/compat
+npm_deps tests/ref
 
 run_suite() { # build-dir, extra cmake args...
     local dir=$1; shift

@@ -1,11 +1,13 @@
 // Exits 0 when node_modules holds exactly what package-lock.json pins (as `npm ci` installs
-// it), else prints what is missing or different and exits 1. Used by run.sh (skip the tests
-// with the reason) and scripts/test.sh (skip `npm ci` when nothing changed).
+// it), else prints what is missing or different and exits 1. The folder is this script's, or
+// the one given as the first argument (tests/ref). Used by run.sh (skip the tests with the
+// reason) and scripts/test.sh (skip `npm ci` when nothing changed).
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
+const here = process.argv[2] ? path.resolve(process.argv[2])
+                            : path.dirname(fileURLToPath(import.meta.url));
 const read = (f) => JSON.parse(fs.readFileSync(path.join(here, f), 'utf8'));
 let problem = null;
 try {
