@@ -37,10 +37,9 @@ typedef struct cg_weight {
  * memory once for the whole batch); larger n works but rereads x from beyond L2. */
 #define CG_MATMUL_DECODE_MAX 64
 
-/* Per-caller scratch of the prefill path: one widening buffer per OpenMP thread, grown on
- * demand (at most 1 MiB per thread). Not thread-safe: a
- * thread that issues products owns its scratch; the OpenMP threads a product forks use
- * their own slots in it. */
+/* Per-caller scratch of the prefill path: one widening buffer per OpenMP thread (up to 64
+ * threads), grown on demand to at most 1 MiB each. Not thread-safe: a thread that issues
+ * products owns its scratch; the OpenMP threads a product forks use their own slots in it. */
 typedef struct cg_matmul_scratch cg_matmul_scratch;
 
 /* New empty scratch (caller frees with cg_matmul_scratch_free). Also sets OpenBLAS to one
@@ -51,11 +50,12 @@ cg_matmul_scratch *cg_matmul_scratch_new(void);
 void cg_matmul_scratch_free(cg_matmul_scratch **s);
 
 /* Prefill path: y[n][w->rows] = x[n][w->cols] * W^T, for a chunk of prompt tokens.
- * 16-bit weights are widened to f32 one panel of rows at a time into the scratch and
- * multiplied with single-threaded cblas_sgemm; f32 weights go to sgemm directly. The output
- * rows of W are split between the OpenMP threads. Deterministic for the same x and the same
- * thread count; a row's result may depend on n and on its position (OpenBLAS's kernels), so
- * a sequence's prompt must be computed in the same chunking to reproduce bits.
+ * 16-bit and Q8 weights are widened to f32 one panel at a time into the scratch (required for
+ * them; f32 weights do not use it) and multiplied with single-threaded cblas_sgemm; f32
+ * weights go to sgemm directly. The output rows of W are split between the OpenMP threads.
+ * Deterministic for the same x and the same thread count, in every ISA variant (widening is
+ * exact); a row's result depends on n and on its position (OpenBLAS's edge kernels), so a
+ * sequence's prompt must be computed in the same chunks to reproduce bits.
  * x, w and y are borrowed; y must not overlap x. n == 0 does nothing. */
 void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_matmul_scratch *s);
 
@@ -63,7 +63,8 @@ void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_m
  * tokens of different sequences), through a kernel that reads each weight once for the whole
  * batch and widens it in registers; OpenMP over output rows. Batch-invariant: the bits of a
  * row's result do not depend on n, on the row's position in the batch, nor on the thread
- * count (for a given ISA variant, see cg_matmul_set_isa). Borrowed pointers as above. */
+ * count (for a given ISA variant, see cg_matmul_set_isa). Borrowed pointers as above; needs no
+ * scratch. */
 void cg_matmul_decode(const cg_weight *w, const float *x, int n, float *y);
 
 /* Quantises w (f32, f16 or bf16) to CG_DTYPE_Q8, symmetric per row: scale[r] = max |w[r][.]|
