@@ -18,3 +18,7 @@ foreach(t test_tiers_e2e test_tp)
     add_dependencies(${t} chunkgate-worker)
   endif()
 endforeach()
+# The scheduler through the engine: batch invariance (f32 and bf16 weights), shared decode
+# steps, chunked prefill between decode steps, admission, departures.
+cg_check_test(NAME test_sched SOURCES test_sched.c LIBS cg_wserve TIMEOUT 600)
+set_property(TEST test_sched APPEND PROPERTY ENVIRONMENT OMP_WAIT_POLICY=passive)
