@@ -230,6 +230,8 @@ static cg_status check_seq(const cg_model *m, const cg_fwd_seq *q)
     if (q->row_lp && (!q->next || q->row_top_k < 0 || (q->row_top_k && (!q->row_top_ids ||
                                                                        !q->row_top_lps))))
         return CG_E_VALUE;
+    if (q->stop_k && (!q->stop_v || q->stop_layer < 0 || q->stop_layer >= c->n_layers))
+        return CG_E_VALUE;
     return spans_valid(q) ? CG_OK : CG_E_VALUE;
 }
 
@@ -388,6 +390,53 @@ static void prompt_logprobs(const cg_model *m, const cg_fwd_seq *q, size_t row0,
     }
 }
 
+/* Rows [row_logits_from, n) of q (rows row0.. of the activations): final norm and lm_head,
+ * LP_ROWS rows at a time, straight into the caller's buffer. */
+static void full_logits(const cg_model *m, const cg_fwd_seq *q, size_t row0, cg_fwd_scratch *s)
+{
+    const cg_model_config *c = &m->cfg;
+    const size_t D = (size_t)c->dim, V = (size_t)c->vocab_size;
+    const uint32_t from = q->row_logits_from;
+    uint32_t t = from > q->row_off ? from - q->row_off : 0;
+    if (t >= q->n) return;
+    if (LP_ROWS > s->logit_cap) {
+        s->lg_in = cg_realloc(s->lg_in, LP_ROWS * D * sizeof(float));
+        s->lg_out = cg_realloc(s->lg_out, LP_ROWS * V * sizeof(float));
+        s->logit_cap = LP_ROWS;
+    }
+    for (; t < q->n; t += LP_ROWS) {
+        int n = (int)CG_MIN(LP_ROWS, q->n - t);
+        rmsnorm(s->lg_in, s->x + (row0 + t) * D, m->norm, n, (int)D, c->norm_eps);
+        cg_matmul_decode(&m->lm_head, s->lg_in, n,
+                         q->row_logits + (size_t)(q->row_off + t - from) * V);
+    }
+}
+
+/* The ranking exit (cg_fwd_seq.stop_k): layer l's K and V of the block's one sequence, as
+ * run_layer would write them into its KV, into the caller's buffers. */
+static void stop_kv(const cg_model *m, const block *b, int l, cg_fwd_kind kind, cg_fwd_scratch *s)
+{
+    const cg_model_config *c = &m->cfg;
+    const layer_w *L = &m->layers[l];
+    const cg_fwd_seq *q = &b->seqs[0];
+    const int n = (int)b->rows;
+    const size_t hd = (size_t)c->head_dim, KV = (size_t)c->n_kv_heads * hd;
+    rmsnorm(s->xb, s->x, L->attn_norm, n, c->dim, c->norm_eps);
+    matmul(&L->wk, s->xb, n, s->k, kind, s);
+    matmul(&L->wv, s->xb, n, s->v, kind, s);
+    if (L->bk) {
+        add_bias(s->k, L->bk, b->rows, KV);
+        add_bias(s->v, L->bv, b->rows, KV);
+    }
+    if (L->k_norm)
+        rmsnorm(s->k, s->k, L->k_norm, (int)(b->rows * (size_t)c->n_kv_heads), (int)hd,
+                c->norm_eps);
+    const cg_rope rope = cg_model_rope(m);
+    cg_rope_rotate(&rope, s->k, b->rows, c->n_kv_heads, s->cos, s->sin);
+    memcpy(q->stop_k + (size_t)q->row_off * KV, s->k, b->rows * KV * sizeof(float));
+    memcpy(q->stop_v + (size_t)q->row_off * KV, s->v, b->rows * KV * sizeof(float));
+}
+
 /* Runs the layers over the rows of seqs (at most FWD_BLOCK rows in all). */
 static void run_block(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs, cg_fwd_kind kind,
                       cg_fwd_scratch *s)
@@ -410,10 +459,19 @@ static void run_block(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs, 
     cg_rope_angles(&rope, s->pos, rows, s->cos, s->sin);
     (void)half;
     block b = {seqs, n_seqs, row0, rows};
-    for (int l = 0; l < c->n_layers; l++)
+    const int stop = seqs[0].stop_k != NULL; /* then n_seqs == 1 */
+    const int n_layers = stop ? seqs[0].stop_layer : c->n_layers;
+    for (int l = 0; l < n_layers; l++)
         run_layer(m, &b, l, kind, s);
-    for (size_t i = 0; i < n_seqs; i++)
+    if (stop) {
+        stop_kv(m, &b, n_layers, kind, s);
+        free(row0);
+        return;
+    }
+    for (size_t i = 0; i < n_seqs; i++) {
         if (seqs[i].row_lp) prompt_logprobs(m, &seqs[i], row0[i], s);
+        if (seqs[i].row_logits) full_logits(m, &seqs[i], row0[i], s);
+    }
     logits(m, &b, s);
     free(row0);
 }
@@ -423,6 +481,7 @@ cg_fwd_seq cg_fwd_seq_slice(const cg_fwd_seq *q, uint32_t r0, uint32_t n, cg_att
     cg_fwd_seq sub = *q;
     sub.tokens = q->tokens + r0;
     sub.n = n;
+    sub.row_off = q->row_off + r0;
     if (q->slots) sub.slots = q->slots + r0;
     else sub.slot0 = q->slot0 + r0;
     if (q->pos) sub.pos = q->pos + r0;
@@ -459,6 +518,7 @@ cg_status cg_model_forward_batch(const cg_model *m, const cg_fwd_seq *seqs, size
     for (size_t i = 0; i < n_seqs; i++) {
         cg_status st = check_seq(m, &seqs[i]);
         if (st != CG_OK) return st;
+        if (seqs[i].stop_k && n_seqs > 1) return CG_E_VALUE;
         rows += seqs[i].n;
     }
     cg_fwd_scratch *s = scratch ? scratch : cg_fwd_scratch_new();

@@ -103,6 +103,21 @@ typedef struct cg_fwd_seq {
     int32_t *row_top_ids;
     float *row_top_lps;
     int row_top_k;
+    /* Optional, full distributions (a teacher-forced comparison): rows [row_logits_from, n) each
+     * receive vocab_size logits at row_logits + (i - row_logits_from) * vocab_size. Costs one
+     * lm_head product per such row. */
+    float *row_logits;
+    uint32_t row_logits_from;
+    /* Optional, for ranking tokens before a selective recompute (CacheBlend): with stop_k set,
+     * only layers [0, stop_layer) run (writing their K/V into kv as usual); at layer stop_layer
+     * every row's K (normed, biased and rotated as kv would hold it) and V go to
+     * stop_k + i * kv_dim and stop_v + i * kv_dim (kv_dim = n_kv_heads * head_dim) instead of
+     * kv, and nothing after that runs (no logits). A call with stop_k holds one sequence. */
+    int stop_layer;
+    float *stop_k, *stop_v;
+    /* 0 from callers; cg_fwd_seq_slice sets it to the slice's first row in the sequence it was
+     * cut from, where row_logits and stop_k / stop_v (which a slice shares) are indexed. */
+    uint32_t row_off;
 } cg_fwd_seq;
 
 /* Which kernels the weight products use: prefill chunks (sgemm on widened panels) or decode

@@ -4,11 +4,14 @@
  *                pool (or the disk tier), a miss is computed at its virtual position, stored,
  *                and placed the same way (DESIGN §6);
  *   3. link:     EPIC's LegoLink, the first k tokens of each chunk with full causal context;
+ *                or, with recompute_ratio > 0, blend: CacheBlend's selective recompute of the
+ *                chunk tokens whose KV deviates most, together with LegoLink's (one set);
  *   4. finish:   the question prefilled under the mask, and the last token's logits;
  *   5. report:   the assembly made live and described to the caller.
  * The reference paths run one forward over the whole prompt instead of phases 2-4. */
 #include "worker/serve/engine_state.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +56,10 @@ static cg_status check_segments(const cg_assemble_req *req, char *err, size_t er
         cg_seterr(err, errlen, "mode must be strict or sys");
         return CG_E_VALUE;
     }
+    if (!(req->recompute_ratio >= 0.0f && req->recompute_ratio <= 1.0f)) {
+        cg_seterr(err, errlen, "recompute_ratio must be a number in [0, 1]");
+        return CG_E_VALUE;
+    }
     return CG_OK;
 }
 
@@ -74,7 +81,8 @@ typedef struct job {
     cg_pool_evictions dropped; /* disk records dropped by spills */
     cg_assembly *a;
     int have_logits;     /* a->logits hold the last token's logits */
-    int last_recomputed; /* phase 3 recomputed all of the last segment */
+    int last_recomputed; /* phase 3 recomputed the last token with full context */
+    uint32_t recomputed; /* chunk tokens recomputed in phase 3 */
     cg_engine_stats count;
 } job;
 
@@ -322,9 +330,143 @@ static cg_status link_chunks(job *j)
         cg_status st =
             fwd(j, j->a->kv, j->toks[i], kk, j->offs[i], (cg_attn_span){j->offs[i], kk, 0, 0}, lg);
         if (st != CG_OK) return st;
+        j->recomputed += kk;
         if (lg) j->have_logits = j->last_recomputed = 1;
     }
     return CG_OK;
+}
+
+/* ---- 3. blend (recompute_ratio > 0) ---- */
+
+/* The layer whose KV ranks the tokens. Layer 0's K and V depend only on the token and its
+ * position, so after the remap they already equal a full-attention pass; the context a chunk
+ * missed first shows in layer 1's (CacheBlend ranks on an early layer too). */
+static int rank_layer(const cg_model_config *c)
+{
+    return c->n_layers > 1 ? 1 : 0;
+}
+
+typedef struct ranked {
+    double dev;
+    uint32_t slot;
+} ranked;
+
+/* Most deviating first; equal deviations in prompt order, so the choice is deterministic. */
+static int by_deviation(const void *pa, const void *pb)
+{
+    const ranked *a = pa, *b = pb;
+    if (a->dev != b->dev) return a->dev < b->dev ? 1 : -1;
+    return a->slot < b->slot ? -1 : a->slot > b->slot;
+}
+
+/* Ranks the n chunk tokens in slots [c0, c0 + n) (the chunks lie back to back) by how far
+ * their K and V at rank_layer deviate from a full-attention pass: one forward over them with
+ * plain causal attention that stops at that layer (its lower layers rewrite the same K/V),
+ * compared with the placed KV. Marks the want most deviating in sel (indexed by slot). */
+static cg_status rank_tokens(job *j, uint32_t c0, uint32_t n, uint32_t want, uint8_t *sel)
+{
+    const cg_model_config *c = cg_model_cfg(j->e->m);
+    const size_t hd = (size_t)c->head_dim, kvd = (size_t)c->n_kv_heads * hd;
+    const int L = rank_layer(c);
+    float *k = cg_malloc((size_t)n * kvd * sizeof(float));
+    float *v = cg_malloc((size_t)n * kvd * sizeof(float));
+    ranked *r = cg_malloc((size_t)n * sizeof *r);
+    cg_attn_span span = {c0, n, 0, 0};
+    cg_fwd_seq q = {.kv = j->a->kv, .tokens = j->a->tokens + c0, .n = n, .slot0 = c0,
+                    .pos0 = c0, .spans = &span, .n_spans = 1, .stop_layer = L, .stop_k = k,
+                    .stop_v = v};
+    j->count.rank_tokens += n; /* a layer or two each: not counted as prefill */
+    cg_status st = cg_sched_prefill(j->e->sched, &q, NULL);
+    if (st == CG_OK) {
+        for (uint32_t t = 0; t < n; t++) {
+            double d = 0;
+            for (int h = 0; h < c->n_kv_heads; h++) {
+                const float *pk = cg_kv_k(j->a->kv, L, h) + (size_t)(c0 + t) * hd;
+                const float *pv = cg_kv_v(j->a->kv, L, h) + (size_t)(c0 + t) * hd;
+                const float *fk = k + (size_t)t * kvd + (size_t)h * hd;
+                const float *fv = v + (size_t)t * kvd + (size_t)h * hd;
+                for (size_t i = 0; i < hd; i++) {
+                    double dk = (double)fk[i] - pk[i], dv = (double)fv[i] - pv[i];
+                    d += dk * dk + dv * dv;
+                }
+            }
+            r[t] = (ranked){d, c0 + t};
+        }
+        qsort(r, n, sizeof *r, by_deviation);
+        for (uint32_t t = 0; t < want; t++) sel[r[t].slot] = 1;
+    }
+    free(k);
+    free(v);
+    free(r);
+    return st;
+}
+
+/* CacheBlend: the chosen chunk tokens (the round(r * N) most deviating, LegoLink's first k of
+ * each chunk, and the last token of a prompt that ends in a chunk) are recomputed in every
+ * layer with full causal attention over the whole sequence, in one forward of scattered rows
+ * in prompt order: within a layer every row writes its K/V before any attends, so a row sees
+ * the rows recomputed before it, as a plain causal pass would. The pool keeps the isolated
+ * version. */
+static cg_status blend(job *j)
+{
+    const float r = j->req->recompute_ratio;
+    const uint32_t k = j->req->recompute_prefix_tokens;
+    uint32_t c0 = UINT32_MAX, c1 = 0, n = 0;
+    for (size_t i = 0; i < j->n; i++)
+        if (j->roles[i] == CG_ROLE_CHUNK) {
+            c0 = CG_MIN(c0, j->offs[i]);
+            c1 = CG_MAX(c1, j->offs[i] + j->lens[i]);
+            n += j->lens[i];
+        }
+    if (!n) return CG_OK;
+    uint8_t *sel = cg_calloc(j->total, 1);
+    uint32_t want = (uint32_t)CG_MIN((double)n, floor((double)r * n + 0.5));
+    cg_status st = CG_OK;
+    if (want == n) {
+        memset(sel + c0, 1, n);
+    } else if (want) {
+        st = rank_tokens(j, c0, c1 - c0, want, sel);
+    }
+    for (size_t i = 0; i < j->n; i++)
+        if (j->roles[i] == CG_ROLE_CHUNK) memset(sel + j->offs[i], 1, CG_MIN(k, j->lens[i]));
+    if (j->roles[j->n - 1] == CG_ROLE_CHUNK) sel[j->total - 1] = 1;
+    uint32_t rows = 0, runs = 0;
+    for (uint32_t s = c0; s < c1; s++) {
+        rows += sel[s];
+        runs += sel[s] && (s == c0 || !sel[s - 1]);
+    }
+    if (st != CG_OK || !rows) {
+        free(sel);
+        return st;
+    }
+    uint32_t *slots = cg_malloc(rows * sizeof *slots);
+    int64_t *pos = cg_malloc(rows * sizeof *pos);
+    int32_t *toks = cg_malloc(rows * sizeof *toks);
+    cg_attn_span *spans = cg_malloc(runs * sizeof *spans);
+    uint32_t t = 0, ns = 0;
+    for (uint32_t s = c0; s < c1; s++) {
+        if (!sel[s]) continue;
+        if (s == c0 || !sel[s - 1]) spans[ns++] = (cg_attn_span){s, 0, 0, 0};
+        spans[ns - 1].q_len++;
+        slots[t] = s;
+        pos[t] = s;
+        toks[t++] = j->a->tokens[s];
+    }
+    const int last = slots[rows - 1] == j->total - 1;
+    cg_fwd_seq q = {.kv = j->a->kv, .tokens = toks, .n = rows, .slots = slots, .pos = pos,
+                    .spans = spans, .n_spans = ns, .logits = last ? j->a->logits : NULL};
+    j->count.prefill_tokens += rows;
+    st = cg_sched_prefill(j->e->sched, &q, NULL);
+    if (st == CG_OK) {
+        j->recomputed = rows;
+        if (last) j->have_logits = j->last_recomputed = 1;
+    }
+    free(slots);
+    free(pos);
+    free(toks);
+    free(spans);
+    free(sel);
+    return st;
 }
 
 /* ---- 4. finish ---- */
@@ -370,6 +512,7 @@ static void describe(job *j, cg_assembly_info *out)
     out->n_tokens = j->total;
     out->cached_tokens = (uint32_t)j->count.tokens_reused;
     out->computed_tokens = (uint32_t)j->count.prefill_tokens;
+    out->recomputed_tokens = j->recomputed;
     out->ttl_ms = j->e->p.assembly_ttl_ms;
     size_t nd = j->ev.n + j->dropped.n;
     if (!nd) return;
@@ -387,6 +530,11 @@ static cg_status report(job *j, cg_assembly_info *out, char *err, size_t errlen)
 {
     const cg_model_config *cfg = cg_model_cfg(j->e->m);
     j->a->cached_tokens = (uint32_t)j->count.tokens_reused;
+    j->a->assembled = 1;
+    j->a->mode = j->req->mode;
+    j->a->recompute_ratio = j->req->recompute_ratio;
+    j->a->recompute_prefix = j->req->recompute_prefix_tokens;
+    j->a->recomputed = j->recomputed;
     if (j->req->logits_out)
         memcpy(j->req->logits_out, j->a->logits, (size_t)cfg->vocab_size * sizeof(float));
     cg_status st = cg_live_add(j->e->live, &j->a, j->now, 0, out->id);
@@ -408,7 +556,7 @@ static cg_status compute(job *j)
         st = run_reference(j);
     } else {
         st = place(j);
-        if (st == CG_OK) st = link_chunks(j);
+        if (st == CG_OK) st = j->req->recompute_ratio > 0 ? blend(j) : link_chunks(j);
         if (st == CG_OK) st = finish(j);
     }
     cg_tiers_collect(j->e->tiers, NULL);
@@ -432,6 +580,7 @@ cg_status cg_engine_assemble(cg_engine *e, const cg_assemble_req *req, uint64_t 
         add = j.count;
         add.evictions = j.ev.n;
         add.tokens_computed = j.total - j.count.tokens_reused;
+        add.recomputed_tokens = j.recomputed;
     }
     cg_engine_count(e, &add);
     cg_live_discard(e->live, &j.a, now);

@@ -19,6 +19,7 @@ void cg_complete_result_free(cg_complete_result *r)
     cg_free(&r->prompt_lp);
     cg_free(&r->prompt_top_ids);
     cg_free(&r->prompt_top_lps);
+    cg_probe_free(&r->probe);
     r->text_len = r->n_tokens = r->text_cap = r->n_prompt = 0;
 }
 
@@ -142,6 +143,41 @@ static cg_kv *grow(void *ud, cg_kv *kv, uint32_t pos, uint32_t need)
     return g->a->kv;
 }
 
+/* A quality probe of assembly a: its prompt, and room for the distributions of the prompt's
+ * end and of probe_tokens generated tokens (filled by the scheduler, see finish_probe). */
+static cg_probe *start_probe(cg_engine *e, const cg_complete_req *req, const cg_assembly *a)
+{
+    if (!req->probe_tokens || !a->assembled || !a->tokens) return NULL;
+    const size_t V = (size_t)cg_model_cfg(e->m)->vocab_size;
+    const uint32_t rows = CG_MIN(req->probe_tokens, CG_MAX(req->max_tokens, 1u) - 1) + 1;
+    cg_probe *p = cg_calloc(1, sizeof *p);
+    p->tokens = cg_malloc(((size_t)a->n_tokens + rows) * sizeof *p->tokens);
+    memcpy(p->tokens, a->tokens, (size_t)a->n_tokens * sizeof *p->tokens);
+    p->n_prompt = a->n_tokens;
+    p->n_rows = rows; /* capacity until finish_probe */
+    p->logits = cg_malloc((size_t)rows * V * sizeof(float));
+    p->mode = a->mode;
+    p->recompute_ratio = a->recompute_ratio;
+    p->recompute_prefix_tokens = a->recompute_prefix;
+    p->recomputed_tokens = a->recomputed;
+    return p;
+}
+
+/* After decoding: the captured samples become the probe's rows; sample i was drawn from the
+ * distribution after i generated tokens, and the first n - 1 of those are fed to the
+ * comparison. Without any sample (max_tokens 0) the prompt's end alone is compared. */
+static void finish_probe(cg_engine *e, cg_probe *p, const cg_dseq *d, const float *logits)
+{
+    const size_t V = (size_t)cg_model_cfg(e->m)->vocab_size;
+    if (!d || !d->cap_n) {
+        memcpy(p->logits, logits, V * sizeof(float));
+        p->n_rows = 1;
+        return;
+    }
+    p->n_rows = d->cap_n;
+    memcpy(p->tokens + p->n_prompt, d->cap_tokens, (d->cap_n - 1) * sizeof *p->tokens);
+}
+
 /* Decodes from a's KV and last prompt logits; the scheduler computes, this thread delivers. */
 static cg_status decode(cg_engine *e, const cg_complete_req *req, cg_assembly *a,
                         cg_complete_result *out, char *err, size_t errlen)
@@ -151,7 +187,11 @@ static cg_status decode(cg_engine *e, const cg_complete_req *req, cg_assembly *a
     out->text_cap = 64;
     out->text = cg_malloc(out->text_cap);
     out->text[0] = '\0';
-    if (req->max_tokens == 0) return CG_OK;
+    out->probe = start_probe(e, req, a);
+    if (req->max_tokens == 0) {
+        if (out->probe) finish_probe(e, out->probe, NULL, a->logits);
+        return CG_OK;
+    }
     grow_ctx gc = {e, a};
     cg_dseq d = {.kv = a->kv,
                  .pos = a->n_tokens,
@@ -161,6 +201,18 @@ static cg_status decode(cg_engine *e, const cg_complete_req *req, cg_assembly *a
                  .top_k = req->logprobs,
                  .grow = grow,
                  .grow_ud = &gc};
+    int32_t *cap_tokens = NULL;
+    if (out->probe) {
+        cap_tokens = cg_malloc(out->probe->n_rows * sizeof *cap_tokens);
+        d.cap_logits = out->probe->logits;
+        d.cap_tokens = cap_tokens;
+        d.cap_max = out->probe->n_rows;
+    }
+    float *first = NULL; /* the prompt's distribution, in case nothing is sampled */
+    if (out->probe) {
+        first = cg_malloc((size_t)cg_model_cfg(e->m)->vocab_size * sizeof(float));
+        memcpy(first, a->logits, (size_t)cg_model_cfg(e->m)->vocab_size * sizeof(float));
+    }
     cg_sched_join(e->sched, &d);
     cg_tok_rec rec;
     cg_dseq_state state;
@@ -179,6 +231,9 @@ static cg_status decode(cg_engine *e, const cg_complete_req *req, cg_assembly *a
     }
     cg_sched_leave(e->sched, &d);
     a->kv = d.kv;
+    if (out->probe) finish_probe(e, out->probe, &d, first);
+    free(cap_tokens);
+    free(first);
     if (out->cancelled || state == CG_DSEQ_EOS || state == CG_DSEQ_CANCELLED)
         out->finish_reason = "stop";
     if (state == CG_DSEQ_FAILED) {
@@ -241,6 +296,7 @@ cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t 
         out->prompt_tokens = a->n_tokens;
         out->completion_tokens = (uint32_t)out->n_tokens;
         out->cached_tokens = a->cached_tokens;
+        out->recomputed_tokens = a->recomputed;
         cg_engine_stats add = {.decode_tokens = out->n_tokens};
         cg_engine_count(e, &add);
     }

@@ -23,6 +23,7 @@ cg_engine_params cg_engine_default_params(void)
         .max_queue = 48,
         .prefill_chunk = 256,
         .prefill_budget = 256,
+        .idle_chunk = 32,
     };
 }
 
@@ -39,7 +40,7 @@ cg_status cg_engine_open(const cg_model *model, cg_engine_params params, cg_engi
                           params.disk_dir, params.disk_sync};
     cg_status st = cg_tiers_open(model, &tp, &e->tiers);
     cg_sched_params sp = {params.max_running, params.max_queue, params.prefill_chunk,
-                          params.prefill_budget};
+                          params.prefill_budget, params.idle_chunk};
     if (st == CG_OK) st = cg_sched_open(model, sp, &e->sched);
     if (st != CG_OK) {
         cg_engine_close(&e);
@@ -91,6 +92,8 @@ void cg_engine_count(cg_engine *e, const cg_engine_stats *add)
     s->prefill_tokens += add->prefill_tokens;
     s->decode_tokens += add->decode_tokens;
     s->evictions += add->evictions;
+    s->recomputed_tokens += add->recomputed_tokens;
+    s->rank_tokens += add->rank_tokens;
     pthread_mutex_unlock(&e->smu);
 }
 

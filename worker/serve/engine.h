@@ -36,6 +36,7 @@ typedef struct cg_engine_params {
     uint32_t max_queue;      /* default 48 */
     uint32_t prefill_chunk;  /* default 256 */
     uint32_t prefill_budget; /* default 256 */
+    uint32_t idle_chunk;     /* rows per background piece (the quality canary); default 32 */
 } cg_engine_params;
 
 cg_engine_params cg_engine_default_params(void);
@@ -81,6 +82,13 @@ typedef struct cg_assemble_req {
     const char *salt; /* cache_salt, borrowed; may be NULL */
     size_t salt_len;
     uint32_t recompute_prefix_tokens; /* EPIC LegoLink: first k tokens of each chunk */
+    /* CacheBlend's selective recompute, r in [0, 1] (else CG_E_VALUE): after placing, the
+     * round(r * N) of the N chunk tokens whose KV at an early layer deviates most from a
+     * full-attention pass are recomputed in every layer with full causal attention, as one set
+     * with the recompute_prefix_tokens tokens (their union). 0 (default): off, the prefix
+     * tokens alone are recomputed as before; 1: every chunk token, a plain causal forward.
+     * With r > 0 a prompt ending in a chunk also recomputes its last token (its logits). */
+    float recompute_ratio;
     /* 0 (default): the system segment gets the tokenizer's BOS, as a completion prompt does;
      * 1: it does not (a prompt rendered by a chat template writes its own). Other segments
      * never do. */
@@ -106,6 +114,7 @@ typedef struct cg_assembly_info {
     uint32_t n_tokens;        /* prompt tokens */
     uint32_t cached_tokens;   /* tokens of hit segments */
     uint32_t computed_tokens; /* tokens run through the model (misses, recompute, question) */
+    uint32_t recomputed_tokens; /* chunk tokens recomputed with full context (prefix + ratio) */
     uint64_t ttl_ms;
     cg_engine_seg_result *segs;
     size_t n_segs;
@@ -163,6 +172,11 @@ typedef struct cg_complete_req {
     int logprobs;         /* -1: none; else the top entries of each token's record (<= 20) */
     cg_token_fn on_token; /* optional */
     void *ud;
+    /* > 0: capture a quality probe (cg_complete_result.probe) when decoding from an assembly
+     * built by cg_engine_assemble: the distributions the reused KV gave at the prompt's end
+     * and after each of the first probe_tokens generated tokens. Costs a copy of the logits
+     * per captured step; 0 (default) costs nothing. */
+    uint32_t probe_tokens;
 } cg_complete_req;
 
 typedef struct cg_complete_result {
@@ -182,6 +196,8 @@ typedef struct cg_complete_result {
     int prompt_top_k;
     int cancelled;             /* on_token asked to stop */
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
+    uint32_t recomputed_tokens; /* of the assembly decoded (0 for a plain prompt) */
+    struct cg_probe *probe;     /* with probe_tokens, from an assembly: owned (NULL otherwise) */
 } cg_complete_result;
 void cg_complete_result_free(cg_complete_result *r);
 
@@ -193,6 +209,42 @@ void cg_complete_result_free(cg_complete_result *r);
  * On success *out is filled (caller frees with cg_complete_result_free). */
 cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t now,
                              cg_complete_result *out, char *err, size_t errlen) CG_WUR;
+
+/* ---- quality of reuse (DESIGN §15) ---- */
+
+/* What a completion captured for a quality probe: the prompt and the next-token distributions
+ * the reused KV gave at its end and after each generated token, with how the assembly was
+ * built. Owned by whoever holds it: cg_probe_free. */
+typedef struct cg_probe {
+    int32_t *tokens;   /* n_prompt prompt tokens, then the n_rows - 1 generated tokens fed */
+    uint32_t n_prompt;
+    uint32_t n_rows;   /* distributions: the prompt's end, then one per generated token fed */
+    float *logits;     /* [n_rows][vocab_size]: raw logits of the reused path */
+    cg_mode mode;      /* the assembly's isolation mode and recompute settings */
+    float recompute_ratio;
+    uint32_t recompute_prefix_tokens, recomputed_tokens;
+} cg_probe;
+/* NULL-safe; sets *p to NULL. */
+void cg_probe_free(cg_probe **p);
+
+/* The comparison of a probe with a plain causal forward of the same tokens. */
+typedef struct cg_quality {
+    double kl;       /* mean over the compared positions of KL(full || reused), in nats */
+    double kl_max;   /* the largest of them */
+    double kl_first; /* at the prompt's end (the first answer token's distribution) */
+    uint32_t top1_agreed;     /* positions where both give the same most likely token */
+    uint32_t tokens_compared; /* positions compared: the probe's n_rows */
+} cg_quality;
+
+/* Runs one plain causal forward without reuse over the probe's prompt and generated tokens
+ * (teacher forcing) and compares its distributions at the same positions with the probe's:
+ * KL(full || reused) and top-1 agreement. The forward runs on the scheduler's background
+ * queue: it yields to every live request, so under load it waits. CG_E_UNAVAILABLE after
+ * cg_engine_stop_background; CG_E_VALUE for a probe the model cannot hold. */
+cg_status cg_engine_probe_compare(cg_engine *e, const cg_probe *p, cg_quality *out) CG_WUR;
+/* For shutdown: background work (probe comparisons) queued or to come fails at once with
+ * CG_E_UNAVAILABLE, so threads waiting on it can be joined. */
+void cg_engine_stop_background(cg_engine *e);
 
 /* Admission (the scheduler's): CG_OK, or CG_E_RATE_LIMIT when max_running + max_queue requests
  * are in the worker. Every CG_OK is paired with cg_engine_leave. */
@@ -256,6 +308,8 @@ typedef struct cg_engine_stats {
     uint64_t spills;             /* RAM evictions written to disk (or already there) */
     uint64_t spill_failures;     /* RAM evictions the disk did not take: dropped */
     uint64_t assemblies_adopted; /* assemblies made from pulled KV (cg_engine_adopt) */
+    uint64_t recomputed_tokens;  /* chunk tokens recomputed with full context */
+    uint64_t rank_tokens;        /* chunk tokens run through the ranking pass of recompute_ratio */
 } cg_engine_stats;
 cg_engine_stats cg_engine_get_stats(cg_engine *e);
 

@@ -21,6 +21,12 @@ typedef struct cg_assembly {
     float *logits;          /* owned: vocab_size logits of the last prompt token */
     cg_pool_chunk **chunks; /* owned references */
     size_t n_chunks;
+    /* How cg_engine_assemble built it (0 for plain prompts and adopted KV): what a quality
+     * probe compares against a plain causal forward, and the probe's labels. */
+    int assembled;
+    cg_mode mode;
+    float recompute_ratio;
+    uint32_t recompute_prefix, recomputed;
     uint64_t expires;
     struct cg_assembly *next;
 } cg_assembly;

@@ -1,5 +1,5 @@
 /* The worker's scheduler: one compute thread, continuous batching of decode steps, chunked
- * FIFO prefill between them, admission (worker/serve/sched.h). */
+ * FIFO prefill between them, background pieces when idle, admission (worker/serve/sched.h). */
 #include "worker/serve/sched.h"
 
 #include <math.h>
@@ -47,6 +47,8 @@ struct cg_sched {
     uint32_t n_run;
     cg_dseq *wait_head, *wait_tail; /* joined, waiting for a place */
     pjob *pq_head, *pq_tail;        /* prefill queue, FIFO */
+    pjob *iq_head, *iq_tail;        /* background queue, FIFO: runs only when idle */
+    int idle_stopped;               /* cg_sched_stop_idle: background jobs fail */
     uint32_t admitted;
     cg_sched_stats stats;
     cg_fwd_scratch *scratch; /* the scheduler thread's */
@@ -61,7 +63,8 @@ struct cg_sched {
 cg_sched_params cg_sched_default_params(void)
 {
     return (cg_sched_params){
-        .max_running = 16, .max_queue = 48, .prefill_chunk = 256, .prefill_budget = 256};
+        .max_running = 16, .max_queue = 48, .prefill_chunk = 256, .prefill_budget = 256,
+        .idle_chunk = 32};
 }
 
 /* ---- sampling with its record ---- */
@@ -102,7 +105,12 @@ static int sample_one(cg_sched *s, cg_dseq *d)
     if (d->top_k >= 0) {
         lse = record_of(d->logits, c->vocab_size, d->top_k, &r);
     }
+    const int capture = d->cap_logits && d->cap_n < d->cap_max;
+    if (capture)
+        memcpy(d->cap_logits + (size_t)d->cap_n * (size_t)c->vocab_size, d->logits,
+               (size_t)c->vocab_size * sizeof(float));
     int32_t tok = cg_sample_keep(&d->sampler, d->logits, c->vocab_size, &raw);
+    if (capture) d->cap_tokens[d->cap_n++] = tok;
     r.token = tok;
     r.logprob = d->top_k >= 0 ? (float)((double)raw - lse) : 0.0f;
     if (cg_model_config_is_eos(c, tok)) {
@@ -194,16 +202,37 @@ static void decode_step(cg_sched *s)
 
 /* ---- prefill pieces ---- */
 
-/* Runs the next piece of the queue's head job; returns its rows (0: nothing queued). */
-static uint32_t prefill_piece(cg_sched *s)
+/* Ends job j of queue (*head, *tail) with status st and wakes its owner (under mu). */
+static void finish_job(pjob **head, pjob **tail, pjob *j, cg_status st)
+{
+    j->st = st;
+    j->finished = 1;
+    *head = j->next;
+    if (!*head) *tail = NULL;
+    pthread_cond_broadcast(&j->cv);
+}
+
+/* Fails every background job (under mu): the scheduler stops or background work was stopped. */
+static void fail_idle_jobs(cg_sched *s)
+{
+    while (s->iq_head) {
+        finish_job(&s->iq_head, &s->iq_tail, s->iq_head, CG_E_UNAVAILABLE);
+        s->stats.idle_waiting--;
+    }
+}
+
+/* Runs the next piece of the head job of the prefill queue, or of the background queue (idle)
+ * when nothing else waits; returns its rows (0: nothing ran). */
+static uint32_t run_piece(cg_sched *s, int idle)
 {
     pthread_mutex_lock(&s->mu);
-    pjob *j = s->pq_head;
+    pjob *j = idle ? s->iq_head : s->pq_head;
+    if (idle && (s->n_run || s->wait_head || s->pq_head)) j = NULL; /* live work first */
     pthread_mutex_unlock(&s->mu);
     if (!j) return 0;
     if (!j->start_ns) j->start_ns = cg_now_ns();
     const cg_fwd_seq *q = j->q;
-    uint32_t n = CG_MIN(s->p.prefill_chunk, q->n - j->done_rows);
+    uint32_t n = CG_MIN(idle ? s->p.idle_chunk : s->p.prefill_chunk, q->n - j->done_rows);
     if (q->n_spans > s->spans_cap) {
         s->spans = cg_realloc(s->spans, q->n_spans * sizeof *s->spans);
         s->spans_cap = q->n_spans;
@@ -212,15 +241,21 @@ static uint32_t prefill_piece(cg_sched *s)
     cg_status st = cg_model_forward_batch(s->m, &piece, 1, CG_FWD_PREFILL, s->scratch);
     pthread_mutex_lock(&s->mu);
     j->done_rows += n;
-    s->stats.prefill_pieces++;
-    s->stats.prefill_rows += n;
+    if (idle) {
+        s->stats.idle_pieces++;
+        s->stats.idle_rows += n;
+    } else {
+        s->stats.prefill_pieces++;
+        s->stats.prefill_rows += n;
+    }
     if (st != CG_OK || j->done_rows == q->n) {
-        j->st = st;
-        j->finished = 1;
-        s->pq_head = j->next;
-        if (!s->pq_head) s->pq_tail = NULL;
-        s->stats.prefill_waiting--;
-        pthread_cond_broadcast(&j->cv);
+        if (idle) {
+            finish_job(&s->iq_head, &s->iq_tail, j, st);
+            s->stats.idle_waiting--;
+        } else {
+            finish_job(&s->pq_head, &s->pq_tail, j, st);
+            s->stats.prefill_waiting--;
+        }
     }
     pthread_mutex_unlock(&s->mu);
     return n;
@@ -232,11 +267,12 @@ static void *sched_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&s->mu);
         admit_joiners(s);
-        while (!s->stop && !s->n_run && !s->pq_head) {
+        while (!s->stop && !s->n_run && !s->pq_head && !s->iq_head) {
             pthread_cond_wait(&s->work_cv, &s->mu);
             admit_joiners(s);
         }
         int stop = s->stop && !s->n_run && !s->pq_head;
+        if (stop || s->idle_stopped) fail_idle_jobs(s);
         int decoding = s->n_run > 0;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
@@ -245,10 +281,12 @@ static void *sched_main(void *arg)
          * piece at a time otherwise (so a joiner starts at the next step). */
         uint32_t budget = decoding ? s->p.prefill_budget : 1, done = 0;
         while (done < budget) {
-            uint32_t rows = prefill_piece(s);
+            uint32_t rows = run_piece(s, 0);
             if (!rows) break;
             done += rows;
         }
+        /* Nothing live ran: one background piece, then everything is looked at again. */
+        if (!decoding && !done) (void)run_piece(s, 1);
     }
     return NULL;
 }
@@ -259,6 +297,7 @@ cg_status cg_sched_open(const cg_model *m, cg_sched_params p, cg_sched **out)
 {
     *out = NULL;
     if (!p.max_running || !p.prefill_chunk || !p.prefill_budget) return CG_E_VALUE;
+    if (!p.idle_chunk) p.idle_chunk = cg_sched_default_params().idle_chunk;
     cg_sched *s = cg_calloc(1, sizeof *s);
     s->m = m;
     s->p = p;
@@ -325,24 +364,52 @@ void cg_sched_release(cg_sched *s)
 
 /* ---- prefill ---- */
 
-cg_status cg_sched_prefill(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns)
+/* Queues q (idle: on the background queue) and waits until it is computed. */
+static cg_status submit(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns, int idle)
 {
     pjob j = {.q = q, .enq_ns = cg_now_ns()};
     if (!q->n) return CG_E_VALUE;
     pthread_cond_init(&j.cv, NULL);
     pthread_mutex_lock(&s->mu);
-    if (s->pq_tail)
-        s->pq_tail->next = &j;
+    if (idle && s->idle_stopped) {
+        pthread_mutex_unlock(&s->mu);
+        pthread_cond_destroy(&j.cv);
+        return CG_E_UNAVAILABLE;
+    }
+    pjob **head = idle ? &s->iq_head : &s->pq_head, **tail = idle ? &s->iq_tail : &s->pq_tail;
+    if (*tail)
+        (*tail)->next = &j;
     else
-        s->pq_head = &j;
-    s->pq_tail = &j;
-    s->stats.prefill_waiting++;
+        *head = &j;
+    *tail = &j;
+    if (idle)
+        s->stats.idle_waiting++;
+    else
+        s->stats.prefill_waiting++;
     pthread_cond_signal(&s->work_cv);
     while (!j.finished) pthread_cond_wait(&j.cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
     pthread_cond_destroy(&j.cv);
     if (queued_ns) *queued_ns = j.start_ns > j.enq_ns ? j.start_ns - j.enq_ns : 0;
     return j.st;
+}
+
+cg_status cg_sched_prefill(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns)
+{
+    return submit(s, q, queued_ns, 0);
+}
+
+cg_status cg_sched_prefill_idle(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns)
+{
+    return submit(s, q, queued_ns, 1);
+}
+
+void cg_sched_stop_idle(cg_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->idle_stopped = 1;
+    pthread_cond_signal(&s->work_cv); /* the scheduler fails the queued jobs */
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* ---- decode ---- */

@@ -5,7 +5,9 @@
  * prefill_budget rows between two decode steps, so running streams keep flowing while a cold
  * prompt is computed. A decode row always goes through the batch-invariant kernels, and a
  * prompt is always cut at the same piece boundaries, so a greedy request gives the same tokens
- * alone and in any batch. Admission bounds the requests in the worker. */
+ * alone and in any batch. Admission bounds the requests in the worker. Background work (the
+ * quality canary) has a queue of its own that runs only while the scheduler is otherwise idle,
+ * in small pieces, so it yields to live traffic at every piece boundary. */
 #ifndef CG_SCHED_H
 #define CG_SCHED_H
 
@@ -22,6 +24,8 @@ typedef struct cg_sched_params {
     uint32_t max_queue;      /* admitted requests beyond max_running; default 48 */
     uint32_t prefill_chunk;  /* rows per prefill piece; default 256 */
     uint32_t prefill_budget; /* prefill rows between two decode steps; default 256 */
+    uint32_t idle_chunk;     /* rows per background piece (cg_sched_prefill_idle); default 32;
+                                0 = the default */
 } cg_sched_params;
 
 cg_sched_params cg_sched_default_params(void);
@@ -45,6 +49,15 @@ void cg_sched_release(cg_sched *s);
  * rows, behind the prefill work queued before it; blocks until done. Returns the forward
  * pass's status. *queued_ns (may be NULL) receives the time before its first piece ran. */
 cg_status cg_sched_prefill(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns) CG_WUR;
+
+/* The same at background priority: a piece of at most idle_chunk rows runs only when no
+ * sequence decodes or waits to join and no prefill (cg_sched_prefill) is queued, so live
+ * requests wait at most for one such piece. FIFO among background jobs; blocks until done
+ * (which may be long under load). */
+cg_status cg_sched_prefill_idle(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns) CG_WUR;
+/* For shutdown: from now on background jobs fail with CG_E_UNAVAILABLE (queued ones before
+ * their next piece, new ones at once), so their owners can be joined without waiting for them. */
+void cg_sched_stop_idle(cg_sched *s);
 
 /* ---- decode ---- */
 
@@ -83,6 +96,13 @@ typedef struct cg_dseq {
      * while joined). Returns the KV to use (the same or a new one holding slots [0, pos)). */
     cg_kv *(*grow)(void *ud, cg_kv *kv, uint32_t pos, uint32_t need);
     void *grow_ud;
+    /* Optional capture of the distributions sampled from (a quality probe): the first cap_max
+     * samples copy their raw logits (before temperature) to cap_logits + i * vocab_size and
+     * the token drawn to cap_tokens[i] (an EOS included); cap_n counts them. The scheduler
+     * writes these while d is joined; the owner reads them after cg_sched_leave. */
+    float *cap_logits;
+    int32_t *cap_tokens;
+    uint32_t cap_max, cap_n;
     struct cg_dseq_sync *sync; /* the scheduler's; opaque */
 } cg_dseq;
 
@@ -103,7 +123,10 @@ typedef struct cg_sched_stats {
     uint64_t prefill_pieces; /* prefill pieces run */
     uint64_t prefill_rows;
     uint64_t refused;        /* cg_sched_admit refusals */
+    uint64_t idle_pieces;    /* background pieces run */
+    uint64_t idle_rows;
     uint32_t running, admitted, prefill_waiting; /* now */
+    uint32_t idle_waiting;                       /* background jobs queued now */
 } cg_sched_stats;
 cg_sched_stats cg_sched_get_stats(cg_sched *s);
 
