@@ -84,6 +84,20 @@ static cg_status set_value(const cg_cfg_opt *o, void *cfg, const char *v, int ap
         else *(size_t *)field(cfg, o) = (size_t)x;
         return CG_OK;
     }
+    case CG_CFG_NUM: {
+        errno = 0;
+        double x = strtod(v, &end);
+        if (end == v || *end || errno || x != x) {
+            snprintf(err, errlen, "--%s: '%s' is not a number", o->name, v);
+            return CG_E_VALUE;
+        }
+        if (x < (double)o->min || x > (double)o->max) {
+            snprintf(err, errlen, "--%s: %g is outside [%lld, %lld]", o->name, x, o->min, o->max);
+            return CG_E_VALUE;
+        }
+        *(double *)field(cfg, o) = x;
+        return CG_OK;
+    }
     case CG_CFG_ENUM:
         for (int i = 0; o->choices[i]; i++)
             if (!strcmp(v, o->choices[i])) {
@@ -180,7 +194,7 @@ out:
 
 void cg_config_help(FILE *out, const char *usage, const cg_cfg_opt *tab, size_t n)
 {
-    static const char *types[] = {"STR", "INT", "SIZE", "BOOL", "LIST", "ENUM"};
+    static const char *types[] = {"STR", "INT", "SIZE", "BOOL", "LIST", "ENUM", "NUM"};
     fprintf(out, "%s\n\nOptions (flags override environment variables):\n\n", usage);
     fprintf(out, "| flag | env | type | default | description |\n|---|---|---|---|---|\n");
     for (size_t i = 0; i < n; i++) {

@@ -14,6 +14,7 @@ typedef enum {
     CG_CFG_BOOL, /* int 0/1: "--flag" alone, or true/false/1/0/yes/no */
     CG_CFG_LIST, /* cg_strlist, repeatable flag; the env var is comma-separated */
     CG_CFG_ENUM, /* int: the index of the value in choices */
+    CG_CFG_NUM,  /* double, within [min, max] */
 } cg_cfg_type;
 
 typedef struct cg_strlist {

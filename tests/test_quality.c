@@ -123,7 +123,8 @@ static run do_run(cg_engine *e, const req *rq, opts o, uint32_t probe)
     char err[ERRLEN];
     cg_status st = cg_engine_assemble(e, &ar, 1000, &r.info, err, sizeof err);
     ck_assert_msg(st == CG_OK, "assemble: %s (%s)", cg_status_name(st), err);
-    cg_complete_req cr = {.assembly_id = r.info.id, .max_tokens = GREEDY, .probe_tokens = probe};
+    cg_complete_req cr = {.assembly_id = r.info.id, .max_tokens = GREEDY, .probe = probe > 0,
+                          .probe_tokens = probe};
     cg_complete_result res;
     st = cg_engine_complete(e, &cr, 1000, &res, err, sizeof err);
     ck_assert_msg(st == CG_OK, "complete: %s (%s)", cg_status_name(st), err);
@@ -429,7 +430,7 @@ START_TEST(test_probe_capture)
     run_free(&x);
     char err[ERRLEN];
     cg_complete_req plain = {.prompt = "hello there", .prompt_len = 11, .max_tokens = 4,
-                             .probe_tokens = 4};
+                             .probe = 1, .probe_tokens = 4};
     cg_complete_result res;
     ck_assert_int_eq(cg_engine_complete(e, &plain, 1000, &res, err, sizeof err), CG_OK);
     ck_assert_ptr_null(res.probe);
@@ -440,7 +441,7 @@ START_TEST(test_probe_capture)
     cg_assemble_req ar = {.segs = r.segs, .n_segs = r.n, .reserve_tokens = -1, .logits_out = lg};
     cg_assembly_info info;
     ck_assert_int_eq(cg_engine_assemble(e, &ar, 1000, &info, err, sizeof err), CG_OK);
-    cg_complete_req cr = {.assembly_id = info.id, .max_tokens = 0, .probe_tokens = 8};
+    cg_complete_req cr = {.assembly_id = info.id, .max_tokens = 0, .probe = 1, .probe_tokens = 8};
     ck_assert_int_eq(cg_engine_complete(e, &cr, 1000, &res, err, sizeof err), CG_OK);
     ck_assert_ptr_nonnull(res.probe);
     ck_assert_uint_eq(res.probe->n_rows, 1);
@@ -459,7 +460,7 @@ START_TEST(test_probe_capture)
     ar.recompute_ratio = 0.3f;
     ar.recompute_prefix_tokens = 4;
     ck_assert_int_eq(cg_engine_assemble(e, &ar, 1000, &info, err, sizeof err), CG_OK);
-    cg_complete_req c5 = {.assembly_id = info.id, .max_tokens = 5, .probe_tokens = 16};
+    cg_complete_req c5 = {.assembly_id = info.id, .max_tokens = 5, .probe = 1, .probe_tokens = 16};
     ck_assert_int_eq(cg_engine_complete(e, &c5, 1000, &res, err, sizeof err), CG_OK);
     ck_assert_uint_eq(res.n_tokens, 5);
     ck_assert_uint_eq(res.probe->n_rows, 5);

@@ -38,11 +38,12 @@ static json_t *assembly_json(cg_worker_api *a, const cg_assembly_info *info)
         cg_key_hex(&info->spilled[i], hex);
         json_array_append_new(sp, json_string(hex));
     }
-    return json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:o, s:o, s:o, s:I}", "object", "assembly",
-                     "assembly_id", info->id, "model", cg_api_cfg(a)->model_id, "n_tokens",
-                     (int)info->n_tokens, "cached_tokens", (int)info->cached_tokens,
-                     "computed_tokens", (int)info->computed_tokens, "segments", segs, "evicted", ev,
-                     "spilled", sp, "ttl_ms", (json_int_t)info->ttl_ms);
+    return json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:I}", "object",
+                     "assembly", "assembly_id", info->id, "model", cg_api_cfg(a)->model_id,
+                     "n_tokens", (int)info->n_tokens, "cached_tokens", (int)info->cached_tokens,
+                     "computed_tokens", (int)info->computed_tokens, "recomputed_tokens",
+                     (int)info->recomputed_tokens, "segments", segs, "evicted", ev, "spilled", sp,
+                     "ttl_ms", (json_int_t)info->ttl_ms);
 }
 
 void cg_api_assemble(cg_http_req *req, void *app)
@@ -131,6 +132,7 @@ void cg_api_assemble(cg_http_req *req, void *app)
                           .salt = o.salt,
                           .salt_len = o.salt_len,
                           .recompute_prefix_tokens = (uint32_t)o.recompute,
+                          .recompute_ratio = (float)o.recompute_ratio,
                           .reserve_tokens = o.reserve,
                           .no_bos = !o.add_special,
                           .path = CG_PATH_CACHED};

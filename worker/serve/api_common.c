@@ -73,6 +73,11 @@ int cg_api_parse_opts(cg_worker_api *a, cg_http_req *req, json_t *body, const ch
         cg_api_field_error(req, st, "recompute_prefix_tokens", "an integer >= 0");
         return 0;
     }
+    if ((st = cg_json_get_number(body, "recompute_ratio", a->p.recompute_ratio, 0.0, 1.0,
+                                 &o->recompute_ratio)) != CG_OK) {
+        cg_api_field_error(req, st, "recompute_ratio", "a number in [0, 1]");
+        return 0;
+    }
     if ((st = cg_json_get_int(body, "reserve_tokens", -1, 0, maxpos, &o->reserve)) != CG_OK) {
         cg_api_field_error(req, st, "reserve_tokens", "an integer >= 0");
         return 0;

@@ -9,6 +9,7 @@
 
 #include "base/http.h"
 #include "base/metrics.h"
+#include "worker/serve/api_canary.h"
 #include "worker/serve/engine.h"
 #include "worker/serve/text.h"
 #include "worker/serve/worker_api.h"
@@ -22,6 +23,7 @@ struct cg_worker_api {
     char instance_id[33]; /* random per process: a gateway sees a restart by it */
     int64_t started_ms;   /* wall clock at start */
     int pulls;            /* KV pulls in flight (atomic) */
+    cg_canary *canary;    /* the quality canary (api_canary.h) */
 };
 
 const cg_model_config *cg_api_cfg(cg_worker_api *a);
@@ -38,6 +40,7 @@ typedef struct cg_api_opts {
     const char *salt; /* borrowed from the body */
     size_t salt_len;
     long long recompute;
+    double recompute_ratio; /* the request's, else --recompute-ratio */
     long long reserve;
     int add_special; /* add_special_tokens (vLLM): the system segment or plain prompt gets BOS */
 } cg_api_opts;

@@ -2,7 +2,10 @@
  * plain prompt (text or token ids), as JSON or an SSE stream, with the OpenAI and vLLM
  * conventions clients rely on: stop sequences, seed, logprobs, echo (with prompt logprobs, as
  * lm-evaluation-harness asks for them), return_tokens_as_token_ids,
- * stream_options.include_usage. Parameters it cannot honour are refused by name. */
+ * stream_options.include_usage. Parameters it cannot honour are refused by name. A request
+ * decoded from an assembly may be compared with a plain causal forward (quality_probe, or
+ * sampled by --canary-rate): a probe's result goes out as chunk_cache.quality after the last
+ * token, a sampled one only to the metrics, after the answer. */
 #include "worker/serve/api_complete.h"
 
 #include <math.h>
@@ -41,6 +44,8 @@ typedef struct creq {
     size_t n_ids;
     cg_api_opts o;
     const char *separator;
+    int quality_probe; /* the client asked for chunk_cache.quality */
+    int sampled;       /* chosen by --canary-rate: compared in the background */
 } creq;
 
 static int parse_sampling(cg_worker_api *a, cg_http_req *req, json_t *body, creq *c)
@@ -91,7 +96,8 @@ static int parse_flags(cg_http_req *req, json_t *body, creq *c)
         int def, *out;
     } f[] = {{"stream", 0, &c->stream},
              {"echo", 0, &c->echo},
-             {"return_tokens_as_token_ids", 0, &c->return_ids}};
+             {"return_tokens_as_token_ids", 0, &c->return_ids},
+             {"quality_probe", 0, &c->quality_probe}};
     for (size_t i = 0; i < CG_ARRAY_LEN(f); i++) {
         cg_status st = cg_json_get_bool(body, f[i].name, f[i].def, f[i].out);
         if (st != CG_OK) {
@@ -331,6 +337,7 @@ static int assemble(cg_worker_api *a, cg_http_req *req, const creq *c, kvsrc *k,
                           .salt = c->o.salt,
                           .salt_len = c->o.salt_len,
                           .recompute_prefix_tokens = (uint32_t)c->o.recompute,
+                          .recompute_ratio = (float)c->o.recompute_ratio,
                           .reserve_tokens = c->o.reserve,
                           .no_bos = !c->o.add_special,
                           .path = CG_PATH_CACHED};
@@ -605,7 +612,7 @@ static json_t *usage_json(const cg_complete_result *r)
 }
 
 /* The end of a stream: the rest of the text, the finish reason, usage when asked for (in a
- * chunk of its own with no choice, as OpenAI sends it), then [DONE]. */
+ * chunk of its own with no choice, as OpenAI sends it). [DONE] follows (stream_done). */
 static void stream_end(gen *g, const cg_complete_result *res, const char *finish)
 {
     stream_start(g);
@@ -617,8 +624,36 @@ static void stream_end(gen *g, const cg_complete_result *res, const char *finish
         json_object_set_new(u, "usage", usage_json(res));
         rc |= push_event(g, u);
     }
-    rc |= cg_stream_push(g->s, "data: [DONE]\n\n", 14);
     (void)rc;
+}
+
+/* A probed stream's last event before [DONE]: no choice, chunk_cache (taken over). */
+static void stream_chunk_cache(gen *g, json_t *cc)
+{
+    json_t *ev = chunk_json(g, "", 0, json_null(), NULL);
+    json_object_set_new(ev, "choices", json_array());
+    json_object_set_new(ev, "chunk_cache", cc);
+    int rc = push_event(g, ev);
+    (void)rc;
+}
+
+static void stream_done(gen *g)
+{
+    int rc = cg_stream_push(g->s, "data: [DONE]\n\n", 14);
+    (void)rc;
+}
+
+/* chunk_cache of a probed answer: {recomputed_tokens, quality}, quality null when the request
+ * was not decoded from an assembly built here or the comparison failed. The comparison runs
+ * here, after the last token went out. */
+static json_t *probe_chunk_cache(gen *g, const cg_complete_result *res)
+{
+    json_t *quality = json_null();
+    cg_quality q;
+    if (res->probe && cg_canary_run(g->a->canary, res->probe, &q) == CG_OK)
+        quality = cg_canary_quality_json(&q);
+    return json_pack("{s:i, s:o}", "recomputed_tokens", (int)res->recomputed_tokens, "quality",
+                     quality);
 }
 
 static void reply_json(gen *g, const cg_complete_result *res, const char *finish)
@@ -630,6 +665,7 @@ static void reply_json(gen *g, const cg_complete_result *res, const char *finish
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", g->id, "object",
                           "text_completion", "created", g->created, "model",
                           cg_api_cfg(g->a)->model_id, "choices", choice, "usage", usage_json(res));
+    if (g->c->quality_probe) json_object_set_new(j, "chunk_cache", probe_chunk_cache(g, res));
     cg_http_reply_json(g->req, 200, j);
 }
 
@@ -674,10 +710,15 @@ static void generate(cg_worker_api *a, const creq *c, cg_complete_req *cr, gen *
         gen_free(g);
         *g = pre;
     }
-    if (c->stream)
+    if (c->stream) {
         stream_end(g, &res, finish);
-    else
+        if (c->quality_probe) stream_chunk_cache(g, probe_chunk_cache(g, &res));
+        stream_done(g);
+    } else {
         reply_json(g, &res, finish);
+    }
+    /* A sampled comparison runs in the background once the answer is out. */
+    if (c->sampled && !c->quality_probe) cg_canary_submit(g->a->canary, &res.probe);
     cg_complete_result_free(&res);
 }
 
@@ -705,6 +746,12 @@ void cg_api_completions(cg_http_req *req, void *app)
                           .no_bos = !c.o.add_special,
                           .logprobs = c.logprobs >= 0 ? (int)c.logprobs : -1};
     if (!resolve_kv(a, req, &c, &k, &cr)) goto out;
+    /* Only what was decoded from an assembly has reuse to compare. */
+    if (cr.assembly_id) {
+        c.sampled = !c.quality_probe && cg_canary_sample(a->canary);
+        cr.probe = c.quality_probe || c.sampled;
+        cr.probe_tokens = a->p.canary_tokens;
+    }
     snprintf(g.id, sizeof g.id, "cmpl-");
     cg_api_random_hex(g.id + 5, 12);
     g.created = (json_int_t)(cg_wall_ms() / 1000);

@@ -7,10 +7,13 @@
 #include "kv/pool.h"
 #include "worker/serve/api_common.h"
 
+/* The canary's summary rides on the health check, which the gateway polls anyway: its status
+ * page shows the figures without another request per worker. */
 void cg_api_health(cg_http_req *req, void *app)
 {
-    (void)app;
-    cg_http_reply_json(req, 200, json_pack("{s:s}", "status", "ok"));
+    cg_worker_api *a = app;
+    cg_http_reply_json(req, 200, json_pack("{s:s, s:o}", "status", "ok", "canary",
+                                           cg_canary_summary_json(a->canary)));
 }
 
 void cg_api_info(cg_http_req *req, void *app)
@@ -70,6 +73,9 @@ void cg_api_info(cg_http_req *req, void *app)
     SET("kv_source", a->p.kv_source ? json_string(a->p.kv_source) : json_null());
     SET("assemblies_live", json_integer((json_int_t)cg_engine_live_assemblies(a->e, cg_now_ms())));
     SET("assembly_ttl_ms", json_integer((json_int_t)ep.assembly_ttl_ms));
+    SET("recompute_ratio", json_real(a->p.recompute_ratio));
+    SET("canary_rate", json_real(a->p.canary_rate));
+    SET("canary_tokens", json_integer(a->p.canary_tokens));
     SET("kv_format", json_string("CGKV1"));
     SET("kv_layout", json_string("per head, per layer: K then V, each [tokens][head_dim] "
                                  "little-endian f32"));
@@ -123,6 +129,13 @@ void cg_api_metrics(cg_http_req *req, void *app)
     set_counter(m, P "prefill_tokens_total", "Tokens run through the model during prefill",
                 es.prefill_tokens);
     set_counter(m, P "decode_tokens_total", "Tokens generated", es.decode_tokens);
+    set_counter(m, P "recomputed_tokens_total",
+                "Chunk tokens recomputed with full context (recompute_prefix_tokens, "
+                "recompute_ratio)",
+                es.recomputed_tokens);
+    set_counter(m, P "rank_tokens_total",
+                "Chunk tokens run through the ranking pass of recompute_ratio (its first layers)",
+                es.rank_tokens);
     set_counter(m, P "assemblies_total", "Assemblies built", es.assemblies_created);
     set_counter(m, P "assemblies_expired_total", "Assemblies released by their ttl",
                 es.assemblies_expired);

@@ -147,7 +147,7 @@ static cg_kv *grow(void *ud, cg_kv *kv, uint32_t pos, uint32_t need)
  * end and of probe_tokens generated tokens (filled by the scheduler, see finish_probe). */
 static cg_probe *start_probe(cg_engine *e, const cg_complete_req *req, const cg_assembly *a)
 {
-    if (!req->probe_tokens || !a->assembled || !a->tokens) return NULL;
+    if (!req->probe || !a->assembled || !a->tokens) return NULL;
     const size_t V = (size_t)cg_model_cfg(e->m)->vocab_size;
     const uint32_t rows = CG_MIN(req->probe_tokens, CG_MAX(req->max_tokens, 1u) - 1) + 1;
     cg_probe *p = cg_calloc(1, sizeof *p);

@@ -172,10 +172,11 @@ typedef struct cg_complete_req {
     int logprobs;         /* -1: none; else the top entries of each token's record (<= 20) */
     cg_token_fn on_token; /* optional */
     void *ud;
-    /* > 0: capture a quality probe (cg_complete_result.probe) when decoding from an assembly
+    /* 1: capture a quality probe (cg_complete_result.probe) when decoding from an assembly
      * built by cg_engine_assemble: the distributions the reused KV gave at the prompt's end
      * and after each of the first probe_tokens generated tokens. Costs a copy of the logits
      * per captured step; 0 (default) costs nothing. */
+    int probe;
     uint32_t probe_tokens;
 } cg_complete_req;
 

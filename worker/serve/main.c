@@ -71,6 +71,11 @@ typedef struct serve_cfg {
     long long max_queue;
     long long prefill_chunk;
     long long prefill_budget;
+    double recompute_ratio;
+    double canary_rate;
+    long long canary_tokens;
+    long long canary_queue;
+    long long canary_chunk;
     int log_level; /* cg_log_level */
     int key_hash;  /* cg_key_hash */
 } serve_cfg;
@@ -124,6 +129,19 @@ static const cg_cfg_opt serve_opts[] = {
      1 << 20, "rows per prefill piece; a long prompt is computed in pieces between decode steps"),
     OPT("prefill-budget", "CHUNKGATE_WORKER_PREFILL_BUDGET", CG_CFG_INT, prefill_budget, "256", 1,
      1 << 20, "prefill rows computed between two decode steps while sequences decode"),
+    OPT("recompute-ratio", "CHUNKGATE_WORKER_RECOMPUTE_RATIO", CG_CFG_NUM, recompute_ratio, "0", 0,
+     1, "recompute_ratio of a request that sends none: the share of chunk tokens whose KV "
+     "deviates most that is recomputed with full context (0 = off, 1 = a plain causal forward)"),
+    OPT("canary-rate", "CHUNKGATE_WORKER_CANARY_RATE", CG_CFG_NUM, canary_rate, "0.01", 0, 1,
+     "share of completions decoded from an assembly that are also computed with a plain causal "
+     "forward in the background, to measure what reuse costs (KL, top-1 agreement in /metrics)"),
+    OPT("canary-tokens", "CHUNKGATE_WORKER_CANARY_TOKENS", CG_CFG_INT, canary_tokens, "16", 0,
+     4096, "generated tokens a canary comparison covers by teacher forcing, after the prompt's "
+     "end"),
+    OPT("canary-queue", "CHUNKGATE_WORKER_CANARY_QUEUE", CG_CFG_INT, canary_queue, "4", 1, 1024,
+     "sampled comparisons waiting for idle time; more are dropped (counted)"),
+    OPT("canary-chunk", "CHUNKGATE_WORKER_CANARY_CHUNK", CG_CFG_INT, canary_chunk, "32", 1,
+     1 << 20, "rows per background piece of a comparison: a live request waits at most for one"),
     OPT("kv-source", "CHUNKGATE_WORKER_KV_SOURCE", CG_CFG_STR, kv_source, "", 0,
      0,
      "backend role: base URL of the worker whose assemblies /v1/completions pulls (empty = "
@@ -286,6 +304,7 @@ static int open_engine(const serve_cfg *c, parts *w)
     ep.max_queue = (uint32_t)c->max_queue;
     ep.prefill_chunk = (uint32_t)c->prefill_chunk;
     ep.prefill_budget = (uint32_t)c->prefill_budget;
+    ep.idle_chunk = (uint32_t)c->canary_chunk;
     cg_status st = cg_engine_open(w->model, ep, &w->engine);
     if (st == CG_OK) return 0;
     if (st == CG_E_VALUE)
@@ -310,6 +329,10 @@ static int open_api(const serve_cfg *c, parts *w)
     ap.kv_timeout_ms = (long)c->kv_timeout_ms;
     ap.kv_request_source = (int)c->kv_request_source;
     ap.kv_max_pulls = (int)c->kv_max_pulls;
+    ap.recompute_ratio = c->recompute_ratio;
+    ap.canary_rate = c->canary_rate;
+    ap.canary_tokens = (uint32_t)c->canary_tokens;
+    ap.canary_queue = (uint32_t)c->canary_queue;
     w->api = cg_worker_api_new(ap);
 
     cg_http_params hp = cg_http_default_params();

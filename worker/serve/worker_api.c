@@ -23,6 +23,10 @@ cg_worker_api_params cg_worker_api_default_params(void)
         .tp = 1,
         .kv_timeout_ms = 5000,
         .kv_max_pulls = 4,
+        .recompute_ratio = 0,
+        .canary_rate = 0.01,
+        .canary_tokens = 16,
+        .canary_queue = 4,
     };
 }
 
@@ -36,7 +40,9 @@ cg_worker_api *cg_worker_api_new(cg_worker_api_params p)
     if (a->p.kv_timeout_ms <= 0) a->p.kv_timeout_ms = 5000;
     if (a->p.kv_max_pulls < 1) a->p.kv_max_pulls = 1;
     a->e = p.engine;
+    if (!(a->p.recompute_ratio >= 0 && a->p.recompute_ratio <= 1)) a->p.recompute_ratio = 0;
     a->metrics = cg_metrics_new();
+    a->canary = cg_canary_new(a->e, a->metrics, a->p.canary_rate, a->p.canary_queue);
     cg_api_random_hex(a->instance_id, 16);
     a->started_ms = (int64_t)cg_wall_ms();
     return a;
@@ -47,6 +53,7 @@ void cg_worker_api_free(cg_worker_api **ap)
     cg_worker_api *a = *ap;
     if (!a) return;
     *ap = NULL;
+    cg_canary_free(&a->canary); /* before the metrics it writes to */
     cg_metrics_free(&a->metrics);
     free(a);
 }

@@ -26,6 +26,12 @@ typedef struct cg_worker_api_params {
     int tp;                /* tensor-parallel ranks of a pull; default 1 */
     long kv_timeout_ms;    /* per pull request; default 5000 */
     int kv_max_pulls;      /* pulls at once; more are answered 503 at once; default 4 */
+    /* Quality of reuse (DESIGN §15). */
+    double recompute_ratio; /* a request's recompute_ratio when it sends none; default 0 */
+    double canary_rate;     /* fraction of completions decoded from an assembly that are also
+                               compared with a plain causal forward in the background; 0.01 */
+    uint32_t canary_tokens; /* generated tokens a comparison covers (teacher forcing); 16 */
+    uint32_t canary_queue;  /* sampled comparisons waiting; more are dropped; default 4 */
 } cg_worker_api_params;
 
 cg_worker_api_params cg_worker_api_default_params(void);
