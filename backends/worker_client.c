@@ -275,6 +275,8 @@ cg_status cg_wc_assembly_parse(json_t *j, cg_wc_assembly *out, char *err, size_t
     out->n_tokens = json_integer_value(json_object_get(j, "n_tokens"));
     out->cached_tokens = json_integer_value(json_object_get(j, "cached_tokens"));
     out->computed_tokens = json_integer_value(json_object_get(j, "computed_tokens"));
+    json_t *rec = json_object_get(j, "recomputed_tokens");
+    out->recomputed_tokens = json_is_integer(rec) ? json_integer_value(rec) : -1;
     out->ttl_ms = json_integer_value(json_object_get(j, "ttl_ms"));
     out->n_segs = json_array_size(segs);
     out->segs = cg_calloc(out->n_segs ? out->n_segs : 1, sizeof *out->segs);

@@ -78,6 +78,7 @@ typedef struct cg_wc_seg {
 typedef struct cg_wc_assembly {
     char id[33];
     int64_t n_tokens, cached_tokens, computed_tokens, ttl_ms;
+    int64_t recomputed_tokens; /* -1: a worker that does not report it */
     cg_wc_seg *segs; /* owned */
     size_t n_segs;
     cg_key *evicted; /* owned */

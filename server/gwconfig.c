@@ -2,7 +2,9 @@
 #include "server/gwconfig.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "base/base.h"
 #include "cache/key.h"
@@ -89,6 +91,10 @@ const cg_cfg_opt cg_gateway_options[] = {
         index_busy_timeout_ms, "5000", 0, 600000,
         "how long an index write waits for a lock held by another process (3 tries, then the "
         "batch is dropped and counted)"),
+    OPT("recompute-default", "CHUNKGATE_RECOMPUTE_DEFAULTS", CG_CFG_LIST, recompute_defaults,
+        NULL, 0, 0,
+        "MODEL=RATIO[:PREFIX_TOKENS]: the recompute_ratio (and recompute_prefix_tokens) a "
+        "request for MODEL gets when it sends none; MODEL * = any other model; repeatable"),
 };
 const size_t cg_gateway_n_options = CG_ARRAY_LEN(cg_gateway_options);
 
@@ -142,6 +148,49 @@ static cg_status read_key_file(const char *path, cg_strlist *keys, char *err, si
     return st;
 }
 
+/* One --recompute-default entry: "MODEL=RATIO[:PREFIX_TOKENS]" (split at the last '='). */
+static int parse_recompute(const char *s, size_t *model_len, cg_gw_recompute *out)
+{
+    const char *eq = strrchr(s, '=');
+    if (!eq || eq == s) return -1;
+    char *end;
+    errno = 0;
+    double r = strtod(eq + 1, &end);
+    if (end == eq + 1 || errno || !(r >= 0 && r <= 1)) return -1;
+    long long k = -1;
+    if (*end == ':') {
+        const char *p = end + 1;
+        errno = 0;
+        k = strtoll(p, &end, 10);
+        if (end == p || errno || k < 0 || k > INT32_MAX) return -1;
+    }
+    if (*end) return -1;
+    *model_len = (size_t)(eq - s);
+    *out = (cg_gw_recompute){r, k};
+    return 0;
+}
+
+int cg_gateway_recompute_default(const cg_gateway_config *cfg, const char *model,
+                                 cg_gw_recompute *out)
+{
+    int found = 0;
+    for (size_t i = 0; i < cfg->recompute_defaults.n; i++) {
+        const char *e = cfg->recompute_defaults.v[i];
+        size_t n;
+        cg_gw_recompute d;
+        if (parse_recompute(e, &n, &d) != 0) continue; /* refused at load */
+        if (model && strlen(model) == n && !strncmp(e, model, n)) {
+            *out = d;
+            return 1;
+        }
+        if (!found && n == 1 && e[0] == '*') {
+            *out = d;
+            found = 1;
+        }
+    }
+    return found;
+}
+
 static int valid_listen(const char *s)
 {
     const char *colon = strrchr(s, ':');
@@ -184,6 +233,17 @@ cg_status cg_gateway_config_load(cg_gateway_config *cfg, int argc, char **argv, 
     if (cfg->api_key_file && *cfg->api_key_file &&
         read_key_file(cfg->api_key_file, &cfg->api_keys, err, errlen) != CG_OK)
         return CG_E_VALUE;
+    for (size_t i = 0; i < cfg->recompute_defaults.n; i++) {
+        size_t n;
+        cg_gw_recompute d;
+        if (parse_recompute(cfg->recompute_defaults.v[i], &n, &d) != 0) {
+            snprintf(err, errlen,
+                     "--recompute-default: '%.200s' is not MODEL=RATIO[:PREFIX_TOKENS] with a "
+                     "ratio in [0, 1]",
+                     cfg->recompute_defaults.v[i]);
+            return CG_E_VALUE;
+        }
+    }
     for (size_t i = 0; i < cfg->api_keys.n; i++)
         if (!valid_key(cfg->api_keys.v[i])) {
             /* Never echo a key: the message names its position only. */

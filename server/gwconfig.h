@@ -41,7 +41,17 @@ typedef struct cg_gateway_config {
     long long conn_timeout_s;
     int key_hash; /* cg_key_hash */
     long long index_busy_timeout_ms;
+    cg_strlist recompute_defaults; /* --recompute-default MODEL=RATIO[:PREFIX_TOKENS] */
 } cg_gateway_config;
+
+/* Per-model recompute defaults (--recompute-default) for requests that send none. */
+typedef struct cg_gw_recompute {
+    double ratio;        /* recompute_ratio */
+    long long prefix;    /* recompute_prefix_tokens; -1 = not set */
+} cg_gw_recompute;
+/* The default of model (exact name first, then "*"): 1 with *out filled, or 0 without one. */
+int cg_gateway_recompute_default(const cg_gateway_config *cfg, const char *model,
+                                 cg_gw_recompute *out);
 
 extern const cg_cfg_opt cg_gateway_options[];
 extern const size_t cg_gateway_n_options;

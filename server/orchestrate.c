@@ -18,7 +18,8 @@
 
 /* Fields of ours that an OpenAI-compatible backend would not know: never forwarded to it. */
 static const char *const EXT_FIELDS[] = {"chunk_separator", "cache_salt", "chunk_mode", "documents",
-                                         "recompute_prefix_tokens"};
+                                         "recompute_prefix_tokens", "recompute_ratio",
+                                         "quality_probe"};
 
 /* One request on its way through the dispatcher. */
 typedef struct gw_call {
@@ -144,6 +145,17 @@ static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, 
     return out;
 }
 
+/* The recompute options in a worker body: the request's, else the model's defaults. */
+static void set_recompute(json_t *o, const cg_gw_segments *s)
+{
+    json_object_del(o, "recompute_prefix_tokens");
+    json_object_del(o, "recompute_ratio");
+    if (s->recompute >= 0)
+        json_object_set_new(o, "recompute_prefix_tokens", json_integer(s->recompute));
+    if (s->recompute_ratio >= 0)
+        json_object_set_new(o, "recompute_ratio", json_real(s->recompute_ratio));
+}
+
 /* The plain-prompt body for a worker's /v1/completions. A worker splits a "# #" prompt
  * itself, so the tenant salt, mode and the separator in use go along: a fallback never mixes
  * tenants in the worker's pool. Chat becomes a completion of its rendering. */
@@ -160,7 +172,7 @@ static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
             o = cg_gw_chat_as_completion(c->body, plain.data, plain.len);
         }
         cg_buf_free(&plain);
-        const char *keep[] = {"cache_salt", "chunk_mode", "recompute_prefix_tokens"};
+        const char *keep[] = {"cache_salt", "chunk_mode", "quality_probe"};
         for (size_t i = 0; i < CG_ARRAY_LEN(keep); i++) {
             json_t *v = json_object_get(c->body, keep[i]);
             if (v) json_object_set(o, keep[i], v);
@@ -169,6 +181,7 @@ static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
         o = json_copy(c->body); /* shallow: top-level edits only */
     }
     json_object_del(o, "documents");
+    set_recompute(o, &c->segs);
     *strip_usage = ask_usage(o, c->stream);
     json_object_set_new(o, "chunk_separator", json_string(c->segs.separator));
     /* The salt the keys were made with (a tenant's salt is not the client's cache_salt). */
@@ -204,10 +217,14 @@ static json_t *chunk_cache_plain(const cg_gw_segments *s, const cg_index_entry *
             ent && ent[k].found && ent[k].tokens >= 0 ? json_integer(ent[k].tokens) : json_null();
         json_array_append_new(segs, seg_json(s, k, tokens, 0, json_null()));
     }
-    return json_pack("{s:o, s:s, s:n, s:b, s:b, s:I, s:n, s:o}", "segments", segs, "mode",
-                     cg_mode_name(s->mode), "worker", "fallback", s->n_keys > 0, "passthrough",
-                     s->split.passthrough, "empty_segments", (json_int_t)s->split.empty_skipped,
-                     "routing", "fallback_reason", reason ? json_string(reason) : json_null());
+    json_t *cc = json_pack("{s:o, s:s, s:n, s:b, s:b, s:I, s:n, s:o, s:n}", "segments", segs,
+                           "mode", cg_mode_name(s->mode), "worker", "fallback", s->n_keys > 0,
+                           "passthrough", s->split.passthrough, "empty_segments",
+                           (json_int_t)s->split.empty_skipped, "routing", "fallback_reason",
+                           reason ? json_string(reason) : json_null(), "recomputed_tokens");
+    /* filled by the relay from a worker's answer (a worker assembles the prompt itself) */
+    if (s->quality_probe) json_object_set_new(cc, "quality", json_null());
+    return cc;
 }
 
 static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
@@ -219,10 +236,17 @@ static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
         json_array_append_new(segs, seg_json(s, k, json_integer((json_int_t)r->n_tokens), r->hit,
                                              json_string(r->tier)));
     }
-    return json_pack("{s:o, s:s, s:s, s:b, s:b, s:I, s:s, s:n}", "segments", segs, "mode",
-                     cg_mode_name(s->mode), "worker", cg_worker_url(c->w), "fallback", 0,
-                     "passthrough", 0, "empty_segments", (json_int_t)s->split.empty_skipped,
-                     "routing", cg_route_kind_name(c->kind), "fallback_reason");
+    json_t *cc = json_pack("{s:o, s:s, s:s, s:b, s:b, s:I, s:s, s:n, s:o}", "segments", segs,
+                           "mode", cg_mode_name(s->mode), "worker", cg_worker_url(c->w),
+                           "fallback", 0, "passthrough", 0, "empty_segments",
+                           (json_int_t)s->split.empty_skipped, "routing",
+                           cg_route_kind_name(c->kind), "fallback_reason", "recomputed_tokens",
+                           a->recomputed_tokens >= 0 ? json_integer(a->recomputed_tokens)
+                                                     : json_null());
+    /* null until the relay finds the worker's comparison in its answer (never with an external
+     * --backend, which decodes without the worker) */
+    if (s->quality_probe) json_object_set_new(cc, "quality", json_null());
+    return cc;
 }
 
 /* ---------------------------------------------------------------- plain forwarding */
@@ -357,12 +381,16 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
     }
     json_object_set_new(cb, "kv_transfer_params", json_pack("{s:s}", "assembly_id", a->id));
     int strip = ask_usage(cb, c->stream);
-    char *text = json_dumps(cb, JSON_COMPACT);
-    json_decref(cb);
-    json_t *cc = chunk_cache_main(c, a);
     /* --backend naming the worker itself is the same as no --backend: it consumes the
      * assembly, so there is nothing to release after a good answer. */
     int same = g->has_backend && !strcmp(cg_openai_base_url(g->client), cg_worker_url(c->w));
+    /* The comparison runs where the decoding does: only a worker can do it. */
+    json_object_del(cb, "quality_probe");
+    if (c->segs.quality_probe && (!g->has_backend || same))
+        json_object_set_new(cb, "quality_probe", json_true());
+    char *text = json_dumps(cb, JSON_COMPACT);
+    json_decref(cb);
+    json_t *cc = chunk_cache_main(c, a);
     cg_gw_target t = {.route = route_name(c),
                       .model = json_string_value(json_object_get(c->body, "model")),
                       .base = g->has_backend ? NULL : cg_worker_url(c->w),
@@ -458,8 +486,7 @@ static json_t *assemble_body(const gw_call *c)
     json_t *ab = json_pack("{s:O, s:s, s:o}", "model", json_object_get(c->body, "model"), "mode",
                            cg_mode_name(s->mode), "segments", segs);
     if (s->salt) json_object_set_new(ab, "cache_salt", json_string(s->salt));
-    if (s->recompute >= 0)
-        json_object_set_new(ab, "recompute_prefix_tokens", json_integer(s->recompute));
+    set_recompute(ab, s);
     return ab;
 }
 

@@ -2,8 +2,9 @@
  * the answer. Non-streamed answers are collected in a capped buffer and re-sent with
  * chunk_cache added. Streamed answers (SSE) are parsed event by event and pushed to the
  * client as they arrive: the first data event gains chunk_cache, the others pass through byte
- * for byte, and the gateway ends the stream with "data: [DONE]". A slow client pauses the
- * upstream transfer; a client that leaves cancels it. */
+ * for byte, and the gateway ends the stream with "data: [DONE]". A worker's own chunk_cache
+ * (its quality comparison, which comes after the last token) is merged into the gateway's.
+ * A slow client pauses the upstream transfer; a client that leaves cancels it. */
 #include "server/relay.h"
 
 #include <stdio.h>
@@ -107,6 +108,19 @@ void cg_gw_fix_usage(cg_gateway *g, json_t *obj)
     fix_usage(g, obj, -1, 1);
 }
 
+/* What a worker's answer says about its decoding goes into the gateway's chunk_cache: the
+ * quality comparison (quality_probe), and on a fallback the recomputed tokens it counted. */
+static void merge_chunk_cache(relay *r, json_t *obj)
+{
+    json_t *wcc = json_object_get(obj, "chunk_cache");
+    if (!r->chunk_cache || !json_is_object(wcc)) return;
+    json_t *q = json_object_get(wcc, "quality"), *rt = json_object_get(wcc, "recomputed_tokens");
+    if (q) json_object_set(r->chunk_cache, "quality", q);
+    if (json_is_integer(rt) && !json_is_integer(json_object_get(r->chunk_cache,
+                                                                "recomputed_tokens")))
+        json_object_set(r->chunk_cache, "recomputed_tokens", rt);
+}
+
 /* ---------------------------------------------------------------- stream side */
 
 /* Stream notifications (MHD thread, stream lock held): only forward them to the multi thread. */
@@ -151,8 +165,9 @@ static void on_event(void *arg, const cg_sse_event *ev)
     if (ev->has_data) {
         /* Parse only the events we change: the first data event and usage chunks (every
          * event when it is converted to the chat shape). */
-        int want =
-            r->to_chat || !r->first_data_done || memmem(ev->data, ev->data_len, "\"usage\"", 7);
+        int want = r->to_chat || !r->first_data_done ||
+                   memmem(ev->data, ev->data_len, "\"usage\"", 7) ||
+                   memmem(ev->data, ev->data_len, "\"chunk_cache\"", 13);
         if (want) obj = json_loadb(ev->data, ev->data_len, 0, NULL);
         if (obj && !json_is_object(obj)) {
             json_decref(obj);
@@ -162,7 +177,9 @@ static void on_event(void *arg, const cg_sse_event *ev)
     if (obj) {
         if (r->to_chat && !json_object_get(obj, "error"))
             cg_gw_to_chat(obj, 1, r->chat_chunks++ == 0);
-        if (!r->first_data_done && r->chunk_cache) {
+        int upstream_cc = json_object_get(obj, "chunk_cache") != NULL;
+        merge_chunk_cache(r, obj);
+        if ((!r->first_data_done || upstream_cc) && r->chunk_cache) {
             json_object_set(obj, "chunk_cache", r->chunk_cache);
             r->first_data_done = 1;
         }
@@ -258,6 +275,7 @@ static void reply_answer(relay *r)
     char msg[256];
     if (ok && json_is_object(obj)) {
         if (r->to_chat) cg_gw_to_chat(obj, 0, 1);
+        merge_chunk_cache(r, obj);
         if (r->chunk_cache) json_object_set(obj, "chunk_cache", r->chunk_cache);
         fix_usage(g, obj, r->cached_tokens, r->count_usage);
         observe_ttft(r);

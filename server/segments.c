@@ -209,6 +209,26 @@ cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, 
         snprintf(msg, msglen, "recompute_prefix_tokens must be an integer >= 0");
         goto out;
     }
+    *param = "recompute_ratio";
+    out->recompute_ratio = -1;
+    if (json_object_get(body, "recompute_ratio") &&
+        (st = cg_json_get_number(body, "recompute_ratio", -1, 0, 1, &out->recompute_ratio)) !=
+            CG_OK) {
+        snprintf(msg, msglen, "recompute_ratio must be a number in [0, 1]");
+        goto out;
+    }
+    /* The model's defaults fill what the request left out (the field, not null: null is
+     * "absent" too). */
+    cg_gw_recompute def;
+    if (cg_gateway_recompute_default(g->cfg, model, &def)) {
+        if (out->recompute_ratio < 0) out->recompute_ratio = def.ratio;
+        if (out->recompute < 0 && def.prefix >= 0) out->recompute = def.prefix;
+    }
+    *param = "quality_probe";
+    if ((st = cg_json_get_bool(body, "quality_probe", 0, &out->quality_probe)) != CG_OK) {
+        snprintf(msg, msglen, "quality_probe must be a boolean");
+        goto out;
+    }
 
     cg_split_params sp = cg_split_default_params();
     sp.separator = sep ? sep : g->cfg->separator;

@@ -1,6 +1,6 @@
 /* A gateway request split into segments and keyed: the extension fields (chunk_separator,
- * chunk_mode, cache_salt, recompute_prefix_tokens), the prompt or the chat rendering, and one
- * key per cacheable segment (cg_key_request). */
+ * chunk_mode, cache_salt, recompute_prefix_tokens, recompute_ratio, quality_probe), the prompt
+ * or the chat rendering, and one key per cacheable segment (cg_key_request). */
 #ifndef CG_GW_SEGMENTS_H
 #define CG_GW_SEGMENTS_H
 
@@ -23,6 +23,9 @@ typedef struct cg_gw_segments {
                               "<tenant>" / "<tenant>:<cache_salt>"; NULL = none */
     char *salt_owned;      /* owned: the tenant form of salt */
     long long recompute;   /* recompute_prefix_tokens, -1 when absent */
+    double recompute_ratio; /* recompute_ratio, -1 when absent; both may come from the
+                               model's --recompute-default */
+    int quality_probe;      /* quality_probe: the answer carries chunk_cache.quality */
     cg_mode mode;
     cg_key *keys;    /* owned; n_keys entries */
     size_t *key_seg; /* owned; the segment index of each key */

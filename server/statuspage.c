@@ -1,8 +1,8 @@
 /* The status page: GET / serves one self-contained HTML page (inline CSS and JS, no external
  * resources: gateways often run without internet) that polls GET /v1/stats, a JSON view of
- * the gateway's live totals, its workers and a ring of the last requests with their segment
- * hits. The ring holds metadata only: keys (32 hex), roles, tokens, hits; never prompt text
- * or credentials. */
+ * the gateway's live totals, its workers, the workers' reuse-quality canaries and a ring of
+ * the last requests with their segment hits. The ring holds metadata only: keys (32 hex),
+ * roles, tokens, hits, quality figures; never prompt text or credentials. */
 #include "server/statuspage.h"
 
 #include <math.h>
@@ -86,6 +86,15 @@ static json_t *entry_json(const cg_status_rec *rec)
                                                   : json_null());
     json_object_set_new(e, "routing",
                         str_of(cc, "routing") ? json_string(str_of(cc, "routing")) : json_null());
+    json_t *rt = json_object_get(cc, "recomputed_tokens"), *q = json_object_get(cc, "quality");
+    json_object_set_new(e, "recomputed_tokens", json_is_integer(rt) ? json_copy(rt) : json_null());
+    json_object_set_new(e, "quality",
+                        json_is_object(q) ? json_pack("{s:O?, s:O?, s:O?}", "kl",
+                                                      json_object_get(q, "kl"), "top1_agree",
+                                                      json_object_get(q, "top1_agree"),
+                                                      "tokens_compared",
+                                                      json_object_get(q, "tokens_compared"))
+                                          : json_null());
     return e;
 }
 
@@ -127,6 +136,68 @@ json_t *cg_status_ring_json(cg_status_ring *r)
 
 /* ---------------------------------------------------------------- GET /v1/stats */
 
+/* One setting's figures summed over the workers. */
+typedef struct qrow {
+    const char *mode, *ratio, *prefix; /* borrowed from the worker list */
+    double requests, tokens, agreed, kl_sum;
+} qrow;
+
+/* The workers' canaries (each /healthz summary) added up per setting: requests and positions
+ * summed, agreement weighted by positions, mean KL by requests. */
+static json_t *quality_json(json_t *workers)
+{
+    qrow rows[256];
+    size_t n = 0, i, k;
+    double req = 0, tok = 0, agr = 0, kl = 0, dropped = 0, failed = 0;
+    json_t *w, *st;
+    json_array_foreach(workers, i, w)
+    {
+        json_t *c = json_object_get(w, "canary");
+        if (!json_is_object(c)) continue;
+        dropped += json_number_value(json_object_get(c, "dropped"));
+        failed += json_number_value(json_object_get(c, "failed"));
+        json_array_foreach(json_object_get(c, "settings"), k, st)
+        {
+            const char *mode = str_of(st, "mode"), *ratio = str_of(st, "recompute_ratio");
+            const char *prefix = str_of(st, "recompute_prefix_tokens");
+            if (!mode || !ratio || !prefix) continue;
+            double rq = json_number_value(json_object_get(st, "requests"));
+            double tk = json_number_value(json_object_get(st, "tokens_compared"));
+            double ag = json_number_value(json_object_get(st, "top1_agreement")) * tk;
+            double ks = json_number_value(json_object_get(st, "kl_mean")) * rq;
+            req += rq, tok += tk, agr += ag, kl += ks;
+            size_t j = 0;
+            while (j < n && (strcmp(rows[j].mode, mode) || strcmp(rows[j].ratio, ratio) ||
+                             strcmp(rows[j].prefix, prefix)))
+                j++;
+            if (j == n) {
+                if (n == CG_ARRAY_LEN(rows)) continue;
+                rows[n++] = (qrow){mode, ratio, prefix, 0, 0, 0, 0};
+            }
+            rows[j].requests += rq, rows[j].tokens += tk, rows[j].agreed += ag;
+            rows[j].kl_sum += ks;
+        }
+    }
+    json_t *settings = json_array();
+    for (size_t j = 0; j < n; j++)
+        json_array_append_new(
+            settings,
+            json_pack("{s:s, s:s, s:s, s:I, s:I, s:o, s:o}", "mode", rows[j].mode,
+                      "recompute_ratio", rows[j].ratio, "recompute_prefix_tokens", rows[j].prefix,
+                      "requests", (json_int_t)rows[j].requests, "tokens_compared",
+                      (json_int_t)rows[j].tokens, "top1_agreement",
+                      rows[j].tokens > 0 ? json_real(rows[j].agreed / rows[j].tokens)
+                                         : json_null(),
+                      "kl_mean",
+                      rows[j].requests > 0 ? json_real(rows[j].kl_sum / rows[j].requests)
+                                           : json_null()));
+    return json_pack("{s:I, s:I, s:I, s:I, s:o, s:o, s:o}", "requests", (json_int_t)req,
+                     "tokens_compared", (json_int_t)tok, "dropped", (json_int_t)dropped, "failed",
+                     (json_int_t)failed, "top1_agreement",
+                     tok > 0 ? json_real(agr / tok) : json_null(), "kl_mean",
+                     req > 0 ? json_real(kl / req) : json_null(), "settings", settings);
+}
+
 /* A ratio as a percentage rounded to one decimal, so the page and its readers print the same
  * digits (no half-way cases left for two rounding rules to disagree on). */
 static double pct(double part, double whole)
@@ -152,11 +223,12 @@ void cg_gw_status_stats(cg_http_req *req, void *app)
                                 (json_int_t)cg_workers_count(g->workers), "healthy",
                                 (json_int_t)cg_workers_healthy(g->workers), "data",
                                 json_object_get(wl, "data"));
+    json_t *quality = quality_json(json_object_get(wl, "data"));
     json_decref(wl);
     uint64_t now = cg_wall_ms();
     json_t *out = json_pack(
         "{s:s, s:I, s:I, s:{s:I, s:I}, s:{s:I, s:I, s:f}, s:{s:I, s:I, s:f}, s:{s:I, s:I}, "
-        "s:o, s:o, s:o}",
+        "s:o, s:o, s:o, s:o}",
         "object", "stats", "time_ms", (json_int_t)now, "uptime_s",
         (json_int_t)((now - g->recent->started_ms) / 1000), "requests", "total",
         (json_int_t)requests, "errors", (json_int_t)errors, "segments", "hits",
@@ -165,7 +237,7 @@ void cg_gw_status_stats(cg_http_req *req, void *app)
         pct(reused, reused + computed), "fallbacks", "total",
         (json_int_t)cg_metric_value(g->m_fallbacks), "passthrough",
         (json_int_t)cg_metric_value(g->m_passthrough), "index", index, "workers", workers,
-        "recent", cg_status_ring_json(g->recent));
+        "quality", quality, "recent", cg_status_ring_json(g->recent));
     cg_http_add_header(req, "Cache-Control", "no-store");
     cg_http_reply_json(req, 200, out);
 }
@@ -205,12 +277,20 @@ static const char PAGE[] =
     "(<span id=\"errors\">-</span> errors, <span id=\"fallbacks\">-</span> fallbacks)</div>"
     "</div>\n"
     "<div class=\"card\"><div class=\"v\" id=\"workers-healthy\">-</div><div class=\"l\">"
-    "workers healthy</div></div>\n</div>\n"
+    "workers healthy</div></div>\n"
+    "<div class=\"card\"><div class=\"v\" id=\"q-agree\">-</div><div class=\"l\">top-1 "
+    "agreement of reuse with a full forward (canary: <span id=\"q-requests\">-</span> "
+    "requests, mean KL <span id=\"q-kl\">-</span>)</div></div>\n</div>\n"
     "<h2>Workers</h2>\n<table><thead><tr><th>url</th><th>state</th><th>in flight</th>"
     "<th>routed</th><th>errors</th><th>chunks</th><th>last error</th></tr></thead>"
     "<tbody id=\"workers\"></tbody></table>\n"
+    "<h2>Reuse quality (canary: reused KV vs a full causal forward of the same tokens)</h2>\n"
+    "<table><thead><tr><th>mode</th><th>recompute ratio</th><th>recompute prefix tokens</th>"
+    "<th>requests</th><th>positions compared</th><th>top-1 agreement</th><th>mean KL (nats)"
+    "</th></tr></thead><tbody id=\"quality\"></tbody></table>\n"
     "<h2>Recent requests</h2>\n<table><thead><tr><th>time</th><th>route</th><th>model</th>"
-    "<th>status</th><th>worker</th><th>routing</th><th>cached tokens</th><th>ttft ms</th>"
+    "<th>status</th><th>worker</th><th>routing</th><th>cached tokens</th><th>recomputed</th>"
+    "<th>ttft ms</th><th>quality (KL / top-1)</th>"
     "<th>segments (role tokens, green = hit)</th></tr></thead><tbody id=\"recent\"></tbody>"
     "</table>\n</main>\n<script>\n"
     "'use strict';\n"
@@ -233,13 +313,23 @@ static const char PAGE[] =
     " set('requests',s.requests.total);set('errors',s.requests.errors);"
     "set('fallbacks',s.fallbacks.total);\n"
     " set('workers-healthy',s.workers.healthy+' / '+s.workers.registered);\n"
+    " var Q=s.quality;set('q-agree',Q.top1_agreement==null?'-':(Q.top1_agreement*100).toFixed(1)"
+    "+'%');set('q-requests',Q.requests);set('q-kl',Q.kl_mean==null?'-':Q.kl_mean.toPrecision(3));"
+    "\n"
+    " fill('quality',Q.settings,function(tr,x){cell(tr,x.mode);cell(tr,x.recompute_ratio);"
+    "cell(tr,x.recompute_prefix_tokens);cell(tr,x.requests);cell(tr,x.tokens_compared);"
+    "cell(tr,x.top1_agreement==null?null:(x.top1_agreement*100).toFixed(1)+'%');"
+    "cell(tr,x.kl_mean==null?null:x.kl_mean.toPrecision(3))});\n"
     " fill('workers',s.workers.data,function(tr,w){cell(tr,w.url);"
     "cell(tr,w.state,w.healthy?'ok':'bad');cell(tr,w.in_flight);cell(tr,w.routed);"
     "cell(tr,w.errors);cell(tr,w.synced_chunks);cell(tr,w.last_error)});\n"
     " fill('recent',s.recent,function(tr,q){cell(tr,new Date(q.time_ms).toLocaleTimeString());"
     "cell(tr,q.route);cell(tr,q.model);cell(tr,q.status,q.status<400?'ok':'bad');"
     "cell(tr,q.worker);cell(tr,q.fallback?'fallback: '+(q.fallback_reason||'-'):"
-    "q.passthrough?'passthrough':q.routing);cell(tr,q.cached_tokens);cell(tr,q.ttft_ms);\n"
+    "q.passthrough?'passthrough':q.routing);cell(tr,q.cached_tokens);"
+    "cell(tr,q.recomputed_tokens);cell(tr,q.ttft_ms);"
+    "cell(tr,q.quality?q.quality.kl.toPrecision(3)+' / '+(q.quality.top1_agree*100).toFixed(0)"
+    "+'%':null);\n"
     "  var td=cell(tr,q.hits+'/'+q.segments_total+' hit ');q.segments.forEach(function(g){"
     "var sp=document.createElement('span');sp.className='seg '+g.role+(g.hit?' hit':'');"
     "sp.title=g.key||'';sp.textContent=g.role+' '+(g.tokens==null?'?':g.tokens);"

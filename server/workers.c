@@ -31,6 +31,7 @@ struct cg_worker {
     char error[256];
     uint64_t routed, errors;
     cg_metric *g_in_flight, *g_healthy;
+    json_t *canary; /* owned: its quality canary summary from the last /healthz, or NULL */
 };
 
 static const char *const ERROR_KINDS[] = {"connect", "timeout", "status", "invalid", "stream"};
@@ -144,6 +145,7 @@ static void worker_free(cg_worker *w)
 {
     if (!w) return;
     cg_wc_info_clear(&w->info);
+    json_decref(w->canary);
     free(w->url);
     free(w);
 }
@@ -183,6 +185,8 @@ static json_t *worker_json_locked(const cg_worker *w)
 static json_t *worker_json_full_locked(const cg_worker *w)
 {
     json_t *j = worker_json_locked(w);
+    /* a copy: the stored summary is replaced by the health thread */
+    json_object_set_new(j, "canary", w->canary ? json_deep_copy(w->canary) : json_null());
     if (w->have_info)
         json_object_set_new(
             j, "info",
@@ -804,10 +808,18 @@ static void check_one(cg_workers *r, cg_worker *w, uint64_t now)
     char detail[256];
     cg_status st = cg_wc_call_sync(r->p.client, w->url, "GET", "/healthz", NULL, 0,
                                    r->p.health_timeout_ms, &http, &j, detail, sizeof detail);
-    json_decref(j);
     int ok = st == CG_OK && http == 200;
+    /* A worker's health answer carries its quality canary's summary (DESIGN §15). */
+    json_t *canary = NULL;
+    if (ok && json_is_object(json_object_get(j, "canary")))
+        canary = json_deep_copy(json_object_get(j, "canary"));
+    json_decref(j);
     int need_sync = 0, went_down = 0;
     pthread_mutex_lock(&r->mu);
+    if (canary) {
+        json_decref(w->canary);
+        w->canary = canary;
+    }
     if (!ok) {
         went_down = w->state == W_HEALTHY || w->state == W_UNKNOWN;
         if (w->state != W_DOWN)
