@@ -223,6 +223,11 @@ static void metrics_setup(cg_gateway *g)
                                                     "reason=\"worker_error\"");
     g->m_fallback_model =
         cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb, "reason=\"model\"");
+    g->m_busy = cg_metrics_counter(
+        m, "chunkgate_worker_busy_total",
+        "Assembles a worker answered 429 (at its --max-running + --max-queue): routed to "
+        "another worker, or the 429 passed on when every worker was busy",
+        NULL);
     g->m_releases = cg_metrics_counter(
         m, "chunkgate_assembly_releases_total",
         "Assemblies released on their worker because no completion consumed them (client left, "

@@ -32,6 +32,7 @@ typedef struct gw_call {
     cg_worker *w; /* routed worker (reference, in flight) */
     cg_route_kind kind;
     uint64_t t0;
+    int busy_tries; /* workers that answered 429 to this request's assemble */
 } gw_call;
 
 static void call_free(gw_call *c)
@@ -380,6 +381,56 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
     call_free(c);
 }
 
+static void on_assembled(void *arg, cg_status st, long http, json_t *j, const char *detail);
+static json_t *assemble_body(const gw_call *c);
+
+/* POST {worker}/v1/assemble for c on c->w; the answer comes to on_assembled. */
+static void submit_assemble(gw_call *c)
+{
+    cg_gateway *g = c->g;
+    json_t *ab = assemble_body(c);
+    char *text = json_dumps(ab, JSON_COMPACT);
+    json_decref(ab);
+    cg_log(CG_LOG_DEBUG, "routed to %s (%s)", cg_worker_url(c->w), cg_route_kind_name(c->kind));
+    c->t0 = cg_now_ns();
+    /* The answer may arrive (on the curl thread) before cg_wc_call returns: c is not ours
+     * once the call is submitted. */
+    char url[600];
+    snprintf(url, sizeof url, "%s", cg_worker_url(c->w));
+    cg_http_req *req = c->req;
+    if (cg_wc_call(g->client, url, "POST", "/v1/assemble", text, strlen(text), c->rid,
+                   (long)g->cfg->worker_timeout_ms, on_assembled, c, NULL) != CG_OK) {
+        cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
+        call_free(c);
+    }
+}
+
+/* A worker answered 429 (at --max-running + --max-queue): it is busy, not broken. The request
+ * goes to another worker that can take it; when every worker has been tried, the client gets
+ * the 429 with Retry-After. Returns 1 when it took over c. */
+static int on_busy(gw_call *c, json_t **body)
+{
+    cg_gateway *g = c->g;
+    cg_metric_add(g->m_busy, 1);
+    if (++c->busy_tries < (int)cg_workers_count(g->workers)) {
+        cg_worker *other = cg_workers_pick_any(g->workers, c->w);
+        if (other) {
+            cg_log(CG_LOG_INFO, "worker %s is busy (429); trying %s", cg_worker_url(c->w),
+                   cg_worker_url(other));
+            cg_workers_release(g->workers, &c->w);
+            c->w = other;
+            c->kind = CG_ROUTE_LEAST_LOADED;
+            submit_assemble(c);
+            return 1;
+        }
+    }
+    cg_http_add_header(c->req, "Retry-After", "1");
+    cg_http_reply_json(c->req, 429, *body);
+    *body = NULL;
+    call_free(c);
+    return 1;
+}
+
 static void on_assembled(void *arg, cg_status st, long http, json_t *j, const char *detail)
 {
     gw_call *c = arg;
@@ -398,6 +449,10 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
                                                   : "invalid",
                          why);
         goto fallback;
+    }
+    if (http == 429) {
+        on_busy(c, &j);
+        goto out;
     }
     if (http != 200) {
         const char *code = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
@@ -537,19 +592,5 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
         forward_plain(c, "no_worker", NULL, NULL);
         return;
     }
-    json_t *ab = assemble_body(c);
-    char *text = json_dumps(ab, JSON_COMPACT);
-    json_decref(ab);
-    cg_log(CG_LOG_DEBUG, "routed to %s (%s, %lld cached tokens expected)", cg_worker_url(c->w),
-           cg_route_kind_name(c->kind), (long long)expect);
-    c->t0 = cg_now_ns();
-    /* The answer may arrive (on the curl thread) before cg_wc_call returns: c is not ours
-     * once the call is submitted. */
-    char url[600];
-    snprintf(url, sizeof url, "%s", cg_worker_url(c->w));
-    if (cg_wc_call(g->client, url, "POST", "/v1/assemble", text, strlen(text), c->rid,
-                   (long)g->cfg->worker_timeout_ms, on_assembled, c, NULL) != CG_OK) {
-        cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
-        call_free(c);
-    }
+    submit_assemble(c);
 }

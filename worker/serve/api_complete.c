@@ -690,7 +690,12 @@ void cg_api_completions(cg_http_req *req, void *app)
     gen g = {.a = a, .req = req, .c = &c};
     if (!body) return;
     cg_buf_init(&g.text, 0);
-    if (cg_engine_admit(a->e) != CG_OK) {
+    /* A completion of an assembly this worker holds is admitted whatever the load: its
+     * prefill is done, and refusing it would waste it (max_running still bounds decoding). */
+    json_t *ktp = json_object_get(body, "kv_transfer_params");
+    const char *aid = json_string_value(json_object_get(ktp, "assembly_id"));
+    int local = aid && cg_engine_has_assembly(a->e, aid, cg_now_ms());
+    if (cg_engine_admit(a->e, local) != CG_OK) {
         cg_http_add_header(req, "Retry-After", "1");
         cg_http_reply_error(req, CG_E_RATE_LIMIT, NULL,
                             "the worker is at --max-running + --max-queue requests; retry shortly");

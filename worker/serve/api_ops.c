@@ -112,6 +112,19 @@ void cg_api_metrics(cg_http_req *req, void *app)
               (double)ps.referenced_chunks);
     set_gauge(m, P "assemblies_live", "Assemblies built and not yet consumed or released",
               (double)live);
+    cg_sched_stats ss = cg_engine_sched_stats(a->e);
+    set_gauge(m, P "sequences_running", "Sequences in the decoding batch", (double)ss.running);
+    set_gauge(m, P "requests_admitted",
+              "Assemble and completion requests in the worker (running and waiting)",
+              (double)ss.admitted);
+    set_gauge(m, P "prefill_waiting", "Prefill jobs queued or running", (double)ss.prefill_waiting);
+    set_counter(m, P "decode_steps_total", "Decode steps (one batch of every running sequence)",
+                ss.steps);
+    set_counter(m, P "decode_rows_total", "Decode tokens computed in decode steps", ss.decode_rows);
+    set_counter(m, P "prefill_pieces_total", "Prefill pieces computed between decode steps",
+                ss.prefill_pieces);
+    set_counter(m, P "rate_limited_total", "Requests answered 429 (max_running + max_queue)",
+                ss.refused);
     set_gauge(m, P "kv_pulls_in_flight", "KV pulls from a source worker in progress",
               (double)__atomic_load_n(&a->pulls, __ATOMIC_ACQUIRE));
     set_counter(m, P "chunk_hits_total", "Cacheable segments found in the pool", es.chunk_hits);

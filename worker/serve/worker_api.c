@@ -37,6 +37,15 @@ cg_worker_api *cg_worker_api_new(cg_worker_api_params p)
     if (a->p.kv_max_pulls < 1) a->p.kv_max_pulls = 1;
     a->e = p.engine;
     a->metrics = cg_metrics_new();
+    /* queue time: prefill work waiting for its first piece, sequences waiting for a place */
+    cg_sched_set_queue_histograms(
+        cg_engine_sched(a->e),
+        cg_metrics_histogram(a->metrics, P "queue_seconds",
+                             "Time requests waited in the scheduler before computing, by phase",
+                             "phase=\"prefill\"", cg_metrics_latency_buckets, cg_metrics_latency_n),
+        cg_metrics_histogram(a->metrics, P "queue_seconds",
+                             "Time requests waited in the scheduler before computing, by phase",
+                             "phase=\"decode\"", cg_metrics_latency_buckets, cg_metrics_latency_n));
     cg_api_random_hex(a->instance_id, 16);
     a->started_ms = (int64_t)cg_wall_ms();
     return a;
