@@ -11,3 +11,12 @@ add_test(NAME ref_hf_forward
           ${CMAKE_CURRENT_SOURCE_DIR}/ref/test_hf_forward.py)
 set_tests_properties(ref_hf_forward PROPERTIES ENVIRONMENT "${CG_REF_PY_ENV}"
   SKIP_RETURN_CODE 77 TIMEOUT 300)
+
+# The same reference against llama.cpp (node-llama-cpp's prebuilt CPU binaries) on the presets
+# converted to GGUF: skipped unless torch, node and both npm folders are installed.
+if(TARGET chunkgate-worker)
+  add_test(NAME ref_llamacpp
+    COMMAND ${PROJECT_SOURCE_DIR}/bench/llamacpp/crosscheck_test.sh $<TARGET_FILE:chunkgate-worker>)
+  set_tests_properties(ref_llamacpp PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
+    ENVIRONMENT "NODE_LLAMA_CPP_SKIP_DOWNLOAD=true;OMP_NUM_THREADS=2")
+endif()

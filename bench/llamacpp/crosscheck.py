@@ -10,7 +10,8 @@ config.json first when the tokenizer adds one. Compared at --positions positions
 over the prompt (the last included): top-1 agreement, max |delta logprob| over the
 reference's top-k, and KL(reference || llama.cpp) over the whole vocabulary.
 Prints one JSON object; exits 1 if a top-1 differs where the reference's top-2 gap is at least
-twice the largest |delta| seen at that position (a closer near-tie may flip under f16).
+twice the largest |delta| seen at that position (a closer near-tie may flip under f16), or a
+--max-dlogprob / --max-kl limit is exceeded.
 """
 
 import argparse
@@ -49,6 +50,9 @@ def main():
     ap.add_argument("--id-max", type=int, default=30000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--max-dlogprob", type=float, default=0.0,
+                    help="fail when max |delta logprob| over the top-k exceeds this (0: no limit)")
+    ap.add_argument("--max-kl", type=float, default=0.0, help="fail when a KL exceeds this (0: no limit)")
     a = ap.parse_args()
     with open(os.path.join(a.model_dir, "config.json")) as f:
         cfg = json.load(f)
@@ -106,7 +110,12 @@ def main():
            "max_kl": max(r["kl"] for r in rows),
            "positions": rows}
     print(json.dumps(res))
-    return 0 if top1_ok else 1
+    ok = top1_ok
+    if a.max_dlogprob > 0 and res["max_abs_dlogprob_topk"] > a.max_dlogprob:
+        ok = False
+    if a.max_kl > 0 and res["max_kl"] > a.max_kl:
+        ok = False
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
