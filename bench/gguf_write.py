@@ -9,7 +9,7 @@ Needs numpy only. Reads config.json, model.safetensors or its shards
 (model.safetensors.index.json), tokenizer.json and tokenizer_config.json.
 
 What it writes (GGUF v3, little-endian, 32-byte alignment):
-  - general.architecture "llama" (LlamaForCausalLM), "qwen2" or "qwen3"; hyperparameters
+  - general.architecture "llama" (LlamaForCausalLM, MistralForCausalLM), "qwen2" or "qwen3";
     {arch}.context_length, embedding_length, block_count, feed_forward_length,
     attention.head_count(_kv), attention.key_length/value_length (explicit head_dim),
     attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count, vocab_size;
@@ -44,7 +44,8 @@ FILE_TYPE_MOSTLY_F16 = 1
 # token types
 TOK_NORMAL, TOK_UNKNOWN, TOK_CONTROL, TOK_USER_DEFINED, TOK_UNUSED, TOK_BYTE = 1, 2, 3, 4, 5, 6
 
-ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+        "Qwen3ForCausalLM": "qwen3"}
 
 
 class ConvertError(Exception):

@@ -3,7 +3,8 @@
 
 Reads an HF checkpoint directory (config.json + model.safetensors, or shards named by
 model.safetensors.index.json; F32/F16/BF16) and computes next-token log-probabilities with the
-semantics of transformers' LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM, in float32
+semantics of transformers' LlamaForCausalLM (and MistralForCausalLM without a sliding window),
+Qwen2ForCausalLM and Qwen3ForCausalLM, in float32
 (as transformers computes with an f32 model) or float64. Written from the published formulas:
 
   h0 = E[ids]
@@ -49,7 +50,8 @@ except ImportError as e:  # the test wrapper turns this into a skip
     sys.stderr.write("hf_forward.py needs torch and numpy (Debian python3-torch): %s\n" % e)
     sys.exit(77)
 
-ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# MistralForCausalLM without a sliding window computes exactly what LlamaForCausalLM does.
+ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 ST_DTYPES = {"F32": (torch.float32, 4), "F16": (torch.float16, 2), "BF16": (torch.bfloat16, 2),
              "F64": (torch.float64, 8)}
 
@@ -196,7 +198,7 @@ class Model:
         arch = (cfg.get("architectures") or [None])[0]
         if arch not in ARCHS:
             raise ModelError("architecture %r is not supported (%s)" % (arch, ", ".join(ARCHS)))
-        if cfg.get("use_sliding_window"):
+        if cfg.get("use_sliding_window") or (arch == "MistralForCausalLM" and cfg.get("sliding_window")):
             raise ModelError("sliding-window attention is not supported")
         if cfg.get("hidden_act", "silu") != "silu":
             raise ModelError("hidden_act %r is not supported" % cfg.get("hidden_act"))

@@ -339,8 +339,17 @@ class Refusals(Base):
     def test_refusals(self):
         make_model(self.path("dyn"), scaling={"rope_type": "dynamic", "factor": 2.0})
         self.expect_error(self.path("dyn"), "dynamic")
-        make_model(self.path("arch"), "MistralForCausalLM")
+        make_model(self.path("arch"), "GPTNeoXForCausalLM")
         self.expect_error(self.path("arch"), "architecture")
+        make_model(self.path("mistral"), "MistralForCausalLM")
+        self.assertEqual(H.Model(self.path("mistral"), F64).arch, "MistralForCausalLM")
+        d = self.path("mistral")
+        with open(os.path.join(d, "config.json")) as f:
+            c = json.load(f)
+        c["sliding_window"] = 4096
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(c, f)
+        self.expect_error(d, "sliding")
         make_model(self.path("miss"), edit=lambda t: t.pop("model.norm.weight"))
         self.expect_error(self.path("miss"), "missing tensor model.norm.weight")
         make_model(self.path("extra"), edit=lambda t: t.__setitem__("model.extra.weight", np.ones(3, np.float32)))
