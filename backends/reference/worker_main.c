@@ -51,10 +51,10 @@ static const cg_cfg_opt gen_opts[] = {
      offsetof(gen_cfg, rope_scaling), "", 0, 0,
      "rope_scaling override: none, linear:F, yarn:F, llama3[:F] or dynamic:F (empty: the "
      "preset's)"},
-    {"model-id", "CHUNKGATE_WORKER_GEN_MODEL_ID", CG_CFG_STR, offsetof(gen_cfg, model_id), "", 0,
-     0, "model id written into config.json (empty: chunkgate-PRESET)"},
-    {"tokenizer", "CHUNKGATE_WORKER_GEN_TOKENIZER", CG_CFG_STR, offsetof(gen_cfg, tokenizer), "",
-     0, 0,
+    {"model-id", "CHUNKGATE_WORKER_GEN_MODEL_ID", CG_CFG_STR, offsetof(gen_cfg, model_id), "", 0, 0,
+     "model id written into config.json (empty: chunkgate-PRESET)"},
+    {"tokenizer", "CHUNKGATE_WORKER_GEN_TOKENIZER", CG_CFG_STR, offsetof(gen_cfg, tokenizer), "", 0,
+     0,
      "directory holding tokenizer.json and tokenizer_config.json to copy (checked against the "
      "preset's vocabulary, BOS and EOS)"},
     {"shards", "CHUNKGATE_WORKER_GEN_SHARDS", CG_CFG_INT, offsetof(gen_cfg, shards), "1", 1, 99999,
@@ -145,12 +145,11 @@ static const cg_cfg_opt serve_opts[] = {
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: chunkgate-worker generate-model --out DIR [--preset NAME] [--seed N] "
-            "[--dtype f32|f16|bf16] [--tokenizer DIR] [--rope-scaling SPEC] [--shards N]\n"
-            "       chunkgate-worker serve --model DIR [--listen HOST:PORT] [--data-dir DIR] "
-            "[--pool-mb N] [--disk-mb N] [--kv-source URL --tp N] [options]\n"
-            "       chunkgate-worker SUBCOMMAND --help\n");
+    fprintf(out, "usage: chunkgate-worker generate-model --out DIR [--preset NAME] [--seed N] "
+                 "[--dtype f32|f16|bf16] [--tokenizer DIR] [--rope-scaling SPEC] [--shards N]\n"
+                 "       chunkgate-worker serve --model DIR [--listen HOST:PORT] [--data-dir DIR] "
+                 "[--pool-mb N] [--disk-mb N] [--kv-source URL --tp N] [options]\n"
+                 "       chunkgate-worker SUBCOMMAND --help\n");
 }
 
 static int cmd_generate(int argc, char **argv)
@@ -179,7 +178,8 @@ static int cmd_generate(int argc, char **argv)
     cg_model_gen_params p;
     if (cg_model_gen_preset(c.preset, &p) != CG_OK) {
         fprintf(stderr, "chunkgate-worker generate-model: unknown --preset %s (one of:", c.preset);
-        for (const char *const *n = cg_model_gen_preset_names(); *n; n++) fprintf(stderr, " %s", *n);
+        for (const char *const *n = cg_model_gen_preset_names(); *n; n++)
+            fprintf(stderr, " %s", *n);
         fprintf(stderr, ")\n");
         rc = 2;
         goto out;
