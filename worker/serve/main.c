@@ -25,24 +25,41 @@
 
 typedef struct gen_cfg {
     char *out;
+    char *preset;
     long long seed;
     char *dtype;
     char *rope_style;
+    char *rope_scaling;
     char *model_id;
+    char *tokenizer;
+    long long shards;
 } gen_cfg;
 
 #define GEN_OPT(...) CG_OPT(gen_cfg, __VA_ARGS__)
 static const cg_cfg_opt gen_opts[] = {
     GEN_OPT("out", "CHUNKGATE_WORKER_GEN_OUT", CG_CFG_STR, out, NULL, 0, 0,
-     "directory to write config.json and model.safetensors into (created if missing; required)"),
+            "directory to write config.json and model.safetensors into (created if missing; "
+            "required)"),
+    GEN_OPT("preset", "CHUNKGATE_WORKER_GEN_PRESET", CG_CFG_STR, preset, "tiny", 0, 0,
+            "tiny (byte-level Llama), llama3, llama2, qwen2, qwen3 (small, real vocabularies) or "
+            "qwen2.5-0.5b (full geometry)"),
     GEN_OPT("seed", "CHUNKGATE_WORKER_GEN_SEED", CG_CFG_INT, seed, "1", 0, (1LL << 62),
-     "weights seed; the same seed gives the same bytes"),
-    GEN_OPT("dtype", "CHUNKGATE_WORKER_GEN_DTYPE", CG_CFG_STR, dtype, "f32", 0, 0,
-     "storage dtype of the weights: f32, f16 or bf16 (converted to f32 at load)"),
-    GEN_OPT("rope-style", "CHUNKGATE_WORKER_GEN_ROPE_STYLE", CG_CFG_STR, rope_style,
-     "half", 0, 0, "RoPE pairing: half (HF/NeoX) or interleaved (GPT-J)"),
-    GEN_OPT("model-id", "CHUNKGATE_WORKER_GEN_MODEL_ID", CG_CFG_STR, model_id,
-     "chunkgate-tiny", 0, 0, "model id written into config.json"),
+            "weights seed; the same seed gives the same bytes"),
+    GEN_OPT("dtype", "CHUNKGATE_WORKER_GEN_DTYPE", CG_CFG_STR, dtype, "", 0, 0,
+            "storage dtype of the weights: f32, f16 or bf16 (empty: the preset's; tiny f32)"),
+    GEN_OPT("rope-style", "CHUNKGATE_WORKER_GEN_ROPE_STYLE", CG_CFG_STR, rope_style, "half", 0, 0,
+            "RoPE pairing: half (HF/NeoX) or interleaved (GPT-J; tiny only)"),
+    GEN_OPT("rope-scaling", "CHUNKGATE_WORKER_GEN_ROPE_SCALING", CG_CFG_STR, rope_scaling, "", 0,
+            0,
+            "rope_scaling override: none, linear:F, yarn:F, llama3[:F] or dynamic:F (empty: the "
+            "preset's)"),
+    GEN_OPT("model-id", "CHUNKGATE_WORKER_GEN_MODEL_ID", CG_CFG_STR, model_id, "", 0, 0,
+            "model id written into config.json (empty: chunkgate-PRESET)"),
+    GEN_OPT("tokenizer", "CHUNKGATE_WORKER_GEN_TOKENIZER", CG_CFG_STR, tokenizer, "", 0, 0,
+            "directory holding tokenizer.json and tokenizer_config.json to copy (checked against "
+            "the preset's vocabulary, BOS and EOS)"),
+    GEN_OPT("shards", "CHUNKGATE_WORKER_GEN_SHARDS", CG_CFG_INT, shards, "1", 1, 99999,
+            "N > 1 writes model-0000k-of-0000N.safetensors and model.safetensors.index.json"),
 };
 
 typedef struct serve_cfg {
@@ -147,12 +164,39 @@ static const cg_cfg_opt serve_opts[] = {
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: chunkgate-worker generate-model --out DIR [--seed N] [--dtype f32|f16|bf16] "
-            "[--rope-style half|interleaved]\n"
-            "       chunkgate-worker serve --model DIR [--listen HOST:PORT] [--data-dir DIR] "
-            "[--pool-mb N] [--disk-mb N] [--kv-source URL --tp N] [options]\n"
-            "       chunkgate-worker SUBCOMMAND --help\n");
+    fprintf(out, "usage: chunkgate-worker generate-model --out DIR [--preset NAME] [--seed N] "
+                 "[--dtype f32|f16|bf16] [--tokenizer DIR] [--rope-scaling SPEC] [--shards N]\n"
+                 "       chunkgate-worker serve --model DIR [--listen HOST:PORT] [--data-dir DIR] "
+                 "[--pool-mb N] [--disk-mb N] [--kv-source URL --tp N] [options]\n"
+                 "       chunkgate-worker SUBCOMMAND --help\n");
+}
+
+/* The generator's parameters from the preset and the overrides; 2 after printing why. */
+static int gen_params(const gen_cfg *c, cg_model_gen_params *p)
+{
+    if (cg_model_gen_preset(c->preset, p) != CG_OK) {
+        fprintf(stderr, "chunkgate-worker generate-model: unknown --preset %s (one of:", c->preset);
+        for (const char *const *n = cg_model_gen_preset_names(); *n; n++)
+            fprintf(stderr, " %s", *n);
+        fprintf(stderr, ")\n");
+        return 2;
+    }
+    p->seed = (uint64_t)c->seed;
+    if (c->dtype[0]) p->dtype = c->dtype;
+    if (c->model_id[0]) p->model_id = c->model_id;
+    if (c->rope_scaling[0]) p->rope_scaling = c->rope_scaling;
+    if (c->tokenizer[0]) p->tokenizer_dir = c->tokenizer;
+    p->shards = (int)c->shards;
+    if (!strcmp(c->rope_style, "half")) {
+        p->rope_style = CG_ROPE_HALF;
+    } else if (!strcmp(c->rope_style, "interleaved")) {
+        p->rope_style = CG_ROPE_INTERLEAVED;
+    } else {
+        fprintf(stderr,
+                "chunkgate-worker generate-model: --rope-style must be half or interleaved\n");
+        return 2;
+    }
+    return 0;
 }
 
 static int cmd_generate(int argc, char **argv)
@@ -161,6 +205,7 @@ static int cmd_generate(int argc, char **argv)
     memset(&c, 0, sizeof c);
     char err[ERRLEN];
     int help = 0, rc = 1;
+    cg_model_gen_params p;
     if (cg_config_parse(gen_opts, CG_ARRAY_LEN(gen_opts), &c, argc, argv, &help, err, sizeof err) !=
         CG_OK) {
         fprintf(stderr, "chunkgate-worker generate-model: %s\n", err);
@@ -178,26 +223,15 @@ static int cmd_generate(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    cg_model_gen_params p = cg_model_gen_default_params();
-    p.seed = (uint64_t)c.seed;
-    p.dtype = c.dtype;
-    p.model_id = c.model_id;
-    if (!strcmp(c.rope_style, "half")) {
-        p.rope_style = CG_ROPE_HALF;
-    } else if (!strcmp(c.rope_style, "interleaved")) {
-        p.rope_style = CG_ROPE_INTERLEAVED;
-    } else {
-        fprintf(stderr,
-                "chunkgate-worker generate-model: --rope-style must be half or interleaved\n");
-        rc = 2;
-        goto out;
-    }
+    if ((rc = gen_params(&c, &p)) != 0) goto out;
+    rc = 1;
     if (cg_model_generate(c.out, p, err, sizeof err) != CG_OK) {
         fprintf(stderr, "chunkgate-worker generate-model: %s\n", err);
         goto out;
     }
-    printf("wrote %s/config.json and %s/model.safetensors (seed %lld, %s, rope %s)\n", c.out, c.out,
-           c.seed, c.dtype, c.rope_style);
+    printf("wrote preset %s into %s (seed %lld, %s, rope %s%s%s%s)\n", c.preset, c.out, c.seed,
+           p.dtype, c.rope_style, p.rope_scaling ? ", scaling " : "",
+           p.rope_scaling ? p.rope_scaling : "", p.shards > 1 ? ", sharded" : "");
     rc = 0;
 out:
     cg_config_free(gen_opts, CG_ARRAY_LEN(gen_opts), &c);
