@@ -153,6 +153,8 @@ static const cg_http_route routes[] = {
     {"POST", "/v1/completions", cg_gw_completions, CG_ROUTE_AUTH, "completions"},
     {"POST", "/v1/chat/completions", cg_gw_chat_completions, CG_ROUTE_AUTH, "chat_completions"},
     {"GET", "/v1/models", cg_gw_models, CG_ROUTE_AUTH, "models"},
+    {"POST", "/tokenize", cg_gw_tokenize, CG_ROUTE_AUTH, "tokenize"},
+    {"POST", "/detokenize", cg_gw_detokenize, CG_ROUTE_AUTH, "detokenize"},
     {"GET", "/healthz", h_healthz, CG_ROUTE_INLINE, "healthz"},
     {"GET", "/readyz", h_readyz, 0, "readyz"},
     {"GET", "/metrics", h_metrics, 0, "metrics"},

@@ -13,7 +13,7 @@
 #include <string.h>
 #include "backends/worker_client.h"
 #include "cache/chat.h"
-#include "server/chatconv.h"
+#include "cache/chatreq.h"
 #include "server/relay.h"
 
 /* Fields of ours that an OpenAI-compatible backend would not know: never forwarded to it. */
@@ -47,35 +47,6 @@ static void call_free(gw_call *c)
 static const char *route_name(const gw_call *c)
 {
     return c->chat ? "chat_completions" : "completions";
-}
-
-/* A chat without separators, for a worker (which has no chat route): one line per message,
- * "<role>: <text>", then "assistant:". */
-static void render_plain_chat(json_t *body, cg_buf *out)
-{
-    size_t i, j;
-    json_t *m, *part;
-    cg_status st = CG_OK;
-    json_array_foreach(json_object_get(body, "messages"), i, m)
-    {
-        st = cg_buf_printf(out, "%s: ", json_string_value(json_object_get(m, "role")));
-        json_t *c = json_object_get(m, "content");
-        if (json_is_string(c)) {
-            st = cg_buf_append(out, json_string_value(c), json_string_length(c));
-        } else if (json_is_array(c)) {
-            int n = 0;
-            json_array_foreach(c, j, part)
-            {
-                json_t *t = json_object_get(part, "text");
-                if (!json_is_string(t)) continue;
-                if (n++) st = cg_buf_append(out, "\n", 1);
-                st = cg_buf_append(out, json_string_value(t), json_string_length(t));
-            }
-        }
-        st = cg_buf_append(out, "\n", 1);
-    }
-    st = cg_buf_append(out, "assistant:", 10);
-    (void)st; /* unlimited buffer; the body cap bounds it */
 }
 
 /* ---------------------------------------------------------------- bodies */
@@ -152,15 +123,7 @@ static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
 {
     json_t *o;
     if (c->chat) {
-        cg_buf plain;
-        cg_buf_init(&plain, 0);
-        if (!c->segs.split.passthrough) {
-            o = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
-        } else {
-            render_plain_chat(c->body, &plain);
-            o = cg_gw_chat_as_completion(c->body, plain.data, plain.len);
-        }
-        cg_buf_free(&plain);
+        o = cg_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
         const char *keep[] = {"cache_salt", "chunk_mode", "recompute_prefix_tokens"};
         for (size_t i = 0; i < CG_ARRAY_LEN(keep); i++) {
             json_t *v = json_object_get(c->body, keep[i]);
@@ -172,6 +135,7 @@ static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
     json_object_del(o, "documents");
     *strip_usage = ask_usage(o, c->stream);
     json_object_set_new(o, "chunk_separator", json_string(c->segs.separator));
+    if (c->segs.no_bos) json_object_set_new(o, "add_special_tokens", json_false());
     /* The salt the keys were made with (a tenant's salt is not the client's cache_salt). */
     if (c->segs.salt)
         json_object_set_new(o, "cache_salt", json_string(c->segs.salt));
@@ -350,7 +314,7 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
     cg_gateway *g = c->g;
     json_t *cb;
     if (c->chat) {
-        cb = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
+        cb = cg_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
     } else {
         cb = json_copy(c->body); /* shallow: top-level edits only */
         for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
@@ -515,6 +479,7 @@ static json_t *assemble_body(const gw_call *c)
     if (s->salt) json_object_set_new(ab, "cache_salt", json_string(s->salt));
     if (s->recompute >= 0)
         json_object_set_new(ab, "recompute_prefix_tokens", json_integer(s->recompute));
+    if (s->no_bos) json_object_set_new(ab, "add_special_tokens", json_false());
     return ab;
 }
 

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "backends/sse.h"
-#include "server/chatconv.h"
+#include "cache/chatreq.h"
 #include "backends/worker_client.h"
 #include "server/statuspage.h"
 
@@ -161,7 +161,7 @@ static void on_event(void *arg, const cg_sse_event *ev)
     }
     if (obj) {
         if (r->to_chat && !json_object_get(obj, "error"))
-            cg_gw_to_chat(obj, 1, r->chat_chunks++ == 0);
+            cg_chat_answer_shape(obj, 1, r->chat_chunks++ == 0);
         if (!r->first_data_done && r->chunk_cache) {
             json_object_set(obj, "chunk_cache", r->chunk_cache);
             r->first_data_done = 1;
@@ -257,7 +257,7 @@ static void reply_answer(relay *r)
     int ok = r->status >= 200 && r->status < 300;
     char msg[256];
     if (ok && json_is_object(obj)) {
-        if (r->to_chat) cg_gw_to_chat(obj, 0, 1);
+        if (r->to_chat) cg_chat_answer_shape(obj, 0, 1);
         if (r->chunk_cache) json_object_set(obj, "chunk_cache", r->chunk_cache);
         fix_usage(g, obj, r->cached_tokens, r->count_usage);
         observe_ttft(r);

@@ -13,6 +13,16 @@ void cg_api_health(cg_http_req *req, void *app)
     cg_http_reply_json(req, 200, json_pack("{s:s}", "status", "ok"));
 }
 
+/* A special token's string ("<|endoftext|>"), or null when it has none. */
+static json_t *token_string(cg_worker_api *a, int32_t id)
+{
+    size_t n = 0;
+    const char *s = id < 0 ? NULL
+                           : cg_tokenizer_token_str(cg_model_tokenizer(cg_engine_model(a->e)), id,
+                                                    &n);
+    return s && n ? json_stringn(s, n) : json_null();
+}
+
 void cg_api_info(cg_http_req *req, void *app)
 {
     cg_worker_api *a = app;
@@ -36,6 +46,11 @@ void cg_api_info(cg_http_req *req, void *app)
     for (int i = 0; i < c->n_eos; i++)
         json_array_append_new(eos, json_integer(c->eos_ids[i]));
     SET("eos_token_ids", eos);
+    const cg_tokenizer *tok = cg_model_tokenizer(cg_engine_model(a->e));
+    SET("bos_token", token_string(a, cg_tokenizer_bos(tok)));
+    SET("eos_token", token_string(a, cg_tokenizer_eos(tok)));
+    /* the template the worker renders chats with: a gateway in front renders the same way */
+    SET("chat_template", a->p.chat ? json_string(cg_chat_model_source(a->p.chat)) : json_null());
     SET("architecture", json_string(cg_arch_name(c->arch)));
     SET("rope_scaling", json_string(c->rope_scaling));
     SET("dtype", json_string("f32")); /* compute and KV dtype */

@@ -75,6 +75,7 @@ typedef struct serve_cfg {
     long long reserve_tokens;
     long long max_segments;
     char *separator;
+    char *chat_template;
     long long default_max_tokens;
     size_t max_body;
     long long io_threads;
@@ -122,6 +123,10 @@ static const cg_cfg_opt serve_opts[] = {
      "256", 2, 1 << 20, "segments per request"),
     OPT("separator", "CHUNKGATE_WORKER_SEPARATOR", CG_CFG_STR, separator, CG_SPLIT_DEFAULT_SEPARATOR,
      0, 0, "segment separator of /v1/completions prompts"),
+    OPT("chat-template", "CHUNKGATE_WORKER_CHAT_TEMPLATE", CG_CFG_STR, chat_template, "", 0, 0,
+     "Jinja chat template file for /v1/chat/completions, instead of the model's own "
+     "(tokenizer_config.json or chat_template.jinja); empty = the model's, or the plain "
+     "rendering for a model without one"),
     OPT("default-max-tokens", "CHUNKGATE_WORKER_DEFAULT_MAX_TOKENS", CG_CFG_INT, default_max_tokens, "16", 0, 1 << 24,
      "max_tokens of /v1/completions when the request has none"),
     OPT("max-body", "CHUNKGATE_WORKER_MAX_BODY", CG_CFG_SIZE, max_body, "8M",
@@ -281,6 +286,7 @@ static int check_serve_cfg(const serve_cfg *c)
 typedef struct parts {
     cg_model *model;
     cg_engine *engine;
+    cg_chat_model *chat;
     cg_worker_api *api;
     cg_http_server *srv;
 } parts;
@@ -331,6 +337,64 @@ static int open_engine(const serve_cfg *c, parts *w)
     return -1;
 }
 
+/* Reads a chat template file (at most 1 MiB, the renderer's limit) into a new string. */
+static char *read_template(const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s", strerror(errno));
+        return NULL;
+    }
+    size_t cap = (1u << 20) + 1, n;
+    char *buf = cg_malloc(cap + 1);
+    n = fread(buf, 1, cap, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || n == cap) {
+        snprintf(err, errlen, "%s", bad ? "read error" : "larger than 1 MiB");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+/* The chat template: --chat-template, else the model's own; compiled now so that a template
+ * the worker cannot render refuses the start instead of failing chats later. */
+static int open_chat(const serve_cfg *c, parts *w)
+{
+    char err[ERRLEN];
+    const cg_tokenizer *t = cg_model_tokenizer(w->model);
+    const char *src = cg_tokenizer_chat_template(t), *from = "its tokenizer_config.json";
+    char *owned = NULL;
+    if (c->chat_template[0]) {
+        if (!(owned = read_template(c->chat_template, err, sizeof err))) {
+            cg_log(CG_LOG_ERROR, "--chat-template %s: %s", c->chat_template, err);
+            return -1;
+        }
+        src = owned;
+        from = c->chat_template;
+    }
+    if (!src) return 0; /* the plain rendering */
+    /* bos_token and eos_token as the tokenizer defines them (tokenizer_config.json), as
+     * apply_chat_template passes them */
+    char bos[256] = "", eos[256] = "";
+    size_t n;
+    const char *s = cg_tokenizer_token_str(t, cg_tokenizer_bos(t), &n);
+    if (s) snprintf(bos, sizeof bos, "%.*s", (int)n, s);
+    s = cg_tokenizer_token_str(t, cg_tokenizer_eos(t), &n);
+    if (s) snprintf(eos, sizeof eos, "%.*s", (int)n, s);
+    cg_status st = cg_chat_model_new(src, bos[0] ? bos : NULL, eos[0] ? eos : NULL, &w->chat, err,
+                                     sizeof err);
+    free(owned);
+    if (st == CG_OK) return 0;
+    cg_log(CG_LOG_ERROR,
+           "the chat template of %s (%s) cannot be rendered: %s; give one that can with "
+           "--chat-template FILE",
+           c->model, from, err);
+    return -1;
+}
+
 /* Starts the HTTP API on the engine. */
 static int open_api(const serve_cfg *c, parts *w)
 {
@@ -344,6 +408,7 @@ static int open_api(const serve_cfg *c, parts *w)
     ap.kv_timeout_ms = (long)c->kv_timeout_ms;
     ap.kv_request_source = (int)c->kv_request_source;
     ap.kv_max_pulls = (int)c->kv_max_pulls;
+    ap.chat = w->chat;
     w->api = cg_worker_api_new(ap);
 
     cg_http_params hp = cg_http_default_params();
@@ -375,6 +440,7 @@ static void close_parts(parts *w)
 {
     cg_http_close(&w->srv);
     cg_worker_api_free(&w->api);
+    cg_chat_model_unref(&w->chat);
     cg_engine_close(&w->engine);
     cg_model_close(&w->model);
 }
@@ -422,7 +488,7 @@ static int cmd_serve(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
-    if (open_engine(&c, &w) != 0 || open_api(&c, &w) != 0) goto out;
+    if (open_engine(&c, &w) != 0 || open_chat(&c, &w) != 0 || open_api(&c, &w) != 0) goto out;
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -10,6 +10,7 @@
 #include "worker/serve/api_common.h"
 #include "worker/serve/api_complete.h"
 #include "worker/serve/api_ops.h"
+#include "worker/serve/api_tokens.h"
 
 cg_worker_api_params cg_worker_api_default_params(void)
 {
@@ -85,6 +86,9 @@ static const cg_http_route routes[] = {
     {"GET", "/v1/assemblies/*/kv", cg_api_assembly_kv, 0, "assembly_kv"},
     {"GET", "/v1/assemblies/*/logits", cg_api_assembly_logits, 0, "assembly_logits"},
     {"POST", "/v1/completions", cg_api_completions, 0, "completions"},
+    {"POST", "/v1/chat/completions", cg_api_chat_completions, 0, "chat_completions"},
+    {"POST", "/tokenize", cg_api_tokenize, 0, "tokenize"},
+    {"POST", "/detokenize", cg_api_detokenize, 0, "detokenize"},
     {"GET", "/v1/chunks", cg_api_chunks, CG_ROUTE_INLINE, "chunks"},
     {"GET", "/v1/chunks/*", cg_api_chunk_get, CG_ROUTE_INLINE, "chunk_get"},
     {"DELETE", "/v1/chunks/*", cg_api_chunk_delete, CG_ROUTE_INLINE, "chunk_delete"},

@@ -9,6 +9,7 @@
 #include "worker/serve/engine.h"
 #include "worker/serve/text.h"
 #include "base/http.h"
+#include "cache/chatreq.h"
 
 typedef struct cg_worker_api cg_worker_api;
 
@@ -26,6 +27,9 @@ typedef struct cg_worker_api_params {
     int tp;                /* tensor-parallel ranks of a pull; default 1 */
     long kv_timeout_ms;    /* per pull request; default 5000 */
     int kv_max_pulls;      /* pulls at once; more are answered 503 at once; default 4 */
+    /* The model's chat template (borrowed; outlives the api), or NULL: chats then take the
+     * plain rendering of cache/chat.h. */
+    cg_chat_model *chat;
 } cg_worker_api_params;
 
 cg_worker_api_params cg_worker_api_default_params(void);
