@@ -165,6 +165,9 @@ cg_status cg_wc_info_parse(json_t *j, cg_wc_info *out, char *err, size_t errlen)
     out->n_kv_heads = json_integer_value(json_object_get(j, "n_kv_heads"));
     out->head_dim = json_integer_value(json_object_get(j, "head_dim"));
     out->max_positions = json_integer_value(json_object_get(j, "max_positions"));
+    out->chat_template = dup_field(j, "chat_template");
+    out->bos_token = dup_field(j, "bos_token");
+    out->eos_token = dup_field(j, "eos_token");
     /* A restart marker, when the worker has one: a new value means a new process whose cache
      * may differ from what the index knows. */
     const char *names[] = {"instance_id", "started_ms", "start_time"};
@@ -200,6 +203,9 @@ void cg_wc_info_clear(cg_wc_info *i)
     free(i->key_version);
     free(i->key_hash);
     free(i->instance);
+    free(i->chat_template);
+    free(i->bos_token);
+    free(i->eos_token);
     memset(i, 0, sizeof *i);
 }
 
@@ -217,6 +223,9 @@ void cg_wc_info_copy(cg_wc_info *dst, const cg_wc_info *src)
     dst->key_version = dup_or_null(src->key_version);
     dst->key_hash = dup_or_null(src->key_hash);
     dst->instance = dup_or_null(src->instance);
+    dst->chat_template = dup_or_null(src->chat_template);
+    dst->bos_token = dup_or_null(src->bos_token);
+    dst->eos_token = dup_or_null(src->eos_token);
 }
 
 int cg_wc_info_compatible(const cg_wc_info *a, const cg_wc_info *b, char *msg, size_t msglen)

@@ -52,6 +52,8 @@ typedef struct cg_wc_info {
     char *instance; /* owned; the worker's instance id or start time when it reports one
                        (instance_id, started_ms or start_time), else NULL */
     int64_t n_layers, n_kv_heads, head_dim, max_positions;
+    char *chat_template;        /* owned; the model's chat template, NULL when it has none */
+    char *bos_token, *eos_token; /* owned; its special-token strings, NULL when none */
 } cg_wc_info;
 
 /* Parses an info answer into *out (zeroed first; clear with cg_wc_info_clear). CG_E_VALUE

@@ -153,6 +153,8 @@ static const cg_http_route routes[] = {
     {"POST", "/v1/completions", cg_gw_completions, CG_ROUTE_AUTH, "completions"},
     {"POST", "/v1/chat/completions", cg_gw_chat_completions, CG_ROUTE_AUTH, "chat_completions"},
     {"GET", "/v1/models", cg_gw_models, CG_ROUTE_AUTH, "models"},
+    {"POST", "/tokenize", cg_gw_tokenize, CG_ROUTE_AUTH, "tokenize"},
+    {"POST", "/detokenize", cg_gw_detokenize, CG_ROUTE_AUTH, "detokenize"},
     {"GET", "/healthz", h_healthz, CG_ROUTE_INLINE, "healthz"},
     {"GET", "/readyz", h_readyz, 0, "readyz"},
     {"GET", "/metrics", h_metrics, 0, "metrics"},
@@ -223,6 +225,11 @@ static void metrics_setup(cg_gateway *g)
                                                     "reason=\"worker_error\"");
     g->m_fallback_model =
         cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb, "reason=\"model\"");
+    g->m_busy = cg_metrics_counter(
+        m, "chunkgate_worker_busy_total",
+        "Assembles a worker answered 429 (at its --max-running + --max-queue): routed to "
+        "another worker, or the 429 passed on when every worker was busy",
+        NULL);
     g->m_releases = cg_metrics_counter(
         m, "chunkgate_assembly_releases_total",
         "Assemblies released on their worker because no completion consumed them (client left, "

@@ -34,6 +34,7 @@ struct cg_gateway {
     cg_metric *m_fallbacks, *m_passthrough, *m_disconnects;
     cg_metric *m_fallback_no_worker, *m_fallback_worker_error, *m_fallback_model;
     cg_metric *m_releases, *m_ttft, *m_assemble;
+    cg_metric *m_busy; /* assembles a worker answered 429 */
 
     /* /readyz caches the backend probe briefly so a busy prober cannot load the backend. */
     pthread_mutex_t ready_mu;

@@ -13,7 +13,7 @@
 #include <string.h>
 #include "backends/worker_client.h"
 #include "cache/chat.h"
-#include "server/chatconv.h"
+#include "cache/chatreq.h"
 #include "server/relay.h"
 
 /* Fields of ours that an OpenAI-compatible backend would not know: never forwarded to it. */
@@ -33,6 +33,7 @@ typedef struct gw_call {
     cg_worker *w; /* routed worker (reference, in flight) */
     cg_route_kind kind;
     uint64_t t0;
+    int busy_tries; /* workers that answered 429 to this request's assemble */
 } gw_call;
 
 static void call_free(gw_call *c)
@@ -47,35 +48,6 @@ static void call_free(gw_call *c)
 static const char *route_name(const gw_call *c)
 {
     return c->chat ? "chat_completions" : "completions";
-}
-
-/* A chat without separators, for a worker (which has no chat route): one line per message,
- * "<role>: <text>", then "assistant:". */
-static void render_plain_chat(json_t *body, cg_buf *out)
-{
-    size_t i, j;
-    json_t *m, *part;
-    cg_status st = CG_OK;
-    json_array_foreach(json_object_get(body, "messages"), i, m)
-    {
-        st = cg_buf_printf(out, "%s: ", json_string_value(json_object_get(m, "role")));
-        json_t *c = json_object_get(m, "content");
-        if (json_is_string(c)) {
-            st = cg_buf_append(out, json_string_value(c), json_string_length(c));
-        } else if (json_is_array(c)) {
-            int n = 0;
-            json_array_foreach(c, j, part)
-            {
-                json_t *t = json_object_get(part, "text");
-                if (!json_is_string(t)) continue;
-                if (n++) st = cg_buf_append(out, "\n", 1);
-                st = cg_buf_append(out, json_string_value(t), json_string_length(t));
-            }
-        }
-        st = cg_buf_append(out, "\n", 1);
-    }
-    st = cg_buf_append(out, "assistant:", 10);
-    (void)st; /* unlimited buffer; the body cap bounds it */
 }
 
 /* ---------------------------------------------------------------- bodies */
@@ -163,15 +135,7 @@ static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
 {
     json_t *o;
     if (c->chat) {
-        cg_buf plain;
-        cg_buf_init(&plain, 0);
-        if (!c->segs.split.passthrough) {
-            o = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
-        } else {
-            render_plain_chat(c->body, &plain);
-            o = cg_gw_chat_as_completion(c->body, plain.data, plain.len);
-        }
-        cg_buf_free(&plain);
+        o = cg_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
         const char *keep[] = {"cache_salt", "chunk_mode", "quality_probe"};
         for (size_t i = 0; i < CG_ARRAY_LEN(keep); i++) {
             json_t *v = json_object_get(c->body, keep[i]);
@@ -184,6 +148,7 @@ static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
     set_recompute(o, &c->segs);
     *strip_usage = ask_usage(o, c->stream);
     json_object_set_new(o, "chunk_separator", json_string(c->segs.separator));
+    if (c->segs.no_bos) json_object_set_new(o, "add_special_tokens", json_false());
     /* The salt the keys were made with (a tenant's salt is not the client's cache_salt). */
     if (c->segs.salt)
         json_object_set_new(o, "cache_salt", json_string(c->segs.salt));
@@ -373,7 +338,7 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
     cg_gateway *g = c->g;
     json_t *cb;
     if (c->chat) {
-        cb = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
+        cb = cg_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
     } else {
         cb = json_copy(c->body); /* shallow: top-level edits only */
         for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
@@ -408,6 +373,56 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
     call_free(c);
 }
 
+static void on_assembled(void *arg, cg_status st, long http, json_t *j, const char *detail);
+static json_t *assemble_body(const gw_call *c);
+
+/* POST {worker}/v1/assemble for c on c->w; the answer comes to on_assembled. */
+static void submit_assemble(gw_call *c)
+{
+    cg_gateway *g = c->g;
+    json_t *ab = assemble_body(c);
+    char *text = json_dumps(ab, JSON_COMPACT);
+    json_decref(ab);
+    cg_log(CG_LOG_DEBUG, "routed to %s (%s)", cg_worker_url(c->w), cg_route_kind_name(c->kind));
+    c->t0 = cg_now_ns();
+    /* The answer may arrive (on the curl thread) before cg_wc_call returns: c is not ours
+     * once the call is submitted. */
+    char url[600];
+    snprintf(url, sizeof url, "%s", cg_worker_url(c->w));
+    cg_http_req *req = c->req;
+    if (cg_wc_call(g->client, url, "POST", "/v1/assemble", text, strlen(text), c->rid,
+                   (long)g->cfg->worker_timeout_ms, on_assembled, c, NULL) != CG_OK) {
+        cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
+        call_free(c);
+    }
+}
+
+/* A worker answered 429 (at --max-running + --max-queue): it is busy, not broken. The request
+ * goes to another worker that can take it; when every worker has been tried, the client gets
+ * the 429 with Retry-After. Returns 1 when it took over c. */
+static int on_busy(gw_call *c, json_t **body)
+{
+    cg_gateway *g = c->g;
+    cg_metric_add(g->m_busy, 1);
+    if (++c->busy_tries < (int)cg_workers_count(g->workers)) {
+        cg_worker *other = cg_workers_pick_any(g->workers, c->w);
+        if (other) {
+            cg_log(CG_LOG_INFO, "worker %s is busy (429); trying %s", cg_worker_url(c->w),
+                   cg_worker_url(other));
+            cg_workers_release(g->workers, &c->w);
+            c->w = other;
+            c->kind = CG_ROUTE_LEAST_LOADED;
+            submit_assemble(c);
+            return 1;
+        }
+    }
+    cg_http_add_header(c->req, "Retry-After", "1");
+    cg_http_reply_json(c->req, 429, *body);
+    *body = NULL;
+    call_free(c);
+    return 1;
+}
+
 static void on_assembled(void *arg, cg_status st, long http, json_t *j, const char *detail)
 {
     gw_call *c = arg;
@@ -426,6 +441,10 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
                                                   : "invalid",
                          why);
         goto fallback;
+    }
+    if (http == 429) {
+        on_busy(c, &j);
+        goto out;
     }
     if (http != 200) {
         const char *code = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
@@ -487,6 +506,7 @@ static json_t *assemble_body(const gw_call *c)
                            cg_mode_name(s->mode), "segments", segs);
     if (s->salt) json_object_set_new(ab, "cache_salt", json_string(s->salt));
     set_recompute(ab, s);
+    if (s->no_bos) json_object_set_new(ab, "add_special_tokens", json_false());
     return ab;
 }
 
@@ -564,19 +584,5 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
         forward_plain(c, "no_worker", NULL, NULL);
         return;
     }
-    json_t *ab = assemble_body(c);
-    char *text = json_dumps(ab, JSON_COMPACT);
-    json_decref(ab);
-    cg_log(CG_LOG_DEBUG, "routed to %s (%s, %lld cached tokens expected)", cg_worker_url(c->w),
-           cg_route_kind_name(c->kind), (long long)expect);
-    c->t0 = cg_now_ns();
-    /* The answer may arrive (on the curl thread) before cg_wc_call returns: c is not ours
-     * once the call is submitted. */
-    char url[600];
-    snprintf(url, sizeof url, "%s", cg_worker_url(c->w));
-    if (cg_wc_call(g->client, url, "POST", "/v1/assemble", text, strlen(text), c->rid,
-                   (long)g->cfg->worker_timeout_ms, on_assembled, c, NULL) != CG_OK) {
-        cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
-        call_free(c);
-    }
+    submit_assemble(c);
 }

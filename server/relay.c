@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "backends/sse.h"
-#include "server/chatconv.h"
+#include "cache/chatreq.h"
 #include "backends/worker_client.h"
 #include "server/statuspage.h"
 
@@ -176,7 +176,7 @@ static void on_event(void *arg, const cg_sse_event *ev)
     }
     if (obj) {
         if (r->to_chat && !json_object_get(obj, "error"))
-            cg_gw_to_chat(obj, 1, r->chat_chunks++ == 0);
+            cg_chat_answer_shape(obj, 1, r->chat_chunks++ == 0);
         int upstream_cc = json_object_get(obj, "chunk_cache") != NULL;
         merge_chunk_cache(r, obj);
         if ((!r->first_data_done || upstream_cc) && r->chunk_cache) {
@@ -274,7 +274,7 @@ static void reply_answer(relay *r)
     int ok = r->status >= 200 && r->status < 300;
     char msg[256];
     if (ok && json_is_object(obj)) {
-        if (r->to_chat) cg_gw_to_chat(obj, 0, 1);
+        if (r->to_chat) cg_chat_answer_shape(obj, 0, 1);
         merge_chunk_cache(r, obj);
         if (r->chunk_cache) json_object_set(obj, "chunk_cache", r->chunk_cache);
         fix_usage(g, obj, r->cached_tokens, r->count_usage);

@@ -45,6 +45,7 @@ struct cg_workers {
     size_t n, cap;
     cg_wc_info pool; /* the accepted geometry; have_pool */
     int have_pool;
+    cg_chat_model *chat; /* the pool's chat template, compiled; NULL when it has none */
     pthread_t thread;
     int started, stop;
     cg_metric *m_errors[CG_ARRAY_LEN(ERROR_KINDS)];
@@ -291,6 +292,7 @@ void cg_workers_close(cg_workers **rp)
     }
     free(r->v);
     cg_wc_info_clear(&r->pool);
+    cg_chat_model_unref(&r->chat);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -319,6 +321,29 @@ size_t cg_workers_healthy(cg_workers *r)
         k += r->v[i]->state == W_HEALTHY;
     pthread_mutex_unlock(&r->mu);
     return k;
+}
+
+/* Compiles the accepted pool's chat template. A worker refuses to load a template it cannot
+ * render, and it renders with this same code, so a failure here means a worker of another
+ * implementation: its chats fall back to the plain rendering, said once in the log. */
+static void pool_chat_locked(cg_workers *r)
+{
+    if (!r->pool.chat_template) return;
+    char err[256];
+    cg_status st = cg_chat_model_new(r->pool.chat_template, r->pool.bos_token, r->pool.eos_token,
+                                     &r->chat, err, sizeof err);
+    if (st != CG_OK)
+        cg_log(CG_LOG_WARN, "the workers' chat template cannot be rendered here (%s); chat "
+                            "requests use the plain rendering", err);
+}
+
+cg_chat_model *cg_workers_chat_model(cg_workers *r)
+{
+    if (!r) return NULL;
+    pthread_mutex_lock(&r->mu);
+    cg_chat_model *m = cg_chat_model_ref(r->chat);
+    pthread_mutex_unlock(&r->mu);
+    return m;
 }
 
 int cg_workers_model(cg_workers *r, char *buf, size_t n)
@@ -480,6 +505,7 @@ static int sync_worker(cg_workers *r, cg_worker *w, uint64_t now)
     if (!r->have_pool) {
         cg_wc_info_copy(&r->pool, &info);
         r->have_pool = 1;
+        pool_chat_locked(r);
     }
     if (w->have_info && info.instance && w->info.instance &&
         strcmp(info.instance, w->info.instance) != 0)
@@ -630,6 +656,7 @@ cg_status cg_workers_remove(cg_workers *r, int64_t id, const char *url_in, json_
         id = w->id;
         if (r->n == 0 && r->have_pool) { /* an empty pool accepts any model again */
             cg_wc_info_clear(&r->pool);
+            cg_chat_model_unref(&r->chat);
             r->have_pool = 0;
         }
         dead = unref_locked(w);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <jansson.h>
 #include "backends/openai.h"
+#include "cache/chatreq.h"
 #include "base/metrics.h"
 #include "sql/index.h"
 
@@ -75,6 +76,10 @@ size_t cg_workers_healthy(cg_workers *r);
 /* The model the worker pool serves (--model, else the first accepted worker's) into buf;
  * returns 0 when none is known yet. */
 int cg_workers_model(cg_workers *r, char *buf, size_t n);
+/* The chat template the workers reported in /v1/info (one reference, release with
+ * cg_chat_model_unref), or NULL when they reported none (or r is NULL): chats then use the
+ * plain rendering. */
+cg_chat_model *cg_workers_chat_model(cg_workers *r);
 
 /* ---- routing ---- */
 

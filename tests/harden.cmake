@@ -2,7 +2,8 @@
 # gateway crash safety, the key hash option, and one valgrind run. Each starts the real
 # chunkgate (and chunkgate-worker / tests/fake_backend) on loopback.
 if(TARGET chunkgate AND TARGET chunkgate-worker AND TARGET fake_backend)
-  set(CG_HARDEN_SUITES auth limits faults crash keyhash valgrind)
+  set(CG_HARDEN_SUITES auth limits faults crash keyhash valgrind concurrency)
+  set(CG_HARDEN_LIBS_concurrency cg_server)
   set(CG_HARDEN_LIBS_auth cg_server)
   set(CG_HARDEN_LIBS_limits cg_server)
   set(CG_HARDEN_LIBS_faults cg_server PkgConfig::SQLITE)
@@ -19,6 +20,10 @@ if(TARGET chunkgate AND TARGET chunkgate-worker AND TARGET fake_backend)
         FAKE_BACKEND_BIN="$<TARGET_FILE:fake_backend>")
     endif()
   endforeach()
+  if(TARGET test_concurrency)
+    # the 64-client soak runs CG_SOAK_SECONDS (60 by default)
+    set_tests_properties(test_concurrency PROPERTIES TIMEOUT 400)
+  endif()
   if(TARGET test_valgrind)
     # 77: valgrind is not installed, or the build is instrumented (ASan and valgrind exclude
     # each other).

@@ -211,11 +211,11 @@ END_TEST
 START_TEST(admission)
 {
     cg_engine *e = new_engine(m_f32, 2, 3, 64);
-    for (int i = 0; i < 5; i++) ck_assert_int_eq(cg_engine_admit(e), CG_OK);
-    ck_assert_int_eq(cg_engine_admit(e), CG_E_RATE_LIMIT);
+    for (int i = 0; i < 5; i++) ck_assert_int_eq(cg_engine_admit(e, 0), CG_OK);
+    ck_assert_int_eq(cg_engine_admit(e, 0), CG_E_RATE_LIMIT);
     cg_engine_leave(e);
-    ck_assert_int_eq(cg_engine_admit(e), CG_OK);
-    ck_assert_int_eq(cg_engine_admit(e), CG_E_RATE_LIMIT);
+    ck_assert_int_eq(cg_engine_admit(e, 0), CG_OK);
+    ck_assert_int_eq(cg_engine_admit(e, 0), CG_E_RATE_LIMIT);
     for (int i = 0; i < 5; i++) cg_engine_leave(e);
     ck_assert_uint_eq(cg_engine_sched_stats(e).refused, 2);
     ck_assert_uint_eq(cg_engine_sched_stats(e).admitted, 0);

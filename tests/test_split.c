@@ -144,7 +144,8 @@ END_TEST
 
 START_TEST(test_trimming)
 {
-    const char *want[] = {"s y s", "d\n\noc", "q"};
+    /* the question keeps its trailing whitespace: the model continues from it */
+    const char *want[] = {"s y s", "d\n\noc", "q \n"};
     expect_split(" \t\r\n\v\f s y s \f\v\n\r\t # # \n d\n\noc \n # # q \n", NULL, 0, 0, want, 3);
     /* Non-ASCII whitespace (U+00A0 NO-BREAK SPACE) is not trimmed. */
     const char *want2[] = {"\xC2\xA0sys", "q"};
@@ -156,7 +157,12 @@ START_TEST(test_trimming)
     ck_assert_uint_eq(r.segs[0].off, 2);
     ck_assert_uint_eq(r.segs[0].len, 3);
     ck_assert_uint_eq(r.segs[1].off, 11);
-    ck_assert_uint_eq(r.segs[1].len, 2);
+    ck_assert_uint_eq(r.segs[1].len, 3);
+    /* trailing whitespace alone after the last separator is an empty segment */
+    ck_assert_int_eq(cg_split_prompt("a # # b # #  \n", 14, NULL, &r), CG_OK);
+    ck_assert_uint_eq(r.n, 2);
+    ck_assert_uint_eq(r.segs[1].len, 1);
+    ck_assert_uint_eq(r.empty_skipped, 1);
     cg_split_result_free(&r);
 }
 END_TEST
@@ -623,7 +629,10 @@ static cg_status ref_split(const char *t, size_t len, const char *sep, size_t ma
         size_t a = start, b = i;
         while (a < b && strchr(" \t\n\r\v\f", t[a]) && t[a])
             a++;
-        while (b > a && strchr(" \t\n\r\v\f", t[b - 1]) && t[b - 1])
+        int last = !match, blank = 1;
+        for (size_t k = a; k < b; k++)
+            blank &= strchr(" \t\n\r\v\f", t[k]) && t[k];
+        while ((!last || blank) && b > a && strchr(" \t\n\r\v\f", t[b - 1]) && t[b - 1])
             b--;
         if (a == b) {
             e++;

@@ -3,8 +3,8 @@
  * a default gateway configuration: jansson's parse (flags of cg_http_req_json), the field
  * helpers (model, stream, max_tokens, max_completion_tokens, keys) and cg_gw_segment_request
  * (extension fields, prompt or messages + documents, split/chat rendering, keys); and the
- * chat <-> completions conversions of server/chatconv.c (cg_gw_chat_as_completion on the
- * body, cg_gw_to_chat on the body taken as an upstream answer).
+ * chat <-> completions conversions of cache/chatreq.c (cg_chat_as_completion on the
+ * body, cg_chat_answer_shape on the body taken as an upstream answer).
  * The HTTP plumbing (cg_http_req), forward_body() and the handlers themselves are static in
  * server/infer.c and server/admin.c and are not reached (see tests/README.md).
  * Invariants: no crash or leak; every refusal is a 4xx status naming a field with a message;
@@ -15,7 +15,7 @@
 #include "base/base.h"
 #include "cache/key.h"
 #include "server/gateway.h"
-#include "server/chatconv.h"
+#include "cache/chatreq.h"
 #include "server/gwstate.h"
 #include "server/segments.h"
 #include "base/http.h"
@@ -201,12 +201,12 @@ static void helpers(json_t *body)
     }
 }
 
-/* The chat <-> completions conversions of server/chatconv.c: the body as a chat request
+/* The chat <-> completions conversions of cache/chatreq.c: the body as a chat request
  * turned into a completions body, and as an upstream answer rewritten in chat shape. */
 static void conversions(json_t *body, const uint8_t *data, size_t size)
 {
     size_t plen = size < 64 ? size : 64;
-    json_t *c = cg_gw_chat_as_completion(body, (const char *)data, plen);
+    json_t *c = cg_chat_as_completion(body, (const char *)data, plen);
     FUZZ_CHECK(json_is_object(c));
     json_t *p = json_object_get(c, "prompt");
     /* jansson refuses invalid UTF-8, so the prompt may be absent, never wrong */
@@ -216,7 +216,7 @@ static void conversions(json_t *body, const uint8_t *data, size_t size)
         json_t *ans = json_deep_copy(body);
         FUZZ_CHECK(ans != NULL);
         int stream = mode > 0, first = mode == 1;
-        cg_gw_to_chat(ans, stream, first);
+        cg_chat_answer_shape(ans, stream, first);
         FUZZ_CHECK(!strcmp(json_string_value(json_object_get(ans, "object")),
                            stream ? "chat.completion.chunk" : "chat.completion"));
         const char *id = json_string_value(json_object_get(ans, "id"));

@@ -16,6 +16,16 @@ void cg_api_health(cg_http_req *req, void *app)
                                            cg_canary_summary_json(a->canary)));
 }
 
+/* A special token's string ("<|endoftext|>"), or null when it has none. */
+static json_t *token_string(cg_worker_api *a, int32_t id)
+{
+    size_t n = 0;
+    const char *s = id < 0 ? NULL
+                           : cg_tokenizer_token_str(cg_model_tokenizer(cg_engine_model(a->e)), id,
+                                                    &n);
+    return s && n ? json_stringn(s, n) : json_null();
+}
+
 void cg_api_info(cg_http_req *req, void *app)
 {
     cg_worker_api *a = app;
@@ -39,6 +49,11 @@ void cg_api_info(cg_http_req *req, void *app)
     for (int i = 0; i < c->n_eos; i++)
         json_array_append_new(eos, json_integer(c->eos_ids[i]));
     SET("eos_token_ids", eos);
+    const cg_tokenizer *tok = cg_model_tokenizer(cg_engine_model(a->e));
+    SET("bos_token", token_string(a, cg_tokenizer_bos(tok)));
+    SET("eos_token", token_string(a, cg_tokenizer_eos(tok)));
+    /* the template the worker renders chats with: a gateway in front renders the same way */
+    SET("chat_template", a->p.chat ? json_string(cg_chat_model_source(a->p.chat)) : json_null());
     SET("architecture", json_string(cg_arch_name(c->arch)));
     SET("rope_scaling", json_string(c->rope_scaling));
     SET("dtype", json_string("f32")); /* compute and KV dtype */
@@ -118,6 +133,19 @@ void cg_api_metrics(cg_http_req *req, void *app)
               (double)ps.referenced_chunks);
     set_gauge(m, P "assemblies_live", "Assemblies built and not yet consumed or released",
               (double)live);
+    cg_sched_stats ss = cg_engine_sched_stats(a->e);
+    set_gauge(m, P "sequences_running", "Sequences in the decoding batch", (double)ss.running);
+    set_gauge(m, P "requests_admitted",
+              "Assemble and completion requests in the worker (running and waiting)",
+              (double)ss.admitted);
+    set_gauge(m, P "prefill_waiting", "Prefill jobs queued or running", (double)ss.prefill_waiting);
+    set_counter(m, P "decode_steps_total", "Decode steps (one batch of every running sequence)",
+                ss.steps);
+    set_counter(m, P "decode_rows_total", "Decode tokens computed in decode steps", ss.decode_rows);
+    set_counter(m, P "prefill_pieces_total", "Prefill pieces computed between decode steps",
+                ss.prefill_pieces);
+    set_counter(m, P "rate_limited_total", "Requests answered 429 (max_running + max_queue)",
+                ss.refused);
     set_gauge(m, P "kv_pulls_in_flight", "KV pulls from a source worker in progress",
               (double)__atomic_load_n(&a->pulls, __ATOMIC_ACQUIRE));
     set_counter(m, P "chunk_hits_total", "Cacheable segments found in the pool", es.chunk_hits);

@@ -305,9 +305,9 @@ cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t 
     return st;
 }
 
-cg_status cg_engine_admit(cg_engine *e)
+cg_status cg_engine_admit(cg_engine *e, int force)
 {
-    return cg_sched_admit(e->sched);
+    return cg_sched_admit(e->sched, force);
 }
 
 void cg_engine_leave(cg_engine *e)
@@ -318,4 +318,9 @@ void cg_engine_leave(cg_engine *e)
 cg_sched_stats cg_engine_sched_stats(cg_engine *e)
 {
     return cg_sched_get_stats(e->sched);
+}
+
+cg_sched *cg_engine_sched(cg_engine *e)
+{
+    return e->sched;
 }

@@ -248,11 +248,14 @@ cg_status cg_engine_probe_compare(cg_engine *e, const cg_probe *p, cg_quality *o
 void cg_engine_stop_background(cg_engine *e);
 
 /* Admission (the scheduler's): CG_OK, or CG_E_RATE_LIMIT when max_running + max_queue requests
- * are in the worker. Every CG_OK is paired with cg_engine_leave. */
-cg_status cg_engine_admit(cg_engine *e) CG_WUR;
+ * are in the worker (force: count it but never refuse). Every CG_OK is paired with
+ * cg_engine_leave. */
+cg_status cg_engine_admit(cg_engine *e, int force) CG_WUR;
 void cg_engine_leave(cg_engine *e);
 /* The scheduler's counters. */
 cg_sched_stats cg_engine_sched_stats(cg_engine *e);
+/* The scheduler itself (borrowed), for its queue-time histograms. */
+cg_sched *cg_engine_sched(cg_engine *e);
 
 /* Per-head KV export, DESIGN §7 (the payload of kv/kvwire.h; the api adds its header):
  * for each KV head in [h0, h1], for each layer, K then V, each [tokens][head_dim]

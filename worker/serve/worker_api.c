@@ -10,6 +10,7 @@
 #include "worker/serve/api_common.h"
 #include "worker/serve/api_complete.h"
 #include "worker/serve/api_ops.h"
+#include "worker/serve/api_tokens.h"
 
 cg_worker_api_params cg_worker_api_default_params(void)
 {
@@ -43,6 +44,15 @@ cg_worker_api *cg_worker_api_new(cg_worker_api_params p)
     if (!(a->p.recompute_ratio >= 0 && a->p.recompute_ratio <= 1)) a->p.recompute_ratio = 0;
     a->metrics = cg_metrics_new();
     a->canary = cg_canary_new(a->e, a->metrics, a->p.canary_rate, a->p.canary_queue);
+    /* queue time: prefill work waiting for its first piece, sequences waiting for a place */
+    cg_sched_set_queue_histograms(
+        cg_engine_sched(a->e),
+        cg_metrics_histogram(a->metrics, P "queue_seconds",
+                             "Time requests waited in the scheduler before computing, by phase",
+                             "phase=\"prefill\"", cg_metrics_latency_buckets, cg_metrics_latency_n),
+        cg_metrics_histogram(a->metrics, P "queue_seconds",
+                             "Time requests waited in the scheduler before computing, by phase",
+                             "phase=\"decode\"", cg_metrics_latency_buckets, cg_metrics_latency_n));
     cg_api_random_hex(a->instance_id, 16);
     a->started_ms = (int64_t)cg_wall_ms();
     return a;
@@ -83,6 +93,9 @@ static const cg_http_route routes[] = {
     {"GET", "/v1/assemblies/*/kv", cg_api_assembly_kv, 0, "assembly_kv"},
     {"GET", "/v1/assemblies/*/logits", cg_api_assembly_logits, 0, "assembly_logits"},
     {"POST", "/v1/completions", cg_api_completions, 0, "completions"},
+    {"POST", "/v1/chat/completions", cg_api_chat_completions, 0, "chat_completions"},
+    {"POST", "/tokenize", cg_api_tokenize, 0, "tokenize"},
+    {"POST", "/detokenize", cg_api_detokenize, 0, "detokenize"},
     {"GET", "/v1/chunks", cg_api_chunks, CG_ROUTE_INLINE, "chunks"},
     {"GET", "/v1/chunks/*", cg_api_chunk_get, CG_ROUTE_INLINE, "chunk_get"},
     {"DELETE", "/v1/chunks/*", cg_api_chunk_delete, CG_ROUTE_INLINE, "chunk_delete"},

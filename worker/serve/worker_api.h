@@ -9,6 +9,7 @@
 #include "worker/serve/engine.h"
 #include "worker/serve/text.h"
 #include "base/http.h"
+#include "cache/chatreq.h"
 
 typedef struct cg_worker_api cg_worker_api;
 
@@ -32,6 +33,9 @@ typedef struct cg_worker_api_params {
                                compared with a plain causal forward in the background; 0.01 */
     uint32_t canary_tokens; /* generated tokens a comparison covers (teacher forcing); 16 */
     uint32_t canary_queue;  /* sampled comparisons waiting; more are dropped; default 4 */
+    /* The model's chat template (borrowed; outlives the api), or NULL: chats then take the
+     * plain rendering of cache/chat.h. */
+    cg_chat_model *chat;
 } cg_worker_api_params;
 
 cg_worker_api_params cg_worker_api_default_params(void);
