@@ -1,6 +1,6 @@
 /* Quality of reuse over HTTP (DESIGN §15), real chunkgate-worker and chunkgate processes: the
- * worker's recompute_ratio (assemble and completions, --recompute-ratio default, refused out of
- * range), quality_probe (chunk_cache.quality in JSON answers and as the last event of a stream,
+ * worker's recompute_ratio (assemble, completions and chat, --recompute-ratio default, refused
+ * out of range), quality_probe (chunk_cache.quality in JSON answers and as the last event of a stream,
  * KL ~ 0 at recompute_ratio 1), the canary (--canary-rate 1 moves the canary metrics and the
  * /healthz summary after sampled requests, --canary-rate 0 does not), and the gateway (both
  * options passed through, --recompute-default per model, chunk_cache.recomputed_tokens and
@@ -176,6 +176,19 @@ START_TEST(worker_quality_probe)
                        "quality_probe", 1),
              200);
     ck_assert(json_is_null(quality_of(j)));
+    json_decref(j);
+    /* the worker's own chat route passes both options on */
+    j = post(w0.port, "/v1/chat/completions",
+             json_pack("{s:[{s:s, s:s}], s:[s, s], s:i, s:b, s:f, s:i}", "messages", "role",
+                       "user", "content", "What changed?", "documents", DOCS[0], DOCS[2],
+                       "max_tokens", 3, "quality_probe", 1, "recompute_ratio", 1.0,
+                       "temperature", 0),
+             200);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "chat.completion");
+    q = quality_of(j);
+    ck_assert_msg(json_is_object(q), "no quality on a worker chat answer");
+    ck_assert_int_eq(json_integer_value(json_object_get(q, "tokens_compared")), 3);
+    ck_assert(json_real_value(json_object_get(q, "kl")) <= 1e-6);
     json_decref(j);
     /* without quality_probe there is no chunk_cache */
     j = post(w0.port, "/v1/completions",
