@@ -123,8 +123,8 @@ static run do_run(cg_engine *e, const req *rq, opts o, uint32_t probe)
     char err[ERRLEN];
     cg_status st = cg_engine_assemble(e, &ar, 1000, &r.info, err, sizeof err);
     ck_assert_msg(st == CG_OK, "assemble: %s (%s)", cg_status_name(st), err);
-    cg_complete_req cr = {.assembly_id = r.info.id, .max_tokens = GREEDY, .probe = probe > 0,
-                          .probe_tokens = probe};
+    cg_complete_req cr = {
+        .assembly_id = r.info.id, .max_tokens = GREEDY, .probe = probe > 0, .probe_tokens = probe};
     cg_complete_result res;
     st = cg_engine_complete(e, &cr, 1000, &res, err, sizeof err);
     ck_assert_msg(st == CG_OK, "complete: %s (%s)", cg_status_name(st), err);
@@ -190,7 +190,8 @@ static void ratio_one(cg_mode mode, const char *q)
     ck_assert_uint_eq(miss.info.recomputed_tokens, chunk_tokens(&miss));
 
     run hit = do_run(e, &r2, full, PROBE_N); /* reordered: every chunk a hit, remapped */
-    for (size_t i = 1; i <= 4; i++) ck_assert_int_eq(hit.info.segs[i].hit, 1);
+    for (size_t i = 1; i <= 4; i++)
+        ck_assert_int_eq(hit.info.segs[i].hit, 1);
     run ref2 = do_run(e, &r2, CAUSAL, 0);
     kl = kl_logits(ref2.logits, hit.logits, vocab);
     ck_assert_msg(kl <= 1e-6, "r=1 on reordered hits: KL %g > 1e-6", kl);
@@ -209,7 +210,8 @@ static void ratio_one(cg_mode mode, const char *q)
     ck_assert_msg(kl_logits(ref2.logits, plain.logits, vocab) > 1e-4,
                   "r=0 is as close to causal as r=1: the comparison cannot discriminate");
     run *all[] = {&miss, &ref1, &hit, &ref2, &plain};
-    for (size_t i = 0; i < CG_ARRAY_LEN(all); i++) run_free(all[i]);
+    for (size_t i = 0; i < CG_ARRAY_LEN(all); i++)
+        run_free(all[i]);
     cg_engine_close(&e);
 }
 
@@ -249,7 +251,8 @@ START_TEST(test_kl_falls_with_ratio)
         uint32_t prev_n = 0;
         for (size_t i = 0; i < CG_ARRAY_LEN(RATIOS); i++) {
             run x = do_run(e, &r2, (opts){modes[mi], CG_PATH_CACHED, 0, RATIOS[i]}, PROBE_N);
-            for (size_t s = 1; s <= 4; s++) ck_assert_int_eq(x.info.segs[s].hit, 1);
+            for (size_t s = 1; s <= 4; s++)
+                ck_assert_int_eq(x.info.segs[s].hit, 1);
             double end = kl_logits(ref.logits, x.logits, vocab);
             cg_quality q;
             ck_assert_int_eq(cg_engine_probe_compare(e, x.probe, &q), CG_OK);
@@ -257,8 +260,7 @@ START_TEST(test_kl_falls_with_ratio)
             ck_assert_msg(fabs(q.kl_first - end) <= 1e-6 + 1e-3 * end,
                           "probe's prompt-end KL %g vs %g", q.kl_first, end);
             if (i == 0) {
-                ck_assert_msg(end > 1e-4, "%s r=0: KL %g is not > 0", cg_mode_name(modes[mi]),
-                              end);
+                ck_assert_msg(end > 1e-4, "%s r=0: KL %g is not > 0", cg_mode_name(modes[mi]), end);
                 ck_assert_uint_eq(x.info.recomputed_tokens, 0);
             }
             uint32_t want = (uint32_t)floor(RATIOS[i] * chunk_tokens(&x) + 0.5);
@@ -270,8 +272,7 @@ START_TEST(test_kl_falls_with_ratio)
                           cg_mode_name(modes[mi]), prev_end, end, RATIOS[i]);
             ck_assert_msg(q.kl <= prev_mean * (1 + 1e-3) + 1e-7,
                           "%s: mean KL over %u positions rose from %g to %g at r=%g",
-                          cg_mode_name(modes[mi]), q.tokens_compared, prev_mean, q.kl,
-                          RATIOS[i]);
+                          cg_mode_name(modes[mi]), q.tokens_compared, prev_mean, q.kl, RATIOS[i]);
             fprintf(stderr, "%s r=%.2f recomputed %u: KL end %.3e, mean %.3e, top-1 %u/%u\n",
                     cg_mode_name(modes[mi]), RATIOS[i], x.info.recomputed_tokens, end, q.kl,
                     q.top1_agreed, q.tokens_compared);
@@ -300,7 +301,8 @@ START_TEST(test_union_with_prefix)
     const uint32_t k = 16;
     run pre = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, k, 0}, 0);
     uint32_t n = chunk_tokens(&pre), nk = 0;
-    for (size_t i = 1; i <= 3; i++) nk += CG_MIN(k, pre.info.segs[i].n_tokens);
+    for (size_t i = 1; i <= 3; i++)
+        nk += CG_MIN(k, pre.info.segs[i].n_tokens);
     ck_assert_uint_eq(pre.info.recomputed_tokens, nk);
     run rat = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0.15f}, 0);
     uint32_t nr = (uint32_t)floor(0.15 * n + 0.5);
@@ -311,20 +313,27 @@ START_TEST(test_union_with_prefix)
     ck_assert_uint_ge(both.info.recomputed_tokens, CG_MAX(nk, nr));
     ck_assert_uint_le(both.info.recomputed_tokens, nk + nr);
     /* the union is a different token set from each part: other logits */
-    ck_assert(kl_logits(both.logits, rat.logits, vocab) > 0 ||
-              both.info.recomputed_tokens == nr);
+    ck_assert(kl_logits(both.logits, rat.logits, vocab) > 0 || both.info.recomputed_tokens == nr);
     /* k covering every chunk makes any ratio a plain causal forward */
     run all_k = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 100000, 0.05f}, 0);
     ck_assert_uint_eq(all_k.info.recomputed_tokens, n);
     double kl = kl_logits(ref.logits, all_k.logits, vocab);
     ck_assert_msg(kl <= 1e-6, "k >= chunk lengths with r=0.05: KL %g", kl);
     assert_same_tokens(&all_k, &ref, "k >= chunk lengths with r=0.05");
-    /* r = 0 keeps the old path: k = 16 alone equals the same request without the ratio
-     * field, bit for bit (it is the same request) */
-    run pre2 = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, k, 0}, 0);
-    ck_assert_int_eq(memcmp(pre.logits, pre2.logits, (size_t)vocab * sizeof(float)), 0);
-    run *runs[] = {&warm, &ref, &pre, &rat, &both, &all_k, &pre2};
-    for (size_t i = 0; i < CG_ARRAY_LEN(runs); i++) run_free(runs[i]);
+    /* r = 0 and k = 0 recompute nothing: the answer is the masked forward of DESIGN §5 */
+    run none = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0}, 0);
+    run masked = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_REFERENCE, 0, 0}, 0);
+    ck_assert_uint_eq(none.info.recomputed_tokens, 0);
+    double md = 0, mr = 0;
+    for (int i = 0; i < vocab; i++) {
+        md = fmax(md, fabs((double)none.logits[i] - masked.logits[i]));
+        mr = fmax(mr, fabs((double)masked.logits[i]));
+    }
+    ck_assert_msg(md <= 1e-4 * mr, "r=0, k=0 differs from the masked forward by %g", md / mr);
+    assert_same_tokens(&none, &masked, "r=0, k=0 vs the masked forward");
+    run *runs[] = {&warm, &ref, &pre, &rat, &both, &all_k, &none, &masked};
+    for (size_t i = 0; i < CG_ARRAY_LEN(runs); i++)
+        run_free(runs[i]);
     cg_engine_close(&e);
 }
 END_TEST
@@ -336,8 +345,8 @@ START_TEST(test_ratio_refused)
     req r = make_req(d, 1, QUESTION);
     const float bad[] = {-0.01f, 1.01f, NAN};
     for (size_t i = 0; i < CG_ARRAY_LEN(bad); i++) {
-        cg_assemble_req ar = {.segs = r.segs, .n_segs = r.n, .recompute_ratio = bad[i],
-                              .reserve_tokens = -1};
+        cg_assemble_req ar = {
+            .segs = r.segs, .n_segs = r.n, .recompute_ratio = bad[i], .reserve_tokens = -1};
         cg_assembly_info info;
         char err[ERRLEN];
         ck_assert_int_eq(cg_engine_assemble(e, &ar, 1000, &info, err, sizeof err), CG_E_VALUE);
@@ -361,8 +370,14 @@ START_TEST(test_forward_stop_and_rows)
     cg_attn_span span = {0, n, 0, 0};
     const uint32_t from = n - 20;
     float *rows = cg_malloc(20 * V * sizeof(float)), *last = cg_malloc(V * sizeof(float));
-    cg_fwd_seq q = {.kv = a, .tokens = toks, .n = n, .spans = &span, .n_spans = 1,
-                    .logits = last, .row_logits = rows, .row_logits_from = from};
+    cg_fwd_seq q = {.kv = a,
+                    .tokens = toks,
+                    .n = n,
+                    .spans = &span,
+                    .n_spans = 1,
+                    .logits = last,
+                    .row_logits = rows,
+                    .row_logits_from = from};
     ck_assert_int_eq(cg_model_forward_batch(model, &q, 1, CG_FWD_PREFILL, NULL), CG_OK);
     /* the last full row is the last row's logits */
     ck_assert_int_eq(memcmp(rows + 19 * V, last, V * sizeof(float)), 0);
@@ -382,8 +397,14 @@ START_TEST(test_forward_stop_and_rows)
      * what the full forward wrote there, and layer 0 is written. */
     float *sk = cg_malloc(n * kvd * sizeof(float)), *sv = cg_malloc(n * kvd * sizeof(float));
     cg_kv *z = cg_kv_new(model, n);
-    cg_fwd_seq s = {.kv = z, .tokens = toks, .n = n, .spans = &span, .n_spans = 1,
-                    .stop_layer = 1, .stop_k = sk, .stop_v = sv};
+    cg_fwd_seq s = {.kv = z,
+                    .tokens = toks,
+                    .n = n,
+                    .spans = &span,
+                    .n_spans = 1,
+                    .stop_layer = 1,
+                    .stop_k = sk,
+                    .stop_v = sv};
     cg_attn_span piece_spans[1];
     for (uint32_t r0 = 0; r0 < n; r0 += 37) {
         cg_fwd_seq piece = cg_fwd_seq_slice(&s, r0, CG_MIN(37, n - r0), piece_spans);
@@ -429,8 +450,8 @@ START_TEST(test_probe_capture)
     ck_assert_ptr_null(x.probe);
     run_free(&x);
     char err[ERRLEN];
-    cg_complete_req plain = {.prompt = "hello there", .prompt_len = 11, .max_tokens = 4,
-                             .probe = 1, .probe_tokens = 4};
+    cg_complete_req plain = {
+        .prompt = "hello there", .prompt_len = 11, .max_tokens = 4, .probe = 1, .probe_tokens = 4};
     cg_complete_result res;
     ck_assert_int_eq(cg_engine_complete(e, &plain, 1000, &res, err, sizeof err), CG_OK);
     ck_assert_ptr_null(res.probe);
@@ -464,9 +485,8 @@ START_TEST(test_probe_capture)
     ck_assert_int_eq(cg_engine_complete(e, &c5, 1000, &res, err, sizeof err), CG_OK);
     ck_assert_uint_eq(res.n_tokens, 5);
     ck_assert_uint_eq(res.probe->n_rows, 5);
-    ck_assert_int_eq(memcmp(res.probe->tokens + res.probe->n_prompt, res.tokens,
-                            4 * sizeof(int32_t)),
-                     0);
+    ck_assert_int_eq(
+        memcmp(res.probe->tokens + res.probe->n_prompt, res.tokens, 4 * sizeof(int32_t)), 0);
     ck_assert_int_eq(res.probe->mode, CG_MODE_SYS);
     ck_assert(res.probe->recompute_ratio == 0.3f);
     ck_assert_uint_eq(res.probe->recompute_prefix_tokens, 4);
@@ -518,8 +538,11 @@ static void *fg_main(void *arg)
 {
     fg *f = arg;
     char err[ERRLEN];
-    cg_complete_req cr = {.prompt = "a long answer", .prompt_len = 13, .max_tokens = 30000,
-                          .on_token = stop_after, .ud = &stop_flag};
+    cg_complete_req cr = {.prompt = "a long answer",
+                          .prompt_len = 13,
+                          .max_tokens = 30000,
+                          .on_token = stop_after,
+                          .ud = &stop_flag};
     cg_complete_result res;
     f->st = cg_engine_complete(f->e, &cr, 1000, &res, err, sizeof err);
     f->n = res.n_tokens;
@@ -540,11 +563,13 @@ START_TEST(test_background_yields)
     fg f = {.e = e};
     pthread_t ft, bt;
     ck_assert_int_eq(pthread_create(&ft, NULL, fg_main, &f), 0);
-    for (int i = 0; i < 2000 && cg_engine_sched_stats(e).running == 0; i++) usleep(1000);
+    for (int i = 0; i < 2000 && cg_engine_sched_stats(e).running == 0; i++)
+        usleep(1000);
     ck_assert_uint_eq(cg_engine_sched_stats(e).running, 1);
     bg b = {.e = e, .p = x.probe};
     ck_assert_int_eq(pthread_create(&bt, NULL, bg_main, &b), 0);
-    for (int i = 0; i < 2000 && cg_engine_sched_stats(e).idle_waiting == 0; i++) usleep(1000);
+    for (int i = 0; i < 2000 && cg_engine_sched_stats(e).idle_waiting == 0; i++)
+        usleep(1000);
     usleep(200 * 1000);
     cg_sched_stats st = cg_engine_sched_stats(e);
     ck_assert_uint_eq(st.idle_waiting, 1);
@@ -565,10 +590,12 @@ START_TEST(test_background_yields)
     /* Stopped: queued work fails at once, new work too. */
     stop_flag = 0;
     ck_assert_int_eq(pthread_create(&ft, NULL, fg_main, &f), 0);
-    for (int i = 0; i < 2000 && cg_engine_sched_stats(e).running == 0; i++) usleep(1000);
+    for (int i = 0; i < 2000 && cg_engine_sched_stats(e).running == 0; i++)
+        usleep(1000);
     b.done = 0;
     ck_assert_int_eq(pthread_create(&bt, NULL, bg_main, &b), 0);
-    for (int i = 0; i < 2000 && cg_engine_sched_stats(e).idle_waiting == 0; i++) usleep(1000);
+    for (int i = 0; i < 2000 && cg_engine_sched_stats(e).idle_waiting == 0; i++)
+        usleep(1000);
     cg_engine_stop_background(e);
     pthread_join(bt, NULL);
     ck_assert_int_eq(b.st, CG_E_UNAVAILABLE);

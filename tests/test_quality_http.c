@@ -1,8 +1,8 @@
 /* Quality of reuse over HTTP (DESIGN §15), real chunkgate-worker and chunkgate processes: the
  * worker's recompute_ratio (assemble, completions and chat, --recompute-ratio default, refused
- * out of range), quality_probe (chunk_cache.quality in JSON answers and as the last event of a stream,
- * KL ~ 0 at recompute_ratio 1), the canary (--canary-rate 1 moves the canary metrics and the
- * /healthz summary after sampled requests, --canary-rate 0 does not), and the gateway (both
+ * out of range), quality_probe (chunk_cache.quality in JSON answers and as the last event of a
+ * stream, KL ~ 0 at recompute_ratio 1), the canary (--canary-rate 1 moves the canary metrics and
+ * the /healthz summary after sampled requests, --canary-rate 0 does not), and the gateway (both
  * options passed through, --recompute-default per model, chunk_cache.recomputed_tokens and
  * .quality, canary figures in /v1/stats and on the status page). */
 #include <check.h>
@@ -30,8 +30,10 @@ static const char *DOCS[3] = {
 
 static void prompt(char *out, size_t n, int a, int b, int c)
 {
-    snprintf(out, n, "You answer from the documents. # # %s # # %s # # %s # # Question: what "
-             "changed in 2024?", DOCS[a], DOCS[b], DOCS[c]);
+    snprintf(out, n,
+             "You answer from the documents. # # %s # # %s # # %s # # Question: what "
+             "changed in 2024?",
+             DOCS[a], DOCS[b], DOCS[c]);
 }
 
 static json_t *post(int port, const char *path, json_t *body, long want)
@@ -68,8 +70,15 @@ static void setup(void)
     const char *e0[] = {"--canary-rate", "0", "--recompute-ratio", "1", NULL};
     if (hu_start_worker(&w0, WORKER_BIN, model_dir, 0, "w0", e0) != 0) abort();
     snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", wk.port);
-    const char *g[] = {"--worker", wurl, "--health-interval-ms", "200", "--recompute-default",
-                       MODEL "=0.5:4", "--recompute-default", "*=0.2", NULL};
+    const char *g[] = {"--worker",
+                       wurl,
+                       "--health-interval-ms",
+                       "200",
+                       "--recompute-default",
+                       MODEL "=0.5:4",
+                       "--recompute-default",
+                       "*=0.2",
+                       NULL};
     if (hu_start_gateway(&gw, CHUNKGATE_BIN, "gw", g) != 0) abort();
     if (!hu_wait_worker(gw.port, NULL, wurl, 1)) abort();
 }
@@ -87,9 +96,9 @@ static void teardown(void)
 START_TEST(worker_recompute_ratio)
 {
     /* Segments of one chunk of known length (the tiny model's tokens are bytes). */
-    json_t *segs = json_pack("[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}]", "role", "system", "text",
-                             "Sys.", "role", "chunk", "text", DOCS[0], "role", "question",
-                             "text", "Q?");
+    json_t *segs =
+        json_pack("[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}]", "role", "system", "text", "Sys.", "role",
+                  "chunk", "text", DOCS[0], "role", "question", "text", "Q?");
     json_t *a = post(wk.port, "/v1/assemble",
                      json_pack("{s:O, s:f}", "segments", segs, "recompute_ratio", 0.5), 200);
     int n = (int)strlen(DOCS[0]);
@@ -106,8 +115,7 @@ START_TEST(worker_recompute_ratio)
     json_t *bad[] = {json_real(1.5), json_real(-0.1), json_string("half")};
     for (size_t i = 0; i < CG_ARRAY_LEN(bad); i++) {
         json_t *e = post(wk.port, "/v1/assemble",
-                         json_pack("{s:O, s:O}", "segments", segs, "recompute_ratio", bad[i]),
-                         400);
+                         json_pack("{s:O, s:O}", "segments", segs, "recompute_ratio", bad[i]), 400);
         ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
                          "recompute_ratio");
         json_decref(e);
@@ -151,9 +159,9 @@ START_TEST(worker_quality_probe)
     ck_assert(json_real_value(json_object_get(q, "top1_agree")) == 1.0);
     /* the prompt's end and 11 generated tokens: --canary-tokens is 16 on w0 */
     ck_assert_int_eq(json_integer_value(json_object_get(q, "tokens_compared")), 12);
-    ck_assert_int_gt(json_integer_value(json_object_get(json_object_get(j, "chunk_cache"),
-                                                        "recomputed_tokens")),
-                     300);
+    ck_assert_int_gt(
+        json_integer_value(json_object_get(json_object_get(j, "chunk_cache"), "recomputed_tokens")),
+        300);
     json_decref(j);
     /* reordered, from the pool, no recompute: reuse costs something */
     prompt(p, sizeof p, 2, 0, 1);
@@ -166,23 +174,22 @@ START_TEST(worker_quality_probe)
     ck_assert_msg(json_real_value(json_object_get(q, "kl")) > 1e-4, "KL at r=0: %g",
                   json_real_value(json_object_get(q, "kl")));
     ck_assert_int_eq(json_integer_value(json_object_get(q, "tokens_compared")), 4);
-    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "chunk_cache"),
-                                                        "recomputed_tokens")),
-                     0);
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_object_get(j, "chunk_cache"), "recomputed_tokens")),
+        0);
     json_decref(j);
     /* a plain prompt has no reuse to compare */
-    j = post(w0.port, "/v1/completions",
-             json_pack("{s:s, s:i, s:b}", "prompt", "plain prompt", "max_tokens", 2,
-                       "quality_probe", 1),
-             200);
+    j = post(
+        w0.port, "/v1/completions",
+        json_pack("{s:s, s:i, s:b}", "prompt", "plain prompt", "max_tokens", 2, "quality_probe", 1),
+        200);
     ck_assert(json_is_null(quality_of(j)));
     json_decref(j);
     /* the worker's own chat route passes both options on */
     j = post(w0.port, "/v1/chat/completions",
-             json_pack("{s:[{s:s, s:s}], s:[s, s], s:i, s:b, s:f, s:i}", "messages", "role",
-                       "user", "content", "What changed?", "documents", DOCS[0], DOCS[2],
-                       "max_tokens", 3, "quality_probe", 1, "recompute_ratio", 1.0,
-                       "temperature", 0),
+             json_pack("{s:[{s:s, s:s}], s:[s, s], s:i, s:b, s:f, s:i}", "messages", "role", "user",
+                       "content", "What changed?", "documents", DOCS[0], DOCS[2], "max_tokens", 3,
+                       "quality_probe", 1, "recompute_ratio", 1.0, "temperature", 0),
              200);
     ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "chat.completion");
     q = quality_of(j);
@@ -191,8 +198,8 @@ START_TEST(worker_quality_probe)
     ck_assert(json_real_value(json_object_get(q, "kl")) <= 1e-6);
     json_decref(j);
     /* without quality_probe there is no chunk_cache */
-    j = post(w0.port, "/v1/completions",
-             json_pack("{s:s, s:i}", "prompt", p, "max_tokens", 2), 200);
+    j = post(w0.port, "/v1/completions", json_pack("{s:s, s:i}", "prompt", p, "max_tokens", 2),
+             200);
     ck_assert_ptr_null(json_object_get(j, "chunk_cache"));
     json_decref(j);
 }
@@ -260,13 +267,13 @@ START_TEST(canary_metrics_move)
     int orders[3][3] = {{0, 1, 2}, {2, 1, 0}, {1, 0, 2}};
     for (int i = 0; i < 3; i++) {
         prompt(p, sizeof p, orders[i][0], orders[i][1], orders[i][2]);
-        json_t *j = post(wk.port, "/v1/completions",
-                         json_pack("{s:s, s:i, s:i}", "prompt", p, "max_tokens", 8,
-                                   "temperature", 0),
-                         200);
+        json_t *j =
+            post(wk.port, "/v1/completions",
+                 json_pack("{s:s, s:i, s:i}", "prompt", p, "max_tokens", 8, "temperature", 0), 200);
         json_decref(j);
         /* one at a time: the queue holds 4, nothing is dropped */
-        for (int t = 0; t < 300 && sampled_ok(wk.port) < i + 1; t++) hu_sleep_ms(100);
+        for (int t = 0; t < 300 && sampled_ok(wk.port) < i + 1; t++)
+            hu_sleep_ms(100);
     }
     ck_assert_msg(sampled_ok(wk.port) == 3, "sampled comparisons: %g", sampled_ok(wk.port));
     const char *l = "{mode=\"strict\",recompute_ratio=\"0.00\",recompute_prefix_tokens=\"0\"}";
@@ -300,32 +307,32 @@ START_TEST(gateway_pass_through)
     char p[1024];
     prompt(p, sizeof p, 0, 1, 2);
     /* the model's default: ratio 0.5 and 4 prefix tokens */
-    json_t *j = post(gw.port, "/v1/completions",
-                     json_pack("{s:s, s:s, s:i}", "model", MODEL, "prompt", p, "max_tokens", 2),
-                     200);
+    json_t *j =
+        post(gw.port, "/v1/completions",
+             json_pack("{s:s, s:s, s:i}", "model", MODEL, "prompt", p, "max_tokens", 2), 200);
     json_t *cc = json_object_get(j, "chunk_cache");
     ck_assert(json_is_false(json_object_get(cc, "fallback")));
     int n = 0;
-    for (int i = 0; i < 3; i++) n += (int)strlen(DOCS[i]) + 1; /* " " around each */
+    for (int i = 0; i < 3; i++)
+        n += (int)strlen(DOCS[i]) + 1; /* " " around each */
     json_int_t rec = json_integer_value(json_object_get(cc, "recomputed_tokens"));
-    ck_assert_msg(rec >= n / 2 - 3 && rec <= n / 2 + 12, "recomputed %lld of ~%d",
-                  (long long)rec, n);
+    ck_assert_msg(rec >= n / 2 - 3 && rec <= n / 2 + 12, "recomputed %lld of ~%d", (long long)rec,
+                  n);
     ck_assert_ptr_null(json_object_get(cc, "quality")); /* not asked */
     json_decref(j);
     /* the request's own values win */
     j = post(gw.port, "/v1/completions",
-             json_pack("{s:s, s:s, s:i, s:f, s:i}", "model", MODEL, "prompt", p, "max_tokens",
-                       2, "recompute_ratio", 0.0, "recompute_prefix_tokens", 0),
+             json_pack("{s:s, s:s, s:i, s:f, s:i}", "model", MODEL, "prompt", p, "max_tokens", 2,
+                       "recompute_ratio", 0.0, "recompute_prefix_tokens", 0),
              200);
-    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "chunk_cache"),
-                                                        "recomputed_tokens")),
-                     0);
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_object_get(j, "chunk_cache"), "recomputed_tokens")),
+        0);
     json_decref(j);
     /* quality_probe reaches the worker, its comparison comes back in chunk_cache */
     j = post(gw.port, "/v1/completions",
-             json_pack("{s:s, s:s, s:i, s:b, s:f, s:i}", "model", MODEL, "prompt", p,
-                       "max_tokens", 5, "quality_probe", 1, "recompute_ratio", 1.0,
-                       "temperature", 0),
+             json_pack("{s:s, s:s, s:i, s:b, s:f, s:i}", "model", MODEL, "prompt", p, "max_tokens",
+                       5, "quality_probe", 1, "recompute_ratio", 1.0, "temperature", 0),
              200);
     json_t *q = quality_of(j);
     ck_assert_msg(json_is_object(q), "no quality through the gateway");
@@ -336,22 +343,20 @@ START_TEST(gateway_pass_through)
     /* chat, streamed: the gateway's chunk_cache on the first event, and again with the
      * comparison on the last */
     int before = 0;
-    json_t *body = json_pack("{s:s, s:[{s:s, s:s}], s:[s, s], s:i, s:b, s:b, s:i}", "model",
-                             MODEL, "messages", "role", "user", "content", "What changed?",
-                             "documents", DOCS[1], DOCS[2], "max_tokens", 3, "stream", 1,
-                             "quality_probe", 1, "temperature", 0);
+    json_t *body =
+        json_pack("{s:s, s:[{s:s, s:s}], s:[s, s], s:i, s:b, s:b, s:i}", "model", MODEL, "messages",
+                  "role", "user", "content", "What changed?", "documents", DOCS[1], DOCS[2],
+                  "max_tokens", 3, "stream", 1, "quality_probe", 1, "temperature", 0);
     cc = stream_quality(gw.port, "/v1/chat/completions", body, &before);
     ck_assert_int_eq(before, 1);
     ck_assert_ptr_nonnull(json_object_get(cc, "segments"));
-    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(cc, "quality"),
-                                                        "tokens_compared")),
-                     3);
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_object_get(cc, "quality"), "tokens_compared")), 3);
     json_decref(cc);
     /* refused by the gateway itself */
-    json_t *e = post(gw.port, "/v1/completions",
-                     json_pack("{s:s, s:s, s:f}", "model", MODEL, "prompt", p, "recompute_ratio",
-                               1.5),
-                     400);
+    json_t *e = post(
+        gw.port, "/v1/completions",
+        json_pack("{s:s, s:s, s:f}", "model", MODEL, "prompt", p, "recompute_ratio", 1.5), 400);
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
                      "recompute_ratio");
     json_decref(e);
@@ -365,8 +370,8 @@ START_TEST(gateway_status_quality)
     char p[1024];
     prompt(p, sizeof p, 2, 0, 1);
     json_t *j = post(gw.port, "/v1/completions",
-                     json_pack("{s:s, s:s, s:i, s:b}", "model", MODEL, "prompt", p, "max_tokens",
-                               2, "quality_probe", 1),
+                     json_pack("{s:s, s:s, s:i, s:b}", "model", MODEL, "prompt", p, "max_tokens", 2,
+                               "quality_probe", 1),
                      200);
     json_decref(j);
     json_t *quality = NULL;
@@ -381,10 +386,9 @@ START_TEST(gateway_status_quality)
         json_decref(s);
         size_t i;
         json_t *row;
-        json_array_foreach(json_object_get(quality, "settings"), i, row)
-            found |= !strcmp(json_string_value(json_object_get(row, "recompute_ratio")), "0.50") &&
-                     !strcmp(json_string_value(json_object_get(row, "recompute_prefix_tokens")),
-                             "1-8");
+        json_array_foreach(json_object_get(quality, "settings"), i, row) found |=
+            !strcmp(json_string_value(json_object_get(row, "recompute_ratio")), "0.50") &&
+            !strcmp(json_string_value(json_object_get(row, "recompute_prefix_tokens")), "1-8");
         if (!found) hu_sleep_ms(100);
     }
     ck_assert_msg(found, "the default setting's comparison is not in /v1/stats");

@@ -75,8 +75,8 @@ static void labels_of(const cg_probe *p, setting *s)
              : k <= 64 ? "33-64"
                        : "65+");
     snprintf(s->labels, sizeof s->labels,
-             "mode=\"%s\",recompute_ratio=\"%s\",recompute_prefix_tokens=\"%s\"", s->mode,
-             s->ratio, s->prefix);
+             "mode=\"%s\",recompute_ratio=\"%s\",recompute_prefix_tokens=\"%s\"", s->mode, s->ratio,
+             s->prefix);
 }
 
 static void count(cg_canary *c, const char *kind, const char *result)
@@ -134,8 +134,7 @@ static void record(cg_canary *c, const cg_probe *p, const cg_quality *q, const c
                   ratio);
     cg_metric_observe(cg_metrics_histogram(c->m, P "canary_seconds",
                                            "Time from an answer's end to its comparison's result",
-                                           NULL, cg_metrics_latency_buckets,
-                                           cg_metrics_latency_n),
+                                           NULL, cg_metrics_latency_buckets, cg_metrics_latency_n),
                       seconds);
     count(c, kind, "ok");
 }
@@ -168,7 +167,8 @@ static void *canary_main(void *arg)
     cg_log_set_request_id("canary");
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while (!c->stop && !c->n) pthread_cond_wait(&c->cv, &c->mu);
+        while (!c->stop && !c->n)
+            pthread_cond_wait(&c->cv, &c->mu);
         if (c->stop) break;
         cg_probe *p = c->q[c->head];
         c->q[c->head] = NULL;
@@ -244,7 +244,8 @@ void cg_canary_free(cg_canary **cp)
     pthread_mutex_unlock(&c->mu);
     if (c->e) cg_engine_stop_background(c->e); /* a comparison in progress ends now */
     if (c->started) pthread_join(c->th, NULL);
-    for (uint32_t i = 0; i < c->cap; i++) cg_probe_free(&c->q[i]);
+    for (uint32_t i = 0; i < c->cap; i++)
+        cg_probe_free(&c->q[i]);
     free(c->q);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
@@ -255,11 +256,10 @@ void cg_canary_free(cg_canary **cp)
 
 json_t *cg_canary_quality_json(const cg_quality *q)
 {
-    return json_pack("{s:f, s:f, s:f, s:f, s:i, s:i}", "kl", q->kl, "kl_max", q->kl_max,
-                     "kl_first", q->kl_first, "top1_agree",
-                     q->tokens_compared ? (double)q->top1_agreed / q->tokens_compared : 1.0,
-                     "top1_agreed", (int)q->top1_agreed, "tokens_compared",
-                     (int)q->tokens_compared);
+    return json_pack(
+        "{s:f, s:f, s:f, s:f, s:i, s:i}", "kl", q->kl, "kl_max", q->kl_max, "kl_first", q->kl_first,
+        "top1_agree", q->tokens_compared ? (double)q->top1_agreed / q->tokens_compared : 1.0,
+        "top1_agreed", (int)q->top1_agreed, "tokens_compared", (int)q->tokens_compared);
 }
 
 json_t *cg_canary_summary_json(cg_canary *c)
@@ -274,20 +274,20 @@ json_t *cg_canary_summary_json(cg_canary *c)
         tok += s->tokens;
         agr += s->agreed;
         kl += s->kl_sum;
-        json_array_append_new(
-            rows, json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:f}", "mode", s->mode,
-                            "recompute_ratio", s->ratio, "recompute_prefix_tokens",
-                            s->prefix, "requests", (json_int_t)s->requests, "tokens_compared",
-                            (json_int_t)s->tokens, "top1_agreement",
-                            s->tokens ? (double)s->agreed / s->tokens : 1.0, "kl_mean",
-                            s->requests ? s->kl_sum / s->requests : 0.0));
+        json_array_append_new(rows,
+                              json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:f}", "mode", s->mode,
+                                        "recompute_ratio", s->ratio, "recompute_prefix_tokens",
+                                        s->prefix, "requests", (json_int_t)s->requests,
+                                        "tokens_compared", (json_int_t)s->tokens, "top1_agreement",
+                                        s->tokens ? (double)s->agreed / s->tokens : 1.0, "kl_mean",
+                                        s->requests ? s->kl_sum / s->requests : 0.0));
     }
     uint64_t dropped = c->dropped;
     pthread_mutex_unlock(&c->mu);
-    return json_pack("{s:f, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:o}", "rate", c->rate,
-                     "requests", (json_int_t)req, "dropped", (json_int_t)dropped, "failed",
-                     (json_int_t)__atomic_load_n(&c->failed, __ATOMIC_RELAXED),
-                     "tokens_compared", (json_int_t)tok, "top1_agreed", (json_int_t)agr,
-                     "top1_agreement", tok ? json_real((double)agr / tok) : json_null(),
-                     "kl_mean", req ? json_real(kl / req) : json_null(), "settings", rows);
+    return json_pack("{s:f, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:o}", "rate", c->rate, "requests",
+                     (json_int_t)req, "dropped", (json_int_t)dropped, "failed",
+                     (json_int_t)__atomic_load_n(&c->failed, __ATOMIC_RELAXED), "tokens_compared",
+                     (json_int_t)tok, "top1_agreed", (json_int_t)agr, "top1_agreement",
+                     tok ? json_real((double)agr / tok) : json_null(), "kl_mean",
+                     req ? json_real(kl / req) : json_null(), "settings", rows);
 }

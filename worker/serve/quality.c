@@ -26,9 +26,11 @@ static int log_softmax(const float *lg, int n, double *out)
     double mx = -INFINITY, sum = 0;
     for (int i = 0; i < n; i++)
         if (lg[i] > mx) mx = lg[i], best = i;
-    for (int i = 0; i < n; i++) sum += exp((double)lg[i] - mx);
+    for (int i = 0; i < n; i++)
+        sum += exp((double)lg[i] - mx);
     double lse = mx + log(sum);
-    for (int i = 0; i < n; i++) out[i] = (double)lg[i] - lse;
+    for (int i = 0; i < n; i++)
+        out[i] = (double)lg[i] - lse;
     return best;
 }
 
@@ -43,8 +45,13 @@ cg_status cg_engine_probe_compare(cg_engine *e, const cg_probe *p, cg_quality *o
     cg_kv *kv = cg_kv_new(e->m, (uint32_t)n);
     float *full = cg_malloc((size_t)p->n_rows * V * sizeof(float));
     cg_attn_span span = {0, (uint32_t)n, 0, 0};
-    cg_fwd_seq q = {.kv = kv, .tokens = p->tokens, .n = (uint32_t)n, .spans = &span,
-                    .n_spans = 1, .row_logits = full, .row_logits_from = p->n_prompt - 1};
+    cg_fwd_seq q = {.kv = kv,
+                    .tokens = p->tokens,
+                    .n = (uint32_t)n,
+                    .spans = &span,
+                    .n_spans = 1,
+                    .row_logits = full,
+                    .row_logits_from = p->n_prompt - 1};
     cg_status st = cg_sched_prefill_idle(e->sched, &q, NULL);
     cg_kv_free(&kv);
     if (st == CG_OK) {
@@ -54,7 +61,8 @@ cg_status cg_engine_probe_compare(cg_engine *e, const cg_probe *p, cg_quality *o
             int tf = log_softmax(full + r * V, (int)V, lf);
             int tr = log_softmax(p->logits + r * V, (int)V, lr);
             double kl = 0;
-            for (size_t i = 0; i < V; i++) kl += exp(lf[i]) * (lf[i] - lr[i]);
+            for (size_t i = 0; i < V; i++)
+                kl += exp(lf[i]) * (lf[i] - lr[i]);
             kl = kl > 0 ? kl : 0; /* rounding of two equal distributions */
             sum += kl;
             out->kl_max = fmax(out->kl_max, kl);

@@ -1,0 +1,11 @@
+# Quality of reuse (DESIGN §15): KL / top-1 / TTFT per isolation mode and recompute setting
+# (bench_quality, in process), and the canary's cost to live TTFT (bench_canary, the real
+# chunkgate-worker over HTTP).
+add_executable(bench_quality bench_quality.c)
+target_link_libraries(bench_quality PRIVATE cg_wserve)
+if(TARGET chunkgate-worker)
+  add_executable(bench_canary bench_canary.c ${PROJECT_SOURCE_DIR}/tests/harden_util.c)
+  target_link_libraries(bench_canary PRIVATE cg_base PkgConfig::CURL PkgConfig::JANSSON Threads::Threads)
+  add_dependencies(bench_canary chunkgate-worker)
+  target_compile_definitions(bench_canary PRIVATE WORKER_BIN="$<TARGET_FILE:chunkgate-worker>")
+endif()
