@@ -46,8 +46,8 @@ typedef struct cg_gateway_config {
 
 /* Per-model recompute defaults (--recompute-default) for requests that send none. */
 typedef struct cg_gw_recompute {
-    double ratio;        /* recompute_ratio */
-    long long prefix;    /* recompute_prefix_tokens; -1 = not set */
+    double ratio;     /* recompute_ratio */
+    long long prefix; /* recompute_prefix_tokens; -1 = not set */
 } cg_gw_recompute;
 /* The default of model (exact name first, then "*"): 1 with *out filled, or 0 without one. */
 int cg_gateway_recompute_default(const cg_gateway_config *cfg, const char *model,

@@ -17,9 +17,9 @@
 #include "server/relay.h"
 
 /* Fields of ours that an OpenAI-compatible backend would not know: never forwarded to it. */
-static const char *const EXT_FIELDS[] = {"chunk_separator", "cache_salt", "chunk_mode", "documents",
-                                         "recompute_prefix_tokens", "recompute_ratio",
-                                         "quality_probe"};
+static const char *const EXT_FIELDS[] = {
+    "chunk_separator",         "cache_salt",      "chunk_mode",   "documents",
+    "recompute_prefix_tokens", "recompute_ratio", "quality_probe"};
 
 /* One request on its way through the dispatcher. */
 typedef struct gw_call {
@@ -201,13 +201,12 @@ static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
         json_array_append_new(segs, seg_json(s, k, json_integer((json_int_t)r->n_tokens), r->hit,
                                              json_string(r->tier)));
     }
-    json_t *cc = json_pack("{s:o, s:s, s:s, s:b, s:b, s:I, s:s, s:n, s:o}", "segments", segs,
-                           "mode", cg_mode_name(s->mode), "worker", cg_worker_url(c->w),
-                           "fallback", 0, "passthrough", 0, "empty_segments",
-                           (json_int_t)s->split.empty_skipped, "routing",
-                           cg_route_kind_name(c->kind), "fallback_reason", "recomputed_tokens",
-                           a->recomputed_tokens >= 0 ? json_integer(a->recomputed_tokens)
-                                                     : json_null());
+    json_t *cc =
+        json_pack("{s:o, s:s, s:s, s:b, s:b, s:I, s:s, s:n, s:o}", "segments", segs, "mode",
+                  cg_mode_name(s->mode), "worker", cg_worker_url(c->w), "fallback", 0,
+                  "passthrough", 0, "empty_segments", (json_int_t)s->split.empty_skipped, "routing",
+                  cg_route_kind_name(c->kind), "fallback_reason", "recomputed_tokens",
+                  a->recomputed_tokens >= 0 ? json_integer(a->recomputed_tokens) : json_null());
     /* null until the relay finds the worker's comparison in its answer (never with an external
      * --backend, which decodes without the worker) */
     if (s->quality_probe) json_object_set_new(cc, "quality", json_null());

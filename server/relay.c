@@ -116,8 +116,8 @@ static void merge_chunk_cache(relay *r, json_t *obj)
     if (!r->chunk_cache || !json_is_object(wcc)) return;
     json_t *q = json_object_get(wcc, "quality"), *rt = json_object_get(wcc, "recomputed_tokens");
     if (q) json_object_set(r->chunk_cache, "quality", q);
-    if (json_is_integer(rt) && !json_is_integer(json_object_get(r->chunk_cache,
-                                                                "recomputed_tokens")))
+    if (json_is_integer(rt) &&
+        !json_is_integer(json_object_get(r->chunk_cache, "recomputed_tokens")))
         json_object_set(r->chunk_cache, "recomputed_tokens", rt);
 }
 

@@ -89,12 +89,11 @@ static json_t *entry_json(const cg_status_rec *rec)
     json_t *rt = json_object_get(cc, "recomputed_tokens"), *q = json_object_get(cc, "quality");
     json_object_set_new(e, "recomputed_tokens", json_is_integer(rt) ? json_copy(rt) : json_null());
     json_object_set_new(e, "quality",
-                        json_is_object(q) ? json_pack("{s:O?, s:O?, s:O?}", "kl",
-                                                      json_object_get(q, "kl"), "top1_agree",
-                                                      json_object_get(q, "top1_agree"),
-                                                      "tokens_compared",
-                                                      json_object_get(q, "tokens_compared"))
-                                          : json_null());
+                        json_is_object(q)
+                            ? json_pack("{s:O?, s:O?, s:O?}", "kl", json_object_get(q, "kl"),
+                                        "top1_agree", json_object_get(q, "top1_agree"),
+                                        "tokens_compared", json_object_get(q, "tokens_compared"))
+                            : json_null());
     return e;
 }
 
@@ -186,8 +185,7 @@ static json_t *quality_json(json_t *workers)
                       "recompute_ratio", rows[j].ratio, "recompute_prefix_tokens", rows[j].prefix,
                       "requests", (json_int_t)rows[j].requests, "tokens_compared",
                       (json_int_t)rows[j].tokens, "top1_agreement",
-                      rows[j].tokens > 0 ? json_real(rows[j].agreed / rows[j].tokens)
-                                         : json_null(),
+                      rows[j].tokens > 0 ? json_real(rows[j].agreed / rows[j].tokens) : json_null(),
                       "kl_mean",
                       rows[j].requests > 0 ? json_real(rows[j].kl_sum / rows[j].requests)
                                            : json_null()));
@@ -231,9 +229,9 @@ void cg_gw_status_stats(cg_http_req *req, void *app)
         "s:o, s:o, s:o, s:o}",
         "object", "stats", "time_ms", (json_int_t)now, "uptime_s",
         (json_int_t)((now - g->recent->started_ms) / 1000), "requests", "total",
-        (json_int_t)requests, "errors", (json_int_t)errors, "segments", "hits",
-        (json_int_t)hits, "misses", (json_int_t)misses, "hit_rate_pct", pct(hits, hits + misses),
-        "tokens", "reused", (json_int_t)reused, "computed", (json_int_t)computed, "reused_pct",
+        (json_int_t)requests, "errors", (json_int_t)errors, "segments", "hits", (json_int_t)hits,
+        "misses", (json_int_t)misses, "hit_rate_pct", pct(hits, hits + misses), "tokens", "reused",
+        (json_int_t)reused, "computed", (json_int_t)computed, "reused_pct",
         pct(reused, reused + computed), "fallbacks", "total",
         (json_int_t)cg_metric_value(g->m_fallbacks), "passthrough",
         (json_int_t)cg_metric_value(g->m_passthrough), "index", index, "workers", workers,

@@ -12,8 +12,9 @@
 void cg_api_health(cg_http_req *req, void *app)
 {
     cg_worker_api *a = app;
-    cg_http_reply_json(req, 200, json_pack("{s:s, s:o}", "status", "ok", "canary",
-                                           cg_canary_summary_json(a->canary)));
+    cg_http_reply_json(
+        req, 200,
+        json_pack("{s:s, s:o}", "status", "ok", "canary", cg_canary_summary_json(a->canary)));
 }
 
 /* A special token's string ("<|endoftext|>"), or null when it has none. */

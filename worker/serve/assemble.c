@@ -372,8 +372,15 @@ static cg_status rank_tokens(job *j, uint32_t c0, uint32_t n, uint32_t want, uin
     float *v = cg_malloc((size_t)n * kvd * sizeof(float));
     ranked *r = cg_malloc((size_t)n * sizeof *r);
     cg_attn_span span = {c0, n, 0, 0};
-    cg_fwd_seq q = {.kv = j->a->kv, .tokens = j->a->tokens + c0, .n = n, .slot0 = c0,
-                    .pos0 = c0, .spans = &span, .n_spans = 1, .stop_layer = L, .stop_k = k,
+    cg_fwd_seq q = {.kv = j->a->kv,
+                    .tokens = j->a->tokens + c0,
+                    .n = n,
+                    .slot0 = c0,
+                    .pos0 = c0,
+                    .spans = &span,
+                    .n_spans = 1,
+                    .stop_layer = L,
+                    .stop_k = k,
                     .stop_v = v};
     j->count.rank_tokens += n; /* a layer or two each: not counted as prefill */
     cg_status st = cg_sched_prefill(j->e->sched, &q, NULL);
@@ -393,7 +400,8 @@ static cg_status rank_tokens(job *j, uint32_t c0, uint32_t n, uint32_t want, uin
             r[t] = (ranked){d, c0 + t};
         }
         qsort(r, n, sizeof *r, by_deviation);
-        for (uint32_t t = 0; t < want; t++) sel[r[t].slot] = 1;
+        for (uint32_t t = 0; t < want; t++)
+            sel[r[t].slot] = 1;
     }
     free(k);
     free(v);
@@ -453,8 +461,14 @@ static cg_status blend(job *j)
         toks[t++] = j->a->tokens[s];
     }
     const int last = slots[rows - 1] == j->total - 1;
-    cg_fwd_seq q = {.kv = j->a->kv, .tokens = toks, .n = rows, .slots = slots, .pos = pos,
-                    .spans = spans, .n_spans = ns, .logits = last ? j->a->logits : NULL};
+    cg_fwd_seq q = {.kv = j->a->kv,
+                    .tokens = toks,
+                    .n = rows,
+                    .slots = slots,
+                    .pos = pos,
+                    .spans = spans,
+                    .n_spans = ns,
+                    .logits = last ? j->a->logits : NULL};
     j->count.prefill_tokens += rows;
     st = cg_sched_prefill(j->e->sched, &q, NULL);
     if (st == CG_OK) {

@@ -217,11 +217,11 @@ cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t 
  * the reused KV gave at its end and after each generated token, with how the assembly was
  * built. Owned by whoever holds it: cg_probe_free. */
 typedef struct cg_probe {
-    int32_t *tokens;   /* n_prompt prompt tokens, then the n_rows - 1 generated tokens fed */
+    int32_t *tokens; /* n_prompt prompt tokens, then the n_rows - 1 generated tokens fed */
     uint32_t n_prompt;
-    uint32_t n_rows;   /* distributions: the prompt's end, then one per generated token fed */
-    float *logits;     /* [n_rows][vocab_size]: raw logits of the reused path */
-    cg_mode mode;      /* the assembly's isolation mode and recompute settings */
+    uint32_t n_rows; /* distributions: the prompt's end, then one per generated token fed */
+    float *logits;   /* [n_rows][vocab_size]: raw logits of the reused path */
+    cg_mode mode;    /* the assembly's isolation mode and recompute settings */
     float recompute_ratio;
     uint32_t recompute_prefix_tokens, recomputed_tokens;
 } cg_probe;
@@ -230,9 +230,9 @@ void cg_probe_free(cg_probe **p);
 
 /* The comparison of a probe with a plain causal forward of the same tokens. */
 typedef struct cg_quality {
-    double kl;       /* mean over the compared positions of KL(full || reused), in nats */
-    double kl_max;   /* the largest of them */
-    double kl_first; /* at the prompt's end (the first answer token's distribution) */
+    double kl;                /* mean over the compared positions of KL(full || reused), in nats */
+    double kl_max;            /* the largest of them */
+    double kl_first;          /* at the prompt's end (the first answer token's distribution) */
     uint32_t top1_agreed;     /* positions where both give the same most likely token */
     uint32_t tokens_compared; /* positions compared: the probe's n_rows */
 } cg_quality;

@@ -65,9 +65,11 @@ struct cg_sched {
 
 cg_sched_params cg_sched_default_params(void)
 {
-    return (cg_sched_params){
-        .max_running = 16, .max_queue = 48, .prefill_chunk = 256, .prefill_budget = 256,
-        .idle_chunk = 32};
+    return (cg_sched_params){.max_running = 16,
+                             .max_queue = 48,
+                             .prefill_chunk = 256,
+                             .prefill_budget = 256,
+                             .idle_chunk = 32};
 }
 
 /* ---- sampling with its record ---- */
