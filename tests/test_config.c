@@ -1,6 +1,6 @@
 /* Tests of the table-driven configuration (base/config.c) and of the gateway's own table
- * (server/gateway.c): defaults, environment, flags over environment, lists, sizes, bounds,
- * errors and --help. */
+ * (server/gateway.c): defaults, environment, flags over environment, lists, sizes, numbers,
+ * bounds, errors and --help. */
 #include <check.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -277,6 +277,10 @@ START_TEST(gateway_bad_values)
         {"--chunk-mode", "loose", "--chunk-mode"},   {"--separator", "", "--separator"},
         {"--max-segments", "1", "--max-segments"},   {"--max-body-bytes", "10", "--max-body-bytes"},
         {"--key-hash", "md5", "--key-hash"},
+        {"--recompute-default", "m=1.5", "--recompute-default"},
+        {"--recompute-default", "=0.1", "--recompute-default"},
+        {"--recompute-default", "m=0.1:x", "--recompute-default"},
+        {"--recompute-default", "m", "--recompute-default"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cg_gateway_config cfg;
@@ -319,6 +323,87 @@ START_TEST(enum_values)
 }
 END_TEST
 
+/* --recompute-default: the exact model first, then "*"; the prefix tokens only when given. */
+START_TEST(gateway_recompute_defaults)
+{
+    clear_gateway_env();
+    cg_gateway_config cfg;
+    char err[256] = "";
+    const char *args[] = {"--recompute-default", "*=0.2",
+                          "--recompute-default", "Qwen/Qwen3-8B=0.15:16",
+                          "--recompute-default", "llama3:8b=1",
+                          NULL};
+    ck_assert_int_eq(gw_load(&cfg, args, err, sizeof err), CG_OK);
+    cg_gw_recompute d;
+    ck_assert(cg_gateway_recompute_default(&cfg, "Qwen/Qwen3-8B", &d));
+    ck_assert(d.ratio == 0.15 && d.prefix == 16);
+    ck_assert(cg_gateway_recompute_default(&cfg, "llama3:8b", &d));
+    ck_assert(d.ratio == 1.0 && d.prefix == -1);
+    ck_assert(cg_gateway_recompute_default(&cfg, "other", &d));
+    ck_assert(d.ratio == 0.2 && d.prefix == -1);
+    cg_gateway_config_free(&cfg);
+    const char *one[] = {"--recompute-default", "m=0.5", NULL};
+    ck_assert_int_eq(gw_load(&cfg, one, err, sizeof err), CG_OK);
+    ck_assert(!cg_gateway_recompute_default(&cfg, "other", &d));
+    ck_assert(!cg_gateway_recompute_default(&cfg, "m2", &d));
+    ck_assert(cg_gateway_recompute_default(&cfg, "m", &d));
+    cg_gateway_config_free(&cfg);
+}
+END_TEST
+
+/* A number option holds a double within [min, max] from the default, the environment or a
+ * flag; text that is not a whole number and values out of range are refused. */
+typedef struct ncfg {
+    double ratio;
+} ncfg;
+
+START_TEST(number_values)
+{
+    static const cg_cfg_opt ntab[] = {
+        CG_OPT(ncfg, "ratio", "CGT_RATIO", CG_CFG_NUM, ratio, "0.25", 0, 1, "a ratio"),
+    };
+    struct {
+        const char *env, *flag;
+        cg_status st;
+        double want;
+        const char *msg;
+    } cases[] = {
+        {NULL, NULL, CG_OK, 0.25, NULL},
+        {"0.5", NULL, CG_OK, 0.5, NULL},
+        {"0.5", "--ratio=1", CG_OK, 1.0, NULL},
+        {NULL, "--ratio=1e-2", CG_OK, 0.01, NULL},
+        {NULL, "--ratio=1.5", CG_E_VALUE, 0, "--ratio: 1.5 is outside [0, 1]"},
+        {NULL, "--ratio=-0.1", CG_E_VALUE, 0, "outside"},
+        {NULL, "--ratio=0.3x", CG_E_VALUE, 0, "--ratio: '0.3x' is not a number"},
+        {NULL, "--ratio=nan", CG_E_VALUE, 0, "not a number"},
+        {"half", NULL, CG_E_VALUE, 0, "'half' is not a number"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].env)
+            setenv("CGT_RATIO", cases[i].env, 1);
+        else
+            unsetenv("CGT_RATIO");
+        char *argv[] = {"prog", (char *)cases[i].flag, NULL};
+        ncfg c = {0};
+        int help;
+        char err[256] = "";
+        cg_status st = cg_config_parse(ntab, 1, &c, cases[i].flag ? 2 : 1, argv, &help, err,
+                                       sizeof err);
+        ck_assert_msg(st == cases[i].st, "case %zu: %s (%s)", i, cg_status_name(st), err);
+        if (st == CG_OK)
+            ck_assert_msg(c.ratio == cases[i].want, "case %zu: %g", i, c.ratio);
+        else
+            ck_assert_msg(strstr(err, cases[i].msg), "case %zu: '%s'", i, err);
+    }
+    unsetenv("CGT_RATIO");
+    char buf[512] = "";
+    FILE *f = fmemopen(buf, sizeof buf, "w");
+    cg_config_help(f, "usage", ntab, 1);
+    fclose(f);
+    ck_assert_ptr_nonnull(strstr(buf, "| `--ratio` | `CGT_RATIO` | NUM | 0.25 | a ratio |"));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config");
@@ -331,6 +416,8 @@ int main(void)
     tcase_add_test(tc, gateway_table);
     tcase_add_test(tc, gateway_bad_values);
     tcase_add_test(tc, enum_values);
+    tcase_add_test(tc, number_values);
+    tcase_add_test(tc, gateway_recompute_defaults);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -147,6 +147,12 @@ void cg_api_metrics(cg_http_req *req, void *app)
                 ss.prefill_pieces);
     set_counter(m, P "rate_limited_total", "Requests answered 429 (max_running + max_queue)",
                 ss.refused);
+    set_gauge(m, P "background_waiting",
+              "Background jobs (canary comparisons) queued in the scheduler; they run only idle",
+              (double)ss.idle_waiting);
+    set_counter(m, P "background_pieces_total",
+                "Background pieces computed while no live work waited", ss.idle_pieces);
+    set_counter(m, P "background_rows_total", "Rows computed in background pieces", ss.idle_rows);
     set_gauge(m, P "kv_pulls_in_flight", "KV pulls from a source worker in progress",
               (double)__atomic_load_n(&a->pulls, __ATOMIC_ACQUIRE));
     set_counter(m, P "chunk_hits_total", "Cacheable segments found in the pool", es.chunk_hits);

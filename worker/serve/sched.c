@@ -399,7 +399,8 @@ static cg_status submit(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns, i
     pthread_cond_destroy(&j.cv);
     uint64_t waited = j.start_ns > j.enq_ns ? j.start_ns - j.enq_ns : 0;
     if (queued_ns) *queued_ns = waited;
-    if (s->h_prefill_wait) cg_metric_observe(s->h_prefill_wait, (double)waited / 1e9);
+    /* background work waits by design: it is not a live request's queue time */
+    if (s->h_prefill_wait && !idle) cg_metric_observe(s->h_prefill_wait, (double)waited / 1e9);
     return j.st;
 }
 
