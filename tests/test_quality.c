@@ -437,6 +437,40 @@ START_TEST(test_forward_stop_and_rows)
 }
 END_TEST
 
+/* An interrupted forward stops before its next layer; run again, it gives what an
+ * uninterrupted one gives. */
+START_TEST(test_forward_interrupt)
+{
+    const cg_model_config *c = cg_model_cfg(model);
+    const size_t V = (size_t)c->vocab_size;
+    int32_t toks[300];
+    uint32_t n = (uint32_t)cg_tok_encode(model, DOC[1], strlen(DOC[1]), 1, toks);
+    cg_kv *a = cg_kv_new(model, n), *b = cg_kv_new(model, n);
+    float *la = cg_malloc(V * sizeof(float)), *lb = cg_malloc(V * sizeof(float));
+    cg_attn_span span = {0, n, 0, 0};
+    int flag = 1;
+    cg_fwd_seq q = {.kv = a,
+                    .tokens = toks,
+                    .n = n,
+                    .spans = &span,
+                    .n_spans = 1,
+                    .logits = la,
+                    .interrupt = &flag};
+    memset(la, 0, V * sizeof(float));
+    ck_assert_int_eq(cg_model_forward_batch(model, &q, 1, CG_FWD_PREFILL, NULL), CG_E_UNAVAILABLE);
+    for (size_t i = 0; i < V; i++)
+        ck_assert(la[i] == 0); /* no logits: it stopped */
+    flag = 0;
+    ck_assert_int_eq(cg_model_forward_batch(model, &q, 1, CG_FWD_PREFILL, NULL), CG_OK);
+    ck_assert_int_eq(cg_model_forward(model, b, toks, n, 0, 0, &span, 1, lb), CG_OK);
+    ck_assert_int_eq(memcmp(la, lb, V * sizeof(float)), 0);
+    cg_kv_free(&a);
+    cg_kv_free(&b);
+    free(la);
+    free(lb);
+}
+END_TEST
+
 /* ---- probes ---- */
 
 START_TEST(test_probe_capture)
@@ -587,6 +621,30 @@ START_TEST(test_background_yields)
     ck_assert_uint_gt(st.idle_pieces, 1);
     ck_assert_uint_eq(st.idle_waiting, 0);
 
+    /* An admitted request holds it back too, even while it computes nothing (between its
+     * phases); a piece running when it is admitted stops at the next layer. */
+    ck_assert_int_eq(cg_engine_admit(e, 0), CG_OK);
+    b.done = 0;
+    ck_assert_int_eq(pthread_create(&bt, NULL, bg_main, &b), 0);
+    for (int i = 0; i < 2000 && cg_engine_sched_stats(e).idle_waiting == 0; i++)
+        usleep(1000);
+    uint64_t pieces = cg_engine_sched_stats(e).idle_pieces;
+    usleep(200 * 1000);
+    ck_assert_uint_eq(cg_engine_sched_stats(e).idle_pieces, pieces);
+    ck_assert(!__atomic_load_n(&b.done, __ATOMIC_ACQUIRE));
+    cg_engine_leave(e);
+    for (int i = 0; i < 200 && cg_engine_sched_stats(e).idle_pieces < pieces + 3; i++)
+        usleep(1000);
+    ck_assert_int_eq(cg_engine_admit(e, 0), CG_OK); /* mid-job */
+    usleep(50 * 1000);
+    pieces = cg_engine_sched_stats(e).idle_pieces;
+    usleep(200 * 1000);
+    ck_assert_uint_le(cg_engine_sched_stats(e).idle_pieces, pieces + 1);
+    cg_engine_leave(e);
+    pthread_join(bt, NULL);
+    ck_assert_int_eq(b.st, CG_OK);
+    ck_assert_uint_eq(b.q.tokens_compared, PROBE_N + 1);
+
     /* Stopped: queued work fails at once, new work too. */
     stop_flag = 0;
     ck_assert_int_eq(pthread_create(&ft, NULL, fg_main, &f), 0);
@@ -621,6 +679,7 @@ static Suite *quality_suite(void)
     tcase_add_test(tc, test_union_with_prefix);
     tcase_add_test(tc, test_ratio_refused);
     tcase_add_test(tc, test_forward_stop_and_rows);
+    tcase_add_test(tc, test_forward_interrupt);
     tcase_add_test(tc, test_probe_capture);
     tcase_add_test(tc, test_background_yields);
     suite_add_tcase(s, tc);

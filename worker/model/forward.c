@@ -437,9 +437,18 @@ static void stop_kv(const cg_model *m, const block *b, int l, cg_fwd_kind kind, 
     memcpy(q->stop_v + (size_t)q->row_off * KV, s->v, b->rows * KV * sizeof(float));
 }
 
-/* Runs the layers over the rows of seqs (at most FWD_BLOCK rows in all). */
-static void run_block(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs, cg_fwd_kind kind,
-                      cg_fwd_scratch *s)
+/* 1 when a sequence of the call was asked to stop (cg_fwd_seq.interrupt). */
+static int interrupted(const cg_fwd_seq *seqs, size_t n_seqs)
+{
+    for (size_t i = 0; i < n_seqs; i++)
+        if (seqs[i].interrupt && __atomic_load_n(seqs[i].interrupt, __ATOMIC_ACQUIRE)) return 1;
+    return 0;
+}
+
+/* Runs the layers over the rows of seqs (at most FWD_BLOCK rows in all); returns 1 when
+ * interrupted between two layers. */
+static int run_block(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs, cg_fwd_kind kind,
+                     cg_fwd_scratch *s)
 {
     const cg_model_config *c = &m->cfg;
     const size_t D = (size_t)c->dim, half = (size_t)c->head_dim / 2;
@@ -461,12 +470,17 @@ static void run_block(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs, 
     block b = {seqs, n_seqs, row0, rows};
     const int stop = seqs[0].stop_k != NULL; /* then n_seqs == 1 */
     const int n_layers = stop ? seqs[0].stop_layer : c->n_layers;
-    for (int l = 0; l < n_layers; l++)
+    for (int l = 0; l < n_layers; l++) {
+        if (interrupted(seqs, n_seqs)) {
+            free(row0);
+            return 1;
+        }
         run_layer(m, &b, l, kind, s);
+    }
     if (stop) {
         stop_kv(m, &b, n_layers, kind, s);
         free(row0);
-        return;
+        return 0;
     }
     for (size_t i = 0; i < n_seqs; i++) {
         if (seqs[i].row_lp) prompt_logprobs(m, &seqs[i], row0[i], s);
@@ -474,6 +488,7 @@ static void run_block(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs, 
     }
     logits(m, &b, s);
     free(row0);
+    return 0;
 }
 
 cg_fwd_seq cg_fwd_seq_slice(const cg_fwd_seq *q, uint32_t r0, uint32_t n, cg_attn_span *spans)
@@ -522,8 +537,9 @@ cg_status cg_model_forward_batch(const cg_model *m, const cg_fwd_seq *seqs, size
         rows += seqs[i].n;
     }
     cg_fwd_scratch *s = scratch ? scratch : cg_fwd_scratch_new();
+    int stopped = 0;
     if (rows <= FWD_BLOCK) {
-        run_block(m, seqs, n_seqs, kind, s);
+        stopped = run_block(m, seqs, n_seqs, kind, s);
     } else {
         /* A long prefill: each sequence in blocks of rows. */
         for (size_t i = 0; i < n_seqs; i++) {
@@ -532,14 +548,14 @@ cg_status cg_model_forward_batch(const cg_model *m, const cg_fwd_seq *seqs, size
                 s->spans = cg_realloc(s->spans, q->n_spans * sizeof *s->spans);
                 s->spans_cap = q->n_spans;
             }
-            for (uint32_t r0 = 0; r0 < q->n; r0 += FWD_BLOCK) {
+            for (uint32_t r0 = 0; r0 < q->n && !stopped; r0 += FWD_BLOCK) {
                 cg_fwd_seq sub = cg_fwd_seq_slice(q, r0, CG_MIN(FWD_BLOCK, q->n - r0), s->spans);
-                run_block(m, &sub, 1, kind, s);
+                stopped = run_block(m, &sub, 1, kind, s);
             }
         }
     }
     if (!scratch) cg_fwd_scratch_free(&s);
-    return CG_OK;
+    return stopped ? CG_E_UNAVAILABLE : CG_OK;
 }
 
 cg_status cg_model_forward(const cg_model *m, cg_kv *kv, const int32_t *tokens, uint32_t n,

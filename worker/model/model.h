@@ -149,6 +149,10 @@ typedef struct cg_fwd_seq {
     /* 0 from callers; cg_fwd_seq_slice sets it to the slice's first row in the sequence it was
      * cut from, where row_logits and stop_k / stop_v (which a slice shares) are indexed. */
     uint32_t row_off;
+    /* Optional (background work that must yield): read between layers; once non-zero the call
+     * stops with CG_E_UNAVAILABLE, its rows' KV written for some layers only (run them again:
+     * a row's result does not depend on what an earlier try left in its own slots). */
+    const int *interrupt;
 } cg_fwd_seq;
 
 /* Which kernels the weight products use: prefill chunks (sgemm on widened panels) or decode
@@ -165,7 +169,7 @@ void cg_fwd_scratch_free(cg_fwd_scratch **s);
 /* Runs the model over the rows of n_seqs sequences at once: the weight products see every
  * row of the call, attention runs per sequence over its own KV. Uses both cores. Returns
  * CG_E_VALUE for rows outside a KV's capacity or the model's positions, a token outside the
- * vocabulary, or spans that do not list the rows. */
+ * vocabulary, or spans that do not list the rows; CG_E_UNAVAILABLE when interrupted. */
 cg_status cg_model_forward_batch(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs,
                                  cg_fwd_kind kind, cg_fwd_scratch *scratch) CG_WUR;
 

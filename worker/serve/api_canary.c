@@ -36,6 +36,7 @@ struct cg_canary {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     cg_probe **q; /* ring of waiting probes */
+    uint64_t *qt; /* when each was queued (ns) */
     uint32_t cap, head, n;
     int stop, started;
     pthread_t th;
@@ -171,13 +172,13 @@ static void *canary_main(void *arg)
             pthread_cond_wait(&c->cv, &c->mu);
         if (c->stop) break;
         cg_probe *p = c->q[c->head];
+        uint64_t t0 = c->qt[c->head];
         c->q[c->head] = NULL;
         c->head = (c->head + 1) % c->cap;
         uint32_t left = --c->n;
         pthread_mutex_unlock(&c->mu);
         set_queue_gauge(c, left);
         cg_quality q;
-        uint64_t t0 = cg_now_ns();
         cg_status st = cg_engine_probe_compare(c->e, p, &q);
         if (st == CG_OK) {
             record(c, p, &q, "sampled", (double)(cg_now_ns() - t0) / 1e9);
@@ -202,6 +203,7 @@ void cg_canary_submit(cg_canary *c, cg_probe **pp)
     int full = c->stop || c->n == c->cap;
     if (!full) {
         c->q[(c->head + c->n) % c->cap] = p;
+        c->qt[(c->head + c->n) % c->cap] = cg_now_ns();
         c->n++;
         p = NULL;
         pthread_cond_signal(&c->cv);
@@ -224,6 +226,7 @@ cg_canary *cg_canary_new(cg_engine *e, cg_metrics *m, double rate, uint32_t queu
     c->rate = rate;
     c->cap = queue ? queue : 1;
     c->q = cg_calloc(c->cap, sizeof *c->q);
+    c->qt = cg_calloc(c->cap, sizeof *c->qt);
     if (getrandom(&c->seed, sizeof c->seed, 0) != (ssize_t)sizeof c->seed) c->seed = cg_now_ns();
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
@@ -247,6 +250,7 @@ void cg_canary_free(cg_canary **cp)
     for (uint32_t i = 0; i < c->cap; i++)
         cg_probe_free(&c->q[i]);
     free(c->q);
+    free(c->qt);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     free(c);

@@ -414,6 +414,7 @@ typedef struct gen {
     int stopped;        /* a stop sequence matched: text ends where it began */
     tok_entry *toks;    /* every token of the choice, in order */
     size_t n_toks, cap_toks, toks_sent;
+    int admitted;       /* holds an admission (cg_engine_admit) */
     int chat;          /* answer in the chat.completion shapes */
     int chunks;        /* chunks streamed so far (a chat stream's first carries the role) */
 } gen;
@@ -658,6 +659,12 @@ static json_t *probe_chunk_cache(gen *g, const cg_complete_result *res)
 {
     json_t *quality = json_null();
     cg_quality q;
+    /* Decoding is over: the request is no live work any more, and the comparison (background
+     * work) could not start while it held an admission. */
+    if (g->admitted) {
+        cg_engine_leave(g->a->e);
+        g->admitted = 0;
+    }
     if (res->probe && cg_canary_run(g->a->canary, res->probe, &q) == CG_OK)
         quality = cg_canary_quality_json(&q);
     return json_pack("{s:i, s:o}", "recomputed_tokens", (int)res->recomputed_tokens, "quality",
@@ -754,6 +761,7 @@ void cg_api_complete_body(cg_worker_api *a, cg_http_req *req, json_t *body, int 
                             "the worker is at --max-running + --max-queue requests; retry shortly");
         goto out_unadmitted;
     }
+    g.admitted = 1;
     if (!parse_request(a, req, body, &c)) goto out;
     cg_complete_req cr = {.temperature = (float)c.temperature,
                           .top_p = (float)c.top_p,
@@ -774,7 +782,7 @@ void cg_api_complete_body(cg_worker_api *a, cg_http_req *req, json_t *body, int 
     g.created = (json_int_t)(cg_wall_ms() / 1000);
     generate(a, &c, &cr, &g);
 out:
-    cg_engine_leave(a->e);
+    if (g.admitted) cg_engine_leave(a->e);
 out_unadmitted:
     gen_close(&g);
     gen_free(&g);

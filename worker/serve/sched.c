@@ -51,6 +51,7 @@ struct cg_sched {
     pjob *pq_head, *pq_tail;        /* prefill queue, FIFO */
     pjob *iq_head, *iq_tail;        /* background queue, FIFO: runs only when idle */
     int idle_stopped;               /* cg_sched_stop_idle: background jobs fail */
+    int interrupt;                  /* live work arrived: a background piece stops (atomic) */
     uint32_t admitted;
     cg_sched_stats stats;
     cg_fwd_scratch *scratch; /* the scheduler thread's */
@@ -234,7 +235,10 @@ static uint32_t run_piece(cg_sched *s, int idle)
 {
     pthread_mutex_lock(&s->mu);
     pjob *j = idle ? s->iq_head : s->pq_head;
-    if (idle && (s->n_run || s->wait_head || s->pq_head)) j = NULL; /* live work first */
+    if (idle && (s->n_run || s->wait_head || s->pq_head || s->admitted))
+        j = NULL; /* live work first */
+    /* Under the lock: live work that arrives from now on sets it again. */
+    if (idle && j) __atomic_store_n(&s->interrupt, 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&s->mu);
     if (!j) return 0;
     if (!j->start_ns) j->start_ns = cg_now_ns();
@@ -245,8 +249,14 @@ static uint32_t run_piece(cg_sched *s, int idle)
         s->spans_cap = q->n_spans;
     }
     cg_fwd_seq piece = cg_fwd_seq_slice(q, j->done_rows, n, s->spans);
+    if (idle) piece.interrupt = &s->interrupt;
     cg_status st = cg_model_forward_batch(s->m, &piece, 1, CG_FWD_PREFILL, s->scratch);
     pthread_mutex_lock(&s->mu);
+    if (idle && st == CG_E_UNAVAILABLE) { /* stopped for live work: the piece runs again */
+        s->stats.idle_interrupts++;
+        pthread_mutex_unlock(&s->mu);
+        return 0;
+    }
     j->done_rows += n;
     if (idle) {
         s->stats.idle_pieces++;
@@ -274,7 +284,9 @@ static void *sched_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&s->mu);
         admit_joiners(s);
-        while (!s->stop && !s->n_run && !s->pq_head && !s->iq_head) {
+        /* background work waits while a request is admitted, even between its phases */
+        while (!s->stop && !s->n_run && !s->pq_head &&
+               !(s->iq_head && (!s->admitted || s->idle_stopped))) {
             pthread_cond_wait(&s->work_cv, &s->mu);
             admit_joiners(s);
         }
@@ -357,6 +369,7 @@ cg_status cg_sched_admit(cg_sched *s, int force)
         st = CG_E_RATE_LIMIT;
     } else {
         s->admitted++;
+        __atomic_store_n(&s->interrupt, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&s->mu);
     return st;
@@ -366,6 +379,7 @@ void cg_sched_release(cg_sched *s)
 {
     pthread_mutex_lock(&s->mu);
     if (s->admitted) s->admitted--;
+    if (!s->admitted && s->iq_head) pthread_cond_signal(&s->work_cv); /* background may run */
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -389,10 +403,12 @@ static cg_status submit(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns, i
     else
         *head = &j;
     *tail = &j;
-    if (idle)
+    if (idle) {
         s->stats.idle_waiting++;
-    else
+    } else {
         s->stats.prefill_waiting++;
+        __atomic_store_n(&s->interrupt, 1, __ATOMIC_RELEASE);
+    }
     pthread_cond_signal(&s->work_cv);
     while (!j.finished) pthread_cond_wait(&j.cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
@@ -436,6 +452,7 @@ void cg_sched_join(cg_sched *s, cg_dseq *d)
     else
         s->wait_head = d;
     s->wait_tail = d;
+    __atomic_store_n(&s->interrupt, 1, __ATOMIC_RELEASE);
     pthread_cond_signal(&s->work_cv);
     pthread_mutex_unlock(&s->mu);
 }

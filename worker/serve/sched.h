@@ -6,8 +6,9 @@
  * prompt is computed. A decode row always goes through the batch-invariant kernels, and a
  * prompt is always cut at the same piece boundaries, so a greedy request gives the same tokens
  * alone and in any batch. Admission bounds the requests in the worker. Background work (the
- * quality canary) has a queue of its own that runs only while the scheduler is otherwise idle,
- * in small pieces, so it yields to live traffic at every piece boundary. */
+ * quality canary) has a queue of its own that runs only while no request is admitted and the
+ * scheduler has nothing else to do, in small pieces; a live request arriving stops the piece
+ * at its next layer (the piece runs again later), so it waits at most for one layer. */
 #ifndef CG_SCHED_H
 #define CG_SCHED_H
 
@@ -52,9 +53,10 @@ void cg_sched_release(cg_sched *s);
 cg_status cg_sched_prefill(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns) CG_WUR;
 
 /* The same at background priority: a piece of at most idle_chunk rows runs only when no
- * sequence decodes or waits to join and no prefill (cg_sched_prefill) is queued, so live
- * requests wait at most for one such piece. FIFO among background jobs; blocks until done
- * (which may be long under load). */
+ * request is admitted (cg_sched_admit), no sequence decodes or waits to join and no prefill
+ * is queued; an admission, a prefill or a join meanwhile interrupts the piece between two
+ * layers, and it runs again once the worker is idle. FIFO among background jobs; blocks until
+ * done (which may be long under load). */
 cg_status cg_sched_prefill_idle(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns) CG_WUR;
 /* For shutdown: from now on background jobs fail with CG_E_UNAVAILABLE (queued ones before
  * their next piece, new ones at once), so their owners can be joined without waiting for them. */
@@ -124,8 +126,9 @@ typedef struct cg_sched_stats {
     uint64_t prefill_pieces; /* prefill pieces run */
     uint64_t prefill_rows;
     uint64_t refused;        /* cg_sched_admit refusals */
-    uint64_t idle_pieces;    /* background pieces run */
+    uint64_t idle_pieces;    /* background pieces run to the end */
     uint64_t idle_rows;
+    uint64_t idle_interrupts; /* background pieces stopped for live work (run again) */
     uint32_t running, admitted, prefill_waiting; /* now */
     uint32_t idle_waiting;                       /* background jobs queued now */
 } cg_sched_stats;
