@@ -2,9 +2,10 @@
  * documents are pool hits placed in a new order each time, the question is new) against two
  * real chunkgate-worker processes in the same run, one with --canary-rate 0 and one with
  * --canary-rate 1 (every request is also computed with a plain causal forward, in the
- * background). Requests go one at a time, back to back, in alternating blocks; after a block
- * on the canary worker the bench waits until its canary is idle, so the other worker's block
- * runs on a quiet machine. TTFT = the request sent to its first streamed token.
+ * background). Requests go one at a time, back to back, in blocks alternating A B B A, so a
+ * drift of the machine's load hits both alike; after a block on the canary worker the bench
+ * waits until its canary is idle, so the other worker's block runs on a quiet machine. TTFT =
+ * the request sent to its first streamed token.
  *
  * usage: bench_canary [--requests N per block (10)] [--rounds R (3)] [--docs D (4)]
  *        [--doc-bytes B (1024)] [--max-tokens T (8)] [--canary-chunk ROWS (worker default)]
@@ -199,7 +200,8 @@ int main(int argc, char **argv)
         "chunkgate_worker_canary_requests_total{kind=\"sampled\",result=\"dropped\"}";
     double ok0 = metric(w[1].port, ok), dr0 = metric(w[1].port, dropped);
     for (int r = 0; r < rounds; r++)
-        for (int k = 0; k < 2; k++) {
+        for (int kk = 0; kk < 2; kk++) {
+            int k = r % 2 ? 1 - kk : kk;
             for (int i = 0; i < n_req; i++) {
                 char *b = request(docs, n_docs, sys, seq++, max_tokens);
                 double s = ttft(w[k].port, b);
@@ -216,11 +218,13 @@ int main(int argc, char **argv)
                 while (cg_now_ms() - t0 < 120000 &&
                        (metric(w[1].port, "chunkgate_worker_canary_queue") > 0 ||
                         metric(w[1].port, ok) + metric(w[1].port, dropped) - ok0 - dr0 <
-                            (double)(r + 1) * n_req))
+                            (double)n_t[1]))
                     hu_sleep_ms(50);
             }
         }
     double done = metric(w[1].port, ok) - ok0, drop = metric(w[1].port, dropped) - dr0;
+    double stops = metric(w[1].port, "chunkgate_worker_background_interrupts_total");
+    double pieces = metric(w[1].port, "chunkgate_worker_background_pieces_total");
     double p50[2], p90[2], mean[2];
     for (int k = 0; k < 2; k++) {
         mean[k] = 0;
@@ -240,8 +244,9 @@ int main(int argc, char **argv)
                p90[k] * 1e3, mean[k] * 1e3);
     printf("\nTTFT canary 1 / canary 0: p50 %.2fx, p90 %.2fx, mean %.2fx (target p50 <= 1.3x)\n",
            p50[1] / p50[0], p90[1] / p90[0], mean[1] / mean[0]);
-    printf("canary comparisons during the measured blocks: %.0f done, %.0f dropped (queue full)\n",
-           done, drop);
+    printf("canary comparisons during the measured blocks: %.0f done, %.0f dropped (queue full); "
+           "background pieces %.0f run, %.0f stopped for live requests\n",
+           done, drop, pieces, stops);
     for (int k = 0; k < 2; k++)
         hu_stop_clean(&w[k], names[k]);
     for (int d = 0; d < n_docs; d++)

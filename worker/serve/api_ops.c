@@ -153,6 +153,8 @@ void cg_api_metrics(cg_http_req *req, void *app)
     set_counter(m, P "background_pieces_total",
                 "Background pieces computed while no live work waited", ss.idle_pieces);
     set_counter(m, P "background_rows_total", "Rows computed in background pieces", ss.idle_rows);
+    set_counter(m, P "background_interrupts_total",
+                "Background pieces stopped for live work (run again later)", ss.idle_interrupts);
     set_gauge(m, P "kv_pulls_in_flight", "KV pulls from a source worker in progress",
               (double)__atomic_load_n(&a->pulls, __ATOMIC_ACQUIRE));
     set_counter(m, P "chunk_hits_total", "Cacheable segments found in the pool", es.chunk_hits);
