@@ -3,9 +3,9 @@
  *   2. place:    system and chunks in prompt order: a hit is remapped into place from the
  *                pool (or the disk tier), a miss is computed at its virtual position, stored,
  *                and placed the same way (DESIGN §6);
- *   3. link:     EPIC's LegoLink, the first k tokens of each chunk with full causal context;
- *                or, with recompute_ratio > 0, blend: CacheBlend's selective recompute of the
- *                chunk tokens whose KV deviates most, together with LegoLink's (one set);
+ *   3. blend:    one token set recomputed with full causal context: EPIC's LegoLink (the
+ *                first k tokens of each chunk) and CacheBlend's selective recompute (the
+ *                chunk tokens whose KV deviates most, recompute_ratio);
  *   4. finish:   the question prefilled under the mask, and the last token's logits;
  *   5. report:   the assembly made live and described to the caller.
  * The reference paths run one forward over the whole prompt instead of phases 2-4. */
@@ -315,28 +315,7 @@ static cg_status place(job *j)
     return CG_OK;
 }
 
-/* ---- 3. link ---- */
-
-/* EPIC LegoLink: the first k tokens of each chunk get full causal context, in prompt order;
- * the pool keeps the isolated version. */
-static cg_status link_chunks(job *j)
-{
-    const uint32_t k = j->req->recompute_prefix_tokens;
-    const size_t last = j->n - 1;
-    for (size_t i = 0; k && i < j->n; i++) {
-        if (j->roles[i] != CG_ROLE_CHUNK) continue;
-        uint32_t kk = CG_MIN(k, j->lens[i]);
-        float *lg = i == last && kk == j->lens[i] ? j->a->logits : NULL;
-        cg_status st =
-            fwd(j, j->a->kv, j->toks[i], kk, j->offs[i], (cg_attn_span){j->offs[i], kk, 0, 0}, lg);
-        if (st != CG_OK) return st;
-        j->recomputed += kk;
-        if (lg) j->have_logits = j->last_recomputed = 1;
-    }
-    return CG_OK;
-}
-
-/* ---- 3. blend (recompute_ratio > 0) ---- */
+/* ---- 3. blend ---- */
 
 /* The layer whose KV ranks the tokens. Layer 0's K and V depend only on the token and its
  * position, so after the remap they already equal a full-attention pass; the context a chunk
@@ -409,16 +388,17 @@ static cg_status rank_tokens(job *j, uint32_t c0, uint32_t n, uint32_t want, uin
     return st;
 }
 
-/* CacheBlend: the chosen chunk tokens (the round(r * N) most deviating, LegoLink's first k of
- * each chunk, and the last token of a prompt that ends in a chunk) are recomputed in every
- * layer with full causal attention over the whole sequence, in one forward of scattered rows
- * in prompt order: within a layer every row writes its K/V before any attends, so a row sees
- * the rows recomputed before it, as a plain causal pass would. The pool keeps the isolated
- * version. */
+/* The chosen chunk tokens (LegoLink's first k of each chunk; with r > 0 also CacheBlend's
+ * round(r * N) most deviating and the last token of a prompt that ends in a chunk) are
+ * recomputed in every layer with full causal attention over the whole sequence, in one forward
+ * of scattered rows in prompt order (one pass over the weights for every chunk): within a
+ * layer every row writes its K/V before any attends, so a row sees the rows recomputed before
+ * it, as a plain causal pass would. The pool keeps the isolated version. */
 static cg_status blend(job *j)
 {
     const float r = j->req->recompute_ratio;
     const uint32_t k = j->req->recompute_prefix_tokens;
+    if (r <= 0 && !k) return CG_OK;
     uint32_t c0 = UINT32_MAX, c1 = 0, n = 0;
     for (size_t i = 0; i < j->n; i++)
         if (j->roles[i] == CG_ROLE_CHUNK) {
@@ -437,7 +417,7 @@ static cg_status blend(job *j)
     }
     for (size_t i = 0; i < j->n; i++)
         if (j->roles[i] == CG_ROLE_CHUNK) memset(sel + j->offs[i], 1, CG_MIN(k, j->lens[i]));
-    if (j->roles[j->n - 1] == CG_ROLE_CHUNK) sel[j->total - 1] = 1;
+    if (r > 0 && j->roles[j->n - 1] == CG_ROLE_CHUNK) sel[j->total - 1] = 1;
     uint32_t rows = 0, runs = 0;
     for (uint32_t s = c0; s < c1; s++) {
         rows += sel[s];
@@ -570,7 +550,7 @@ static cg_status compute(job *j)
         st = run_reference(j);
     } else {
         st = place(j);
-        if (st == CG_OK) st = j->req->recompute_ratio > 0 ? blend(j) : link_chunks(j);
+        if (st == CG_OK) st = blend(j);
         if (st == CG_OK) st = finish(j);
     }
     cg_tiers_collect(j->e->tiers, NULL);

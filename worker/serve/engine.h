@@ -86,7 +86,7 @@ typedef struct cg_assemble_req {
      * round(r * N) of the N chunk tokens whose KV at an early layer deviates most from a
      * full-attention pass are recomputed in every layer with full causal attention, as one set
      * with the recompute_prefix_tokens tokens (their union). 0 (default): off, the prefix
-     * tokens alone are recomputed as before; 1: every chunk token, a plain causal forward.
+     * tokens alone are recomputed; 1: every chunk token, a plain causal forward.
      * With r > 0 a prompt ending in a chunk also recomputes its last token (its logits). */
     float recompute_ratio;
     /* 0 (default): the system segment gets the tokenizer's BOS, as a completion prompt does;
