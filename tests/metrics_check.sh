@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The /metrics of a real chunkgate and chunkgate-worker, after real traffic (main path cold
 # and warm, a stream, a chat, a client error), pass `promtool check metrics`, follow the
-# naming rules (counters _total, histograms _seconds with sensible buckets, byte gauges
-# _bytes), count the traffic, and export every series the Grafana dashboard queries; every
+# naming rules (counters _total, histograms _seconds with sensible buckets or another unit:
+# _bytes, _nats, _ratio; byte gauges _bytes), count the traffic, and export every series the Grafana dashboard queries; every
 # dashboard query is valid PromQL (`promtool check rules`).
 # Exit 77 (ctest: skipped) when promtool is not installed (Debian package prometheus).
 # Environment (set by ctest): CHUNKGATE_BIN, CHUNKGATE_WORKER_BIN.
@@ -58,6 +58,8 @@ warm=$(post /v1/completions "{\"model\":\"chunkgate-tiny\",\"prompt\":\"Sys B # 
 case "$warm" in *'"hit":true'*) ;; *) fail "the warm request reported no hit: $warm" ;; esac
 post /v1/completions "{\"model\":\"chunkgate-tiny\",\"prompt\":\"Sys A # # $D1 # # Spelt?\",\"max_tokens\":3,\"stream\":true}" >/dev/null
 post /v1/chat/completions "{\"model\":\"chunkgate-tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"Bread?\"}],\"documents\":[\"$D1\"],\"max_tokens\":2}" >/dev/null
+# a quality probe: the canary's families appear on the worker
+post /v1/completions "{\"model\":\"chunkgate-tiny\",\"prompt\":\"Sys B # # $D1 # # $D2 # # Rye?\",\"max_tokens\":3,\"quality_probe\":true,\"recompute_ratio\":0.15}" >/dev/null
 post /v1/completions '{"model": 1}' >/dev/null
 curl -sS "$gurl/v1/nope" >/dev/null
 curl -sS "$gurl/metrics" >"$tmp/gateway.prom"
@@ -87,7 +89,8 @@ for m in gateway worker; do
         grep -q "^# HELP $name " "$tmp/$m.prom" || fail "$m: $name has no HELP"
         case $type in
         counter) [[ $name == *_total ]] || fail "$m: counter $name does not end in _total" ;;
-        histogram) [[ $name == *_seconds || $name == *_bytes ]] || fail "$m: histogram $name is not in _seconds or _bytes" ;;
+        histogram) [[ $name == *_seconds || $name == *_bytes || $name == *_nats || $name == *_ratio ]] ||
+            fail "$m: histogram $name is not in _seconds, _bytes, _nats or _ratio" ;;
         gauge) [[ $name == *_total ]] && fail "$m: gauge $name ends in _total" ;;
         *) fail "$m: $name has type $type (only counter, gauge, histogram are used)" ;;
         esac
@@ -145,6 +148,7 @@ ge "$tmp/gateway.prom" "chunkgate_worker_healthy{worker=\"$wurl\"}" 1
 ge "$tmp/worker.prom" chunkgate_worker_chunk_hits_total 2
 ge "$tmp/worker.prom" 'chunkgate_worker_tier_bytes{tier="ram"}' 1
 ge "$tmp/worker.prom" 'chunkgate_worker_tier_capacity_bytes{tier="disk"}' 1
+ge "$tmp/worker.prom" 'chunkgate_worker_canary_kl_nats_count{mode="strict",recompute_ratio="0.15",recompute_prefix_tokens="0"}' 1
 
 echo "== the Grafana dashboard's series exist and its queries parse"
 exported=$( (families "$tmp/gateway.prom"; families "$tmp/worker.prom") | cut -d' ' -f1 | sort -u)

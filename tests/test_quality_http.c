@@ -278,13 +278,15 @@ START_TEST(canary_metrics_move)
     ck_assert_msg(sampled_ok(wk.port) == 3, "sampled comparisons: %g", sampled_ok(wk.port));
     const char *l = "{mode=\"strict\",recompute_ratio=\"0.00\",recompute_prefix_tokens=\"0\"}";
     char series[256];
-    snprintf(series, sizeof series, "chunkgate_worker_canary_kl_count%s", l);
+    snprintf(series, sizeof series, "chunkgate_worker_canary_kl_nats_count%s", l);
     ck_assert(hu_metric(wk.port, series) == 3);
     snprintf(series, sizeof series, "chunkgate_worker_canary_tokens_compared_total%s", l);
     ck_assert(hu_metric(wk.port, series) == 21); /* 3 x (prompt end + 6 tokens) */
-    snprintf(series, sizeof series, "chunkgate_worker_canary_top1_agreement_ratio%s", l);
-    double agree = hu_metric(wk.port, series);
-    ck_assert(agree >= 0 && agree <= 1);
+    snprintf(series, sizeof series, "chunkgate_worker_canary_top1_agreed_total%s", l);
+    double agreed = hu_metric(wk.port, series);
+    ck_assert(agreed >= 0 && agreed <= 21);
+    snprintf(series, sizeof series, "chunkgate_worker_canary_top1_agreement_ratio_count%s", l);
+    ck_assert(hu_metric(wk.port, series) == 3);
     json_t *h = healthz(wk.port);
     json_t *c = json_object_get(h, "canary");
     ck_assert_int_ge(json_integer_value(json_object_get(c, "requests")), 3);

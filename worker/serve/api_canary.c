@@ -104,22 +104,20 @@ static void record(cg_canary *c, const cg_probe *p, const cg_quality *q, const c
         s = &c->set[c->n_set++];
         *s = key;
     }
-    double ratio = 0;
     if (s) {
         s->requests++;
         s->tokens += q->tokens_compared;
         s->agreed += q->top1_agreed;
         s->kl_sum += q->kl;
-        ratio = (double)s->agreed / (double)s->tokens;
     }
     pthread_mutex_unlock(&c->mu);
     const char *l = key.labels;
-    cg_metric_observe(cg_metrics_histogram(c->m, P "canary_kl",
+    cg_metric_observe(cg_metrics_histogram(c->m, P "canary_kl_nats",
                                            "KL(full || reused) of the next-token distributions, "
                                            "mean over a request's compared positions (nats)",
                                            l, KL_BUCKETS, CG_ARRAY_LEN(KL_BUCKETS)),
                       q->kl);
-    cg_metric_observe(cg_metrics_histogram(c->m, P "canary_top1_agreement",
+    cg_metric_observe(cg_metrics_histogram(c->m, P "canary_top1_agreement_ratio",
                                            "Share of a request's compared positions where the "
                                            "reused and the full forward agree on the top token",
                                            l, AGREE_BUCKETS, CG_ARRAY_LEN(AGREE_BUCKETS)),
@@ -130,9 +128,6 @@ static void record(cg_canary *c, const cg_probe *p, const cg_quality *q, const c
     cg_metrics_inc(c->m, P "canary_top1_agreed_total",
                    "Compared positions where reused and full forward agree on the top token", l,
                    q->top1_agreed);
-    cg_metric_set(cg_metrics_gauge(c->m, P "canary_top1_agreement_ratio",
-                                   "Top-1 agreement over every position compared so far", l),
-                  ratio);
     cg_metric_observe(cg_metrics_histogram(c->m, P "canary_seconds",
                                            "Time from an answer's end to its comparison's result",
                                            NULL, cg_metrics_latency_buckets, cg_metrics_latency_n),
