@@ -20,3 +20,15 @@ if(TARGET chunkgate-worker)
   set_tests_properties(ref_llamacpp PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
     ENVIRONMENT "NODE_LLAMA_CPP_SKIP_DOWNLOAD=true;OMP_NUM_THREADS=2")
 endif()
+
+# Real-model checks end to end (tests/ref/test_models_e2e.mjs): the worker and the gateway on
+# the architecture presets with the real tokenizer files, against @lenml/tokenizers and
+# @huggingface/jinja: /tokenize and /detokenize, chat rendering with the documents in the
+# system message, reuse on the real tokenizer. Skipped without node or tests/ref's packages.
+if(TARGET chunkgate-worker AND TARGET chunkgate)
+  add_test(NAME ref_models_e2e
+    COMMAND sh -c "command -v node >/dev/null || { echo 'SKIP: node is missing'; exit 77; }; exec node \"$0\" \"$1\" \"$2\""
+            ${CMAKE_CURRENT_SOURCE_DIR}/ref/test_models_e2e.mjs
+            $<TARGET_FILE:chunkgate-worker> $<TARGET_FILE:chunkgate>)
+  set_tests_properties(ref_models_e2e PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()
