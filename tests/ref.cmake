@@ -12,6 +12,16 @@ add_test(NAME ref_hf_forward
 set_tests_properties(ref_hf_forward PROPERTIES ENVIRONMENT "${CG_REF_PY_ENV}"
   SKIP_RETURN_CODE 77 TIMEOUT 300)
 
+# The C worker against that reference over HTTP (tests/ref/test_worker_parity.py): prompt
+# log-probabilities and top-20 lists of random-weight checkpoints of every supported
+# architecture within 1e-2, and the chunk-reuse deviation measured. Needs the worker, torch and
+# `npm ci` in tests/ref (the pinned tokenizers); skipped with the reason otherwise.
+add_test(NAME ref_worker_parity
+  COMMAND sh -c "if [ -x /usr/bin/python3 ]; then exec /usr/bin/python3 \"$0\"; fi; echo 'SKIP: /usr/bin/python3 is missing'; exit 77"
+          ${CMAKE_CURRENT_SOURCE_DIR}/ref/test_worker_parity.py)
+set_tests_properties(ref_worker_parity PROPERTIES ENVIRONMENT "${CG_REF_PY_ENV}"
+  SKIP_RETURN_CODE 77 TIMEOUT 300)
+
 # The same reference against llama.cpp (node-llama-cpp's prebuilt CPU binaries) on the presets
 # converted to GGUF: skipped unless torch, node and both npm folders are installed.
 if(TARGET chunkgate-worker)
