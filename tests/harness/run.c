@@ -1,0 +1,30 @@
+/* Test harness: building and running Check suites from lists of tests. */
+#include "tests/harness/harness.h"
+
+TCase *th_case(Suite *s, const char *name, double timeout_s, const TTest *const *tests)
+{
+    TCase *tc = tcase_create(name);
+    if (timeout_s > 0) tcase_set_timeout(tc, timeout_s);
+    for (; *tests; tests++)
+        tcase_add_test(tc, *tests);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
+int th_run(Suite *s, enum fork_status mode)
+{
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, mode); /* CK_FORK_GETENV: the CK_FORK variable decides */
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed || th_failures ? 1 : 0;
+}
+
+int th_run_tests(const char *suite, const char *tcase, double timeout_s,
+                 const TTest *const *tests)
+{
+    Suite *s = suite_create(suite);
+    th_case(s, tcase, timeout_s, tests);
+    return th_run(s, CK_FORK_GETENV);
+}
