@@ -221,6 +221,9 @@ typedef struct th_sse {
 /* POSTs body (borrowed) to path on port with token (may be NULL) and reads the stream into s
  * (its options kept, its results reset). Returns the curl code. Free with th_sse_free. */
 CURLcode th_sse_post(th_sse *s, int port, const char *path, const char *body, const char *token);
+/* Adds n received bytes to s and cuts off its complete blocks (for streams read otherwise,
+ * e.g. th_send_many); s may start zeroed. Returns 0 or -1. */
+int th_sse_feed(th_sse *s, const char *d, size_t n);
 void th_sse_free(th_sse *s);
 /* The JSON of block i when it is "data: {...}", else NULL. Caller decrefs. */
 json_t *th_sse_json(const th_sse *s, int i);

@@ -25,13 +25,19 @@ static void take_blocks(th_sse *s)
     }
 }
 
+int th_sse_feed(th_sse *s, const char *d, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((s->keep_cr || d[i] != '\r') && cg_buf_append(&s->raw, d + i, 1) != CG_OK) return -1;
+    take_blocks(s);
+    return 0;
+}
+
 static size_t on_stream(char *d, size_t sz, size_t nm, void *ud)
 {
     th_sse *s = ud;
     size_t n = sz * nm;
-    for (size_t i = 0; i < n; i++)
-        if ((s->keep_cr || d[i] != '\r') && cg_buf_append(&s->raw, d + i, 1) != CG_OK) return 0;
-    take_blocks(s);
+    if (th_sse_feed(s, d, n) != 0) return 0;
     if (s->kill_after > 0 && s->data_blocks >= 1) {
         kill(s->kill_after, SIGKILL);
         s->kill_after = 0;
