@@ -86,17 +86,6 @@ static const char *text_of(json_t *j)
     return th_sget(json_array_get(json_object_get(j, "choices"), 0), "text");
 }
 
-static char *rag(const char *sys, const char *a, const char *b, const char *q)
-{
-    size_t n = strlen(sys) + strlen(a) + (b ? strlen(b) : 0) + strlen(q) + 32;
-    char *p = cg_malloc(n);
-    if (b)
-        snprintf(p, n, "%s # # %s # # %s # # %s", sys, a, b, q);
-    else
-        snprintf(p, n, "%s # # %s # # %s", sys, a, q);
-    return p;
-}
-
 /* A greedy completion request through the gateway. */
 static json_t *complete(const char *prompt, int max_tokens, const char *salt, long want)
 {
@@ -260,7 +249,7 @@ START_TEST(main_path_hits_on_same_worker)
 {
     double hits0 = th_metric(gw.port, "chunkgate_chunk_hits_total");
     double reused0 = th_metric(gw.port, "chunkgate_tokens_reused_total");
-    char *p1 = rag(SYS_A, D1, D2, "What changed in 2024?");
+    char *p1 = th_rag(SYS_A, D1, D2, "What changed in 2024?");
     json_t *r1 = complete(p1, 8, NULL, 200);
     json_t *cc = cc_of(r1);
     ck_assert(json_is_false(json_object_get(cc, "fallback")));
@@ -277,7 +266,7 @@ START_TEST(main_path_hits_on_same_worker)
     ck_assert_int_eq(cached_of(r1), 0);
 
     const char *q2 = "Who may vote by post?";
-    char *p2 = rag(SYS_B, D2, D1, q2);
+    char *p2 = th_rag(SYS_B, D2, D1, q2);
     json_t *r2 = complete(p2, 16, NULL, 200);
     cc = cc_of(r2);
     ck_assert(json_is_false(json_object_get(cc, "fallback")));
@@ -361,7 +350,7 @@ END_TEST
 START_TEST(streaming_main_path)
 {
     const char *sys = "Streaming system prompt.";
-    char *p = rag(sys, D2, D1, "Summarise both.");
+    char *p = th_rag(sys, D2, D1, "Summarise both.");
     json_t *plain = complete(p, 12, NULL, 200);
     ck_assert_int_eq(cached_of(plain), (long long)(strlen(D1) + strlen(D2)));
     th_sse s = {0};
@@ -477,7 +466,7 @@ END_TEST
 START_TEST(tenant_isolation)
 {
     const char *doc = "Tenant document: the vault code rotates every Tuesday at noon.";
-    char *p = rag("Tenant system.", doc, NULL, "When does it rotate?");
+    char *p = th_rag("Tenant system.", doc, NULL, "When does it rotate?");
     json_t *a1 = complete(p, 1, "tenant-a", 200);
     ck_assert(json_is_false(json_object_get(seg_of(a1, 1), "hit")));
     json_t *a2 = complete(p, 1, "tenant-a", 200);
@@ -510,7 +499,7 @@ END_TEST
 START_TEST(disconnect_and_failure_release_assembly)
 {
     double disc0 = th_metric(gw.port, "chunkgate_client_disconnects_total");
-    char *p = rag(SYS_A, D1, D2, "Write a long answer.");
+    char *p = th_rag(SYS_A, D1, D2, "Write a long answer.");
     th_sse s = {0};
     s.stop_after = 2;
     CURLcode rc = sse_post(&s, gw.port, "/v1/completions",
@@ -607,7 +596,7 @@ START_TEST(worker_failures_fall_back)
     char sync_path[96];
     snprintf(sync_path, sizeof sync_path, "/v1/workers/%lld/sync", th_iget(wv, "id"));
     json_decref(wv);
-    char *p = rag("Failure system.", "Failure document: the bridge opens at dawn.", NULL,
+    char *p = th_rag("Failure system.", "Failure document: the bridge opens at dawn.", NULL,
                   "When does it open?");
     json_t *body = json_pack("{s:s, s:s, s:i, s:f}", "model", MODEL, "prompt", p, "max_tokens", 4,
                              "temperature", 0.0);
@@ -670,7 +659,7 @@ END_TEST
  * placements it lost; a stale placement found by a request is repaired and resynced. */
 START_TEST(kill_restart_reconcile)
 {
-    char *p = rag(SYS_B, D1, D2, "Long answer please.");
+    char *p = th_rag(SYS_B, D1, D2, "Long answer please.");
     /* d1 and d2 live on the worker chosen in the first test */
     char k1[CG_KEY_HEX_LEN + 1];
     key_hex(D1, NULL, k1);
@@ -723,7 +712,7 @@ START_TEST(kill_restart_reconcile)
     /* a stale placement: the worker loses a chunk behind the gateway's back */
     const char *d3 = "Stale document three: the archive moved to the east wing in 2019.";
     const char *d4 = "Stale document four: visiting hours are nine to five on weekdays.";
-    char *p3 = rag("Stale system.", d3, d4, "Where is the archive?");
+    char *p3 = th_rag("Stale system.", d3, d4, "Where is the archive?");
     json_t *r = complete(p3, 1, NULL, 200);
     const char *vurl = th_sget(cc_of(r), "worker");
     int vport = port_of_url(vurl);
@@ -860,7 +849,7 @@ START_TEST(admin_workers)
     snprintf(path, sizeof path, "/v1/workers/%lld/sync", id);
     json_decref(admin(gw.port, "POST", path, NULL, 200));
     /* the new worker takes requests: its document routes there */
-    char *p = rag("Another admin system.", doc, NULL, "Why?");
+    char *p = th_rag("Another admin system.", doc, NULL, "Why?");
     json_t *r = complete(p, 1, NULL, 200);
     ck_assert_str_eq(th_sget(cc_of(r), "worker"), url);
     ck_assert(json_is_true(json_object_get(seg_of(r, 1), "hit")));

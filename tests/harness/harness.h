@@ -197,6 +197,12 @@ int th_bget(json_t *j, const char *k);
 /* j's text, compact; takes j over. Caller frees. */
 char *th_dumps(json_t *j);
 
+/* The RAG prompt "sys # # d1 # # d2 # # q" (d2 NULL: "sys # # d1 # # q"). Caller frees. */
+char *th_rag(const char *sys, const char *d1, const char *d2, const char *q);
+/* The segments of the same prompt for POST /v1/assemble: system, chunk d1, chunk d2 (left out
+ * when NULL), question. New reference. */
+json_t *th_segments(const char *sys, const char *d1, const char *d2, const char *q);
+
 /* ------------------------------------------------------------ SSE */
 
 /* A streamed request, split into blocks as it arrives (a block ends at a blank line). */

@@ -214,6 +214,26 @@ char *th_dumps(json_t *j)
     return s;
 }
 
+char *th_rag(const char *sys, const char *d1, const char *d2, const char *q)
+{
+    size_t n = strlen(sys) + strlen(d1) + (d2 ? strlen(d2) : 0) + strlen(q) + 32;
+    char *p = cg_malloc(n);
+    if (d2)
+        snprintf(p, n, "%s # # %s # # %s # # %s", sys, d1, d2, q);
+    else
+        snprintf(p, n, "%s # # %s # # %s", sys, d1, q);
+    return p;
+}
+
+json_t *th_segments(const char *sys, const char *d1, const char *d2, const char *q)
+{
+    json_t *a = json_pack("[{s:s,s:s},{s:s,s:s}]", "role", "system", "text", sys, "role", "chunk",
+                          "text", d1);
+    if (d2) json_array_append_new(a, json_pack("{s:s,s:s}", "role", "chunk", "text", d2));
+    json_array_append_new(a, json_pack("{s:s,s:s}", "role", "question", "text", q));
+    return a;
+}
+
 /* ------------------------------------------------------------ errors and accessors */
 
 int th_is_error_json(json_t *j, const char *code)
