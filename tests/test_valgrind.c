@@ -17,19 +17,6 @@
 
 static char valgrind[512];
 
-static int find_valgrind(void)
-{
-    const char *path = getenv("PATH");
-    char *copy = cg_strdup(path ? path : "/usr/bin:/bin");
-    int found = 0;
-    for (char *dir = strtok(copy, ":"); dir && !found; dir = strtok(NULL, ":")) {
-        snprintf(valgrind, sizeof valgrind, "%s/valgrind", dir);
-        found = access(valgrind, X_OK) == 0;
-    }
-    free(copy);
-    return found;
-}
-
 /* The memcheck verdict of one log: 1 when clean; the summary lines go to stderr. */
 static int clean(const char *what, const char *log_path)
 {
@@ -163,7 +150,7 @@ int main(void)
     fprintf(stderr, "skipped: an ASan build cannot run under valgrind\n");
     return 77;
 #endif
-    if (!find_valgrind()) {
+    if (!th_which("valgrind", valgrind, sizeof valgrind)) {
         fprintf(stderr, "skipped: valgrind is not installed (apt-get install valgrind)\n");
         return 77;
     }

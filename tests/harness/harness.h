@@ -75,6 +75,10 @@ int th_write_file(const char *path, const char *text);
 /* 1 when the file at path contains needle. */
 int th_file_has(const char *path, const char *needle);
 
+/* The executable name found on PATH (/usr/bin:/bin when unset), its path in out (n bytes);
+ * returns 1, or 0 when there is none. */
+int th_which(const char *name, char *out, size_t n);
+
 void th_sleep_ms(int ms);
 /* Monotonic seconds. */
 double th_now_s(void);

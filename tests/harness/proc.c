@@ -118,6 +118,20 @@ int th_file_has(const char *path, const char *needle)
     return found;
 }
 
+int th_which(const char *name, char *out, size_t n)
+{
+    const char *p = getenv("PATH");
+    const char *s = p ? p : "/usr/bin:/bin";
+    while (*s) {
+        const char *e = strchr(s, ':');
+        size_t len = e ? (size_t)(e - s) : strlen(s);
+        snprintf(out, n, "%.*s/%s", (int)len, s, name);
+        if (len && access(out, X_OK) == 0) return 1;
+        s += len + (e != NULL);
+    }
+    return 0;
+}
+
 void th_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
