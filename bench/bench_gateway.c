@@ -9,95 +9,19 @@
  *        (default 5)] [--log-level L (gateway, default info)] [--doc-bytes B (default 1024)]
  * The binaries come from the build tree; a tiny model is generated into a temp directory. */
 #include <curl/curl.h>
-#include <fcntl.h>
 #include <jansson.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/base.h"
 #include "cache/key.h"
+#include "tests/harness/harness.h"
 
 #define MODEL "chunkgate-tiny"
 #define MAX_CLIENTS 64
-
-static char tmp[128];
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* ------------------------------------------------------------ processes */
-
-static pid_t spawn(const char *bin, const char *const *args, const char *log)
-{
-    char *argv[48];
-    int n = 0;
-    argv[n++] = (char *)bin;
-    for (; *args; args++)
-        argv[n++] = (char *)*args;
-    argv[n] = NULL;
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-        execv(bin, argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* A loopback port that was free a moment ago. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {0};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(0x7f000001);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) return -1;
-    socklen_t len = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
-static size_t discard(char *d, size_t sz, size_t n, void *ud)
-{
-    return sz * n;
-}
-
-/* Waits up to 30 s for GET /healthz on port to answer 200. */
-static int wait_healthz(int port)
-{
-    char url[64];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/healthz", port);
-    for (int i = 0; i < 1500; i++) {
-        CURL *e = curl_easy_init();
-        curl_easy_setopt(e, CURLOPT_URL, url);
-        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard);
-        curl_easy_setopt(e, CURLOPT_TIMEOUT, 2L);
-        long st = 0;
-        if (curl_easy_perform(e) == CURLE_OK) curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &st);
-        curl_easy_cleanup(e);
-        if (st == 200) return 1;
-        sleep_ms(20);
-    }
-    return 0;
-}
 
 /* ------------------------------------------------------------ HTTP */
 
@@ -394,41 +318,24 @@ int main(int argc, char **argv)
     }
     if (requests < 10) requests = 10;
     setenv("OMP_WAIT_POLICY", "passive", 0);
-    signal(SIGPIPE, SIG_IGN);
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    snprintf(tmp, sizeof tmp, "/tmp/cg_bench_gw_XXXXXX");
-    if (!mkdtemp(tmp)) return 1;
-    char model[256], log[256], wdata[256], gdata[256], wurl[64];
-    snprintf(model, sizeof model, "%s/model", tmp);
-    snprintf(log, sizeof log, "%s/gen.log", tmp);
-    const char *gen[] = {"generate-model", "--out", model, NULL};
-    int st;
-    waitpid(spawn(WORKER_BIN, gen, log), &st, 0);
-    snprintf(wdata, sizeof wdata, "%s/w", tmp);
-    snprintf(log, sizeof log, "%s/worker.log", tmp);
-    char wlisten[64], glisten[64];
-    w_port = free_port();
-    gw_port = free_port();
-    snprintf(wlisten, sizeof wlisten, "127.0.0.1:%d", w_port);
-    snprintf(glisten, sizeof glisten, "127.0.0.1:%d", gw_port);
-    const char *wargs[] = {"serve", "--model",   model, "--listen",         wlisten, "--data-dir",
-                           wdata,   "--pool-mb", "64",  "--max-assemblies", "512",   NULL};
-    pid_t wpid = spawn(WORKER_BIN, wargs, log);
-    snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", w_port);
-    snprintf(gdata, sizeof gdata, "%s/g", tmp);
-    snprintf(log, sizeof log, "%s/gateway.log", tmp);
-    if (!wait_healthz(w_port)) {
-        fprintf(stderr, "the worker did not start (logs in %s)\n", tmp);
+    th_init("bench_gw", NULL);
+    char model[300];
+    th_proc w, gw;
+    const char *wargs[] = {"--max-assemblies", "512", NULL};
+    if (th_gen_model(WORKER_BIN, th_path(model, sizeof model, "model"), NULL) != 0 ||
+        th_start_worker(&w, WORKER_BIN, model, 0, "worker", wargs) != 0 ||
+        !th_wait_healthz(w.port)) {
+        fprintf(stderr, "the worker did not start (logs in %s)\n", th_root());
         return 1;
     }
-    const char *gargs[] = {"--listen", glisten,       "--worker", wurl, "--data-dir",
-                           gdata,      "--log-level", level,      NULL};
-    pid_t gpid = spawn(CHUNKGATE_BIN, gargs, log);
-    if (!wait_healthz(gw_port)) {
-        fprintf(stderr, "the gateway did not start (logs in %s)\n", tmp);
+    const char *gargs[] = {"--worker", w.url, "--log-level", level, NULL};
+    if (th_start_gateway(&gw, CHUNKGATE_BIN, "gateway", gargs) != 0 || !th_wait_healthz(gw.port)) {
+        fprintf(stderr, "the gateway did not start (logs in %s)\n", th_root());
         return 1;
     }
-    sleep_ms(200); /* the worker's first health check and inventory sync */
+    w_port = w.port;
+    gw_port = gw.port;
+    th_sleep_ms(200); /* the worker's first health check and inventory sync */
     make_workload(doc_bytes);
 
     conn g, a, b;
@@ -439,7 +346,7 @@ int main(int argc, char **argv)
         one_gateway(&g);
         one_direct(&a, &b);
     }
-    double cpu0 = cpu_seconds(gpid);
+    double cpu0 = cpu_seconds(gw.pid);
     double *tg = cg_malloc((size_t)requests * sizeof *tg);
     double *td = cg_malloc((size_t)requests * sizeof *td);
     double *diff = cg_malloc((size_t)requests * sizeof *diff);
@@ -454,7 +361,7 @@ int main(int argc, char **argv)
         }
         diff[i] = tg[i] - td[i];
     }
-    double gw_cpu_us = (cpu_seconds(gpid) - cpu0) * 1e6 / requests;
+    double gw_cpu_us = (cpu_seconds(gw.pid) - cpu0) * 1e6 / requests;
     json_t *check = json_loadb(g.body.data, g.body.len, 0, NULL);
     json_int_t cached = json_integer_value(
         json_object_get(json_object_get(json_object_get(check, "usage"), "prompt_tokens_details"),
@@ -489,14 +396,10 @@ int main(int argc, char **argv)
                "(p50 %6.2f p99 %6.2f)   gateway/direct %.3f\n",
                conc[i], rd, p50d, p99d, rg, p50g, p99g, rg / rd);
     }
-    kill(gpid, SIGTERM);
-    kill(wpid, SIGTERM);
-    waitpid(gpid, NULL, 0);
-    waitpid(wpid, NULL, 0);
+    th_stop(&gw, SIGTERM);
+    th_stop(&w, SIGTERM);
     free(gw_body);
     free(assemble_body);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    th_cleanup(0);
     return 0;
 }
