@@ -10,6 +10,7 @@
 
 #include "kv/attn.h"
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 static unsigned rnd(unsigned *st)
 {
@@ -426,23 +427,11 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("attn");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_plan_matches_table);
-    tcase_add_test(tc, test_plan_hand);
-    tcase_add_test(tc, test_forward_random_layouts);
-    tcase_add_test(tc, test_forward_decode_and_prefix);
-    tcase_add_test(tc, test_forward_long_range);
-    tcase_add_test(tc, test_forward_sees_visible_only);
-    tcase_add_test(tc, test_forward_large_tiles);
-    tcase_add_test(tc, test_forward_decode_long);
-    tcase_add_test(tc, test_forward_split_keys);
-    tcase_add_test(tc, test_forward_peaked);
-    tcase_add_test(tc, test_forward_softmax_weights);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    th_case(s, "core", 300,
+            TH_TESTS(test_plan_matches_table, test_plan_hand, test_forward_random_layouts,
+                     test_forward_decode_and_prefix, test_forward_long_range,
+                     test_forward_sees_visible_only, test_forward_large_tiles,
+                     test_forward_decode_long, test_forward_split_keys, test_forward_peaked,
+                     test_forward_softmax_weights));
+    return th_run(s, CK_FORK_GETENV);
 }

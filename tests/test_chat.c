@@ -9,6 +9,7 @@
 #include "base/base.h"
 #include "cache/chat.h"
 #include "cache/split.h"
+#include "tests/harness/harness.h"
 
 #define MSG(r, c)                                                                                  \
     {                                                                                              \
@@ -507,33 +508,15 @@ START_TEST(test_random_conversations)
 }
 END_TEST
 
-static Suite *chat_suite(void)
-{
-    Suite *s = suite_create("chat");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_system_and_user_with_separators);
-    tcase_add_test(tc, test_documents_array);
-    tcase_add_test(tc, test_documents_before_conversation_chunks);
-    tcase_add_test(tc, test_multi_turn);
-    tcase_add_test(tc, test_no_system_message);
-    tcase_add_test(tc, test_no_conversation);
-    tcase_add_test(tc, test_passthrough);
-    tcase_add_test(tc, test_custom_separator);
-    tcase_add_test(tc, test_ambiguous_rendering_refused);
-    tcase_add_test(tc, test_invalid_utf8);
-    tcase_add_test(tc, test_too_many_segments);
-    tcase_add_test(tc, test_segment_size_and_buffer_cap);
-    tcase_add_test(tc, test_bad_arguments);
-    tcase_add_test(tc, test_random_conversations);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    SRunner *sr = srunner_create(chat_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("chat");
+    th_case(s, "core", 0,
+            TH_TESTS(test_system_and_user_with_separators, test_documents_array,
+                     test_documents_before_conversation_chunks, test_multi_turn,
+                     test_no_system_message, test_no_conversation, test_passthrough,
+                     test_custom_separator, test_ambiguous_rendering_refused, test_invalid_utf8,
+                     test_too_many_segments, test_segment_size_and_buffer_cap, test_bad_arguments,
+                     test_random_conversations));
+    return th_run(s, CK_FORK_GETENV);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include "base/config.h"
 #include "server/gateway.h"
+#include "tests/harness/harness.h"
 
 typedef struct tcfg {
     char *name;
@@ -285,18 +286,8 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("config");
-    TCase *tc = tcase_create("table");
-    tcase_add_test(tc, defaults);
-    tcase_add_test(tc, env_then_flags);
-    tcase_add_test(tc, sizes);
-    tcase_add_test(tc, bounds_and_errors);
-    tcase_add_test(tc, help_flag_and_text);
-    tcase_add_test(tc, gateway_table);
-    tcase_add_test(tc, gateway_bad_values);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    th_case(s, "table", 0,
+            TH_TESTS(defaults, env_then_flags, sizes, bounds_and_errors, help_flag_and_text,
+                     gateway_table, gateway_bad_values));
+    return th_run(s, CK_FORK_GETENV);
 }

@@ -172,7 +172,7 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("crash");
-    const TTest *tests[] = {kill9_under_write_load, NULL};
-    tcase_add_unchecked_fixture(th_case(s, "crash", 150, tests), setup, teardown);
+    TCase *tc = th_case(s, "crash", 150, TH_TESTS(kill9_under_write_load));
+    tcase_add_unchecked_fixture(tc, setup, teardown);
     return th_run(s, CK_FORK_GETENV);
 }

@@ -20,6 +20,7 @@
 #include "base/base.h"
 #include "kv/pool.h"
 #include "sql/kvstore.h"
+#include "tests/harness/harness.h"
 
 /* Geometry: 2 layers, 2 KV heads, head_dim 8, 4 tokens a block -> 1024-byte blocks. */
 #define LAYERS 2
@@ -1110,36 +1111,17 @@ START_TEST(test_threads_smoke)
 }
 END_TEST
 
-static Suite *disk_suite(void)
-{
-    Suite *s = suite_create("disk");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_round_trip);
-    tcase_add_test(tc, test_sync_mode);
-    tcase_add_test(tc, test_restart);
-    tcase_add_test(tc, test_lru_drop_when_full);
-    tcase_add_test(tc, test_chunk_bigger_than_disk);
-    tcase_add_test(tc, test_corruption_detected);
-    tcase_add_test(tc, test_swapped_rows_and_truncated_file);
-    tcase_add_test(tc, test_open_drops_bad_rows);
-    tcase_add_test(tc, test_callback_races);
-    tcase_add_test(tc, test_torn_writes_never_served);
-    tcase_add_test(tc, test_geometry_mismatch_refused);
-    tcase_add_test(tc, test_foreign_inventory_refused);
-    tcase_add_test(tc, test_pool_spill_and_restore);
-    tcase_add_test(tc, test_threads_smoke);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
     cg_log_init("test_disk", CG_LOG_ERROR);
-    SRunner *sr = srunner_create(disk_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("disk");
+    TCase *tc = th_case(
+        s, "core", 120,
+        TH_TESTS(test_round_trip, test_sync_mode, test_restart, test_lru_drop_when_full,
+                 test_chunk_bigger_than_disk, test_corruption_detected,
+                 test_swapped_rows_and_truncated_file, test_open_drops_bad_rows,
+                 test_callback_races, test_torn_writes_never_served, test_geometry_mismatch_refused,
+                 test_foreign_inventory_refused, test_pool_spill_and_restore, test_threads_smoke));
+    tcase_add_checked_fixture(tc, setup, teardown);
+    return th_run(s, CK_FORK_GETENV);
 }

@@ -220,9 +220,18 @@ static void suite_setup(void)
     /* No --backend: the chosen worker answers the completion. Fast health checks so the
      * failure tests need not wait; no periodic resync, so a stale placement stays until a
      * request finds it. */
-    const char *extra[] = {"--worker",           wk[0].url, "--worker",           wk[1].url,
-                           "--health-interval-ms", "100",   "--health-timeout-ms", "2000",
-                           "--sync-interval-ms", "0",       "--heartbeat-ms",     "200",
+    const char *extra[] = {"--worker",
+                           wk[0].url,
+                           "--worker",
+                           wk[1].url,
+                           "--health-interval-ms",
+                           "100",
+                           "--health-timeout-ms",
+                           "2000",
+                           "--sync-interval-ms",
+                           "0",
+                           "--heartbeat-ms",
+                           "200",
                            NULL};
     if (start_gateway(&gw, "gw", extra) != 0) th_die("chunkgate", &gw);
     if (!th_wait_worker(gw.port, ADMIN, wk[0].url, 1) ||
@@ -286,9 +295,9 @@ START_TEST(main_path_hits_on_same_worker)
 
     /* the same prompt sent to that worker itself, computed fresh (another salt: no reuse) */
     json_t *direct = th_call(port_of_url(w1), "POST", "/v1/completions",
-                          json_pack("{s:s, s:i, s:f, s:s}", "prompt", p2, "max_tokens", 16,
-                                    "temperature", 0.0, "cache_salt", "e2e-reference"),
-                          NULL, 200);
+                             json_pack("{s:s, s:i, s:f, s:s}", "prompt", p2, "max_tokens", 16,
+                                       "temperature", 0.0, "cache_salt", "e2e-reference"),
+                             NULL, 200);
     ck_assert_int_eq(cached_of(direct), 0);
     ck_assert_str_eq(text_of(r2), text_of(direct));
     char *ref = reference_text(SYS_B, D2, D1, q2, 16);
@@ -525,9 +534,9 @@ START_TEST(disconnect_and_failure_release_assembly)
     ck_assert_int_eq(start_gateway(&g2, "gw-dead-backend", extra), 0);
     ck_assert(th_wait_worker(g2.port, ADMIN, wurl, 1));
     double rel0 = th_metric(g2.port, "chunkgate_assembly_releases_total");
-    json_t *e =
-        th_call(g2.port, "POST", "/v1/completions",
-             json_pack("{s:s, s:s, s:i}", "model", MODEL, "prompt", p, "max_tokens", 4), NULL, 502);
+    json_t *e = th_call(g2.port, "POST", "/v1/completions",
+                        json_pack("{s:s, s:s, s:i}", "model", MODEL, "prompt", p, "max_tokens", 4),
+                        NULL, 502);
     th_assert_error_json(e, "upstream_unavailable", NULL);
     json_decref(e);
     ok = 0;
@@ -597,16 +606,16 @@ START_TEST(worker_failures_fall_back)
     snprintf(sync_path, sizeof sync_path, "/v1/workers/%lld/sync", th_iget(wv, "id"));
     json_decref(wv);
     char *p = th_rag("Failure system.", "Failure document: the bridge opens at dawn.", NULL,
-                  "When does it open?");
+                     "When does it open?");
     json_t *body = json_pack("{s:s, s:s, s:i, s:f}", "model", MODEL, "prompt", p, "max_tokens", 4,
                              "temperature", 0.0);
     json_t *r;
 
     /* erroring: w2 allows one live assembly and we hold it, so its assemble answers 503 */
     json_t *held = th_call(p2, "POST", "/v1/assemble",
-                        json_pack("{s:[{s:s, s:s}, {s:s, s:s}]}", "segments", "role", "system",
-                                  "text", "held", "role", "question", "text", "q"),
-                        NULL, 200);
+                           json_pack("{s:[{s:s, s:s}, {s:s, s:s}]}", "segments", "role", "system",
+                                     "text", "held", "role", "question", "text", "q"),
+                           NULL, 200);
     r = th_call(g3.port, "POST", "/v1/completions", json_incref(body), NULL, 200);
     ck_assert(json_is_true(json_object_get(cc_of(r), "fallback")));
     ck_assert_str_eq(th_sget(cc_of(r), "fallback_reason"), "worker_error");
@@ -706,7 +715,8 @@ START_TEST(kill_restart_reconcile)
     ck_assert_int_eq(
         start_worker(&wk[vi], model_dir, wport[vi], vi ? "w1-again" : "w0-again", NULL), 0);
     ck_assert(th_wait_worker(gw.port, ADMIN, wurl, 1));
-    ck_assert_double_ge(th_metric(gw.port, "chunkgate_worker_syncs_total{result=\"ok\"}"), syncs0 + 1);
+    ck_assert_double_ge(th_metric(gw.port, "chunkgate_worker_syncs_total{result=\"ok\"}"),
+                        syncs0 + 1);
     ck_assert(!placed(k1, vid));
 
     /* a stale placement: the worker loses a chunk behind the gateway's back */
@@ -725,7 +735,7 @@ START_TEST(kill_restart_reconcile)
     double stale0 = th_metric(gw.port, "chunkgate_stale_placements_total");
     syncs0 = th_metric(gw.port, "chunkgate_worker_syncs_total{result=\"ok\"}");
     json_t *r2 = complete(p3, 1, NULL, 200);
-    ck_assert_str_eq(th_sget(cc_of(r2), "worker"), vurl);               /* d4 still placed there */
+    ck_assert_str_eq(th_sget(cc_of(r2), "worker"), vurl);            /* d4 still placed there */
     ck_assert(json_is_false(json_object_get(seg_of(r2, 1), "hit"))); /* recomputed */
     ck_assert(json_is_true(json_object_get(seg_of(r2, 2), "hit")));
     ck_assert_double_eq(th_metric(gw.port, "chunkgate_stale_placements_total"), stale0 + 1);
@@ -812,10 +822,10 @@ START_TEST(admin_workers)
     /* it already holds a chunk: registration must sync it into the index */
     const char *doc = "Admin document: the library closes early on Fridays.";
     json_t *a = th_call(port, "POST", "/v1/assemble",
-                     json_pack("{s:[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}]}", "segments", "role",
-                               "system", "text", "Admin system.", "role", "chunk", "text", doc,
-                               "role", "question", "text", "When?"),
-                     NULL, 200);
+                        json_pack("{s:[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}]}", "segments", "role",
+                                  "system", "text", "Admin system.", "role", "chunk", "text", doc,
+                                  "role", "question", "text", "When?"),
+                        NULL, 200);
     char path[128];
     snprintf(path, sizeof path, "/v1/assemblies/%s", th_sget(a, "assembly_id"));
     json_decref(th_call(port, "DELETE", path, NULL, NULL, 200));
@@ -900,8 +910,8 @@ START_TEST(pinning)
             json_array_append_new(segs, json_pack("{s:s, s:s}", "role", "chunk", "text", big2));
         }
         json_array_append_new(segs, json_pack("{s:s, s:s}", "role", "question", "text", "q"));
-        json_t *a =
-            th_call(wport[i], "POST", "/v1/assemble", json_pack("{s:o}", "segments", segs), NULL, 200);
+        json_t *a = th_call(wport[i], "POST", "/v1/assemble", json_pack("{s:o}", "segments", segs),
+                            NULL, 200);
         char path[128];
         snprintf(path, sizeof path, "/v1/assemblies/%s", th_sget(a, "assembly_id"));
         json_decref(th_call(wport[i], "DELETE", path, NULL, NULL, 200));
@@ -983,8 +993,8 @@ START_TEST(operations_and_metrics)
                  wport[i]);
         ck_assert_double_eq(th_metric_in(r.body.data, s), 0);
     }
-    ck_assert_double_ge(th_metric_in(r.body.data, "chunkgate_routing_decisions_total{kind=\"hit\"}"),
-                        10);
+    ck_assert_double_ge(
+        th_metric_in(r.body.data, "chunkgate_routing_decisions_total{kind=\"hit\"}"), 10);
     ck_assert_double_ge(th_metric_in(r.body.data, "chunkgate_chunk_hits_total"), 10);
     ck_assert_double_ge(
         th_metric_in(r.body.data, "chunkgate_fallback_reasons_total{reason=\"model\"}"), 1);
@@ -1008,21 +1018,13 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("e2e");
-    const TTest *tests[] = {main_path_hits_on_same_worker,
-                            misses_spread_and_documents_stick,
-                            streaming_main_path,
-                            chat_main_path,
-                            tenant_isolation,
-                            disconnect_and_failure_release_assembly,
-                            worker_failures_fall_back,
-                            kill_restart_reconcile,
-                            registration_mismatch_refused,
-                            admin_workers,
-                            pinning,
-                            operations_and_metrics,
-                            gateway_stops_cleanly,
-                            NULL};
-    TCase *tc = th_case(s, "gateway_and_workers", 180, tests);
+    TCase *tc =
+        th_case(s, "gateway_and_workers", 180,
+                TH_TESTS(main_path_hits_on_same_worker, misses_spread_and_documents_stick,
+                         streaming_main_path, chat_main_path, tenant_isolation,
+                         disconnect_and_failure_release_assembly, worker_failures_fall_back,
+                         kill_restart_reconcile, registration_mismatch_refused, admin_workers,
+                         pinning, operations_and_metrics, gateway_stops_cleanly));
     tcase_add_unchecked_fixture(tc, suite_setup, suite_teardown);
     /* One process: the tests share the gateway and workers and a later test sees the
      * processes an earlier one restarted. */

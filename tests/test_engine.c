@@ -17,6 +17,7 @@
 
 #include "worker/serve/engine.h"
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 #define ERRLEN 512
 #define GREEDY 32
@@ -917,26 +918,6 @@ START_TEST(test_role_collision)
 }
 END_TEST
 
-static Suite *engine_suite(void)
-{
-    Suite *s = suite_create("engine");
-    TCase *tc = tcase_create("fidelity");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_strict_fidelity);
-    tcase_add_test(tc, test_strict_fidelity_interleaved);
-    tcase_add_test(tc, test_sys_fidelity);
-    tcase_add_test(tc, test_reuse_across_prompts);
-    tcase_add_test(tc, test_full_recompute);
-    tcase_add_test(tc, test_pool_pressure);
-    tcase_add_test(tc, test_key_mismatch);
-    tcase_add_test(tc, test_lifecycle);
-    tcase_add_test(tc, test_role_collision);
-    tcase_add_test(tc, test_disk_tier);
-    tcase_add_test(tc, test_adopt);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -949,15 +930,18 @@ int main(int argc, char **argv)
     cg_log_init("test_engine", CG_LOG_WARN);
     m_half = make_model(CG_ROPE_HALF, &dir_half);
     m_inter = make_model(CG_ROPE_INTERLEAVED, &dir_inter);
-    SRunner *sr = srunner_create(engine_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    Suite *s = suite_create("engine");
+    th_case(s, "fidelity", 300,
+            TH_TESTS(test_strict_fidelity, test_strict_fidelity_interleaved, test_sys_fidelity,
+                     test_reuse_across_prompts, test_full_recompute, test_pool_pressure,
+                     test_key_mismatch, test_lifecycle, test_role_collision, test_disk_tier,
+                     test_adopt));
+    int failed = th_run(s, CK_FORK_GETENV);
     cg_model_close(&m_half);
     cg_model_close(&m_inter);
     rm_rf(dir_half);
     rm_rf(dir_inter);
     free(dir_half);
     free(dir_inter);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return failed;
 }

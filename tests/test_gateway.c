@@ -144,8 +144,8 @@ START_TEST(completion_forwarded_with_chunk_cache)
              n);
     /* "##" is not the separator; the blank segment between two separators is skipped */
     char *body =
-        th_dumps(json_pack("{s:s, s:s, s:i, s:s, s:s}", "model", MODEL, "prompt", prompt, "max_tokens",
-                        16, "chunk_separator", "# #", "cache_salt", "tenant-a"));
+        th_dumps(json_pack("{s:s, s:s, s:i, s:s, s:s}", "model", MODEL, "prompt", prompt,
+                           "max_tokens", 16, "chunk_separator", "# #", "cache_salt", "tenant-a"));
     th_resp r;
     const char *rid[] = {"X-Request-Id: gw-test-1", NULL};
     th_http(&r, gw.port, "POST", "/v1/completions", body, NULL, rid);
@@ -235,7 +235,7 @@ START_TEST(completion_passthrough_and_modes)
     nonce(n, sizeof n);
     snprintf(prompt, sizeof prompt, "Sys %s ||| Doc %s ||| Q?", n, n);
     char *b = th_dumps(json_pack("{s:s, s:s, s:s, s:s}", "model", MODEL, "prompt", prompt,
-                              "chunk_separator", "|||", "chunk_mode", "sys"));
+                                 "chunk_separator", "|||", "chunk_mode", "sys"));
     http(&r, "POST", "/v1/completions", b);
     free(b);
     ck_assert_int_eq(r.status, 200);
@@ -359,8 +359,8 @@ START_TEST(chat_with_documents)
     snprintf(d1, sizeof d1, "Doc one %s", n);
     snprintf(d2, sizeof d2, "Doc two %s", n);
     char *b = th_dumps(json_pack("{s:s, s:[{s:s, s:s}, {s:s, s:s}], s:[s, s], s:s}", "model", MODEL,
-                              "messages", "role", "system", "content", sys, "role", "user",
-                              "content", "What now?", "documents", d1, d2, "cache_salt", "t1"));
+                                 "messages", "role", "system", "content", sys, "role", "user",
+                                 "content", "What now?", "documents", d1, d2, "cache_salt", "t1"));
     th_resp r;
     http(&r, "POST", "/v1/chat/completions", b);
     free(b);
@@ -413,7 +413,7 @@ START_TEST(chat_separators_in_messages)
     snprintf(content, sizeof content, "%s # # %s # # the question", sys, chunk);
     /* content as text parts; no extension field, so the body is forwarded unchanged */
     char *b = th_dumps(json_pack("{s:s, s:[{s:s, s:[{s:s, s:s}]}]}", "model", MODEL, "messages",
-                              "role", "user", "content", "type", "text", "text", content));
+                                 "role", "user", "content", "type", "text", "text", content));
     th_resp r;
     http(&r, "POST", "/v1/chat/completions", b);
     ck_assert_int_eq(r.status, 200);
@@ -435,8 +435,8 @@ START_TEST(chat_separators_in_messages)
 
     /* a non-text part makes the request pass-through */
     b = th_dumps(json_pack("{s:s, s:[{s:s, s:[{s:s, s:s}, {s:s, s:{s:s}}]}]}", "model", MODEL,
-                        "messages", "role", "user", "content", "type", "text", "text", content,
-                        "type", "image_url", "image_url", "url", "http://x/y.png"));
+                           "messages", "role", "user", "content", "type", "text", "text", content,
+                           "type", "image_url", "image_url", "url", "http://x/y.png"));
     http(&r, "POST", "/v1/chat/completions", b);
     free(b);
     ck_assert_int_eq(r.status, 200);
@@ -622,8 +622,8 @@ START_TEST(index_contents_and_admin)
             ck_assert_int_eq(r.status, 200);
             th_resp_free(&r);
         } else {
-            char *sb =
-                th_dumps(json_pack("{s:s, s:s, s:b}", "model", MODEL, "prompt", prompt, "stream", 1));
+            char *sb = th_dumps(
+                json_pack("{s:s, s:s, s:b}", "model", MODEL, "prompt", prompt, "stream", 1));
             th_sse s = {0};
             ck_assert_int_eq(th_sse_post(&s, gw.port, "/v1/completions", sb, NULL), CURLE_OK);
             th_sse_free(&s);
@@ -941,7 +941,8 @@ START_TEST(backend_down)
     json_decref(j);
     th_resp_free(&r);
     th_http(&r, g2.port, "GET", "/metrics", NULL, NULL, NULL);
-    ck_assert_double_eq(th_metric_in(r.body.data, "chunkgate_backend_errors_total{kind=\"connect\"}"), 2);
+    ck_assert_double_eq(
+        th_metric_in(r.body.data, "chunkgate_backend_errors_total{kind=\"connect\"}"), 2);
     th_resp_free(&r);
     ck_assert_int_eq(th_stop(&g2, SIGTERM), 0);
 
@@ -1026,8 +1027,9 @@ START_TEST(metrics_series)
     ck_assert_double_eq(th_metric_in(m, "chunkgate_empty_segments_total"), empty0 + 1);
     ck_assert_double_eq(th_metric_in(m, "chunkgate_segments_total{role=\"chunk\"}"), chunks0 + 2);
     ck_assert_double_eq(th_metric_in(m, "chunkgate_fallbacks_total"), fb0 + 1);
-    ck_assert_double_eq(th_metric_in(m, "chunkgate_requests_total{route=\"completions\",code=\"200\"}"),
-                        (ok0 < 0 ? 0 : ok0) + 1);
+    ck_assert_double_eq(
+        th_metric_in(m, "chunkgate_requests_total{route=\"completions\",code=\"200\"}"),
+        (ok0 < 0 ? 0 : ok0) + 1);
     const char *series[] = {
         "chunkgate_chunk_hits_total",
         "chunkgate_tokens_reused_total",
@@ -1108,27 +1110,14 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("gateway");
-    const TTest *tests[] = {completion_forwarded_with_chunk_cache,
-                            completion_passthrough_and_modes,
-                            completion_stream_incremental,
-                            stream_usage_and_crlf,
-                            chat_with_documents,
-                            chat_separators_in_messages,
-                            chat_stream,
-                            bad_inputs,
-                            admin_auth,
-                            index_contents_and_admin,
-                            chunks_paging,
-                            models_and_readyz,
-                            backend_faults,
-                            client_disconnect_cancels_upstream,
-                            backend_down,
-                            restart_keeps_index,
-                            metrics_series,
-                            concurrent_streams,
-                            config_errors_exit_2,
-                            NULL};
-    tcase_add_unchecked_fixture(th_case(s, "integration", 120, tests), suite_setup,
-                                suite_teardown);
+    TCase *tc =
+        th_case(s, "integration", 120,
+                TH_TESTS(completion_forwarded_with_chunk_cache, completion_passthrough_and_modes,
+                         completion_stream_incremental, stream_usage_and_crlf, chat_with_documents,
+                         chat_separators_in_messages, chat_stream, bad_inputs, admin_auth,
+                         index_contents_and_admin, chunks_paging, models_and_readyz, backend_faults,
+                         client_disconnect_cancels_upstream, backend_down, restart_keeps_index,
+                         metrics_series, concurrent_streams, config_errors_exit_2));
+    tcase_add_unchecked_fixture(tc, suite_setup, suite_teardown);
     return th_run(s, CK_FORK_GETENV);
 }

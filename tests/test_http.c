@@ -264,8 +264,8 @@ static void teardown(void)
 /* ------------------------------------------------------------ client */
 
 /* One request to the server, cut after stop_after bytes (0 = never). */
-static void http_cut(th_resp *r, const char *method, const char *path, const char *body,
-                     size_t len, const char *const *headers, int chunked, size_t stop_after)
+static void http_cut(th_resp *r, const char *method, const char *path, const char *body, size_t len,
+                     const char *const *headers, int chunked, size_t stop_after)
 {
     th_req q = {.method = method,
                 .path = path,
@@ -718,21 +718,12 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("http");
-    const TTest *tests[] = {routing,
-                            json_body,
-                            body_caps,
-                            request_ids,
-                            bearer_auth,
-                            stream_complete,
-                            stream_client_disconnect,
-                            stream_idle_disconnect_heartbeat,
-                            stream_nowait_backpressure,
-                            many_streams,
-                            quiesce_refuses_new_connections,
-                            stop_with_live_stream,
-                            json_helpers,
-                            bad_listen_address,
-                            NULL};
-    tcase_add_checked_fixture(th_case(s, "server", 60, tests), setup, teardown);
+    TCase *tc =
+        th_case(s, "server", 60,
+                TH_TESTS(routing, json_body, body_caps, request_ids, bearer_auth, stream_complete,
+                         stream_client_disconnect, stream_idle_disconnect_heartbeat,
+                         stream_nowait_backpressure, many_streams, quiesce_refuses_new_connections,
+                         stop_with_live_stream, json_helpers, bad_listen_address));
+    tcase_add_checked_fixture(tc, setup, teardown);
     return th_run(s, CK_FORK_GETENV);
 }

@@ -14,6 +14,7 @@
 
 #include "base/base.h"
 #include "sql/index.h"
+#include "tests/harness/harness.h"
 
 /* ---- fixtures ----------------------------------------------------------------------------- */
 
@@ -973,38 +974,17 @@ START_TEST(test_kill9_crash_safety)
 }
 END_TEST
 
-static Suite *index_suite(void)
-{
-    Suite *s = suite_create("index");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 240);
-    tcase_add_test(tc, test_create_sets_version);
-    tcase_add_test(tc, test_reopen_keeps_data);
-    tcase_add_test(tc, test_refuse_future_version);
-    tcase_add_test(tc, test_refuse_foreign_file);
-    tcase_add_test(tc, test_chunk_seen_hit);
-    tcase_add_test(tc, test_placements_pin_delete);
-    tcase_add_test(tc, test_workers);
-    tcase_add_test(tc, test_lookup_mix);
-    tcase_add_test(tc, test_paging);
-    tcase_add_test(tc, test_writer_batching);
-    tcase_add_test(tc, test_queue_full_drops);
-    tcase_add_test(tc, test_batch_lost_when_locked);
-    tcase_add_test(tc, test_inventory_replace);
-    tcase_add_test(tc, test_check_detects_bad_totals);
-    tcase_add_test(tc, test_concurrency);
-    tcase_add_test(tc, test_kill9_crash_safety);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
     cg_log_init("test_index", CG_LOG_WARN);
-    SRunner *sr = srunner_create(index_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("index");
+    TCase *tc = th_case(
+        s, "core", 240,
+        TH_TESTS(test_create_sets_version, test_reopen_keeps_data, test_refuse_future_version,
+                 test_refuse_foreign_file, test_chunk_seen_hit, test_placements_pin_delete,
+                 test_workers, test_lookup_mix, test_paging, test_writer_batching,
+                 test_queue_full_drops, test_batch_lost_when_locked, test_inventory_replace,
+                 test_check_detects_bad_totals, test_concurrency, test_kill9_crash_safety));
+    tcase_add_checked_fixture(tc, setup, teardown);
+    return th_run(s, CK_FORK_GETENV);
 }

@@ -8,6 +8,7 @@
 
 #include "base/base.h"
 #include "cache/key.h"
+#include "tests/harness/harness.h"
 
 static const cg_key SYS_KEY = {{0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a,
                                 0x0b, 0x0c, 0x0d, 0x0e, 0x0f}};
@@ -270,28 +271,13 @@ START_TEST(test_mode_names)
 }
 END_TEST
 
-static Suite *key_suite(void)
-{
-    Suite *s = suite_create("key");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_pinned_vectors);
-    tcase_add_test(tc, test_worked_example_bytes);
-    tcase_add_test(tc, test_streaming_equals_oneshot);
-    tcase_add_test(tc, test_fields_matter);
-    tcase_add_test(tc, test_sys_key_only_in_sys_mode);
-    tcase_add_test(tc, test_length_prefix_disambiguates);
-    tcase_add_test(tc, test_hex_round_trip);
-    tcase_add_test(tc, test_parse_rejects);
-    tcase_add_test(tc, test_mode_names);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    SRunner *sr = srunner_create(key_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("key");
+    th_case(s, "core", 0,
+            TH_TESTS(test_pinned_vectors, test_worked_example_bytes, test_streaming_equals_oneshot,
+                     test_fields_matter, test_sys_key_only_in_sys_mode,
+                     test_length_prefix_disambiguates, test_hex_round_trip, test_parse_rejects,
+                     test_mode_names));
+    return th_run(s, CK_FORK_GETENV);
 }

@@ -217,8 +217,8 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("keyhash");
-    th_case(s, "vectors", 0, (const TTest *[]){sha256_pinned_vectors, process_wide_switch, NULL});
-    const TTest *http[] = {sha256_end_to_end, mismatch_refused_at_start, NULL};
-    tcase_add_unchecked_fixture(th_case(s, "http", 120, http), setup, teardown);
+    th_case(s, "vectors", 0, TH_TESTS(sha256_pinned_vectors, process_wide_switch));
+    TCase *tc = th_case(s, "http", 120, TH_TESTS(sha256_end_to_end, mismatch_refused_at_start));
+    tcase_add_unchecked_fixture(tc, setup, teardown);
     return th_run(s, CK_FORK_GETENV);
 }

@@ -9,6 +9,7 @@
 
 #include "base/base.h"
 #include "kv/kvwire.h"
+#include "tests/harness/harness.h"
 
 /* The value the test model holds at (layer, head, kv, token, dim): exact in f32 and unique. */
 static float val(uint32_t l, uint32_t h, int kv, uint32_t t, uint32_t d)
@@ -390,27 +391,12 @@ START_TEST(test_head_key)
 }
 END_TEST
 
-static Suite *kvwire_suite(void)
-{
-    Suite *s = suite_create("kvwire");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_round_trip_shapes);
-    tcase_add_test(tc, test_header_bytes);
-    tcase_add_test(tc, test_every_truncation_rejected);
-    tcase_add_test(tc, test_corrupted_fields_rejected);
-    tcase_add_test(tc, test_random_mutations);
-    tcase_add_test(tc, test_encode_refuses_bad_header_and_cap);
-    tcase_add_test(tc, test_parse_heads);
-    tcase_add_test(tc, test_head_key);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    SRunner *sr = srunner_create(kvwire_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("kvwire");
+    th_case(s, "core", 0,
+            TH_TESTS(test_round_trip_shapes, test_header_bytes, test_every_truncation_rejected,
+                     test_corrupted_fields_rejected, test_random_mutations,
+                     test_encode_refuses_bad_header_and_cap, test_parse_heads, test_head_key));
+    return th_run(s, CK_FORK_GETENV);
 }

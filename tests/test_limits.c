@@ -446,8 +446,8 @@ START_TEST(slow_clients_are_cut_others_unaffected)
     long status;
     ck_assert_int_eq(
         th_sse_data(gws.port, "/v1/completions",
-               "{\"model\":\"m\",\"prompt\":\"FAULT:SLOW # # d # # q\",\"stream\":true}", NULL,
-               &status, &ev, &nev),
+                    "{\"model\":\"m\",\"prompt\":\"FAULT:SLOW # # d # # q\",\"stream\":true}", NULL,
+                    &status, &ev, &nev),
         CURLE_OK);
     ck_assert_int_eq(status, 200);
     ck_assert_int_eq(nev, 61);
@@ -486,13 +486,11 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("limits");
-    const TTest *tests[] = {headers_at_and_past_the_limit,
-                            body_at_and_past_the_limit,
-                            segments_at_and_past_the_limits,
-                            upstream_answer_at_and_past_the_limit,
-                            connections_at_and_past_the_limit,
-                            slow_clients_are_cut_others_unaffected,
-                            NULL};
-    tcase_add_unchecked_fixture(th_case(s, "limits", 120, tests), setup, teardown);
+    TCase *tc = th_case(
+        s, "limits", 120,
+        TH_TESTS(headers_at_and_past_the_limit, body_at_and_past_the_limit,
+                 segments_at_and_past_the_limits, upstream_answer_at_and_past_the_limit,
+                 connections_at_and_past_the_limit, slow_clients_are_cut_others_unaffected));
+    tcase_add_unchecked_fixture(tc, setup, teardown);
     return th_run(s, CK_FORK_GETENV);
 }

@@ -7,6 +7,7 @@
 
 #include "base/base.h"
 #include "kv/pool.h"
+#include "tests/harness/harness.h"
 
 /* Geometry used throughout: block = 3 heads * 2 layers * 2 * 4 tokens * 4 dims floats. */
 #define LAYERS 2
@@ -608,23 +609,9 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("pool");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_params);
-    tcase_add_test(tc, test_round_trip_and_layout);
-    tcase_add_test(tc, test_accounting);
-    tcase_add_test(tc, test_lru_order);
-    tcase_add_test(tc, test_referenced_never_evicted);
-    tcase_add_test(tc, test_evict_callback);
-    tcase_add_test(tc, test_too_big);
-    tcase_add_test(tc, test_filling_and_remove);
-    tcase_add_test(tc, test_inventory);
-    tcase_add_test(tc, test_random_stress);
-    tcase_add_test(tc, test_threads);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    th_case(s, "core", 300,
+            TH_TESTS(test_params, test_round_trip_and_layout, test_accounting, test_lru_order,
+                     test_referenced_never_evicted, test_evict_callback, test_too_big,
+                     test_filling_and_remove, test_inventory, test_random_stress, test_threads));
+    return th_run(s, CK_FORK_GETENV);
 }

@@ -39,5 +39,5 @@ END_TEST
 
 int main(void)
 {
-    return th_run_tests("routing", "routing_rule", 0, (const TTest *[]){route_rule, NULL});
+    return th_run_tests("routing", "routing_rule", 0, TH_TESTS(route_rule));
 }

@@ -10,6 +10,7 @@
 /* Included, not only linked, to reach the static scalar validator that the vector path is
  * checked against (STYLE: tests reach static functions by including the .c file). */
 #include "cache/split.c"
+#include "tests/harness/harness.h"
 
 /* ---- helpers ---- */
 
@@ -710,41 +711,17 @@ START_TEST(test_random_differential)
 }
 END_TEST
 
-static Suite *split_suite(void)
-{
-    Suite *s = suite_create("split");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_default_separator);
-    tcase_add_test(tc, test_two_segments);
-    tcase_add_test(tc, test_custom_separator);
-    tcase_add_test(tc, test_long_separator);
-    tcase_add_test(tc, test_self_overlapping_separator);
-    tcase_add_test(tc, test_separator_at_edges);
-    tcase_add_test(tc, test_consecutive_separators);
-    tcase_add_test(tc, test_trimming);
-    tcase_add_test(tc, test_roles_n_segments);
-    tcase_add_test(tc, test_passthrough);
-    tcase_add_test(tc, test_result_reuse);
-    tcase_add_test(tc, test_bad_separator);
-    tcase_add_test(tc, test_segment_limit);
-    tcase_add_test(tc, test_segment_size_limit);
-    tcase_add_test(tc, test_utf8_cases);
-    tcase_add_test(tc, test_utf8_in_fast_path);
-    tcase_add_test(tc, test_split_rejects_invalid_utf8);
-    tcase_add_test(tc, test_utf8_exhaustive_short);
-    tcase_add_test(tc, test_utf8_random_differential);
-    tcase_add_test(tc, test_utf8_long_random_text);
-    tcase_add_test(tc, test_large_prompt);
-    tcase_add_test(tc, test_random_differential);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    SRunner *sr = srunner_create(split_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("split");
+    th_case(s, "core", 0,
+            TH_TESTS(test_default_separator, test_two_segments, test_custom_separator,
+                     test_long_separator, test_self_overlapping_separator, test_separator_at_edges,
+                     test_consecutive_separators, test_trimming, test_roles_n_segments,
+                     test_passthrough, test_result_reuse, test_bad_separator, test_segment_limit,
+                     test_segment_size_limit, test_utf8_cases, test_utf8_in_fast_path,
+                     test_split_rejects_invalid_utf8, test_utf8_exhaustive_short,
+                     test_utf8_random_differential, test_utf8_long_random_text, test_large_prompt,
+                     test_random_differential));
+    return th_run(s, CK_FORK_GETENV);
 }

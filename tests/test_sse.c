@@ -6,6 +6,7 @@
 #include <string.h>
 #include "backends/sse.h"
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 /* Collects events as one line of text each, and the raw bytes of all events. */
 typedef struct sink {
@@ -306,23 +307,9 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("sse");
-    TCase *tc = tcase_create("parser");
-    tcase_add_test(tc, basic_event);
-    tcase_add_test(tc, field_rules);
-    tcase_add_test(tc, data_empty_and_comment_only);
-    tcase_add_test(tc, line_endings);
-    tcase_add_test(tc, id_with_nul_ignored);
-    tcase_add_test(tc, every_split_point);
-    tcase_add_test(tc, crlf_split_at_block_end);
-    tcase_add_test(tc, bom_variants);
-    tcase_add_test(tc, line_cap);
-    tcase_add_test(tc, event_cap);
-    tcase_add_test(tc, finish_drops_partial);
-    tcase_add_test(tc, random_split_invariance);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    th_case(s, "parser", 0,
+            TH_TESTS(basic_event, field_rules, data_empty_and_comment_only, line_endings,
+                     id_with_nul_ignored, every_split_point, crlf_split_at_block_end, bom_variants,
+                     line_cap, event_cap, finish_drops_partial, random_split_invariance));
+    return th_run(s, CK_FORK_GETENV);
 }

@@ -55,8 +55,8 @@ static json_t *rag(const char *first, const char *second, const char *q)
     snprintf(prompt, sizeof prompt, "You answer from the documents only. # # %s # # %s # # %s",
              first, second, q);
     th_resp r;
-    json_t *b = json_pack("{s:s, s:s, s:i, s:f}", "model", MODEL, "prompt", prompt,
-                          "max_tokens", 4, "temperature", 0.0);
+    json_t *b = json_pack("{s:s, s:s, s:i, s:f}", "model", MODEL, "prompt", prompt, "max_tokens", 4,
+                          "temperature", 0.0);
     char *text = json_dumps(b, JSON_COMPACT);
     json_decref(b);
     http(&r, "POST", "/v1/completions", text, NULL);
@@ -82,8 +82,8 @@ static void suite_setup(void)
     if (th_start_worker(&wk, WORKER_BIN, model_dir, 0, "w", NULL) != 0)
         th_die("chunkgate-worker", &wk);
     worker_url = wk.url;
-    const char *gwa[] = {"--admin-token", ADMIN, "--worker", worker_url, "--health-interval-ms",
-                         "100", NULL};
+    const char *gwa[] = {"--admin-token",        ADMIN, "--worker", worker_url,
+                         "--health-interval-ms", "100", NULL};
     if (th_start_gateway(&gw, CHUNKGATE_BIN, "gw", gwa) != 0) th_die("chunkgate", &gw);
 }
 
@@ -235,8 +235,7 @@ START_TEST(stats_and_page_show_the_hits)
     frags[n] = f[n], n++;
     for (int i = 0; i < n; i++) {
         snprintf(want, sizeof want, "%s", frags[i]);
-        ck_assert_msg(strstr(dom, want) != NULL, "the rendered page lacks %s; DOM:\n%s", want,
-                      dom);
+        ck_assert_msg(strstr(dom, want) != NULL, "the rendered page lacks %s; DOM:\n%s", want, dom);
     }
     printf("status page rendered by chromium: %s, %s, %s\n", f[0], f[1], f[2]);
     free(dom);
@@ -259,9 +258,10 @@ int main(void)
 {
     chromium = find_chromium();
     Suite *s = suite_create("status");
-    const TTest *tests[] = {stats_need_the_admin_token_page_does_not, stats_and_page_show_the_hits,
-                            NULL};
-    tcase_add_unchecked_fixture(th_case(s, "stack", 300, tests), suite_setup, suite_teardown);
+    TCase *tc =
+        th_case(s, "stack", 300,
+                TH_TESTS(stats_need_the_admin_token_page_does_not, stats_and_page_show_the_hits));
+    tcase_add_unchecked_fixture(tc, suite_setup, suite_teardown);
     if (th_run(s, CK_NOFORK)) return EXIT_FAILURE;
     if (!chromium) {
         printf("SKIP: chromium not found (apt-get install chromium, or set CHROMIUM): the "

@@ -87,8 +87,7 @@ static th_resp http(const th_proc *w, const char *method, const char *path, cons
     return r;
 }
 
-static json_t *call(const th_proc *w, const char *method, const char *path, json_t *body,
-                    long want)
+static json_t *call(const th_proc *w, const char *method, const char *path, json_t *body, long want)
 {
     return th_call(w->port, method, path, body, NULL, want);
 }
@@ -538,8 +537,8 @@ START_TEST(test_data_dir_locked)
     th_path(data, sizeof data, "data-lock");
     th_proc w = start_worker("lock1", data, "2", "4");
     th_proc w2;
-    const char *args[] = {"serve",       "--model",    model_dir, "--listen",  "127.0.0.1:0",
-                          "--data-dir", data,         "--disk-mb", "4",        NULL};
+    const char *args[] = {"serve",      "--model", model_dir,   "--listen", "127.0.0.1:0",
+                          "--data-dir", data,      "--disk-mb", "4",        NULL};
     ck_assert_int_eq(th_spawn(&w2, WORKER_BIN, args, NULL, "lock2.log", NULL, 0), 0);
     ck_assert_int_ge(th_wait_exit(&w2, 60000), 0);
     ck_assert(WIFEXITED(w2.wstatus) && WEXITSTATUS(w2.wstatus) != 0);
@@ -563,9 +562,9 @@ int main(void)
         return EXIT_FAILURE;
     }
     Suite *s = suite_create("tiers_e2e");
-    const TTest *tests[] = {test_spill_restore_restart, test_full_disk, test_kill9_during_spills,
-                            test_data_dir_locked, NULL};
-    th_case(s, "processes", 300, tests);
+    th_case(s, "processes", 300,
+            TH_TESTS(test_spill_restore_restart, test_full_disk, test_kill9_during_spills,
+                     test_data_dir_locked));
     int failed = th_run(s, CK_FORK_GETENV);
     cg_model_close(&model);
     th_cleanup(failed);

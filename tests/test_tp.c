@@ -75,8 +75,7 @@ static th_resp http(const th_proc *w, const char *method, const char *path, cons
     return r;
 }
 
-static json_t *call(const th_proc *w, const char *method, const char *path, json_t *body,
-                    long want)
+static json_t *call(const th_proc *w, const char *method, const char *path, json_t *body, long want)
 {
     return th_call(w->port, method, path, body, NULL, want);
 }
@@ -208,7 +207,7 @@ START_TEST(test_tp_matrix)
         /* usage reports the source's cached tokens */
         ck_assert_int_eq(
             th_iget(json_object_get(json_object_get(got, "usage"), "prompt_tokens_details"),
-                 "cached_tokens"),
+                    "cached_tokens"),
             th_iget(a, "cached_tokens"));
         ck_assert_int_gt(th_iget(a, "cached_tokens"), 0);
         fprintf(stderr, "tp %d: %d of %d token logprobs bit-identical to the single-process path\n",
@@ -237,8 +236,8 @@ START_TEST(test_stream)
     json_decref(a);
     a = assemble(&src);
     json_t *body = json_pack("{s:{s:s}, s:i, s:f, s:b}", "kv_transfer_params", "assembly_id",
-                             th_sget(a, "assembly_id"), "max_tokens", MAX_TOKENS, "temperature", 0.0,
-                             "stream", 1);
+                             th_sget(a, "assembly_id"), "max_tokens", MAX_TOKENS, "temperature",
+                             0.0, "stream", 1);
     char *b = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     th_resp r = http(&be[2], "POST", "/v1/completions", b);
@@ -279,7 +278,8 @@ START_TEST(test_refusals)
     json_t *a = assemble(&src_other);
     e = decode(&be[2], th_sget(a, "assembly_id"), src_other.url, 502);
     ck_assert_str_eq(th_sget(json_object_get(e, "error"), "code"), "bad_gateway");
-    ck_assert_ptr_nonnull(strstr(th_sget(json_object_get(e, "error"), "message"), "chunkgate-other"));
+    ck_assert_ptr_nonnull(
+        strstr(th_sget(json_object_get(e, "error"), "message"), "chunkgate-other"));
     ck_assert_double_eq(metric(&src_other, "chunkgate_worker_assemblies_live"), 0);
     json_decref(e);
     json_decref(a);
@@ -420,8 +420,8 @@ int main(void)
         char name[16], tps[8];
         snprintf(name, sizeof name, "tp%d", TPS[t]);
         snprintf(tps, sizeof tps, "%d", TPS[t]);
-        const char *with_src[] = {"--kv-source", src.url, "--tp", tps, "--kv-request-source", "1",
-                                  NULL};
+        const char *with_src[] = {"--kv-source",         src.url, "--tp", tps,
+                                  "--kv-request-source", "1",     NULL};
         const char *no_src[] = {"--tp", tps, "--kv-request-source", "1", NULL};
         if (start(&be[t], name, model_dir, TPS[t] == 1 ? no_src : with_src) != 0) {
             fprintf(stderr, "backend tp %d did not start; logs in %s\n", TPS[t], th_root());
@@ -436,17 +436,16 @@ int main(void)
     snprintf(hung_url, sizeof hung_url, "http://127.0.0.1:%d", hung_port);
     const char *guarded_args[] = {"--kv-source", src.url, NULL};
     const char *hung_args[] = {"--kv-source", hung_url, "--kv-max-pulls", "1", "--kv-timeout-ms",
-                               "1500", NULL};
+                               "1500",        NULL};
     if (start(&guarded, "guarded", model_dir, guarded_args) != 0 ||
         start(&hung, "hung", model_dir, hung_args) != 0) {
         fprintf(stderr, "a guarded backend did not start; logs in %s\n", th_root());
         goto out;
     }
     Suite *s = suite_create("tp");
-    const TTest *tests[] = {test_slices,        test_tp_matrix, test_request_source_refused,
-                            test_pulls_bounded, test_stream,    test_refusals,
-                            NULL};
-    th_case(s, "processes", 300, tests);
+    th_case(s, "processes", 300,
+            TH_TESTS(test_slices, test_tp_matrix, test_request_source_refused, test_pulls_bounded,
+                     test_stream, test_refusals));
     failed = th_run(s, CK_FORK_GETENV);
 out:
     failed += stop(&src) != 0;

@@ -203,22 +203,22 @@ START_TEST(test_kv_transfer_equals_prompt)
     /* via /v1/assemble + kv_transfer_params */
     json_t *a = call("POST", "/v1/assemble",
                      json_pack("{s:o}", "segments", th_segments(sys, DOCB, DOCA, QUESTION)), 200);
-    json_t *r1 = call(
-        "POST", "/v1/completions",
-        greedy(json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id", th_sget(a, "assembly_id")),
-               24),
-        200);
+    json_t *r1 = call("POST", "/v1/completions",
+                      greedy(json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id",
+                                       th_sget(a, "assembly_id")),
+                             24),
+                      200);
     char *t1 = completion_text(r1, NULL);
     json_t *u1 = json_object_get(r1, "usage");
     ck_assert_int_eq(th_iget(u1, "prompt_tokens"), th_iget(a, "n_tokens"));
     ck_assert_int_eq(th_iget(json_object_get(u1, "prompt_tokens_details"), "cached_tokens"),
                      th_iget(a, "cached_tokens"));
     /* consumed: a second use is 404 */
-    json_t *e = call(
-        "POST", "/v1/completions",
-        greedy(json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id", th_sget(a, "assembly_id")),
-               4),
-        404);
+    json_t *e = call("POST", "/v1/completions",
+                     greedy(json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id",
+                                      th_sget(a, "assembly_id")),
+                            4),
+                     404);
     th_assert_error_json(e, "not_found", NULL);
     json_decref(e);
 
@@ -282,11 +282,11 @@ START_TEST(test_recompute_and_sys)
     /* chunks hit (stored by earlier tests) or miss, either way their tokens are recomputed */
     ck_assert_int_ge(th_iget(a, "computed_tokens"),
                      (long long)(strlen(DOCA) + strlen(DOCB) + strlen(q)));
-    json_t *r = call(
-        "POST", "/v1/completions",
-        greedy(json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id", th_sget(a, "assembly_id")),
-               16),
-        200);
+    json_t *r = call("POST", "/v1/completions",
+                     greedy(json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id",
+                                      th_sget(a, "assembly_id")),
+                            16),
+                     200);
     char *t = completion_text(r, NULL);
     char *ref = th_engine_answer(model, sys, DOCA, DOCB, q, 16, CG_PATH_CAUSAL);
     ck_assert_str_eq(t, ref);
@@ -298,8 +298,8 @@ START_TEST(test_recompute_and_sys)
     /* mode sys: chunk keys depend on the system segment's key */
     const cg_model_config *c = cg_model_cfg(model);
     json_t *b = call("POST", "/v1/assemble",
-                     json_pack("{s:o, s:s, s:s}", "segments", th_segments(sys, DOCA, DOCB, q), "mode",
-                               "sys", "cache_salt", "tenant-7"),
+                     json_pack("{s:o, s:s, s:s}", "segments", th_segments(sys, DOCA, DOCB, q),
+                               "mode", "sys", "cache_salt", "tenant-7"),
                      200);
     json_t *segs = json_object_get(b, "segments");
     cg_key ks = cg_key_compute(c->model_id, strlen(c->model_id), CG_MODE_SYS, "tenant-7", 8, NULL,
@@ -369,7 +369,7 @@ START_TEST(test_stream)
                 ck_assert_int_eq(
                     th_iget(json_object_get(u, "prompt_tokens_details"), "cached_tokens"),
                     th_iget(json_object_get(json_object_get(nb, "usage"), "prompt_tokens_details"),
-                         "cached_tokens"));
+                            "cached_tokens"));
             }
             events++;
             json_decref(j);
@@ -833,12 +833,11 @@ int main(void)
     if (th_start_worker(&worker, WORKER_BIN, model_dir, 0, "worker", extra) != 0)
         th_die("the worker", &worker);
     Suite *s = suite_create("worker");
-    const TTest *tests[] = {test_info, test_assemble_twice, test_kv_transfer_equals_prompt,
-                            test_recompute_and_sys, test_stream, test_stream_disconnect,
-                            test_inventory, test_logprobs, test_bad_inputs, test_concurrent,
-                            test_metrics, /* last: it reads the counters the others moved */
-                            NULL};
-    th_case(s, "http", 300, tests);
+    /* test_metrics last: it reads the counters the others moved */
+    th_case(s, "http", 300,
+            TH_TESTS(test_info, test_assemble_twice, test_kv_transfer_equals_prompt,
+                     test_recompute_and_sys, test_stream, test_stream_disconnect, test_inventory,
+                     test_logprobs, test_bad_inputs, test_concurrent, test_metrics));
     int failed = th_run(s, CK_FORK_GETENV);
     /* graceful shutdown on SIGTERM: exit 0, no sanitizer report */
     failed |= !th_stop_clean(&worker, "chunkgate-worker");

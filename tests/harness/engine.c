@@ -6,8 +6,8 @@
 
 #include <string.h>
 
-char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char *d2,
-                       const char *q, uint32_t max_tokens, int path)
+char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char *d2, const char *q,
+                       uint32_t max_tokens, int path)
 {
     cg_engine *e = NULL;
     ck_assert_int_eq(cg_engine_open(m, cg_engine_default_params(), &e), CG_OK);

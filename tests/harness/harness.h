@@ -21,6 +21,9 @@
 
 /* ------------------------------------------------------------ Check runner */
 
+/* The NULL-terminated list of tests th_case takes: TH_TESTS(test_a, test_b). */
+#define TH_TESTS(...) ((const TTest *const[]){__VA_ARGS__, NULL})
+
 /* Adds a test case named name to s with the NULL-terminated tests; timeout_s > 0 sets its
  * timeout (0 keeps Check's default, CK_DEFAULT_TIMEOUT). Returns the case (owned by s) for
  * fixtures. */
@@ -30,8 +33,7 @@ TCase *th_case(Suite *s, const char *name, double timeout_s, const TTest *const 
  * every test passed and th_failures is 0, else 1. */
 int th_run(Suite *s, enum fork_status mode);
 /* A suite with one case: th_case then th_run. */
-int th_run_tests(const char *suite, const char *tcase, double timeout_s,
-                 const TTest *const *tests);
+int th_run_tests(const char *suite, const char *tcase, double timeout_s, const TTest *const *tests);
 
 /* Failures counted outside a test (unchecked fixtures, th_stop_clean); th_run adds them. */
 extern int th_failures;
@@ -40,9 +42,9 @@ extern int th_failures;
 
 /* Harness-wide settings of a suite, from th_default_params(). */
 typedef struct th_params {
-    int start_wait_ms;    /* how long th_spawn waits for a start marker (60000) */
-    long http_timeout_s;  /* limit of one th_send / th_http request (120) */
-    long sse_timeout_s;   /* limit of one th_sse_post stream (120) */
+    int start_wait_ms;   /* how long th_spawn waits for a start marker (60000) */
+    long http_timeout_s; /* limit of one th_send / th_http request (120) */
+    long sse_timeout_s;  /* limit of one th_sse_post stream (120) */
 } th_params;
 
 th_params th_default_params(void);
@@ -86,11 +88,11 @@ double th_now_s(void);
 /* ------------------------------------------------------------ processes */
 
 typedef struct th_proc {
-    pid_t pid;      /* 0 once reaped */
-    int port;       /* the port read after the start marker, 0 before */
-    int wstatus;    /* waitpid status once reaped (use WIFEXITED and friends) */
-    char log[512];  /* stdout and stderr */
-    char url[64];   /* http://127.0.0.1:<port> once started */
+    pid_t pid;     /* 0 once reaped */
+    int port;      /* the port read after the start marker, 0 before */
+    int wstatus;   /* waitpid status once reaped (use WIFEXITED and friends) */
+    char log[512]; /* stdout and stderr */
+    char url[64];  /* http://127.0.0.1:<port> once started */
 } th_proc;
 
 enum {
@@ -151,7 +153,7 @@ typedef struct th_req {
 } th_req;
 
 typedef struct th_resp {
-    long status;     /* 0 when no answer came */
+    long status; /* 0 when no answer came */
     CURLcode rc;
     cg_buf body;
     cg_buf head;     /* the response header lines */
@@ -212,18 +214,18 @@ json_t *th_segments(const char *sys, const char *d1, const char *d2, const char 
 /* A streamed request, split into blocks as it arrives (a block ends at a blank line). */
 typedef struct th_sse {
     /* set before th_sse_post (optional) */
-    int stop_after;     /* hang up after this many data blocks (0 = never) */
-    pid_t kill_after;   /* SIGKILL this pid once the first data block arrived (0 = none) */
-    int keep_cr;        /* keep '\r' (default: removed, so CRLF streams split the same) */
-    long timeout_s;     /* 0 = th_params.sse_timeout_s */
+    int stop_after;   /* hang up after this many data blocks (0 = never) */
+    pid_t kill_after; /* SIGKILL this pid once the first data block arrived (0 = none) */
+    int keep_cr;      /* keep '\r' (default: removed, so CRLF streams split the same) */
+    long timeout_s;   /* 0 = th_params.sse_timeout_s */
     /* results */
     long status;
     char ctype[128];
-    int n;              /* blocks */
-    char **block;       /* the text of each block, without its blank line */
-    double *t;          /* th_now_s() when each block arrived */
-    int data_blocks;    /* blocks that start with "data:" */
-    cg_buf raw;         /* everything received */
+    int n;           /* blocks */
+    char **block;    /* the text of each block, without its blank line */
+    double *t;       /* th_now_s() when each block arrived */
+    int data_blocks; /* blocks that start with "data:" */
+    cg_buf raw;      /* everything received */
     size_t scanned;
     int cap;
 } th_sse;
@@ -240,8 +242,8 @@ json_t *th_sse_json(const th_sse *s, int i);
 /* A streamed request read whole: the data payloads of its blocks, in order (a last block
  * without its blank line counts; '\r' kept). *events and each payload are the caller's
  * (th_sse_data_free). Returns the curl code; *status gets the HTTP status. */
-CURLcode th_sse_data(int port, const char *path, const char *body, const char *token,
-                     long *status, char ***events, int *n_events);
+CURLcode th_sse_data(int port, const char *path, const char *body, const char *token, long *status,
+                     char ***events, int *n_events);
 void th_sse_data_free(char **events, int n);
 
 /* ------------------------------------------------------------ metrics and waiting */
@@ -293,7 +295,7 @@ typedef struct cg_model cg_model;
 /* The greedy answer of an in-process engine on model m (borrowed) to the strict-mode prompt
  * sys, d1, d2, q computed on path (an engine path: CG_PATH_REFERENCE, CG_PATH_BYPASS, ...),
  * sanitised to UTF-8 as the worker does; asserts every step. Caller frees. */
-char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char *d2,
-                       const char *q, uint32_t max_tokens, int path);
+char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char *d2, const char *q,
+                       uint32_t max_tokens, int path);
 
 #endif

@@ -91,7 +91,9 @@ static void xfer_setup(xfer *x, th_resp *r, int port, const th_req *q)
     }
     curl_easy_setopt(x->e, CURLOPT_HTTPHEADER, x->h);
     curl_easy_setopt(x->e, CURLOPT_CUSTOMREQUEST,
-                     q->method ? q->method : q->body || q->chunked ? "POST" : "GET");
+                     q->method               ? q->method
+                     : q->body || q->chunked ? "POST"
+                                             : "GET");
 }
 
 static void xfer_done(xfer *x, th_resp *r)
@@ -242,8 +244,9 @@ int th_is_error_json(json_t *j, const char *code)
     json_t *param = json_object_get(e, "param");
     return json_is_object(e) && json_is_string(json_object_get(e, "message")) &&
            json_string_length(json_object_get(e, "message")) > 0 &&
-           json_is_string(json_object_get(e, "type")) && (json_is_null(param) ||
-           json_is_string(param)) && th_sget(e, "code") && !strcmp(th_sget(e, "code"), code);
+           json_is_string(json_object_get(e, "type")) &&
+           (json_is_null(param) || json_is_string(param)) && th_sget(e, "code") &&
+           !strcmp(th_sget(e, "code"), code);
 }
 
 int th_is_error(const th_resp *r, long status, const char *code)

@@ -21,8 +21,7 @@ int th_run(Suite *s, enum fork_status mode)
     return failed || th_failures ? 1 : 0;
 }
 
-int th_run_tests(const char *suite, const char *tcase, double timeout_s,
-                 const TTest *const *tests)
+int th_run_tests(const char *suite, const char *tcase, double timeout_s, const TTest *const *tests)
 {
     Suite *s = suite_create(suite);
     th_case(s, tcase, timeout_s, tests);

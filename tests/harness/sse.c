@@ -100,8 +100,8 @@ json_t *th_sse_json(const th_sse *s, int i)
     return json_loads(s->block[i] + 6, 0, NULL);
 }
 
-CURLcode th_sse_data(int port, const char *path, const char *body, const char *token,
-                     long *status, char ***events, int *n_events)
+CURLcode th_sse_data(int port, const char *path, const char *body, const char *token, long *status,
+                     char ***events, int *n_events)
 {
     th_sse s = {.keep_cr = 1, .timeout_s = th_params_now()->http_timeout_s};
     CURLcode rc = th_sse_post(&s, port, path, body, token);
