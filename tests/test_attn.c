@@ -426,12 +426,10 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("attn");
-    th_case(s, "core", 300,
-            TH_TESTS(test_plan_matches_table, test_plan_hand, test_forward_random_layouts,
-                     test_forward_decode_and_prefix, test_forward_long_range,
-                     test_forward_sees_visible_only, test_forward_large_tiles,
-                     test_forward_decode_long, test_forward_split_keys, test_forward_peaked,
-                     test_forward_softmax_weights));
-    return th_run(s, CK_FORK_GETENV);
+    return th_run_tests(
+        "attn", "core", 300,
+        TH_TESTS(test_plan_matches_table, test_plan_hand, test_forward_random_layouts,
+                 test_forward_decode_and_prefix, test_forward_long_range,
+                 test_forward_sees_visible_only, test_forward_large_tiles, test_forward_decode_long,
+                 test_forward_split_keys, test_forward_peaked, test_forward_softmax_weights));
 }

@@ -428,12 +428,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("auth");
-    TCase *tc =
-        th_case(s, "auth", 120,
-                TH_TESTS(inference_routes_need_an_api_key, admin_routes_take_only_the_admin_token,
-                         tenant_id_is_pinned, tenant_b_cannot_detect_tenant_a,
-                         forged_key_cannot_overwrite_kv, logs_hold_no_secret_and_no_prompt));
-    tcase_add_unchecked_fixture(tc, setup, teardown);
-    return th_run(s, CK_FORK_GETENV);
+    return th_run_suite("auth", "auth", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
+                        TH_TESTS(inference_routes_need_an_api_key,
+                                 admin_routes_take_only_the_admin_token, tenant_id_is_pinned,
+                                 tenant_b_cannot_detect_tenant_a, forged_key_cannot_overwrite_kv,
+                                 logs_hold_no_secret_and_no_prompt));
 }

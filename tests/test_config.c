@@ -285,9 +285,7 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("config");
-    th_case(s, "table", 0,
-            TH_TESTS(defaults, env_then_flags, sizes, bounds_and_errors, help_flag_and_text,
-                     gateway_table, gateway_bad_values));
-    return th_run(s, CK_FORK_GETENV);
+    return th_run_tests("config", "table", 0,
+                        TH_TESTS(defaults, env_then_flags, sizes, bounds_and_errors,
+                                 help_flag_and_text, gateway_table, gateway_bad_values));
 }

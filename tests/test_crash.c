@@ -171,8 +171,6 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("crash");
-    TCase *tc = th_case(s, "crash", 150, TH_TESTS(kill9_under_write_load));
-    tcase_add_unchecked_fixture(tc, setup, teardown);
-    return th_run(s, CK_FORK_GETENV);
+    return th_run_suite("crash", "crash", 150, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
+                        TH_TESTS(kill9_under_write_load));
 }

@@ -1114,14 +1114,11 @@ END_TEST
 int main(void)
 {
     cg_log_init("test_disk", CG_LOG_ERROR);
-    Suite *s = suite_create("disk");
-    TCase *tc = th_case(
-        s, "core", 120,
+    return th_run_suite(
+        "disk", "core", 120, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
         TH_TESTS(test_round_trip, test_sync_mode, test_restart, test_lru_drop_when_full,
                  test_chunk_bigger_than_disk, test_corruption_detected,
                  test_swapped_rows_and_truncated_file, test_open_drops_bad_rows,
                  test_callback_races, test_torn_writes_never_served, test_geometry_mismatch_refused,
                  test_foreign_inventory_refused, test_pool_spill_and_restore, test_threads_smoke));
-    tcase_add_checked_fixture(tc, setup, teardown);
-    return th_run(s, CK_FORK_GETENV);
 }

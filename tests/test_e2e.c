@@ -1017,16 +1017,13 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("e2e");
-    TCase *tc =
-        th_case(s, "gateway_and_workers", 180,
-                TH_TESTS(main_path_hits_on_same_worker, misses_spread_and_documents_stick,
-                         streaming_main_path, chat_main_path, tenant_isolation,
-                         disconnect_and_failure_release_assembly, worker_failures_fall_back,
-                         kill_restart_reconcile, registration_mismatch_refused, admin_workers,
-                         pinning, operations_and_metrics, gateway_stops_cleanly));
-    tcase_add_unchecked_fixture(tc, suite_setup, suite_teardown);
     /* One process: the tests share the gateway and workers and a later test sees the
      * processes an earlier one restarted. */
-    return th_run(s, CK_NOFORK);
+    return th_run_suite(
+        "e2e", "gateway_and_workers", 180, (th_fixture){suite_setup, suite_teardown, 0}, CK_NOFORK,
+        TH_TESTS(main_path_hits_on_same_worker, misses_spread_and_documents_stick,
+                 streaming_main_path, chat_main_path, tenant_isolation,
+                 disconnect_and_failure_release_assembly, worker_failures_fall_back,
+                 kill_restart_reconcile, registration_mismatch_refused, admin_workers, pinning,
+                 operations_and_metrics, gateway_stops_cleanly));
 }

@@ -930,13 +930,12 @@ int main(int argc, char **argv)
     cg_log_init("test_engine", CG_LOG_WARN);
     m_half = make_model(CG_ROPE_HALF, &dir_half);
     m_inter = make_model(CG_ROPE_INTERLEAVED, &dir_inter);
-    Suite *s = suite_create("engine");
-    th_case(s, "fidelity", 300,
-            TH_TESTS(test_strict_fidelity, test_strict_fidelity_interleaved, test_sys_fidelity,
-                     test_reuse_across_prompts, test_full_recompute, test_pool_pressure,
-                     test_key_mismatch, test_lifecycle, test_role_collision, test_disk_tier,
-                     test_adopt));
-    int failed = th_run(s, CK_FORK_GETENV);
+    int failed =
+        th_run_tests("engine", "fidelity", 300,
+                     TH_TESTS(test_strict_fidelity, test_strict_fidelity_interleaved,
+                              test_sys_fidelity, test_reuse_across_prompts, test_full_recompute,
+                              test_pool_pressure, test_key_mismatch, test_lifecycle,
+                              test_role_collision, test_disk_tier, test_adopt));
     cg_model_close(&m_half);
     cg_model_close(&m_inter);
     rm_rf(dir_half);

@@ -542,12 +542,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("faults");
-    TCase *tc = th_case(s, "faults", 120,
+    return th_run_suite("faults", "faults", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
                         TH_TESTS(backend_stream_faults, worker_killed_during_assemble,
                                  full_disk_tier_keeps_serving, unreadable_data_dir_refuses_to_start,
                                  read_only_index_refuses_to_start, locked_index_keeps_serving,
                                  restarted_worker_is_resynced));
-    tcase_add_unchecked_fixture(tc, setup, teardown);
-    return th_run(s, CK_FORK_GETENV);
 }

@@ -1109,15 +1109,12 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("gateway");
-    TCase *tc =
-        th_case(s, "integration", 120,
-                TH_TESTS(completion_forwarded_with_chunk_cache, completion_passthrough_and_modes,
-                         completion_stream_incremental, stream_usage_and_crlf, chat_with_documents,
-                         chat_separators_in_messages, chat_stream, bad_inputs, admin_auth,
-                         index_contents_and_admin, chunks_paging, models_and_readyz, backend_faults,
-                         client_disconnect_cancels_upstream, backend_down, restart_keeps_index,
-                         metrics_series, concurrent_streams, config_errors_exit_2));
-    tcase_add_unchecked_fixture(tc, suite_setup, suite_teardown);
-    return th_run(s, CK_FORK_GETENV);
+    return th_run_suite(
+        "gateway", "integration", 120, (th_fixture){suite_setup, suite_teardown, 0}, CK_FORK_GETENV,
+        TH_TESTS(completion_forwarded_with_chunk_cache, completion_passthrough_and_modes,
+                 completion_stream_incremental, stream_usage_and_crlf, chat_with_documents,
+                 chat_separators_in_messages, chat_stream, bad_inputs, admin_auth,
+                 index_contents_and_admin, chunks_paging, models_and_readyz, backend_faults,
+                 client_disconnect_cancels_upstream, backend_down, restart_keeps_index,
+                 metrics_series, concurrent_streams, config_errors_exit_2));
 }

@@ -717,13 +717,10 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("http");
-    TCase *tc =
-        th_case(s, "server", 60,
-                TH_TESTS(routing, json_body, body_caps, request_ids, bearer_auth, stream_complete,
-                         stream_client_disconnect, stream_idle_disconnect_heartbeat,
-                         stream_nowait_backpressure, many_streams, quiesce_refuses_new_connections,
-                         stop_with_live_stream, json_helpers, bad_listen_address));
-    tcase_add_checked_fixture(tc, setup, teardown);
-    return th_run(s, CK_FORK_GETENV);
+    return th_run_suite("http", "server", 60, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
+                        TH_TESTS(routing, json_body, body_caps, request_ids, bearer_auth,
+                                 stream_complete, stream_client_disconnect,
+                                 stream_idle_disconnect_heartbeat, stream_nowait_backpressure,
+                                 many_streams, quiesce_refuses_new_connections,
+                                 stop_with_live_stream, json_helpers, bad_listen_address));
 }

@@ -273,11 +273,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("key");
-    th_case(s, "core", 0,
-            TH_TESTS(test_pinned_vectors, test_worked_example_bytes, test_streaming_equals_oneshot,
-                     test_fields_matter, test_sys_key_only_in_sys_mode,
-                     test_length_prefix_disambiguates, test_hex_round_trip, test_parse_rejects,
-                     test_mode_names));
-    return th_run(s, CK_FORK_GETENV);
+    return th_run_tests("key", "core", 0,
+                        TH_TESTS(test_pinned_vectors, test_worked_example_bytes,
+                                 test_streaming_equals_oneshot, test_fields_matter,
+                                 test_sys_key_only_in_sys_mode, test_length_prefix_disambiguates,
+                                 test_hex_round_trip, test_parse_rejects, test_mode_names));
 }

@@ -393,10 +393,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("kvwire");
-    th_case(s, "core", 0,
-            TH_TESTS(test_round_trip_shapes, test_header_bytes, test_every_truncation_rejected,
-                     test_corrupted_fields_rejected, test_random_mutations,
-                     test_encode_refuses_bad_header_and_cap, test_parse_heads, test_head_key));
-    return th_run(s, CK_FORK_GETENV);
+    return th_run_tests("kvwire", "core", 0,
+                        TH_TESTS(test_round_trip_shapes, test_header_bytes,
+                                 test_every_truncation_rejected, test_corrupted_fields_rejected,
+                                 test_random_mutations, test_encode_refuses_bad_header_and_cap,
+                                 test_parse_heads, test_head_key));
 }

@@ -485,12 +485,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("limits");
-    TCase *tc = th_case(
-        s, "limits", 120,
+    return th_run_suite(
+        "limits", "limits", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
         TH_TESTS(headers_at_and_past_the_limit, body_at_and_past_the_limit,
                  segments_at_and_past_the_limits, upstream_answer_at_and_past_the_limit,
                  connections_at_and_past_the_limit, slow_clients_are_cut_others_unaffected));
-    tcase_add_unchecked_fixture(tc, setup, teardown);
-    return th_run(s, CK_FORK_GETENV);
 }

@@ -608,10 +608,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("pool");
-    th_case(s, "core", 300,
-            TH_TESTS(test_params, test_round_trip_and_layout, test_accounting, test_lru_order,
-                     test_referenced_never_evicted, test_evict_callback, test_too_big,
-                     test_filling_and_remove, test_inventory, test_random_stress, test_threads));
-    return th_run(s, CK_FORK_GETENV);
+    return th_run_tests("pool", "core", 300,
+                        TH_TESTS(test_params, test_round_trip_and_layout, test_accounting,
+                                 test_lru_order, test_referenced_never_evicted, test_evict_callback,
+                                 test_too_big, test_filling_and_remove, test_inventory,
+                                 test_random_stress, test_threads));
 }

@@ -245,10 +245,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("remap");
-    th_case(s, "core", 0,
-            TH_TESTS(test_style_names, test_remap_equals_rotation, test_remap_changes_data,
-                     test_in_place, test_table, test_no_stale_table, test_hand_2d,
-                     test_hand_pairing, test_pair_norms, test_apply_positions));
-    return th_run(s, CK_FORK_GETENV);
+    return th_run_tests("remap", "core", 0,
+                        TH_TESTS(test_style_names, test_remap_equals_rotation,
+                                 test_remap_changes_data, test_in_place, test_table,
+                                 test_no_stale_table, test_hand_2d, test_hand_pairing,
+                                 test_pair_norms, test_apply_positions));
 }

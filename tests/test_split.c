@@ -713,15 +713,14 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("split");
-    th_case(s, "core", 0,
-            TH_TESTS(test_default_separator, test_two_segments, test_custom_separator,
-                     test_long_separator, test_self_overlapping_separator, test_separator_at_edges,
-                     test_consecutive_separators, test_trimming, test_roles_n_segments,
-                     test_passthrough, test_result_reuse, test_bad_separator, test_segment_limit,
-                     test_segment_size_limit, test_utf8_cases, test_utf8_in_fast_path,
-                     test_split_rejects_invalid_utf8, test_utf8_exhaustive_short,
-                     test_utf8_random_differential, test_utf8_long_random_text, test_large_prompt,
-                     test_random_differential));
-    return th_run(s, CK_FORK_GETENV);
+    return th_run_tests("split", "core", 0,
+                        TH_TESTS(test_default_separator, test_two_segments, test_custom_separator,
+                                 test_long_separator, test_self_overlapping_separator,
+                                 test_separator_at_edges, test_consecutive_separators,
+                                 test_trimming, test_roles_n_segments, test_passthrough,
+                                 test_result_reuse, test_bad_separator, test_segment_limit,
+                                 test_segment_size_limit, test_utf8_cases, test_utf8_in_fast_path,
+                                 test_split_rejects_invalid_utf8, test_utf8_exhaustive_short,
+                                 test_utf8_random_differential, test_utf8_long_random_text,
+                                 test_large_prompt, test_random_differential));
 }

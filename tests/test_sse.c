@@ -306,10 +306,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("sse");
-    th_case(s, "parser", 0,
-            TH_TESTS(basic_event, field_rules, data_empty_and_comment_only, line_endings,
-                     id_with_nul_ignored, every_split_point, crlf_split_at_block_end, bom_variants,
-                     line_cap, event_cap, finish_drops_partial, random_split_invariance));
-    return th_run(s, CK_FORK_GETENV);
+    return th_run_tests("sse", "parser", 0,
+                        TH_TESTS(basic_event, field_rules, data_empty_and_comment_only,
+                                 line_endings, id_with_nul_ignored, every_split_point,
+                                 crlf_split_at_block_end, bom_variants, line_cap, event_cap,
+                                 finish_drops_partial, random_split_invariance));
 }

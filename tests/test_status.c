@@ -257,12 +257,10 @@ static const char *find_chromium(void)
 int main(void)
 {
     chromium = find_chromium();
-    Suite *s = suite_create("status");
-    TCase *tc =
-        th_case(s, "stack", 300,
-                TH_TESTS(stats_need_the_admin_token_page_does_not, stats_and_page_show_the_hits));
-    tcase_add_unchecked_fixture(tc, suite_setup, suite_teardown);
-    if (th_run(s, CK_NOFORK)) return EXIT_FAILURE;
+    if (th_run_suite(
+            "status", "stack", 300, (th_fixture){suite_setup, suite_teardown, 0}, CK_NOFORK,
+            TH_TESTS(stats_need_the_admin_token_page_does_not, stats_and_page_show_the_hits)))
+        return EXIT_FAILURE;
     if (!chromium) {
         printf("SKIP: chromium not found (apt-get install chromium, or set CHROMIUM): the "
                "/v1/stats checks passed, the page was not rendered\n");

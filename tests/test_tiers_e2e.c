@@ -561,11 +561,9 @@ int main(void)
         fprintf(stderr, "the model: %s\n", err);
         return EXIT_FAILURE;
     }
-    Suite *s = suite_create("tiers_e2e");
-    th_case(s, "processes", 300,
-            TH_TESTS(test_spill_restore_restart, test_full_disk, test_kill9_during_spills,
-                     test_data_dir_locked));
-    int failed = th_run(s, CK_FORK_GETENV);
+    int failed = th_run_tests("tiers_e2e", "processes", 300,
+                              TH_TESTS(test_spill_restore_restart, test_full_disk,
+                                       test_kill9_during_spills, test_data_dir_locked));
     cg_model_close(&model);
     th_cleanup(failed);
     curl_global_cleanup();

@@ -137,9 +137,8 @@ int main(void)
         return 77;
     }
     th_init("valgrind", NULL);
-    Suite *s = suite_create("valgrind");
-    th_case(s, "valgrind", 170, TH_TESTS(gateway_and_worker_under_memcheck));
-    int failed = th_run(s, CK_NOFORK);
+    int failed = th_run_suite("valgrind", "valgrind", 170, (th_fixture){0}, CK_NOFORK,
+                              TH_TESTS(gateway_and_worker_under_memcheck));
     th_cleanup(failed);
     return failed;
 }

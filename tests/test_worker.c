@@ -832,13 +832,12 @@ int main(void)
     const char *extra[] = {"--data-dir", data_dir, "--assembly-ttl-ms", "30000", NULL};
     if (th_start_worker(&worker, WORKER_BIN, model_dir, 0, "worker", extra) != 0)
         th_die("the worker", &worker);
-    Suite *s = suite_create("worker");
     /* test_metrics last: it reads the counters the others moved */
-    th_case(s, "http", 300,
-            TH_TESTS(test_info, test_assemble_twice, test_kv_transfer_equals_prompt,
-                     test_recompute_and_sys, test_stream, test_stream_disconnect, test_inventory,
-                     test_logprobs, test_bad_inputs, test_concurrent, test_metrics));
-    int failed = th_run(s, CK_FORK_GETENV);
+    int failed = th_run_tests(
+        "worker", "http", 300,
+        TH_TESTS(test_info, test_assemble_twice, test_kv_transfer_equals_prompt,
+                 test_recompute_and_sys, test_stream, test_stream_disconnect, test_inventory,
+                 test_logprobs, test_bad_inputs, test_concurrent, test_metrics));
     /* graceful shutdown on SIGTERM: exit 0, no sanitizer report */
     failed |= !th_stop_clean(&worker, "chunkgate-worker");
     cg_model_close(&model);

@@ -32,7 +32,19 @@ TCase *th_case(Suite *s, const char *name, double timeout_s, const TTest *const 
  * says, CK_FORK, CK_NOFORK) with Check's normal output; returns the exit status for main: 0 when
  * every test passed and th_failures is 0, else 1. */
 int th_run(Suite *s, enum fork_status mode);
-/* A suite with one case: th_case then th_run. */
+/* Setup and teardown of a test case: around each test (each, a checked fixture) or once
+ * around the whole case (an unchecked fixture, in the runner process). */
+typedef struct th_fixture {
+    void (*setup)(void);
+    void (*teardown)(void);
+    int each;
+} th_fixture;
+
+/* A suite with one case: tests, timeout_s as th_case, fixture fx (zeroed: none), fork mode as
+ * th_run. Returns th_run's exit status. */
+int th_run_suite(const char *suite, const char *tcase, double timeout_s, th_fixture fx,
+                 enum fork_status mode, const TTest *const *tests);
+/* th_run_suite without a fixture, fork mode from CK_FORK. */
 int th_run_tests(const char *suite, const char *tcase, double timeout_s, const TTest *const *tests);
 
 /* Failures counted outside a test (unchecked fixtures, th_stop_clean); th_run adds them. */

@@ -21,9 +21,21 @@ int th_run(Suite *s, enum fork_status mode)
     return failed || th_failures ? 1 : 0;
 }
 
-int th_run_tests(const char *suite, const char *tcase, double timeout_s, const TTest *const *tests)
+int th_run_suite(const char *suite, const char *tcase, double timeout_s, th_fixture fx,
+                 enum fork_status mode, const TTest *const *tests)
 {
     Suite *s = suite_create(suite);
-    th_case(s, tcase, timeout_s, tests);
-    return th_run(s, CK_FORK_GETENV);
+    TCase *tc = th_case(s, tcase, timeout_s, tests);
+    if (fx.setup || fx.teardown) {
+        if (fx.each)
+            tcase_add_checked_fixture(tc, fx.setup, fx.teardown);
+        else
+            tcase_add_unchecked_fixture(tc, fx.setup, fx.teardown);
+    }
+    return th_run(s, mode);
+}
+
+int th_run_tests(const char *suite, const char *tcase, double timeout_s, const TTest *const *tests)
+{
+    return th_run_suite(suite, tcase, timeout_s, (th_fixture){0}, CK_FORK_GETENV, tests);
 }
