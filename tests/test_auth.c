@@ -78,14 +78,7 @@ static char *completion(const char *sys, const char *doc, const char *q, const c
 /* POST /v1/completions with token; asserts 200 and returns the answer. */
 static json_t *complete_as(const char *token, const char *body)
 {
-    th_resp r;
-    th_http(&r, gw.port, "POST", "/v1/completions", body, token, NULL);
-    ck_assert_msg(r.status == 200, "HTTP %ld: %.*s", r.status, (int)r.body.len,
-                  r.body.data ? r.body.data : "");
-    json_t *j = th_json(&r);
-    th_resp_free(&r);
-    ck_assert_ptr_nonnull(j);
-    return j;
+    return th_call_text(gw.port, "POST", "/v1/completions", body, token, 200);
 }
 
 static json_t *seg(json_t *answer, size_t i)
@@ -176,9 +169,7 @@ START_TEST(admin_routes_take_only_the_admin_token)
             th_resp_free(&r);
         }
     th_resp r;
-    th_http(&r, gw.port, "GET", "/v1/chunks", NULL, ADMIN, NULL);
-    ck_assert_int_eq(r.status, 200);
-    th_resp_free(&r);
+    th_expect(gw.port, "GET", "/v1/chunks", NULL, ADMIN, 200);
     /* a lookup by raw keys could probe any tenant: refused to an API key */
     th_http(&r, gw.port, "POST", "/v1/chunks/lookup",
             "{\"keys\":[\"00000000000000000000000000000000\"]}", KEY1, NULL);
@@ -211,13 +202,7 @@ END_TEST
 
 static json_t *lookup_as(const char *token, const char *body)
 {
-    th_resp r;
-    th_http(&r, gw.port, "POST", "/v1/chunks/lookup", body, token, NULL);
-    ck_assert_msg(r.status == 200, "lookup HTTP %ld: %.*s", r.status, (int)r.body.len,
-                  r.body.data ? r.body.data : "");
-    json_t *j = th_json(&r);
-    th_resp_free(&r);
-    return j;
+    return th_call_text(gw.port, "POST", "/v1/chunks/lookup", body, token, 200);
 }
 
 static int found_any(json_t *lookup)
@@ -324,14 +309,11 @@ START_TEST(forged_key_cannot_overwrite_kv)
              "\"%s\",\"key\":\"%s\"},{\"role\":\"question\",\"text\":\"q\"}]}",
              ta, ha);
     th_resp r;
-    th_http(&r, wk.port, "POST", "/v1/assemble", body, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = th_json(&r);
+    json_t *j = th_call_text(wk.port, "POST", "/v1/assemble", body, NULL, 200);
     char path[128];
     snprintf(path, sizeof path, "/v1/assemblies/%s",
              json_string_value(json_object_get(j, "assembly_id")));
     json_decref(j);
-    th_resp_free(&r);
     th_http(&r, wk.port, "DELETE", path, NULL, NULL, NULL);
     th_resp_free(&r);
     snprintf(path, sizeof path, "/v1/chunks/%s/kv", ha);
@@ -373,9 +355,7 @@ START_TEST(logs_hold_no_secret_and_no_prompt)
     char *ps = json_dumps(b, JSON_COMPACT);
     json_decref(b);
     th_resp r;
-    th_http(&r, gw.port, "POST", "/v1/completions", ps, KEY3, NULL);
-    ck_assert_int_eq(r.status, 200);
-    th_resp_free(&r);
+    th_expect(gw.port, "POST", "/v1/completions", ps, KEY3, 200);
     /* chat */
     th_http(
         &r, gw.port, "POST", "/v1/chat/completions",
@@ -389,21 +369,13 @@ START_TEST(logs_hold_no_secret_and_no_prompt)
             "{\"model\":\"" MODEL "\",\"prompt\":\"" MARK " # # x # # q\",}", KEY1, NULL);
     ck_assert(th_is_error(&r, 400, "invalid_json"));
     th_resp_free(&r);
-    th_http(&r, gw.port, "POST", "/v1/completions",
-            "{\"model\":\"" MODEL "\",\"prompt\":\"" MARK "\",\"max_tokens\":\"" MARK "\"}", KEY1,
-            NULL);
-    ck_assert_int_eq(r.status, 400);
-    th_resp_free(&r);
+    th_expect(gw.port, "POST", "/v1/completions",
+              "{\"model\":\"" MODEL "\",\"prompt\":\"" MARK "\",\"max_tokens\":\"" MARK "\"}", KEY1,
+              400);
     /* refused credentials */
-    th_http(&r, gw.port, "POST", "/v1/completions", p, WRONG, NULL);
-    ck_assert_int_eq(r.status, 401);
-    th_resp_free(&r);
-    th_http(&r, gw.port, "GET", "/v1/chunks", NULL, KEY2, NULL);
-    ck_assert_int_eq(r.status, 401);
-    th_resp_free(&r);
-    th_http(&r, gw.port, "GET", "/v1/chunks", NULL, ADMIN, NULL);
-    ck_assert_int_eq(r.status, 200);
-    th_resp_free(&r);
+    th_expect(gw.port, "POST", "/v1/completions", p, WRONG, 401);
+    th_expect(gw.port, "GET", "/v1/chunks", NULL, KEY2, 401);
+    th_expect(gw.port, "GET", "/v1/chunks", NULL, ADMIN, 200);
     th_sleep_ms(300); /* access lines are written when the connection completes */
 
     const char *secrets[] = {KEY1, KEY2, KEY3, ADMIN, WRONG, MARK, "Bearer "};

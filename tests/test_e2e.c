@@ -25,7 +25,7 @@ static int wport[2];
 static cg_model *model; /* the same model in-process, for reference answers */
 
 /* Small documents keep the suite fast on 2 cores; their texts are distinct per test. */
-static const char *SYS_A = "You are a careful assistant. Answer from the documents only.";
+static const char *SYS_A = TH_SYSTEM;
 static const char *SYS_B = "Terse mode: cite the document letter and nothing else.";
 static const char *D1 = "Document one. Annual rainfall in the valley averaged 812 millimetres "
                         "between 1990 and 2020; in 2024 two gauges were replaced.";
@@ -201,16 +201,7 @@ static void suite_setup(void)
     tp.sse_timeout_s = 60;
     th_init("e2e", &tp);
     th_path(model_dir, sizeof model_dir, "model");
-    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) {
-        th_proc gen = {0};
-        th_path(gen.log, sizeof gen.log, "gen.log");
-        th_die("generate-model", &gen);
-    }
-    char err[256];
-    if (cg_model_open(model_dir, &model, err, sizeof err) != CG_OK) {
-        fprintf(stderr, "cannot load the model: %s\n", err);
-        abort();
-    }
+    if (!(model = th_model_gen_open(WORKER_BIN, model_dir, NULL))) abort();
     const char *names[] = {"w0", "w1"};
     for (int i = 0; i < 2; i++) {
         wport[i] = th_free_port();

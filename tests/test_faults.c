@@ -394,14 +394,10 @@ static int index_has(int port, const char *tag, int i)
     char doc[64], body[256];
     snprintf(doc, sizeof doc, "doc %s %d", tag, i);
     snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"sys # # %s # # q\"}", doc);
-    th_resp r;
-    th_http(&r, port, "POST", "/v1/chunks/lookup", body, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = th_json(&r);
+    json_t *j = th_call_text(port, "POST", "/v1/chunks/lookup", body, NULL, 200);
     int found =
         json_is_true(json_object_get(json_array_get(json_object_get(j, "data"), 1), "found"));
     json_decref(j);
-    th_resp_free(&r);
     return found;
 }
 
@@ -427,10 +423,7 @@ START_TEST(locked_index_keeps_serving)
      * given up and counted */
     s = lock_index(db);
     double w2 = send_docs(g.port, "long", 5);
-    th_resp r;
-    th_http(&r, g.port, "GET", "/readyz", NULL, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    th_resp_free(&r);
+    th_expect(g.port, "GET", "/readyz", NULL, NULL, 200);
     double failed = 0;
     for (int i = 0; i < 100 && failed <= 0; i++) {
         failed = th_metric(g.port, "chunkgate_index_writer_ops_failed_total");
@@ -463,11 +456,7 @@ END_TEST
 
 static json_t *info_of(int port)
 {
-    th_resp r;
-    th_http(&r, port, "GET", "/v1/info", NULL, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = th_json(&r);
-    th_resp_free(&r);
+    json_t *j = th_call_text(port, "GET", "/v1/info", NULL, NULL, 200);
     return j;
 }
 
@@ -493,10 +482,7 @@ START_TEST(restarted_worker_is_resynced)
     snprintf(body, sizeof body,
              "{\"model\":\"" MODEL "\",\"max_tokens\":1,\"prompt\":\"Sys. # # %s # # When?\"}",
              doc);
-    th_resp r;
-    th_http(&r, g.port, "POST", "/v1/completions", body, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    th_resp_free(&r);
+    th_expect(g.port, "POST", "/v1/completions", body, NULL, 200);
     double syncs0 = th_metric(g.port, "chunkgate_worker_syncs_total{result=\"ok\"}");
     double stale0 = th_metric(g.port, "chunkgate_stale_placements_total");
 
@@ -522,15 +508,10 @@ START_TEST(restarted_worker_is_resynced)
         cg_key_compute(MODEL, strlen(MODEL), CG_MODE_STRICT, NULL, 0, NULL, doc, strlen(doc));
     cg_key_hex(&k, key);
     snprintf(path, sizeof path, "/v1/chunks/%s", key);
-    th_http(&r, g.port, "GET", path, NULL, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *c = th_json(&r);
+    json_t *c = th_call_text(g.port, "GET", path, NULL, NULL, 200);
     ck_assert_uint_eq(json_array_size(json_object_get(c, "placements")), 0);
     json_decref(c);
-    th_resp_free(&r);
-    th_http(&r, g.port, "POST", "/v1/completions", body, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    th_resp_free(&r);
+    th_expect(g.port, "POST", "/v1/completions", body, NULL, 200);
     ck_assert_double_eq(th_metric(g.port, "chunkgate_stale_placements_total"), stale0);
     fprintf(stderr, "worker restart: resynced %.2f s after the restart began\n", took);
     json_decref(i1);

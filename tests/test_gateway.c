@@ -87,13 +87,9 @@ static void admin(th_resp *r, const char *method, const char *path, const char *
 
 static void assert_healthy(void)
 {
-    th_resp r;
-    http(&r, "GET", "/healthz", NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = th_body_json(&r);
+    json_t *j = th_call_text(gw.port, "GET", "/healthz", NULL, NULL, 200);
     ck_assert_str_eq(json_string_value(json_object_get(j, "status")), "ok");
     json_decref(j);
-    th_resp_free(&r);
 }
 
 static uint64_t fnv1a(const char *s, size_t n)
@@ -215,12 +211,9 @@ END_TEST
 START_TEST(completion_passthrough_and_modes)
 {
     /* no separator: forwarded as is, nothing keyed */
-    th_resp r;
     const char *body =
         "{\"model\":\"" MODEL "\", \"prompt\": [\"just a question\"], \"max_tokens\": 3}";
-    http(&r, "POST", "/v1/completions", body);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = th_body_json(&r);
+    json_t *j = th_call_text(gw.port, "POST", "/v1/completions", body, NULL, 200);
     json_t *cc = json_object_get(j, "chunk_cache");
     ck_assert(json_is_true(json_object_get(cc, "passthrough")));
     ck_assert(json_is_false(json_object_get(cc, "fallback")));
@@ -228,7 +221,6 @@ START_TEST(completion_passthrough_and_modes)
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "fake"), "prompt_len")),
                      15);
     json_decref(j);
-    th_resp_free(&r);
 
     /* mode sys: chunk keys include the system segment's key; a custom separator */
     char n[64], prompt[512];
@@ -236,10 +228,8 @@ START_TEST(completion_passthrough_and_modes)
     snprintf(prompt, sizeof prompt, "Sys %s ||| Doc %s ||| Q?", n, n);
     char *b = th_dumps(json_pack("{s:s, s:s, s:s, s:s}", "model", MODEL, "prompt", prompt,
                                  "chunk_separator", "|||", "chunk_mode", "sys"));
-    http(&r, "POST", "/v1/completions", b);
+    j = th_call_text(gw.port, "POST", "/v1/completions", b, NULL, 200);
     free(b);
-    ck_assert_int_eq(r.status, 200);
-    j = th_body_json(&r);
     json_t *segs = json_object_get(json_object_get(j, "chunk_cache"), "segments");
     ck_assert_uint_eq(json_array_size(segs), 2);
     char sys_text[96], doc_text[96], hex[CG_KEY_HEX_LEN + 1];
@@ -254,7 +244,6 @@ START_TEST(completion_passthrough_and_modes)
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "chunk_cache"), "mode")),
                      "sys");
     json_decref(j);
-    th_resp_free(&r);
 }
 END_TEST
 
@@ -361,11 +350,8 @@ START_TEST(chat_with_documents)
     char *b = th_dumps(json_pack("{s:s, s:[{s:s, s:s}, {s:s, s:s}], s:[s, s], s:s}", "model", MODEL,
                                  "messages", "role", "system", "content", sys, "role", "user",
                                  "content", "What now?", "documents", d1, d2, "cache_salt", "t1"));
-    th_resp r;
-    http(&r, "POST", "/v1/chat/completions", b);
+    json_t *j = th_call_text(gw.port, "POST", "/v1/chat/completions", b, NULL, 200);
     free(b);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = th_body_json(&r);
     ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "chat.completion");
     ck_assert(json_is_string(json_object_get(
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content")));
@@ -400,7 +386,6 @@ START_TEST(chat_with_documents)
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(msgs, 2), "content")),
                      "What now?");
     json_decref(j);
-    th_resp_free(&r);
 }
 END_TEST
 
@@ -414,10 +399,7 @@ START_TEST(chat_separators_in_messages)
     /* content as text parts; no extension field, so the body is forwarded unchanged */
     char *b = th_dumps(json_pack("{s:s, s:[{s:s, s:[{s:s, s:s}]}]}", "model", MODEL, "messages",
                                  "role", "user", "content", "type", "text", "text", content));
-    th_resp r;
-    http(&r, "POST", "/v1/chat/completions", b);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = th_body_json(&r);
+    json_t *j = th_call_text(gw.port, "POST", "/v1/chat/completions", b, NULL, 200);
     json_t *segs = json_object_get(json_object_get(j, "chunk_cache"), "segments");
     ck_assert_uint_eq(json_array_size(segs), 2);
     char hex[CG_KEY_HEX_LEN + 1];
@@ -430,20 +412,16 @@ START_TEST(chat_separators_in_messages)
                          json_object_get(sent, "messages")));
     json_decref(sent);
     json_decref(j);
-    th_resp_free(&r);
     free(b);
 
     /* a non-text part makes the request pass-through */
     b = th_dumps(json_pack("{s:s, s:[{s:s, s:[{s:s, s:s}, {s:s, s:{s:s}}]}]}", "model", MODEL,
                            "messages", "role", "user", "content", "type", "text", "text", content,
                            "type", "image_url", "image_url", "url", "http://x/y.png"));
-    http(&r, "POST", "/v1/chat/completions", b);
+    j = th_call_text(gw.port, "POST", "/v1/chat/completions", b, NULL, 200);
     free(b);
-    ck_assert_int_eq(r.status, 200);
-    j = th_body_json(&r);
     ck_assert(json_is_true(json_object_get(json_object_get(j, "chunk_cache"), "passthrough")));
     json_decref(j);
-    th_resp_free(&r);
 }
 END_TEST
 
@@ -600,10 +578,7 @@ START_TEST(admin_auth)
         th_resp_free(&r);
     }
     /* inference routes do not need the admin token */
-    th_resp r;
-    http(&r, "GET", "/v1/models", NULL);
-    ck_assert_int_eq(r.status, 200);
-    th_resp_free(&r);
+    th_expect(gw.port, "GET", "/v1/models", NULL, NULL, 200);
 }
 END_TEST
 
@@ -618,9 +593,7 @@ START_TEST(index_contents_and_admin)
     th_resp r;
     for (int i = 0; i < 2; i++) { /* the same documents twice, once streamed */
         if (i == 0) {
-            http(&r, "POST", "/v1/completions", b);
-            ck_assert_int_eq(r.status, 200);
-            th_resp_free(&r);
+            th_expect(gw.port, "POST", "/v1/completions", b, NULL, 200);
         } else {
             char *sb = th_dumps(
                 json_pack("{s:s, s:s, s:b}", "model", MODEL, "prompt", prompt, "stream", 1));
@@ -635,9 +608,7 @@ START_TEST(index_contents_and_admin)
     key_hex(MODEL, CG_MODE_STRICT, NULL, NULL, doc, kd);
 
     snprintf(path, sizeof path, "/v1/chunks/%s", kd);
-    admin(&r, "GET", path, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = th_body_json(&r);
+    json_t *j = th_call_text(gw.port, "GET", path, NULL, ADMIN_TOKEN, 200);
     ck_assert_str_eq(json_string_value(json_object_get(j, "id")), kd);
     ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "chunk");
     ck_assert_str_eq(json_string_value(json_object_get(j, "model")), MODEL);
@@ -647,15 +618,12 @@ START_TEST(index_contents_and_admin)
     ck_assert_int_eq(json_integer_value(json_object_get(j, "hit_count")), 0);
     ck_assert(json_is_array(json_object_get(j, "placements")));
     json_decref(j);
-    th_resp_free(&r);
 
     /* lookup by keys, one unknown */
     char lk[256];
     snprintf(lk, sizeof lk, "{\"keys\":[\"%s\",\"%s\",\"ffffffffffffffffffffffffffffffff\"]}", ks,
              kd);
-    admin(&r, "POST", "/v1/chunks/lookup", lk);
-    ck_assert_int_eq(r.status, 200);
-    j = th_body_json(&r);
+    j = th_call_text(gw.port, "POST", "/v1/chunks/lookup", lk, ADMIN_TOKEN, 200);
     json_t *d = json_object_get(j, "data");
     ck_assert_uint_eq(json_array_size(d), 3);
     ck_assert(json_is_true(json_object_get(json_array_get(d, 0), "found")));
@@ -663,12 +631,9 @@ START_TEST(index_contents_and_admin)
     ck_assert(json_is_false(json_object_get(json_array_get(d, 2), "found")));
     ck_assert(json_is_null(json_object_get(json_array_get(d, 0), "role")));
     json_decref(j);
-    th_resp_free(&r);
 
     /* lookup by prompt: the same keys, with roles */
-    admin(&r, "POST", "/v1/chunks/lookup", b);
-    ck_assert_int_eq(r.status, 200);
-    j = th_body_json(&r);
+    j = th_call_text(gw.port, "POST", "/v1/chunks/lookup", b, ADMIN_TOKEN, 200);
     d = json_object_get(j, "data");
     ck_assert_uint_eq(json_array_size(d), 2);
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(d, 0), "key")), ks);
@@ -676,18 +641,14 @@ START_TEST(index_contents_and_admin)
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(d, 1), "role")), "chunk");
     ck_assert(json_is_true(json_object_get(json_array_get(d, 1), "found")));
     json_decref(j);
-    th_resp_free(&r);
     free(b);
 
     /* delete, then it is gone */
-    admin(&r, "DELETE", path, NULL);
-    ck_assert_int_eq(r.status, 200);
-    j = th_body_json(&r);
+    j = th_call_text(gw.port, "DELETE", path, NULL, ADMIN_TOKEN, 200);
     ck_assert_str_eq(json_string_value(json_object_get(j, "id")), kd);
     ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "chunk.deleted");
     ck_assert(json_is_true(json_object_get(j, "deleted")));
     json_decref(j);
-    th_resp_free(&r);
     admin(&r, "GET", path, NULL);
     th_assert_error(&r, 404, "not_found", NULL);
     th_resp_free(&r);
@@ -716,15 +677,10 @@ START_TEST(chunks_paging)
              n, n);
     char *b = th_dumps(json_pack("{s:s, s:s}", "model", MODEL, "prompt", prompt));
     th_resp r;
-    http(&r, "POST", "/v1/completions", b);
-    ck_assert_int_eq(r.status, 200);
-    th_resp_free(&r);
+    th_expect(gw.port, "POST", "/v1/completions", b, NULL, 200);
     free(b);
 
-    admin(&r, "GET", "/v1/chunks?limit=1000", NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *all = th_body_json(&r);
-    th_resp_free(&r);
+    json_t *all = th_call_text(gw.port, "GET", "/v1/chunks?limit=1000", NULL, ADMIN_TOKEN, 200);
     size_t total = json_array_size(json_object_get(all, "data"));
     ck_assert_uint_ge(total, 5);
     ck_assert(json_is_false(json_object_get(all, "has_more")));
@@ -734,10 +690,7 @@ START_TEST(chunks_paging)
     size_t seen = 0;
     for (int page = 0; page < 10000; page++) {
         snprintf(path, sizeof path, "/v1/chunks?limit=2%s%s", after[0] ? "&after=" : "", after);
-        admin(&r, "GET", path, NULL);
-        ck_assert_int_eq(r.status, 200);
-        json_t *j = th_body_json(&r);
-        th_resp_free(&r);
+        json_t *j = th_call_text(gw.port, "GET", path, NULL, ADMIN_TOKEN, 200);
         ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "list");
         json_t *d = json_object_get(j, "data");
         ck_assert_uint_le(json_array_size(d), 2);
@@ -773,22 +726,15 @@ END_TEST
 
 START_TEST(models_and_readyz)
 {
-    th_resp r;
-    http(&r, "GET", "/v1/models", NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = th_body_json(&r);
+    json_t *j = th_call_text(gw.port, "GET", "/v1/models", NULL, NULL, 200);
     ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "list");
     ck_assert_str_eq(
         json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")),
         "fake-model");
     json_decref(j);
-    th_resp_free(&r);
-    http(&r, "GET", "/readyz", NULL);
-    ck_assert_int_eq(r.status, 200);
-    j = th_body_json(&r);
+    j = th_call_text(gw.port, "GET", "/readyz", NULL, NULL, 200);
     ck_assert_str_eq(json_string_value(json_object_get(j, "status")), "ready");
     json_decref(j);
-    th_resp_free(&r);
 }
 END_TEST
 
@@ -849,11 +795,7 @@ END_TEST
 
 static json_t *fake_stats(void)
 {
-    th_resp r;
-    th_http(&r, fake.port, "GET", "/stats", NULL, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = th_body_json(&r);
-    th_resp_free(&r);
+    json_t *j = th_call_text(fake.port, "GET", "/stats", NULL, NULL, 200);
     return j;
 }
 
@@ -917,29 +859,21 @@ START_TEST(backend_down)
                          "upstream_error");
         json_decref(j);
         th_resp_free(&r);
-        th_http(&r, g2.port, "GET", "/healthz", NULL, NULL, NULL);
-        ck_assert_int_eq(r.status, 200);
-        th_resp_free(&r);
+        th_expect(g2.port, "GET", "/healthz", NULL, NULL, 200);
     }
     th_resp r;
     th_http(&r, g2.port, "GET", "/readyz", NULL, NULL, NULL);
     th_assert_error(&r, 503, "upstream_unavailable", NULL);
     th_resp_free(&r);
-    th_http(&r, g2.port, "GET", "/v1/models", NULL, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = th_body_json(&r);
+    json_t *j = th_call_text(g2.port, "GET", "/v1/models", NULL, NULL, 200);
     ck_assert_str_eq(
         json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")),
         "gw-default");
     json_decref(j);
-    th_resp_free(&r);
     /* the segments were still recorded */
-    th_http(&r, g2.port, "GET", "/v1/chunks", NULL, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    j = th_body_json(&r);
+    j = th_call_text(g2.port, "GET", "/v1/chunks", NULL, NULL, 200);
     ck_assert_uint_eq(json_array_size(json_object_get(j, "data")), 2);
     json_decref(j);
-    th_resp_free(&r);
     th_http(&r, g2.port, "GET", "/metrics", NULL, NULL, NULL);
     ck_assert_double_eq(
         th_metric_in(r.body.data, "chunkgate_backend_errors_total{kind=\"connect\"}"), 2);
@@ -977,24 +911,15 @@ START_TEST(restart_keeps_index)
         th_proc g;
         ck_assert_int_eq(
             start_gateway(&g, round == 1 ? "restart1" : "restart2", fake.url, same_dir), 0);
-        th_resp r;
         if (round == 2) { /* what the first run recorded is still there */
-            th_http(&r, g.port, "GET", path, NULL, NULL, NULL);
-            ck_assert_int_eq(r.status, 200);
-            json_t *j = th_body_json(&r);
+            json_t *j = th_call_text(g.port, "GET", path, NULL, NULL, 200);
             ck_assert_int_eq(json_integer_value(json_object_get(j, "seen_count")), 1);
             json_decref(j);
-            th_resp_free(&r);
         }
-        th_http(&r, g.port, "POST", "/v1/completions", b, NULL, NULL);
-        ck_assert_int_eq(r.status, 200);
-        th_resp_free(&r);
-        th_http(&r, g.port, "GET", path, NULL, NULL, NULL);
-        ck_assert_int_eq(r.status, 200);
-        json_t *j = th_body_json(&r);
+        th_expect(g.port, "POST", "/v1/completions", b, NULL, 200);
+        json_t *j = th_call_text(g.port, "GET", path, NULL, NULL, 200);
         ck_assert_int_eq(json_integer_value(json_object_get(j, "seen_count")), round);
         json_decref(j);
-        th_resp_free(&r);
         ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
         char *log = th_read_file(g.log, NULL);
         ck_assert_ptr_nonnull(strstr(log, "\"msg\":\"stopped\""));
@@ -1017,10 +942,7 @@ START_TEST(metrics_series)
     nonce(n, sizeof n);
     snprintf(prompt, sizeof prompt, "ms %s # # a %s # #  # # b %s # # q", n, n, n);
     char *b = th_dumps(json_pack("{s:s, s:s}", "model", MODEL, "prompt", prompt));
-    th_resp r;
-    http(&r, "POST", "/v1/completions", b);
-    ck_assert_int_eq(r.status, 200);
-    th_resp_free(&r);
+    th_expect(gw.port, "POST", "/v1/completions", b, NULL, 200);
     free(b);
     char *m = scrape();
     ck_assert_double_eq(th_metric_in(m, "chunkgate_chunk_misses_total"), misses0 + 3);

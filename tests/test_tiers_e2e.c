@@ -31,12 +31,10 @@
 static char model_dir[300];
 static cg_model *model;
 
-static const char *SYS = "You are a careful assistant. Answer from the documents only.";
+static const char *SYS = TH_SYSTEM;
 static const char *DOC[8] = {
-    "Document A. Annual rainfall in the valley averaged 812 millimetres between 1990 and 2020; "
-    "in 2024 two gauges were replaced.",
-    "Document B. The cooperative's bylaws were amended in March: members may vote by post and "
-    "the quorum fell to one third.",
+    TH_DOC_A,
+    TH_DOC_B,
     "Document C. The river flooded twice in 2023 and the levee was raised by one metre in the "
     "spring of 2024, at a cost of 2.1 million.",
     "Document D. Ferry schedules changed in June: boats now leave every forty minutes instead "
@@ -50,7 +48,7 @@ static const char *DOC[8] = {
     "Document H. Street lighting was replaced with LED lamps on all main roads, cutting the "
     "electricity bill of the town by 38 percent.",
 };
-static const char *QUESTION = "What changed in 2024?";
+static const char *QUESTION = TH_QUESTION;
 
 /* ---- processes ---- */
 
@@ -555,12 +553,7 @@ int main(void)
     th_init("test_tiers", &tp);
     th_path(model_dir, sizeof model_dir, "model");
     const char *seed[] = {"--seed", "3", NULL};
-    char err[ERRLEN] = "generate-model failed";
-    if (th_gen_model(WORKER_BIN, model_dir, seed) != 0 ||
-        cg_model_open(model_dir, &model, err, sizeof err) != CG_OK) {
-        fprintf(stderr, "the model: %s\n", err);
-        return EXIT_FAILURE;
-    }
+    if (!(model = th_model_gen_open(WORKER_BIN, model_dir, seed))) return EXIT_FAILURE;
     int failed = th_run_tests("tiers_e2e", "processes", 300,
                               TH_TESTS(test_spill_restore_restart, test_full_disk,
                                        test_kill9_during_spills, test_data_dir_locked));

@@ -36,11 +36,7 @@ static int hung_fd = -1;
 static const int TPS[4] = {1, 2, 4, 8};
 
 static const char *SYS = "You answer in one line, from the documents only.";
-static const char *DOCA = "Document A. Annual rainfall in the valley averaged 812 millimetres "
-                          "between 1990 and 2020; in 2024 two gauges were replaced.";
-static const char *DOCB = "Document B. The cooperative's bylaws were amended in March: members "
-                          "may vote by post and the quorum fell to one third.";
-static const char *QUESTION = "What changed in 2024?";
+static const char *DOCA = TH_DOC_A, *DOCB = TH_DOC_B, *QUESTION = TH_QUESTION;
 
 /* ---- processes ---- */
 

@@ -20,19 +20,13 @@
 #include "kv/kvwire.h"
 #include "tests/harness/harness.h"
 
-#define ERRLEN 512
 
 static char model_dir[300], data_dir[300];
 static th_proc worker;
 static cg_model *model; /* the same model, loaded in-process for reference answers */
 
-static const char *SYS1 = "You are a careful assistant. Answer from the documents only.";
-static const char *SYS2 = "Terse mode: cite the document letter.";
-static const char *DOCA = "Document A. Annual rainfall in the valley averaged 812 millimetres "
-                          "between 1990 and 2020; in 2024 two gauges were replaced.";
-static const char *DOCB = "Document B. The cooperative's bylaws were amended in March: members "
-                          "may vote by post and the quorum fell to one third.";
-static const char *QUESTION = "What changed in 2024?";
+static const char *SYS1 = TH_SYSTEM, *SYS2 = "Terse mode: cite the document letter.";
+static const char *DOCA = TH_DOC_A, *DOCB = TH_DOC_B, *QUESTION = TH_QUESTION;
 
 /* ---- HTTP ---- */
 
@@ -823,12 +817,7 @@ int main(void)
     th_path(model_dir, sizeof model_dir, "model");
     th_path(data_dir, sizeof data_dir, "data/sub");
     const char *seed[] = {"--seed", "3", NULL};
-    char err[ERRLEN] = "generate-model failed";
-    if (th_gen_model(WORKER_BIN, model_dir, seed) != 0 ||
-        cg_model_open(model_dir, &model, err, sizeof err) != CG_OK) {
-        fprintf(stderr, "the model: %s\n", err);
-        return EXIT_FAILURE;
-    }
+    if (!(model = th_model_gen_open(WORKER_BIN, model_dir, seed))) return EXIT_FAILURE;
     const char *extra[] = {"--data-dir", data_dir, "--assembly-ttl-ms", "30000", NULL};
     if (th_start_worker(&worker, WORKER_BIN, model_dir, 0, "worker", extra) != 0)
         th_die("the worker", &worker);

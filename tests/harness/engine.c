@@ -4,6 +4,7 @@
 #include "worker/serve/engine.h"
 #include "worker/serve/worker_api.h"
 
+#include <stdio.h>
 #include <string.h>
 
 char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char *d2, const char *q,
@@ -35,4 +36,19 @@ char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char 
     cg_assembly_info_free(&info);
     cg_engine_close(&e);
     return t;
+}
+
+cg_model *th_model_gen_open(const char *worker_bin, const char *dir, const char *const *extra)
+{
+    char err[512] = "";
+    cg_model *m = NULL;
+    if (th_gen_model(worker_bin, dir, extra) != 0) {
+        fprintf(stderr, "generate-model failed; its log is %s/gen.log\n", th_root());
+        return NULL;
+    }
+    if (cg_model_open(dir, &m, err, sizeof err) != CG_OK) {
+        fprintf(stderr, "cannot load the model %s: %s\n", dir, err);
+        return NULL;
+    }
+    return m;
 }

@@ -94,6 +94,10 @@ int th_file_has(const char *path, const char *needle);
 int th_which(const char *name, char *out, size_t n);
 
 void th_sleep_ms(int ms);
+/* The next value of a SplitMix64 sequence (deterministic test data). */
+uint64_t th_splitmix64(uint64_t *state);
+/* 64-bit FNV-1a of n bytes (fingerprints a body compared across processes). */
+uint64_t th_fnv1a(const void *p, size_t n);
 /* Monotonic seconds. */
 double th_now_s(void);
 
@@ -193,6 +197,13 @@ json_t *th_body_json(const th_resp *r);
  * status is want and the answer JSON. Returns it (caller decrefs). */
 json_t *th_call(int port, const char *method, const char *path, json_t *body, const char *token,
                 long want);
+/* th_call with a string body (borrowed, may be NULL). */
+json_t *th_call_text(int port, const char *method, const char *path, const char *body,
+                     const char *token, long want);
+/* method path on port with body (borrowed, may be NULL) and token; asserts the status is want.
+ */
+void th_expect(int port, const char *method, const char *path, const char *body, const char *token,
+               long want);
 /* Sends q n times at once, over n connections, and waits for all; r[i] gets answer i (free
  * each with th_resp_free). */
 void th_send_many(th_resp *r, int n, int port, const th_req *q);
@@ -214,6 +225,16 @@ double th_nget(json_t *j, const char *k);
 int th_bget(json_t *j, const char *k);
 /* j's text, compact; takes j over. Caller frees. */
 char *th_dumps(json_t *j);
+
+/* The RAG texts the worker suites share: a system prompt, two documents, a question. */
+#define TH_SYSTEM "You are a careful assistant. Answer from the documents only."
+#define TH_DOC_A                                                                                   \
+    "Document A. Annual rainfall in the valley averaged 812 millimetres between 1990 and "         \
+    "2020; in 2024 two gauges were replaced."
+#define TH_DOC_B                                                                                   \
+    "Document B. The cooperative's bylaws were amended in March: members may vote by post "        \
+    "and the quorum fell to one third."
+#define TH_QUESTION "What changed in 2024?"
 
 /* The RAG prompt "sys # # d1 # # d2 # # q" (d2 NULL: "sys # # d1 # # q"). Caller frees. */
 char *th_rag(const char *sys, const char *d1, const char *d2, const char *q);
@@ -304,6 +325,9 @@ char *th_recv_response(int fd, int timeout_ms);
 /* In cg_test_engine (tests/harness/engine.c), for suites that hold the model in-process. */
 
 typedef struct cg_model cg_model;
+/* chunkgate-worker generate-model --out dir plus extra args (th_gen_model), then the model
+ * opened in-process. NULL when either fails (said on stderr). Close with cg_model_close. */
+cg_model *th_model_gen_open(const char *worker_bin, const char *dir, const char *const *extra);
 /* The greedy answer of an in-process engine on model m (borrowed) to the strict-mode prompt
  * sys, d1, d2, q computed on path (an engine path: CG_PATH_REFERENCE, CG_PATH_BYPASS, ...),
  * sanitised to UTF-8 as the worker does; asserts every step. Caller frees. */

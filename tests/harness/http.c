@@ -194,19 +194,41 @@ json_t *th_body_json(const th_resp *r)
     return j;
 }
 
+/* Sends and asserts the status; r is the caller's. */
+static void send_expect(th_resp *r, int port, const char *method, const char *path,
+                        const char *body, const char *token, long want)
+{
+    th_http(r, port, method, path, body, token, NULL);
+    ck_assert_msg(r->status == want, "%s %s on port %d: HTTP %ld (want %ld, curl %d): %.*s", method,
+                  path, port, r->status, want, (int)r->rc, (int)CG_MIN(r->body.len, 400),
+                  r->body.data ? r->body.data : "");
+}
+
+json_t *th_call_text(int port, const char *method, const char *path, const char *body,
+                     const char *token, long want)
+{
+    th_resp r;
+    send_expect(&r, port, method, path, body, token, want);
+    json_t *j = th_body_json(&r);
+    th_resp_free(&r);
+    return j;
+}
+
 json_t *th_call(int port, const char *method, const char *path, json_t *body, const char *token,
                 long want)
 {
     char *b = body ? th_dumps(body) : NULL;
-    th_resp r;
-    th_http(&r, port, method, path, b, token, NULL);
+    json_t *j = th_call_text(port, method, path, b, token, want);
     free(b);
-    ck_assert_msg(r.status == want, "%s %s on port %d: HTTP %ld (want %ld, curl %d): %.*s", method,
-                  path, port, r.status, want, (int)r.rc, (int)CG_MIN(r.body.len, 400),
-                  r.body.data ? r.body.data : "");
-    json_t *j = th_body_json(&r);
-    th_resp_free(&r);
     return j;
+}
+
+void th_expect(int port, const char *method, const char *path, const char *body, const char *token,
+               long want)
+{
+    th_resp r;
+    send_expect(&r, port, method, path, body, token, want);
+    th_resp_free(&r);
 }
 
 char *th_dumps(json_t *j)
