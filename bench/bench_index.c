@@ -11,6 +11,7 @@
 
 #include "base/base.h"
 #include "sql/index.h"
+#include "tests/harness/harness.h"
 
 typedef struct opts {
     long chunks;  /* rows in the index */
@@ -26,23 +27,10 @@ typedef struct opts {
     int keep;        /* keep the index file (and reuse it when it already holds the rows) */
 } opts;
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Key i: 16 random-looking bytes, like an XXH3-128 key. Keys >= chunks are misses. */
 static cg_key key_of(uint64_t i)
 {
-    cg_key k;
-    uint64_t s = i * 2654435761ull + 12345;
-    uint64_t a = splitmix(&s), b = splitmix(&s);
-    memcpy(k.b, &a, 8);
-    memcpy(k.b + 8, &b, 8);
-    return k;
+    return th_key_of(i, 12345);
 }
 
 static double secs(uint64_t ns)
@@ -263,7 +251,7 @@ static void updates(cg_index *ix, const opts *o, int with_reader, const cg_key *
     for (long r = 0; r < o->updates; r++) {
         cg_key keys[64];
         for (int i = 0; i < o->batch; i++)
-            keys[i] = key_of(splitmix(&s) % (uint64_t)o->chunks);
+            keys[i] = key_of(th_splitmix64(&s) % (uint64_t)o->chunks);
         uint64_t e0 = cg_now_ns();
         for (int i = 0; i < o->batch; i++) {
             cg_index_chunk_seen(ix, &keys[i], "bench-model", CG_MODE_STRICT, 1000, 1700000001000);
@@ -416,8 +404,8 @@ int main(int argc, char **argv)
     uint64_t s = 7;
     long want_found = 0;
     for (long i = 0; i < nkeys; i++) {
-        int hit = (long)(splitmix(&s) % 100) < o.hit_pct;
-        uint64_t id = splitmix(&s) % (uint64_t)o.chunks;
+        int hit = (long)(th_splitmix64(&s) % 100) < o.hit_pct;
+        uint64_t id = th_splitmix64(&s) % (uint64_t)o.chunks;
         keys[i] = key_of(hit ? id : (uint64_t)o.chunks + id);
         want_found += hit;
     }

@@ -59,23 +59,10 @@ static void path_in(char *out, size_t n, const char *name)
     snprintf(out, n, "%s/%s", g_dir, name);
 }
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* A hash-like key for integer i (real keys are XXH3 output). */
 static cg_key key_of(uint64_t i)
 {
-    cg_key k;
-    uint64_t s = i * 2654435761ull + 7;
-    uint64_t a = splitmix(&s), b = splitmix(&s);
-    memcpy(k.b, &a, 8);
-    memcpy(k.b + 8, &b, 8);
-    return k;
+    return th_key_of(i, 7);
 }
 
 /* Token count of a key's chunk in the kill -9 and thread tests: 1..max, a function of the key. */
@@ -100,7 +87,7 @@ static void fill_chunk(const cg_key *k, uint32_t n_tokens, uint8_t *buf)
     s ^= (uint64_t)n_tokens << 40;
     size_t n = chunk_bytes(n_tokens);
     for (size_t i = 0; i < n; i += 8) {
-        uint64_t v = splitmix(&s);
+        uint64_t v = th_splitmix64(&s);
         memcpy(buf + i, &v, 8);
     }
 }
@@ -740,7 +727,7 @@ static void torn_child(const char *dir, uint64_t seed)
     uint64_t s = seed;
     uint8_t *buf = cg_malloc(chunk_bytes(TORN_MAX_TOKENS));
     for (uint64_t now = 1;; now++) {
-        uint64_t r = splitmix(&s);
+        uint64_t r = th_splitmix64(&s);
         cg_key k = key_of(r % TORN_KEYS);
         uint32_t nt = tokens_of(&k, TORN_MAX_TOKENS);
         if (r % 16 == 0) {
@@ -781,7 +768,7 @@ START_TEST(test_torn_writes_never_served)
         ck_assert_int_ge(pid, 0);
         if (pid == 0) torn_child(g_dir, seed + (uint64_t)round * 7919);
         /* Kill it at a random moment: before it opens, mid-write, mid-commit, mid-drop. */
-        usleep((useconds_t)(splitmix(&rs) % 60000));
+        usleep((useconds_t)(th_splitmix64(&rs) % 60000));
         ck_assert_int_eq(kill(pid, SIGKILL), 0);
         int status = 0;
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
@@ -794,8 +781,8 @@ START_TEST(test_torn_writes_never_served)
         if (inject) {
             uint8_t junk[512];
             for (size_t i = 0; i < sizeof junk; i++)
-                junk[i] = (uint8_t)splitmix(&rs);
-            poke((off_t)(splitmix(&rs) % (64 * BB - sizeof junk)), junk, sizeof junk);
+                junk[i] = (uint8_t)th_splitmix64(&rs);
+            poke((off_t)(th_splitmix64(&rs) % (64 * BB - sizeof junk)), junk, sizeof junk);
         }
 
         cg_disk *d = open_disk(64);
@@ -1032,7 +1019,7 @@ static void *mt_main(void *p)
     size_t maxb = chunk_bytes(MT_MAX_TOKENS);
     uint8_t *buf = cg_malloc(maxb), *want = cg_malloc(maxb);
     for (int i = 0; i < MT_OPS; i++) {
-        uint64_t r = splitmix(&s);
+        uint64_t r = th_splitmix64(&s);
         cg_key k = key_of(r % MT_KEYS);
         uint32_t nt = tokens_of(&k, MT_MAX_TOKENS);
         uint64_t now = (uint64_t)i;

@@ -43,23 +43,10 @@ static void teardown(void)
     rmdir(g_dir);
 }
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* A deterministic, hash-like key for integer i (what XXH3 keys look like: random bytes). */
 static cg_key key_of(uint64_t i)
 {
-    cg_key k;
-    uint64_t s = i * 2654435761ull + 12345;
-    uint64_t a = splitmix(&s), b = splitmix(&s);
-    memcpy(k.b, &a, 8);
-    memcpy(k.b + 8, &b, 8);
-    return k;
+    return th_key_of(i, 12345);
 }
 
 static cg_index *open_default(void)
@@ -774,7 +761,7 @@ static void *conc_reader(void *arg)
         cg_key keys[8];
         int ids[8];
         for (int j = 0; j < 8; j++) {
-            ids[j] = (int)(splitmix(&s) % (2 * CONC_KEYS));
+            ids[j] = (int)(th_splitmix64(&s) % (2 * CONC_KEYS));
             keys[j] = key_of(ids[j]);
         }
         cg_index_entry e[8];
@@ -859,7 +846,7 @@ static void child_write_forever(int round, int ready_fd)
     int64_t *toks = cg_malloc(INV_N * sizeof *toks);
     for (int it = 0;; it++) {
         for (int i = 0; i < 2000; i++) {
-            uint64_t id = splitmix(&s) % RANDOM_KEYS;
+            uint64_t id = th_splitmix64(&s) % RANDOM_KEYS;
             cg_key k = key_of(id);
             cg_index_chunk_seen(ix, &k, "tiny", id % 2 ? CG_MODE_SYS : CG_MODE_STRICT,
                                 (int64_t)(id % 1000), it);
@@ -868,7 +855,7 @@ static void child_write_forever(int round, int ready_fd)
             if (i % 7 == 0) cg_index_placement_set(ix, &k, b, CG_TIER_DISK, 1, it);
             if (i % 11 == 0) cg_index_placement_del(ix, &k, b);
             if (i % 101 == 0) {
-                cg_key d = key_of(splitmix(&s) % RANDOM_KEYS);
+                cg_key d = key_of(th_splitmix64(&s) % RANDOM_KEYS);
                 cg_index_chunk_delete(ix, &d);
             }
         }
@@ -926,7 +913,7 @@ START_TEST(test_kill9_crash_safety)
         char c;
         ck_assert_int_eq(read(fds[0], &c, 1), 1); /* first inventory committed */
         close(fds[0]);
-        usleep((useconds_t)(20000 + splitmix(&s) % 300000)); /* kill mid-stream */
+        usleep((useconds_t)(20000 + th_splitmix64(&s) % 300000)); /* kill mid-stream */
         ck_assert_int_eq(kill(pid, SIGKILL), 0);
         int status = 0;
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);

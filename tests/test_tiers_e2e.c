@@ -341,23 +341,7 @@ START_TEST(test_spill_restore_restart)
     stop_worker(&w, SIGTERM);
     char path[256];
     snprintf(path, sizeof path, "%s/kv.blocks", data);
-    int fd = open(path, O_RDWR);
-    ck_assert_int_ge(fd, 0);
-    struct stat sb;
-    ck_assert_int_eq(fstat(fd, &sb), 0);
-    const off_t slot = 64 * 1024;
-    int flipped = 0;
-    unsigned char *buf = cg_malloc((size_t)slot);
-    for (off_t off = 0; off + slot <= sb.st_size; off += slot) {
-        ck_assert_int_eq(pread(fd, buf, (size_t)slot, off), slot);
-        for (off_t i = 3; i < slot; i += 512)
-            buf[i] ^= 0x41;
-        ck_assert_int_eq(pwrite(fd, buf, (size_t)slot, off), slot);
-        flipped++;
-    }
-    free(buf);
-    close(fd);
-    ck_assert_int_gt(flipped, 0);
+    ck_assert_int_gt(th_flip_bytes(path, 64 * 1024, 3, 512, 64 * 1024, 0x41), 0);
     w = start_worker("main", data, "2", "64");
     outcome o = ask(&w, 0); /* the answer equals recomputation: corrupt KV is never served */
     ck_assert_int_eq(o.tier_miss, 3);

@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include "base/base.h"
+#include "cache/key.h"
 
 /* ------------------------------------------------------------ Check runner */
 
@@ -93,9 +94,18 @@ int th_file_has(const char *path, const char *needle);
  * returns 1, or 0 when there is none. */
 int th_which(const char *name, char *out, size_t n);
 
+/* Flips bytes of the file at path behind its owner's back: in every slot of slot bytes that
+ * holds end bytes, the bytes at first, first + step, ... below end are XORed with mask. Returns
+ * the slots changed, or -1 on an I/O error. */
+int th_flip_bytes(const char *path, size_t slot, size_t first, size_t step, size_t end,
+                  uint8_t mask);
+
 void th_sleep_ms(int ms);
 /* The next value of a SplitMix64 sequence (deterministic test data). */
 uint64_t th_splitmix64(uint64_t *state);
+/* A deterministic, hash-like chunk key for integer i (real keys are XXH3 output: random
+ * bytes); salt picks another sequence. */
+cg_key th_key_of(uint64_t i, uint64_t salt);
 /* 64-bit FNV-1a of n bytes (fingerprints a body compared across processes). */
 uint64_t th_fnv1a(const void *p, size_t n);
 /* Monotonic seconds. */

@@ -140,6 +140,16 @@ uint64_t th_splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
+cg_key th_key_of(uint64_t i, uint64_t salt)
+{
+    cg_key k;
+    uint64_t s = i * 2654435761ull + salt;
+    uint64_t a = th_splitmix64(&s), b = th_splitmix64(&s);
+    memcpy(k.b, &a, 8);
+    memcpy(k.b + 8, &b, 8);
+    return k;
+}
+
 uint64_t th_fnv1a(const void *p, size_t n)
 {
     const unsigned char *c = p;
@@ -149,6 +159,30 @@ uint64_t th_fnv1a(const void *p, size_t n)
         h *= 1099511628211ull;
     }
     return h;
+}
+
+int th_flip_bytes(const char *path, size_t slot, size_t first, size_t step, size_t end,
+                  uint8_t mask)
+{
+    int fd = open(path, O_RDWR), slots = 0;
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0) goto fail;
+    uint8_t *buf = cg_malloc(end);
+    for (off_t off = 0; off + (off_t)end <= sb.st_size; off += (off_t)slot) {
+        if (pread(fd, buf, end, off) != (ssize_t)end) goto fail_buf;
+        for (size_t i = first; i < end; i += step)
+            buf[i] ^= mask;
+        if (pwrite(fd, buf, end, off) != (ssize_t)end) goto fail_buf;
+        slots++;
+    }
+    free(buf);
+    close(fd);
+    return slots;
+fail_buf:
+    free(buf);
+fail:
+    if (fd >= 0) close(fd);
+    return -1;
 }
 
 void th_sleep_ms(int ms)
