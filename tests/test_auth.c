@@ -34,9 +34,7 @@ static void setup(void)
     snprintf(keyfile, sizeof keyfile, "%s/keys.txt", th_root());
     /* comments, blank lines, surrounding blanks and CRLF are all tolerated */
     if (th_write_file(keyfile, "# tenants\n\n   " KEY2 "  \r\n" KEY3 "\n") != 0) abort();
-    const char *extra[] = {"--worker",
-                           wurl,
-                           "--api-key",
+    const char *extra[] = {"--api-key",
                            KEY1,
                            "--api-key-file",
                            keyfile,
@@ -47,8 +45,8 @@ static void setup(void)
                            "--health-interval-ms",
                            "200",
                            NULL};
-    if (th_start_gateway(&gw, CHUNKGATE_BIN, "gw", extra) != 0) th_die("gateway", &gw);
-    if (!th_wait_worker(gw.port, ADMIN, wurl, 1)) th_die("worker health", &gw);
+    if (th_start_gateway_to(&gw, CHUNKGATE_BIN, "gw", wurl, ADMIN, extra) != 0)
+        th_die("gateway (or worker health)", &gw);
     /* API keys and no admin token: the admin routes are closed to everyone */
     const char *extra2[] = {"--worker", wurl, "--api-key", KEY1, NULL};
     if (th_start_gateway(&gw2, CHUNKGATE_BIN, "gw2", extra2) != 0) th_die("gateway 2", &gw2);

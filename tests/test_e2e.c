@@ -197,9 +197,7 @@ static char *reference_text(const char *sys, const char *a, const char *b, const
 
 static void suite_setup(void)
 {
-    th_params tp = th_default_params();
-    tp.sse_timeout_s = 60;
-    th_init("e2e", &tp);
+    th_init("e2e", &(th_params){.sse_timeout_s = 60});
     th_path(model_dir, sizeof model_dir, "model");
     if (!(model = th_model_gen_open(WORKER_BIN, model_dir, NULL))) abort();
     const char *names[] = {"w0", "w1"};

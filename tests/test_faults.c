@@ -184,11 +184,8 @@ START_TEST(worker_killed_during_assemble)
     /* with --backend: the client gets the backend's answer to the plain prompt */
     th_proc w1, g1;
     ck_assert_int_eq(th_start_worker(&w1, WORKER_BIN, model_dir, 0, "kill1", NULL), 0);
-    char u1[64];
-    snprintf(u1, sizeof u1, "http://127.0.0.1:%d", w1.port);
-    const char *e1[] = {"--worker", u1, "--backend", backend, "--health-interval-ms", "200", NULL};
-    ck_assert_int_eq(th_start_gateway(&g1, CHUNKGATE_BIN, "gkill1", e1), 0);
-    ck_assert(th_wait_worker(g1.port, NULL, u1, 1));
+    const char *e1[] = {"--backend", backend, "--health-interval-ms", "200", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g1, CHUNKGATE_BIN, "gkill1", w1.url, NULL, e1), 0);
     char *body = long_prompt(0);
     call c = {.port = g1.port, .body = body};
     kill_during(&c, &w1);
@@ -203,7 +200,7 @@ START_TEST(worker_killed_during_assemble)
     ck_assert_double_ge(th_metric(g1.port, "chunkgate_worker_errors_total{kind=\"connect\"}") +
                             th_metric(g1.port, "chunkgate_worker_errors_total{kind=\"invalid\"}"),
                         1);
-    ck_assert(th_wait_worker(g1.port, NULL, u1, 0));
+    ck_assert(th_wait_worker(g1.port, NULL, w1.url, 0));
     assert_serves(g1.port);
     ck_assert_int_eq(th_stop(&g1, SIGTERM), 0);
     free(body);
@@ -214,12 +211,9 @@ START_TEST(worker_killed_during_assemble)
         char name[32];
         snprintf(name, sizeof name, "kill2-%d", s);
         ck_assert_int_eq(th_start_worker(&w2, WORKER_BIN, model_dir, 0, name, NULL), 0);
-        char u2[64];
-        snprintf(u2, sizeof u2, "http://127.0.0.1:%d", w2.port);
-        const char *e2[] = {"--worker", u2, "--health-interval-ms", "200", NULL};
+        const char *e2[] = {"--health-interval-ms", "200", NULL};
         snprintf(name, sizeof name, "gkill2-%d", s);
-        ck_assert_int_eq(th_start_gateway(&g2, CHUNKGATE_BIN, name, e2), 0);
-        ck_assert(th_wait_worker(g2.port, NULL, u2, 1));
+        ck_assert_int_eq(th_start_gateway_to(&g2, CHUNKGATE_BIN, name, w2.url, NULL, e2), 0);
         body = long_prompt(s);
         call c2 = {.port = g2.port, .body = body};
         kill_during(&c2, &w2);
@@ -251,11 +245,7 @@ START_TEST(full_disk_tier_keeps_serving)
     th_proc w, g;
     const char *we[] = {"--pool-mb", "2", "--disk-mb", "1", NULL};
     ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "fulldisk", we), 0);
-    char u[64];
-    snprintf(u, sizeof u, "http://127.0.0.1:%d", w.port);
-    const char *ge[] = {"--worker", u, NULL};
-    ck_assert_int_eq(th_start_gateway(&g, CHUNKGATE_BIN, "gfull", ge), 0);
-    ck_assert(th_wait_worker(g.port, NULL, u, 1));
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "gfull", w.url, NULL, NULL), 0);
     int served = 0;
     for (int round = 0; round < 2; round++)
         for (int i = 0; i < 10; i++) {
@@ -471,12 +461,8 @@ START_TEST(restarted_worker_is_resynced)
     long long started = json_integer_value(json_object_get(i1, "started_ms"));
     ck_assert_int_gt(started, (long long)cg_wall_ms() - 120000);
     ck_assert_int_le(started, (long long)cg_wall_ms());
-    char u[64];
-    snprintf(u, sizeof u, "http://127.0.0.1:%d", port);
-    const char *ge[] = {"--worker", u,   "--health-interval-ms", "500", "--sync-interval-ms",
-                        "0",        NULL};
-    ck_assert_int_eq(th_start_gateway(&g, CHUNKGATE_BIN, "grs", ge), 0);
-    ck_assert(th_wait_worker(g.port, NULL, u, 1));
+    const char *ge[] = {"--health-interval-ms", "500", "--sync-interval-ms", "0", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "grs", w.url, NULL, ge), 0);
     const char *doc = "Restart document: the observatory reopens in May.";
     char body[512];
     snprintf(body, sizeof body,

@@ -39,11 +39,9 @@ static int start_gateway(th_proc *p, const char *name, const char *backend,
 
 static void suite_setup(void)
 {
-    th_params tp = th_default_params();
-    tp.start_wait_ms = 20000; /* sanitizer builds start slowly */
-    tp.http_timeout_s = 30;
-    tp.sse_timeout_s = 30;
-    th_init("gateway_test", &tp);
+    /* 20 s to start (sanitizer builds start slowly), 30 s a request */
+    th_init("gateway_test",
+            &(th_params){.start_wait_ms = 20000, .http_timeout_s = 30, .sse_timeout_s = 30});
     const char *fargs[] = {"--delay-ms", "100", "--events", "5", NULL};
     if (th_start_fake(&fake, FAKE_BACKEND_BIN, "fake", fargs) != 0) th_die(FAKE_BACKEND_BIN, &fake);
     const char *extra[] = {"--admin-token",
@@ -90,16 +88,6 @@ static void assert_healthy(void)
     json_t *j = th_call_text(gw.port, "GET", "/healthz", NULL, NULL, 200);
     ck_assert_str_eq(json_string_value(json_object_get(j, "status")), "ok");
     json_decref(j);
-}
-
-static uint64_t fnv1a(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 1099511628211ull;
-    }
-    return h;
 }
 
 static void key_hex(const char *model, cg_mode mode, const char *salt, const cg_key *sys,
@@ -160,7 +148,7 @@ START_TEST(completion_forwarded_with_chunk_cache)
     ck_assert_int_eq(json_integer_value(json_object_get(fake_echo, "prompt_len")),
                      (json_int_t)strlen(prompt));
     char fnv[17];
-    snprintf(fnv, sizeof fnv, "%016" PRIx64, fnv1a(prompt, strlen(prompt)));
+    snprintf(fnv, sizeof fnv, "%016" PRIx64, th_fnv1a(prompt, strlen(prompt)));
     ck_assert_str_eq(json_string_value(json_object_get(fake_echo, "prompt_fnv")), fnv);
     json_t *fields = json_object_get(fake_echo, "fields");
     ck_assert_uint_eq(json_array_size(fields), 3);

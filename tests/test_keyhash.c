@@ -136,9 +136,8 @@ START_TEST(sha256_end_to_end)
     ck_assert_str_eq(info_hash(wsha.port, buf, sizeof buf), "sha256");
     ck_assert_str_eq(info_hash(wxx.port, buf, sizeof buf), "xxhash");
     th_proc g;
-    const char *ge[] = {"--worker", usha, "--key-hash", "sha256", NULL};
-    ck_assert_int_eq(th_start_gateway(&g, CHUNKGATE_BIN, "gsha", ge), 0);
-    ck_assert(th_wait_worker(g.port, NULL, usha, 1));
+    const char *ge[] = {"--key-hash", "sha256", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "gsha", usha, NULL, ge), 0);
     const char *doc = "Key hash document: the harbour deepened to twelve metres.";
     char body[512];
     snprintf(body, sizeof body,

@@ -532,9 +532,7 @@ END_TEST
 int main(void)
 {
     cg_log_init("test_tiers_e2e", CG_LOG_WARN);
-    th_params tp = th_default_params();
-    tp.http_timeout_s = 300;
-    th_init("test_tiers", &tp);
+    th_init("test_tiers", &(th_params){.http_timeout_s = 300});
     th_path(model_dir, sizeof model_dir, "model");
     const char *seed[] = {"--seed", "3", NULL};
     if (!(model = th_model_gen_open(WORKER_BIN, model_dir, seed))) return EXIT_FAILURE;

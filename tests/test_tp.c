@@ -388,9 +388,7 @@ int main(void)
 {
     int failed = 1;
     cg_log_init("test_tp", CG_LOG_WARN);
-    th_params tp = th_default_params();
-    tp.http_timeout_s = 300;
-    th_init("test_tp", &tp);
+    th_init("test_tp", &(th_params){.http_timeout_s = 300});
     th_path(model_dir, sizeof model_dir, "model");
     th_path(other_dir, sizeof other_dir, "model-other");
     th_path(kv2_dir, sizeof kv2_dir, "model-kv2");

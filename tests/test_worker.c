@@ -20,7 +20,6 @@
 #include "kv/kvwire.h"
 #include "tests/harness/harness.h"
 
-
 static char model_dir[300], data_dir[300];
 static th_proc worker;
 static cg_model *model; /* the same model, loaded in-process for reference answers */
@@ -811,9 +810,7 @@ END_TEST
 int main(void)
 {
     cg_log_init("test_worker", CG_LOG_WARN);
-    th_params tp = th_default_params();
-    tp.http_timeout_s = 300;
-    th_init("test_worker", &tp);
+    th_init("test_worker", &(th_params){.http_timeout_s = 300});
     th_path(model_dir, sizeof model_dir, "model");
     th_path(data_dir, sizeof data_dir, "data/sub");
     const char *seed[] = {"--seed", "3", NULL};

@@ -61,8 +61,8 @@ typedef struct th_params {
 } th_params;
 
 th_params th_default_params(void);
-/* Starts an integration suite or bench: ignores SIGPIPE, initialises libcurl, applies p (NULL:
- * the defaults) and creates the temporary directory /tmp/cg_<name>_XXXXXX (mode 0755, so
+/* Starts an integration suite or bench: ignores SIGPIPE, initialises libcurl, applies p (NULL,
+ * or a field left 0: the default) and creates the temporary directory /tmp/cg_<name>_XXXXXX (mode 0755, so
  * processes running as nobody reach it). Aborts when the directory cannot be made. */
 void th_init(const char *name, const th_params *p);
 /* The settings in force. */
@@ -160,6 +160,11 @@ int th_start_worker(th_proc *p, const char *worker_bin, const char *model_dir, i
  * --data-dir th_root()/<name>-data. Returns 0 or -1. */
 int th_start_gateway(th_proc *p, const char *gateway_bin, const char *name,
                      const char *const *extra);
+/* th_start_gateway with --worker worker_url before extra, then waits until the gateway reports
+ * that worker healthy (th_wait_worker; token for GET /v1/workers, may be NULL). Returns 0 or
+ * -1. */
+int th_start_gateway_to(th_proc *p, const char *gateway_bin, const char *name,
+                        const char *worker_url, const char *token, const char *const *extra);
 /* tests/fake_backend with args, log <name>.log (it prints "PORT <n>"). Returns 0 or -1. */
 int th_start_fake(th_proc *p, const char *fake_bin, const char *name, const char *const *args);
 

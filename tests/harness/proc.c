@@ -29,7 +29,10 @@ void th_init(const char *name, const th_params *p)
 {
     signal(SIGPIPE, SIG_IGN);
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    params = p ? *p : th_default_params();
+    params = th_default_params();
+    if (p && p->start_wait_ms) params.start_wait_ms = p->start_wait_ms;
+    if (p && p->http_timeout_s) params.http_timeout_s = p->http_timeout_s;
+    if (p && p->sse_timeout_s) params.sse_timeout_s = p->sse_timeout_s;
     snprintf(root, sizeof root, "/tmp/cg_%s_XXXXXX", name);
     if (!mkdtemp(root)) abort();
     chmod(root, 0755); /* processes running as nobody must reach their own directories */
@@ -381,6 +384,15 @@ int th_start_gateway(th_proc *p, const char *gateway_bin, const char *name,
     if (!names(extra, "--data-dir")) args[n++] = "--data-dir", args[n++] = data;
     with_extra(args, n, extra);
     return th_spawn(p, gateway_bin, args, NULL, log, "listening on 127.0.0.1:", 0);
+}
+
+int th_start_gateway_to(th_proc *p, const char *gateway_bin, const char *name,
+                        const char *worker_url, const char *token, const char *const *extra)
+{
+    const char *args[64] = {"--worker", worker_url};
+    with_extra(args, 2, extra);
+    if (th_start_gateway(p, gateway_bin, name, args) != 0) return -1;
+    return th_wait_worker(p->port, token, worker_url, 1) ? 0 : -1;
 }
 
 int th_start_fake(th_proc *p, const char *fake_bin, const char *name, const char *const *args)
