@@ -41,16 +41,8 @@ static size_t on_write(char *d, size_t sz, size_t n, void *ud)
 static void conn_init(conn *c)
 {
     memset(c, 0, sizeof *c);
-    c->e = curl_easy_init();
     cg_buf_init(&c->body, 0);
-    c->h = curl_slist_append(NULL, "Content-Type: application/json");
-    c->h = curl_slist_append(c->h, "Expect:");
-    curl_easy_setopt(c->e, CURLOPT_HTTPHEADER, c->h);
-    curl_easy_setopt(c->e, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(c->e, CURLOPT_WRITEDATA, c);
-    curl_easy_setopt(c->e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c->e, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(c->e, CURLOPT_TIMEOUT, 120L);
+    c->e = th_easy_json(on_write, c, 120, &c->h);
 }
 
 /* Prepares a POST on c (keep-alive: the handle keeps its connection). */

@@ -274,16 +274,9 @@ int main(int argc, char **argv)
     conn *cs = cg_calloc((size_t)conns, sizeof *cs);
     for (int i = 0; i < conns; i++) {
         conn *c = &cs[i];
-        c->e = curl_easy_init();
         cg_buf_init(&c->resp, 0);
-        c->h = curl_slist_append(NULL, "Content-Type: application/json");
-        c->h = curl_slist_append(c->h, "Expect:");
-        curl_easy_setopt(c->e, CURLOPT_HTTPHEADER, c->h);
-        curl_easy_setopt(c->e, CURLOPT_WRITEFUNCTION, on_write);
-        curl_easy_setopt(c->e, CURLOPT_WRITEDATA, c);
+        c->e = th_easy_json(on_write, c, 120, &c->h);
         curl_easy_setopt(c->e, CURLOPT_PRIVATE, c);
-        curl_easy_setopt(c->e, CURLOPT_TIMEOUT, 120L);
-        curl_easy_setopt(c->e, CURLOPT_NOSIGNAL, 1L);
         start(m, c);
     }
     double t0 = th_now_s(), end = t0 + seconds, next_report = t0 + 10;

@@ -11,11 +11,9 @@
 
 #include "cache/key.h"
 #include "tests/harness/harness.h"
+#include "tests/key_vectors.h"
 
 #define MODEL "chunkgate-tiny"
-
-static const cg_key SYS_KEY = {{0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a,
-                                0x0b, 0x0c, 0x0d, 0x0e, 0x0f}};
 
 static void hex_with(cg_key_hash h, const char *model, cg_mode mode, const char *salt,
                      const cg_key *sys, const char *text, char out[CG_KEY_HEX_LEN + 1])
@@ -25,36 +23,12 @@ static void hex_with(cg_key_hash h, const char *model, cg_mode mode, const char 
     cg_key_hex(&k, out);
 }
 
-/* The same six inputs as tests/test_key.c's XXH3 vectors:
- *   enc = b"".join(len(f).to_bytes(8, "little") + f for f in fields)
- *   hashlib.sha256(enc).hexdigest()[:32] */
+/* The pinned SHA-256 vectors, and the XXH3 ones with the same function (tests/key_vectors.h). */
 START_TEST(sha256_pinned_vectors)
 {
-    char x1000[1001];
-    memset(x1000, 'x', 1000);
-    x1000[1000] = '\0';
-    static const char grusse[] = "Gr\xC3\xBC\xC3\x9F"
-                                 "e, \xE4\xB8\x96\xE7\x95\x8C";
-    struct {
-        const char *model, *salt, *text;
-        cg_mode mode;
-        const cg_key *sys;
-        const char *sha, *xxh;
-    } v[] = {
-        {"tiny-llama", "", "hello world", CG_MODE_STRICT, NULL, "2b4ce80937a368f0dabd1da3b019a795",
-         "3d66d47f0c6ab0ef02f5a9b0263224f5"},
-        {"tiny-llama", "tenant-a", "Document A.", CG_MODE_SYS, &SYS_KEY,
-         "833519ee6be9a4af1b655e5dc476fb2e", "9b33b2aff5ac8fa2c69006478c488a70"},
-        {"m", "", "", CG_MODE_STRICT, NULL, "b5ed2f2f574b255a894d3c3f68913915",
-         "de520ea750b25fb877f992029de4d6f0"},
-        {"tiny-llama", "", "You are a careful assistant.", CG_MODE_SYS, NULL,
-         "45fc49f777b6db5f1641eabe17dc6181", "c36f67c70e96a86e4d456bd7172f81fe"},
-        {"tiny-llama", "", grusse, CG_MODE_STRICT, NULL, "2ff9a81e9e9f47eddc5a55856a36c72e",
-         "205ac4dd805ad19a03b660b1e3ab9bbf"},
-        {"tiny-llama", "salt", x1000, CG_MODE_STRICT, NULL, "760d03abda5338f05f18ba9310c882ac",
-         "35ccfae14a730900aa7073433f949c8f"},
-    };
-    for (size_t i = 0; i < CG_ARRAY_LEN(v); i++) {
+    size_t n;
+    const key_vector *v = key_vectors(&n);
+    for (size_t i = 0; i < n; i++) {
         char hex[CG_KEY_HEX_LEN + 1];
         hex_with(CG_KEY_HASH_SHA256, v[i].model, v[i].mode, v[i].salt, v[i].sys, v[i].text, hex);
         ck_assert_msg(!strcmp(hex, v[i].sha), "sha256 vector %zu: %s want %s", i, hex, v[i].sha);

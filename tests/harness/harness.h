@@ -193,6 +193,12 @@ typedef struct th_resp {
     double secs;     /* how long the request took */
 } th_resp;
 
+/* A new easy handle for JSON requests (Content-Type: application/json, no Expect, TCP_NODELAY,
+ * no signals, timeout_s) that hands the answer's bytes to write(ud); it keeps its connection
+ * across requests. *headers gets the header list: free it with curl_slist_free_all after
+ * curl_easy_cleanup. */
+CURL *th_easy_json(curl_write_callback write, void *ud, long timeout_s,
+                   struct curl_slist **headers);
 /* Sends q to 127.0.0.1:port (with Content-Type: application/json and no Expect) and fills r;
  * free r with th_resp_free. */
 void th_send(th_resp *r, int port, const th_req *q);

@@ -53,24 +53,32 @@ typedef struct xfer {
     char url[1024];
 } xfer;
 
+CURL *th_easy_json(curl_write_callback write, void *ud, long timeout_s, struct curl_slist **headers)
+{
+    CURL *e = curl_easy_init();
+    *headers = curl_slist_append(NULL, "Expect:");
+    *headers = curl_slist_append(*headers, "Content-Type: application/json");
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, *headers);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, ud);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT, timeout_s);
+    return e;
+}
+
 static void xfer_setup(xfer *x, th_resp *r, int port, const th_req *q)
 {
     memset(r, 0, sizeof *r);
     cg_buf_init(&r->body, 0);
     cg_buf_init(&r->head, 0);
-    x->e = curl_easy_init();
     x->s = (sink){r, q->stop_after};
+    x->e = th_easy_json(on_body, &x->s,
+                        q->timeout_s ? q->timeout_s : th_params_now()->http_timeout_s, &x->h);
     snprintf(x->url, sizeof x->url, "http://127.0.0.1:%d%s", port, q->path);
     curl_easy_setopt(x->e, CURLOPT_URL, x->url);
-    curl_easy_setopt(x->e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(x->e, CURLOPT_TIMEOUT,
-                     q->timeout_s ? q->timeout_s : th_params_now()->http_timeout_s);
-    curl_easy_setopt(x->e, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(x->e, CURLOPT_WRITEDATA, &x->s);
     curl_easy_setopt(x->e, CURLOPT_HEADERFUNCTION, on_head);
     curl_easy_setopt(x->e, CURLOPT_HEADERDATA, r);
-    x->h = curl_slist_append(NULL, "Expect:");
-    x->h = curl_slist_append(x->h, "Content-Type: application/json");
     if (q->token) {
         char auth[512];
         snprintf(auth, sizeof auth, "Authorization: Bearer %s", q->token);
