@@ -98,6 +98,16 @@ static void key_hex(const char *model, cg_mode mode, const char *salt, const cg_
     cg_key_hex(&k, out);
 }
 
+/* Asserts that segment i of segs (an answer's chunk_cache segments) is keyed as text is under
+ * mode, salt and system key sys. */
+static void assert_seg_key(json_t *segs, size_t i, cg_mode mode, const char *salt,
+                           const cg_key *sys, const char *text)
+{
+    char hex[CG_KEY_HEX_LEN + 1];
+    key_hex(MODEL, mode, salt, sys, text, hex);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, i), "key")), hex);
+}
+
 /* A string unique to this test run, so index counts do not depend on other tests. */
 static void nonce(char *out, size_t n)
 {
@@ -182,9 +192,7 @@ START_TEST(completion_forwarded_with_chunk_cache)
     const char *roles[] = {"system", "chunk", "chunk"};
     for (size_t i = 0; i < 3; i++) {
         json_t *s = json_array_get(segs, i);
-        char hex[CG_KEY_HEX_LEN + 1];
-        key_hex(MODEL, CG_MODE_STRICT, "tenant-a", NULL, texts[i], hex);
-        ck_assert_str_eq(json_string_value(json_object_get(s, "key")), hex);
+        assert_seg_key(segs, i, CG_MODE_STRICT, "tenant-a", NULL, texts[i]);
         ck_assert_str_eq(json_string_value(json_object_get(s, "role")), roles[i]);
         ck_assert_int_eq(json_integer_value(json_object_get(s, "bytes")),
                          (json_int_t)strlen(texts[i]));
@@ -220,15 +228,13 @@ START_TEST(completion_passthrough_and_modes)
     free(b);
     json_t *segs = json_object_get(json_object_get(j, "chunk_cache"), "segments");
     ck_assert_uint_eq(json_array_size(segs), 2);
-    char sys_text[96], doc_text[96], hex[CG_KEY_HEX_LEN + 1];
+    char sys_text[96], doc_text[96];
     snprintf(sys_text, sizeof sys_text, "Sys %s", n);
     snprintf(doc_text, sizeof doc_text, "Doc %s", n);
     cg_key sk = cg_key_compute(MODEL, strlen(MODEL), CG_MODE_SYS, NULL, 0, NULL, sys_text,
                                strlen(sys_text));
-    key_hex(MODEL, CG_MODE_SYS, NULL, NULL, sys_text, hex);
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, 0), "key")), hex);
-    key_hex(MODEL, CG_MODE_SYS, NULL, &sk, doc_text, hex);
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, 1), "key")), hex);
+    assert_seg_key(segs, 0, CG_MODE_SYS, NULL, NULL, sys_text);
+    assert_seg_key(segs, 1, CG_MODE_SYS, NULL, &sk, doc_text);
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "chunk_cache"), "mode")),
                      "sys");
     json_decref(j);
@@ -347,9 +353,7 @@ START_TEST(chat_with_documents)
     ck_assert_uint_eq(json_array_size(segs), 3);
     const char *texts[] = {sys, d1, d2}, *roles[] = {"system", "chunk", "chunk"};
     for (size_t i = 0; i < 3; i++) {
-        char hex[CG_KEY_HEX_LEN + 1];
-        key_hex(MODEL, CG_MODE_STRICT, "t1", NULL, texts[i], hex);
-        ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, i), "key")), hex);
+        assert_seg_key(segs, i, CG_MODE_STRICT, "t1", NULL, texts[i]);
         ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, i), "role")),
                          roles[i]);
     }
@@ -390,11 +394,8 @@ START_TEST(chat_separators_in_messages)
     json_t *j = th_call_text(gw.port, "POST", "/v1/chat/completions", b, NULL, 200);
     json_t *segs = json_object_get(json_object_get(j, "chunk_cache"), "segments");
     ck_assert_uint_eq(json_array_size(segs), 2);
-    char hex[CG_KEY_HEX_LEN + 1];
-    key_hex(MODEL, CG_MODE_STRICT, NULL, NULL, sys, hex);
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, 0), "key")), hex);
-    key_hex(MODEL, CG_MODE_STRICT, NULL, NULL, chunk, hex);
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, 1), "key")), hex);
+    assert_seg_key(segs, 0, CG_MODE_STRICT, NULL, NULL, sys);
+    assert_seg_key(segs, 1, CG_MODE_STRICT, NULL, NULL, chunk);
     json_t *sent = json_loads(b, 0, NULL);
     ck_assert(json_equal(json_object_get(json_object_get(j, "fake"), "messages"),
                          json_object_get(sent, "messages")));

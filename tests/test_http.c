@@ -290,6 +290,17 @@ static void assert_error(th_resp *r, long status, const char *code)
     th_assert_error(r, status, code, NULL);
 }
 
+/* Locks prod_mu and waits (up to secs) until *flag is set; returns with prod_mu held. */
+static void wait_locked(const int *flag, int secs)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += secs;
+    pthread_mutex_lock(&prod_mu);
+    while (!*flag && pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
+    }
+}
+
 /* ------------------------------------------------------------ tests */
 
 START_TEST(routing)
@@ -498,19 +509,21 @@ START_TEST(stream_complete)
 }
 END_TEST
 
+/* Reads path, hangs up after stop_after bytes (asserting the cut), and waits up to secs for
+ * *flag under prod_mu; returns with prod_mu held. */
+static void hang_up_and_wait(const char *path, size_t stop_after, int secs, const int *flag)
+{
+    th_resp r;
+    http_cut(&r, "GET", path, NULL, 0, NULL, 0, stop_after);
+    ck_assert_int_eq(r.rc, CURLE_WRITE_ERROR);
+    th_resp_free(&r);
+    wait_locked(flag, secs);
+}
+
 /* The client leaves after the first bytes: the producer's push must fail soon after. */
 START_TEST(stream_client_disconnect)
 {
-    th_resp r;
-    http_cut(&r, "GET", "/t/slow", NULL, 0, NULL, 0, 1);
-    ck_assert_int_eq(r.rc, CURLE_WRITE_ERROR);
-    th_resp_free(&r);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += 5;
-    pthread_mutex_lock(&prod_mu);
-    while (!prod_gone_seen && pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
-    }
+    hang_up_and_wait("/t/slow", 1, 5, &prod_gone_seen);
     int gone = prod_gone_seen, pushed = prod_pushed;
     pthread_mutex_unlock(&prod_mu);
     ck_assert_msg(gone, "producer never learned that the client left");
@@ -521,16 +534,7 @@ END_TEST
 /* Idle stream: only the heartbeat poke can notice the client left; the notify fires. */
 START_TEST(stream_idle_disconnect_heartbeat)
 {
-    th_resp r;
-    http_cut(&r, "GET", "/t/idle", NULL, 0, NULL, 0, 5);
-    ck_assert_int_eq(r.rc, CURLE_WRITE_ERROR);
-    th_resp_free(&r);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += 6;
-    pthread_mutex_lock(&prod_mu);
-    while (!prod_finished && pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
-    }
+    hang_up_and_wait("/t/idle", 5, 6, &prod_finished);
     int gone = prod_gone_seen, ngone = notify_gone;
     pthread_mutex_unlock(&prod_mu);
     ck_assert_msg(gone, "an idle stream never noticed its client left");
@@ -627,12 +631,7 @@ START_TEST(stop_with_live_stream)
     }
     pthread_join(stopper, NULL);
     ck_assert_ptr_null(s);
-    pthread_mutex_lock(&prod_mu);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += 5;
-    while (!prod_finished && pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
-    }
+    wait_locked(&prod_finished, 5);
     int gone = prod_gone_seen, pushed = prod_pushed;
     pthread_mutex_unlock(&prod_mu);
     ck_assert(gone);

@@ -316,24 +316,17 @@ END_TEST
 
 START_TEST(test_parse_heads)
 {
+    static const struct {
+        const char *spec;
+        uint32_t total, start, n;
+    } good[] = {{NULL, 4, 0, 4},  {"0-3", 4, 0, 4}, {"2", 4, 2, 1},
+                {"1-2", 4, 1, 2}, {"3-3", 4, 3, 1}, {"007", 8, 7, 1}};
     uint32_t a = 99, n = 99;
-    ck_assert_int_eq(cg_kvwire_parse_heads(NULL, 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 0);
-    ck_assert_uint_eq(n, 4);
-    ck_assert_int_eq(cg_kvwire_parse_heads("0-3", 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 0);
-    ck_assert_uint_eq(n, 4);
-    ck_assert_int_eq(cg_kvwire_parse_heads("2", 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 2);
-    ck_assert_uint_eq(n, 1);
-    ck_assert_int_eq(cg_kvwire_parse_heads("1-2", 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 1);
-    ck_assert_uint_eq(n, 2);
-    ck_assert_int_eq(cg_kvwire_parse_heads("3-3", 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 3);
-    ck_assert_uint_eq(n, 1);
-    ck_assert_int_eq(cg_kvwire_parse_heads("007", 8, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 7);
+    for (size_t i = 0; i < CG_ARRAY_LEN(good); i++) {
+        ck_assert_int_eq(cg_kvwire_parse_heads(good[i].spec, good[i].total, &a, &n), CG_OK);
+        ck_assert_uint_eq(a, good[i].start);
+        ck_assert_uint_eq(n, good[i].n);
+    }
     static const char *bad[] = {"",
                                 "-",
                                 "4",
