@@ -367,10 +367,7 @@ END_TEST
 static uint64_t rng_state = 0xB7E151628AED2A6Bull;
 static uint64_t rnd(void)
 {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1Dull;
+    return th_xorshift64s(&rng_state);
 }
 
 typedef struct strv {

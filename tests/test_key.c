@@ -96,10 +96,7 @@ END_TEST
 static uint64_t rng_state = 0x243F6A8885A308D3ull;
 static uint64_t rnd(void)
 {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1Dull;
+    return th_xorshift64s(&rng_state);
 }
 
 static void fill(char *p, size_t n)

@@ -103,6 +103,8 @@ int th_flip_bytes(const char *path, size_t slot, size_t first, size_t step, size
 void th_sleep_ms(int ms);
 /* The next value of a SplitMix64 sequence (deterministic test data). */
 uint64_t th_splitmix64(uint64_t *state);
+/* The next value of an xorshift64* sequence (deterministic: a failure reproduces). */
+uint64_t th_xorshift64s(uint64_t *state);
 /* A deterministic, hash-like chunk key for integer i (real keys are XXH3 output: random
  * bytes); salt picks another sequence. */
 cg_key th_key_of(uint64_t i, uint64_t salt);

@@ -143,6 +143,14 @@ uint64_t th_splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
+uint64_t th_xorshift64s(uint64_t *state)
+{
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return *state * 0x2545F4914F6CDD1Dull;
+}
+
 cg_key th_key_of(uint64_t i, uint64_t salt)
 {
     cg_key k;
