@@ -243,17 +243,14 @@ static double throughput(int n, int direct, double seconds, double *p50, double 
     int running = n, failures = 0, active = n; /* handles added and not yet removed */
     while (running > 0) {
         curl_multi_perform(m, &running);
-        CURLMsg *msg;
-        int left;
-        while ((msg = curl_multi_info_read(m, &left))) {
-            if (msg->msg != CURLMSG_DONE) continue;
-            client *c = NULL;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&c);
+        CURL *e;
+        CURLcode rc;
+        client *c = NULL;
+        while ((e = th_multi_done(m, &rc, (void **)&c))) {
             long st = 0;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &st);
-            curl_multi_remove_handle(m, msg->easy_handle);
+            curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &st);
             active--;
-            if (msg->data.result != CURLE_OK || st != 200) failures++;
+            if (rc != CURLE_OK || st != 200) failures++;
             uint64_t now = cg_now_ns();
             if (c->direct && c->step == 0) {
                 c->step = 1;

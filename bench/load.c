@@ -284,14 +284,9 @@ int main(int argc, char **argv)
     usage gmax = g0, wmax = w0;
     while (running > 0) {
         curl_multi_perform(m, &running);
-        CURLMsg *msg;
-        int left;
-        while ((msg = curl_multi_info_read(m, &left))) {
-            if (msg->msg != CURLMSG_DONE) continue;
-            conn *c;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&c);
-            CURLcode rc = msg->data.result;
-            curl_multi_remove_handle(m, c->e);
+        CURLcode rc;
+        conn *c;
+        while (th_multi_done(m, &rc, (void **)&c)) {
             record(c, rc);
             if (th_now_s() < end) {
                 start(m, c);

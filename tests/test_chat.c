@@ -213,51 +213,47 @@ START_TEST(test_custom_separator)
 }
 END_TEST
 
+/* Asserts that rendering m (n messages, docs) is refused with st and gives nothing. */
+static void expect_refused(const cg_chat_msg *m, size_t n, const char *const *docs, size_t n_docs,
+                           const cg_split_params *p, cg_status st)
+{
+    rendered r = render_docs(m, n, docs, n_docs, p);
+    ck_assert_int_eq(r.st, st);
+    ck_assert_uint_eq(r.text.len, 0);
+    ck_assert_uint_eq(r.segs.n, 0);
+    rendered_free(&r);
+}
+
 START_TEST(test_ambiguous_rendering_refused)
 {
     /* A role name holding the separator would add a segment on re-split. */
     cg_chat_msg m[] = {MSG("system", "S # # D"), MSG("x # # y", "q")};
-    rendered r = render_docs(m, 2, NULL, 0, NULL);
-    ck_assert_int_eq(r.st, CG_E_VALUE);
-    ck_assert_uint_eq(r.text.len, 0);
-    ck_assert_uint_eq(r.segs.n, 0);
-    rendered_free(&r);
+    expect_refused(m, 2, NULL, 0, NULL, CG_E_VALUE);
     /* A separator that forms across "<role>: " and the content. */
     cg_split_params p = cg_split_default_params();
     p.separator = ": #";
     cg_chat_msg m2[] = {MSG("system", "S : # D"), MSG("user", "#tag")};
-    r = render_docs(m2, 2, NULL, 0, &p);
-    ck_assert_int_eq(r.st, CG_E_VALUE);
-    rendered_free(&r);
+    expect_refused(m2, 2, NULL, 0, &p, CG_E_VALUE);
 }
 END_TEST
 
 START_TEST(test_invalid_utf8)
 {
     cg_chat_msg bad_content[] = {MSG("system", "S # # D"), MSG("user", "q \xC0\xAF")};
-    rendered r = render_docs(bad_content, 2, NULL, 0, NULL);
-    ck_assert_int_eq(r.st, CG_E_UTF8);
-    ck_assert_uint_eq(r.text.len, 0);
-    rendered_free(&r);
+    expect_refused(bad_content, 2, NULL, 0, NULL, CG_E_UTF8);
     /* Also when the request would pass through. */
     cg_chat_msg bad_plain[] = {MSG("user", "q \xED\xA0\x80")};
-    r = render_docs(bad_plain, 1, NULL, 0, NULL);
-    ck_assert_int_eq(r.st, CG_E_UTF8);
-    rendered_free(&r);
+    expect_refused(bad_plain, 1, NULL, 0, NULL, CG_E_UTF8);
     cg_chat_msg ok[] = {MSG("user", "q")};
     const char *bad_doc[] = {"fine", "trunc \xE4\xB8"};
-    r = render_docs(ok, 1, bad_doc, 2, NULL);
-    ck_assert_int_eq(r.st, CG_E_UTF8);
-    rendered_free(&r);
+    expect_refused(ok, 1, bad_doc, 2, NULL, CG_E_UTF8);
     cg_chat_msg bad_role[] = {MSG("us\xFF"
                                   "er",
                                   "a # # q")};
-    r = render_docs(bad_role, 1, NULL, 0, NULL);
-    ck_assert_int_eq(r.st, CG_E_UTF8);
-    rendered_free(&r);
+    expect_refused(bad_role, 1, NULL, 0, NULL, CG_E_UTF8);
     /* Valid multibyte text renders. */
     cg_chat_msg utf[] = {MSG("system", "Système # # 文書"), MSG("user", "質問？")};
-    r = render_docs(utf, 2, NULL, 0, NULL);
+    rendered r = render_docs(utf, 2, NULL, 0, NULL);
     const char *want[] = {"Système", "文書", "user: 質問？\nassistant:"};
     expect_rendered(&r, NULL, "Système\n# #\n文書\n# #\nuser: 質問？\nassistant:", want, 3, 0);
     rendered_free(&r);
@@ -276,11 +272,7 @@ START_TEST(test_too_many_segments)
     ck_assert_uint_eq(r.segs.n, 4);
     rendered_free(&r);
     /* One more: refused, nothing left behind. */
-    r = render_docs(m, 2, docs, 3, &p);
-    ck_assert_int_eq(r.st, CG_E_SEGMENTS);
-    ck_assert_uint_eq(r.segs.n, 0);
-    ck_assert_uint_eq(r.text.len, 0);
-    rendered_free(&r);
+    expect_refused(m, 2, docs, 3, &p, CG_E_SEGMENTS);
     /* The default limit of 256 counts every segment. */
     static char names[300][8];
     static const char *many[300];
@@ -292,9 +284,7 @@ START_TEST(test_too_many_segments)
     ck_assert_int_eq(r.st, CG_OK);
     ck_assert_uint_eq(r.segs.n, 256);
     rendered_free(&r);
-    r = render_docs(m, 2, many, 255, NULL);
-    ck_assert_int_eq(r.st, CG_E_SEGMENTS);
-    rendered_free(&r);
+    expect_refused(m, 2, many, 255, NULL, CG_E_SEGMENTS);
 }
 END_TEST
 
@@ -308,13 +298,9 @@ START_TEST(test_segment_size_and_buffer_cap)
     ck_assert_int_eq(r.st, CG_OK);
     rendered_free(&r);
     cg_chat_msg big[] = {MSG("system", "S # # 1234567890123456789"), MSG("user", "q")};
-    r = render_docs(big, 2, NULL, 0, &p);
-    ck_assert_int_eq(r.st, CG_E_SEGMENT_SIZE);
-    rendered_free(&r);
+    expect_refused(big, 2, NULL, 0, &p, CG_E_SEGMENT_SIZE);
     p.max_segment_bytes = 17;
-    r = render_docs(m, 2, NULL, 0, &p);
-    ck_assert_int_eq(r.st, CG_E_SEGMENT_SIZE);
-    rendered_free(&r);
+    expect_refused(m, 2, NULL, 0, &p, CG_E_SEGMENT_SIZE);
 
     /* text_out's cap. */
     size_t lens[1] = {0};

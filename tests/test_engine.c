@@ -212,11 +212,7 @@ static void strict_fidelity(cg_model *m)
     ck_assert_uint_eq(b.info.cached_tokens, chunk_tokens(&b));
     run ref2 = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
     assert_same(e, &b, &ref2, "strict hits at new offsets");
-    run_free(&a);
-    run_free(&ref);
-    run_free(&causal);
-    run_free(&b);
-    run_free(&ref2);
+    runs_free((run *[]){&a, &ref, &causal, &b, &ref2}, 5);
     ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
     cg_engine_close(&e);
 }
@@ -878,9 +874,7 @@ START_TEST(test_role_collision)
     ck_assert_int_eq(b.info.segs[1].hit, 0);
     run ref = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
     assert_same(e, &b, &ref, "chunk whose text equals a cached system text");
-    run_free(&a);
-    run_free(&b);
-    run_free(&ref);
+    runs_free((run *[]){&a, &b, &ref}, 3);
     cg_engine_close(&e);
 }
 END_TEST

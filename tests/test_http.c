@@ -267,14 +267,8 @@ static void teardown(void)
 static void http_cut(th_resp *r, const char *method, const char *path, const char *body, size_t len,
                      const char *const *headers, int chunked, size_t stop_after)
 {
-    th_req q = {.method = method,
-                .path = path,
-                .body = body,
-                .len = len,
-                .headers = headers,
-                .chunked = chunked,
-                .stop_after = stop_after,
-                .timeout_s = 20};
+    /* method, path, body, len, token, headers, chunked, stop_after, timeout_s */
+    th_req q = {method, path, body, len, NULL, headers, chunked, stop_after, 20};
     th_send(r, port, &q);
 }
 

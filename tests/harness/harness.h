@@ -62,8 +62,8 @@ typedef struct th_params {
 
 th_params th_default_params(void);
 /* Starts an integration suite or bench: ignores SIGPIPE, initialises libcurl, applies p (NULL,
- * or a field left 0: the default) and creates the temporary directory /tmp/cg_<name>_XXXXXX (mode 0755, so
- * processes running as nobody reach it). Aborts when the directory cannot be made. */
+ * or a field left 0: the default) and creates the temporary directory /tmp/cg_<name>_XXXXXX (mode
+ * 0755, so processes running as nobody reach it). Aborts when the directory cannot be made. */
 void th_init(const char *name, const th_params *p);
 /* The settings in force. */
 const th_params *th_params_now(void);
@@ -230,6 +230,10 @@ void th_expect(int port, const char *method, const char *path, const char *body,
 /* Sends q n times at once, over n connections, and waits for all; r[i] gets answer i (free
  * each with th_resp_free). */
 void th_send_many(th_resp *r, int n, int port, const th_req *q);
+
+/* The next transfer of m that has finished, removed from m, or NULL when none has; *rc gets its
+ * result and *priv (may be NULL) its CURLOPT_PRIVATE pointer. */
+CURL *th_multi_done(CURLM *m, CURLcode *rc, void **priv);
 
 /* 1 when j is the OpenAI error shape with this code: an error object with a non-empty string
  * message, a string type, a param that is null or a string, and code. */

@@ -132,32 +132,44 @@ void th_http(th_resp *r, int port, const char *method, const char *path, const c
     th_send(r, port, &q);
 }
 
+CURL *th_multi_done(CURLM *m, CURLcode *rc, void **priv)
+{
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(m, &left))) {
+        if (msg->msg != CURLMSG_DONE) continue;
+        CURL *e = msg->easy_handle;
+        *rc = msg->data.result;
+        if (priv) curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)priv);
+        curl_multi_remove_handle(m, e);
+        return e;
+    }
+    return NULL;
+}
+
 void th_send_many(th_resp *r, int n, int port, const th_req *q)
 {
     CURLM *m = curl_multi_init();
     xfer *x = cg_calloc((size_t)n, sizeof *x);
     for (int i = 0; i < n; i++) {
         xfer_setup(&x[i], &r[i], port, q);
+        curl_easy_setopt(x[i].e, CURLOPT_PRIVATE, (char *)&r[i]);
         curl_multi_add_handle(m, x[i].e);
     }
     double t0 = th_now_s();
     int running = 1;
     while (running) {
         curl_multi_perform(m, &running);
-        CURLMsg *msg;
-        int left;
-        while ((msg = curl_multi_info_read(m, &left)))
-            for (int i = 0; i < n; i++)
-                if (msg->msg == CURLMSG_DONE && msg->easy_handle == x[i].e) {
-                    r[i].rc = msg->data.result;
-                    r[i].secs = th_now_s() - t0;
-                }
+        CURLcode rc;
+        th_resp *done;
+        while (th_multi_done(m, &rc, (void **)&done)) {
+            done->rc = rc;
+            done->secs = th_now_s() - t0;
+        }
         if (running) curl_multi_poll(m, NULL, 0, 100, NULL);
     }
-    for (int i = 0; i < n; i++) {
-        curl_multi_remove_handle(m, x[i].e);
+    for (int i = 0; i < n; i++)
         xfer_done(&x[i], &r[i]);
-    }
     free(x);
     curl_multi_cleanup(m);
 }
