@@ -295,16 +295,12 @@ int main(int argc, char **argv)
     double seconds = 5;
     const char *level = "info";
     size_t doc_bytes = 1024;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--requests"))
-            requests = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--seconds"))
-            seconds = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--log-level"))
-            level = argv[i + 1];
-        else if (!strcmp(argv[i], "--doc-bytes"))
-            doc_bytes = (size_t)atol(argv[i + 1]);
-    }
+    const th_opt opt[] = {{"--requests", TH_OPT_INT, &requests},
+                          {"--seconds", TH_OPT_DOUBLE, &seconds},
+                          {"--log-level", TH_OPT_STR, &level},
+                          {"--doc-bytes", TH_OPT_SIZE, &doc_bytes}};
+    if (th_parse_opts(argc, argv, opt, CG_ARRAY_LEN(opt)) != 0)
+        fprintf(stderr, "usage: see the top of bench_gateway.c\n");
     if (requests < 10) requests = 10;
     setenv("OMP_WAIT_POLICY", "passive", 0);
     th_init("bench_gw", NULL);

@@ -314,38 +314,18 @@ int main(int argc, char **argv)
               .mmap_mib = -1,
               .batch_max = -1,
               .ckpt = -1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--keep") == 0) {
-            o.keep = 1;
-            continue;
-        }
-        if (!v) usage();
-        i++;
-        if (strcmp(a, "--chunks") == 0)
-            o.chunks = atol(v);
-        else if (strcmp(a, "--batch") == 0)
-            o.batch = atoi(v);
-        else if (strcmp(a, "--hit-pct") == 0)
-            o.hit_pct = atoi(v);
-        else if (strcmp(a, "--lookups") == 0)
-            o.lookups = atol(v);
-        else if (strcmp(a, "--updates") == 0)
-            o.updates = atol(v);
-        else if (strcmp(a, "--inserts") == 0)
-            o.inserts = atol(v);
-        else if (strcmp(a, "--mmap-mib") == 0)
-            o.mmap_mib = atol(v);
-        else if (strcmp(a, "--batch-max") == 0)
-            o.batch_max = atol(v);
-        else if (strcmp(a, "--checkpoint") == 0)
-            o.ckpt = atol(v);
-        else if (strcmp(a, "--dir") == 0)
-            o.dir = v;
-        else
-            usage();
-    }
+    const th_opt opt[] = {{"--keep", TH_OPT_FLAG, &o.keep},
+                          {"--chunks", TH_OPT_LONG, &o.chunks},
+                          {"--batch", TH_OPT_INT, &o.batch},
+                          {"--hit-pct", TH_OPT_INT, &o.hit_pct},
+                          {"--lookups", TH_OPT_LONG, &o.lookups},
+                          {"--updates", TH_OPT_LONG, &o.updates},
+                          {"--inserts", TH_OPT_LONG, &o.inserts},
+                          {"--mmap-mib", TH_OPT_LONG, &o.mmap_mib},
+                          {"--batch-max", TH_OPT_LONG, &o.batch_max},
+                          {"--checkpoint", TH_OPT_LONG, &o.ckpt},
+                          {"--dir", TH_OPT_STR, &o.dir}};
+    if (th_parse_opts(argc, argv, opt, CG_ARRAY_LEN(opt)) != 0) usage();
     if (o.chunks < 1 || o.chunks > 2000000000 || o.batch < 1 || o.batch > 64 || o.hit_pct < 0 ||
         o.hit_pct > 100 || o.lookups < 100 || o.updates < 1 || o.inserts < 1)
         usage();

@@ -223,16 +223,12 @@ static long warm(const char *body)
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--seconds"))
-            seconds = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--conns"))
-            conns = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--max-tokens"))
-            max_tokens = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--doc-bytes"))
-            doc_bytes = atoi(argv[i + 1]);
-    }
+    const th_opt opt[] = {{"--seconds", TH_OPT_INT, &seconds},
+                          {"--conns", TH_OPT_INT, &conns},
+                          {"--max-tokens", TH_OPT_INT, &max_tokens},
+                          {"--doc-bytes", TH_OPT_INT, &doc_bytes}};
+    if (th_parse_opts(argc, argv, opt, CG_ARRAY_LEN(opt)) != 0)
+        fprintf(stderr, "usage: see the top of load.c\n");
     if (conns < 1 || conns > MAX_CONNS) conns = 64;
     th_init("load", NULL);
     setenv("OMP_WAIT_POLICY", "passive", 0);

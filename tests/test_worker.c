@@ -53,6 +53,15 @@ static json_t *greedy(json_t *extra, long max_tokens)
     return b;
 }
 
+/* Decodes the assembly of a (greedy, max_tokens) through kv_transfer_params; asserts the status
+ * is want and returns the answer (caller decrefs). */
+static json_t *complete_assembly(json_t *a, long max_tokens, long want)
+{
+    json_t *ktp =
+        json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id", th_sget(a, "assembly_id"));
+    return call("POST", "/v1/completions", greedy(ktp, max_tokens), want);
+}
+
 /* The answer an in-process engine gives on the reference path (one forward under the mask). */
 static char *reference_text(const char *sys, const char *d1, const char *d2, const char *q,
                             uint32_t max_tokens)
@@ -196,22 +205,14 @@ START_TEST(test_kv_transfer_equals_prompt)
     /* via /v1/assemble + kv_transfer_params */
     json_t *a = call("POST", "/v1/assemble",
                      json_pack("{s:o}", "segments", th_segments(sys, DOCB, DOCA, QUESTION)), 200);
-    json_t *r1 = call("POST", "/v1/completions",
-                      greedy(json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id",
-                                       th_sget(a, "assembly_id")),
-                             24),
-                      200);
+    json_t *r1 = complete_assembly(a, 24, 200);
     char *t1 = completion_text(r1, NULL);
     json_t *u1 = json_object_get(r1, "usage");
     ck_assert_int_eq(th_iget(u1, "prompt_tokens"), th_iget(a, "n_tokens"));
     ck_assert_int_eq(th_iget(json_object_get(u1, "prompt_tokens_details"), "cached_tokens"),
                      th_iget(a, "cached_tokens"));
     /* consumed: a second use is 404 */
-    json_t *e = call("POST", "/v1/completions",
-                     greedy(json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id",
-                                      th_sget(a, "assembly_id")),
-                            4),
-                     404);
+    json_t *e = complete_assembly(a, 4, 404);
     th_assert_error_json(e, "not_found", NULL);
     json_decref(e);
 
@@ -275,11 +276,7 @@ START_TEST(test_recompute_and_sys)
     /* chunks hit (stored by earlier tests) or miss, either way their tokens are recomputed */
     ck_assert_int_ge(th_iget(a, "computed_tokens"),
                      (long long)(strlen(DOCA) + strlen(DOCB) + strlen(q)));
-    json_t *r = call("POST", "/v1/completions",
-                     greedy(json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id",
-                                      th_sget(a, "assembly_id")),
-                            16),
-                     200);
+    json_t *r = complete_assembly(a, 16, 200);
     char *t = completion_text(r, NULL);
     char *ref = th_engine_answer(model, sys, DOCA, DOCB, q, 16, CG_PATH_CAUSAL);
     ck_assert_str_eq(t, ref);

@@ -113,6 +113,27 @@ uint64_t th_fnv1a(const void *p, size_t n);
 /* Monotonic seconds. */
 double th_now_s(void);
 
+/* One command-line option of a bench, "--name value" (a flag takes no value): the value, read
+ * with atoi / atol / atof, stored into *dst. */
+typedef enum {
+    TH_OPT_FLAG,   /* int, set to 1 */
+    TH_OPT_INT,    /* int */
+    TH_OPT_LONG,   /* long */
+    TH_OPT_SIZE,   /* size_t */
+    TH_OPT_DOUBLE, /* double */
+    TH_OPT_STR,    /* const char *, borrowed from argv */
+} th_opt_type;
+
+typedef struct th_opt {
+    const char *name;
+    th_opt_type type;
+    void *dst;
+} th_opt;
+
+/* Reads argv[1..argc) into the n options. Returns 0, or -1 when an option is unknown (it and
+ * its value are skipped) or lacks its value. */
+int th_parse_opts(int argc, char **argv, const th_opt *opts, size_t n);
+
 /* ------------------------------------------------------------ processes */
 
 typedef struct th_proc {

@@ -1,6 +1,9 @@
 /* Test harness: building and running Check suites from lists of tests. */
 #include "tests/harness/harness.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 TCase *th_case(Suite *s, const char *name, double timeout_s, const TTest *const *tests)
 {
     TCase *tc = tcase_create(name);
@@ -38,4 +41,41 @@ int th_run_suite(const char *suite, const char *tcase, double timeout_s, th_fixt
 int th_run_tests(const char *suite, const char *tcase, double timeout_s, const TTest *const *tests)
 {
     return th_run_suite(suite, tcase, timeout_s, (th_fixture){0}, CK_FORK_GETENV, tests);
+}
+
+int th_parse_opts(int argc, char **argv, const th_opt *opts, size_t n)
+{
+    int rc = 0;
+    for (int i = 1; i < argc; i++) {
+        const th_opt *o = NULL;
+        for (size_t k = 0; k < n && !o; k++)
+            if (!strcmp(argv[i], opts[k].name)) o = &opts[k];
+        if (o && o->type == TH_OPT_FLAG) {
+            *(int *)o->dst = 1;
+            continue;
+        }
+        if (i + 1 >= argc) return -1;
+        const char *v = argv[++i];
+        if (!o) {
+            rc = -1;
+            continue;
+        }
+        switch (o->type) {
+        case TH_OPT_INT:
+            *(int *)o->dst = atoi(v);
+            break;
+        case TH_OPT_LONG:
+            *(long *)o->dst = atol(v);
+            break;
+        case TH_OPT_SIZE:
+            *(size_t *)o->dst = (size_t)atol(v);
+            break;
+        case TH_OPT_DOUBLE:
+            *(double *)o->dst = atof(v);
+            break;
+        default:
+            *(const char **)o->dst = v;
+        }
+    }
+    return rc;
 }
