@@ -205,6 +205,18 @@ static double gbs(size_t bytes, double s)
     return (double)bytes / s / 1e9;
 }
 
+/* A table of throughputs: the header, then one row per measurement against its baseline. */
+static void ratio_head(const char *what, const char *ours, const char *baseline)
+{
+    printf("\n%-34s %10s %10s %8s\n", what, ours, baseline, "ratio");
+}
+
+/* GB/s of `bytes` in s seconds (ours) and base seconds (the baseline), and base / s. */
+static void ratio_row(const char *label, size_t bytes, double s, double base)
+{
+    printf("%-34s %10.2f %10.2f %8.2f\n", label, gbs(bytes, s), gbs(bytes, base), base / s);
+}
+
 static double best(double a, double b)
 {
     return a < b ? a : b;
@@ -313,11 +325,9 @@ int main(int argc, char **argv)
         pws = best(pws, secs(t0));
         pw = best(pw, t);
     }
-    printf("\n%-34s %10s %10s %8s\n", "write", "disk GB/s", "pwrite", "ratio");
-    printf("%-34s %10.2f %10.2f %8.2f\n", "spill vs pwrite (page cache)", gbs(b.total, sp),
-           gbs(b.total, pw), pw / sp);
-    printf("%-34s %10.2f %10.2f %8.2f\n", "spill vs pwrite, + fdatasync", gbs(b.total, sps),
-           gbs(b.total, pws), pws / sps);
+    ratio_head("write", "disk GB/s", "pwrite");
+    ratio_row("spill vs pwrite (page cache)", b.total, sp, pw);
+    ratio_row("spill vs pwrite, + fdatasync", b.total, sps, pws);
     /* The worker spills inside the pool's eviction callback: this is how long one evicted
      * chunk holds the pool lock (page cache; no fdatasync unless the tier's sync is on). */
     printf("%-34s %10.1f us per chunk of %zu bytes\n", "spill (pool lock held)",
@@ -350,13 +360,10 @@ int main(int argc, char **argv)
             rw = best(rw, run_restore(&b, NULL));
         }
     }
-    printf("\n%-34s %10s %10s %8s\n", "read", "disk GB/s", "pread", "ratio");
-    printf("%-34s %10.2f %10.2f %8.2f\n", "restore, cold, in slot order", gbs(b.total, rc),
-           gbs(b.total, pc), pc / rc);
-    printf("%-34s %10.2f %10.2f %8.2f\n", "restore, cold, shuffled chunks", gbs(b.total, rr),
-           gbs(b.total, pr), pr / rr);
-    printf("%-34s %10.2f %10.2f %8.2f\n", "restore, warm page cache", gbs(b.total, rw),
-           gbs(b.total, pwm), pwm / rw);
+    ratio_head("read", "disk GB/s", "pread");
+    ratio_row("restore, cold, in slot order", b.total, rc, pc);
+    ratio_row("restore, cold, shuffled chunks", b.total, rr, pr);
+    ratio_row("restore, warm page cache", b.total, rw, pwm);
     printf("\nposix_fadvise(DONTNEED): at most %.1f%% of kv.blocks resident right after it "
            "(mincore) -> %s\n",
            100.0 * res_max, res_max < 0.05 ? "took effect" : "did NOT fully take effect");
@@ -413,11 +420,9 @@ int main(int argc, char **argv)
         }
     }
     cg_engine_stats es = cg_engine_get_stats(e);
-    printf("\n%-34s %10s %10s %8s\n", "restore into the RAM pool", "engine GB/s", "pread", "ratio");
-    printf("%-34s %10.2f %10.2f %8.2f\n", "engine restore, cold, slot order", gbs(b.total, ec),
-           gbs(b.total, epc), epc / ec);
-    printf("%-34s %10.2f %10.2f %8.2f\n", "engine restore, warm page cache", gbs(b.total, ew),
-           gbs(b.total, epw), epw / ew);
+    ratio_head("restore into the RAM pool", "engine GB/s", "pread");
+    ratio_row("engine restore, cold, slot order", b.total, ec, epc);
+    ratio_row("engine restore, warm page cache", b.total, ew, epw);
     printf("%-34s %10.1f us cold, %.1f us warm per chunk\n", "engine restore",
            ec / (double)b.n_chunks * 1e6, ew / (double)b.n_chunks * 1e6);
     printf("engine: restores %llu, restore failures %llu, spills %llu (already on disk: LRU "

@@ -198,12 +198,7 @@ static void sql_exec(const char *sql)
 {
     char p[160];
     path_in(p, sizeof p, "kv.db");
-    sqlite3 *db = NULL;
-    ck_assert_int_eq(sqlite3_open(p, &db), SQLITE_OK);
-    char *err = NULL;
-    int rc = sqlite3_exec(db, sql, NULL, NULL, &err);
-    ck_assert_msg(rc == SQLITE_OK, "%s: %s", sql, err ? err : "?");
-    sqlite3_close(db);
+    th_sql_exec(p, sql);
 }
 
 typedef struct dst_t {

@@ -431,14 +431,9 @@ START_TEST(locked_index_keeps_serving)
             w1, w2, failed);
     ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
     /* the file is consistent */
-    sqlite3 *c = NULL;
-    ck_assert_int_eq(sqlite3_open(db, &c), SQLITE_OK);
-    sqlite3_stmt *st = NULL;
-    ck_assert_int_eq(sqlite3_prepare_v2(c, "PRAGMA integrity_check", -1, &st, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
-    ck_assert_str_eq((const char *)sqlite3_column_text(st, 0), "ok");
-    sqlite3_finalize(st);
-    sqlite3_close(c);
+    char *check = th_sql_text(db, "PRAGMA integrity_check");
+    ck_assert_str_eq(check, "ok");
+    free(check);
 }
 END_TEST
 

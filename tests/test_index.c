@@ -73,25 +73,15 @@ static void check_ok(cg_index *ix)
 /* Test-only raw access to the file, for properties the API deliberately hides. */
 static int64_t raw_int(const char *sql)
 {
-    sqlite3 *db = NULL;
-    sqlite3_stmt *s = NULL;
-    ck_assert_int_eq(sqlite3_open_v2(g_path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
-    int64_t v = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
-    sqlite3_close(db);
+    char *t = th_sql_text(g_path, sql);
+    int64_t v = atoll(t);
+    free(t);
     return v;
 }
 
 static void raw_exec(const char *sql)
 {
-    sqlite3 *db = NULL;
-    ck_assert_int_eq(sqlite3_open(g_path, &db), SQLITE_OK);
-    char *err = NULL;
-    int rc = sqlite3_exec(db, sql, NULL, NULL, &err);
-    ck_assert_msg(rc == SQLITE_OK, "%s: %s", sql, err ? err : "?");
-    sqlite3_close(db);
+    th_sql_exec(g_path, sql);
 }
 
 static cg_index_stats stats_of(cg_index *ix)
@@ -128,14 +118,9 @@ START_TEST(test_create_sets_version)
     ck_assert_int_eq(raw_int("PRAGMA application_id"), 0x43474958);
     ck_assert_int_eq(raw_int("SELECT count(*) FROM sqlite_schema WHERE name = 'chunks'"), 1);
     /* WAL mode is persistent in the file header. */
-    sqlite3 *db;
-    ck_assert_int_eq(sqlite3_open(g_path, &db), SQLITE_OK);
-    sqlite3_stmt *s;
-    ck_assert_int_eq(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &s, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
-    ck_assert_str_eq((const char *)sqlite3_column_text(s, 0), "wal");
-    sqlite3_finalize(s);
-    sqlite3_close(db);
+    char *mode = th_sql_text(g_path, "PRAGMA journal_mode");
+    ck_assert_str_eq(mode, "wal");
+    free(mode);
 }
 END_TEST
 

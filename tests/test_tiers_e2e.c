@@ -126,19 +126,9 @@ static const uint8_t *local_chunk_kv(const char *key_hex, size_t *len)
     if (!e) {
         ck_assert_int_eq(cg_engine_open(model, cg_engine_default_params(), &e), CG_OK);
         for (int i = 0; i < 4; i++) {
-            const char *d1 = DOC[(2 * i) % 8], *d2 = DOC[(2 * i + 1) % 8];
-            cg_engine_seg sg[4] = {{CG_ROLE_SYSTEM, SYS, strlen(SYS), NULL},
-                                   {CG_ROLE_CHUNK, d1, strlen(d1), NULL},
-                                   {CG_ROLE_CHUNK, d2, strlen(d2), NULL},
-                                   {CG_ROLE_QUESTION, QUESTION, strlen(QUESTION), NULL}};
-            cg_assemble_req ar = {.segs = sg,
-                                  .n_segs = 4,
-                                  .mode = CG_MODE_STRICT,
-                                  .reserve_tokens = -1,
-                                  .path = CG_PATH_CACHED};
             cg_assembly_info info;
-            char err[ERRLEN];
-            ck_assert_int_eq(cg_engine_assemble(e, &ar, 1, &info, err, sizeof err), CG_OK);
+            th_engine_assemble(e, SYS, DOC[(2 * i) % 8], DOC[(2 * i + 1) % 8], QUESTION,
+                               CG_PATH_CACHED, &info);
             ck_assert_int_eq(cg_engine_release(e, info.id, 1), CG_OK);
             cg_assembly_info_free(&info);
         }

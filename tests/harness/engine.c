@@ -7,11 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
-char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char *d2, const char *q,
-                       uint32_t max_tokens, int path)
+void th_engine_assemble(cg_engine *e, const char *sys, const char *d1, const char *d2,
+                        const char *q, int path, struct cg_assembly_info *info)
 {
-    cg_engine *e = NULL;
-    ck_assert_int_eq(cg_engine_open(m, cg_engine_default_params(), &e), CG_OK);
     cg_engine_seg s[4] = {{CG_ROLE_SYSTEM, sys, strlen(sys), NULL},
                           {CG_ROLE_CHUNK, d1, strlen(d1), NULL},
                           {CG_ROLE_CHUNK, d2, strlen(d2), NULL},
@@ -21,9 +19,19 @@ char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char 
                           .mode = CG_MODE_STRICT,
                           .reserve_tokens = -1,
                           .path = (cg_engine_path)path};
-    cg_assembly_info info;
     char err[512];
-    ck_assert_int_eq(cg_engine_assemble(e, &ar, 1, &info, err, sizeof err), CG_OK);
+    cg_status st = cg_engine_assemble(e, &ar, 1, info, err, sizeof err);
+    ck_assert_msg(st == CG_OK, "assemble: %s (%s)", cg_status_name(st), err);
+}
+
+char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char *d2, const char *q,
+                       uint32_t max_tokens, int path)
+{
+    cg_engine *e = NULL;
+    ck_assert_int_eq(cg_engine_open(m, cg_engine_default_params(), &e), CG_OK);
+    cg_assembly_info info;
+    th_engine_assemble(e, sys, d1, d2, q, path, &info);
+    char err[512];
     cg_complete_req cr = {.assembly_id = info.id, .max_tokens = max_tokens};
     cg_complete_result res;
     ck_assert_int_eq(cg_engine_complete(e, &cr, 1, &res, err, sizeof err), CG_OK);

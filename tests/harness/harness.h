@@ -351,6 +351,15 @@ int th_wait_healthz(int port);
  * at url healthy (1) or not (0); returns 1 or 0. */
 int th_wait_worker(int gport, const char *token, const char *url, int healthy);
 
+/* ------------------------------------------------------------ SQLite files */
+
+/* The first column of the first row sql gives on the database at path, opened read-only, as
+ * text; asserts there is one. Caller frees. */
+char *th_sql_text(const char *path, const char *sql);
+/* Runs sql on the database at path (tampering, as a bug or an operator could); asserts it
+ * worked. */
+void th_sql_exec(const char *path, const char *sql);
+
 /* ------------------------------------------------------------ raw sockets */
 
 /* A loopback port that was free a moment ago (for a process that must restart on it). */
@@ -376,6 +385,12 @@ typedef struct cg_model cg_model;
 /* chunkgate-worker generate-model --out dir plus extra args (th_gen_model), then the model
  * opened in-process. NULL when either fails (said on stderr). Close with cg_model_close. */
 cg_model *th_model_gen_open(const char *worker_bin, const char *dir, const char *const *extra);
+typedef struct cg_engine cg_engine;
+struct cg_assembly_info;
+/* Assembles the strict-mode prompt sys, d1, d2, q with e (borrowed) on path (at clock 1 ms);
+ * asserts it worked. *info is the caller's (cg_assembly_info_free). */
+void th_engine_assemble(cg_engine *e, const char *sys, const char *d1, const char *d2,
+                        const char *q, int path, struct cg_assembly_info *info);
 /* The greedy answer of an in-process engine on model m (borrowed) to the strict-mode prompt
  * sys, d1, d2, q computed on path (an engine path: CG_PATH_REFERENCE, CG_PATH_BYPASS, ...),
  * sanitised to UTF-8 as the worker does; asserts every step. Caller frees. */
