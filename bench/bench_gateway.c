@@ -70,6 +70,18 @@ static void conn_free(conn *c)
 
 /* ------------------------------------------------------------ workload */
 
+/* The options (see the top of the file). */
+static struct {
+    int requests;
+    double seconds;
+    const char *level;
+    size_t doc_bytes;
+} opt = {400, 5, "info", 1024};
+static const th_opt OPTS[] = {{"--requests", TH_OPT_INT, &opt.requests},
+                              {"--seconds", TH_OPT_DOUBLE, &opt.seconds},
+                              {"--log-level", TH_OPT_STR, &opt.level},
+                              {"--doc-bytes", TH_OPT_SIZE, &opt.doc_bytes}};
+
 static char *gw_body, *assemble_body;
 static int gw_port, w_port;
 
@@ -291,17 +303,9 @@ static double throughput(int n, int direct, double seconds, double *p50, double 
 
 int main(int argc, char **argv)
 {
-    int requests = 400;
-    double seconds = 5;
-    const char *level = "info";
-    size_t doc_bytes = 1024;
-    const th_opt opt[] = {{"--requests", TH_OPT_INT, &requests},
-                          {"--seconds", TH_OPT_DOUBLE, &seconds},
-                          {"--log-level", TH_OPT_STR, &level},
-                          {"--doc-bytes", TH_OPT_SIZE, &doc_bytes}};
-    if (th_parse_opts(argc, argv, opt, CG_ARRAY_LEN(opt)) != 0)
-        fprintf(stderr, "usage: see the top of bench_gateway.c\n");
-    if (requests < 10) requests = 10;
+    /* unknown options are ignored, as before */
+    (void)th_parse_opts(argc, argv, OPTS, CG_ARRAY_LEN(OPTS));
+    if (opt.requests < 10) opt.requests = 10;
     setenv("OMP_WAIT_POLICY", "passive", 0);
     th_init("bench_gw", NULL);
     char model[300];
@@ -313,15 +317,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "the worker did not start (logs in %s)\n", th_root());
         return 1;
     }
-    const char *gargs[] = {"--worker", w.url, "--log-level", level, NULL};
-    if (th_start_gateway(&gw, CHUNKGATE_BIN, "gateway", gargs) != 0 || !th_wait_healthz(gw.port)) {
+    /* On a port chosen here and waited for with /healthz: at --log-level warn the gateway does
+     * not log the port it listens on. */
+    char listen[64], gdata[300];
+    int gport = th_free_port();
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", gport);
+    const char *gargs[] = {
+        "--listen",    listen,       "--worker",
+        w.url,         "--data-dir", th_path(gdata, sizeof gdata, "gateway-data"),
+        "--log-level", opt.level,    NULL};
+    if (th_spawn(&gw, CHUNKGATE_BIN, gargs, NULL, "gateway.log", NULL, 0) != 0 ||
+        !th_wait_healthz(gport)) {
         fprintf(stderr, "the gateway did not start (logs in %s)\n", th_root());
         return 1;
     }
     w_port = w.port;
-    gw_port = gw.port;
+    gw_port = gport;
     th_sleep_ms(200); /* the worker's first health check and inventory sync */
-    make_workload(doc_bytes);
+    make_workload(opt.doc_bytes);
 
     conn g, a, b;
     conn_init(&g);
@@ -332,10 +345,10 @@ int main(int argc, char **argv)
         one_direct(&a, &b);
     }
     double cpu0 = cpu_seconds(gw.pid);
-    double *tg = cg_malloc((size_t)requests * sizeof *tg);
-    double *td = cg_malloc((size_t)requests * sizeof *td);
-    double *diff = cg_malloc((size_t)requests * sizeof *diff);
-    for (int i = 0; i < requests; i++) {
+    double *tg = cg_malloc((size_t)opt.requests * sizeof *tg);
+    double *td = cg_malloc((size_t)opt.requests * sizeof *td);
+    double *diff = cg_malloc((size_t)opt.requests * sizeof *diff);
+    for (int i = 0; i < opt.requests; i++) {
         /* alternate the order so drift and caches favour neither */
         if (i & 1) {
             tg[i] = one_gateway(&g);
@@ -346,7 +359,7 @@ int main(int argc, char **argv)
         }
         diff[i] = tg[i] - td[i];
     }
-    double gw_cpu_us = (cpu_seconds(gw.pid) - cpu0) * 1e6 / requests;
+    double gw_cpu_us = (cpu_seconds(gw.pid) - cpu0) * 1e6 / opt.requests;
     json_t *check = json_loadb(g.body.data, g.body.len, 0, NULL);
     json_int_t cached = json_integer_value(
         json_object_get(json_object_get(json_object_get(check, "usage"), "prompt_tokens_details"),
@@ -354,11 +367,12 @@ int main(int argc, char **argv)
     json_decref(check);
     printf("workload: system 200 B, 2 documents of %zu B (cached), question 35 B, max_tokens 1; "
            "cached_tokens per request %lld; gateway log level %s\n",
-           doc_bytes, (long long)cached, level);
-    printf("sequential latency, %d requests each, interleaved (microseconds):\n", requests);
-    double dg50 = pct(td, (size_t)requests, 0.5), dg99 = pct(td, (size_t)requests, 0.99);
-    double gg50 = pct(tg, (size_t)requests, 0.5), gg99 = pct(tg, (size_t)requests, 0.99);
-    double df50 = pct(diff, (size_t)requests, 0.5), df99 = pct(diff, (size_t)requests, 0.99);
+           opt.doc_bytes, (long long)cached, opt.level);
+    printf("sequential latency, %d requests each, interleaved (microseconds):\n", opt.requests);
+    double dg50 = pct(td, (size_t)opt.requests, 0.5), dg99 = pct(td, (size_t)opt.requests, 0.99);
+    double gg50 = pct(tg, (size_t)opt.requests, 0.5), gg99 = pct(tg, (size_t)opt.requests, 0.99);
+    double df50 = pct(diff, (size_t)opt.requests, 0.5),
+           df99 = pct(diff, (size_t)opt.requests, 0.99);
     printf("  direct to worker (assemble + complete): p50 %8.0f  p99 %8.0f\n", dg50, dg99);
     printf("  through chunkgate                      : p50 %8.0f  p99 %8.0f\n", gg50, gg99);
     printf("  added by the gateway (paired diff)     : p50 %8.0f  p99 %8.0f   (p50 ratio %.3f)\n",
@@ -371,12 +385,12 @@ int main(int argc, char **argv)
     free(td);
     free(diff);
 
-    printf("throughput, %.0f s per run (requests/s, latency ms):\n", seconds);
+    printf("throughput, %.0f s per run (requests/s, latency ms):\n", opt.seconds);
     int conc[] = {1, 64};
     for (size_t i = 0; i < 2; i++) {
         double p50d, p99d, p50g, p99g;
-        double rd = throughput(conc[i], 1, seconds, &p50d, &p99d);
-        double rg = throughput(conc[i], 0, seconds, &p50g, &p99g);
+        double rd = throughput(conc[i], 1, opt.seconds, &p50d, &p99d);
+        double rg = throughput(conc[i], 0, opt.seconds, &p50g, &p99g);
         printf("  %2d clients: direct %7.1f req/s (p50 %6.2f p99 %6.2f)   gateway %7.1f req/s "
                "(p50 %6.2f p99 %6.2f)   gateway/direct %.3f\n",
                conc[i], rd, p50d, p99d, rg, p50g, p99g, rg / rd);

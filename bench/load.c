@@ -32,6 +32,10 @@ static const char *KIND[K_N] = {"hit", "miss", "stream", "plain", "bad"};
 static const int WEIGHT[K_N] = {40, 15, 20, 10, 15};
 
 static int seconds = 60, conns = 64, max_tokens = 4, doc_bytes = 256;
+static const th_opt OPTS[] = {{"--seconds", TH_OPT_INT, &seconds},
+                              {"--conns", TH_OPT_INT, &conns},
+                              {"--max-tokens", TH_OPT_INT, &max_tokens},
+                              {"--doc-bytes", TH_OPT_INT, &doc_bytes}};
 
 typedef struct usage {
     long rss_kib;
@@ -223,12 +227,7 @@ static long warm(const char *body)
 
 int main(int argc, char **argv)
 {
-    const th_opt opt[] = {{"--seconds", TH_OPT_INT, &seconds},
-                          {"--conns", TH_OPT_INT, &conns},
-                          {"--max-tokens", TH_OPT_INT, &max_tokens},
-                          {"--doc-bytes", TH_OPT_INT, &doc_bytes}};
-    if (th_parse_opts(argc, argv, opt, CG_ARRAY_LEN(opt)) != 0)
-        fprintf(stderr, "usage: see the top of load.c\n");
+    (void)th_parse_opts(argc, argv, OPTS, CG_ARRAY_LEN(OPTS)); /* unknown ones are ignored */
     if (conns < 1 || conns > MAX_CONNS) conns = 64;
     th_init("load", NULL);
     setenv("OMP_WAIT_POLICY", "passive", 0);

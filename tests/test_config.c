@@ -51,6 +51,19 @@ static cg_status parse(tcfg *c, const char *const *args, int *help, char *err, s
     return cg_config_parse(tab, NTAB, c, argc, argv, help, err, errlen);
 }
 
+/* Asserts the parsed values of c, two list items among them, then frees c. */
+static void expect_values(tcfg *c, const char *name, long long count, int flag, const char *item0,
+                          const char *item1)
+{
+    ck_assert_str_eq(c->name, name);
+    ck_assert_int_eq(c->count, count);
+    ck_assert_int_eq(c->flag, flag);
+    ck_assert_uint_eq(c->items.n, 2);
+    ck_assert_str_eq(c->items.v[0], item0);
+    ck_assert_str_eq(c->items.v[1], item1);
+    cg_config_free(tab, NTAB, c);
+}
+
 START_TEST(defaults)
 {
     clear_env();
@@ -59,16 +72,10 @@ START_TEST(defaults)
     char err[256];
     ck_assert_int_eq(parse(&c, NULL, &help, err, sizeof err), CG_OK);
     ck_assert_int_eq(help, 0);
-    ck_assert_str_eq(c.name, "dflt");
-    ck_assert_int_eq(c.count, 5);
     ck_assert_uint_eq(c.size, 1024);
-    ck_assert_int_eq(c.flag, 0);
-    ck_assert_uint_eq(c.items.n, 2);
-    ck_assert_str_eq(c.items.v[0], "a");
-    ck_assert_str_eq(c.items.v[1], "b");
     ck_assert_ptr_null(c.items.v[2]);
     ck_assert_ptr_null(c.unset);
-    cg_config_free(tab, NTAB, &c);
+    expect_values(&c, "dflt", 5, 0, "a", "b");
     ck_assert_ptr_null(c.name);
     ck_assert_ptr_null(c.items.v);
 }
@@ -85,25 +92,14 @@ START_TEST(env_then_flags)
     int help;
     char err[256];
     ck_assert_int_eq(parse(&c, NULL, &help, err, sizeof err), CG_OK);
-    ck_assert_str_eq(c.name, "from-env");
-    ck_assert_int_eq(c.count, 7);
-    ck_assert_int_eq(c.flag, 1);
-    ck_assert_uint_eq(c.items.n, 2);
-    ck_assert_str_eq(c.items.v[1], "y");
-    cg_config_free(tab, NTAB, &c);
+    expect_values(&c, "from-env", 7, 1, "x", "y");
 
     /* flags win over the environment, in both spellings; a repeated list flag replaces the
      * environment's list and then accumulates */
     const char *args[] = {"--name", "from-flag", "--count=9",  "--item",
                           "p",      "--item=q",  "--flag=off", NULL};
     ck_assert_int_eq(parse(&c, args, &help, err, sizeof err), CG_OK);
-    ck_assert_str_eq(c.name, "from-flag");
-    ck_assert_int_eq(c.count, 9);
-    ck_assert_int_eq(c.flag, 0);
-    ck_assert_uint_eq(c.items.n, 2);
-    ck_assert_str_eq(c.items.v[0], "p");
-    ck_assert_str_eq(c.items.v[1], "q");
-    cg_config_free(tab, NTAB, &c);
+    expect_values(&c, "from-flag", 9, 0, "p", "q");
 }
 END_TEST
 

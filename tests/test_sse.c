@@ -55,6 +55,30 @@ static void parse_whole(const char *in, size_t len, sink *s)
     ck_assert_ptr_null(p);
 }
 
+/* A parser with the default parameters, feeding a sink. */
+typedef struct feeder {
+    sink s;
+    cg_sse_parser *p;
+} feeder;
+
+static void feeder_open(feeder *f)
+{
+    sink_init(&f->s);
+    f->p = cg_sse_new(cg_sse_default_params());
+}
+
+/* Feeds n bytes; asserts the parser accepts them. */
+static void feed_ok(feeder *f, const char *d, size_t n)
+{
+    ck_assert_int_eq(cg_sse_feed(f->p, d, n, collect, &f->s), CG_OK);
+}
+
+static void feeder_close(feeder *f)
+{
+    cg_sse_free(&f->p);
+    sink_free(&f->s);
+}
+
 /* Parses in (len bytes) in one feed: asserts n events that read as text and, when raw is set,
  * raw bytes that reproduce the input. */
 static void expect_events(const char *in, size_t len, int n, const char *text, int raw)
@@ -149,50 +173,44 @@ END_TEST
  * than starting the next block's raw bytes. */
 START_TEST(crlf_split_at_block_end)
 {
-    sink s;
-    sink_init(&s);
-    cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
-    ck_assert_int_eq(cg_sse_feed(p, "data: a\r\n\r", 10, collect, &s), CG_OK);
-    ck_assert_int_eq(s.n, 1); /* not waiting for the LF */
-    ck_assert_int_eq(cg_sse_feed(p, "\ndata: b\n\n", 10, collect, &s), CG_OK);
-    ck_assert_int_eq(s.n, 2);
-    ck_assert_str_eq(s.raw.data, "data: a\r\n\rdata: b\n\n");
-    ck_assert_str_eq(text_of(&s), "[E=|D1=a|I0=|R=-1|C=0][E=|D1=b|I0=|R=-1|C=0]");
-    cg_sse_free(&p);
-    sink_free(&s);
+    feeder f;
+    feeder_open(&f);
+    feed_ok(&f, "data: a\r\n\r", 10);
+    ck_assert_int_eq(f.s.n, 1); /* not waiting for the LF */
+    feed_ok(&f, "\ndata: b\n\n", 10);
+    ck_assert_int_eq(f.s.n, 2);
+    ck_assert_str_eq(f.s.raw.data, "data: a\r\n\rdata: b\n\n");
+    ck_assert_str_eq(text_of(&f.s), "[E=|D1=a|I0=|R=-1|C=0][E=|D1=b|I0=|R=-1|C=0]");
+    feeder_close(&f);
 }
 END_TEST
 
 START_TEST(bom_variants)
 {
     /* A BOM split over three feeds is skipped. */
-    sink s;
-    sink_init(&s);
-    cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
-    ck_assert_int_eq(cg_sse_feed(p, "\xEF", 1, collect, &s), CG_OK);
-    ck_assert_int_eq(cg_sse_feed(p, "\xBB", 1, collect, &s), CG_OK);
-    ck_assert_int_eq(cg_sse_feed(p,
-                                 "\xBF"
-                                 "data: z\n\n",
-                                 11, collect, &s),
-                     CG_OK);
-    ck_assert_str_eq(text_of(&s), "[E=|D1=z|I0=|R=-1|C=0]");
-    cg_sse_free(&p);
-    sink_free(&s);
+    feeder f;
+    feeder_open(&f);
+    feed_ok(&f, "\xEF", 1);
+    feed_ok(&f, "\xBB", 1);
+    feed_ok(&f,
+            "\xBF"
+            "data: z\n\n",
+            11);
+    ck_assert_str_eq(text_of(&f.s), "[E=|D1=z|I0=|R=-1|C=0]");
+    feeder_close(&f);
 
     /* A BOM prefix that turns out not to be one is ordinary input: here it makes the field
      * name unknown, so the block has no data. */
-    sink_init(&s);
-    p = cg_sse_new(cg_sse_default_params());
-    ck_assert_int_eq(cg_sse_feed(p, "\xEF\xBB", 2, collect, &s), CG_OK);
-    ck_assert_int_eq(cg_sse_feed(p, "data: z\n\ndata: ok\n\n", 19, collect, &s), CG_OK);
-    ck_assert_str_eq(text_of(&s), "[E=|D0=|I0=|R=-1|C=0][E=|D1=ok|I0=|R=-1|C=0]");
-    ck_assert_str_eq(s.raw.data, "\xEF\xBB"
-                                 "data: z\n\ndata: ok\n\n");
-    cg_sse_free(&p);
-    sink_free(&s);
+    feeder_open(&f);
+    feed_ok(&f, "\xEF\xBB", 2);
+    feed_ok(&f, "data: z\n\ndata: ok\n\n", 19);
+    ck_assert_str_eq(text_of(&f.s), "[E=|D0=|I0=|R=-1|C=0][E=|D1=ok|I0=|R=-1|C=0]");
+    ck_assert_str_eq(f.s.raw.data, "\xEF\xBB"
+                                   "data: z\n\ndata: ok\n\n");
+    feeder_close(&f);
 
     /* Only the stream start may hold a BOM. */
+    sink s;
     sink_init(&s);
     const char *in = "data: a\n\n\xEF\xBB\xBF"
                      "data: b\n\n";
