@@ -61,16 +61,22 @@ typedef struct feeder {
     cg_sse_parser *p;
 } feeder;
 
-static void feeder_open(feeder *f)
+static void feeder_open(feeder *f, cg_sse_params prm)
 {
     sink_init(&f->s);
-    f->p = cg_sse_new(cg_sse_default_params());
+    f->p = cg_sse_new(prm);
+}
+
+/* Feeds n bytes; returns the parser's status. */
+static cg_status feed(feeder *f, const char *d, size_t n)
+{
+    return cg_sse_feed(f->p, d, n, collect, &f->s);
 }
 
 /* Feeds n bytes; asserts the parser accepts them. */
 static void feed_ok(feeder *f, const char *d, size_t n)
 {
-    ck_assert_int_eq(cg_sse_feed(f->p, d, n, collect, &f->s), CG_OK);
+    ck_assert_int_eq(feed(f, d, n), CG_OK);
 }
 
 static void feeder_close(feeder *f)
@@ -174,7 +180,7 @@ END_TEST
 START_TEST(crlf_split_at_block_end)
 {
     feeder f;
-    feeder_open(&f);
+    feeder_open(&f, cg_sse_default_params());
     feed_ok(&f, "data: a\r\n\r", 10);
     ck_assert_int_eq(f.s.n, 1); /* not waiting for the LF */
     feed_ok(&f, "\ndata: b\n\n", 10);
@@ -189,7 +195,7 @@ START_TEST(bom_variants)
 {
     /* A BOM split over three feeds is skipped. */
     feeder f;
-    feeder_open(&f);
+    feeder_open(&f, cg_sse_default_params());
     feed_ok(&f, "\xEF", 1);
     feed_ok(&f, "\xBB", 1);
     feed_ok(&f,
@@ -201,7 +207,7 @@ START_TEST(bom_variants)
 
     /* A BOM prefix that turns out not to be one is ordinary input: here it makes the field
      * name unknown, so the block has no data. */
-    feeder_open(&f);
+    feeder_open(&f, cg_sse_default_params());
     feed_ok(&f, "\xEF\xBB", 2);
     feed_ok(&f, "data: z\n\ndata: ok\n\n", 19);
     ck_assert_str_eq(text_of(&f.s), "[E=|D0=|I0=|R=-1|C=0][E=|D1=ok|I0=|R=-1|C=0]");
@@ -223,58 +229,52 @@ END_TEST
 START_TEST(line_cap)
 {
     cg_sse_params prm = {.max_line = 16, .max_event = 1024};
-    sink s;
-    sink_init(&s);
-    cg_sse_parser *p = cg_sse_new(prm);
+    feeder f;
+    feeder_open(&f, prm);
     /* exactly 16 bytes is fine */
-    ck_assert_int_eq(cg_sse_feed(p, "data: 0123456789\n\n", 18, collect, &s), CG_OK);
-    ck_assert_int_eq(s.n, 1);
+    feed_ok(&f, "data: 0123456789\n\n", 18);
+    ck_assert_int_eq(f.s.n, 1);
     /* 17 bytes split across feeds is refused, and the parser stays failed */
-    ck_assert_int_eq(cg_sse_feed(p, "data: 01234", 11, collect, &s), CG_OK);
-    ck_assert_int_eq(cg_sse_feed(p, "567890", 6, collect, &s), CG_E_TOO_LARGE);
-    ck_assert_int_eq(cg_sse_feed(p, "\n\n", 2, collect, &s), CG_E_TOO_LARGE);
-    ck_assert_int_eq(s.n, 1);
+    feed_ok(&f, "data: 01234", 11);
+    ck_assert_int_eq(feed(&f, "567890", 6), CG_E_TOO_LARGE);
+    ck_assert_int_eq(feed(&f, "\n\n", 2), CG_E_TOO_LARGE);
+    ck_assert_int_eq(f.s.n, 1);
     /* finish resets it for a new stream */
-    ck_assert_int_eq(cg_sse_finish(p), 1);
-    ck_assert_int_eq(cg_sse_feed(p, "data: ok\n\n", 10, collect, &s), CG_OK);
-    ck_assert_int_eq(s.n, 2);
-    cg_sse_free(&p);
-    sink_free(&s);
+    ck_assert_int_eq(cg_sse_finish(f.p), 1);
+    feed_ok(&f, "data: ok\n\n", 10);
+    ck_assert_int_eq(f.s.n, 2);
+    feeder_close(&f);
 }
 END_TEST
 
 START_TEST(event_cap)
 {
     cg_sse_params prm = {.max_line = 64, .max_event = 40};
-    sink s;
-    sink_init(&s);
-    cg_sse_parser *p = cg_sse_new(prm);
+    feeder f;
+    feeder_open(&f, prm);
     /* short lines, but the block grows past 40 bytes */
     cg_status st = CG_OK;
     for (int i = 0; i < 10 && st == CG_OK; i++)
-        st = cg_sse_feed(p, "data: abc\n", 10, collect, &s);
+        st = feed(&f, "data: abc\n", 10);
     ck_assert_int_eq(st, CG_E_TOO_LARGE);
-    ck_assert_int_eq(s.n, 0);
-    cg_sse_free(&p);
-    sink_free(&s);
+    ck_assert_int_eq(f.s.n, 0);
+    feeder_close(&f);
 }
 END_TEST
 
 START_TEST(finish_drops_partial)
 {
-    sink s;
-    sink_init(&s);
-    cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
-    ck_assert_int_eq(cg_sse_feed(p, "data: a\n\ndata: cut", 18, collect, &s), CG_OK);
-    ck_assert_int_eq(s.n, 1);
-    ck_assert_int_eq(cg_sse_finish(p), 1);
-    ck_assert_int_eq(s.n, 1);
-    ck_assert_int_eq(cg_sse_finish(p), 0);
-    ck_assert_int_eq(cg_sse_feed(p, "data: new\n\n", 11, collect, &s), CG_OK);
-    ck_assert_str_eq(text_of(&s), "[E=|D1=a|I0=|R=-1|C=0][E=|D1=new|I0=|R=-1|C=0]");
-    cg_sse_free(&p);
-    cg_sse_free(&p); /* NULL-safe */
-    sink_free(&s);
+    feeder f;
+    feeder_open(&f, cg_sse_default_params());
+    feed_ok(&f, "data: a\n\ndata: cut", 18);
+    ck_assert_int_eq(f.s.n, 1);
+    ck_assert_int_eq(cg_sse_finish(f.p), 1);
+    ck_assert_int_eq(f.s.n, 1);
+    ck_assert_int_eq(cg_sse_finish(f.p), 0);
+    feed_ok(&f, "data: new\n\n", 11);
+    ck_assert_str_eq(text_of(&f.s), "[E=|D1=a|I0=|R=-1|C=0][E=|D1=new|I0=|R=-1|C=0]");
+    feeder_close(&f);
+    cg_sse_free(&f.p); /* NULL-safe */
 }
 END_TEST
 
