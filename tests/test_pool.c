@@ -113,6 +113,14 @@ static void assert_accounting(cg_pool *p)
     ck_assert_uint_eq(s.capacity_bytes, s.blocks_total * s.block_bytes);
 }
 
+/* The end of a test: frees the evictions list, checks the accounting, closes the pool. */
+static void close_checked(cg_pool **p, cg_pool_evictions *ev)
+{
+    cg_pool_evictions_free(ev);
+    assert_accounting(*p);
+    cg_pool_close(p);
+}
+
 static int has_key(const cg_pool *p, unsigned id)
 {
     cg_pool_chunk_info info;
@@ -222,9 +230,7 @@ START_TEST(test_accounting)
     assert_accounting(p);
     cg_pool_release(p, &c, 4);
     cg_pool_release(p, &d, 4);
-    cg_pool_evictions_free(&ev);
-    assert_accounting(p);
-    cg_pool_close(&p);
+    close_checked(&p, &ev);
 }
 END_TEST
 
@@ -257,9 +263,7 @@ START_TEST(test_lru_order)
     ck_assert_uint_eq(info.last_used, 16);
     ck_assert_uint_eq(info.refs, 0);
     cg_pool_release(p, &e, 18);
-    cg_pool_evictions_free(&ev);
-    assert_accounting(p);
-    cg_pool_close(&p);
+    close_checked(&p, &ev);
 }
 END_TEST
 
@@ -307,9 +311,7 @@ START_TEST(test_referenced_never_evicted)
     for (int i = 0; i < 9; i++)
         cg_pool_release(p, &hold[i], 35);
     cg_pool_release(p, &held, 35);
-    cg_pool_evictions_free(&ev);
-    assert_accounting(p);
-    cg_pool_close(&p);
+    close_checked(&p, &ev);
 }
 END_TEST
 
@@ -371,9 +373,7 @@ START_TEST(test_too_big)
     ck_assert_int_eq(cg_pool_insert(p, &k, 4 * BT, 2, &c, &ev), CG_OK); /* exactly full fits */
     ck_assert_uint_eq(ev.n, 1);
     cg_pool_release(p, &c, 3);
-    cg_pool_evictions_free(&ev);
-    assert_accounting(p);
-    cg_pool_close(&p);
+    close_checked(&p, &ev);
 }
 END_TEST
 

@@ -183,13 +183,17 @@ END_TEST
 
 START_TEST(test_passthrough)
 {
-    expect_split("Just a plain prompt with # hashes ## and #  # near misses.", NULL, 1, 0, NULL, 0);
-    expect_split("", NULL, 1, 0, NULL, 0);
-    /* A separator but fewer than two non-empty segments: passthrough, nothing counted. */
-    expect_split("# # hello", NULL, 1, 0, NULL, 0);
-    expect_split("hello # #   # #", NULL, 1, 0, NULL, 0);
-    expect_split("# #", NULL, 1, 0, NULL, 0);
-    expect_split("  # #  # # ", NULL, 1, 0, NULL, 0);
+    /* No separator; or one, but fewer than two non-empty segments: nothing counted. */
+    static const char *const plain[] = {
+        "Just a plain prompt with # hashes ## and #  # near misses.",
+        "",
+        "# # hello",
+        "hello # #   # #",
+        "# #",
+        "  # #  # # ",
+    };
+    for (size_t i = 0; i < CG_ARRAY_LEN(plain); i++)
+        expect_split(plain[i], NULL, 1, 0, NULL, 0);
 }
 END_TEST
 
