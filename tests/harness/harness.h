@@ -266,10 +266,9 @@ void th_assert_error_json(json_t *j, const char *code, const char *param);
 /* Asserts r's status and th_assert_error_json of its body. */
 void th_assert_error(const th_resp *r, long status, const char *code, const char *param);
 
-/* JSON accessors: a member's string (NULL), integer (0), number (0) or truth (0). */
+/* JSON accessors: a member's string (NULL), integer (0) or truth (0). */
 const char *th_sget(json_t *j, const char *k);
 long long th_iget(json_t *j, const char *k);
-double th_nget(json_t *j, const char *k);
 int th_bget(json_t *j, const char *k);
 /* j's text, compact; takes j over. Caller frees. */
 char *th_dumps(json_t *j);

@@ -328,11 +328,6 @@ long long th_iget(json_t *j, const char *k)
     return json_integer_value(json_object_get(j, k));
 }
 
-double th_nget(json_t *j, const char *k)
-{
-    return json_number_value(json_object_get(j, k));
-}
-
 int th_bget(json_t *j, const char *k)
 {
     return json_is_true(json_object_get(j, k));
