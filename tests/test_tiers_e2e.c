@@ -218,7 +218,8 @@ static void chunk_kv(const th_proc *w, const char *key, cg_buf *out)
     snprintf(path, sizeof path, "/v1/chunks/%s/kv", key);
     th_resp r = http(w, "GET", path, NULL);
     ck_assert_msg(r.status == 200, "GET %s: %ld", path, r.status);
-    *out = r.body;
+    *out = r.body; /* taken over; the rest is freed */
+    cg_buf_free(&r.head);
 }
 
 /* The tier the inventory reports for key, "" when absent. */
