@@ -9,20 +9,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-if ! command -v docker-compose >/dev/null; then
-    echo "SKIPPED: docker-compose is not installed (Debian package docker-compose; scripts/deps.sh installs it)"
-    exit 77
-fi
-: "${CHUNKGATE_BIN:?set CHUNKGATE_BIN to the built chunkgate}"
-: "${CHUNKGATE_WORKER_BIN:?set CHUNKGATE_WORKER_BIN to the built chunkgate-worker}"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+. "$root/tests/check_lib.sh"
+need_tool docker-compose docker-compose
+check_start
 
 echo "== docker-compose config"
 docker-compose -f docker/docker-compose.yml config -q

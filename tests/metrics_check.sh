@@ -8,21 +8,10 @@
 # Environment (set by ctest): CHUNKGATE_BIN, CHUNKGATE_WORKER_BIN.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-if ! command -v promtool >/dev/null; then
-    echo "SKIPPED: promtool is not installed (Debian package prometheus; scripts/deps.sh installs it)"
-    exit 77
-fi
-: "${CHUNKGATE_BIN:?set CHUNKGATE_BIN to the built chunkgate}"
-: "${CHUNKGATE_WORKER_BIN:?set CHUNKGATE_WORKER_BIN to the built chunkgate-worker}"
+. "$root/tests/check_lib.sh"
+need_tool promtool prometheus
+check_start
 export OMP_WAIT_POLICY=passive
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 

@@ -14,6 +14,7 @@
 
 #include "base/base.h"
 #include "sql/index.h"
+#include "tests/harness/harness.h"
 
 /* ---- fixtures ----------------------------------------------------------------------------- */
 
@@ -42,23 +43,10 @@ static void teardown(void)
     rmdir(g_dir);
 }
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* A deterministic, hash-like key for integer i (what XXH3 keys look like: random bytes). */
 static cg_key key_of(uint64_t i)
 {
-    cg_key k;
-    uint64_t s = i * 2654435761ull + 12345;
-    uint64_t a = splitmix(&s), b = splitmix(&s);
-    memcpy(k.b, &a, 8);
-    memcpy(k.b + 8, &b, 8);
-    return k;
+    return th_key_of(i, 12345);
 }
 
 static cg_index *open_default(void)
@@ -85,25 +73,15 @@ static void check_ok(cg_index *ix)
 /* Test-only raw access to the file, for properties the API deliberately hides. */
 static int64_t raw_int(const char *sql)
 {
-    sqlite3 *db = NULL;
-    sqlite3_stmt *s = NULL;
-    ck_assert_int_eq(sqlite3_open_v2(g_path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
-    int64_t v = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
-    sqlite3_close(db);
+    char *t = th_sql_text(g_path, sql);
+    int64_t v = atoll(t);
+    free(t);
     return v;
 }
 
 static void raw_exec(const char *sql)
 {
-    sqlite3 *db = NULL;
-    ck_assert_int_eq(sqlite3_open(g_path, &db), SQLITE_OK);
-    char *err = NULL;
-    int rc = sqlite3_exec(db, sql, NULL, NULL, &err);
-    ck_assert_msg(rc == SQLITE_OK, "%s: %s", sql, err ? err : "?");
-    sqlite3_close(db);
+    th_sql_exec(g_path, sql);
 }
 
 static cg_index_stats stats_of(cg_index *ix)
@@ -140,14 +118,9 @@ START_TEST(test_create_sets_version)
     ck_assert_int_eq(raw_int("PRAGMA application_id"), 0x43474958);
     ck_assert_int_eq(raw_int("SELECT count(*) FROM sqlite_schema WHERE name = 'chunks'"), 1);
     /* WAL mode is persistent in the file header. */
-    sqlite3 *db;
-    ck_assert_int_eq(sqlite3_open(g_path, &db), SQLITE_OK);
-    sqlite3_stmt *s;
-    ck_assert_int_eq(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &s, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
-    ck_assert_str_eq((const char *)sqlite3_column_text(s, 0), "wal");
-    sqlite3_finalize(s);
-    sqlite3_close(db);
+    char *mode = th_sql_text(g_path, "PRAGMA journal_mode");
+    ck_assert_str_eq(mode, "wal");
+    free(mode);
 }
 END_TEST
 
@@ -829,7 +802,7 @@ static void *conc_reader(void *arg)
         cg_key keys[8];
         int ids[8];
         for (int j = 0; j < 8; j++) {
-            ids[j] = (int)(splitmix(&s) % (2 * CONC_KEYS));
+            ids[j] = (int)(th_splitmix64(&s) % (2 * CONC_KEYS));
             keys[j] = key_of(ids[j]);
         }
         cg_index_entry e[8];
@@ -914,7 +887,7 @@ static void child_write_forever(int round, int ready_fd)
     int64_t *toks = cg_malloc(INV_N * sizeof *toks);
     for (int it = 0;; it++) {
         for (int i = 0; i < 2000; i++) {
-            uint64_t id = splitmix(&s) % RANDOM_KEYS;
+            uint64_t id = th_splitmix64(&s) % RANDOM_KEYS;
             cg_key k = key_of(id);
             cg_index_chunk_seen(ix, &k, "tiny", id % 2 ? CG_MODE_SYS : CG_MODE_STRICT,
                                 (int64_t)(id % 1000), it);
@@ -923,7 +896,7 @@ static void child_write_forever(int round, int ready_fd)
             if (i % 7 == 0) cg_index_placement_set(ix, &k, b, CG_TIER_DISK, 1, it);
             if (i % 11 == 0) cg_index_placement_del(ix, &k, b);
             if (i % 101 == 0) {
-                cg_key d = key_of(splitmix(&s) % RANDOM_KEYS);
+                cg_key d = key_of(th_splitmix64(&s) % RANDOM_KEYS);
                 cg_index_chunk_delete(ix, &d);
             }
         }
@@ -981,7 +954,7 @@ START_TEST(test_kill9_crash_safety)
         char c;
         ck_assert_int_eq(read(fds[0], &c, 1), 1); /* first inventory committed */
         close(fds[0]);
-        usleep((useconds_t)(20000 + splitmix(&s) % 300000)); /* kill mid-stream */
+        usleep((useconds_t)(20000 + th_splitmix64(&s) % 300000)); /* kill mid-stream */
         ck_assert_int_eq(kill(pid, SIGKILL), 0);
         int status = 0;
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
@@ -1029,39 +1002,14 @@ START_TEST(test_kill9_crash_safety)
 }
 END_TEST
 
-static Suite *index_suite(void)
-{
-    Suite *s = suite_create("index");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 240);
-    tcase_add_test(tc, test_create_sets_version);
-    tcase_add_test(tc, test_reopen_keeps_data);
-    tcase_add_test(tc, test_refuse_future_version);
-    tcase_add_test(tc, test_refuse_foreign_file);
-    tcase_add_test(tc, test_chunk_seen_hit);
-    tcase_add_test(tc, test_placements_pin_delete);
-    tcase_add_test(tc, test_workers);
-    tcase_add_test(tc, test_lookup_mix);
-    tcase_add_test(tc, test_paging);
-    tcase_add_test(tc, test_writer_batching);
-    tcase_add_test(tc, test_queue_full_drops);
-    tcase_add_test(tc, test_batch_lost_when_locked);
-    tcase_add_test(tc, test_inventory_replace);
-    tcase_add_test(tc, test_queued_placements_visible);
-    tcase_add_test(tc, test_check_detects_bad_totals);
-    tcase_add_test(tc, test_concurrency);
-    tcase_add_test(tc, test_kill9_crash_safety);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
     cg_log_init("test_index", CG_LOG_WARN);
-    SRunner *sr = srunner_create(index_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run_suite(
+        "index", "core", 240, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
+        TH_TESTS(test_create_sets_version, test_reopen_keeps_data, test_refuse_future_version,
+                 test_refuse_foreign_file, test_chunk_seen_hit, test_placements_pin_delete,
+                 test_workers, test_lookup_mix, test_paging, test_writer_batching,
+                 test_queue_full_drops, test_batch_lost_when_locked, test_inventory_replace,
+                 test_queued_placements_visible, test_check_detects_bad_totals, test_concurrency, test_kill9_crash_safety));
 }

@@ -9,6 +9,7 @@
 
 #include "base/base.h"
 #include "kv/kvwire.h"
+#include "tests/harness/harness.h"
 
 /* The value the test model holds at (layer, head, kv, token, dim): exact in f32 and unique. */
 static float val(uint32_t l, uint32_t h, int kv, uint32_t t, uint32_t d)
@@ -315,24 +316,17 @@ END_TEST
 
 START_TEST(test_parse_heads)
 {
+    static const struct {
+        const char *spec;
+        uint32_t total, start, n;
+    } good[] = {{NULL, 4, 0, 4},  {"0-3", 4, 0, 4}, {"2", 4, 2, 1},
+                {"1-2", 4, 1, 2}, {"3-3", 4, 3, 1}, {"007", 8, 7, 1}};
     uint32_t a = 99, n = 99;
-    ck_assert_int_eq(cg_kvwire_parse_heads(NULL, 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 0);
-    ck_assert_uint_eq(n, 4);
-    ck_assert_int_eq(cg_kvwire_parse_heads("0-3", 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 0);
-    ck_assert_uint_eq(n, 4);
-    ck_assert_int_eq(cg_kvwire_parse_heads("2", 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 2);
-    ck_assert_uint_eq(n, 1);
-    ck_assert_int_eq(cg_kvwire_parse_heads("1-2", 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 1);
-    ck_assert_uint_eq(n, 2);
-    ck_assert_int_eq(cg_kvwire_parse_heads("3-3", 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 3);
-    ck_assert_uint_eq(n, 1);
-    ck_assert_int_eq(cg_kvwire_parse_heads("007", 8, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 7);
+    for (size_t i = 0; i < CG_ARRAY_LEN(good); i++) {
+        ck_assert_int_eq(cg_kvwire_parse_heads(good[i].spec, good[i].total, &a, &n), CG_OK);
+        ck_assert_uint_eq(a, good[i].start);
+        ck_assert_uint_eq(n, good[i].n);
+    }
     static const char *bad[] = {"",
                                 "-",
                                 "4",
@@ -390,27 +384,11 @@ START_TEST(test_head_key)
 }
 END_TEST
 
-static Suite *kvwire_suite(void)
-{
-    Suite *s = suite_create("kvwire");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_round_trip_shapes);
-    tcase_add_test(tc, test_header_bytes);
-    tcase_add_test(tc, test_every_truncation_rejected);
-    tcase_add_test(tc, test_corrupted_fields_rejected);
-    tcase_add_test(tc, test_random_mutations);
-    tcase_add_test(tc, test_encode_refuses_bad_header_and_cap);
-    tcase_add_test(tc, test_parse_heads);
-    tcase_add_test(tc, test_head_key);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    SRunner *sr = srunner_create(kvwire_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run_tests("kvwire", "core", 0,
+                        TH_TESTS(test_round_trip_shapes, test_header_bytes,
+                                 test_every_truncation_rejected, test_corrupted_fields_rejected,
+                                 test_random_mutations, test_encode_refuses_bad_header_and_cap,
+                                 test_parse_heads, test_head_key));
 }
