@@ -1,5 +1,6 @@
 /* chunkgate-worker's HTTP API (openapi/worker.yaml): state, route table and the request
- * metrics. The handlers live in api_ops.c, api_assemble.c, api_complete.c and api_chunks.c. */
+ * metrics. The handlers live in api_ops.c, api_assemble.c, api_complete.c, api_chat.c,
+ * api_tokens.c and api_chunks.c. */
 #include "worker/serve/worker_api.h"
 
 #include <stdio.h>

@@ -1,5 +1,6 @@
-/* HTTP API of chunkgate-worker (openapi/worker.yaml): assemble, completions (OpenAI, SSE),
- * inventory, KV export, health and metrics, as route handlers on base/http.h. */
+/* HTTP API of chunkgate-worker (openapi/worker.yaml): assemble, completions and chat
+ * completions (OpenAI, SSE), tokenize and detokenize (vLLM), inventory, KV export, health and
+ * metrics, as route handlers on base/http.h. */
 #ifndef CG_WORKER_API_H
 #define CG_WORKER_API_H
 
