@@ -243,6 +243,13 @@ int cg_wc_info_compatible(const cg_wc_info *a, const cg_wc_info *b, char *msg, s
                      s[i].y ? s[i].y : "");
             return 0;
         }
+    /* the gateway renders chats with the pool's template: a worker rendering another would
+     * key the same chat differently */
+    if (strcmp(a->chat_template ? a->chat_template : "", b->chat_template ? b->chat_template : "")) {
+        snprintf(msg, msglen, "chat_template differs from the other workers' (give every worker "
+                              "the same --chat-template)");
+        return 0;
+    }
     const struct {
         const char *name;
         int64_t x, y;

@@ -63,7 +63,8 @@ void cg_wc_info_clear(cg_wc_info *i);
 /* Copies src into *dst (dst zeroed or cleared first). */
 void cg_wc_info_copy(cg_wc_info *dst, const cg_wc_info *src);
 /* 1 when two workers can share one index: same model id, dtype, RoPE style, key version, key
- * hash and KV geometry (layers, KV heads, head dim). Otherwise 0 and msg names the first difference. */
+ * hash, chat template and KV geometry (layers, KV heads, head dim). Otherwise 0 and msg names
+ * the first difference. */
 int cg_wc_info_compatible(const cg_wc_info *a, const cg_wc_info *b, char *msg, size_t msglen);
 
 /* ---- POST /v1/assemble ---- */

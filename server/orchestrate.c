@@ -116,23 +116,14 @@ static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, 
     return out;
 }
 
-/* The plain-prompt body for a worker's /v1/completions. A worker splits a "# #" prompt
- * itself, so the tenant salt, mode and the separator in use go along: a fallback never mixes
- * tenants in the worker's pool. Chat becomes a completion of its rendering. */
+/* The body for a worker's /v1/completions, or /v1/chat/completions for a chat: the worker
+ * splits a "# #" prompt and renders a chat itself, exactly as the gateway did (the same
+ * template, the same rule), so the tenant salt, mode and the separator in use go along: a
+ * fallback never mixes tenants in the worker's pool. */
 static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
 {
-    json_t *o;
-    if (c->chat) {
-        o = cg_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
-        const char *keep[] = {"cache_salt", "chunk_mode", "recompute_prefix_tokens"};
-        for (size_t i = 0; i < CG_ARRAY_LEN(keep); i++) {
-            json_t *v = json_object_get(c->body, keep[i]);
-            if (v) json_object_set(o, keep[i], v);
-        }
-    } else {
-        o = json_copy(c->body); /* shallow: top-level edits only */
-    }
-    json_object_del(o, "documents");
+    json_t *o = json_copy(c->body); /* shallow: top-level edits only */
+    if (!c->chat) json_object_del(o, "documents");
     *strip_usage = ask_usage(o, c->stream);
     json_object_set_new(o, "chunk_separator", json_string(c->segs.separator));
     if (c->segs.no_bos) json_object_set_new(o, "add_special_tokens", json_false());
@@ -230,8 +221,7 @@ static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclu
         }
         t.base = cg_worker_url(w);
         t.no_auth = 1;
-        t.path = "/v1/completions";
-        t.to_chat = c->chat;
+        t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
         t.worker = w;
         t.backend_is_worker = 1;
         body = worker_plain_body(c, &t.strip_usage, &len);
@@ -321,6 +311,11 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
             json_object_del(cb, EXT_FIELDS[i]);
     }
     json_object_set_new(cb, "kv_transfer_params", json_pack("{s:s}", "assembly_id", a->id));
+    /* A chat without a limit decodes until EOS or the end of the context, as a chat does on
+     * the worker itself (a completion's default limit is much smaller). */
+    int64_t max_pos = cg_workers_max_positions(g->workers);
+    if (c->chat && !json_object_get(cb, "max_tokens") && max_pos > a->n_tokens)
+        json_object_set_new(cb, "max_tokens", json_integer(max_pos - a->n_tokens));
     int strip = ask_usage(cb, c->stream);
     char *text = json_dumps(cb, JSON_COMPACT);
     json_decref(cb);

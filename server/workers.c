@@ -342,6 +342,14 @@ cg_chat_model *cg_workers_chat_model(cg_workers *r)
     return m;
 }
 
+int64_t cg_workers_max_positions(cg_workers *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int64_t n = r->have_pool ? r->pool.max_positions : 0;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 int cg_workers_model(cg_workers *r, char *buf, size_t n)
 {
     int ok = 0;

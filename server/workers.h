@@ -80,6 +80,8 @@ int cg_workers_model(cg_workers *r, char *buf, size_t n);
  * cg_chat_model_unref), or NULL when they reported none (or r is NULL): chats then use the
  * plain rendering. */
 cg_chat_model *cg_workers_chat_model(cg_workers *r);
+/* The pool's context length (max_positions of /v1/info), 0 while no worker was accepted. */
+int64_t cg_workers_max_positions(cg_workers *r);
 
 /* ---- routing ---- */
 

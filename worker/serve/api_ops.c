@@ -40,7 +40,7 @@ void cg_api_info(cg_http_req *req, void *app)
     SET("hidden_size", json_integer(c->dim));
     SET("intermediate_size", json_integer(c->hidden_dim));
     SET("vocab_size", json_integer(c->vocab_size));
-    SET("bos_token_id", json_integer(c->bos_id));
+    SET("bos_token_id", c->bos_id >= 0 ? json_integer(c->bos_id) : json_null());
     SET("eos_token_id", c->n_eos ? json_integer(c->eos_ids[0]) : json_null());
     json_t *eos = json_array();
     for (int i = 0; i < c->n_eos; i++)
