@@ -26,6 +26,11 @@ typedef struct cg_worker_api_params {
     int tp;                /* tensor-parallel ranks of a pull; default 1 */
     long kv_timeout_ms;    /* per pull request; default 5000 */
     int kv_max_pulls;      /* pulls at once; more are answered 503 at once; default 4 */
+    /* The shared remote tier, as /v1/info reports it (the engine holds the client): its URL
+     * (never a password) and the name the gateway groups workers by. Borrowed; NULL/"" =
+     * none; remote_id NULL/"" = the URL. */
+    const char *remote_url;
+    const char *remote_id;
 } cg_worker_api_params;
 
 cg_worker_api_params cg_worker_api_default_params(void);
