@@ -178,6 +178,9 @@ cg_status cg_wc_info_parse(json_t *j, cg_wc_info *out, char *err, size_t errlen)
             out->instance = cg_strdup(buf);
         }
     }
+    json_t *rt = json_object_get(j, "remote_tier");
+    const char *rid = json_string_value(json_object_get(rt, "id"));
+    if (rid && rid[0]) out->remote_tier = cg_strndup(rid, strnlen(rid, 512));
     const char *missing = !out->model         ? "model"
                           : !out->dtype       ? "dtype"
                           : !out->rope_style  ? "rope_style"
@@ -200,6 +203,7 @@ void cg_wc_info_clear(cg_wc_info *i)
     free(i->key_version);
     free(i->key_hash);
     free(i->instance);
+    free(i->remote_tier);
     memset(i, 0, sizeof *i);
 }
 
@@ -217,6 +221,7 @@ void cg_wc_info_copy(cg_wc_info *dst, const cg_wc_info *src)
     dst->key_version = dup_or_null(src->key_version);
     dst->key_hash = dup_or_null(src->key_hash);
     dst->instance = dup_or_null(src->instance);
+    dst->remote_tier = dup_or_null(src->remote_tier);
 }
 
 int cg_wc_info_compatible(const cg_wc_info *a, const cg_wc_info *b, char *msg, size_t msglen)
