@@ -106,7 +106,7 @@ typedef struct cg_engine_seg_result {
     cg_key key;
     cg_role role;
     uint32_t offset, n_tokens;
-    int hit;          /* 1: KV came from the cache (RAM pool or disk tier) */
+    int hit;          /* 1: KV came from the cache (RAM pool, disk or remote tier) */
     int stored;       /* 1: a miss whose KV is now in the pool */
     const char *tier; /* where the KV came from: "ram", "disk" or "remote" (read back, then in
                          RAM unless the pool was full) or "miss" (computed); static storage */
