@@ -536,15 +536,16 @@ START_TEST(test_redis_down_and_slow)
     traffic t = {.w = &a};
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, traffic_main, &t), 0);
-    while (t.done < 10)
+    for (int i = 0; i < 3000 && t.done < 10 && !t.failed; i++)
         hu_sleep_ms(20);
     hu_stop(&redis, SIGKILL);
     int at_kill = t.done;
-    while (t.done < at_kill + 20)
+    for (int i = 0; i < 3000 && t.done < at_kill + 20 && !t.failed; i++)
         hu_sleep_ms(20);
     t.stop = 1;
     pthread_join(th, NULL);
     ck_assert_int_eq(t.failed, 0);
+    ck_assert_int_ge(t.done, at_kill + 20);
     double errs = metric(&a, "chunkgate_worker_remote_errors_total{kind=\"unavailable\"}") +
                   metric(&a, "chunkgate_worker_remote_errors_total{kind=\"timeout\"}");
     ck_assert_double_gt(errs, 0);
@@ -755,6 +756,15 @@ int main(void)
     char dir[400];
     snprintf(dir, sizeof dir, "%s/cluster", hu_root());
     (void)run_script("stop", dir, 0);
+    /* a sanitizer report in any worker's or gateway's log fails the suite */
+    char cmd[600];
+    snprintf(cmd, sizeof cmd,
+             "grep -l -E 'AddressSanitizer|LeakSanitizer|runtime error:' %s/*.log >&2",
+             hu_root());
+    if (system(cmd) == 0) {
+        fprintf(stderr, "sanitizer reports in the logs above\n");
+        failed++;
+    }
     hu_cleanup(failed != 0);
     return failed ? 1 : 0;
 }

@@ -380,8 +380,8 @@ static void describe(job *j, cg_assembly_info *out)
     size_t nd = j->ev.n + j->dropped.n;
     if (!nd) return;
     cg_key *left = cg_malloc(nd * sizeof *left);
-    memcpy(left, j->ev.keys, j->ev.n * sizeof *left);
-    memcpy(left + j->ev.n, j->dropped.keys, j->dropped.n * sizeof *left);
+    if (j->ev.n) memcpy(left, j->ev.keys, j->ev.n * sizeof *left); /* keys NULL when n is 0 */
+    if (j->dropped.n) memcpy(left + j->ev.n, j->dropped.keys, j->dropped.n * sizeof *left);
     out->evicted = cg_malloc(nd * sizeof *out->evicted);
     out->spilled = cg_malloc(nd * sizeof *out->spilled);
     cg_tiers_classify(j->e->tiers, left, nd, out->evicted, &out->n_evicted, out->spilled,
