@@ -359,6 +359,16 @@ START_TEST(test_single_node_share)
     start_redis(&redis, hu_free_port());
     share_between_workers(redis.port, remote_url(redis.port), 0);
     ck_assert_int_eq(redis_int(redis.port, "DBSIZE"), 7 * KV_HEADS);
+    /* no TTL unless asked for: memory is Redis's job (maxmemory + allkeys-lru) */
+    redisContext *rc = adm(redis.port);
+    redisReply *k = redisCommand(rc, "RANDOMKEY");
+    ck_assert(k && k->type == REDIS_REPLY_STRING);
+    redisReply *ttl = redisCommand(rc, "TTL %s", k->str);
+    ck_assert(ttl && ttl->type == REDIS_REPLY_INTEGER);
+    ck_assert_int_eq(ttl->integer, -1);
+    freeReplyObject(ttl);
+    freeReplyObject(k);
+    redisFree(rc);
     hu_stop(&redis, SIGKILL);
 }
 END_TEST
@@ -470,7 +480,8 @@ START_TEST(test_corrupt_values_are_misses)
     free(f);
     free(v);
 
-    start_worker(&c, "corrupt-c", e);
+    const char *ec[] = {"--remote", remote_url(redis.port), "--remote-ttl-s", "3600", NULL};
+    start_worker(&c, "corrupt-c", ec);
     outcome oc = ask(&c, docs, 5, 1);
     ck_assert_str_eq(oc.tier[0], "remote"); /* the system prompt was left alone */
     for (int s = 1; s <= 3; s++)
@@ -486,6 +497,14 @@ START_TEST(test_corrupt_values_are_misses)
     free(log);
     /* the worker that recomputed them wrote them again: the next one reads them all */
     wait_remote_writes(&c, 4 * KV_HEADS);
+    char cmd[300];
+    head_name(oa.key[1], 0, name, sizeof name); /* rewritten by c, with its TTL */
+    snprintf(cmd, sizeof cmd, "TTL %s", name);
+    long long ttl = redis_int(redis.port, cmd);
+    ck_assert_msg(ttl > 3000 && ttl <= 3600, "TTL %lld", ttl);
+    head_name(oa.key[0], 0, name, sizeof name); /* written by a, without */
+    snprintf(cmd, sizeof cmd, "TTL %s", name);
+    ck_assert_int_eq(redis_int(redis.port, cmd), -1);
     start_worker(&d, "corrupt-d", e);
     outcome od = ask(&d, docs, 5, 1);
     ck_assert_int_eq(count_tier(&od, "remote"), 6);
@@ -566,6 +585,27 @@ START_TEST(test_redis_down_and_slow)
     }
     ck_assert_msg(written, "nothing reached Redis after it came back");
     ck_assert_double_gt(metric(&a, "chunkgate_worker_remote_reconnects_total"), 0);
+
+    /* a write-behind queue of 1 MiB: a 2,048-token document (8 MiB of KV) is dropped and
+     * counted, the system prompt is written, the request does not notice */
+    hu_proc c;
+    const char *ec[] = {"--remote", remote_url(port), "--remote-queue-mb", "1", NULL};
+    start_worker(&c, "drops-c", ec);
+    char big[2100];
+    for (size_t i = 0; i < 2048; i++)
+        big[i] = (char)('a' + (i * 7 + i / 26) % 26);
+    big[2048] = 0;
+    const char *bt[1] = {big};
+    outcome oc = ask_texts(&c, bt, 1, 1);
+    ck_assert_int_eq(count_tier(&oc, "miss"), 2);
+    wait_remote_writes(&c, KV_HEADS);
+    ck_assert_double_eq(metric(&c, "chunkgate_worker_remote_queue_drops_total"), 1);
+    ck_assert_double_eq(metric(&c, "chunkgate_worker_remote_writes_total"), KV_HEADS);
+    char name[256], cmd[300];
+    head_name(oc.key[1], 0, name, sizeof name);
+    snprintf(cmd, sizeof cmd, "EXISTS %s", name);
+    ck_assert_int_eq(redis_int(port, cmd), 0);
+    ck_assert_int_eq(hu_stop(&c, SIGTERM), 0);
 
     /* slow (stopped): a fresh worker's request with five remote chunks pays one failed read and
      * skips the rest; it succeeds by computing */
