@@ -7,8 +7,10 @@
  *  2. time to first token on the bench_ttft workload (system 256 B, four documents of 2 KiB,
  *     question 64 B): cold (empty pool, empty Redis), warm from RAM (same worker, documents
  *     reordered under a new system prompt), warm from the remote tier (another worker sharing
- *     the Redis, which has served one request of other documents, so its buffers are as warm
- *     as the first worker's; the same reordering under another new system prompt).
+ *     the Redis, in steady state: other documents filled its pool first, so its pages and
+ *     buffers are as warm as the first worker's; the same reordering under another new system
+ *     prompt). The pools hold about twice the workload's chunks. Warm samples alternate
+ *     between the two, SAMPLES per rep.
  *
  * usage: bench_shared [--reps N (3)] [--tokens T (256: tokens per chunk in part 1)]
  *                     [--chunks C (16)] [--layers L --dim D --heads H --kv-heads K]
@@ -323,18 +325,21 @@ static void expect_tier(const cg_assembly_info *info, const char *tier, const ch
         }
 }
 
+/* Warm samples per rep: each a new system prompt over the same reordered documents. */
+#define SAMPLES 4
+
 static void ttft_bench(const cg_model *m, int port, redisContext *adm, int reps)
 {
+    const int n_samples = reps * SAMPLES;
     double *cold = cg_calloc((size_t)reps, sizeof(double));
-    double *ram = cg_calloc((size_t)reps, sizeof(double));
-    double *remote = cg_calloc((size_t)reps, sizeof(double));
+    double *ram = cg_calloc((size_t)n_samples, sizeof(double));
+    double *remote = cg_calloc((size_t)n_samples, sizeof(double));
     uint32_t n_tok = 0, computed_cold = 0, computed_ram = 0, computed_remote = 0;
+    int k = 0;
     for (int r = 0; r < reps; r++) {
         redis_flushall(adm);
         rng_state = 0x9e3779b97f4a7c15ull * (uint64_t)(r + 1);
         char *sys1 = make_text(SYS_BYTES, "System: answer from the documents. ");
-        char *sys2 = make_text(SYS_BYTES, "System (changed): be terse, cite. ");
-        char *sys3 = make_text(SYS_BYTES, "System (other): answer in one line. ");
         char *q = make_text(Q_BYTES, "Question: ");
         char *docs[N_DOCS];
         for (int d = 0; d < N_DOCS; d++) {
@@ -343,78 +348,107 @@ static void ttft_bench(const cg_model *m, int port, redisContext *adm, int reps)
             docs[d] = make_text(DOC_BYTES, pre);
         }
         static const int order[N_DOCS] = {2, 0, 3, 1};
-        cg_engine_seg s_cold[N_DOCS + 2], s_ram[N_DOCS + 2], s_remote[N_DOCS + 2];
+        cg_engine_seg s_cold[N_DOCS + 2], s_warm[N_DOCS + 2];
         s_cold[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys1, SYS_BYTES, NULL};
-        s_ram[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys2, SYS_BYTES, NULL};
-        s_remote[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys3, SYS_BYTES, NULL};
         for (int d = 0; d < N_DOCS; d++) {
             s_cold[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, docs[d], DOC_BYTES, NULL};
-            s_ram[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, docs[order[d]], DOC_BYTES, NULL};
-            s_remote[1 + d] = s_ram[1 + d];
+            s_warm[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, docs[order[d]], DOC_BYTES, NULL};
         }
-        s_cold[N_DOCS + 1] = (cg_engine_seg){CG_ROLE_QUESTION, q, Q_BYTES, NULL};
-        s_ram[N_DOCS + 1] = s_remote[N_DOCS + 1] = s_cold[N_DOCS + 1];
+        s_cold[N_DOCS + 1] = s_warm[N_DOCS + 1] =
+            (cg_engine_seg){CG_ROLE_QUESTION, q, Q_BYTES, NULL};
 
         cg_remote *rc = open_remote(port);
         cg_engine_params ep = cg_engine_default_params();
         ep.remote = rc;
+        /* room for the cold run's chunks (the generated models' tokenizer is byte-level: a
+         * document is about DOC_BYTES tokens), about twice over */
+        const cg_model_config *cfg = cg_model_cfg(m);
+        size_t per_token = (size_t)cfg->n_layers * (size_t)cfg->n_kv_heads * 2 *
+                           (size_t)cfg->head_dim * sizeof(float);
+        ep.pool_bytes = (size_t)N_DOCS * DOC_BYTES * per_token * 2 + ((size_t)4 << 20);
         cg_engine *a = NULL, *b = NULL;
         cg_status st = cg_engine_open(m, ep, &a);
         if (st != CG_OK) die("engine", st, NULL);
+        st = cg_engine_open(m, ep, &b); /* another worker: the same Redis */
+        if (st != CG_OK) die("engine", st, NULL);
         cg_assembly_info info;
+        /* B in steady state: two requests of other documents of the same sizes fill its whole
+         * pool (every page faulted in, as A's are by its cold run) and its KV buffers; the
+         * remote chunks then take the blocks of evicted ones. */
+        for (int round = 0; round < 2; round++) {
+            char *other[N_DOCS], *sys_other = make_text(SYS_BYTES, "System (warm-up): ");
+            cg_engine_seg s_other[N_DOCS + 2];
+            s_other[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys_other, SYS_BYTES, NULL};
+            for (int d = 0; d < N_DOCS; d++) {
+                char pre[32];
+                snprintf(pre, sizeof pre, "Other %d-%d-%d. ", r, round, d);
+                other[d] = make_text(DOC_BYTES, pre);
+                s_other[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, other[d], DOC_BYTES, NULL};
+            }
+            s_other[N_DOCS + 1] = s_cold[N_DOCS + 1];
+            (void)ttft(b, s_other, N_DOCS + 2, &info);
+            cg_assembly_info_free(&info);
+            for (int d = 0; d < N_DOCS; d++)
+                free(other[d]);
+            free(sys_other);
+        }
         cold[r] = ttft(a, s_cold, N_DOCS + 2, &info);
         expect_tier(&info, "miss", "cold");
         n_tok = info.n_tokens;
         computed_cold = info.computed_tokens;
         cg_assembly_info_free(&info);
-        if (cg_engine_wait_writes(a, 60000) != CG_OK) die("write-behind", CG_E_TIMEOUT, NULL);
-        ram[r] = ttft(a, s_ram, N_DOCS + 2, &info);
-        expect_tier(&info, "ram", "warm RAM");
-        computed_ram = info.computed_tokens;
-        cg_assembly_info_free(&info);
-        st = cg_engine_open(m, ep, &b); /* another worker: empty pool, the same Redis */
-        if (st != CG_OK) die("engine", st, NULL);
-        /* As A's cold run did for A, one request of other documents of the same sizes faults
-         * in B's pool pages and KV buffers, so both warm runs start from the same state. */
-        char *other[N_DOCS];
-        cg_engine_seg s_other[N_DOCS + 2];
-        s_other[0] = s_cold[0];
-        for (int d = 0; d < N_DOCS; d++) {
-            char pre[32];
-            snprintf(pre, sizeof pre, "Other %d-%d. ", r, d);
-            other[d] = make_text(DOC_BYTES, pre);
-            s_other[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, other[d], DOC_BYTES, NULL};
+        if (cg_engine_wait_writes(a, 60000) != CG_OK || cg_engine_wait_writes(b, 60000) != CG_OK)
+            die("write-behind", CG_E_TIMEOUT, NULL);
+        /* warm samples, alternating which goes first: the same documents, reordered, under a
+         * new system prompt each time; from A's RAM, and from Redis into B (whose copies are
+         * then dropped from its RAM, not from Redis, for the next sample) */
+        for (int i = 0; i < SAMPLES; i++, k++) {
+            for (int side = 0; side < 2; side++) {
+                int use_b = (side + i) % 2;
+                char pre[48];
+                snprintf(pre, sizeof pre, "System %d-%d-%d: be terse. ", r, i, use_b);
+                char *sys = make_text(SYS_BYTES, pre);
+                s_warm[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys, SYS_BYTES, NULL};
+                double t = ttft(use_b ? b : a, s_warm, N_DOCS + 2, &info);
+                expect_tier(&info, use_b ? "remote" : "ram", use_b ? "warm remote" : "warm RAM");
+                if (use_b) {
+                    remote[k] = t;
+                    computed_remote = info.computed_tokens;
+                    for (size_t d = 1; d <= N_DOCS; d++) {
+                        int deferred = 0;
+                        if (cg_pool_remove(cg_engine_pool(b), &info.segs[d].key, &deferred) !=
+                            CG_OK)
+                            die("pool remove", CG_E_INTERNAL, NULL);
+                    }
+                } else {
+                    ram[k] = t;
+                    computed_ram = info.computed_tokens;
+                }
+                cg_assembly_info_free(&info);
+                free(sys);
+            }
         }
-        s_other[N_DOCS + 1] = s_cold[N_DOCS + 1];
-        (void)ttft(b, s_other, N_DOCS + 2, &info);
-        cg_assembly_info_free(&info);
-        for (int d = 0; d < N_DOCS; d++)
-            free(other[d]);
-        if (cg_engine_wait_writes(b, 60000) != CG_OK) die("write-behind", CG_E_TIMEOUT, NULL);
-        remote[r] = ttft(b, s_remote, N_DOCS + 2, &info);
-        expect_tier(&info, "remote", "warm remote");
-        computed_remote = info.computed_tokens;
-        cg_assembly_info_free(&info);
         cg_engine_close(&b);
         cg_engine_close(&a);
         cg_remote_close(&rc);
         free(sys1);
-        free(sys2);
-        free(sys3);
         free(q);
         for (int d = 0; d < N_DOCS; d++)
             free(docs[d]);
     }
-    double tc = median(cold, reps), tr = median(ram, reps), tm = median(remote, reps);
-    printf("### Time to first token (bench_ttft workload, median of %d)\n\n", reps);
+    double tc = median(cold, reps), tr = median(ram, n_samples), tm = median(remote, n_samples);
+    printf("### Time to first token (bench_ttft workload; cold: median of %d, warm: median of %d)"
+           "\n\n",
+           reps, n_samples);
     printf("| run | prompt tokens | computed | TTFT (ms) |\n|---|---|---|---|\n");
     printf("| cold: empty pool, empty Redis | %u | %u | %.1f |\n", n_tok, computed_cold, tc * 1e3);
-    printf("| warm from RAM: same worker, docs reordered, new system | %u | %u | %.1f |\n", n_tok,
+    printf("| warm from RAM: docs reordered, new system prompt | %u | %u | %.1f |\n", n_tok,
            computed_ram, tr * 1e3);
     printf("| warm from the remote tier: another worker, same Redis | %u | %u | %.1f |\n\n", n_tok,
            computed_remote, tm * 1e3);
-    printf("TTFT cold / remote = %.1fx; remote / RAM = %.2fx (remote costs %.1f ms more)\n\n",
-           tc / tm, tm / tr, (tm - tr) * 1e3);
+    printf("TTFT cold / remote = %.1fx; cold / RAM = %.1fx; remote / RAM = %.2fx (remote costs "
+           "%.1f ms more)\n\n",
+           tc / tm, tc / tr, tm / tr, (tm - tr) * 1e3);
     free(cold);
     free(ram);
     free(remote);
