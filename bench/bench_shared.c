@@ -194,7 +194,8 @@ static void restore_bench(const cg_model *m, int port, uint32_t tokens, int n_ch
     cg_kv_free(&kv);
     cg_remote_stats rs;
     cg_remote_stats_get(r, &rs);
-    if (rs.sets != (uint64_t)n_chunks * (uint64_t)H) die("not every value was written", CG_E_IO, NULL);
+    if (rs.sets != (uint64_t)n_chunks * (uint64_t)H)
+        die("not every value was written", CG_E_IO, NULL);
 
     /* the reader: a pool of four chunks, no disk */
     size_t chunk_bytes = (size_t)cfg->n_layers * (size_t)H * 2 * ((tokens + 15) / 16 * 16) *
@@ -207,7 +208,7 @@ static void restore_bench(const cg_model *m, int port, uint32_t tokens, int n_ch
     redisContext *raw = redisConnectWithTimeout("127.0.0.1", port, tv);
     if (!raw || raw->err) die("hiredis connect", CG_E_IO, NULL);
     /* per-head key strings of each chunk */
-    char (*names)[CG_REMOTE_KEY_MAX] = cg_calloc((size_t)n_chunks * (size_t)H, CG_REMOTE_KEY_MAX);
+    char(*names)[CG_REMOTE_KEY_MAX] = cg_calloc((size_t)n_chunks * (size_t)H, CG_REMOTE_KEY_MAX);
     for (int c = 0; c < n_chunks; c++) {
         char hex[CG_KEY_HEX_LEN + 1];
         cg_key_hex(&keys[c], hex);

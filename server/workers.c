@@ -36,7 +36,6 @@ struct cg_worker {
 
 static const char *const ERROR_KINDS[] = {"connect", "timeout", "status", "invalid", "stream"};
 
-
 struct cg_workers {
     cg_workers_params p;
     pthread_mutex_t mu;
@@ -72,8 +71,8 @@ const char *cg_route_kind_name(cg_route_kind k)
 
 /* ---------------------------------------------------------------- routing rule */
 
-int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remote_pct,
-                  uint64_t tie, cg_route_kind *kind)
+int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remote_pct, uint64_t tie,
+                  cg_route_kind *kind)
 {
     if (!n) return -1;
     int any_pinned = 0;
@@ -96,9 +95,7 @@ int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remot
         if (least < 0 || c[i].in_flight < c[least].in_flight) least = (int)i;
     }
     if (c[best].cached > 0 || (c[best].remote > 0 && remote_pct > 0)) {
-        *kind = any_pinned         ? CG_ROUTE_PINNED
-                : c[best].cached > 0 ? CG_ROUTE_HIT
-                                     : CG_ROUTE_REMOTE;
+        *kind = any_pinned ? CG_ROUTE_PINNED : c[best].cached > 0 ? CG_ROUTE_HIT : CG_ROUTE_REMOTE;
         return best;
     }
     /* Nothing cached where the score points: spread by load, then by the request's key. */
@@ -259,7 +256,6 @@ cg_status cg_workers_open(const cg_workers_params *p, cg_workers **out)
     *out = r;
     return CG_OK;
 }
-
 
 static void *health_main(void *arg);
 
@@ -505,9 +501,8 @@ static int sync_worker(cg_workers *r, cg_worker *w, uint64_t now)
 
     /* Its shared remote tier's row (the same for every worker naming that tier). */
     int64_t tier_row = -1;
-    if (tier_url[0] &&
-        cg_index_worker_add(r->p.index, tier_url, info.model, (int64_t)cg_wall_ms(), &tier_row) !=
-            CG_OK) {
+    if (tier_url[0] && cg_index_worker_add(r->p.index, tier_url, info.model, (int64_t)cg_wall_ms(),
+                                           &tier_row) != CG_OK) {
         cg_log(CG_LOG_WARN, "worker %s: the index could not record its remote tier", w->url);
         tier_row = -1;
     }
@@ -759,7 +754,8 @@ cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, const unsi
             int64_t t = cg_index_entry_tokens_on(e, w->id);
             if (t <= 0) {
                 /* not held here: readable from the tier it shares? */
-                if (w->tier_row >= 0) c.remote += CG_MAX(cg_index_entry_tokens_on(e, w->tier_row), 0);
+                if (w->tier_row >= 0)
+                    c.remote += CG_MAX(cg_index_entry_tokens_on(e, w->tier_row), 0);
                 continue;
             }
             c.cached += t;

@@ -410,11 +410,15 @@ START_TEST(test_seal)
     ck_assert_uint_eq(got.head_start, 1);
     ck_assert(pl != NULL && pl[0] == val(0, 1, 0, 0, 0));
     /* the same bytes under the key of another head or chunk */
-    ck_assert_int_eq(cg_kvwire_unseal(v, len, "chunkgate-tiny@head:2@00112233445566778899aabbccddeeff",
-                                      &got, &pl), CG_E_VALUE);
+    ck_assert_int_eq(cg_kvwire_unseal(v, len,
+                                      "chunkgate-tiny@head:2@00112233445566778899aabbccddeeff",
+                                      &got, &pl),
+                     CG_E_VALUE);
     ck_assert_ptr_null(pl);
-    ck_assert_int_eq(cg_kvwire_unseal(v, len, "chunkgate-tiny@head:1@00112233445566778899aabbccddeefe",
-                                      &got, &pl), CG_E_VALUE);
+    ck_assert_int_eq(cg_kvwire_unseal(v, len,
+                                      "chunkgate-tiny@head:1@00112233445566778899aabbccddeefe",
+                                      &got, &pl),
+                     CG_E_VALUE);
     for (size_t i = 0; i < len; i++)
         for (int bit = 0; bit < 8; bit += 3) {
             v[i] ^= (char)(1 << bit);

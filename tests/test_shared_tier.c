@@ -99,9 +99,21 @@ static void start_redis(hu_proc *p, int port)
     snprintf(dir, sizeof dir, "%s/redis-%d", hu_root(), port);
     snprintf(log, sizeof log, "redis-%d.log", port);
     mkdir(dir, 0755);
-    const char *args[] = {"--port", ports, "--bind", "127.0.0.1", "--dir", dir, "--save", "",
-                          "--appendonly", "no", "--maxmemory", "256mb", "--maxmemory-policy",
-                          "allkeys-lru", NULL};
+    const char *args[] = {"--port",
+                          ports,
+                          "--bind",
+                          "127.0.0.1",
+                          "--dir",
+                          dir,
+                          "--save",
+                          "",
+                          "--appendonly",
+                          "no",
+                          "--maxmemory",
+                          "256mb",
+                          "--maxmemory-policy",
+                          "allkeys-lru",
+                          NULL};
     ck_assert_int_eq(hu_spawn(p, g_redis_server, args, NULL, log, NULL, 0), 0);
     for (int i = 0; i < 200 && !redis_up(port); i++)
         hu_sleep_ms(25);
@@ -549,8 +561,8 @@ START_TEST(test_redis_down_and_slow)
     hu_proc redis, a, b;
     int port = hu_free_port();
     start_redis(&redis, port);
-    const char *e[] = {"--remote", remote_url(port), "--remote-timeout-ms", "300", "--pool-mb",
-                       "2", NULL};
+    const char *e[] = {"--remote", remote_url(port), "--remote-timeout-ms", "300", "--pool-mb", "2",
+                       NULL};
     start_worker(&a, "down-a", e); /* 2 MiB of RAM: chunks leave it, so remote reads go on */
     traffic t = {.w = &a};
     pthread_t th;
@@ -637,8 +649,8 @@ static void kill9_restart(const char *name, const char *write_behind, int want_d
         first[i] = ask(&w, docs, 2, 1);
     }
     if (want_disk) {
-        for (int i = 0; i < 400 && metric(&w, "chunkgate_worker_disk_write_behind_written_total") < 7;
-             i++)
+        for (int i = 0;
+             i < 400 && metric(&w, "chunkgate_worker_disk_write_behind_written_total") < 7; i++)
             hu_sleep_ms(25);
         ck_assert_double_eq(metric(&w, "chunkgate_worker_disk_write_behind_written_total"), 7);
         ck_assert_double_eq(metric(&w, "chunkgate_worker_disk_write_behind_queue_chunks"), 0);
@@ -669,7 +681,8 @@ START_TEST(test_kill9_restart_serves_from_disk)
 }
 END_TEST
 
-/* ---- the gateway ------------------------------------------------------------------------------ */
+/* ---- the gateway ------------------------------------------------------------------------------
+ */
 
 static json_t *gw_json(int port, const char *method, const char *path, const char *body)
 {
@@ -719,16 +732,16 @@ START_TEST(test_gateway_routes_to_shared_tier)
     wait_remote_writes(computed, 3 * KV_HEADS);
 
     /* the index records the documents in the shared tier */
-    const char *doc_key =
-        json_string_value(json_object_get(json_array_get(json_object_get(cc1, "segments"), 1), "key"));
+    const char *doc_key = json_string_value(
+        json_object_get(json_array_get(json_object_get(cc1, "segments"), 1), "key"));
     char path[128];
     snprintf(path, sizeof path, "/v1/chunks/%s", doc_key);
     json_t *ch = gw_json(g.port, "GET", path, NULL);
     int remote_placements = 0;
     size_t i;
     json_t *pl;
-    json_array_foreach(json_object_get(ch, "placements"), i, pl)
-        remote_placements += !strcmp(json_string_value(json_object_get(pl, "tier")), "remote");
+    json_array_foreach(json_object_get(ch, "placements"), i, pl) remote_placements +=
+        !strcmp(json_string_value(json_object_get(pl, "tier")), "remote");
     ck_assert_int_eq(remote_placements, 1);
     json_decref(ch);
 
@@ -745,14 +758,16 @@ START_TEST(test_gateway_routes_to_shared_tier)
     ck_assert_str_eq(json_string_value(json_object_get(cc2, "worker")), other);
     ck_assert_str_eq(json_string_value(json_object_get(cc2, "routing")), "remote");
     json_t *s;
-    json_array_foreach(json_object_get(cc2, "segments"), i, s)
-        if (i < 3) ck_assert_str_eq(json_string_value(json_object_get(s, "tier")), "remote");
-    ck_assert_str_eq(
-        json_string_value(json_object_get(json_array_get(json_object_get(r1, "choices"), 0), "text")),
-        json_string_value(json_object_get(json_array_get(json_object_get(r2, "choices"), 0), "text")));
+    json_array_foreach(json_object_get(cc2, "segments"), i, s) if (i < 3)
+        ck_assert_str_eq(json_string_value(json_object_get(s, "tier")), "remote");
+    ck_assert_str_eq(json_string_value(json_object_get(
+                         json_array_get(json_object_get(r1, "choices"), 0), "text")),
+                     json_string_value(json_object_get(
+                         json_array_get(json_object_get(r2, "choices"), 0), "text")));
     hu_resp mr;
     hu_http(&mr, g.port, "GET", "/metrics", NULL, NULL, NULL);
-    ck_assert_ptr_nonnull(strstr(mr.body.data, "chunkgate_routing_decisions_total{kind=\"remote\"} 1"));
+    ck_assert_ptr_nonnull(
+        strstr(mr.body.data, "chunkgate_routing_decisions_total{kind=\"remote\"} 1"));
     hu_resp_free(&mr);
     json_decref(r1);
     json_decref(r2);
@@ -799,8 +814,7 @@ int main(void)
     /* a sanitizer report in any worker's or gateway's log fails the suite */
     char cmd[600];
     snprintf(cmd, sizeof cmd,
-             "grep -l -E 'AddressSanitizer|LeakSanitizer|runtime error:' %s/*.log >&2",
-             hu_root());
+             "grep -l -E 'AddressSanitizer|LeakSanitizer|runtime error:' %s/*.log >&2", hu_root());
     if (system(cmd) == 0) {
         fprintf(stderr, "sanitizer reports in the logs above\n");
         failed++;

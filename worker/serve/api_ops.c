@@ -84,10 +84,10 @@ void cg_api_info(cg_http_req *req, void *app)
     if (a->p.remote_url) {
         cg_remote_url u;
         int cluster = cg_remote_parse_url(a->p.remote_url, &u, NULL, 0) == CG_OK && u.cluster;
-        SET("remote_tier", json_pack("{s:s, s:s, s:b, s:I, s:I}", "id", a->p.remote_id, "url",
-                                     a->p.remote_url, "cluster", cluster, "nodes",
-                                     (json_int_t)remote_stats(a).nodes, "write_behind_queue",
-                                     (json_int_t)remote_stats(a).queue_depth));
+        SET("remote_tier",
+            json_pack("{s:s, s:s, s:b, s:I, s:I}", "id", a->p.remote_id, "url", a->p.remote_url,
+                      "cluster", cluster, "nodes", (json_int_t)remote_stats(a).nodes,
+                      "write_behind_queue", (json_int_t)remote_stats(a).queue_depth));
     } else {
         SET("remote_tier", json_null());
     }
@@ -134,8 +134,8 @@ static void tier_metrics(cg_worker_api *a, cg_metrics *m, const cg_engine_stats 
                 ts.wb_drops);
     set_counter(m, P "disk_write_behind_written_total",
                 "Queued chunks written to the disk tier (or found there)", ts.wb_written);
-    set_counter(m, P "disk_write_behind_failures_total",
-                "Queued chunks the disk tier did not take", ts.wb_failed);
+    set_counter(m, P "disk_write_behind_failures_total", "Queued chunks the disk tier did not take",
+                ts.wb_failed);
     set_gauge(m, P "disk_write_behind_queue_chunks",
               "Chunks queued for the disk tier and not yet written (lost by a crash)",
               (double)ts.wb_depth);
@@ -165,8 +165,7 @@ static void tier_metrics(cg_worker_api *a, cg_metrics *m, const cg_engine_stats 
                 ts.remote_bytes_read);
     set_counter(m, P "remote_written_bytes_total", "Value bytes written to the remote tier",
                 rs.bytes_written);
-    set_counter(m, P "remote_writes_total", "Per-head values written to the remote tier",
-                rs.sets);
+    set_counter(m, P "remote_writes_total", "Per-head values written to the remote tier", rs.sets);
     static const char *re = "Failed remote tier calls by kind (reads, writes, deletes, pings)";
     cg_metric_set(cg_metrics_counter(m, P "remote_errors_total", re, "kind=\"unavailable\""),
                   (double)rs.errors_unavailable);
@@ -194,8 +193,7 @@ static void tier_metrics(cg_worker_api *a, cg_metrics *m, const cg_engine_stats 
                                              "(all heads, pipelined), whatever its outcome",
                                              NULL, cg_tiers_remote_read_bounds,
                                              CG_TIERS_REMOTE_BOUNDS),
-                        ts.remote_read_buckets, CG_TIERS_REMOTE_BOUNDS + 1,
-                        ts.remote_read_seconds);
+                        ts.remote_read_buckets, CG_TIERS_REMOTE_BOUNDS + 1, ts.remote_read_seconds);
 }
 
 void cg_api_metrics(cg_http_req *req, void *app)

@@ -295,9 +295,8 @@ static cg_status place(job *j)
         cg_cached hit;
         /* Keys carry no role: a system text equal to a chunk text has the same strict key
          * but one more token (BOS); lookup refuses a chunk of another length. */
-        if (cached &&
-            cg_tiers_lookup(j->e->tiers, &j->keys[i], j->lens[i], j->now, &j->ev, &j->rq, &hit) ==
-                CG_OK) {
+        if (cached && cg_tiers_lookup(j->e->tiers, &j->keys[i], j->lens[i], j->now, &j->ev, &j->rq,
+                                      &hit) == CG_OK) {
             place_hit(j, i, &hit);
             continue;
         }

@@ -18,8 +18,8 @@ struct cg_tiers {
     const cg_model *m;
     cg_tiers_params p;
     cg_pool *pool;
-    cg_disk *disk;   /* NULL without a disk tier */
-    cg_diskwb *wb;   /* NULL without a disk write-behind */
+    cg_disk *disk;     /* NULL without a disk tier */
+    cg_diskwb *wb;     /* NULL without a disk write-behind */
     cg_remote *remote; /* borrowed; NULL without a remote tier */
     size_t block_bytes;
     cg_rope rope;

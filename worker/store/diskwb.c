@@ -99,8 +99,8 @@ static void *writer_main(void *arg)
         if (!ok) {
             char hex[CG_KEY_HEX_LEN + 1];
             cg_key_hex(&it->key, hex);
-            cg_log(CG_LOG_WARN, "disk write-behind of chunk %s failed (%s); it stays in RAM",
-                   hex, cg_status_name(st));
+            cg_log(CG_LOG_WARN, "disk write-behind of chunk %s failed (%s); it stays in RAM", hex,
+                   cg_status_name(st));
         }
 
         pthread_mutex_lock(&w->mu);
@@ -176,7 +176,8 @@ cg_status cg_diskwb_put(cg_diskwb *w, const cg_key *key, uint32_t n_tokens, cg_d
     size_t bytes = (size_t)nb * w->block_bytes;
     pthread_mutex_lock(&w->mu);
     /* Room is reserved before the copy, so the copy runs outside the lock. */
-    int room = w->n_items < w->p.max_items && bytes <= w->p.max_bytes - CG_MIN(w->n_bytes, w->p.max_bytes) && !w->stop;
+    int room = w->n_items < w->p.max_items &&
+               bytes <= w->p.max_bytes - CG_MIN(w->n_bytes, w->p.max_bytes) && !w->stop;
     if (!room) {
         w->drops++;
         pthread_mutex_unlock(&w->mu);
