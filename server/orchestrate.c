@@ -256,25 +256,34 @@ static int assembly_matches(const gw_call *c, const cg_wc_assembly *a, char *why
 
 /* The worker is the source of truth: every assemble answer updates the index at once (hits
  * refresh their placement, stored misses become placements, unstored ones and evicted keys
- * are removed), and a miss where the index expected a hit schedules a full resync. */
+ * are removed), and a miss where the index expected a hit schedules a full resync. With a
+ * shared remote tier, a chunk read from it or stored (and so queued for it) is recorded under
+ * the tier's row; a miss of a chunk the index placed there corrects it. */
 static void record(gw_call *c, const cg_wc_assembly *a)
 {
     cg_gateway *g = c->g;
     cg_index *ix = g->index;
     int64_t wid = cg_worker_id(c->w), now = (int64_t)cg_wall_ms();
+    int64_t tier = cg_workers_tier_row(g->workers, c->w);
     size_t hits = 0, stale = 0;
     for (size_t k = 0; k < c->segs.n_keys; k++) {
         const cg_wc_seg *s = &a->segs[c->segs.key_seg[k]];
         const cg_key *key = &c->segs.keys[k];
-        if (!s->hit && cg_index_entry_tokens_on(c->ent ? &c->ent[k] : NULL, wid) > 0) stale++;
+        const cg_index_entry *e = c->ent ? &c->ent[k] : NULL;
+        if (!s->hit && cg_index_entry_tokens_on(e, wid) > 0) stale++;
         if (s->hit) {
             hits++;
             cg_index_chunk_hit(ix, key, now);
             cg_index_placement_set(ix, key, wid, CG_TIER_RAM, s->n_tokens, now);
+            if (tier >= 0 && !strcmp(s->tier, "remote"))
+                cg_index_placement_set(ix, key, tier, CG_TIER_REMOTE, s->n_tokens, now);
         } else if (s->stored) {
             cg_index_placement_set(ix, key, wid, CG_TIER_RAM, s->n_tokens, now);
+            if (tier >= 0) cg_index_placement_set(ix, key, tier, CG_TIER_REMOTE, s->n_tokens, now);
         } else {
             cg_index_placement_del(ix, key, wid); /* computed but not kept (pool full) */
+            if (tier >= 0 && cg_index_entry_tokens_on(e, tier) > 0)
+                cg_index_placement_del(ix, key, tier); /* the shared tier lost it */
         }
     }
     for (size_t i = 0; i < a->n_evicted; i++) {

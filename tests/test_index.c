@@ -162,13 +162,74 @@ START_TEST(test_refuse_future_version)
 {
     cg_index *ix = open_default();
     cg_index_close(&ix);
-    raw_exec("PRAGMA user_version = 2");
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA user_version = %d", CG_INDEX_SCHEMA_VERSION + 1);
+    raw_exec(sql);
     ck_assert_int_eq(cg_index_open(g_path, cg_index_default_params(), &ix), CG_E_UNSUPPORTED);
     ck_assert_ptr_null(ix);
     /* Refusing must not touch the file: its version is still the future one. */
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 2);
-    raw_exec("PRAGMA user_version = 1");
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), CG_INDEX_SCHEMA_VERSION + 1);
+    snprintf(sql, sizeof sql, "PRAGMA user_version = %d", CG_INDEX_SCHEMA_VERSION);
+    raw_exec(sql);
     ck_assert_int_eq(cg_index_open(g_path, cg_index_default_params(), &ix), CG_OK);
+    cg_index_close(&ix);
+}
+END_TEST
+
+/* A version 1 file (placements limited to 'ram' and 'disk') is migrated to version 2: its rows
+ * and totals are kept, and tier 'remote' is accepted afterwards. */
+START_TEST(test_migrate_v1_remote_tier)
+{
+    cg_index *ix = open_default();
+    int64_t w = -1;
+    ck_assert_int_eq(cg_index_worker_add(ix, "http://w1", "m", 1, &w), CG_OK);
+    cg_key k0 = key_of(1), k1 = key_of(2);
+    cg_index_placement_set(ix, &k0, w, CG_TIER_RAM, 10, 2);
+    cg_index_placement_set(ix, &k1, w, CG_TIER_DISK, 11, 2);
+    flush_ok(ix);
+    cg_index_close(&ix);
+    /* back to the version 1 table, as an older gateway left it */
+    raw_exec("PRAGMA foreign_keys = OFF; BEGIN;"
+             "CREATE TABLE p1 (key BLOB NOT NULL REFERENCES chunks (key) ON DELETE CASCADE,"
+             " worker_id INTEGER NOT NULL REFERENCES workers (id) ON DELETE CASCADE,"
+             " tier TEXT NOT NULL CHECK (tier IN ('ram', 'disk')),"
+             " tokens INTEGER NOT NULL CHECK (tokens >= 0), updated INTEGER NOT NULL,"
+             " PRIMARY KEY (key, worker_id)) WITHOUT ROWID;"
+             "INSERT INTO p1 SELECT * FROM placements; DROP TABLE placements;"
+             "ALTER TABLE p1 RENAME TO placements;"
+             "CREATE INDEX placements_by_worker ON placements (worker_id);"
+             "CREATE TRIGGER placements_ins AFTER INSERT ON placements BEGIN"
+             " UPDATE totals SET placements = placements + 1 WHERE id = 1; END;"
+             "CREATE TRIGGER placements_del AFTER DELETE ON placements BEGIN"
+             " UPDATE totals SET placements = placements - 1 WHERE id = 1; END;"
+             "PRAGMA user_version = 1; COMMIT;");
+    ck_assert_int_eq(raw_int("SELECT count(*) FROM placements"), 2);
+    ix = open_default();
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), CG_INDEX_SCHEMA_VERSION);
+    check_ok(ix);
+    ck_assert_int_eq(stats_of(ix).placements, 2);
+    cg_index_entry e = lookup1(ix, &k1);
+    ck_assert_int_eq(e.n_placements, 1);
+    ck_assert_int_eq(e.placements[0].tier, CG_TIER_DISK);
+    ck_assert_int_eq(e.placements[0].tokens, 11);
+    /* a shared tier's row takes 'remote' placements, seen while queued and once committed */
+    char url[64];
+    cg_index_tier_row_url("redis://r:6379", url, sizeof url);
+    ck_assert_str_eq(url, "remote:redis://r:6379");
+    int64_t t = -1;
+    ck_assert_int_eq(cg_index_worker_add(ix, url, "m", 3, &t), CG_OK);
+    cg_index_placement_set(ix, &k0, t, CG_TIER_REMOTE, 10, 4);
+    e = lookup1(ix, &k0);
+    ck_assert_int_eq(e.n_placements, 2);
+    ck_assert_int_eq(e.placements[1].worker_id, t);
+    ck_assert_int_eq(e.placements[1].tier, CG_TIER_REMOTE);
+    flush_ok(ix);
+    e = lookup1(ix, &k0);
+    ck_assert_int_eq(e.n_placements, 2);
+    ck_assert_int_eq(e.placements[1].tier, CG_TIER_REMOTE);
+    ck_assert_int_eq(cg_index_entry_tokens_on(&e, t), 10);
+    ck_assert_int_eq(raw_int("SELECT count(*) FROM placements WHERE tier = 'remote'"), 1);
+    check_ok(ix);
     cg_index_close(&ix);
 }
 END_TEST
@@ -263,6 +324,9 @@ START_TEST(test_placements_pin_delete)
     ck_assert_int_eq(t, CG_TIER_DISK);
     ck_assert_int_eq(cg_tier_parse("ram", &t), 0);
     ck_assert_int_eq(t, CG_TIER_RAM);
+    ck_assert_str_eq(cg_tier_name(CG_TIER_REMOTE), "remote");
+    ck_assert_int_eq(cg_tier_parse("remote", &t), 0);
+    ck_assert_int_eq(t, CG_TIER_REMOTE);
     ck_assert_int_eq(cg_tier_parse("ssd", &t), -1);
     cg_index *ix = open_default();
     int64_t w1, w2;
@@ -1008,6 +1072,7 @@ int main(void)
     return th_run_suite(
         "index", "core", 240, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
         TH_TESTS(test_create_sets_version, test_reopen_keeps_data, test_refuse_future_version,
+                 test_migrate_v1_remote_tier,
                  test_refuse_foreign_file, test_chunk_seen_hit, test_placements_pin_delete,
                  test_workers, test_lookup_mix, test_paging, test_writer_batching,
                  test_queue_full_drops, test_batch_lost_when_locked, test_inventory_replace,

@@ -25,6 +25,8 @@ cg_worker_api_params cg_worker_api_default_params(void)
         .tp = 1,
         .kv_timeout_ms = 5000,
         .kv_max_pulls = 4,
+        .remote_url = NULL,
+        .remote_id = NULL,
     };
 }
 
@@ -37,6 +39,8 @@ cg_worker_api *cg_worker_api_new(cg_worker_api_params p)
     if (a->p.tp < 1) a->p.tp = 1;
     if (a->p.kv_timeout_ms <= 0) a->p.kv_timeout_ms = 5000;
     if (a->p.kv_max_pulls < 1) a->p.kv_max_pulls = 1;
+    if (a->p.remote_url && !a->p.remote_url[0]) a->p.remote_url = NULL;
+    if (!a->p.remote_id || !a->p.remote_id[0]) a->p.remote_id = a->p.remote_url;
     a->e = p.engine;
     a->metrics = cg_metrics_new();
     /* queue time: prefill work waiting for its first piece, sequences waiting for a place */

@@ -31,6 +31,11 @@ typedef struct cg_worker_api_params {
     /* The model's chat template (borrowed; outlives the api), or NULL: chats then take the
      * plain rendering of cache/chat.h. */
     cg_chat_model *chat;
+    /* The shared remote tier, as /v1/info reports it (the engine holds the client): its URL
+     * (never a password) and the name the gateway groups workers by. Borrowed; NULL/"" =
+     * none; remote_id NULL/"" = the URL. */
+    const char *remote_url;
+    const char *remote_id;
 } cg_worker_api_params;
 
 cg_worker_api_params cg_worker_api_default_params(void);
