@@ -18,7 +18,9 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 # Starts a program with its log in $tmp/NAME.log; sets $port from its "listening on" line.
 start() { # name, command...
     local name=$1; shift
-    "$@" >"$tmp/$name.log" 2>&1 &
+    # created here: the child opens it only once it runs, and sed below may come first
+    : >"$tmp/$name.log"
+    "$@" >>"$tmp/$name.log" 2>&1 &
     pids+=($!)
     port=""
     for _ in $(seq 1 300); do
