@@ -1,5 +1,7 @@
 /* The gateway's configuration table, lifetime, route table, and operations routes
  * (/healthz, /readyz, /metrics). */
+#include "server/gateway.h"
+
 #include "server/gwstate.h"
 #include "server/admin.h"
 #include "server/infer.h"

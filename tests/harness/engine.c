@@ -2,6 +2,7 @@
  * integration suites compare the worker's answers with. */
 #include "tests/harness/harness.h"
 #include "worker/serve/engine.h"
+#include "worker/serve/text.h"
 #include "worker/serve/worker_api.h"
 
 #include <stdio.h>

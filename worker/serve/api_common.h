@@ -11,7 +11,7 @@
 #include "base/metrics.h"
 #include "worker/serve/engine.h"
 #include "worker/serve/text.h"
-#include "worker/serve/worker_api.h"
+#include "worker/serve/api_params.h"
 
 #define P "chunkgate_worker_"
 
