@@ -898,11 +898,143 @@ static void put_u16(sbuf *b, uint32_t u, uint32_t *pending_hi)
     sbuf_put(b, enc, u8_encode(u, enc));
 }
 
-static bool lex_string(parser *ps, size_t *posp)
+/* The lexer's state: the parser it fills and the place it reads. */
+typedef struct lexer {
+    parser *ps;
+    const char *s;
+    size_t n, pos;
+    int curly; /* '{' open since the last '{{' (a '}}' then closes two braces, not the tag) */
+} lexer;
+
+/* What one lexer rule did at lx->pos: not its input, a token taken, or an error in lx->ps. */
+enum { LEX_NO, LEX_OK, LEX_ERR };
+
+static bool lex_at(const lexer *lx, const char *seq)
 {
-    const char *s = ps->pt->s;
-    size_t n = ps->pt->n, pos = *posp, start = pos;
+    size_t l = strlen(seq);
+    return lx->n - lx->pos >= l && memcmp(lx->s + lx->pos, seq, l) == 0;
+}
+
+/* Inside a tag the input must go on: fails with "unexpected end of input" where it ends. */
+static bool lex_more(lexer *lx)
+{
+    if (lx->pos < lx->n) return true;
+    perr_at(lx->ps, CG_E_VALUE, lx->pos, "unexpected end of input");
+    return false;
+}
+
+static size_t skip_digits(const char *s, size_t n, size_t i)
+{
+    while (i < n && is_digit(s[i]))
+        i++;
+    return i;
+}
+
+/* The '.' and digits after a number's integer part, when a digit follows the '.'. */
+static bool lex_fraction(lexer *lx)
+{
+    if (lx->s[lx->pos] != '.' || lx->pos + 1 >= lx->n || !is_digit(lx->s[lx->pos + 1])) return true;
+    lx->pos = skip_digits(lx->s, lx->n, lx->pos + 1);
+    return lex_more(lx);
+}
+
+/* Template text, at the start or after a tag: up to the next '{%', '{{' or '{#'. */
+static int lex_text(lexer *lx)
+{
+    int lt = last_type(lx->ps);
+    if (lt != -1 && lt != K_CLOSE_STMT && lt != K_CLOSE_EXPR && lt != K_COMMENT) return LEX_NO;
+    const char *s = lx->s;
+    size_t n = lx->n, st = lx->pos, pos = st;
+    while (pos < n && !(s[pos] == '{' && pos + 1 < n &&
+                        (s[pos + 1] == '%' || s[pos + 1] == '{' || s[pos + 1] == '#')))
+        pos++;
+    if (pos == st) return LEX_NO;
+    push_tok(lx->ps, K_TEXT, st, s + st, pos - st);
+    lx->pos = pos;
+    return LEX_OK;
+}
+
+/* {# ... #}, with '-' on either side trimming the text around it. */
+static int lex_comment(lexer *lx)
+{
+    if (!lex_at(lx, "{#")) return LEX_NO;
+    const char *s = lx->s;
+    size_t n = lx->n, st = lx->pos, pos = st + 2;
+    bool strip_before = pos < n && s[pos] == '-';
+    if (strip_before) pos++;
+    size_t cs = pos;
+    while (!(pos + 1 < n && s[pos] == '#' && s[pos + 1] == '}')) {
+        if (pos + 2 >= n)
+            return perr_at(lx->ps, CG_E_VALUE, st, "missing end of comment tag"), LEX_ERR;
+        pos++;
+    }
+    bool strip_after = pos > cs && s[pos - 1] == '-';
+    if (strip_before) strip_trailing(lx->ps);
+    push_tok(lx->ps, K_COMMENT, st, s + cs, pos - cs);
+    lx->pos = strip_after ? skip_js_space(s, n, pos + 2) : pos + 2;
+    return LEX_OK;
+}
+
+/* '{%-' and '{{-': a tag that trims the text before it. */
+static int lex_open_trim(lexer *lx)
+{
+    int type = lex_at(lx, "{%-") ? K_OPEN_STMT : lex_at(lx, "{{-") ? K_OPEN_EXPR : -1;
+    if (type < 0) return LEX_NO;
+    strip_trailing(lx->ps);
+    push_tok(lx->ps, type, lx->pos, lx->s + lx->pos, 2);
+    if (type == K_OPEN_EXPR) lx->curly = 0;
+    lx->pos += 3;
+    return LEX_OK;
+}
+
+/* Whitespace between the tokens of a tag: skipped, never a token. */
+static int lex_space(lexer *lx)
+{
+    size_t l;
+    while (lx->pos < lx->n && (l = js_space_at(lx->s + lx->pos, lx->n - lx->pos))) {
+        lx->pos += l;
+        if (!lex_more(lx)) return LEX_ERR;
+    }
+    return LEX_NO;
+}
+
+/* '-%}' and '-}}': a tag end that trims the whitespace after it. */
+static int lex_close_trim(lexer *lx)
+{
+    int type = lex_at(lx, "-%}") ? K_CLOSE_STMT : lex_at(lx, "-}}") ? K_CLOSE_EXPR : -1;
+    if (type < 0) return LEX_NO;
+    push_tok(lx->ps, type, lx->pos, lx->s + lx->pos + 1, 2);
+    lx->pos = skip_js_space(lx->s, lx->n, lx->pos + 3);
+    return LEX_OK;
+}
+
+/* '-' or '+' where no operand precedes it: a signed number literal or a unary operator. After
+ * an operand it is the binary operator, left to lex_punct. */
+static int lex_sign(lexer *lx)
+{
+    char c = lx->s[lx->pos];
+    if (c != '-' && c != '+') return LEX_NO;
+    int lt = last_type(lx->ps);
+    if (lt == K_TEXT || lt == -1)
+        return perr_at(lx->ps, CG_E_VALUE, lx->pos, "unexpected character: %c", c), LEX_ERR;
+    if (lt == K_IDENT || lt == K_NUM || lt == K_STR || lt == K_RPAREN || lt == K_RBRACKET)
+        return LEX_NO;
+    size_t st = lx->pos;
+    lx->pos = skip_digits(lx->s, lx->n, st + 1);
+    bool num = lx->pos > st + 1;
+    if (num && (!lex_more(lx) || !lex_fraction(lx))) return LEX_ERR;
+    push_tok(lx->ps, num ? K_NUM : K_UNARY, st, lx->s + st, lx->pos - st);
+    return LEX_OK;
+}
+
+/* A string literal in ' or ", its escapes decoded. */
+static int lex_string(lexer *lx)
+{
+    parser *ps = lx->ps;
+    const char *s = lx->s;
+    size_t n = lx->n, pos = lx->pos, start = pos;
     char q = s[pos++];
+    if (q != '\'' && q != '"') return LEX_NO;
     sbuf b = {0};
     uint32_t hi = 0;
     bool ok = false;
@@ -963,14 +1095,15 @@ static bool lex_string(parser *ps, size_t *posp)
         jstr *js = jstr_copy(&ps->t->ar, b.p ? b.p : "", b.len);
         push_tok(ps, K_STR, start, (const char *)js, 0); /* v carries the decoded jstr */
     }
-    *posp = pos + 1;
+    lx->pos = pos + 1;
     ok = true;
 out:
     sbuf_free(&b);
-    return ok;
+    return ok ? LEX_OK : LEX_ERR;
 }
 
-static bool lex(parser *ps)
+/* Delimiters and operators, the longest first where one is the prefix of another. */
+static int lex_punct(lexer *lx)
 {
     static const struct {
         const char *seq;
@@ -985,141 +1118,71 @@ static bool lex(parser *ps)
         {"*", K_MUL},        {"//", K_MUL},        {"/", K_MUL},        {"%", K_MUL},
         {"=", K_EQUALS},
     };
-    const char *s = ps->pt->s;
-    size_t n = ps->pt->n, pos = 0;
-    int curly = 0;
-    while (pos < n) {
-        int lt = last_type(ps);
-        if (lt == -1 || lt == K_CLOSE_STMT || lt == K_CLOSE_EXPR || lt == K_COMMENT) {
-            size_t st = pos;
-            while (pos < n && !(s[pos] == '{' && pos + 1 < n &&
-                                (s[pos + 1] == '%' || s[pos + 1] == '{' || s[pos + 1] == '#')))
-                pos++;
-            if (pos > st) {
-                push_tok(ps, K_TEXT, st, s + st, pos - st);
-                continue;
-            }
-        }
-        if (s[pos] == '{' && pos + 1 < n && s[pos + 1] == '#') {
-            size_t st = pos;
-            pos += 2;
-            bool strip_before = pos < n && s[pos] == '-';
-            if (strip_before) pos++;
-            size_t cs = pos;
-            while (!(pos + 1 < n && s[pos] == '#' && s[pos + 1] == '}')) {
-                if (pos + 2 >= n)
-                    return perr_at(ps, CG_E_VALUE, st, "missing end of comment tag"), false;
-                pos++;
-            }
-            bool strip_after = pos > cs && s[pos - 1] == '-';
-            if (strip_before) strip_trailing(ps);
-            push_tok(ps, K_COMMENT, st, s + cs, pos - cs);
-            pos += 2;
-            if (strip_after) pos = skip_js_space(s, n, pos);
-            continue;
-        }
-        if (n - pos >= 3 && memcmp(s + pos, "{%-", 3) == 0) {
-            strip_trailing(ps);
-            push_tok(ps, K_OPEN_STMT, pos, s + pos, 2);
-            pos += 3;
-            continue;
-        }
-        if (n - pos >= 3 && memcmp(s + pos, "{{-", 3) == 0) {
-            strip_trailing(ps);
-            push_tok(ps, K_OPEN_EXPR, pos, s + pos, 2);
-            curly = 0;
-            pos += 3;
-            continue;
-        }
-        {
-            size_t l;
-            while (pos < n && (l = js_space_at(s + pos, n - pos))) {
-                pos += l;
-                if (pos >= n) return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
-            }
-        }
-        if (n - pos >= 3 && memcmp(s + pos, "-%}", 3) == 0) {
-            push_tok(ps, K_CLOSE_STMT, pos, s + pos + 1, 2);
-            pos = skip_js_space(s, n, pos + 3);
-            continue;
-        }
-        if (n - pos >= 3 && memcmp(s + pos, "-}}", 3) == 0) {
-            push_tok(ps, K_CLOSE_EXPR, pos, s + pos + 1, 2);
-            pos = skip_js_space(s, n, pos + 3);
-            continue;
-        }
-        char c = s[pos];
-        if (c == '-' || c == '+') {
-            int l2 = last_type(ps);
-            if (l2 == K_TEXT || l2 == -1)
-                return perr_at(ps, CG_E_VALUE, pos, "unexpected character: %c", c), false;
-            if (l2 != K_IDENT && l2 != K_NUM && l2 != K_STR && l2 != K_RPAREN && l2 != K_RBRACKET) {
-                size_t st = pos++;
-                while (pos < n && is_digit(s[pos]))
-                    pos++;
-                bool num = pos > st + 1;
-                if (num && pos >= n)
-                    return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
-                if (num && s[pos] == '.' && pos + 1 < n && is_digit(s[pos + 1])) {
-                    pos++;
-                    while (pos < n && is_digit(s[pos]))
-                        pos++;
-                    if (pos >= n)
-                        return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
-                }
-                push_tok(ps, num ? K_NUM : K_UNARY, st, s + st, pos - st);
-                continue;
-            }
-        }
-        bool matched = false;
-        for (size_t k = 0; k < CG_ARRAY_LEN(table); k++) {
-            size_t l = strlen(table[k].seq);
-            if (table[k].type == K_CLOSE_EXPR && curly > 0) continue;
-            if (n - pos >= l && memcmp(s + pos, table[k].seq, l) == 0) {
-                push_tok(ps, table[k].type, pos, s + pos, l);
-                if (table[k].type == K_OPEN_EXPR)
-                    curly = 0;
-                else if (table[k].type == K_LBRACE)
-                    curly++;
-                else if (table[k].type == K_RBRACE)
-                    curly--;
-                pos += l;
-                matched = true;
-                break;
-            }
-        }
-        if (matched) continue;
-        if (c == '\'' || c == '"') {
-            if (!lex_string(ps, &pos)) return false;
-            continue;
-        }
-        if (is_digit(c)) {
-            size_t st = pos;
-            while (pos < n && is_digit(s[pos]))
-                pos++;
-            if (pos >= n) return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
-            if (last_type(ps) != K_DOT && s[pos] == '.' && pos + 1 < n && is_digit(s[pos + 1])) {
-                pos++;
-                while (pos < n && is_digit(s[pos]))
-                    pos++;
-                if (pos >= n) return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
-            }
-            push_tok(ps, K_NUM, st, s + st, pos - st);
-            continue;
-        }
-        if (is_word(c)) {
-            size_t st = pos;
-            while (pos < n && is_word(s[pos]))
-                pos++;
-            if (pos >= n) return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
-            push_tok(ps, K_IDENT, st, s + st, pos - st);
-            continue;
-        }
-        size_t l;
-        u8_decode((const unsigned char *)s + pos, n - pos, &l);
-        return perr_at(ps, CG_E_VALUE, pos, "unexpected character: %.*s", (int)l, s + pos), false;
+    for (size_t k = 0; k < CG_ARRAY_LEN(table); k++) {
+        int type = table[k].type;
+        if (type == K_CLOSE_EXPR && lx->curly > 0) continue;
+        if (!lex_at(lx, table[k].seq)) continue;
+        size_t l = strlen(table[k].seq);
+        push_tok(lx->ps, type, lx->pos, lx->s + lx->pos, l);
+        if (type == K_OPEN_EXPR)
+            lx->curly = 0;
+        else if (type == K_LBRACE)
+            lx->curly++;
+        else if (type == K_RBRACE)
+            lx->curly--;
+        lx->pos += l;
+        return LEX_OK;
     }
-    push_tok(ps, K_EOF, n, s + n, 0);
+    return LEX_NO;
+}
+
+/* An unsigned number literal; after a '.' (an attribute) the digits end it. */
+static int lex_number(lexer *lx)
+{
+    if (!is_digit(lx->s[lx->pos])) return LEX_NO;
+    size_t st = lx->pos;
+    lx->pos = skip_digits(lx->s, lx->n, st);
+    if (!lex_more(lx)) return LEX_ERR;
+    if (last_type(lx->ps) != K_DOT && !lex_fraction(lx)) return LEX_ERR;
+    push_tok(lx->ps, K_NUM, st, lx->s + st, lx->pos - st);
+    return LEX_OK;
+}
+
+static int lex_word(lexer *lx)
+{
+    if (!is_word(lx->s[lx->pos])) return LEX_NO;
+    size_t st = lx->pos;
+    while (lx->pos < lx->n && is_word(lx->s[lx->pos]))
+        lx->pos++;
+    if (!lex_more(lx)) return LEX_ERR;
+    push_tok(lx->ps, K_IDENT, st, lx->s + st, lx->pos - st);
+    return LEX_OK;
+}
+
+/* The last rule: what no other rule takes is an error. */
+static int lex_bad(lexer *lx)
+{
+    size_t l;
+    const char *p = lx->s + lx->pos;
+    u8_decode((const unsigned char *)p, lx->n - lx->pos, &l);
+    return perr_at(lx->ps, CG_E_VALUE, lx->pos, "unexpected character: %.*s", (int)l, p), LEX_ERR;
+}
+
+/* The tokens of @huggingface/jinja's tokenize(): at each place the first rule that applies. */
+static bool lex(parser *ps)
+{
+    static int (*const rules[])(lexer *) = {
+        lex_text,  lex_comment, lex_open_trim, lex_space, lex_close_trim, lex_sign,
+        lex_punct, lex_string,  lex_number,    lex_word,  lex_bad,
+    };
+    lexer lx = {.ps = ps, .s = ps->pt->s, .n = ps->pt->n};
+    while (lx.pos < lx.n) {
+        int r = LEX_NO;
+        for (size_t k = 0; r == LEX_NO && k < CG_ARRAY_LEN(rules); k++)
+            r = rules[k](&lx);
+        if (r == LEX_ERR) return false;
+    }
+    push_tok(ps, K_EOF, lx.n, lx.s + lx.n, 0);
     return true;
 }
 
