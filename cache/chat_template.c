@@ -2556,6 +2556,16 @@ static int sbuf_val(ctx *c, const node *at, sbuf *b, val *out)
     return r;
 }
 
+/* Ends a string built in b: after an error r, frees it and returns r; else *out is the string. */
+static int sbuf_done(ctx *c, const node *at, sbuf *b, int r, val *out)
+{
+    if (r) {
+        sbuf_free(b);
+        return r;
+    }
+    return sbuf_val(c, at, b, out);
+}
+
 static env *env_new(ctx *c, env *parent)
 {
     env *e = arena_zalloc(&c->ar, sizeof(env));
@@ -2796,11 +2806,7 @@ static int case_val(ctx *c, const node *at, const jstr *s, bool upper, val *out)
     }
     sbuf b = {0};
     int r = case_map(c, at, s, upper, &b);
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -3541,11 +3547,7 @@ static int str_capitalize(ctx *c, const node *at, const jstr *s, val *out)
     sbuf b = {0};
     int r = case_map(c, at, &first, true, &b);
     if (!r) r = cput(c, at, &b, s->p + l, s->len - l);
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 static bool has_prefix(const jstr *s, const jstr *p, bool suffix)
@@ -3684,11 +3686,7 @@ static int str_replace(ctx *c, const node *at, const jstr *s, const jstr *from, 
             if (!r) r = step(c, at, 1);
         }
     }
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 /* The indent filter: every line but (unless first) the first and (unless blank) empty ones. */
@@ -3714,11 +3712,7 @@ static int str_indent(ctx *c, const node *at, const jstr *s, double width, bool 
         i = j + 1;
         line++;
     }
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 /* Concatenation of two strings (no copy when one side is empty). */
@@ -3748,11 +3742,7 @@ static int raw_val(ctx *c, const node *at, val v, val *out)
     if (v.t == V_STR) return *out = v, RC_OK;
     sbuf b = {0};
     int r = raw_str(c, at, &b, v, 0);
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -3778,11 +3768,7 @@ static int capture(ctx *c, env *e, const node *at, const nodelist *body, val *ou
     c->out = &b;
     int r = exec_list(c, e, body);
     c->out = saved;
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 static val kwargs_val(ctx *c, jobj *kw)
@@ -4135,22 +4121,14 @@ static int join_vals(ctx *c, const node *at, const jarr *a, const jstr *sep, val
         val v = a->v[i];
         if (!r && v.t != V_UNDEF && v.t != V_NULL) r = raw_str(c, at, &b, v, 0);
     }
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 static int tojson_val(ctx *c, const node *at, val v, const jopts *o, val *out)
 {
     sbuf b = {0};
     int r = to_json(c, at, &b, v, o, 0, true);
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 static int num_from_str(const jstr *s, bool as_int, double *v)
@@ -4159,339 +4137,423 @@ static int num_from_str(const jstr *s, bool as_int, double *v)
     return !isnan(*v);
 }
 
+/* A sorted copy of a, by s's order (a stays as it is). */
+static int sorted_copy(ctx *c, const jarr *a, sortctx s, val *out)
+{
+    jarr *r = arr_new(&c->ar, a->n);
+    if (a->n) memcpy(r->v, a->v, a->n * sizeof(val));
+    TRY(merge_sort(&s, r->v, r->n));
+    *out = varr(r, 0);
+    return RC_OK;
+}
+
+/* ---- filters without arguments ("x | f"), by the type of x ---- */
+
+static int plain_array(ctx *c, const node *f, val v, val *out)
+{
+    const jarr *a = v.u.a;
+    switch (f->op) {
+    case F_list:
+        *out = v;
+        return RC_OK;
+    case F_first:
+        *out = a->n ? a->v[0] : UNDEF;
+        return RC_OK;
+    case F_last:
+        *out = a->n ? a->v[a->n - 1] : UNDEF;
+        return RC_OK;
+    case F_length:
+        *out = vint((double)a->n);
+        return RC_OK;
+    case F_reverse: {
+        jarr *r = arr_new(&c->ar, a->n);
+        for (size_t i = 0; i < a->n; i++)
+            r->v[i] = a->v[a->n - 1 - i];
+        *out = varr(r, 0);
+        return step(c, f, a->n);
+    }
+    case F_sort:
+        return sorted_copy(c, a, (sortctx){c, f, false, false, NULL}, out);
+    case F_join:
+        return join_vals(c, f, a, NULL, out);
+    case F_string: {
+        sbuf b = {0};
+        int r = to_json(c, f, &b, v, &JSON_DEFAULT, 0, false);
+        return sbuf_done(c, f, &b, r, out);
+    }
+    case F_unique: {
+        jarr *r = arr_new(&c->ar, a->n);
+        r->n = 0;
+        TRY(step(c, f, (uint64_t)a->n * a->n / 2));
+        for (size_t i = 0; i < a->n; i++) {
+            bool seen = false;
+            for (size_t k = 0; k < r->n && !seen; k++)
+                seen = same_value_zero(r->v[k], a->v[i]);
+            if (!seen) r->v[r->n++] = a->v[i];
+        }
+        *out = varr(r, 0);
+        return RC_OK;
+    }
+    }
+    return TERR(c, f, "unknown ArrayValue filter: %s", filter_names[f->op]);
+}
+
+static int plain_string(ctx *c, const node *f, val v, val *out)
+{
+    const jstr *s = v.u.s;
+    switch (f->op) {
+    case F_length:
+        *out = vint((double)s->u16);
+        return RC_OK;
+    case F_upper:
+        return case_val(c, f, s, true, out);
+    case F_lower:
+        return case_val(c, f, s, false, out);
+    case F_title:
+        return str_title(c, f, s, out);
+    case F_capitalize:
+        return str_capitalize(c, f, s, out);
+    case F_trim:
+        *out = str_trim(c, s, true, true);
+        return work(c, f, s->len);
+    case F_indent:
+        return str_indent(c, f, s, 4, false, false, out);
+    case F_join:
+    case F_string:
+        *out = v;
+        return RC_OK;
+    case F_int:
+    case F_float: {
+        double d;
+        if (!num_from_str(s, f->op == F_int, &d)) d = 0;
+        *out = f->op == F_int ? vint(d) : vfloat(d);
+        return RC_OK;
+    }
+    }
+    return TERR(c, f, "unknown StringValue filter: %s", filter_names[f->op]);
+}
+
+static int plain_number(ctx *c, const node *f, val v, val *out)
+{
+    switch (f->op) {
+    case F_abs:
+        *out = v;
+        out->u.n = fabs(v.u.n);
+        return RC_OK;
+    case F_int:
+        *out = vint(floor(v.u.n));
+        return RC_OK;
+    case F_float:
+        *out = vfloat(v.u.n);
+        return RC_OK;
+    case F_string: {
+        sbuf b = {0};
+        int r = emit(c, f, &b, v);
+        return sbuf_done(c, f, &b, r, out);
+    }
+    }
+    return TERR(c, f, "unknown NumericValue filter: %s", filter_names[f->op]);
+}
+
+static int plain_object(ctx *c, env *e, const node *f, val v, val *out)
+{
+    switch (f->op) {
+    case F_items:
+        return obj_items(c, v.u.o, 0, out);
+    case F_length:
+        *out = vint((double)v.u.o->n);
+        return RC_OK;
+    default: {
+        int m = method_index(f->s, M_FIRST_MAPPING, M_COUNT);
+        if (m < 0) break;
+        val fn = method_val(c, v, m);
+        return method_call(c, e, f, fn.u.f, NULL, 0, out);
+    }
+    }
+    return TERR(c, f, "unknown ObjectValue filter: %s", filter_names[f->op]);
+}
+
+static int plain_bool(ctx *c, const node *f, val v, val *out)
+{
+    switch (f->op) {
+    case F_bool:
+        *out = v;
+        return RC_OK;
+    case F_int:
+        *out = vint(v.u.b);
+        return RC_OK;
+    case F_float:
+        *out = vfloat(v.u.b);
+        return RC_OK;
+    case F_string:
+        return str_val(c, f, v.u.b ? "true" : "false", v.u.b ? 4 : 5, out);
+    }
+    return TERR(c, f, "unknown BooleanValue filter: %s", filter_names[f->op]);
+}
+
 static int filter_plain(ctx *c, env *e, const node *f, val v, val *out)
 {
-    int id = f->op;
-    const char *name = filter_names[id];
-    if (id == F_safe) return *out = v, RC_OK;
-    if (id == F_tojson) return tojson_val(c, f, v, &JSON_DEFAULT, out);
+    if (f->op == F_safe) return *out = v, RC_OK;
+    if (f->op == F_tojson) return tojson_val(c, f, v, &JSON_DEFAULT, out);
     switch (v.t) {
-    case V_ARR: {
-        const jarr *a = v.u.a;
-        switch (id) {
-        case F_list:
-            *out = v;
-            return RC_OK;
-        case F_first:
-            *out = a->n ? a->v[0] : UNDEF;
-            return RC_OK;
-        case F_last:
-            *out = a->n ? a->v[a->n - 1] : UNDEF;
-            return RC_OK;
-        case F_length:
-            *out = vint((double)a->n);
-            return RC_OK;
-        case F_reverse: {
-            jarr *r = arr_new(&c->ar, a->n);
-            for (size_t i = 0; i < a->n; i++)
-                r->v[i] = a->v[a->n - 1 - i];
-            *out = varr(r, 0);
-            return step(c, f, a->n);
-        }
-        case F_sort: {
-            jarr *r = arr_new(&c->ar, a->n);
-            if (a->n) memcpy(r->v, a->v, a->n * sizeof(val));
-            sortctx s = {c, f, false, false, NULL};
-            TRY(merge_sort(&s, r->v, r->n));
-            *out = varr(r, 0);
-            return RC_OK;
-        }
-        case F_join:
-            return join_vals(c, f, a, NULL, out);
-        case F_string: {
-            sbuf b = {0};
-            int r = to_json(c, f, &b, v, &JSON_DEFAULT, 0, false);
-            if (r) return sbuf_free(&b), r;
-            return sbuf_val(c, f, &b, out);
-        }
-        case F_unique: {
-            jarr *r = arr_new(&c->ar, a->n);
-            r->n = 0;
-            TRY(step(c, f, (uint64_t)a->n * a->n / 2));
-            for (size_t i = 0; i < a->n; i++) {
-                bool seen = false;
-                for (size_t k = 0; k < r->n && !seen; k++)
-                    seen = same_value_zero(r->v[k], a->v[i]);
-                if (!seen) r->v[r->n++] = a->v[i];
-            }
-            *out = varr(r, 0);
-            return RC_OK;
-        }
-        }
-        return TERR(c, f, "unknown ArrayValue filter: %s", name);
-    }
-    case V_STR: {
-        const jstr *s = v.u.s;
-        switch (id) {
-        case F_length:
-            *out = vint((double)s->u16);
-            return RC_OK;
-        case F_upper:
-            return case_val(c, f, s, true, out);
-        case F_lower:
-            return case_val(c, f, s, false, out);
-        case F_title:
-            return str_title(c, f, s, out);
-        case F_capitalize:
-            return str_capitalize(c, f, s, out);
-        case F_trim:
-            *out = str_trim(c, s, true, true);
-            return work(c, f, s->len);
-        case F_indent:
-            return str_indent(c, f, s, 4, false, false, out);
-        case F_join:
-        case F_string:
-            *out = v;
-            return RC_OK;
-        case F_int:
-        case F_float: {
-            double d;
-            if (!num_from_str(s, id == F_int, &d)) d = 0;
-            *out = id == F_int ? vint(d) : vfloat(d);
-            return RC_OK;
-        }
-        }
-        return TERR(c, f, "unknown StringValue filter: %s", name);
-    }
+    case V_ARR:
+        return plain_array(c, f, v, out);
+    case V_STR:
+        return plain_string(c, f, v, out);
     case V_INT:
     case V_FLOAT:
-        switch (id) {
-        case F_abs:
-            *out = v;
-            out->u.n = fabs(v.u.n);
-            return RC_OK;
-        case F_int:
-            *out = vint(floor(v.u.n));
-            return RC_OK;
-        case F_float:
-            *out = vfloat(v.u.n);
-            return RC_OK;
-        case F_string: {
-            sbuf b = {0};
-            int r = emit(c, f, &b, v);
-            if (r) return sbuf_free(&b), r;
-            return sbuf_val(c, f, &b, out);
-        }
-        }
-        return TERR(c, f, "unknown NumericValue filter: %s", name);
+        return plain_number(c, f, v, out);
     case V_OBJ:
-        switch (id) {
-        case F_items:
-            return obj_items(c, v.u.o, 0, out);
-        case F_length:
-            *out = vint((double)v.u.o->n);
-            return RC_OK;
-        default: {
-            int m = method_index(f->s, M_FIRST_MAPPING, M_COUNT);
-            if (m < 0) break;
-            val fn = method_val(c, v, m);
-            return method_call(c, e, f, fn.u.f, NULL, 0, out);
-        }
-        }
-        return TERR(c, f, "unknown ObjectValue filter: %s", name);
+        return plain_object(c, e, f, v, out);
     case V_BOOL:
-        switch (id) {
-        case F_bool:
-            *out = v;
-            return RC_OK;
-        case F_int:
-            *out = vint(v.u.b);
-            return RC_OK;
-        case F_float:
-            *out = vfloat(v.u.b);
-            return RC_OK;
-        case F_string:
-            return str_val(c, f, v.u.b ? "true" : "false", v.u.b ? 4 : 5, out);
-        }
-        return TERR(c, f, "unknown BooleanValue filter: %s", name);
+        return plain_bool(c, f, v, out);
     default:
         break;
     }
-    return TERR(c, f, "cannot apply filter \"%s\" to type: %s", name, type_name(v));
+    return TERR(c, f, "cannot apply filter \"%s\" to type: %s", filter_names[f->op], type_name(v));
+}
+
+/* ---- filters with arguments ("x | f(...)") ---- */
+
+/* The evaluated arguments of a filter call. */
+typedef struct fargs {
+    val *pos;
+    size_t np;
+    jobj *kw;
+} fargs;
+
+static int filter_args(ctx *c, env *e, const node *f, fargs *a)
+{
+    return eval_args(c, e, &f->l1, &a->pos, &a->np, &a->kw);
+}
+
+/* The positional argument i, else the keyword name, else def. */
+static val farg(const fargs *a, size_t i, const char *name, val def)
+{
+    return arg_or(a->pos, a->np, i, a->kw, name, def);
+}
+
+/* tojson(indent=, ensure_ascii=, sort_keys=, separators=): keywords only. */
+static int call_tojson(ctx *c, env *e, const node *f, val v, val *out)
+{
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    jopts o = {0};
+    val indent = arg_or(NULL, 0, 0, a.kw, "indent", VNULL);
+    if (indent.t != V_INT && indent.t != V_NULL)
+        return TERR(c, f, "if set, indent must be a number");
+    if (indent.t == V_INT && !isnan(indent.u.n) && indent.u.n != 0) {
+        if (indent.u.n < 0) return TERR(c, f, "invalid count value: %g", indent.u.n);
+        if (indent.u.n > TPL_MAX_INDENT) return TERR(c, f, "indent over %d", TPL_MAX_INDENT);
+        o.indent = indent.u.n;
+    }
+    val ea = arg_or(NULL, 0, 0, a.kw, "ensure_ascii", vbool(false));
+    if (ea.t != V_BOOL) return TERR(c, f, "if set, ensure_ascii must be a boolean");
+    val sk = arg_or(NULL, 0, 0, a.kw, "sort_keys", vbool(false));
+    if (sk.t != V_BOOL) return TERR(c, f, "if set, sort_keys must be a boolean");
+    val sep = arg_or(NULL, 0, 0, a.kw, "separators", VNULL);
+    if (sep.t == V_ARR) {
+        if (sep.u.a->n != 2 || sep.u.a->v[0].t != V_STR || sep.u.a->v[1].t != V_STR)
+            return TERR(c, f, "separators must be a tuple of two strings");
+        o.item_sep = sep.u.a->v[0].u.s;
+        o.key_sep = sep.u.a->v[1].u.s;
+    } else if (sep.t != V_NULL) {
+        return TERR(c, f, "if set, separators must be a tuple of two strings");
+    }
+    o.ensure_ascii = ea.u.b;
+    o.sort_keys = sk.u.b;
+    return tojson_val(c, f, v, &o, out);
+}
+
+/* The empty string, the default of join's separator and of default's value. */
+static jstr EMPTY_STR = {"", 0, 0, true};
+
+/* join(separator): the items of a list, or the characters of a string. */
+static int call_join(ctx *c, env *e, const node *f, val v, val *out)
+{
+    if (v.t != V_STR && v.t != V_ARR)
+        return TERR(c, f, "cannot apply filter \"join\" to type: %s", type_name(v));
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    val sep = farg(&a, 0, "separator", vstr(&EMPTY_STR));
+    if (sep.t != V_STR) return TERR(c, f, "separator must be a string");
+    if (v.t == V_ARR) return join_vals(c, f, v.u.a, sep.u.s, out);
+    size_t ncp;
+    size_t *off = cp_offsets(c, v.u.s, &ncp);
+    sbuf b = {0};
+    int r = work(c, f, v.u.s->len);
+    for (size_t i = 0; i < ncp && !r; i++) {
+        if (i) r = cput(c, f, &b, sep.u.s->p, sep.u.s->len);
+        if (!r) r = cput(c, f, &b, v.u.s->p + off[i], off[i + 1] - off[i]);
+    }
+    return sbuf_done(c, f, &b, r, out);
+}
+
+/* int(default) and float(default): the default when a string is no number. */
+static int call_number(ctx *c, env *e, const node *f, val v, val *out)
+{
+    bool as_int = f->op == F_int;
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    val def = farg(&a, 0, "default", as_int ? vint(0) : vfloat(0));
+    if (v.t == V_STR) {
+        double d;
+        if (!num_from_str(v.u.s, as_int, &d)) return *out = def, RC_OK;
+        *out = as_int ? vint(d) : vfloat(d);
+        return RC_OK;
+    }
+    if (is_num(v)) return *out = v, RC_OK;
+    if (v.t == V_BOOL) return *out = as_int ? vint(v.u.b) : vfloat(v.u.b), RC_OK;
+    return TERR(c, f, "cannot apply filter \"%s\" to type: %s", filter_names[f->op], type_name(v));
+}
+
+/* default(value, boolean): value for an undefined x (or, with boolean, a falsy one). */
+static int call_default(ctx *c, env *e, const node *f, val v, val *out)
+{
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    val def = a.np > 0 ? a.pos[0] : vstr(&EMPTY_STR);
+    val boolean = farg(&a, 1, "boolean", vbool(false));
+    if (boolean.t != V_BOOL) return TERR(c, f, "`default` filter flag must be a boolean");
+    *out = (v.t == V_UNDEF || (boolean.u.b && !truthy(v))) ? def : v;
+    return RC_OK;
+}
+
+/* sort(reverse, case_sensitive, attribute) */
+static int call_sort(ctx *c, env *e, const node *f, const jarr *l, val *out)
+{
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    val rev = farg(&a, 0, "reverse", vbool(false));
+    if (rev.t != V_BOOL) return TERR(c, f, "reverse must be a boolean");
+    val cs = farg(&a, 1, "case_sensitive", vbool(false));
+    if (cs.t != V_BOOL) return TERR(c, f, "case_sensitive must be a boolean");
+    val attr = farg(&a, 2, "attribute", VNULL);
+    if (attr.t != V_STR && attr.t != V_INT && attr.t != V_NULL)
+        return TERR(c, f, "attribute must be a string, integer, or null");
+    if (attr.t == V_INT) TRY(raw_val(c, f, attr, &attr));
+    return sorted_copy(c, l, (sortctx){c, f, cs.u.b, rev.u.b, attr.t == V_STR ? attr.u.s : NULL},
+                       out);
+}
+
+/* selectattr / rejectattr(attribute, test, value): string literals only, as in
+ * @huggingface/jinja, so the arguments are read from the syntax tree. */
+static int call_selectattr(ctx *c, const node *f, const jarr *l, val *out)
+{
+    const char *name = filter_names[f->op];
+    bool select = f->op == F_selectattr;
+    for (size_t i = 0; i < l->n; i++)
+        if (!is_container(l->v[i]))
+            return TERR(c, f, "`%s` can only be applied to array of objects", name);
+    for (size_t i = 0; i < f->l1.n; i++)
+        if (f->l1.v[i]->kind != N_STR) return TERR(c, f, "arguments of `%s` must be strings", name);
+    if (f->l1.n == 0) return TERR(c, f, "`%s` needs an attribute name", name);
+    const jstr *attr = f->l1.v[0]->s;
+    int test = -1;
+    if (f->l1.n > 1) {
+        const jstr *tn = f->l1.v[1]->s;
+        for (int k = 0; k < TEST_COUNT && test < 0; k++)
+            if (jstr_eqc(tn, test_names[k])) test = k;
+        if (test < 0) return TERR(c, f, "unknown test: %.*s", (int)tn->len, tn->p);
+    }
+    val tv = f->l1.n > 2 ? vstr(f->l1.v[2]->s) : UNDEF;
+    jarr *r = arr_new(&c->ar, l->n);
+    r->n = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        TRY(step(c, f, 1));
+        val item;
+        bool res = false;
+        if (obj_get(l->v[i].u.o, attr->p, attr->len, &item)) {
+            if (test < 0)
+                res = truthy(item);
+            else
+                TRY(run_test(c, f, test, item, f->l1.n > 2 ? &tv : NULL, &res));
+        }
+        if (res == select) r->v[r->n++] = l->v[i];
+    }
+    *out = varr(r, 0);
+    return RC_OK;
+}
+
+/* map(attribute=, default=) */
+static int call_map(ctx *c, env *e, const node *f, const jarr *l, val *out)
+{
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    val attr;
+    if (!kw_get(a.kw, "attribute", &attr))
+        return TERR(c, f, "`map` expressions without `attribute` set are not currently supported.");
+    if (attr.t != V_STR) return TERR(c, f, "attribute must be a string");
+    val def;
+    bool has_def = kw_get(a.kw, "default", &def);
+    jarr *r = arr_new(&c->ar, l->n);
+    for (size_t i = 0; i < l->n; i++) {
+        if (!is_container(l->v[i])) return TERR(c, f, "items in map must be an object");
+        val x = attr_path(c, l->v[i], attr.u.s);
+        r->v[i] = (x.t == V_UNDEF && has_def) ? def : x;
+    }
+    *out = varr(r, 0);
+    return step(c, f, l->n);
+}
+
+/* A method called as a filter: the method of v named like the filter, with the filter's
+ * arguments and, when always_kw or there are any, its keywords as a last argument. */
+static int call_as_method(ctx *c, env *e, const node *f, val v, int method, bool always_kw,
+                          val *out)
+{
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    val *args = arena_alloc(&c->ar, (a.np + 1) * sizeof(val));
+    if (a.np) memcpy(args, a.pos, a.np * sizeof(val));
+    size_t n = a.np;
+    if (always_kw || a.kw->n) args[n++] = kwargs_val(c, a.kw);
+    val fn = method_val(c, v, method);
+    return method_call(c, e, f, fn.u.f, args, n, out);
 }
 
 static int filter_call(ctx *c, env *e, const node *f, val v, val *out)
 {
     int id = f->op;
     const char *name = filter_names[id];
-    val *pos;
-    size_t np;
-    jobj *kw;
-    if (id == F_tojson) {
-        TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-        jopts o = {0};
-        val indent = arg_or(NULL, 0, 0, kw, "indent", VNULL);
-        if (indent.t != V_INT && indent.t != V_NULL)
-            return TERR(c, f, "if set, indent must be a number");
-        if (indent.t == V_INT && !isnan(indent.u.n) && indent.u.n != 0) {
-            if (indent.u.n < 0) return TERR(c, f, "invalid count value: %g", indent.u.n);
-            if (indent.u.n > TPL_MAX_INDENT) return TERR(c, f, "indent over %d", TPL_MAX_INDENT);
-            o.indent = indent.u.n;
-        }
-        val ea = arg_or(NULL, 0, 0, kw, "ensure_ascii", vbool(false));
-        if (ea.t != V_BOOL) return TERR(c, f, "if set, ensure_ascii must be a boolean");
-        val sk = arg_or(NULL, 0, 0, kw, "sort_keys", vbool(false));
-        if (sk.t != V_BOOL) return TERR(c, f, "if set, sort_keys must be a boolean");
-        val sep = arg_or(NULL, 0, 0, kw, "separators", VNULL);
-        if (sep.t == V_ARR) {
-            if (sep.u.a->n != 2 || sep.u.a->v[0].t != V_STR || sep.u.a->v[1].t != V_STR)
-                return TERR(c, f, "separators must be a tuple of two strings");
-            o.item_sep = sep.u.a->v[0].u.s;
-            o.key_sep = sep.u.a->v[1].u.s;
-        } else if (sep.t != V_NULL) {
-            return TERR(c, f, "if set, separators must be a tuple of two strings");
-        }
-        o.ensure_ascii = ea.u.b;
-        o.sort_keys = sk.u.b;
-        return tojson_val(c, f, v, &o, out);
-    }
-    if (id == F_join) {
-        if (v.t != V_STR && v.t != V_ARR)
-            return TERR(c, f, "cannot apply filter \"join\" to type: %s", type_name(v));
-        TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-        static jstr EMPTY = {"", 0, 0, true};
-        val sep = arg_or(pos, np, 0, kw, "separator", vstr(&EMPTY));
-        if (sep.t != V_STR) return TERR(c, f, "separator must be a string");
-        if (v.t == V_ARR) return join_vals(c, f, v.u.a, sep.u.s, out);
-        size_t ncp;
-        size_t *off = cp_offsets(c, v.u.s, &ncp);
-        sbuf b = {0};
-        int r = work(c, f, v.u.s->len);
-        for (size_t i = 0; i < ncp && !r; i++) {
-            if (i) r = cput(c, f, &b, sep.u.s->p, sep.u.s->len);
-            if (!r) r = cput(c, f, &b, v.u.s->p + off[i], off[i + 1] - off[i]);
-        }
-        if (r) return sbuf_free(&b), r;
-        return sbuf_val(c, f, &b, out);
-    }
-    if (id == F_int || id == F_float) {
-        TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-        val def = arg_or(pos, np, 0, kw, "default", id == F_int ? vint(0) : vfloat(0));
-        if (v.t == V_STR) {
-            double d;
-            if (!num_from_str(v.u.s, id == F_int, &d)) return *out = def, RC_OK;
-            *out = id == F_int ? vint(d) : vfloat(d);
-            return RC_OK;
-        }
-        if (is_num(v)) return *out = v, RC_OK;
-        if (v.t == V_BOOL) return *out = id == F_int ? vint(v.u.b) : vfloat(v.u.b), RC_OK;
-        return TERR(c, f, "cannot apply filter \"%s\" to type: %s", name, type_name(v));
-    }
-    if (id == F_default) {
-        TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-        static jstr EMPTY = {"", 0, 0, true};
-        val def = np > 0 ? pos[0] : vstr(&EMPTY);
-        val boolean = arg_or(pos, np, 1, kw, "boolean", vbool(false));
-        if (boolean.t != V_BOOL) return TERR(c, f, "`default` filter flag must be a boolean");
-        *out = (v.t == V_UNDEF || (boolean.u.b && !truthy(v))) ? def : v;
-        return RC_OK;
+    switch (id) {
+    case F_tojson:
+        return call_tojson(c, e, f, v, out);
+    case F_join:
+        return call_join(c, e, f, v, out);
+    case F_int:
+    case F_float:
+        return call_number(c, e, f, v, out);
+    case F_default:
+        return call_default(c, e, f, v, out);
     }
     if (v.t == V_ARR) {
-        const jarr *a = v.u.a;
         switch (id) {
-        case F_sort: {
-            TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-            val rev = arg_or(pos, np, 0, kw, "reverse", vbool(false));
-            if (rev.t != V_BOOL) return TERR(c, f, "reverse must be a boolean");
-            val cs = arg_or(pos, np, 1, kw, "case_sensitive", vbool(false));
-            if (cs.t != V_BOOL) return TERR(c, f, "case_sensitive must be a boolean");
-            val attr = arg_or(pos, np, 2, kw, "attribute", VNULL);
-            if (attr.t != V_STR && attr.t != V_INT && attr.t != V_NULL)
-                return TERR(c, f, "attribute must be a string, integer, or null");
-            if (attr.t == V_INT) TRY(raw_val(c, f, attr, &attr));
-            jarr *r = arr_new(&c->ar, a->n);
-            if (a->n) memcpy(r->v, a->v, a->n * sizeof(val));
-            sortctx s = {c, f, cs.u.b, rev.u.b, attr.t == V_STR ? attr.u.s : NULL};
-            TRY(merge_sort(&s, r->v, r->n));
-            *out = varr(r, 0);
-            return RC_OK;
-        }
+        case F_sort:
+            return call_sort(c, e, f, v.u.a, out);
         case F_selectattr:
-        case F_rejectattr: {
-            bool select = id == F_selectattr;
-            for (size_t i = 0; i < a->n; i++)
-                if (!is_container(a->v[i]))
-                    return TERR(c, f, "`%s` can only be applied to array of objects", name);
-            for (size_t i = 0; i < f->l1.n; i++)
-                if (f->l1.v[i]->kind != N_STR)
-                    return TERR(c, f, "arguments of `%s` must be strings", name);
-            if (f->l1.n == 0) return TERR(c, f, "`%s` needs an attribute name", name);
-            const jstr *attr = f->l1.v[0]->s;
-            int test = -1;
-            if (f->l1.n > 1) {
-                const jstr *tn = f->l1.v[1]->s;
-                for (int k = 0; k < TEST_COUNT && test < 0; k++)
-                    if (jstr_eqc(tn, test_names[k])) test = k;
-                if (test < 0) return TERR(c, f, "unknown test: %.*s", (int)tn->len, tn->p);
-            }
-            val tv = f->l1.n > 2 ? vstr(f->l1.v[2]->s) : UNDEF;
-            jarr *r = arr_new(&c->ar, a->n);
-            r->n = 0;
-            for (size_t i = 0; i < a->n; i++) {
-                TRY(step(c, f, 1));
-                val item;
-                bool res = false;
-                if (obj_get(a->v[i].u.o, attr->p, attr->len, &item)) {
-                    if (test < 0)
-                        res = truthy(item);
-                    else
-                        TRY(run_test(c, f, test, item, f->l1.n > 2 ? &tv : NULL, &res));
-                }
-                if (res == select) r->v[r->n++] = a->v[i];
-            }
-            *out = varr(r, 0);
-            return RC_OK;
-        }
-        case F_map: {
-            TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-            val attr;
-            if (!kw_get(kw, "attribute", &attr))
-                return TERR(
-                    c, f, "`map` expressions without `attribute` set are not currently supported.");
-            if (attr.t != V_STR) return TERR(c, f, "attribute must be a string");
-            val def;
-            bool has_def = kw_get(kw, "default", &def);
-            jarr *r = arr_new(&c->ar, a->n);
-            for (size_t i = 0; i < a->n; i++) {
-                if (!is_container(a->v[i])) return TERR(c, f, "items in map must be an object");
-                val x = attr_path(c, a->v[i], attr.u.s);
-                r->v[i] = (x.t == V_UNDEF && has_def) ? def : x;
-            }
-            *out = varr(r, 0);
-            return step(c, f, a->n);
-        }
+        case F_rejectattr:
+            return call_selectattr(c, f, v.u.a, out);
+        case F_map:
+            return call_map(c, e, f, v.u.a, out);
         }
         return TERR(c, f, "unknown ArrayValue filter: %s", name);
     }
     if (v.t == V_STR) {
         if (id == F_indent) {
-            TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-            val width = arg_or(pos, np, 0, kw, "width", vint(4));
+            fargs a;
+            TRY(filter_args(c, e, f, &a));
+            val width = farg(&a, 0, "width", vint(4));
             if (width.t != V_INT) return TERR(c, f, "width must be a number");
-            val first = arg_or(pos, np, 1, kw, "first", vbool(false));
-            val blank = arg_or(pos, np, 2, kw, "blank", vbool(false));
+            val first = farg(&a, 1, "first", vbool(false));
+            val blank = farg(&a, 2, "blank", vbool(false));
             return str_indent(c, f, v.u.s, width.u.n, raw_truthy(first), raw_truthy(blank), out);
         }
-        if (id == F_replace) {
-            TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-            val *args = arena_alloc(&c->ar, (np + 1) * sizeof(val));
-            if (np) memcpy(args, pos, np * sizeof(val));
-            args[np] = kwargs_val(c, kw);
-            val fn = method_val(c, v, M_replace);
-            return method_call(c, e, f, fn.u.f, args, np + 1, out);
-        }
+        if (id == F_replace) return call_as_method(c, e, f, v, M_replace, true, out);
         return TERR(c, f, "unknown StringValue filter: %s", name);
     }
     if (v.t == V_OBJ) {
         int m = method_index(f->s, M_FIRST_MAPPING, M_COUNT);
-        if (m >= 0) {
-            TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-            val *args = arena_alloc(&c->ar, (np + 1) * sizeof(val));
-            if (np) memcpy(args, pos, np * sizeof(val));
-            if (kw->n) args[np++] = kwargs_val(c, kw);
-            val fn = method_val(c, v, m);
-            return method_call(c, e, f, fn.u.f, args, np, out);
-        }
+        if (m >= 0) return call_as_method(c, e, f, v, m, false, out);
         return TERR(c, f, "unknown ObjectValue filter: %s", name);
     }
     return TERR(c, f, "cannot apply filter \"%s\" to type: %s", name, type_name(v));
@@ -4601,8 +4663,7 @@ static int call_strftime(ctx *c, const node *at, val *args, size_t n, val *out)
             r = cput(c, at, &b, f->p + i, 1);
         }
     }
-    if (r) return sbuf_free(&b), r;
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 /* namespace(mapping or pairs, **kwargs) */
@@ -4921,8 +4982,7 @@ static int eval_member(ctx *c, env *e, const node *x, val *out)
             r = cput(c, x, &b, obj.u.s->p + off[idx], off[idx + 1] - off[idx]);
             taken++;
         }
-        if (r) return sbuf_free(&b), r;
-        return sbuf_val(c, x, &b, out);
+        return sbuf_done(c, x, &b, r, out);
     }
     if (x->flag)
         TRY(eval(c, e, p, &prop));
