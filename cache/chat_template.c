@@ -1566,6 +1566,19 @@ static node *parse_unary_sign(parser *ps)
     return parse_call_member(ps);
 }
 
+/* The N_FILTER node of the filter called name (at t); refused unless it is a known filter. */
+static node *filter_node(parser *ps, tok *t, const node *name)
+{
+    int id = name_index(filter_names, F_COUNT, t);
+    if (id < 0)
+        return perr_at(ps, CG_E_UNSUPPORTED, t->pos, "unsupported filter '%.*s'", (int)t->len,
+                       t->v);
+    node *f = mk(ps, N_FILTER, t);
+    f->s = name->s;
+    f->op = (uint8_t)id;
+    return f;
+}
+
 static node *parse_filter(parser *ps)
 {
     node *operand = parse_unary_sign(ps);
@@ -1577,14 +1590,9 @@ static node *parse_filter(parser *ps)
         P(name);
         if (name->kind != N_IDENT)
             return perr_at(ps, CG_E_VALUE, nt->pos, "expected a filter name after '|'");
-        node *f = mk(ps, N_FILTER, nt);
+        node *f = filter_node(ps, nt, name);
+        P(f);
         f->a = operand;
-        f->s = name->s;
-        int id = name_index(filter_names, F_COUNT, nt);
-        if (id < 0)
-            return perr_at(ps, CG_E_UNSUPPORTED, nt->pos, "unsupported filter '%.*s'", (int)nt->len,
-                           nt->v);
-        f->op = (uint8_t)id;
         if (is(ps, K_LPAREN)) {
             node *call = parse_call_expression(ps, name);
             P(call);
@@ -1919,131 +1927,164 @@ static node *parse_if(parser *ps, tok *t)
     return fin(ps, x);
 }
 
+/* {% set target = value %} or {% set target %}body{% endset %} */
+static node *parse_set(parser *ps, tok *t)
+{
+    node *x = mk(ps, N_SET, t);
+    tok *tt = peek(ps);
+    P(x->a = parse_expression_sequence(ps, false));
+    if (!valid_target(x->a, true))
+        return perr_at(ps, CG_E_VALUE, tt->pos, "cannot assign to this expression");
+    if (is(ps, K_EQUALS)) {
+        advance(ps);
+        P(x->b = parse_expression_sequence(ps, false));
+    } else {
+        P(expect(ps, K_CLOSE_STMT, "'%}'"));
+        if (!parse_body(ps, &x->l1, "endset", NULL, NULL)) return NULL;
+        P(expect(ps, K_OPEN_STMT, "'{%'"));
+        P(expect_word(ps, "endset"));
+    }
+    P(expect(ps, K_CLOSE_STMT, "'%}'"));
+    return x;
+}
+
+/* {% macro name(params) %}body{% endmacro %} */
+static node *parse_macro(parser *ps, tok *t)
+{
+    node *x = mk(ps, N_MACRO, t);
+    tok *nt = peek(ps);
+    node *name = parse_primary(ps);
+    P(name);
+    if (name->kind != N_IDENT) return perr_at(ps, CG_E_VALUE, nt->pos, "expected a macro name");
+    x->s = name->s;
+    if (!parse_args(ps, 'p', &x->l1)) return NULL;
+    P(expect(ps, K_CLOSE_STMT, "'%}'"));
+    if (!parse_body(ps, &x->l2, "endmacro", NULL, NULL) || !end_stmt(ps, "endmacro")) return NULL;
+    return x;
+}
+
+/* {% for target in iterable [if test] %}body[{% else %}body]{% endfor %} */
+static node *parse_for(parser *ps, tok *t)
+{
+    node *x = mk(ps, N_FOR, t);
+    tok *vt = peek(ps);
+    P(x->a = parse_expression_sequence(ps, true));
+    if (!valid_target(x->a, false))
+        return perr_at(ps, CG_E_VALUE, vt->pos,
+                       "expected a name or a tuple of names for the loop variable");
+    if (!is_ident(ps, "in"))
+        return perr_at(ps, CG_E_VALUE, peek(ps)->pos, "expected 'in' after the loop variable");
+    advance(ps);
+    node *it = parse_expression(ps);
+    P(it);
+    if (it->kind == N_SELECT) {
+        x->b = it->a;
+        x->c = it->b;
+    } else {
+        x->b = it;
+    }
+    P(expect(ps, K_CLOSE_STMT, "'%}'"));
+    if (!parse_body(ps, &x->l1, "endfor", "else", NULL)) return NULL;
+    if (is_stmt(ps, "else", NULL, NULL)) {
+        advance(ps);
+        advance(ps);
+        P(expect(ps, K_CLOSE_STMT, "'%}'"));
+        if (!parse_body(ps, &x->l2, "endfor", NULL, NULL)) return NULL;
+    }
+    if (!end_stmt(ps, "endfor")) return NULL;
+    return x;
+}
+
+/* {% call[(params)] macro(args) %}body{% endcall %} */
+static node *parse_callblock(parser *ps, tok *t)
+{
+    node *x = mk(ps, N_CALLBLOCK, t);
+    if (is(ps, K_LPAREN) && !parse_args(ps, 'p', &x->l1)) return NULL;
+    tok *ct = peek(ps);
+    node *callee = parse_primary(ps);
+    P(callee);
+    if (callee->kind != N_IDENT)
+        return perr_at(ps, CG_E_VALUE, ct->pos, "expected a macro name after 'call'");
+    node *call = mk(ps, N_CALL, ct);
+    call->a = callee;
+    if (!parse_args(ps, 'c', &call->l1)) return NULL;
+    P(x->a = fin(ps, call));
+    P(expect(ps, K_CLOSE_STMT, "'%}'"));
+    if (!parse_body(ps, &x->l2, "endcall", NULL, NULL) || !end_stmt(ps, "endcall")) return NULL;
+    return x;
+}
+
+/* {% filter name[(args)] %}body{% endfilter %} */
+static node *parse_filterblock(parser *ps, tok *t)
+{
+    node *x = mk(ps, N_FILTERBLOCK, t);
+    tok *ft = peek(ps);
+    node *name = parse_primary(ps);
+    P(name);
+    if (name->kind != N_IDENT)
+        return perr_at(ps, CG_E_UNSUPPORTED, ft->pos, "unsupported filter expression");
+    node *f = filter_node(ps, ft, name);
+    P(f);
+    if (is(ps, K_LPAREN)) {
+        f->flag = 1;
+        if (!parse_args(ps, 'c', &f->l1)) return NULL;
+    }
+    P(x->a = fin(ps, f));
+    P(expect(ps, K_CLOSE_STMT, "'%}'"));
+    if (!parse_body(ps, &x->l1, "endfilter", NULL, NULL) || !end_stmt(ps, "endfilter")) return NULL;
+    return x;
+}
+
+/* A statement name this renderer does not parse: Jinja's others are unsupported, a closing
+ * name out of place is an error, anything else is unknown. Returns NULL. */
+static node *bad_statement(parser *ps, const tok *t)
+{
+    static const char *const known[] = {"raw",     "include", "import",   "from",
+                                        "extends", "block",   "with",     "autoescape",
+                                        "do",      "trans",   "pluralize"};
+    for (size_t i = 0; i < CG_ARRAY_LEN(known); i++)
+        if (tok_is_word(t, known[i]))
+            return perr_at(ps, CG_E_UNSUPPORTED, t->pos, "unsupported statement '%s'", known[i]);
+    static const char *const closing[] = {"endif",  "elif",     "else",    "endfor",
+                                          "endset", "endmacro", "endcall", "endfilter"};
+    for (size_t i = 0; i < CG_ARRAY_LEN(closing); i++)
+        if (tok_is_word(t, closing[i]))
+            return perr_at(ps, CG_E_VALUE, t->pos, "unexpected '%s'", closing[i]);
+    return perr_at(ps, CG_E_UNSUPPORTED, t->pos, "unknown statement '%.*s'", (int)t->len, t->v);
+}
+
 static node *parse_statement(parser *ps)
 {
-    tok *open = advance(ps);
+    advance(ps); /* '{%' */
     tok *t = peek(ps);
     if (t->type != K_IDENT) return perr_at(ps, CG_E_VALUE, t->pos, "expected a statement name");
     node *x = NULL;
     if (tok_is_word(t, "set")) {
         advance(ps);
-        x = mk(ps, N_SET, t);
-        tok *tt = peek(ps);
-        P(x->a = parse_expression_sequence(ps, false));
-        if (!valid_target(x->a, true))
-            return perr_at(ps, CG_E_VALUE, tt->pos, "cannot assign to this expression");
-        if (is(ps, K_EQUALS)) {
-            advance(ps);
-            P(x->b = parse_expression_sequence(ps, false));
-        } else {
-            P(expect(ps, K_CLOSE_STMT, "'%}'"));
-            if (!parse_body(ps, &x->l1, "endset", NULL, NULL)) return NULL;
-            P(expect(ps, K_OPEN_STMT, "'{%'"));
-            P(expect_word(ps, "endset"));
-        }
-        P(expect(ps, K_CLOSE_STMT, "'%}'"));
+        P(x = parse_set(ps, t));
     } else if (tok_is_word(t, "if")) {
         advance(ps);
         P(x = parse_if(ps, t));
         if (!end_stmt(ps, "endif")) return NULL;
     } else if (tok_is_word(t, "macro")) {
         advance(ps);
-        x = mk(ps, N_MACRO, t);
-        tok *nt = peek(ps);
-        node *name = parse_primary(ps);
-        P(name);
-        if (name->kind != N_IDENT) return perr_at(ps, CG_E_VALUE, nt->pos, "expected a macro name");
-        x->s = name->s;
-        if (!parse_args(ps, 'p', &x->l1)) return NULL;
-        P(expect(ps, K_CLOSE_STMT, "'%}'"));
-        if (!parse_body(ps, &x->l2, "endmacro", NULL, NULL) || !end_stmt(ps, "endmacro"))
-            return NULL;
+        P(x = parse_macro(ps, t));
     } else if (tok_is_word(t, "for")) {
         advance(ps);
-        x = mk(ps, N_FOR, t);
-        tok *vt = peek(ps);
-        P(x->a = parse_expression_sequence(ps, true));
-        if (!valid_target(x->a, false))
-            return perr_at(ps, CG_E_VALUE, vt->pos,
-                           "expected a name or a tuple of names for the loop variable");
-        if (!is_ident(ps, "in"))
-            return perr_at(ps, CG_E_VALUE, peek(ps)->pos, "expected 'in' after the loop variable");
-        advance(ps);
-        node *it = parse_expression(ps);
-        P(it);
-        if (it->kind == N_SELECT) {
-            x->b = it->a;
-            x->c = it->b;
-        } else {
-            x->b = it;
-        }
-        P(expect(ps, K_CLOSE_STMT, "'%}'"));
-        if (!parse_body(ps, &x->l1, "endfor", "else", NULL)) return NULL;
-        if (is_stmt(ps, "else", NULL, NULL)) {
-            advance(ps);
-            advance(ps);
-            P(expect(ps, K_CLOSE_STMT, "'%}'"));
-            if (!parse_body(ps, &x->l2, "endfor", NULL, NULL)) return NULL;
-        }
-        if (!end_stmt(ps, "endfor")) return NULL;
+        P(x = parse_for(ps, t));
     } else if (tok_is_word(t, "call")) {
         advance(ps);
-        x = mk(ps, N_CALLBLOCK, t);
-        if (is(ps, K_LPAREN) && !parse_args(ps, 'p', &x->l1)) return NULL;
-        tok *ct = peek(ps);
-        node *callee = parse_primary(ps);
-        P(callee);
-        if (callee->kind != N_IDENT)
-            return perr_at(ps, CG_E_VALUE, ct->pos, "expected a macro name after 'call'");
-        node *call = mk(ps, N_CALL, ct);
-        call->a = callee;
-        if (!parse_args(ps, 'c', &call->l1)) return NULL;
-        P(x->a = fin(ps, call));
-        P(expect(ps, K_CLOSE_STMT, "'%}'"));
-        if (!parse_body(ps, &x->l2, "endcall", NULL, NULL) || !end_stmt(ps, "endcall")) return NULL;
+        P(x = parse_callblock(ps, t));
     } else if (tok_is_word(t, "break") || tok_is_word(t, "continue")) {
         advance(ps);
         x = mk(ps, tok_is_word(t, "break") ? N_BREAK : N_CONTINUE, t);
         P(expect(ps, K_CLOSE_STMT, "'%}'"));
     } else if (tok_is_word(t, "filter")) {
         advance(ps);
-        x = mk(ps, N_FILTERBLOCK, t);
-        tok *ft = peek(ps);
-        node *name = parse_primary(ps);
-        P(name);
-        if (name->kind != N_IDENT)
-            return perr_at(ps, CG_E_UNSUPPORTED, ft->pos, "unsupported filter expression");
-        int id = name_index(filter_names, F_COUNT, ft);
-        if (id < 0)
-            return perr_at(ps, CG_E_UNSUPPORTED, ft->pos, "unsupported filter '%.*s'", (int)ft->len,
-                           ft->v);
-        node *f = mk(ps, N_FILTER, ft);
-        f->s = name->s;
-        f->op = (uint8_t)id;
-        if (is(ps, K_LPAREN)) {
-            f->flag = 1;
-            if (!parse_args(ps, 'c', &f->l1)) return NULL;
-        }
-        P(x->a = fin(ps, f));
-        P(expect(ps, K_CLOSE_STMT, "'%}'"));
-        if (!parse_body(ps, &x->l1, "endfilter", NULL, NULL) || !end_stmt(ps, "endfilter"))
-            return NULL;
+        P(x = parse_filterblock(ps, t));
     } else {
-        static const char *const known[] = {"raw",     "include", "import",   "from",
-                                            "extends", "block",   "with",     "autoescape",
-                                            "do",      "trans",   "pluralize"};
-        for (size_t i = 0; i < CG_ARRAY_LEN(known); i++)
-            if (tok_is_word(t, known[i]))
-                return perr_at(ps, CG_E_UNSUPPORTED, t->pos, "unsupported statement '%s'",
-                               known[i]);
-        static const char *const closing[] = {"endif",  "elif",     "else",    "endfor",
-                                              "endset", "endmacro", "endcall", "endfilter"};
-        for (size_t i = 0; i < CG_ARRAY_LEN(closing); i++)
-            if (tok_is_word(t, closing[i]))
-                return perr_at(ps, CG_E_VALUE, t->pos, "unexpected '%s'", closing[i]);
-        return perr_at(ps, CG_E_UNSUPPORTED, t->pos, "unknown statement '%.*s'", (int)t->len, t->v);
+        return bad_statement(ps, t);
     }
-    (void)open;
     return fin(ps, x);
 }
 
