@@ -144,9 +144,34 @@ static size_t js_space_before(const char *p, size_t n)
     return (l && s + l == n) ? l : 0;
 }
 
+/* The offset of the first character at or after i in s[0, n) that is no JavaScript space. */
+static size_t skip_js_space(const char *s, size_t n, size_t i)
+{
+    size_t l;
+    while (i < n && (l = js_space_at(s + i, n - i)))
+        i += l;
+    return i;
+}
+
 static bool is_digit(int c)
 {
     return c >= '0' && c <= '9';
+}
+
+static size_t skip_digits(const char *s, size_t n, size_t i)
+{
+    while (i < n && is_digit(s[i]))
+        i++;
+    return i;
+}
+
+/* The value of a hexadecimal digit, -1 for any other character. */
+static int hex_digit(int c)
+{
+    return is_digit(c)              ? c - '0'
+           : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+           : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+                                    : -1;
 }
 
 static bool is_word(int c) /* JavaScript's \w: ASCII only */
@@ -390,12 +415,29 @@ static void js_float_str(double d, char *out, size_t outlen)
     snprintf(out, outlen, "%s", tmp);
 }
 
+/* The length of the exponent ('e' or 'E', a sign, digits) at p[i], 0 if no digit follows. */
+static size_t exponent_len(const char *p, size_t n, size_t i)
+{
+    size_t j = i + 1;
+    if (j < n && (p[j] == '+' || p[j] == '-')) j++;
+    size_t d = skip_digits(p, n, j);
+    return d > j ? d - i : 0;
+}
+
+/* The value of the decimal literal p[0, n) (digits, '.', exponent), negated if neg. */
+static double js_decimal(const char *p, size_t n, bool neg)
+{
+    char *tmp = cg_strndup(p, n);
+    double v = strtod(tmp, NULL);
+    free(tmp);
+    return neg ? -v : v;
+}
+
 /* ES StringToNumber: whitespace-trimmed decimal, 0x/0o/0b integers, Infinity; "" is 0. */
 static double js_str_to_num(const char *p, size_t n)
 {
-    size_t l;
-    while (n && (l = js_space_at(p, n)))
-        p += l, n -= l;
+    size_t l = skip_js_space(p, n, 0);
+    p += l, n -= l;
     while (n && (l = js_space_before(p, n)))
         n -= l;
     if (n == 0) return 0;
@@ -403,16 +445,8 @@ static double js_str_to_num(const char *p, size_t n)
         int base = (p[1] == 'x' || p[1] == 'X') ? 16 : (p[1] == 'o' || p[1] == 'O') ? 8 : 2;
         double v = 0;
         for (size_t i = 2; i < n; i++) {
-            int c = p[i], dgt;
-            if (is_digit(c))
-                dgt = c - '0';
-            else if (c >= 'a' && c <= 'f')
-                dgt = c - 'a' + 10;
-            else if (c >= 'A' && c <= 'F')
-                dgt = c - 'A' + 10;
-            else
-                return NAN;
-            if (dgt >= base) return NAN;
+            int dgt = hex_digit(p[i]);
+            if (dgt < 0 || dgt >= base) return NAN;
             v = v * base + dgt;
         }
         return v;
@@ -431,49 +465,38 @@ static double js_str_to_num(const char *p, size_t n)
     }
     if (nd == 0) return NAN;
     if (i < n && (p[i] == 'e' || p[i] == 'E')) {
-        size_t j = i + 1;
-        if (j < n && (p[j] == '+' || p[j] == '-')) j++;
-        size_t ed = 0;
-        while (j < n && is_digit(p[j]))
-            j++, ed++;
-        if (ed == 0) return NAN;
-        i = j;
+        size_t el = exponent_len(p, n, i);
+        if (el == 0) return NAN;
+        i += el;
     }
     if (i != n) return NAN;
-    char *tmp = cg_strndup(p + start, n - start);
-    double v = strtod(tmp, NULL);
-    free(tmp);
-    return neg ? -v : v;
+    return js_decimal(p + start, n - start, neg);
+}
+
+/* Where parseInt and parseFloat read the number of p[0, n): after the leading whitespace and a
+ * sign, '-' setting *neg. */
+static size_t js_number_start(const char *p, size_t n, bool *neg)
+{
+    size_t i = skip_js_space(p, n, 0);
+    *neg = i < n && p[i] == '-';
+    if (i < n && (p[i] == '+' || p[i] == '-')) i++;
+    return i;
 }
 
 /* parseInt(s, 10): leading whitespace, sign, digits; NaN when there are none. */
 static double js_parse_int(const char *p, size_t n)
 {
-    size_t l;
-    while (n && (l = js_space_at(p, n)))
-        p += l, n -= l;
-    size_t i = 0;
-    bool neg = false;
-    if (i < n && (p[i] == '+' || p[i] == '-')) neg = p[i] == '-', i++;
-    size_t s = i;
-    while (i < n && is_digit(p[i]))
-        i++;
+    bool neg;
+    size_t s = js_number_start(p, n, &neg), i = skip_digits(p, n, s);
     if (i == s) return NAN;
-    char *tmp = cg_strndup(p + s, i - s);
-    double v = strtod(tmp, NULL);
-    free(tmp);
-    return neg ? -v : v;
+    return js_decimal(p + s, i - s, neg);
 }
 
 /* parseFloat(s): the longest prefix that is a decimal literal or Infinity; NaN if none. */
 static double js_parse_float(const char *p, size_t n)
 {
-    size_t l;
-    while (n && (l = js_space_at(p, n)))
-        p += l, n -= l;
-    size_t i = 0;
-    bool neg = false;
-    if (i < n && (p[i] == '+' || p[i] == '-')) neg = p[i] == '-', i++;
+    bool neg;
+    size_t i = js_number_start(p, n, &neg);
     if (n - i >= 8 && memcmp(p + i, "Infinity", 8) == 0) return neg ? -INFINITY : INFINITY;
     size_t s = i, nd = 0;
     while (i < n && is_digit(p[i]))
@@ -485,18 +508,8 @@ static double js_parse_float(const char *p, size_t n)
         if (nd + fd > 0) i = j, nd += fd;
     }
     if (nd == 0) return NAN;
-    if (i < n && (p[i] == 'e' || p[i] == 'E')) {
-        size_t j = i + 1;
-        if (j < n && (p[j] == '+' || p[j] == '-')) j++;
-        size_t ed = 0;
-        while (j < n && is_digit(p[j]))
-            j++, ed++;
-        if (ed) i = j;
-    }
-    char *tmp = cg_strndup(p + s, i - s);
-    double v = strtod(tmp, NULL);
-    free(tmp);
-    return neg ? -v : v;
+    if (i < n && (p[i] == 'e' || p[i] == 'E')) i += exponent_len(p, n, i);
+    return js_decimal(p + s, i - s, neg);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -731,14 +744,6 @@ static void pp_trim(const ptext *in, ptext *o)
     ptext_finish(o, in);
 }
 
-static size_t skip_js_space(const char *s, size_t n, size_t i)
-{
-    size_t l;
-    while (i < n && (l = js_space_at(s + i, n - i)))
-        i += l;
-    return i;
-}
-
 /* If a {% generation %} or {% endgeneration %} tag starts at j, returns its end and its two
  * '-' flags. */
 static size_t generation_tag(const char *s, size_t n, size_t j, bool *lminus, bool *rminus)
@@ -923,13 +928,6 @@ static bool lex_more(lexer *lx)
     return false;
 }
 
-static size_t skip_digits(const char *s, size_t n, size_t i)
-{
-    while (i < n && is_digit(s[i]))
-        i++;
-    return i;
-}
-
 /* The '.' and digits after a number's integer part, when a digit follows the '.'. */
 static bool lex_fraction(lexer *lx)
 {
@@ -1059,11 +1057,7 @@ static int lex_string(lexer *lx)
                     goto out;
                 }
                 for (size_t k = 0; k < hl; k++) {
-                    char h = s[pos + k];
-                    int d = is_digit(h)              ? h - '0'
-                            : (h >= 'a' && h <= 'f') ? h - 'a' + 10
-                            : (h >= 'A' && h <= 'F') ? h - 'A' + 10
-                                                     : -1;
+                    int d = hex_digit(s[pos + k]);
                     if (d < 0) {
                         perr_at(ps, CG_E_VALUE, pos - 2, "invalid hexadecimal escape sequence");
                         goto out;
@@ -1566,6 +1560,18 @@ static node *parse_unary_sign(parser *ps)
     return parse_call_member(ps);
 }
 
+/* A name (an identifier expression) at the parser's token *at; anything else fails there with
+ * st and msg. */
+static node *parse_name(parser *ps, cg_status st, const char *msg, tok **at)
+{
+    tok *t = peek(ps);
+    node *name = parse_primary(ps);
+    P(name);
+    if (name->kind != N_IDENT) return perr_at(ps, st, t->pos, "%s", msg);
+    *at = t;
+    return name;
+}
+
 /* The N_FILTER node of the filter called name (at t); refused unless it is a known filter. */
 static node *filter_node(parser *ps, tok *t, const node *name)
 {
@@ -1585,11 +1591,9 @@ static node *parse_filter(parser *ps)
     P(operand);
     while (is(ps, K_PIPE)) {
         advance(ps);
-        tok *nt = peek(ps);
-        node *name = parse_primary(ps);
+        tok *nt;
+        node *name = parse_name(ps, CG_E_VALUE, "expected a filter name after '|'", &nt);
         P(name);
-        if (name->kind != N_IDENT)
-            return perr_at(ps, CG_E_VALUE, nt->pos, "expected a filter name after '|'");
         node *f = filter_node(ps, nt, name);
         P(f);
         f->a = operand;
@@ -1614,10 +1618,9 @@ static node *parse_test(parser *ps)
         advance(ps);
         bool neg = is_ident(ps, "not");
         if (neg) advance(ps);
-        tok *nt = peek(ps);
-        node *name = parse_primary(ps);
+        tok *nt;
+        node *name = parse_name(ps, CG_E_VALUE, "expected a test name", &nt);
         P(name);
-        if (name->kind != N_IDENT) return perr_at(ps, CG_E_VALUE, nt->pos, "expected a test name");
         int id = name_index(test_names, TEST_COUNT, nt);
         if (id < 0 || id == T_equalto || id == T_eq)
             return perr_at(ps, CG_E_UNSUPPORTED, nt->pos, "unsupported test '%.*s'", (int)nt->len,
@@ -1640,48 +1643,63 @@ static node *binary(parser *ps, tok *t, int op, node *l, node *r)
     return fin(ps, b);
 }
 
-static node *parse_power(parser *ps)
+/* Operands parsed by next, joined left to right into binary nodes while op_at finds one of
+ * the level's operators at the parser's token (it returns the op, or -1). */
+static node *parse_chain(parser *ps, node *(*next)(parser *), int (*op_at)(parser *))
 {
-    node *l = parse_test(ps);
+    node *l = next(ps);
     P(l);
-    while (is(ps, K_POW)) {
+    for (int op; (op = op_at(ps)) >= 0;) {
         tok *t = advance(ps);
-        node *r = parse_test(ps);
+        node *r = next(ps);
         P(r);
-        P(l = binary(ps, t, OP_POW, l, r));
+        P(l = binary(ps, t, op, l, r));
     }
     return l;
+}
+
+static int op_pow(parser *ps)
+{
+    return is(ps, K_POW) ? OP_POW : -1;
+}
+
+static int op_mul(parser *ps)
+{
+    if (!is(ps, K_MUL)) return -1;
+    const tok *t = peek(ps);
+    return t->len == 2 ? OP_FLOORDIV : t->v[0] == '*' ? OP_MUL : t->v[0] == '/' ? OP_DIV : OP_MOD;
+}
+
+static int op_add(parser *ps)
+{
+    if (!is(ps, K_ADD)) return -1;
+    const tok *t = peek(ps);
+    return t->v[0] == '+' ? OP_ADD : t->v[0] == '-' ? OP_SUB : OP_CAT;
+}
+
+static int op_and(parser *ps)
+{
+    return is_ident(ps, "and") ? OP_AND : -1;
+}
+
+static int op_or(parser *ps)
+{
+    return is_ident(ps, "or") ? OP_OR : -1;
+}
+
+static node *parse_power(parser *ps)
+{
+    return parse_chain(ps, parse_test, op_pow);
 }
 
 static node *parse_multiplicative(parser *ps)
 {
-    node *l = parse_power(ps);
-    P(l);
-    while (is(ps, K_MUL)) {
-        tok *t = advance(ps);
-        int op = t->len == 2      ? OP_FLOORDIV
-                 : t->v[0] == '*' ? OP_MUL
-                 : t->v[0] == '/' ? OP_DIV
-                                  : OP_MOD;
-        node *r = parse_power(ps);
-        P(r);
-        P(l = binary(ps, t, op, l, r));
-    }
-    return l;
+    return parse_chain(ps, parse_power, op_mul);
 }
 
 static node *parse_additive(parser *ps)
 {
-    node *l = parse_multiplicative(ps);
-    P(l);
-    while (is(ps, K_ADD)) {
-        tok *t = advance(ps);
-        int op = t->v[0] == '+' ? OP_ADD : t->v[0] == '-' ? OP_SUB : OP_CAT;
-        node *r = parse_multiplicative(ps);
-        P(r);
-        P(l = binary(ps, t, op, l, r));
-    }
-    return l;
+    return parse_chain(ps, parse_multiplicative, op_add);
 }
 
 static node *parse_comparison(parser *ps)
@@ -1733,28 +1751,12 @@ static node *parse_not(parser *ps)
 
 static node *parse_and(parser *ps)
 {
-    node *l = parse_not(ps);
-    P(l);
-    while (is_ident(ps, "and")) {
-        tok *t = advance(ps);
-        node *r = parse_not(ps);
-        P(r);
-        P(l = binary(ps, t, OP_AND, l, r));
-    }
-    return l;
+    return parse_chain(ps, parse_not, op_and);
 }
 
 static node *parse_or(parser *ps)
 {
-    node *l = parse_and(ps);
-    P(l);
-    while (is_ident(ps, "or")) {
-        tok *t = advance(ps);
-        node *r = parse_and(ps);
-        P(r);
-        P(l = binary(ps, t, OP_OR, l, r));
-    }
-    return l;
+    return parse_chain(ps, parse_and, op_or);
 }
 
 static node *parse_if_expression(parser *ps)
@@ -1952,10 +1954,9 @@ static node *parse_set(parser *ps, tok *t)
 static node *parse_macro(parser *ps, tok *t)
 {
     node *x = mk(ps, N_MACRO, t);
-    tok *nt = peek(ps);
-    node *name = parse_primary(ps);
+    tok *nt;
+    node *name = parse_name(ps, CG_E_VALUE, "expected a macro name", &nt);
     P(name);
-    if (name->kind != N_IDENT) return perr_at(ps, CG_E_VALUE, nt->pos, "expected a macro name");
     x->s = name->s;
     if (!parse_args(ps, 'p', &x->l1)) return NULL;
     P(expect(ps, K_CLOSE_STMT, "'%}'"));
@@ -2000,11 +2001,9 @@ static node *parse_callblock(parser *ps, tok *t)
 {
     node *x = mk(ps, N_CALLBLOCK, t);
     if (is(ps, K_LPAREN) && !parse_args(ps, 'p', &x->l1)) return NULL;
-    tok *ct = peek(ps);
-    node *callee = parse_primary(ps);
+    tok *ct;
+    node *callee = parse_name(ps, CG_E_VALUE, "expected a macro name after 'call'", &ct);
     P(callee);
-    if (callee->kind != N_IDENT)
-        return perr_at(ps, CG_E_VALUE, ct->pos, "expected a macro name after 'call'");
     node *call = mk(ps, N_CALL, ct);
     call->a = callee;
     if (!parse_args(ps, 'c', &call->l1)) return NULL;
@@ -2018,11 +2017,9 @@ static node *parse_callblock(parser *ps, tok *t)
 static node *parse_filterblock(parser *ps, tok *t)
 {
     node *x = mk(ps, N_FILTERBLOCK, t);
-    tok *ft = peek(ps);
-    node *name = parse_primary(ps);
+    tok *ft;
+    node *name = parse_name(ps, CG_E_UNSUPPORTED, "unsupported filter expression", &ft);
     P(name);
-    if (name->kind != N_IDENT)
-        return perr_at(ps, CG_E_UNSUPPORTED, ft->pos, "unsupported filter expression");
     node *f = filter_node(ps, ft, name);
     P(f);
     if (is(ps, K_LPAREN)) {
@@ -2456,6 +2453,23 @@ static bool obj_get(const jobj *o, const char *p, size_t n, val *out)
     return true;
 }
 
+/* Room for one more entry in the parallel arrays *k and *v, which hold n of *cap: full, they
+ * move to arrays twice as long (first long when there were none); the arena keeps the old. */
+static void pairs_reserve(arena *a, const jstr ***k, val **v, size_t n, size_t *cap, size_t first)
+{
+    if (n < *cap) return;
+    size_t nc = *cap ? *cap * 2 : first;
+    const jstr **nk = arena_alloc(a, nc * sizeof(*nk));
+    val *nv = arena_alloc(a, nc * sizeof(val));
+    if (n) {
+        memcpy(nk, *k, n * sizeof(*nk));
+        memcpy(nv, *v, n * sizeof(val));
+    }
+    *k = nk;
+    *v = nv;
+    *cap = nc;
+}
+
 /* Map.set: a new key goes last, an existing key keeps its place. */
 static void obj_set(arena *a, jobj *o, const jstr *k, val v)
 {
@@ -2464,18 +2478,7 @@ static void obj_set(arena *a, jobj *o, const jstr *k, val v)
         o->v[i] = v;
         return;
     }
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 8;
-        const jstr **nk = arena_alloc(a, cap * sizeof(*nk));
-        val *nv = arena_alloc(a, cap * sizeof(val));
-        if (o->n) {
-            memcpy(nk, o->k, o->n * sizeof(*nk));
-            memcpy(nv, o->v, o->n * sizeof(val));
-        }
-        o->k = nk;
-        o->v = nv;
-        o->cap = cap;
-    }
+    pairs_reserve(a, &o->k, &o->v, o->n, &o->cap, 8);
     o->k[o->n] = k;
     o->v[o->n] = v;
     o->n++;
@@ -2621,18 +2624,7 @@ static void env_set(ctx *c, env *e, const jstr *name, val v)
             e->vals[i] = v;
             return;
         }
-    if (e->n == e->cap) {
-        size_t cap = e->cap ? e->cap * 2 : 4;
-        const jstr **nn = arena_alloc(&c->ar, cap * sizeof(*nn));
-        val *nv = arena_alloc(&c->ar, cap * sizeof(val));
-        if (e->n) {
-            memcpy(nn, e->names, e->n * sizeof(*nn));
-            memcpy(nv, e->vals, e->n * sizeof(val));
-        }
-        e->names = nn;
-        e->vals = nv;
-        e->cap = cap;
-    }
+    pairs_reserve(&c->ar, &e->names, &e->vals, e->n, &e->cap, 4);
     e->names[e->n] = name;
     e->vals[e->n] = v;
     e->n++;
@@ -3017,6 +3009,42 @@ static int put_indent(ctx *c, const node *at, sbuf *b, double indent, int depth)
 
 static int utf16_cmp(const jstr *a, const jstr *b);
 
+/* Before item i of a list or mapping at depth: the separator after the item before (the
+ * separators option, else ", ", or "," when indenting), then the new line's indent. */
+static int json_item_start(ctx *c, const node *at, sbuf *b, const jopts *o, size_t i, int depth)
+{
+    if (i && o->item_sep)
+        TRY(cput(c, at, b, o->item_sep->p, o->item_sep->len));
+    else if (i)
+        TRY(cputs(c, at, b, o->indent ? "," : ", "));
+    return o->indent ? put_indent(c, at, b, o->indent, depth + 1) : RC_OK;
+}
+
+/* tojson(sort_keys=true): *order (in the arena) lists ob's entries by key. */
+static int json_key_order(ctx *c, const node *at, const jobj *ob, size_t **order)
+{
+    /* localeCompare is ICU collation; only keys that compare the same by code units and by
+     * collation are safe: lower-case ASCII letters, digits and '_' runs of equal class.
+     * Anything else is refused rather than ordered differently. */
+    for (size_t i = 0; i < ob->n; i++)
+        for (size_t k = 0; k < ob->k[i]->len; k++) {
+            char ch = ob->k[i]->p[k];
+            if (!((ch >= 'a' && ch <= 'z') || is_digit(ch)))
+                return TERR(c, at, "tojson(sort_keys=true) supports keys of a-z and 0-9 only");
+        }
+    size_t *ord = arena_alloc(&c->ar, ob->n * sizeof(size_t));
+    for (size_t i = 0; i < ob->n; i++)
+        ord[i] = i;
+    for (size_t i = 1; i < ob->n; i++) /* insertion sort: stable, few keys */
+        for (size_t k = i; k > 0 && utf16_cmp(ob->k[ord[k - 1]], ob->k[ord[k]]) > 0; k--) {
+            size_t t = ord[k];
+            ord[k] = ord[k - 1];
+            ord[k - 1] = t;
+        }
+    *order = ord;
+    return RC_OK;
+}
+
 /* toJSON of @huggingface/jinja: tojson, and printing of lists, mappings and namespaces. */
 static int to_json(ctx *c, const node *at, sbuf *b, val v, const jopts *o, int depth,
                    bool undef_null)
@@ -3041,60 +3069,23 @@ static int to_json(ctx *c, const node *at, sbuf *b, val v, const jopts *o, int d
         return json_str(c, at, b, v.u.s->p, v.u.s->len, o->ensure_ascii);
     case V_ARR:
         if (v.sub == SUB_TUPLE) break;
-        {
-            const char *isep = o->item_sep ? NULL : (o->indent ? "," : ", ");
-            TRY(cput(c, at, b, "[", 1));
-            for (size_t i = 0; i < v.u.a->n; i++) {
-                if (i) {
-                    if (isep)
-                        TRY(cputs(c, at, b, isep));
-                    else
-                        TRY(cput(c, at, b, o->item_sep->p, o->item_sep->len));
-                }
-                if (o->indent) TRY(put_indent(c, at, b, o->indent, depth + 1));
-                TRY(to_json(c, at, b, v.u.a->v[i], o, depth + 1, undef_null));
-            }
-            if (o->indent && v.u.a->n) TRY(put_indent(c, at, b, o->indent, depth));
-            return cput(c, at, b, "]", 1);
+        TRY(cput(c, at, b, "[", 1));
+        for (size_t i = 0; i < v.u.a->n; i++) {
+            TRY(json_item_start(c, at, b, o, i, depth));
+            TRY(to_json(c, at, b, v.u.a->v[i], o, depth + 1, undef_null));
         }
+        if (o->indent && v.u.a->n) TRY(put_indent(c, at, b, o->indent, depth));
+        return cput(c, at, b, "]", 1);
     case V_OBJ:
     case V_NS: {
         if (v.t == V_OBJ && v.sub == SUB_KWARGS) break;
         const jobj *ob = v.u.o;
         size_t *order = NULL;
-        if (o->sort_keys && ob->n > 1) {
-            /* localeCompare is ICU collation; only keys that compare the same by code units
-             * and by collation are safe: lower-case ASCII letters, digits and '_' runs of
-             * equal class. Anything else is refused rather than ordered differently. */
-            for (size_t i = 0; i < ob->n; i++)
-                for (size_t k = 0; k < ob->k[i]->len; k++) {
-                    char ch = ob->k[i]->p[k];
-                    if (!((ch >= 'a' && ch <= 'z') || is_digit(ch)))
-                        return TERR(c, at,
-                                    "tojson(sort_keys=true) supports keys of a-z and 0-9 only");
-                }
-            order = arena_alloc(&c->ar, ob->n * sizeof(size_t));
-            for (size_t i = 0; i < ob->n; i++)
-                order[i] = i;
-            for (size_t i = 1; i < ob->n; i++) /* insertion sort: stable, few keys */
-                for (size_t k = i; k > 0 && utf16_cmp(ob->k[order[k - 1]], ob->k[order[k]]) > 0;
-                     k--) {
-                    size_t t = order[k];
-                    order[k] = order[k - 1];
-                    order[k - 1] = t;
-                }
-        }
-        const char *isep = o->item_sep ? NULL : (o->indent ? "," : ", ");
+        if (o->sort_keys && ob->n > 1) TRY(json_key_order(c, at, ob, &order));
         TRY(cput(c, at, b, "{", 1));
         for (size_t i = 0; i < ob->n; i++) {
             size_t e = order ? order[i] : i;
-            if (i) {
-                if (isep)
-                    TRY(cputs(c, at, b, isep));
-                else
-                    TRY(cput(c, at, b, o->item_sep->p, o->item_sep->len));
-            }
-            if (o->indent) TRY(put_indent(c, at, b, o->indent, depth + 1));
+            TRY(json_item_start(c, at, b, o, i, depth));
             TRY(json_str(c, at, b, ob->k[e]->p, ob->k[e]->len, o->ensure_ascii));
             if (o->key_sep)
                 TRY(cput(c, at, b, o->key_sep->p, o->key_sep->len));
@@ -3305,38 +3296,31 @@ static int loose_eq(ctx *c, const node *at, val a, val b, bool *res)
     return RC_OK;
 }
 
+/* The next UTF-16 code unit of s from byte *i on (first the low surrogate *pend keeps from the
+ * code point before), UINT32_MAX at the end. */
+static uint32_t next_u16(const jstr *s, size_t *i, uint32_t *pend)
+{
+    if (*pend) {
+        uint32_t u = *pend;
+        *pend = 0;
+        return u;
+    }
+    if (*i >= s->len) return UINT32_MAX;
+    size_t l;
+    uint32_t cp = u8_decode((const unsigned char *)s->p + *i, s->len - *i, &l);
+    *i += l;
+    if (cp < 0x10000) return cp;
+    *pend = 0xDC00 + ((cp - 0x10000) & 0x3FF);
+    return 0xD800 + ((cp - 0x10000) >> 10);
+}
+
 /* Compares two strings by UTF-16 code units, as JavaScript's < does. */
 static int utf16_cmp(const jstr *a, const jstr *b)
 {
-    const unsigned char *p = (const unsigned char *)a->p, *q = (const unsigned char *)b->p;
     size_t i = 0, j = 0;
     uint32_t pend_a = 0, pend_b = 0;
     for (;;) {
-        uint32_t ua, ub;
-        if (pend_a)
-            ua = pend_a, pend_a = 0;
-        else if (i < a->len) {
-            size_t l;
-            uint32_t cp = u8_decode(p + i, a->len - i, &l);
-            i += l;
-            if (cp >= 0x10000)
-                ua = 0xD800 + ((cp - 0x10000) >> 10), pend_a = 0xDC00 + ((cp - 0x10000) & 0x3FF);
-            else
-                ua = cp;
-        } else
-            ua = UINT32_MAX;
-        if (pend_b)
-            ub = pend_b, pend_b = 0;
-        else if (j < b->len) {
-            size_t l;
-            uint32_t cp = u8_decode(q + j, b->len - j, &l);
-            j += l;
-            if (cp >= 0x10000)
-                ub = 0xD800 + ((cp - 0x10000) >> 10), pend_b = 0xDC00 + ((cp - 0x10000) & 0x3FF);
-            else
-                ub = cp;
-        } else
-            ub = UINT32_MAX;
+        uint32_t ua = next_u16(a, &i, &pend_a), ub = next_u16(b, &j, &pend_b);
         if (ua == UINT32_MAX && ub == UINT32_MAX) return 0;
         if (ua == UINT32_MAX) return -1;
         if (ub == UINT32_MAX) return 1;
@@ -4647,12 +4631,47 @@ static int call_range(ctx *c, const node *at, val *args, size_t n, val *out)
 
 /* strftime_now: the directives @huggingface/jinja knows (%Y %m %d %b %B %H %M %%), local time;
  * others stay as written. */
-static int call_strftime(ctx *c, const node *at, val *args, size_t n, val *out)
+/* The text of the directive %d at time tm, in tmp or a constant; NULL for a directive that
+ * @huggingface/jinja does not know. */
+static const char *strftime_field(char d, const struct tm *tm, char tmp[static 32])
 {
-    if (n < 1 || args[0].t != V_STR) return TERR(c, at, "strftime_now() needs a format string");
     static const char *const months[] = {"January",   "February", "March",    "April",
                                          "May",       "June",     "July",     "August",
                                          "September", "October",  "November", "December"};
+    int v;
+    switch (d) {
+    case 'Y':
+        snprintf(tmp, 32, "%d", tm->tm_year + 1900);
+        return tmp;
+    case 'm':
+        v = tm->tm_mon + 1;
+        break;
+    case 'd':
+        v = tm->tm_mday;
+        break;
+    case 'H':
+        v = tm->tm_hour;
+        break;
+    case 'M':
+        v = tm->tm_min;
+        break;
+    case 'B':
+        return months[tm->tm_mon];
+    case 'b':
+        snprintf(tmp, 32, "%.3s", months[tm->tm_mon]);
+        return tmp;
+    case '%':
+        return "%";
+    default:
+        return NULL;
+    }
+    snprintf(tmp, 32, "%02d", v);
+    return tmp;
+}
+
+static int call_strftime(ctx *c, const node *at, val *args, size_t n, val *out)
+{
+    if (n < 1 || args[0].t != V_STR) return TERR(c, at, "strftime_now() needs a format string");
     time_t now = time(NULL);
     struct tm tm;
     localtime_r(&now, &tm);
@@ -4662,41 +4681,7 @@ static int call_strftime(ctx *c, const node *at, val *args, size_t n, val *out)
     char tmp[32];
     for (size_t i = 0; i < f->len && !r; i++) {
         char d = i + 1 < f->len && f->p[i] == '%' ? f->p[i + 1] : 0;
-        const char *s = NULL;
-        switch (d) {
-        case 'Y':
-            snprintf(tmp, sizeof tmp, "%d", tm.tm_year + 1900);
-            s = tmp;
-            break;
-        case 'm':
-            snprintf(tmp, sizeof tmp, "%02d", tm.tm_mon + 1);
-            s = tmp;
-            break;
-        case 'd':
-            snprintf(tmp, sizeof tmp, "%02d", tm.tm_mday);
-            s = tmp;
-            break;
-        case 'H':
-            snprintf(tmp, sizeof tmp, "%02d", tm.tm_hour);
-            s = tmp;
-            break;
-        case 'M':
-            snprintf(tmp, sizeof tmp, "%02d", tm.tm_min);
-            s = tmp;
-            break;
-        case 'B':
-            s = months[tm.tm_mon];
-            break;
-        case 'b':
-            snprintf(tmp, sizeof tmp, "%.3s", months[tm.tm_mon]);
-            s = tmp;
-            break;
-        case '%':
-            s = "%";
-            break;
-        default:
-            break;
-        }
+        const char *s = strftime_field(d, &tm, tmp);
         if (s) {
             r = cputs(c, at, &b, s);
             i++;
