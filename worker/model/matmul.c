@@ -337,14 +337,12 @@ a512_tail(cg_dtype dt, int nb, const void *const *wr, const float *const *xr, in
     }
 }
 
+/* The two halves added, then summed as AVX2 does. */
 T_512 static inline float a512_hsum(__m512 v)
 {
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    return avx2_hsum(
+        _mm256_add_ps(_mm512_castps512_ps256(v),
+                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }
 
 SIMD_TILE(a512, T_512, __m512, _mm512, 16, A512_RB, A512_NB)
