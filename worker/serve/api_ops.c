@@ -211,6 +211,14 @@ static void tier_metrics(cg_worker_api *a, cg_metrics *m, const cg_engine_stats 
                         ts.remote_read_buckets, CG_TIERS_REMOTE_BOUNDS + 1, ts.remote_read_seconds);
 }
 
+/* A gauge with one series per KV tier: ram and disk. */
+static void set_tier_gauge(cg_metrics *m, const char *name, const char *help, double ram,
+                           double disk)
+{
+    cg_metric_set(cg_metrics_gauge(m, name, help, "tier=\"ram\""), ram);
+    cg_metric_set(cg_metrics_gauge(m, name, help, "tier=\"disk\""), disk);
+}
+
 void cg_api_metrics(cg_http_req *req, void *app)
 {
     cg_worker_api *a = app;
@@ -258,17 +266,12 @@ void cg_api_metrics(cg_http_req *req, void *app)
     /* Tiers: what each holds now, and the traffic between them. */
     cg_disk *d = cg_engine_disk(a->e);
     cg_disk_stats ds = d ? cg_disk_get_stats(d) : (cg_disk_stats){0};
-    static const char *tb = "Bytes held per KV tier (RAM: pool blocks; disk: slots)";
-    static const char *tc = "Chunks per KV tier (a chunk restored from disk is in both)";
-    static const char *tcap = "Capacity per KV tier in bytes";
-    cg_metric_set(cg_metrics_gauge(m, P "tier_bytes", tb, "tier=\"ram\""), (double)ps.bytes_used);
-    cg_metric_set(cg_metrics_gauge(m, P "tier_bytes", tb, "tier=\"disk\""), (double)ds.used_bytes);
-    cg_metric_set(cg_metrics_gauge(m, P "tier_chunks", tc, "tier=\"ram\""), (double)ps.chunks);
-    cg_metric_set(cg_metrics_gauge(m, P "tier_chunks", tc, "tier=\"disk\""), (double)ds.chunks);
-    cg_metric_set(cg_metrics_gauge(m, P "tier_capacity_bytes", tcap, "tier=\"ram\""),
-                  (double)ps.capacity_bytes);
-    cg_metric_set(cg_metrics_gauge(m, P "tier_capacity_bytes", tcap, "tier=\"disk\""),
-                  (double)ds.capacity_bytes);
+    set_tier_gauge(m, P "tier_bytes", "Bytes held per KV tier (RAM: pool blocks; disk: slots)",
+                   (double)ps.bytes_used, (double)ds.used_bytes);
+    set_tier_gauge(m, P "tier_chunks", "Chunks per KV tier (a chunk restored from disk is in both)",
+                   (double)ps.chunks, (double)ds.chunks);
+    set_tier_gauge(m, P "tier_capacity_bytes", "Capacity per KV tier in bytes",
+                   (double)ps.capacity_bytes, (double)ds.capacity_bytes);
     set_counter(m, P "disk_hits_total", "Cacheable segments served from the disk tier",
                 es.disk_hits);
     set_counter(m, P "spills_total", "Chunks evicted from RAM and written to disk", es.spills);
