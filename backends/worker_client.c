@@ -181,6 +181,9 @@ cg_status cg_wc_info_parse(json_t *j, cg_wc_info *out, char *err, size_t errlen)
             out->instance = cg_strdup(buf);
         }
     }
+    json_t *rt = json_object_get(j, "remote_tier");
+    const char *rid = json_string_value(json_object_get(rt, "id"));
+    if (rid && rid[0]) out->remote_tier = cg_strndup(rid, strnlen(rid, 512));
     const char *missing = !out->model         ? "model"
                           : !out->dtype       ? "dtype"
                           : !out->rope_style  ? "rope_style"
@@ -206,6 +209,7 @@ void cg_wc_info_clear(cg_wc_info *i)
     free(i->chat_template);
     free(i->bos_token);
     free(i->eos_token);
+    free(i->remote_tier);
     memset(i, 0, sizeof *i);
 }
 
@@ -226,6 +230,7 @@ void cg_wc_info_copy(cg_wc_info *dst, const cg_wc_info *src)
     dst->chat_template = dup_or_null(src->chat_template);
     dst->bos_token = dup_or_null(src->bos_token);
     dst->eos_token = dup_or_null(src->eos_token);
+    dst->remote_tier = dup_or_null(src->remote_tier);
 }
 
 int cg_wc_info_compatible(const cg_wc_info *a, const cg_wc_info *b, char *msg, size_t msglen)
@@ -243,6 +248,13 @@ int cg_wc_info_compatible(const cg_wc_info *a, const cg_wc_info *b, char *msg, s
                      s[i].y ? s[i].y : "");
             return 0;
         }
+    /* the gateway renders chats with the pool's template: a worker rendering another would
+     * key the same chat differently */
+    if (strcmp(a->chat_template ? a->chat_template : "", b->chat_template ? b->chat_template : "")) {
+        snprintf(msg, msglen, "chat_template differs from the other workers' (give every worker "
+                              "the same --chat-template)");
+        return 0;
+    }
     const struct {
         const char *name;
         int64_t x, y;

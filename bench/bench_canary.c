@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "base/base.h"
-#include "tests/harden_util.h"
+#include "tests/harness/harness.h"
 
 #define MAX_DOCS 16
 
@@ -118,9 +118,13 @@ static char *request(char *const *docs, int n_docs, const char *sys, int i, int 
     return text;
 }
 
+/* A series of port's /metrics, 0 when absent or unreadable (outside a test: no assertion). */
 static double metric(int port, const char *series)
 {
-    double v = hu_metric(port, series);
+    th_resp r;
+    th_http(&r, port, "GET", "/metrics", NULL, NULL, NULL);
+    double v = r.status == 200 ? th_metric_in(r.body.data ? r.body.data : "", series) : -1;
+    th_resp_free(&r);
     return v < 0 ? 0 : v;
 }
 
@@ -155,24 +159,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_canary: bad arguments\n");
         return 2;
     }
-    hu_init("bench_canary");
+    th_init("bench_canary", NULL);
     char model_dir[512];
     if (model) {
         snprintf(model_dir, sizeof model_dir, "%s", model);
     } else {
-        snprintf(model_dir, sizeof model_dir, "%s/model", hu_root());
-        if (hu_gen_model(WORKER_BIN, model_dir) != 0) return 1;
+        snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
+        if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) return 1;
     }
-    hu_proc w[2];
+    th_proc w[2];
     const char *names[2] = {"rate0", "rate1"};
     for (int k = 0; k < 2; k++) {
         const char *extra[8] = {"--canary-rate", k ? "1" : "0", "--pool-mb", "512"};
         int n = 4;
         if (chunk) extra[n++] = "--canary-chunk", extra[n++] = chunk;
         extra[n] = NULL;
-        if (hu_start_worker(&w[k], WORKER_BIN, model_dir, 0, names[k], extra) != 0) {
+        if (th_start_worker(&w[k], WORKER_BIN, model_dir, 0, names[k], extra) != 0) {
             fprintf(stderr, "bench_canary: worker %s did not start (see %s)\n", names[k],
-                    hu_root());
+                    th_root());
             return 1;
         }
     }
@@ -191,7 +195,7 @@ int main(int argc, char **argv)
             free(b);
         }
     for (int wait = 0; wait < 600 && metric(w[1].port, "chunkgate_worker_canary_queue") > 0; wait++)
-        hu_sleep_ms(100);
+        th_sleep_ms(100);
     double *t[2] = {cg_calloc((size_t)(n_req * rounds), sizeof(double)),
                     cg_calloc((size_t)(n_req * rounds), sizeof(double))};
     int n_t[2] = {0, 0}, seq = 0;
@@ -219,7 +223,7 @@ int main(int argc, char **argv)
                        (metric(w[1].port, "chunkgate_worker_canary_queue") > 0 ||
                         metric(w[1].port, ok) + metric(w[1].port, dropped) - ok0 - dr0 <
                             (double)n_t[1]))
-                    hu_sleep_ms(50);
+                    th_sleep_ms(50);
             }
         }
     double done = metric(w[1].port, ok) - ok0, drop = metric(w[1].port, dropped) - dr0;
@@ -248,12 +252,12 @@ int main(int argc, char **argv)
            "background pieces %.0f run, %.0f stopped for live requests\n",
            done, drop, pieces, stops);
     for (int k = 0; k < 2; k++)
-        hu_stop_clean(&w[k], names[k]);
+        th_stop_clean(&w[k], names[k]);
     for (int d = 0; d < n_docs; d++)
         free(docs[d]);
     free(sys);
     free(t[0]);
     free(t[1]);
-    hu_cleanup(hu_failures);
+    th_cleanup(th_failures);
     return p50[1] / p50[0] <= 1.3 ? 0 : 3;
 }

@@ -144,9 +144,34 @@ static size_t js_space_before(const char *p, size_t n)
     return (l && s + l == n) ? l : 0;
 }
 
+/* The offset of the first character at or after i in s[0, n) that is no JavaScript space. */
+static size_t skip_js_space(const char *s, size_t n, size_t i)
+{
+    size_t l;
+    while (i < n && (l = js_space_at(s + i, n - i)))
+        i += l;
+    return i;
+}
+
 static bool is_digit(int c)
 {
     return c >= '0' && c <= '9';
+}
+
+static size_t skip_digits(const char *s, size_t n, size_t i)
+{
+    while (i < n && is_digit(s[i]))
+        i++;
+    return i;
+}
+
+/* The value of a hexadecimal digit, -1 for any other character. */
+static int hex_digit(int c)
+{
+    return is_digit(c)              ? c - '0'
+           : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+           : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+                                    : -1;
 }
 
 static bool is_word(int c) /* JavaScript's \w: ASCII only */
@@ -390,12 +415,29 @@ static void js_float_str(double d, char *out, size_t outlen)
     snprintf(out, outlen, "%s", tmp);
 }
 
+/* The length of the exponent ('e' or 'E', a sign, digits) at p[i], 0 if no digit follows. */
+static size_t exponent_len(const char *p, size_t n, size_t i)
+{
+    size_t j = i + 1;
+    if (j < n && (p[j] == '+' || p[j] == '-')) j++;
+    size_t d = skip_digits(p, n, j);
+    return d > j ? d - i : 0;
+}
+
+/* The value of the decimal literal p[0, n) (digits, '.', exponent), negated if neg. */
+static double js_decimal(const char *p, size_t n, bool neg)
+{
+    char *tmp = cg_strndup(p, n);
+    double v = strtod(tmp, NULL);
+    free(tmp);
+    return neg ? -v : v;
+}
+
 /* ES StringToNumber: whitespace-trimmed decimal, 0x/0o/0b integers, Infinity; "" is 0. */
 static double js_str_to_num(const char *p, size_t n)
 {
-    size_t l;
-    while (n && (l = js_space_at(p, n)))
-        p += l, n -= l;
+    size_t l = skip_js_space(p, n, 0);
+    p += l, n -= l;
     while (n && (l = js_space_before(p, n)))
         n -= l;
     if (n == 0) return 0;
@@ -403,16 +445,8 @@ static double js_str_to_num(const char *p, size_t n)
         int base = (p[1] == 'x' || p[1] == 'X') ? 16 : (p[1] == 'o' || p[1] == 'O') ? 8 : 2;
         double v = 0;
         for (size_t i = 2; i < n; i++) {
-            int c = p[i], dgt;
-            if (is_digit(c))
-                dgt = c - '0';
-            else if (c >= 'a' && c <= 'f')
-                dgt = c - 'a' + 10;
-            else if (c >= 'A' && c <= 'F')
-                dgt = c - 'A' + 10;
-            else
-                return NAN;
-            if (dgt >= base) return NAN;
+            int dgt = hex_digit(p[i]);
+            if (dgt < 0 || dgt >= base) return NAN;
             v = v * base + dgt;
         }
         return v;
@@ -431,49 +465,38 @@ static double js_str_to_num(const char *p, size_t n)
     }
     if (nd == 0) return NAN;
     if (i < n && (p[i] == 'e' || p[i] == 'E')) {
-        size_t j = i + 1;
-        if (j < n && (p[j] == '+' || p[j] == '-')) j++;
-        size_t ed = 0;
-        while (j < n && is_digit(p[j]))
-            j++, ed++;
-        if (ed == 0) return NAN;
-        i = j;
+        size_t el = exponent_len(p, n, i);
+        if (el == 0) return NAN;
+        i += el;
     }
     if (i != n) return NAN;
-    char *tmp = cg_strndup(p + start, n - start);
-    double v = strtod(tmp, NULL);
-    free(tmp);
-    return neg ? -v : v;
+    return js_decimal(p + start, n - start, neg);
+}
+
+/* Where parseInt and parseFloat read the number of p[0, n): after the leading whitespace and a
+ * sign, '-' setting *neg. */
+static size_t js_number_start(const char *p, size_t n, bool *neg)
+{
+    size_t i = skip_js_space(p, n, 0);
+    *neg = i < n && p[i] == '-';
+    if (i < n && (p[i] == '+' || p[i] == '-')) i++;
+    return i;
 }
 
 /* parseInt(s, 10): leading whitespace, sign, digits; NaN when there are none. */
 static double js_parse_int(const char *p, size_t n)
 {
-    size_t l;
-    while (n && (l = js_space_at(p, n)))
-        p += l, n -= l;
-    size_t i = 0;
-    bool neg = false;
-    if (i < n && (p[i] == '+' || p[i] == '-')) neg = p[i] == '-', i++;
-    size_t s = i;
-    while (i < n && is_digit(p[i]))
-        i++;
+    bool neg;
+    size_t s = js_number_start(p, n, &neg), i = skip_digits(p, n, s);
     if (i == s) return NAN;
-    char *tmp = cg_strndup(p + s, i - s);
-    double v = strtod(tmp, NULL);
-    free(tmp);
-    return neg ? -v : v;
+    return js_decimal(p + s, i - s, neg);
 }
 
 /* parseFloat(s): the longest prefix that is a decimal literal or Infinity; NaN if none. */
 static double js_parse_float(const char *p, size_t n)
 {
-    size_t l;
-    while (n && (l = js_space_at(p, n)))
-        p += l, n -= l;
-    size_t i = 0;
-    bool neg = false;
-    if (i < n && (p[i] == '+' || p[i] == '-')) neg = p[i] == '-', i++;
+    bool neg;
+    size_t i = js_number_start(p, n, &neg);
     if (n - i >= 8 && memcmp(p + i, "Infinity", 8) == 0) return neg ? -INFINITY : INFINITY;
     size_t s = i, nd = 0;
     while (i < n && is_digit(p[i]))
@@ -485,18 +508,8 @@ static double js_parse_float(const char *p, size_t n)
         if (nd + fd > 0) i = j, nd += fd;
     }
     if (nd == 0) return NAN;
-    if (i < n && (p[i] == 'e' || p[i] == 'E')) {
-        size_t j = i + 1;
-        if (j < n && (p[j] == '+' || p[j] == '-')) j++;
-        size_t ed = 0;
-        while (j < n && is_digit(p[j]))
-            j++, ed++;
-        if (ed) i = j;
-    }
-    char *tmp = cg_strndup(p + s, i - s);
-    double v = strtod(tmp, NULL);
-    free(tmp);
-    return neg ? -v : v;
+    if (i < n && (p[i] == 'e' || p[i] == 'E')) i += exponent_len(p, n, i);
+    return js_decimal(p + s, i - s, neg);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -731,14 +744,6 @@ static void pp_trim(const ptext *in, ptext *o)
     ptext_finish(o, in);
 }
 
-static size_t skip_js_space(const char *s, size_t n, size_t i)
-{
-    size_t l;
-    while (i < n && (l = js_space_at(s + i, n - i)))
-        i += l;
-    return i;
-}
-
 /* If a {% generation %} or {% endgeneration %} tag starts at j, returns its end and its two
  * '-' flags. */
 static size_t generation_tag(const char *s, size_t n, size_t j, bool *lminus, bool *rminus)
@@ -898,11 +903,136 @@ static void put_u16(sbuf *b, uint32_t u, uint32_t *pending_hi)
     sbuf_put(b, enc, u8_encode(u, enc));
 }
 
-static bool lex_string(parser *ps, size_t *posp)
+/* The lexer's state: the parser it fills and the place it reads. */
+typedef struct lexer {
+    parser *ps;
+    const char *s;
+    size_t n, pos;
+    int curly; /* '{' open since the last '{{' (a '}}' then closes two braces, not the tag) */
+} lexer;
+
+/* What one lexer rule did at lx->pos: not its input, a token taken, or an error in lx->ps. */
+enum { LEX_NO, LEX_OK, LEX_ERR };
+
+static bool lex_at(const lexer *lx, const char *seq)
 {
-    const char *s = ps->pt->s;
-    size_t n = ps->pt->n, pos = *posp, start = pos;
+    size_t l = strlen(seq);
+    return lx->n - lx->pos >= l && memcmp(lx->s + lx->pos, seq, l) == 0;
+}
+
+/* Inside a tag the input must go on: fails with "unexpected end of input" where it ends. */
+static bool lex_more(lexer *lx)
+{
+    if (lx->pos < lx->n) return true;
+    perr_at(lx->ps, CG_E_VALUE, lx->pos, "unexpected end of input");
+    return false;
+}
+
+/* The '.' and digits after a number's integer part, when a digit follows the '.'. */
+static bool lex_fraction(lexer *lx)
+{
+    if (lx->s[lx->pos] != '.' || lx->pos + 1 >= lx->n || !is_digit(lx->s[lx->pos + 1])) return true;
+    lx->pos = skip_digits(lx->s, lx->n, lx->pos + 1);
+    return lex_more(lx);
+}
+
+/* Template text, at the start or after a tag: up to the next '{%', '{{' or '{#'. */
+static int lex_text(lexer *lx)
+{
+    int lt = last_type(lx->ps);
+    if (lt != -1 && lt != K_CLOSE_STMT && lt != K_CLOSE_EXPR && lt != K_COMMENT) return LEX_NO;
+    const char *s = lx->s;
+    size_t n = lx->n, st = lx->pos, pos = st;
+    while (pos < n && !(s[pos] == '{' && pos + 1 < n &&
+                        (s[pos + 1] == '%' || s[pos + 1] == '{' || s[pos + 1] == '#')))
+        pos++;
+    if (pos == st) return LEX_NO;
+    push_tok(lx->ps, K_TEXT, st, s + st, pos - st);
+    lx->pos = pos;
+    return LEX_OK;
+}
+
+/* {# ... #}, with '-' on either side trimming the text around it. */
+static int lex_comment(lexer *lx)
+{
+    if (!lex_at(lx, "{#")) return LEX_NO;
+    const char *s = lx->s;
+    size_t n = lx->n, st = lx->pos, pos = st + 2;
+    bool strip_before = pos < n && s[pos] == '-';
+    if (strip_before) pos++;
+    size_t cs = pos;
+    while (!(pos + 1 < n && s[pos] == '#' && s[pos + 1] == '}')) {
+        if (pos + 2 >= n)
+            return perr_at(lx->ps, CG_E_VALUE, st, "missing end of comment tag"), LEX_ERR;
+        pos++;
+    }
+    bool strip_after = pos > cs && s[pos - 1] == '-';
+    if (strip_before) strip_trailing(lx->ps);
+    push_tok(lx->ps, K_COMMENT, st, s + cs, pos - cs);
+    lx->pos = strip_after ? skip_js_space(s, n, pos + 2) : pos + 2;
+    return LEX_OK;
+}
+
+/* '{%-' and '{{-': a tag that trims the text before it. */
+static int lex_open_trim(lexer *lx)
+{
+    int type = lex_at(lx, "{%-") ? K_OPEN_STMT : lex_at(lx, "{{-") ? K_OPEN_EXPR : -1;
+    if (type < 0) return LEX_NO;
+    strip_trailing(lx->ps);
+    push_tok(lx->ps, type, lx->pos, lx->s + lx->pos, 2);
+    if (type == K_OPEN_EXPR) lx->curly = 0;
+    lx->pos += 3;
+    return LEX_OK;
+}
+
+/* Whitespace between the tokens of a tag: skipped, never a token. */
+static int lex_space(lexer *lx)
+{
+    size_t l;
+    while (lx->pos < lx->n && (l = js_space_at(lx->s + lx->pos, lx->n - lx->pos))) {
+        lx->pos += l;
+        if (!lex_more(lx)) return LEX_ERR;
+    }
+    return LEX_NO;
+}
+
+/* '-%}' and '-}}': a tag end that trims the whitespace after it. */
+static int lex_close_trim(lexer *lx)
+{
+    int type = lex_at(lx, "-%}") ? K_CLOSE_STMT : lex_at(lx, "-}}") ? K_CLOSE_EXPR : -1;
+    if (type < 0) return LEX_NO;
+    push_tok(lx->ps, type, lx->pos, lx->s + lx->pos + 1, 2);
+    lx->pos = skip_js_space(lx->s, lx->n, lx->pos + 3);
+    return LEX_OK;
+}
+
+/* '-' or '+' where no operand precedes it: a signed number literal or a unary operator. After
+ * an operand it is the binary operator, left to lex_punct. */
+static int lex_sign(lexer *lx)
+{
+    char c = lx->s[lx->pos];
+    if (c != '-' && c != '+') return LEX_NO;
+    int lt = last_type(lx->ps);
+    if (lt == K_TEXT || lt == -1)
+        return perr_at(lx->ps, CG_E_VALUE, lx->pos, "unexpected character: %c", c), LEX_ERR;
+    if (lt == K_IDENT || lt == K_NUM || lt == K_STR || lt == K_RPAREN || lt == K_RBRACKET)
+        return LEX_NO;
+    size_t st = lx->pos;
+    lx->pos = skip_digits(lx->s, lx->n, st + 1);
+    bool num = lx->pos > st + 1;
+    if (num && (!lex_more(lx) || !lex_fraction(lx))) return LEX_ERR;
+    push_tok(lx->ps, num ? K_NUM : K_UNARY, st, lx->s + st, lx->pos - st);
+    return LEX_OK;
+}
+
+/* A string literal in ' or ", its escapes decoded. */
+static int lex_string(lexer *lx)
+{
+    parser *ps = lx->ps;
+    const char *s = lx->s;
+    size_t n = lx->n, pos = lx->pos, start = pos;
     char q = s[pos++];
+    if (q != '\'' && q != '"') return LEX_NO;
     sbuf b = {0};
     uint32_t hi = 0;
     bool ok = false;
@@ -927,11 +1057,7 @@ static bool lex_string(parser *ps, size_t *posp)
                     goto out;
                 }
                 for (size_t k = 0; k < hl; k++) {
-                    char h = s[pos + k];
-                    int d = is_digit(h)              ? h - '0'
-                            : (h >= 'a' && h <= 'f') ? h - 'a' + 10
-                            : (h >= 'A' && h <= 'F') ? h - 'A' + 10
-                                                     : -1;
+                    int d = hex_digit(s[pos + k]);
                     if (d < 0) {
                         perr_at(ps, CG_E_VALUE, pos - 2, "invalid hexadecimal escape sequence");
                         goto out;
@@ -963,14 +1089,15 @@ static bool lex_string(parser *ps, size_t *posp)
         jstr *js = jstr_copy(&ps->t->ar, b.p ? b.p : "", b.len);
         push_tok(ps, K_STR, start, (const char *)js, 0); /* v carries the decoded jstr */
     }
-    *posp = pos + 1;
+    lx->pos = pos + 1;
     ok = true;
 out:
     sbuf_free(&b);
-    return ok;
+    return ok ? LEX_OK : LEX_ERR;
 }
 
-static bool lex(parser *ps)
+/* Delimiters and operators, the longest first where one is the prefix of another. */
+static int lex_punct(lexer *lx)
 {
     static const struct {
         const char *seq;
@@ -985,141 +1112,71 @@ static bool lex(parser *ps)
         {"*", K_MUL},        {"//", K_MUL},        {"/", K_MUL},        {"%", K_MUL},
         {"=", K_EQUALS},
     };
-    const char *s = ps->pt->s;
-    size_t n = ps->pt->n, pos = 0;
-    int curly = 0;
-    while (pos < n) {
-        int lt = last_type(ps);
-        if (lt == -1 || lt == K_CLOSE_STMT || lt == K_CLOSE_EXPR || lt == K_COMMENT) {
-            size_t st = pos;
-            while (pos < n && !(s[pos] == '{' && pos + 1 < n &&
-                                (s[pos + 1] == '%' || s[pos + 1] == '{' || s[pos + 1] == '#')))
-                pos++;
-            if (pos > st) {
-                push_tok(ps, K_TEXT, st, s + st, pos - st);
-                continue;
-            }
-        }
-        if (s[pos] == '{' && pos + 1 < n && s[pos + 1] == '#') {
-            size_t st = pos;
-            pos += 2;
-            bool strip_before = pos < n && s[pos] == '-';
-            if (strip_before) pos++;
-            size_t cs = pos;
-            while (!(pos + 1 < n && s[pos] == '#' && s[pos + 1] == '}')) {
-                if (pos + 2 >= n)
-                    return perr_at(ps, CG_E_VALUE, st, "missing end of comment tag"), false;
-                pos++;
-            }
-            bool strip_after = pos > cs && s[pos - 1] == '-';
-            if (strip_before) strip_trailing(ps);
-            push_tok(ps, K_COMMENT, st, s + cs, pos - cs);
-            pos += 2;
-            if (strip_after) pos = skip_js_space(s, n, pos);
-            continue;
-        }
-        if (n - pos >= 3 && memcmp(s + pos, "{%-", 3) == 0) {
-            strip_trailing(ps);
-            push_tok(ps, K_OPEN_STMT, pos, s + pos, 2);
-            pos += 3;
-            continue;
-        }
-        if (n - pos >= 3 && memcmp(s + pos, "{{-", 3) == 0) {
-            strip_trailing(ps);
-            push_tok(ps, K_OPEN_EXPR, pos, s + pos, 2);
-            curly = 0;
-            pos += 3;
-            continue;
-        }
-        {
-            size_t l;
-            while (pos < n && (l = js_space_at(s + pos, n - pos))) {
-                pos += l;
-                if (pos >= n) return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
-            }
-        }
-        if (n - pos >= 3 && memcmp(s + pos, "-%}", 3) == 0) {
-            push_tok(ps, K_CLOSE_STMT, pos, s + pos + 1, 2);
-            pos = skip_js_space(s, n, pos + 3);
-            continue;
-        }
-        if (n - pos >= 3 && memcmp(s + pos, "-}}", 3) == 0) {
-            push_tok(ps, K_CLOSE_EXPR, pos, s + pos + 1, 2);
-            pos = skip_js_space(s, n, pos + 3);
-            continue;
-        }
-        char c = s[pos];
-        if (c == '-' || c == '+') {
-            int l2 = last_type(ps);
-            if (l2 == K_TEXT || l2 == -1)
-                return perr_at(ps, CG_E_VALUE, pos, "unexpected character: %c", c), false;
-            if (l2 != K_IDENT && l2 != K_NUM && l2 != K_STR && l2 != K_RPAREN && l2 != K_RBRACKET) {
-                size_t st = pos++;
-                while (pos < n && is_digit(s[pos]))
-                    pos++;
-                bool num = pos > st + 1;
-                if (num && pos >= n)
-                    return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
-                if (num && s[pos] == '.' && pos + 1 < n && is_digit(s[pos + 1])) {
-                    pos++;
-                    while (pos < n && is_digit(s[pos]))
-                        pos++;
-                    if (pos >= n)
-                        return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
-                }
-                push_tok(ps, num ? K_NUM : K_UNARY, st, s + st, pos - st);
-                continue;
-            }
-        }
-        bool matched = false;
-        for (size_t k = 0; k < CG_ARRAY_LEN(table); k++) {
-            size_t l = strlen(table[k].seq);
-            if (table[k].type == K_CLOSE_EXPR && curly > 0) continue;
-            if (n - pos >= l && memcmp(s + pos, table[k].seq, l) == 0) {
-                push_tok(ps, table[k].type, pos, s + pos, l);
-                if (table[k].type == K_OPEN_EXPR)
-                    curly = 0;
-                else if (table[k].type == K_LBRACE)
-                    curly++;
-                else if (table[k].type == K_RBRACE)
-                    curly--;
-                pos += l;
-                matched = true;
-                break;
-            }
-        }
-        if (matched) continue;
-        if (c == '\'' || c == '"') {
-            if (!lex_string(ps, &pos)) return false;
-            continue;
-        }
-        if (is_digit(c)) {
-            size_t st = pos;
-            while (pos < n && is_digit(s[pos]))
-                pos++;
-            if (pos >= n) return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
-            if (last_type(ps) != K_DOT && s[pos] == '.' && pos + 1 < n && is_digit(s[pos + 1])) {
-                pos++;
-                while (pos < n && is_digit(s[pos]))
-                    pos++;
-                if (pos >= n) return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
-            }
-            push_tok(ps, K_NUM, st, s + st, pos - st);
-            continue;
-        }
-        if (is_word(c)) {
-            size_t st = pos;
-            while (pos < n && is_word(s[pos]))
-                pos++;
-            if (pos >= n) return perr_at(ps, CG_E_VALUE, pos, "unexpected end of input"), false;
-            push_tok(ps, K_IDENT, st, s + st, pos - st);
-            continue;
-        }
-        size_t l;
-        u8_decode((const unsigned char *)s + pos, n - pos, &l);
-        return perr_at(ps, CG_E_VALUE, pos, "unexpected character: %.*s", (int)l, s + pos), false;
+    for (size_t k = 0; k < CG_ARRAY_LEN(table); k++) {
+        int type = table[k].type;
+        if (type == K_CLOSE_EXPR && lx->curly > 0) continue;
+        if (!lex_at(lx, table[k].seq)) continue;
+        size_t l = strlen(table[k].seq);
+        push_tok(lx->ps, type, lx->pos, lx->s + lx->pos, l);
+        if (type == K_OPEN_EXPR)
+            lx->curly = 0;
+        else if (type == K_LBRACE)
+            lx->curly++;
+        else if (type == K_RBRACE)
+            lx->curly--;
+        lx->pos += l;
+        return LEX_OK;
     }
-    push_tok(ps, K_EOF, n, s + n, 0);
+    return LEX_NO;
+}
+
+/* An unsigned number literal; after a '.' (an attribute) the digits end it. */
+static int lex_number(lexer *lx)
+{
+    if (!is_digit(lx->s[lx->pos])) return LEX_NO;
+    size_t st = lx->pos;
+    lx->pos = skip_digits(lx->s, lx->n, st);
+    if (!lex_more(lx)) return LEX_ERR;
+    if (last_type(lx->ps) != K_DOT && !lex_fraction(lx)) return LEX_ERR;
+    push_tok(lx->ps, K_NUM, st, lx->s + st, lx->pos - st);
+    return LEX_OK;
+}
+
+static int lex_word(lexer *lx)
+{
+    if (!is_word(lx->s[lx->pos])) return LEX_NO;
+    size_t st = lx->pos;
+    while (lx->pos < lx->n && is_word(lx->s[lx->pos]))
+        lx->pos++;
+    if (!lex_more(lx)) return LEX_ERR;
+    push_tok(lx->ps, K_IDENT, st, lx->s + st, lx->pos - st);
+    return LEX_OK;
+}
+
+/* The last rule: what no other rule takes is an error. */
+static int lex_bad(lexer *lx)
+{
+    size_t l;
+    const char *p = lx->s + lx->pos;
+    u8_decode((const unsigned char *)p, lx->n - lx->pos, &l);
+    return perr_at(lx->ps, CG_E_VALUE, lx->pos, "unexpected character: %.*s", (int)l, p), LEX_ERR;
+}
+
+/* The tokens of @huggingface/jinja's tokenize(): at each place the first rule that applies. */
+static bool lex(parser *ps)
+{
+    static int (*const rules[])(lexer *) = {
+        lex_text,  lex_comment, lex_open_trim, lex_space, lex_close_trim, lex_sign,
+        lex_punct, lex_string,  lex_number,    lex_word,  lex_bad,
+    };
+    lexer lx = {.ps = ps, .s = ps->pt->s, .n = ps->pt->n};
+    while (lx.pos < lx.n) {
+        int r = LEX_NO;
+        for (size_t k = 0; r == LEX_NO && k < CG_ARRAY_LEN(rules); k++)
+            r = rules[k](&lx);
+        if (r == LEX_ERR) return false;
+    }
+    push_tok(ps, K_EOF, lx.n, lx.s + lx.n, 0);
     return true;
 }
 
@@ -1503,25 +1560,43 @@ static node *parse_unary_sign(parser *ps)
     return parse_call_member(ps);
 }
 
+/* A name (an identifier expression) at the parser's token *at; anything else fails there with
+ * st and msg. */
+static node *parse_name(parser *ps, cg_status st, const char *msg, tok **at)
+{
+    tok *t = peek(ps);
+    node *name = parse_primary(ps);
+    P(name);
+    if (name->kind != N_IDENT) return perr_at(ps, st, t->pos, "%s", msg);
+    *at = t;
+    return name;
+}
+
+/* The N_FILTER node of the filter called name (at t); refused unless it is a known filter. */
+static node *filter_node(parser *ps, tok *t, const node *name)
+{
+    int id = name_index(filter_names, F_COUNT, t);
+    if (id < 0)
+        return perr_at(ps, CG_E_UNSUPPORTED, t->pos, "unsupported filter '%.*s'", (int)t->len,
+                       t->v);
+    node *f = mk(ps, N_FILTER, t);
+    f->s = name->s;
+    f->op = (uint8_t)id;
+    return f;
+}
+
 static node *parse_filter(parser *ps)
 {
     node *operand = parse_unary_sign(ps);
     P(operand);
     while (is(ps, K_PIPE)) {
         advance(ps);
-        tok *nt = peek(ps);
-        node *name = parse_primary(ps);
+        tok *nt;
+        node *name = parse_name(ps, CG_E_VALUE, "expected a filter name after '|'", &nt);
         P(name);
-        if (name->kind != N_IDENT)
-            return perr_at(ps, CG_E_VALUE, nt->pos, "expected a filter name after '|'");
-        node *f = mk(ps, N_FILTER, nt);
+        node *f = filter_node(ps, nt, name);
+        P(f);
         f->a = operand;
-        f->s = name->s;
-        int id = name_index(filter_names, F_COUNT, nt);
-        if (id < 0)
-            return perr_at(ps, CG_E_UNSUPPORTED, nt->pos, "unsupported filter '%.*s'", (int)nt->len,
-                           nt->v);
-        f->op = (uint8_t)id;
         if (is(ps, K_LPAREN)) {
             node *call = parse_call_expression(ps, name);
             P(call);
@@ -1543,10 +1618,9 @@ static node *parse_test(parser *ps)
         advance(ps);
         bool neg = is_ident(ps, "not");
         if (neg) advance(ps);
-        tok *nt = peek(ps);
-        node *name = parse_primary(ps);
+        tok *nt;
+        node *name = parse_name(ps, CG_E_VALUE, "expected a test name", &nt);
         P(name);
-        if (name->kind != N_IDENT) return perr_at(ps, CG_E_VALUE, nt->pos, "expected a test name");
         int id = name_index(test_names, TEST_COUNT, nt);
         if (id < 0 || id == T_equalto || id == T_eq)
             return perr_at(ps, CG_E_UNSUPPORTED, nt->pos, "unsupported test '%.*s'", (int)nt->len,
@@ -1569,48 +1643,63 @@ static node *binary(parser *ps, tok *t, int op, node *l, node *r)
     return fin(ps, b);
 }
 
-static node *parse_power(parser *ps)
+/* Operands parsed by next, joined left to right into binary nodes while op_at finds one of
+ * the level's operators at the parser's token (it returns the op, or -1). */
+static node *parse_chain(parser *ps, node *(*next)(parser *), int (*op_at)(parser *))
 {
-    node *l = parse_test(ps);
+    node *l = next(ps);
     P(l);
-    while (is(ps, K_POW)) {
+    for (int op; (op = op_at(ps)) >= 0;) {
         tok *t = advance(ps);
-        node *r = parse_test(ps);
+        node *r = next(ps);
         P(r);
-        P(l = binary(ps, t, OP_POW, l, r));
+        P(l = binary(ps, t, op, l, r));
     }
     return l;
+}
+
+static int op_pow(parser *ps)
+{
+    return is(ps, K_POW) ? OP_POW : -1;
+}
+
+static int op_mul(parser *ps)
+{
+    if (!is(ps, K_MUL)) return -1;
+    const tok *t = peek(ps);
+    return t->len == 2 ? OP_FLOORDIV : t->v[0] == '*' ? OP_MUL : t->v[0] == '/' ? OP_DIV : OP_MOD;
+}
+
+static int op_add(parser *ps)
+{
+    if (!is(ps, K_ADD)) return -1;
+    const tok *t = peek(ps);
+    return t->v[0] == '+' ? OP_ADD : t->v[0] == '-' ? OP_SUB : OP_CAT;
+}
+
+static int op_and(parser *ps)
+{
+    return is_ident(ps, "and") ? OP_AND : -1;
+}
+
+static int op_or(parser *ps)
+{
+    return is_ident(ps, "or") ? OP_OR : -1;
+}
+
+static node *parse_power(parser *ps)
+{
+    return parse_chain(ps, parse_test, op_pow);
 }
 
 static node *parse_multiplicative(parser *ps)
 {
-    node *l = parse_power(ps);
-    P(l);
-    while (is(ps, K_MUL)) {
-        tok *t = advance(ps);
-        int op = t->len == 2      ? OP_FLOORDIV
-                 : t->v[0] == '*' ? OP_MUL
-                 : t->v[0] == '/' ? OP_DIV
-                                  : OP_MOD;
-        node *r = parse_power(ps);
-        P(r);
-        P(l = binary(ps, t, op, l, r));
-    }
-    return l;
+    return parse_chain(ps, parse_power, op_mul);
 }
 
 static node *parse_additive(parser *ps)
 {
-    node *l = parse_multiplicative(ps);
-    P(l);
-    while (is(ps, K_ADD)) {
-        tok *t = advance(ps);
-        int op = t->v[0] == '+' ? OP_ADD : t->v[0] == '-' ? OP_SUB : OP_CAT;
-        node *r = parse_multiplicative(ps);
-        P(r);
-        P(l = binary(ps, t, op, l, r));
-    }
-    return l;
+    return parse_chain(ps, parse_multiplicative, op_add);
 }
 
 static node *parse_comparison(parser *ps)
@@ -1662,28 +1751,12 @@ static node *parse_not(parser *ps)
 
 static node *parse_and(parser *ps)
 {
-    node *l = parse_not(ps);
-    P(l);
-    while (is_ident(ps, "and")) {
-        tok *t = advance(ps);
-        node *r = parse_not(ps);
-        P(r);
-        P(l = binary(ps, t, OP_AND, l, r));
-    }
-    return l;
+    return parse_chain(ps, parse_not, op_and);
 }
 
 static node *parse_or(parser *ps)
 {
-    node *l = parse_and(ps);
-    P(l);
-    while (is_ident(ps, "or")) {
-        tok *t = advance(ps);
-        node *r = parse_and(ps);
-        P(r);
-        P(l = binary(ps, t, OP_OR, l, r));
-    }
-    return l;
+    return parse_chain(ps, parse_and, op_or);
 }
 
 static node *parse_if_expression(parser *ps)
@@ -1856,131 +1929,159 @@ static node *parse_if(parser *ps, tok *t)
     return fin(ps, x);
 }
 
+/* {% set target = value %} or {% set target %}body{% endset %} */
+static node *parse_set(parser *ps, tok *t)
+{
+    node *x = mk(ps, N_SET, t);
+    tok *tt = peek(ps);
+    P(x->a = parse_expression_sequence(ps, false));
+    if (!valid_target(x->a, true))
+        return perr_at(ps, CG_E_VALUE, tt->pos, "cannot assign to this expression");
+    if (is(ps, K_EQUALS)) {
+        advance(ps);
+        P(x->b = parse_expression_sequence(ps, false));
+    } else {
+        P(expect(ps, K_CLOSE_STMT, "'%}'"));
+        if (!parse_body(ps, &x->l1, "endset", NULL, NULL)) return NULL;
+        P(expect(ps, K_OPEN_STMT, "'{%'"));
+        P(expect_word(ps, "endset"));
+    }
+    P(expect(ps, K_CLOSE_STMT, "'%}'"));
+    return x;
+}
+
+/* {% macro name(params) %}body{% endmacro %} */
+static node *parse_macro(parser *ps, tok *t)
+{
+    node *x = mk(ps, N_MACRO, t);
+    tok *nt;
+    node *name = parse_name(ps, CG_E_VALUE, "expected a macro name", &nt);
+    P(name);
+    x->s = name->s;
+    if (!parse_args(ps, 'p', &x->l1)) return NULL;
+    P(expect(ps, K_CLOSE_STMT, "'%}'"));
+    if (!parse_body(ps, &x->l2, "endmacro", NULL, NULL) || !end_stmt(ps, "endmacro")) return NULL;
+    return x;
+}
+
+/* {% for target in iterable [if test] %}body[{% else %}body]{% endfor %} */
+static node *parse_for(parser *ps, tok *t)
+{
+    node *x = mk(ps, N_FOR, t);
+    tok *vt = peek(ps);
+    P(x->a = parse_expression_sequence(ps, true));
+    if (!valid_target(x->a, false))
+        return perr_at(ps, CG_E_VALUE, vt->pos,
+                       "expected a name or a tuple of names for the loop variable");
+    if (!is_ident(ps, "in"))
+        return perr_at(ps, CG_E_VALUE, peek(ps)->pos, "expected 'in' after the loop variable");
+    advance(ps);
+    node *it = parse_expression(ps);
+    P(it);
+    if (it->kind == N_SELECT) {
+        x->b = it->a;
+        x->c = it->b;
+    } else {
+        x->b = it;
+    }
+    P(expect(ps, K_CLOSE_STMT, "'%}'"));
+    if (!parse_body(ps, &x->l1, "endfor", "else", NULL)) return NULL;
+    if (is_stmt(ps, "else", NULL, NULL)) {
+        advance(ps);
+        advance(ps);
+        P(expect(ps, K_CLOSE_STMT, "'%}'"));
+        if (!parse_body(ps, &x->l2, "endfor", NULL, NULL)) return NULL;
+    }
+    if (!end_stmt(ps, "endfor")) return NULL;
+    return x;
+}
+
+/* {% call[(params)] macro(args) %}body{% endcall %} */
+static node *parse_callblock(parser *ps, tok *t)
+{
+    node *x = mk(ps, N_CALLBLOCK, t);
+    if (is(ps, K_LPAREN) && !parse_args(ps, 'p', &x->l1)) return NULL;
+    tok *ct;
+    node *callee = parse_name(ps, CG_E_VALUE, "expected a macro name after 'call'", &ct);
+    P(callee);
+    node *call = mk(ps, N_CALL, ct);
+    call->a = callee;
+    if (!parse_args(ps, 'c', &call->l1)) return NULL;
+    P(x->a = fin(ps, call));
+    P(expect(ps, K_CLOSE_STMT, "'%}'"));
+    if (!parse_body(ps, &x->l2, "endcall", NULL, NULL) || !end_stmt(ps, "endcall")) return NULL;
+    return x;
+}
+
+/* {% filter name[(args)] %}body{% endfilter %} */
+static node *parse_filterblock(parser *ps, tok *t)
+{
+    node *x = mk(ps, N_FILTERBLOCK, t);
+    tok *ft;
+    node *name = parse_name(ps, CG_E_UNSUPPORTED, "unsupported filter expression", &ft);
+    P(name);
+    node *f = filter_node(ps, ft, name);
+    P(f);
+    if (is(ps, K_LPAREN)) {
+        f->flag = 1;
+        if (!parse_args(ps, 'c', &f->l1)) return NULL;
+    }
+    P(x->a = fin(ps, f));
+    P(expect(ps, K_CLOSE_STMT, "'%}'"));
+    if (!parse_body(ps, &x->l1, "endfilter", NULL, NULL) || !end_stmt(ps, "endfilter")) return NULL;
+    return x;
+}
+
+/* A statement name this renderer does not parse: Jinja's others are unsupported, a closing
+ * name out of place is an error, anything else is unknown. Returns NULL. */
+static node *bad_statement(parser *ps, const tok *t)
+{
+    static const char *const known[] = {"raw",     "include", "import",   "from",
+                                        "extends", "block",   "with",     "autoescape",
+                                        "do",      "trans",   "pluralize"};
+    for (size_t i = 0; i < CG_ARRAY_LEN(known); i++)
+        if (tok_is_word(t, known[i]))
+            return perr_at(ps, CG_E_UNSUPPORTED, t->pos, "unsupported statement '%s'", known[i]);
+    static const char *const closing[] = {"endif",  "elif",     "else",    "endfor",
+                                          "endset", "endmacro", "endcall", "endfilter"};
+    for (size_t i = 0; i < CG_ARRAY_LEN(closing); i++)
+        if (tok_is_word(t, closing[i]))
+            return perr_at(ps, CG_E_VALUE, t->pos, "unexpected '%s'", closing[i]);
+    return perr_at(ps, CG_E_UNSUPPORTED, t->pos, "unknown statement '%.*s'", (int)t->len, t->v);
+}
+
 static node *parse_statement(parser *ps)
 {
-    tok *open = advance(ps);
+    advance(ps); /* '{%' */
     tok *t = peek(ps);
     if (t->type != K_IDENT) return perr_at(ps, CG_E_VALUE, t->pos, "expected a statement name");
     node *x = NULL;
     if (tok_is_word(t, "set")) {
         advance(ps);
-        x = mk(ps, N_SET, t);
-        tok *tt = peek(ps);
-        P(x->a = parse_expression_sequence(ps, false));
-        if (!valid_target(x->a, true))
-            return perr_at(ps, CG_E_VALUE, tt->pos, "cannot assign to this expression");
-        if (is(ps, K_EQUALS)) {
-            advance(ps);
-            P(x->b = parse_expression_sequence(ps, false));
-        } else {
-            P(expect(ps, K_CLOSE_STMT, "'%}'"));
-            if (!parse_body(ps, &x->l1, "endset", NULL, NULL)) return NULL;
-            P(expect(ps, K_OPEN_STMT, "'{%'"));
-            P(expect_word(ps, "endset"));
-        }
-        P(expect(ps, K_CLOSE_STMT, "'%}'"));
+        P(x = parse_set(ps, t));
     } else if (tok_is_word(t, "if")) {
         advance(ps);
         P(x = parse_if(ps, t));
         if (!end_stmt(ps, "endif")) return NULL;
     } else if (tok_is_word(t, "macro")) {
         advance(ps);
-        x = mk(ps, N_MACRO, t);
-        tok *nt = peek(ps);
-        node *name = parse_primary(ps);
-        P(name);
-        if (name->kind != N_IDENT) return perr_at(ps, CG_E_VALUE, nt->pos, "expected a macro name");
-        x->s = name->s;
-        if (!parse_args(ps, 'p', &x->l1)) return NULL;
-        P(expect(ps, K_CLOSE_STMT, "'%}'"));
-        if (!parse_body(ps, &x->l2, "endmacro", NULL, NULL) || !end_stmt(ps, "endmacro"))
-            return NULL;
+        P(x = parse_macro(ps, t));
     } else if (tok_is_word(t, "for")) {
         advance(ps);
-        x = mk(ps, N_FOR, t);
-        tok *vt = peek(ps);
-        P(x->a = parse_expression_sequence(ps, true));
-        if (!valid_target(x->a, false))
-            return perr_at(ps, CG_E_VALUE, vt->pos,
-                           "expected a name or a tuple of names for the loop variable");
-        if (!is_ident(ps, "in"))
-            return perr_at(ps, CG_E_VALUE, peek(ps)->pos, "expected 'in' after the loop variable");
-        advance(ps);
-        node *it = parse_expression(ps);
-        P(it);
-        if (it->kind == N_SELECT) {
-            x->b = it->a;
-            x->c = it->b;
-        } else {
-            x->b = it;
-        }
-        P(expect(ps, K_CLOSE_STMT, "'%}'"));
-        if (!parse_body(ps, &x->l1, "endfor", "else", NULL)) return NULL;
-        if (is_stmt(ps, "else", NULL, NULL)) {
-            advance(ps);
-            advance(ps);
-            P(expect(ps, K_CLOSE_STMT, "'%}'"));
-            if (!parse_body(ps, &x->l2, "endfor", NULL, NULL)) return NULL;
-        }
-        if (!end_stmt(ps, "endfor")) return NULL;
+        P(x = parse_for(ps, t));
     } else if (tok_is_word(t, "call")) {
         advance(ps);
-        x = mk(ps, N_CALLBLOCK, t);
-        if (is(ps, K_LPAREN) && !parse_args(ps, 'p', &x->l1)) return NULL;
-        tok *ct = peek(ps);
-        node *callee = parse_primary(ps);
-        P(callee);
-        if (callee->kind != N_IDENT)
-            return perr_at(ps, CG_E_VALUE, ct->pos, "expected a macro name after 'call'");
-        node *call = mk(ps, N_CALL, ct);
-        call->a = callee;
-        if (!parse_args(ps, 'c', &call->l1)) return NULL;
-        P(x->a = fin(ps, call));
-        P(expect(ps, K_CLOSE_STMT, "'%}'"));
-        if (!parse_body(ps, &x->l2, "endcall", NULL, NULL) || !end_stmt(ps, "endcall")) return NULL;
+        P(x = parse_callblock(ps, t));
     } else if (tok_is_word(t, "break") || tok_is_word(t, "continue")) {
         advance(ps);
         x = mk(ps, tok_is_word(t, "break") ? N_BREAK : N_CONTINUE, t);
         P(expect(ps, K_CLOSE_STMT, "'%}'"));
     } else if (tok_is_word(t, "filter")) {
         advance(ps);
-        x = mk(ps, N_FILTERBLOCK, t);
-        tok *ft = peek(ps);
-        node *name = parse_primary(ps);
-        P(name);
-        if (name->kind != N_IDENT)
-            return perr_at(ps, CG_E_UNSUPPORTED, ft->pos, "unsupported filter expression");
-        int id = name_index(filter_names, F_COUNT, ft);
-        if (id < 0)
-            return perr_at(ps, CG_E_UNSUPPORTED, ft->pos, "unsupported filter '%.*s'", (int)ft->len,
-                           ft->v);
-        node *f = mk(ps, N_FILTER, ft);
-        f->s = name->s;
-        f->op = (uint8_t)id;
-        if (is(ps, K_LPAREN)) {
-            f->flag = 1;
-            if (!parse_args(ps, 'c', &f->l1)) return NULL;
-        }
-        P(x->a = fin(ps, f));
-        P(expect(ps, K_CLOSE_STMT, "'%}'"));
-        if (!parse_body(ps, &x->l1, "endfilter", NULL, NULL) || !end_stmt(ps, "endfilter"))
-            return NULL;
+        P(x = parse_filterblock(ps, t));
     } else {
-        static const char *const known[] = {"raw",     "include", "import",   "from",
-                                            "extends", "block",   "with",     "autoescape",
-                                            "do",      "trans",   "pluralize"};
-        for (size_t i = 0; i < CG_ARRAY_LEN(known); i++)
-            if (tok_is_word(t, known[i]))
-                return perr_at(ps, CG_E_UNSUPPORTED, t->pos, "unsupported statement '%s'",
-                               known[i]);
-        static const char *const closing[] = {"endif",  "elif",     "else",    "endfor",
-                                              "endset", "endmacro", "endcall", "endfilter"};
-        for (size_t i = 0; i < CG_ARRAY_LEN(closing); i++)
-            if (tok_is_word(t, closing[i]))
-                return perr_at(ps, CG_E_VALUE, t->pos, "unexpected '%s'", closing[i]);
-        return perr_at(ps, CG_E_UNSUPPORTED, t->pos, "unknown statement '%.*s'", (int)t->len, t->v);
+        return bad_statement(ps, t);
     }
-    (void)open;
     return fin(ps, x);
 }
 
@@ -2352,6 +2453,23 @@ static bool obj_get(const jobj *o, const char *p, size_t n, val *out)
     return true;
 }
 
+/* Room for one more entry in the parallel arrays *k and *v, which hold n of *cap: full, they
+ * move to arrays twice as long (first long when there were none); the arena keeps the old. */
+static void pairs_reserve(arena *a, const jstr ***k, val **v, size_t n, size_t *cap, size_t first)
+{
+    if (n < *cap) return;
+    size_t nc = *cap ? *cap * 2 : first;
+    const jstr **nk = arena_alloc(a, nc * sizeof(*nk));
+    val *nv = arena_alloc(a, nc * sizeof(val));
+    if (n) {
+        memcpy(nk, *k, n * sizeof(*nk));
+        memcpy(nv, *v, n * sizeof(val));
+    }
+    *k = nk;
+    *v = nv;
+    *cap = nc;
+}
+
 /* Map.set: a new key goes last, an existing key keeps its place. */
 static void obj_set(arena *a, jobj *o, const jstr *k, val v)
 {
@@ -2360,18 +2478,7 @@ static void obj_set(arena *a, jobj *o, const jstr *k, val v)
         o->v[i] = v;
         return;
     }
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 8;
-        const jstr **nk = arena_alloc(a, cap * sizeof(*nk));
-        val *nv = arena_alloc(a, cap * sizeof(val));
-        if (o->n) {
-            memcpy(nk, o->k, o->n * sizeof(*nk));
-            memcpy(nv, o->v, o->n * sizeof(val));
-        }
-        o->k = nk;
-        o->v = nv;
-        o->cap = cap;
-    }
+    pairs_reserve(a, &o->k, &o->v, o->n, &o->cap, 8);
     o->k[o->n] = k;
     o->v[o->n] = v;
     o->n++;
@@ -2493,6 +2600,16 @@ static int sbuf_val(ctx *c, const node *at, sbuf *b, val *out)
     return r;
 }
 
+/* Ends a string built in b: after an error r, frees it and returns r; else *out is the string. */
+static int sbuf_done(ctx *c, const node *at, sbuf *b, int r, val *out)
+{
+    if (r) {
+        sbuf_free(b);
+        return r;
+    }
+    return sbuf_val(c, at, b, out);
+}
+
 static env *env_new(ctx *c, env *parent)
 {
     env *e = arena_zalloc(&c->ar, sizeof(env));
@@ -2507,18 +2624,7 @@ static void env_set(ctx *c, env *e, const jstr *name, val v)
             e->vals[i] = v;
             return;
         }
-    if (e->n == e->cap) {
-        size_t cap = e->cap ? e->cap * 2 : 4;
-        const jstr **nn = arena_alloc(&c->ar, cap * sizeof(*nn));
-        val *nv = arena_alloc(&c->ar, cap * sizeof(val));
-        if (e->n) {
-            memcpy(nn, e->names, e->n * sizeof(*nn));
-            memcpy(nv, e->vals, e->n * sizeof(val));
-        }
-        e->names = nn;
-        e->vals = nv;
-        e->cap = cap;
-    }
+    pairs_reserve(&c->ar, &e->names, &e->vals, e->n, &e->cap, 4);
     e->names[e->n] = name;
     e->vals[e->n] = v;
     e->n++;
@@ -2733,11 +2839,7 @@ static int case_val(ctx *c, const node *at, const jstr *s, bool upper, val *out)
     }
     sbuf b = {0};
     int r = case_map(c, at, s, upper, &b);
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -2907,6 +3009,42 @@ static int put_indent(ctx *c, const node *at, sbuf *b, double indent, int depth)
 
 static int utf16_cmp(const jstr *a, const jstr *b);
 
+/* Before item i of a list or mapping at depth: the separator after the item before (the
+ * separators option, else ", ", or "," when indenting), then the new line's indent. */
+static int json_item_start(ctx *c, const node *at, sbuf *b, const jopts *o, size_t i, int depth)
+{
+    if (i && o->item_sep)
+        TRY(cput(c, at, b, o->item_sep->p, o->item_sep->len));
+    else if (i)
+        TRY(cputs(c, at, b, o->indent ? "," : ", "));
+    return o->indent ? put_indent(c, at, b, o->indent, depth + 1) : RC_OK;
+}
+
+/* tojson(sort_keys=true): *order (in the arena) lists ob's entries by key. */
+static int json_key_order(ctx *c, const node *at, const jobj *ob, size_t **order)
+{
+    /* localeCompare is ICU collation; only keys that compare the same by code units and by
+     * collation are safe: lower-case ASCII letters, digits and '_' runs of equal class.
+     * Anything else is refused rather than ordered differently. */
+    for (size_t i = 0; i < ob->n; i++)
+        for (size_t k = 0; k < ob->k[i]->len; k++) {
+            char ch = ob->k[i]->p[k];
+            if (!((ch >= 'a' && ch <= 'z') || is_digit(ch)))
+                return TERR(c, at, "tojson(sort_keys=true) supports keys of a-z and 0-9 only");
+        }
+    size_t *ord = arena_alloc(&c->ar, ob->n * sizeof(size_t));
+    for (size_t i = 0; i < ob->n; i++)
+        ord[i] = i;
+    for (size_t i = 1; i < ob->n; i++) /* insertion sort: stable, few keys */
+        for (size_t k = i; k > 0 && utf16_cmp(ob->k[ord[k - 1]], ob->k[ord[k]]) > 0; k--) {
+            size_t t = ord[k];
+            ord[k] = ord[k - 1];
+            ord[k - 1] = t;
+        }
+    *order = ord;
+    return RC_OK;
+}
+
 /* toJSON of @huggingface/jinja: tojson, and printing of lists, mappings and namespaces. */
 static int to_json(ctx *c, const node *at, sbuf *b, val v, const jopts *o, int depth,
                    bool undef_null)
@@ -2931,60 +3069,23 @@ static int to_json(ctx *c, const node *at, sbuf *b, val v, const jopts *o, int d
         return json_str(c, at, b, v.u.s->p, v.u.s->len, o->ensure_ascii);
     case V_ARR:
         if (v.sub == SUB_TUPLE) break;
-        {
-            const char *isep = o->item_sep ? NULL : (o->indent ? "," : ", ");
-            TRY(cput(c, at, b, "[", 1));
-            for (size_t i = 0; i < v.u.a->n; i++) {
-                if (i) {
-                    if (isep)
-                        TRY(cputs(c, at, b, isep));
-                    else
-                        TRY(cput(c, at, b, o->item_sep->p, o->item_sep->len));
-                }
-                if (o->indent) TRY(put_indent(c, at, b, o->indent, depth + 1));
-                TRY(to_json(c, at, b, v.u.a->v[i], o, depth + 1, undef_null));
-            }
-            if (o->indent && v.u.a->n) TRY(put_indent(c, at, b, o->indent, depth));
-            return cput(c, at, b, "]", 1);
+        TRY(cput(c, at, b, "[", 1));
+        for (size_t i = 0; i < v.u.a->n; i++) {
+            TRY(json_item_start(c, at, b, o, i, depth));
+            TRY(to_json(c, at, b, v.u.a->v[i], o, depth + 1, undef_null));
         }
+        if (o->indent && v.u.a->n) TRY(put_indent(c, at, b, o->indent, depth));
+        return cput(c, at, b, "]", 1);
     case V_OBJ:
     case V_NS: {
         if (v.t == V_OBJ && v.sub == SUB_KWARGS) break;
         const jobj *ob = v.u.o;
         size_t *order = NULL;
-        if (o->sort_keys && ob->n > 1) {
-            /* localeCompare is ICU collation; only keys that compare the same by code units
-             * and by collation are safe: lower-case ASCII letters, digits and '_' runs of
-             * equal class. Anything else is refused rather than ordered differently. */
-            for (size_t i = 0; i < ob->n; i++)
-                for (size_t k = 0; k < ob->k[i]->len; k++) {
-                    char ch = ob->k[i]->p[k];
-                    if (!((ch >= 'a' && ch <= 'z') || is_digit(ch)))
-                        return TERR(c, at,
-                                    "tojson(sort_keys=true) supports keys of a-z and 0-9 only");
-                }
-            order = arena_alloc(&c->ar, ob->n * sizeof(size_t));
-            for (size_t i = 0; i < ob->n; i++)
-                order[i] = i;
-            for (size_t i = 1; i < ob->n; i++) /* insertion sort: stable, few keys */
-                for (size_t k = i; k > 0 && utf16_cmp(ob->k[order[k - 1]], ob->k[order[k]]) > 0;
-                     k--) {
-                    size_t t = order[k];
-                    order[k] = order[k - 1];
-                    order[k - 1] = t;
-                }
-        }
-        const char *isep = o->item_sep ? NULL : (o->indent ? "," : ", ");
+        if (o->sort_keys && ob->n > 1) TRY(json_key_order(c, at, ob, &order));
         TRY(cput(c, at, b, "{", 1));
         for (size_t i = 0; i < ob->n; i++) {
             size_t e = order ? order[i] : i;
-            if (i) {
-                if (isep)
-                    TRY(cputs(c, at, b, isep));
-                else
-                    TRY(cput(c, at, b, o->item_sep->p, o->item_sep->len));
-            }
-            if (o->indent) TRY(put_indent(c, at, b, o->indent, depth + 1));
+            TRY(json_item_start(c, at, b, o, i, depth));
             TRY(json_str(c, at, b, ob->k[e]->p, ob->k[e]->len, o->ensure_ascii));
             if (o->key_sep)
                 TRY(cput(c, at, b, o->key_sep->p, o->key_sep->len));
@@ -3195,38 +3296,31 @@ static int loose_eq(ctx *c, const node *at, val a, val b, bool *res)
     return RC_OK;
 }
 
+/* The next UTF-16 code unit of s from byte *i on (first the low surrogate *pend keeps from the
+ * code point before), UINT32_MAX at the end. */
+static uint32_t next_u16(const jstr *s, size_t *i, uint32_t *pend)
+{
+    if (*pend) {
+        uint32_t u = *pend;
+        *pend = 0;
+        return u;
+    }
+    if (*i >= s->len) return UINT32_MAX;
+    size_t l;
+    uint32_t cp = u8_decode((const unsigned char *)s->p + *i, s->len - *i, &l);
+    *i += l;
+    if (cp < 0x10000) return cp;
+    *pend = 0xDC00 + ((cp - 0x10000) & 0x3FF);
+    return 0xD800 + ((cp - 0x10000) >> 10);
+}
+
 /* Compares two strings by UTF-16 code units, as JavaScript's < does. */
 static int utf16_cmp(const jstr *a, const jstr *b)
 {
-    const unsigned char *p = (const unsigned char *)a->p, *q = (const unsigned char *)b->p;
     size_t i = 0, j = 0;
     uint32_t pend_a = 0, pend_b = 0;
     for (;;) {
-        uint32_t ua, ub;
-        if (pend_a)
-            ua = pend_a, pend_a = 0;
-        else if (i < a->len) {
-            size_t l;
-            uint32_t cp = u8_decode(p + i, a->len - i, &l);
-            i += l;
-            if (cp >= 0x10000)
-                ua = 0xD800 + ((cp - 0x10000) >> 10), pend_a = 0xDC00 + ((cp - 0x10000) & 0x3FF);
-            else
-                ua = cp;
-        } else
-            ua = UINT32_MAX;
-        if (pend_b)
-            ub = pend_b, pend_b = 0;
-        else if (j < b->len) {
-            size_t l;
-            uint32_t cp = u8_decode(q + j, b->len - j, &l);
-            j += l;
-            if (cp >= 0x10000)
-                ub = 0xD800 + ((cp - 0x10000) >> 10), pend_b = 0xDC00 + ((cp - 0x10000) & 0x3FF);
-            else
-                ub = cp;
-        } else
-            ub = UINT32_MAX;
+        uint32_t ua = next_u16(a, &i, &pend_a), ub = next_u16(b, &j, &pend_b);
         if (ua == UINT32_MAX && ub == UINT32_MAX) return 0;
         if (ua == UINT32_MAX) return -1;
         if (ub == UINT32_MAX) return 1;
@@ -3478,11 +3572,7 @@ static int str_capitalize(ctx *c, const node *at, const jstr *s, val *out)
     sbuf b = {0};
     int r = case_map(c, at, &first, true, &b);
     if (!r) r = cput(c, at, &b, s->p + l, s->len - l);
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 static bool has_prefix(const jstr *s, const jstr *p, bool suffix)
@@ -3621,11 +3711,7 @@ static int str_replace(ctx *c, const node *at, const jstr *s, const jstr *from, 
             if (!r) r = step(c, at, 1);
         }
     }
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 /* The indent filter: every line but (unless first) the first and (unless blank) empty ones. */
@@ -3651,11 +3737,7 @@ static int str_indent(ctx *c, const node *at, const jstr *s, double width, bool 
         i = j + 1;
         line++;
     }
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 /* Concatenation of two strings (no copy when one side is empty). */
@@ -3685,11 +3767,7 @@ static int raw_val(ctx *c, const node *at, val v, val *out)
     if (v.t == V_STR) return *out = v, RC_OK;
     sbuf b = {0};
     int r = raw_str(c, at, &b, v, 0);
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -3715,11 +3793,7 @@ static int capture(ctx *c, env *e, const node *at, const nodelist *body, val *ou
     c->out = &b;
     int r = exec_list(c, e, body);
     c->out = saved;
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 static val kwargs_val(ctx *c, jobj *kw)
@@ -4072,22 +4146,14 @@ static int join_vals(ctx *c, const node *at, const jarr *a, const jstr *sep, val
         val v = a->v[i];
         if (!r && v.t != V_UNDEF && v.t != V_NULL) r = raw_str(c, at, &b, v, 0);
     }
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 static int tojson_val(ctx *c, const node *at, val v, const jopts *o, val *out)
 {
     sbuf b = {0};
     int r = to_json(c, at, &b, v, o, 0, true);
-    if (r) {
-        sbuf_free(&b);
-        return r;
-    }
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 static int num_from_str(const jstr *s, bool as_int, double *v)
@@ -4096,339 +4162,423 @@ static int num_from_str(const jstr *s, bool as_int, double *v)
     return !isnan(*v);
 }
 
+/* A sorted copy of a, by s's order (a stays as it is). */
+static int sorted_copy(ctx *c, const jarr *a, sortctx s, val *out)
+{
+    jarr *r = arr_new(&c->ar, a->n);
+    if (a->n) memcpy(r->v, a->v, a->n * sizeof(val));
+    TRY(merge_sort(&s, r->v, r->n));
+    *out = varr(r, 0);
+    return RC_OK;
+}
+
+/* ---- filters without arguments ("x | f"), by the type of x ---- */
+
+static int plain_array(ctx *c, const node *f, val v, val *out)
+{
+    const jarr *a = v.u.a;
+    switch (f->op) {
+    case F_list:
+        *out = v;
+        return RC_OK;
+    case F_first:
+        *out = a->n ? a->v[0] : UNDEF;
+        return RC_OK;
+    case F_last:
+        *out = a->n ? a->v[a->n - 1] : UNDEF;
+        return RC_OK;
+    case F_length:
+        *out = vint((double)a->n);
+        return RC_OK;
+    case F_reverse: {
+        jarr *r = arr_new(&c->ar, a->n);
+        for (size_t i = 0; i < a->n; i++)
+            r->v[i] = a->v[a->n - 1 - i];
+        *out = varr(r, 0);
+        return step(c, f, a->n);
+    }
+    case F_sort:
+        return sorted_copy(c, a, (sortctx){c, f, false, false, NULL}, out);
+    case F_join:
+        return join_vals(c, f, a, NULL, out);
+    case F_string: {
+        sbuf b = {0};
+        int r = to_json(c, f, &b, v, &JSON_DEFAULT, 0, false);
+        return sbuf_done(c, f, &b, r, out);
+    }
+    case F_unique: {
+        jarr *r = arr_new(&c->ar, a->n);
+        r->n = 0;
+        TRY(step(c, f, (uint64_t)a->n * a->n / 2));
+        for (size_t i = 0; i < a->n; i++) {
+            bool seen = false;
+            for (size_t k = 0; k < r->n && !seen; k++)
+                seen = same_value_zero(r->v[k], a->v[i]);
+            if (!seen) r->v[r->n++] = a->v[i];
+        }
+        *out = varr(r, 0);
+        return RC_OK;
+    }
+    }
+    return TERR(c, f, "unknown ArrayValue filter: %s", filter_names[f->op]);
+}
+
+static int plain_string(ctx *c, const node *f, val v, val *out)
+{
+    const jstr *s = v.u.s;
+    switch (f->op) {
+    case F_length:
+        *out = vint((double)s->u16);
+        return RC_OK;
+    case F_upper:
+        return case_val(c, f, s, true, out);
+    case F_lower:
+        return case_val(c, f, s, false, out);
+    case F_title:
+        return str_title(c, f, s, out);
+    case F_capitalize:
+        return str_capitalize(c, f, s, out);
+    case F_trim:
+        *out = str_trim(c, s, true, true);
+        return work(c, f, s->len);
+    case F_indent:
+        return str_indent(c, f, s, 4, false, false, out);
+    case F_join:
+    case F_string:
+        *out = v;
+        return RC_OK;
+    case F_int:
+    case F_float: {
+        double d;
+        if (!num_from_str(s, f->op == F_int, &d)) d = 0;
+        *out = f->op == F_int ? vint(d) : vfloat(d);
+        return RC_OK;
+    }
+    }
+    return TERR(c, f, "unknown StringValue filter: %s", filter_names[f->op]);
+}
+
+static int plain_number(ctx *c, const node *f, val v, val *out)
+{
+    switch (f->op) {
+    case F_abs:
+        *out = v;
+        out->u.n = fabs(v.u.n);
+        return RC_OK;
+    case F_int:
+        *out = vint(floor(v.u.n));
+        return RC_OK;
+    case F_float:
+        *out = vfloat(v.u.n);
+        return RC_OK;
+    case F_string: {
+        sbuf b = {0};
+        int r = emit(c, f, &b, v);
+        return sbuf_done(c, f, &b, r, out);
+    }
+    }
+    return TERR(c, f, "unknown NumericValue filter: %s", filter_names[f->op]);
+}
+
+static int plain_object(ctx *c, env *e, const node *f, val v, val *out)
+{
+    switch (f->op) {
+    case F_items:
+        return obj_items(c, v.u.o, 0, out);
+    case F_length:
+        *out = vint((double)v.u.o->n);
+        return RC_OK;
+    default: {
+        int m = method_index(f->s, M_FIRST_MAPPING, M_COUNT);
+        if (m < 0) break;
+        val fn = method_val(c, v, m);
+        return method_call(c, e, f, fn.u.f, NULL, 0, out);
+    }
+    }
+    return TERR(c, f, "unknown ObjectValue filter: %s", filter_names[f->op]);
+}
+
+static int plain_bool(ctx *c, const node *f, val v, val *out)
+{
+    switch (f->op) {
+    case F_bool:
+        *out = v;
+        return RC_OK;
+    case F_int:
+        *out = vint(v.u.b);
+        return RC_OK;
+    case F_float:
+        *out = vfloat(v.u.b);
+        return RC_OK;
+    case F_string:
+        return str_val(c, f, v.u.b ? "true" : "false", v.u.b ? 4 : 5, out);
+    }
+    return TERR(c, f, "unknown BooleanValue filter: %s", filter_names[f->op]);
+}
+
 static int filter_plain(ctx *c, env *e, const node *f, val v, val *out)
 {
-    int id = f->op;
-    const char *name = filter_names[id];
-    if (id == F_safe) return *out = v, RC_OK;
-    if (id == F_tojson) return tojson_val(c, f, v, &JSON_DEFAULT, out);
+    if (f->op == F_safe) return *out = v, RC_OK;
+    if (f->op == F_tojson) return tojson_val(c, f, v, &JSON_DEFAULT, out);
     switch (v.t) {
-    case V_ARR: {
-        const jarr *a = v.u.a;
-        switch (id) {
-        case F_list:
-            *out = v;
-            return RC_OK;
-        case F_first:
-            *out = a->n ? a->v[0] : UNDEF;
-            return RC_OK;
-        case F_last:
-            *out = a->n ? a->v[a->n - 1] : UNDEF;
-            return RC_OK;
-        case F_length:
-            *out = vint((double)a->n);
-            return RC_OK;
-        case F_reverse: {
-            jarr *r = arr_new(&c->ar, a->n);
-            for (size_t i = 0; i < a->n; i++)
-                r->v[i] = a->v[a->n - 1 - i];
-            *out = varr(r, 0);
-            return step(c, f, a->n);
-        }
-        case F_sort: {
-            jarr *r = arr_new(&c->ar, a->n);
-            if (a->n) memcpy(r->v, a->v, a->n * sizeof(val));
-            sortctx s = {c, f, false, false, NULL};
-            TRY(merge_sort(&s, r->v, r->n));
-            *out = varr(r, 0);
-            return RC_OK;
-        }
-        case F_join:
-            return join_vals(c, f, a, NULL, out);
-        case F_string: {
-            sbuf b = {0};
-            int r = to_json(c, f, &b, v, &JSON_DEFAULT, 0, false);
-            if (r) return sbuf_free(&b), r;
-            return sbuf_val(c, f, &b, out);
-        }
-        case F_unique: {
-            jarr *r = arr_new(&c->ar, a->n);
-            r->n = 0;
-            TRY(step(c, f, (uint64_t)a->n * a->n / 2));
-            for (size_t i = 0; i < a->n; i++) {
-                bool seen = false;
-                for (size_t k = 0; k < r->n && !seen; k++)
-                    seen = same_value_zero(r->v[k], a->v[i]);
-                if (!seen) r->v[r->n++] = a->v[i];
-            }
-            *out = varr(r, 0);
-            return RC_OK;
-        }
-        }
-        return TERR(c, f, "unknown ArrayValue filter: %s", name);
-    }
-    case V_STR: {
-        const jstr *s = v.u.s;
-        switch (id) {
-        case F_length:
-            *out = vint((double)s->u16);
-            return RC_OK;
-        case F_upper:
-            return case_val(c, f, s, true, out);
-        case F_lower:
-            return case_val(c, f, s, false, out);
-        case F_title:
-            return str_title(c, f, s, out);
-        case F_capitalize:
-            return str_capitalize(c, f, s, out);
-        case F_trim:
-            *out = str_trim(c, s, true, true);
-            return work(c, f, s->len);
-        case F_indent:
-            return str_indent(c, f, s, 4, false, false, out);
-        case F_join:
-        case F_string:
-            *out = v;
-            return RC_OK;
-        case F_int:
-        case F_float: {
-            double d;
-            if (!num_from_str(s, id == F_int, &d)) d = 0;
-            *out = id == F_int ? vint(d) : vfloat(d);
-            return RC_OK;
-        }
-        }
-        return TERR(c, f, "unknown StringValue filter: %s", name);
-    }
+    case V_ARR:
+        return plain_array(c, f, v, out);
+    case V_STR:
+        return plain_string(c, f, v, out);
     case V_INT:
     case V_FLOAT:
-        switch (id) {
-        case F_abs:
-            *out = v;
-            out->u.n = fabs(v.u.n);
-            return RC_OK;
-        case F_int:
-            *out = vint(floor(v.u.n));
-            return RC_OK;
-        case F_float:
-            *out = vfloat(v.u.n);
-            return RC_OK;
-        case F_string: {
-            sbuf b = {0};
-            int r = emit(c, f, &b, v);
-            if (r) return sbuf_free(&b), r;
-            return sbuf_val(c, f, &b, out);
-        }
-        }
-        return TERR(c, f, "unknown NumericValue filter: %s", name);
+        return plain_number(c, f, v, out);
     case V_OBJ:
-        switch (id) {
-        case F_items:
-            return obj_items(c, v.u.o, 0, out);
-        case F_length:
-            *out = vint((double)v.u.o->n);
-            return RC_OK;
-        default: {
-            int m = method_index(f->s, M_FIRST_MAPPING, M_COUNT);
-            if (m < 0) break;
-            val fn = method_val(c, v, m);
-            return method_call(c, e, f, fn.u.f, NULL, 0, out);
-        }
-        }
-        return TERR(c, f, "unknown ObjectValue filter: %s", name);
+        return plain_object(c, e, f, v, out);
     case V_BOOL:
-        switch (id) {
-        case F_bool:
-            *out = v;
-            return RC_OK;
-        case F_int:
-            *out = vint(v.u.b);
-            return RC_OK;
-        case F_float:
-            *out = vfloat(v.u.b);
-            return RC_OK;
-        case F_string:
-            return str_val(c, f, v.u.b ? "true" : "false", v.u.b ? 4 : 5, out);
-        }
-        return TERR(c, f, "unknown BooleanValue filter: %s", name);
+        return plain_bool(c, f, v, out);
     default:
         break;
     }
-    return TERR(c, f, "cannot apply filter \"%s\" to type: %s", name, type_name(v));
+    return TERR(c, f, "cannot apply filter \"%s\" to type: %s", filter_names[f->op], type_name(v));
+}
+
+/* ---- filters with arguments ("x | f(...)") ---- */
+
+/* The evaluated arguments of a filter call. */
+typedef struct fargs {
+    val *pos;
+    size_t np;
+    jobj *kw;
+} fargs;
+
+static int filter_args(ctx *c, env *e, const node *f, fargs *a)
+{
+    return eval_args(c, e, &f->l1, &a->pos, &a->np, &a->kw);
+}
+
+/* The positional argument i, else the keyword name, else def. */
+static val farg(const fargs *a, size_t i, const char *name, val def)
+{
+    return arg_or(a->pos, a->np, i, a->kw, name, def);
+}
+
+/* tojson(indent=, ensure_ascii=, sort_keys=, separators=): keywords only. */
+static int call_tojson(ctx *c, env *e, const node *f, val v, val *out)
+{
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    jopts o = {0};
+    val indent = arg_or(NULL, 0, 0, a.kw, "indent", VNULL);
+    if (indent.t != V_INT && indent.t != V_NULL)
+        return TERR(c, f, "if set, indent must be a number");
+    if (indent.t == V_INT && !isnan(indent.u.n) && indent.u.n != 0) {
+        if (indent.u.n < 0) return TERR(c, f, "invalid count value: %g", indent.u.n);
+        if (indent.u.n > TPL_MAX_INDENT) return TERR(c, f, "indent over %d", TPL_MAX_INDENT);
+        o.indent = indent.u.n;
+    }
+    val ea = arg_or(NULL, 0, 0, a.kw, "ensure_ascii", vbool(false));
+    if (ea.t != V_BOOL) return TERR(c, f, "if set, ensure_ascii must be a boolean");
+    val sk = arg_or(NULL, 0, 0, a.kw, "sort_keys", vbool(false));
+    if (sk.t != V_BOOL) return TERR(c, f, "if set, sort_keys must be a boolean");
+    val sep = arg_or(NULL, 0, 0, a.kw, "separators", VNULL);
+    if (sep.t == V_ARR) {
+        if (sep.u.a->n != 2 || sep.u.a->v[0].t != V_STR || sep.u.a->v[1].t != V_STR)
+            return TERR(c, f, "separators must be a tuple of two strings");
+        o.item_sep = sep.u.a->v[0].u.s;
+        o.key_sep = sep.u.a->v[1].u.s;
+    } else if (sep.t != V_NULL) {
+        return TERR(c, f, "if set, separators must be a tuple of two strings");
+    }
+    o.ensure_ascii = ea.u.b;
+    o.sort_keys = sk.u.b;
+    return tojson_val(c, f, v, &o, out);
+}
+
+/* The empty string, the default of join's separator and of default's value. */
+static jstr EMPTY_STR = {"", 0, 0, true};
+
+/* join(separator): the items of a list, or the characters of a string. */
+static int call_join(ctx *c, env *e, const node *f, val v, val *out)
+{
+    if (v.t != V_STR && v.t != V_ARR)
+        return TERR(c, f, "cannot apply filter \"join\" to type: %s", type_name(v));
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    val sep = farg(&a, 0, "separator", vstr(&EMPTY_STR));
+    if (sep.t != V_STR) return TERR(c, f, "separator must be a string");
+    if (v.t == V_ARR) return join_vals(c, f, v.u.a, sep.u.s, out);
+    size_t ncp;
+    size_t *off = cp_offsets(c, v.u.s, &ncp);
+    sbuf b = {0};
+    int r = work(c, f, v.u.s->len);
+    for (size_t i = 0; i < ncp && !r; i++) {
+        if (i) r = cput(c, f, &b, sep.u.s->p, sep.u.s->len);
+        if (!r) r = cput(c, f, &b, v.u.s->p + off[i], off[i + 1] - off[i]);
+    }
+    return sbuf_done(c, f, &b, r, out);
+}
+
+/* int(default) and float(default): the default when a string is no number. */
+static int call_number(ctx *c, env *e, const node *f, val v, val *out)
+{
+    bool as_int = f->op == F_int;
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    val def = farg(&a, 0, "default", as_int ? vint(0) : vfloat(0));
+    if (v.t == V_STR) {
+        double d;
+        if (!num_from_str(v.u.s, as_int, &d)) return *out = def, RC_OK;
+        *out = as_int ? vint(d) : vfloat(d);
+        return RC_OK;
+    }
+    if (is_num(v)) return *out = v, RC_OK;
+    if (v.t == V_BOOL) return *out = as_int ? vint(v.u.b) : vfloat(v.u.b), RC_OK;
+    return TERR(c, f, "cannot apply filter \"%s\" to type: %s", filter_names[f->op], type_name(v));
+}
+
+/* default(value, boolean): value for an undefined x (or, with boolean, a falsy one). */
+static int call_default(ctx *c, env *e, const node *f, val v, val *out)
+{
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    val def = a.np > 0 ? a.pos[0] : vstr(&EMPTY_STR);
+    val boolean = farg(&a, 1, "boolean", vbool(false));
+    if (boolean.t != V_BOOL) return TERR(c, f, "`default` filter flag must be a boolean");
+    *out = (v.t == V_UNDEF || (boolean.u.b && !truthy(v))) ? def : v;
+    return RC_OK;
+}
+
+/* sort(reverse, case_sensitive, attribute) */
+static int call_sort(ctx *c, env *e, const node *f, const jarr *l, val *out)
+{
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    val rev = farg(&a, 0, "reverse", vbool(false));
+    if (rev.t != V_BOOL) return TERR(c, f, "reverse must be a boolean");
+    val cs = farg(&a, 1, "case_sensitive", vbool(false));
+    if (cs.t != V_BOOL) return TERR(c, f, "case_sensitive must be a boolean");
+    val attr = farg(&a, 2, "attribute", VNULL);
+    if (attr.t != V_STR && attr.t != V_INT && attr.t != V_NULL)
+        return TERR(c, f, "attribute must be a string, integer, or null");
+    if (attr.t == V_INT) TRY(raw_val(c, f, attr, &attr));
+    return sorted_copy(c, l, (sortctx){c, f, cs.u.b, rev.u.b, attr.t == V_STR ? attr.u.s : NULL},
+                       out);
+}
+
+/* selectattr / rejectattr(attribute, test, value): string literals only, as in
+ * @huggingface/jinja, so the arguments are read from the syntax tree. */
+static int call_selectattr(ctx *c, const node *f, const jarr *l, val *out)
+{
+    const char *name = filter_names[f->op];
+    bool select = f->op == F_selectattr;
+    for (size_t i = 0; i < l->n; i++)
+        if (!is_container(l->v[i]))
+            return TERR(c, f, "`%s` can only be applied to array of objects", name);
+    for (size_t i = 0; i < f->l1.n; i++)
+        if (f->l1.v[i]->kind != N_STR) return TERR(c, f, "arguments of `%s` must be strings", name);
+    if (f->l1.n == 0) return TERR(c, f, "`%s` needs an attribute name", name);
+    const jstr *attr = f->l1.v[0]->s;
+    int test = -1;
+    if (f->l1.n > 1) {
+        const jstr *tn = f->l1.v[1]->s;
+        for (int k = 0; k < TEST_COUNT && test < 0; k++)
+            if (jstr_eqc(tn, test_names[k])) test = k;
+        if (test < 0) return TERR(c, f, "unknown test: %.*s", (int)tn->len, tn->p);
+    }
+    val tv = f->l1.n > 2 ? vstr(f->l1.v[2]->s) : UNDEF;
+    jarr *r = arr_new(&c->ar, l->n);
+    r->n = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        TRY(step(c, f, 1));
+        val item;
+        bool res = false;
+        if (obj_get(l->v[i].u.o, attr->p, attr->len, &item)) {
+            if (test < 0)
+                res = truthy(item);
+            else
+                TRY(run_test(c, f, test, item, f->l1.n > 2 ? &tv : NULL, &res));
+        }
+        if (res == select) r->v[r->n++] = l->v[i];
+    }
+    *out = varr(r, 0);
+    return RC_OK;
+}
+
+/* map(attribute=, default=) */
+static int call_map(ctx *c, env *e, const node *f, const jarr *l, val *out)
+{
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    val attr;
+    if (!kw_get(a.kw, "attribute", &attr))
+        return TERR(c, f, "`map` expressions without `attribute` set are not currently supported.");
+    if (attr.t != V_STR) return TERR(c, f, "attribute must be a string");
+    val def;
+    bool has_def = kw_get(a.kw, "default", &def);
+    jarr *r = arr_new(&c->ar, l->n);
+    for (size_t i = 0; i < l->n; i++) {
+        if (!is_container(l->v[i])) return TERR(c, f, "items in map must be an object");
+        val x = attr_path(c, l->v[i], attr.u.s);
+        r->v[i] = (x.t == V_UNDEF && has_def) ? def : x;
+    }
+    *out = varr(r, 0);
+    return step(c, f, l->n);
+}
+
+/* A method called as a filter: the method of v named like the filter, with the filter's
+ * arguments and, when always_kw or there are any, its keywords as a last argument. */
+static int call_as_method(ctx *c, env *e, const node *f, val v, int method, bool always_kw,
+                          val *out)
+{
+    fargs a;
+    TRY(filter_args(c, e, f, &a));
+    val *args = arena_alloc(&c->ar, (a.np + 1) * sizeof(val));
+    if (a.np) memcpy(args, a.pos, a.np * sizeof(val));
+    size_t n = a.np;
+    if (always_kw || a.kw->n) args[n++] = kwargs_val(c, a.kw);
+    val fn = method_val(c, v, method);
+    return method_call(c, e, f, fn.u.f, args, n, out);
 }
 
 static int filter_call(ctx *c, env *e, const node *f, val v, val *out)
 {
     int id = f->op;
     const char *name = filter_names[id];
-    val *pos;
-    size_t np;
-    jobj *kw;
-    if (id == F_tojson) {
-        TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-        jopts o = {0};
-        val indent = arg_or(NULL, 0, 0, kw, "indent", VNULL);
-        if (indent.t != V_INT && indent.t != V_NULL)
-            return TERR(c, f, "if set, indent must be a number");
-        if (indent.t == V_INT && !isnan(indent.u.n) && indent.u.n != 0) {
-            if (indent.u.n < 0) return TERR(c, f, "invalid count value: %g", indent.u.n);
-            if (indent.u.n > TPL_MAX_INDENT) return TERR(c, f, "indent over %d", TPL_MAX_INDENT);
-            o.indent = indent.u.n;
-        }
-        val ea = arg_or(NULL, 0, 0, kw, "ensure_ascii", vbool(false));
-        if (ea.t != V_BOOL) return TERR(c, f, "if set, ensure_ascii must be a boolean");
-        val sk = arg_or(NULL, 0, 0, kw, "sort_keys", vbool(false));
-        if (sk.t != V_BOOL) return TERR(c, f, "if set, sort_keys must be a boolean");
-        val sep = arg_or(NULL, 0, 0, kw, "separators", VNULL);
-        if (sep.t == V_ARR) {
-            if (sep.u.a->n != 2 || sep.u.a->v[0].t != V_STR || sep.u.a->v[1].t != V_STR)
-                return TERR(c, f, "separators must be a tuple of two strings");
-            o.item_sep = sep.u.a->v[0].u.s;
-            o.key_sep = sep.u.a->v[1].u.s;
-        } else if (sep.t != V_NULL) {
-            return TERR(c, f, "if set, separators must be a tuple of two strings");
-        }
-        o.ensure_ascii = ea.u.b;
-        o.sort_keys = sk.u.b;
-        return tojson_val(c, f, v, &o, out);
-    }
-    if (id == F_join) {
-        if (v.t != V_STR && v.t != V_ARR)
-            return TERR(c, f, "cannot apply filter \"join\" to type: %s", type_name(v));
-        TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-        static jstr EMPTY = {"", 0, 0, true};
-        val sep = arg_or(pos, np, 0, kw, "separator", vstr(&EMPTY));
-        if (sep.t != V_STR) return TERR(c, f, "separator must be a string");
-        if (v.t == V_ARR) return join_vals(c, f, v.u.a, sep.u.s, out);
-        size_t ncp;
-        size_t *off = cp_offsets(c, v.u.s, &ncp);
-        sbuf b = {0};
-        int r = work(c, f, v.u.s->len);
-        for (size_t i = 0; i < ncp && !r; i++) {
-            if (i) r = cput(c, f, &b, sep.u.s->p, sep.u.s->len);
-            if (!r) r = cput(c, f, &b, v.u.s->p + off[i], off[i + 1] - off[i]);
-        }
-        if (r) return sbuf_free(&b), r;
-        return sbuf_val(c, f, &b, out);
-    }
-    if (id == F_int || id == F_float) {
-        TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-        val def = arg_or(pos, np, 0, kw, "default", id == F_int ? vint(0) : vfloat(0));
-        if (v.t == V_STR) {
-            double d;
-            if (!num_from_str(v.u.s, id == F_int, &d)) return *out = def, RC_OK;
-            *out = id == F_int ? vint(d) : vfloat(d);
-            return RC_OK;
-        }
-        if (is_num(v)) return *out = v, RC_OK;
-        if (v.t == V_BOOL) return *out = id == F_int ? vint(v.u.b) : vfloat(v.u.b), RC_OK;
-        return TERR(c, f, "cannot apply filter \"%s\" to type: %s", name, type_name(v));
-    }
-    if (id == F_default) {
-        TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-        static jstr EMPTY = {"", 0, 0, true};
-        val def = np > 0 ? pos[0] : vstr(&EMPTY);
-        val boolean = arg_or(pos, np, 1, kw, "boolean", vbool(false));
-        if (boolean.t != V_BOOL) return TERR(c, f, "`default` filter flag must be a boolean");
-        *out = (v.t == V_UNDEF || (boolean.u.b && !truthy(v))) ? def : v;
-        return RC_OK;
+    switch (id) {
+    case F_tojson:
+        return call_tojson(c, e, f, v, out);
+    case F_join:
+        return call_join(c, e, f, v, out);
+    case F_int:
+    case F_float:
+        return call_number(c, e, f, v, out);
+    case F_default:
+        return call_default(c, e, f, v, out);
     }
     if (v.t == V_ARR) {
-        const jarr *a = v.u.a;
         switch (id) {
-        case F_sort: {
-            TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-            val rev = arg_or(pos, np, 0, kw, "reverse", vbool(false));
-            if (rev.t != V_BOOL) return TERR(c, f, "reverse must be a boolean");
-            val cs = arg_or(pos, np, 1, kw, "case_sensitive", vbool(false));
-            if (cs.t != V_BOOL) return TERR(c, f, "case_sensitive must be a boolean");
-            val attr = arg_or(pos, np, 2, kw, "attribute", VNULL);
-            if (attr.t != V_STR && attr.t != V_INT && attr.t != V_NULL)
-                return TERR(c, f, "attribute must be a string, integer, or null");
-            if (attr.t == V_INT) TRY(raw_val(c, f, attr, &attr));
-            jarr *r = arr_new(&c->ar, a->n);
-            if (a->n) memcpy(r->v, a->v, a->n * sizeof(val));
-            sortctx s = {c, f, cs.u.b, rev.u.b, attr.t == V_STR ? attr.u.s : NULL};
-            TRY(merge_sort(&s, r->v, r->n));
-            *out = varr(r, 0);
-            return RC_OK;
-        }
+        case F_sort:
+            return call_sort(c, e, f, v.u.a, out);
         case F_selectattr:
-        case F_rejectattr: {
-            bool select = id == F_selectattr;
-            for (size_t i = 0; i < a->n; i++)
-                if (!is_container(a->v[i]))
-                    return TERR(c, f, "`%s` can only be applied to array of objects", name);
-            for (size_t i = 0; i < f->l1.n; i++)
-                if (f->l1.v[i]->kind != N_STR)
-                    return TERR(c, f, "arguments of `%s` must be strings", name);
-            if (f->l1.n == 0) return TERR(c, f, "`%s` needs an attribute name", name);
-            const jstr *attr = f->l1.v[0]->s;
-            int test = -1;
-            if (f->l1.n > 1) {
-                const jstr *tn = f->l1.v[1]->s;
-                for (int k = 0; k < TEST_COUNT && test < 0; k++)
-                    if (jstr_eqc(tn, test_names[k])) test = k;
-                if (test < 0) return TERR(c, f, "unknown test: %.*s", (int)tn->len, tn->p);
-            }
-            val tv = f->l1.n > 2 ? vstr(f->l1.v[2]->s) : UNDEF;
-            jarr *r = arr_new(&c->ar, a->n);
-            r->n = 0;
-            for (size_t i = 0; i < a->n; i++) {
-                TRY(step(c, f, 1));
-                val item;
-                bool res = false;
-                if (obj_get(a->v[i].u.o, attr->p, attr->len, &item)) {
-                    if (test < 0)
-                        res = truthy(item);
-                    else
-                        TRY(run_test(c, f, test, item, f->l1.n > 2 ? &tv : NULL, &res));
-                }
-                if (res == select) r->v[r->n++] = a->v[i];
-            }
-            *out = varr(r, 0);
-            return RC_OK;
-        }
-        case F_map: {
-            TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-            val attr;
-            if (!kw_get(kw, "attribute", &attr))
-                return TERR(
-                    c, f, "`map` expressions without `attribute` set are not currently supported.");
-            if (attr.t != V_STR) return TERR(c, f, "attribute must be a string");
-            val def;
-            bool has_def = kw_get(kw, "default", &def);
-            jarr *r = arr_new(&c->ar, a->n);
-            for (size_t i = 0; i < a->n; i++) {
-                if (!is_container(a->v[i])) return TERR(c, f, "items in map must be an object");
-                val x = attr_path(c, a->v[i], attr.u.s);
-                r->v[i] = (x.t == V_UNDEF && has_def) ? def : x;
-            }
-            *out = varr(r, 0);
-            return step(c, f, a->n);
-        }
+        case F_rejectattr:
+            return call_selectattr(c, f, v.u.a, out);
+        case F_map:
+            return call_map(c, e, f, v.u.a, out);
         }
         return TERR(c, f, "unknown ArrayValue filter: %s", name);
     }
     if (v.t == V_STR) {
         if (id == F_indent) {
-            TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-            val width = arg_or(pos, np, 0, kw, "width", vint(4));
+            fargs a;
+            TRY(filter_args(c, e, f, &a));
+            val width = farg(&a, 0, "width", vint(4));
             if (width.t != V_INT) return TERR(c, f, "width must be a number");
-            val first = arg_or(pos, np, 1, kw, "first", vbool(false));
-            val blank = arg_or(pos, np, 2, kw, "blank", vbool(false));
+            val first = farg(&a, 1, "first", vbool(false));
+            val blank = farg(&a, 2, "blank", vbool(false));
             return str_indent(c, f, v.u.s, width.u.n, raw_truthy(first), raw_truthy(blank), out);
         }
-        if (id == F_replace) {
-            TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-            val *args = arena_alloc(&c->ar, (np + 1) * sizeof(val));
-            if (np) memcpy(args, pos, np * sizeof(val));
-            args[np] = kwargs_val(c, kw);
-            val fn = method_val(c, v, M_replace);
-            return method_call(c, e, f, fn.u.f, args, np + 1, out);
-        }
+        if (id == F_replace) return call_as_method(c, e, f, v, M_replace, true, out);
         return TERR(c, f, "unknown StringValue filter: %s", name);
     }
     if (v.t == V_OBJ) {
         int m = method_index(f->s, M_FIRST_MAPPING, M_COUNT);
-        if (m >= 0) {
-            TRY(eval_args(c, e, &f->l1, &pos, &np, &kw));
-            val *args = arena_alloc(&c->ar, (np + 1) * sizeof(val));
-            if (np) memcpy(args, pos, np * sizeof(val));
-            if (kw->n) args[np++] = kwargs_val(c, kw);
-            val fn = method_val(c, v, m);
-            return method_call(c, e, f, fn.u.f, args, np, out);
-        }
+        if (m >= 0) return call_as_method(c, e, f, v, m, false, out);
         return TERR(c, f, "unknown ObjectValue filter: %s", name);
     }
     return TERR(c, f, "cannot apply filter \"%s\" to type: %s", name, type_name(v));
@@ -4481,12 +4631,47 @@ static int call_range(ctx *c, const node *at, val *args, size_t n, val *out)
 
 /* strftime_now: the directives @huggingface/jinja knows (%Y %m %d %b %B %H %M %%), local time;
  * others stay as written. */
-static int call_strftime(ctx *c, const node *at, val *args, size_t n, val *out)
+/* The text of the directive %d at time tm, in tmp or a constant; NULL for a directive that
+ * @huggingface/jinja does not know. */
+static const char *strftime_field(char d, const struct tm *tm, char tmp[static 32])
 {
-    if (n < 1 || args[0].t != V_STR) return TERR(c, at, "strftime_now() needs a format string");
     static const char *const months[] = {"January",   "February", "March",    "April",
                                          "May",       "June",     "July",     "August",
                                          "September", "October",  "November", "December"};
+    int v;
+    switch (d) {
+    case 'Y':
+        snprintf(tmp, 32, "%d", tm->tm_year + 1900);
+        return tmp;
+    case 'm':
+        v = tm->tm_mon + 1;
+        break;
+    case 'd':
+        v = tm->tm_mday;
+        break;
+    case 'H':
+        v = tm->tm_hour;
+        break;
+    case 'M':
+        v = tm->tm_min;
+        break;
+    case 'B':
+        return months[tm->tm_mon];
+    case 'b':
+        snprintf(tmp, 32, "%.3s", months[tm->tm_mon]);
+        return tmp;
+    case '%':
+        return "%";
+    default:
+        return NULL;
+    }
+    snprintf(tmp, 32, "%02d", v);
+    return tmp;
+}
+
+static int call_strftime(ctx *c, const node *at, val *args, size_t n, val *out)
+{
+    if (n < 1 || args[0].t != V_STR) return TERR(c, at, "strftime_now() needs a format string");
     time_t now = time(NULL);
     struct tm tm;
     localtime_r(&now, &tm);
@@ -4496,41 +4681,7 @@ static int call_strftime(ctx *c, const node *at, val *args, size_t n, val *out)
     char tmp[32];
     for (size_t i = 0; i < f->len && !r; i++) {
         char d = i + 1 < f->len && f->p[i] == '%' ? f->p[i + 1] : 0;
-        const char *s = NULL;
-        switch (d) {
-        case 'Y':
-            snprintf(tmp, sizeof tmp, "%d", tm.tm_year + 1900);
-            s = tmp;
-            break;
-        case 'm':
-            snprintf(tmp, sizeof tmp, "%02d", tm.tm_mon + 1);
-            s = tmp;
-            break;
-        case 'd':
-            snprintf(tmp, sizeof tmp, "%02d", tm.tm_mday);
-            s = tmp;
-            break;
-        case 'H':
-            snprintf(tmp, sizeof tmp, "%02d", tm.tm_hour);
-            s = tmp;
-            break;
-        case 'M':
-            snprintf(tmp, sizeof tmp, "%02d", tm.tm_min);
-            s = tmp;
-            break;
-        case 'B':
-            s = months[tm.tm_mon];
-            break;
-        case 'b':
-            snprintf(tmp, sizeof tmp, "%.3s", months[tm.tm_mon]);
-            s = tmp;
-            break;
-        case '%':
-            s = "%";
-            break;
-        default:
-            break;
-        }
+        const char *s = strftime_field(d, &tm, tmp);
         if (s) {
             r = cputs(c, at, &b, s);
             i++;
@@ -4538,8 +4689,7 @@ static int call_strftime(ctx *c, const node *at, val *args, size_t n, val *out)
             r = cput(c, at, &b, f->p + i, 1);
         }
     }
-    if (r) return sbuf_free(&b), r;
-    return sbuf_val(c, at, &b, out);
+    return sbuf_done(c, at, &b, r, out);
 }
 
 /* namespace(mapping or pairs, **kwargs) */
@@ -4858,8 +5008,7 @@ static int eval_member(ctx *c, env *e, const node *x, val *out)
             r = cput(c, x, &b, obj.u.s->p + off[idx], off[idx + 1] - off[idx]);
             taken++;
         }
-        if (r) return sbuf_free(&b), r;
-        return sbuf_val(c, x, &b, out);
+        return sbuf_done(c, x, &b, r, out);
     }
     if (x->flag)
         TRY(eval(c, e, p, &prop));

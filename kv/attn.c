@@ -234,6 +234,21 @@ __attribute__((target("avx2,fma"))) static float max_avx2(const float *s, size_t
     return CG_MAX(m, max_scalar(s + j, n - j));
 }
 
+/* p = e^r, r = x - k ln2, with FMA in vectors of type VEC whose intrinsics start with V
+ * (_mm256, _mm512): the AVX2 and AVX-512 kernels evaluate the same terms in the same order. */
+#define EXP_POLY_FMA(V, VEC, x, k, p)                                                              \
+    do {                                                                                           \
+        VEC r_ = V##_fnmadd_ps(k, V##_set1_ps(EXP_LN2_HI), x);                                     \
+        r_ = V##_fnmadd_ps(k, V##_set1_ps(EXP_LN2_LO), r_);                                        \
+        p = V##_set1_ps(EXP_P0);                                                                   \
+        p = V##_fmadd_ps(p, r_, V##_set1_ps(EXP_P1));                                              \
+        p = V##_fmadd_ps(p, r_, V##_set1_ps(EXP_P2));                                              \
+        p = V##_fmadd_ps(p, r_, V##_set1_ps(EXP_P3));                                              \
+        p = V##_fmadd_ps(p, r_, V##_set1_ps(EXP_P4));                                              \
+        p = V##_fmadd_ps(p, r_, V##_set1_ps(EXP_P5));                                              \
+        p = V##_fmadd_ps(p, V##_mul_ps(r_, r_), V##_add_ps(r_, V##_set1_ps(1.0f)));                \
+    } while (0)
+
 __attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *s, size_t n, float m)
 {
     const __m256 lo = _mm256_set1_ps(EXP_LO), vm = _mm256_set1_ps(m);
@@ -243,15 +258,8 @@ __attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *s, size_t n
         __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm), lo);
         __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(EXP_LN2_HI), x);
-        r = _mm256_fnmadd_ps(k, _mm256_set1_ps(EXP_LN2_LO), r);
-        __m256 p = _mm256_set1_ps(EXP_P0);
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P1));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
-        p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+        __m256 p;
+        EXP_POLY_FMA(_mm256, __m256, x, k, p);
         __m256i e =
             _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
         __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
@@ -369,15 +377,8 @@ __attribute__((target("avx512f"))) static float exp_sum_avx512(float *s, size_t 
         __m512 x = _mm512_max_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), vm), lo);
         __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_LN2_HI), x);
-        r = _mm512_fnmadd_ps(k, _mm512_set1_ps(EXP_LN2_LO), r);
-        __m512 p = _mm512_set1_ps(EXP_P0);
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
-        p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+        __m512 p;
+        EXP_POLY_FMA(_mm512, __m512, x, k, p);
         __m512 y = _mm512_scalef_ps(p, k); /* p * 2^k */
         _mm512_mask_storeu_ps(s + j, mk, y);
         acc = _mm512_mask_add_ps(acc, mk, acc, y);

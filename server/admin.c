@@ -113,23 +113,30 @@ void cg_gw_chunks_list(cg_http_req *req, void *app)
                                  "last_id", n ? json_string(last) : json_null()));
 }
 
+/* The chunk named by the {key} path parameter, read into *c (cleared by the caller) after the
+ * pending index writes are flushed. Replies itself and returns 0 when there is none: 400 for
+ * a bad key, 404 for a key the index does not have, 500 with io_msg when it cannot be read. */
+static int path_chunk(cg_http_req *req, cg_gateway *g, cg_key *key, cg_index_chunk *c,
+                      const char *io_msg)
+{
+    if (!path_key(req, key)) return 0;
+    flush(g);
+    memset(c, 0, sizeof *c);
+    cg_status st = cg_index_chunk_get(g->index, key, c);
+    if (st == CG_OK) return 1;
+    cg_index_chunk_clear(c);
+    if (st == CG_E_NOT_FOUND)
+        cg_http_reply_error(req, CG_E_NOT_FOUND, "key", "no chunk with this key");
+    else
+        cg_http_reply_error(req, CG_E_IO, NULL, io_msg);
+    return 0;
+}
+
 void cg_gw_chunk_get(cg_http_req *req, void *app)
 {
-    cg_gateway *g = app;
     cg_key key;
-    if (!path_key(req, &key)) return;
-    flush(g);
     cg_index_chunk c;
-    memset(&c, 0, sizeof c);
-    cg_status st = cg_index_chunk_get(g->index, &key, &c);
-    if (st == CG_E_NOT_FOUND) {
-        cg_http_reply_error(req, CG_E_NOT_FOUND, "key", "no chunk with this key");
-        return;
-    }
-    if (st != CG_OK) {
-        cg_http_reply_error(req, CG_E_IO, NULL, "the chunk index cannot be read");
-        return;
-    }
+    if (!path_chunk(req, app, &key, &c, "the chunk index cannot be read")) return;
     cg_http_reply_json(req, 200, chunk_json(&c));
     cg_index_chunk_clear(&c);
 }
@@ -138,21 +145,10 @@ void cg_gw_chunk_delete(cg_http_req *req, void *app)
 {
     cg_gateway *g = app;
     cg_key key;
-    if (!path_key(req, &key)) return;
-    flush(g);
     cg_index_chunk c;
-    memset(&c, 0, sizeof c);
-    cg_status st = cg_index_chunk_get(g->index, &key, &c);
+    if (!path_chunk(req, g, &key, &c, "the chunk index cannot be read")) return;
     int pinned = c.pinned;
     cg_index_chunk_clear(&c);
-    if (st == CG_E_NOT_FOUND) {
-        cg_http_reply_error(req, CG_E_NOT_FOUND, "key", "no chunk with this key");
-        return;
-    }
-    if (st != CG_OK) {
-        cg_http_reply_error(req, CG_E_IO, NULL, "the chunk index cannot be read");
-        return;
-    }
     if (pinned) {
         cg_http_reply_error(req, CG_E_CONFLICT, "key",
                             "the chunk is pinned; unpin it first (POST /v1/chunks/{key}/unpin)");
@@ -277,20 +273,11 @@ out:
 static void set_pin(cg_http_req *req, cg_gateway *g, int pinned)
 {
     cg_key key;
-    if (!path_key(req, &key)) return;
-    flush(g);
     cg_index_chunk c;
-    memset(&c, 0, sizeof c);
-    cg_status st = cg_index_chunk_get(g->index, &key, &c);
+    if (!path_chunk(req, g, &key, &c, "the chunk index could not be updated")) return;
     cg_index_chunk_clear(&c);
-    if (st == CG_E_NOT_FOUND) {
-        cg_http_reply_error(req, CG_E_NOT_FOUND, "key", "no chunk with this key");
-        return;
-    }
-    if (st == CG_OK) {
-        cg_index_chunk_pin(g->index, &key, pinned);
-        st = cg_index_flush(g->index);
-    }
+    cg_index_chunk_pin(g->index, &key, pinned);
+    cg_status st = cg_index_flush(g->index);
     if (st == CG_OK) st = cg_index_chunk_get(g->index, &key, &c);
     if (st != CG_OK) {
         cg_http_reply_error(req, CG_E_IO, NULL, "the chunk index could not be updated");

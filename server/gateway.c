@@ -1,5 +1,7 @@
 /* The gateway's configuration table, lifetime, route table, and operations routes
  * (/healthz, /readyz, /metrics). */
+#include "server/gateway.h"
+
 #include "server/gwstate.h"
 #include "server/admin.h"
 #include "server/infer.h"
@@ -279,7 +281,8 @@ static cg_status mkdir_p(const char *dir)
 
 /* Workers the index remembers from an earlier run but that are not registered now: their
  * placements would only inflate the index (routing never considers them), and a worker that
- * comes back is synced at registration anyway. */
+ * comes back is synced at registration anyway. The rows of shared remote tiers stay: what they
+ * record is in Redis, not in a worker, and workers that report the tier use it again. */
 static void forget_old_workers(cg_gateway *g)
 {
     cg_index_worker *ws = NULL;
@@ -294,7 +297,9 @@ static void forget_old_workers(cg_gateway *g)
         {
             registered |= json_integer_value(json_object_get(w, "id")) == ws[i].id;
         }
-        if (registered) continue;
+        if (registered || !strncmp(ws[i].url, CG_INDEX_TIER_ROW_PREFIX,
+                                   strlen(CG_INDEX_TIER_ROW_PREFIX)))
+            continue;
         cg_log(CG_LOG_INFO, "forgetting worker %s from an earlier run (not in --worker)",
                ws[i].url);
         if (cg_index_worker_delete(g->index, ws[i].id) != CG_OK)
@@ -358,6 +363,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     wp.health_timeout_ms = (long)cfg->health_timeout_ms;
     wp.sync_interval_ms = (long)cfg->sync_interval_ms;
     wp.load_penalty_tokens = cfg->load_penalty_tokens;
+    wp.remote_hit_percent = (int)cfg->remote_hit_percent;
     if ((st = cg_workers_open(&wp, &g->workers)) != CG_OK) goto fail;
     for (size_t i = 0; i < cfg->workers.n; i++) {
         char err[512];

@@ -8,11 +8,13 @@
 #include "backends/openai.h"
 #include "cache/key.h"
 #include "cache/split.h"
-#include "server/gateway.h"
+#include "server/gwconfig.h"
 #include "base/http.h"
 #include "base/metrics.h"
 #include "server/workers.h"
 #include "sql/index.h"
+
+typedef struct cg_gateway cg_gateway; /* as server/gateway.h names it */
 
 struct cg_gateway {
     const cg_gateway_config *cfg; /* borrowed */

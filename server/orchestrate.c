@@ -128,23 +128,14 @@ static void set_recompute(json_t *o, const cg_gw_segments *s)
         json_object_set_new(o, "recompute_ratio", json_real(s->recompute_ratio));
 }
 
-/* The plain-prompt body for a worker's /v1/completions. A worker splits a "# #" prompt
- * itself, so the tenant salt, mode and the separator in use go along: a fallback never mixes
- * tenants in the worker's pool. Chat becomes a completion of its rendering. */
+/* The body for a worker's /v1/completions, or /v1/chat/completions for a chat: the worker
+ * splits a "# #" prompt and renders a chat itself, exactly as the gateway did (the same
+ * template, the same rule), so the tenant salt, mode and the separator in use go along: a
+ * fallback never mixes tenants in the worker's pool. */
 static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
 {
-    json_t *o;
-    if (c->chat) {
-        o = cg_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
-        const char *keep[] = {"cache_salt", "chunk_mode", "quality_probe"};
-        for (size_t i = 0; i < CG_ARRAY_LEN(keep); i++) {
-            json_t *v = json_object_get(c->body, keep[i]);
-            if (v) json_object_set(o, keep[i], v);
-        }
-    } else {
-        o = json_copy(c->body); /* shallow: top-level edits only */
-    }
-    json_object_del(o, "documents");
+    json_t *o = json_copy(c->body); /* shallow: top-level edits only */
+    if (!c->chat) json_object_del(o, "documents");
     set_recompute(o, &c->segs);
     *strip_usage = ask_usage(o, c->stream);
     json_object_set_new(o, "chunk_separator", json_string(c->segs.separator));
@@ -253,8 +244,7 @@ static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclu
         }
         t.base = cg_worker_url(w);
         t.no_auth = 1;
-        t.path = "/v1/completions";
-        t.to_chat = c->chat;
+        t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
         t.worker = w;
         t.backend_is_worker = 1;
         body = worker_plain_body(c, &t.strip_usage, &len);
@@ -289,25 +279,34 @@ static int assembly_matches(const gw_call *c, const cg_wc_assembly *a, char *why
 
 /* The worker is the source of truth: every assemble answer updates the index at once (hits
  * refresh their placement, stored misses become placements, unstored ones and evicted keys
- * are removed), and a miss where the index expected a hit schedules a full resync. */
+ * are removed), and a miss where the index expected a hit schedules a full resync. With a
+ * shared remote tier, a chunk read from it or stored (and so queued for it) is recorded under
+ * the tier's row; a miss of a chunk the index placed there corrects it. */
 static void record(gw_call *c, const cg_wc_assembly *a)
 {
     cg_gateway *g = c->g;
     cg_index *ix = g->index;
     int64_t wid = cg_worker_id(c->w), now = (int64_t)cg_wall_ms();
+    int64_t tier = cg_workers_tier_row(g->workers, c->w);
     size_t hits = 0, stale = 0;
     for (size_t k = 0; k < c->segs.n_keys; k++) {
         const cg_wc_seg *s = &a->segs[c->segs.key_seg[k]];
         const cg_key *key = &c->segs.keys[k];
-        if (!s->hit && cg_index_entry_tokens_on(c->ent ? &c->ent[k] : NULL, wid) > 0) stale++;
+        const cg_index_entry *e = c->ent ? &c->ent[k] : NULL;
+        if (!s->hit && cg_index_entry_tokens_on(e, wid) > 0) stale++;
         if (s->hit) {
             hits++;
             cg_index_chunk_hit(ix, key, now);
             cg_index_placement_set(ix, key, wid, CG_TIER_RAM, s->n_tokens, now);
+            if (tier >= 0 && !strcmp(s->tier, "remote"))
+                cg_index_placement_set(ix, key, tier, CG_TIER_REMOTE, s->n_tokens, now);
         } else if (s->stored) {
             cg_index_placement_set(ix, key, wid, CG_TIER_RAM, s->n_tokens, now);
+            if (tier >= 0) cg_index_placement_set(ix, key, tier, CG_TIER_REMOTE, s->n_tokens, now);
         } else {
             cg_index_placement_del(ix, key, wid); /* computed but not kept (pool full) */
+            if (tier >= 0 && cg_index_entry_tokens_on(e, tier) > 0)
+                cg_index_placement_del(ix, key, tier); /* the shared tier lost it */
         }
     }
     for (size_t i = 0; i < a->n_evicted; i++) {
@@ -344,6 +343,11 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
             json_object_del(cb, EXT_FIELDS[i]);
     }
     json_object_set_new(cb, "kv_transfer_params", json_pack("{s:s}", "assembly_id", a->id));
+    /* A chat without a limit decodes until EOS or the end of the context, as a chat does on
+     * the worker itself (a completion's default limit is much smaller). */
+    int64_t max_pos = cg_workers_max_positions(g->workers);
+    if (c->chat && !json_object_get(cb, "max_tokens") && max_pos > a->n_tokens)
+        json_object_set_new(cb, "max_tokens", json_integer(max_pos - a->n_tokens));
     int strip = ask_usage(cb, c->stream);
     /* --backend naming the worker itself is the same as no --backend: it consumes the
      * assembly, so there is nothing to release after a good answer. */

@@ -294,7 +294,9 @@ static void reply_answer(relay *r)
      * backend: relayed, but not counted as a backend failure. */
     if (r->status >= 500) cg_gw_backend_error(g, "status");
     if (json_is_object(obj) && json_is_object(json_object_get(obj, "error"))) {
-        /* The backend's own error in OpenAI shape: relay it with its status. */
+        /* The backend's own error in OpenAI shape: relay it with its status. A 429 keeps
+         * telling the client when to come back (the upstream's own header is not kept). */
+        if (r->status == 429) cg_http_add_header(r->req, "Retry-After", "1");
         cg_http_reply_json(r->req, (int)r->status, obj);
         return;
     }

@@ -12,12 +12,8 @@ if(TARGET chunkgate AND TARGET chunkgate-worker AND TARGET fake_backend)
   set(CG_HARDEN_LIBS_valgrind cg_server)
   foreach(s ${CG_HARDEN_SUITES})
     if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_${s}.c)
-      cg_check_test(NAME test_${s} SOURCES test_${s}.c harden_util.c
-                    LIBS ${CG_HARDEN_LIBS_${s}} PkgConfig::CURL TIMEOUT 180)
-      add_dependencies(test_${s} chunkgate chunkgate-worker fake_backend)
-      target_compile_definitions(test_${s} PRIVATE
-        CHUNKGATE_BIN="$<TARGET_FILE:chunkgate>" WORKER_BIN="$<TARGET_FILE:chunkgate-worker>"
-        FAKE_BACKEND_BIN="$<TARGET_FILE:fake_backend>")
+      cg_check_test(NAME test_${s} SOURCES test_${s}.c LIBS ${CG_HARDEN_LIBS_${s}} TIMEOUT 180
+                    PROGRAMS chunkgate chunkgate-worker fake_backend)
     endif()
   endforeach()
   if(TARGET test_concurrency)

@@ -11,15 +11,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "harden_util.h"
+#include "tests/harness/harness.h"
 
 #define N_PROMPTS 8
 
 static char model_dir[512];
-static hu_proc wk;     /* the main worker: --max-running 4 --max-queue 4 */
-static hu_proc tight;  /* --max-running 1 --max-queue 1 */
-static hu_proc wk2;    /* a second worker for the gateway */
-static hu_proc gw;     /* gateway in front of tight and wk2 */
+static th_proc wk;     /* the main worker: --max-running 4 --max-queue 4 */
+static th_proc tight;  /* --max-running 1 --max-queue 1 */
+static th_proc wk2;    /* a second worker for the gateway */
+static th_proc gw;     /* gateway in front of tight and wk2 */
 
 static const char *DOC[] = {
     "Document A. The harbour town exported dried cod and tar throughout the century.",
@@ -54,21 +54,21 @@ static char *body_of(int i, int max_tokens, int stream)
 typedef struct call {
     int port, i, max_tokens;
     const char *path;
-    hu_resp r;
+    th_resp r;
 } call;
 
 static void *do_call(void *arg)
 {
     call *c = arg;
     char *b = body_of(c->i, c->max_tokens, 0);
-    hu_http(&c->r, c->port, "POST", c->path, b, NULL, NULL);
+    th_http(&c->r, c->port, "POST", c->path, b, NULL, NULL);
     free(b);
     return NULL;
 }
 
-static char *text_of(const hu_resp *r)
+static char *text_of(const th_resp *r)
 {
-    json_t *j = hu_json(r);
+    json_t *j = th_json(r);
     ck_assert_ptr_nonnull(j);
     const char *t = json_string_value(
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
@@ -86,7 +86,7 @@ START_TEST(concurrent_equals_alone)
         do_call(&c);
         ck_assert_int_eq(c.r.status, 200);
         alone[i] = text_of(&c.r);
-        hu_resp_free(&c.r);
+        th_resp_free(&c.r);
     }
     call cs[N_PROMPTS];
     pthread_t th[N_PROMPTS];
@@ -102,11 +102,11 @@ START_TEST(concurrent_equals_alone)
         char *t = text_of(&cs[i].r);
         ck_assert_str_eq(t, alone[cs[i].i]);
         free(t);
-        hu_resp_free(&cs[i].r);
+        th_resp_free(&cs[i].r);
     }
     for (int i = 0; i < N_PROMPTS; i++) free(alone[i]);
-    ck_assert(hu_metric(wk.port, "chunkgate_worker_decode_steps_total") <
-              hu_metric(wk.port, "chunkgate_worker_decode_rows_total"));
+    ck_assert(th_metric(wk.port, "chunkgate_worker_decode_steps_total") <
+              th_metric(wk.port, "chunkgate_worker_decode_rows_total"));
 }
 END_TEST
 
@@ -127,18 +127,18 @@ START_TEST(shedding)
         if (cs[i].r.status == 200) {
             ok++;
         } else {
-            ck_assert_msg(hu_is_error(&cs[i].r, 429, "rate_limit_exceeded"), "status %ld: %.200s",
+            ck_assert_msg(th_is_error(&cs[i].r, 429, "rate_limit_exceeded"), "status %ld: %.200s",
                           cs[i].r.status, cs[i].r.body.data);
             ck_assert_ptr_nonnull(strcasestr(cs[i].r.head.data, "Retry-After: 1"));
             shed++;
         }
-        hu_resp_free(&cs[i].r);
+        th_resp_free(&cs[i].r);
     }
     ck_assert_int_ge(ok, 2);
     ck_assert_int_ge(shed, 1);
     ck_assert_int_eq(ok + shed, N);
-    ck_assert_double_eq(hu_metric(tight.port, "chunkgate_worker_rate_limited_total"), shed);
-    ck_assert_double_eq(hu_metric(tight.port, "chunkgate_worker_requests_admitted"), 0);
+    ck_assert_double_eq(th_metric(tight.port, "chunkgate_worker_rate_limited_total"), shed);
+    ck_assert_double_eq(th_metric(tight.port, "chunkgate_worker_requests_admitted"), 0);
 }
 END_TEST
 
@@ -147,7 +147,7 @@ END_TEST
 START_TEST(gateway_routes_around_busy)
 {
     enum { N = 8 };
-    double busy0 = hu_metric(gw.port, "chunkgate_worker_busy_total");
+    double busy0 = th_metric(gw.port, "chunkgate_worker_busy_total");
     call cs[N];
     pthread_t th[N];
     for (int i = 0; i < N; i++) {
@@ -160,17 +160,17 @@ START_TEST(gateway_routes_around_busy)
     for (int i = 0; i < N; i++) {
         if (cs[i].r.status == 200)
             ok++;
-        else if (hu_is_error(&cs[i].r, 429, "rate_limit_exceeded") &&
+        else if (th_is_error(&cs[i].r, 429, "rate_limit_exceeded") &&
                  strcasestr(cs[i].r.head.data, "Retry-After"))
             shed++;
         else
             ck_abort_msg("status %ld: %.300s", cs[i].r.status, cs[i].r.body.data);
-        hu_resp_free(&cs[i].r);
+        th_resp_free(&cs[i].r);
     }
     ck_assert_int_eq(ok + shed, N);
     /* the tight worker takes 2; the others either went to wk2 or were refused by both */
     ck_assert_int_ge(ok, 3);
-    ck_assert_double_gt(hu_metric(gw.port, "chunkgate_worker_busy_total"), busy0);
+    ck_assert_double_gt(th_metric(gw.port, "chunkgate_worker_busy_total"), busy0);
 }
 END_TEST
 
@@ -178,7 +178,7 @@ END_TEST
  * the next step, and its assembly and requests are given back. */
 START_TEST(disconnect_frees_sequence)
 {
-    int fd = hu_connect(wk.port);
+    int fd = th_connect(wk.port);
     ck_assert_int_ge(fd, 0);
     char *b = body_of(1, 2000, 1);
     char head[256];
@@ -186,25 +186,25 @@ START_TEST(disconnect_frees_sequence)
                       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                       "application/json\r\nContent-Length: %zu\r\n\r\n",
                       strlen(b));
-    ck_assert_int_eq(hu_send(fd, head, (size_t)hl), 0);
-    ck_assert_int_eq(hu_send(fd, b, strlen(b)), 0);
+    ck_assert_int_eq(th_send_all(fd, head, (size_t)hl), 0);
+    ck_assert_int_eq(th_send_all(fd, b, strlen(b)), 0);
     free(b);
     int closed = 0;
-    char *got = hu_recv(fd, 2000, 4096, &closed);
+    char *got = th_recv(fd, 2000, 4096, &closed);
     ck_assert_ptr_nonnull(strstr(got, "data: "));
     free(got);
-    ck_assert_double_eq(hu_metric(wk.port, "chunkgate_worker_sequences_running"), 1);
+    ck_assert_double_eq(th_metric(wk.port, "chunkgate_worker_sequences_running"), 1);
     close(fd);
     int gone = 0;
     for (int i = 0; i < 300 && !gone; i++) {
-        gone = hu_metric(wk.port, "chunkgate_worker_sequences_running") == 0 &&
-               hu_metric(wk.port, "chunkgate_worker_requests_admitted") == 0;
-        if (!gone) hu_sleep_ms(50);
+        gone = th_metric(wk.port, "chunkgate_worker_sequences_running") == 0 &&
+               th_metric(wk.port, "chunkgate_worker_requests_admitted") == 0;
+        if (!gone) th_sleep_ms(50);
     }
     ck_assert_msg(gone, "the sequence of a client that left is still running");
-    ck_assert_double_eq(hu_metric(wk.port, "chunkgate_worker_assemblies_live"), 0);
+    ck_assert_double_eq(th_metric(wk.port, "chunkgate_worker_assemblies_live"), 0);
     /* it stopped well before its 2000 tokens */
-    ck_assert_double_lt(hu_metric(wk.port, "chunkgate_worker_decode_tokens_total"), 1000);
+    ck_assert_double_lt(th_metric(wk.port, "chunkgate_worker_decode_tokens_total"), 1000);
 }
 END_TEST
 
@@ -219,18 +219,18 @@ typedef struct soak {
 static void *soak_main(void *arg)
 {
     soak *s = arg;
-    for (int k = 0; hu_now_s() < s->until; k++) {
+    for (int k = 0; th_now_s() < s->until; k++) {
         call c = {.port = gw.port, .i = (s->id + k) % 6, .max_tokens = 8 + (s->id % 8),
                   .path = "/v1/completions"};
         do_call(&c);
         if (c.r.status == 200)
             s->ok++;
-        else if (hu_is_error(&c.r, 429, "rate_limit_exceeded"))
-            s->shed++, hu_sleep_ms(20);
+        else if (th_is_error(&c.r, 429, "rate_limit_exceeded"))
+            s->shed++, th_sleep_ms(20);
         else
             s->bad++, fprintf(stderr, "soak: status %ld rc %d: %.200s\n", c.r.status, (int)c.r.rc,
                               c.r.body.data ? c.r.body.data : "");
-        hu_resp_free(&c.r);
+        th_resp_free(&c.r);
     }
     return NULL;
 }
@@ -242,7 +242,7 @@ START_TEST(soak_64_clients)
     double secs = env ? atof(env) : 60.0;
     soak s[N];
     pthread_t th[N];
-    double until = hu_now_s() + secs;
+    double until = th_now_s() + secs;
     for (int i = 0; i < N; i++) {
         s[i] = (soak){.id = i, .until = until};
         ck_assert_int_eq(pthread_create(&th[i], NULL, soak_main, &s[i]), 0);
@@ -255,45 +255,45 @@ START_TEST(soak_64_clients)
     fprintf(stderr, "soak: %.0f s, 64 clients: %d ok, %d shed (429), %d bad\n", secs, ok, shed, bad);
     ck_assert_int_eq(bad, 0);
     ck_assert_int_gt(ok, N);
-    hu_proc *ws[] = {&tight, &wk2};
+    th_proc *ws[] = {&tight, &wk2};
     for (int i = 0; i < 2; i++) {
         int idle = 0;
         for (int t = 0; t < 100 && !idle; t++) {
-            idle = hu_metric(ws[i]->port, "chunkgate_worker_requests_admitted") == 0 &&
-                   hu_metric(ws[i]->port, "chunkgate_worker_sequences_running") == 0;
-            if (!idle) hu_sleep_ms(50);
+            idle = th_metric(ws[i]->port, "chunkgate_worker_requests_admitted") == 0 &&
+                   th_metric(ws[i]->port, "chunkgate_worker_sequences_running") == 0;
+            if (!idle) th_sleep_ms(50);
         }
         ck_assert_msg(idle, "worker %d still busy after the soak", i);
     }
-    hu_resp h;
-    hu_http(&h, gw.port, "GET", "/healthz", NULL, NULL, NULL);
+    th_resp h;
+    th_http(&h, gw.port, "GET", "/healthz", NULL, NULL, NULL);
     ck_assert_int_eq(h.status, 200);
-    hu_resp_free(&h);
+    th_resp_free(&h);
 }
 END_TEST
 
 int main(void)
 {
-    hu_init("concurrency");
-    snprintf(model_dir, sizeof model_dir, "%s/model", hu_root());
+    th_init("concurrency", NULL);
+    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
     int failed = 1;
     char gwa[128], gwb[128];
     const char *main_args[] = {"--max-running", "4", "--max-queue", "4", NULL};
     const char *tight_args[] = {"--max-running", "1", "--max-queue", "1", NULL};
     const char *wk2_args[] = {"--max-running", "4", "--max-queue", "12", NULL};
-    if (hu_gen_model(WORKER_BIN, model_dir) != 0 ||
-        hu_start_worker(&wk, WORKER_BIN, model_dir, 0, "worker", main_args) != 0 ||
-        hu_start_worker(&tight, WORKER_BIN, model_dir, 0, "tight", tight_args) != 0 ||
-        hu_start_worker(&wk2, WORKER_BIN, model_dir, 0, "worker2", wk2_args) != 0) {
-        fprintf(stderr, "a worker did not start; logs in %s\n", hu_root());
+    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0 ||
+        th_start_worker(&wk, WORKER_BIN, model_dir, 0, "worker", main_args) != 0 ||
+        th_start_worker(&tight, WORKER_BIN, model_dir, 0, "tight", tight_args) != 0 ||
+        th_start_worker(&wk2, WORKER_BIN, model_dir, 0, "worker2", wk2_args) != 0) {
+        fprintf(stderr, "a worker did not start; logs in %s\n", th_root());
         goto out;
     }
     snprintf(gwa, sizeof gwa, "http://127.0.0.1:%d", tight.port);
     snprintf(gwb, sizeof gwb, "http://127.0.0.1:%d", wk2.port);
     const char *gw_args[] = {"--worker", gwa, "--worker", gwb, "--health-interval-ms", "200", NULL};
-    if (hu_start_gateway(&gw, CHUNKGATE_BIN, "gateway", gw_args) != 0 ||
-        !hu_wait_worker(gw.port, NULL, gwa, 1) || !hu_wait_worker(gw.port, NULL, gwb, 1)) {
-        fprintf(stderr, "the gateway did not start; logs in %s\n", hu_root());
+    if (th_start_gateway(&gw, CHUNKGATE_BIN, "gateway", gw_args) != 0 ||
+        !th_wait_worker(gw.port, NULL, gwa, 1) || !th_wait_worker(gw.port, NULL, gwb, 1)) {
+        fprintf(stderr, "the gateway did not start; logs in %s\n", th_root());
         goto out;
     }
     Suite *s = suite_create("concurrency");
@@ -311,11 +311,11 @@ int main(void)
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
 out:
-    hu_stop_clean(&gw, "chunkgate");
-    hu_stop_clean(&wk, "worker");
-    hu_stop_clean(&tight, "tight worker");
-    hu_stop_clean(&wk2, "worker2");
-    failed += hu_failures;
-    hu_cleanup(failed != 0);
+    th_stop_clean(&gw, "chunkgate");
+    th_stop_clean(&wk, "worker");
+    th_stop_clean(&tight, "tight worker");
+    th_stop_clean(&wk2, "worker2");
+    failed += th_failures;
+    th_cleanup(failed != 0);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -11,11 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/harden_util.h"
+#include "tests/harness/harness.h"
 
 #define MODEL "chunkgate-tiny"
 
-static hu_proc wk, w0, gw;
+static th_proc wk, w0, gw;
 static char model_dir[300], wurl[64];
 
 /* A RAG prompt: system, three documents in the given order, question. */
@@ -40,35 +40,35 @@ static json_t *post(int port, const char *path, json_t *body, long want)
 {
     char *text = json_dumps(body, JSON_COMPACT);
     json_decref(body);
-    hu_resp r;
-    hu_http(&r, port, "POST", path, text, NULL, NULL);
+    th_resp r;
+    th_http(&r, port, "POST", path, text, NULL, NULL);
     free(text);
     ck_assert_msg(r.status == want, "%s: HTTP %ld (want %ld): %.*s", path, r.status, want,
                   (int)r.body.len, r.body.data ? r.body.data : "");
-    json_t *j = hu_json(&r);
-    hu_resp_free(&r);
+    json_t *j = th_json(&r);
+    th_resp_free(&r);
     ck_assert_ptr_nonnull(j);
     return j;
 }
 
 static json_t *healthz(int port)
 {
-    hu_resp r;
-    hu_http(&r, port, "GET", "/healthz", NULL, NULL, NULL);
-    json_t *j = hu_json(&r);
-    hu_resp_free(&r);
+    th_resp r;
+    th_http(&r, port, "GET", "/healthz", NULL, NULL, NULL);
+    json_t *j = th_json(&r);
+    th_resp_free(&r);
     return j;
 }
 
 static void setup(void)
 {
-    hu_init("quality");
-    snprintf(model_dir, sizeof model_dir, "%s/model", hu_root());
-    if (hu_gen_model(WORKER_BIN, model_dir) != 0) abort();
+    th_init("quality", NULL);
+    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
+    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) abort();
     const char *e[] = {"--canary-rate", "1", "--canary-tokens", "6", NULL};
-    if (hu_start_worker(&wk, WORKER_BIN, model_dir, 0, "wk", e) != 0) abort();
+    if (th_start_worker(&wk, WORKER_BIN, model_dir, 0, "wk", e) != 0) abort();
     const char *e0[] = {"--canary-rate", "0", "--recompute-ratio", "1", NULL};
-    if (hu_start_worker(&w0, WORKER_BIN, model_dir, 0, "w0", e0) != 0) abort();
+    if (th_start_worker(&w0, WORKER_BIN, model_dir, 0, "w0", e0) != 0) abort();
     snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", wk.port);
     const char *g[] = {"--worker",
                        wurl,
@@ -79,16 +79,16 @@ static void setup(void)
                        "--recompute-default",
                        "*=0.2",
                        NULL};
-    if (hu_start_gateway(&gw, CHUNKGATE_BIN, "gw", g) != 0) abort();
-    if (!hu_wait_worker(gw.port, NULL, wurl, 1)) abort();
+    if (th_start_gateway(&gw, CHUNKGATE_BIN, "gw", g) != 0) abort();
+    if (!th_wait_worker(gw.port, NULL, wurl, 1)) abort();
 }
 
 static void teardown(void)
 {
-    hu_stop_clean(&gw, "chunkgate");
-    hu_stop_clean(&wk, "chunkgate-worker (canary 1)");
-    hu_stop_clean(&w0, "chunkgate-worker (canary 0)");
-    hu_cleanup(hu_failures);
+    th_stop_clean(&gw, "chunkgate");
+    th_stop_clean(&wk, "chunkgate-worker (canary 1)");
+    th_stop_clean(&w0, "chunkgate-worker (canary 0)");
+    th_cleanup(th_failures);
 }
 
 /* ---- the worker ---- */
@@ -129,13 +129,13 @@ START_TEST(worker_recompute_ratio)
     json_decref(e);
     json_decref(segs);
     /* /v1/info says what the defaults are */
-    hu_resp r;
-    hu_http(&r, w0.port, "GET", "/v1/info", NULL, NULL, NULL);
-    json_t *info = hu_json(&r);
+    th_resp r;
+    th_http(&r, w0.port, "GET", "/v1/info", NULL, NULL, NULL);
+    json_t *info = th_json(&r);
     ck_assert(json_real_value(json_object_get(info, "recompute_ratio")) == 1.0);
     ck_assert(json_real_value(json_object_get(info, "canary_rate")) == 0.0);
     json_decref(info);
-    hu_resp_free(&r);
+    th_resp_free(&r);
 }
 END_TEST
 
@@ -213,7 +213,7 @@ static json_t *stream_quality(int port, const char *path, json_t *body, int *n_b
     long status = 0;
     char **ev = NULL;
     int n = 0;
-    ck_assert_int_eq(hu_sse(port, path, text, NULL, &status, &ev, &n), CURLE_OK);
+    ck_assert_int_eq(th_sse_data(port, path, text, NULL, &status, &ev, &n), CURLE_OK);
     free(text);
     ck_assert_int_eq(status, 200);
     ck_assert_int_ge(n, 3);
@@ -229,7 +229,7 @@ static json_t *stream_quality(int port, const char *path, json_t *body, int *n_b
         *n_before += json_object_get(e, "chunk_cache") != NULL;
         json_decref(e);
     }
-    hu_sse_free(ev, n);
+    th_sse_data_free(ev, n);
     return cc;
 }
 
@@ -256,7 +256,7 @@ END_TEST
 
 static double sampled_ok(int port)
 {
-    return hu_metric(port, "chunkgate_worker_canary_requests_total{kind=\"sampled\","
+    return th_metric(port, "chunkgate_worker_canary_requests_total{kind=\"sampled\","
                            "result=\"ok\"}");
 }
 
@@ -273,20 +273,20 @@ START_TEST(canary_metrics_move)
         json_decref(j);
         /* one at a time: the queue holds 4, nothing is dropped */
         for (int t = 0; t < 300 && sampled_ok(wk.port) < i + 1; t++)
-            hu_sleep_ms(100);
+            th_sleep_ms(100);
     }
     ck_assert_msg(sampled_ok(wk.port) == 3, "sampled comparisons: %g", sampled_ok(wk.port));
     const char *l = "{mode=\"strict\",recompute_ratio=\"0.00\",recompute_prefix_tokens=\"0\"}";
     char series[256];
     snprintf(series, sizeof series, "chunkgate_worker_canary_kl_nats_count%s", l);
-    ck_assert(hu_metric(wk.port, series) == 3);
+    ck_assert(th_metric(wk.port, series) == 3);
     snprintf(series, sizeof series, "chunkgate_worker_canary_tokens_compared_total%s", l);
-    ck_assert(hu_metric(wk.port, series) == 21); /* 3 x (prompt end + 6 tokens) */
+    ck_assert(th_metric(wk.port, series) == 21); /* 3 x (prompt end + 6 tokens) */
     snprintf(series, sizeof series, "chunkgate_worker_canary_top1_agreed_total%s", l);
-    double agreed = hu_metric(wk.port, series);
+    double agreed = th_metric(wk.port, series);
     ck_assert(agreed >= 0 && agreed <= 21);
     snprintf(series, sizeof series, "chunkgate_worker_canary_top1_agreement_ratio_count%s", l);
-    ck_assert(hu_metric(wk.port, series) == 3);
+    ck_assert(th_metric(wk.port, series) == 3);
     json_t *h = healthz(wk.port);
     json_t *c = json_object_get(h, "canary");
     ck_assert_int_ge(json_integer_value(json_object_get(c, "requests")), 3);
@@ -297,7 +297,7 @@ START_TEST(canary_metrics_move)
     json_t *j = post(w0.port, "/v1/completions",
                      json_pack("{s:s, s:i}", "prompt", p, "max_tokens", 4), 200);
     json_decref(j);
-    hu_sleep_ms(500);
+    th_sleep_ms(500);
     ck_assert(sampled_ok(w0.port) <= 0);
 }
 END_TEST
@@ -379,10 +379,10 @@ START_TEST(gateway_status_quality)
     json_t *quality = NULL;
     int found = 0;
     for (int t = 0; t < 100 && !found; t++) {
-        hu_resp r;
-        hu_http(&r, gw.port, "GET", "/v1/stats", NULL, NULL, NULL);
-        json_t *s = hu_json(&r);
-        hu_resp_free(&r);
+        th_resp r;
+        th_http(&r, gw.port, "GET", "/v1/stats", NULL, NULL, NULL);
+        json_t *s = th_json(&r);
+        th_resp_free(&r);
         json_decref(quality);
         quality = json_incref(json_object_get(s, "quality"));
         json_decref(s);
@@ -391,35 +391,24 @@ START_TEST(gateway_status_quality)
         json_array_foreach(json_object_get(quality, "settings"), i, row) found |=
             !strcmp(json_string_value(json_object_get(row, "recompute_ratio")), "0.50") &&
             !strcmp(json_string_value(json_object_get(row, "recompute_prefix_tokens")), "1-8");
-        if (!found) hu_sleep_ms(100);
+        if (!found) th_sleep_ms(100);
     }
     ck_assert_msg(found, "the default setting's comparison is not in /v1/stats");
     ck_assert_int_ge(json_integer_value(json_object_get(quality, "requests")), 1);
     ck_assert(json_is_real(json_object_get(quality, "top1_agreement")));
     json_decref(quality);
-    hu_resp r;
-    hu_http(&r, gw.port, "GET", "/", NULL, NULL, NULL);
+    th_resp r;
+    th_http(&r, gw.port, "GET", "/", NULL, NULL, NULL);
     ck_assert_ptr_nonnull(strstr(r.body.data, "Reuse quality"));
-    hu_resp_free(&r);
+    th_resp_free(&r);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *su = suite_create("quality_http");
-    TCase *tc = tcase_create("http");
-    tcase_set_timeout(tc, 240);
-    tcase_add_unchecked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, worker_recompute_ratio);
-    tcase_add_test(tc, worker_quality_probe);
-    tcase_add_test(tc, worker_stream_probe);
-    tcase_add_test(tc, canary_metrics_move);
-    tcase_add_test(tc, gateway_pass_through);
-    tcase_add_test(tc, gateway_status_quality);
-    suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed || hu_failures ? 1 : 0;
+    th_fixture fx = {setup, teardown, 0};
+    return th_run_suite("quality_http", "http", 240, fx, CK_FORK_GETENV,
+                        TH_TESTS(worker_recompute_ratio, worker_quality_probe, worker_stream_probe,
+                                 canary_metrics_move, gateway_pass_through,
+                                 gateway_status_quality));
 }

@@ -92,9 +92,11 @@ static int on_token(void *ud, const cg_tok_rec *rec, const char *bytes, size_t l
 {
     job *j = ud;
     (void)rec, (void)bytes, (void)len;
-    if (j->stamps && j->seen < (int)j->max_tokens) j->stamps[j->seen] = cg_now_ns();
-    j->seen++;
-    return j->stop_after > 0 && j->seen >= j->stop_after;
+    int seen = __atomic_load_n(&j->seen, __ATOMIC_RELAXED);
+    if (j->stamps && seen < (int)j->max_tokens) j->stamps[seen] = cg_now_ns();
+    /* another thread polls seen: publish it atomically, after the stamp */
+    __atomic_store_n(&j->seen, seen + 1, __ATOMIC_RELEASE);
+    return j->stop_after > 0 && seen + 1 >= j->stop_after;
 }
 
 static void *run_job(void *arg)

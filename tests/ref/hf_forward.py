@@ -264,8 +264,10 @@ class Model:
         var = x.pow(2).mean(-1, keepdim=True)
         return weight * (x * torch.rsqrt(var + self.eps))
 
-    def forward(self, ids, pos0=0):
-        """Log-softmax over the vocabulary for every position: [T, V]."""
+    def forward(self, ids, pos0=0, rows=None):
+        """Log-softmax over the vocabulary for every position: [T, V]; with rows (a list of
+        positions) only theirs, in that order: [len(rows), V] (the output head is the
+        costliest product, so a caller that needs few rows asks for them)."""
         ids = torch.tensor(ids, dtype=torch.int64)
         if ids.numel() == 0:
             raise ModelError("no tokens")
@@ -302,6 +304,8 @@ class Model:
             h = h + o @ ly["o"].T
             x = self.rms(h, ly["post"])
             h = h + (torch.nn.functional.silu(x @ ly["gate"].T) * (x @ ly["up"].T)) @ ly["down"].T
+        if rows is not None:
+            h = h[torch.tensor(rows, dtype=torch.int64)]
         logits = self.rms(h, self.norm) @ self.head.T
         return torch.log_softmax(logits, dim=-1)
 
@@ -333,14 +337,6 @@ def main(argv=None):
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
         sys.stderr.write("hf_forward.py: ids must be a JSON array of integers\n")
         return 2
-    dt = torch.float64 if a.dtype == "float64" else torch.float32
-    try:
-        m = Model(a.model_dir, dt)
-        with torch.no_grad():
-            lp = m.forward(ids, a.pos0)
-    except (ModelError, KeyError, ValueError) as e:
-        sys.stderr.write("hf_forward.py: %s\n" % e)
-        return 1
     if a.positions:
         positions = [int(x) for x in a.positions.split(",")]
         if any(p < 0 or p >= len(ids) for p in positions):
@@ -348,7 +344,14 @@ def main(argv=None):
             return 2
     else:
         positions = list(range(len(ids))) if a.all else [len(ids) - 1]
-    lp = lp[positions]
+    dt = torch.float64 if a.dtype == "float64" else torch.float32
+    try:
+        m = Model(a.model_dir, dt)
+        with torch.no_grad():
+            lp = m.forward(ids, a.pos0, rows=positions)
+    except (ModelError, KeyError, ValueError) as e:
+        sys.stderr.write("hf_forward.py: %s\n" % e)
+        return 1
     out = sys.stdout.buffer if a.out == "-" else open(a.out, "wb")
     if a.format == "f32":
         out.write(lp.to(torch.float32).numpy().astype("<f4").tobytes())

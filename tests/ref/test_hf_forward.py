@@ -165,6 +165,15 @@ class Invariants(Base):
             self.assertGreater(float((full[10:] - other[10:]).abs().max()), 1e-3)
             self.close(full.exp().sum(-1), torch.ones(len(IDS), dtype=F64), 1e-12)
 
+    def test_rows(self):
+        """rows= picks positions of the same forward (the head is applied to those only)."""
+        d = self.path("rows")
+        make_model(d, "Qwen2ForCausalLM")
+        full = run(d, IDS)
+        with torch.no_grad():
+            part = H.Model(d, F64).forward(IDS, rows=[19, 0, 7])
+        self.close(part, full[[19, 0, 7]], 1e-12)
+
     def test_rope_relative(self):
         """Shifting every position by the same amount changes nothing: RoPE (also scaled)
         rotates q and k by angles whose difference depends only on the distance."""

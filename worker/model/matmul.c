@@ -148,13 +148,83 @@ static const isa_ops ops_generic = {
     .widen = widen_generic,
 };
 
+/* -- the SIMD variants: one tile and one widening loop, written once for both widths -- */
+
+/* The register tile: nb rows of x (nb <= NB) against RB weight rows, accumulated in NB x RB
+ * vectors of W floats, the weight bytes of the next tile prefetched from pf when it is not
+ * NULL. V is the intrinsics' prefix (_mm256, _mm512); P names the width's own functions:
+ * P##_ldw (W weights of dtype dt as floats), P##_tail (adds the products of the last
+ * cols - k < W columns) and P##_hsum (the sum of a vector's lanes). */
+#define SIMD_TILE(P, T, VEC, V, W, RB, NB)                                                         \
+    T static inline __attribute__((always_inline)) void P##_tile(                                  \
+        cg_dtype dt, int nb, const void *const *wr, const float *const *xr, int cols, float *out,  \
+        const char *pf)                                                                            \
+    {                                                                                              \
+        const size_t es = esize(dt);                                                               \
+        VEC acc[NB][RB];                                                                           \
+        _Pragma("GCC unroll 8") for (int b = 0; b < nb; b++)                                       \
+            _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) acc[b][r] = V##_setzero_ps();     \
+        int k = 0;                                                                                 \
+        for (; k + W <= cols; k += W) {                                                            \
+            if (pf) {                                                                              \
+                const char *p = pf + (size_t)k * RB * es;                                          \
+                _Pragma("GCC unroll 8") for (size_t l = 0; l < RB * W * es; l += 64)               \
+                    _mm_prefetch(p + l, PF_HINT);                                                  \
+            }                                                                                      \
+            VEC xv[NB];                                                                            \
+            _Pragma("GCC unroll 4") for (int b = 0; b < nb; b++) xv[b] = V##_loadu_ps(xr[b] + k);  \
+            _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++)                                   \
+            {                                                                                      \
+                VEC wv = P##_ldw(dt, (const char *)wr[r] + (size_t)k * es);                        \
+                _Pragma("GCC unroll 8") for (int b = 0; b < nb; b++) acc[b][r] =                   \
+                    V##_fmadd_ps(xv[b], wv, acc[b][r]);                                            \
+            }                                                                                      \
+        }                                                                                          \
+        if (k < cols) P##_tail(dt, nb, wr, xr, k, cols, acc);                                      \
+        _Pragma("GCC unroll 8") for (int b = 0; b < nb; b++)                                       \
+            _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) out[b * RB + r] =                 \
+                P##_hsum(acc[b][r]);                                                               \
+    }
+
+/* A tile function of the ops table: P##_tile for dtype DT and NB rows of x. */
+#define SIMD_TILE_FN(P, T, DT, NAME, NB)                                                           \
+    T static void NAME(const void *const *wr, const float *const *xr, int cols, float *out,        \
+                       const char *pf)                                                             \
+    {                                                                                              \
+        P##_tile(DT, NB, wr, xr, cols, out, pf);                                                   \
+    }
+
+/* P##_widen: W values at a time through P##_ldw (int8 times scale, or 16-bit floats), the
+ * rest through widen_generic. */
+#define SIMD_WIDEN(P, T, VEC, V, W)                                                                \
+    T static void P##_widen(cg_dtype dt, const void *src, size_t count, float *dst, float scale)   \
+    {                                                                                              \
+        const uint16_t *s = src;                                                                   \
+        size_t i = 0;                                                                              \
+        if (dt == CG_DTYPE_Q8) {                                                                   \
+            const int8_t *q = src;                                                                 \
+            const VEC sc = V##_set1_ps(scale);                                                     \
+            for (; i + W <= count; i += W)                                                         \
+                V##_storeu_ps(dst + i, V##_mul_ps(P##_ldw(CG_DTYPE_Q8, q + i), sc));               \
+            widen_generic(dt, q + i, count - i, dst + i, scale);                                   \
+            return;                                                                                \
+        }                                                                                          \
+        if (dt == CG_DTYPE_BF16)                                                                   \
+            for (; i + W <= count; i += W)                                                         \
+                V##_storeu_ps(dst + i, P##_ldw(CG_DTYPE_BF16, s + i));                             \
+        else                                                                                       \
+            for (; i + W <= count; i += W)                                                         \
+                V##_storeu_ps(dst + i, P##_ldw(CG_DTYPE_F16, s + i));                              \
+        widen_generic(dt, s + i, count - i, dst + i, scale);                                       \
+    }
+
 /* -- AVX2 + FMA + F16C: 8 lanes -- */
 
 #define T_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX2_RB 4
 #define AVX2_NB 3
 
-T_AVX2 static inline __m256 ld8(cg_dtype dt, const void *p)
+T_AVX2 static inline __m256 avx2_ldw(cg_dtype dt, const void *p)
 {
     if (dt == CG_DTYPE_F32) return _mm256_loadu_ps(p);
     if (dt == CG_DTYPE_Q8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p)));
@@ -163,7 +233,31 @@ T_AVX2 static inline __m256 ld8(cg_dtype dt, const void *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-T_AVX2 static inline float hsum8(__m256 v)
+/* The tail goes through zero-padded copies: the same FMA, no read past the end. */
+T_AVX2 static inline __attribute__((always_inline)) void
+avx2_tail(cg_dtype dt, int nb, const void *const *wr, const float *const *xr, int k, int cols,
+          __m256 acc[AVX2_NB][AVX2_RB])
+{
+    const size_t es = esize(dt);
+    const int rem = cols - k;
+    float xt[AVX2_NB][8];
+    _Alignas(32) unsigned char wt[AVX2_RB][32];
+    memset(xt, 0, sizeof xt);
+    memset(wt, 0, sizeof wt);
+    for (int b = 0; b < nb; b++)
+        memcpy(xt[b], xr[b] + k, (size_t)rem * sizeof(float));
+    for (int r = 0; r < AVX2_RB; r++)
+        memcpy(wt[r], (const char *)wr[r] + (size_t)k * es, (size_t)rem * es);
+#pragma GCC unroll 8
+    for (int r = 0; r < AVX2_RB; r++) {
+        __m256 wv = avx2_ldw(dt, wt[r]);
+#pragma GCC unroll 8
+        for (int b = 0; b < nb; b++)
+            acc[b][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xt[b]), wv, acc[b][r]);
+    }
+}
+
+T_AVX2 static inline float avx2_hsum(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -171,70 +265,10 @@ T_AVX2 static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-T_AVX2 static inline __attribute__((always_inline)) void tile_avx2(cg_dtype dt, int nb,
-                                                                   const void *const *wr,
-                                                                   const float *const *xr, int cols,
-                                                                   float *out, const char *pf)
-{
-    const size_t es = esize(dt);
-    __m256 acc[AVX2_NB][AVX2_RB];
-#pragma GCC unroll 8
-    for (int b = 0; b < nb; b++)
-#pragma GCC unroll 8
-        for (int r = 0; r < AVX2_RB; r++)
-            acc[b][r] = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 8 <= cols; k += 8) {
-        if (pf) {
-            const char *p = pf + (size_t)k * AVX2_RB * es;
-#pragma GCC unroll 8
-            for (size_t l = 0; l < AVX2_RB * 8 * es; l += 64)
-                _mm_prefetch(p + l, PF_HINT);
-        }
-        __m256 xv[AVX2_NB];
-#pragma GCC unroll 4
-        for (int b = 0; b < nb; b++)
-            xv[b] = _mm256_loadu_ps(xr[b] + k);
-#pragma GCC unroll 8
-        for (int r = 0; r < AVX2_RB; r++) {
-            __m256 wv = ld8(dt, (const char *)wr[r] + (size_t)k * es);
-#pragma GCC unroll 8
-            for (int b = 0; b < nb; b++)
-                acc[b][r] = _mm256_fmadd_ps(xv[b], wv, acc[b][r]);
-        }
-    }
-    if (k < cols) {
-        /* the tail goes through zero-padded copies: the same FMA, no read past the end */
-        const int rem = cols - k;
-        float xt[AVX2_NB][8];
-        _Alignas(32) unsigned char wt[AVX2_RB][32];
-        memset(xt, 0, sizeof xt);
-        memset(wt, 0, sizeof wt);
-        for (int b = 0; b < nb; b++)
-            memcpy(xt[b], xr[b] + k, (size_t)rem * sizeof(float));
-        for (int r = 0; r < AVX2_RB; r++)
-            memcpy(wt[r], (const char *)wr[r] + (size_t)k * es, (size_t)rem * es);
-#pragma GCC unroll 8
-        for (int r = 0; r < AVX2_RB; r++) {
-            __m256 wv = ld8(dt, wt[r]);
-#pragma GCC unroll 8
-            for (int b = 0; b < nb; b++)
-                acc[b][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xt[b]), wv, acc[b][r]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int b = 0; b < nb; b++)
-#pragma GCC unroll 8
-        for (int r = 0; r < AVX2_RB; r++)
-            out[b * AVX2_RB + r] = hsum8(acc[b][r]);
-}
+SIMD_TILE(avx2, T_AVX2, __m256, _mm256, 8, AVX2_RB, AVX2_NB)
+SIMD_WIDEN(avx2, T_AVX2, __m256, _mm256, 8)
 
-#define AVX2_TILE(DT, NAME, NB)                                                                    \
-    T_AVX2 static void NAME(const void *const *wr, const float *const *xr, int cols, float *out,   \
-                            const char *pf)                                                        \
-    {                                                                                              \
-        tile_avx2(DT, NB, wr, xr, cols, out, pf);                                                  \
-    }
+#define AVX2_TILE(DT, NAME, NB) SIMD_TILE_FN(avx2, T_AVX2, DT, NAME, NB)
 AVX2_TILE(CG_DTYPE_F32, avx2_f32_1, 1)
 AVX2_TILE(CG_DTYPE_F32, avx2_f32_2, 2)
 AVX2_TILE(CG_DTYPE_F32, avx2_f32_3, 3)
@@ -248,27 +282,6 @@ AVX2_TILE(CG_DTYPE_Q8, avx2_q8_1, 1)
 AVX2_TILE(CG_DTYPE_Q8, avx2_q8_2, 2)
 AVX2_TILE(CG_DTYPE_Q8, avx2_q8_3, 3)
 
-T_AVX2 static void widen_avx2(cg_dtype dt, const void *src, size_t count, float *dst, float scale)
-{
-    const uint16_t *s = src;
-    size_t i = 0;
-    if (dt == CG_DTYPE_Q8) {
-        const int8_t *q = src;
-        const __m256 sc = _mm256_set1_ps(scale);
-        for (; i + 8 <= count; i += 8)
-            _mm256_storeu_ps(dst + i, _mm256_mul_ps(ld8(CG_DTYPE_Q8, q + i), sc));
-        widen_generic(dt, q + i, count - i, dst + i, scale);
-        return;
-    }
-    if (dt == CG_DTYPE_BF16)
-        for (; i + 8 <= count; i += 8)
-            _mm256_storeu_ps(dst + i, ld8(CG_DTYPE_BF16, s + i));
-    else
-        for (; i + 8 <= count; i += 8)
-            _mm256_storeu_ps(dst + i, ld8(CG_DTYPE_F16, s + i));
-    widen_generic(dt, s + i, count - i, dst + i, scale);
-}
-
 static const isa_ops ops_avx2 = {
     .tile = {[CG_DTYPE_F32] = {NULL, avx2_f32_1, avx2_f32_2, avx2_f32_3},
              [CG_DTYPE_F16] = {NULL, avx2_f16_1, avx2_f16_2, avx2_f16_3},
@@ -276,7 +289,7 @@ static const isa_ops ops_avx2 = {
              [CG_DTYPE_Q8] = {NULL, avx2_q8_1, avx2_q8_2, avx2_q8_3}},
     .nb_max = AVX2_NB,
     .rb = AVX2_RB,
-    .widen = widen_avx2,
+    .widen = avx2_widen,
 };
 
 /* -- AVX-512 F/BW/VL: 16 lanes, masked loads for the tail -- */
@@ -285,7 +298,7 @@ static const isa_ops ops_avx2 = {
 #define A512_RB 4
 #define A512_NB 4
 
-T_512 static inline __m512 ld16(cg_dtype dt, const void *p)
+T_512 static inline __m512 a512_ldw(cg_dtype dt, const void *p)
 {
     if (dt == CG_DTYPE_F32) return _mm512_loadu_ps(p);
     if (dt == CG_DTYPE_Q8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p)));
@@ -294,7 +307,8 @@ T_512 static inline __m512 ld16(cg_dtype dt, const void *p)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-T_512 static inline __m512 ld16_mask(cg_dtype dt, const void *p, __mmask16 m)
+/* The tail runs masked. */
+T_512 static inline __m512 a512_ldw_mask(cg_dtype dt, const void *p, __mmask16 m)
 {
     if (dt == CG_DTYPE_F32) return _mm512_maskz_loadu_ps(m, p);
     if (dt == CG_DTYPE_Q8)
@@ -304,75 +318,37 @@ T_512 static inline __m512 ld16_mask(cg_dtype dt, const void *p, __mmask16 m)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-T_512 static inline float hsum16(__m512 v)
-{
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-T_512 static inline __attribute__((always_inline)) void tile_512(cg_dtype dt, int nb,
-                                                                 const void *const *wr,
-                                                                 const float *const *xr, int cols,
-                                                                 float *out, const char *pf)
+T_512 static inline __attribute__((always_inline)) void
+a512_tail(cg_dtype dt, int nb, const void *const *wr, const float *const *xr, int k, int cols,
+          __m512 acc[A512_NB][A512_RB])
 {
     const size_t es = esize(dt);
-    __m512 acc[A512_NB][A512_RB];
-#pragma GCC unroll 8
-    for (int b = 0; b < nb; b++)
-#pragma GCC unroll 8
-        for (int r = 0; r < A512_RB; r++)
-            acc[b][r] = _mm512_setzero_ps();
-    int k = 0;
-    for (; k + 16 <= cols; k += 16) {
-        if (pf) {
-            const char *p = pf + (size_t)k * A512_RB * es;
-#pragma GCC unroll 8
-            for (size_t l = 0; l < A512_RB * 16 * es; l += 64)
-                _mm_prefetch(p + l, PF_HINT);
-        }
-        __m512 xv[A512_NB];
+    const __mmask16 m = (__mmask16)((1u << (cols - k)) - 1);
+    __m512 xv[A512_NB];
 #pragma GCC unroll 4
-        for (int b = 0; b < nb; b++)
-            xv[b] = _mm512_loadu_ps(xr[b] + k);
-#pragma GCC unroll 8
-        for (int r = 0; r < A512_RB; r++) {
-            __m512 wv = ld16(dt, (const char *)wr[r] + (size_t)k * es);
-#pragma GCC unroll 8
-            for (int b = 0; b < nb; b++)
-                acc[b][r] = _mm512_fmadd_ps(xv[b], wv, acc[b][r]);
-        }
-    }
-    if (k < cols) {
-        const __mmask16 m = (__mmask16)((1u << (cols - k)) - 1);
-        __m512 xv[A512_NB];
-#pragma GCC unroll 4
-        for (int b = 0; b < nb; b++)
-            xv[b] = _mm512_maskz_loadu_ps(m, xr[b] + k);
-#pragma GCC unroll 8
-        for (int r = 0; r < A512_RB; r++) {
-            __m512 wv = ld16_mask(dt, (const char *)wr[r] + (size_t)k * es, m);
-#pragma GCC unroll 8
-            for (int b = 0; b < nb; b++)
-                acc[b][r] = _mm512_fmadd_ps(xv[b], wv, acc[b][r]);
-        }
-    }
-#pragma GCC unroll 8
     for (int b = 0; b < nb; b++)
+        xv[b] = _mm512_maskz_loadu_ps(m, xr[b] + k);
 #pragma GCC unroll 8
-        for (int r = 0; r < A512_RB; r++)
-            out[b * A512_RB + r] = hsum16(acc[b][r]);
+    for (int r = 0; r < A512_RB; r++) {
+        __m512 wv = a512_ldw_mask(dt, (const char *)wr[r] + (size_t)k * es, m);
+#pragma GCC unroll 8
+        for (int b = 0; b < nb; b++)
+            acc[b][r] = _mm512_fmadd_ps(xv[b], wv, acc[b][r]);
+    }
 }
 
-#define A512_TILE(DT, NAME, NB)                                                                    \
-    T_512 static void NAME(const void *const *wr, const float *const *xr, int cols, float *out,    \
-                           const char *pf)                                                         \
-    {                                                                                              \
-        tile_512(DT, NB, wr, xr, cols, out, pf);                                                   \
-    }
+/* The two halves added, then summed as AVX2 does. */
+T_512 static inline float a512_hsum(__m512 v)
+{
+    return avx2_hsum(
+        _mm256_add_ps(_mm512_castps512_ps256(v),
+                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+
+SIMD_TILE(a512, T_512, __m512, _mm512, 16, A512_RB, A512_NB)
+SIMD_WIDEN(a512, T_512, __m512, _mm512, 16)
+
+#define A512_TILE(DT, NAME, NB) SIMD_TILE_FN(a512, T_512, DT, NAME, NB)
 A512_TILE(CG_DTYPE_F32, a512_f32_1, 1)
 A512_TILE(CG_DTYPE_F32, a512_f32_2, 2)
 A512_TILE(CG_DTYPE_F32, a512_f32_3, 3)
@@ -390,27 +366,6 @@ A512_TILE(CG_DTYPE_Q8, a512_q8_2, 2)
 A512_TILE(CG_DTYPE_Q8, a512_q8_3, 3)
 A512_TILE(CG_DTYPE_Q8, a512_q8_4, 4)
 
-T_512 static void widen_512(cg_dtype dt, const void *src, size_t count, float *dst, float scale)
-{
-    const uint16_t *s = src;
-    size_t i = 0;
-    if (dt == CG_DTYPE_Q8) {
-        const int8_t *q = src;
-        const __m512 sc = _mm512_set1_ps(scale);
-        for (; i + 16 <= count; i += 16)
-            _mm512_storeu_ps(dst + i, _mm512_mul_ps(ld16(CG_DTYPE_Q8, q + i), sc));
-        widen_generic(dt, q + i, count - i, dst + i, scale);
-        return;
-    }
-    if (dt == CG_DTYPE_BF16)
-        for (; i + 16 <= count; i += 16)
-            _mm512_storeu_ps(dst + i, ld16(CG_DTYPE_BF16, s + i));
-    else
-        for (; i + 16 <= count; i += 16)
-            _mm512_storeu_ps(dst + i, ld16(CG_DTYPE_F16, s + i));
-    widen_generic(dt, s + i, count - i, dst + i, scale);
-}
-
 static const isa_ops ops_512 = {
     .tile = {[CG_DTYPE_F32] = {NULL, a512_f32_1, a512_f32_2, a512_f32_3, a512_f32_4},
              [CG_DTYPE_F16] = {NULL, a512_f16_1, a512_f16_2, a512_f16_3, a512_f16_4},
@@ -418,7 +373,7 @@ static const isa_ops ops_512 = {
              [CG_DTYPE_Q8] = {NULL, a512_q8_1, a512_q8_2, a512_q8_3, a512_q8_4}},
     .nb_max = A512_NB,
     .rb = A512_RB,
-    .widen = widen_512,
+    .widen = a512_widen,
 };
 
 /* ---- dispatch ---- */

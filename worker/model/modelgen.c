@@ -77,6 +77,100 @@ const char *const *cg_model_gen_preset_names(void)
     return preset_names;
 }
 
+/* What a real-architecture preset sets on top of the defaults. */
+typedef struct gen_preset {
+    const char *name, *arch, *model_id, *dtype, *rope_scaling;
+    int n_layers, dim, n_heads, n_kv_heads, head_dim, hidden_dim;
+    int vocab_size, max_pos, tie_embeddings;
+    double rope_theta, norm_eps;
+    int bos_id, eos_ids[CG_GEN_MAX_EOS], n_eos;
+} gen_preset;
+
+/* Qwen2.5 and Qwen3: the vocabulary padded to 151936, tied embeddings, RoPE base 1e6, their
+ * BOS and EOS, bf16. */
+#define QWEN_CONVENTIONS                                                                           \
+    .vocab_size = 151936, .tie_embeddings = 1, .rope_theta = 1000000.0, .norm_eps = 1e-6,          \
+    .bos_id = 151643, .eos_ids = {151645}, .n_eos = 1, .dtype = "bf16"
+
+/* In preset_names' order, after "tiny" (the defaults). */
+static const gen_preset presets[] = {
+    /* Llama 3.1: GQA, untied, llama3 RoPE scaling (factor 8, original context 8192), BOS
+     * <|begin_of_text|>, EOS list as in the Instruct config. head_dim written as Llama 3.2
+     * configs do. With head_dim 32 and theta 500000 the llama3 rule leaves high frequencies
+     * alone, divides low ones by the factor and smooths the band between. */
+    {.name = "llama3",
+     .arch = "LlamaForCausalLM",
+     .n_layers = 2,
+     .dim = 128,
+     .n_heads = 4,
+     .n_kv_heads = 2,
+     .head_dim = 32,
+     .hidden_dim = 384,
+     .vocab_size = 128256,
+     .max_pos = 131072,
+     .rope_theta = 500000.0,
+     .norm_eps = 1e-5,
+     .rope_scaling = "llama3",
+     .bos_id = 128000,
+     .eos_ids = {128001, 128008, 128009},
+     .n_eos = 3,
+     .dtype = "bf16",
+     .model_id = "chunkgate-llama3"},
+    /* Llama 2: multi-head attention, SentencePiece vocabulary, f16, no rope_theta key. */
+    {.name = "llama2",
+     .arch = "LlamaForCausalLM",
+     .n_layers = 2,
+     .dim = 128,
+     .n_heads = 4,
+     .n_kv_heads = 4,
+     .hidden_dim = 344,
+     .vocab_size = 32000,
+     .max_pos = 4096,
+     .rope_theta = 0,
+     .norm_eps = 1e-5,
+     .bos_id = 1,
+     .eos_ids = {2},
+     .n_eos = 1,
+     .dtype = "f16",
+     .model_id = "chunkgate-llama2"},
+    /* Qwen2.5: q/k/v biases. */
+    {.name = "qwen2",
+     .arch = "Qwen2ForCausalLM",
+     .n_layers = 2,
+     .dim = 128,
+     .n_heads = 4,
+     .n_kv_heads = 2,
+     .hidden_dim = 352,
+     .max_pos = 32768,
+     QWEN_CONVENTIONS,
+     .model_id = "chunkgate-qwen2"},
+    /* Qwen3: q_norm/k_norm, head_dim 64 != hidden_size / heads = 32. */
+    {.name = "qwen3",
+     .arch = "Qwen3ForCausalLM",
+     .n_layers = 2,
+     .dim = 128,
+     .n_heads = 4,
+     .n_kv_heads = 2,
+     .head_dim = 64,
+     .hidden_dim = 384,
+     .max_pos = 40960,
+     QWEN_CONVENTIONS,
+     .model_id = "chunkgate-qwen3"},
+    /* The full Qwen2.5-0.5B geometry. */
+    {.name = "qwen2.5-0.5b",
+     .arch = "Qwen2ForCausalLM",
+     .n_layers = 24,
+     .dim = 896,
+     .n_heads = 14,
+     .n_kv_heads = 2,
+     .hidden_dim = 4864,
+     .max_pos = 32768,
+     QWEN_CONVENTIONS,
+     .model_id = "chunkgate-qwen2.5-0.5b"},
+};
+_Static_assert(CG_ARRAY_LEN(presets) + 2 == CG_ARRAY_LEN(preset_names),
+               "one row per preset but tiny");
+
 cg_status cg_model_gen_preset(const char *name, cg_model_gen_params *out)
 {
     cg_model_gen_params p = cg_model_gen_default_params();
@@ -84,90 +178,28 @@ cg_status cg_model_gen_preset(const char *name, cg_model_gen_params *out)
         *out = p;
         return CG_OK;
     }
-    p.n_layers = 2;
-    p.dim = 128;
-    p.n_heads = 4;
-    p.n_kv_heads = 2;
-    p.n_eos = 1;
-    if (!strcmp(name, "llama3")) {
-        /* Llama 3.1: GQA, untied, llama3 RoPE scaling (factor 8, original context 8192), BOS
-         * <|begin_of_text|>, EOS list as in the Instruct config. head_dim written as Llama 3.2
-         * configs do. With head_dim 32 and theta 500000 the llama3 rule leaves high
-         * frequencies alone, divides low ones by the factor and smooths the band between. */
-        p.arch = "LlamaForCausalLM";
-        p.head_dim = 32;
-        p.hidden_dim = 384;
-        p.vocab_size = 128256;
-        p.max_pos = 131072;
-        p.rope_theta = 500000.0;
-        p.norm_eps = 1e-5;
-        p.rope_scaling = "llama3";
-        p.bos_id = 128000;
-        p.eos_ids[0] = 128001;
-        p.eos_ids[1] = 128008;
-        p.eos_ids[2] = 128009;
-        p.n_eos = 3;
-        p.dtype = "bf16";
-        p.model_id = "chunkgate-llama3";
-    } else if (!strcmp(name, "llama2")) {
-        /* Llama 2: multi-head attention, SentencePiece vocabulary, f16, no rope_theta key. */
-        p.arch = "LlamaForCausalLM";
-        p.n_kv_heads = 4;
-        p.hidden_dim = 344;
-        p.vocab_size = 32000;
-        p.max_pos = 4096;
-        p.rope_theta = 0;
-        p.norm_eps = 1e-5;
-        p.bos_id = 1;
-        p.eos_ids[0] = 2;
-        p.dtype = "f16";
-        p.model_id = "chunkgate-llama2";
-    } else if (!strcmp(name, "qwen2")) {
-        /* Qwen2.5: q/k/v biases, tied embeddings, vocabulary padded to 151936. */
-        p.arch = "Qwen2ForCausalLM";
-        p.hidden_dim = 352;
-        p.vocab_size = 151936;
-        p.tie_embeddings = 1;
-        p.max_pos = 32768;
-        p.rope_theta = 1000000.0;
-        p.norm_eps = 1e-6;
-        p.bos_id = 151643;
-        p.eos_ids[0] = 151645;
-        p.dtype = "bf16";
-        p.model_id = "chunkgate-qwen2";
-    } else if (!strcmp(name, "qwen3")) {
-        /* Qwen3: q_norm/k_norm, head_dim 64 != hidden_size / heads = 32, tied. */
-        p.arch = "Qwen3ForCausalLM";
-        p.head_dim = 64;
-        p.hidden_dim = 384;
-        p.vocab_size = 151936;
-        p.tie_embeddings = 1;
-        p.max_pos = 40960;
-        p.rope_theta = 1000000.0;
-        p.norm_eps = 1e-6;
-        p.bos_id = 151643;
-        p.eos_ids[0] = 151645;
-        p.dtype = "bf16";
-        p.model_id = "chunkgate-qwen3";
-    } else if (!strcmp(name, "qwen2.5-0.5b")) {
-        p.arch = "Qwen2ForCausalLM";
-        p.n_layers = 24;
-        p.dim = 896;
-        p.n_heads = 14;
-        p.n_kv_heads = 2;
-        p.hidden_dim = 4864;
-        p.vocab_size = 151936;
-        p.tie_embeddings = 1;
-        p.max_pos = 32768;
-        p.rope_theta = 1000000.0;
-        p.norm_eps = 1e-6;
-        p.bos_id = 151643;
-        p.eos_ids[0] = 151645;
-        p.dtype = "bf16";
-        p.model_id = "chunkgate-qwen2.5-0.5b";
-    } else {
-        return CG_E_VALUE;
-    }
+    const gen_preset *g = NULL;
+    for (size_t i = 0; i < CG_ARRAY_LEN(presets) && !g; i++)
+        if (!strcmp(name, presets[i].name)) g = &presets[i];
+    if (!g) return CG_E_VALUE;
+    p.arch = g->arch;
+    p.model_id = g->model_id;
+    p.dtype = g->dtype;
+    p.rope_scaling = g->rope_scaling;
+    p.n_layers = g->n_layers;
+    p.dim = g->dim;
+    p.n_heads = g->n_heads;
+    p.n_kv_heads = g->n_kv_heads;
+    p.head_dim = g->head_dim;
+    p.hidden_dim = g->hidden_dim;
+    p.vocab_size = g->vocab_size;
+    p.max_pos = g->max_pos;
+    p.tie_embeddings = g->tie_embeddings;
+    p.rope_theta = g->rope_theta;
+    p.norm_eps = g->norm_eps;
+    p.bos_id = g->bos_id;
+    memcpy(p.eos_ids, g->eos_ids, sizeof p.eos_ids);
+    p.n_eos = g->n_eos;
     *out = p;
     return CG_OK;
 }

@@ -771,17 +771,12 @@ static void apply_behavior(ectx *c, behavior b, bool invert)
             if (!c->mr[i].m) kr_add(c, c->mr[i].s, c->mr[i].e);
         break;
     case BEH_MERGED_PREV:
-        for (size_t i = 0; i < c->nmr; i++) {
-            if (c->mr[i].m && !prev_match && c->nkr)
-                c->kr[c->nkr - 1].e = c->mr[i].e;
-            else
-                kr_add(c, c->mr[i].s, c->mr[i].e);
-            prev_match = c->mr[i].m;
-        }
-        break;
     case BEH_CONTIGUOUS:
+        /* a range joins the one before: a match after a non-match (MergedWithPrevious), or
+         * any range of the same kind as the one before (Contiguous) */
         for (size_t i = 0; i < c->nmr; i++) {
-            if (c->mr[i].m == prev_match && c->nkr)
+            bool join = b == BEH_CONTIGUOUS ? c->mr[i].m == prev_match : c->mr[i].m && !prev_match;
+            if (join && c->nkr)
                 c->kr[c->nkr - 1].e = c->mr[i].e;
             else
                 kr_add(c, c->mr[i].s, c->mr[i].e);
@@ -1862,34 +1857,92 @@ static cg_status get_pattern(ld *L, const json_t *o, const char *path, pcre2_cod
     return CG_OK;
 }
 
+/* A name of a JSON enumeration and the kind it stands for. */
+typedef struct named_kind {
+    const char *name;
+    int kind;
+} named_kind;
+
+/* The kind named s in tab[0, n), -1 if none is. */
+static int kind_named(const named_kind *tab, size_t n, const char *s)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(tab[i].name, s)) return tab[i].kind;
+    return -1;
+}
+
+typedef cg_status (*step_loader)(ld *L, const json_t *o, const char *path);
+
+/* How every step of the pipeline (normalizer, pre-tokenizer, decoder, post-processor) starts:
+ * *type is NULL when there is no step (o missing or null), else o's type. A "Sequence" is
+ * loaded here: each entry of its list o[list_key] through load, at path.list_key[i]. */
+static cg_status load_step_type(ld *L, const json_t *o, const char *path, const char *list_key,
+                                step_loader load, const char **type)
+{
+    *type = NULL;
+    if (!o || json_is_null(o)) return CG_OK;
+    cg_status st = get_type(L, o, path, type);
+    if (st != CG_OK || strcmp(*type, "Sequence")) return st;
+    const json_t *list = json_object_get(o, list_key);
+    if (!json_is_array(list)) return fail(L, CG_E_VALUE, "%s.%s must be an array", path, list_key);
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        char sub[256];
+        snprintf(sub, sizeof sub, "%s.%s[%zu]", path, list_key, i);
+        st = load(L, json_array_get(list, i), sub);
+        if (st != CG_OK) return st;
+    }
+    return CG_OK;
+}
+
+/* A Replace step (normalizer or decoder): its pattern, and a copy of its content. */
+static cg_status get_replace(ld *L, const json_t *o, const char *path, pcre2_code **re,
+                             char **content, size_t *len)
+{
+    const char *s;
+    size_t n;
+    cg_status st = get_str(L, o, "content", path, true, &s, &n);
+    if (st != CG_OK || (st = get_pattern(L, o, path, re)) != CG_OK) return st;
+    *content = cg_strndup(s, n);
+    *len = n;
+    return CG_OK;
+}
+
+/* A Metaspace step (pre-tokenizer or decoder): its replacement character and prepend_scheme
+ * (always when absent), which add_prefix_space must agree with. */
+static cg_status get_metaspace(ld *L, const json_t *o, const char *path, uint32_t *repl,
+                               prepend_scheme *scheme)
+{
+    cg_status st;
+    if ((st = get_char(L, o, "replacement", path, repl)) != CG_OK) return st;
+    const char *sch;
+    if ((st = get_str(L, o, "prepend_scheme", path, false, &sch, NULL)) != CG_OK) return st;
+    *scheme = PS_ALWAYS;
+    if (sch && !strcmp(sch, "first"))
+        *scheme = PS_FIRST;
+    else if (sch && !strcmp(sch, "never"))
+        *scheme = PS_NEVER;
+    else if (sch && strcmp(sch, "always"))
+        return fail(L, CG_E_VALUE, "%s.prepend_scheme '%s' is not always, first or never", path,
+                    sch);
+    bool aps;
+    if ((st = get_bool(L, o, "add_prefix_space", path, true, &aps)) != CG_OK) return st;
+    if (!aps && *scheme != PS_NEVER)
+        return fail(L, CG_E_VALUE, "%s.add_prefix_space false does not match prepend_scheme", path);
+    return CG_OK;
+}
+
 static cg_status load_normalizer(ld *L, const json_t *o, const char *path)
 {
     cg_tokenizer *t = L->t;
-    if (!o || json_is_null(o)) return CG_OK;
     const char *type;
-    cg_status st = get_type(L, o, path, &type);
-    if (st != CG_OK) return st;
-    if (!strcmp(type, "Sequence")) {
-        const json_t *list = json_object_get(o, "normalizers");
-        if (!json_is_array(list))
-            return fail(L, CG_E_VALUE, "%s.normalizers must be an array", path);
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.normalizers[%zu]", path, i);
-            st = load_normalizer(L, json_array_get(list, i), sub);
-            if (st != CG_OK) return st;
-        }
-        return CG_OK;
-    }
+    cg_status st = load_step_type(L, o, path, "normalizers", load_normalizer, &type);
+    if (st != CG_OK || !type || !strcmp(type, "Sequence")) return st;
+    static const named_kind forms[] = {
+        {"NFC", NZ_NFC}, {"NFD", NZ_NFD}, {"NFKC", NZ_NFKC}, {"NFKD", NZ_NFKD}};
     nz_step z = {0};
-    if (!strcmp(type, "NFC"))
-        z.kind = NZ_NFC;
-    else if (!strcmp(type, "NFD"))
-        z.kind = NZ_NFD;
-    else if (!strcmp(type, "NFKC"))
-        z.kind = NZ_NFKC;
-    else if (!strcmp(type, "NFKD"))
-        z.kind = NZ_NFKD;
+    int form = kind_named(forms, CG_ARRAY_LEN(forms), type);
+    if (form >= 0)
+        z.kind = (nz_kind)form;
     else if (!strcmp(type, "Prepend")) {
         const char *s;
         size_t n;
@@ -1899,15 +1952,9 @@ static cg_status load_normalizer(ld *L, const json_t *o, const char *path)
         z.str = cg_strndup(s, n);
         z.str_len = n;
     } else if (!strcmp(type, "Replace")) {
-        const char *s;
-        size_t n;
-        st = get_str(L, o, "content", path, true, &s, &n);
-        if (st != CG_OK) return st;
-        st = get_pattern(L, o, path, &z.re);
+        st = get_replace(L, o, path, &z.re, &z.str, &z.str_len);
         if (st != CG_OK) return st;
         z.kind = NZ_REPLACE;
-        z.str = cg_strndup(s, n);
-        z.str_len = n;
     } else
         return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
     t->nz = cg_realloc(t->nz, (t->n_nz + 1) * sizeof *t->nz);
@@ -1922,22 +1969,9 @@ static const char gpt2_pattern[] =
 static cg_status load_pretok(ld *L, const json_t *o, const char *path)
 {
     cg_tokenizer *t = L->t;
-    if (!o || json_is_null(o)) return CG_OK;
     const char *type;
-    cg_status st = get_type(L, o, path, &type);
-    if (st != CG_OK) return st;
-    if (!strcmp(type, "Sequence")) {
-        const json_t *list = json_object_get(o, "pretokenizers");
-        if (!json_is_array(list))
-            return fail(L, CG_E_VALUE, "%s.pretokenizers must be an array", path);
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", path, i);
-            st = load_pretok(L, json_array_get(list, i), sub);
-            if (st != CG_OK) return st;
-        }
-        return CG_OK;
-    }
+    cg_status st = load_step_type(L, o, path, "pretokenizers", load_pretok, &type);
+    if (st != CG_OK || !type || !strcmp(type, "Sequence")) return st;
     pt_step p = {0};
     if (!strcmp(type, "ByteLevel")) {
         p.kind = PT_BYTELEVEL;
@@ -1951,40 +1985,22 @@ static cg_status load_pretok(ld *L, const json_t *o, const char *path)
         }
     } else if (!strcmp(type, "Split")) {
         p.kind = PT_SPLIT;
+        static const named_kind behaviors[] = {{"Removed", BEH_REMOVED},
+                                               {"Isolated", BEH_ISOLATED},
+                                               {"MergedWithPrevious", BEH_MERGED_PREV},
+                                               {"MergedWithNext", BEH_MERGED_NEXT},
+                                               {"Contiguous", BEH_CONTIGUOUS}};
         const char *b;
         if ((st = get_str(L, o, "behavior", path, true, &b, NULL)) != CG_OK) return st;
-        if (!strcmp(b, "Removed"))
-            p.beh = BEH_REMOVED;
-        else if (!strcmp(b, "Isolated"))
-            p.beh = BEH_ISOLATED;
-        else if (!strcmp(b, "MergedWithPrevious"))
-            p.beh = BEH_MERGED_PREV;
-        else if (!strcmp(b, "MergedWithNext"))
-            p.beh = BEH_MERGED_NEXT;
-        else if (!strcmp(b, "Contiguous"))
-            p.beh = BEH_CONTIGUOUS;
-        else
+        int beh = kind_named(behaviors, CG_ARRAY_LEN(behaviors), b);
+        if (beh < 0)
             return fail(L, CG_E_VALUE, "%s.behavior '%s' is not a split behavior", path, b);
+        p.beh = (behavior)beh;
         if ((st = get_bool(L, o, "invert", path, false, &p.invert)) != CG_OK) return st;
         if ((st = get_pattern(L, o, path, &p.re)) != CG_OK) return st;
     } else if (!strcmp(type, "Metaspace")) {
         p.kind = PT_METASPACE;
-        if ((st = get_char(L, o, "replacement", path, &p.repl)) != CG_OK) return st;
-        const char *sch;
-        if ((st = get_str(L, o, "prepend_scheme", path, false, &sch, NULL)) != CG_OK) return st;
-        p.scheme = PS_ALWAYS;
-        if (sch && !strcmp(sch, "first"))
-            p.scheme = PS_FIRST;
-        else if (sch && !strcmp(sch, "never"))
-            p.scheme = PS_NEVER;
-        else if (sch && strcmp(sch, "always"))
-            return fail(L, CG_E_VALUE, "%s.prepend_scheme '%s' is not always, first or never", path,
-                        sch);
-        bool aps;
-        if ((st = get_bool(L, o, "add_prefix_space", path, true, &aps)) != CG_OK) return st;
-        if (!aps && p.scheme != PS_NEVER)
-            return fail(L, CG_E_VALUE, "%s.add_prefix_space false does not match prepend_scheme",
-                        path);
+        if ((st = get_metaspace(L, o, path, &p.repl, &p.scheme)) != CG_OK) return st;
         if ((st = get_bool(L, o, "split", path, true, &p.split)) != CG_OK) return st;
     } else if (!strcmp(type, "Digits")) {
         p.kind = PT_DIGITS;
@@ -2000,55 +2016,23 @@ static cg_status load_pretok(ld *L, const json_t *o, const char *path)
 static cg_status load_decoder(ld *L, const json_t *o, const char *path)
 {
     cg_tokenizer *t = L->t;
-    if (!o || json_is_null(o)) return CG_OK;
     const char *type;
-    cg_status st = get_type(L, o, path, &type);
-    if (st != CG_OK) return st;
+    cg_status st = load_step_type(L, o, path, "decoders", load_decoder, &type);
+    if (st != CG_OK || !type) return st;
     t->has_decoder = true;
-    if (!strcmp(type, "Sequence")) {
-        const json_t *list = json_object_get(o, "decoders");
-        if (!json_is_array(list)) return fail(L, CG_E_VALUE, "%s.decoders must be an array", path);
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.decoders[%zu]", path, i);
-            st = load_decoder(L, json_array_get(list, i), sub);
-            if (st != CG_OK) return st;
-        }
-        return CG_OK;
-    }
+    if (!strcmp(type, "Sequence")) return CG_OK;
+    static const named_kind plain[] = {
+        {"ByteLevel", DC_BYTELEVEL}, {"ByteFallback", DC_BYTEFALLBACK}, {"Fuse", DC_FUSE}};
     dc_step d = {0};
-    if (!strcmp(type, "ByteLevel"))
-        d.kind = DC_BYTELEVEL;
-    else if (!strcmp(type, "ByteFallback"))
-        d.kind = DC_BYTEFALLBACK;
-    else if (!strcmp(type, "Fuse"))
-        d.kind = DC_FUSE;
+    int kind = kind_named(plain, CG_ARRAY_LEN(plain), type);
+    if (kind >= 0)
+        d.kind = (dc_kind)kind;
     else if (!strcmp(type, "Metaspace")) {
         d.kind = DC_METASPACE;
-        if ((st = get_char(L, o, "replacement", path, &d.ch)) != CG_OK) return st;
-        const char *sch;
-        if ((st = get_str(L, o, "prepend_scheme", path, false, &sch, NULL)) != CG_OK) return st;
-        d.scheme = PS_ALWAYS;
-        if (sch && !strcmp(sch, "first"))
-            d.scheme = PS_FIRST;
-        else if (sch && !strcmp(sch, "never"))
-            d.scheme = PS_NEVER;
-        else if (sch && strcmp(sch, "always"))
-            return fail(L, CG_E_VALUE, "%s.prepend_scheme '%s' is not always, first or never", path,
-                        sch);
-        bool aps;
-        if ((st = get_bool(L, o, "add_prefix_space", path, true, &aps)) != CG_OK) return st;
-        if (!aps && d.scheme != PS_NEVER)
-            return fail(L, CG_E_VALUE, "%s.add_prefix_space false does not match prepend_scheme",
-                        path);
+        if ((st = get_metaspace(L, o, path, &d.ch, &d.scheme)) != CG_OK) return st;
     } else if (!strcmp(type, "Replace")) {
         d.kind = DC_REPLACE;
-        const char *s;
-        size_t n;
-        if ((st = get_str(L, o, "content", path, true, &s, &n)) != CG_OK) return st;
-        if ((st = get_pattern(L, o, path, &d.re)) != CG_OK) return st;
-        d.str = cg_strndup(s, n);
-        d.str_len = n;
+        if ((st = get_replace(L, o, path, &d.re, &d.str, &d.str_len)) != CG_OK) return st;
     } else if (!strcmp(type, "Strip")) {
         d.kind = DC_STRIP;
         if ((st = get_char(L, o, "content", path, &d.ch)) != CG_OK) return st;
@@ -2071,22 +2055,9 @@ static cg_status load_decoder(ld *L, const json_t *o, const char *path)
 static cg_status load_post(ld *L, const json_t *o, const char *path)
 {
     cg_tokenizer *t = L->t;
-    if (!o || json_is_null(o)) return CG_OK;
     const char *type;
-    cg_status st = get_type(L, o, path, &type);
-    if (st != CG_OK) return st;
-    if (!strcmp(type, "Sequence")) {
-        const json_t *list = json_object_get(o, "processors");
-        if (!json_is_array(list))
-            return fail(L, CG_E_VALUE, "%s.processors must be an array", path);
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.processors[%zu]", path, i);
-            st = load_post(L, json_array_get(list, i), sub);
-            if (st != CG_OK) return st;
-        }
-        return CG_OK;
-    }
+    cg_status st = load_step_type(L, o, path, "processors", load_post, &type);
+    if (st != CG_OK || !type || !strcmp(type, "Sequence")) return st;
     if (!strcmp(type, "ByteLevel")) return CG_OK; /* offsets only; ids unchanged */
     if (strcmp(type, "TemplateProcessing"))
         return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
@@ -2166,23 +2137,11 @@ static void set_str(cg_tokenizer *t, int32_t id, const char *s, size_t n)
     sb_add(&t->strs, s, n);
 }
 
-/* The BPE model: vocab, merges, unk/byte fallback options. Fills t->model_vocab; ids of the
- * model go up to *max_id. */
-static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
+/* model.vocab into t->model_vocab: token -> id, every id given once and the ids dense (a
+ * few huge ids must not make the id tables gigabytes). *max_id: the highest id. */
+static cg_status load_vocab(ld *L, const json_t *m, int32_t *max_id)
 {
     cg_tokenizer *t = L->t;
-    if (!json_is_object(m)) return fail(L, CG_E_VALUE, "model is missing or not an object");
-    const char *type;
-    cg_status st = get_str(L, m, "type", "model", false, &type, NULL);
-    if (st != CG_OK) return st;
-    if (type && strcmp(type, "BPE"))
-        return fail(L, CG_E_UNSUPPORTED, "model.type '%s' is not supported (only BPE)", type);
-    if (!type && !json_object_get(m, "merges"))
-        return fail(L, CG_E_UNSUPPORTED, "model has no type and no merges: only BPE is supported");
-    const json_t *drop = json_object_get(m, "dropout");
-    if (drop && !json_is_null(drop) && !(json_is_number(drop) && json_number_value(drop) == 0.0))
-        return fail(L, CG_E_UNSUPPORTED,
-                    "model.dropout must be null: BPE dropout is not supported");
     const json_t *vocab = json_object_get(m, "vocab");
     if (!json_is_object(vocab)) return fail(L, CG_E_VALUE, "model.vocab must be an object");
     const char *key;
@@ -2218,9 +2177,18 @@ static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
         smap_put(&t->model_vocab, k, kl, id);
     }
     free(seen);
+    return CG_OK;
+}
 
+/* The BPE options: fuse_unk, byte_fallback, ignore_merges, unk_token (which must be in the
+ * vocabulary), the continuing-subword prefix and end-of-word suffix; and the ids of the
+ * <0xXX> byte tokens, where the vocabulary has them. */
+static cg_status load_bpe_options(ld *L, const json_t *m)
+{
+    cg_tokenizer *t = L->t;
     const char *s;
     size_t sl;
+    cg_status st;
     if ((st = get_bool(L, m, "fuse_unk", "model", false, &t->fuse_unk)) != CG_OK ||
         (st = get_bool(L, m, "byte_fallback", "model", false, &t->byte_fallback)) != CG_OK ||
         (st = get_bool(L, m, "ignore_merges", "model", false, &t->ignore_merges)) != CG_OK)
@@ -2248,74 +2216,111 @@ static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
         snprintf(name, sizeof name, "<0x%02X>", b);
         t->byte_ids[b] = smap_get(&t->model_vocab, name, 6);
     }
+    return CG_OK;
+}
 
+/* The two tokens of merges[i] e: a pair ["a", "b"] when the list holds pairs (tuples), else
+ * a string "a b". *skip is set for a "#version" line, which is no merge. */
+static cg_status merge_tokens(ld *L, const json_t *e, size_t i, bool tuples, const char **a,
+                              size_t *al, const char **b, size_t *bl, bool *skip)
+{
+    *skip = false;
+    if (tuples) {
+        if (!json_is_array(e) || json_array_size(e) != 2 || !json_is_string(json_array_get(e, 0)) ||
+            !json_is_string(json_array_get(e, 1)))
+            return fail(L, CG_E_VALUE,
+                        "model.merges[%zu] must be a pair of strings like the others", i);
+        *a = json_string_value(json_array_get(e, 0));
+        *al = json_string_length(json_array_get(e, 0));
+        *b = json_string_value(json_array_get(e, 1));
+        *bl = json_string_length(json_array_get(e, 1));
+        return CG_OK;
+    }
+    if (!json_is_string(e))
+        return fail(L, CG_E_VALUE, "model.merges[%zu] must be a string \"a b\" like the others", i);
+    const char *x = json_string_value(e);
+    size_t xl = json_string_length(e);
+    if (xl >= 8 && !memcmp(x, "#version", 8)) {
+        *skip = true;
+        return CG_OK;
+    }
+    const char *sp = memchr(x, ' ', xl);
+    if (!sp || memchr(sp + 1, ' ', xl - (size_t)(sp + 1 - x)))
+        return fail(L, CG_E_VALUE,
+                    "model.merges[%zu] '%s' is not two tokens separated by one space", i, x);
+    *a = x;
+    *al = (size_t)(sp - x);
+    *b = sp + 1;
+    *bl = xl - *al - 1;
+    return CG_OK;
+}
+
+/* Adds merges[i], a + b, with its rank: both tokens and their concatenation (b without the
+ * continuing-subword prefix) must be in the vocabulary. cat is scratch space. */
+static cg_status add_merge(ld *L, sbuf *cat, size_t i, const char *a, size_t al, const char *b,
+                           size_t bl, uint32_t rank)
+{
+    cg_tokenizer *t = L->t;
+    int32_t ia = smap_get(&t->model_vocab, a, al), ib = smap_get(&t->model_vocab, b, bl);
+    if (ia < 0 || ib < 0)
+        return fail(L, CG_E_VALUE, "model.merges[%zu]: '%.*s' is not in model.vocab", i,
+                    (int)(ia < 0 ? al : bl), ia < 0 ? a : b);
+    if (bl < t->cs_prefix_len)
+        return fail(L, CG_E_VALUE,
+                    "model.merges[%zu]: '%.*s' is shorter than continuing_subword_prefix", i,
+                    (int)bl, b);
+    cat->n = 0;
+    sb_add(cat, a, al);
+    sb_add(cat, b + t->cs_prefix_len, bl - t->cs_prefix_len);
+    int32_t ic = smap_get(&t->model_vocab, cat->p, cat->n);
+    if (ic < 0)
+        return fail(L, CG_E_VALUE, "model.merges[%zu]: the merged token '%s' is not in model.vocab",
+                    i, cat->p);
+    pmap_put(&t->merges, (uint32_t)ia, (uint32_t)ib, rank, (uint32_t)ic);
+    return CG_OK;
+}
+
+/* model.merges into t->merges, ranked in their order. */
+static cg_status load_merges(ld *L, const json_t *m)
+{
+    cg_tokenizer *t = L->t;
     const json_t *merges = json_object_get(m, "merges");
     if (!json_is_array(merges)) return fail(L, CG_E_VALUE, "model.merges must be an array");
     pmap_init(&t->merges, json_array_size(merges));
     bool tuples = json_array_size(merges) && json_is_array(json_array_get(merges, 0));
     sbuf cat = {0};
     uint32_t rank = 0;
-    st = CG_OK;
-    for (size_t i = 0; i < json_array_size(merges); i++) {
-        const json_t *e = json_array_get(merges, i);
-        const char *a, *b;
-        size_t al, bl;
-        if (tuples) {
-            if (!json_is_array(e) || json_array_size(e) != 2 ||
-                !json_is_string(json_array_get(e, 0)) || !json_is_string(json_array_get(e, 1))) {
-                st = fail(L, CG_E_VALUE,
-                          "model.merges[%zu] must be a pair of strings like the others", i);
-                break;
-            }
-            a = json_string_value(json_array_get(e, 0));
-            al = json_string_length(json_array_get(e, 0));
-            b = json_string_value(json_array_get(e, 1));
-            bl = json_string_length(json_array_get(e, 1));
-        } else {
-            if (!json_is_string(e)) {
-                st = fail(L, CG_E_VALUE,
-                          "model.merges[%zu] must be a string \"a b\" like the others", i);
-                break;
-            }
-            const char *x = json_string_value(e);
-            size_t xl = json_string_length(e);
-            if (xl >= 8 && !memcmp(x, "#version", 8)) continue;
-            const char *sp = memchr(x, ' ', xl);
-            if (!sp || memchr(sp + 1, ' ', xl - (size_t)(sp + 1 - x))) {
-                st = fail(L, CG_E_VALUE,
-                          "model.merges[%zu] '%s' is not two tokens separated by one space", i, x);
-                break;
-            }
-            a = x;
-            al = (size_t)(sp - x);
-            b = sp + 1;
-            bl = xl - al - 1;
-        }
-        int32_t ia = smap_get(&t->model_vocab, a, al), ib = smap_get(&t->model_vocab, b, bl);
-        if (ia < 0 || ib < 0) {
-            st = fail(L, CG_E_VALUE, "model.merges[%zu]: '%.*s' is not in model.vocab", i,
-                      (int)(ia < 0 ? al : bl), ia < 0 ? a : b);
-            break;
-        }
-        if (bl < t->cs_prefix_len) {
-            st = fail(L, CG_E_VALUE,
-                      "model.merges[%zu]: '%.*s' is shorter than continuing_subword_prefix", i,
-                      (int)bl, b);
-            break;
-        }
-        cat.n = 0;
-        sb_add(&cat, a, al);
-        sb_add(&cat, b + t->cs_prefix_len, bl - t->cs_prefix_len);
-        int32_t ic = smap_get(&t->model_vocab, cat.p, cat.n);
-        if (ic < 0) {
-            st = fail(L, CG_E_VALUE,
-                      "model.merges[%zu]: the merged token '%s' is not in model.vocab", i, cat.p);
-            break;
-        }
-        pmap_put(&t->merges, (uint32_t)ia, (uint32_t)ib, rank++, (uint32_t)ic);
+    cg_status st = CG_OK;
+    for (size_t i = 0; i < json_array_size(merges) && st == CG_OK; i++) {
+        const char *a = NULL, *b = NULL;
+        size_t al = 0, bl = 0;
+        bool skip;
+        st = merge_tokens(L, json_array_get(merges, i), i, tuples, &a, &al, &b, &bl, &skip);
+        if (st == CG_OK && !skip) st = add_merge(L, &cat, i, a, al, b, bl, rank++);
     }
     sb_free(&cat);
     return st;
+}
+
+/* The BPE model: vocab, merges, unk/byte fallback options. Fills t->model_vocab; ids of the
+ * model go up to *max_id. */
+static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
+{
+    if (!json_is_object(m)) return fail(L, CG_E_VALUE, "model is missing or not an object");
+    const char *type;
+    cg_status st = get_str(L, m, "type", "model", false, &type, NULL);
+    if (st != CG_OK) return st;
+    if (type && strcmp(type, "BPE"))
+        return fail(L, CG_E_UNSUPPORTED, "model.type '%s' is not supported (only BPE)", type);
+    if (!type && !json_object_get(m, "merges"))
+        return fail(L, CG_E_UNSUPPORTED, "model has no type and no merges: only BPE is supported");
+    const json_t *drop = json_object_get(m, "dropout");
+    if (drop && !json_is_null(drop) && !(json_is_number(drop) && json_number_value(drop) == 0.0))
+        return fail(L, CG_E_UNSUPPORTED,
+                    "model.dropout must be null: BPE dropout is not supported");
+    if ((st = load_vocab(L, m, max_id)) != CG_OK || (st = load_bpe_options(L, m)) != CG_OK)
+        return st;
+    return load_merges(L, m);
 }
 
 /* added_tokens: ids as tokenizers assigns them (the model's id for a token it has, else the

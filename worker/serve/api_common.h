@@ -12,7 +12,7 @@
 #include "worker/serve/api_canary.h"
 #include "worker/serve/engine.h"
 #include "worker/serve/text.h"
-#include "worker/serve/worker_api.h"
+#include "worker/serve/api_params.h"
 
 #define P "chunkgate_worker_"
 

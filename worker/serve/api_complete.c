@@ -696,11 +696,12 @@ static void generate(cg_worker_api *a, const creq *c, cg_complete_req *cr, gen *
     cg_status st = cg_engine_complete(a->e, cr, cg_now_ms(), &res, err, sizeof err);
     if (st != CG_OK) {
         if (!g->s) {
-            cg_api_engine_error(g->req, st,
-                                st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id"
-                                : st == CG_E_CONTEXT ? "max_tokens"
-                                                     : NULL,
-                                err);
+            /* the prompt alone too long: the message says "the prompt has" */
+            const char *param = st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id"
+                                : st == CG_E_CONTEXT ? (strstr(err, "the prompt has") ? "prompt"
+                                                                                       : "max_tokens")
+                                                     : NULL;
+            cg_api_engine_error(g->req, st, param, err);
         } else { /* too late for a status code: the error goes out as an event */
             int rc = push_event(g, cg_http_error_json(st, NULL, err[0] ? err : NULL));
             rc |= cg_stream_push(g->s, "data: [DONE]\n\n", 14);

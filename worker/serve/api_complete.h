@@ -6,7 +6,7 @@
 #include <jansson.h>
 
 #include "base/http.h"
-#include "worker/serve/worker_api.h"
+#include "worker/serve/api_params.h"
 
 void cg_api_completions(cg_http_req *req, void *app);
 void cg_api_chat_completions(cg_http_req *req, void *app);

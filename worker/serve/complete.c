@@ -253,6 +253,13 @@ static cg_status fit_context(cg_engine *e, cg_complete_req *r, uint32_t n_prompt
         r->max_tokens = (uint32_t)(max_pos > n_prompt ? max_pos - n_prompt : 0);
         return CG_OK;
     }
+    if (n_prompt >= max_pos) {
+        cg_seterr(err, errlen,
+                  "This model's maximum context length is %llu tokens. However, the prompt has "
+                  "%u tokens. Please reduce the prompt.",
+                  (unsigned long long)max_pos, n_prompt);
+        return CG_E_CONTEXT;
+    }
     cg_seterr(err, errlen,
               "This model's maximum context length is %llu tokens. However, you requested %llu "
               "tokens (%u in the prompt, %u for the completion). Please reduce the prompt or "

@@ -1,7 +1,7 @@
 /* chunkgate-worker: the reference chunk-KV worker. `generate-model` writes the deterministic
  * tiny model; `serve` loads a model and serves openapi/worker.yaml, with an optional disk tier
- * (--disk-mb) and, as an inference backend, pulls assemblies from other workers (--kv-source,
- * --tp). */
+ * (--disk-mb), an optional shared tier on Redis (--remote) and, as an inference backend, pulls
+ * assemblies from other workers (--kv-source, --tp). */
 #include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
@@ -69,6 +69,16 @@ typedef struct serve_cfg {
     long long pool_mb;
     long long disk_mb;
     long long disk_flush_on_exit;
+    long long disk_write_behind;
+    long long disk_write_behind_mb;
+    char *remote;
+    char *remote_password_file;
+    char *remote_id;
+    long long remote_timeout_ms;
+    long long remote_ttl_s;
+    long long remote_queue;
+    long long remote_queue_mb;
+    long long remote_conns;
     long long block_tokens;
     long long assembly_ttl_ms;
     long long max_assemblies;
@@ -116,6 +126,37 @@ static const cg_cfg_opt serve_opts[] = {
      "and it survives restarts"),
     OPT("disk-flush-on-exit", "CHUNKGATE_WORKER_DISK_FLUSH_ON_EXIT", CG_CFG_INT, disk_flush_on_exit, "1", 0, 1,
      "1: on SIGTERM/SIGINT write every RAM chunk to the disk tier before exiting"),
+    OPT("disk-write-behind", "CHUNKGATE_WORKER_DISK_WRITE_BEHIND", CG_CFG_INT, disk_write_behind,
+     "64", 0, 1 << 20,
+     "computed chunks queued for the disk tier in the background (0 = off: only RAM evictions "
+     "spill); bounds what kill -9 loses. A full queue drops the write (counted), never waits"),
+    OPT("disk-write-behind-mb", "CHUNKGATE_WORKER_DISK_WRITE_BEHIND_MB", CG_CFG_INT,
+     disk_write_behind_mb, "64", 1, 1 << 20, "bytes of the disk write-behind queue, in MiB"),
+    OPT("remote", "CHUNKGATE_WORKER_REMOTE", CG_CFG_STR, remote, "", 0, 0,
+     "shared KV tier on Redis: redis://HOST:PORT[/DB] (one node) or redis+cluster://HOST:PORT (a "
+     "Redis Cluster, discovered from that node); empty = none. Password: the environment "
+     "variable CHUNKGATE_WORKER_REMOTE_PASSWORD or --remote-password-file, never the URL"),
+    OPT("remote-password-file", "CHUNKGATE_WORKER_REMOTE_PASSWORD_FILE", CG_CFG_STR,
+     remote_password_file, "", 0, 0,
+     "file holding the Redis password (one trailing newline is dropped); empty = the environment "
+     "variable CHUNKGATE_WORKER_REMOTE_PASSWORD, or no AUTH"),
+    OPT("remote-id", "CHUNKGATE_WORKER_REMOTE_ID", CG_CFG_STR, remote_id, "", 0, 0,
+     "name of the shared tier in /v1/info; the gateway treats workers reporting the same name as "
+     "sharing it (empty = the --remote URL; set it when workers reach one Redis by different "
+     "addresses)"),
+    OPT("remote-timeout-ms", "CHUNKGATE_WORKER_REMOTE_TIMEOUT_MS", CG_CFG_INT, remote_timeout_ms,
+     "500", 1, 600000,
+     "most one remote read or write may take; a request whose remote read fails or times out "
+     "does not ask Redis again, so a slow Redis costs it at most this"),
+    OPT("remote-ttl-s", "CHUNKGATE_WORKER_REMOTE_TTL_S", CG_CFG_INT, remote_ttl_s, "0", 0,
+     1LL << 31, "expire remote values after this many seconds (0 = never; let Redis evict with "
+     "maxmemory-policy allkeys-lru)"),
+    OPT("remote-queue", "CHUNKGATE_WORKER_REMOTE_QUEUE", CG_CFG_INT, remote_queue, "256", 1,
+     1 << 20, "computed chunks queued for Redis; a full queue drops the write (counted), never waits"),
+    OPT("remote-queue-mb", "CHUNKGATE_WORKER_REMOTE_QUEUE_MB", CG_CFG_INT, remote_queue_mb, "256",
+     1, 1 << 20, "bytes of the Redis write-behind queue, in MiB"),
+    OPT("remote-conns", "CHUNKGATE_WORKER_REMOTE_CONNS", CG_CFG_INT, remote_conns, "4", 1, 64,
+     "connections per Redis node"),
     OPT("block-tokens", "CHUNKGATE_WORKER_BLOCK_TOKENS", CG_CFG_INT, block_tokens,
      "16", 1, 4096, "tokens per pool block"),
     OPT("assembly-ttl-ms", "CHUNKGATE_WORKER_ASSEMBLY_TTL_MS", CG_CFG_INT, assembly_ttl_ms, "60000", 1, 86400000,
@@ -190,7 +231,8 @@ static void usage(FILE *out)
     fprintf(out, "usage: chunkgate-worker generate-model --out DIR [--preset NAME] [--seed N] "
                  "[--dtype f32|f16|bf16] [--tokenizer DIR] [--rope-scaling SPEC] [--shards N]\n"
                  "       chunkgate-worker serve --model DIR [--listen HOST:PORT] [--data-dir DIR] "
-                 "[--pool-mb N] [--disk-mb N] [--kv-source URL --tp N] [options]\n"
+                 "[--pool-mb N] [--disk-mb N] [--remote URL] [--kv-source URL --tp N] "
+                 "[options]\n"
                  "       chunkgate-worker SUBCOMMAND --help\n");
 }
 
@@ -295,6 +337,8 @@ static int check_serve_cfg(const serve_cfg *c)
         why = "--separator must not be empty";
     else if (c->kv_source[0] && !cg_kvpull_url_ok(c->kv_source))
         why = "--kv-source must be an http:// or https:// base URL";
+    else if (c->remote_id[0] && !c->remote[0])
+        why = "--remote-id names the --remote tier: give --remote too";
     if (!why) return 0;
     fprintf(stderr, "chunkgate-worker serve: %s\n", why);
     return 2;
@@ -302,12 +346,48 @@ static int check_serve_cfg(const serve_cfg *c)
 
 /* The worker's parts, opened in order by open_parts and closed in reverse by close_parts. */
 typedef struct parts {
+    cg_remote *remote;
     cg_model *model;
     cg_engine *engine;
     cg_chat_model *chat;
     cg_worker_api *api;
     cg_http_server *srv;
 } parts;
+
+/* Opens the client of the shared remote tier (--remote), when one is configured. A bad URL or
+ * a refused password stops the worker; a Redis that is down does not (it is retried). */
+static int open_remote(const serve_cfg *c, parts *w)
+{
+    if (!c->remote[0]) return 0;
+    char err[ERRLEN];
+    char *password = NULL;
+    cg_status st = cg_remote_load_password(
+        c->remote_password_file[0] ? c->remote_password_file : NULL, &password, err, sizeof err);
+    if (st != CG_OK) {
+        cg_log(CG_LOG_ERROR, "--remote: %s", err);
+        return -1;
+    }
+    cg_remote_params rp = cg_remote_default_params();
+    rp.url = c->remote;
+    rp.password = password;
+    rp.timeout_ms = (int)c->remote_timeout_ms;
+    rp.ttl_s = (uint32_t)c->remote_ttl_s;
+    rp.queue_max_items = (size_t)c->remote_queue;
+    rp.queue_max_bytes = (size_t)c->remote_queue_mb << 20;
+    rp.conns_per_node = (int)c->remote_conns;
+    st = cg_remote_open(rp, &w->remote, err, sizeof err);
+    if (password) {
+        memset(password, 0, strlen(password));
+        free(password);
+    }
+    if (st != CG_OK) {
+        cg_log(CG_LOG_ERROR, "--remote %s: %s", c->remote, err);
+        return -1;
+    }
+    cg_log(CG_LOG_INFO, "remote tier %s (id %s), timeout %lld ms, ttl %lld s", c->remote,
+           c->remote_id[0] ? c->remote_id : c->remote, c->remote_timeout_ms, c->remote_ttl_s);
+    return 0;
+}
 
 /* Opens the model and the engine (with its tiers); logs why on failure. */
 static int open_engine(const serve_cfg *c, parts *w)
@@ -340,6 +420,9 @@ static int open_engine(const serve_cfg *c, parts *w)
     ep.reserve_tokens = (uint32_t)c->reserve_tokens;
     ep.disk_bytes = (size_t)c->disk_mb << 20;
     ep.disk_dir = c->data_dir;
+    ep.disk_write_behind = (size_t)c->disk_write_behind;
+    ep.disk_write_behind_bytes = (size_t)c->disk_write_behind_mb << 20;
+    ep.remote = w->remote;
     ep.max_running = (uint32_t)c->max_running;
     ep.max_queue = (uint32_t)c->max_queue;
     ep.prefill_chunk = (uint32_t)c->prefill_chunk;
@@ -432,6 +515,8 @@ static int open_api(const serve_cfg *c, parts *w)
     ap.canary_tokens = (uint32_t)c->canary_tokens;
     ap.canary_queue = (uint32_t)c->canary_queue;
     ap.chat = w->chat;
+    ap.remote_url = c->remote;
+    ap.remote_id = c->remote_id;
     w->api = cg_worker_api_new(ap);
 
     cg_http_params hp = cg_http_default_params();
@@ -465,6 +550,7 @@ static void close_parts(parts *w)
     cg_worker_api_free(&w->api);
     cg_chat_model_unref(&w->chat);
     cg_engine_close(&w->engine);
+    cg_remote_close(&w->remote); /* after the engine: it drains what the engine queued */
     cg_model_close(&w->model);
 }
 
@@ -511,7 +597,9 @@ static int cmd_serve(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
-    if (open_engine(&c, &w) != 0 || open_chat(&c, &w) != 0 || open_api(&c, &w) != 0) goto out;
+    if (open_remote(&c, &w) != 0 || open_engine(&c, &w) != 0 || open_chat(&c, &w) != 0 ||
+        open_api(&c, &w) != 0)
+        goto out;
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -1,5 +1,6 @@
 /* chunkgate-worker's HTTP API (openapi/worker.yaml): state, route table and the request
- * metrics. The handlers live in api_ops.c, api_assemble.c, api_complete.c and api_chunks.c. */
+ * metrics. The handlers live in api_ops.c, api_assemble.c, api_complete.c, api_chat.c,
+ * api_tokens.c and api_chunks.c. */
 #include "worker/serve/worker_api.h"
 
 #include <stdio.h>
@@ -28,6 +29,8 @@ cg_worker_api_params cg_worker_api_default_params(void)
         .canary_rate = 0.01,
         .canary_tokens = 16,
         .canary_queue = 4,
+        .remote_url = NULL,
+        .remote_id = NULL,
     };
 }
 
@@ -40,6 +43,8 @@ cg_worker_api *cg_worker_api_new(cg_worker_api_params p)
     if (a->p.tp < 1) a->p.tp = 1;
     if (a->p.kv_timeout_ms <= 0) a->p.kv_timeout_ms = 5000;
     if (a->p.kv_max_pulls < 1) a->p.kv_max_pulls = 1;
+    if (a->p.remote_url && !a->p.remote_url[0]) a->p.remote_url = NULL;
+    if (!a->p.remote_id || !a->p.remote_id[0]) a->p.remote_id = a->p.remote_url;
     a->e = p.engine;
     if (!(a->p.recompute_ratio >= 0 && a->p.recompute_ratio <= 1)) a->p.recompute_ratio = 0;
     a->metrics = cg_metrics_new();
