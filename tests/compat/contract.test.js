@@ -95,6 +95,20 @@ describe('gateway', () => {
       body: { model: MODEL, prompt: ['Terse.', DOCS[1], 'Press?'].join(SEP), max_tokens: 2, stream: true },
     });
     assert.ok(sseData(plain.text).slice(0, -1).every((e) => !('usage' in JSON.parse(e))));
+
+    // recompute_ratio and quality_probe: chunk_cache.recomputed_tokens and .quality, in JSON
+    // and on the stream's last event.
+    const probed = await g('post', '/v1/completions', {
+      body: { model: MODEL, prompt, max_tokens: 3, temperature: 0, recompute_ratio: 0.5, quality_probe: true },
+    });
+    assert.ok(probed.body.chunk_cache.recomputed_tokens > 0);
+    assert.equal(probed.body.chunk_cache.quality.tokens_compared, 3);
+    const ps = await g('post', '/v1/completions', {
+      body: { model: MODEL, prompt, max_tokens: 3, stream: true, quality_probe: true },
+    });
+    const pe = sseData(ps.text).slice(0, -1).map((e) => JSON.parse(e));
+    pe.forEach((c, i) => gw.checkSchema('Completion', c, `probed stream event ${i}`));
+    assert.ok(pe.at(-1).chunk_cache.quality, 'the comparison on the last event');
   });
 
   test('chat: JSON and streamed answers match ChatCompletion', async () => {
@@ -266,6 +280,22 @@ describe('worker', () => {
     assert.equal(byIds.body.choices[0].text, e.body.choices[0].text.slice('Pears'.length));
     assert.match(byIds.body.choices[0].logprobs.tokens[0], /^token_id:\d+$/);
     await w('post', '/v1/completions', { body: { prompt: 'Pears', max_tokens: 2, stop: ['\n', 'zz'] } });
+
+    // quality_probe: chunk_cache in JSON, and one more event before [DONE] in a stream; the
+    // comparison then shows in /healthz.
+    const q = await w('post', '/v1/completions', {
+      body: { model: MODEL, prompt, max_tokens: 3, temperature: 0, quality_probe: true, recompute_ratio: 0.3 },
+    });
+    assert.equal(q.body.chunk_cache.quality.tokens_compared, 3);
+    const qs = await w('post', '/v1/completions', {
+      body: { model: MODEL, prompt, max_tokens: 3, stream: true, quality_probe: true },
+    });
+    const qe = sseData(qs.text);
+    qe.slice(0, -1).forEach((e, i) => wk.checkSchema('CompletionChunk', JSON.parse(e), `probe event ${i}`));
+    assert.ok(JSON.parse(qe.at(-2)).chunk_cache.quality);
+    const h = await w('get', '/healthz');
+    assert.ok(h.body.canary.requests >= 2);
+    assert.ok(h.body.canary.settings.length >= 1);
   });
 
   test('chat: JSON and streamed answers match ChatCompletion and ChatCompletionChunk', async () => {
