@@ -320,9 +320,12 @@ START_TEST(gateway_recompute_defaults)
     clear_gateway_env();
     cg_gateway_config cfg;
     char err[256] = "";
-    const char *args[] = {"--recompute-default", "*=0.2",
-                          "--recompute-default", "Qwen/Qwen3-8B=0.15:16",
-                          "--recompute-default", "llama3:8b=1",
+    const char *args[] = {"--recompute-default",
+                          "*=0.2",
+                          "--recompute-default",
+                          "Qwen/Qwen3-8B=0.15:16",
+                          "--recompute-default",
+                          "llama3:8b=1",
                           NULL};
     ck_assert_int_eq(gw_load(&cfg, args, err, sizeof err), CG_OK);
     cg_gw_recompute d;
@@ -378,8 +381,8 @@ START_TEST(number_values)
         ncfg c = {0};
         int help;
         char err[256] = "";
-        cg_status st = cg_config_parse(ntab, 1, &c, cases[i].flag ? 2 : 1, argv, &help, err,
-                                       sizeof err);
+        cg_status st =
+            cg_config_parse(ntab, 1, &c, cases[i].flag ? 2 : 1, argv, &help, err, sizeof err);
         ck_assert_msg(st == cases[i].st, "case %zu: %s (%s)", i, cg_status_name(st), err);
         if (st == CG_OK)
             ck_assert_msg(c.ratio == cases[i].want, "case %zu: %g", i, c.ratio);
@@ -399,6 +402,6 @@ int main(void)
 {
     return th_run_tests("config", "table", 0,
                         TH_TESTS(defaults, env_then_flags, sizes, bounds_and_errors,
-                                 help_flag_and_text, gateway_table, gateway_bad_values,
-                                 enum_values, number_values, gateway_recompute_defaults));
+                                 help_flag_and_text, gateway_table, gateway_bad_values, enum_values,
+                                 number_values, gateway_recompute_defaults));
 }
