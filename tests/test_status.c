@@ -145,13 +145,14 @@ START_TEST(stats_and_page_show_the_hits)
     json_decref(r1);
     json_decref(r2);
 
-    /* Index writes are asynchronous: wait until the three chunks (system + 2 documents) are
-     * committed. */
+    /* Index writes are asynchronous, and a request is recorded once its response has been
+     * handed to the connection: wait until the three chunks (system + 2 documents) are
+     * committed and both requests are counted. */
     json_t *s = NULL;
     for (int i = 0; i < 500; i++) {
         json_decref(s);
         s = stats();
-        if (num(s, "index", "chunks") >= 3) break;
+        if (num(s, "index", "chunks") >= 3 && num(s, "requests", "total") >= 2) break;
         th_sleep_ms(20);
     }
     long long chunks = num(s, "index", "chunks");
