@@ -75,9 +75,8 @@ typedef struct cg_http_params {
     unsigned job_threads;      /* blocking-handler pool; default 8 */
     size_t max_body_bytes;     /* default 8 MiB; larger -> 413 */
     size_t max_header_bytes;   /* sum of the request's header name and value bytes; larger ->
-                                  431. MHD's per-connection memory is 2x this + 32 KiB: a request
-                                  head that does not fit there gets MHD's own 431 and is closed.
-                                  Default 16 KiB; 0 = only MHD's default 32 KiB pool */
+                                  431. Default 16 KiB; 0 = no cap on that sum (the raw head is
+                                  still capped, see base/http_frame.h) */
     unsigned conn_timeout_s;   /* a connection silent this long is closed (MHD), and so is one
                                   that has not delivered a complete request (headers and body)
                                   this long after it began waiting for one (accept, or the end
@@ -92,6 +91,9 @@ typedef struct cg_http_params {
     size_t n_routes;
     void *app;                 /* passed to handlers and done */
     cg_http_done_fn done;
+    int no_framing_check;      /* 1: leave the raw request framing to libmicrohttpd alone (its
+                                  own HTML errors, no RFC 9112 strictness); for tests that show
+                                  what the library does. Default 0: checked (base/http_frame.h) */
 } cg_http_params;
 
 cg_http_params cg_http_default_params(void);
@@ -103,6 +105,8 @@ typedef struct cg_http_stats {
     uint64_t refused;   /* closed at accept: max_connections open */
     uint64_t timed_out; /* closed for not delivering a request within conn_timeout_s */
     uint64_t headers_too_large; /* 431 answered by our header count */
+    uint64_t malformed; /* refused by the framing check (400, 413, 414, 501, 505) */
+    uint64_t lingered;  /* connections closed with a lingering close */
 } cg_http_stats;
 
 /* Starts listening and serving. *out is owned by the caller (cg_http_close). */
