@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <netdb.h>
 #include <poll.h>
@@ -160,6 +161,9 @@ cg_http_params cg_http_default_params(void)
     p.job_threads = 8;
     p.max_body_bytes = 8u << 20;
     p.max_header_bytes = 16u << 10;
+    cg_json_limits jl = cg_json_default_limits();
+    p.max_json_values = jl.max_values;
+    p.max_json_depth = jl.max_depth;
     p.conn_timeout_s = 60;
     p.max_connections = 4096;
     p.heartbeat_ms = 5000;
@@ -631,6 +635,24 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     free(cs);
 }
 
+/* Returns freed heap memory to the system once enough has piled up. glibc keeps what a
+ * request freed in its arenas (one per thread that allocated), so a burst of large bodies
+ * would leave the process at its peak for good. Called every DEADLINE_TICK_MS; trims when
+ * the free bytes grew by 16 MiB since the last trim. Process-wide (every server shares it). */
+static void trim_heap(void)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static size_t base;
+    if (pthread_mutex_trylock(&mu) != 0) return;
+    struct mallinfo2 mi = mallinfo2();
+    if (mi.fordblks < base) base = mi.fordblks;
+    if (mi.fordblks > base + (16u << 20)) {
+        malloc_trim(0);
+        base = mallinfo2().fordblks;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
 /* Request deadline: a connection that has not delivered a complete request within
  * conn_timeout_s of starting to wait for one is shut down; MHD then sees the end of the
  * socket and closes it like any client that left. MHD's own timeout is an idle timeout, which
@@ -647,6 +669,10 @@ static void *deadline_main(void *arg)
         ts.tv_sec += (time_t)(ns / 1000000000ull);
         ts.tv_nsec = (long)(ns % 1000000000ull);
         pthread_cond_timedwait(&srv->conn_cv, &srv->conn_mu, &ts);
+        if (srv->deadline_stop) break;
+        pthread_mutex_unlock(&srv->conn_mu);
+        trim_heap();
+        pthread_mutex_lock(&srv->conn_mu);
         if (srv->deadline_stop) break;
         uint64_t now = cg_now_ns();
         for (conn_state *cs = srv->conns; cs; cs = cs->next) {
@@ -714,6 +740,17 @@ const char *cg_http_req_body(const cg_http_req *r, size_t *len)
 {
     *len = r->body.len;
     return r->body.data ? r->body.data : "";
+}
+char *cg_http_req_take_body(cg_http_req *r, size_t *len)
+{
+    *len = r->body.len;
+    char *b = r->body.data ? r->body.data : cg_strdup("");
+    cg_buf_init(&r->body, r->body.max);
+    return b;
+}
+void cg_http_req_drop_body(cg_http_req *r)
+{
+    cg_buf_free(&r->body);
 }
 const char *cg_http_req_id(const cg_http_req *r) { return r->rid; }
 void cg_http_req_set_data(cg_http_req *r, void *data) { r->data = data; }
@@ -825,25 +862,11 @@ void cg_http_reply_stream(cg_http_req *r, int status, const char *content_type, 
 
 json_t *cg_http_req_json(cg_http_req *r)
 {
-    json_error_t err;
-    if (!r->body.len) {
-        cg_http_reply_error(r, CG_E_JSON, NULL, "request body is empty; expected a JSON object");
-        return NULL;
-    }
-    json_t *j = json_loadb(r->body.data, r->body.len, 0, &err);
-    if (!j) {
-        char msg[256];
-        cg_status st = json_error_code(&err) == json_error_invalid_utf8 ? CG_E_UTF8 : CG_E_JSON;
-        snprintf(msg, sizeof msg, "invalid JSON at line %d column %d: %s", err.line, err.column,
-                 err.text);
-        cg_http_reply_error(r, st, NULL, msg);
-        return NULL;
-    }
-    if (!json_is_object(j)) {
-        json_decref(j);
-        cg_http_reply_error(r, CG_E_TYPE, NULL, "request body must be a JSON object");
-        return NULL;
-    }
+    char msg[256];
+    cg_status st;
+    cg_json_limits l = {r->srv->p.max_json_values, r->srv->p.max_json_depth};
+    json_t *j = cg_json_parse_object(r->body.data, r->body.len, &l, &st, msg, sizeof msg);
+    if (!j) cg_http_reply_error(r, st, NULL, msg);
     return j;
 }
 
@@ -1138,6 +1161,12 @@ static CG_MHD_RESULT on_access(void *cls, struct MHD_Connection *conn, const cha
                                     "interposed in this program): libmicrohttpd's own checks "
                                     "apply");
         }
+        /* A body of known size gets its buffer at once: no growing copies of a large one. */
+        uint64_t cl = declared_body(r);
+        if (r->early == CG_OK && cl && cl <= srv->p.max_body_bytes) {
+            r->body.data = cg_malloc((size_t)cl + 1);
+            r->body.cap = (size_t)cl + 1;
+        }
         if (answer_early(r)) {
             /* refuse before reading the body; the library closes the connection after the
              * answer, and a client still sending gets a lingering close, not a reset */
@@ -1277,6 +1306,9 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
     srv->p = *p;
     if (!srv->p.max_connections) srv->p.max_connections = 4096;
     if (!srv->p.conn_timeout_s) srv->p.conn_timeout_s = 60;
+    cg_json_limits jl = cg_json_default_limits();
+    if (!srv->p.max_json_values) srv->p.max_json_values = jl.max_values;
+    if (!srv->p.max_json_depth) srv->p.max_json_depth = jl.max_depth;
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cv, NULL);
     pthread_cond_init(&srv->idle_cv, NULL);

@@ -77,6 +77,9 @@ typedef struct cg_http_params {
     size_t max_header_bytes;   /* sum of the request's header name and value bytes; larger ->
                                   431. Default 16 KiB; 0 = no cap on that sum (the raw head is
                                   still capped, see base/http_frame.h) */
+    size_t max_json_values;    /* cg_http_req_json: values + members a body may hold; more ->
+                                  400 json_too_complex. Default 100000 (base/json.h) */
+    unsigned max_json_depth;   /* cg_http_req_json: nesting; deeper -> 400. Default 64 */
     unsigned conn_timeout_s;   /* a connection silent this long is closed (MHD), and so is one
                                   that has not delivered a complete request (headers and body)
                                   this long after it began waiting for one (accept, or the end
@@ -131,6 +134,12 @@ const char *cg_http_req_query(cg_http_req *r, const char *name);
 /* Request header (case-insensitive) or NULL. */
 const char *cg_http_req_header(cg_http_req *r, const char *name);
 const char *cg_http_req_body(const cg_http_req *r, size_t *len);
+/* Hands the body over (NUL-terminated, caller frees), e.g. to forward it unchanged; the request
+ * keeps an empty one. */
+char *cg_http_req_take_body(cg_http_req *r, size_t *len);
+/* Frees the body once it is parsed and no longer needed (a large one would otherwise live
+ * until the reply is sent). */
+void cg_http_req_drop_body(cg_http_req *r);
 /* The request id: the client's X-Request-Id when it is sane, else a generated one. */
 const char *cg_http_req_id(const cg_http_req *r);
 /* The bearer token the request presented, or NULL. */
@@ -143,7 +152,8 @@ int cg_http_req_api_key(const cg_http_req *r);
 void cg_http_req_set_data(cg_http_req *r, void *data);
 void *cg_http_req_data(const cg_http_req *r);
 
-/* Parses the body as a JSON object. On failure replies 400 itself and returns NULL.
+/* Parses the body as a JSON object within params.max_json_values / max_json_depth, refusing
+ * duplicate keys (cg_json_parse_object). On failure replies 400 itself and returns NULL.
  * The caller owns the returned reference. */
 json_t *cg_http_req_json(cg_http_req *r);
 

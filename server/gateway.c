@@ -127,9 +127,18 @@ static void h_metrics(cg_http_req *req, void *app)
         "chunkgate_http_connections_timed_out_total %llu\n"
         "# HELP chunkgate_http_headers_too_large_total Requests refused with 431.\n"
         "# TYPE chunkgate_http_headers_too_large_total counter\n"
-        "chunkgate_http_headers_too_large_total %llu\n",
+        "chunkgate_http_headers_too_large_total %llu\n"
+        "# HELP chunkgate_http_malformed_total Requests refused by the raw framing check "
+        "(400, 413, 414, 501, 505) before routing.\n"
+        "# TYPE chunkgate_http_malformed_total counter\n"
+        "chunkgate_http_malformed_total %llu\n"
+        "# HELP chunkgate_http_lingering_closes_total Connections read to the end (bounded) "
+        "before being closed, so a client still sending sees the answer.\n"
+        "# TYPE chunkgate_http_lingering_closes_total counter\n"
+        "chunkgate_http_lingering_closes_total %llu\n",
         hs.connections, (unsigned long long)hs.refused, (unsigned long long)hs.timed_out,
-        (unsigned long long)hs.headers_too_large);
+        (unsigned long long)hs.headers_too_large, (unsigned long long)hs.malformed,
+        (unsigned long long)hs.lingered);
     (void)cst;
     cg_status st = cg_buf_printf(
         &out,
@@ -373,6 +382,8 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     hp.job_threads = (unsigned)cfg->job_threads;
     hp.max_body_bytes = cfg->max_body_bytes;
     hp.max_header_bytes = cfg->max_header_bytes;
+    hp.max_json_values = (size_t)cfg->max_json_values;
+    hp.max_json_depth = (unsigned)cfg->max_json_depth;
     hp.max_connections = (unsigned)cfg->max_connections;
     hp.conn_timeout_s = (unsigned)cfg->conn_timeout_s;
     hp.heartbeat_ms = (unsigned)cfg->heartbeat_ms;

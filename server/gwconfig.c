@@ -89,6 +89,11 @@ const cg_cfg_opt cg_gateway_options[] = {
         index_busy_timeout_ms, "5000", 0, 600000,
         "how long an index write waits for a lock held by another process (3 tries, then the "
         "batch is dropped and counted)"),
+    OPT("max-json-values", "CHUNKGATE_MAX_JSON_VALUES", CG_CFG_INT, max_json_values, "100000",
+        16, 100000000,
+        "most JSON values (array elements and object members) in a request body; more -> 400"),
+    OPT("max-json-depth", "CHUNKGATE_MAX_JSON_DEPTH", CG_CFG_INT, max_json_depth, "64", 4, 2048,
+        "deepest nesting of arrays and objects in a request body; deeper -> 400"),
 };
 const size_t cg_gateway_n_options = CG_ARRAY_LEN(cg_gateway_options);
 

@@ -41,6 +41,8 @@ typedef struct cg_gateway_config {
     long long conn_timeout_s;
     int key_hash; /* cg_key_hash */
     long long index_busy_timeout_ms;
+    long long max_json_values;
+    long long max_json_depth;
 } cg_gateway_config;
 
 extern const cg_cfg_opt cg_gateway_options[];

@@ -104,13 +104,8 @@ static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, 
     for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
         has_ext |= json_object_get(body, EXT_FIELDS[i]) != NULL;
     *strip_usage = ask_usage(body, stream);
-    if (!has_ext && !*strip_usage) {
-        const char *raw = cg_http_req_body(req, len);
-        char *copy = cg_malloc(*len + 1);
-        memcpy(copy, raw, *len);
-        copy[*len] = '\0';
-        return copy;
-    }
+    if (!has_ext && !*strip_usage) return cg_http_req_take_body(req, len); /* no copy */
+    cg_http_req_drop_body(req);
     json_t *docs = json_object_get(body, "documents");
     if (chat && json_is_array(docs) && json_array_size(docs)) {
         cg_buf joined;
@@ -270,6 +265,7 @@ static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclu
         t.worker = w;
         t.backend_is_worker = 1;
         body = worker_plain_body(c, &t.strip_usage, &len);
+        cg_http_req_drop_body(c->req);
     }
     json_t *cc = chunk_cache_plain(&c->segs, c->ent, reason);
     cg_gw_relay_to(g, c->req, &t, body, len, c->stream, cc);
@@ -537,6 +533,8 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
         forward_plain(c, "no_worker", NULL, NULL);
         return;
     }
+    /* Parsed: only a fallback to --backend may still forward the raw bytes. */
+    if (!g->has_backend) cg_http_req_drop_body(req);
     json_t *ab = assemble_body(c);
     char *text = json_dumps(ab, JSON_COMPACT);
     json_decref(ab);

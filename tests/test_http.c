@@ -548,12 +548,67 @@ START_TEST(json_body)
                {"{bad", "invalid_json"},
                {"[1, 2]", "invalid_type"},
                {"\"s\"", "invalid_json"},
-               {"{\"a\": \"\xff\"}", "invalid_utf8"}};
+               {"{\"a\": \"\xff\"}", "invalid_utf8"},
+               {"{\"a\": 1, \"a\": 1}", "invalid_json"},      /* duplicate keys, even equal */
+               {"{\"a\": [{\"b\": 1, \"b\": 2}]}", "invalid_json"}}; /* at any depth */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         http(&r, "POST", "/t/echo", bad[i].body, strlen(bad[i].body), NULL, 0);
         assert_error(&r, 400, bad[i].code);
         cg_buf_free(&r.body);
     }
+    /* nesting: the default limit is 64 levels (the body object is level 1) */
+    for (int past = 0; past <= 1; past++) {
+        char deep[200] = "{\"a\":";
+        int n = 63 + past;
+        size_t at = strlen(deep);
+        for (int i = 0; i < n; i++) deep[at++] = '[';
+        for (int i = 0; i < n; i++) deep[at++] = ']';
+        deep[at++] = '}';
+        deep[at] = '\0';
+        http(&r, "POST", "/t/echo", deep, at, NULL, 0);
+        if (past)
+            assert_error(&r, 400, "json_too_complex");
+        else
+            ck_assert_int_eq(r.status, 200);
+        cg_buf_free(&r.body);
+    }
+}
+END_TEST
+
+/* The value count and depth scan on its own: counts 1 + containers + commas, skips strings
+ * (escaped quotes and brackets in them included), and leaves malformed text to the parser. */
+START_TEST(json_limits_scan)
+{
+    cg_json_limits l = {.max_values = 5, .max_depth = 3};
+    char msg[128];
+    struct {
+        const char *text;
+        cg_status st;
+    } cases[] = {
+        {"{\"a\":[1,2]}", CG_OK},                       /* 1 + 2 + 1 = 4 */
+        {"{\"a\":[1,2,3]}", CG_OK},                     /* 5 */
+        {"{\"a\":[1,2,3,4]}", CG_E_JSON_LIMIT},         /* 6 */
+        {"{\"a\":\"[[[[,,,,,,]]]]\"}", CG_OK},          /* inside a string */
+        {"{\"a\":\"\\\"[[[[,,,,,\"}", CG_OK},           /* an escaped quote does not end it */
+        {"{\"a\":\"\\\\\",[[[[\"}", CG_E_JSON_LIMIT},   /* an escaped backslash does */
+        {"[[[]]]", CG_OK},
+        {"[[[[]]]]", CG_E_JSON_LIMIT},
+        {"{\"a\":\"unterminated [[[[[[", CG_OK},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        msg[0] = '\0';
+        cg_status st = cg_json_check_limits(cases[i].text, strlen(cases[i].text), &l, msg, sizeof msg);
+        ck_assert_msg(st == cases[i].st, "case %zu (%s): %s", i, cases[i].text, cg_status_name(st));
+        if (st != CG_OK) ck_assert_str_ne(msg, "");
+    }
+    cg_status st;
+    const char *ok = "{\"a\":1,\"b\":{\"a\":2}}", *dup = "{\"a\":1,\"a\":2}";
+    json_t *j = cg_json_parse_object(ok, strlen(ok), &l, &st, msg, sizeof msg);
+    ck_assert_ptr_nonnull(j); /* the same key in different objects is fine */
+    json_decref(j);
+    ck_assert_ptr_null(cg_json_parse_object(dup, strlen(dup), &l, &st, msg, sizeof msg));
+    ck_assert_int_eq(st, CG_E_JSON);
+    ck_assert_ptr_nonnull(strstr(msg, "duplicate"));
 }
 END_TEST
 
@@ -1223,6 +1278,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, routing);
     tcase_add_test(tc, json_body);
+    tcase_add_test(tc, json_limits_scan);
     tcase_add_test(tc, body_caps);
     tcase_add_test(tc, request_ids);
     tcase_add_test(tc, bearer_auth);

@@ -134,6 +134,7 @@ static int ref_request_line(const line *l, const cg_http_frame_limits *lim, head
 {
     const uint8_t *p = l->p;
     size_t n = l->len, i = 0;
+    if (!n) return 1; /* an empty line before the request, its CR so far */
     while (i < n && p[i] != ' ') {
         if (!r_tchar(p[i]) || i >= 32) return 0;
         i++;
@@ -193,7 +194,10 @@ static ref_result ref_parse(const uint8_t *b, size_t n, const cg_http_frame_limi
             if (head + raw > lim->max_head_bytes || l.bad_cr) goto refused;
             head += raw;
             pos = l.next;
-            if (!l.len && l.complete) break;
+            if (!l.len) { /* the end of the head, or its CR so far */
+                if (l.complete) break;
+                return r;
+            }
             if (!ref_field(&l, lim, &field_bytes, &h, 0)) goto refused;
             if (!l.complete) return r;
         }
@@ -250,7 +254,10 @@ static ref_result ref_parse(const uint8_t *b, size_t n, const cg_http_frame_limi
                 if (theader + raw > lim->max_head_bytes || l.bad_cr) goto refused;
                 theader += raw;
                 pos = l.next;
-                if (!l.len && l.complete) break;
+                if (!l.len) {
+                    if (l.complete) break;
+                    return r;
+                }
                 if (!ref_field(&l, lim, &tbytes, &h, 1)) goto refused;
                 if (!l.complete) return r;
             }

@@ -1,13 +1,16 @@
 /* Fuzz target for the gateway's request decoding: the body bytes go through what the
  * completions, chat completions and chunk lookup routes do before any I/O, with the limits of
- * a default gateway configuration: jansson's parse (flags of cg_http_req_json), the field
+ * a default gateway configuration: cg_json_parse_object (what cg_http_req_json runs: the
+ * value and depth limits, duplicate keys refused), checked against a plain jansson parse; the field
  * helpers (model, stream, max_tokens, max_completion_tokens, keys) and cg_gw_segment_request
  * (extension fields, prompt or messages + documents, split/chat rendering, keys); and the
  * chat <-> completions conversions of server/chatconv.c (cg_gw_chat_as_completion on the
  * body, cg_gw_to_chat on the body taken as an upstream answer).
  * The HTTP plumbing (cg_http_req), forward_body() and the handlers themselves are static in
  * server/infer.c and server/admin.c and are not reached (see tests/README.md).
- * Invariants: no crash or leak; every refusal is a 4xx status naming a field with a message;
+ * Invariants: no crash or leak; the limited parse accepts what jansson accepts unless it
+ * refuses with CG_E_JSON_LIMIT (or a duplicate key), and then the text really is too deep or
+ * too big by a naive count; every refusal is a 4xx status naming a field with a message;
  * a successful split has in-bounds, trimmed, non-empty segments with positional roles and
  * one key per cacheable segment, and decoding the same body again gives the same keys. */
 #include "fuzz_common.h"
@@ -234,12 +237,51 @@ static void conversions(json_t *body, const uint8_t *data, size_t size)
     }
 }
 
+/* Naive counts of a parsed value: values + members, and nesting. */
+static void naive_count(json_t *v, unsigned depth, size_t *values, unsigned *max_depth)
+{
+    (*values)++;
+    if (json_is_array(v) || json_is_object(v)) {
+        depth++;
+        if (depth > *max_depth) *max_depth = depth;
+    }
+    size_t i;
+    const char *k;
+    json_t *x;
+    if (json_is_array(v)) json_array_foreach(v, i, x) naive_count(x, depth, values, max_depth);
+    if (json_is_object(v)) json_object_foreach(v, k, x) naive_count(x, depth, values, max_depth);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     json_error_t err;
-    /* Bodies over the cap never reach the parser (MHD answers 413). */
+    /* Bodies over the cap never reach the parser (the HTTP layer answers 413). */
     if (size > g_cfg.max_body_bytes) return 0;
+    /* Small limits, so the fuzzer reaches them. */
+    cg_json_limits lim = {.max_values = 8 + (size_t)(size % 64), .max_depth = 2 + (unsigned)(size % 7)};
+    cg_status lst;
+    char lmsg[256];
+    json_t *limited = cg_json_parse_object((const char *)data, size, &lim, &lst, lmsg, sizeof lmsg);
     json_t *body = json_loadb((const char *)data, size, 0, &err);
+    if (limited) {
+        FUZZ_CHECK(lst == CG_OK && body && json_is_object(body) && json_equal(limited, body));
+        size_t values = 0;
+        unsigned depth = 0;
+        naive_count(limited, 0, &values, &depth);
+        FUZZ_CHECK(depth <= lim.max_depth && values <= lim.max_values + 1);
+    } else {
+        FUZZ_CHECK(lst != CG_OK && lmsg[0] && cg_status_http(lst) == 400);
+        if (lst == CG_E_JSON_LIMIT && body) {
+            size_t values = 0;
+            unsigned depth = 0;
+            naive_count(body, 0, &values, &depth);
+            /* refused for a reason: too deep, or more values (commas + containers) than allowed */
+            FUZZ_CHECK(depth > lim.max_depth || values > lim.max_values / 2);
+        }
+        if (body && json_is_object(body) && lst != CG_E_JSON_LIMIT)
+            FUZZ_CHECK(strstr(lmsg, "duplicate") != NULL); /* the only other difference */
+    }
+    json_decref(limited);
     if (!body) {
         FUZZ_CHECK(err.text[0] != '\0');
         return 0;

@@ -361,6 +361,10 @@ def http_frame_seeds():
       limits=(63, 16, 255, 15, 0))
     h("cr_alone", "GET / HTTP/1.1\r\n" + H + "X-A: a\rb\r\n\r\n")
     h("split_crlf_end", "POST / HTTP/1.1\r\n" + H + "Transfer-Encoding: chunked\r\n\r\n1\r\nx\r", seed=1)
+    # inputs on which the target's reference once disagreed (a CR pending at the end)
+    h("pending_cr_head_end", "GET /1 HTTP/1.1\r\n" + H + "\r\nPOST /D2 HTTP/1.1\r\n" + H +
+      "Content-Length: 2\r\n\r", limits=(63, 0, 255, 15, 0))
+    h("pending_cr_empty_line", "\r\n\r", limits=(255, 255, 255, 11, 0), seed=0)
 
 
 def main():
