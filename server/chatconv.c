@@ -4,31 +4,26 @@
 #include <stdio.h>
 #include <string.h>
 #include "base/base.h"
+#include "server/fields.h"
 
-/* Sampling fields that mean the same in chat and completions requests. */
-static const char *const CHAT_COPY[] = {"temperature",
-                                        "top_p",
-                                        "seed",
-                                        "stop",
-                                        "n",
-                                        "stream",
-                                        "stream_options",
-                                        "presence_penalty",
-                                        "frequency_penalty",
-                                        "logit_bias",
-                                        "user"};
-
-json_t *cg_gw_chat_as_completion(json_t *body, const char *prompt, size_t prompt_len)
+json_t *cg_gw_chat_as_completion(json_t *body, const char *prompt, size_t prompt_len,
+                                 int to_worker)
 {
     json_t *o = json_object();
-    json_object_set(o, "model", json_object_get(body, "model"));
     json_object_set_new(o, "prompt", json_stringn(prompt ? prompt : "", prompt_len));
     json_t *mt = json_object_get(body, "max_completion_tokens");
     if (!mt || json_is_null(mt)) mt = json_object_get(body, "max_tokens");
     if (mt && !json_is_null(mt)) json_object_set(o, "max_tokens", mt);
-    for (size_t i = 0; i < CG_ARRAY_LEN(CHAT_COPY); i++) {
-        json_t *v = json_object_get(body, CHAT_COPY[i]);
-        if (v) json_object_set(o, CHAT_COPY[i], v);
+    const char *k;
+    json_t *v;
+    json_object_foreach(body, k, v)
+    {
+        cg_field_rule r = cg_gw_field_rule(k, 1);
+        /* An unknown chat field goes to --backend, unless it is a completions field there
+         * (prompt, echo, suffix, ...): it would mean something else in the completion. */
+        if (r == CG_FIELD_FORWARD || r == CG_FIELD_WORKER_REFUSES ||
+            (r == CG_FIELD_UNKNOWN && !to_worker && cg_gw_field_rule(k, 0) == CG_FIELD_UNKNOWN))
+            json_object_set(o, k, v);
     }
     return o;
 }

@@ -14,6 +14,7 @@
 #include "backends/worker_client.h"
 #include "cache/chat.h"
 #include "server/chatconv.h"
+#include "server/fields.h"
 #include "server/relay.h"
 
 /* Fields of ours that an OpenAI-compatible backend would not know: never forwarded to it. */
@@ -31,6 +32,7 @@ typedef struct gw_call {
     char rid[72];
     cg_worker *w; /* routed worker (reference, in flight) */
     cg_route_kind kind;
+    const char *fallback_reason; /* static; set once the request falls back */
     uint64_t t0;
 } gw_call;
 
@@ -139,9 +141,10 @@ static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, 
     return out;
 }
 
-/* The plain-prompt body for a worker's /v1/completions. A worker splits a "# #" prompt
- * itself, so the tenant salt, mode and the separator in use go along: a fallback never mixes
- * tenants in the worker's pool. Chat becomes a completion of its rendering. */
+/* The plain-prompt body for a worker's /v1/completions: the fields the worker reads
+ * (server/fields.h; unknown ones stay here). A worker splits a "# #" prompt itself, so the
+ * tenant salt, mode and the separator in use go along: a fallback never mixes tenants in the
+ * worker's pool. Chat becomes a completion of its rendering. */
 static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
 {
     json_t *o;
@@ -149,28 +152,22 @@ static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
         cg_buf plain;
         cg_buf_init(&plain, 0);
         if (!c->segs.split.passthrough) {
-            o = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
+            o = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len, 1);
         } else {
             render_plain_chat(c->body, &plain);
-            o = cg_gw_chat_as_completion(c->body, plain.data, plain.len);
+            o = cg_gw_chat_as_completion(c->body, plain.data, plain.len, 1);
         }
         cg_buf_free(&plain);
-        const char *keep[] = {"cache_salt", "chunk_mode", "recompute_prefix_tokens"};
-        for (size_t i = 0; i < CG_ARRAY_LEN(keep); i++) {
-            json_t *v = json_object_get(c->body, keep[i]);
-            if (v) json_object_set(o, keep[i], v);
-        }
     } else {
-        o = json_copy(c->body); /* shallow: top-level edits only */
+        o = cg_gw_worker_fields(c->body);
     }
-    json_object_del(o, "documents");
     *strip_usage = ask_usage(o, c->stream);
     json_object_set_new(o, "chunk_separator", json_string(c->segs.separator));
+    json_object_set_new(o, "chunk_mode", json_string(cg_mode_name(c->segs.mode)));
+    if (c->segs.recompute >= 0)
+        json_object_set_new(o, "recompute_prefix_tokens", json_integer(c->segs.recompute));
     /* The salt the keys were made with (a tenant's salt is not the client's cache_salt). */
-    if (c->segs.salt)
-        json_object_set_new(o, "cache_salt", json_string(c->segs.salt));
-    else
-        json_object_del(o, "cache_salt");
+    if (c->segs.salt) json_object_set_new(o, "cache_salt", json_string(c->segs.salt));
     char *out = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     *len = strlen(out);
@@ -214,18 +211,24 @@ static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
         json_array_append_new(segs, seg_json(s, k, json_integer((json_int_t)r->n_tokens), r->hit,
                                              json_string(r->tier)));
     }
-    return json_pack("{s:o, s:s, s:s, s:b, s:b, s:I, s:s, s:n}", "segments", segs, "mode",
-                     cg_mode_name(s->mode), "worker", cg_worker_url(c->w), "fallback", 0,
-                     "passthrough", 0, "empty_segments", (json_int_t)s->split.empty_skipped,
-                     "routing", cg_route_kind_name(c->kind), "fallback_reason");
+    /* After a worker failed, the request was assembled on another one: fallback, and the
+     * segments are what that worker reported, so they agree with cached_tokens. */
+    return json_pack("{s:o, s:s, s:s, s:b, s:b, s:I, s:s, s:o}", "segments", segs, "mode",
+                     cg_mode_name(s->mode), "worker", cg_worker_url(c->w), "fallback",
+                     c->fallback_reason != NULL, "passthrough", 0, "empty_segments",
+                     (json_int_t)s->split.empty_skipped, "routing", cg_route_kind_name(c->kind),
+                     "fallback_reason",
+                     c->fallback_reason ? json_string(c->fallback_reason) : json_null());
 }
 
 /* ---------------------------------------------------------------- plain forwarding */
 
-static void count_fallback(cg_gateway *g, const gw_call *c, const char *reason)
+/* Counts a request's fallback once, however many steps it takes (reason: static). */
+static void count_fallback(cg_gateway *g, gw_call *c, const char *reason)
 {
+    if (c->fallback_reason) return;
+    c->fallback_reason = reason;
     cg_metric_add(g->m_fallbacks, 1);
-    cg_metric_add(g->m_misses, (double)c->segs.n_keys);
     cg_metric_add(!strcmp(reason, "model")          ? g->m_fallback_model
                   : !strcmp(reason, "worker_error") ? g->m_fallback_worker_error
                                                     : g->m_fallback_no_worker,
@@ -238,7 +241,10 @@ static void count_fallback(cg_gateway *g, const gw_call *c, const char *reason)
 static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclude, const char *why)
 {
     cg_gateway *g = c->g;
-    if (reason) count_fallback(g, c, reason);
+    if (reason) {
+        count_fallback(g, c, reason);
+        cg_metric_add(g->m_misses, (double)c->segs.n_keys); /* nothing of it was looked at */
+    }
     cg_gw_target t = {.route = route_name(c),
                       .model = json_string_value(json_object_get(c->body, "model")),
                       .cached_tokens = -1,
@@ -345,9 +351,12 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
     cg_gateway *g = c->g;
     json_t *cb;
     if (c->chat) {
-        cb = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
+        cb = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len,
+                                      !g->has_backend);
+    } else if (!g->has_backend) {
+        cb = cg_gw_worker_fields(c->body); /* the worker answers: only what it reads */
     } else {
-        cb = json_copy(c->body); /* shallow: top-level edits only */
+        cb = json_copy(c->body); /* shallow: top-level edits only; unknown fields go along */
         for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
             json_object_del(cb, EXT_FIELDS[i]);
     }
@@ -375,6 +384,8 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
     cg_gw_relay_to(g, c->req, &t, text, strlen(text), c->stream, cc);
     call_free(c);
 }
+
+static void submit_assemble(gw_call *c);
 
 static void on_assembled(void *arg, cg_status st, long http, json_t *j, const char *detail)
 {
@@ -421,14 +432,27 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
     record(c, &a);
     complete(c, &a);
     goto out;
-fallback:
-    cg_log(CG_LOG_WARN, "falling back to the plain prompt: %s", why);
-    {
-        cg_worker *failed = c->w;
-        c->w = NULL;
-        forward_plain(c, "worker_error", failed, why);
+fallback: {
+    cg_worker *failed = c->w;
+    c->w = NULL;
+    /* Without --backend the plain prompt would go to another worker, which would split and
+     * assemble it anyway, out of the index's sight and with a chunk_cache that cannot say
+     * what it reused: assemble there instead, once. */
+    cg_worker *next =
+        !g->has_backend && !c->fallback_reason ? cg_workers_pick_any(g->workers, failed) : NULL;
+    if (next) {
+        cg_log(CG_LOG_WARN, "assembling on %s instead: %s", cg_worker_url(next), why);
+        count_fallback(g, c, "worker_error");
+        c->w = next;
+        c->kind = CG_ROUTE_LEAST_LOADED;
         cg_workers_release(g->workers, &failed);
+        submit_assemble(c);
+        goto out;
     }
+    cg_log(CG_LOG_WARN, "falling back to the plain prompt: %s", why);
+    forward_plain(c, "worker_error", failed, why);
+    cg_workers_release(g->workers, &failed);
+}
 out:
     json_decref(j);
     cg_wc_assembly_free(&a);
@@ -535,11 +559,18 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
     }
     /* Parsed: only a fallback to --backend may still forward the raw bytes. */
     if (!g->has_backend) cg_http_req_drop_body(req);
+    cg_log(CG_LOG_DEBUG, "routed to %s (%s, %lld cached tokens expected)", cg_worker_url(c->w),
+           cg_route_kind_name(c->kind), (long long)expect);
+    submit_assemble(c);
+}
+
+/* POST {c->w}/v1/assemble; on_assembled takes it from there. */
+static void submit_assemble(gw_call *c)
+{
+    cg_gateway *g = c->g;
     json_t *ab = assemble_body(c);
     char *text = json_dumps(ab, JSON_COMPACT);
     json_decref(ab);
-    cg_log(CG_LOG_DEBUG, "routed to %s (%s, %lld cached tokens expected)", cg_worker_url(c->w),
-           cg_route_kind_name(c->kind), (long long)expect);
     c->t0 = cg_now_ns();
     /* The answer may arrive (on the curl thread) before cg_wc_call returns: c is not ours
      * once the call is submitted. */
@@ -547,7 +578,7 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
     snprintf(url, sizeof url, "%s", cg_worker_url(c->w));
     if (cg_wc_call(g->client, url, "POST", "/v1/assemble", text, strlen(text), c->rid,
                    (long)g->cfg->worker_timeout_ms, on_assembled, c, NULL) != CG_OK) {
-        cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
+        cg_http_reply_error(c->req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
         call_free(c);
     }
 }

@@ -92,7 +92,14 @@ static cg_status get_messages(json_t *body, cg_chat_msg **out, size_t *n_out, cg
         }
         rows[i].role = json_string_value(role);
         json_t *c = json_object_get(m, "content");
-        if (!c || json_is_null(c)) continue; /* e.g. an assistant turn with tool calls */
+        if (!c || json_is_null(c)) {
+            /* Only an assistant turn may go without (its tool calls stand for it), as in
+             * OpenAI's API; every other message needs its content. */
+            if (!strcmp(rows[i].role, "assistant")) continue;
+            snprintf(msg, msglen, "messages[%zu].content is required for role %.32s", i,
+                     rows[i].role);
+            return CG_E_MISSING;
+        }
         if (json_is_string(c)) {
             rows[i].content = json_string_value(c);
             rows[i].content_len = json_string_length(c);

@@ -2,13 +2,14 @@
 # gateway crash safety, the key hash option, and one valgrind run. Each starts the real
 # chunkgate (and chunkgate-worker / tests/fake_backend) on loopback.
 if(TARGET chunkgate AND TARGET chunkgate-worker AND TARGET fake_backend)
-  set(CG_HARDEN_SUITES auth limits faults crash keyhash valgrind)
+  set(CG_HARDEN_SUITES auth limits faults crash keyhash valgrind conformance)
   set(CG_HARDEN_LIBS_auth cg_server)
   set(CG_HARDEN_LIBS_limits cg_server)
   set(CG_HARDEN_LIBS_faults cg_server PkgConfig::SQLITE)
   set(CG_HARDEN_LIBS_crash cg_server)
   set(CG_HARDEN_LIBS_keyhash cg_server)
   set(CG_HARDEN_LIBS_valgrind cg_server)
+  set(CG_HARDEN_LIBS_conformance cg_server)
   foreach(s ${CG_HARDEN_SUITES})
     if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_${s}.c)
       cg_check_test(NAME test_${s} SOURCES test_${s}.c harden_util.c

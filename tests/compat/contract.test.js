@@ -75,7 +75,10 @@ describe('gateway', () => {
     keys = cold.body.chunk_cache.segments.map((s) => s.key);
 
     const s = await g('post', '/v1/completions', {
-      body: { model: MODEL, prompt: ['Terse.', DOCS[1], DOCS[0], 'Press?'].join(SEP), max_tokens: 3, stream: true },
+      body: {
+        model: MODEL, prompt: ['Terse.', DOCS[1], DOCS[0], 'Press?'].join(SEP), max_tokens: 3, stream: true,
+        stream_options: { include_usage: true },
+      },
     });
     assert.equal(s.status, 200);
     const events = sseData(s.text);
@@ -84,7 +87,10 @@ describe('gateway', () => {
     assert.ok(chunks.length >= 2);
     chunks.forEach((c, i) => gw.checkSchema('Completion', c, `stream event ${i}`));
     assert.ok(chunks[0].chunk_cache, 'chunk_cache on the first event');
+    // usage only when asked, in a final chunk of its own (OpenAI's shape)
+    assert.deepEqual(chunks.at(-1).choices, []);
     assert.ok(chunks.at(-1).usage.prompt_tokens_details.cached_tokens > 0);
+    chunks.slice(0, -1).forEach((c) => assert.ok(!c.usage, 'usage on a choice chunk'));
   });
 
   test('chat: JSON and streamed answers match ChatCompletion', async () => {

@@ -19,6 +19,7 @@
 #include "cache/key.h"
 #include "server/gateway.h"
 #include "server/chatconv.h"
+#include "server/fields.h"
 #include "server/gwstate.h"
 #include "server/segments.h"
 #include "base/http.h"
@@ -209,12 +210,41 @@ static void helpers(json_t *body)
 static void conversions(json_t *body, const uint8_t *data, size_t size)
 {
     size_t plen = size < 64 ? size : 64;
-    json_t *c = cg_gw_chat_as_completion(body, (const char *)data, plen);
-    FUZZ_CHECK(json_is_object(c));
-    json_t *p = json_object_get(c, "prompt");
-    /* jansson refuses invalid UTF-8, so the prompt may be absent, never wrong */
-    if (p) FUZZ_CHECK(json_is_string(p) && json_string_length(p) == plen);
-    json_decref(c);
+    for (int to_worker = 0; to_worker <= 1; to_worker++) {
+        json_t *c = cg_gw_chat_as_completion(body, (const char *)data, plen, to_worker);
+        FUZZ_CHECK(json_is_object(c));
+        json_t *p = json_object_get(c, "prompt");
+        /* jansson refuses invalid UTF-8, so the prompt may be absent, never wrong */
+        if (p) FUZZ_CHECK(json_is_string(p) && json_string_length(p) == plen);
+        /* nothing of the gateway's, nothing chat-only; towards a worker, only known fields */
+        const char *k;
+        json_t *v;
+        json_object_foreach(c, k, v)
+        {
+            if (!strcmp(k, "prompt") || !strcmp(k, "max_tokens")) continue;
+            cg_field_rule r = cg_gw_field_rule(k, 1);
+            FUZZ_CHECK(r != CG_FIELD_GATEWAY && r != CG_FIELD_CHAT_ONLY && r != CG_FIELD_IGNORED &&
+                       r != CG_FIELD_CONVERTED);
+            if (to_worker) FUZZ_CHECK(r != CG_FIELD_UNKNOWN);
+            /* an unknown chat field never lands on a completions field of the same name */
+            if (r == CG_FIELD_UNKNOWN) FUZZ_CHECK(cg_gw_field_rule(k, 0) == CG_FIELD_UNKNOWN);
+        }
+        json_decref(c);
+    }
+    json_t *w = cg_gw_worker_fields(body);
+    const char *k;
+    json_t *v;
+    json_object_foreach(w, k, v)
+    {
+        cg_field_rule r = cg_gw_field_rule(k, 0);
+        FUZZ_CHECK(r == CG_FIELD_FORWARD || r == CG_FIELD_WORKER_REFUSES);
+        FUZZ_CHECK(json_object_get(body, k) == v);
+    }
+    json_decref(w);
+    const char *param = NULL;
+    char msg[256];
+    if (cg_gw_check_chat_fields(body, &param, msg, sizeof msg) != CG_OK)
+        FUZZ_CHECK(param && cg_gw_field_rule(param, 1) == CG_FIELD_CHAT_ONLY && msg[0]);
     for (int mode = 0; mode < 3; mode++) {
         json_t *ans = json_deep_copy(body);
         FUZZ_CHECK(ans != NULL);
