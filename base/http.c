@@ -122,7 +122,9 @@ struct cg_http_server {
     cg_http_params p;
     uint16_t port;
     pthread_mutex_t mu;
-    pthread_cond_t cv;      /* jobs queued / stopping */
+    pthread_cond_t cv;      /* jobs queued / stopping: job threads only, signalled one job at a
+                               time (a broadcast woke every idle job thread per request) */
+    pthread_cond_t hb_cv;   /* the heartbeat thread's timer / stopping */
     pthread_cond_t idle_cv; /* a job finished */
     cg_http_req *job_head, *job_tail;
     unsigned jobs_running;
@@ -372,7 +374,7 @@ static void *heartbeat_main(void *arg)
         uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)srv->p.heartbeat_ms * 1000000ull;
         ts.tv_sec += (time_t)(ns / 1000000000ull);
         ts.tv_nsec = (long)(ns % 1000000000ull);
-        pthread_cond_timedwait(&srv->cv, &srv->mu, &ts);
+        pthread_cond_timedwait(&srv->hb_cv, &srv->mu, &ts);
         if (srv->stopping) break;
         for (cg_stream *s = srv->streams; s; s = s->next) {
             pthread_mutex_lock(&s->mu);
@@ -1100,7 +1102,7 @@ static void enqueue_job(cg_http_server *srv, cg_http_req *r)
     if (srv->job_tail) srv->job_tail->next_job = r;
     else srv->job_head = r;
     srv->job_tail = r;
-    pthread_cond_broadcast(&srv->cv);
+    pthread_cond_signal(&srv->cv);
     pthread_mutex_unlock(&srv->mu);
 }
 
@@ -1199,9 +1201,17 @@ static CG_MHD_RESULT on_access(void *cls, struct MHD_Connection *conn, const cha
         if (!r->resp) cg_http_reply_error(r, CG_E_INTERNAL, NULL, "handler did not reply");
         return queue_reply(r);
     }
-    /* Suspend first, then hand over: the job may resume at once. */
+    /* Suspend first, then hand over: the job (or what the fast handler started) may resume
+     * at once. */
     r->suspended = 1;
     MHD_suspend_connection(conn);
+    cg_http_fast_handler fast = srv->p.fast ? srv->p.fast[r->route - srv->p.routes] : NULL;
+    if (fast) {
+        cg_log_set_request_id(r->rid);
+        int took = fast(r, srv->p.app);
+        cg_log_set_request_id(NULL);
+        if (took) return MHD_YES; /* r may already be answered: not touched again */
+    }
     enqueue_job(srv, r);
     return MHD_YES;
 }
@@ -1311,6 +1321,7 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
     if (!srv->p.max_json_depth) srv->p.max_json_depth = jl.max_depth;
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cv, NULL);
+    pthread_cond_init(&srv->hb_cv, NULL);
     pthread_cond_init(&srv->idle_cv, NULL);
     pthread_mutex_init(&srv->conn_mu, NULL);
     pthread_cond_init(&srv->conn_cv, NULL);
@@ -1334,9 +1345,11 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
     /* MHD splits its own limit between the io threads; ours (on_accept) is the real one, so
      * MHD's is set where no thread can reach it first. */
     unsigned mhd_limit = (srv->p.max_connections + 16) * threads;
-    /* The memory pool holds the request head, the header list and the I/O buffers: twice the
-     * largest head the framing check lets through, plus room for the buffers. */
-    size_t pool = srv->frame_limits.max_head_bytes * 2 + (32u << 10);
+    /* The memory pool holds the request head, the header list and the I/O buffers: the
+     * largest head the framing check lets through, plus room for 100 header entries and the
+     * buffers (test_http head_limits_inside_the_library holds it to that). Not more: the
+     * library clears the whole pool before every request of a connection. */
+    size_t pool = srv->frame_limits.max_head_bytes + (16u << 10);
     srv->d = MHD_start_daemon(
         flags, 0, on_accept, srv, on_access, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_CONNECTION_TIMEOUT,
@@ -1348,6 +1361,7 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
         cg_log(CG_LOG_ERROR, "cannot listen on %s: %s", p->listen, strerror(errno));
         pthread_mutex_destroy(&srv->mu);
         pthread_cond_destroy(&srv->cv);
+        pthread_cond_destroy(&srv->hb_cv);
         pthread_cond_destroy(&srv->idle_cv);
         pthread_mutex_destroy(&srv->conn_mu);
         pthread_cond_destroy(&srv->conn_cv);
@@ -1394,6 +1408,7 @@ void cg_http_close(cg_http_server **sp)
     pthread_mutex_lock(&srv->mu);
     srv->stopping = 1;
     pthread_cond_broadcast(&srv->cv);
+    pthread_cond_broadcast(&srv->hb_cv);
     pthread_mutex_unlock(&srv->mu);
     for (unsigned i = 0; i < CG_MAX(1u, srv->p.job_threads); i++)
         pthread_join(srv->job_threads[i], NULL);
@@ -1430,6 +1445,7 @@ void cg_http_close(cg_http_server **sp)
     free(srv->job_threads);
     pthread_mutex_destroy(&srv->mu);
     pthread_cond_destroy(&srv->cv);
+    pthread_cond_destroy(&srv->hb_cv);
     pthread_cond_destroy(&srv->idle_cv);
     pthread_mutex_destroy(&srv->conn_mu);
     pthread_cond_destroy(&srv->conn_cv);

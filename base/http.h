@@ -31,6 +31,11 @@ typedef struct cg_stream cg_stream;
 /* A route handler. It must end the request with exactly one cg_http_reply_* call (from any
  * thread, possibly later); after that it must not touch req. */
 typedef void (*cg_http_handler)(cg_http_req *req, void *app);
+/* A route's fast handler, tried on the MHD thread when the body is complete, before the
+ * request goes to the job pool: returns 1 when it took the request (it then ends it exactly
+ * as a handler does, now or later from any thread), 0 to leave it to the handler, untouched.
+ * It must not block. */
+typedef int (*cg_http_fast_handler)(cg_http_req *req, void *app);
 
 /* Route flags. Auth (the bearer token, compared in constant time with cg_secret_equal):
  *   ADMIN        the admin token. Without an admin token the route is open, unless API keys
@@ -92,6 +97,9 @@ typedef struct cg_http_params {
     const char *const *api_keys; /* borrowed, NULL-terminated; NULL = inference routes open */
     const cg_http_route *routes; /* borrowed, n_routes entries, must outlive the server */
     size_t n_routes;
+    const cg_http_fast_handler *fast; /* borrowed, NULL or n_routes entries: routes[i]'s fast
+                                         handler or NULL; saves the job-pool hop for what it
+                                         can take */
     void *app;                 /* passed to handlers and done */
     cg_http_done_fn done;
     int no_framing_check;      /* 1: leave the raw request framing to libmicrohttpd alone (its

@@ -152,7 +152,8 @@ START_TEST(stream_usage_only_when_asked_final_chunk)
                                      "messages", "role", "user", "content", text)
                          : json_pack("{s:s, s:b, s:s}", "model", "m", "stream", 1, "prompt", text);
                 if (asked)
-                    json_object_set_new(b, "stream_options", json_pack("{s:b}", "include_usage", 1));
+                    json_object_set_new(b, "stream_options",
+                                        json_pack("{s:b}", "include_usage", 1));
                 char *s = json_dumps(b, JSON_COMPACT);
                 json_decref(b);
                 char **ev;
@@ -202,14 +203,15 @@ START_TEST(chat_parameters_refused_by_name)
     for (int sep = 0; sep <= 1; sep++)
         for (size_t i = 0; i < CG_ARRAY_LEN(cases); i++) {
             const char *content = sep ? "A system. # # A document. # # A question?" : "Hello?";
-            json_t *b = json_pack("{s:s, s:i, s:f, s:[{s:s, s:s}]}", "model", MODEL,
-                                  "max_tokens", 2, "temperature", 0.0, "messages", "role", "user",
-                                  "content", content);
-            json_object_set_new(b, cases[i].field, json_loads(cases[i].value, JSON_DECODE_ANY, NULL));
+            json_t *b =
+                json_pack("{s:s, s:i, s:f, s:[{s:s, s:s}]}", "model", MODEL, "max_tokens", 2,
+                          "temperature", 0.0, "messages", "role", "user", "content", content);
+            json_object_set_new(b, cases[i].field,
+                                json_loads(cases[i].value, JSON_DECODE_ANY, NULL));
             char code[64], param[64];
             long st = post(gww.port, "/v1/chat/completions", b, code, param, NULL);
-            ck_assert_msg(st == cases[i].status, "%s %s (separators %d): HTTP %ld %s", cases[i].field,
-                          cases[i].value, sep, st, code);
+            ck_assert_msg(st == cases[i].status, "%s %s (separators %d): HTTP %ld %s",
+                          cases[i].field, cases[i].value, sep, st, code);
             if (cases[i].param) ck_assert_str_eq(param, cases[i].param);
         }
     /* through --backend the chat itself is forwarded: its tools reach the backend */
@@ -243,8 +245,8 @@ START_TEST(unknown_fields_rule)
         long st = post(gww.port, "/v1/completions", b, code, NULL, NULL);
         ck_assert_msg(st == 200, "separators %d: HTTP %ld %s", sep, st, code);
     }
-    json_t *b = json_pack("{s:s, s:s, s:i}", "model", "m", "prompt", "Hello # # doc # # q?",
-                          "vendor_x", 7);
+    json_t *b =
+        json_pack("{s:s, s:s, s:i}", "model", "m", "prompt", "Hello # # doc # # q?", "vendor_x", 7);
     json_t *ans;
     ck_assert_int_eq(post(gwb.port, "/v1/completions", b, NULL, NULL, &ans), 200);
     json_t *fields = json_object_get(json_object_get(ans, "fake"), "fields");
@@ -285,6 +287,39 @@ START_TEST(context_length_exceeded_on_every_path)
 }
 END_TEST
 
+/* ------------------------------------------------------------ fast path */
+
+/* A pass-through completion takes the fast path (its bytes are forwarded as they came, from
+ * the HTTP thread); the same request written with an escape in its prompt takes the ordinary
+ * path (jansson, split, the job pool). Both answers are the same, and both are counted. */
+START_TEST(pass_through_fast_and_ordinary_paths_agree)
+{
+    const char *fast_body = "{\"model\":\"m\",\"prompt\":\"Say hello there.\",\"max_tokens\":3,"
+                            "\"vendor\":[1,\"x\"]}";
+    const char *slow_body = "{\"model\":\"m\",\"prompt\":\"Say hello\\u0020there.\",\"max_tokens\":3,"
+                            "\"vendor\":[1,\"x\"]}";
+    double before = hu_metric(gwb.port, "chunkgate_passthrough_total");
+    double fast0 = hu_metric(gwb.port, "chunkgate_fast_path_total");
+    json_t *ans[2];
+    for (int i = 0; i < 2; i++) {
+        hu_resp r;
+        const char *rid[] = {"X-Request-Id: same-id", NULL};
+        hu_http(&r, gwb.port, "POST", "/v1/completions", i ? slow_body : fast_body, NULL, rid);
+        ck_assert_int_eq(r.status, 200);
+        ans[i] = hu_json(&r);
+        hu_resp_free(&r);
+        ck_assert_double_eq(hu_metric(gwb.port, "chunkgate_fast_path_total"), fast0 + 1);
+    }
+    char *a = json_dumps(ans[0], JSON_SORT_KEYS), *b = json_dumps(ans[1], JSON_SORT_KEYS);
+    ck_assert_msg(!strcmp(a, b), "fast: %s\nordinary: %s", a, b);
+    free(a);
+    free(b);
+    json_decref(ans[0]);
+    json_decref(ans[1]);
+    ck_assert_double_eq(hu_metric(gwb.port, "chunkgate_passthrough_total"), before + 2);
+}
+END_TEST
+
 /* ------------------------------------------------------------ fallback */
 
 /* Worker A holds the request's chunks but fails its assemble (its one assembly slot is held);
@@ -292,22 +327,22 @@ END_TEST
  * names B and its hits, and they add up to usage.prompt_tokens_details.cached_tokens. */
 START_TEST(fallback_chunk_cache_agrees_with_cached_tokens)
 {
-    const char *ex[] = {"--worker", ua, "--health-interval-ms", "200", "--sync-interval-ms", "0",
-                        NULL};
+    const char *ex[] = {"--worker", ua,  "--health-interval-ms", "200", "--sync-interval-ms",
+                        "0",        NULL};
     hu_proc g;
     if (hu_start_gateway(&g, CHUNKGATE_BIN, "gfallback", ex) != 0) die("gateway", &g);
     ck_assert(hu_wait_worker(g.port, NULL, ua, 1));
     const char *prompt = "Fallback system prompt. # # Fallback document: the ferry leaves at "
                          "nine and returns at five. # # When does the ferry leave?";
-    json_t *req = json_pack("{s:s, s:s, s:i, s:f}", "model", MODEL, "prompt", prompt,
-                            "max_tokens", 2, "temperature", 0.0);
+    json_t *req = json_pack("{s:s, s:s, s:i, s:f}", "model", MODEL, "prompt", prompt, "max_tokens",
+                            2, "temperature", 0.0);
     /* A holds the chunks, through this gateway (A alone): the index knows */
     hu_resp r;
     const char *ct[] = {"Content-Type: application/json", NULL};
     json_t *ans;
     ck_assert_int_eq(post(g.port, "/v1/completions", json_incref(req), NULL, NULL, &ans), 200);
-    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(ans, "chunk_cache"), "worker")),
-                     ua);
+    ck_assert_str_eq(
+        json_string_value(json_object_get(json_object_get(ans, "chunk_cache"), "worker")), ua);
     json_decref(ans);
     /* B joins; it is synced as it appears, holding nothing yet */
     char body[160];
@@ -345,8 +380,9 @@ START_TEST(fallback_chunk_cache_agrees_with_cached_tokens)
         hit_tokens += json_integer_value(json_object_get(s, "tokens"));
     }
     const char *worker = json_string_value(json_object_get(cc, "worker"));
-    fprintf(stderr, "fallback: worker %s, fallback %d, %d hits, %lld hit tokens, cached_tokens "
-                    "%lld\n",
+    fprintf(stderr,
+            "fallback: worker %s, fallback %d, %d hits, %lld hit tokens, cached_tokens "
+            "%lld\n",
             worker ? worker : "null", json_is_true(json_object_get(cc, "fallback")), hits,
             hit_tokens, cached);
     ck_assert(json_is_true(json_object_get(cc, "fallback")));
@@ -377,6 +413,7 @@ int main(void)
     tcase_add_test(tc, chat_parameters_refused_by_name);
     tcase_add_test(tc, unknown_fields_rule);
     tcase_add_test(tc, context_length_exceeded_on_every_path);
+    tcase_add_test(tc, pass_through_fast_and_ordinary_paths_agree);
     tcase_add_test(tc, fallback_chunk_cache_agrees_with_cached_tokens);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);

@@ -216,6 +216,35 @@ static void h_idle(cg_http_req *r, void *app)
     pthread_detach(t);
 }
 
+/* A route with a fast handler: "inline" is answered on the MHD thread, "later" from another
+ * thread after the fast handler returned, anything else goes to the job pool. */
+static void h_fast_job(cg_http_req *r, void *app)
+{
+    cg_http_reply_json(r, 200, json_pack("{s:s}", "path", "job"));
+}
+static void *fast_later(void *arg)
+{
+    sleep_ms(30);
+    cg_http_reply_json(arg, 200, json_pack("{s:s}", "path", "later"));
+    return NULL;
+}
+static int h_fast(cg_http_req *r, void *app)
+{
+    size_t n;
+    const char *b = cg_http_req_body(r, &n);
+    if (n == 6 && !memcmp(b, "inline", 6)) {
+        cg_http_reply_json(r, 200, json_pack("{s:s}", "path", "inline"));
+        return 1;
+    }
+    if (n == 5 && !memcmp(b, "later", 5)) {
+        pthread_t t;
+        pthread_create(&t, NULL, fast_later, r);
+        pthread_detach(t);
+        return 1;
+    }
+    return 0;
+}
+
 static const cg_http_route routes[] = {
     {"GET", "/t/hello", h_hello, CG_ROUTE_INLINE, "hello"},
     {"GET", "/t/items/*", h_item, 0, "item"},
@@ -229,7 +258,9 @@ static const cg_http_route routes[] = {
     {"GET", "/t/slow", h_slow, 0, "slow"},
     {"GET", "/t/nowait", h_nowait, 0, "nowait"},
     {"GET", "/t/idle", h_idle, 0, "idle"},
+    {"POST", "/t/fast", h_fast_job, 0, "fast"},
 };
+static cg_http_fast_handler fast[sizeof routes / sizeof routes[0]];
 
 static const char *const api_keys[] = {"key-one", "key-two", NULL};
 static int done_calls;
@@ -256,6 +287,8 @@ static void setup(void)
     p.api_keys = api_keys;
     p.routes = routes;
     p.n_routes = sizeof routes / sizeof routes[0];
+    fast[p.n_routes - 1] = h_fast;
+    p.fast = fast;
     p.done = on_done;
     ck_assert_int_eq(cg_http_open(&p, &srv), CG_OK);
     port = cg_http_port(srv);
@@ -526,6 +559,33 @@ START_TEST(routing)
     ck_assert_str_eq(done_last_route, "late");
     ck_assert_int_ge(done_calls, 10);
     pthread_mutex_unlock(&prod_mu);
+}
+END_TEST
+
+/* A fast handler takes what it can on the MHD thread (answering at once or later, from
+ * another thread), and leaves the rest to the job pool; over keep-alive too. */
+START_TEST(fast_handlers)
+{
+    const char *bodies[] = {"inline", "later", "other", "inline", "later"};
+    const char *paths[] = {"inline", "later", "job", "inline", "later"};
+    for (size_t i = 0; i < 5; i++) {
+        resp r = {0};
+        http(&r, "POST", "/t/fast", bodies[i], strlen(bodies[i]), NULL, 0);
+        ck_assert_int_eq(r.status, 200);
+        json_t *j = body_json(&r);
+        ck_assert_str_eq(json_string_value(json_object_get(j, "path")), paths[i]);
+        ck_assert_str_ne(r.rid, "");
+        json_decref(j);
+        cg_buf_free(&r.body);
+    }
+    /* pipelined on one connection: the answers come in order */
+    const char *two = "POST /t/fast HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nlater"
+                      "POST /t/fast HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\nConnection: "
+                      "close\r\n\r\ninline";
+    char *ans = raw_exchange(port, two, strlen(two));
+    const char *a = strstr(ans, "\"later\""), *b = strstr(ans, "\"inline\"");
+    ck_assert_msg(a && b && a < b, "%s", ans);
+    free(ans);
 }
 END_TEST
 
@@ -1249,6 +1309,30 @@ START_TEST(head_limits_inside_the_library)
         free(ans);
         cg_buf_free(&b);
     }
+    /* the raw head at its cap (16 KiB + 8 KiB + 8 KiB): an 8 KiB target, 100 fields, blanks */
+    for (int past = 0; past <= 1; past++) {
+        cg_buf_init(&b, 0);
+        char target[8193];
+        memset(target, 't', 8192);
+        target[0] = '/';
+        target[8192] = '\0';
+        ck_assert_int_eq(cg_buf_printf(&b, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+                                       target),
+                         CG_OK);
+        for (int i = 0; i < 97; i++) ck_assert_int_eq(cg_buf_printf(&b, "X-%03d: v\r\n", i), CG_OK);
+        size_t blanks = 32768 - b.len - strlen("X-end: v\r\n\r\n") + (size_t)past;
+        ck_assert_int_eq(cg_buf_append(&b, "X-end: ", 7), CG_OK);
+        for (size_t i = 0; i < blanks; i++) ck_assert_int_eq(cg_buf_append(&b, " ", 1), CG_OK);
+        ck_assert_int_eq(cg_buf_append(&b, "v\r\n\r\n", 5), CG_OK);
+        ck_assert_uint_eq(b.len, 32768 + (size_t)past);
+        char *ans = raw_exchange(port, b.data, b.len);
+        if (past)
+            assert_raw_error(ans, 431, "request_header_fields_too_large");
+        else
+            assert_raw_error(ans, 404, "not_found");
+        free(ans);
+        cg_buf_free(&b);
+    }
 }
 END_TEST
 
@@ -1279,6 +1363,7 @@ int main(void)
     tcase_add_test(tc, routing);
     tcase_add_test(tc, json_body);
     tcase_add_test(tc, json_limits_scan);
+    tcase_add_test(tc, fast_handlers);
     tcase_add_test(tc, body_caps);
     tcase_add_test(tc, request_ids);
     tcase_add_test(tc, bearer_auth);

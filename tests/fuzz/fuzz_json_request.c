@@ -8,6 +8,8 @@
  * body, cg_gw_to_chat on the body taken as an upstream answer).
  * The HTTP plumbing (cg_http_req), forward_body() and the handlers themselves are static in
  * server/infer.c and server/admin.c and are not reached (see tests/README.md).
+ * The pass-through fast path's scan (cg_gw_fast_scan) is checked against jansson: whatever it
+ * accepts, jansson parses into exactly the members it reported, with the same values.
  * Invariants: no crash or leak; the limited parse accepts what jansson accepts unless it
  * refuses with CG_E_JSON_LIMIT (or a duplicate key), and then the text really is too deep or
  * too big by a naive count; every refusal is a 4xx status naming a field with a message;
@@ -19,6 +21,7 @@
 #include "cache/key.h"
 #include "server/gateway.h"
 #include "server/chatconv.h"
+#include "server/fastpath.h"
 #include "server/fields.h"
 #include "server/gwstate.h"
 #include "server/segments.h"
@@ -282,6 +285,35 @@ static void naive_count(json_t *v, unsigned depth, size_t *values, unsigned *max
     if (json_is_object(v)) json_object_foreach(v, k, x) naive_count(x, depth, values, max_depth);
 }
 
+/* cg_gw_fast_scan against jansson: an accepted text is an object of exactly those members,
+ * each with the value its raw text parses to (a string without escapes: its raw bytes). */
+static void fast_scan(const uint8_t *data, size_t size, const cg_json_limits *lim)
+{
+    cg_fast_member m[16];
+    size_t n;
+    if (!cg_gw_fast_scan((const char *)data, size, lim, m, 16, &n)) return;
+    json_error_t err;
+    json_t *o = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &err);
+    FUZZ_CHECK(json_is_object(o) && json_object_size(o) == n);
+    FUZZ_CHECK(cg_json_check_limits((const char *)data, size, lim, NULL, 0) == CG_OK);
+    for (size_t i = 0; i < n; i++) {
+        FUZZ_CHECK(m[i].key >= (const char *)data && m[i].key + m[i].key_len <= (const char *)data + size);
+        char *k = fuzz_strndup(m[i].key, m[i].key_len);
+        json_t *v = json_object_get(o, k);
+        FUZZ_CHECK(v != NULL);
+        json_t *raw = json_loadb(m[i].val, m[i].val_len, JSON_DECODE_ANY, &err);
+        FUZZ_CHECK(raw && json_equal(raw, v));
+        FUZZ_CHECK(m[i].type != 's' || json_is_string(v));
+        FUZZ_CHECK(m[i].type != 'a' || json_is_array(v));
+        if (m[i].type == 's' && !m[i].escaped)
+            FUZZ_CHECK(json_string_length(v) == m[i].val_len - 2 &&
+                       !memcmp(json_string_value(v), m[i].val + 1, m[i].val_len - 2));
+        json_decref(raw);
+        free(k);
+    }
+    json_decref(o);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     json_error_t err;
@@ -301,7 +333,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(depth <= lim.max_depth && values <= lim.max_values + 1);
     } else {
         FUZZ_CHECK(lst != CG_OK && lmsg[0] && cg_status_http(lst) == 400);
-        if (lst == CG_E_JSON_LIMIT && body) {
+        json_t *strict = body ? json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &err)
+                              : NULL;
+        int no_dups = strict != NULL;
+        json_decref(strict);
+        /* (with duplicate keys the parsed object lost values the text still counts) */
+        if (lst == CG_E_JSON_LIMIT && no_dups) {
             size_t values = 0;
             unsigned depth = 0;
             naive_count(body, 0, &values, &depth);
@@ -312,6 +349,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FUZZ_CHECK(strstr(lmsg, "duplicate") != NULL); /* the only other difference */
     }
     json_decref(limited);
+    fast_scan(data, size, &lim);
     if (!body) {
         FUZZ_CHECK(err.text[0] != '\0');
         return 0;

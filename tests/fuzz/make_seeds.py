@@ -195,6 +195,16 @@ def json_seeds():
                                          "logprobs": None}],
                             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
     j("answer_chunk_odd", {"id": "x" * 200, "choices": [{"text": ""}, 5, {"text": None}]})
+    # pass-through bodies the fast path's scan takes (and some it must leave alone)
+    j("fast_plain", '{"model":"m","prompt":"Plain question, no separator.","max_tokens":16,'
+                    '"temperature":0.5,"stop":["\\n","END"],"user":"u-1","stream":false}')
+    j("fast_prompt_array", ' { "model" : "m" , "prompt" : [ "one string" ] , "max_tokens" : null } ')
+    j("fast_escapes", '{"model":"m","prompt":"tab\\there \\u00e9 \\"quoted\\"","seed":-0,"top_p":0.25}')
+    j("fast_surrogates", '{"model":"m","prompt":"\\ud83d\\ude00 pair","x":"\\udc00"}')
+    j("fast_duplicate_top", '{"model":"m","prompt":"a","model":"n"}')
+    j("fast_nested", '{"model":"m","prompt":"a","stream_options":{"include_usage":true}}')
+    j("fast_numbers", '{"model":"m","prompt":"a","a":123456789012345678,"b":1234567890123456789,'
+                      '"c":1.5e3,"d":-0.000,"e":01}')
 
 
 # ---- fuzz_kvwire: [mode][bytes]
