@@ -158,7 +158,8 @@ static int count(scan *s)
 int cg_gw_fast_scan(const char *text, size_t len, const cg_json_limits *l, cg_fast_member *m,
                     size_t max_members, size_t *n)
 {
-    scan s = {text, text + len, 0, l};
+    /* counted as cg_json_check_limits counts: 1 + arrays and objects + commas */
+    scan s = {text, text + len, 1, l};
     *n = 0;
     if (l->max_depth < 2) return 0;
     ws(&s);
@@ -170,7 +171,7 @@ int cg_gw_fast_scan(const char *text, size_t len, const cg_json_limits *l, cg_fa
         goto end;
     }
     for (;;) {
-        if (s.p >= s.e || *s.p != '"' || *n == max_members || !count(&s)) return 0;
+        if (s.p >= s.e || *s.p != '"' || *n == max_members) return 0;
         cg_fast_member *mm = &m[*n];
         int esc;
         mm->key = s.p + 1;
@@ -186,6 +187,7 @@ int cg_gw_fast_scan(const char *text, size_t len, const cg_json_limits *l, cg_fa
         mm->escaped = 0;
         if (s.p < s.e && *s.p == '[') {
             mm->type = 'a';
+            if (!count(&s)) return 0;
             s.p++;
             ws(&s);
             if (s.p < s.e && *s.p == ']') {
@@ -194,10 +196,11 @@ int cg_gw_fast_scan(const char *text, size_t len, const cg_json_limits *l, cg_fa
                 for (;;) {
                     char t;
                     int e;
-                    if (!count(&s) || !scalar(&s, &t, &e)) return 0;
+                    if (!scalar(&s, &t, &e)) return 0;
                     mm->escaped |= e;
                     ws(&s);
                     if (s.p < s.e && *s.p == ',') {
+                        if (!count(&s)) return 0;
                         s.p++;
                         ws(&s);
                         continue;
@@ -216,6 +219,7 @@ int cg_gw_fast_scan(const char *text, size_t len, const cg_json_limits *l, cg_fa
         (*n)++;
         ws(&s);
         if (s.p < s.e && *s.p == ',') {
+            if (!count(&s)) return 0;
             s.p++;
             ws(&s);
             continue;
