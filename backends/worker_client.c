@@ -165,6 +165,9 @@ cg_status cg_wc_info_parse(json_t *j, cg_wc_info *out, char *err, size_t errlen)
     out->n_kv_heads = json_integer_value(json_object_get(j, "n_kv_heads"));
     out->head_dim = json_integer_value(json_object_get(j, "head_dim"));
     out->max_positions = json_integer_value(json_object_get(j, "max_positions"));
+    out->chat_template = dup_field(j, "chat_template");
+    out->bos_token = dup_field(j, "bos_token");
+    out->eos_token = dup_field(j, "eos_token");
     /* A restart marker, when the worker has one: a new value means a new process whose cache
      * may differ from what the index knows. */
     const char *names[] = {"instance_id", "started_ms", "start_time"};
@@ -178,6 +181,9 @@ cg_status cg_wc_info_parse(json_t *j, cg_wc_info *out, char *err, size_t errlen)
             out->instance = cg_strdup(buf);
         }
     }
+    json_t *rt = json_object_get(j, "remote_tier");
+    const char *rid = json_string_value(json_object_get(rt, "id"));
+    if (rid && rid[0]) out->remote_tier = cg_strndup(rid, strnlen(rid, 512));
     const char *missing = !out->model         ? "model"
                           : !out->dtype       ? "dtype"
                           : !out->rope_style  ? "rope_style"
@@ -200,6 +206,10 @@ void cg_wc_info_clear(cg_wc_info *i)
     free(i->key_version);
     free(i->key_hash);
     free(i->instance);
+    free(i->chat_template);
+    free(i->bos_token);
+    free(i->eos_token);
+    free(i->remote_tier);
     memset(i, 0, sizeof *i);
 }
 
@@ -217,6 +227,10 @@ void cg_wc_info_copy(cg_wc_info *dst, const cg_wc_info *src)
     dst->key_version = dup_or_null(src->key_version);
     dst->key_hash = dup_or_null(src->key_hash);
     dst->instance = dup_or_null(src->instance);
+    dst->chat_template = dup_or_null(src->chat_template);
+    dst->bos_token = dup_or_null(src->bos_token);
+    dst->eos_token = dup_or_null(src->eos_token);
+    dst->remote_tier = dup_or_null(src->remote_tier);
 }
 
 int cg_wc_info_compatible(const cg_wc_info *a, const cg_wc_info *b, char *msg, size_t msglen)
@@ -234,6 +248,13 @@ int cg_wc_info_compatible(const cg_wc_info *a, const cg_wc_info *b, char *msg, s
                      s[i].y ? s[i].y : "");
             return 0;
         }
+    /* the gateway renders chats with the pool's template: a worker rendering another would
+     * key the same chat differently */
+    if (strcmp(a->chat_template ? a->chat_template : "", b->chat_template ? b->chat_template : "")) {
+        snprintf(msg, msglen, "chat_template differs from the other workers' (give every worker "
+                              "the same --chat-template)");
+        return 0;
+    }
     const struct {
         const char *name;
         int64_t x, y;

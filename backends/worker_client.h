@@ -51,7 +51,11 @@ typedef struct cg_wc_info {
     char *key_hash; /* owned; "xxhash" when the worker does not report key_hash */
     char *instance; /* owned; the worker's instance id or start time when it reports one
                        (instance_id, started_ms or start_time), else NULL */
+    char *remote_tier; /* owned; the id of the shared remote tier it reads and writes
+                          (remote_tier.id), else NULL: workers with the same id share one */
     int64_t n_layers, n_kv_heads, head_dim, max_positions;
+    char *chat_template;        /* owned; the model's chat template, NULL when it has none */
+    char *bos_token, *eos_token; /* owned; its special-token strings, NULL when none */
 } cg_wc_info;
 
 /* Parses an info answer into *out (zeroed first; clear with cg_wc_info_clear). CG_E_VALUE
@@ -61,7 +65,8 @@ void cg_wc_info_clear(cg_wc_info *i);
 /* Copies src into *dst (dst zeroed or cleared first). */
 void cg_wc_info_copy(cg_wc_info *dst, const cg_wc_info *src);
 /* 1 when two workers can share one index: same model id, dtype, RoPE style, key version, key
- * hash and KV geometry (layers, KV heads, head dim). Otherwise 0 and msg names the first difference. */
+ * hash, chat template and KV geometry (layers, KV heads, head dim). Otherwise 0 and msg names
+ * the first difference. */
 int cg_wc_info_compatible(const cg_wc_info *a, const cg_wc_info *b, char *msg, size_t msglen);
 
 /* ---- POST /v1/assemble ---- */
@@ -72,7 +77,7 @@ typedef struct cg_wc_seg {
     int64_t offset, n_tokens;
     int hit;      /* its KV came from the worker's pool */
     int stored;   /* a miss whose KV is now in the pool */
-    char tier[8]; /* where a hit came from ("ram", "disk"), "miss" otherwise */
+    char tier[8]; /* where a hit came from ("ram", "disk", "remote"), "miss" otherwise */
 } cg_wc_seg;
 
 typedef struct cg_wc_assembly {

@@ -155,6 +155,19 @@ void cg_metric_observe(cg_metric *h, double v)
     pthread_mutex_unlock(&update_mu);
 }
 
+void cg_metric_hist_load(cg_metric *h, const uint64_t *counts, size_t n, double sum)
+{
+    if (h->type != M_HISTOGRAM || n != h->n_bounds + 1) return;
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += counts[i];
+    pthread_mutex_lock(&update_mu);
+    memcpy(h->counts, counts, n * sizeof *counts);
+    h->count = total;
+    h->sum = sum;
+    pthread_mutex_unlock(&update_mu);
+}
+
 void cg_metrics_inc(cg_metrics *m, const char *name, const char *help, const char *labels, double v)
 {
     cg_metric_add(cg_metrics_counter(m, name, help, labels), v);

@@ -26,6 +26,10 @@ void cg_metric_add(cg_metric *c, double v);      /* counters (v >= 0) and gauges
 void cg_metric_set(cg_metric *g, double v);      /* gauges */
 void cg_metric_observe(cg_metric *h, double v);  /* histograms */
 double cg_metric_value(cg_metric *c);            /* counters and gauges; for tests and stats */
+/* Histograms whose observations are counted elsewhere (e.g. with atomics on a hot path): sets
+ * the per-bucket counts (not cumulative; n_bounds + 1 of them, the last one +Inf) and the sum.
+ * counts is borrowed; n must equal the histogram's n_bounds + 1 (otherwise nothing changes). */
+void cg_metric_hist_load(cg_metric *h, const uint64_t *counts, size_t n, double sum);
 
 /* Convenience: add v to the counter name{labels}, creating it on first use. */
 void cg_metrics_inc(cg_metrics *m, const char *name, const char *help, const char *labels, double v);

@@ -109,6 +109,34 @@ static timing time_attn(const shape *sh, const cg_attn_span *spans, size_t ns, u
     return res;
 }
 
+/* One BLAS call to time: c = a * b (m x k times k x n) when n > 0, else the sgemv y = a x
+ * (m rows of k). */
+typedef struct blas_job {
+    int m, n, k;
+    const float *a, *b;
+    float *c;
+} blas_job;
+
+/* Best seconds of reps runs of j (after one warm-up) at `threads` OpenBLAS threads. */
+static double best_blas(const blas_job *j, int threads, int reps)
+{
+    openblas_set_num_threads(threads);
+    double best = 1e30;
+    for (int r = -1; r < reps; r++) {
+        double t0 = now_s();
+        if (j->n > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->m, j->n, j->k, 1.0f, j->a,
+                        j->k, j->b, j->n, 0.0f, j->c, j->n);
+        else
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, j->m, j->k, 1.0f, j->a, j->k, j->b, 1, 0.0f,
+                        j->c, 1);
+        double t = now_s() - t0;
+        if (r >= 0 && t < best) best = t;
+    }
+    openblas_set_num_threads(1);
+    return best;
+}
+
 /* Best GFLOP/s of a square-ish sgemm with about `flops` FLOPs at `threads` OpenBLAS threads. */
 static double sgemm_gflops(double flops, int threads, int reps)
 {
@@ -119,16 +147,7 @@ static double sgemm_gflops(double flops, int threads, int reps)
     float *c = cg_malloc((size_t)n * n * sizeof(float));
     fill(a, (size_t)n * n, 1);
     fill(b, (size_t)n * n, 2);
-    openblas_set_num_threads(threads);
-    double best = 1e30;
-    for (int r = -1; r < reps; r++) {
-        double t0 = now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
-                    n);
-        double t = now_s() - t0;
-        if (r >= 0 && t < best) best = t;
-    }
-    openblas_set_num_threads(1);
+    double best = best_blas(&(blas_job){n, n, n, a, b, c}, threads, reps);
     free(a);
     free(b);
     free(c);
@@ -145,15 +164,7 @@ static double sgemv_time(size_t floats, int dim, int threads, int reps)
     float *y = cg_malloc(rows * sizeof(float));
     fill(a, rows * (size_t)dim, 3);
     fill(x, (size_t)dim, 4);
-    openblas_set_num_threads(threads);
-    double best = 1e30;
-    for (int r = -1; r < reps; r++) {
-        double t0 = now_s();
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)rows, dim, 1.0f, a, dim, x, 1, 0.0f, y, 1);
-        double t = now_s() - t0;
-        if (r >= 0 && t < best) best = t;
-    }
-    openblas_set_num_threads(1);
+    double best = best_blas(&(blas_job){(int)rows, 0, dim, a, x, y}, threads, reps);
     free(a);
     free(x);
     free(y);

@@ -9,95 +9,19 @@
  *        (default 5)] [--log-level L (gateway, default info)] [--doc-bytes B (default 1024)]
  * The binaries come from the build tree; a tiny model is generated into a temp directory. */
 #include <curl/curl.h>
-#include <fcntl.h>
 #include <jansson.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/base.h"
 #include "cache/key.h"
+#include "tests/harness/harness.h"
 
 #define MODEL "chunkgate-tiny"
 #define MAX_CLIENTS 64
-
-static char tmp[128];
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* ------------------------------------------------------------ processes */
-
-static pid_t spawn(const char *bin, const char *const *args, const char *log)
-{
-    char *argv[48];
-    int n = 0;
-    argv[n++] = (char *)bin;
-    for (; *args; args++)
-        argv[n++] = (char *)*args;
-    argv[n] = NULL;
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-        execv(bin, argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* A loopback port that was free a moment ago. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {0};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(0x7f000001);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) return -1;
-    socklen_t len = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
-static size_t discard(char *d, size_t sz, size_t n, void *ud)
-{
-    return sz * n;
-}
-
-/* Waits up to 30 s for GET /healthz on port to answer 200. */
-static int wait_healthz(int port)
-{
-    char url[64];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/healthz", port);
-    for (int i = 0; i < 1500; i++) {
-        CURL *e = curl_easy_init();
-        curl_easy_setopt(e, CURLOPT_URL, url);
-        curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard);
-        curl_easy_setopt(e, CURLOPT_TIMEOUT, 2L);
-        long st = 0;
-        if (curl_easy_perform(e) == CURLE_OK) curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &st);
-        curl_easy_cleanup(e);
-        if (st == 200) return 1;
-        sleep_ms(20);
-    }
-    return 0;
-}
 
 /* ------------------------------------------------------------ HTTP */
 
@@ -117,16 +41,8 @@ static size_t on_write(char *d, size_t sz, size_t n, void *ud)
 static void conn_init(conn *c)
 {
     memset(c, 0, sizeof *c);
-    c->e = curl_easy_init();
     cg_buf_init(&c->body, 0);
-    c->h = curl_slist_append(NULL, "Content-Type: application/json");
-    c->h = curl_slist_append(c->h, "Expect:");
-    curl_easy_setopt(c->e, CURLOPT_HTTPHEADER, c->h);
-    curl_easy_setopt(c->e, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(c->e, CURLOPT_WRITEDATA, c);
-    curl_easy_setopt(c->e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c->e, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(c->e, CURLOPT_TIMEOUT, 120L);
+    c->e = th_easy_json(on_write, c, 120, &c->h);
 }
 
 /* Prepares a POST on c (keep-alive: the handle keeps its connection). */
@@ -153,6 +69,18 @@ static void conn_free(conn *c)
 }
 
 /* ------------------------------------------------------------ workload */
+
+/* The options (see the top of the file). */
+static struct {
+    int requests;
+    double seconds;
+    const char *level;
+    size_t doc_bytes;
+} opt = {400, 5, "info", 1024};
+static const th_opt OPTS[] = {{"--requests", TH_OPT_INT, &opt.requests},
+                              {"--seconds", TH_OPT_DOUBLE, &opt.seconds},
+                              {"--log-level", TH_OPT_STR, &opt.level},
+                              {"--doc-bytes", TH_OPT_SIZE, &opt.doc_bytes}};
 
 static char *gw_body, *assemble_body;
 static int gw_port, w_port;
@@ -327,17 +255,14 @@ static double throughput(int n, int direct, double seconds, double *p50, double 
     int running = n, failures = 0, active = n; /* handles added and not yet removed */
     while (running > 0) {
         curl_multi_perform(m, &running);
-        CURLMsg *msg;
-        int left;
-        while ((msg = curl_multi_info_read(m, &left))) {
-            if (msg->msg != CURLMSG_DONE) continue;
-            client *c = NULL;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&c);
+        CURL *e;
+        CURLcode rc;
+        client *c = NULL;
+        while ((e = th_multi_done(m, &rc, (void **)&c))) {
             long st = 0;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &st);
-            curl_multi_remove_handle(m, msg->easy_handle);
+            curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &st);
             active--;
-            if (msg->data.result != CURLE_OK || st != 200) failures++;
+            if (rc != CURLE_OK || st != 200) failures++;
             uint64_t now = cg_now_ns();
             if (c->direct && c->step == 0) {
                 c->step = 1;
@@ -378,58 +303,38 @@ static double throughput(int n, int direct, double seconds, double *p50, double 
 
 int main(int argc, char **argv)
 {
-    int requests = 400;
-    double seconds = 5;
-    const char *level = "info";
-    size_t doc_bytes = 1024;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--requests"))
-            requests = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--seconds"))
-            seconds = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--log-level"))
-            level = argv[i + 1];
-        else if (!strcmp(argv[i], "--doc-bytes"))
-            doc_bytes = (size_t)atol(argv[i + 1]);
-    }
-    if (requests < 10) requests = 10;
+    /* unknown options are ignored, as before */
+    (void)th_parse_opts(argc, argv, OPTS, CG_ARRAY_LEN(OPTS));
+    if (opt.requests < 10) opt.requests = 10;
     setenv("OMP_WAIT_POLICY", "passive", 0);
-    signal(SIGPIPE, SIG_IGN);
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    snprintf(tmp, sizeof tmp, "/tmp/cg_bench_gw_XXXXXX");
-    if (!mkdtemp(tmp)) return 1;
-    char model[256], log[256], wdata[256], gdata[256], wurl[64];
-    snprintf(model, sizeof model, "%s/model", tmp);
-    snprintf(log, sizeof log, "%s/gen.log", tmp);
-    const char *gen[] = {"generate-model", "--out", model, NULL};
-    int st;
-    waitpid(spawn(WORKER_BIN, gen, log), &st, 0);
-    snprintf(wdata, sizeof wdata, "%s/w", tmp);
-    snprintf(log, sizeof log, "%s/worker.log", tmp);
-    char wlisten[64], glisten[64];
-    w_port = free_port();
-    gw_port = free_port();
-    snprintf(wlisten, sizeof wlisten, "127.0.0.1:%d", w_port);
-    snprintf(glisten, sizeof glisten, "127.0.0.1:%d", gw_port);
-    const char *wargs[] = {"serve", "--model",   model, "--listen",         wlisten, "--data-dir",
-                           wdata,   "--pool-mb", "64",  "--max-assemblies", "512",   NULL};
-    pid_t wpid = spawn(WORKER_BIN, wargs, log);
-    snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", w_port);
-    snprintf(gdata, sizeof gdata, "%s/g", tmp);
-    snprintf(log, sizeof log, "%s/gateway.log", tmp);
-    if (!wait_healthz(w_port)) {
-        fprintf(stderr, "the worker did not start (logs in %s)\n", tmp);
+    th_init("bench_gw", NULL);
+    char model[300];
+    th_proc w, gw;
+    const char *wargs[] = {"--max-assemblies", "512", NULL};
+    if (th_gen_model(WORKER_BIN, th_path(model, sizeof model, "model"), NULL) != 0 ||
+        th_start_worker(&w, WORKER_BIN, model, 0, "worker", wargs) != 0 ||
+        !th_wait_healthz(w.port)) {
+        fprintf(stderr, "the worker did not start (logs in %s)\n", th_root());
         return 1;
     }
-    const char *gargs[] = {"--listen", glisten,       "--worker", wurl, "--data-dir",
-                           gdata,      "--log-level", level,      NULL};
-    pid_t gpid = spawn(CHUNKGATE_BIN, gargs, log);
-    if (!wait_healthz(gw_port)) {
-        fprintf(stderr, "the gateway did not start (logs in %s)\n", tmp);
+    /* On a port chosen here and waited for with /healthz: at --log-level warn the gateway does
+     * not log the port it listens on. */
+    char listen[64], gdata[300];
+    int gport = th_free_port();
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", gport);
+    const char *gargs[] = {
+        "--listen",    listen,       "--worker",
+        w.url,         "--data-dir", th_path(gdata, sizeof gdata, "gateway-data"),
+        "--log-level", opt.level,    NULL};
+    if (th_spawn(&gw, CHUNKGATE_BIN, gargs, NULL, "gateway.log", NULL, 0) != 0 ||
+        !th_wait_healthz(gport)) {
+        fprintf(stderr, "the gateway did not start (logs in %s)\n", th_root());
         return 1;
     }
-    sleep_ms(200); /* the worker's first health check and inventory sync */
-    make_workload(doc_bytes);
+    w_port = w.port;
+    gw_port = gport;
+    th_sleep_ms(200); /* the worker's first health check and inventory sync */
+    make_workload(opt.doc_bytes);
 
     conn g, a, b;
     conn_init(&g);
@@ -439,11 +344,11 @@ int main(int argc, char **argv)
         one_gateway(&g);
         one_direct(&a, &b);
     }
-    double cpu0 = cpu_seconds(gpid);
-    double *tg = cg_malloc((size_t)requests * sizeof *tg);
-    double *td = cg_malloc((size_t)requests * sizeof *td);
-    double *diff = cg_malloc((size_t)requests * sizeof *diff);
-    for (int i = 0; i < requests; i++) {
+    double cpu0 = cpu_seconds(gw.pid);
+    double *tg = cg_malloc((size_t)opt.requests * sizeof *tg);
+    double *td = cg_malloc((size_t)opt.requests * sizeof *td);
+    double *diff = cg_malloc((size_t)opt.requests * sizeof *diff);
+    for (int i = 0; i < opt.requests; i++) {
         /* alternate the order so drift and caches favour neither */
         if (i & 1) {
             tg[i] = one_gateway(&g);
@@ -454,7 +359,7 @@ int main(int argc, char **argv)
         }
         diff[i] = tg[i] - td[i];
     }
-    double gw_cpu_us = (cpu_seconds(gpid) - cpu0) * 1e6 / requests;
+    double gw_cpu_us = (cpu_seconds(gw.pid) - cpu0) * 1e6 / opt.requests;
     json_t *check = json_loadb(g.body.data, g.body.len, 0, NULL);
     json_int_t cached = json_integer_value(
         json_object_get(json_object_get(json_object_get(check, "usage"), "prompt_tokens_details"),
@@ -462,11 +367,12 @@ int main(int argc, char **argv)
     json_decref(check);
     printf("workload: system 200 B, 2 documents of %zu B (cached), question 35 B, max_tokens 1; "
            "cached_tokens per request %lld; gateway log level %s\n",
-           doc_bytes, (long long)cached, level);
-    printf("sequential latency, %d requests each, interleaved (microseconds):\n", requests);
-    double dg50 = pct(td, (size_t)requests, 0.5), dg99 = pct(td, (size_t)requests, 0.99);
-    double gg50 = pct(tg, (size_t)requests, 0.5), gg99 = pct(tg, (size_t)requests, 0.99);
-    double df50 = pct(diff, (size_t)requests, 0.5), df99 = pct(diff, (size_t)requests, 0.99);
+           opt.doc_bytes, (long long)cached, opt.level);
+    printf("sequential latency, %d requests each, interleaved (microseconds):\n", opt.requests);
+    double dg50 = pct(td, (size_t)opt.requests, 0.5), dg99 = pct(td, (size_t)opt.requests, 0.99);
+    double gg50 = pct(tg, (size_t)opt.requests, 0.5), gg99 = pct(tg, (size_t)opt.requests, 0.99);
+    double df50 = pct(diff, (size_t)opt.requests, 0.5),
+           df99 = pct(diff, (size_t)opt.requests, 0.99);
     printf("  direct to worker (assemble + complete): p50 %8.0f  p99 %8.0f\n", dg50, dg99);
     printf("  through chunkgate                      : p50 %8.0f  p99 %8.0f\n", gg50, gg99);
     printf("  added by the gateway (paired diff)     : p50 %8.0f  p99 %8.0f   (p50 ratio %.3f)\n",
@@ -479,24 +385,20 @@ int main(int argc, char **argv)
     free(td);
     free(diff);
 
-    printf("throughput, %.0f s per run (requests/s, latency ms):\n", seconds);
+    printf("throughput, %.0f s per run (requests/s, latency ms):\n", opt.seconds);
     int conc[] = {1, 64};
     for (size_t i = 0; i < 2; i++) {
         double p50d, p99d, p50g, p99g;
-        double rd = throughput(conc[i], 1, seconds, &p50d, &p99d);
-        double rg = throughput(conc[i], 0, seconds, &p50g, &p99g);
+        double rd = throughput(conc[i], 1, opt.seconds, &p50d, &p99d);
+        double rg = throughput(conc[i], 0, opt.seconds, &p50g, &p99g);
         printf("  %2d clients: direct %7.1f req/s (p50 %6.2f p99 %6.2f)   gateway %7.1f req/s "
                "(p50 %6.2f p99 %6.2f)   gateway/direct %.3f\n",
                conc[i], rd, p50d, p99d, rg, p50g, p99g, rg / rd);
     }
-    kill(gpid, SIGTERM);
-    kill(wpid, SIGTERM);
-    waitpid(gpid, NULL, 0);
-    waitpid(wpid, NULL, 0);
+    th_stop(&gw, SIGTERM);
+    th_stop(&w, SIGTERM);
     free(gw_body);
     free(assemble_body);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    th_cleanup(0);
     return 0;
 }

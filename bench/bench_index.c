@@ -11,6 +11,7 @@
 
 #include "base/base.h"
 #include "sql/index.h"
+#include "tests/harness/harness.h"
 
 typedef struct opts {
     long chunks;  /* rows in the index */
@@ -26,23 +27,10 @@ typedef struct opts {
     int keep;        /* keep the index file (and reuse it when it already holds the rows) */
 } opts;
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Key i: 16 random-looking bytes, like an XXH3-128 key. Keys >= chunks are misses. */
 static cg_key key_of(uint64_t i)
 {
-    cg_key k;
-    uint64_t s = i * 2654435761ull + 12345;
-    uint64_t a = splitmix(&s), b = splitmix(&s);
-    memcpy(k.b, &a, 8);
-    memcpy(k.b + 8, &b, 8);
-    return k;
+    return th_key_of(i, 12345);
 }
 
 static double secs(uint64_t ns)
@@ -263,7 +251,7 @@ static void updates(cg_index *ix, const opts *o, int with_reader, const cg_key *
     for (long r = 0; r < o->updates; r++) {
         cg_key keys[64];
         for (int i = 0; i < o->batch; i++)
-            keys[i] = key_of(splitmix(&s) % (uint64_t)o->chunks);
+            keys[i] = key_of(th_splitmix64(&s) % (uint64_t)o->chunks);
         uint64_t e0 = cg_now_ns();
         for (int i = 0; i < o->batch; i++) {
             cg_index_chunk_seen(ix, &keys[i], "bench-model", CG_MODE_STRICT, 1000, 1700000001000);
@@ -326,38 +314,18 @@ int main(int argc, char **argv)
               .mmap_mib = -1,
               .batch_max = -1,
               .ckpt = -1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--keep") == 0) {
-            o.keep = 1;
-            continue;
-        }
-        if (!v) usage();
-        i++;
-        if (strcmp(a, "--chunks") == 0)
-            o.chunks = atol(v);
-        else if (strcmp(a, "--batch") == 0)
-            o.batch = atoi(v);
-        else if (strcmp(a, "--hit-pct") == 0)
-            o.hit_pct = atoi(v);
-        else if (strcmp(a, "--lookups") == 0)
-            o.lookups = atol(v);
-        else if (strcmp(a, "--updates") == 0)
-            o.updates = atol(v);
-        else if (strcmp(a, "--inserts") == 0)
-            o.inserts = atol(v);
-        else if (strcmp(a, "--mmap-mib") == 0)
-            o.mmap_mib = atol(v);
-        else if (strcmp(a, "--batch-max") == 0)
-            o.batch_max = atol(v);
-        else if (strcmp(a, "--checkpoint") == 0)
-            o.ckpt = atol(v);
-        else if (strcmp(a, "--dir") == 0)
-            o.dir = v;
-        else
-            usage();
-    }
+    const th_opt opt[] = {{"--keep", TH_OPT_FLAG, &o.keep},
+                          {"--chunks", TH_OPT_LONG, &o.chunks},
+                          {"--batch", TH_OPT_INT, &o.batch},
+                          {"--hit-pct", TH_OPT_INT, &o.hit_pct},
+                          {"--lookups", TH_OPT_LONG, &o.lookups},
+                          {"--updates", TH_OPT_LONG, &o.updates},
+                          {"--inserts", TH_OPT_LONG, &o.inserts},
+                          {"--mmap-mib", TH_OPT_LONG, &o.mmap_mib},
+                          {"--batch-max", TH_OPT_LONG, &o.batch_max},
+                          {"--checkpoint", TH_OPT_LONG, &o.ckpt},
+                          {"--dir", TH_OPT_STR, &o.dir}};
+    if (th_parse_opts(argc, argv, opt, CG_ARRAY_LEN(opt)) != 0) usage();
     if (o.chunks < 1 || o.chunks > 2000000000 || o.batch < 1 || o.batch > 64 || o.hit_pct < 0 ||
         o.hit_pct > 100 || o.lookups < 100 || o.updates < 1 || o.inserts < 1)
         usage();
@@ -416,8 +384,8 @@ int main(int argc, char **argv)
     uint64_t s = 7;
     long want_found = 0;
     for (long i = 0; i < nkeys; i++) {
-        int hit = (long)(splitmix(&s) % 100) < o.hit_pct;
-        uint64_t id = splitmix(&s) % (uint64_t)o.chunks;
+        int hit = (long)(th_splitmix64(&s) % 100) < o.hit_pct;
+        uint64_t id = th_splitmix64(&s) % (uint64_t)o.chunks;
         keys[i] = key_of(hit ? id : (uint64_t)o.chunks + id);
         want_found += hit;
     }

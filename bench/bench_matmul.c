@@ -38,8 +38,10 @@ static const proj projs[] = {{"q_proj", QDIM, HIDDEN},     {"k_proj", KVDIM, HID
                              {"down_proj", HIDDEN, INTER}};
 #define NPROJ ((int)CG_ARRAY_LEN(projs))
 
-static const cg_dtype dts[3] = {CG_DTYPE_F32, CG_DTYPE_BF16, CG_DTYPE_F16};
-static const char *const dt_names[3] = {"f32", "bf16", "f16"};
+/* the checkpoint dtypes, then the int8 option (reported apart, never a baseline) */
+#define NDT 4
+static const cg_dtype dts[NDT] = {CG_DTYPE_F32, CG_DTYPE_BF16, CG_DTYPE_F16, CG_DTYPE_Q8};
+static const char *const dt_names[NDT] = {"f32", "bf16", "f16", "q8"};
 
 static double now_s(void)
 {
@@ -58,8 +60,8 @@ static double median(double *t, int n)
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
-/* Random weights in [-0.5, 0.5) in dtype dt (16-bit ones by truncating the f32 bits for bf16
- * and by F16C-style rounding for f16: the values only need to be finite). */
+/* Random weights in [-0.5, 0.5) in dtype dt (16-bit ones by truncating the f32 bits: the
+ * values only need to be finite; Q8: random int8, scales set by weights_new). */
 static void fill_weights(void *dst, cg_dtype dt, size_t count, uint64_t seed)
 {
 #pragma omp parallel
@@ -72,6 +74,8 @@ static void fill_weights(void *dst, cg_dtype dt, size_t count, uint64_t seed)
             float f = (float)((double)(s >> 40) / (double)(1 << 24) - 0.5);
             if (dt == CG_DTYPE_F32) {
                 ((float *)dst)[i] = f;
+            } else if (dt == CG_DTYPE_Q8) {
+                ((int8_t *)dst)[i] = (int8_t)(int)(f * 254.0f);
             } else if (dt == CG_DTYPE_BF16) {
                 uint32_t u;
                 memcpy(&u, &f, 4);
@@ -162,31 +166,49 @@ static void read_2threads(const void *p, size_t bytes)
 
 /* ---- prefill ---- */
 
+/* One matrix of dtype dt (in *arena, Q8 scales in *scales; caller frees both). */
+static cg_weight weights_new(cg_dtype dt, int rows, int cols, uint64_t seed, void **arena,
+                             float **scales)
+{
+    size_t cnt = (size_t)rows * (size_t)cols;
+    *arena = cg_malloc(cnt * cg_dtype_size(dt));
+    fill_weights(*arena, dt, cnt, seed);
+    *scales = cg_malloc((size_t)rows * sizeof(float));
+    for (int r = 0; r < rows; r++)
+        (*scales)[r] = 0.5f / 127.0f;
+    return (cg_weight){.data = *arena,
+                       .dtype = dt,
+                       .rows = rows,
+                       .cols = cols,
+                       .scale = dt == CG_DTYPE_Q8 ? *scales : NULL};
+}
+
 static void bench_prefill(int reps, cg_matmul_scratch *scr)
 {
-    printf("\nprefill: n = %d rows per product; GFLOP/s = 2*n*rows*cols / median time; ratio to "
-           "plain f32 sgemm (same run)\n",
+    enum { NV = NDT + 1 }; /* v = 0: the sgemm baseline, v = 1 + d: cg_matmul_prefill on dts[d] */
+    printf("\nprefill: n = %d rows per product; GFLOP/s = 2*n*rows*cols / median time; ratio = "
+           "sgemm time / time, same rep (median); q8 is the int8 option\n",
            PREFILL_N);
-    printf("%-10s %5s %5s | %8s | %8s %5s | %8s %5s | %8s %5s\n", "projection", "out", "in",
-           "sgemm", "f32", "ratio", "bf16", "ratio", "f16", "ratio");
+    printf("%-10s %5s %5s | %8s |", "projection", "out", "in", "sgemm");
+    for (int d = 0; d < NDT; d++)
+        printf(" %8s %5s |", dt_names[d], "ratio");
+    printf("\n");
     float *x = cg_malloc((size_t)PREFILL_N * INTER * sizeof(float));
     float *y = cg_malloc((size_t)PREFILL_N * INTER * sizeof(float));
     fill_x(x, (size_t)PREFILL_N * INTER, 5);
-    double tot[4] = {0, 0, 0, 0};
+    double tot[NV] = {0};
     for (int p = 0; p < NPROJ; p++) {
         const proj *pr = &projs[p];
         size_t cnt = (size_t)pr->rows * pr->cols;
-        void *w[3];
-        cg_weight cw[3];
-        for (int d = 0; d < 3; d++) {
-            w[d] = cg_malloc(cnt * cg_dtype_size(dts[d]));
-            fill_weights(w[d], dts[d], cnt, 10 + (uint64_t)p);
-            cw[d] = (cg_weight){w[d], dts[d], pr->rows, pr->cols};
-        }
-        /* each rep times the baseline and the three variants back to back; a variant's ratio
-         * is the median over reps of baseline time / variant time within one rep */
-        double *t[4], *q[4];
-        for (int v = 0; v < 4; v++) {
+        void *w[NDT];
+        float *sc[NDT];
+        cg_weight cw[NDT];
+        for (int d = 0; d < NDT; d++)
+            cw[d] = weights_new(dts[d], pr->rows, pr->cols, 10 + (uint64_t)p, &w[d], &sc[d]);
+        /* each rep times the baseline and the variants back to back; a variant's ratio is the
+         * median over reps of baseline time / variant time within one rep */
+        double *t[NV], *q[NV];
+        for (int v = 0; v < NV; v++) {
             t[v] = cg_malloc((size_t)reps * sizeof(double));
             q[v] = cg_malloc((size_t)reps * sizeof(double));
         }
@@ -194,7 +216,7 @@ static void bench_prefill(int reps, cg_matmul_scratch *scr)
         const double flops = 2.0 * PREFILL_N * (double)cnt;
         const int inner = CG_MAX(1, (int)(0.5e9 / flops));
         for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
-            for (int v = 0; v < 4; v++) {
+            for (int v = 0; v < NV; v++) {
                 double t0 = now_s();
                 for (int i = 0; i < inner; i++) {
                     if (v == 0)
@@ -205,25 +227,30 @@ static void bench_prefill(int reps, cg_matmul_scratch *scr)
                 if (r >= 0) t[v][r] = (now_s() - t0) / inner;
             }
             if (r >= 0)
-                for (int v = 1; v < 4; v++)
+                for (int v = 1; v < NV; v++)
                     q[v][r] = t[0][r] / t[v][r];
         }
-        double g[4], ratio[4];
-        for (int v = 0; v < 4; v++) {
+        printf("%-10s %5d %5d |", pr->name, pr->rows, pr->cols);
+        for (int v = 0; v < NV; v++) {
             double m = median(t[v], reps);
-            g[v] = flops / m * 1e-9;
-            ratio[v] = v ? median(q[v], reps) : 1.0;
             tot[v] += m;
+            if (v)
+                printf(" %8.1f %5.2f |", flops / m * 1e-9, median(q[v], reps));
+            else
+                printf(" %8.1f |", flops / m * 1e-9);
             free(t[v]);
             free(q[v]);
         }
-        printf("%-10s %5d %5d | %8.1f | %8.1f %5.2f | %8.1f %5.2f | %8.1f %5.2f\n", pr->name,
-               pr->rows, pr->cols, g[0], g[1], ratio[1], g[2], ratio[2], g[3], ratio[3]);
-        for (int d = 0; d < 3; d++)
+        printf("\n");
+        for (int d = 0; d < NDT; d++) {
             free(w[d]);
+            free(sc[d]);
+        }
     }
-    printf("%-22s | %8s | %8s %5.2f | %8s %5.2f | %8s %5.2f   (time ratio, sum of medians)\n",
-           "whole layer", "", "", tot[0] / tot[1], "", tot[0] / tot[2], "", tot[0] / tot[3]);
+    printf("%-22s | %8s |", "whole layer", "");
+    for (int v = 1; v < NV; v++)
+        printf(" %8s %5.2f |", "", tot[0] / tot[v]);
+    printf(" (time ratio, sum of medians)\n");
     free(x);
     free(y);
 }
@@ -234,32 +261,44 @@ typedef struct wset {
     cg_weight *w; /* count matrices inside one arena, as in an mmapped file */
     int count;
     void *arena;
+    float *scales; /* Q8: one per row of every matrix */
     size_t bytes;
 } wset;
 
 static wset wset_layers(cg_dtype dt, int layers)
 {
-    wset s = {cg_malloc((size_t)layers * NPROJ * sizeof(cg_weight)), layers * NPROJ, NULL, 0};
+    wset s = {cg_malloc((size_t)layers * NPROJ * sizeof(cg_weight)), layers * NPROJ, NULL, NULL, 0};
     const size_t es = cg_dtype_size(dt);
-    for (int p = 0; p < NPROJ; p++)
+    size_t all_rows = 0;
+    for (int p = 0; p < NPROJ; p++) {
         s.bytes += (size_t)projs[p].rows * projs[p].cols * es * (size_t)layers;
+        all_rows += (size_t)projs[p].rows * (size_t)layers;
+    }
     s.arena = cg_malloc(s.bytes);
     fill_weights(s.arena, dt, s.bytes / es, 3);
+    s.scales = cg_malloc(all_rows * sizeof(float));
+    for (size_t r = 0; r < all_rows; r++)
+        s.scales[r] = 0.5f / 127.0f;
     char *q = s.arena;
+    float *sc = s.scales;
     for (int l = 0; l < layers; l++)
         for (int p = 0; p < NPROJ; p++) {
-            s.w[l * NPROJ + p] = (cg_weight){q, dt, projs[p].rows, projs[p].cols};
+            s.w[l * NPROJ + p] = (cg_weight){.data = q,
+                                             .dtype = dt,
+                                             .rows = projs[p].rows,
+                                             .cols = projs[p].cols,
+                                             .scale = dt == CG_DTYPE_Q8 ? sc : NULL};
             q += (size_t)projs[p].rows * projs[p].cols * es;
+            sc += projs[p].rows;
         }
     return s;
 }
 
 static wset wset_lm_head(cg_dtype dt)
 {
-    wset s = {cg_malloc(sizeof(cg_weight)), 1, NULL, (size_t)VOCAB * HIDDEN * cg_dtype_size(dt)};
-    s.arena = cg_malloc(s.bytes);
-    fill_weights(s.arena, dt, (size_t)VOCAB * HIDDEN, 4);
-    s.w[0] = (cg_weight){s.arena, dt, VOCAB, HIDDEN};
+    wset s = {cg_malloc(sizeof(cg_weight)), 1, NULL, NULL, 0};
+    s.w[0] = weights_new(dt, VOCAB, HIDDEN, 4, &s.arena, &s.scales);
+    s.bytes = (size_t)VOCAB * HIDDEN * cg_dtype_size(dt);
     return s;
 }
 
@@ -267,6 +306,7 @@ static void wset_free(wset *s)
 {
     free(s->w);
     free(s->arena);
+    free(s->scales);
 }
 
 static void read_set(const wset *s)
@@ -315,13 +355,14 @@ static void bench_decode_set(const char *label, const wset *s, int reps, const f
             all_reads += tr[v][r];
     printf("%-16s %7.1f | %6.1f |", label, (double)s->bytes / (1 << 20),
            gb * NN * reps / all_reads);
+    const double ms1 = median(tk[0], reps) * 1e3;
     for (int v = 0; v < NN; v++) {
         printf(" %6.1f %4.2f |", gb / median(tk[v], reps), median(q[v], reps));
         free(tr[v]);
         free(tk[v]);
         free(q[v]);
     }
-    printf(" %5.2f\n", median(q8, reps));
+    printf(" %5.2f | %7.2f\n", median(q8, reps), ms1);
     free(q8);
 }
 
@@ -329,20 +370,22 @@ static void bench_decode(int reps, int layers)
 {
     printf("\ndecode: GB/s of weight bytes (median time); ratio = read time / kernel time, same "
            "rep (median); read = mean GB/s of the plain 2-thread read; 8/1 = time(n=8) / "
-           "time(n=1), same rep (median)\n");
-    printf("%-16s %7s | %6s | %11s | %11s | %11s | %11s | %11s | %5s\n", "weights", "MiB", "read",
-           "n=1  ratio", "n=2  ratio", "n=4  ratio", "n=8  ratio", "n=16 ratio", "8/1");
+           "time(n=1), same rep (median); ms n=1 = median time of one pass at n=1; q8 is the "
+           "int8 option\n");
+    printf("%-16s %7s | %6s | %11s | %11s | %11s | %11s | %11s | %5s | %7s\n", "weights", "MiB",
+           "read", "n=1  ratio", "n=2  ratio", "n=4  ratio", "n=8  ratio", "n=16 ratio", "8/1",
+           "ms n=1");
     float *x = cg_malloc((size_t)16 * INTER * sizeof(float));
     float *y = cg_malloc((size_t)16 * VOCAB * sizeof(float));
     fill_x(x, (size_t)16 * INTER, 9);
     char label[64];
-    for (int d = 0; d < 3; d++) {
+    for (int d = 0; d < NDT; d++) {
         wset s = wset_layers(dts[d], layers);
         snprintf(label, sizeof label, "%s %d layers", dt_names[d], layers);
         bench_decode_set(label, &s, reps, x, y);
         wset_free(&s);
     }
-    for (int d = 0; d < 3; d++) {
+    for (int d = 0; d < NDT; d++) {
         wset s = wset_lm_head(dts[d]);
         snprintf(label, sizeof label, "%s lm_head", dt_names[d]);
         bench_decode_set(label, &s, reps, x, y);

@@ -4,7 +4,6 @@
  * split the forward's time), and raw sgemv over all weights (the decode floor).
  *   usage: bench_model [model_dir]   (default: a generated chunkgate-tiny in a temp dir) */
 #include <cblas.h>
-#include <dirent.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -15,6 +14,7 @@
 
 #include "worker/model/model.h"
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 static double now_s(void) { return (double)cg_now_ns() * 1e-9; }
 
@@ -173,21 +173,6 @@ static double raw_sgemm_gflops(int m, int n, int k, int reps)
     return 2.0 * m * n * k / best * 1e-9;
 }
 
-static void rm_rf(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 int main(int argc, char **argv)
 {
     char err[512], tmpl[] = "/tmp/cg_bench_model_XXXXXX";
@@ -287,6 +272,6 @@ int main(int argc, char **argv)
         free(tok);
     }
     cg_model_close(&m);
-    if (own) rm_rf(dir);
+    if (own) th_rmrf(dir);
     return 0;
 }

@@ -7,7 +7,6 @@
  *
  * usage: bench_ttft [--model DIR] [--reps N (default 3)] [--decode N (default 128)]
  *        (without --model a tiny model is generated into a temporary directory) */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +15,7 @@
 
 #include "worker/serve/engine.h"
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 #define SYS_BYTES 256
 #define DOC_BYTES 2048
@@ -48,21 +48,6 @@ static char *make_text(size_t n, const char *prefix)
     s[n - 1] = '.';
     s[n] = '\0';
     return s;
-}
-
-static void rm_rf(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
 }
 
 static void die(const char *what, cg_status st, const char *err)
@@ -258,6 +243,6 @@ int main(int argc, char **argv)
     free(base);
     free(prefill);
     cg_model_close(&m);
-    if (generated) rm_rf(tmp);
+    if (generated) th_rmrf(tmp);
     return 0;
 }

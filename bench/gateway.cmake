@@ -2,8 +2,6 @@
 # chunkgate at 1 and 64 clients. Starts the real chunkgate and chunkgate-worker.
 if(TARGET chunkgate AND TARGET chunkgate-worker)
   add_executable(bench_gateway bench_gateway.c)
-  target_link_libraries(bench_gateway PRIVATE cg_cache PkgConfig::CURL PkgConfig::JANSSON)
-  add_dependencies(bench_gateway chunkgate chunkgate-worker)
-  target_compile_definitions(bench_gateway PRIVATE
-    CHUNKGATE_BIN="$<TARGET_FILE:chunkgate>" WORKER_BIN="$<TARGET_FILE:chunkgate-worker>")
+  target_link_libraries(bench_gateway PRIVATE cg_cache cg_test_harness)
+  cg_uses_programs(bench_gateway chunkgate chunkgate-worker)
 endif()

@@ -14,17 +14,14 @@
  * The binaries come from the build tree; a tiny model is generated into a temp directory. */
 #include <curl/curl.h>
 #include <dirent.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 #define MODEL "chunkgate-tiny"
 #define MAX_CONNS 1024
@@ -34,64 +31,11 @@ enum { K_HIT, K_MISS, K_STREAM, K_PLAIN, K_BAD, K_N };
 static const char *KIND[K_N] = {"hit", "miss", "stream", "plain", "bad"};
 static const int WEIGHT[K_N] = {40, 15, 20, 10, 15};
 
-static char tmp[128];
 static int seconds = 60, conns = 64, max_tokens = 4, doc_bytes = 256;
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static double now_s(void)
-{
-    return (double)cg_now_ns() / 1e9;
-}
-
-/* ------------------------------------------------------------ processes */
-
-static pid_t spawn(const char *bin, const char *const *args, const char *log)
-{
-    char *argv[48];
-    int n = 0;
-    argv[n++] = (char *)bin;
-    for (; *args; args++)
-        argv[n++] = (char *)*args;
-    argv[n] = NULL;
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-        execv(bin, argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* Waits for "listening on 127.0.0.1:" in log and returns the port, or -1. */
-static int wait_port(const char *log)
-{
-    for (int i = 0; i < 3000; i++) {
-        FILE *f = fopen(log, "r");
-        if (f) {
-            char line[4096];
-            while (fgets(line, sizeof line, f)) {
-                const char *m = strstr(line, "listening on 127.0.0.1:");
-                if (m) {
-                    fclose(f);
-                    return atoi(m + 23);
-                }
-            }
-            fclose(f);
-        }
-        sleep_ms(20);
-    }
-    return -1;
-}
+static const th_opt OPTS[] = {{"--seconds", TH_OPT_INT, &seconds},
+                              {"--conns", TH_OPT_INT, &conns},
+                              {"--max-tokens", TH_OPT_INT, &max_tokens},
+                              {"--doc-bytes", TH_OPT_INT, &doc_bytes}};
 
 typedef struct usage {
     long rss_kib;
@@ -233,13 +177,13 @@ static void start(CURLM *m, conn *c)
     snprintf(c->url, sizeof c->url, "http://127.0.0.1:%d%s", gw_port, path);
     curl_easy_setopt(c->e, CURLOPT_URL, c->url);
     curl_easy_setopt(c->e, CURLOPT_POSTFIELDS, c->body);
-    c->t0 = now_s();
+    c->t0 = th_now_s();
     curl_multi_add_handle(m, c->e);
 }
 
 static void record(conn *c, CURLcode rc)
 {
-    double ms = (now_s() - c->t0) * 1e3;
+    double ms = (th_now_s() - c->t0) * 1e3;
     long status = 0;
     curl_easy_getinfo(c->e, CURLINFO_RESPONSE_CODE, &status);
     int ok = rc == CURLE_OK && (status == c->expect[0] || status == c->expect[1]);
@@ -272,81 +216,43 @@ static double pct(double *v, size_t n, double p)
     return v[(size_t)(p * (double)(n - 1) + 0.5)];
 }
 
-/* A blocking warm-up request (caches the document sets). */
+/* A blocking warm-up request (caches the document sets); returns the HTTP status. */
 static long warm(const char *body)
 {
-    CURL *e = curl_easy_init();
-    char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", gw_port);
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
-    FILE *null = fopen("/dev/null", "w");
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, null);
-    long status = 0;
-    if (curl_easy_perform(e) == CURLE_OK) curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-    fclose(null);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(e);
-    return status;
+    th_resp r;
+    th_http(&r, gw_port, "POST", "/v1/completions", body, NULL, NULL);
+    th_resp_free(&r);
+    return r.status;
 }
 
 int main(int argc, char **argv)
 {
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--seconds"))
-            seconds = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--conns"))
-            conns = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--max-tokens"))
-            max_tokens = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--doc-bytes"))
-            doc_bytes = atoi(argv[i + 1]);
-    }
+    (void)th_parse_opts(argc, argv, OPTS, CG_ARRAY_LEN(OPTS)); /* unknown ones are ignored */
     if (conns < 1 || conns > MAX_CONNS) conns = 64;
-    signal(SIGPIPE, SIG_IGN);
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    snprintf(tmp, sizeof tmp, "/tmp/cg_load_XXXXXX");
-    if (!mkdtemp(tmp)) return 1;
-    char model[200], wlog[200], glog[200], glog2[200], wdata[200], gdata[200], wurl[64];
-    snprintf(model, sizeof model, "%s/model", tmp);
-    snprintf(wlog, sizeof wlog, "%s/worker.log", tmp);
-    snprintf(glog, sizeof glog, "%s/gateway.log", tmp);
-    snprintf(glog2, sizeof glog2, "%s/gen.log", tmp);
-    snprintf(wdata, sizeof wdata, "%s/w", tmp);
-    snprintf(gdata, sizeof gdata, "%s/g", tmp);
-    const char *ga_gen[] = {"generate-model", "--out", model, NULL};
-    pid_t gen = spawn(WORKER_BIN, ga_gen, glog2);
-    int st;
-    waitpid(gen, &st, 0);
+    th_init("load", NULL);
     setenv("OMP_WAIT_POLICY", "passive", 0);
-    const char *wa[] = {"serve",       "--model",          model, "--listen",
-                        "127.0.0.1:0", "--data-dir",       wdata, "--pool-mb",
-                        "256",         "--max-assemblies", "256", NULL};
-    pid_t wpid = spawn(WORKER_BIN, wa, wlog);
-    int wport = wait_port(wlog);
-    if (wport <= 0) {
-        fprintf(stderr, "the worker did not start (%s)\n", wlog);
+    char model[300];
+    th_proc worker, gateway;
+    const char *wa[] = {"--pool-mb", "256", "--max-assemblies", "256", NULL};
+    if (th_gen_model(WORKER_BIN, th_path(model, sizeof model, "model"), NULL) != 0 ||
+        th_start_worker(&worker, WORKER_BIN, model, 0, "worker", wa) != 0) {
+        fprintf(stderr, "the worker did not start (logs in %s)\n", th_root());
         return 1;
     }
-    snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", wport);
     /* Default configuration (log level info: one access line per request). */
-    const char *gargs[] = {"--listen", "127.0.0.1:0",         "--data-dir", gdata, "--worker",
-                           wurl,       "--worker-timeout-ms", "120000",     NULL};
-    pid_t gpid = spawn(CHUNKGATE_BIN, gargs, glog);
-    gw_port = wait_port(glog);
-    if (gw_port <= 0) {
-        fprintf(stderr, "the gateway did not start (%s)\n", glog);
+    const char *gargs[] = {"--worker", worker.url, "--worker-timeout-ms", "120000", NULL};
+    if (th_start_gateway(&gateway, CHUNKGATE_BIN, "gateway", gargs) != 0) {
+        fprintf(stderr, "the gateway did not start (logs in %s)\n", th_root());
         return 1;
     }
+    gw_port = gateway.port;
     /* the worker must be healthy before the main path is used */
     for (int i = 0; i < 200; i++) {
         char *b = rag_body("warm-up doc", "warm-up doc 2", 0);
         long s = warm(b);
         free(b);
         if (s == 200) break;
-        sleep_ms(50);
+        th_sleep_ms(50);
     }
     srand(42);
     for (int s = 0; s < N_SETS; s++) {
@@ -356,46 +262,34 @@ int main(int argc, char **argv)
         if (warm(b) != 200) fprintf(stderr, "warm-up of set %d failed\n", s);
         free(b);
     }
-    usage g0 = usage_of(gpid), w0 = usage_of(wpid);
+    usage g0 = usage_of(gateway.pid), w0 = usage_of(worker.pid);
 
     CURLM *m = curl_multi_init();
     curl_multi_setopt(m, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)conns);
     conn *cs = cg_calloc((size_t)conns, sizeof *cs);
     for (int i = 0; i < conns; i++) {
         conn *c = &cs[i];
-        c->e = curl_easy_init();
         cg_buf_init(&c->resp, 0);
-        c->h = curl_slist_append(NULL, "Content-Type: application/json");
-        c->h = curl_slist_append(c->h, "Expect:");
-        curl_easy_setopt(c->e, CURLOPT_HTTPHEADER, c->h);
-        curl_easy_setopt(c->e, CURLOPT_WRITEFUNCTION, on_write);
-        curl_easy_setopt(c->e, CURLOPT_WRITEDATA, c);
+        c->e = th_easy_json(on_write, c, 120, &c->h);
         curl_easy_setopt(c->e, CURLOPT_PRIVATE, c);
-        curl_easy_setopt(c->e, CURLOPT_TIMEOUT, 120L);
-        curl_easy_setopt(c->e, CURLOPT_NOSIGNAL, 1L);
         start(m, c);
     }
-    double t0 = now_s(), end = t0 + seconds, next_report = t0 + 10;
+    double t0 = th_now_s(), end = t0 + seconds, next_report = t0 + 10;
     int running = conns;
     usage gmax = g0, wmax = w0;
     while (running > 0) {
         curl_multi_perform(m, &running);
-        CURLMsg *msg;
-        int left;
-        while ((msg = curl_multi_info_read(m, &left))) {
-            if (msg->msg != CURLMSG_DONE) continue;
-            conn *c;
-            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&c);
-            CURLcode rc = msg->data.result;
-            curl_multi_remove_handle(m, c->e);
+        CURLcode rc;
+        conn *c;
+        while (th_multi_done(m, &rc, (void **)&c)) {
             record(c, rc);
-            if (now_s() < end) {
+            if (th_now_s() < end) {
                 start(m, c);
                 running++;
             }
         }
-        if (now_s() >= next_report) {
-            usage g = usage_of(gpid), w = usage_of(wpid);
+        if (th_now_s() >= next_report) {
+            usage g = usage_of(gateway.pid), w = usage_of(worker.pid);
             gmax.rss_kib = CG_MAX(gmax.rss_kib, g.rss_kib);
             gmax.fds = CG_MAX(gmax.fds, g.fds);
             wmax.rss_kib = CG_MAX(wmax.rss_kib, w.rss_kib);
@@ -406,20 +300,20 @@ int main(int argc, char **argv)
             fprintf(
                 stderr,
                 "%4.0f s: %ld requests; gateway RSS %ld KiB fds %d; worker RSS %ld KiB fds %d\n",
-                now_s() - t0, total, g.rss_kib, g.fds, w.rss_kib, w.fds);
+                th_now_s() - t0, total, g.rss_kib, g.fds, w.rss_kib, w.fds);
             next_report += 10;
         }
         curl_multi_poll(m, NULL, 0, 50, NULL);
     }
-    double elapsed = now_s() - t0;
-    sleep_ms(500); /* let both settle: connections closed, assemblies released */
+    double elapsed = th_now_s() - t0;
+    th_sleep_ms(500); /* let both settle: connections closed, assemblies released */
     for (int i = 0; i < conns; i++) {
         curl_easy_cleanup(cs[i].e);
         curl_slist_free_all(cs[i].h);
     }
     curl_multi_cleanup(m);
-    sleep_ms(500);
-    usage g1 = usage_of(gpid), w1 = usage_of(wpid);
+    th_sleep_ms(500);
+    usage g1 = usage_of(gateway.pid), w1 = usage_of(worker.pid);
 
     long total = 0, errs = 0, bad_ok = 0;
     printf("load: chunkgate + 1 chunkgate-worker, %d connections, %.1f s, max_tokens %d, "
@@ -449,11 +343,8 @@ int main(int argc, char **argv)
            g0.rss_kib, g1.rss_kib, gmax.rss_kib, g0.fds, g1.fds, gmax.fds, g0.threads, g1.threads);
     printf("worker:  RSS %ld -> %ld KiB (max %ld), open fds %d -> %d (max %d), threads %d -> %d\n",
            w0.rss_kib, w1.rss_kib, wmax.rss_kib, w0.fds, w1.fds, wmax.fds, w0.threads, w1.threads);
-    kill(gpid, SIGTERM);
-    waitpid(gpid, &st, 0);
-    int gexit = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    kill(wpid, SIGTERM);
-    waitpid(wpid, &st, 0);
+    int gexit = th_stop(&gateway, SIGTERM);
+    th_stop(&worker, SIGTERM);
     printf("gateway exit status after SIGTERM: %d\n", gexit);
     free(all);
     for (int k = 0; k < K_N; k++)
@@ -463,8 +354,6 @@ int main(int argc, char **argv)
         free(set_docs[s][1]);
     }
     free(cs);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    if (!getenv("CG_KEEP_TMP") && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    th_cleanup(0);
     return errs ? 1 : 0;
 }

@@ -2,8 +2,6 @@
 # a mix of hits, misses, streams, pass-through and bad requests; RSS and fds at start and end.
 if(TARGET chunkgate AND TARGET chunkgate-worker)
   add_executable(load load.c)
-  target_link_libraries(load PRIVATE cg_cache PkgConfig::CURL)
-  add_dependencies(load chunkgate chunkgate-worker)
-  target_compile_definitions(load PRIVATE
-    CHUNKGATE_BIN="$<TARGET_FILE:chunkgate>" WORKER_BIN="$<TARGET_FILE:chunkgate-worker>")
+  target_link_libraries(load PRIVATE cg_cache cg_test_harness)
+  cg_uses_programs(load chunkgate chunkgate-worker)
 endif()

@@ -365,8 +365,11 @@ cg_status cg_split_prompt(const char *text, size_t len, const cg_split_params *p
         size_t a = start, b = at;
         while (a < b && is_space((unsigned char)text[a]))
             a++;
-        while (b > a && is_space((unsigned char)text[b - 1]))
-            b--;
+        /* The last piece keeps its trailing whitespace: it is the text the model continues
+         * from ("assistant\n" of a chat template, "A: " of a few-shot prompt). */
+        if (at != len || a == b)
+            while (b > a && is_space((unsigned char)text[b - 1]))
+                b--;
         if (a == b) {
             out->empty_skipped++;
         } else {

@@ -18,7 +18,8 @@ const char *cg_role_name(cg_role r);
 
 typedef struct cg_segment {
     size_t off; /* byte offset of the trimmed segment in the text */
-    size_t len; /* trimmed length in bytes, > 0 */
+    size_t len; /* trimmed length in bytes, > 0 (the text after the last separator keeps its
+                   trailing whitespace: the model continues from it) */
     cg_role role;
 } cg_segment;
 

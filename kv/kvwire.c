@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 /* The payload is raw f32 in host order; the format says little-endian. A big-endian port
  * would byte-swap in encode and decode. */
@@ -177,6 +179,27 @@ cg_status cg_kvwire_decode(const void *buf, size_t len, cg_kvwire_header *hdr,
     *hdr = h;
     *payload = (const float *)(const void *)(p + hb);
     return CG_OK;
+}
+
+void cg_kvwire_seal(const void *body, size_t len, const char *name, void *out)
+{
+    XXH3_state_t st;
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, body, len);
+    XXH3_128bits_update(&st, name, strlen(name));
+    XXH128_canonicalFromHash((XXH128_canonical_t *)out, XXH3_128bits_digest(&st));
+}
+
+cg_status cg_kvwire_unseal(const void *buf, size_t len, const char *name, cg_kvwire_header *hdr,
+                           const float **payload)
+{
+    *payload = NULL;
+    if (!buf || len < CG_KVWIRE_SEAL_BYTES) return CG_E_VALUE;
+    size_t body = len - CG_KVWIRE_SEAL_BYTES;
+    uint8_t want[CG_KVWIRE_SEAL_BYTES];
+    cg_kvwire_seal(buf, body, name, want);
+    if (memcmp(want, (const uint8_t *)buf + body, CG_KVWIRE_SEAL_BYTES) != 0) return CG_E_VALUE;
+    return cg_kvwire_decode(buf, body, hdr, payload);
 }
 
 /* Parses a decimal u32 of 1..10 digits at *s, advancing *s. Returns 0 on success. */

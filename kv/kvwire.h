@@ -78,6 +78,26 @@ cg_status cg_kvwire_decode(const void *buf, size_t len, cg_kvwire_header *hdr,
 cg_status cg_kvwire_parse_heads(const char *s, uint32_t total_heads, uint32_t *start,
                                 uint32_t *count) CG_WUR;
 
+/* Sealed values (the shared KV tier on Redis, DESIGN §16): a body as cg_kvwire_encode writes
+ * it, followed by CG_KVWIRE_SEAL_BYTES bytes: the XXH3-128 (canonical, big-endian bytes) of
+ * the body followed by the name the value is stored under (its per-head key string). The
+ * name binds a value to its key, so a value copied under another key fails like a corrupt
+ * one; the header catches another model or geometry. Byte layout: docs/worker.md ("Shared KV
+ * tier"). */
+#define CG_KVWIRE_SEAL_BYTES 16
+
+/* Writes the seal of body (len bytes) stored under name (NUL-terminated) into out
+ * (CG_KVWIRE_SEAL_BYTES bytes; append them to the body). */
+void cg_kvwire_seal(const void *body, size_t len, const char *name, void *out);
+
+/* Checks the seal of a sealed value of len bytes stored under name, then decodes its body
+ * like cg_kvwire_decode (*payload points into buf; buf 4-byte aligned). Returns CG_E_VALUE
+ * when the value is shorter than a seal, the seal does not match (corrupt, truncated, or
+ * stored under another name) or the body is malformed; CG_E_UNSUPPORTED for an unknown
+ * version or dtype. Never reads outside buf[0..len). */
+cg_status cg_kvwire_unseal(const void *buf, size_t len, const char *name, cg_kvwire_header *hdr,
+                           const float **payload) CG_WUR;
+
 /* Formats the per-head key string "{model}@head:{head}@{key_hex}" into out (cap bytes,
  * NUL-terminated). key_hex must be 32 lowercase hex characters and model non-empty
  * (CG_E_VALUE); CG_E_TOO_LARGE when out is short. */

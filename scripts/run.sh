@@ -3,8 +3,10 @@
 # starts chunkgate-worker plus the chunkgate gateway in the foreground (Ctrl-C stops both).
 # The gateway runs the main path: it assembles each "# #" request's KV on the worker and
 # completes it there (no --backend: the chosen worker answers).
-# Environment: CG_LISTEN (gateway, default 127.0.0.1:8080), CG_WORKER_LISTEN
-# (default 127.0.0.1:8081), CG_DATA (default ./data), CG_POOL_MB (default 256).
+# Environment: CG_MODEL (a Hugging Face checkpoint directory: config.json, *.safetensors,
+# tokenizer.json, tokenizer_config.json; default: the generated tiny model in CG_DATA/model),
+# CG_LISTEN (gateway, default 127.0.0.1:8080), CG_WORKER_LISTEN (default 127.0.0.1:8081),
+# CG_DATA (default ./data), CG_POOL_MB (default 256).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # libgomp's default spin-wait starves the OpenBLAS threads on small machines.
@@ -17,19 +19,26 @@ listen=${CG_LISTEN:-127.0.0.1:8080}
 wlisten=${CG_WORKER_LISTEN:-127.0.0.1:8081}
 data=${CG_DATA:-./data}
 mkdir -p "$data/worker" "$data/gateway"
-[ -f "$data/model/config.json" ] || build/worker/chunkgate-worker generate-model --out "$data/model"
-model=$(sed -n 's/.*"model_id"[^"]*"\([^"]*\)".*/\1/p' "$data/model/config.json" | head -n1)
-model=${model:-chunkgate-tiny}
+if [ -n "${CG_MODEL:-}" ]; then
+    mdir=$CG_MODEL
+    [ -f "$mdir/config.json" ] || { echo "CG_MODEL=$mdir has no config.json" >&2; exit 1; }
+else
+    mdir=$data/model
+    [ -f "$mdir/config.json" ] || build/worker/chunkgate-worker generate-model --out "$mdir"
+fi
 
-build/worker/chunkgate-worker serve --model "$data/model" --listen "$wlisten" \
+build/worker/chunkgate-worker serve --model "$mdir" --listen "$wlisten" \
     --data-dir "$data/worker" --pool-mb "${CG_POOL_MB:-256}" &
 worker=$!
 trap 'kill $worker 2>/dev/null; wait $worker 2>/dev/null' EXIT INT TERM
-for _ in $(seq 1 100); do
+for _ in $(seq 1 1200); do # a large checkpoint takes a while to map and check
     curl -fs "http://$wlisten/healthz" >/dev/null && break
     kill -0 $worker 2>/dev/null || { echo "chunkgate-worker failed to start" >&2; exit 1; }
     sleep 0.1
 done
+# the model id the worker serves (a real checkpoint's directory name, or chunkgate-tiny)
+model=$(curl -fs "http://$wlisten/v1/info" | sed -n 's/.*"model":"\([^"]*\)".*/\1/p')
+model=${model:-chunkgate-tiny}
 
 cat <<EOT
 chunkgate: http://$listen  (worker: http://$wlisten, model $model)
@@ -39,6 +48,9 @@ and chunk_cache in the answer):
     -d '{"model":"$model","prompt":"You are terse. # # Paris is the capital of France. # # Berlin is the capital of Germany. # # What is the capital of France?","max_tokens":16,"temperature":0}'
   curl -s http://$listen/v1/completions -H 'Content-Type: application/json' \\
     -d '{"model":"$model","prompt":"Answer in one word. # # Berlin is the capital of Germany. # # Paris is the capital of France. # # And of Germany?","max_tokens":16,"temperature":0}'
+  A chat with documents (rendered with the model's own chat template when it has one):
+  curl -s http://$listen/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model":"$model","messages":[{"role":"user","content":"What is the capital of France?"}],"documents":["Paris is the capital of France.","Berlin is the capital of Germany."],"max_tokens":32}'
 Workers: curl -s http://$listen/v1/workers     Demo: scripts/demo.sh
 EOT
 build/server/chunkgate --listen "$listen" --worker "http://$wlisten" --data-dir "$data/gateway"

@@ -39,7 +39,8 @@ run_suite() { # build-dir, extra cmake args...
     cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
     cmake --build "$dir" -j"$jobs"
     local rc=0
-    (cd "$dir" && ctest --output-on-failure --timeout 900) || rc=$?
+    # two at a time on two cores: every suite takes its own ports (port 0) and directories
+    (cd "$dir" && ctest --output-on-failure --timeout 900 -j"$jobs") || rc=$?
     # ctest does not show a skipped test's output; its first line says why it was skipped.
     grep -h '^SKIPPED: ' "$dir/Testing/Temporary/LastTest.log" 2>/dev/null || true
     return $rc

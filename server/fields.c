@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "base/base.h"
+#include "cache/chatreq.h"
 
 #define C 1 /* completions */
 #define H 2 /* chat */
@@ -18,7 +19,10 @@ static const struct {
     {"chunk_mode", C | H, CG_FIELD_GATEWAY},
     {"cache_salt", C | H, CG_FIELD_GATEWAY},
     {"recompute_prefix_tokens", C | H, CG_FIELD_GATEWAY},
-    {"documents", C | H, CG_FIELD_GATEWAY},
+    {"documents", C, CG_FIELD_GATEWAY},
+    {"documents", H, CG_FIELD_RENDER},
+    {"add_generation_prompt", H, CG_FIELD_RENDER},
+    {"chat_template_kwargs", H, CG_FIELD_RENDER},
     {"kv_transfer_params", C | H, CG_FIELD_GATEWAY},
     /* honoured by chunkgate-worker (worker/serve/api_complete.c) */
     {"model", C | H, CG_FIELD_FORWARD},
@@ -54,14 +58,15 @@ static const struct {
     {"messages", H, CG_FIELD_CONVERTED},
     {"max_tokens", H, CG_FIELD_CONVERTED},
     {"max_completion_tokens", H, CG_FIELD_CONVERTED},
+    {"logprobs", H, CG_FIELD_CONVERTED}, /* chat: a boolean, with top_logprobs */
+    {"top_logprobs", H, CG_FIELD_CONVERTED},
     /* chat fields without a completions equivalent */
     {"tools", H, CG_FIELD_CHAT_ONLY},
     {"functions", H, CG_FIELD_CHAT_ONLY},
     {"tool_choice", H, CG_FIELD_CHAT_ONLY},
     {"function_call", H, CG_FIELD_CHAT_ONLY},
     {"parallel_tool_calls", H, CG_FIELD_CHAT_ONLY},
-    {"logprobs", H, CG_FIELD_CHAT_ONLY}, /* chat: a boolean, with top_logprobs */
-    {"top_logprobs", H, CG_FIELD_CHAT_ONLY},
+    {"echo", H, CG_FIELD_CHAT_ONLY}, /* the worker's chat refuses it too */
     {"audio", H, CG_FIELD_CHAT_ONLY},
     {"modalities", H, CG_FIELD_CHAT_ONLY},
     {"prediction", H, CG_FIELD_CHAT_ONLY},
@@ -121,6 +126,37 @@ cg_status cg_gw_check_chat_fields(json_t *body, const char **param, char *msg, s
         return CG_E_VALUE;
     }
     return CG_OK;
+}
+
+json_t *cg_gw_worker_chat_fields(json_t *src)
+{
+    json_t *o = json_object();
+    const char *k;
+    json_t *v;
+    json_object_foreach(src, k, v)
+    {
+        cg_field_rule r = cg_gw_field_rule(k, 1);
+        if (r != CG_FIELD_UNKNOWN && r != CG_FIELD_IGNORED && r != CG_FIELD_GATEWAY)
+            json_object_set(o, k, v);
+    }
+    return o;
+}
+
+json_t *cg_gw_chat_as_completion(json_t *body, const char *prompt, size_t prompt_len,
+                                 int to_worker)
+{
+    json_t *o = cg_chat_as_completion(body, prompt, prompt_len);
+    const char *k;
+    json_t *v;
+    json_object_foreach(body, k, v)
+    {
+        if (json_object_get(o, k)) continue;
+        cg_field_rule r = cg_gw_field_rule(k, 1);
+        if (r == CG_FIELD_FORWARD || r == CG_FIELD_WORKER_REFUSES ||
+            (r == CG_FIELD_UNKNOWN && !to_worker && cg_gw_field_rule(k, 0) == CG_FIELD_UNKNOWN))
+            json_object_set(o, k, v);
+    }
+    return o;
 }
 
 json_t *cg_gw_worker_fields(json_t *src)

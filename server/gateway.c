@@ -1,5 +1,7 @@
 /* The gateway's configuration table, lifetime, route table, and operations routes
  * (/healthz, /readyz, /metrics). */
+#include "server/gateway.h"
+
 #include "server/gwstate.h"
 #include "server/admin.h"
 #include "server/fastpath.h"
@@ -163,6 +165,8 @@ static const cg_http_route routes[] = {
     {"POST", "/v1/completions", cg_gw_completions, CG_ROUTE_AUTH, "completions"},
     {"POST", "/v1/chat/completions", cg_gw_chat_completions, CG_ROUTE_AUTH, "chat_completions"},
     {"GET", "/v1/models", cg_gw_models, CG_ROUTE_AUTH, "models"},
+    {"POST", "/tokenize", cg_gw_tokenize, CG_ROUTE_AUTH, "tokenize"},
+    {"POST", "/detokenize", cg_gw_detokenize, CG_ROUTE_AUTH, "detokenize"},
     {"GET", "/healthz", h_healthz, CG_ROUTE_INLINE, "healthz"},
     {"GET", "/readyz", h_readyz, 0, "readyz"},
     {"GET", "/metrics", h_metrics, 0, "metrics"},
@@ -257,6 +261,11 @@ static void metrics_setup(cg_gateway *g)
                                                     "reason=\"worker_error\"");
     g->m_fallback_model =
         cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb, "reason=\"model\"");
+    g->m_busy = cg_metrics_counter(
+        m, "chunkgate_worker_busy_total",
+        "Assembles a worker answered 429 (at its --max-running + --max-queue): routed to "
+        "another worker, or the 429 passed on when every worker was busy",
+        NULL);
     g->m_releases = cg_metrics_counter(
         m, "chunkgate_assembly_releases_total",
         "Assemblies released on their worker because no completion consumed them (client left, "
@@ -306,7 +315,8 @@ static cg_status mkdir_p(const char *dir)
 
 /* Workers the index remembers from an earlier run but that are not registered now: their
  * placements would only inflate the index (routing never considers them), and a worker that
- * comes back is synced at registration anyway. */
+ * comes back is synced at registration anyway. The rows of shared remote tiers stay: what they
+ * record is in Redis, not in a worker, and workers that report the tier use it again. */
 static void forget_old_workers(cg_gateway *g)
 {
     cg_index_worker *ws = NULL;
@@ -321,7 +331,9 @@ static void forget_old_workers(cg_gateway *g)
         {
             registered |= json_integer_value(json_object_get(w, "id")) == ws[i].id;
         }
-        if (registered) continue;
+        if (registered || !strncmp(ws[i].url, CG_INDEX_TIER_ROW_PREFIX,
+                                   strlen(CG_INDEX_TIER_ROW_PREFIX)))
+            continue;
         cg_log(CG_LOG_INFO, "forgetting worker %s from an earlier run (not in --worker)",
                ws[i].url);
         if (cg_index_worker_delete(g->index, ws[i].id) != CG_OK)
@@ -390,6 +402,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     wp.health_timeout_ms = (long)cfg->health_timeout_ms;
     wp.sync_interval_ms = (long)cfg->sync_interval_ms;
     wp.load_penalty_tokens = cfg->load_penalty_tokens;
+    wp.remote_hit_percent = (int)cfg->remote_hit_percent;
     if ((st = cg_workers_open(&wp, &g->workers)) != CG_OK) goto fail;
     for (size_t i = 0; i < cfg->workers.n; i++) {
         char err[512];

@@ -68,6 +68,10 @@ const cg_cfg_opt cg_gateway_options[] = {
     OPT("load-penalty-tokens", "CHUNKGATE_LOAD_PENALTY_TOKENS", CG_CFG_INT, load_penalty_tokens,
         "256", 0, 1LL << 40,
         "routing: each request in flight on a worker costs this many cached tokens of its score"),
+    OPT("remote-hit-percent", "CHUNKGATE_REMOTE_HIT_PERCENT", CG_CFG_INT, remote_hit_percent,
+        "50", 1, 99,
+        "routing: a chunk token a worker can read from its shared remote tier (workers reporting "
+        "the same remote_tier in /v1/info) scores this percent of a token it holds itself"),
     OPT("api-key", "CHUNKGATE_API_KEYS", CG_CFG_LIST, api_keys, NULL, 0, 0,
         "API key the inference routes accept as a bearer token; repeatable (env: "
         "comma-separated). Unset (and no --api-key-file) = inference routes open"),

@@ -33,6 +33,7 @@ typedef struct cg_gateway_config {
     long long health_timeout_ms;
     long long sync_interval_ms;
     long long load_penalty_tokens;
+    long long remote_hit_percent;
     cg_strlist api_keys; /* --api-key, then the keys of --api-key-file (appended at load) */
     char *api_key_file;
     size_t max_header_bytes;

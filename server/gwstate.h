@@ -8,11 +8,13 @@
 #include "backends/openai.h"
 #include "cache/key.h"
 #include "cache/split.h"
-#include "server/gateway.h"
+#include "server/gwconfig.h"
 #include "base/http.h"
 #include "base/metrics.h"
 #include "server/workers.h"
 #include "sql/index.h"
+
+typedef struct cg_gateway cg_gateway; /* as server/gateway.h names it */
 
 struct cg_gateway {
     const cg_gateway_config *cfg; /* borrowed */
@@ -34,6 +36,7 @@ struct cg_gateway {
     cg_metric *m_fallbacks, *m_passthrough, *m_disconnects, *m_fast_path;
     cg_metric *m_fallback_no_worker, *m_fallback_worker_error, *m_fallback_model;
     cg_metric *m_releases, *m_ttft, *m_assemble;
+    cg_metric *m_busy; /* assembles a worker answered 429 */
 
     /* /readyz caches the backend probe briefly so a busy prober cannot load the backend. */
     pthread_mutex_t ready_mu;

@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include "backends/worker_client.h"
 #include "server/fields.h"
 #include "server/gwstate.h"
 #include "server/orchestrate.h"
@@ -124,4 +125,48 @@ void cg_gw_completions(cg_http_req *req, void *app)
 void cg_gw_chat_completions(cg_http_req *req, void *app)
 {
     handle(req, app, 1);
+}
+
+/* ---------------------------------------------------------------- tokenize */
+
+/* POST /tokenize and /detokenize: the workers' tokenizer is the model's, so the body goes to
+ * the least-loaded healthy worker unchanged and its answer comes back as it is. */
+static void to_worker(cg_http_req *req, cg_gateway *g, const char *path)
+{
+    size_t len = 0;
+    const char *raw = cg_http_req_body(req, &len);
+    cg_worker *w = cg_workers_pick_any(g->workers, NULL);
+    if (!w) {
+        cg_gw_reply_error(req, CG_E_UNAVAILABLE, NULL, "no healthy worker to tokenize with");
+        return;
+    }
+    char *body = cg_malloc(len + 1), err[256];
+    memcpy(body, raw ? raw : "", len);
+    body[len] = '\0';
+    long http = 0;
+    json_t *ans = NULL;
+    cg_status st = cg_wc_call_sync(g->client, cg_worker_url(w), "POST", path, body, len,
+                                   g->cfg->worker_timeout_ms, &http, &ans, err, sizeof err);
+    if (st != CG_OK || !ans) {
+        const char *kind = st == CG_E_TIMEOUT       ? "timeout"
+                           : st == CG_E_UNAVAILABLE ? "connect"
+                           : st != CG_OK            ? "status"
+                                                    : "invalid";
+        cg_workers_error(g->workers, w, kind, st != CG_OK ? err : "answer is not JSON");
+        cg_gw_reply_error(req, st == CG_E_TIMEOUT ? CG_E_TIMEOUT : CG_E_BAD_GATEWAY, NULL,
+                          "the worker did not answer the tokenizer request");
+        json_decref(ans);
+    } else {
+        cg_http_reply_json(req, (int)http, ans);
+    }
+    cg_workers_release(g->workers, &w);
+}
+
+void cg_gw_tokenize(cg_http_req *req, void *app)
+{
+    to_worker(req, app, "/tokenize");
+}
+void cg_gw_detokenize(cg_http_req *req, void *app)
+{
+    to_worker(req, app, "/detokenize");
 }

@@ -13,7 +13,7 @@
 #include <string.h>
 #include "backends/worker_client.h"
 #include "cache/chat.h"
-#include "server/chatconv.h"
+#include "cache/chatreq.h"
 #include "server/fields.h"
 #include "server/relay.h"
 
@@ -34,6 +34,7 @@ typedef struct gw_call {
     cg_route_kind kind;
     const char *fallback_reason; /* static; set once the request falls back */
     uint64_t t0;
+    int busy_tries; /* workers that answered 429 to this request's assemble */
 } gw_call;
 
 static void call_free(gw_call *c)
@@ -48,35 +49,6 @@ static void call_free(gw_call *c)
 static const char *route_name(const gw_call *c)
 {
     return c->chat ? "chat_completions" : "completions";
-}
-
-/* A chat without separators, for a worker (which has no chat route): one line per message,
- * "<role>: <text>", then "assistant:". */
-static void render_plain_chat(json_t *body, cg_buf *out)
-{
-    size_t i, j;
-    json_t *m, *part;
-    cg_status st = CG_OK;
-    json_array_foreach(json_object_get(body, "messages"), i, m)
-    {
-        st = cg_buf_printf(out, "%s: ", json_string_value(json_object_get(m, "role")));
-        json_t *c = json_object_get(m, "content");
-        if (json_is_string(c)) {
-            st = cg_buf_append(out, json_string_value(c), json_string_length(c));
-        } else if (json_is_array(c)) {
-            int n = 0;
-            json_array_foreach(c, j, part)
-            {
-                json_t *t = json_object_get(part, "text");
-                if (!json_is_string(t)) continue;
-                if (n++) st = cg_buf_append(out, "\n", 1);
-                st = cg_buf_append(out, json_string_value(t), json_string_length(t));
-            }
-        }
-        st = cg_buf_append(out, "\n", 1);
-    }
-    st = cg_buf_append(out, "assistant:", 10);
-    (void)st; /* unlimited buffer; the body cap bounds it */
 }
 
 /* ---------------------------------------------------------------- bodies */
@@ -141,31 +113,20 @@ static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, 
     return out;
 }
 
-/* The plain-prompt body for a worker's /v1/completions: the fields the worker reads
- * (server/fields.h; unknown ones stay here). A worker splits a "# #" prompt itself, so the
- * tenant salt, mode and the separator in use go along: a fallback never mixes tenants in the
- * worker's pool. Chat becomes a completion of its rendering. */
+/* The body for a worker's /v1/completions, or /v1/chat/completions for a chat: the fields
+ * the worker reads (server/fields.h; unknown ones stay here). The worker splits a "# #"
+ * prompt and renders a chat itself, exactly as the gateway did (the same template, the same
+ * rule), so the tenant salt, mode and the separator in use go along: a fallback never mixes
+ * tenants in the worker's pool. */
 static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
 {
-    json_t *o;
-    if (c->chat) {
-        cg_buf plain;
-        cg_buf_init(&plain, 0);
-        if (!c->segs.split.passthrough) {
-            o = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len, 1);
-        } else {
-            render_plain_chat(c->body, &plain);
-            o = cg_gw_chat_as_completion(c->body, plain.data, plain.len, 1);
-        }
-        cg_buf_free(&plain);
-    } else {
-        o = cg_gw_worker_fields(c->body);
-    }
+    json_t *o = c->chat ? cg_gw_worker_chat_fields(c->body) : cg_gw_worker_fields(c->body);
     *strip_usage = ask_usage(o, c->stream);
     json_object_set_new(o, "chunk_separator", json_string(c->segs.separator));
     json_object_set_new(o, "chunk_mode", json_string(cg_mode_name(c->segs.mode)));
     if (c->segs.recompute >= 0)
         json_object_set_new(o, "recompute_prefix_tokens", json_integer(c->segs.recompute));
+    if (c->segs.no_bos) json_object_set_new(o, "add_special_tokens", json_false());
     /* The salt the keys were made with (a tenant's salt is not the client's cache_salt). */
     if (c->segs.salt) json_object_set_new(o, "cache_salt", json_string(c->segs.salt));
     char *out = json_dumps(o, JSON_COMPACT);
@@ -266,8 +227,7 @@ static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclu
         }
         t.base = cg_worker_url(w);
         t.no_auth = 1;
-        t.path = "/v1/completions";
-        t.to_chat = c->chat;
+        t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
         t.worker = w;
         t.backend_is_worker = 1;
         body = worker_plain_body(c, &t.strip_usage, &len);
@@ -303,25 +263,34 @@ static int assembly_matches(const gw_call *c, const cg_wc_assembly *a, char *why
 
 /* The worker is the source of truth: every assemble answer updates the index at once (hits
  * refresh their placement, stored misses become placements, unstored ones and evicted keys
- * are removed), and a miss where the index expected a hit schedules a full resync. */
+ * are removed), and a miss where the index expected a hit schedules a full resync. With a
+ * shared remote tier, a chunk read from it or stored (and so queued for it) is recorded under
+ * the tier's row; a miss of a chunk the index placed there corrects it. */
 static void record(gw_call *c, const cg_wc_assembly *a)
 {
     cg_gateway *g = c->g;
     cg_index *ix = g->index;
     int64_t wid = cg_worker_id(c->w), now = (int64_t)cg_wall_ms();
+    int64_t tier = cg_workers_tier_row(g->workers, c->w);
     size_t hits = 0, stale = 0;
     for (size_t k = 0; k < c->segs.n_keys; k++) {
         const cg_wc_seg *s = &a->segs[c->segs.key_seg[k]];
         const cg_key *key = &c->segs.keys[k];
-        if (!s->hit && cg_index_entry_tokens_on(c->ent ? &c->ent[k] : NULL, wid) > 0) stale++;
+        const cg_index_entry *e = c->ent ? &c->ent[k] : NULL;
+        if (!s->hit && cg_index_entry_tokens_on(e, wid) > 0) stale++;
         if (s->hit) {
             hits++;
             cg_index_chunk_hit(ix, key, now);
             cg_index_placement_set(ix, key, wid, CG_TIER_RAM, s->n_tokens, now);
+            if (tier >= 0 && !strcmp(s->tier, "remote"))
+                cg_index_placement_set(ix, key, tier, CG_TIER_REMOTE, s->n_tokens, now);
         } else if (s->stored) {
             cg_index_placement_set(ix, key, wid, CG_TIER_RAM, s->n_tokens, now);
+            if (tier >= 0) cg_index_placement_set(ix, key, tier, CG_TIER_REMOTE, s->n_tokens, now);
         } else {
             cg_index_placement_del(ix, key, wid); /* computed but not kept (pool full) */
+            if (tier >= 0 && cg_index_entry_tokens_on(e, tier) > 0)
+                cg_index_placement_del(ix, key, tier); /* the shared tier lost it */
         }
     }
     for (size_t i = 0; i < a->n_evicted; i++) {
@@ -361,6 +330,11 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
             json_object_del(cb, EXT_FIELDS[i]);
     }
     json_object_set_new(cb, "kv_transfer_params", json_pack("{s:s}", "assembly_id", a->id));
+    /* A chat without a limit decodes until EOS or the end of the context, as a chat does on
+     * the worker itself (a completion's default limit is much smaller). */
+    int64_t max_pos = cg_workers_max_positions(g->workers);
+    if (c->chat && !json_object_get(cb, "max_tokens") && max_pos > a->n_tokens)
+        json_object_set_new(cb, "max_tokens", json_integer(max_pos - a->n_tokens));
     int strip = ask_usage(cb, c->stream);
     char *text = json_dumps(cb, JSON_COMPACT);
     json_decref(cb);
@@ -385,7 +359,55 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
     call_free(c);
 }
 
-static void submit_assemble(gw_call *c);
+static void on_assembled(void *arg, cg_status st, long http, json_t *j, const char *detail);
+static json_t *assemble_body(const gw_call *c);
+
+/* POST {worker}/v1/assemble for c on c->w; the answer comes to on_assembled. */
+static void submit_assemble(gw_call *c)
+{
+    cg_gateway *g = c->g;
+    json_t *ab = assemble_body(c);
+    char *text = json_dumps(ab, JSON_COMPACT);
+    json_decref(ab);
+    cg_log(CG_LOG_DEBUG, "routed to %s (%s)", cg_worker_url(c->w), cg_route_kind_name(c->kind));
+    c->t0 = cg_now_ns();
+    /* The answer may arrive (on the curl thread) before cg_wc_call returns: c is not ours
+     * once the call is submitted. */
+    char url[600];
+    snprintf(url, sizeof url, "%s", cg_worker_url(c->w));
+    cg_http_req *req = c->req;
+    if (cg_wc_call(g->client, url, "POST", "/v1/assemble", text, strlen(text), c->rid,
+                   (long)g->cfg->worker_timeout_ms, on_assembled, c, NULL) != CG_OK) {
+        cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
+        call_free(c);
+    }
+}
+
+/* A worker answered 429 (at --max-running + --max-queue): it is busy, not broken. The request
+ * goes to another worker that can take it; when every worker has been tried, the client gets
+ * the 429 with Retry-After. Returns 1 when it took over c. */
+static int on_busy(gw_call *c, json_t **body)
+{
+    cg_gateway *g = c->g;
+    cg_metric_add(g->m_busy, 1);
+    if (++c->busy_tries < (int)cg_workers_count(g->workers)) {
+        cg_worker *other = cg_workers_pick_any(g->workers, c->w);
+        if (other) {
+            cg_log(CG_LOG_INFO, "worker %s is busy (429); trying %s", cg_worker_url(c->w),
+                   cg_worker_url(other));
+            cg_workers_release(g->workers, &c->w);
+            c->w = other;
+            c->kind = CG_ROUTE_LEAST_LOADED;
+            submit_assemble(c);
+            return 1;
+        }
+    }
+    cg_http_add_header(c->req, "Retry-After", "1");
+    cg_http_reply_json(c->req, 429, *body);
+    *body = NULL;
+    call_free(c);
+    return 1;
+}
 
 static void on_assembled(void *arg, cg_status st, long http, json_t *j, const char *detail)
 {
@@ -405,6 +427,10 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
                                                   : "invalid",
                          why);
         goto fallback;
+    }
+    if (http == 429) {
+        on_busy(c, &j);
+        goto out;
     }
     if (http != 200) {
         const char *code = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
@@ -480,6 +506,7 @@ static json_t *assemble_body(const gw_call *c)
     if (s->salt) json_object_set_new(ab, "cache_salt", json_string(s->salt));
     if (s->recompute >= 0)
         json_object_set_new(ab, "recompute_prefix_tokens", json_integer(s->recompute));
+    if (s->no_bos) json_object_set_new(ab, "add_special_tokens", json_false());
     return ab;
 }
 
@@ -559,26 +586,6 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
     }
     /* Parsed: only a fallback to --backend may still forward the raw bytes. */
     if (!g->has_backend) cg_http_req_drop_body(req);
-    cg_log(CG_LOG_DEBUG, "routed to %s (%s, %lld cached tokens expected)", cg_worker_url(c->w),
-           cg_route_kind_name(c->kind), (long long)expect);
+    cg_log(CG_LOG_DEBUG, "%lld cached tokens expected", (long long)expect);
     submit_assemble(c);
-}
-
-/* POST {c->w}/v1/assemble; on_assembled takes it from there. */
-static void submit_assemble(gw_call *c)
-{
-    cg_gateway *g = c->g;
-    json_t *ab = assemble_body(c);
-    char *text = json_dumps(ab, JSON_COMPACT);
-    json_decref(ab);
-    c->t0 = cg_now_ns();
-    /* The answer may arrive (on the curl thread) before cg_wc_call returns: c is not ours
-     * once the call is submitted. */
-    char url[600];
-    snprintf(url, sizeof url, "%s", cg_worker_url(c->w));
-    if (cg_wc_call(g->client, url, "POST", "/v1/assemble", text, strlen(text), c->rid,
-                   (long)g->cfg->worker_timeout_ms, on_assembled, c, NULL) != CG_OK) {
-        cg_http_reply_error(c->req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
-        call_free(c);
-    }
 }

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "backends/sse.h"
-#include "server/chatconv.h"
+#include "cache/chatreq.h"
 #include "backends/worker_client.h"
 #include "server/statuspage.h"
 
@@ -178,7 +178,7 @@ static void on_event(void *arg, const cg_sse_event *ev)
     }
     if (obj) {
         if (r->to_chat && !json_object_get(obj, "error"))
-            cg_gw_to_chat(obj, 1, r->chat_chunks++ == 0);
+            cg_chat_answer_shape(obj, 1, r->chat_chunks++ == 0);
         if (!r->first_data_done && r->chunk_cache) {
             json_object_set(obj, "chunk_cache", r->chunk_cache);
             r->first_data_done = 1;
@@ -288,7 +288,7 @@ static void reply_answer(relay *r)
     int ok = r->status >= 200 && r->status < 300;
     char msg[256];
     if (ok && json_is_object(obj)) {
-        if (r->to_chat) cg_gw_to_chat(obj, 0, 1);
+        if (r->to_chat) cg_chat_answer_shape(obj, 0, 1);
         if (r->chunk_cache) json_object_set(obj, "chunk_cache", r->chunk_cache);
         fix_usage(g, obj, r->cached_tokens, r->count_usage);
         observe_ttft(r);
@@ -307,7 +307,9 @@ static void reply_answer(relay *r)
      * backend: relayed, but not counted as a backend failure. */
     if (r->status >= 500) cg_gw_backend_error(g, "status");
     if (json_is_object(obj) && json_is_object(json_object_get(obj, "error"))) {
-        /* The backend's own error in OpenAI shape: relay it with its status. */
+        /* The backend's own error in OpenAI shape: relay it with its status. A 429 keeps
+         * telling the client when to come back (the upstream's own header is not kept). */
+        if (r->status == 429) cg_http_add_header(r->req, "Retry-After", "1");
         cg_http_reply_json(r->req, (int)r->status, obj);
         return;
     }

@@ -5,6 +5,7 @@
 #include <string.h>
 #include "base/json.h"
 #include "cache/chat.h"
+#include "cache/chatreq.h"
 
 void cg_gw_segments_init(cg_gw_segments *s)
 {
@@ -52,120 +53,46 @@ static cg_status get_prompt(json_t *body, const char **text, size_t *len, char *
     return CG_OK;
 }
 
-/* Chat messages into cg_chat_msg rows. Content arrays of text parts are joined with '\n' into
- * parts[i]; a content part of another type (image, audio) makes the request pass-through,
- * because only text can be split and keyed. */
-static cg_status get_messages(json_t *body, cg_chat_msg **out, size_t *n_out, cg_buf **parts_out,
-                              int *non_text, char *msg, size_t msglen)
+/* A chat rendered into out->rendered and split: with the workers' chat template when they
+ * reported one (DESIGN §13; the rendering carries its own special tokens, so no BOS is added),
+ * else with the plain rule of cache/chat.h. A chat with non-text parts, or without separators,
+ * passes through with its rendering. */
+static cg_status render_chat(cg_gateway *g, json_t *body, const cg_chat_req *cr,
+                             const cg_split_params *sp, cg_gw_segments *out, const char **param,
+                             char *msg, size_t msglen)
 {
-    json_t *ms = json_object_get(body, "messages");
-    *out = NULL;
-    *parts_out = NULL;
-    *n_out = 0;
-    *non_text = 0;
-    if (!ms || json_is_null(ms)) return CG_E_MISSING;
-    if (!json_is_array(ms)) {
-        snprintf(msg, msglen, "messages must be an array");
-        return CG_E_TYPE;
+    cg_status st;
+    cg_chat_model *cm = cr->non_text ? NULL : cg_workers_chat_model(g->workers);
+    if (cm) {
+        int agp = 1;
+        json_t *kw = NULL;
+        char err[512];
+        *param = "add_generation_prompt";
+        if ((st = cg_json_get_bool(body, "add_generation_prompt", 1, &agp)) != CG_OK) goto out;
+        *param = "chat_template_kwargs";
+        if ((st = cg_json_get(body, "chat_template_kwargs", JSON_OBJECT, 0, &kw)) != CG_OK)
+            goto out;
+        *param = "messages";
+        cg_chat_render_opts o = {sp->separator, agp, kw};
+        st = cg_chat_model_render(cm, cr, &o, &out->rendered, err, sizeof err);
+        if (st != CG_OK) {
+            snprintf(msg, msglen, "the model's chat template: %s", err);
+            goto out;
+        }
+        out->no_bos = 1;
+        st = cg_split_prompt(out->rendered.data ? out->rendered.data : "", out->rendered.len, sp,
+                             &out->split);
+    } else if (cr->non_text) {
+        out->split.passthrough = 1;
+        st = cg_chat_req_render_flat(cr, &out->rendered);
+    } else {
+        st = cg_chat_render(cr->msgs, cr->n_msgs, cr->docs, cr->doc_lens, cr->n_docs, sp,
+                            &out->rendered, &out->split);
+        if (st == CG_OK && out->split.passthrough) st = cg_chat_req_render_flat(cr, &out->rendered);
     }
-    size_t n = json_array_size(ms);
-    if (!n) {
-        snprintf(msg, msglen, "messages must not be empty");
-        return CG_E_VALUE;
-    }
-    cg_chat_msg *rows = cg_calloc(n, sizeof *rows);
-    cg_buf *parts = cg_calloc(n, sizeof *parts);
-    *out = rows;
-    *parts_out = parts;
-    *n_out = n;
-    for (size_t i = 0; i < n; i++) {
-        json_t *m = json_array_get(ms, i);
-        cg_buf_init(&parts[i], 0);
-        if (!json_is_object(m)) {
-            snprintf(msg, msglen, "messages[%zu] must be an object", i);
-            return CG_E_TYPE;
-        }
-        json_t *role = json_object_get(m, "role");
-        if (!json_is_string(role) || !json_string_length(role)) {
-            snprintf(msg, msglen, "messages[%zu].role must be a non-empty string", i);
-            return role ? CG_E_TYPE : CG_E_MISSING;
-        }
-        rows[i].role = json_string_value(role);
-        json_t *c = json_object_get(m, "content");
-        if (!c || json_is_null(c)) {
-            /* Only an assistant turn may go without (its tool calls stand for it), as in
-             * OpenAI's API; every other message needs its content. */
-            if (!strcmp(rows[i].role, "assistant")) continue;
-            snprintf(msg, msglen, "messages[%zu].content is required for role %.32s", i,
-                     rows[i].role);
-            return CG_E_MISSING;
-        }
-        if (json_is_string(c)) {
-            rows[i].content = json_string_value(c);
-            rows[i].content_len = json_string_length(c);
-            continue;
-        }
-        if (!json_is_array(c)) {
-            snprintf(msg, msglen, "messages[%zu].content must be a string or an array of parts", i);
-            return CG_E_TYPE;
-        }
-        size_t j;
-        json_t *part;
-        json_array_foreach(c, j, part)
-        {
-            json_t *type = json_is_object(part) ? json_object_get(part, "type") : NULL;
-            if (!json_is_string(type)) {
-                snprintf(msg, msglen, "messages[%zu].content[%zu] must be an object with a type", i,
-                         j);
-                return CG_E_TYPE;
-            }
-            if (strcmp(json_string_value(type), "text") != 0) {
-                *non_text = 1;
-                continue;
-            }
-            json_t *text = json_object_get(part, "text");
-            if (!json_is_string(text)) {
-                snprintf(msg, msglen, "messages[%zu].content[%zu].text must be a string", i, j);
-                return CG_E_TYPE;
-            }
-            cg_status st = CG_OK;
-            if (parts[i].len) st = cg_buf_append(&parts[i], "\n", 1);
-            if (st == CG_OK)
-                st = cg_buf_append(&parts[i], json_string_value(text), json_string_length(text));
-            (void)st; /* unlimited buffer; the body cap bounds it */
-        }
-        rows[i].content = parts[i].len ? parts[i].data : NULL;
-        rows[i].content_len = parts[i].len;
-    }
-    return CG_OK;
-}
-
-static cg_status get_documents(json_t *body, const char ***docs, size_t **lens, size_t *n,
-                               char *msg, size_t msglen)
-{
-    json_t *d = json_object_get(body, "documents");
-    *docs = NULL;
-    *lens = NULL;
-    *n = 0;
-    if (!d || json_is_null(d)) return CG_OK;
-    if (!json_is_array(d)) {
-        snprintf(msg, msglen, "documents must be an array of strings");
-        return CG_E_TYPE;
-    }
-    size_t k = json_array_size(d);
-    *docs = cg_calloc(k ? k : 1, sizeof **docs);
-    *lens = cg_calloc(k ? k : 1, sizeof **lens);
-    for (size_t i = 0; i < k; i++) {
-        json_t *s = json_array_get(d, i);
-        if (!json_is_string(s)) {
-            snprintf(msg, msglen, "documents[%zu] must be a string", i);
-            return CG_E_TYPE;
-        }
-        (*docs)[i] = json_string_value(s);
-        (*lens)[i] = json_string_length(s);
-    }
-    *n = k;
-    return CG_OK;
+out:
+    cg_chat_model_unref(&cm);
+    return st;
 }
 
 cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, int chat,
@@ -173,11 +100,6 @@ cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, 
 {
     cg_status st;
     const char *sep = NULL, *mode_s = NULL, *salt = NULL;
-    cg_chat_msg *msgs = NULL;
-    cg_buf *parts = NULL;
-    size_t n_msgs = 0, n_docs = 0;
-    const char **docs = NULL;
-    size_t *doc_lens = NULL;
     msg[0] = '\0';
 
     *param = "chunk_separator";
@@ -227,26 +149,20 @@ cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, 
         size_t len;
         *param = "prompt";
         if ((st = get_prompt(body, &text, &len, msg, msglen)) != CG_OK) goto out;
+        int add_special = 1;
+        *param = "add_special_tokens";
+        if ((st = cg_json_get_bool(body, "add_special_tokens", 1, &add_special)) != CG_OK) goto out;
+        out->no_bos = !add_special;
+        *param = "prompt";
         out->text = text;
         st = cg_split_prompt(text, len, &sp, &out->split);
     } else {
-        int non_text;
-        *param = "messages";
-        if ((st = get_messages(body, &msgs, &n_msgs, &parts, &non_text, msg, msglen)) != CG_OK)
-            goto out;
-        *param = "documents";
-        if ((st = get_documents(body, &docs, &doc_lens, &n_docs, msg, msglen)) != CG_OK) goto out;
-        *param = "messages";
+        cg_chat_req cr;
+        st = cg_chat_req_parse(body, &cr, param, msg, msglen);
         /* The rendering is about as long as the contents; twice the body cap is plenty. */
         out->rendered.max = g->cfg->max_body_bytes * 2 + 65536;
-        if (non_text) {
-            cg_split_result_free(&out->split);
-            out->split.passthrough = 1;
-            st = CG_OK;
-        } else {
-            st = cg_chat_render(msgs, n_msgs, docs, doc_lens, n_docs, &sp, &out->rendered,
-                                &out->split);
-        }
+        if (st == CG_OK) st = render_chat(g, body, &cr, &sp, out, param, msg, msglen);
+        cg_chat_req_free(&cr);
         out->text = out->rendered.data ? out->rendered.data : "";
     }
     if (st != CG_OK) {
@@ -279,12 +195,5 @@ cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, 
     free(all);
     *param = NULL;
 out:
-    if (parts)
-        for (size_t i = 0; i < n_msgs; i++)
-            cg_buf_free(&parts[i]);
-    free(parts);
-    free(msgs);
-    free(docs);
-    free(doc_lens);
     return st;
 }

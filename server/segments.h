@@ -10,7 +10,8 @@
 #include "cache/split.h"
 #include "server/gwstate.h"
 
-/* A request's segments after splitting and keying. Keys exist for cacheable segments only
+/* A request's segments after splitting and keying (a chat's rendering is in rendered, also
+ * when it passes through). Keys exist for cacheable segments only
  * (system and chunk); n_keys of them, in prompt order. */
 typedef struct cg_gw_segments {
     cg_split_result split; /* segments, offsets into text */
@@ -24,6 +25,8 @@ typedef struct cg_gw_segments {
     char *salt_owned;      /* owned: the tenant form of salt */
     long long recompute;   /* recompute_prefix_tokens, -1 when absent */
     cg_mode mode;
+    int no_bos; /* the worker must not add BOS: add_special_tokens false, or a chat rendered
+                   with the model's template (which writes its own special tokens) */
     cg_key *keys;    /* owned; n_keys entries */
     size_t *key_seg; /* owned; the segment index of each key */
     size_t n_keys;

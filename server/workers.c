@@ -30,11 +30,11 @@ struct cg_worker {
     cg_wc_info info;
     char error[256];
     uint64_t routed, errors;
+    int64_t tier_row; /* index row of its shared remote tier (info.remote_tier), or -1 */
     cg_metric *g_in_flight, *g_healthy;
 };
 
 static const char *const ERROR_KINDS[] = {"connect", "timeout", "status", "invalid", "stream"};
-
 
 struct cg_workers {
     cg_workers_params p;
@@ -44,10 +44,11 @@ struct cg_workers {
     size_t n, cap;
     cg_wc_info pool; /* the accepted geometry; have_pool */
     int have_pool;
+    cg_chat_model *chat; /* the pool's chat template, compiled; NULL when it has none */
     pthread_t thread;
     int started, stop;
     cg_metric *m_errors[CG_ARRAY_LEN(ERROR_KINDS)];
-    cg_metric *m_route[3];
+    cg_metric *m_route[CG_ROUTE_KINDS];
     cg_metric *m_syncs, *m_sync_fail, *m_stale;
 };
 
@@ -59,18 +60,19 @@ cg_workers_params cg_workers_default_params(void)
     p.health_timeout_ms = 1000;
     p.sync_interval_ms = 60000;
     p.load_penalty_tokens = 256;
+    p.remote_hit_percent = 50;
     return p;
 }
 
 const char *cg_route_kind_name(cg_route_kind k)
 {
-    static const char *names[] = {"hit", "least_loaded", "pinned"};
+    static const char *names[] = {"hit", "least_loaded", "pinned", "remote"};
     return (unsigned)k < CG_ARRAY_LEN(names) ? names[k] : "unknown";
 }
 
 /* ---------------------------------------------------------------- routing rule */
 
-int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, uint64_t tie,
+int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remote_pct, uint64_t tie,
                   cg_route_kind *kind)
 {
     if (!n) return -1;
@@ -83,7 +85,8 @@ int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, uint64_t 
     for (size_t k = 0; k < n; k++) {
         size_t i = (start + k) % n;
         if (any_pinned && !c[i].pinned) continue;
-        long long score = (long long)c[i].cached - (long long)c[i].in_flight * penalty;
+        long long score = (long long)c[i].cached + (long long)c[i].remote * remote_pct / 100 -
+                          (long long)c[i].in_flight * penalty;
         /* Strictly better only: the first in rotation order keeps a tie. */
         if (best < 0 || score > best_score ||
             (score == best_score && c[i].in_flight < c[best].in_flight)) {
@@ -92,8 +95,8 @@ int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, uint64_t 
         }
         if (least < 0 || c[i].in_flight < c[least].in_flight) least = (int)i;
     }
-    if (c[best].cached > 0) {
-        *kind = any_pinned ? CG_ROUTE_PINNED : CG_ROUTE_HIT;
+    if (c[best].cached > 0 || (c[best].remote > 0 && remote_pct > 0)) {
+        *kind = any_pinned ? CG_ROUTE_PINNED : c[best].cached > 0 ? CG_ROUTE_HIT : CG_ROUTE_REMOTE;
         return best;
     }
     /* Nothing cached where the score points: spread by load, then by the request's key. */
@@ -120,6 +123,7 @@ static cg_worker *worker_new(cg_workers *r, int64_t id, const char *url)
     w->url = cg_strdup(url);
     w->refs = 1;
     w->state = W_UNKNOWN;
+    w->tier_row = -1;
     char esc[600], labels[700];
     label_escape(url, esc, sizeof esc);
     snprintf(labels, sizeof labels, "worker=\"%s\"", esc);
@@ -195,6 +199,10 @@ static json_t *worker_json_full_locked(const cg_worker *w)
                       w->info.instance ? json_string(w->info.instance) : json_null()));
     else
         json_object_set_new(j, "info", json_null());
+    /* workers with the same remote tier share it (DESIGN §16) */
+    json_object_set_new(j, "remote_tier",
+                        w->have_info && w->info.remote_tier ? json_string(w->info.remote_tier)
+                                                            : json_null());
     return j;
 }
 
@@ -209,6 +217,8 @@ cg_status cg_workers_open(const cg_workers_params *p, cg_workers **out)
     if (r->p.health_timeout_ms <= 0) r->p.health_timeout_ms = d.health_timeout_ms;
     if (r->p.sync_interval_ms < 0) r->p.sync_interval_ms = 0;
     if (r->p.load_penalty_tokens < 0) r->p.load_penalty_tokens = 0;
+    if (r->p.remote_hit_percent < 1 || r->p.remote_hit_percent > 99)
+        r->p.remote_hit_percent = d.remote_hit_percent;
     pthread_mutex_init(&r->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -225,13 +235,14 @@ cg_status cg_workers_open(const cg_workers_params *p, cg_workers **out)
             "that is not a valid assembly), stream (failed while decoding).",
             labels);
     }
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < CG_ROUTE_KINDS; k++) {
         char labels[64];
         snprintf(labels, sizeof labels, "kind=\"%s\"", cg_route_kind_name((cg_route_kind)k));
         r->m_route[k] = cg_metrics_counter(
             m, "chunkgate_routing_decisions_total",
             "Requests routed to a worker: hit (most cached tokens), least_loaded (nothing "
-            "cached), pinned (a worker holding a pinned chunk).",
+            "cached), pinned (a worker holding a pinned chunk), remote (a worker that reads the "
+            "request's chunks from its shared remote tier).",
             labels);
     }
     r->m_syncs =
@@ -246,7 +257,6 @@ cg_status cg_workers_open(const cg_workers_params *p, cg_workers **out)
     *out = r;
     return CG_OK;
 }
-
 
 static void *health_main(void *arg);
 
@@ -287,6 +297,7 @@ void cg_workers_close(cg_workers **rp)
     }
     free(r->v);
     cg_wc_info_clear(&r->pool);
+    cg_chat_model_unref(&r->chat);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -315,6 +326,37 @@ size_t cg_workers_healthy(cg_workers *r)
         k += r->v[i]->state == W_HEALTHY;
     pthread_mutex_unlock(&r->mu);
     return k;
+}
+
+/* Compiles the accepted pool's chat template. A worker refuses to load a template it cannot
+ * render, and it renders with this same code, so a failure here means a worker of another
+ * implementation: its chats fall back to the plain rendering, said once in the log. */
+static void pool_chat_locked(cg_workers *r)
+{
+    if (!r->pool.chat_template) return;
+    char err[256];
+    cg_status st = cg_chat_model_new(r->pool.chat_template, r->pool.bos_token, r->pool.eos_token,
+                                     &r->chat, err, sizeof err);
+    if (st != CG_OK)
+        cg_log(CG_LOG_WARN, "the workers' chat template cannot be rendered here (%s); chat "
+                            "requests use the plain rendering", err);
+}
+
+cg_chat_model *cg_workers_chat_model(cg_workers *r)
+{
+    if (!r) return NULL;
+    pthread_mutex_lock(&r->mu);
+    cg_chat_model *m = cg_chat_model_ref(r->chat);
+    pthread_mutex_unlock(&r->mu);
+    return m;
+}
+
+int64_t cg_workers_max_positions(cg_workers *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int64_t n = r->have_pool ? r->pool.max_positions : 0;
+    pthread_mutex_unlock(&r->mu);
+    return n;
 }
 
 int cg_workers_model(cg_workers *r, char *buf, size_t n)
@@ -476,6 +518,7 @@ static int sync_worker(cg_workers *r, cg_worker *w, uint64_t now)
     if (!r->have_pool) {
         cg_wc_info_copy(&r->pool, &info);
         r->have_pool = 1;
+        pool_chat_locked(r);
     }
     if (w->have_info && info.instance && w->info.instance &&
         strcmp(info.instance, w->info.instance) != 0)
@@ -485,6 +528,23 @@ static int sync_worker(cg_workers *r, cg_worker *w, uint64_t now)
     w->info = info;
     w->have_info = 1;
     w->want_sync = 0;
+    char tier_url[600];
+    tier_url[0] = '\0';
+    if (info.remote_tier) cg_index_tier_row_url(info.remote_tier, tier_url, sizeof tier_url);
+    pthread_mutex_unlock(&r->mu);
+
+    /* Its shared remote tier's row (the same for every worker naming that tier). */
+    int64_t tier_row = -1;
+    if (tier_url[0] && cg_index_worker_add(r->p.index, tier_url, info.model, (int64_t)cg_wall_ms(),
+                                           &tier_row) != CG_OK) {
+        cg_log(CG_LOG_WARN, "worker %s: the index could not record its remote tier", w->url);
+        tier_row = -1;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (w->tier_row != tier_row)
+        cg_log(CG_LOG_INFO, "worker %s shares remote tier %s", w->url,
+               tier_url[0] ? tier_url + strlen(CG_INDEX_TIER_ROW_PREFIX) : "(none)");
+    w->tier_row = tier_row;
     pthread_mutex_unlock(&r->mu);
 
     st = sync_inventory(r, w, err, sizeof err);
@@ -626,6 +686,7 @@ cg_status cg_workers_remove(cg_workers *r, int64_t id, const char *url_in, json_
         id = w->id;
         if (r->n == 0 && r->have_pool) { /* an empty pool accepts any model again */
             cg_wc_info_clear(&r->pool);
+            cg_chat_model_unref(&r->chat);
             r->have_pool = 0;
         }
         dead = unref_locked(w);
@@ -688,6 +749,14 @@ int64_t cg_worker_id(const cg_worker *w)
     return w->id;
 }
 
+int64_t cg_workers_tier_row(cg_workers *r, const cg_worker *w)
+{
+    pthread_mutex_lock(&r->mu);
+    int64_t t = w->tier_row;
+    pthread_mutex_unlock(&r->mu);
+    return t;
+}
+
 /* Takes a reference and counts w in flight; the caller holds r->mu. */
 static cg_worker *take_locked(cg_worker *w)
 {
@@ -713,18 +782,24 @@ cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, const unsi
     for (size_t i = 0; i < r->n && n < MAX_ROUTE; i++) {
         cg_worker *w = r->v[i];
         if (w->state != W_HEALTHY) continue;
-        cg_route_cand c = {0, w->in_flight, 0};
+        cg_route_cand c = {0, w->in_flight, 0, 0};
         for (size_t k = 0; k < n_keys; k++) {
             if (steer && !steer[k]) continue;
-            int64_t t = cg_index_entry_tokens_on(ent ? &ent[k] : NULL, w->id);
-            if (t <= 0) continue;
+            const cg_index_entry *e = ent ? &ent[k] : NULL;
+            int64_t t = cg_index_entry_tokens_on(e, w->id);
+            if (t <= 0) {
+                /* not held here: readable from the tier it shares? */
+                if (w->tier_row >= 0)
+                    c.remote += CG_MAX(cg_index_entry_tokens_on(e, w->tier_row), 0);
+                continue;
+            }
             c.cached += t;
             c.pinned |= ent && ent[k].pinned;
         }
         ws[n] = w;
         cand[n++] = c;
     }
-    int i = cg_route_pick(cand, n, r->p.load_penalty_tokens, tie, kind);
+    int i = cg_route_pick(cand, n, r->p.load_penalty_tokens, r->p.remote_hit_percent, tie, kind);
     cg_worker *w = NULL;
     if (i >= 0) {
         w = take_locked(ws[i]);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <jansson.h>
 #include "backends/openai.h"
+#include "cache/chatreq.h"
 #include "base/metrics.h"
 #include "sql/index.h"
 
@@ -29,6 +30,9 @@ typedef struct cg_workers_params {
                                       60000 */
     long long load_penalty_tokens; /* routing: each in-flight request costs this many cached
                                       tokens of score; default 256 */
+    int remote_hit_percent;        /* routing: a token a worker can read from its shared remote
+                                      tier scores this percent of a local one, 1..99; default
+                                      50 */
 } cg_workers_params;
 
 cg_workers_params cg_workers_default_params(void);
@@ -45,7 +49,9 @@ void cg_workers_close(cg_workers **r);
 
 /* Registers the worker at url (normalised: a trailing "/" or "/v1" is dropped). Fetches
  * {url}/v1/info and checks it against --model and the workers already registered (model id,
- * dtype, RoPE style, key version, KV geometry), then syncs its inventory into the index.
+ * dtype, RoPE style, key version, KV geometry), then syncs its inventory into the index. A
+ * worker that reports a shared remote tier (remote_tier.id) gets that tier's row in the index
+ * (cg_index_tier_row_url), shared by every worker reporting the same id.
  * must_reach = 1 (admin API): an unreachable worker is refused (CG_E_UNAVAILABLE); 0
  * (startup): it is registered as down and checked when it comes up. Returns CG_OK
  * (*created = 1 when new, 0 when the url was already registered), CG_E_VALUE (bad url),
@@ -75,11 +81,23 @@ size_t cg_workers_healthy(cg_workers *r);
 /* The model the worker pool serves (--model, else the first accepted worker's) into buf;
  * returns 0 when none is known yet. */
 int cg_workers_model(cg_workers *r, char *buf, size_t n);
+/* The chat template the workers reported in /v1/info (one reference, release with
+ * cg_chat_model_unref), or NULL when they reported none (or r is NULL): chats then use the
+ * plain rendering. */
+cg_chat_model *cg_workers_chat_model(cg_workers *r);
+/* The pool's context length (max_positions of /v1/info), 0 while no worker was accepted. */
+int64_t cg_workers_max_positions(cg_workers *r);
 
 /* ---- routing ---- */
 
-typedef enum { CG_ROUTE_HIT, CG_ROUTE_LEAST_LOADED, CG_ROUTE_PINNED } cg_route_kind;
-/* "hit", "least_loaded", "pinned"; static storage. */
+typedef enum {
+    CG_ROUTE_HIT,
+    CG_ROUTE_LEAST_LOADED,
+    CG_ROUTE_PINNED,
+    CG_ROUTE_REMOTE,
+    CG_ROUTE_KINDS
+} cg_route_kind;
+/* "hit", "least_loaded", "pinned", "remote"; static storage. */
 const char *cg_route_kind_name(cg_route_kind k);
 
 /* One candidate for cg_route_pick. */
@@ -87,16 +105,19 @@ typedef struct cg_route_cand {
     int64_t cached;    /* tokens of the request's segments placed on this worker */
     int64_t in_flight; /* requests routed to it and not finished */
     int pinned;        /* it holds a pinned chunk of the request */
+    int64_t remote;    /* tokens of the other segments it can read from its shared remote tier */
 } cg_route_cand;
 
 /* The routing rule, pure so it can be tested without processes. Candidates holding a pinned
- * chunk of the request, if any, are the only ones considered (kind pinned). Score = cached -
- * in_flight * penalty; the best score wins (kind hit) when its cached > 0. Otherwise the
- * least loaded wins (kind least_loaded). Ties go to the first candidate at or after
- * tie % n in rotation order, so equal cold requests spread by their key instead of all
- * landing on candidate 0. Returns the index, or -1 when n == 0. */
-int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, uint64_t tie,
-                  cg_route_kind *kind);
+ * chunk of the request, if any, are the only ones considered (kind pinned). Score = cached +
+ * remote * remote_pct / 100 - in_flight * penalty: a token in the shared tier is worth less
+ * than a local one and more than a miss, so a less loaded worker that will fetch can beat the
+ * busy one that holds the chunk. The best score wins when its cached > 0 (kind hit) or else
+ * its remote > 0 (kind remote). Otherwise the least loaded wins (kind least_loaded). Ties go
+ * to the first candidate at or after tie % n in rotation order, so equal cold requests spread
+ * by their key instead of all landing on candidate 0. Returns the index, or -1 when n == 0. */
+int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remote_pct,
+                  uint64_t tie, cg_route_kind *kind);
 
 /* Picks a healthy worker for a request whose keys the one index lookup answered (ent[k] for
  * keys[k], with the placements still queued for the index; ent may be NULL when the lookup
@@ -118,6 +139,8 @@ void cg_workers_release(cg_workers *r, cg_worker **w);
 
 const char *cg_worker_url(const cg_worker *w); /* borrowed, lives as long as the reference */
 int64_t cg_worker_id(const cg_worker *w);
+/* The index row of the shared remote tier w reported at its last sync, or -1 (none). */
+int64_t cg_workers_tier_row(cg_workers *r, const cg_worker *w);
 
 
 /* Reports a failed call to w: counted in chunkgate_worker_errors_total{kind}; kind

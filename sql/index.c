@@ -81,6 +81,26 @@ static const char *const migrations[] = {
     "  UPDATE totals SET placements = placements + 1 WHERE id = 1; END;"
     "CREATE TRIGGER placements_del AFTER DELETE ON placements BEGIN"
     "  UPDATE totals SET placements = placements - 1 WHERE id = 1; END;",
+    /* v2: tier 'remote' (a shared remote tier's row holds its placements). SQLite cannot
+     * change a CHECK constraint in place: the table is rebuilt, rows copied as they are.
+     * DROP TABLE drops its index and triggers without firing them, so totals stay right. */
+    "CREATE TABLE placements_v2 ("
+    "  key       BLOB NOT NULL REFERENCES chunks (key) ON DELETE CASCADE,"
+    "  worker_id INTEGER NOT NULL REFERENCES workers (id) ON DELETE CASCADE,"
+    "  tier      TEXT NOT NULL CHECK (tier IN ('ram', 'disk', 'remote')),"
+    "  tokens    INTEGER NOT NULL CHECK (tokens >= 0),"
+    "  updated   INTEGER NOT NULL,"
+    "  PRIMARY KEY (key, worker_id)"
+    ") WITHOUT ROWID;"
+    "INSERT INTO placements_v2 (key, worker_id, tier, tokens, updated)"
+    "  SELECT key, worker_id, tier, tokens, updated FROM placements;"
+    "DROP TABLE placements;"
+    "ALTER TABLE placements_v2 RENAME TO placements;"
+    "CREATE INDEX placements_by_worker ON placements (worker_id);"
+    "CREATE TRIGGER placements_ins AFTER INSERT ON placements BEGIN"
+    "  UPDATE totals SET placements = placements + 1 WHERE id = 1; END;"
+    "CREATE TRIGGER placements_del AFTER DELETE ON placements BEGIN"
+    "  UPDATE totals SET placements = placements - 1 WHERE id = 1; END;",
 };
 _Static_assert(CG_ARRAY_LEN(migrations) == CG_INDEX_SCHEMA_VERSION,
                "one migration per schema version");
@@ -259,7 +279,7 @@ struct cg_index {
     pend_replace *replaces; /* inventory replaces queued, newest first */
 };
 
-static const char *const tier_names[] = {"ram", "disk"};
+static const char *const tier_names[] = {"ram", "disk", "remote"};
 /* Same spelling as cg_mode_name(); kept here so the index does not depend on key.c. */
 static const char *const mode_names[] = {"strict", "sys"};
 
@@ -305,8 +325,19 @@ static int64_t col_int_or_neg(sqlite3_stmt *s, int i)
 
 static cg_tier col_tier(sqlite3_stmt *s, int i)
 {
-    const char *t = (const char *)sqlite3_column_text(s, i);
-    return t && t[0] == 'd' ? CG_TIER_DISK : CG_TIER_RAM;
+    cg_tier t = CG_TIER_RAM;
+    return cg_tier_parse((const char *)sqlite3_column_text(s, i), &t) == 0 ? t : CG_TIER_RAM;
+}
+
+/* An op's tier byte: a known tier, else RAM. */
+static uint8_t tier_byte(cg_tier t)
+{
+    return (unsigned)t < CG_ARRAY_LEN(tier_names) ? (uint8_t)t : (uint8_t)CG_TIER_RAM;
+}
+
+void cg_index_tier_row_url(const char *tier_id, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s%s", CG_INDEX_TIER_ROW_PREFIX, tier_id ? tier_id : "");
 }
 
 static int col_mode(sqlite3_stmt *s, int i)
@@ -549,8 +580,7 @@ static void entry_put_placement(cg_index_entry *e, const pend *p)
                 (size_t)(e->n_placements - i) * sizeof e->placements[0]);
         e->n_placements++;
     }
-    e->placements[i] = (cg_index_placement){p->worker_id, p->tier ? CG_TIER_DISK : CG_TIER_RAM,
-                                            p->tokens, p->now};
+    e->placements[i] = (cg_index_placement){p->worker_id, (cg_tier)p->tier, p->tokens, p->now};
     if (!e->found) {
         e->found = 1;
         e->bytes = -1;
@@ -1039,7 +1069,7 @@ void cg_index_placement_set(cg_index *ix, const cg_key *key, int64_t worker_id, 
     op o = {.type = OP_PLACE_SET,
             .key = *key,
             .worker_id = worker_id,
-            .tier = tier == CG_TIER_DISK,
+            .tier = tier_byte(tier),
             .tokens = tokens,
             .now = now_ms};
     enqueue(ix, &o, 1);
@@ -1066,7 +1096,7 @@ void cg_index_worker_placements_replace(cg_index *ix, int64_t worker_id, const c
         memcpy(r->tokens, tokens, n * sizeof *r->tokens);
     }
     for (size_t i = 0; i < n; i++)
-        r->tiers[i] = tiers[i] == CG_TIER_DISK;
+        r->tiers[i] = tier_byte(tiers[i]);
     o.u.rep = r;
     enqueue(ix, &o, 0);
 }

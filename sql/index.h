@@ -15,13 +15,16 @@ typedef struct cg_index cg_index;
 /* Placements reported per chunk by cg_index_lookup / cg_index_chunk_get / cg_index_chunks_list. */
 #define CG_INDEX_MAX_PLACEMENTS 8
 /* Highest schema version (PRAGMA user_version) this build knows. */
-#define CG_INDEX_SCHEMA_VERSION 1
+#define CG_INDEX_SCHEMA_VERSION 2
 
-typedef enum { CG_TIER_RAM = 0, CG_TIER_DISK = 1 } cg_tier;
+/* Where a placement's KV is. CG_TIER_REMOTE is held by a shared remote tier (DESIGN §16): its
+ * placements belong to the tier's own row in the workers table (see cg_index_tier_row_url),
+ * and every worker reporting that tier can read them. */
+typedef enum { CG_TIER_RAM = 0, CG_TIER_DISK = 1, CG_TIER_REMOTE = 2 } cg_tier;
 
-/* "ram" / "disk"; static storage. */
+/* "ram" / "disk" / "remote"; static storage. */
 const char *cg_tier_name(cg_tier t);
-/* Parses "ram" / "disk"; returns 0 on success, -1 if unknown. */
+/* Parses "ram" / "disk" / "remote"; returns 0 on success, -1 if unknown. */
 int cg_tier_parse(const char *s, cg_tier *out);
 
 typedef struct cg_index_params {
@@ -117,6 +120,13 @@ void cg_index_chunk_delete(cg_index *ix, const cg_key *key);
 cg_status cg_index_flush(cg_index *ix) CG_WUR;
 
 /* ---- Workers (synchronous: they wait for their own commit, and stay ordered with the queue) - */
+
+/* A shared remote tier has a row in the workers table, under the url "remote:" + its id, so
+ * that its placements (tier CG_TIER_REMOTE) have a worker id like any other. Writes the url
+ * into out (cap bytes; truncated ids still name one row each as long as they differ within
+ * cap). */
+#define CG_INDEX_TIER_ROW_PREFIX "remote:"
+void cg_index_tier_row_url(const char *tier_id, char *out, size_t cap);
 
 typedef struct cg_index_worker {
     int64_t id;

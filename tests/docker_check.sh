@@ -9,20 +9,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-if ! command -v docker-compose >/dev/null; then
-    echo "SKIPPED: docker-compose is not installed (Debian package docker-compose; scripts/deps.sh installs it)"
-    exit 77
-fi
-: "${CHUNKGATE_BIN:?set CHUNKGATE_BIN to the built chunkgate}"
-: "${CHUNKGATE_WORKER_BIN:?set CHUNKGATE_WORKER_BIN to the built chunkgate-worker}"
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
+. "$root/tests/check_lib.sh"
+need_tool docker-compose docker-compose
+check_start
 
 echo "== docker-compose config"
 docker-compose -f docker/docker-compose.yml config -q
@@ -75,8 +64,9 @@ def rel(p):
 compose = yaml.safe_load(open(os.path.join(tmp, "compose.yml")))
 services = compose["services"]
 raw = yaml.safe_load(open(os.path.join(root, "docker/docker-compose.yml")))
-check(set(raw["services"]) == {"gateway", "worker", "prometheus", "grafana"},
-      f"compose services are {sorted(raw['services'])}, expected gateway, worker, prometheus, grafana")
+check(set(raw["services"]) == {"gateway", "worker", "redis", "prometheus", "grafana"},
+      f"compose services are {sorted(raw['services'])}, expected gateway, worker, redis, "
+      "prometheus, grafana")
 
 # --- Dockerfile: stages, ENV, EXPOSE, USER, HEALTHCHECK, ENTRYPOINT, COPY, apt packages.
 def parse_dockerfile(path):
@@ -200,7 +190,7 @@ for name in ("gateway", "worker"):
 
 listen_ports = {n: port_of((services[n].get("environment") or {}).get(listen_var[n], "x:0"))
                 for n in ("gateway", "worker")}
-listen_ports.update(prometheus="9090", grafana="3000")  # the images' defaults
+listen_ports.update(prometheus="9090", grafana="3000", redis="6379")  # the images' defaults
 
 for df, stages in stages_by_file.items():
     build = stages.get("build")
@@ -239,6 +229,27 @@ for url in (gw_env.get("CHUNKGATE_WORKERS") or "").split(","):
     check(u.hostname in services, f"gateway: worker {url} is not a compose service")
     check(str(u.port) == listen_ports.get(u.hostname), f"gateway: worker {url} does not use the worker's port {listen_ports.get(u.hostname)}")
 check(gw_env.get("CHUNKGATE_WORKERS"), "gateway: no CHUNKGATE_WORKERS")
+
+# --- The worker's shared KV tier is the redis service: a URL the worker accepts, pointing at the
+# service's port; Redis bounds its memory with allkeys-lru and is not published on the host.
+wk_env = services["worker"].get("environment") or {}
+remote = wk_env.get("CHUNKGATE_WORKER_REMOTE", "")
+u = urllib.parse.urlparse(remote)
+if check(u.scheme in ("redis", "redis+cluster"), f"worker: CHUNKGATE_WORKER_REMOTE={remote!r} is not a redis:// URL"):
+    check(u.hostname in services, f"worker: remote tier {remote} is not a compose service")
+    check(str(u.port) == listen_ports.get(u.hostname), f"worker: remote tier {remote} does not use port {listen_ports.get(u.hostname)}")
+    check(not u.username and not u.password, "worker: the remote URL carries credentials")
+red = services["redis"]
+cmd = [str(a) for a in red.get("command", [])]
+def arg(name):
+    return cmd[cmd.index(name) + 1] if name in cmd and cmd.index(name) + 1 < len(cmd) else None
+check(arg("--maxmemory-policy") == "allkeys-lru", f"redis: maxmemory-policy is {arg('--maxmemory-policy')}, not allkeys-lru")
+check(arg("--maxmemory") not in (None, "0"), "redis: no --maxmemory")
+check(not red.get("ports"), "redis: published on the host")
+check(red.get("healthcheck"), "redis: no healthcheck")
+check("redis" in (services["worker"].get("depends_on") or {}), "worker: does not depend on redis")
+image = red.get("image", "")
+check(re.fullmatch(r"redis:[0-9.]+-bookworm", image), f"redis: image {image} is not a Debian 12 (bookworm) one")
 
 # --- Bind mounts exist in the project; named volumes are declared.
 mounts = {}

@@ -2,3 +2,6 @@
 add_test(NAME readme_config
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/readme_check.sh $<TARGET_FILE:chunkgate>
           $<TARGET_FILE:chunkgate-worker> ${PROJECT_SOURCE_DIR}/README.md)
+# The layout rules of DESIGN §12: no include cycle between modules, no two top-level folders
+# including each other, the gateway's side never including the kernels or the worker.
+add_test(NAME layout_check COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/layout_check.py ${PROJECT_SOURCE_DIR})

@@ -32,6 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/harness/harness.h"
+
 #if MHD_VERSION >= 0x00097002
 #define MHD_RESULT enum MHD_Result
 #else
@@ -62,23 +64,6 @@ typedef struct stream {
     json_t *fake; /* echo object for the first event */
     long prompt_len;
 } stream;
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
-}
-
-static uint64_t fnv1a(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
 
 /* The magic word's numeric argument, or -1 when the word is absent. */
 static long magic(const char *text, const char *word)
@@ -134,11 +119,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         return (ssize_t)n;
     }
     if (s->i == 0 && s->phase == 0)
-        sleep_ms(s->stall_ms > 0 ? s->stall_ms : 0);
+        th_sleep_ms(s->stall_ms > 0 ? s->stall_ms : 0);
     else
-        sleep_ms(delay_ms);
+        th_sleep_ms(delay_ms);
     if (s->midstall_ms && s->i == 2 && s->phase == 0) {
-        sleep_ms(s->midstall_ms);
+        th_sleep_ms(s->midstall_ms);
         s->midstall_ms = 0;
     }
     if (s->rst && s->i >= 2) {
@@ -263,7 +248,7 @@ static MHD_RESULT handle_infer(struct MHD_Connection *mc, conn *c, int chat)
     while (head && head < tlen && ((unsigned char)text[head] & 0xC0) == 0x80)
         head--;
     char fnv[17];
-    snprintf(fnv, sizeof fnv, "%016" PRIx64, fnv1a(text, tlen));
+    snprintf(fnv, sizeof fnv, "%016" PRIx64, th_fnv1a(text, tlen));
     const char *rid = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "X-Request-Id");
     const char *auth = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Authorization");
     json_t *fake = json_pack("{s:o, s:I, s:s, s:s%, s:s?, s:s?}", "fields", fields, "prompt_len",
@@ -281,7 +266,7 @@ static MHD_RESULT handle_infer(struct MHD_Connection *mc, conn *c, int chat)
     } else if (magic(text, "FAULT:TEXT500") >= 0) {
         ret = reply(mc, 500, "text/plain", "oops, the fake backend broke");
     } else if (magic(text, "FAULT:BADJSON") >= 0) {
-        if (stall > 0) sleep_ms((int)stall);
+        if (stall > 0) th_sleep_ms((int)stall);
         ret = reply(mc, 200, "application/json", "{\"id\": \"cmpl-fake\", \"choices\": [");
     } else if (stream_req) {
         stream *s = calloc(1, sizeof *s);
@@ -318,7 +303,7 @@ static MHD_RESULT handle_infer(struct MHD_Connection *mc, conn *c, int chat)
         ret = MHD_queue_response(mc, 200, r);
         MHD_destroy_response(r);
     } else {
-        if (stall > 0) sleep_ms((int)stall);
+        if (stall > 0) th_sleep_ms((int)stall);
         char answer[96];
         snprintf(answer, sizeof answer, "echo %zu", tlen);
         json_t *out;

@@ -2,14 +2,13 @@
 # check and the config table, and the integration suite that starts the real chunkgate
 # against tests/fake_backend.
 add_executable(fake_backend ${CMAKE_CURRENT_SOURCE_DIR}/fake_backend.c)
-target_link_libraries(fake_backend PRIVATE PkgConfig::MHD PkgConfig::JANSSON Threads::Threads)
+target_link_libraries(fake_backend PRIVATE cg_test_harness PkgConfig::MHD PkgConfig::JANSSON
+                      Threads::Threads)
 
 cg_check_test(NAME test_sse SOURCES test_sse.c LIBS cg_backends)
 cg_check_test(NAME test_config SOURCES test_config.c LIBS cg_server)
 cg_check_test(NAME test_http SOURCES test_http.c LIBS cg_server)
 cg_check_test(NAME test_http_frame SOURCES test_http_frame.c LIBS cg_base)
 
-cg_check_test(NAME test_gateway SOURCES test_gateway.c LIBS cg_server TIMEOUT 600)
-add_dependencies(test_gateway chunkgate fake_backend)
-target_compile_definitions(test_gateway PRIVATE
-  CHUNKGATE_BIN="$<TARGET_FILE:chunkgate>" FAKE_BACKEND_BIN="$<TARGET_FILE:fake_backend>")
+cg_check_test(NAME test_gateway SOURCES test_gateway.c LIBS cg_server TIMEOUT 600
+              PROGRAMS chunkgate fake_backend)

@@ -8,28 +8,19 @@
 # Environment (set by ctest): CHUNKGATE_BIN, CHUNKGATE_WORKER_BIN.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-if ! command -v promtool >/dev/null; then
-    echo "SKIPPED: promtool is not installed (Debian package prometheus; scripts/deps.sh installs it)"
-    exit 77
-fi
-: "${CHUNKGATE_BIN:?set CHUNKGATE_BIN to the built chunkgate}"
-: "${CHUNKGATE_WORKER_BIN:?set CHUNKGATE_WORKER_BIN to the built chunkgate-worker}"
+. "$root/tests/check_lib.sh"
+need_tool promtool prometheus
+check_start
 export OMP_WAIT_POLICY=passive
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 # Starts a program with its log in $tmp/NAME.log; sets $port from its "listening on" line.
 start() { # name, command...
     local name=$1; shift
-    "$@" >"$tmp/$name.log" 2>&1 &
+    # created here: the child opens it only once it runs, and sed below may come first
+    : >"$tmp/$name.log"
+    "$@" >>"$tmp/$name.log" 2>&1 &
     pids+=($!)
     port=""
     for _ in $(seq 1 300); do

@@ -1,10 +1,7 @@
 # Status page suite: real chunkgate + chunkgate-worker, GET /v1/stats, and GET / rendered by
 # headless Chromium (exit 77 = skipped when chromium is not installed).
 if(TARGET chunkgate-worker AND TARGET chunkgate)
-  cg_check_test(NAME test_status SOURCES test_status.c LIBS cg_cache PkgConfig::CURL
-                PkgConfig::JANSSON TIMEOUT 300)
-  add_dependencies(test_status chunkgate chunkgate-worker)
-  target_compile_definitions(test_status PRIVATE
-    CHUNKGATE_BIN="$<TARGET_FILE:chunkgate>" WORKER_BIN="$<TARGET_FILE:chunkgate-worker>")
+  cg_check_test(NAME test_status SOURCES test_status.c LIBS cg_cache TIMEOUT 300
+                PROGRAMS chunkgate chunkgate-worker)
   set_tests_properties(test_status PROPERTIES SKIP_RETURN_CODE 77)
 endif()

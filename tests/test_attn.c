@@ -10,6 +10,7 @@
 
 #include "kv/attn.h"
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 static unsigned rnd(unsigned *st)
 {
@@ -238,6 +239,32 @@ START_TEST(test_forward_long_range)
 }
 END_TEST
 
+/* Spans over n_slots keys, for compare_shapes. */
+typedef struct span_set {
+    const char *name;
+    const cg_attn_span *spans;
+    size_t n_spans, n_slots;
+} span_set;
+
+/* Ten rounds over the five shapes (heads, KV heads, head_dim), OpenBLAS at one thread per call
+ * for the first five and two for the others, each span set in turn from one random stream
+ * (seed): every one within 1e-5 of the reference. */
+static void compare_shapes(const int shapes[5][3], unsigned seed, const span_set *l, size_t n,
+                           float qscale)
+{
+    unsigned st = seed;
+    for (int i = 0; i < 10; i++) {
+        const int *sh = shapes[i % 5];
+        openblas_set_num_threads(i < 5 ? 1 : 2);
+        for (size_t k = 0; k < n; k++) {
+            double e =
+                compare(&st, sh[0], sh[1], sh[2], l[k].spans, l[k].n_spans, l[k].n_slots, qscale);
+            ck_assert_msg(e <= 1e-5, "%s heads %d/%d d %d: max diff %g", l[k].name, sh[0], sh[1],
+                          sh[2], e);
+        }
+    }
+}
+
 /* Spans long enough to cross the kernel's key tiles (256 keys) and query blocks (128 stacked
  * rows): causal, and a sys-mode layout whose prefix and own ranges start and end mid-tile.
  * Shapes cover group sizes 1..8 and head_dim with and without a multiple of 8. Run with
@@ -245,22 +272,14 @@ END_TEST
  * kept under OpenBLAS's threading sizes). */
 START_TEST(test_forward_large_tiles)
 {
-    static const int shapes[][3] = {{8, 4, 32}, {8, 1, 64}, {16, 2, 16}, {3, 3, 40}, {4, 2, 12}};
+    static const int shapes[5][3] = {{8, 4, 32}, {8, 1, 64}, {16, 2, 16}, {3, 3, 40}, {4, 2, 12}};
     cg_role roles[] = {CG_ROLE_SYSTEM, CG_ROLE_CHUNK, CG_ROLE_CHUNK, CG_ROLE_QUESTION};
     uint32_t lens[] = {300, 517, 389, 70};
-    unsigned st = 31337;
-    for (int i = 0; i < 10; i++) {
-        const int *sh = shapes[i % 5];
-        openblas_set_num_threads(i < 5 ? 1 : 2);
-        cg_attn_span causal = {.q_start = 0, .q_len = 1100, .own_start = 0, .prefix = 0};
-        double e = compare(&st, sh[0], sh[1], sh[2], &causal, 1, 1100, 3.0f);
-        ck_assert_msg(e <= 1e-5, "causal heads %d/%d d %d: max diff %g", sh[0], sh[1], sh[2], e);
-        cg_attn_span spans[4];
-        size_t ns = cg_attn_plan(roles, lens, 4, CG_MODE_SYS, spans);
-        e = compare(&st, sh[0], sh[1], sh[2], spans, ns, 1276, 3.0f);
-        ck_assert_msg(e <= 1e-5, "sys layout heads %d/%d d %d: max diff %g", sh[0], sh[1], sh[2],
-                      e);
-    }
+    cg_attn_span causal = {.q_start = 0, .q_len = 1100, .own_start = 0, .prefix = 0};
+    cg_attn_span spans[4];
+    size_t ns = cg_attn_plan(roles, lens, 4, CG_MODE_SYS, spans);
+    span_set l[] = {{"causal", &causal, 1, 1100}, {"sys layout", spans, ns, 1276}};
+    compare_shapes(shapes, 31337, l, 2, 3.0f);
 }
 END_TEST
 
@@ -269,19 +288,12 @@ END_TEST
  * with and without a multiple of 8; and 8 stacked rows (the smallest matrix-matrix case). */
 START_TEST(test_forward_decode_long)
 {
-    static const int shapes[][3] = {{8, 4, 32}, {4, 1, 32}, {2, 2, 12}, {4, 2, 64}, {8, 1, 16}};
-    unsigned st = 2024;
-    for (int i = 0; i < 10; i++) {
-        const int *sh = shapes[i % 5];
-        openblas_set_num_threads(i < 5 ? 1 : 2);
-        cg_attn_span one = {.q_start = 5000, .q_len = 1, .own_start = 0, .prefix = 0};
-        double e = compare(&st, sh[0], sh[1], sh[2], &one, 1, 5001, 4.0f);
-        ck_assert_msg(e <= 1e-5, "decode heads %d/%d d %d: max diff %g", sh[0], sh[1], sh[2], e);
-        cg_attn_span two[2] = {{.q_start = 4700, .q_len = 2, .own_start = 2100, .prefix = 2090},
-                               {.q_start = 4702, .q_len = 1, .own_start = 4702, .prefix = 0}};
-        e = compare(&st, sh[0], sh[1], sh[2], two, 2, 4703, 4.0f);
-        ck_assert_msg(e <= 1e-5, "two rows heads %d/%d d %d: max diff %g", sh[0], sh[1], sh[2], e);
-    }
+    static const int shapes[5][3] = {{8, 4, 32}, {4, 1, 32}, {2, 2, 12}, {4, 2, 64}, {8, 1, 16}};
+    cg_attn_span one = {.q_start = 5000, .q_len = 1, .own_start = 0, .prefix = 0};
+    cg_attn_span two[2] = {{.q_start = 4700, .q_len = 2, .own_start = 2100, .prefix = 2090},
+                           {.q_start = 4702, .q_len = 1, .own_start = 4702, .prefix = 0}};
+    span_set l[] = {{"decode", &one, 1, 5001}, {"two rows", two, 2, 4703}};
+    compare_shapes(shapes, 2024, l, 2, 4.0f);
 }
 END_TEST
 
@@ -425,24 +437,10 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("attn");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_plan_matches_table);
-    tcase_add_test(tc, test_plan_hand);
-    tcase_add_test(tc, test_forward_random_layouts);
-    tcase_add_test(tc, test_forward_decode_and_prefix);
-    tcase_add_test(tc, test_forward_long_range);
-    tcase_add_test(tc, test_forward_sees_visible_only);
-    tcase_add_test(tc, test_forward_large_tiles);
-    tcase_add_test(tc, test_forward_decode_long);
-    tcase_add_test(tc, test_forward_split_keys);
-    tcase_add_test(tc, test_forward_peaked);
-    tcase_add_test(tc, test_forward_softmax_weights);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run_tests(
+        "attn", "core", 300,
+        TH_TESTS(test_plan_matches_table, test_plan_hand, test_forward_random_layouts,
+                 test_forward_decode_and_prefix, test_forward_long_range,
+                 test_forward_sees_visible_only, test_forward_large_tiles, test_forward_decode_long,
+                 test_forward_split_keys, test_forward_peaked, test_forward_softmax_weights));
 }

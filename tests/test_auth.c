@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "cache/key.h"
-#include "tests/harden_util.h"
+#include "tests/harness/harness.h"
 
 #define MODEL "chunkgate-tiny"
 #define KEY1 "sk-test-key-1" /* tenant id pinned below (Python hashlib) */
@@ -20,31 +20,21 @@
 #define WRONG "sk-WRONG-token-77"
 #define MARK "PURPLE-OKAPI-4417" /* a prompt word that must never reach a log */
 
-static hu_proc wk, gw, gw2;
+static th_proc wk, gw, gw2;
 static char model_dir[300], wurl[64];
-
-static void die(const char *what, const hu_proc *p)
-{
-    char *t = hu_read_file(p->log);
-    fprintf(stderr, "%s failed; log:\n%s\n", what, t);
-    free(t);
-    abort();
-}
 
 static void setup(void)
 {
-    hu_init("auth");
-    snprintf(model_dir, sizeof model_dir, "%s/model", hu_root());
-    if (hu_gen_model(WORKER_BIN, model_dir) != 0) abort();
-    if (hu_start_worker(&wk, WORKER_BIN, model_dir, 0, "w", NULL) != 0) die("worker", &wk);
+    th_init("auth", NULL);
+    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
+    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) abort();
+    if (th_start_worker(&wk, WORKER_BIN, model_dir, 0, "w", NULL) != 0) th_die("worker", &wk);
     snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", wk.port);
     char keyfile[400];
-    snprintf(keyfile, sizeof keyfile, "%s/keys.txt", hu_root());
+    snprintf(keyfile, sizeof keyfile, "%s/keys.txt", th_root());
     /* comments, blank lines, surrounding blanks and CRLF are all tolerated */
-    if (hu_write_file(keyfile, "# tenants\n\n   " KEY2 "  \r\n" KEY3 "\n") != 0) abort();
-    const char *extra[] = {"--worker",
-                           wurl,
-                           "--api-key",
+    if (th_write_file(keyfile, "# tenants\n\n   " KEY2 "  \r\n" KEY3 "\n") != 0) abort();
+    const char *extra[] = {"--api-key",
                            KEY1,
                            "--api-key-file",
                            keyfile,
@@ -55,19 +45,19 @@ static void setup(void)
                            "--health-interval-ms",
                            "200",
                            NULL};
-    if (hu_start_gateway(&gw, CHUNKGATE_BIN, "gw", extra) != 0) die("gateway", &gw);
-    if (!hu_wait_worker(gw.port, ADMIN, wurl, 1)) die("worker health", &gw);
+    if (th_start_gateway_to(&gw, CHUNKGATE_BIN, "gw", wurl, ADMIN, extra) != 0)
+        th_die("gateway (or worker health)", &gw);
     /* API keys and no admin token: the admin routes are closed to everyone */
     const char *extra2[] = {"--worker", wurl, "--api-key", KEY1, NULL};
-    if (hu_start_gateway(&gw2, CHUNKGATE_BIN, "gw2", extra2) != 0) die("gateway 2", &gw2);
+    if (th_start_gateway(&gw2, CHUNKGATE_BIN, "gw2", extra2) != 0) th_die("gateway 2", &gw2);
 }
 
 static void teardown(void)
 {
-    hu_stop_clean(&gw, "chunkgate");
-    hu_stop_clean(&gw2, "chunkgate (2)");
-    hu_stop_clean(&wk, "chunkgate-worker");
-    hu_cleanup(hu_failures);
+    th_stop_clean(&gw, "chunkgate");
+    th_stop_clean(&gw2, "chunkgate (2)");
+    th_stop_clean(&wk, "chunkgate-worker");
+    th_cleanup(th_failures);
 }
 
 static char *completion(const char *sys, const char *doc, const char *q, const char *salt)
@@ -86,14 +76,7 @@ static char *completion(const char *sys, const char *doc, const char *q, const c
 /* POST /v1/completions with token; asserts 200 and returns the answer. */
 static json_t *complete_as(const char *token, const char *body)
 {
-    hu_resp r;
-    hu_http(&r, gw.port, "POST", "/v1/completions", body, token, NULL);
-    ck_assert_msg(r.status == 200, "HTTP %ld: %.*s", r.status, (int)r.body.len,
-                  r.body.data ? r.body.data : "");
-    json_t *j = hu_json(&r);
-    hu_resp_free(&r);
-    ck_assert_ptr_nonnull(j);
-    return j;
+    return th_call_text(gw.port, "POST", "/v1/completions", body, token, 200);
 }
 
 static json_t *seg(json_t *answer, size_t i)
@@ -128,37 +111,37 @@ START_TEST(inference_routes_need_an_api_key)
     int refused = 0;
     for (size_t i = 0; i < CG_ARRAY_LEN(routes); i++) {
         for (size_t k = 0; k < CG_ARRAY_LEN(bad); k++) {
-            hu_resp r;
-            hu_http(&r, gw.port, routes[i].method, routes[i].path, routes[i].body, bad[k], NULL);
-            ck_assert_msg(hu_is_error(&r, 401, "invalid_api_key"), "%s %s token %zu: HTTP %ld %.*s",
+            th_resp r;
+            th_http(&r, gw.port, routes[i].method, routes[i].path, routes[i].body, bad[k], NULL);
+            ck_assert_msg(th_is_error(&r, 401, "invalid_api_key"), "%s %s token %zu: HTTP %ld %.*s",
                           routes[i].method, routes[i].path, k, r.status, (int)r.body.len,
                           r.body.data ? r.body.data : "");
-            json_t *j = hu_json(&r);
+            json_t *j = th_json(&r);
             ck_assert_str_eq(
                 json_string_value(json_object_get(json_object_get(j, "error"), "type")),
                 "authentication_error");
             json_decref(j);
             ck_assert_ptr_nonnull(strcasestr(r.head.data, "WWW-Authenticate: Bearer"));
-            hu_resp_free(&r);
+            th_resp_free(&r);
             refused++;
         }
         const char *good[] = {KEY1, KEY2, KEY3};
         for (size_t k = 0; k < CG_ARRAY_LEN(good); k++) {
-            hu_resp r;
-            hu_http(&r, gw.port, routes[i].method, routes[i].path, routes[i].body, good[k], NULL);
+            th_resp r;
+            th_http(&r, gw.port, routes[i].method, routes[i].path, routes[i].body, good[k], NULL);
             ck_assert_msg(r.status == 200, "%s %s key %zu: HTTP %ld %.*s", routes[i].method,
                           routes[i].path, k, r.status, (int)r.body.len,
                           r.body.data ? r.body.data : "");
-            hu_resp_free(&r);
+            th_resp_free(&r);
         }
     }
     /* operations routes stay open */
     const char *open_paths[] = {"/healthz", "/readyz", "/metrics"};
     for (size_t i = 0; i < CG_ARRAY_LEN(open_paths); i++) {
-        hu_resp r;
-        hu_http(&r, gw.port, "GET", open_paths[i], NULL, NULL, NULL);
+        th_resp r;
+        th_http(&r, gw.port, "GET", open_paths[i], NULL, NULL, NULL);
         ck_assert_msg(r.status == 200, "%s: %ld", open_paths[i], r.status);
-        hu_resp_free(&r);
+        th_resp_free(&r);
     }
     fprintf(stderr, "auth: %d refused requests (401), 9 accepted\n", refused);
     free(body);
@@ -177,28 +160,26 @@ START_TEST(admin_routes_take_only_the_admin_token)
     const char *bad[] = {NULL, KEY1, KEY2, WRONG};
     for (size_t i = 0; i < CG_ARRAY_LEN(routes); i++)
         for (size_t k = 0; k < CG_ARRAY_LEN(bad); k++) {
-            hu_resp r;
-            hu_http(&r, gw.port, routes[i].method, routes[i].path, routes[i].body, bad[k], NULL);
-            ck_assert_msg(hu_is_error(&r, 401, "invalid_api_key"), "%s %s token %zu: HTTP %ld",
+            th_resp r;
+            th_http(&r, gw.port, routes[i].method, routes[i].path, routes[i].body, bad[k], NULL);
+            ck_assert_msg(th_is_error(&r, 401, "invalid_api_key"), "%s %s token %zu: HTTP %ld",
                           routes[i].method, routes[i].path, k, r.status);
-            hu_resp_free(&r);
+            th_resp_free(&r);
         }
-    hu_resp r;
-    hu_http(&r, gw.port, "GET", "/v1/chunks", NULL, ADMIN, NULL);
-    ck_assert_int_eq(r.status, 200);
-    hu_resp_free(&r);
+    th_resp r;
+    th_expect(gw.port, "GET", "/v1/chunks", NULL, ADMIN, 200);
     /* a lookup by raw keys could probe any tenant: refused to an API key */
-    hu_http(&r, gw.port, "POST", "/v1/chunks/lookup",
+    th_http(&r, gw.port, "POST", "/v1/chunks/lookup",
             "{\"keys\":[\"00000000000000000000000000000000\"]}", KEY1, NULL);
-    ck_assert_msg(hu_is_error(&r, 403, "forbidden"), "HTTP %ld", r.status);
-    hu_resp_free(&r);
+    ck_assert_msg(th_is_error(&r, 403, "forbidden"), "HTTP %ld", r.status);
+    th_resp_free(&r);
     /* API keys configured, no admin token: the admin routes are closed, keys or not */
     const char *tokens[] = {NULL, KEY1};
     for (size_t k = 0; k < 2; k++) {
-        hu_http(&r, gw2.port, "GET", "/v1/chunks", NULL, tokens[k], NULL);
-        ck_assert_msg(hu_is_error(&r, 401, "invalid_api_key"), "gw2: HTTP %ld", r.status);
+        th_http(&r, gw2.port, "GET", "/v1/chunks", NULL, tokens[k], NULL);
+        ck_assert_msg(th_is_error(&r, 401, "invalid_api_key"), "gw2: HTTP %ld", r.status);
         ck_assert_ptr_nonnull(strstr(r.body.data, "no admin token"));
-        hu_resp_free(&r);
+        th_resp_free(&r);
     }
 }
 END_TEST
@@ -219,13 +200,7 @@ END_TEST
 
 static json_t *lookup_as(const char *token, const char *body)
 {
-    hu_resp r;
-    hu_http(&r, gw.port, "POST", "/v1/chunks/lookup", body, token, NULL);
-    ck_assert_msg(r.status == 200, "lookup HTTP %ld: %.*s", r.status, (int)r.body.len,
-                  r.body.data ? r.body.data : "");
-    json_t *j = hu_json(&r);
-    hu_resp_free(&r);
-    return j;
+    return th_call_text(gw.port, "POST", "/v1/chunks/lookup", body, token, 200);
 }
 
 static int found_any(json_t *lookup)
@@ -331,20 +306,17 @@ START_TEST(forged_key_cannot_overwrite_kv)
              "{\"segments\":[{\"role\":\"system\",\"text\":\"s\"},{\"role\":\"chunk\",\"text\":"
              "\"%s\",\"key\":\"%s\"},{\"role\":\"question\",\"text\":\"q\"}]}",
              ta, ha);
-    hu_resp r;
-    hu_http(&r, wk.port, "POST", "/v1/assemble", body, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = hu_json(&r);
+    th_resp r;
+    json_t *j = th_call_text(wk.port, "POST", "/v1/assemble", body, NULL, 200);
     char path[128];
     snprintf(path, sizeof path, "/v1/assemblies/%s",
              json_string_value(json_object_get(j, "assembly_id")));
     json_decref(j);
-    hu_resp_free(&r);
-    hu_http(&r, wk.port, "DELETE", path, NULL, NULL, NULL);
-    hu_resp_free(&r);
+    th_http(&r, wk.port, "DELETE", path, NULL, NULL, NULL);
+    th_resp_free(&r);
     snprintf(path, sizeof path, "/v1/chunks/%s/kv", ha);
-    hu_resp before;
-    hu_http(&before, wk.port, "GET", path, NULL, NULL, NULL);
+    th_resp before;
+    th_http(&before, wk.port, "GET", path, NULL, NULL, NULL);
     ck_assert_int_eq(before.status, 200);
     ck_assert_uint_gt(before.body.len, 1000);
     /* the forgery, as a miss and as a would-be overwrite of a held chunk */
@@ -353,17 +325,17 @@ START_TEST(forged_key_cannot_overwrite_kv)
                  "{\"segments\":[{\"role\":\"system\",\"text\":\"s\"},{\"role\":\"chunk\",\"text\":"
                  "\"%s\",\"key\":\"%s\"},{\"role\":\"question\",\"text\":\"q\"}]}",
                  tb, ha);
-        hu_http(&r, wk.port, "POST", "/v1/assemble", body, NULL, NULL);
-        ck_assert_msg(hu_is_error(&r, 400, "chunk_key_mismatch"), "HTTP %ld", r.status);
-        hu_resp_free(&r);
+        th_http(&r, wk.port, "POST", "/v1/assemble", body, NULL, NULL);
+        ck_assert_msg(th_is_error(&r, 400, "chunk_key_mismatch"), "HTTP %ld", r.status);
+        th_resp_free(&r);
     }
-    hu_resp after;
-    hu_http(&after, wk.port, "GET", path, NULL, NULL, NULL);
+    th_resp after;
+    th_http(&after, wk.port, "GET", path, NULL, NULL, NULL);
     ck_assert_int_eq(after.status, 200);
     ck_assert_uint_eq(after.body.len, before.body.len);
     ck_assert(memcmp(after.body.data, before.body.data, before.body.len) == 0);
-    hu_resp_free(&before);
-    hu_resp_free(&after);
+    th_resp_free(&before);
+    th_resp_free(&after);
 }
 END_TEST
 
@@ -380,45 +352,35 @@ START_TEST(logs_hold_no_secret_and_no_prompt)
     json_object_set_new(b, "stream", json_true());
     char *ps = json_dumps(b, JSON_COMPACT);
     json_decref(b);
-    hu_resp r;
-    hu_http(&r, gw.port, "POST", "/v1/completions", ps, KEY3, NULL);
-    ck_assert_int_eq(r.status, 200);
-    hu_resp_free(&r);
+    th_resp r;
+    th_expect(gw.port, "POST", "/v1/completions", ps, KEY3, 200);
     /* chat */
-    hu_http(
+    th_http(
         &r, gw.port, "POST", "/v1/chat/completions",
         "{\"model\":\"" MODEL "\",\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":"
         "\"Chat " MARK " # # doc " MARK "\"},{\"role\":\"user\",\"content\":\"ask " MARK "\"}]}",
         KEY1, NULL);
     ck_assert_int_eq(r.status, 200);
-    hu_resp_free(&r);
+    th_resp_free(&r);
     /* errors that quote the request: invalid JSON near the word, a bad field, bad UTF-8 */
-    hu_http(&r, gw.port, "POST", "/v1/completions",
+    th_http(&r, gw.port, "POST", "/v1/completions",
             "{\"model\":\"" MODEL "\",\"prompt\":\"" MARK " # # x # # q\",}", KEY1, NULL);
-    ck_assert(hu_is_error(&r, 400, "invalid_json"));
-    hu_resp_free(&r);
-    hu_http(&r, gw.port, "POST", "/v1/completions",
-            "{\"model\":\"" MODEL "\",\"prompt\":\"" MARK "\",\"max_tokens\":\"" MARK "\"}", KEY1,
-            NULL);
-    ck_assert_int_eq(r.status, 400);
-    hu_resp_free(&r);
+    ck_assert(th_is_error(&r, 400, "invalid_json"));
+    th_resp_free(&r);
+    th_expect(gw.port, "POST", "/v1/completions",
+              "{\"model\":\"" MODEL "\",\"prompt\":\"" MARK "\",\"max_tokens\":\"" MARK "\"}", KEY1,
+              400);
     /* refused credentials */
-    hu_http(&r, gw.port, "POST", "/v1/completions", p, WRONG, NULL);
-    ck_assert_int_eq(r.status, 401);
-    hu_resp_free(&r);
-    hu_http(&r, gw.port, "GET", "/v1/chunks", NULL, KEY2, NULL);
-    ck_assert_int_eq(r.status, 401);
-    hu_resp_free(&r);
-    hu_http(&r, gw.port, "GET", "/v1/chunks", NULL, ADMIN, NULL);
-    ck_assert_int_eq(r.status, 200);
-    hu_resp_free(&r);
-    hu_sleep_ms(300); /* access lines are written when the connection completes */
+    th_expect(gw.port, "POST", "/v1/completions", p, WRONG, 401);
+    th_expect(gw.port, "GET", "/v1/chunks", NULL, KEY2, 401);
+    th_expect(gw.port, "GET", "/v1/chunks", NULL, ADMIN, 200);
+    th_sleep_ms(300); /* access lines are written when the connection completes */
 
     const char *secrets[] = {KEY1, KEY2, KEY3, ADMIN, WRONG, MARK, "Bearer "};
-    const hu_proc *procs[] = {&gw, &gw2, &wk};
+    const th_proc *procs[] = {&gw, &gw2, &wk};
     size_t lines = 0;
     for (size_t i = 0; i < CG_ARRAY_LEN(procs); i++) {
-        char *log = hu_read_file(procs[i]->log);
+        char *log = th_read_file(procs[i]->log, NULL);
         for (const char *c = log; *c; c++)
             lines += *c == '\n';
         for (size_t k = 0; k < CG_ARRAY_LEN(secrets); k++)
@@ -436,20 +398,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("auth");
-    TCase *tc = tcase_create("auth");
-    tcase_set_timeout(tc, 120);
-    tcase_add_unchecked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, inference_routes_need_an_api_key);
-    tcase_add_test(tc, admin_routes_take_only_the_admin_token);
-    tcase_add_test(tc, tenant_id_is_pinned);
-    tcase_add_test(tc, tenant_b_cannot_detect_tenant_a);
-    tcase_add_test(tc, forged_key_cannot_overwrite_kv);
-    tcase_add_test(tc, logs_hold_no_secret_and_no_prompt);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed || hu_failures ? 1 : 0;
+    return th_run_suite("auth", "auth", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
+                        TH_TESTS(inference_routes_need_an_api_key,
+                                 admin_routes_take_only_the_admin_token, tenant_id_is_pinned,
+                                 tenant_b_cannot_detect_tenant_a, forged_key_cannot_overwrite_kv,
+                                 logs_hold_no_secret_and_no_prompt));
 }

@@ -9,6 +9,7 @@
 #include "base/base.h"
 #include "cache/chat.h"
 #include "cache/split.h"
+#include "tests/harness/harness.h"
 
 #define MSG(r, c)                                                                                  \
     {                                                                                              \
@@ -212,51 +213,47 @@ START_TEST(test_custom_separator)
 }
 END_TEST
 
+/* Asserts that rendering m (n messages, docs) is refused with st and gives nothing. */
+static void expect_refused(const cg_chat_msg *m, size_t n, const char *const *docs, size_t n_docs,
+                           const cg_split_params *p, cg_status st)
+{
+    rendered r = render_docs(m, n, docs, n_docs, p);
+    ck_assert_int_eq(r.st, st);
+    ck_assert_uint_eq(r.text.len, 0);
+    ck_assert_uint_eq(r.segs.n, 0);
+    rendered_free(&r);
+}
+
 START_TEST(test_ambiguous_rendering_refused)
 {
     /* A role name holding the separator would add a segment on re-split. */
     cg_chat_msg m[] = {MSG("system", "S # # D"), MSG("x # # y", "q")};
-    rendered r = render_docs(m, 2, NULL, 0, NULL);
-    ck_assert_int_eq(r.st, CG_E_VALUE);
-    ck_assert_uint_eq(r.text.len, 0);
-    ck_assert_uint_eq(r.segs.n, 0);
-    rendered_free(&r);
+    expect_refused(m, 2, NULL, 0, NULL, CG_E_VALUE);
     /* A separator that forms across "<role>: " and the content. */
     cg_split_params p = cg_split_default_params();
     p.separator = ": #";
     cg_chat_msg m2[] = {MSG("system", "S : # D"), MSG("user", "#tag")};
-    r = render_docs(m2, 2, NULL, 0, &p);
-    ck_assert_int_eq(r.st, CG_E_VALUE);
-    rendered_free(&r);
+    expect_refused(m2, 2, NULL, 0, &p, CG_E_VALUE);
 }
 END_TEST
 
 START_TEST(test_invalid_utf8)
 {
     cg_chat_msg bad_content[] = {MSG("system", "S # # D"), MSG("user", "q \xC0\xAF")};
-    rendered r = render_docs(bad_content, 2, NULL, 0, NULL);
-    ck_assert_int_eq(r.st, CG_E_UTF8);
-    ck_assert_uint_eq(r.text.len, 0);
-    rendered_free(&r);
+    expect_refused(bad_content, 2, NULL, 0, NULL, CG_E_UTF8);
     /* Also when the request would pass through. */
     cg_chat_msg bad_plain[] = {MSG("user", "q \xED\xA0\x80")};
-    r = render_docs(bad_plain, 1, NULL, 0, NULL);
-    ck_assert_int_eq(r.st, CG_E_UTF8);
-    rendered_free(&r);
+    expect_refused(bad_plain, 1, NULL, 0, NULL, CG_E_UTF8);
     cg_chat_msg ok[] = {MSG("user", "q")};
     const char *bad_doc[] = {"fine", "trunc \xE4\xB8"};
-    r = render_docs(ok, 1, bad_doc, 2, NULL);
-    ck_assert_int_eq(r.st, CG_E_UTF8);
-    rendered_free(&r);
+    expect_refused(ok, 1, bad_doc, 2, NULL, CG_E_UTF8);
     cg_chat_msg bad_role[] = {MSG("us\xFF"
                                   "er",
                                   "a # # q")};
-    r = render_docs(bad_role, 1, NULL, 0, NULL);
-    ck_assert_int_eq(r.st, CG_E_UTF8);
-    rendered_free(&r);
+    expect_refused(bad_role, 1, NULL, 0, NULL, CG_E_UTF8);
     /* Valid multibyte text renders. */
     cg_chat_msg utf[] = {MSG("system", "Système # # 文書"), MSG("user", "質問？")};
-    r = render_docs(utf, 2, NULL, 0, NULL);
+    rendered r = render_docs(utf, 2, NULL, 0, NULL);
     const char *want[] = {"Système", "文書", "user: 質問？\nassistant:"};
     expect_rendered(&r, NULL, "Système\n# #\n文書\n# #\nuser: 質問？\nassistant:", want, 3, 0);
     rendered_free(&r);
@@ -275,11 +272,7 @@ START_TEST(test_too_many_segments)
     ck_assert_uint_eq(r.segs.n, 4);
     rendered_free(&r);
     /* One more: refused, nothing left behind. */
-    r = render_docs(m, 2, docs, 3, &p);
-    ck_assert_int_eq(r.st, CG_E_SEGMENTS);
-    ck_assert_uint_eq(r.segs.n, 0);
-    ck_assert_uint_eq(r.text.len, 0);
-    rendered_free(&r);
+    expect_refused(m, 2, docs, 3, &p, CG_E_SEGMENTS);
     /* The default limit of 256 counts every segment. */
     static char names[300][8];
     static const char *many[300];
@@ -291,9 +284,7 @@ START_TEST(test_too_many_segments)
     ck_assert_int_eq(r.st, CG_OK);
     ck_assert_uint_eq(r.segs.n, 256);
     rendered_free(&r);
-    r = render_docs(m, 2, many, 255, NULL);
-    ck_assert_int_eq(r.st, CG_E_SEGMENTS);
-    rendered_free(&r);
+    expect_refused(m, 2, many, 255, NULL, CG_E_SEGMENTS);
 }
 END_TEST
 
@@ -307,13 +298,9 @@ START_TEST(test_segment_size_and_buffer_cap)
     ck_assert_int_eq(r.st, CG_OK);
     rendered_free(&r);
     cg_chat_msg big[] = {MSG("system", "S # # 1234567890123456789"), MSG("user", "q")};
-    r = render_docs(big, 2, NULL, 0, &p);
-    ck_assert_int_eq(r.st, CG_E_SEGMENT_SIZE);
-    rendered_free(&r);
+    expect_refused(big, 2, NULL, 0, &p, CG_E_SEGMENT_SIZE);
     p.max_segment_bytes = 17;
-    r = render_docs(m, 2, NULL, 0, &p);
-    ck_assert_int_eq(r.st, CG_E_SEGMENT_SIZE);
-    rendered_free(&r);
+    expect_refused(m, 2, NULL, 0, &p, CG_E_SEGMENT_SIZE);
 
     /* text_out's cap. */
     size_t lens[1] = {0};
@@ -366,10 +353,7 @@ END_TEST
 static uint64_t rng_state = 0xB7E151628AED2A6Bull;
 static uint64_t rnd(void)
 {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1Dull;
+    return th_xorshift64s(&rng_state);
 }
 
 typedef struct strv {
@@ -507,33 +491,13 @@ START_TEST(test_random_conversations)
 }
 END_TEST
 
-static Suite *chat_suite(void)
-{
-    Suite *s = suite_create("chat");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_system_and_user_with_separators);
-    tcase_add_test(tc, test_documents_array);
-    tcase_add_test(tc, test_documents_before_conversation_chunks);
-    tcase_add_test(tc, test_multi_turn);
-    tcase_add_test(tc, test_no_system_message);
-    tcase_add_test(tc, test_no_conversation);
-    tcase_add_test(tc, test_passthrough);
-    tcase_add_test(tc, test_custom_separator);
-    tcase_add_test(tc, test_ambiguous_rendering_refused);
-    tcase_add_test(tc, test_invalid_utf8);
-    tcase_add_test(tc, test_too_many_segments);
-    tcase_add_test(tc, test_segment_size_and_buffer_cap);
-    tcase_add_test(tc, test_bad_arguments);
-    tcase_add_test(tc, test_random_conversations);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    SRunner *sr = srunner_create(chat_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run_tests(
+        "chat", "core", 0,
+        TH_TESTS(test_system_and_user_with_separators, test_documents_array,
+                 test_documents_before_conversation_chunks, test_multi_turn, test_no_system_message,
+                 test_no_conversation, test_passthrough, test_custom_separator,
+                 test_ambiguous_rendering_refused, test_invalid_utf8, test_too_many_segments,
+                 test_segment_size_and_buffer_cap, test_bad_arguments, test_random_conversations));
 }

@@ -10,6 +10,7 @@
 #include "base/base.h"
 #include "cache/key.h"
 #include "server/gateway.h"
+#include "tests/harness/harness.h"
 
 typedef struct tcfg {
     char *name;
@@ -56,6 +57,19 @@ static cg_status parse(tcfg *c, const char *const *args, int *help, char *err, s
     return cg_config_parse(tab, NTAB, c, argc, argv, help, err, errlen);
 }
 
+/* Asserts the parsed values of c, two list items among them, then frees c. */
+static void expect_values(tcfg *c, const char *name, long long count, int flag, const char *item0,
+                          const char *item1)
+{
+    ck_assert_str_eq(c->name, name);
+    ck_assert_int_eq(c->count, count);
+    ck_assert_int_eq(c->flag, flag);
+    ck_assert_uint_eq(c->items.n, 2);
+    ck_assert_str_eq(c->items.v[0], item0);
+    ck_assert_str_eq(c->items.v[1], item1);
+    cg_config_free(tab, NTAB, c);
+}
+
 START_TEST(defaults)
 {
     clear_env();
@@ -64,16 +78,10 @@ START_TEST(defaults)
     char err[256];
     ck_assert_int_eq(parse(&c, NULL, &help, err, sizeof err), CG_OK);
     ck_assert_int_eq(help, 0);
-    ck_assert_str_eq(c.name, "dflt");
-    ck_assert_int_eq(c.count, 5);
     ck_assert_uint_eq(c.size, 1024);
-    ck_assert_int_eq(c.flag, 0);
-    ck_assert_uint_eq(c.items.n, 2);
-    ck_assert_str_eq(c.items.v[0], "a");
-    ck_assert_str_eq(c.items.v[1], "b");
     ck_assert_ptr_null(c.items.v[2]);
     ck_assert_ptr_null(c.unset);
-    cg_config_free(tab, NTAB, &c);
+    expect_values(&c, "dflt", 5, 0, "a", "b");
     ck_assert_ptr_null(c.name);
     ck_assert_ptr_null(c.items.v);
 }
@@ -90,25 +98,14 @@ START_TEST(env_then_flags)
     int help;
     char err[256];
     ck_assert_int_eq(parse(&c, NULL, &help, err, sizeof err), CG_OK);
-    ck_assert_str_eq(c.name, "from-env");
-    ck_assert_int_eq(c.count, 7);
-    ck_assert_int_eq(c.flag, 1);
-    ck_assert_uint_eq(c.items.n, 2);
-    ck_assert_str_eq(c.items.v[1], "y");
-    cg_config_free(tab, NTAB, &c);
+    expect_values(&c, "from-env", 7, 1, "x", "y");
 
     /* flags win over the environment, in both spellings; a repeated list flag replaces the
      * environment's list and then accumulates */
     const char *args[] = {"--name", "from-flag", "--count=9",  "--item",
                           "p",      "--item=q",  "--flag=off", NULL};
     ck_assert_int_eq(parse(&c, args, &help, err, sizeof err), CG_OK);
-    ck_assert_str_eq(c.name, "from-flag");
-    ck_assert_int_eq(c.count, 9);
-    ck_assert_int_eq(c.flag, 0);
-    ck_assert_uint_eq(c.items.n, 2);
-    ck_assert_str_eq(c.items.v[0], "p");
-    ck_assert_str_eq(c.items.v[1], "q");
-    cg_config_free(tab, NTAB, &c);
+    expect_values(&c, "from-flag", 9, 0, "p", "q");
 }
 END_TEST
 
@@ -146,34 +143,28 @@ START_TEST(bounds_and_errors)
     tcfg c;
     int help;
     char err[256];
-    const char *lo[] = {"--count", "0", NULL};
-    ck_assert_int_eq(parse(&c, lo, &help, err, sizeof err), CG_E_VALUE);
-    ck_assert_ptr_nonnull(strstr(err, "outside [1, 100]"));
-    cg_config_free(tab, NTAB, &c);
-    const char *hi[] = {"--count=101", NULL};
-    ck_assert_int_eq(parse(&c, hi, &help, err, sizeof err), CG_E_VALUE);
-    cg_config_free(tab, NTAB, &c);
+    static const struct {
+        const char *args[3]; /* NULL-terminated */
+        const char *err;     /* a part of the message, or NULL */
+    } refused[] = {
+        {{"--count", "0"}, "outside [1, 100]"},
+        {{"--count=101"}, NULL},
+        {{"--count", "ten"}, NULL},
+        {{"--nope", "1"}, "unknown option '--nope'"},
+        {{"stray"}, "stray"},
+        {{"--name"}, "needs a value"},
+        {{"--flag=maybe"}, NULL},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        ck_assert_msg(parse(&c, refused[i].args, &help, err, sizeof err) == CG_E_VALUE,
+                      "case %zu accepted", i);
+        if (refused[i].err)
+            ck_assert_msg(strstr(err, refused[i].err) != NULL, "case %zu: %s", i, err);
+        cg_config_free(tab, NTAB, &c);
+    }
     const char *edge[] = {"--count=100", NULL};
     ck_assert_int_eq(parse(&c, edge, &help, err, sizeof err), CG_OK);
     ck_assert_int_eq(c.count, 100);
-    cg_config_free(tab, NTAB, &c);
-    const char *notnum[] = {"--count", "ten", NULL};
-    ck_assert_int_eq(parse(&c, notnum, &help, err, sizeof err), CG_E_VALUE);
-    cg_config_free(tab, NTAB, &c);
-    const char *unknown[] = {"--nope", "1", NULL};
-    ck_assert_int_eq(parse(&c, unknown, &help, err, sizeof err), CG_E_VALUE);
-    ck_assert_ptr_nonnull(strstr(err, "unknown option '--nope'"));
-    cg_config_free(tab, NTAB, &c);
-    const char *positional[] = {"stray", NULL};
-    ck_assert_int_eq(parse(&c, positional, &help, err, sizeof err), CG_E_VALUE);
-    ck_assert_ptr_nonnull(strstr(err, "stray"));
-    cg_config_free(tab, NTAB, &c);
-    const char *novalue[] = {"--name", NULL};
-    ck_assert_int_eq(parse(&c, novalue, &help, err, sizeof err), CG_E_VALUE);
-    ck_assert_ptr_nonnull(strstr(err, "needs a value"));
-    cg_config_free(tab, NTAB, &c);
-    const char *badbool[] = {"--flag=maybe", NULL};
-    ck_assert_int_eq(parse(&c, badbool, &help, err, sizeof err), CG_E_VALUE);
     cg_config_free(tab, NTAB, &c);
     const char *boolalone[] = {"--flag", NULL};
     ck_assert_int_eq(parse(&c, boolalone, &help, err, sizeof err), CG_OK);
@@ -321,20 +312,8 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("config");
-    TCase *tc = tcase_create("table");
-    tcase_add_test(tc, defaults);
-    tcase_add_test(tc, env_then_flags);
-    tcase_add_test(tc, sizes);
-    tcase_add_test(tc, bounds_and_errors);
-    tcase_add_test(tc, help_flag_and_text);
-    tcase_add_test(tc, gateway_table);
-    tcase_add_test(tc, gateway_bad_values);
-    tcase_add_test(tc, enum_values);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_run_tests("config", "table", 0,
+                        TH_TESTS(defaults, env_then_flags, sizes, bounds_and_errors,
+                                 help_flag_and_text, gateway_table, gateway_bad_values,
+                                 enum_values));
 }

@@ -12,53 +12,45 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "tests/harden_util.h"
+#include "tests/harness/harness.h"
 
 #define MODEL "chunkgate-tiny"
 
-static hu_proc fake, gwb, wa, wb, gww;
+static th_proc fake, gwb, wa, wb, gww;
 static char backend[64], ua[64], ub[64], model_dir[400];
-
-static void die(const char *what, const hu_proc *p)
-{
-    char *t = hu_read_file(p->log);
-    fprintf(stderr, "%s failed; log:\n%s\n", what, t);
-    free(t);
-    abort();
-}
 
 static void setup(void)
 {
-    hu_init("conformance");
-    snprintf(model_dir, sizeof model_dir, "%s/model", hu_root());
-    if (hu_gen_model(WORKER_BIN, model_dir) != 0) abort();
+    th_init("conformance", NULL);
+    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
+    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) abort();
     const char *fargs[] = {"--delay-ms", "5", "--events", "4", NULL};
-    if (hu_spawn(&fake, FAKE_BACKEND_BIN, fargs, NULL, "fake.log", "PORT ", 0) != 0)
-        die("fake backend", &fake);
+    if (th_spawn(&fake, FAKE_BACKEND_BIN, fargs, NULL, "fake.log", "PORT ", 0) != 0)
+        th_die("fake backend", &fake);
     snprintf(backend, sizeof backend, "http://127.0.0.1:%d", fake.port);
     const char *eb[] = {"--backend", backend, NULL};
-    if (hu_start_gateway(&gwb, CHUNKGATE_BIN, "gwb", eb) != 0) die("gateway (backend)", &gwb);
+    if (th_start_gateway(&gwb, CHUNKGATE_BIN, "gwb", eb) != 0) th_die("gateway (backend)", &gwb);
     /* Worker A holds one assembly at a time (a held one makes its assemble fail); worker B
      * takes bodies up to 64 KiB only (what the gateway forwards to it shows). */
     const char *xa[] = {"--max-assemblies", "1", NULL};
     const char *xb[] = {"--max-body", "64K", NULL};
-    if (hu_start_worker(&wa, WORKER_BIN, model_dir, 0, "wa", xa) != 0) die("worker A", &wa);
-    if (hu_start_worker(&wb, WORKER_BIN, model_dir, 0, "wb", xb) != 0) die("worker B", &wb);
+    if (th_start_worker(&wa, WORKER_BIN, model_dir, 0, "wa", xa) != 0) th_die("worker A", &wa);
+    if (th_start_worker(&wb, WORKER_BIN, model_dir, 0, "wb", xb) != 0) th_die("worker B", &wb);
     snprintf(ua, sizeof ua, "http://127.0.0.1:%d", wa.port);
     snprintf(ub, sizeof ub, "http://127.0.0.1:%d", wb.port);
     const char *ew[] = {"--worker", ub, "--health-interval-ms", "200", NULL};
-    if (hu_start_gateway(&gww, CHUNKGATE_BIN, "gww", ew) != 0) die("gateway (worker)", &gww);
-    if (!hu_wait_worker(gww.port, NULL, ub, 1)) die("worker B healthy", &gww);
+    if (th_start_gateway(&gww, CHUNKGATE_BIN, "gww", ew) != 0) th_die("gateway (worker)", &gww);
+    if (!th_wait_worker(gww.port, NULL, ub, 1)) th_die("worker B healthy", &gww);
 }
 
 static void teardown(void)
 {
-    hu_stop_clean(&gwb, "chunkgate (backend)");
-    hu_stop_clean(&gww, "chunkgate (workers)");
-    hu_stop_clean(&wa, "worker A");
-    hu_stop_clean(&wb, "worker B");
-    hu_stop(&fake, SIGTERM);
-    hu_cleanup(hu_failures);
+    th_stop_clean(&gwb, "chunkgate (backend)");
+    th_stop_clean(&gww, "chunkgate (workers)");
+    th_stop_clean(&wa, "worker A");
+    th_stop_clean(&wb, "worker B");
+    th_stop(&fake, SIGTERM);
+    th_cleanup(th_failures);
 }
 
 /* POSTs body (taken over) to path; returns the answer's status, and its error code and param
@@ -67,17 +59,17 @@ static long post(int port, const char *path, json_t *body, char *code, char *par
 {
     char *b = json_dumps(body, JSON_COMPACT);
     json_decref(body);
-    hu_resp r;
-    hu_http(&r, port, "POST", path, b, NULL, NULL);
+    th_resp r;
+    th_http(&r, port, "POST", path, b, NULL, NULL);
     free(b);
-    json_t *j = hu_json(&r);
+    json_t *j = th_json(&r);
     json_t *e = json_object_get(j, "error");
     if (code) snprintf(code, 64, "%s", json_string_value(json_object_get(e, "code")) ?: "");
     if (param) snprintf(param, 64, "%s", json_string_value(json_object_get(e, "param")) ?: "");
     long st = r.status;
     if (st != 200 && st != 400 && st != 413)
         fprintf(stderr, "%s: HTTP %ld %.*s\n", path, st, (int)r.body.len, r.body.data);
-    hu_resp_free(&r);
+    th_resp_free(&r);
     if (out)
         *out = j;
     else
@@ -159,7 +151,7 @@ START_TEST(stream_usage_only_when_asked_final_chunk)
                 char **ev;
                 int n;
                 long status;
-                ck_assert_int_eq(hu_sse(gwb.port, chat ? "/v1/chat/completions" : "/v1/completions",
+                ck_assert_int_eq(th_sse_data(gwb.port, chat ? "/v1/chat/completions" : "/v1/completions",
                                         s, NULL, &status, &ev, &n),
                                  CURLE_OK);
                 ck_assert_int_eq(status, 200);
@@ -168,7 +160,7 @@ START_TEST(stream_usage_only_when_asked_final_chunk)
                          asked ? "asked" : "not asked",
                          rides ? "backend puts it on the last choice" : "backend chunk");
                 check_usage_events(ev, n, asked, what);
-                hu_sse_free(ev, n);
+                th_sse_data_free(ev, n);
                 free(s);
             }
 }
@@ -188,8 +180,8 @@ START_TEST(chat_parameters_refused_by_name)
     } cases[] = {
         {"tools", "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", 400, "tools"},
         {"tool_choice", "\"required\"", 400, "tool_choice"},
-        {"logprobs", "true", 400, "logprobs"},
-        {"top_logprobs", "3", 400, "top_logprobs"},
+        {"echo", "true", 400, "echo"},
+        {"logprobs", "true", 200, NULL}, /* honoured: a completion's logprobs, in chat shape */
         {"response_format", "{\"type\":\"json_object\"}", 400, "response_format"},
         {"top_k", "5", 400, "top_k"},
         {"presence_penalty", "0.5", 400, "presence_penalty"},
@@ -298,17 +290,17 @@ START_TEST(pass_through_fast_and_ordinary_paths_agree)
                             "\"vendor\":[1,\"x\"]}";
     const char *slow_body = "{\"model\":\"m\",\"prompt\":\"Say hello\\u0020there.\",\"max_tokens\":3,"
                             "\"vendor\":[1,\"x\"]}";
-    double before = hu_metric(gwb.port, "chunkgate_passthrough_total");
-    double fast0 = hu_metric(gwb.port, "chunkgate_fast_path_total");
+    double before = th_metric(gwb.port, "chunkgate_passthrough_total");
+    double fast0 = th_metric(gwb.port, "chunkgate_fast_path_total");
     json_t *ans[2];
     for (int i = 0; i < 2; i++) {
-        hu_resp r;
+        th_resp r;
         const char *rid[] = {"X-Request-Id: same-id", NULL};
-        hu_http(&r, gwb.port, "POST", "/v1/completions", i ? slow_body : fast_body, NULL, rid);
+        th_http(&r, gwb.port, "POST", "/v1/completions", i ? slow_body : fast_body, NULL, rid);
         ck_assert_int_eq(r.status, 200);
-        ans[i] = hu_json(&r);
-        hu_resp_free(&r);
-        ck_assert_double_eq(hu_metric(gwb.port, "chunkgate_fast_path_total"), fast0 + 1);
+        ans[i] = th_json(&r);
+        th_resp_free(&r);
+        ck_assert_double_eq(th_metric(gwb.port, "chunkgate_fast_path_total"), fast0 + 1);
     }
     char *a = json_dumps(ans[0], JSON_SORT_KEYS), *b = json_dumps(ans[1], JSON_SORT_KEYS);
     ck_assert_msg(!strcmp(a, b), "fast: %s\nordinary: %s", a, b);
@@ -316,7 +308,7 @@ START_TEST(pass_through_fast_and_ordinary_paths_agree)
     free(b);
     json_decref(ans[0]);
     json_decref(ans[1]);
-    ck_assert_double_eq(hu_metric(gwb.port, "chunkgate_passthrough_total"), before + 2);
+    ck_assert_double_eq(th_metric(gwb.port, "chunkgate_passthrough_total"), before + 2);
 }
 END_TEST
 
@@ -329,15 +321,15 @@ START_TEST(fallback_chunk_cache_agrees_with_cached_tokens)
 {
     const char *ex[] = {"--worker", ua,  "--health-interval-ms", "200", "--sync-interval-ms",
                         "0",        NULL};
-    hu_proc g;
-    if (hu_start_gateway(&g, CHUNKGATE_BIN, "gfallback", ex) != 0) die("gateway", &g);
-    ck_assert(hu_wait_worker(g.port, NULL, ua, 1));
+    th_proc g;
+    if (th_start_gateway(&g, CHUNKGATE_BIN, "gfallback", ex) != 0) th_die("gateway", &g);
+    ck_assert(th_wait_worker(g.port, NULL, ua, 1));
     const char *prompt = "Fallback system prompt. # # Fallback document: the ferry leaves at "
                          "nine and returns at five. # # When does the ferry leave?";
     json_t *req = json_pack("{s:s, s:s, s:i, s:f}", "model", MODEL, "prompt", prompt, "max_tokens",
                             2, "temperature", 0.0);
     /* A holds the chunks, through this gateway (A alone): the index knows */
-    hu_resp r;
+    th_resp r;
     const char *ct[] = {"Content-Type: application/json", NULL};
     json_t *ans;
     ck_assert_int_eq(post(g.port, "/v1/completions", json_incref(req), NULL, NULL, &ans), 200);
@@ -347,24 +339,24 @@ START_TEST(fallback_chunk_cache_agrees_with_cached_tokens)
     /* B joins; it is synced as it appears, holding nothing yet */
     char body[160];
     snprintf(body, sizeof body, "{\"url\":\"%s\"}", ub);
-    hu_http(&r, g.port, "POST", "/v1/workers", body, NULL, ct);
+    th_http(&r, g.port, "POST", "/v1/workers", body, NULL, ct);
     ck_assert_msg(r.status == 200 || r.status == 201, "adding B: HTTP %ld %.*s", r.status,
                   (int)r.body.len, r.body.data);
-    hu_resp_free(&r);
-    ck_assert(hu_wait_worker(g.port, NULL, ub, 1));
-    hu_sleep_ms(300); /* its first inventory sync is done */
+    th_resp_free(&r);
+    ck_assert(th_wait_worker(g.port, NULL, ub, 1));
+    th_sleep_ms(300); /* its first inventory sync is done */
     /* B holds them too, from a request of its own: the index does not know */
     json_t *direct = json_deep_copy(req);
     json_object_set_new(direct, "chunk_separator", json_string("# #"));
     ck_assert_int_eq(post(wb.port, "/v1/completions", direct, NULL, NULL, NULL), 200);
     /* A's one assembly slot is taken: its assemble answers 503 */
-    hu_http(&r, wa.port, "POST", "/v1/assemble",
+    th_http(&r, wa.port, "POST", "/v1/assemble",
             "{\"segments\":[{\"role\":\"system\",\"text\":\"held\"},{\"role\":\"question\","
             "\"text\":\"q\"}]}",
             NULL, ct);
     ck_assert_int_eq(r.status, 200);
-    json_t *held = hu_json(&r);
-    hu_resp_free(&r);
+    json_t *held = th_json(&r);
+    th_resp_free(&r);
     ck_assert_int_eq(post(g.port, "/v1/completions", json_incref(req), NULL, NULL, &ans), 200);
     json_t *cc = json_object_get(ans, "chunk_cache");
     long long cached = json_integer_value(json_object_get(
@@ -394,31 +386,21 @@ START_TEST(fallback_chunk_cache_agrees_with_cached_tokens)
     char path[96];
     snprintf(path, sizeof path, "/v1/assemblies/%s",
              json_string_value(json_object_get(held, "assembly_id")));
-    hu_http(&r, wa.port, "DELETE", path, NULL, NULL, NULL);
-    hu_resp_free(&r);
+    th_http(&r, wa.port, "DELETE", path, NULL, NULL, NULL);
+    th_resp_free(&r);
     json_decref(held);
     json_decref(req);
-    hu_stop_clean(&g, "chunkgate (fallback)");
+    th_stop_clean(&g, "chunkgate (fallback)");
 }
 END_TEST
 
 int main(void)
 {
-    Suite *su = suite_create("conformance");
-    TCase *tc = tcase_create("conformance");
-    tcase_set_timeout(tc, 120);
-    tcase_add_unchecked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, message_without_content);
-    tcase_add_test(tc, stream_usage_only_when_asked_final_chunk);
-    tcase_add_test(tc, chat_parameters_refused_by_name);
-    tcase_add_test(tc, unknown_fields_rule);
-    tcase_add_test(tc, context_length_exceeded_on_every_path);
-    tcase_add_test(tc, pass_through_fast_and_ordinary_paths_agree);
-    tcase_add_test(tc, fallback_chunk_cache_agrees_with_cached_tokens);
-    suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed || hu_failures ? 1 : 0;
+    return th_run_suite("conformance", "conformance", 120, (th_fixture){setup, teardown, 0},
+                        CK_FORK_GETENV,
+                        TH_TESTS(message_without_content, stream_usage_only_when_asked_final_chunk,
+                                 chat_parameters_refused_by_name, unknown_fields_rule,
+                                 context_length_exceeded_on_every_path,
+                                 pass_through_fast_and_ordinary_paths_agree,
+                                 fallback_chunk_cache_agrees_with_cached_tokens));
 }

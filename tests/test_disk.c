@@ -20,6 +20,7 @@
 #include "base/base.h"
 #include "kv/pool.h"
 #include "sql/kvstore.h"
+#include "tests/harness/harness.h"
 
 /* Geometry: 2 layers, 2 KV heads, head_dim 8, 4 tokens a block -> 1024-byte blocks. */
 #define LAYERS 2
@@ -58,23 +59,10 @@ static void path_in(char *out, size_t n, const char *name)
     snprintf(out, n, "%s/%s", g_dir, name);
 }
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* A hash-like key for integer i (real keys are XXH3 output). */
 static cg_key key_of(uint64_t i)
 {
-    cg_key k;
-    uint64_t s = i * 2654435761ull + 7;
-    uint64_t a = splitmix(&s), b = splitmix(&s);
-    memcpy(k.b, &a, 8);
-    memcpy(k.b + 8, &b, 8);
-    return k;
+    return th_key_of(i, 7);
 }
 
 /* Token count of a key's chunk in the kill -9 and thread tests: 1..max, a function of the key. */
@@ -99,7 +87,7 @@ static void fill_chunk(const cg_key *k, uint32_t n_tokens, uint8_t *buf)
     s ^= (uint64_t)n_tokens << 40;
     size_t n = chunk_bytes(n_tokens);
     for (size_t i = 0; i < n; i += 8) {
-        uint64_t v = splitmix(&s);
+        uint64_t v = th_splitmix64(&s);
         memcpy(buf + i, &v, 8);
     }
 }
@@ -210,12 +198,7 @@ static void sql_exec(const char *sql)
 {
     char p[160];
     path_in(p, sizeof p, "kv.db");
-    sqlite3 *db = NULL;
-    ck_assert_int_eq(sqlite3_open(p, &db), SQLITE_OK);
-    char *err = NULL;
-    int rc = sqlite3_exec(db, sql, NULL, NULL, &err);
-    ck_assert_msg(rc == SQLITE_OK, "%s: %s", sql, err ? err : "?");
-    sqlite3_close(db);
+    th_sql_exec(p, sql);
 }
 
 typedef struct dst_t {
@@ -362,17 +345,18 @@ END_TEST
 /* ---- restart ----------------------------------------------------------------------------------
  */
 
+/* The chunks cg_disk_foreach lists, in its order; at most cap (<= 128) of them. */
 typedef struct list_ctx {
-    cg_key keys[64];
-    uint64_t last_used[64];
-    uint32_t tokens[64];
-    size_t n;
+    cg_key keys[128];
+    uint64_t last_used[128];
+    uint32_t tokens[128];
+    size_t n, cap;
 } list_ctx;
 
 static void list_fn(void *ud, const cg_disk_chunk_info *info)
 {
     list_ctx *c = ud;
-    ck_assert_uint_lt(c->n, 64);
+    ck_assert_uint_lt(c->n, c->cap);
     c->keys[c->n] = info->key;
     c->tokens[c->n] = info->tokens;
     c->last_used[c->n++] = info->last_used;
@@ -397,7 +381,7 @@ START_TEST(test_restart)
     ck_assert_uint_eq(after.used_bytes, before.used_bytes);
     ck_assert_uint_eq(after.open_dropped, 0);
     check_ok(d);
-    list_ctx c = {.n = 0};
+    list_ctx c = {.cap = 64};
     cg_disk_foreach(d, list_fn, &c);
     ck_assert_uint_eq(c.n, 10);
     ck_assert(cg_key_equal(&c.keys[9], &k2));
@@ -739,7 +723,7 @@ static void torn_child(const char *dir, uint64_t seed)
     uint64_t s = seed;
     uint8_t *buf = cg_malloc(chunk_bytes(TORN_MAX_TOKENS));
     for (uint64_t now = 1;; now++) {
-        uint64_t r = splitmix(&s);
+        uint64_t r = th_splitmix64(&s);
         cg_key k = key_of(r % TORN_KEYS);
         uint32_t nt = tokens_of(&k, TORN_MAX_TOKENS);
         if (r % 16 == 0) {
@@ -756,20 +740,6 @@ static void torn_child(const char *dir, uint64_t seed)
     }
 }
 
-typedef struct verify_ctx {
-    cg_key keys[128];
-    uint32_t tokens[128];
-    size_t n;
-} verify_ctx;
-
-static void collect(void *ud, const cg_disk_chunk_info *info)
-{
-    verify_ctx *v = ud;
-    ck_assert_uint_lt(v->n, 128);
-    v->keys[v->n] = info->key;
-    v->tokens[v->n++] = info->tokens;
-}
-
 START_TEST(test_torn_writes_never_served)
 {
     uint64_t seed = (uint64_t)time(NULL) ^ (uint64_t)getpid() << 20;
@@ -780,7 +750,7 @@ START_TEST(test_torn_writes_never_served)
         ck_assert_int_ge(pid, 0);
         if (pid == 0) torn_child(g_dir, seed + (uint64_t)round * 7919);
         /* Kill it at a random moment: before it opens, mid-write, mid-commit, mid-drop. */
-        usleep((useconds_t)(splitmix(&rs) % 60000));
+        usleep((useconds_t)(th_splitmix64(&rs) % 60000));
         ck_assert_int_eq(kill(pid, SIGKILL), 0);
         int status = 0;
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
@@ -793,14 +763,14 @@ START_TEST(test_torn_writes_never_served)
         if (inject) {
             uint8_t junk[512];
             for (size_t i = 0; i < sizeof junk; i++)
-                junk[i] = (uint8_t)splitmix(&rs);
-            poke((off_t)(splitmix(&rs) % (64 * BB - sizeof junk)), junk, sizeof junk);
+                junk[i] = (uint8_t)th_splitmix64(&rs);
+            poke((off_t)(th_splitmix64(&rs) % (64 * BB - sizeof junk)), junk, sizeof junk);
         }
 
         cg_disk *d = open_disk(64);
         check_ok(d); /* inventory intact (integrity_check), slots consistent */
-        verify_ctx v = {.n = 0};
-        cg_disk_foreach(d, collect, &v);
+        list_ctx v = {.cap = 128};
+        cg_disk_foreach(d, list_fn, &v);
         if (v.n) rounds_with_records++;
         size_t bad = 0;
         for (size_t i = 0; i < v.n; i++) {
@@ -1031,7 +1001,7 @@ static void *mt_main(void *p)
     size_t maxb = chunk_bytes(MT_MAX_TOKENS);
     uint8_t *buf = cg_malloc(maxb), *want = cg_malloc(maxb);
     for (int i = 0; i < MT_OPS; i++) {
-        uint64_t r = splitmix(&s);
+        uint64_t r = th_splitmix64(&s);
         cg_key k = key_of(r % MT_KEYS);
         uint32_t nt = tokens_of(&k, MT_MAX_TOKENS);
         uint64_t now = (uint64_t)i;
@@ -1101,8 +1071,8 @@ START_TEST(test_threads_smoke)
     cg_disk_close(&d);
 
     d = open_disk(48);
-    verify_ctx v = {.n = 0};
-    cg_disk_foreach(d, collect, &v);
+    list_ctx v = {.cap = 128};
+    cg_disk_foreach(d, list_fn, &v);
     ck_assert_uint_eq(v.n, s.chunks);
     for (size_t i = 0; i < v.n; i++)
         ck_assert_int_eq(get_key(d, &v.keys[i], v.tokens[i], 1), CG_OK);
@@ -1110,36 +1080,14 @@ START_TEST(test_threads_smoke)
 }
 END_TEST
 
-static Suite *disk_suite(void)
-{
-    Suite *s = suite_create("disk");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_round_trip);
-    tcase_add_test(tc, test_sync_mode);
-    tcase_add_test(tc, test_restart);
-    tcase_add_test(tc, test_lru_drop_when_full);
-    tcase_add_test(tc, test_chunk_bigger_than_disk);
-    tcase_add_test(tc, test_corruption_detected);
-    tcase_add_test(tc, test_swapped_rows_and_truncated_file);
-    tcase_add_test(tc, test_open_drops_bad_rows);
-    tcase_add_test(tc, test_callback_races);
-    tcase_add_test(tc, test_torn_writes_never_served);
-    tcase_add_test(tc, test_geometry_mismatch_refused);
-    tcase_add_test(tc, test_foreign_inventory_refused);
-    tcase_add_test(tc, test_pool_spill_and_restore);
-    tcase_add_test(tc, test_threads_smoke);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
     cg_log_init("test_disk", CG_LOG_ERROR);
-    SRunner *sr = srunner_create(disk_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run_suite(
+        "disk", "core", 120, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
+        TH_TESTS(test_round_trip, test_sync_mode, test_restart, test_lru_drop_when_full,
+                 test_chunk_bigger_than_disk, test_corruption_detected,
+                 test_swapped_rows_and_truncated_file, test_open_drops_bad_rows,
+                 test_callback_races, test_torn_writes_never_served, test_geometry_mismatch_refused,
+                 test_foreign_inventory_refused, test_pool_spill_and_restore, test_threads_smoke));
 }

@@ -17,6 +17,7 @@
 
 #include "worker/serve/engine.h"
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 #define ERRLEN 512
 #define GREEDY 32
@@ -51,44 +52,20 @@ static const char *Q2 = "Which document mentions a vote, and what was the result
 
 /* ---- helpers ---- */
 
-static void rm_rf(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            rm_rf(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 static cg_model *make_model(cg_rope_style style, char **dir_out)
 {
-    char tmpl[] = "/tmp/cg_test_engine_XXXXXX";
-    char *d = mkdtemp(tmpl);
-    if (!d) abort();
+    char *d = th_mkdtemp("test_engine");
     char err[ERRLEN];
     cg_model_gen_params gp = cg_model_gen_default_params();
     gp.rope_style = style;
     gp.seed = 7;
-    if (cg_model_generate(d, gp, err, sizeof err) != CG_OK) {
-        fprintf(stderr, "generate: %s\n", err);
-        abort();
-    }
     cg_model *m = NULL;
-    if (cg_model_open(d, &m, err, sizeof err) != CG_OK) {
-        fprintf(stderr, "load: %s\n", err);
+    if (cg_model_generate(d, gp, err, sizeof err) != CG_OK ||
+        cg_model_open(d, &m, err, sizeof err) != CG_OK) {
+        fprintf(stderr, "model: %s\n", err);
         abort();
     }
-    *dir_out = cg_strdup(d);
+    *dir_out = d;
     return m;
 }
 
@@ -130,6 +107,12 @@ static void run_free(run *r)
 {
     cg_assembly_info_free(&r->info);
     free(r->logits);
+}
+
+static void runs_free(run *const *rs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        run_free(rs[i]);
 }
 
 static uint64_t clock_ms = 1000; /* the engine's "now": tests control time */
@@ -229,11 +212,7 @@ static void strict_fidelity(cg_model *m)
     ck_assert_uint_eq(b.info.cached_tokens, chunk_tokens(&b));
     run ref2 = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
     assert_same(e, &b, &ref2, "strict hits at new offsets");
-    run_free(&a);
-    run_free(&ref);
-    run_free(&causal);
-    run_free(&b);
-    run_free(&ref2);
+    runs_free((run *[]){&a, &ref, &causal, &b, &ref2}, 5);
     ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
     cg_engine_close(&e);
 }
@@ -302,8 +281,7 @@ START_TEST(test_sys_fidelity)
     ck_assert(!cg_key_equal(&c4.info.segs[1].key, &miss.info.segs[1].key));
 
     run *all[] = {&miss, &bypass, &hit, &hit2, &bypass2, &c3, &ref3, &c3b, &ref, &c4};
-    for (size_t i = 0; i < CG_ARRAY_LEN(all); i++)
-        run_free(all[i]);
+    runs_free(all, CG_ARRAY_LEN(all));
     cg_engine_close(&e);
 }
 END_TEST
@@ -346,8 +324,7 @@ START_TEST(test_reuse_across_prompts)
     assert_same(e, &nq, &nqref, "prompt ending in a hit chunk");
 
     run *all[] = {&a, &b, &ref, &c, &nq, &nqref};
-    for (size_t i = 0; i < CG_ARRAY_LEN(all); i++)
-        run_free(all[i]);
+    runs_free(all, CG_ARRAY_LEN(all));
     ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
     cg_engine_close(&e);
 }
@@ -385,8 +362,7 @@ START_TEST(test_full_recompute)
     run nqc = do_run(e, &rn, CG_MODE_STRICT, CG_PATH_CAUSAL, 0);
     assert_same(e, &nq, &nqc, "full recompute, no question");
     run *all[] = {&causal, &miss, &hit, &plain, &ref, &sys, &part, &nq, &nqc};
-    for (size_t i = 0; i < CG_ARRAY_LEN(all); i++)
-        run_free(all[i]);
+    runs_free(all, CG_ARRAY_LEN(all));
     cg_engine_close(&e);
 }
 END_TEST
@@ -483,8 +459,7 @@ START_TEST(test_pool_pressure)
 
     cg_assembly_info_free(&held);
     run *rs[] = {&a, &ref, &again, &href};
-    for (size_t i = 0; i < CG_ARRAY_LEN(rs); i++)
-        run_free(rs[i]);
+    runs_free(rs, CG_ARRAY_LEN(rs));
     cg_engine_close(&e);
 }
 END_TEST
@@ -767,18 +742,7 @@ START_TEST(test_disk_tier)
      * records fail their checksum and are misses, recomputed: the answers keep every bit. */
     char path[128];
     snprintf(path, sizeof path, "%s/kv.blocks", dir);
-    int fd = open(path, O_RDWR);
-    ck_assert_int_ge(fd, 0);
-    struct stat sb;
-    ck_assert_int_eq(fstat(fd, &sb), 0);
-    for (off_t off = 0; off + 8 <= sb.st_size; off += (off_t)bb) {
-        uint8_t b[8];
-        ck_assert_int_eq(pread(fd, b, 8, off + 100), 8);
-        for (int i = 0; i < 8; i++)
-            b[i] ^= 0xa5;
-        ck_assert_int_eq(pwrite(fd, b, 8, off + 100), 8);
-    }
-    close(fd);
+    ck_assert_int_gt(th_flip_bytes(path, bb, 100, 1, 108, 0xa5), 0);
     int two[2], n_two = 0;
     for (int d = 0; d < 5 && n_two < 2; d++) {
         cg_key k = doc_key(m_half, d);
@@ -825,7 +789,7 @@ START_TEST(test_disk_tier)
 
     cg_engine_close(&e);
     cg_engine_close(&big);
-    rm_rf(dir);
+    th_rmrf(dir);
 }
 END_TEST
 
@@ -910,32 +874,10 @@ START_TEST(test_role_collision)
     ck_assert_int_eq(b.info.segs[1].hit, 0);
     run ref = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
     assert_same(e, &b, &ref, "chunk whose text equals a cached system text");
-    run_free(&a);
-    run_free(&b);
-    run_free(&ref);
+    runs_free((run *[]){&a, &b, &ref}, 3);
     cg_engine_close(&e);
 }
 END_TEST
-
-static Suite *engine_suite(void)
-{
-    Suite *s = suite_create("engine");
-    TCase *tc = tcase_create("fidelity");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_strict_fidelity);
-    tcase_add_test(tc, test_strict_fidelity_interleaved);
-    tcase_add_test(tc, test_sys_fidelity);
-    tcase_add_test(tc, test_reuse_across_prompts);
-    tcase_add_test(tc, test_full_recompute);
-    tcase_add_test(tc, test_pool_pressure);
-    tcase_add_test(tc, test_key_mismatch);
-    tcase_add_test(tc, test_lifecycle);
-    tcase_add_test(tc, test_role_collision);
-    tcase_add_test(tc, test_disk_tier);
-    tcase_add_test(tc, test_adopt);
-    suite_add_tcase(s, tc);
-    return s;
-}
 
 int main(int argc, char **argv)
 {
@@ -949,15 +891,17 @@ int main(int argc, char **argv)
     cg_log_init("test_engine", CG_LOG_WARN);
     m_half = make_model(CG_ROPE_HALF, &dir_half);
     m_inter = make_model(CG_ROPE_INTERLEAVED, &dir_inter);
-    SRunner *sr = srunner_create(engine_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed =
+        th_run_tests("engine", "fidelity", 300,
+                     TH_TESTS(test_strict_fidelity, test_strict_fidelity_interleaved,
+                              test_sys_fidelity, test_reuse_across_prompts, test_full_recompute,
+                              test_pool_pressure, test_key_mismatch, test_lifecycle,
+                              test_role_collision, test_disk_tier, test_adopt));
     cg_model_close(&m_half);
     cg_model_close(&m_inter);
-    rm_rf(dir_half);
-    rm_rf(dir_inter);
+    th_rmrf(dir_half);
+    th_rmrf(dir_inter);
     free(dir_half);
     free(dir_inter);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return failed;
 }

@@ -15,50 +15,42 @@
 #include <unistd.h>
 
 #include "cache/key.h"
-#include "tests/harden_util.h"
+#include "tests/harness/harness.h"
 
 #define MODEL "chunkgate-tiny"
 
-static hu_proc fake, gw;
+static th_proc fake, gw;
 static char backend[64], model_dir[300];
-
-static void die(const char *what, const hu_proc *p)
-{
-    char *t = hu_read_file(p->log);
-    fprintf(stderr, "%s failed; log:\n%s\n", what, t);
-    free(t);
-    abort();
-}
 
 static void setup(void)
 {
-    hu_init("faults");
-    snprintf(model_dir, sizeof model_dir, "%s/model", hu_root());
-    if (hu_gen_model(WORKER_BIN, model_dir) != 0) abort();
+    th_init("faults", NULL);
+    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
+    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) abort();
     const char *fargs[] = {"--delay-ms", "50", "--events", "5", NULL};
-    if (hu_spawn(&fake, FAKE_BACKEND_BIN, fargs, NULL, "fake.log", "PORT ", 0) != 0)
-        die("fake backend", &fake);
+    if (th_spawn(&fake, FAKE_BACKEND_BIN, fargs, NULL, "fake.log", "PORT ", 0) != 0)
+        th_die("fake backend", &fake);
     snprintf(backend, sizeof backend, "http://127.0.0.1:%d", fake.port);
     const char *extra[] = {"--backend", backend, "--backend-timeout-ms", "1500", "--heartbeat-ms",
                            "200",       NULL};
-    if (hu_start_gateway(&gw, CHUNKGATE_BIN, "gw", extra) != 0) die("gateway", &gw);
+    if (th_start_gateway(&gw, CHUNKGATE_BIN, "gw", extra) != 0) th_die("gateway", &gw);
 }
 
 static void teardown(void)
 {
-    hu_stop_clean(&gw, "chunkgate");
-    hu_stop(&fake, SIGTERM);
-    hu_cleanup(hu_failures);
+    th_stop_clean(&gw, "chunkgate");
+    th_stop(&fake, SIGTERM);
+    th_cleanup(th_failures);
 }
 
 static void assert_serves(int port)
 {
-    hu_resp r;
-    hu_http(&r, port, "POST", "/v1/completions",
+    th_resp r;
+    th_http(&r, port, "POST", "/v1/completions",
             "{\"model\":\"m\",\"prompt\":\"still # # serving # # ?\",\"max_tokens\":1}", NULL,
             NULL);
     ck_assert_msg(r.status == 200, "the gateway does not serve: HTTP %ld", r.status);
-    hu_resp_free(&r);
+    th_resp_free(&r);
 }
 
 /* The streamed answer to prompt: events (data payloads), with checks common to all. */
@@ -68,9 +60,9 @@ static int stream(const char *prompt, char ***ev, double *secs)
     snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"%s\",\"stream\":true}", prompt);
     long status;
     int n;
-    double t0 = hu_now_s();
-    CURLcode rc = hu_sse(gw.port, "/v1/completions", body, NULL, &status, ev, &n);
-    *secs = hu_now_s() - t0;
+    double t0 = th_now_s();
+    CURLcode rc = th_sse_data(gw.port, "/v1/completions", body, NULL, &status, ev, &n);
+    *secs = th_now_s() - t0;
     ck_assert_msg(rc == CURLE_OK, "curl %d", (int)rc);
     ck_assert_int_eq(status, 200);
     return n;
@@ -97,12 +89,12 @@ START_TEST(backend_stream_faults)
     ck_assert_int_eq(n, 3);
     ck_assert_str_eq(error_code(ev[2]), "upstream_timeout");
     ck_assert_double_lt(secs, 4.5);
-    hu_sse_free(ev, n);
+    th_sse_data_free(ev, n);
     /* a TCP reset after 2 events: error event, no [DONE] */
     n = stream("FAULT:RST # # d # # q", &ev, &secs);
     ck_assert_int_eq(n, 3);
     ck_assert_str_eq(error_code(ev[2]), "bad_gateway");
-    hu_sse_free(ev, n);
+    th_sse_data_free(ev, n);
     /* invalid SSE: a data event that is not JSON is relayed as it came (the gateway edits only
      * the events it must), lines without a colon and unknown fields are ignored (WHATWG), and
      * chunk_cache goes on the first data event that is a JSON object; [DONE] as usual */
@@ -113,24 +105,24 @@ START_TEST(backend_stream_faults)
     ck_assert_ptr_nonnull(json_object_get(j, "chunk_cache"));
     json_decref(j);
     ck_assert_str_eq(ev[n - 1], "[DONE]");
-    hu_sse_free(ev, n);
+    th_sse_data_free(ev, n);
     /* a line longer than the parser's cap (1 MiB): the stream ends with an error event, the
      * upstream is dropped, memory stays bounded */
     n = stream("FAULT:HUGESSE:3000000 # # d # # q", &ev, &secs);
     ck_assert_int_eq(n, 2);
     ck_assert_str_eq(error_code(ev[1]), "bad_gateway");
-    hu_sse_free(ev, n);
-    ck_assert_double_ge(hu_metric(gw.port, "chunkgate_backend_errors_total{kind=\"stream\"}"), 3);
+    th_sse_data_free(ev, n);
+    ck_assert_double_ge(th_metric(gw.port, "chunkgate_backend_errors_total{kind=\"stream\"}"), 3);
     /* not streamed: a reset or invalid JSON before any byte to the client is a plain 502 */
-    hu_resp r;
-    hu_http(&r, gw.port, "POST", "/v1/completions",
+    th_resp r;
+    th_http(&r, gw.port, "POST", "/v1/completions",
             "{\"model\":\"m\",\"prompt\":\"FAULT:BADJSON\"}", NULL, NULL);
-    ck_assert(hu_is_error(&r, 502, "bad_gateway"));
-    hu_resp_free(&r);
-    hu_http(&r, gw.port, "POST", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"FAULT:500\"}",
+    ck_assert(th_is_error(&r, 502, "bad_gateway"));
+    th_resp_free(&r);
+    th_http(&r, gw.port, "POST", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"FAULT:500\"}",
             NULL, NULL);
-    ck_assert(hu_is_error(&r, 500, "fake_500"));
-    hu_resp_free(&r);
+    ck_assert(th_is_error(&r, 500, "fake_500"));
+    th_resp_free(&r);
     assert_serves(gw.port);
 }
 END_TEST
@@ -141,16 +133,16 @@ typedef struct call {
     int port;
     const char *body;
     int stream;
-    hu_resp r;
+    th_resp r;
     double secs;
 } call;
 
 static void *do_call(void *arg)
 {
     call *c = arg;
-    double t0 = hu_now_s();
-    hu_http(&c->r, c->port, "POST", "/v1/completions", c->body, NULL, NULL);
-    c->secs = hu_now_s() - t0;
+    double t0 = th_now_s();
+    th_http(&c->r, c->port, "POST", "/v1/completions", c->body, NULL, NULL);
+    c->secs = th_now_s() - t0;
     return NULL;
 }
 
@@ -174,15 +166,15 @@ static char *long_prompt(int stream)
 }
 
 /* Kills the worker 400 ms into the request; returns the finished call. */
-static void kill_during(call *c, hu_proc *w)
+static void kill_during(call *c, th_proc *w)
 {
     pthread_t th;
     pthread_create(&th, NULL, do_call, c);
-    hu_sleep_ms(400);
+    th_sleep_ms(400);
     ck_assert_int_eq(kill(w->pid, SIGKILL), 0);
     pthread_join(th, NULL);
-    hu_wait_exit(w, 5000);
-    char *log = hu_read_file(w->log);
+    th_wait_exit(w, 5000);
+    char *log = th_read_file(w->log, NULL);
     ck_assert_msg(!strstr(log, "\"msg\":\"assembly "), "the assemble finished before the kill");
     free(log);
 }
@@ -190,52 +182,46 @@ static void kill_during(call *c, hu_proc *w)
 START_TEST(worker_killed_during_assemble)
 {
     /* with --backend: the client gets the backend's answer to the plain prompt */
-    hu_proc w1, g1;
-    ck_assert_int_eq(hu_start_worker(&w1, WORKER_BIN, model_dir, 0, "kill1", NULL), 0);
-    char u1[64];
-    snprintf(u1, sizeof u1, "http://127.0.0.1:%d", w1.port);
-    const char *e1[] = {"--worker", u1, "--backend", backend, "--health-interval-ms", "200", NULL};
-    ck_assert_int_eq(hu_start_gateway(&g1, CHUNKGATE_BIN, "gkill1", e1), 0);
-    ck_assert(hu_wait_worker(g1.port, NULL, u1, 1));
+    th_proc w1, g1;
+    ck_assert_int_eq(th_start_worker(&w1, WORKER_BIN, model_dir, 0, "kill1", NULL), 0);
+    const char *e1[] = {"--backend", backend, "--health-interval-ms", "200", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g1, CHUNKGATE_BIN, "gkill1", w1.url, NULL, e1), 0);
     char *body = long_prompt(0);
     call c = {.port = g1.port, .body = body};
     kill_during(&c, &w1);
     ck_assert_msg(c.r.status == 200, "HTTP %ld", c.r.status);
-    json_t *j = hu_json(&c.r);
+    json_t *j = th_json(&c.r);
     json_t *cc = json_object_get(j, "chunk_cache");
     ck_assert(json_is_true(json_object_get(cc, "fallback")));
     ck_assert_str_eq(json_string_value(json_object_get(cc, "fallback_reason")), "worker_error");
     json_decref(j);
     fprintf(stderr, "worker killed during assemble: fallback answer after %.2f s\n", c.secs);
-    hu_resp_free(&c.r);
-    ck_assert_double_ge(hu_metric(g1.port, "chunkgate_worker_errors_total{kind=\"connect\"}") +
-                            hu_metric(g1.port, "chunkgate_worker_errors_total{kind=\"invalid\"}"),
+    th_resp_free(&c.r);
+    ck_assert_double_ge(th_metric(g1.port, "chunkgate_worker_errors_total{kind=\"connect\"}") +
+                            th_metric(g1.port, "chunkgate_worker_errors_total{kind=\"invalid\"}"),
                         1);
-    ck_assert(hu_wait_worker(g1.port, NULL, u1, 0));
+    ck_assert(th_wait_worker(g1.port, NULL, w1.url, 0));
     assert_serves(g1.port);
-    ck_assert_int_eq(hu_stop(&g1, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&g1, SIGTERM), 0);
     free(body);
 
     /* without --backend and no other worker: a clean 503 at once, streamed or not */
     for (int s = 0; s <= 1; s++) {
-        hu_proc w2, g2;
+        th_proc w2, g2;
         char name[32];
         snprintf(name, sizeof name, "kill2-%d", s);
-        ck_assert_int_eq(hu_start_worker(&w2, WORKER_BIN, model_dir, 0, name, NULL), 0);
-        char u2[64];
-        snprintf(u2, sizeof u2, "http://127.0.0.1:%d", w2.port);
-        const char *e2[] = {"--worker", u2, "--health-interval-ms", "200", NULL};
+        ck_assert_int_eq(th_start_worker(&w2, WORKER_BIN, model_dir, 0, name, NULL), 0);
+        const char *e2[] = {"--health-interval-ms", "200", NULL};
         snprintf(name, sizeof name, "gkill2-%d", s);
-        ck_assert_int_eq(hu_start_gateway(&g2, CHUNKGATE_BIN, name, e2), 0);
-        ck_assert(hu_wait_worker(g2.port, NULL, u2, 1));
+        ck_assert_int_eq(th_start_gateway_to(&g2, CHUNKGATE_BIN, name, w2.url, NULL, e2), 0);
         body = long_prompt(s);
         call c2 = {.port = g2.port, .body = body};
         kill_during(&c2, &w2);
-        ck_assert_msg(hu_is_error(&c2.r, 503, "upstream_unavailable"), "stream %d: HTTP %ld %.*s",
+        ck_assert_msg(th_is_error(&c2.r, 503, "upstream_unavailable"), "stream %d: HTTP %ld %.*s",
                       s, c2.r.status, (int)c2.r.body.len, c2.r.body.data);
         ck_assert_double_lt(c2.secs, 10);
-        hu_resp_free(&c2.r);
-        ck_assert_int_eq(hu_stop(&g2, SIGTERM), 0);
+        th_resp_free(&c2.r);
+        ck_assert_int_eq(th_stop(&g2, SIGTERM), 0);
         free(body);
     }
 }
@@ -256,14 +242,10 @@ static const char *DOCS[] = {
 
 START_TEST(full_disk_tier_keeps_serving)
 {
-    hu_proc w, g;
+    th_proc w, g;
     const char *we[] = {"--pool-mb", "2", "--disk-mb", "1", NULL};
-    ck_assert_int_eq(hu_start_worker(&w, WORKER_BIN, model_dir, 0, "fulldisk", we), 0);
-    char u[64];
-    snprintf(u, sizeof u, "http://127.0.0.1:%d", w.port);
-    const char *ge[] = {"--worker", u, NULL};
-    ck_assert_int_eq(hu_start_gateway(&g, CHUNKGATE_BIN, "gfull", ge), 0);
-    ck_assert(hu_wait_worker(g.port, NULL, u, 1));
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "fulldisk", we), 0);
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "gfull", w.url, NULL, NULL), 0);
     int served = 0;
     for (int round = 0; round < 2; round++)
         for (int i = 0; i < 10; i++) {
@@ -272,24 +254,24 @@ START_TEST(full_disk_tier_keeps_serving)
                      "{\"model\":\"" MODEL "\",\"max_tokens\":1,\"prompt\":\"System. # # %s # # %s "
                      "# # Question?\"}",
                      DOCS[i], DOCS[(i + 3) % 10]);
-            hu_resp r;
-            hu_http(&r, g.port, "POST", "/v1/completions", body, NULL, NULL);
+            th_resp r;
+            th_http(&r, g.port, "POST", "/v1/completions", body, NULL, NULL);
             ck_assert_msg(r.status == 200, "HTTP %ld %.*s", r.status, (int)r.body.len, r.body.data);
-            json_t *j = hu_json(&r);
+            json_t *j = th_json(&r);
             ck_assert(
                 json_is_false(json_object_get(json_object_get(j, "chunk_cache"), "fallback")));
             json_decref(j);
-            hu_resp_free(&r);
+            th_resp_free(&r);
             served++;
         }
-    double spills = hu_metric(w.port, "chunkgate_worker_spills_total");
-    double drops = hu_metric(w.port, "chunkgate_worker_disk_drops_total");
+    double spills = th_metric(w.port, "chunkgate_worker_spills_total");
+    double drops = th_metric(w.port, "chunkgate_worker_disk_drops_total");
     fprintf(stderr, "full disk tier: %d requests served, %.0f spills, %.0f disk drops\n", served,
             spills, drops);
     ck_assert_double_gt(spills, 0);
     ck_assert_double_gt(drops, 0); /* the disk was full and made room */
-    ck_assert_int_eq(hu_stop(&g, SIGTERM), 0);
-    ck_assert_int_eq(hu_stop(&w, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
 }
 END_TEST
 
@@ -306,27 +288,27 @@ static void unreadable_dir(const char *path)
 START_TEST(unreadable_data_dir_refuses_to_start)
 {
     char dir[400];
-    snprintf(dir, sizeof dir, "%s/closed-w", hu_root());
+    snprintf(dir, sizeof dir, "%s/closed-w", th_root());
     unreadable_dir(dir);
     char listen[] = "127.0.0.1:0";
     const char *wa[] = {"serve", "--model", model_dir, "--listen", listen, "--data-dir", dir, NULL};
-    hu_proc w;
-    ck_assert_int_eq(hu_spawn(&w, WORKER_BIN, wa, NULL, "closed-w.log", NULL, 1), 0);
-    int rc = hu_wait_exit(&w, 30000);
-    char *log = hu_read_file(w.log);
+    th_proc w;
+    ck_assert_int_eq(th_spawn(&w, WORKER_BIN, wa, NULL, "closed-w.log", NULL, 1), 0);
+    int rc = th_wait_exit(&w, 30000);
+    char *log = th_read_file(w.log, NULL);
     ck_assert_msg(rc == 1, "worker exit %d: %s", rc, log);
     ck_assert_msg(strstr(log, "data dir") && strstr(log, "Permission denied"), "%s", log);
     fprintf(stderr, "worker, unreadable data dir: exit %d: %.*s\n", rc, (int)strcspn(log, "\n"),
             log);
     free(log);
 
-    snprintf(dir, sizeof dir, "%s/closed-g", hu_root());
+    snprintf(dir, sizeof dir, "%s/closed-g", th_root());
     unreadable_dir(dir);
     const char *ga[] = {"--listen", "127.0.0.1:0", "--data-dir", dir, "--backend", backend, NULL};
-    hu_proc g;
-    ck_assert_int_eq(hu_spawn(&g, CHUNKGATE_BIN, ga, NULL, "closed-g.log", NULL, 1), 0);
-    rc = hu_wait_exit(&g, 30000);
-    log = hu_read_file(g.log);
+    th_proc g;
+    ck_assert_int_eq(th_spawn(&g, CHUNKGATE_BIN, ga, NULL, "closed-g.log", NULL, 1), 0);
+    rc = th_wait_exit(&g, 30000);
+    log = th_read_file(g.log, NULL);
     ck_assert_msg(rc == 1, "gateway exit %d: %s", rc, log);
     ck_assert_msg(strstr(log, "not readable and writable"), "%s", log);
     fprintf(stderr, "gateway, unreadable data dir: exit %d\n", rc);
@@ -337,24 +319,24 @@ END_TEST
 START_TEST(read_only_index_refuses_to_start)
 {
     char dir[400], db[450];
-    snprintf(dir, sizeof dir, "%s/ro-data", hu_root());
+    snprintf(dir, sizeof dir, "%s/ro-data", th_root());
     snprintf(db, sizeof db, "%s/index.db", dir);
     /* a first run creates the index, then it is made read-only for the gateway's user */
-    hu_proc g;
+    th_proc g;
     const char *ga[] = {"--listen", "127.0.0.1:0", "--data-dir", dir, "--backend", backend, NULL};
-    ck_assert_int_eq(hu_spawn(&g, CHUNKGATE_BIN, ga, NULL, "ro1.log", "listening on 127.0.0.1:", 0),
+    ck_assert_int_eq(th_spawn(&g, CHUNKGATE_BIN, ga, NULL, "ro1.log", "listening on 127.0.0.1:", 0),
                      0);
     assert_serves(g.port);
-    ck_assert_int_eq(hu_stop(&g, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
     if (geteuid() == 0) {
         ck_assert_int_eq(chown(dir, 65534, 65534), 0); /* the directory is nobody's */
         ck_assert_int_eq(chmod(db, 0644), 0);          /* the file root's: read-only to nobody */
     } else {
         ck_assert_int_eq(chmod(db, 0444), 0);
     }
-    ck_assert_int_eq(hu_spawn(&g, CHUNKGATE_BIN, ga, NULL, "ro2.log", NULL, 1), 0);
-    int rc = hu_wait_exit(&g, 30000);
-    char *log = hu_read_file(g.log);
+    ck_assert_int_eq(th_spawn(&g, CHUNKGATE_BIN, ga, NULL, "ro2.log", NULL, 1), 0);
+    int rc = th_wait_exit(&g, 30000);
+    char *log = th_read_file(g.log, NULL);
     ck_assert_msg(rc == 1, "gateway exit %d: %s", rc, log);
     ck_assert_msg(strstr(log, "read-only"), "%s", log);
     fprintf(stderr, "gateway, read-only index: exit %d\n", rc);
@@ -388,11 +370,11 @@ static double send_docs(int port, const char *tag, int n)
         snprintf(body, sizeof body,
                  "{\"model\":\"m\",\"prompt\":\"sys # # doc %s %d # # q\",\"max_tokens\":1}", tag,
                  i);
-        hu_resp r;
-        hu_http(&r, port, "POST", "/v1/completions", body, NULL, NULL);
+        th_resp r;
+        th_http(&r, port, "POST", "/v1/completions", body, NULL, NULL);
         ck_assert_msg(r.status == 200, "HTTP %ld", r.status);
         worst = CG_MAX(worst, r.secs * 1e3);
-        hu_resp_free(&r);
+        th_resp_free(&r);
     }
     return worst;
 }
@@ -402,47 +384,40 @@ static int index_has(int port, const char *tag, int i)
     char doc[64], body[256];
     snprintf(doc, sizeof doc, "doc %s %d", tag, i);
     snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"sys # # %s # # q\"}", doc);
-    hu_resp r;
-    hu_http(&r, port, "POST", "/v1/chunks/lookup", body, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = hu_json(&r);
+    json_t *j = th_call_text(port, "POST", "/v1/chunks/lookup", body, NULL, 200);
     int found =
         json_is_true(json_object_get(json_array_get(json_object_get(j, "data"), 1), "found"));
     json_decref(j);
-    hu_resp_free(&r);
     return found;
 }
 
 START_TEST(locked_index_keeps_serving)
 {
-    hu_proc g;
+    th_proc g;
     const char *ge[] = {"--backend", backend, "--index-busy-timeout-ms", "500", NULL};
-    ck_assert_int_eq(hu_start_gateway(&g, CHUNKGATE_BIN, "glock", ge), 0);
+    ck_assert_int_eq(th_start_gateway(&g, CHUNKGATE_BIN, "glock", ge), 0);
     char db[450];
-    snprintf(db, sizeof db, "%s/glock-data/index.db", hu_root());
+    snprintf(db, sizeof db, "%s/glock-data/index.db", th_root());
     send_docs(g.port, "warm", 1);
 
     /* a short lock (300 ms) is waited out: nothing is lost */
     sqlite3 *s = lock_index(db);
     double w1 = send_docs(g.port, "short", 5);
-    hu_sleep_ms(300);
+    th_sleep_ms(300);
     unlock_index(s);
     for (int i = 0; i < 5; i++)
         ck_assert_msg(index_has(g.port, "short", i), "write %d lost after a short lock", i);
-    ck_assert_double_eq(hu_metric(g.port, "chunkgate_index_writer_ops_failed_total"), 0);
+    ck_assert_double_eq(th_metric(g.port, "chunkgate_index_writer_ops_failed_total"), 0);
 
     /* a long lock (held until a batch gave up: 3 x 500 ms): requests go on, the batch is
      * given up and counted */
     s = lock_index(db);
     double w2 = send_docs(g.port, "long", 5);
-    hu_resp r;
-    hu_http(&r, g.port, "GET", "/readyz", NULL, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    hu_resp_free(&r);
+    th_expect(g.port, "GET", "/readyz", NULL, NULL, 200);
     double failed = 0;
     for (int i = 0; i < 100 && failed <= 0; i++) {
-        failed = hu_metric(g.port, "chunkgate_index_writer_ops_failed_total");
-        if (failed <= 0) hu_sleep_ms(50);
+        failed = th_metric(g.port, "chunkgate_index_writer_ops_failed_total");
+        if (failed <= 0) th_sleep_ms(50);
     }
     unlock_index(s);
     ck_assert_double_gt(failed, 0);
@@ -454,16 +429,11 @@ START_TEST(locked_index_keeps_serving)
             "locked index: worst request latency %.1f ms (short lock), %.1f ms (long lock); "
             "%.0f index updates given up and counted\n",
             w1, w2, failed);
-    ck_assert_int_eq(hu_stop(&g, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
     /* the file is consistent */
-    sqlite3 *c = NULL;
-    ck_assert_int_eq(sqlite3_open(db, &c), SQLITE_OK);
-    sqlite3_stmt *st = NULL;
-    ck_assert_int_eq(sqlite3_prepare_v2(c, "PRAGMA integrity_check", -1, &st, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
-    ck_assert_str_eq((const char *)sqlite3_column_text(st, 0), "ok");
-    sqlite3_finalize(st);
-    sqlite3_close(c);
+    char *check = th_sql_text(db, "PRAGMA integrity_check");
+    ck_assert_str_eq(check, "ok");
+    free(check);
 }
 END_TEST
 
@@ -471,57 +441,46 @@ END_TEST
 
 static json_t *info_of(int port)
 {
-    hu_resp r;
-    hu_http(&r, port, "GET", "/v1/info", NULL, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = hu_json(&r);
-    hu_resp_free(&r);
+    json_t *j = th_call_text(port, "GET", "/v1/info", NULL, NULL, 200);
     return j;
 }
 
 START_TEST(restarted_worker_is_resynced)
 {
-    int port = hu_free_port();
-    hu_proc w, g;
-    ck_assert_int_eq(hu_start_worker(&w, WORKER_BIN, model_dir, port, "rs", NULL), 0);
+    int port = th_free_port();
+    th_proc w, g;
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, port, "rs", NULL), 0);
     json_t *i1 = info_of(port);
     const char *id1 = json_string_value(json_object_get(i1, "instance_id"));
     ck_assert_uint_eq(strlen(id1), 32);
     long long started = json_integer_value(json_object_get(i1, "started_ms"));
     ck_assert_int_gt(started, (long long)cg_wall_ms() - 120000);
     ck_assert_int_le(started, (long long)cg_wall_ms());
-    char u[64];
-    snprintf(u, sizeof u, "http://127.0.0.1:%d", port);
-    const char *ge[] = {"--worker", u,   "--health-interval-ms", "500", "--sync-interval-ms",
-                        "0",        NULL};
-    ck_assert_int_eq(hu_start_gateway(&g, CHUNKGATE_BIN, "grs", ge), 0);
-    ck_assert(hu_wait_worker(g.port, NULL, u, 1));
+    const char *ge[] = {"--health-interval-ms", "500", "--sync-interval-ms", "0", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "grs", w.url, NULL, ge), 0);
     const char *doc = "Restart document: the observatory reopens in May.";
     char body[512];
     snprintf(body, sizeof body,
              "{\"model\":\"" MODEL "\",\"max_tokens\":1,\"prompt\":\"Sys. # # %s # # When?\"}",
              doc);
-    hu_resp r;
-    hu_http(&r, g.port, "POST", "/v1/completions", body, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    hu_resp_free(&r);
-    double syncs0 = hu_metric(g.port, "chunkgate_worker_syncs_total{result=\"ok\"}");
-    double stale0 = hu_metric(g.port, "chunkgate_stale_placements_total");
+    th_expect(g.port, "POST", "/v1/completions", body, NULL, 200);
+    double syncs0 = th_metric(g.port, "chunkgate_worker_syncs_total{result=\"ok\"}");
+    double stale0 = th_metric(g.port, "chunkgate_stale_placements_total");
 
     /* kill -9 and restart on the same port at once: the cache is gone */
-    ck_assert_int_eq(hu_stop(&w, SIGKILL), 128 + SIGKILL);
-    double t0 = hu_now_s();
-    ck_assert_int_eq(hu_start_worker(&w, WORKER_BIN, model_dir, port, "rs-again", NULL), 0);
+    ck_assert_int_eq(th_stop(&w, SIGKILL), 128 + SIGKILL);
+    double t0 = th_now_s();
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, port, "rs-again", NULL), 0);
     json_t *i2 = info_of(port);
     ck_assert_str_ne(json_string_value(json_object_get(i2, "instance_id")), id1);
     int synced = 0;
     for (int i = 0; i < 300 && !synced; i++) {
-        synced = hu_metric(g.port, "chunkgate_worker_syncs_total{result=\"ok\"}") > syncs0;
-        if (!synced) hu_sleep_ms(20);
+        synced = th_metric(g.port, "chunkgate_worker_syncs_total{result=\"ok\"}") > syncs0;
+        if (!synced) th_sleep_ms(20);
     }
-    double took = hu_now_s() - t0;
+    double took = th_now_s() - t0;
     ck_assert_msg(synced, "no resync within 6 s of the restart");
-    char *log = hu_read_file(g.log);
+    char *log = th_read_file(g.log, NULL);
     ck_assert_ptr_nonnull(strstr(log, "restarted (instance "));
     free(log);
     /* the index no longer claims the chunk there, so the next request is an honest miss */
@@ -530,41 +489,24 @@ START_TEST(restarted_worker_is_resynced)
         cg_key_compute(MODEL, strlen(MODEL), CG_MODE_STRICT, NULL, 0, NULL, doc, strlen(doc));
     cg_key_hex(&k, key);
     snprintf(path, sizeof path, "/v1/chunks/%s", key);
-    hu_http(&r, g.port, "GET", path, NULL, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *c = hu_json(&r);
+    json_t *c = th_call_text(g.port, "GET", path, NULL, NULL, 200);
     ck_assert_uint_eq(json_array_size(json_object_get(c, "placements")), 0);
     json_decref(c);
-    hu_resp_free(&r);
-    hu_http(&r, g.port, "POST", "/v1/completions", body, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    hu_resp_free(&r);
-    ck_assert_double_eq(hu_metric(g.port, "chunkgate_stale_placements_total"), stale0);
+    th_expect(g.port, "POST", "/v1/completions", body, NULL, 200);
+    ck_assert_double_eq(th_metric(g.port, "chunkgate_stale_placements_total"), stale0);
     fprintf(stderr, "worker restart: resynced %.2f s after the restart began\n", took);
     json_decref(i1);
     json_decref(i2);
-    ck_assert_int_eq(hu_stop(&g, SIGTERM), 0);
-    ck_assert_int_eq(hu_stop(&w, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *su = suite_create("faults");
-    TCase *tc = tcase_create("faults");
-    tcase_set_timeout(tc, 120);
-    tcase_add_unchecked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, backend_stream_faults);
-    tcase_add_test(tc, worker_killed_during_assemble);
-    tcase_add_test(tc, full_disk_tier_keeps_serving);
-    tcase_add_test(tc, unreadable_data_dir_refuses_to_start);
-    tcase_add_test(tc, read_only_index_refuses_to_start);
-    tcase_add_test(tc, locked_index_keeps_serving);
-    tcase_add_test(tc, restarted_worker_is_resynced);
-    suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed || hu_failures ? 1 : 0;
+    return th_run_suite("faults", "faults", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
+                        TH_TESTS(backend_stream_faults, worker_killed_during_assemble,
+                                 full_disk_tier_keeps_serving, unreadable_data_dir_refuses_to_start,
+                                 read_only_index_refuses_to_start, locked_index_keeps_serving,
+                                 restarted_worker_is_resynced));
 }

@@ -3,142 +3,30 @@
  * libcurl. Covers completions and chat (streamed and not), bad input, admin auth, index
  * contents, restart with the same data dir, backend faults, client disconnects and metrics. */
 #include <check.h>
-#include <curl/curl.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 #include "base/base.h"
 #include "cache/key.h"
+#include "tests/harness/harness.h"
 
 #define ADMIN_TOKEN "tok-admin"
 #define MODEL "m-test"
 
-typedef struct proc {
-    pid_t pid;
-    int port;
-    char log[512];
-} proc;
-
 /* Started once for the whole suite (unchecked fixture, in the runner process). */
-static proc fake, gw;
-static char tmp_root[256];
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static double now_s(void)
-{
-    return (double)cg_now_ns() / 1e9;
-}
+static th_proc fake, gw;
 
 /* ------------------------------------------------------------ processes */
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    cg_buf b;
-    cg_buf_init(&b, 0);
-    char tmp[4096];
-    size_t n;
-    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0)
-        if (cg_buf_append(&b, tmp, n) != CG_OK) break;
-    fclose(f);
-    if (!b.data) return cg_strdup("");
-    return b.data;
-}
-
-/* Starts bin with argv (NULL-terminated), stdout+stderr to log. When marker is non-NULL waits
- * for it in the log and reads the port number that follows it. Returns 0 or -1. */
-static int spawn(proc *p, const char *bin, const char *const *args, const char *log,
-                 const char *marker)
-{
-    char *argv[64];
-    int argc = 0;
-    argv[argc++] = (char *)bin;
-    for (; *args; args++)
-        argv[argc++] = (char *)*args;
-    argv[argc] = NULL;
-    snprintf(p->log, sizeof p->log, "%s", log);
-    p->port = 0;
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-        execv(bin, argv);
-        _exit(127);
-    }
-    p->pid = pid;
-    if (!marker) return 0;
-    for (int i = 0; i < 1000; i++) { /* up to 20 s (sanitizer builds start slowly) */
-        char *text = read_file(log);
-        const char *m = text ? strstr(text, marker) : NULL;
-        if (m) {
-            p->port = atoi(m + strlen(marker));
-            free(text);
-            return p->port > 0 ? 0 : -1;
-        }
-        free(text);
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            p->pid = 0;
-            return -1;
-        }
-        sleep_ms(20);
-    }
-    return -1;
-}
-
-/* Sends sig and waits up to 20 s; returns the exit status, 128+signal, or -1 on timeout. */
-static int stop_proc(proc *p, int sig)
-{
-    if (p->pid <= 0) return -1;
-    kill(p->pid, sig);
-    for (int i = 0; i < 1000; i++) {
-        int st;
-        pid_t r = waitpid(p->pid, &st, WNOHANG);
-        if (r == p->pid) {
-            p->pid = 0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        sleep_ms(20);
-    }
-    kill(p->pid, SIGKILL);
-    waitpid(p->pid, NULL, 0);
-    p->pid = 0;
-    return -1;
-}
-
-static int start_gateway(proc *p, const char *data_dir, const char *backend,
-                         const char *const *extra, const char *logname)
+/* chunkgate with --backend backend (NULL: none) plus extra; name: its log and data dir. */
+static int start_gateway(th_proc *p, const char *name, const char *backend,
+                         const char *const *extra)
 {
     const char *args[48];
     int n = 0;
-    args[n++] = "--listen";
-    args[n++] = "127.0.0.1:0";
-    args[n++] = "--data-dir";
-    args[n++] = data_dir;
     if (backend) {
         args[n++] = "--backend";
         args[n++] = backend;
@@ -146,32 +34,16 @@ static int start_gateway(proc *p, const char *data_dir, const char *backend,
     for (; extra && *extra; extra++)
         args[n++] = *extra;
     args[n] = NULL;
-    char log[512];
-    snprintf(log, sizeof log, "%s/%s", tmp_root, logname);
-    return spawn(p, CHUNKGATE_BIN, args, log, "listening on 127.0.0.1:");
-}
-
-static void fake_url(char *out, size_t n)
-{
-    snprintf(out, n, "http://127.0.0.1:%d", fake.port);
+    return th_start_gateway(p, CHUNKGATE_BIN, name, args);
 }
 
 static void suite_setup(void)
 {
-    signal(SIGPIPE, SIG_IGN);
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    snprintf(tmp_root, sizeof tmp_root, "/tmp/cg_gateway_test_XXXXXX");
-    if (!mkdtemp(tmp_root)) abort();
+    /* 20 s to start (sanitizer builds start slowly), 30 s a request */
+    th_init("gateway_test",
+            &(th_params){.start_wait_ms = 20000, .http_timeout_s = 30, .sse_timeout_s = 30});
     const char *fargs[] = {"--delay-ms", "100", "--events", "5", NULL};
-    char log[512];
-    snprintf(log, sizeof log, "%s/fake.log", tmp_root);
-    if (spawn(&fake, FAKE_BACKEND_BIN, fargs, log, "PORT ") != 0) {
-        fprintf(stderr, "cannot start %s\n", FAKE_BACKEND_BIN);
-        abort();
-    }
-    char backend[64], dir[300];
-    fake_url(backend, sizeof backend);
-    snprintf(dir, sizeof dir, "%s/g1", tmp_root);
+    if (th_start_fake(&fake, FAKE_BACKEND_BIN, "fake", fargs) != 0) th_die(FAKE_BACKEND_BIN, &fake);
     const char *extra[] = {"--admin-token",
                            ADMIN_TOKEN,
                            "--max-segments",
@@ -187,145 +59,35 @@ static void suite_setup(void)
                            "--model",
                            "gw-default",
                            NULL};
-    if (start_gateway(&gw, dir, backend, extra, "g1.log") != 0) {
-        char *text = read_file(gw.log);
-        fprintf(stderr, "cannot start chunkgate: %s\n", text ? text : "");
-        free(text);
-        abort();
-    }
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    return remove(path);
+    if (start_gateway(&gw, "g1", fake.url, extra) != 0) th_die("chunkgate", &gw);
 }
 
 static void suite_teardown(void)
 {
-    int rc = stop_proc(&gw, SIGTERM);
-    if (rc != 0) fprintf(stderr, "chunkgate exited with %d; logs kept in %s\n", rc, tmp_root);
-    stop_proc(&fake, SIGTERM);
+    int rc = th_stop(&gw, SIGTERM);
+    if (rc != 0) fprintf(stderr, "chunkgate exited with %d\n", rc);
+    th_stop(&fake, SIGTERM);
     /* Logs and data dirs go away unless the gateway failed or CG_KEEP_TMP is set. */
-    if (rc == 0 && !getenv("CG_KEEP_TMP")) nftw(tmp_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    th_cleanup(rc != 0);
 }
 
 /* ------------------------------------------------------------ HTTP client */
 
-typedef struct resp {
-    long status;
-    cg_buf body;
-    char rid[96];
-    char ctype[96];
-    CURLcode rc;
-} resp;
-
-static size_t on_write(char *d, size_t sz, size_t n, void *ud)
+static void http(th_resp *r, const char *method, const char *path, const char *body)
 {
-    resp *r = ud;
-    if (cg_buf_append(&r->body, d, sz * n) != CG_OK) return 0;
-    return sz * n;
+    th_http(r, gw.port, method, path, body, NULL, NULL);
 }
 
-static size_t on_header(char *d, size_t sz, size_t n, void *ud)
+static void admin(th_resp *r, const char *method, const char *path, const char *body)
 {
-    resp *r = ud;
-    size_t len = sz * n;
-    if (len > 16 && !strncasecmp(d, "X-Request-Id: ", 14))
-        snprintf(r->rid, sizeof r->rid, "%.*s", (int)(len - 16), d + 14);
-    if (len > 16 && !strncasecmp(d, "Content-Type: ", 14))
-        snprintf(r->ctype, sizeof r->ctype, "%.*s", (int)(len - 16), d + 14);
-    return len;
-}
-
-/* One request to port. token: bearer token or NULL; hdr: one extra header or NULL. */
-static void http_full(resp *r, int port, const char *method, const char *path, const char *body,
-                      size_t len, const char *token, const char *hdr)
-{
-    memset(r, 0, sizeof *r);
-    cg_buf_init(&r->body, 0);
-    CURL *e = curl_easy_init();
-    char url[512], auth[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT, 30L);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
-    struct curl_slist *h = curl_slist_append(NULL, "Expect:");
-    h = curl_slist_append(h, "Content-Type: application/json");
-    if (token) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
-        h = curl_slist_append(h, auth);
-    }
-    if (hdr) h = curl_slist_append(h, hdr);
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    if (body) {
-        curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-    }
-    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
-    r->rc = curl_easy_perform(e);
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r->status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(e);
-}
-
-static void http(resp *r, const char *method, const char *path, const char *body)
-{
-    http_full(r, gw.port, method, path, body, body ? strlen(body) : 0, NULL, NULL);
-}
-
-static void admin(resp *r, const char *method, const char *path, const char *body)
-{
-    http_full(r, gw.port, method, path, body, body ? strlen(body) : 0, ADMIN_TOKEN, NULL);
-}
-
-static json_t *jbody(resp *r)
-{
-    json_t *j = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, NULL);
-    ck_assert_msg(j != NULL, "not JSON (HTTP %ld): %.*s", r->status, (int)r->body.len,
-                  r->body.data ? r->body.data : "");
-    return j;
-}
-
-/* Asserts the OpenAI error shape, the status, the code and (when given) the param. */
-static void assert_error(resp *r, long status, const char *code, const char *param)
-{
-    ck_assert_msg(r->status == status, "want %ld got %ld: %.*s", status, r->status,
-                  (int)r->body.len, r->body.data ? r->body.data : "");
-    json_t *j = jbody(r);
-    json_t *e = json_object_get(j, "error");
-    ck_assert(json_is_object(e));
-    ck_assert(json_is_string(json_object_get(e, "message")));
-    ck_assert(json_string_length(json_object_get(e, "message")) > 0);
-    ck_assert(json_is_string(json_object_get(e, "type")));
-    ck_assert(json_object_get(e, "param") != NULL);
-    ck_assert_str_eq(json_string_value(json_object_get(e, "code")), code);
-    if (param) ck_assert_str_eq(json_string_value(json_object_get(e, "param")), param);
-    json_decref(j);
+    th_http(r, gw.port, method, path, body, ADMIN_TOKEN, NULL);
 }
 
 static void assert_healthy(void)
 {
-    resp r;
-    http(&r, "GET", "/healthz", NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = jbody(&r);
+    json_t *j = th_call_text(gw.port, "GET", "/healthz", NULL, NULL, 200);
     ck_assert_str_eq(json_string_value(json_object_get(j, "status")), "ok");
     json_decref(j);
-    cg_buf_free(&r.body);
-}
-
-static uint64_t fnv1a(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 1099511628211ull;
-    }
-    return h;
 }
 
 static void key_hex(const char *model, cg_mode mode, const char *salt, const cg_key *sys,
@@ -336,6 +98,16 @@ static void key_hex(const char *model, cg_mode mode, const char *salt, const cg_
     cg_key_hex(&k, out);
 }
 
+/* Asserts that segment i of segs (an answer's chunk_cache segments) is keyed as text is under
+ * mode, salt and system key sys. */
+static void assert_seg_key(json_t *segs, size_t i, cg_mode mode, const char *salt,
+                           const cg_key *sys, const char *text)
+{
+    char hex[CG_KEY_HEX_LEN + 1];
+    key_hex(MODEL, mode, salt, sys, text, hex);
+    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, i), "key")), hex);
+}
+
 /* A string unique to this test run, so index counts do not depend on other tests. */
 static void nonce(char *out, size_t n)
 {
@@ -343,115 +115,15 @@ static void nonce(char *out, size_t n)
     snprintf(out, n, "n%d-%" PRIu64 "-%d", (int)getpid(), cg_wall_ms(), ++seq);
 }
 
-/* Builds a JSON request body with json_pack semantics; caller frees. */
-static char *dumps(json_t *j)
-{
-    char *s = json_dumps(j, JSON_COMPACT);
-    json_decref(j);
-    return s;
-}
-
-/* ------------------------------------------------------------ SSE client */
-
-typedef struct sse {
-    cg_buf raw; /* everything received, '\r' removed */
-    size_t scanned;
-    int n; /* blocks */
-    char *block[512];
-    double t[512]; /* arrival time of each block */
-    long status;
-    char ctype[96];
-    int stop_after; /* abort after this many data blocks (0 = never) */
-    int data_blocks;
-} sse;
-
-static size_t sse_write(char *d, size_t sz, size_t nm, void *ud)
-{
-    sse *s = ud;
-    size_t n = sz * nm;
-    for (size_t i = 0; i < n; i++)
-        if (d[i] != '\r' && cg_buf_append(&s->raw, d + i, 1) != CG_OK) return 0;
-    char *end;
-    while (s->raw.data && (end = strstr(s->raw.data + s->scanned, "\n\n")) && s->n < 512) {
-        size_t start = s->scanned;
-        s->block[s->n] = cg_strndup(s->raw.data + start, (size_t)(end - s->raw.data) - start);
-        s->t[s->n] = now_s();
-        if (!strncmp(s->block[s->n], "data:", 5)) s->data_blocks++;
-        s->n++;
-        s->scanned = (size_t)(end - s->raw.data) + 2;
-    }
-    if (s->stop_after && s->data_blocks >= s->stop_after) return 0;
-    return n;
-}
-
-static size_t sse_header(char *d, size_t sz, size_t n, void *ud)
-{
-    sse *s = ud;
-    size_t len = sz * n;
-    if (len > 16 && !strncasecmp(d, "Content-Type: ", 14))
-        snprintf(s->ctype, sizeof s->ctype, "%.*s", (int)(len - 16), d + 14);
-    return len;
-}
-
-static CURLcode sse_post(sse *s, int port, const char *path, const char *body)
-{
-    int stop = s->stop_after;
-    memset(s, 0, sizeof *s);
-    s->stop_after = stop;
-    cg_buf_init(&s->raw, 0);
-    CURL *e = curl_easy_init();
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT, 30L);
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, sse_write);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, s);
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, sse_header);
-    curl_easy_setopt(e, CURLOPT_HEADERDATA, s);
-    CURLcode rc = curl_easy_perform(e);
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &s->status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(e);
-    return rc;
-}
-
-static void sse_free(sse *s)
-{
-    for (int i = 0; i < s->n; i++)
-        free(s->block[i]);
-    cg_buf_free(&s->raw);
-}
-
-/* The JSON of data block i ("data: {...}"), or NULL. */
-static json_t *sse_json(sse *s, int i)
-{
-    if (strncmp(s->block[i], "data: ", 6) != 0) return NULL;
-    return json_loads(s->block[i] + 6, 0, NULL);
-}
-
 /* ------------------------------------------------------------ metrics */
-
-static double metric(const char *text, const char *series)
-{
-    size_t n = strlen(series);
-    for (const char *p = text; p && *p;) {
-        if (!strncmp(p, series, n) && p[n] == ' ') return strtod(p + n + 1, NULL);
-        p = strchr(p, '\n');
-        if (p) p++;
-    }
-    return -1;
-}
 
 static char *scrape(void)
 {
-    resp r;
+    th_resp r;
     http(&r, "GET", "/metrics", NULL);
     ck_assert_int_eq(r.status, 200);
     ck_assert_ptr_nonnull(strstr(r.ctype, "text/plain"));
+    cg_buf_free(&r.head);
     return r.body.data;
 }
 
@@ -466,15 +138,15 @@ START_TEST(completion_forwarded_with_chunk_cache)
              n);
     /* "##" is not the separator; the blank segment between two separators is skipped */
     char *body =
-        dumps(json_pack("{s:s, s:s, s:i, s:s, s:s}", "model", MODEL, "prompt", prompt, "max_tokens",
-                        16, "chunk_separator", "# #", "cache_salt", "tenant-a"));
-    resp r;
-    http_full(&r, gw.port, "POST", "/v1/completions", body, strlen(body), NULL,
-              "X-Request-Id: gw-test-1");
+        th_dumps(json_pack("{s:s, s:s, s:i, s:s, s:s}", "model", MODEL, "prompt", prompt,
+                           "max_tokens", 16, "chunk_separator", "# #", "cache_salt", "tenant-a"));
+    th_resp r;
+    const char *rid[] = {"X-Request-Id: gw-test-1", NULL};
+    th_http(&r, gw.port, "POST", "/v1/completions", body, NULL, rid);
     free(body);
     ck_assert_int_eq(r.status, 200);
     ck_assert_str_eq(r.rid, "gw-test-1");
-    json_t *j = jbody(&r);
+    json_t *j = th_body_json(&r);
     /* the backend's answer is relayed */
     char want[64];
     snprintf(want, sizeof want, "echo %zu", strlen(prompt));
@@ -486,7 +158,7 @@ START_TEST(completion_forwarded_with_chunk_cache)
     ck_assert_int_eq(json_integer_value(json_object_get(fake_echo, "prompt_len")),
                      (json_int_t)strlen(prompt));
     char fnv[17];
-    snprintf(fnv, sizeof fnv, "%016" PRIx64, fnv1a(prompt, strlen(prompt)));
+    snprintf(fnv, sizeof fnv, "%016" PRIx64, th_fnv1a(prompt, strlen(prompt)));
     ck_assert_str_eq(json_string_value(json_object_get(fake_echo, "prompt_fnv")), fnv);
     json_t *fields = json_object_get(fake_echo, "fields");
     ck_assert_uint_eq(json_array_size(fields), 3);
@@ -520,9 +192,7 @@ START_TEST(completion_forwarded_with_chunk_cache)
     const char *roles[] = {"system", "chunk", "chunk"};
     for (size_t i = 0; i < 3; i++) {
         json_t *s = json_array_get(segs, i);
-        char hex[CG_KEY_HEX_LEN + 1];
-        key_hex(MODEL, CG_MODE_STRICT, "tenant-a", NULL, texts[i], hex);
-        ck_assert_str_eq(json_string_value(json_object_get(s, "key")), hex);
+        assert_seg_key(segs, i, CG_MODE_STRICT, "tenant-a", NULL, texts[i]);
         ck_assert_str_eq(json_string_value(json_object_get(s, "role")), roles[i]);
         ck_assert_int_eq(json_integer_value(json_object_get(s, "bytes")),
                          (json_int_t)strlen(texts[i]));
@@ -530,19 +200,16 @@ START_TEST(completion_forwarded_with_chunk_cache)
         ck_assert(json_is_null(json_object_get(s, "tokens")));
     }
     json_decref(j);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 }
 END_TEST
 
 START_TEST(completion_passthrough_and_modes)
 {
     /* no separator: forwarded as is, nothing keyed */
-    resp r;
     const char *body =
         "{\"model\":\"" MODEL "\", \"prompt\": [\"just a question\"], \"max_tokens\": 3}";
-    http(&r, "POST", "/v1/completions", body);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = jbody(&r);
+    json_t *j = th_call_text(gw.port, "POST", "/v1/completions", body, NULL, 200);
     json_t *cc = json_object_get(j, "chunk_cache");
     ck_assert(json_is_true(json_object_get(cc, "passthrough")));
     ck_assert(json_is_false(json_object_get(cc, "fallback")));
@@ -550,33 +217,27 @@ START_TEST(completion_passthrough_and_modes)
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "fake"), "prompt_len")),
                      15);
     json_decref(j);
-    cg_buf_free(&r.body);
 
     /* mode sys: chunk keys include the system segment's key; a custom separator */
     char n[64], prompt[512];
     nonce(n, sizeof n);
     snprintf(prompt, sizeof prompt, "Sys %s ||| Doc %s ||| Q?", n, n);
-    char *b = dumps(json_pack("{s:s, s:s, s:s, s:s}", "model", MODEL, "prompt", prompt,
-                              "chunk_separator", "|||", "chunk_mode", "sys"));
-    http(&r, "POST", "/v1/completions", b);
+    char *b = th_dumps(json_pack("{s:s, s:s, s:s, s:s}", "model", MODEL, "prompt", prompt,
+                                 "chunk_separator", "|||", "chunk_mode", "sys"));
+    j = th_call_text(gw.port, "POST", "/v1/completions", b, NULL, 200);
     free(b);
-    ck_assert_int_eq(r.status, 200);
-    j = jbody(&r);
     json_t *segs = json_object_get(json_object_get(j, "chunk_cache"), "segments");
     ck_assert_uint_eq(json_array_size(segs), 2);
-    char sys_text[96], doc_text[96], hex[CG_KEY_HEX_LEN + 1];
+    char sys_text[96], doc_text[96];
     snprintf(sys_text, sizeof sys_text, "Sys %s", n);
     snprintf(doc_text, sizeof doc_text, "Doc %s", n);
     cg_key sk = cg_key_compute(MODEL, strlen(MODEL), CG_MODE_SYS, NULL, 0, NULL, sys_text,
                                strlen(sys_text));
-    key_hex(MODEL, CG_MODE_SYS, NULL, NULL, sys_text, hex);
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, 0), "key")), hex);
-    key_hex(MODEL, CG_MODE_SYS, NULL, &sk, doc_text, hex);
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, 1), "key")), hex);
+    assert_seg_key(segs, 0, CG_MODE_SYS, NULL, NULL, sys_text);
+    assert_seg_key(segs, 1, CG_MODE_SYS, NULL, &sk, doc_text);
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "chunk_cache"), "mode")),
                      "sys");
     json_decref(j);
-    cg_buf_free(&r.body);
 }
 END_TEST
 
@@ -586,10 +247,10 @@ START_TEST(completion_stream_incremental)
     char n[64], prompt[512];
     nonce(n, sizeof n);
     snprintf(prompt, sizeof prompt, "S %s # # D %s # # Q", n, n);
-    char *b = dumps(json_pack("{s:s, s:s, s:b}", "model", MODEL, "prompt", prompt, "stream", 1));
-    sse s = {0};
-    double t0 = now_s();
-    ck_assert_int_eq(sse_post(&s, gw.port, "/v1/completions", b), CURLE_OK);
+    char *b = th_dumps(json_pack("{s:s, s:s, s:b}", "model", MODEL, "prompt", prompt, "stream", 1));
+    th_sse s = {0};
+    double t0 = th_now_s();
+    ck_assert_int_eq(th_sse_post(&s, gw.port, "/v1/completions", b, NULL), CURLE_OK);
     free(b);
     ck_assert_int_eq(s.status, 200);
     ck_assert_str_eq(s.ctype, "text/event-stream");
@@ -605,7 +266,7 @@ START_TEST(completion_stream_incremental)
             comments += strstr(s.block[i], "fake comment") != NULL;
             continue;
         }
-        json_t *j = sse_json(&s, i);
+        json_t *j = th_sse_json(&s, i);
         ck_assert_msg(j != NULL, "block %d is not a JSON data event: %s", i, s.block[i]);
         char want[16];
         snprintf(want, sizeof want, "tok%d ", toks);
@@ -636,7 +297,7 @@ START_TEST(completion_stream_incremental)
     ck_assert_msg(s.t[last_tok] - s.t[first] >= 0.3,
                   "events arrived together: first %.3f last %.3f", s.t[first] - t0,
                   s.t[last_tok] - t0);
-    sse_free(&s);
+    th_sse_free(&s);
 }
 END_TEST
 
@@ -646,12 +307,12 @@ START_TEST(stream_usage_and_crlf)
     const char *b =
         "{\"model\":\"" MODEL "\",\"prompt\":\"FAULT:CRLF # # d # # q\",\"stream\":true,"
         "\"stream_options\":{\"include_usage\":true}}";
-    sse s = {0};
-    ck_assert_int_eq(sse_post(&s, gw.port, "/v1/completions", b), CURLE_OK);
+    th_sse s = {0};
+    ck_assert_int_eq(th_sse_post(&s, gw.port, "/v1/completions", b, NULL), CURLE_OK);
     ck_assert_int_eq(s.status, 200);
     int usage_seen = 0, toks = 0;
     for (int i = 0; i < s.n; i++) {
-        json_t *j = sse_json(&s, i);
+        json_t *j = th_sse_json(&s, i);
         if (!j) continue;
         if (json_array_size(json_object_get(j, "choices"))) toks++;
         json_t *u = json_object_get(j, "usage");
@@ -667,7 +328,7 @@ START_TEST(stream_usage_and_crlf)
     ck_assert_int_eq(toks, 5);
     ck_assert_int_eq(usage_seen, 1);
     ck_assert_str_eq(s.block[s.n - 1], "data: [DONE]");
-    sse_free(&s);
+    th_sse_free(&s);
 }
 END_TEST
 
@@ -680,14 +341,11 @@ START_TEST(chat_with_documents)
     snprintf(sys, sizeof sys, "Be brief %s.", n);
     snprintf(d1, sizeof d1, "Doc one %s", n);
     snprintf(d2, sizeof d2, "Doc two %s", n);
-    char *b = dumps(json_pack("{s:s, s:[{s:s, s:s}, {s:s, s:s}], s:[s, s], s:s}", "model", MODEL,
-                              "messages", "role", "system", "content", sys, "role", "user",
-                              "content", "What now?", "documents", d1, d2, "cache_salt", "t1"));
-    resp r;
-    http(&r, "POST", "/v1/chat/completions", b);
+    char *b = th_dumps(json_pack("{s:s, s:[{s:s, s:s}, {s:s, s:s}], s:[s, s], s:s}", "model", MODEL,
+                                 "messages", "role", "system", "content", sys, "role", "user",
+                                 "content", "What now?", "documents", d1, d2, "cache_salt", "t1"));
+    json_t *j = th_call_text(gw.port, "POST", "/v1/chat/completions", b, NULL, 200);
     free(b);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = jbody(&r);
     ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "chat.completion");
     ck_assert(json_is_string(json_object_get(
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"), "content")));
@@ -695,9 +353,7 @@ START_TEST(chat_with_documents)
     ck_assert_uint_eq(json_array_size(segs), 3);
     const char *texts[] = {sys, d1, d2}, *roles[] = {"system", "chunk", "chunk"};
     for (size_t i = 0; i < 3; i++) {
-        char hex[CG_KEY_HEX_LEN + 1];
-        key_hex(MODEL, CG_MODE_STRICT, "t1", NULL, texts[i], hex);
-        ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, i), "key")), hex);
+        assert_seg_key(segs, i, CG_MODE_STRICT, "t1", NULL, texts[i]);
         ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, i), "role")),
                          roles[i]);
     }
@@ -722,7 +378,6 @@ START_TEST(chat_with_documents)
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(msgs, 2), "content")),
                      "What now?");
     json_decref(j);
-    cg_buf_free(&r.body);
 }
 END_TEST
 
@@ -734,38 +389,28 @@ START_TEST(chat_separators_in_messages)
     snprintf(chunk, sizeof chunk, "Chunk %s", n);
     snprintf(content, sizeof content, "%s # # %s # # the question", sys, chunk);
     /* content as text parts; no extension field, so the body is forwarded unchanged */
-    char *b = dumps(json_pack("{s:s, s:[{s:s, s:[{s:s, s:s}]}]}", "model", MODEL, "messages",
-                              "role", "user", "content", "type", "text", "text", content));
-    resp r;
-    http(&r, "POST", "/v1/chat/completions", b);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = jbody(&r);
+    char *b = th_dumps(json_pack("{s:s, s:[{s:s, s:[{s:s, s:s}]}]}", "model", MODEL, "messages",
+                                 "role", "user", "content", "type", "text", "text", content));
+    json_t *j = th_call_text(gw.port, "POST", "/v1/chat/completions", b, NULL, 200);
     json_t *segs = json_object_get(json_object_get(j, "chunk_cache"), "segments");
     ck_assert_uint_eq(json_array_size(segs), 2);
-    char hex[CG_KEY_HEX_LEN + 1];
-    key_hex(MODEL, CG_MODE_STRICT, NULL, NULL, sys, hex);
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, 0), "key")), hex);
-    key_hex(MODEL, CG_MODE_STRICT, NULL, NULL, chunk, hex);
-    ck_assert_str_eq(json_string_value(json_object_get(json_array_get(segs, 1), "key")), hex);
+    assert_seg_key(segs, 0, CG_MODE_STRICT, NULL, NULL, sys);
+    assert_seg_key(segs, 1, CG_MODE_STRICT, NULL, NULL, chunk);
     json_t *sent = json_loads(b, 0, NULL);
     ck_assert(json_equal(json_object_get(json_object_get(j, "fake"), "messages"),
                          json_object_get(sent, "messages")));
     json_decref(sent);
     json_decref(j);
-    cg_buf_free(&r.body);
     free(b);
 
     /* a non-text part makes the request pass-through */
-    b = dumps(json_pack("{s:s, s:[{s:s, s:[{s:s, s:s}, {s:s, s:{s:s}}]}]}", "model", MODEL,
-                        "messages", "role", "user", "content", "type", "text", "text", content,
-                        "type", "image_url", "image_url", "url", "http://x/y.png"));
-    http(&r, "POST", "/v1/chat/completions", b);
+    b = th_dumps(json_pack("{s:s, s:[{s:s, s:[{s:s, s:s}, {s:s, s:{s:s}}]}]}", "model", MODEL,
+                           "messages", "role", "user", "content", "type", "text", "text", content,
+                           "type", "image_url", "image_url", "url", "http://x/y.png"));
+    j = th_call_text(gw.port, "POST", "/v1/chat/completions", b, NULL, 200);
     free(b);
-    ck_assert_int_eq(r.status, 200);
-    j = jbody(&r);
     ck_assert(json_is_true(json_object_get(json_object_get(j, "chunk_cache"), "passthrough")));
     json_decref(j);
-    cg_buf_free(&r.body);
 }
 END_TEST
 
@@ -774,12 +419,12 @@ START_TEST(chat_stream)
     const char *b =
         "{\"model\":\"" MODEL "\",\"stream\":true,\"messages\":[{\"role\":\"system\","
         "\"content\":\"S\"},{\"role\":\"user\",\"content\":\"Q\"}],\"documents\":[\"D\"]}";
-    sse s = {0};
-    ck_assert_int_eq(sse_post(&s, gw.port, "/v1/chat/completions", b), CURLE_OK);
+    th_sse s = {0};
+    ck_assert_int_eq(th_sse_post(&s, gw.port, "/v1/chat/completions", b, NULL), CURLE_OK);
     ck_assert_int_eq(s.status, 200);
     int deltas = 0;
     for (int i = 0; i < s.n; i++) {
-        json_t *j = sse_json(&s, i);
+        json_t *j = th_sse_json(&s, i);
         if (!j) continue;
         ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "chat.completion.chunk");
         if (deltas == 0)
@@ -790,7 +435,7 @@ START_TEST(chat_stream)
     }
     ck_assert_int_eq(deltas, 5);
     ck_assert_str_eq(s.block[s.n - 1], "data: [DONE]");
-    sse_free(&s);
+    th_sse_free(&s);
 }
 END_TEST
 
@@ -876,13 +521,13 @@ START_TEST(bad_inputs)
         {"DELETE", "/healthz", NULL, 405, "method_not_allowed", NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        resp r;
+        th_resp r;
         http(&r, cases[i].method, cases[i].path, cases[i].body);
         ck_assert_msg(r.status == cases[i].status, "case %zu (%s): HTTP %ld %.*s", i,
                       cases[i].body ? cases[i].body : cases[i].path, r.status, (int)r.body.len,
                       r.body.data ? r.body.data : "");
-        assert_error(&r, cases[i].status, cases[i].code, cases[i].param);
-        cg_buf_free(&r.body);
+        th_assert_error(&r, cases[i].status, cases[i].code, cases[i].param);
+        th_resp_free(&r);
         assert_healthy();
     }
     /* too large: the gateway runs with --max-body-bytes 64K */
@@ -891,10 +536,10 @@ START_TEST(bad_inputs)
     int k = snprintf(b, 64, "{\"model\":\"m\",\"prompt\":\"");
     memset(b + k, 'a', big);
     strcpy(b + k + big, "\"}");
-    resp r;
-    http_full(&r, gw.port, "POST", "/v1/completions", b, strlen(b), NULL, NULL);
-    assert_error(&r, 413, "request_too_large", NULL);
-    cg_buf_free(&r.body);
+    th_resp r;
+    th_http(&r, gw.port, "POST", "/v1/completions", b, NULL, NULL);
+    th_assert_error(&r, 413, "request_too_large", NULL);
+    th_resp_free(&r);
     free(b);
     assert_healthy();
 }
@@ -909,26 +554,20 @@ START_TEST(admin_auth)
                               {"DELETE", "/v1/chunks/00000000000000000000000000000000", NULL},
                               {"POST", "/v1/chunks/lookup", "{\"keys\":[]}"}};
     for (size_t i = 0; i < 4; i++) {
-        resp r;
-        http_full(&r, gw.port, paths[i][0], paths[i][1], paths[i][2],
-                  paths[i][2] ? strlen(paths[i][2]) : 0, NULL, NULL);
-        assert_error(&r, 401, "invalid_api_key", NULL);
-        cg_buf_free(&r.body);
-        http_full(&r, gw.port, paths[i][0], paths[i][1], paths[i][2],
-                  paths[i][2] ? strlen(paths[i][2]) : 0, "tok-admi", NULL);
-        assert_error(&r, 401, "invalid_api_key", NULL);
-        cg_buf_free(&r.body);
-        http_full(&r, gw.port, paths[i][0], paths[i][1], paths[i][2],
-                  paths[i][2] ? strlen(paths[i][2]) : 0, ADMIN_TOKEN, NULL);
+        th_resp r;
+        th_http(&r, gw.port, paths[i][0], paths[i][1], paths[i][2], NULL, NULL);
+        th_assert_error(&r, 401, "invalid_api_key", NULL);
+        th_resp_free(&r);
+        th_http(&r, gw.port, paths[i][0], paths[i][1], paths[i][2], "tok-admi", NULL);
+        th_assert_error(&r, 401, "invalid_api_key", NULL);
+        th_resp_free(&r);
+        th_http(&r, gw.port, paths[i][0], paths[i][1], paths[i][2], ADMIN_TOKEN, NULL);
         ck_assert_msg(r.status == 200 || r.status == 404, "%s %s: %ld", paths[i][0], paths[i][1],
                       r.status);
-        cg_buf_free(&r.body);
+        th_resp_free(&r);
     }
     /* inference routes do not need the admin token */
-    resp r;
-    http(&r, "GET", "/v1/models", NULL);
-    ck_assert_int_eq(r.status, 200);
-    cg_buf_free(&r.body);
+    th_expect(gw.port, "GET", "/v1/models", NULL, NULL, 200);
 }
 END_TEST
 
@@ -939,19 +578,17 @@ START_TEST(index_contents_and_admin)
     snprintf(sys, sizeof sys, "Index sys %s", n);
     snprintf(doc, sizeof doc, "Index doc %s", n);
     snprintf(prompt, sizeof prompt, "%s # # %s # # q1", sys, doc);
-    char *b = dumps(json_pack("{s:s, s:s}", "model", MODEL, "prompt", prompt));
-    resp r;
+    char *b = th_dumps(json_pack("{s:s, s:s}", "model", MODEL, "prompt", prompt));
+    th_resp r;
     for (int i = 0; i < 2; i++) { /* the same documents twice, once streamed */
         if (i == 0) {
-            http(&r, "POST", "/v1/completions", b);
-            ck_assert_int_eq(r.status, 200);
-            cg_buf_free(&r.body);
+            th_expect(gw.port, "POST", "/v1/completions", b, NULL, 200);
         } else {
-            char *sb =
-                dumps(json_pack("{s:s, s:s, s:b}", "model", MODEL, "prompt", prompt, "stream", 1));
-            sse s = {0};
-            ck_assert_int_eq(sse_post(&s, gw.port, "/v1/completions", sb), CURLE_OK);
-            sse_free(&s);
+            char *sb = th_dumps(
+                json_pack("{s:s, s:s, s:b}", "model", MODEL, "prompt", prompt, "stream", 1));
+            th_sse s = {0};
+            ck_assert_int_eq(th_sse_post(&s, gw.port, "/v1/completions", sb, NULL), CURLE_OK);
+            th_sse_free(&s);
             free(sb);
         }
     }
@@ -960,9 +597,7 @@ START_TEST(index_contents_and_admin)
     key_hex(MODEL, CG_MODE_STRICT, NULL, NULL, doc, kd);
 
     snprintf(path, sizeof path, "/v1/chunks/%s", kd);
-    admin(&r, "GET", path, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = jbody(&r);
+    json_t *j = th_call_text(gw.port, "GET", path, NULL, ADMIN_TOKEN, 200);
     ck_assert_str_eq(json_string_value(json_object_get(j, "id")), kd);
     ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "chunk");
     ck_assert_str_eq(json_string_value(json_object_get(j, "model")), MODEL);
@@ -972,15 +607,12 @@ START_TEST(index_contents_and_admin)
     ck_assert_int_eq(json_integer_value(json_object_get(j, "hit_count")), 0);
     ck_assert(json_is_array(json_object_get(j, "placements")));
     json_decref(j);
-    cg_buf_free(&r.body);
 
     /* lookup by keys, one unknown */
     char lk[256];
     snprintf(lk, sizeof lk, "{\"keys\":[\"%s\",\"%s\",\"ffffffffffffffffffffffffffffffff\"]}", ks,
              kd);
-    admin(&r, "POST", "/v1/chunks/lookup", lk);
-    ck_assert_int_eq(r.status, 200);
-    j = jbody(&r);
+    j = th_call_text(gw.port, "POST", "/v1/chunks/lookup", lk, ADMIN_TOKEN, 200);
     json_t *d = json_object_get(j, "data");
     ck_assert_uint_eq(json_array_size(d), 3);
     ck_assert(json_is_true(json_object_get(json_array_get(d, 0), "found")));
@@ -988,12 +620,9 @@ START_TEST(index_contents_and_admin)
     ck_assert(json_is_false(json_object_get(json_array_get(d, 2), "found")));
     ck_assert(json_is_null(json_object_get(json_array_get(d, 0), "role")));
     json_decref(j);
-    cg_buf_free(&r.body);
 
     /* lookup by prompt: the same keys, with roles */
-    admin(&r, "POST", "/v1/chunks/lookup", b);
-    ck_assert_int_eq(r.status, 200);
-    j = jbody(&r);
+    j = th_call_text(gw.port, "POST", "/v1/chunks/lookup", b, ADMIN_TOKEN, 200);
     d = json_object_get(j, "data");
     ck_assert_uint_eq(json_array_size(d), 2);
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(d, 0), "key")), ks);
@@ -1001,34 +630,30 @@ START_TEST(index_contents_and_admin)
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(d, 1), "role")), "chunk");
     ck_assert(json_is_true(json_object_get(json_array_get(d, 1), "found")));
     json_decref(j);
-    cg_buf_free(&r.body);
     free(b);
 
     /* delete, then it is gone */
-    admin(&r, "DELETE", path, NULL);
-    ck_assert_int_eq(r.status, 200);
-    j = jbody(&r);
+    j = th_call_text(gw.port, "DELETE", path, NULL, ADMIN_TOKEN, 200);
     ck_assert_str_eq(json_string_value(json_object_get(j, "id")), kd);
     ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "chunk.deleted");
     ck_assert(json_is_true(json_object_get(j, "deleted")));
     json_decref(j);
-    cg_buf_free(&r.body);
     admin(&r, "GET", path, NULL);
-    assert_error(&r, 404, "not_found", NULL);
-    cg_buf_free(&r.body);
+    th_assert_error(&r, 404, "not_found", NULL);
+    th_resp_free(&r);
     admin(&r, "DELETE", path, NULL);
-    assert_error(&r, 404, "not_found", NULL);
-    cg_buf_free(&r.body);
+    th_assert_error(&r, 404, "not_found", NULL);
+    th_resp_free(&r);
     /* malformed keys and lookups */
     admin(&r, "GET", "/v1/chunks/xyz", NULL);
-    assert_error(&r, 400, "invalid_value", "key");
-    cg_buf_free(&r.body);
+    th_assert_error(&r, 400, "invalid_value", "key");
+    th_resp_free(&r);
     admin(&r, "POST", "/v1/chunks/lookup", "{\"keys\":[\"zz\"]}");
-    assert_error(&r, 400, "invalid_value", "keys");
-    cg_buf_free(&r.body);
+    th_assert_error(&r, 400, "invalid_value", "keys");
+    th_resp_free(&r);
     admin(&r, "POST", "/v1/chunks/lookup", "{\"model\":\"m\"}");
-    assert_error(&r, 400, "missing_field", NULL);
-    cg_buf_free(&r.body);
+    th_assert_error(&r, 400, "missing_field", NULL);
+    th_resp_free(&r);
 }
 END_TEST
 
@@ -1039,17 +664,12 @@ START_TEST(chunks_paging)
     nonce(n, sizeof n);
     snprintf(prompt, sizeof prompt, "p1 %s # # p2 %s # # p3 %s # # p4 %s # # p5 %s # # q", n, n, n,
              n, n);
-    char *b = dumps(json_pack("{s:s, s:s}", "model", MODEL, "prompt", prompt));
-    resp r;
-    http(&r, "POST", "/v1/completions", b);
-    ck_assert_int_eq(r.status, 200);
-    cg_buf_free(&r.body);
+    char *b = th_dumps(json_pack("{s:s, s:s}", "model", MODEL, "prompt", prompt));
+    th_resp r;
+    th_expect(gw.port, "POST", "/v1/completions", b, NULL, 200);
     free(b);
 
-    admin(&r, "GET", "/v1/chunks?limit=1000", NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *all = jbody(&r);
-    cg_buf_free(&r.body);
+    json_t *all = th_call_text(gw.port, "GET", "/v1/chunks?limit=1000", NULL, ADMIN_TOKEN, 200);
     size_t total = json_array_size(json_object_get(all, "data"));
     ck_assert_uint_ge(total, 5);
     ck_assert(json_is_false(json_object_get(all, "has_more")));
@@ -1059,10 +679,7 @@ START_TEST(chunks_paging)
     size_t seen = 0;
     for (int page = 0; page < 10000; page++) {
         snprintf(path, sizeof path, "/v1/chunks?limit=2%s%s", after[0] ? "&after=" : "", after);
-        admin(&r, "GET", path, NULL);
-        ck_assert_int_eq(r.status, 200);
-        json_t *j = jbody(&r);
-        cg_buf_free(&r.body);
+        json_t *j = th_call_text(gw.port, "GET", path, NULL, ADMIN_TOKEN, 200);
         ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "list");
         json_t *d = json_object_get(j, "data");
         ck_assert_uint_le(json_array_size(d), 2);
@@ -1090,30 +707,23 @@ START_TEST(chunks_paging)
                          "/v1/chunks?after=nothex"};
     for (size_t i = 0; i < 4; i++) {
         admin(&r, "GET", bad[i], NULL);
-        assert_error(&r, 400, "invalid_value", NULL);
-        cg_buf_free(&r.body);
+        th_assert_error(&r, 400, "invalid_value", NULL);
+        th_resp_free(&r);
     }
 }
 END_TEST
 
 START_TEST(models_and_readyz)
 {
-    resp r;
-    http(&r, "GET", "/v1/models", NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = jbody(&r);
+    json_t *j = th_call_text(gw.port, "GET", "/v1/models", NULL, NULL, 200);
     ck_assert_str_eq(json_string_value(json_object_get(j, "object")), "list");
     ck_assert_str_eq(
         json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")),
         "fake-model");
     json_decref(j);
-    cg_buf_free(&r.body);
-    http(&r, "GET", "/readyz", NULL);
-    ck_assert_int_eq(r.status, 200);
-    j = jbody(&r);
+    j = th_call_text(gw.port, "GET", "/readyz", NULL, NULL, 200);
     ck_assert_str_eq(json_string_value(json_object_get(j, "status")), "ready");
     json_decref(j);
-    cg_buf_free(&r.body);
 }
 END_TEST
 
@@ -1133,40 +743,40 @@ START_TEST(backend_faults)
         {"FAULT:BIG:100000", 502, "bad_gateway"},      /* --max-upstream-bytes 64K */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *b = dumps(json_pack("{s:s, s:s}", "model", MODEL, "prompt", cases[i].prompt));
-        resp r;
+        char *b = th_dumps(json_pack("{s:s, s:s}", "model", MODEL, "prompt", cases[i].prompt));
+        th_resp r;
         http(&r, "POST", "/v1/completions", b);
         free(b);
-        assert_error(&r, cases[i].status, cases[i].code, NULL);
-        cg_buf_free(&r.body);
+        th_assert_error(&r, cases[i].status, cases[i].code, NULL);
+        th_resp_free(&r);
         assert_healthy();
     }
     /* a stream cut by the backend ends with an error event and no [DONE] */
-    sse s = {0};
+    th_sse s = {0};
     const char *sb = "{\"model\":\"" MODEL "\",\"prompt\":\"FAULT:CLOSE\",\"stream\":true}";
-    ck_assert_int_eq(sse_post(&s, gw.port, "/v1/completions", sb), CURLE_OK);
+    ck_assert_int_eq(th_sse_post(&s, gw.port, "/v1/completions", sb, NULL), CURLE_OK);
     ck_assert_int_eq(s.status, 200);
     ck_assert_int_ge(s.n, 2);
-    json_t *j = sse_json(&s, s.n - 1);
+    json_t *j = th_sse_json(&s, s.n - 1);
     ck_assert_ptr_nonnull(j);
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
                      "bad_gateway");
     json_decref(j);
     for (int i = 0; i < s.n; i++)
         ck_assert_str_ne(s.block[i], "data: [DONE]");
-    sse_free(&s);
+    th_sse_free(&s);
     /* a stream whose backend stalls before the first event: the gateway commits to a stream
      * only with the first byte of the answer, so the client gets a plain 504 */
     sb = "{\"model\":\"" MODEL "\",\"prompt\":\"FAULT:STALL:4000\",\"stream\":true}";
-    resp r;
+    th_resp r;
     http(&r, "POST", "/v1/completions", sb);
-    assert_error(&r, 504, "upstream_timeout", NULL);
-    cg_buf_free(&r.body);
+    th_assert_error(&r, 504, "upstream_timeout", NULL);
+    th_resp_free(&r);
     char *m = scrape();
-    ck_assert_double_ge(metric(m, "chunkgate_backend_errors_total{kind=\"timeout\"}"), 2);
-    ck_assert_double_ge(metric(m, "chunkgate_backend_errors_total{kind=\"too_large\"}"), 1);
-    ck_assert_double_ge(metric(m, "chunkgate_backend_errors_total{kind=\"status\"}"), 2);
-    ck_assert_double_ge(metric(m, "chunkgate_backend_errors_total{kind=\"stream\"}"), 1);
+    ck_assert_double_ge(th_metric_in(m, "chunkgate_backend_errors_total{kind=\"timeout\"}"), 2);
+    ck_assert_double_ge(th_metric_in(m, "chunkgate_backend_errors_total{kind=\"too_large\"}"), 1);
+    ck_assert_double_ge(th_metric_in(m, "chunkgate_backend_errors_total{kind=\"status\"}"), 2);
+    ck_assert_double_ge(th_metric_in(m, "chunkgate_backend_errors_total{kind=\"stream\"}"), 1);
     free(m);
     assert_healthy();
 }
@@ -1174,11 +784,7 @@ END_TEST
 
 static json_t *fake_stats(void)
 {
-    resp r;
-    http_full(&r, fake.port, "GET", "/stats", NULL, 0, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = jbody(&r);
-    cg_buf_free(&r.body);
+    json_t *j = th_call_text(fake.port, "GET", "/stats", NULL, NULL, 200);
     return j;
 }
 
@@ -1193,30 +799,30 @@ START_TEST(client_disconnect_cancels_upstream)
 {
     json_t *before = fake_stats();
     char *m0 = scrape();
-    double disc0 = metric(m0, "chunkgate_client_disconnects_total");
+    double disc0 = th_metric_in(m0, "chunkgate_client_disconnects_total");
     free(m0);
-    sse s = {0};
+    th_sse s = {0};
     s.stop_after = 2;
     const char *b =
         "{\"model\":\"" MODEL "\",\"prompt\":\"FAULT:SLOW # # d # # q\",\"stream\":true}";
-    double t0 = now_s();
-    ck_assert_int_eq(sse_post(&s, gw.port, "/v1/completions", b), CURLE_WRITE_ERROR);
-    sse_free(&s);
+    double t0 = th_now_s();
+    ck_assert_int_eq(th_sse_post(&s, gw.port, "/v1/completions", b, NULL), CURLE_WRITE_ERROR);
+    th_sse_free(&s);
     json_t *after = NULL;
     int cancelled = 0;
-    while (now_s() - t0 < 4.0) { /* the full answer would take 6 s */
+    while (th_now_s() - t0 < 4.0) { /* the full answer would take 6 s */
         json_decref(after);
         after = fake_stats();
         if (stat_of(after, "streams_aborted") > stat_of(before, "streams_aborted")) {
             cancelled = 1;
             break;
         }
-        sleep_ms(50);
+        th_sleep_ms(50);
     }
     ck_assert_msg(cancelled, "the backend's stream was not cancelled");
     ck_assert_int_eq(stat_of(after, "streams_completed"), stat_of(before, "streams_completed"));
     char *m = scrape();
-    ck_assert_double_eq(metric(m, "chunkgate_client_disconnects_total"), disc0 + 1);
+    ck_assert_double_eq(th_metric_in(m, "chunkgate_client_disconnects_total"), disc0 + 1);
     free(m);
     json_decref(before);
     json_decref(after);
@@ -1224,119 +830,87 @@ START_TEST(client_disconnect_cancels_upstream)
 }
 END_TEST
 
-/* A closed port: connection refused. */
-static int dead_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {0};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(0x7f000001);
-    bind(fd, (struct sockaddr *)&sa, sizeof sa);
-    socklen_t len = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 START_TEST(backend_down)
 {
-    char dir[300], backend[64];
-    snprintf(dir, sizeof dir, "%s/down", tmp_root);
-    snprintf(backend, sizeof backend, "http://127.0.0.1:%d", dead_port());
-    proc g2;
+    char backend[64];
+    snprintf(backend, sizeof backend, "http://127.0.0.1:%d", th_free_port()); /* refused */
+    th_proc g2;
     const char *extra[] = {"--model", "gw-default", NULL};
-    ck_assert_int_eq(start_gateway(&g2, dir, backend, extra, "down.log"), 0);
+    ck_assert_int_eq(start_gateway(&g2, "down", backend, extra), 0);
     for (int i = 0; i < 2; i++) {
-        resp r;
+        th_resp r;
         const char *b = i ? "{\"model\":\"m\",\"prompt\":\"x\",\"stream\":true}"
                           : "{\"model\":\"m\",\"prompt\":\"s # # d # # q\"}";
-        http_full(&r, g2.port, "POST", "/v1/completions", b, strlen(b), NULL, NULL);
-        assert_error(&r, 502, "upstream_unavailable", NULL);
-        json_t *j = jbody(&r);
+        th_http(&r, g2.port, "POST", "/v1/completions", b, NULL, NULL);
+        th_assert_error(&r, 502, "upstream_unavailable", NULL);
+        json_t *j = th_body_json(&r);
         ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "type")),
                          "upstream_error");
         json_decref(j);
-        cg_buf_free(&r.body);
-        http_full(&r, g2.port, "GET", "/healthz", NULL, 0, NULL, NULL);
-        ck_assert_int_eq(r.status, 200);
-        cg_buf_free(&r.body);
+        th_resp_free(&r);
+        th_expect(g2.port, "GET", "/healthz", NULL, NULL, 200);
     }
-    resp r;
-    http_full(&r, g2.port, "GET", "/readyz", NULL, 0, NULL, NULL);
-    assert_error(&r, 503, "upstream_unavailable", NULL);
-    cg_buf_free(&r.body);
-    http_full(&r, g2.port, "GET", "/v1/models", NULL, 0, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    json_t *j = jbody(&r);
+    th_resp r;
+    th_http(&r, g2.port, "GET", "/readyz", NULL, NULL, NULL);
+    th_assert_error(&r, 503, "upstream_unavailable", NULL);
+    th_resp_free(&r);
+    json_t *j = th_call_text(g2.port, "GET", "/v1/models", NULL, NULL, 200);
     ck_assert_str_eq(
         json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")),
         "gw-default");
     json_decref(j);
-    cg_buf_free(&r.body);
     /* the segments were still recorded */
-    http_full(&r, g2.port, "GET", "/v1/chunks", NULL, 0, NULL, NULL);
-    ck_assert_int_eq(r.status, 200);
-    j = jbody(&r);
+    j = th_call_text(g2.port, "GET", "/v1/chunks", NULL, NULL, 200);
     ck_assert_uint_eq(json_array_size(json_object_get(j, "data")), 2);
     json_decref(j);
-    cg_buf_free(&r.body);
-    http_full(&r, g2.port, "GET", "/metrics", NULL, 0, NULL, NULL);
-    ck_assert_double_eq(metric(r.body.data, "chunkgate_backend_errors_total{kind=\"connect\"}"), 2);
-    cg_buf_free(&r.body);
-    ck_assert_int_eq(stop_proc(&g2, SIGTERM), 0);
+    th_http(&r, g2.port, "GET", "/metrics", NULL, NULL, NULL);
+    ck_assert_double_eq(
+        th_metric_in(r.body.data, "chunkgate_backend_errors_total{kind=\"connect\"}"), 2);
+    th_resp_free(&r);
+    ck_assert_int_eq(th_stop(&g2, SIGTERM), 0);
 
     /* no backend at all: 503 after validation, 400 still first */
-    snprintf(dir, sizeof dir, "%s/nobackend", tmp_root);
-    ck_assert_int_eq(start_gateway(&g2, dir, NULL, NULL, "nobackend.log"), 0);
-    http_full(&r, g2.port, "POST", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"x\"}", 26,
-              NULL, NULL);
-    assert_error(&r, 503, "upstream_unavailable", NULL);
-    cg_buf_free(&r.body);
-    http_full(&r, g2.port, "POST", "/v1/completions", "{\"model\":1}", 11, NULL, NULL);
-    assert_error(&r, 400, "invalid_type", "model");
-    cg_buf_free(&r.body);
-    http_full(&r, g2.port, "GET", "/v1/models", NULL, 0, NULL, NULL);
-    assert_error(&r, 503, "upstream_unavailable", NULL);
-    cg_buf_free(&r.body);
-    ck_assert_int_eq(stop_proc(&g2, SIGINT), 0);
+    ck_assert_int_eq(start_gateway(&g2, "nobackend", NULL, NULL), 0);
+    th_http(&r, g2.port, "POST", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"x\"}", NULL,
+            NULL);
+    th_assert_error(&r, 503, "upstream_unavailable", NULL);
+    th_resp_free(&r);
+    th_http(&r, g2.port, "POST", "/v1/completions", "{\"model\":1}", NULL, NULL);
+    th_assert_error(&r, 400, "invalid_type", "model");
+    th_resp_free(&r);
+    th_http(&r, g2.port, "GET", "/v1/models", NULL, NULL, NULL);
+    th_assert_error(&r, 503, "upstream_unavailable", NULL);
+    th_resp_free(&r);
+    ck_assert_int_eq(th_stop(&g2, SIGINT), 0);
 }
 END_TEST
 
 START_TEST(restart_keeps_index)
 {
-    char dir[300], backend[64], n[64], prompt[256], doc[96], hex[CG_KEY_HEX_LEN + 1], path[128];
-    snprintf(dir, sizeof dir, "%s/restart", tmp_root);
-    fake_url(backend, sizeof backend);
+    char dir[300], n[64], prompt[256], doc[96], hex[CG_KEY_HEX_LEN + 1], path[128];
+    th_path(dir, sizeof dir, "restart");
+    const char *same_dir[] = {"--data-dir", dir, NULL};
     nonce(n, sizeof n);
     snprintf(doc, sizeof doc, "Restart doc %s", n);
     snprintf(prompt, sizeof prompt, "sys # # %s # # q", doc);
     key_hex(MODEL, CG_MODE_STRICT, NULL, NULL, doc, hex);
     snprintf(path, sizeof path, "/v1/chunks/%s", hex);
-    char *b = dumps(json_pack("{s:s, s:s}", "model", MODEL, "prompt", prompt));
+    char *b = th_dumps(json_pack("{s:s, s:s}", "model", MODEL, "prompt", prompt));
     for (int round = 1; round <= 2; round++) {
-        proc g;
+        th_proc g;
         ck_assert_int_eq(
-            start_gateway(&g, dir, backend, NULL, round == 1 ? "restart1.log" : "restart2.log"), 0);
-        resp r;
+            start_gateway(&g, round == 1 ? "restart1" : "restart2", fake.url, same_dir), 0);
         if (round == 2) { /* what the first run recorded is still there */
-            http_full(&r, g.port, "GET", path, NULL, 0, NULL, NULL);
-            ck_assert_int_eq(r.status, 200);
-            json_t *j = jbody(&r);
+            json_t *j = th_call_text(g.port, "GET", path, NULL, NULL, 200);
             ck_assert_int_eq(json_integer_value(json_object_get(j, "seen_count")), 1);
             json_decref(j);
-            cg_buf_free(&r.body);
         }
-        http_full(&r, g.port, "POST", "/v1/completions", b, strlen(b), NULL, NULL);
-        ck_assert_int_eq(r.status, 200);
-        cg_buf_free(&r.body);
-        http_full(&r, g.port, "GET", path, NULL, 0, NULL, NULL);
-        ck_assert_int_eq(r.status, 200);
-        json_t *j = jbody(&r);
+        th_expect(g.port, "POST", "/v1/completions", b, NULL, 200);
+        json_t *j = th_call_text(g.port, "GET", path, NULL, NULL, 200);
         ck_assert_int_eq(json_integer_value(json_object_get(j, "seen_count")), round);
         json_decref(j);
-        cg_buf_free(&r.body);
-        ck_assert_int_eq(stop_proc(&g, SIGTERM), 0);
-        char *log = read_file(g.log);
+        ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+        char *log = th_read_file(g.log, NULL);
         ck_assert_ptr_nonnull(strstr(log, "\"msg\":\"stopped\""));
         free(log);
     }
@@ -1347,28 +921,26 @@ END_TEST
 START_TEST(metrics_series)
 {
     char *m0 = scrape();
-    double misses0 = metric(m0, "chunkgate_chunk_misses_total");
-    double empty0 = metric(m0, "chunkgate_empty_segments_total");
-    double chunks0 = metric(m0, "chunkgate_segments_total{role=\"chunk\"}");
-    double ok0 = metric(m0, "chunkgate_requests_total{route=\"completions\",code=\"200\"}");
-    double fb0 = metric(m0, "chunkgate_fallbacks_total");
+    double misses0 = th_metric_in(m0, "chunkgate_chunk_misses_total");
+    double empty0 = th_metric_in(m0, "chunkgate_empty_segments_total");
+    double chunks0 = th_metric_in(m0, "chunkgate_segments_total{role=\"chunk\"}");
+    double ok0 = th_metric_in(m0, "chunkgate_requests_total{route=\"completions\",code=\"200\"}");
+    double fb0 = th_metric_in(m0, "chunkgate_fallbacks_total");
     free(m0);
     char n[64], prompt[512];
     nonce(n, sizeof n);
     snprintf(prompt, sizeof prompt, "ms %s # # a %s # #  # # b %s # # q", n, n, n);
-    char *b = dumps(json_pack("{s:s, s:s}", "model", MODEL, "prompt", prompt));
-    resp r;
-    http(&r, "POST", "/v1/completions", b);
-    ck_assert_int_eq(r.status, 200);
-    cg_buf_free(&r.body);
+    char *b = th_dumps(json_pack("{s:s, s:s}", "model", MODEL, "prompt", prompt));
+    th_expect(gw.port, "POST", "/v1/completions", b, NULL, 200);
     free(b);
     char *m = scrape();
-    ck_assert_double_eq(metric(m, "chunkgate_chunk_misses_total"), misses0 + 3);
-    ck_assert_double_eq(metric(m, "chunkgate_empty_segments_total"), empty0 + 1);
-    ck_assert_double_eq(metric(m, "chunkgate_segments_total{role=\"chunk\"}"), chunks0 + 2);
-    ck_assert_double_eq(metric(m, "chunkgate_fallbacks_total"), fb0 + 1);
-    ck_assert_double_eq(metric(m, "chunkgate_requests_total{route=\"completions\",code=\"200\"}"),
-                        (ok0 < 0 ? 0 : ok0) + 1);
+    ck_assert_double_eq(th_metric_in(m, "chunkgate_chunk_misses_total"), misses0 + 3);
+    ck_assert_double_eq(th_metric_in(m, "chunkgate_empty_segments_total"), empty0 + 1);
+    ck_assert_double_eq(th_metric_in(m, "chunkgate_segments_total{role=\"chunk\"}"), chunks0 + 2);
+    ck_assert_double_eq(th_metric_in(m, "chunkgate_fallbacks_total"), fb0 + 1);
+    ck_assert_double_eq(
+        th_metric_in(m, "chunkgate_requests_total{route=\"completions\",code=\"200\"}"),
+        (ok0 < 0 ? 0 : ok0) + 1);
     const char *series[] = {
         "chunkgate_chunk_hits_total",
         "chunkgate_tokens_reused_total",
@@ -1387,8 +959,8 @@ START_TEST(metrics_series)
         "chunkgate_segments_total{role=\"question\"}",
     };
     for (size_t i = 0; i < sizeof series / sizeof series[0]; i++)
-        ck_assert_msg(metric(m, series[i]) >= 0, "series %s missing", series[i]);
-    ck_assert_double_ge(metric(m, "chunkgate_index_chunks"), 3);
+        ck_assert_msg(th_metric_in(m, series[i]) >= 0, "series %s missing", series[i]);
+    ck_assert_double_ge(th_metric_in(m, "chunkgate_index_chunks"), 3);
     ck_assert_ptr_nonnull(strstr(m, "# TYPE chunkgate_ttft_seconds histogram"));
     free(m);
 }
@@ -1398,39 +970,19 @@ END_TEST
 START_TEST(concurrent_streams)
 {
     enum { N = 100 };
-    CURLM *multi = curl_multi_init();
-    static sse ss[N];
-    CURL *es[N];
-    char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", gw.port);
-    const char *b = "{\"model\":\"" MODEL "\",\"prompt\":\"s # # d # # q\",\"stream\":true}";
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    static th_resp rs[N];
+    th_req q = {.path = "/v1/completions",
+                .body = "{\"model\":\"" MODEL "\",\"prompt\":\"s # # d # # q\",\"stream\":true}",
+                .timeout_s = 60};
+    th_send_many(rs, N, gw.port, &q);
     for (int i = 0; i < N; i++) {
-        memset(&ss[i], 0, sizeof ss[i]);
-        cg_buf_init(&ss[i].raw, 0);
-        es[i] = curl_easy_init();
-        curl_easy_setopt(es[i], CURLOPT_URL, url);
-        curl_easy_setopt(es[i], CURLOPT_POSTFIELDS, b);
-        curl_easy_setopt(es[i], CURLOPT_HTTPHEADER, h);
-        curl_easy_setopt(es[i], CURLOPT_WRITEFUNCTION, sse_write);
-        curl_easy_setopt(es[i], CURLOPT_WRITEDATA, &ss[i]);
-        curl_easy_setopt(es[i], CURLOPT_TIMEOUT, 60L);
-        curl_multi_add_handle(multi, es[i]);
+        th_sse s = {0};
+        th_sse_feed(&s, rs[i].body.data, rs[i].body.len);
+        ck_assert_msg(s.n > 0 && !strcmp(s.block[s.n - 1], "data: [DONE]"), "stream %d incomplete",
+                      i);
+        th_sse_free(&s);
+        th_resp_free(&rs[i]);
     }
-    int running = 1;
-    while (running) {
-        curl_multi_perform(multi, &running);
-        if (running) curl_multi_poll(multi, NULL, 0, 100, NULL);
-    }
-    for (int i = 0; i < N; i++) {
-        ck_assert_msg(ss[i].n > 0 && !strcmp(ss[i].block[ss[i].n - 1], "data: [DONE]"),
-                      "stream %d incomplete", i);
-        curl_multi_remove_handle(multi, es[i]);
-        curl_easy_cleanup(es[i]);
-        sse_free(&ss[i]);
-    }
-    curl_slist_free_all(h);
-    curl_multi_cleanup(multi);
     assert_healthy();
 }
 END_TEST
@@ -1452,17 +1004,14 @@ START_TEST(config_errors_exit_2)
          "cannot create directory"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char log[512];
-        snprintf(log, sizeof log, "%s/cfg%zu.log", tmp_root, i);
-        proc p;
+        char log[32];
+        snprintf(log, sizeof log, "cfg%zu.log", i);
         const char *args[5] = {cases[i].args[0], cases[i].args[1], cases[i].args[2],
                                cases[i].args[3], NULL};
-        ck_assert_int_eq(spawn(&p, CHUNKGATE_BIN, args, log, NULL), 0);
-        int st;
-        ck_assert_int_eq(waitpid(p.pid, &st, 0), p.pid);
-        ck_assert(WIFEXITED(st));
-        ck_assert_msg(WEXITSTATUS(st) == cases[i].rc, "case %zu exited %d", i, WEXITSTATUS(st));
-        char *text = read_file(log);
+        int rc = th_run_cmd(CHUNKGATE_BIN, args, log);
+        ck_assert_msg(rc == cases[i].rc, "case %zu exited %d", i, rc);
+        char path[512];
+        char *text = th_read_file(th_path(path, sizeof path, log), NULL);
         ck_assert_msg(strstr(text, cases[i].text) != NULL, "case %zu: %s", i, text);
         free(text);
     }
@@ -1471,33 +1020,12 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("gateway");
-    TCase *tc = tcase_create("integration");
-    tcase_add_unchecked_fixture(tc, suite_setup, suite_teardown);
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, completion_forwarded_with_chunk_cache);
-    tcase_add_test(tc, completion_passthrough_and_modes);
-    tcase_add_test(tc, completion_stream_incremental);
-    tcase_add_test(tc, stream_usage_and_crlf);
-    tcase_add_test(tc, chat_with_documents);
-    tcase_add_test(tc, chat_separators_in_messages);
-    tcase_add_test(tc, chat_stream);
-    tcase_add_test(tc, bad_inputs);
-    tcase_add_test(tc, admin_auth);
-    tcase_add_test(tc, index_contents_and_admin);
-    tcase_add_test(tc, chunks_paging);
-    tcase_add_test(tc, models_and_readyz);
-    tcase_add_test(tc, backend_faults);
-    tcase_add_test(tc, client_disconnect_cancels_upstream);
-    tcase_add_test(tc, backend_down);
-    tcase_add_test(tc, restart_keeps_index);
-    tcase_add_test(tc, metrics_series);
-    tcase_add_test(tc, concurrent_streams);
-    tcase_add_test(tc, config_errors_exit_2);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_run_suite(
+        "gateway", "integration", 120, (th_fixture){suite_setup, suite_teardown, 0}, CK_FORK_GETENV,
+        TH_TESTS(completion_forwarded_with_chunk_cache, completion_passthrough_and_modes,
+                 completion_stream_incremental, stream_usage_and_crlf, chat_with_documents,
+                 chat_separators_in_messages, chat_stream, bad_inputs, admin_auth,
+                 index_contents_and_admin, chunks_paging, models_and_readyz, backend_faults,
+                 client_disconnect_cancels_upstream, backend_down, restart_keeps_index,
+                 metrics_series, concurrent_streams, config_errors_exit_2));
 }

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "base/http.h"
+#include "tests/harness/harness.h"
 
 static cg_http_server *srv;
 static uint16_t port;
@@ -303,106 +304,36 @@ static void teardown(void)
 
 /* ------------------------------------------------------------ client */
 
-typedef struct resp {
-    long status;
-    cg_buf body;
-    char rid[96];
-    char ctype[96];
-    CURLcode rc;
-    int stop_after; /* write callback aborts once this many bytes arrived (0 = never) */
-} resp;
-
-static size_t on_write(char *d, size_t sz, size_t n, void *ud)
+/* One request to the server, cut after stop_after bytes (0 = never). */
+static void http_cut(th_resp *r, const char *method, const char *path, const char *body, size_t len,
+                     const char *const *headers, int chunked, size_t stop_after)
 {
-    resp *r = ud;
-    ck_assert_int_eq(cg_buf_append(&r->body, d, sz * n), CG_OK);
-    if (r->stop_after && r->body.len >= (size_t)r->stop_after) return 0;
-    return sz * n;
+    /* method, path, body, len, token, headers, chunked, stop_after, timeout_s */
+    th_req q = {method, path, body, len, NULL, headers, chunked, stop_after, 20};
+    th_send(r, port, &q);
 }
 
-static size_t on_header(char *d, size_t sz, size_t n, void *ud)
-{
-    resp *r = ud;
-    size_t len = sz * n;
-    if (len > 14 && !strncasecmp(d, "X-Request-Id: ", 14))
-        snprintf(r->rid, sizeof r->rid, "%.*s", (int)(len - 16), d + 14);
-    if (len > 14 && !strncasecmp(d, "Content-Type: ", 14))
-        snprintf(r->ctype, sizeof r->ctype, "%.*s", (int)(len - 16), d + 14);
-    return len;
-}
-
-/* Chunked upload: read callback over a fixed buffer. */
-typedef struct upload {
-    const char *p;
-    size_t left;
-} upload;
-static size_t on_read(char *out, size_t sz, size_t n, void *ud)
-{
-    upload *u = ud;
-    size_t k = CG_MIN(sz * n, CG_MIN(u->left, (size_t)700));
-    memcpy(out, u->p, k);
-    u->p += k;
-    u->left -= k;
-    return k;
-}
-
-static void http(resp *r, const char *method, const char *path, const char *body, size_t len,
+static void http(th_resp *r, const char *method, const char *path, const char *body, size_t len,
                  const char *const *headers, int chunked)
 {
-    memset(r->rid, 0, sizeof r->rid);
-    cg_buf_init(&r->body, 0);
-    CURL *e = curl_easy_init();
-    char url[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%u%s", (unsigned)port, path);
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT, 20L);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
-    struct curl_slist *h = NULL;
-    for (; headers && *headers; headers++)
-        h = curl_slist_append(h, *headers);
-    upload u = {body, len};
-    if (chunked) {
-        h = curl_slist_append(h, "Transfer-Encoding: chunked");
-        curl_easy_setopt(e, CURLOPT_POST, 1L);
-        curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
-        curl_easy_setopt(e, CURLOPT_READDATA, &u);
-    } else if (body) {
-        curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
-    }
-    h = curl_slist_append(h, "Expect:");
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
-    r->rc = curl_easy_perform(e);
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r->status);
-    curl_slist_free_all(h);
-    curl_easy_cleanup(e);
-}
-
-static json_t *body_json(resp *r)
-{
-    json_t *j = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, NULL);
-    ck_assert_msg(j != NULL, "body is not JSON: %.*s", (int)r->body.len, r->body.data);
-    return j;
+    http_cut(r, method, path, body, len, headers, chunked, 0);
 }
 
 /* Asserts the OpenAI error shape with the given code. */
-static void assert_error(resp *r, long status, const char *code)
+static void assert_error(th_resp *r, long status, const char *code)
 {
-    ck_assert_int_eq(r->status, status);
-    json_t *j = body_json(r);
-    json_t *e = json_object_get(j, "error");
-    ck_assert(json_is_object(e));
-    ck_assert(json_is_string(json_object_get(e, "message")));
-    ck_assert(json_is_string(json_object_get(e, "type")));
-    ck_assert(json_is_null(json_object_get(e, "param")) ||
-              json_is_string(json_object_get(e, "param")));
-    ck_assert_str_eq(json_string_value(json_object_get(e, "code")), code);
-    json_decref(j);
+    th_assert_error(r, status, code, NULL);
+}
+
+/* Locks prod_mu and waits (up to secs) until *flag is set; returns with prod_mu held. */
+static void wait_locked(const int *flag, int secs)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += secs;
+    pthread_mutex_lock(&prod_mu);
+    while (!*flag && pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
+    }
 }
 
 /* ------------------------------------------------------------ raw sockets */
@@ -514,45 +445,45 @@ static void assert_raw_error(const char *ans, int status, const char *code)
 
 START_TEST(routing)
 {
-    resp r = {0};
+    th_resp r;
     http(&r, "GET", "/t/hello", NULL, 0, NULL, 0);
     ck_assert_int_eq(r.status, 200);
     ck_assert_str_eq(r.ctype, "application/json");
-    json_t *j = body_json(&r);
+    json_t *j = th_body_json(&r);
     ck_assert_str_eq(json_string_value(json_object_get(j, "hello")), "world");
     json_decref(j);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 
     http(&r, "GET", "/t/items/abc%20d?q=1", NULL, 0, NULL, 0);
     ck_assert_int_eq(r.status, 200);
-    j = body_json(&r);
+    j = th_body_json(&r);
     ck_assert_str_eq(json_string_value(json_object_get(j, "id")), "abc d");
     ck_assert_str_eq(json_string_value(json_object_get(j, "q")), "1");
     json_decref(j);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 
     http(&r, "GET", "/t/items/x/sub/y", NULL, 0, NULL, 0);
     ck_assert_int_eq(r.status, 200);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 
     /* "*" matches one non-empty segment only */
     const char *missing[] = {"/t/items/", "/t/items/a/b", "/t/nope", "/", "/t/hello/"};
     for (size_t i = 0; i < sizeof missing / sizeof missing[0]; i++) {
         http(&r, "GET", missing[i], NULL, 0, NULL, 0);
         assert_error(&r, 404, "not_found");
-        cg_buf_free(&r.body);
+        th_resp_free(&r);
     }
     http(&r, "POST", "/t/hello", "{}", 2, NULL, 0);
     assert_error(&r, 405, "method_not_allowed");
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     http(&r, "DELETE", "/t/items/1", NULL, 0, NULL, 0);
     assert_error(&r, 405, "method_not_allowed");
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 
     /* a reply may come later from another thread */
     http(&r, "GET", "/t/late", NULL, 0, NULL, 0);
     ck_assert_int_eq(r.status, 202);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     sleep_ms(50); /* the done callback runs after the reply is sent */
     pthread_mutex_lock(&prod_mu);
     ck_assert_int_eq(done_last_status, 202);
@@ -569,14 +500,14 @@ START_TEST(fast_handlers)
     const char *bodies[] = {"inline", "later", "other", "inline", "later"};
     const char *paths[] = {"inline", "later", "job", "inline", "later"};
     for (size_t i = 0; i < 5; i++) {
-        resp r = {0};
+        th_resp r;
         http(&r, "POST", "/t/fast", bodies[i], strlen(bodies[i]), NULL, 0);
         ck_assert_int_eq(r.status, 200);
-        json_t *j = body_json(&r);
+        json_t *j = th_body_json(&r);
         ck_assert_str_eq(json_string_value(json_object_get(j, "path")), paths[i]);
         ck_assert_str_ne(r.rid, "");
         json_decref(j);
-        cg_buf_free(&r.body);
+        th_resp_free(&r);
     }
     /* pipelined on one connection: the answers come in order */
     const char *two = "POST /t/fast HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nlater"
@@ -591,15 +522,15 @@ END_TEST
 
 START_TEST(json_body)
 {
-    resp r = {0};
+    th_resp r;
     const char *ok = "{\"a\": [1, 2], \"b\": \"x\"}";
     http(&r, "POST", "/t/echo", ok, strlen(ok), NULL, 0);
     ck_assert_int_eq(r.status, 200);
-    json_t *j = body_json(&r);
+    json_t *j = th_body_json(&r);
     ck_assert_int_eq(json_integer_value(json_object_get(j, "n")), (json_int_t)strlen(ok));
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "obj"), "b")), "x");
     json_decref(j);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 
     struct {
         const char *body;
@@ -614,7 +545,7 @@ START_TEST(json_body)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         http(&r, "POST", "/t/echo", bad[i].body, strlen(bad[i].body), NULL, 0);
         assert_error(&r, 400, bad[i].code);
-        cg_buf_free(&r.body);
+        th_resp_free(&r);
     }
     /* nesting: the default limit is 64 levels (the body object is level 1) */
     for (int past = 0; past <= 1; past++) {
@@ -630,7 +561,7 @@ START_TEST(json_body)
             assert_error(&r, 400, "json_too_complex");
         else
             ck_assert_int_eq(r.status, 200);
-        cg_buf_free(&r.body);
+        th_resp_free(&r);
     }
 }
 END_TEST
@@ -679,58 +610,58 @@ START_TEST(body_caps)
     memset(big, ' ', 8192);
     big[0] = '{';
     big[4000] = '}';
-    resp r = {0};
+    th_resp r;
     http(&r, "POST", "/t/echo", big, 4096, NULL, 0); /* at the cap: fine */
     ck_assert_int_eq(r.status, 200);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     http(&r, "POST", "/t/echo", big, 4097, NULL, 0); /* Content-Length over the cap */
     assert_error(&r, 413, "request_too_large");
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     http(&r, "POST", "/t/echo", big, 8192, NULL, 1); /* chunked: no Content-Length */
     assert_error(&r, 413, "request_too_large");
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     http(&r, "POST", "/t/echo", big, 4096, NULL, 1); /* chunked, within the cap */
     ck_assert_int_eq(r.status, 200);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     free(big);
     /* the server still serves */
     http(&r, "GET", "/t/hello", NULL, 0, NULL, 0);
     ck_assert_int_eq(r.status, 200);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 }
 END_TEST
 
 START_TEST(request_ids)
 {
-    resp r = {0};
+    th_resp r;
     const char *mine[] = {"X-Request-Id: abc-123_x.y", NULL};
     http(&r, "GET", "/t/hello", NULL, 0, mine, 0);
     ck_assert_str_eq(r.rid, "abc-123_x.y");
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 
     http(&r, "GET", "/t/hello", NULL, 0, NULL, 0);
     ck_assert_uint_ge(strlen(r.rid), 8);
     char first[96];
     snprintf(first, sizeof first, "%s", r.rid);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     http(&r, "GET", "/t/nope", NULL, 0, NULL, 0); /* errors carry one too */
     ck_assert_uint_ge(strlen(r.rid), 8);
     ck_assert_str_ne(r.rid, first);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 
     /* unsafe characters or an overlong id are replaced by a generated one */
     const char *bad[] = {"X-Request-Id: bad id\"<>", NULL};
     http(&r, "GET", "/t/hello", NULL, 0, bad, 0);
     ck_assert_uint_ge(strlen(r.rid), 8);
     ck_assert_ptr_null(strchr(r.rid, '<'));
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     char longid[128] = "X-Request-Id: ";
     memset(longid + 14, 'a', 100);
     longid[114] = '\0';
     const char *lng[] = {longid, NULL};
     http(&r, "GET", "/t/hello", NULL, 0, lng, 0);
     ck_assert_uint_lt(strlen(r.rid), 65);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 }
 END_TEST
 
@@ -755,12 +686,12 @@ START_TEST(bearer_auth)
         {"/t/hello", "Authorization: Bearer anything", 200}, /* open route */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        resp r = {0};
+        th_resp r;
         const char *h[] = {cases[i].header, NULL};
         http(&r, "GET", cases[i].path, NULL, 0, cases[i].header ? h : NULL, 0);
         ck_assert_msg(r.status == cases[i].status, "case %zu: %ld", i, r.status);
         if (r.status == 401) assert_error(&r, 401, "invalid_api_key");
-        cg_buf_free(&r.body);
+        th_resp_free(&r);
     }
     /* the comparison itself: equal only when bytes and length match */
     ck_assert_int_eq(cg_secret_equal("abc", "abc"), 1);
@@ -773,7 +704,7 @@ END_TEST
 
 START_TEST(stream_complete)
 {
-    resp r = {0};
+    th_resp r;
     http(&r, "GET", "/t/stream", NULL, 0, NULL, 0);
     ck_assert_int_eq(r.rc, CURLE_OK);
     ck_assert_int_eq(r.status, 200);
@@ -796,24 +727,25 @@ START_TEST(stream_complete)
     ck_assert_str_eq(got.data, want.data);
     cg_buf_free(&want);
     cg_buf_free(&got);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 }
 END_TEST
+
+/* Reads path, hangs up after stop_after bytes (asserting the cut), and waits up to secs for
+ * *flag under prod_mu; returns with prod_mu held. */
+static void hang_up_and_wait(const char *path, size_t stop_after, int secs, const int *flag)
+{
+    th_resp r;
+    http_cut(&r, "GET", path, NULL, 0, NULL, 0, stop_after);
+    ck_assert_int_eq(r.rc, CURLE_WRITE_ERROR);
+    th_resp_free(&r);
+    wait_locked(flag, secs);
+}
 
 /* The client leaves after the first bytes: the producer's push must fail soon after. */
 START_TEST(stream_client_disconnect)
 {
-    resp r = {0};
-    r.stop_after = 1;
-    http(&r, "GET", "/t/slow", NULL, 0, NULL, 0);
-    ck_assert_int_eq(r.rc, CURLE_WRITE_ERROR);
-    cg_buf_free(&r.body);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += 5;
-    pthread_mutex_lock(&prod_mu);
-    while (!prod_gone_seen && pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
-    }
+    hang_up_and_wait("/t/slow", 1, 5, &prod_gone_seen);
     int gone = prod_gone_seen, pushed = prod_pushed;
     pthread_mutex_unlock(&prod_mu);
     ck_assert_msg(gone, "producer never learned that the client left");
@@ -824,17 +756,7 @@ END_TEST
 /* Idle stream: only the heartbeat poke can notice the client left; the notify fires. */
 START_TEST(stream_idle_disconnect_heartbeat)
 {
-    resp r = {0};
-    r.stop_after = 5;
-    http(&r, "GET", "/t/idle", NULL, 0, NULL, 0);
-    ck_assert_int_eq(r.rc, CURLE_WRITE_ERROR);
-    cg_buf_free(&r.body);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += 6;
-    pthread_mutex_lock(&prod_mu);
-    while (!prod_finished && pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
-    }
+    hang_up_and_wait("/t/idle", 5, 6, &prod_finished);
     int gone = prod_gone_seen, ngone = notify_gone;
     pthread_mutex_unlock(&prod_mu);
     ck_assert_msg(gone, "an idle stream never noticed its client left");
@@ -846,13 +768,13 @@ END_TEST
  * producer was paced by drain notifications. */
 START_TEST(stream_nowait_backpressure)
 {
-    resp r = {0};
+    th_resp r;
     http(&r, "GET", "/t/nowait", NULL, 0, NULL, 0);
     ck_assert_int_eq(r.rc, CURLE_OK);
     ck_assert_uint_eq(r.body.len, NB_TOTAL);
     for (size_t i = 0; i < NB_TOTAL; i++)
         if (r.body.data[i] != (char)('a' + i % 26)) ck_abort_msg("byte %zu is wrong", i);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     pthread_mutex_lock(&prod_mu);
     int drains = notify_drains;
     pthread_mutex_unlock(&prod_mu);
@@ -864,49 +786,34 @@ END_TEST
 START_TEST(many_streams)
 {
     enum { N = 64 };
-    CURLM *m = curl_multi_init();
-    resp rs[N];
-    CURL *es[N];
-    char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%u/t/stream", (unsigned)port);
-    for (int i = 0; i < N; i++) {
-        memset(&rs[i], 0, sizeof rs[i]);
-        cg_buf_init(&rs[i].body, 0);
-        es[i] = curl_easy_init();
-        curl_easy_setopt(es[i], CURLOPT_URL, url);
-        curl_easy_setopt(es[i], CURLOPT_WRITEFUNCTION, on_write);
-        curl_easy_setopt(es[i], CURLOPT_WRITEDATA, &rs[i]);
-        curl_easy_setopt(es[i], CURLOPT_TIMEOUT, 30L);
-        curl_multi_add_handle(m, es[i]);
-    }
-    int running = 1;
-    while (running) {
-        curl_multi_perform(m, &running);
-        if (running) curl_multi_poll(m, NULL, 0, 100, NULL);
-    }
+    th_resp rs[N];
+    th_req q = {.path = "/t/stream", .timeout_s = 30};
+    th_send_many(rs, N, port, &q);
     for (int i = 0; i < N; i++) {
         ck_assert_ptr_nonnull(strstr(rs[i].body.data, "data: 19\n\n"));
-        curl_multi_remove_handle(m, es[i]);
-        curl_easy_cleanup(es[i]);
-        cg_buf_free(&rs[i].body);
+        th_resp_free(&rs[i]);
     }
-    curl_multi_cleanup(m);
 }
 END_TEST
 
 START_TEST(quiesce_refuses_new_connections)
 {
-    resp r = {0};
+    th_resp r;
     http(&r, "GET", "/t/hello", NULL, 0, NULL, 0);
     ck_assert_int_eq(r.status, 200);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     cg_http_quiesce(srv);
     cg_http_quiesce(srv); /* idempotent */
     http(&r, "GET", "/t/hello", NULL, 0, NULL, 0);
     ck_assert_int_eq(r.rc, CURLE_COULDNT_CONNECT);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 }
 END_TEST
+
+static size_t to_buf(char *d, size_t sz, size_t n, void *ud)
+{
+    return cg_buf_append(ud, d, sz * n) == CG_OK ? sz * n : 0;
+}
 
 static void *stop_main(void *arg)
 {
@@ -917,23 +824,22 @@ static void *stop_main(void *arg)
 /* Stopping the server with a stream open ends it and releases its producer. */
 START_TEST(stop_with_live_stream)
 {
-    resp r = {0};
+    cg_buf body;
+    cg_buf_init(&body, 0);
     CURLM *m = curl_multi_init();
     CURL *e = curl_easy_init();
     char url[128];
     snprintf(url, sizeof url, "http://127.0.0.1:%u/t/slow", (unsigned)port);
-    memset(&r, 0, sizeof r);
-    cg_buf_init(&r.body, 0);
     curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, to_buf);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &body);
     curl_multi_add_handle(m, e);
     int running = 1;
-    while (running && r.body.len < 20) {
+    while (running && body.len < 20) {
         curl_multi_perform(m, &running);
         curl_multi_poll(m, NULL, 0, 50, NULL);
     }
-    ck_assert_uint_ge(r.body.len, 20);
+    ck_assert_uint_ge(body.len, 20);
     /* stop while the stream is live; keep the client reading so nothing stays blocked */
     cg_http_server *s = srv;
     srv = NULL;
@@ -947,12 +853,7 @@ START_TEST(stop_with_live_stream)
     }
     pthread_join(stopper, NULL);
     ck_assert_ptr_null(s);
-    pthread_mutex_lock(&prod_mu);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += 5;
-    while (!prod_finished && pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
-    }
+    wait_locked(&prod_finished, 5);
     int gone = prod_gone_seen, pushed = prod_pushed;
     pthread_mutex_unlock(&prod_mu);
     ck_assert(gone);
@@ -960,7 +861,7 @@ START_TEST(stop_with_live_stream)
     curl_multi_remove_handle(m, e);
     curl_easy_cleanup(e);
     curl_multi_cleanup(m);
-    cg_buf_free(&r.body);
+    cg_buf_free(&body);
 }
 END_TEST
 
@@ -1080,10 +981,10 @@ START_TEST(framing_refusals)
     free(long_url);
     free(many);
     /* the server goes on serving */
-    resp r = {0};
+    th_resp r;
     http(&r, "GET", "/t/hello", NULL, 0, NULL, 0);
     ck_assert_int_eq(r.status, 200);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 }
 END_TEST
 
@@ -1356,38 +1257,14 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("http");
-    TCase *tc = tcase_create("server");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, routing);
-    tcase_add_test(tc, json_body);
-    tcase_add_test(tc, json_limits_scan);
-    tcase_add_test(tc, fast_handlers);
-    tcase_add_test(tc, body_caps);
-    tcase_add_test(tc, request_ids);
-    tcase_add_test(tc, bearer_auth);
-    tcase_add_test(tc, stream_complete);
-    tcase_add_test(tc, stream_client_disconnect);
-    tcase_add_test(tc, stream_idle_disconnect_heartbeat);
-    tcase_add_test(tc, stream_nowait_backpressure);
-    tcase_add_test(tc, many_streams);
-    tcase_add_test(tc, quiesce_refuses_new_connections);
-    tcase_add_test(tc, stop_with_live_stream);
-    tcase_add_test(tc, json_helpers);
-    tcase_add_test(tc, bad_listen_address);
-    tcase_add_test(tc, framing_refusals);
-    tcase_add_test(tc, library_alone);
-    tcase_add_test(tc, chunked_cut_at_the_cap);
-    tcase_add_test(tc, lingering_close);
-    tcase_add_test(tc, expect_continue_auth);
-    tcase_add_test(tc, head_on_get_routes);
-    tcase_add_test(tc, refusal_after_pending_answer);
-    tcase_add_test(tc, head_limits_inside_the_library);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_run_suite("http", "server", 60, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
+                        TH_TESTS(routing, json_body, json_limits_scan, fast_handlers, body_caps,
+                                 request_ids, bearer_auth, stream_complete,
+                                 stream_client_disconnect, stream_idle_disconnect_heartbeat,
+                                 stream_nowait_backpressure, many_streams,
+                                 quiesce_refuses_new_connections, stop_with_live_stream,
+                                 json_helpers, bad_listen_address, framing_refusals,
+                                 library_alone, chunked_cut_at_the_cap, lingering_close,
+                                 expect_continue_auth, head_on_get_routes,
+                                 refusal_after_pending_answer, head_limits_inside_the_library));
 }

@@ -14,6 +14,7 @@
 
 #include "base/base.h"
 #include "sql/index.h"
+#include "tests/harness/harness.h"
 
 /* ---- fixtures ----------------------------------------------------------------------------- */
 
@@ -42,23 +43,10 @@ static void teardown(void)
     rmdir(g_dir);
 }
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* A deterministic, hash-like key for integer i (what XXH3 keys look like: random bytes). */
 static cg_key key_of(uint64_t i)
 {
-    cg_key k;
-    uint64_t s = i * 2654435761ull + 12345;
-    uint64_t a = splitmix(&s), b = splitmix(&s);
-    memcpy(k.b, &a, 8);
-    memcpy(k.b + 8, &b, 8);
-    return k;
+    return th_key_of(i, 12345);
 }
 
 static cg_index *open_default(void)
@@ -85,25 +73,15 @@ static void check_ok(cg_index *ix)
 /* Test-only raw access to the file, for properties the API deliberately hides. */
 static int64_t raw_int(const char *sql)
 {
-    sqlite3 *db = NULL;
-    sqlite3_stmt *s = NULL;
-    ck_assert_int_eq(sqlite3_open_v2(g_path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
-    int64_t v = sqlite3_column_int64(s, 0);
-    sqlite3_finalize(s);
-    sqlite3_close(db);
+    char *t = th_sql_text(g_path, sql);
+    int64_t v = atoll(t);
+    free(t);
     return v;
 }
 
 static void raw_exec(const char *sql)
 {
-    sqlite3 *db = NULL;
-    ck_assert_int_eq(sqlite3_open(g_path, &db), SQLITE_OK);
-    char *err = NULL;
-    int rc = sqlite3_exec(db, sql, NULL, NULL, &err);
-    ck_assert_msg(rc == SQLITE_OK, "%s: %s", sql, err ? err : "?");
-    sqlite3_close(db);
+    th_sql_exec(g_path, sql);
 }
 
 static cg_index_stats stats_of(cg_index *ix)
@@ -140,14 +118,9 @@ START_TEST(test_create_sets_version)
     ck_assert_int_eq(raw_int("PRAGMA application_id"), 0x43474958);
     ck_assert_int_eq(raw_int("SELECT count(*) FROM sqlite_schema WHERE name = 'chunks'"), 1);
     /* WAL mode is persistent in the file header. */
-    sqlite3 *db;
-    ck_assert_int_eq(sqlite3_open(g_path, &db), SQLITE_OK);
-    sqlite3_stmt *s;
-    ck_assert_int_eq(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &s, NULL), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_step(s), SQLITE_ROW);
-    ck_assert_str_eq((const char *)sqlite3_column_text(s, 0), "wal");
-    sqlite3_finalize(s);
-    sqlite3_close(db);
+    char *mode = th_sql_text(g_path, "PRAGMA journal_mode");
+    ck_assert_str_eq(mode, "wal");
+    free(mode);
 }
 END_TEST
 
@@ -189,13 +162,74 @@ START_TEST(test_refuse_future_version)
 {
     cg_index *ix = open_default();
     cg_index_close(&ix);
-    raw_exec("PRAGMA user_version = 2");
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA user_version = %d", CG_INDEX_SCHEMA_VERSION + 1);
+    raw_exec(sql);
     ck_assert_int_eq(cg_index_open(g_path, cg_index_default_params(), &ix), CG_E_UNSUPPORTED);
     ck_assert_ptr_null(ix);
     /* Refusing must not touch the file: its version is still the future one. */
-    ck_assert_int_eq(raw_int("PRAGMA user_version"), 2);
-    raw_exec("PRAGMA user_version = 1");
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), CG_INDEX_SCHEMA_VERSION + 1);
+    snprintf(sql, sizeof sql, "PRAGMA user_version = %d", CG_INDEX_SCHEMA_VERSION);
+    raw_exec(sql);
     ck_assert_int_eq(cg_index_open(g_path, cg_index_default_params(), &ix), CG_OK);
+    cg_index_close(&ix);
+}
+END_TEST
+
+/* A version 1 file (placements limited to 'ram' and 'disk') is migrated to version 2: its rows
+ * and totals are kept, and tier 'remote' is accepted afterwards. */
+START_TEST(test_migrate_v1_remote_tier)
+{
+    cg_index *ix = open_default();
+    int64_t w = -1;
+    ck_assert_int_eq(cg_index_worker_add(ix, "http://w1", "m", 1, &w), CG_OK);
+    cg_key k0 = key_of(1), k1 = key_of(2);
+    cg_index_placement_set(ix, &k0, w, CG_TIER_RAM, 10, 2);
+    cg_index_placement_set(ix, &k1, w, CG_TIER_DISK, 11, 2);
+    flush_ok(ix);
+    cg_index_close(&ix);
+    /* back to the version 1 table, as an older gateway left it */
+    raw_exec("PRAGMA foreign_keys = OFF; BEGIN;"
+             "CREATE TABLE p1 (key BLOB NOT NULL REFERENCES chunks (key) ON DELETE CASCADE,"
+             " worker_id INTEGER NOT NULL REFERENCES workers (id) ON DELETE CASCADE,"
+             " tier TEXT NOT NULL CHECK (tier IN ('ram', 'disk')),"
+             " tokens INTEGER NOT NULL CHECK (tokens >= 0), updated INTEGER NOT NULL,"
+             " PRIMARY KEY (key, worker_id)) WITHOUT ROWID;"
+             "INSERT INTO p1 SELECT * FROM placements; DROP TABLE placements;"
+             "ALTER TABLE p1 RENAME TO placements;"
+             "CREATE INDEX placements_by_worker ON placements (worker_id);"
+             "CREATE TRIGGER placements_ins AFTER INSERT ON placements BEGIN"
+             " UPDATE totals SET placements = placements + 1 WHERE id = 1; END;"
+             "CREATE TRIGGER placements_del AFTER DELETE ON placements BEGIN"
+             " UPDATE totals SET placements = placements - 1 WHERE id = 1; END;"
+             "PRAGMA user_version = 1; COMMIT;");
+    ck_assert_int_eq(raw_int("SELECT count(*) FROM placements"), 2);
+    ix = open_default();
+    ck_assert_int_eq(raw_int("PRAGMA user_version"), CG_INDEX_SCHEMA_VERSION);
+    check_ok(ix);
+    ck_assert_int_eq(stats_of(ix).placements, 2);
+    cg_index_entry e = lookup1(ix, &k1);
+    ck_assert_int_eq(e.n_placements, 1);
+    ck_assert_int_eq(e.placements[0].tier, CG_TIER_DISK);
+    ck_assert_int_eq(e.placements[0].tokens, 11);
+    /* a shared tier's row takes 'remote' placements, seen while queued and once committed */
+    char url[64];
+    cg_index_tier_row_url("redis://r:6379", url, sizeof url);
+    ck_assert_str_eq(url, "remote:redis://r:6379");
+    int64_t t = -1;
+    ck_assert_int_eq(cg_index_worker_add(ix, url, "m", 3, &t), CG_OK);
+    cg_index_placement_set(ix, &k0, t, CG_TIER_REMOTE, 10, 4);
+    e = lookup1(ix, &k0);
+    ck_assert_int_eq(e.n_placements, 2);
+    ck_assert_int_eq(e.placements[1].worker_id, t);
+    ck_assert_int_eq(e.placements[1].tier, CG_TIER_REMOTE);
+    flush_ok(ix);
+    e = lookup1(ix, &k0);
+    ck_assert_int_eq(e.n_placements, 2);
+    ck_assert_int_eq(e.placements[1].tier, CG_TIER_REMOTE);
+    ck_assert_int_eq(cg_index_entry_tokens_on(&e, t), 10);
+    ck_assert_int_eq(raw_int("SELECT count(*) FROM placements WHERE tier = 'remote'"), 1);
+    check_ok(ix);
     cg_index_close(&ix);
 }
 END_TEST
@@ -290,6 +324,9 @@ START_TEST(test_placements_pin_delete)
     ck_assert_int_eq(t, CG_TIER_DISK);
     ck_assert_int_eq(cg_tier_parse("ram", &t), 0);
     ck_assert_int_eq(t, CG_TIER_RAM);
+    ck_assert_str_eq(cg_tier_name(CG_TIER_REMOTE), "remote");
+    ck_assert_int_eq(cg_tier_parse("remote", &t), 0);
+    ck_assert_int_eq(t, CG_TIER_REMOTE);
     ck_assert_int_eq(cg_tier_parse("ssd", &t), -1);
     cg_index *ix = open_default();
     int64_t w1, w2;
@@ -829,7 +866,7 @@ static void *conc_reader(void *arg)
         cg_key keys[8];
         int ids[8];
         for (int j = 0; j < 8; j++) {
-            ids[j] = (int)(splitmix(&s) % (2 * CONC_KEYS));
+            ids[j] = (int)(th_splitmix64(&s) % (2 * CONC_KEYS));
             keys[j] = key_of(ids[j]);
         }
         cg_index_entry e[8];
@@ -914,7 +951,7 @@ static void child_write_forever(int round, int ready_fd)
     int64_t *toks = cg_malloc(INV_N * sizeof *toks);
     for (int it = 0;; it++) {
         for (int i = 0; i < 2000; i++) {
-            uint64_t id = splitmix(&s) % RANDOM_KEYS;
+            uint64_t id = th_splitmix64(&s) % RANDOM_KEYS;
             cg_key k = key_of(id);
             cg_index_chunk_seen(ix, &k, "tiny", id % 2 ? CG_MODE_SYS : CG_MODE_STRICT,
                                 (int64_t)(id % 1000), it);
@@ -923,7 +960,7 @@ static void child_write_forever(int round, int ready_fd)
             if (i % 7 == 0) cg_index_placement_set(ix, &k, b, CG_TIER_DISK, 1, it);
             if (i % 11 == 0) cg_index_placement_del(ix, &k, b);
             if (i % 101 == 0) {
-                cg_key d = key_of(splitmix(&s) % RANDOM_KEYS);
+                cg_key d = key_of(th_splitmix64(&s) % RANDOM_KEYS);
                 cg_index_chunk_delete(ix, &d);
             }
         }
@@ -981,7 +1018,7 @@ START_TEST(test_kill9_crash_safety)
         char c;
         ck_assert_int_eq(read(fds[0], &c, 1), 1); /* first inventory committed */
         close(fds[0]);
-        usleep((useconds_t)(20000 + splitmix(&s) % 300000)); /* kill mid-stream */
+        usleep((useconds_t)(20000 + th_splitmix64(&s) % 300000)); /* kill mid-stream */
         ck_assert_int_eq(kill(pid, SIGKILL), 0);
         int status = 0;
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
@@ -1029,39 +1066,15 @@ START_TEST(test_kill9_crash_safety)
 }
 END_TEST
 
-static Suite *index_suite(void)
-{
-    Suite *s = suite_create("index");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 240);
-    tcase_add_test(tc, test_create_sets_version);
-    tcase_add_test(tc, test_reopen_keeps_data);
-    tcase_add_test(tc, test_refuse_future_version);
-    tcase_add_test(tc, test_refuse_foreign_file);
-    tcase_add_test(tc, test_chunk_seen_hit);
-    tcase_add_test(tc, test_placements_pin_delete);
-    tcase_add_test(tc, test_workers);
-    tcase_add_test(tc, test_lookup_mix);
-    tcase_add_test(tc, test_paging);
-    tcase_add_test(tc, test_writer_batching);
-    tcase_add_test(tc, test_queue_full_drops);
-    tcase_add_test(tc, test_batch_lost_when_locked);
-    tcase_add_test(tc, test_inventory_replace);
-    tcase_add_test(tc, test_queued_placements_visible);
-    tcase_add_test(tc, test_check_detects_bad_totals);
-    tcase_add_test(tc, test_concurrency);
-    tcase_add_test(tc, test_kill9_crash_safety);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
     cg_log_init("test_index", CG_LOG_WARN);
-    SRunner *sr = srunner_create(index_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run_suite(
+        "index", "core", 240, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
+        TH_TESTS(test_create_sets_version, test_reopen_keeps_data, test_refuse_future_version,
+                 test_migrate_v1_remote_tier,
+                 test_refuse_foreign_file, test_chunk_seen_hit, test_placements_pin_delete,
+                 test_workers, test_lookup_mix, test_paging, test_writer_batching,
+                 test_queue_full_drops, test_batch_lost_when_locked, test_inventory_replace,
+                 test_queued_placements_visible, test_check_detects_bad_totals, test_concurrency, test_kill9_crash_safety));
 }

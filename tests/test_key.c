@@ -8,9 +8,8 @@
 
 #include "base/base.h"
 #include "cache/key.h"
-
-static const cg_key SYS_KEY = {{0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a,
-                                0x0b, 0x0c, 0x0d, 0x0e, 0x0f}};
+#include "tests/harness/harness.h"
+#include "tests/key_vectors.h"
 
 static cg_key key_of(const char *model, cg_mode mode, const char *salt, const cg_key *sys,
                      const char *text, size_t text_len)
@@ -24,37 +23,16 @@ static void hex_of(const cg_key *k, char *out)
     cg_key_hex(k, out);
 }
 
-/* Computed once, independently of this code base, with Python's xxhash module (0.8.1):
- *   enc = b"".join(len(f).to_bytes(8, "little") + f for f in fields)
- *   xxhash.xxh3_128_hexdigest(enc)
- * A change of the encoding, the field order or the byte order of the key fails here. */
+/* The pinned XXH3-128 vectors (tests/key_vectors.h). */
 START_TEST(test_pinned_vectors)
 {
-    char x1000[1001];
-    memset(x1000, 'x', 1000);
-    x1000[1000] = '\0';
-    static const char grusse[] = "Gr\xC3\xBC\xC3\x9F"
-                                 "e, \xE4\xB8\x96\xE7\x95\x8C";
-    struct {
-        const char *model, *salt, *text;
-        cg_mode mode;
-        const cg_key *sys;
-        const char *hex;
-    } v[] = {
-        {"tiny-llama", "", "hello world", CG_MODE_STRICT, NULL, "3d66d47f0c6ab0ef02f5a9b0263224f5"},
-        {"tiny-llama", "tenant-a", "Document A.", CG_MODE_SYS, &SYS_KEY,
-         "9b33b2aff5ac8fa2c69006478c488a70"},
-        {"m", "", "", CG_MODE_STRICT, NULL, "de520ea750b25fb877f992029de4d6f0"},
-        {"tiny-llama", "", "You are a careful assistant.", CG_MODE_SYS, NULL,
-         "c36f67c70e96a86e4d456bd7172f81fe"},
-        {"tiny-llama", "", grusse, CG_MODE_STRICT, NULL, "205ac4dd805ad19a03b660b1e3ab9bbf"},
-        {"tiny-llama", "salt", x1000, CG_MODE_STRICT, NULL, "35ccfae14a730900aa7073433f949c8f"},
-    };
-    for (size_t i = 0; i < CG_ARRAY_LEN(v); i++) {
+    size_t n;
+    const key_vector *v = key_vectors(&n);
+    for (size_t i = 0; i < n; i++) {
         cg_key k = key_of(v[i].model, v[i].mode, v[i].salt, v[i].sys, v[i].text, strlen(v[i].text));
         char hex[CG_KEY_HEX_LEN + 1];
         hex_of(&k, hex);
-        ck_assert_msg(strcmp(hex, v[i].hex) == 0, "vector %zu: %s want %s", i, hex, v[i].hex);
+        ck_assert_msg(strcmp(hex, v[i].xxh) == 0, "vector %zu: %s want %s", i, hex, v[i].xxh);
     }
 }
 END_TEST
@@ -118,10 +96,7 @@ END_TEST
 static uint64_t rng_state = 0x243F6A8885A308D3ull;
 static uint64_t rnd(void)
 {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1Dull;
+    return th_xorshift64s(&rng_state);
 }
 
 static void fill(char *p, size_t n)
@@ -305,29 +280,12 @@ START_TEST(test_mode_names)
 }
 END_TEST
 
-static Suite *key_suite(void)
-{
-    Suite *s = suite_create("key");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_pinned_vectors);
-    tcase_add_test(tc, test_worked_example_bytes);
-    tcase_add_test(tc, test_streaming_equals_oneshot);
-    tcase_add_test(tc, test_fields_matter);
-    tcase_add_test(tc, test_sys_key_only_in_sys_mode);
-    tcase_add_test(tc, test_length_prefix_disambiguates);
-    tcase_add_test(tc, test_hex_round_trip);
-    tcase_add_test(tc, test_parse_rejects);
-    tcase_add_test(tc, test_mode_names);
-    tcase_add_test(tc, test_request_keys);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    SRunner *sr = srunner_create(key_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run_tests("key", "core", 0,
+                        TH_TESTS(test_pinned_vectors, test_worked_example_bytes,
+                                 test_streaming_equals_oneshot, test_fields_matter,
+                                 test_sys_key_only_in_sys_mode, test_length_prefix_disambiguates,
+                                 test_hex_round_trip, test_parse_rejects, test_mode_names,
+                                 test_request_keys));
 }

@@ -10,12 +10,10 @@
 #include <string.h>
 
 #include "cache/key.h"
-#include "tests/harden_util.h"
+#include "tests/harness/harness.h"
+#include "tests/key_vectors.h"
 
 #define MODEL "chunkgate-tiny"
-
-static const cg_key SYS_KEY = {{0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a,
-                                0x0b, 0x0c, 0x0d, 0x0e, 0x0f}};
 
 static void hex_with(cg_key_hash h, const char *model, cg_mode mode, const char *salt,
                      const cg_key *sys, const char *text, char out[CG_KEY_HEX_LEN + 1])
@@ -25,36 +23,12 @@ static void hex_with(cg_key_hash h, const char *model, cg_mode mode, const char 
     cg_key_hex(&k, out);
 }
 
-/* The same six inputs as tests/test_key.c's XXH3 vectors:
- *   enc = b"".join(len(f).to_bytes(8, "little") + f for f in fields)
- *   hashlib.sha256(enc).hexdigest()[:32] */
+/* The pinned SHA-256 vectors, and the XXH3 ones with the same function (tests/key_vectors.h). */
 START_TEST(sha256_pinned_vectors)
 {
-    char x1000[1001];
-    memset(x1000, 'x', 1000);
-    x1000[1000] = '\0';
-    static const char grusse[] = "Gr\xC3\xBC\xC3\x9F"
-                                 "e, \xE4\xB8\x96\xE7\x95\x8C";
-    struct {
-        const char *model, *salt, *text;
-        cg_mode mode;
-        const cg_key *sys;
-        const char *sha, *xxh;
-    } v[] = {
-        {"tiny-llama", "", "hello world", CG_MODE_STRICT, NULL, "2b4ce80937a368f0dabd1da3b019a795",
-         "3d66d47f0c6ab0ef02f5a9b0263224f5"},
-        {"tiny-llama", "tenant-a", "Document A.", CG_MODE_SYS, &SYS_KEY,
-         "833519ee6be9a4af1b655e5dc476fb2e", "9b33b2aff5ac8fa2c69006478c488a70"},
-        {"m", "", "", CG_MODE_STRICT, NULL, "b5ed2f2f574b255a894d3c3f68913915",
-         "de520ea750b25fb877f992029de4d6f0"},
-        {"tiny-llama", "", "You are a careful assistant.", CG_MODE_SYS, NULL,
-         "45fc49f777b6db5f1641eabe17dc6181", "c36f67c70e96a86e4d456bd7172f81fe"},
-        {"tiny-llama", "", grusse, CG_MODE_STRICT, NULL, "2ff9a81e9e9f47eddc5a55856a36c72e",
-         "205ac4dd805ad19a03b660b1e3ab9bbf"},
-        {"tiny-llama", "salt", x1000, CG_MODE_STRICT, NULL, "760d03abda5338f05f18ba9310c882ac",
-         "35ccfae14a730900aa7073433f949c8f"},
-    };
-    for (size_t i = 0; i < CG_ARRAY_LEN(v); i++) {
+    size_t n;
+    const key_vector *v = key_vectors(&n);
+    for (size_t i = 0; i < n; i++) {
         char hex[CG_KEY_HEX_LEN + 1];
         hex_with(CG_KEY_HASH_SHA256, v[i].model, v[i].mode, v[i].salt, v[i].sys, v[i].text, hex);
         ck_assert_msg(!strcmp(hex, v[i].sha), "sha256 vector %zu: %s want %s", i, hex, v[i].sha);
@@ -97,36 +71,36 @@ END_TEST
 
 /* ------------------------------------------------------------ over HTTP */
 
-static hu_proc wsha, wxx;
+static th_proc wsha, wxx;
 static char model_dir[300], usha[64], uxx[64];
 
 static void setup(void)
 {
-    hu_init("keyhash");
-    snprintf(model_dir, sizeof model_dir, "%s/model", hu_root());
-    if (hu_gen_model(WORKER_BIN, model_dir) != 0) abort();
+    th_init("keyhash", NULL);
+    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
+    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) abort();
     const char *e[] = {"--key-hash", "sha256", NULL};
-    if (hu_start_worker(&wsha, WORKER_BIN, model_dir, 0, "wsha", e) != 0) abort();
-    if (hu_start_worker(&wxx, WORKER_BIN, model_dir, 0, "wxx", NULL) != 0) abort();
+    if (th_start_worker(&wsha, WORKER_BIN, model_dir, 0, "wsha", e) != 0) abort();
+    if (th_start_worker(&wxx, WORKER_BIN, model_dir, 0, "wxx", NULL) != 0) abort();
     snprintf(usha, sizeof usha, "http://127.0.0.1:%d", wsha.port);
     snprintf(uxx, sizeof uxx, "http://127.0.0.1:%d", wxx.port);
 }
 
 static void teardown(void)
 {
-    hu_stop_clean(&wsha, "chunkgate-worker (sha256)");
-    hu_stop_clean(&wxx, "chunkgate-worker (xxhash)");
-    hu_cleanup(hu_failures);
+    th_stop_clean(&wsha, "chunkgate-worker (sha256)");
+    th_stop_clean(&wxx, "chunkgate-worker (xxhash)");
+    th_cleanup(th_failures);
 }
 
 static const char *info_hash(int port, char *buf, size_t n)
 {
-    hu_resp r;
-    hu_http(&r, port, "GET", "/v1/info", NULL, NULL, NULL);
-    json_t *j = hu_json(&r);
+    th_resp r;
+    th_http(&r, port, "GET", "/v1/info", NULL, NULL, NULL);
+    json_t *j = th_json(&r);
     snprintf(buf, n, "%s", json_string_value(json_object_get(j, "key_hash")) ?: "(none)");
     json_decref(j);
-    hu_resp_free(&r);
+    th_resp_free(&r);
     return buf;
 }
 
@@ -135,10 +109,9 @@ START_TEST(sha256_end_to_end)
     char buf[32];
     ck_assert_str_eq(info_hash(wsha.port, buf, sizeof buf), "sha256");
     ck_assert_str_eq(info_hash(wxx.port, buf, sizeof buf), "xxhash");
-    hu_proc g;
-    const char *ge[] = {"--worker", usha, "--key-hash", "sha256", NULL};
-    ck_assert_int_eq(hu_start_gateway(&g, CHUNKGATE_BIN, "gsha", ge), 0);
-    ck_assert(hu_wait_worker(g.port, NULL, usha, 1));
+    th_proc g;
+    const char *ge[] = {"--key-hash", "sha256", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "gsha", usha, NULL, ge), 0);
     const char *doc = "Key hash document: the harbour deepened to twelve metres.";
     char body[512];
     snprintf(body, sizeof body,
@@ -147,17 +120,17 @@ START_TEST(sha256_end_to_end)
     char want[CG_KEY_HEX_LEN + 1];
     hex_with(CG_KEY_HASH_SHA256, MODEL, CG_MODE_STRICT, "", NULL, doc, want);
     for (int round = 0; round < 2; round++) {
-        hu_resp r;
-        hu_http(&r, g.port, "POST", "/v1/completions", body, NULL, NULL);
+        th_resp r;
+        th_http(&r, g.port, "POST", "/v1/completions", body, NULL, NULL);
         ck_assert_msg(r.status == 200, "HTTP %ld %.*s", r.status, (int)r.body.len, r.body.data);
-        json_t *j = hu_json(&r);
+        json_t *j = th_json(&r);
         json_t *cc = json_object_get(j, "chunk_cache");
         json_t *s = json_array_get(json_object_get(cc, "segments"), 1);
         ck_assert(json_is_false(json_object_get(cc, "fallback")));
         ck_assert_str_eq(json_string_value(json_object_get(s, "key")), want);
         ck_assert(json_is_true(json_object_get(s, "hit")) == (round == 1));
         json_decref(j);
-        hu_resp_free(&r);
+        th_resp_free(&r);
     }
     /* the sha256 worker refuses an XXH3 key for the same text */
     char xkey[CG_KEY_HEX_LEN + 1];
@@ -167,18 +140,18 @@ START_TEST(sha256_end_to_end)
         "{\"segments\":[{\"role\":\"system\",\"text\":\"s\"},{\"role\":\"chunk\",\"text\":\"%s\","
         "\"key\":\"%s\"},{\"role\":\"question\",\"text\":\"q\"}]}",
         doc, xkey);
-    hu_resp r;
-    hu_http(&r, wsha.port, "POST", "/v1/assemble", body, NULL, NULL);
-    ck_assert(hu_is_error(&r, 400, "chunk_key_mismatch"));
-    hu_resp_free(&r);
+    th_resp r;
+    th_http(&r, wsha.port, "POST", "/v1/assemble", body, NULL, NULL);
+    ck_assert(th_is_error(&r, 400, "chunk_key_mismatch"));
+    th_resp_free(&r);
     /* a gateway on sha256 refuses an xxhash worker through the admin API */
     char add[128];
     snprintf(add, sizeof add, "{\"url\":\"%s\"}", uxx);
-    hu_http(&r, g.port, "POST", "/v1/workers", add, NULL, NULL);
-    ck_assert_msg(hu_is_error(&r, 409, "conflict"), "HTTP %ld", r.status);
+    th_http(&r, g.port, "POST", "/v1/workers", add, NULL, NULL);
+    ck_assert_msg(th_is_error(&r, 409, "conflict"), "HTTP %ld", r.status);
     ck_assert_ptr_nonnull(strstr(r.body.data, "key_hash"));
-    hu_resp_free(&r);
-    ck_assert_int_eq(hu_stop(&g, SIGTERM), 0);
+    th_resp_free(&r);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
 }
 END_TEST
 
@@ -189,47 +162,36 @@ START_TEST(mismatch_refused_at_start)
         const char *url, *hash, *name;
     } c[] = {{usha, "xxhash", "gmis1"}, {uxx, "sha256", "gmis2"}};
     for (size_t i = 0; i < 2; i++) {
-        hu_proc g;
+        th_proc g;
         char data[400];
-        snprintf(data, sizeof data, "%s/%s-data", hu_root(), c[i].name);
+        snprintf(data, sizeof data, "%s/%s-data", th_root(), c[i].name);
         const char *ga[] = {"--listen", "127.0.0.1:0", "--data-dir", data, "--worker",
                             c[i].url,   "--key-hash",  c[i].hash,    NULL};
         char log[64];
         snprintf(log, sizeof log, "%s.log", c[i].name);
-        ck_assert_int_eq(hu_spawn(&g, CHUNKGATE_BIN, ga, NULL, log, NULL, 0), 0);
-        int rc = hu_wait_exit(&g, 30000);
-        char *text = hu_read_file(g.log);
+        ck_assert_int_eq(th_spawn(&g, CHUNKGATE_BIN, ga, NULL, log, NULL, 0), 0);
+        int rc = th_wait_exit(&g, 30000);
+        char *text = th_read_file(g.log, NULL);
         ck_assert_msg(rc == 1, "exit %d: %s", rc, text);
         ck_assert_msg(strstr(text, "key_hash"), "%s", text);
         free(text);
     }
     /* and a bad value is a configuration error */
-    hu_proc g;
+    th_proc g;
     const char *ga[] = {"--key-hash", "md5", NULL};
-    ck_assert_int_eq(hu_spawn(&g, CHUNKGATE_BIN, ga, NULL, "gbad.log", NULL, 0), 0);
-    ck_assert_int_eq(hu_wait_exit(&g, 30000), 2);
+    ck_assert_int_eq(th_spawn(&g, CHUNKGATE_BIN, ga, NULL, "gbad.log", NULL, 0), 0);
+    ck_assert_int_eq(th_wait_exit(&g, 30000), 2);
     const char *wa[] = {"serve", "--model", model_dir, "--key-hash", "md5", NULL};
-    ck_assert_int_eq(hu_spawn(&g, WORKER_BIN, wa, NULL, "wbad.log", NULL, 0), 0);
-    ck_assert_int_eq(hu_wait_exit(&g, 30000), 2);
+    ck_assert_int_eq(th_spawn(&g, WORKER_BIN, wa, NULL, "wbad.log", NULL, 0), 0);
+    ck_assert_int_eq(th_wait_exit(&g, 30000), 2);
 }
 END_TEST
 
 int main(void)
 {
-    Suite *su = suite_create("keyhash");
-    TCase *unit = tcase_create("vectors");
-    tcase_add_test(unit, sha256_pinned_vectors);
-    tcase_add_test(unit, process_wide_switch);
-    suite_add_tcase(su, unit);
-    TCase *tc = tcase_create("http");
-    tcase_set_timeout(tc, 120);
+    Suite *s = suite_create("keyhash");
+    th_case(s, "vectors", 0, TH_TESTS(sha256_pinned_vectors, process_wide_switch));
+    TCase *tc = th_case(s, "http", 120, TH_TESTS(sha256_end_to_end, mismatch_refused_at_start));
     tcase_add_unchecked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, sha256_end_to_end);
-    tcase_add_test(tc, mismatch_refused_at_start);
-    suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed || hu_failures ? 1 : 0;
+    return th_run(s, CK_FORK_GETENV);
 }

@@ -9,6 +9,7 @@
 
 #include "base/base.h"
 #include "kv/kvwire.h"
+#include "tests/harness/harness.h"
 
 /* The value the test model holds at (layer, head, kv, token, dim): exact in f32 and unique. */
 static float val(uint32_t l, uint32_t h, int kv, uint32_t t, uint32_t d)
@@ -315,24 +316,17 @@ END_TEST
 
 START_TEST(test_parse_heads)
 {
+    static const struct {
+        const char *spec;
+        uint32_t total, start, n;
+    } good[] = {{NULL, 4, 0, 4},  {"0-3", 4, 0, 4}, {"2", 4, 2, 1},
+                {"1-2", 4, 1, 2}, {"3-3", 4, 3, 1}, {"007", 8, 7, 1}};
     uint32_t a = 99, n = 99;
-    ck_assert_int_eq(cg_kvwire_parse_heads(NULL, 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 0);
-    ck_assert_uint_eq(n, 4);
-    ck_assert_int_eq(cg_kvwire_parse_heads("0-3", 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 0);
-    ck_assert_uint_eq(n, 4);
-    ck_assert_int_eq(cg_kvwire_parse_heads("2", 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 2);
-    ck_assert_uint_eq(n, 1);
-    ck_assert_int_eq(cg_kvwire_parse_heads("1-2", 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 1);
-    ck_assert_uint_eq(n, 2);
-    ck_assert_int_eq(cg_kvwire_parse_heads("3-3", 4, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 3);
-    ck_assert_uint_eq(n, 1);
-    ck_assert_int_eq(cg_kvwire_parse_heads("007", 8, &a, &n), CG_OK);
-    ck_assert_uint_eq(a, 7);
+    for (size_t i = 0; i < CG_ARRAY_LEN(good); i++) {
+        ck_assert_int_eq(cg_kvwire_parse_heads(good[i].spec, good[i].total, &a, &n), CG_OK);
+        ck_assert_uint_eq(a, good[i].start);
+        ck_assert_uint_eq(n, good[i].n);
+    }
     static const char *bad[] = {"",
                                 "-",
                                 "4",
@@ -390,27 +384,65 @@ START_TEST(test_head_key)
 }
 END_TEST
 
-static Suite *kvwire_suite(void)
+/* A sealed value decodes under its own name only; every flipped bit, every truncation, an
+ * appended byte and another name are refused. */
+START_TEST(test_seal)
 {
-    Suite *s = suite_create("kvwire");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_round_trip_shapes);
-    tcase_add_test(tc, test_header_bytes);
-    tcase_add_test(tc, test_every_truncation_rejected);
-    tcase_add_test(tc, test_corrupted_fields_rejected);
-    tcase_add_test(tc, test_random_mutations);
-    tcase_add_test(tc, test_encode_refuses_bad_header_and_cap);
-    tcase_add_test(tc, test_parse_heads);
-    tcase_add_test(tc, test_head_key);
-    suite_add_tcase(s, tc);
-    return s;
+    cg_kvwire_header h = hdr_of("chunkgate-tiny", 2, 8, 5, 1, 1, 4), got;
+    cg_buf b;
+    encode(&h, &b);
+    const char *name = "chunkgate-tiny@head:1@00112233445566778899aabbccddeeff";
+    uint8_t seal[CG_KVWIRE_SEAL_BYTES];
+    cg_kvwire_seal(b.data, b.len, name, seal);
+    ck_assert_int_eq(cg_buf_append(&b, seal, sizeof seal), CG_OK);
+    const size_t len = b.len;
+    char *v = cg_malloc(len + 1);
+    memcpy(v, b.data, len);
+    const float *pl = NULL;
+    ck_assert_int_eq(cg_kvwire_unseal(v, len, name, &got, &pl), CG_OK);
+    ck_assert_uint_eq(got.n_tokens, 5);
+    ck_assert_uint_eq(got.head_start, 1);
+    ck_assert(pl != NULL && pl[0] == val(0, 1, 0, 0, 0));
+    /* the same bytes under the key of another head or chunk */
+    ck_assert_int_eq(cg_kvwire_unseal(v, len,
+                                      "chunkgate-tiny@head:2@00112233445566778899aabbccddeeff",
+                                      &got, &pl),
+                     CG_E_VALUE);
+    ck_assert_ptr_null(pl);
+    ck_assert_int_eq(cg_kvwire_unseal(v, len,
+                                      "chunkgate-tiny@head:1@00112233445566778899aabbccddeefe",
+                                      &got, &pl),
+                     CG_E_VALUE);
+    for (size_t i = 0; i < len; i++)
+        for (int bit = 0; bit < 8; bit += 3) {
+            v[i] ^= (char)(1 << bit);
+            ck_assert_int_ne(cg_kvwire_unseal(v, len, name, &got, &pl), CG_OK);
+            v[i] ^= (char)(1 << bit);
+        }
+    for (size_t n = 0; n < len; n++)
+        ck_assert_int_ne(cg_kvwire_unseal(v, n, name, &got, &pl), CG_OK);
+    v[len] = 0;
+    ck_assert_int_ne(cg_kvwire_unseal(v, len + 1, name, &got, &pl), CG_OK);
+    ck_assert_int_eq(cg_kvwire_unseal(NULL, 0, name, &got, &pl), CG_E_VALUE);
+    /* a well-sealed body of another model still decodes: the caller compares the header */
+    cg_kvwire_header other = hdr_of("other-model", 2, 8, 5, 1, 1, 4);
+    cg_buf ob;
+    encode(&other, &ob);
+    cg_kvwire_seal(ob.data, ob.len, name, seal);
+    ck_assert_int_eq(cg_buf_append(&ob, seal, sizeof seal), CG_OK);
+    ck_assert_int_eq(cg_kvwire_unseal(ob.data, ob.len, name, &got, &pl), CG_OK);
+    ck_assert_str_eq(got.model, "other-model");
+    cg_buf_free(&ob);
+    free(v);
+    cg_buf_free(&b);
 }
+END_TEST
 
 int main(void)
 {
-    SRunner *sr = srunner_create(kvwire_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run_tests("kvwire", "core", 0,
+                        TH_TESTS(test_round_trip_shapes, test_header_bytes,
+                                 test_every_truncation_rejected, test_corrupted_fields_rejected,
+                                 test_random_mutations, test_encode_refuses_bad_header_and_cap,
+                                 test_parse_heads, test_head_key, test_seal));
 }

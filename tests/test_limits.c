@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "tests/harden_util.h"
+#include "tests/harness/harness.h"
 
 #define HDR_MAX 4096
 #define BODY_MAX 4096
@@ -22,23 +22,15 @@
 #define MAX_CONN 8
 #define UP_MAX 65536
 
-static hu_proc fake, gw, gws;
+static th_proc fake, gw, gws;
 static char backend[64];
-
-static void die(const char *what, const hu_proc *p)
-{
-    char *t = hu_read_file(p->log);
-    fprintf(stderr, "%s failed; log:\n%s\n", what, t);
-    free(t);
-    abort();
-}
 
 static void setup(void)
 {
-    hu_init("limits");
+    th_init("limits", NULL);
     const char *fargs[] = {"--delay-ms", "100", "--events", "5", NULL};
-    if (hu_spawn(&fake, FAKE_BACKEND_BIN, fargs, NULL, "fake.log", "PORT ", 0) != 0)
-        die("fake backend", &fake);
+    if (th_spawn(&fake, FAKE_BACKEND_BIN, fargs, NULL, "fake.log", "PORT ", 0) != 0)
+        th_die("fake backend", &fake);
     snprintf(backend, sizeof backend, "http://127.0.0.1:%d", fake.port);
     const char *extra[] = {"--backend",
                            backend,
@@ -59,27 +51,27 @@ static void setup(void)
                            "--max-json-depth",
                            "16",
                            NULL};
-    if (hu_start_gateway(&gw, CHUNKGATE_BIN, "gw", extra) != 0) die("gateway", &gw);
+    if (th_start_gateway(&gw, CHUNKGATE_BIN, "gw", extra) != 0) th_die("gateway", &gw);
     const char *extra_s[] = {"--backend", backend, "--conn-timeout-s", "2", NULL};
-    if (hu_start_gateway(&gws, CHUNKGATE_BIN, "gws", extra_s) != 0) die("gateway (slow)", &gws);
+    if (th_start_gateway(&gws, CHUNKGATE_BIN, "gws", extra_s) != 0) th_die("gateway (slow)", &gws);
 }
 
 static void teardown(void)
 {
-    hu_stop_clean(&gw, "chunkgate");
-    hu_stop_clean(&gws, "chunkgate (slow clients)");
-    hu_stop(&fake, SIGTERM);
-    hu_cleanup(hu_failures);
+    th_stop_clean(&gw, "chunkgate");
+    th_stop_clean(&gws, "chunkgate (slow clients)");
+    th_stop(&fake, SIGTERM);
+    th_cleanup(th_failures);
 }
 
 /* Sends a raw request (Connection: close is the caller's) and returns the whole answer. */
 static char *raw(int port, const char *req, size_t len)
 {
-    int fd = hu_connect(port);
+    int fd = th_connect(port);
     ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(hu_send(fd, req, len), 0);
+    ck_assert_int_eq(th_send_all(fd, req, len), 0);
     int closed;
-    char *ans = hu_recv(fd, 10000, 1 << 20, &closed);
+    char *ans = th_recv(fd, 10000, 1 << 20, &closed);
     close(fd);
     return ans;
 }
@@ -145,17 +137,17 @@ START_TEST(headers_at_and_past_the_limit)
     }
     /* far past: a head larger than MHD's connection memory (2 x 4 KiB + 32 KiB) */
     char *req = head_request("GET", "/healthz", 200000, NULL);
-    int fd = hu_connect(gw.port);
-    (void)hu_send(fd, req, strlen(req)); /* the server may close before it has all of it */
+    int fd = th_connect(gw.port);
+    (void)th_send_all(fd, req, strlen(req)); /* the server may close before it has all of it */
     int closed;
-    char *ans = hu_recv(fd, 5000, 1 << 20, &closed);
+    char *ans = th_recv(fd, 5000, 1 << 20, &closed);
     close(fd);
     fprintf(stderr, "limits: a 200 KB head gets: %.*s (closed %d)\n", (int)strcspn(ans, "\r\n"),
             ans, closed);
     ck_assert_msg(status_of(ans) == 431 || (closed && !*ans), "200 KB head: %.200s", ans);
     free(ans);
     free(req);
-    ck_assert_double_ge(hu_metric(gw.port, "chunkgate_http_headers_too_large_total"), 2);
+    ck_assert_double_ge(th_metric(gw.port, "chunkgate_http_headers_too_large_total"), 2);
 }
 END_TEST
 
@@ -179,14 +171,14 @@ START_TEST(body_at_and_past_the_limit)
 {
     for (int past = 0; past <= 1; past++) {
         char *b = body_of(BODY_MAX + (size_t)past);
-        hu_resp r;
-        hu_http(&r, gw.port, "POST", "/v1/completions", b, NULL, NULL);
+        th_resp r;
+        th_http(&r, gw.port, "POST", "/v1/completions", b, NULL, NULL);
         if (past)
-            ck_assert_msg(hu_is_error(&r, 413, "request_too_large"), "HTTP %ld", r.status);
+            ck_assert_msg(th_is_error(&r, 413, "request_too_large"), "HTTP %ld", r.status);
         else
             ck_assert_msg(r.status == 200, "HTTP %ld: %.*s", r.status, (int)r.body.len,
                           r.body.data);
-        hu_resp_free(&r);
+        th_resp_free(&r);
         /* chunked: no Content-Length, the cap applies while reading */
         cg_buf q;
         cg_buf_init(&q, 0);
@@ -210,16 +202,16 @@ END_TEST
 
 static long post_status(const char *body, char *code, size_t n)
 {
-    hu_resp r;
-    hu_http(&r, gw.port, "POST",
+    th_resp r;
+    th_http(&r, gw.port, "POST",
             strstr(body, "\"messages\"") ? "/v1/chat/completions" : "/v1/completions", body, NULL,
             NULL);
     long s = r.status;
-    json_t *j = hu_json(&r);
+    json_t *j = th_json(&r);
     snprintf(code, n, "%s",
              json_string_value(json_object_get(json_object_get(j, "error"), "code")) ?: "");
     json_decref(j);
-    hu_resp_free(&r);
+    th_resp_free(&r);
     return s;
 }
 
@@ -325,7 +317,7 @@ static long proc_mib(pid_t pid, const char *field)
 {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    char *t = hu_read_file(path);
+    char *t = th_read_file(path, NULL);
     const char *p = strstr(t, field);
     long kb = p ? strtol(p + strlen(field) + 1, NULL, 10) : -1;
     free(t);
@@ -342,14 +334,14 @@ typedef struct big_post {
 static void *post_big(void *arg)
 {
     big_post *b = arg;
-    hu_resp r;
-    hu_http(&r, b->port, "POST", "/v1/completions", b->body, NULL, NULL);
+    th_resp r;
+    th_http(&r, b->port, "POST", "/v1/completions", b->body, NULL, NULL);
     b->status = r.status;
-    json_t *j = hu_json(&r);
+    json_t *j = th_json(&r);
     snprintf(b->code, sizeof b->code, "%s",
              json_string_value(json_object_get(json_object_get(j, "error"), "code")) ?: "");
     json_decref(j);
-    hu_resp_free(&r);
+    th_resp_free(&r);
     return NULL;
 }
 
@@ -367,7 +359,7 @@ START_TEST(hostile_json_memory)
     /* the peak since now (Linux >= 4.0 resets VmHWM on "5" into clear_refs) */
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/clear_refs", (int)gws.pid);
-    int reset = hu_write_file(path, "5") == 0;
+    int reset = th_write_file(path, "5") == 0;
     long before = proc_mib(gws.pid, "VmRSS:");
     for (int round = 0; round < 2; round++) {
         big_post p[4];
@@ -388,7 +380,7 @@ START_TEST(hostile_json_memory)
     long peak = proc_mib(gws.pid, "VmHWM:");
     long after = -1;
     for (int i = 0; i < 30; i++) { /* the heap is trimmed every 200 ms */
-        hu_sleep_ms(100);
+        th_sleep_ms(100);
         after = proc_mib(gws.pid, "VmRSS:");
         if (after <= before + 32) break;
     }
@@ -414,27 +406,27 @@ START_TEST(upstream_answer_at_and_past_the_limit)
     /* The fake's answer to FAULT:BIG:k grows by exactly one byte per unit of k (same digit
      * count): measure it directly once, then ask the gateway for exactly the limit. */
     const char *rid[] = {"X-Request-Id: limit-test-0001", NULL};
-    hu_resp r;
-    hu_http(&r, fake.port, "POST", "/v1/completions",
+    th_resp r;
+    th_http(&r, fake.port, "POST", "/v1/completions",
             "{\"model\":\"m\",\"prompt\":\"FAULT:BIG:50000\"}", NULL, rid);
     ck_assert_int_eq(r.status, 200);
     size_t l0 = r.body.len;
-    hu_resp_free(&r);
+    th_resp_free(&r);
     long k = 50000 + (long)(UP_MAX - l0);
     ck_assert_int_lt(k, 99999);
     for (int past = 0; past <= 1; past++) {
         char body[128];
         snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"FAULT:BIG:%ld\"}", k + past);
-        hu_http(&r, gw.port, "POST", "/v1/completions", body, NULL, rid);
+        th_http(&r, gw.port, "POST", "/v1/completions", body, NULL, rid);
         if (past) {
-            ck_assert_msg(hu_is_error(&r, 502, "bad_gateway"), "past: HTTP %ld", r.status);
+            ck_assert_msg(th_is_error(&r, 502, "bad_gateway"), "past: HTTP %ld", r.status);
         } else {
             ck_assert_msg(r.status == 200, "at the limit: HTTP %ld %.200s", r.status, r.body.data);
-            json_t *j = hu_json(&r);
+            json_t *j = th_json(&r);
             ck_assert_uint_eq(json_string_length(json_object_get(j, "padding")), (size_t)k);
             json_decref(j);
         }
-        hu_resp_free(&r);
+        th_resp_free(&r);
     }
 }
 END_TEST
@@ -453,7 +445,7 @@ START_TEST(connections_at_and_past_the_limit)
 {
     int fds[MAX_CONN];
     for (int i = 0; i < MAX_CONN; i++) {
-        fds[i] = hu_connect(gw.port);
+        fds[i] = th_connect(gw.port);
         ck_assert_int_ge(fds[i], 0);
     }
     /* at the limit: all 8 are admitted and served. Connections of earlier requests may still
@@ -463,35 +455,35 @@ START_TEST(connections_at_and_past_the_limit)
     int at_limit = 0;
     char *ans = NULL;
     for (int round = 0; round < 100 && !at_limit; round++) {
-        hu_sleep_ms(50);
+        th_sleep_ms(50);
         for (int i = 0; i < MAX_CONN; i++)
             if (peer_closed(fds[i])) {
                 close(fds[i]);
-                fds[i] = hu_connect(gw.port);
+                fds[i] = th_connect(gw.port);
             }
-        hu_sleep_ms(50);
+        th_sleep_ms(50);
         if (peer_closed(fds[MAX_CONN - 1])) continue;
-        ck_assert_int_eq(hu_send(fds[MAX_CONN - 1], q, strlen(q)), 0);
+        ck_assert_int_eq(th_send_all(fds[MAX_CONN - 1], q, strlen(q)), 0);
         free(ans);
-        ans = hu_recv_response(fds[MAX_CONN - 1], 5000);
+        ans = th_recv_response(fds[MAX_CONN - 1], 5000);
         at_limit = status_of(ans) == 200 && strstr(ans, "\nchunkgate_http_connections 8\n");
     }
     ck_assert_msg(at_limit, "8 connections were never open and served at once: %.100s", ans);
     free(ans);
     /* past it: a 9th is accepted by the kernel and closed at once without a reply */
-    hu_resp r;
-    hu_http(&r, gw.port, "GET", "/healthz", NULL, NULL, NULL);
+    th_resp r;
+    th_http(&r, gw.port, "GET", "/healthz", NULL, NULL, NULL);
     fprintf(stderr, "limits: the 9th connection gets curl error %d (%s)\n", (int)r.rc,
             curl_easy_strerror(r.rc));
     ck_assert_msg(r.rc == CURLE_GOT_NOTHING || r.rc == CURLE_RECV_ERROR ||
                       r.rc == CURLE_SEND_ERROR || r.rc == CURLE_COULDNT_CONNECT,
                   "the 9th connection was served: curl %d HTTP %ld", (int)r.rc, r.status);
-    hu_resp_free(&r);
+    th_resp_free(&r);
     /* the 8 open ones are unaffected */
     for (int i = 0; i < MAX_CONN; i++) {
         const char *h = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
-        ck_assert_int_eq(hu_send(fds[i], h, strlen(h)), 0);
-        ans = hu_recv_response(fds[i], 5000);
+        ck_assert_int_eq(th_send_all(fds[i], h, strlen(h)), 0);
+        ans = th_recv_response(fds[i], 5000);
         ck_assert_msg(status_of(ans) == 200, "connection %d: %.100s", i, ans);
         free(ans);
     }
@@ -500,13 +492,13 @@ START_TEST(connections_at_and_past_the_limit)
     /* room again once they are gone */
     int ok = 0;
     for (int i = 0; i < 100 && !ok; i++) {
-        hu_http(&r, gw.port, "GET", "/healthz", NULL, NULL, NULL);
+        th_http(&r, gw.port, "GET", "/healthz", NULL, NULL, NULL);
         ok = r.status == 200;
-        hu_resp_free(&r);
-        if (!ok) hu_sleep_ms(20);
+        th_resp_free(&r);
+        if (!ok) th_sleep_ms(20);
     }
     ck_assert(ok);
-    ck_assert_double_ge(hu_metric(gw.port, "chunkgate_http_connections_refused_total"), 1);
+    ck_assert_double_ge(th_metric(gw.port, "chunkgate_http_connections_refused_total"), 1);
 }
 END_TEST
 
@@ -531,19 +523,19 @@ static void *dribble(void *arg)
             if (s->closed_at[i] > 0) continue;
             char c = 'a';
             if (send(s->fd[i], &c, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
-                s->closed_at[i] = hu_now_s();
+                s->closed_at[i] = th_now_s();
                 continue;
             }
             char tmp[256];
             ssize_t n = recv(s->fd[i], tmp, sizeof tmp, MSG_DONTWAIT);
             if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-                s->closed_at[i] = hu_now_s();
+                s->closed_at[i] = th_now_s();
                 continue;
             }
             open++;
         }
-        if (!open || hu_now_s() - s->t0 > 12) break;
-        hu_sleep_ms(250);
+        if (!open || th_now_s() - s->t0 > 12) break;
+        th_sleep_ms(250);
     }
     return NULL;
 }
@@ -562,13 +554,13 @@ static double pct(double *v, int n, double p)
 static void measure(double *lat, int n)
 {
     for (int i = 0; i < n; i++) {
-        hu_resp r;
-        hu_http(&r, gws.port, "POST", "/v1/completions",
+        th_resp r;
+        th_http(&r, gws.port, "POST", "/v1/completions",
                 "{\"model\":\"m\",\"prompt\":\"sys # # doc # # q\",\"max_tokens\":1}", NULL, NULL);
         ck_assert_msg(r.status == 200, "a normal request failed: HTTP %ld curl %d", r.status,
                       (int)r.rc);
         lat[i] = r.secs * 1e3;
-        hu_resp_free(&r);
+        th_resp_free(&r);
     }
 }
 
@@ -579,40 +571,40 @@ START_TEST(slow_clients_are_cut_others_unaffected)
     slow s;
     memset(&s, 0, sizeof s);
     for (int i = 0; i < N_SLOW; i++) {
-        s.fd[i] = hu_connect(gws.port);
+        s.fd[i] = th_connect(gws.port);
         ck_assert_int_ge(s.fd[i], 0);
         const char *start =
             i < 40
                 ? "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: "
                 : "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   "Content-Length: 100000\r\n\r\n{\"model\":\"m\",\"prompt\":\"";
-        ck_assert_int_eq(hu_send(s.fd[i], start, strlen(start)), 0);
+        ck_assert_int_eq(th_send_all(s.fd[i], start, strlen(start)), 0);
     }
-    s.t0 = hu_now_s();
+    s.t0 = th_now_s();
     pthread_t th;
     pthread_create(&th, NULL, dribble, &s);
-    hu_sleep_ms(300);
+    th_sleep_ms(300);
     measure(during, 20);
     /* a stream longer than the timeout is not cut: 60 events 100 ms apart */
     char **ev;
     int nev;
     long status;
     ck_assert_int_eq(
-        hu_sse(gws.port, "/v1/completions",
-               "{\"model\":\"m\",\"prompt\":\"FAULT:SLOW # # d # # q\",\"stream\":true}", NULL,
-               &status, &ev, &nev),
+        th_sse_data(gws.port, "/v1/completions",
+                    "{\"model\":\"m\",\"prompt\":\"FAULT:SLOW # # d # # q\",\"stream\":true}", NULL,
+                    &status, &ev, &nev),
         CURLE_OK);
     ck_assert_int_eq(status, 200);
     ck_assert_int_eq(nev, 61);
     ck_assert_str_eq(ev[nev - 1], "[DONE]");
-    hu_sse_free(ev, nev);
+    th_sse_data_free(ev, nev);
     /* nor is a request whose answer takes longer than the timeout (the backend waits 3 s) */
-    hu_resp slow_answer;
-    hu_http(&slow_answer, gws.port, "POST", "/v1/completions",
+    th_resp slow_answer;
+    th_http(&slow_answer, gws.port, "POST", "/v1/completions",
             "{\"model\":\"m\",\"prompt\":\"FAULT:STALL:3000\"}", NULL, NULL);
     ck_assert_int_eq(slow_answer.status, 200);
     ck_assert_double_ge(slow_answer.secs, 2.9);
-    hu_resp_free(&slow_answer);
+    th_resp_free(&slow_answer);
     pthread_join(th, NULL);
     double worst = 0;
     int cut = 0;
@@ -625,7 +617,7 @@ START_TEST(slow_clients_are_cut_others_unaffected)
     }
     ck_assert_msg(cut == N_SLOW, "%d of %d slow clients were cut", cut, N_SLOW);
     ck_assert_double_lt(worst, 2 * 2 + 2); /* --conn-timeout-s 2, checked every 200 ms */
-    ck_assert_double_ge(hu_metric(gws.port, "chunkgate_http_connections_timed_out_total"), N_SLOW);
+    ck_assert_double_ge(th_metric(gws.port, "chunkgate_http_connections_timed_out_total"), N_SLOW);
     double b50 = pct(before, 20, 0.5), bmax = pct(before, 20, 1.0);
     double d50 = pct(during, 20, 0.5), dmax = pct(during, 20, 1.0);
     fprintf(stderr,
@@ -638,22 +630,10 @@ END_TEST
 
 int main(void)
 {
-    Suite *su = suite_create("limits");
-    TCase *tc = tcase_create("limits");
-    tcase_set_timeout(tc, 120);
-    tcase_add_unchecked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, headers_at_and_past_the_limit);
-    tcase_add_test(tc, body_at_and_past_the_limit);
-    tcase_add_test(tc, segments_at_and_past_the_limits);
-    tcase_add_test(tc, json_values_depth_and_duplicates);
-    tcase_add_test(tc, hostile_json_memory);
-    tcase_add_test(tc, upstream_answer_at_and_past_the_limit);
-    tcase_add_test(tc, connections_at_and_past_the_limit);
-    tcase_add_test(tc, slow_clients_are_cut_others_unaffected);
-    suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed || hu_failures ? 1 : 0;
+    return th_run_suite(
+        "limits", "limits", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
+        TH_TESTS(headers_at_and_past_the_limit, body_at_and_past_the_limit,
+                 segments_at_and_past_the_limits, json_values_depth_and_duplicates,
+                 hostile_json_memory, upstream_answer_at_and_past_the_limit,
+                 connections_at_and_past_the_limit, slow_clients_are_cut_others_unaffected));
 }

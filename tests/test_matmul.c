@@ -13,8 +13,10 @@
 #include "base/base.h"
 #include "worker/model/matmul.h"
 
-static const cg_dtype dtypes[] = {CG_DTYPE_F32, CG_DTYPE_F16, CG_DTYPE_BF16};
-static const char *const dtype_names[] = {"f32", "f16", "bf16"};
+/* the three checkpoint dtypes, then the int8 option */
+static const cg_dtype dtypes[] = {CG_DTYPE_F32, CG_DTYPE_F16, CG_DTYPE_BF16, CG_DTYPE_Q8};
+static const char *const dtype_names[] = {"f32", "f16", "bf16", "q8"};
+#define NDT 4
 
 static uint64_t rnd(uint64_t *st)
 {
@@ -48,6 +50,7 @@ typedef struct mat {
     cg_weight w;
     void *raw;
     double *val;
+    float *scale; /* Q8 */
 } mat;
 
 static uint16_t f16_bits(double v) /* v must be exactly representable */
@@ -58,7 +61,8 @@ static uint16_t f16_bits(double v) /* v must be exactly representable */
     return 0;
 }
 
-/* Fills with random values of the dtype (integers in [-4, 4] when `ints`). */
+/* Fills with random values of the dtype (integers in [-4, 4] when `ints`; for Q8, with scale 1,
+ * else random q in [-127, 127] and a random scale per row). */
 static mat mat_new(cg_dtype dt, int rows, int cols, size_t skew, int ints, uint64_t seed)
 {
     mat m;
@@ -67,7 +71,10 @@ static mat mat_new(cg_dtype dt, int rows, int cols, size_t skew, int ints, uint6
     m.raw = cg_malloc(n * es + skew);
     char *p = (char *)m.raw + skew;
     m.val = cg_malloc((n + 1) * sizeof(double));
+    m.scale = cg_malloc(((size_t)rows + 1) * sizeof(float));
     uint64_t st = seed;
+    for (int r = 0; r < rows; r++)
+        m.scale[r] = ints ? 1.0f : (float)(0.5 + (double)(rnd(&st) % 1024) / 1024) / 127.0f;
     uint16_t int_f16[9];
     for (int i = 0; i < 9; i++)
         int_f16[i] = f16_bits(i - 4);
@@ -76,6 +83,12 @@ static mat mat_new(cg_dtype dt, int rows, int cols, size_t skew, int ints, uint6
             float f = ints ? (float)((int)(rnd(&st) % 9) - 4) : (float)urand(&st);
             memcpy(p + i * 4, &f, 4);
             m.val[i] = f;
+            continue;
+        }
+        if (dt == CG_DTYPE_Q8) {
+            int v = ints ? (int)(rnd(&st) % 9) - 4 : (int)(rnd(&st) % 255) - 127;
+            p[i] = (char)(int8_t)v;
+            m.val[i] = v * (double)m.scale[i / (size_t)cols]; /* exact in f64 */
             continue;
         }
         uint16_t h;
@@ -97,7 +110,11 @@ static mat mat_new(cg_dtype dt, int rows, int cols, size_t skew, int ints, uint6
         memcpy(p + i * 2, &h, 2);
         m.val[i] = dt == CG_DTYPE_F16 ? ref_f16(h) : ref_bf16(h);
     }
-    m.w = (cg_weight){.data = p, .dtype = dt, .rows = rows, .cols = cols};
+    m.w = (cg_weight){.data = p,
+                      .dtype = dt,
+                      .rows = rows,
+                      .cols = cols,
+                      .scale = dt == CG_DTYPE_Q8 ? m.scale : NULL};
     return m;
 }
 
@@ -105,6 +122,7 @@ static void mat_free(mat *m)
 {
     free(m->raw);
     free(m->val);
+    free(m->scale);
 }
 
 /* x: n rows of `cols` floats, `skew` bytes past malloc's alignment; *raw to free. */
@@ -137,10 +155,11 @@ static void reference(const mat *m, const float *x, int n, double *ref, double *
 }
 
 /* Error bound of f32 summation split into `lanes` sequential partial sums combined by a tree:
- * (cols / lanes + log2(lanes) + 1) * 2^-24 * sum |terms|, with a little slack. */
+ * (cols / lanes + log2(lanes) + 1) * 2^-24 * sum |terms|, plus one rounding for Q8's scale,
+ * with a little slack. */
 static double bound(int cols, int lanes, double mag)
 {
-    double depth = (cols + lanes - 1) / lanes + log2(lanes) + 2;
+    double depth = (cols + lanes - 1) / lanes + log2(lanes) + 3;
     return 1.05 * depth * 0x1p-24 * mag + 1e-30;
 }
 
@@ -203,7 +222,7 @@ START_TEST(test_against_f64)
         double *mag = cg_malloc((size_t)n * rows * sizeof(double));
         float *y = cg_malloc((size_t)n * rows * sizeof(float));
         float *yg = cg_malloc((size_t)n * rows * sizeof(float));
-        for (int d = 0; d < 3; d++) {
+        for (int d = 0; d < NDT; d++) {
             mat m = mat_new(dtypes[d], rows, cols, 0, 0, 7 + si * 3 + d);
             reference(&m, x, n, ref, mag);
             use_isa(CG_MATMUL_ISA_GENERIC);
@@ -249,7 +268,7 @@ START_TEST(test_exact_integers)
         double *ref = cg_malloc((size_t)n * rows * sizeof(double));
         double *mag = cg_malloc((size_t)n * rows * sizeof(double));
         float *y = cg_malloc((size_t)n * rows * sizeof(float));
-        for (int d = 0; d < 3; d++) {
+        for (int d = 0; d < NDT; d++) {
             mat m = mat_new(dtypes[d], rows, cols, 0, 1, 500 + si * 3 + d);
             reference(&m, x, n, ref, mag);
             for (int v = 0; v < n_isas; v++) {
@@ -290,7 +309,7 @@ START_TEST(test_decode_batch_invariant)
         float *xs = cg_malloc((size_t)N * cols * sizeof(float));
         float *ys = cg_malloc((size_t)N * rows * sizeof(float));
         int idx[N];
-        for (int d = 0; d < 3; d++) {
+        for (int d = 0; d < NDT; d++) {
             mat m = mat_new(dtypes[d], rows, cols, 0, 0, 40 + si * 3 + d);
             for (int v = 0; v < n_isas; v++) {
                 use_isa(isas[v]);
@@ -342,7 +361,7 @@ START_TEST(test_unaligned)
         float *y = cg_malloc((size_t)n * rows * sizeof(float));
         char *yuraw = cg_malloc((size_t)n * rows * sizeof(float) + 64);
         float *yu = (float *)(((uintptr_t)yuraw + 63) & ~(uintptr_t)63) + 1;
-        for (int d = 0; d < 3; d++) {
+        for (int d = 0; d < NDT; d++) {
             mat a = mat_new(dtypes[d], rows, cols, 0, 0, 60 + d);
             mat u = mat_new(dtypes[d], rows, cols, cg_dtype_size(dtypes[d]), 0, 60 + d);
             ck_assert((uintptr_t)u.w.data % 4 != 0 || dtypes[d] == CG_DTYPE_F32);
@@ -406,6 +425,75 @@ START_TEST(test_widen_all_values)
 }
 END_TEST
 
+/* Every int8 value times a power-of-two scale is exact in both paths and every variant. */
+START_TEST(test_widen_q8)
+{
+    enum { COLS = 32, ROWS = 8 }; /* 8 rows of 32: all 256 values, scale 2^-r on row r */
+    void *xraw;
+    float *x = x_new(COLS, COLS, 0, 0, 1, &xraw);
+    memset(x, 0, (size_t)COLS * COLS * sizeof(float));
+    for (int j = 0; j < COLS; j++)
+        x[j * COLS + j] = 1.0f;
+    int8_t q[ROWS * COLS];
+    float sc[ROWS], y[COLS * ROWS];
+    for (int i = 0; i < ROWS * COLS; i++)
+        q[i] = (int8_t)(i - 128);
+    for (int r = 0; r < ROWS; r++)
+        sc[r] = ldexpf(1.0f, -r);
+    cg_weight cw = {.data = q, .dtype = CG_DTYPE_Q8, .rows = ROWS, .cols = COLS, .scale = sc};
+    for (int v = 0; v < n_isas; v++) {
+        use_isa(isas[v]);
+        for (int p = 0; p < 2; p++) {
+            run((path)p, &cw, x, COLS, y);
+            for (int i = 0; i < ROWS * COLS; i++)
+                ck_assert_msg(y[(i % COLS) * ROWS + i / COLS] ==
+                                  ldexpf((float)(i - 128), -i / COLS),
+                              "%s q8 %d", cg_matmul_isa_name(isas[v]), i - 128);
+        }
+    }
+    free(xraw);
+}
+END_TEST
+
+/* Quantisation: per-row scale max|w| / 127, every element within half a step, the row's
+ * largest value at +-127, a zero row at scale 0, Inf refused. */
+START_TEST(test_quantize_q8)
+{
+    enum { ROWS = 9, COLS = 37 };
+    int8_t q[ROWS * COLS];
+    float sc[ROWS];
+    for (int d = 0; d < 3; d++) {
+        mat m = mat_new(dtypes[d], ROWS, COLS, 0, 0, 3 + d);
+        cg_weight out;
+        ck_assert_int_eq(cg_matmul_quantize_q8(&m.w, q, sc, &out), CG_OK);
+        ck_assert(out.dtype == CG_DTYPE_Q8 && out.data == q && out.scale == sc);
+        ck_assert(out.rows == ROWS && out.cols == COLS);
+        for (int r = 0; r < ROWS; r++) {
+            double amax = 0;
+            int qmax = 0;
+            for (int c = 0; c < COLS; c++) {
+                amax = fmax(amax, fabs(m.val[r * COLS + c]));
+                qmax = abs(q[r * COLS + c]) > qmax ? abs(q[r * COLS + c]) : qmax;
+            }
+            ck_assert(fabs(sc[r] - amax / 127) <= 1e-6 * amax);
+            ck_assert_int_eq(qmax, 127);
+            for (int c = 0; c < COLS; c++)
+                ck_assert(fabs(q[r * COLS + c] * (double)sc[r] - m.val[r * COLS + c]) <=
+                          0.5001 * sc[r]);
+        }
+        mat_free(&m);
+    }
+    float w[2 * 3] = {0, 0, 0, 1, -2, 0.5f};
+    cg_weight cw = {.data = w, .dtype = CG_DTYPE_F32, .rows = 2, .cols = 3}, out;
+    ck_assert_int_eq(cg_matmul_quantize_q8(&cw, q, sc, &out), CG_OK);
+    ck_assert(sc[0] == 0.0f && q[0] == 0 && q[1] == 0 && q[2] == 0);
+    ck_assert(q[3] == 64 && q[4] == -127 && q[5] == 32); /* 63.5 and 31.75 round to nearest */
+    ck_assert_int_eq(cg_matmul_quantize_q8(&out, q, sc, &out), CG_E_UNSUPPORTED);
+    w[4] = INFINITY;
+    ck_assert_int_eq(cg_matmul_quantize_q8(&cw, q, sc, &out), CG_E_VALUE);
+}
+END_TEST
+
 /* Widening is exact, so the prefill path gives the same bits in every variant; and it is
  * deterministic for the same rows. Whether a row's bits depend on n or on its position
  * (OpenBLAS's reduction order) is printed, not asserted: the worker does not rely on it. */
@@ -418,7 +506,7 @@ START_TEST(test_prefill_deterministic)
         float *x = x_new(n, cols, 0, 0, 11 + si, &xraw);
         float *y0 = cg_malloc((size_t)n * rows * sizeof(float));
         float *y1 = cg_malloc((size_t)n * rows * sizeof(float));
-        for (int d = 0; d < 3; d++) {
+        for (int d = 0; d < NDT; d++) {
             mat m = mat_new(dtypes[d], rows, cols, 0, 0, 20 + d);
             use_isa(isas[0]);
             cg_matmul_prefill(&m.w, x, n, y0, scratch);
@@ -511,6 +599,8 @@ int main(void)
     tcase_add_test(tc, test_decode_batch_invariant);
     tcase_add_test(tc, test_unaligned);
     tcase_add_test(tc, test_widen_all_values);
+    tcase_add_test(tc, test_widen_q8);
+    tcase_add_test(tc, test_quantize_q8);
     tcase_add_test(tc, test_prefill_deterministic);
     tcase_add_test(tc, test_empty_and_zero_cols);
     suite_add_tcase(s, tc);

@@ -14,6 +14,7 @@
 #include "worker/model/model.h"
 #include "worker/model/safetensors.h"
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 #define ERRLEN 512
 
@@ -21,58 +22,32 @@
 
 static char *make_tmpdir(void)
 {
-    char tmpl[] = "/tmp/cg_test_model_XXXXXX";
-    char *d = mkdtemp(tmpl);
-    ck_assert_ptr_nonnull(d);
-    return cg_strdup(d);
+    return th_mkdtemp("test_model");
 }
 
-static void rm_rf(const char *dir)
+/* Removes a directory of make_tmpdir and frees its path. */
+static void drop_dir(char *dir)
 {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_rf(p);
-        else unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
+    th_rmrf(dir);
+    free(dir);
 }
 
 static uint8_t *read_all(const char *path, size_t *len)
 {
-    FILE *fp = fopen(path, "rb");
-    ck_assert_msg(fp != NULL, "cannot open %s", path);
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *b = cg_malloc((size_t)n + 1);
-    ck_assert_uint_eq(fread(b, 1, (size_t)n, fp), (size_t)n);
-    fclose(fp);
-    b[n] = 0;
-    *len = (size_t)n;
-    return b;
+    ck_assert_msg(access(path, R_OK) == 0, "cannot open %s", path);
+    return (uint8_t *)th_read_file(path, len);
 }
 
 static void write_all(const char *path, const void *p, size_t n)
 {
-    FILE *fp = fopen(path, "wb");
-    ck_assert_ptr_nonnull(fp);
-    ck_assert_uint_eq(fwrite(p, 1, n, fp), n);
-    ck_assert_int_eq(fclose(fp), 0);
+    ck_assert_int_eq(th_write_bytes(path, p, n), 0);
 }
 
 static uint64_t file_hash(const char *path)
 {
     size_t n;
     uint8_t *b = read_all(path, &n);
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    uint64_t h = th_fnv1a(b, n);
     free(b);
     return h;
 }
@@ -154,24 +129,39 @@ static int32_t argmax_f(const float *x, int n)
 
 /* ---- generator + loader ---- */
 
+/* What a generated model's config.json must say. */
+typedef struct geometry {
+    const char *model_id;
+    int dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, max_pos;
+    cg_rope_style rope_style;
+} geometry;
+
+static void assert_geometry(const cg_model *m, const geometry *g)
+{
+    const cg_model_config *c = cg_model_cfg(m);
+    ck_assert_str_eq(c->model_id, g->model_id);
+    ck_assert_int_eq(c->dim, g->dim);
+    ck_assert_int_eq(c->hidden_dim, g->hidden_dim);
+    ck_assert_int_eq(c->n_layers, g->n_layers);
+    ck_assert_int_eq(c->n_heads, g->n_heads);
+    ck_assert_int_eq(c->n_kv_heads, g->n_kv_heads);
+    ck_assert_int_eq(c->head_dim, g->head_dim);
+    ck_assert_int_eq(c->max_pos, g->max_pos);
+    ck_assert_int_eq(c->rope_style, g->rope_style);
+    ck_assert_int_eq(cg_model_rope(m).style, g->rope_style);
+}
+
 START_TEST(test_generate_load_defaults)
 {
     char *dir = make_tmpdir();
     gen(dir, cg_model_gen_default_params());
     cg_model *m = load(dir);
     const cg_model_config *c = cg_model_cfg(m);
-    ck_assert_str_eq(c->model_id, "chunkgate-tiny");
+    static const geometry def = {"chunkgate-tiny", 256, 768, 4, 8, 4, 32, 32768, CG_ROPE_HALF};
+    assert_geometry(m, &def);
     ck_assert_int_eq(c->vocab_size, 258);
-    ck_assert_int_eq(c->dim, 256);
-    ck_assert_int_eq(c->hidden_dim, 768);
-    ck_assert_int_eq(c->n_layers, 4);
-    ck_assert_int_eq(c->n_heads, 8);
-    ck_assert_int_eq(c->n_kv_heads, 4);
-    ck_assert_int_eq(c->head_dim, 32);
-    ck_assert_int_eq(c->max_pos, 32768);
     ck_assert(c->rope_theta == 10000.0);
     ck_assert(fabsf(c->norm_eps - 1e-5f) < 1e-9f);
-    ck_assert_int_eq(c->rope_style, CG_ROPE_HALF);
     ck_assert_int_eq(c->tie_embeddings, 0);
     ck_assert_int_eq(c->bos_id, 256);
     ck_assert_int_eq(c->n_eos, 1);
@@ -184,8 +174,7 @@ START_TEST(test_generate_load_defaults)
     cg_model_close(&m);
     ck_assert_ptr_null(m);
     cg_model_close(&m); /* NULL is accepted */
-    rm_rf(dir);
-    free(dir);
+    drop_dir(dir);
 }
 END_TEST
 
@@ -198,17 +187,9 @@ START_TEST(test_generate_load_custom)
     p.max_pos = 1000;
     gen(dir, p);
     cg_model *m = load(dir);
-    const cg_model_config *c = cg_model_cfg(m);
-    ck_assert_str_eq(c->model_id, "tiny-interleaved");
-    ck_assert_int_eq(c->dim, 64);
-    ck_assert_int_eq(c->hidden_dim, 128);
-    ck_assert_int_eq(c->n_layers, 2);
-    ck_assert_int_eq(c->n_heads, 4);
-    ck_assert_int_eq(c->n_kv_heads, 2);
-    ck_assert_int_eq(c->head_dim, 16);
-    ck_assert_int_eq(c->max_pos, 1000);
-    ck_assert_int_eq(c->rope_style, CG_ROPE_INTERLEAVED);
-    ck_assert_int_eq(cg_model_rope(m).style, CG_ROPE_INTERLEAVED);
+    static const geometry custom = {"tiny-interleaved", 64, 128, 2, 4, 2, 16, 1000,
+                                    CG_ROPE_INTERLEAVED};
+    assert_geometry(m, &custom);
     cg_model_close(&m);
 
     /* invalid generator parameters are refused, nothing crashes */
@@ -221,8 +202,7 @@ START_TEST(test_generate_load_custom)
     bad.dtype = "f8";
     ck_assert_int_eq(cg_model_generate(dir, bad, err, sizeof err), CG_E_VALUE);
     ck_assert_ptr_nonnull(strstr(err, "dtype"));
-    rm_rf(dir);
-    free(dir);
+    drop_dir(dir);
 }
 END_TEST
 
@@ -245,10 +225,8 @@ START_TEST(test_rope_styles)
     ck_assert_ptr_null(ka);
     cg_model_close(&a);
     cg_model_close(&b);
-    rm_rf(d1);
-    rm_rf(d2);
-    free(d1);
-    free(d2);
+    drop_dir(d1);
+    drop_dir(d2);
 }
 END_TEST
 
@@ -270,12 +248,9 @@ START_TEST(test_determinism)
     join(p1, sizeof p1, d1, "config.json");
     join(p2, sizeof p2, d2, "config.json");
     ck_assert_uint_eq(file_hash(p1), file_hash(p2));
-    rm_rf(d1);
-    rm_rf(d2);
-    rm_rf(d3);
-    free(d1);
-    free(d2);
-    free(d3);
+    drop_dir(d1);
+    drop_dir(d2);
+    drop_dir(d3);
 }
 END_TEST
 
@@ -327,8 +302,7 @@ START_TEST(test_dtypes)
     for (int i = 0; i < 3; i++) {
         cg_st_close(&sf[i]);
         cg_model_close(&m[i]);
-        rm_rf(d[i]);
-        free(d[i]);
+        drop_dir(d[i]);
     }
 }
 END_TEST
@@ -515,8 +489,7 @@ START_TEST(test_bad_safetensors)
         char *dir = fresh_small();
         rewrite_header(dir, hcases[i].edit);
         expect_fail(dir, hcases[i].st, hcases[i].needle);
-        rm_rf(dir);
-        free(dir);
+        drop_dir(dir);
     }
 
     /* truncated: the last tensor's bytes run past the end */
@@ -527,8 +500,7 @@ START_TEST(test_bad_safetensors)
     /* shorter than the length prefix */
     ck_assert_int_eq(truncate(path, 5), 0);
     expect_fail(dir, CG_E_VALUE, "too short");
-    rm_rf(dir);
-    free(dir);
+    drop_dir(dir);
 
     /* header length beyond the file, and beyond the 100 MB limit */
     dir = fresh_small();
@@ -543,8 +515,7 @@ START_TEST(test_bad_safetensors)
     write_all(path, b, n);
     expect_fail(dir, CG_E_VALUE, "exceeds the file size");
     free(b);
-    rm_rf(dir);
-    free(dir);
+    drop_dir(dir);
 
     /* bad JSON in the header; a header that is JSON but not an object */
     dir = fresh_small();
@@ -562,8 +533,7 @@ START_TEST(test_bad_safetensors)
     /* missing file */
     unlink(path);
     expect_fail(dir, CG_E_IO, "model.safetensors");
-    rm_rf(dir);
-    free(dir);
+    drop_dir(dir);
 }
 END_TEST
 
@@ -599,8 +569,7 @@ START_TEST(test_bad_config)
         } else {
             expect_fail(dir, cases[i].st, cases[i].needle);
         }
-        rm_rf(dir);
-        free(dir);
+        drop_dir(dir);
     }
     char path[4096];
     char *dir = fresh_small();
@@ -611,16 +580,29 @@ START_TEST(test_bad_config)
     expect_fail(dir, CG_E_TYPE, "config.json: not a JSON object");
     unlink(path);
     expect_fail(dir, CG_E_IO, "config.json");
-    rm_rf(dir);
-    free(dir);
+    drop_dir(dir);
     expect_fail("/nonexistent/cg-model", CG_E_IO, "config.json");
 }
 END_TEST
 
+/* Opens the model in dir: 1 when it loads, 0 when it is refused with a message and no model. */
+static int loads_or_refuses(const char *dir)
+{
+    char err[ERRLEN] = "";
+    cg_model *m = NULL;
+    if (cg_model_open(dir, &m, err, sizeof err) == CG_OK) {
+        cg_model_close(&m);
+        return 1;
+    }
+    ck_assert_ptr_null(m);
+    ck_assert(err[0] != '\0');
+    return 0;
+}
+
 /* Random damage to the header and random truncation: any status, never a crash (ASan build). */
 START_TEST(test_fuzz_header)
 {
-    char *dir = fresh_small(), path[4096], err[ERRLEN];
+    char *dir = fresh_small(), path[4096];
     join(path, sizeof path, dir, "model.safetensors");
     size_t n;
     uint8_t *orig = read_all(path, &n), *b = cg_malloc(n);
@@ -640,14 +622,7 @@ START_TEST(test_fuzz_header)
         }
         if (it % 5 == 0) len = (size_t)((s >> 7) % n);
         write_all(path, b, len);
-        cg_model *m = NULL;
-        if (cg_model_open(dir, &m, err, sizeof err) == CG_OK) {
-            ok++;
-            cg_model_close(&m);
-        } else {
-            ck_assert_ptr_null(m);
-            ck_assert(err[0] != '\0');
-        }
+        ok += loads_or_refuses(dir);
     }
     fprintf(stderr, "test_fuzz_header: %d of 300 damaged files still loaded\n", ok);
 
@@ -684,21 +659,13 @@ START_TEST(test_fuzz_header)
         fclose(fp);
         free(text);
         json_decref(h);
-        cg_model *m = NULL;
-        if (cg_model_open(dir, &m, err, sizeof err) == CG_OK) {
-            ok++;
-            cg_model_close(&m);
-        } else {
-            ck_assert_ptr_null(m);
-            ck_assert(err[0] != '\0');
-        }
+        ok += loads_or_refuses(dir);
     }
     fprintf(stderr, "test_fuzz_header: %d of 300 structurally damaged files still loaded\n", ok);
     json_decref(h0);
     free(orig);
     free(b);
-    rm_rf(dir);
-    free(dir);
+    drop_dir(dir);
 }
 END_TEST
 
@@ -850,8 +817,7 @@ START_TEST(test_reference_forward)
         ck_assert_msg(rd < 1e-4, "%s: rel diff %g", cg_rope_style_name(c->rope_style), rd);
         cg_kv_free(&kv);
         cg_model_close(&m);
-        rm_rf(dir);
-        free(dir);
+        drop_dir(dir);
     }
 }
 END_TEST
@@ -871,8 +837,7 @@ static void forward_setup(void)
 static void forward_teardown(void)
 {
     cg_model_close(&g_model);
-    rm_rf(g_dir);
-    free(g_dir);
+    drop_dir(g_dir);
 }
 
 static double rel_diff(const float *a, const float *b, int n)
@@ -1194,39 +1159,17 @@ START_TEST(test_sampling)
 }
 END_TEST
 
-static Suite *model_suite(void)
-{
-    Suite *s = suite_create("model");
-    TCase *io = tcase_create("io");
-    tcase_add_test(io, test_generate_load_defaults);
-    tcase_add_test(io, test_generate_load_custom);
-    tcase_add_test(io, test_rope_styles);
-    tcase_add_test(io, test_determinism);
-    tcase_add_test(io, test_dtypes);
-    tcase_add_test(io, test_half_conversions);
-    tcase_add_test(io, test_bad_safetensors);
-    tcase_add_test(io, test_bad_config);
-    tcase_add_test(io, test_fuzz_header);
-    tcase_add_test(io, test_reference_forward);
-    suite_add_tcase(s, io);
-    TCase *fw = tcase_create("forward");
-    tcase_add_unchecked_fixture(fw, forward_setup, forward_teardown);
-    tcase_add_test(fw, test_prefill_vs_incremental);
-    tcase_add_test(fw, test_split_prefill);
-    tcase_add_test(fw, test_strict_chunk_remap);
-    tcase_add_test(fw, test_forward_rejects);
-    tcase_add_test(fw, test_greedy_decode);
-    tcase_add_test(fw, test_tokenizer);
-    tcase_add_test(fw, test_sampling);
-    suite_add_tcase(s, fw);
-    return s;
-}
-
 int main(void)
 {
-    SRunner *sr = srunner_create(model_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    Suite *s = suite_create("model");
+    th_case(s, "io", 0,
+            TH_TESTS(test_generate_load_defaults, test_generate_load_custom, test_rope_styles,
+                     test_determinism, test_dtypes, test_half_conversions, test_bad_safetensors,
+                     test_bad_config, test_fuzz_header, test_reference_forward));
+    TCase *tc =
+        th_case(s, "forward", 0,
+                TH_TESTS(test_prefill_vs_incremental, test_split_prefill, test_strict_chunk_remap,
+                         test_forward_rejects, test_greedy_decode, test_tokenizer, test_sampling));
+    tcase_add_unchecked_fixture(tc, forward_setup, forward_teardown);
+    return th_run(s, CK_FORK_GETENV);
 }

@@ -7,6 +7,7 @@
 
 #include "base/base.h"
 #include "kv/pool.h"
+#include "tests/harness/harness.h"
 
 /* Geometry used throughout: block = 3 heads * 2 layers * 2 * 4 tokens * 4 dims floats. */
 #define LAYERS 2
@@ -110,6 +111,14 @@ static void assert_accounting(cg_pool *p)
     ck_assert_uint_eq(s.bytes_used, (s.blocks_total - s.blocks_free) * s.block_bytes);
     ck_assert_uint_le(s.blocks_free, s.blocks_total);
     ck_assert_uint_eq(s.capacity_bytes, s.blocks_total * s.block_bytes);
+}
+
+/* The end of a test: frees the evictions list, checks the accounting, closes the pool. */
+static void close_checked(cg_pool **p, cg_pool_evictions *ev)
+{
+    cg_pool_evictions_free(ev);
+    assert_accounting(*p);
+    cg_pool_close(p);
 }
 
 static int has_key(const cg_pool *p, unsigned id)
@@ -221,9 +230,7 @@ START_TEST(test_accounting)
     assert_accounting(p);
     cg_pool_release(p, &c, 4);
     cg_pool_release(p, &d, 4);
-    cg_pool_evictions_free(&ev);
-    assert_accounting(p);
-    cg_pool_close(&p);
+    close_checked(&p, &ev);
 }
 END_TEST
 
@@ -256,9 +263,7 @@ START_TEST(test_lru_order)
     ck_assert_uint_eq(info.last_used, 16);
     ck_assert_uint_eq(info.refs, 0);
     cg_pool_release(p, &e, 18);
-    cg_pool_evictions_free(&ev);
-    assert_accounting(p);
-    cg_pool_close(&p);
+    close_checked(&p, &ev);
 }
 END_TEST
 
@@ -306,9 +311,7 @@ START_TEST(test_referenced_never_evicted)
     for (int i = 0; i < 9; i++)
         cg_pool_release(p, &hold[i], 35);
     cg_pool_release(p, &held, 35);
-    cg_pool_evictions_free(&ev);
-    assert_accounting(p);
-    cg_pool_close(&p);
+    close_checked(&p, &ev);
 }
 END_TEST
 
@@ -370,9 +373,7 @@ START_TEST(test_too_big)
     ck_assert_int_eq(cg_pool_insert(p, &k, 4 * BT, 2, &c, &ev), CG_OK); /* exactly full fits */
     ck_assert_uint_eq(ev.n, 1);
     cg_pool_release(p, &c, 3);
-    cg_pool_evictions_free(&ev);
-    assert_accounting(p);
-    cg_pool_close(&p);
+    close_checked(&p, &ev);
 }
 END_TEST
 
@@ -607,24 +608,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("pool");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_params);
-    tcase_add_test(tc, test_round_trip_and_layout);
-    tcase_add_test(tc, test_accounting);
-    tcase_add_test(tc, test_lru_order);
-    tcase_add_test(tc, test_referenced_never_evicted);
-    tcase_add_test(tc, test_evict_callback);
-    tcase_add_test(tc, test_too_big);
-    tcase_add_test(tc, test_filling_and_remove);
-    tcase_add_test(tc, test_inventory);
-    tcase_add_test(tc, test_random_stress);
-    tcase_add_test(tc, test_threads);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run_tests("pool", "core", 300,
+                        TH_TESTS(test_params, test_round_trip_and_layout, test_accounting,
+                                 test_lru_order, test_referenced_never_evicted, test_evict_callback,
+                                 test_too_big, test_filling_and_remove, test_inventory,
+                                 test_random_stress, test_threads));
 }

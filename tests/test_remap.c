@@ -6,6 +6,7 @@
 
 #include "base/base.h"
 #include "kv/remap.h"
+#include "tests/harness/harness.h"
 
 static float frand(unsigned *st)
 {
@@ -244,22 +245,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("remap");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_style_names);
-    tcase_add_test(tc, test_remap_equals_rotation);
-    tcase_add_test(tc, test_remap_changes_data);
-    tcase_add_test(tc, test_in_place);
-    tcase_add_test(tc, test_table);
-    tcase_add_test(tc, test_no_stale_table);
-    tcase_add_test(tc, test_hand_2d);
-    tcase_add_test(tc, test_hand_pairing);
-    tcase_add_test(tc, test_pair_norms);
-    tcase_add_test(tc, test_apply_positions);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run_tests("remap", "core", 0,
+                        TH_TESTS(test_style_names, test_remap_equals_rotation,
+                                 test_remap_changes_data, test_in_place, test_table,
+                                 test_no_stale_table, test_hand_2d, test_hand_pairing,
+                                 test_pair_norms, test_apply_positions));
 }

@@ -10,6 +10,8 @@
 /* Included, not only linked, to reach the static scalar validator that the vector path is
  * checked against (STYLE: tests reach static functions by including the .c file). */
 #include "cache/split.c"
+#include "tests/fuzz/fuzz_common.h" /* fuzz_utf8_naive: the reference UTF-8 decoder */
+#include "tests/harness/harness.h"
 
 /* ---- helpers ---- */
 
@@ -144,7 +146,8 @@ END_TEST
 
 START_TEST(test_trimming)
 {
-    const char *want[] = {"s y s", "d\n\noc", "q"};
+    /* the question keeps its trailing whitespace: the model continues from it */
+    const char *want[] = {"s y s", "d\n\noc", "q \n"};
     expect_split(" \t\r\n\v\f s y s \f\v\n\r\t # # \n d\n\noc \n # # q \n", NULL, 0, 0, want, 3);
     /* Non-ASCII whitespace (U+00A0 NO-BREAK SPACE) is not trimmed. */
     const char *want2[] = {"\xC2\xA0sys", "q"};
@@ -156,7 +159,12 @@ START_TEST(test_trimming)
     ck_assert_uint_eq(r.segs[0].off, 2);
     ck_assert_uint_eq(r.segs[0].len, 3);
     ck_assert_uint_eq(r.segs[1].off, 11);
-    ck_assert_uint_eq(r.segs[1].len, 2);
+    ck_assert_uint_eq(r.segs[1].len, 3);
+    /* trailing whitespace alone after the last separator is an empty segment */
+    ck_assert_int_eq(cg_split_prompt("a # # b # #  \n", 14, NULL, &r), CG_OK);
+    ck_assert_uint_eq(r.n, 2);
+    ck_assert_uint_eq(r.segs[1].len, 1);
+    ck_assert_uint_eq(r.empty_skipped, 1);
     cg_split_result_free(&r);
 }
 END_TEST
@@ -181,13 +189,17 @@ END_TEST
 
 START_TEST(test_passthrough)
 {
-    expect_split("Just a plain prompt with # hashes ## and #  # near misses.", NULL, 1, 0, NULL, 0);
-    expect_split("", NULL, 1, 0, NULL, 0);
-    /* A separator but fewer than two non-empty segments: passthrough, nothing counted. */
-    expect_split("# # hello", NULL, 1, 0, NULL, 0);
-    expect_split("hello # #   # #", NULL, 1, 0, NULL, 0);
-    expect_split("# #", NULL, 1, 0, NULL, 0);
-    expect_split("  # #  # # ", NULL, 1, 0, NULL, 0);
+    /* No separator; or one, but fewer than two non-empty segments: nothing counted. */
+    static const char *const plain[] = {
+        "Just a plain prompt with # hashes ## and #  # near misses.",
+        "",
+        "# # hello",
+        "hello # #   # #",
+        "# #",
+        "  # #  # # ",
+    };
+    for (size_t i = 0; i < CG_ARRAY_LEN(plain); i++)
+        expect_split(plain[i], NULL, 1, 0, NULL, 0);
 }
 END_TEST
 
@@ -360,50 +372,10 @@ START_TEST(test_split_rejects_invalid_utf8)
 }
 END_TEST
 
-/* Independent reference: decodes by the bit patterns, then checks the code point's range and
- * that the shortest form was used. */
-static int ref_utf8_valid(const unsigned char *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = s[i];
-        size_t n;
-        uint32_t cp;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xE0) == 0xC0) {
-            n = 2;
-            cp = c & 0x1F;
-        } else if ((c & 0xF0) == 0xE0) {
-            n = 3;
-            cp = c & 0x0F;
-        } else if ((c & 0xF8) == 0xF0) {
-            n = 4;
-            cp = c & 0x07;
-        } else {
-            return 0;
-        }
-        if (i + n > len) return 0;
-        for (size_t k = 1; k < n; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return 0;
-            cp = cp << 6 | (s[i + k] & 0x3F);
-        }
-        static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-        if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-        i += n;
-    }
-    return 1;
-}
-
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void)
 {
-    /* xorshift64*: deterministic, so a failure reproduces. */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1Dull;
+    return th_xorshift64s(&rng_state);
 }
 
 /* Checks b[0..n) (n <= 4) against the reference, alone and embedded in ASCII at offsets that
@@ -414,7 +386,7 @@ static void check_placements(const unsigned char *b, size_t n)
         size_t buf_len, off;
     } at[] = {{0, 0},   {80, 14}, {80, 62}, {64, 60}, {32, 30},
               {80, 77}, {20, 14}, {96, 63}, {64, 0}};
-    int want = ref_utf8_valid(b, n);
+    int want = fuzz_utf8_naive(b, n);
     unsigned char buf[96];
     for (size_t k = 0; k < CG_ARRAY_LEN(at); k++) {
         size_t len = at[k].buf_len ? at[k].buf_len : n;
@@ -504,19 +476,19 @@ START_TEST(test_utf8_long_random_text)
                 buf[len++] = (unsigned char)(0x80 | (cp & 0x3F));
             }
         }
-        CHECK(ref_utf8_valid(buf, len), "generator, iter %d", iter);
+        CHECK(fuzz_utf8_naive(buf, len), "generator, iter %d", iter);
         CHECK(cg_utf8_valid((char *)buf, len), "iter %d len %zu", iter, len);
         if (!len) continue;
         size_t at = rnd() % len;
         unsigned char saved = buf[at];
         buf[at] = (unsigned char)rnd();
-        int want = ref_utf8_valid(buf, len);
+        int want = fuzz_utf8_naive(buf, len);
         CHECK(cg_utf8_valid((char *)buf, len) == want, "iter %d len %zu at %zu", iter, len, at);
         CHECK(utf8_valid_scalar(buf, len) == want, "scalar, iter %d len %zu at %zu", iter, len, at);
         /* Cutting the text anywhere must agree too. */
         size_t cut = rnd() % (len + 1);
         buf[at] = saved;
-        CHECK(cg_utf8_valid((char *)buf, cut) == ref_utf8_valid(buf, cut), "cut %zu", cut);
+        CHECK(cg_utf8_valid((char *)buf, cut) == fuzz_utf8_naive(buf, cut), "cut %zu", cut);
     }
 }
 END_TEST
@@ -540,7 +512,7 @@ START_TEST(test_utf8_random_differential)
             for (size_t r = 0; r < run && at + r < len; r++)
                 buf[at + r] = edge[rnd() % sizeof edge];
         }
-        int want = ref_utf8_valid(buf, len);
+        int want = fuzz_utf8_naive(buf, len);
         n_valid += want;
         CHECK(cg_utf8_valid((char *)buf, len) == want, "iter %d", iter);
         CHECK(utf8_valid_scalar(buf, len) == want, "scalar, iter %d", iter);
@@ -623,7 +595,10 @@ static cg_status ref_split(const char *t, size_t len, const char *sep, size_t ma
         size_t a = start, b = i;
         while (a < b && strchr(" \t\n\r\v\f", t[a]) && t[a])
             a++;
-        while (b > a && strchr(" \t\n\r\v\f", t[b - 1]) && t[b - 1])
+        int last = !match, blank = 1;
+        for (size_t k = a; k < b; k++)
+            blank &= strchr(" \t\n\r\v\f", t[k]) && t[k];
+        while ((!last || blank) && b > a && strchr(" \t\n\r\v\f", t[b - 1]) && t[b - 1])
             b--;
         if (a == b) {
             e++;
@@ -710,41 +685,16 @@ START_TEST(test_random_differential)
 }
 END_TEST
 
-static Suite *split_suite(void)
-{
-    Suite *s = suite_create("split");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_default_separator);
-    tcase_add_test(tc, test_two_segments);
-    tcase_add_test(tc, test_custom_separator);
-    tcase_add_test(tc, test_long_separator);
-    tcase_add_test(tc, test_self_overlapping_separator);
-    tcase_add_test(tc, test_separator_at_edges);
-    tcase_add_test(tc, test_consecutive_separators);
-    tcase_add_test(tc, test_trimming);
-    tcase_add_test(tc, test_roles_n_segments);
-    tcase_add_test(tc, test_passthrough);
-    tcase_add_test(tc, test_result_reuse);
-    tcase_add_test(tc, test_bad_separator);
-    tcase_add_test(tc, test_segment_limit);
-    tcase_add_test(tc, test_segment_size_limit);
-    tcase_add_test(tc, test_utf8_cases);
-    tcase_add_test(tc, test_utf8_in_fast_path);
-    tcase_add_test(tc, test_split_rejects_invalid_utf8);
-    tcase_add_test(tc, test_utf8_exhaustive_short);
-    tcase_add_test(tc, test_utf8_random_differential);
-    tcase_add_test(tc, test_utf8_long_random_text);
-    tcase_add_test(tc, test_large_prompt);
-    tcase_add_test(tc, test_random_differential);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    SRunner *sr = srunner_create(split_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run_tests("split", "core", 0,
+                        TH_TESTS(test_default_separator, test_two_segments, test_custom_separator,
+                                 test_long_separator, test_self_overlapping_separator,
+                                 test_separator_at_edges, test_consecutive_separators,
+                                 test_trimming, test_roles_n_segments, test_passthrough,
+                                 test_result_reuse, test_bad_separator, test_segment_limit,
+                                 test_segment_size_limit, test_utf8_cases, test_utf8_in_fast_path,
+                                 test_split_rejects_invalid_utf8, test_utf8_exhaustive_short,
+                                 test_utf8_random_differential, test_utf8_long_random_text,
+                                 test_large_prompt, test_random_differential));
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "backends/sse.h"
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 /* Collects events as one line of text each, and the raw bytes of all events. */
 typedef struct sink {
@@ -54,70 +55,86 @@ static void parse_whole(const char *in, size_t len, sink *s)
     ck_assert_ptr_null(p);
 }
 
-START_TEST(basic_event)
+/* A parser with the default parameters, feeding a sink. */
+typedef struct feeder {
+    sink s;
+    cg_sse_parser *p;
+} feeder;
+
+static void feeder_open(feeder *f, cg_sse_params prm)
+{
+    sink_init(&f->s);
+    f->p = cg_sse_new(prm);
+}
+
+/* Feeds n bytes; returns the parser's status. */
+static cg_status feed(feeder *f, const char *d, size_t n)
+{
+    return cg_sse_feed(f->p, d, n, collect, &f->s);
+}
+
+/* Feeds n bytes; asserts the parser accepts them. */
+static void feed_ok(feeder *f, const char *d, size_t n)
+{
+    ck_assert_int_eq(feed(f, d, n), CG_OK);
+}
+
+static void feeder_close(feeder *f)
+{
+    cg_sse_free(&f->p);
+    sink_free(&f->s);
+}
+
+/* Parses in (len bytes) in one feed: asserts n events that read as text and, when raw is set,
+ * raw bytes that reproduce the input. */
+static void expect_events(const char *in, size_t len, int n, const char *text, int raw)
 {
     sink s;
     sink_init(&s);
-    const char *in = "data: hello\n\n";
-    parse_whole(in, strlen(in), &s);
-    ck_assert_int_eq(s.n, 1);
-    ck_assert_str_eq(text_of(&s), "[E=|D1=hello|I0=|R=-1|C=0]");
-    ck_assert_str_eq(s.raw.data, in);
+    parse_whole(in, len, &s);
+    ck_assert_int_eq(s.n, n);
+    ck_assert_str_eq(text_of(&s), text);
+    if (raw) ck_assert_str_eq(s.raw.data, in);
     sink_free(&s);
+}
+
+START_TEST(basic_event)
+{
+    const char *in = "data: hello\n\n";
+    expect_events(in, strlen(in), 1, "[E=|D1=hello|I0=|R=-1|C=0]", 1);
 }
 END_TEST
 
 START_TEST(field_rules)
 {
-    sink s;
-    sink_init(&s);
     /* one space after the colon is dropped, only one; a line without colon is a field with an
      * empty value; unknown fields are ignored; data lines join with '\n'. */
     const char *in =
         "event: add\nid: 7\nretry: 1500\ndata:  two\ndata\nfoo: bar\n: note\ndata:x\n\n";
-    parse_whole(in, strlen(in), &s);
-    ck_assert_int_eq(s.n, 1);
-    ck_assert_str_eq(text_of(&s), "[E=add|D1= two\n\nx|I1=7|R=1500|C=1]");
-    sink_free(&s);
+    expect_events(in, strlen(in), 1, "[E=add|D1= two\n\nx|I1=7|R=1500|C=1]", 0);
 }
 END_TEST
 
 START_TEST(data_empty_and_comment_only)
 {
-    sink s;
-    sink_init(&s);
     const char *in = "data:\n\n: only a comment\n\n\n\n\nretry: 12a\n\n";
-    parse_whole(in, strlen(in), &s);
     /* blank lines that end no block produce nothing */
-    ck_assert_int_eq(s.n, 3);
-    ck_assert_str_eq(text_of(&s),
-                     "[E=|D1=|I0=|R=-1|C=0][E=|D0=|I0=|R=-1|C=1][E=|D0=|I0=|R=-1|C=0]");
-    sink_free(&s);
+    expect_events(in, strlen(in), 3,
+                  "[E=|D1=|I0=|R=-1|C=0][E=|D0=|I0=|R=-1|C=1][E=|D0=|I0=|R=-1|C=0]", 0);
 }
 END_TEST
 
 START_TEST(line_endings)
 {
-    sink s;
-    sink_init(&s);
     const char *in = "data: a\r\ndata: b\rdata: c\n\r\ndata: d\r\r";
-    parse_whole(in, strlen(in), &s);
-    ck_assert_int_eq(s.n, 2);
-    ck_assert_str_eq(text_of(&s), "[E=|D1=a\nb\nc|I0=|R=-1|C=0][E=|D1=d|I0=|R=-1|C=0]");
-    ck_assert_str_eq(s.raw.data, in);
-    sink_free(&s);
+    expect_events(in, strlen(in), 2, "[E=|D1=a\nb\nc|I0=|R=-1|C=0][E=|D1=d|I0=|R=-1|C=0]", 1);
 }
 END_TEST
 
 START_TEST(id_with_nul_ignored)
 {
-    sink s;
-    sink_init(&s);
     const char in[] = "id: a\0b\ndata: x\n\n";
-    parse_whole(in, sizeof in - 1, &s);
-    ck_assert_int_eq(s.n, 1);
-    ck_assert_str_eq(text_of(&s), "[E=|D1=x|I0=|R=-1|C=0]");
-    sink_free(&s);
+    expect_events(in, sizeof in - 1, 1, "[E=|D1=x|I0=|R=-1|C=0]", 0);
 }
 END_TEST
 
@@ -162,50 +179,44 @@ END_TEST
  * than starting the next block's raw bytes. */
 START_TEST(crlf_split_at_block_end)
 {
-    sink s;
-    sink_init(&s);
-    cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
-    ck_assert_int_eq(cg_sse_feed(p, "data: a\r\n\r", 10, collect, &s), CG_OK);
-    ck_assert_int_eq(s.n, 1); /* not waiting for the LF */
-    ck_assert_int_eq(cg_sse_feed(p, "\ndata: b\n\n", 10, collect, &s), CG_OK);
-    ck_assert_int_eq(s.n, 2);
-    ck_assert_str_eq(s.raw.data, "data: a\r\n\rdata: b\n\n");
-    ck_assert_str_eq(text_of(&s), "[E=|D1=a|I0=|R=-1|C=0][E=|D1=b|I0=|R=-1|C=0]");
-    cg_sse_free(&p);
-    sink_free(&s);
+    feeder f;
+    feeder_open(&f, cg_sse_default_params());
+    feed_ok(&f, "data: a\r\n\r", 10);
+    ck_assert_int_eq(f.s.n, 1); /* not waiting for the LF */
+    feed_ok(&f, "\ndata: b\n\n", 10);
+    ck_assert_int_eq(f.s.n, 2);
+    ck_assert_str_eq(f.s.raw.data, "data: a\r\n\rdata: b\n\n");
+    ck_assert_str_eq(text_of(&f.s), "[E=|D1=a|I0=|R=-1|C=0][E=|D1=b|I0=|R=-1|C=0]");
+    feeder_close(&f);
 }
 END_TEST
 
 START_TEST(bom_variants)
 {
     /* A BOM split over three feeds is skipped. */
-    sink s;
-    sink_init(&s);
-    cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
-    ck_assert_int_eq(cg_sse_feed(p, "\xEF", 1, collect, &s), CG_OK);
-    ck_assert_int_eq(cg_sse_feed(p, "\xBB", 1, collect, &s), CG_OK);
-    ck_assert_int_eq(cg_sse_feed(p,
-                                 "\xBF"
-                                 "data: z\n\n",
-                                 11, collect, &s),
-                     CG_OK);
-    ck_assert_str_eq(text_of(&s), "[E=|D1=z|I0=|R=-1|C=0]");
-    cg_sse_free(&p);
-    sink_free(&s);
+    feeder f;
+    feeder_open(&f, cg_sse_default_params());
+    feed_ok(&f, "\xEF", 1);
+    feed_ok(&f, "\xBB", 1);
+    feed_ok(&f,
+            "\xBF"
+            "data: z\n\n",
+            11);
+    ck_assert_str_eq(text_of(&f.s), "[E=|D1=z|I0=|R=-1|C=0]");
+    feeder_close(&f);
 
     /* A BOM prefix that turns out not to be one is ordinary input: here it makes the field
      * name unknown, so the block has no data. */
-    sink_init(&s);
-    p = cg_sse_new(cg_sse_default_params());
-    ck_assert_int_eq(cg_sse_feed(p, "\xEF\xBB", 2, collect, &s), CG_OK);
-    ck_assert_int_eq(cg_sse_feed(p, "data: z\n\ndata: ok\n\n", 19, collect, &s), CG_OK);
-    ck_assert_str_eq(text_of(&s), "[E=|D0=|I0=|R=-1|C=0][E=|D1=ok|I0=|R=-1|C=0]");
-    ck_assert_str_eq(s.raw.data, "\xEF\xBB"
-                                 "data: z\n\ndata: ok\n\n");
-    cg_sse_free(&p);
-    sink_free(&s);
+    feeder_open(&f, cg_sse_default_params());
+    feed_ok(&f, "\xEF\xBB", 2);
+    feed_ok(&f, "data: z\n\ndata: ok\n\n", 19);
+    ck_assert_str_eq(text_of(&f.s), "[E=|D0=|I0=|R=-1|C=0][E=|D1=ok|I0=|R=-1|C=0]");
+    ck_assert_str_eq(f.s.raw.data, "\xEF\xBB"
+                                   "data: z\n\ndata: ok\n\n");
+    feeder_close(&f);
 
     /* Only the stream start may hold a BOM. */
+    sink s;
     sink_init(&s);
     const char *in = "data: a\n\n\xEF\xBB\xBF"
                      "data: b\n\n";
@@ -218,58 +229,52 @@ END_TEST
 START_TEST(line_cap)
 {
     cg_sse_params prm = {.max_line = 16, .max_event = 1024};
-    sink s;
-    sink_init(&s);
-    cg_sse_parser *p = cg_sse_new(prm);
+    feeder f;
+    feeder_open(&f, prm);
     /* exactly 16 bytes is fine */
-    ck_assert_int_eq(cg_sse_feed(p, "data: 0123456789\n\n", 18, collect, &s), CG_OK);
-    ck_assert_int_eq(s.n, 1);
+    feed_ok(&f, "data: 0123456789\n\n", 18);
+    ck_assert_int_eq(f.s.n, 1);
     /* 17 bytes split across feeds is refused, and the parser stays failed */
-    ck_assert_int_eq(cg_sse_feed(p, "data: 01234", 11, collect, &s), CG_OK);
-    ck_assert_int_eq(cg_sse_feed(p, "567890", 6, collect, &s), CG_E_TOO_LARGE);
-    ck_assert_int_eq(cg_sse_feed(p, "\n\n", 2, collect, &s), CG_E_TOO_LARGE);
-    ck_assert_int_eq(s.n, 1);
+    feed_ok(&f, "data: 01234", 11);
+    ck_assert_int_eq(feed(&f, "567890", 6), CG_E_TOO_LARGE);
+    ck_assert_int_eq(feed(&f, "\n\n", 2), CG_E_TOO_LARGE);
+    ck_assert_int_eq(f.s.n, 1);
     /* finish resets it for a new stream */
-    ck_assert_int_eq(cg_sse_finish(p), 1);
-    ck_assert_int_eq(cg_sse_feed(p, "data: ok\n\n", 10, collect, &s), CG_OK);
-    ck_assert_int_eq(s.n, 2);
-    cg_sse_free(&p);
-    sink_free(&s);
+    ck_assert_int_eq(cg_sse_finish(f.p), 1);
+    feed_ok(&f, "data: ok\n\n", 10);
+    ck_assert_int_eq(f.s.n, 2);
+    feeder_close(&f);
 }
 END_TEST
 
 START_TEST(event_cap)
 {
     cg_sse_params prm = {.max_line = 64, .max_event = 40};
-    sink s;
-    sink_init(&s);
-    cg_sse_parser *p = cg_sse_new(prm);
+    feeder f;
+    feeder_open(&f, prm);
     /* short lines, but the block grows past 40 bytes */
     cg_status st = CG_OK;
     for (int i = 0; i < 10 && st == CG_OK; i++)
-        st = cg_sse_feed(p, "data: abc\n", 10, collect, &s);
+        st = feed(&f, "data: abc\n", 10);
     ck_assert_int_eq(st, CG_E_TOO_LARGE);
-    ck_assert_int_eq(s.n, 0);
-    cg_sse_free(&p);
-    sink_free(&s);
+    ck_assert_int_eq(f.s.n, 0);
+    feeder_close(&f);
 }
 END_TEST
 
 START_TEST(finish_drops_partial)
 {
-    sink s;
-    sink_init(&s);
-    cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
-    ck_assert_int_eq(cg_sse_feed(p, "data: a\n\ndata: cut", 18, collect, &s), CG_OK);
-    ck_assert_int_eq(s.n, 1);
-    ck_assert_int_eq(cg_sse_finish(p), 1);
-    ck_assert_int_eq(s.n, 1);
-    ck_assert_int_eq(cg_sse_finish(p), 0);
-    ck_assert_int_eq(cg_sse_feed(p, "data: new\n\n", 11, collect, &s), CG_OK);
-    ck_assert_str_eq(text_of(&s), "[E=|D1=a|I0=|R=-1|C=0][E=|D1=new|I0=|R=-1|C=0]");
-    cg_sse_free(&p);
-    cg_sse_free(&p); /* NULL-safe */
-    sink_free(&s);
+    feeder f;
+    feeder_open(&f, cg_sse_default_params());
+    feed_ok(&f, "data: a\n\ndata: cut", 18);
+    ck_assert_int_eq(f.s.n, 1);
+    ck_assert_int_eq(cg_sse_finish(f.p), 1);
+    ck_assert_int_eq(f.s.n, 1);
+    ck_assert_int_eq(cg_sse_finish(f.p), 0);
+    feed_ok(&f, "data: new\n\n", 11);
+    ck_assert_str_eq(text_of(&f.s), "[E=|D1=a|I0=|R=-1|C=0][E=|D1=new|I0=|R=-1|C=0]");
+    feeder_close(&f);
+    cg_sse_free(&f.p); /* NULL-safe */
 }
 END_TEST
 
@@ -305,24 +310,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("sse");
-    TCase *tc = tcase_create("parser");
-    tcase_add_test(tc, basic_event);
-    tcase_add_test(tc, field_rules);
-    tcase_add_test(tc, data_empty_and_comment_only);
-    tcase_add_test(tc, line_endings);
-    tcase_add_test(tc, id_with_nul_ignored);
-    tcase_add_test(tc, every_split_point);
-    tcase_add_test(tc, crlf_split_at_block_end);
-    tcase_add_test(tc, bom_variants);
-    tcase_add_test(tc, line_cap);
-    tcase_add_test(tc, event_cap);
-    tcase_add_test(tc, finish_drops_partial);
-    tcase_add_test(tc, random_split_invariance);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_run_tests("sse", "parser", 0,
+                        TH_TESTS(basic_event, field_rules, data_empty_and_comment_only,
+                                 line_endings, id_with_nul_ignored, every_split_point,
+                                 crlf_split_at_block_end, bom_variants, line_cap, event_cap,
+                                 finish_drops_partial, random_split_invariance));
 }

@@ -5,169 +5,40 @@
  * page GET / rendered by headless Chromium must show the same numbers. Without chromium the
  * JSON checks still run and the test exits 77 (ctest: skipped). */
 #include <check.h>
-#include <curl/curl.h>
-#include <fcntl.h>
-#include <ftw.h>
 #include <jansson.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 #define ADMIN "tok-status"
 #define MODEL "chunkgate-tiny"
 #define SKIP_CODE 77
 
-static char tmp_root[256], model_dir[300], worker_url[64];
-static pid_t gw_pid, wk_pid;
-static int gw_port;
+static char model_dir[300];
+static const char *worker_url;
+static th_proc gw, wk;
 static const char *chromium; /* path, or NULL when not installed */
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    cg_buf b;
-    cg_buf_init(&b, 0);
-    if (f) {
-        char tmp[4096];
-        size_t n;
-        while ((n = fread(tmp, 1, sizeof tmp, f)) > 0)
-            if (cg_buf_append(&b, tmp, n) != CG_OK) break;
-        fclose(f);
-    }
-    char *s = cg_malloc(b.len + 1);
-    if (b.len) memcpy(s, b.data, b.len);
-    s[b.len] = '\0';
-    cg_buf_free(&b);
-    return s;
-}
-
-/* Starts bin with args, output to log; with marker, waits for it and returns the port that
- * follows it (0 on failure). */
-static int spawn(pid_t *pid, const char *bin, const char *const *args, const char *log,
-                 const char *marker)
-{
-    char *argv[32];
-    int argc = 0;
-    argv[argc++] = (char *)bin;
-    for (; *args; args++)
-        argv[argc++] = (char *)*args;
-    argv[argc] = NULL;
-    fflush(NULL);
-    *pid = fork();
-    if (*pid < 0) return 0;
-    if (*pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        close(fd);
-        execv(bin, argv);
-        _exit(127);
-    }
-    if (!marker) return 0;
-    for (int i = 0; i < 3000; i++) {
-        char *text = slurp(log);
-        const char *m = strstr(text, marker);
-        int port = m ? atoi(m + strlen(marker)) : 0;
-        free(text);
-        if (port > 0) return port;
-        if (waitpid(*pid, NULL, WNOHANG) == *pid) break;
-        sleep_ms(20);
-    }
-    fprintf(stderr, "%s did not start; see %s\n", bin, log);
-    return 0;
-}
-
-static void stop(pid_t *pid)
-{
-    if (*pid <= 0) return;
-    kill(*pid, SIGTERM);
-    waitpid(*pid, NULL, 0);
-    *pid = 0;
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {0};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(0x7f000001);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) abort();
-    socklen_t len = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
-/* ------------------------------------------------------------ HTTP client */
-
-typedef struct resp {
-    long status;
-    char ctype[128];
-    cg_buf body;
-} resp;
-
-static size_t on_write(char *d, size_t sz, size_t n, void *ud)
-{
-    resp *r = ud;
-    return cg_buf_append(&r->body, d, sz * n) == CG_OK ? sz * n : 0;
-}
-
-static void http(resp *r, const char *method, const char *path, const char *body,
+static void http(th_resp *r, const char *method, const char *path, const char *body,
                  const char *token)
 {
-    memset(r, 0, sizeof *r);
-    cg_buf_init(&r->body, 0);
-    CURL *e = curl_easy_init();
-    char url[512], auth[256];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", gw_port, path);
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT, 120L);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    if (token) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
-        h = curl_slist_append(h, auth);
-    }
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    if (body) curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_perform(e);
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r->status);
-    char *ct = NULL;
-    curl_easy_getinfo(e, CURLINFO_CONTENT_TYPE, &ct);
-    snprintf(r->ctype, sizeof r->ctype, "%s", ct ? ct : "");
-    curl_slist_free_all(h);
-    curl_easy_cleanup(e);
+    th_http(r, gw.port, method, path, body, token, NULL);
 }
 
 /* GET /v1/stats with the admin token; asserts 200. Caller decrefs. */
 static json_t *stats(void)
 {
-    resp r;
+    th_resp r;
     http(&r, "GET", "/v1/stats", NULL, ADMIN);
     ck_assert_msg(r.status == 200, "GET /v1/stats: HTTP %ld", r.status);
     json_t *j = json_loadb(r.body.data, r.body.len, 0, NULL);
     ck_assert_msg(j != NULL, "/v1/stats is not JSON");
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     return j;
 }
 
@@ -183,7 +54,7 @@ static json_t *rag(const char *first, const char *second, const char *q)
     char prompt[1024];
     snprintf(prompt, sizeof prompt, "You answer from the documents only. # # %s # # %s # # %s",
              first, second, q);
-    resp r;
+    th_resp r;
     json_t *b = json_pack("{s:s, s:s, s:i, s:f}", "model", MODEL, "prompt", prompt,
                           "max_tokens", 4, "temperature", 0.0);
     char *text = json_dumps(b, JSON_COMPACT);
@@ -193,7 +64,7 @@ static json_t *rag(const char *first, const char *second, const char *q)
     ck_assert_msg(r.status == 200, "completion: HTTP %ld: %.*s", r.status, (int)r.body.len,
                   r.body.data ? r.body.data : "");
     json_t *j = json_loadb(r.body.data, r.body.len, 0, NULL);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     ck_assert(j != NULL);
     return j;
 }
@@ -202,61 +73,38 @@ static json_t *rag(const char *first, const char *second, const char *q)
 
 static void suite_setup(void)
 {
-    signal(SIGPIPE, SIG_IGN);
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    snprintf(tmp_root, sizeof tmp_root, "/tmp/cg_status_XXXXXX");
-    if (!mkdtemp(tmp_root)) abort();
-    snprintf(model_dir, sizeof model_dir, "%s/model", tmp_root);
-    char log[400], data[400], listen[64];
-    snprintf(log, sizeof log, "%s/gen.log", tmp_root);
-    pid_t gen;
-    const char *ga[] = {"generate-model", "--out", model_dir, NULL};
-    spawn(&gen, WORKER_BIN, ga, log, NULL);
-    int st = 0;
-    waitpid(gen, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
-        fprintf(stderr, "generate-model failed; see %s\n", log);
+    th_init("status", NULL);
+    th_path(model_dir, sizeof model_dir, "model");
+    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) {
+        fprintf(stderr, "generate-model failed; see %s/gen.log\n", th_root());
         abort();
     }
-    int wp = free_port();
-    snprintf(listen, sizeof listen, "127.0.0.1:%d", wp);
-    snprintf(data, sizeof data, "%s/w-data", tmp_root);
-    snprintf(log, sizeof log, "%s/worker.log", tmp_root);
-    const char *wa[] = {"serve", "--model", model_dir, "--listen", listen, "--data-dir", data,
-                        "--pool-mb", "64", NULL};
-    if (!spawn(&wk_pid, WORKER_BIN, wa, log, "\"msg\":\"listening on 127.0.0.1:")) abort();
-    snprintf(worker_url, sizeof worker_url, "http://127.0.0.1:%d", wp);
-    snprintf(data, sizeof data, "%s/gw-data", tmp_root);
-    snprintf(log, sizeof log, "%s/gw.log", tmp_root);
-    const char *gwa[] = {"--listen", "127.0.0.1:0", "--data-dir", data, "--admin-token", ADMIN,
-                         "--worker", worker_url, "--health-interval-ms", "100", NULL};
-    gw_port = spawn(&gw_pid, CHUNKGATE_BIN, gwa, log, "listening on 127.0.0.1:");
-    if (!gw_port) abort();
-}
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    return remove(path);
+    if (th_start_worker(&wk, WORKER_BIN, model_dir, 0, "w", NULL) != 0)
+        th_die("chunkgate-worker", &wk);
+    worker_url = wk.url;
+    const char *gwa[] = {"--admin-token",        ADMIN, "--worker", worker_url,
+                         "--health-interval-ms", "100", NULL};
+    if (th_start_gateway(&gw, CHUNKGATE_BIN, "gw", gwa) != 0) th_die("chunkgate", &gw);
 }
 
 static void suite_teardown(void)
 {
-    stop(&gw_pid);
-    stop(&wk_pid);
-    if (!getenv("CG_KEEP_TMP")) nftw(tmp_root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    th_stop(&gw, SIGTERM);
+    th_stop(&wk, SIGTERM);
+    th_cleanup(0);
 }
 
 /* ------------------------------------------------------------ tests */
 
 START_TEST(stats_need_the_admin_token_page_does_not)
 {
-    resp r;
+    th_resp r;
     http(&r, "GET", "/v1/stats", NULL, NULL);
     ck_assert_int_eq(r.status, 401);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     http(&r, "GET", "/v1/stats", NULL, "wrong");
     ck_assert_int_eq(r.status, 401);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     /* The page itself is static (no data): a browser cannot send a bearer on navigation. */
     http(&r, "GET", "/", NULL, NULL);
     ck_assert_int_eq(r.status, 200);
@@ -267,7 +115,7 @@ START_TEST(stats_need_the_admin_token_page_does_not)
     /* Self-contained: nothing is loaded from another origin. */
     ck_assert(strstr(r.body.data, "http://") == NULL && strstr(r.body.data, "https://") == NULL);
     ck_assert(strstr(r.body.data, " src=") == NULL && strstr(r.body.data, "<link") == NULL);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 }
 END_TEST
 
@@ -279,7 +127,7 @@ START_TEST(stats_and_page_show_the_hits)
         json_t *s = stats();
         healthy = num(s, "workers", "healthy") == 1;
         json_decref(s);
-        if (!healthy) sleep_ms(20);
+        if (!healthy) th_sleep_ms(20);
     }
     ck_assert_msg(healthy, "the worker never became healthy");
     json_t *s0 = stats();
@@ -304,7 +152,7 @@ START_TEST(stats_and_page_show_the_hits)
         json_decref(s);
         s = stats();
         if (num(s, "index", "chunks") >= 3) break;
-        sleep_ms(20);
+        th_sleep_ms(20);
     }
     long long chunks = num(s, "index", "chunks");
     ck_assert_int_ge(chunks, 3);
@@ -352,17 +200,17 @@ START_TEST(stats_and_page_show_the_hits)
     /* The page, rendered: --virtual-time-budget lets its fetch of /v1/stats finish before the
      * DOM is dumped; the token travels in the fragment. */
     char cmd[2048], dom_path[400], err_path[400];
-    snprintf(dom_path, sizeof dom_path, "%s/dom.html", tmp_root);
-    snprintf(err_path, sizeof err_path, "%s/chromium.log", tmp_root);
+    snprintf(dom_path, sizeof dom_path, "%s/dom.html", th_root());
+    snprintf(err_path, sizeof err_path, "%s/chromium.log", th_root());
     snprintf(cmd, sizeof cmd,
              "HOME='%s' timeout 120 '%s' --headless --no-sandbox --disable-gpu "
              "--no-first-run --user-data-dir='%s/chrome' --virtual-time-budget=10000 "
              "--dump-dom 'http://127.0.0.1:%d/#token=%s' >'%s' 2>'%s'",
-             tmp_root, chromium, tmp_root, gw_port, ADMIN, dom_path, err_path);
+             th_root(), chromium, th_root(), gw.port, ADMIN, dom_path, err_path);
     int rc = system(cmd);
-    char *dom = slurp(dom_path);
+    char *dom = th_read_file(dom_path, NULL);
     if (rc != 0 || !strstr(dom, "</html>")) {
-        char *e = slurp(err_path);
+        char *e = th_read_file(err_path, NULL);
         ck_abort_msg("chromium failed (%d): %s", rc, e);
     }
     char want[256];
@@ -402,37 +250,18 @@ static const char *find_chromium(void)
     const char *env = getenv("CHROMIUM");
     if (env && *env) return access(env, X_OK) == 0 ? env : NULL;
     static char path[1024];
-    const char *names[] = {"chromium", "chromium-browser"};
-    const char *p = getenv("PATH");
-    for (size_t k = 0; k < 2; k++) {
-        const char *s = p ? p : "/usr/bin";
-        while (*s) {
-            const char *e = strchr(s, ':');
-            size_t len = e ? (size_t)(e - s) : strlen(s);
-            snprintf(path, sizeof path, "%.*s/%s", (int)len, s, names[k]);
-            if (access(path, X_OK) == 0) return path;
-            s += len + (e != NULL);
-        }
-    }
+    if (th_which("chromium", path, sizeof path) || th_which("chromium-browser", path, sizeof path))
+        return path;
     return NULL;
 }
 
 int main(void)
 {
     chromium = find_chromium();
-    Suite *su = suite_create("status");
-    TCase *tc = tcase_create("stack");
-    tcase_add_unchecked_fixture(tc, suite_setup, suite_teardown);
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, stats_need_the_admin_token_page_does_not);
-    tcase_add_test(tc, stats_and_page_show_the_hits);
-    suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    if (failed) return EXIT_FAILURE;
+    if (th_run_suite(
+            "status", "stack", 300, (th_fixture){suite_setup, suite_teardown, 0}, CK_NOFORK,
+            TH_TESTS(stats_need_the_admin_token_page_does_not, stats_and_page_show_the_hits)))
+        return EXIT_FAILURE;
     if (!chromium) {
         printf("SKIP: chromium not found (apt-get install chromium, or set CHROMIUM): the "
                "/v1/stats checks passed, the page was not rendered\n");

@@ -6,7 +6,6 @@
  * (LRU drops, keeps serving), inventory of both tiers and DELETE from both. */
 #include <check.h>
 #include <curl/curl.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
@@ -15,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -25,20 +23,18 @@
 #include "worker/serve/worker_api.h"
 #include "base/base.h"
 #include "kv/kvwire.h"
+#include "tests/harness/harness.h"
 
-#define WORKER CG_BINARY_DIR "/worker/chunkgate-worker"
 #define ERRLEN 512
 #define MAX_TOKENS 8
 
-static char tmpdir[64], model_dir[128];
+static char model_dir[300];
 static cg_model *model;
 
-static const char *SYS = "You are a careful assistant. Answer from the documents only.";
+static const char *SYS = TH_SYSTEM;
 static const char *DOC[8] = {
-    "Document A. Annual rainfall in the valley averaged 812 millimetres between 1990 and 2020; "
-    "in 2024 two gauges were replaced.",
-    "Document B. The cooperative's bylaws were amended in March: members may vote by post and "
-    "the quorum fell to one third.",
+    TH_DOC_A,
+    TH_DOC_B,
     "Document C. The river flooded twice in 2023 and the levee was raised by one metre in the "
     "spring of 2024, at a cost of 2.1 million.",
     "Document D. Ferry schedules changed in June: boats now leave every forty minutes instead "
@@ -52,201 +48,52 @@ static const char *DOC[8] = {
     "Document H. Street lighting was replaced with LED lamps on all main roads, cutting the "
     "electricity bill of the town by 38 percent.",
 };
-static const char *QUESTION = "What changed in 2024?";
+static const char *QUESTION = TH_QUESTION;
 
 /* ---- processes ---- */
 
-typedef struct worker {
-    pid_t pid;
-    int port;
-    char log[160];
-} worker;
-
-static void rm_rf(const char *dir)
+/* Starts `chunkgate-worker serve` with the given data dir and tier sizes; asserts it listens. */
+static th_proc start_worker(const char *name, const char *data_dir, const char *pool_mb,
+                            const char *disk_mb)
 {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            rm_rf(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
-static int run_cmd(char *const argv[])
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-/* Starts `chunkgate-worker serve` with the given data dir and tier sizes; waits for its
- * "listening on" line. */
-static worker start_worker(const char *name, const char *data_dir, const char *pool_mb,
-                           const char *disk_mb)
-{
-    worker w = {0};
-    snprintf(w.log, sizeof w.log, "%s/%s.log", tmpdir, name);
-    w.pid = fork();
-    if (w.pid == 0) {
-        /* a failed check ends the test process: its workers must not outlive it */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        FILE *f = freopen(w.log, "a", stderr);
-        (void)f;
-        execl(WORKER, WORKER, "serve", "--model", model_dir, "--listen", "127.0.0.1:0",
-              "--data-dir", data_dir, "--pool-mb", pool_mb, "--disk-mb", disk_mb,
-              "--assembly-ttl-ms", "60000", (char *)NULL);
-        _exit(127);
-    }
-    const char *tag = "\"msg\":\"listening on 127.0.0.1:";
-    for (int i = 0; i < 600; i++) { /* up to 60 s: sanitizer builds start slowly */
-        FILE *f = fopen(w.log, "r");
-        char line[4096];
-        int port = 0;
-        while (f && fgets(line, sizeof line, f)) {
-            char *p = strstr(line, tag);
-            if (p) port = atoi(p + strlen(tag)); /* the last start's line wins */
-        }
-        if (f) fclose(f);
-        if (port > 0) {
-            w.port = port;
-            return w;
-        }
-        int status;
-        ck_assert_msg(waitpid(w.pid, &status, WNOHANG) != w.pid, "worker %s exited; log %s", name,
-                      w.log);
-        usleep(100000);
-    }
-    ck_abort_msg("worker %s did not start; log %s", name, w.log);
+    th_proc w;
+    const char *extra[] = {"--data-dir", data_dir, "--pool-mb",         pool_mb,
+                           "--disk-mb",  disk_mb,  "--assembly-ttl-ms", "60000",
+                           NULL};
+    ck_assert_msg(th_start_worker(&w, WORKER_BIN, model_dir, 0, name, extra) == 0,
+                  "worker %s did not start; log %s", name, w.log);
     return w;
 }
 
-/* The log is appended to across restarts: truncate it so the next start's port is the only one. */
-static void reset_log(worker *w)
-{
-    FILE *f = fopen(w->log, "w");
-    if (f) fclose(f);
-}
-
-static void stop_worker(worker *w, int sig)
+static void stop_worker(th_proc *w, int sig)
 {
     if (w->pid <= 0) return;
-    kill(w->pid, sig);
-    int status = 0;
-    waitpid(w->pid, &status, 0);
+    int rc = th_stop(w, sig);
     if (sig == SIGTERM)
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                      "worker did not exit cleanly on SIGTERM (status %d); log %s", status, w->log);
-    w->pid = 0;
-}
-
-static int log_has(const worker *w, const char *needle)
-{
-    FILE *f = fopen(w->log, "r");
-    char line[8192];
-    int found = 0;
-    while (f && !found && fgets(line, sizeof line, f))
-        found = strstr(line, needle) != NULL;
-    if (f) fclose(f);
-    return found;
+        ck_assert_msg(rc == 0, "worker did not exit cleanly on SIGTERM (status %d); log %s", rc,
+                      w->log);
 }
 
 /* ---- HTTP ---- */
 
-typedef struct resp {
-    long status;
-    cg_buf body;
-} resp;
-
-static size_t on_body(char *p, size_t sz, size_t n, void *ud)
+/* A request to w; status -1 when no answer came (the worker was killed). */
+static th_resp http(const th_proc *w, const char *method, const char *path, const char *body)
 {
-    resp *r = ud;
-    cg_status st = cg_buf_append(&r->body, p, sz * n);
-    (void)st;
-    return sz * n;
-}
-
-static resp http(const worker *w, const char *method, const char *path, const char *body)
-{
-    resp r;
-    memset(&r, 0, sizeof r);
-    cg_buf_init(&r.body, 0);
-    CURL *c = curl_easy_init();
-    char url[512];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", w->port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 300L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    if (body) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    }
-    CURLcode rc = curl_easy_perform(c);
-    if (rc != CURLE_OK)
-        r.status = -1;
-    else
-        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-    curl_easy_cleanup(c);
+    th_resp r;
+    th_http(&r, w->port, method, path, body, NULL, NULL);
+    if (r.rc != CURLE_OK) r.status = -1;
     return r;
 }
 
-static json_t *call(const worker *w, const char *method, const char *path, json_t *body, long want)
+static json_t *call(const th_proc *w, const char *method, const char *path, json_t *body, long want)
 {
-    char *b = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    json_decref(body);
-    resp r = http(w, method, path, b);
-    free(b);
-    ck_assert_msg(r.status == want, "%s %s: status %ld, want %ld: %.300s", method, path, r.status,
-                  want, r.body.data);
-    json_error_t e;
-    json_t *j = json_loadb(r.body.data ? r.body.data : "", r.body.len, 0, &e);
-    ck_assert_msg(j != NULL, "%s %s: not JSON: %.200s", method, path, r.body.data);
-    cg_buf_free(&r.body);
-    return j;
-}
-
-static const char *sget(json_t *j, const char *k)
-{
-    return json_string_value(json_object_get(j, k));
-}
-static long long iget(json_t *j, const char *k)
-{
-    return json_integer_value(json_object_get(j, k));
+    return th_call(w->port, method, path, body, NULL, want);
 }
 
 /* One sample of a Prometheus series (exact text before the value); -1 when absent. */
-static double metric(const worker *w, const char *series)
+static double metric(const th_proc *w, const char *series)
 {
-    resp r = http(w, "GET", "/metrics", NULL);
-    ck_assert_int_eq(r.status, 200);
-    double v = -1;
-    size_t n = strlen(series);
-    for (const char *p = r.body.data; p && *p;) {
-        if (!strncmp(p, series, n) && p[n] == ' ') {
-            v = strtod(p + n + 1, NULL);
-            break;
-        }
-        p = strchr(p, '\n');
-        if (p) p++;
-    }
-    cg_buf_free(&r.body);
-    return v;
+    return th_metric(w->port, series);
 }
 
 /* ---- prompts and answers ---- */
@@ -254,9 +101,7 @@ static double metric(const worker *w, const char *series)
 /* Prompt i: the system prompt, documents 2i and 2i+1 (mod 8), the question. */
 static json_t *segs_of(int i)
 {
-    return json_pack("[{s:s,s:s},{s:s,s:s},{s:s,s:s},{s:s,s:s}]", "role", "system", "text", SYS,
-                     "role", "chunk", "text", DOC[(2 * i) % 8], "role", "chunk", "text",
-                     DOC[(2 * i + 1) % 8], "role", "question", "text", QUESTION);
+    return th_segments(SYS, DOC[(2 * i) % 8], DOC[(2 * i + 1) % 8], QUESTION);
 }
 
 /* The answer of recomputation: an in-process engine on the same model, every segment
@@ -264,33 +109,9 @@ static json_t *segs_of(int i)
 static char *recomputed_text(int i)
 {
     static char *memo[4];
-    if (memo[i]) return cg_strdup(memo[i]);
-    cg_engine *e = NULL;
-    ck_assert_int_eq(cg_engine_open(model, cg_engine_default_params(), &e), CG_OK);
-    const char *d1 = DOC[(2 * i) % 8], *d2 = DOC[(2 * i + 1) % 8];
-    cg_engine_seg s[4] = {{CG_ROLE_SYSTEM, SYS, strlen(SYS), NULL},
-                          {CG_ROLE_CHUNK, d1, strlen(d1), NULL},
-                          {CG_ROLE_CHUNK, d2, strlen(d2), NULL},
-                          {CG_ROLE_QUESTION, QUESTION, strlen(QUESTION), NULL}};
-    cg_assemble_req ar = {.segs = s,
-                          .n_segs = 4,
-                          .mode = CG_MODE_STRICT,
-                          .reserve_tokens = -1,
-                          .path = CG_PATH_BYPASS};
-    cg_assembly_info info;
-    char err[ERRLEN];
-    ck_assert_int_eq(cg_engine_assemble(e, &ar, 1, &info, err, sizeof err), CG_OK);
-    cg_complete_req cr = {.assembly_id = info.id, .max_tokens = MAX_TOKENS};
-    cg_complete_result res;
-    ck_assert_int_eq(cg_engine_complete(e, &cr, 1, &res, err, sizeof err), CG_OK);
-    cg_buf b;
-    cg_buf_init(&b, 0);
-    cg_utf8_sanitize(res.text, res.text_len, 1, &b);
-    memo[i] = cg_strndup(b.data ? b.data : "", b.len);
-    cg_buf_free(&b);
-    cg_complete_result_free(&res);
-    cg_assembly_info_free(&info);
-    cg_engine_close(&e);
+    if (!memo[i])
+        memo[i] = th_engine_answer(model, SYS, DOC[(2 * i) % 8], DOC[(2 * i + 1) % 8], QUESTION,
+                                   MAX_TOKENS, CG_PATH_BYPASS);
     return cg_strdup(memo[i]);
 }
 
@@ -305,19 +126,9 @@ static const uint8_t *local_chunk_kv(const char *key_hex, size_t *len)
     if (!e) {
         ck_assert_int_eq(cg_engine_open(model, cg_engine_default_params(), &e), CG_OK);
         for (int i = 0; i < 4; i++) {
-            const char *d1 = DOC[(2 * i) % 8], *d2 = DOC[(2 * i + 1) % 8];
-            cg_engine_seg sg[4] = {{CG_ROLE_SYSTEM, SYS, strlen(SYS), NULL},
-                                   {CG_ROLE_CHUNK, d1, strlen(d1), NULL},
-                                   {CG_ROLE_CHUNK, d2, strlen(d2), NULL},
-                                   {CG_ROLE_QUESTION, QUESTION, strlen(QUESTION), NULL}};
-            cg_assemble_req ar = {.segs = sg,
-                                  .n_segs = 4,
-                                  .mode = CG_MODE_STRICT,
-                                  .reserve_tokens = -1,
-                                  .path = CG_PATH_CACHED};
             cg_assembly_info info;
-            char err[ERRLEN];
-            ck_assert_int_eq(cg_engine_assemble(e, &ar, 1, &info, err, sizeof err), CG_OK);
+            th_engine_assemble(e, SYS, DOC[(2 * i) % 8], DOC[(2 * i + 1) % 8], QUESTION,
+                               CG_PATH_CACHED, &info);
             ck_assert_int_eq(cg_engine_release(e, info.id, 1), CG_OK);
             cg_assembly_info_free(&info);
         }
@@ -368,15 +179,15 @@ typedef struct outcome {
 
 /* Assembles prompt i, decodes it (greedy, consuming the assembly) and checks the answer
  * against recomputation. */
-static outcome ask(const worker *w, int i)
+static outcome ask(const th_proc *w, int i)
 {
     outcome o = {0};
     json_t *a = call(w, "POST", "/v1/assemble", json_pack("{s:o}", "segments", segs_of(i)), 200);
     json_t *segs = json_object_get(a, "segments");
     for (int s = 0; s < 3; s++) {
         json_t *sg = json_array_get(segs, (size_t)s);
-        const char *t = sget(sg, "tier");
-        snprintf(o.keys[s], sizeof o.keys[s], "%s", sget(sg, "key"));
+        const char *t = th_sget(sg, "tier");
+        snprintf(o.keys[s], sizeof o.keys[s], "%s", th_sget(sg, "key"));
         snprintf(o.tiers[s], sizeof o.tiers[s], "%s", t);
         o.tier_ram += !strcmp(t, "ram");
         o.tier_disk += !strcmp(t, "disk");
@@ -389,9 +200,9 @@ static outcome ask(const worker *w, int i)
     json_t *r =
         call(w, "POST", "/v1/completions",
              json_pack("{s:{s:s}, s:i, s:f}", "kv_transfer_params", "assembly_id",
-                       sget(a, "assembly_id"), "max_tokens", MAX_TOKENS, "temperature", 0.0),
+                       th_sget(a, "assembly_id"), "max_tokens", MAX_TOKENS, "temperature", 0.0),
              200);
-    const char *text = sget(json_array_get(json_object_get(r, "choices"), 0), "text");
+    const char *text = th_sget(json_array_get(json_object_get(r, "choices"), 0), "text");
     char *want = recomputed_text(i);
     ck_assert_msg(!strcmp(text, want), "prompt %d: answer '%s' != recomputed '%s' (tiers %s %s %s)",
                   i, text, want, o.tiers[0], o.tiers[1], o.tiers[2]);
@@ -401,26 +212,27 @@ static outcome ask(const worker *w, int i)
     return o;
 }
 
-static void chunk_kv(const worker *w, const char *key, cg_buf *out)
+static void chunk_kv(const th_proc *w, const char *key, cg_buf *out)
 {
     char path[128];
     snprintf(path, sizeof path, "/v1/chunks/%s/kv", key);
-    resp r = http(w, "GET", path, NULL);
+    th_resp r = http(w, "GET", path, NULL);
     ck_assert_msg(r.status == 200, "GET %s: %ld", path, r.status);
-    *out = r.body;
+    *out = r.body; /* taken over; the rest is freed */
+    cg_buf_free(&r.head);
 }
 
 /* The tier the inventory reports for key, "" when absent. */
-static void chunk_tier(const worker *w, const char *key, char out[8], int *on_disk)
+static void chunk_tier(const th_proc *w, const char *key, char out[8], int *on_disk)
 {
     char path[128];
     snprintf(path, sizeof path, "/v1/chunks/%s", key);
-    resp r = http(w, "GET", path, NULL);
+    th_resp r = http(w, "GET", path, NULL);
     out[0] = '\0';
     *on_disk = 0;
     if (r.status == 200) {
         json_t *j = json_loadb(r.body.data, r.body.len, 0, NULL);
-        snprintf(out, 8, "%s", sget(j, "tier"));
+        snprintf(out, 8, "%s", th_sget(j, "tier"));
         json_t *t = json_object_get(j, "tiers");
         for (size_t i = 0; i < json_array_size(t); i++)
             *on_disk |= !strcmp(json_string_value(json_array_get(t, i)), "disk");
@@ -428,7 +240,7 @@ static void chunk_tier(const worker *w, const char *key, char out[8], int *on_di
     } else {
         ck_assert_int_eq(r.status, 404);
     }
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 }
 
 /* ---- tests ---- */
@@ -437,9 +249,9 @@ static void chunk_tier(const worker *w, const char *key, char out[8], int *on_di
 START_TEST(test_spill_restore_restart)
 {
     char data[160];
-    snprintf(data, sizeof data, "%s/data-main", tmpdir);
+    th_path(data, sizeof data, "data-main");
     /* 2 MiB of RAM = 32 blocks of 16 tokens; the four prompts need 4 + 8 x 8 = 68 blocks */
-    worker w = start_worker("main", data, "2", "64");
+    th_proc w = start_worker("main", data, "2", "64");
 
     /* round 1: everything computed, the RAM tier overflows into the disk tier */
     int spilled = 0;
@@ -486,22 +298,21 @@ START_TEST(test_spill_restore_restart)
     int n_ram = 0, n_disk = 0;
     for (size_t i = 0; i < json_array_size(data_arr); i++) {
         json_t *c = json_array_get(data_arr, i);
-        n_ram += !strcmp(sget(c, "tier"), "ram");
-        n_disk += !strcmp(sget(c, "tier"), "disk");
+        n_ram += !strcmp(th_sget(c, "tier"), "ram");
+        n_disk += !strcmp(th_sget(c, "tier"), "disk");
     }
     ck_assert_int_eq(n_ram + n_disk, 9);
     ck_assert_int_gt(n_disk, 0);
     ck_assert_double_eq(metric(&w, "chunkgate_worker_tier_chunks{tier=\"ram\"}"), n_ram);
     json_decref(l);
     json_t *info = call(&w, "GET", "/v1/info", NULL, 200);
-    ck_assert_int_eq(iget(info, "disk_capacity_bytes"), 64 << 20);
-    ck_assert_int_gt(iget(info, "disk_used_bytes"), 0);
+    ck_assert_int_eq(th_iget(info, "disk_capacity_bytes"), 64 << 20);
+    ck_assert_int_gt(th_iget(info, "disk_used_bytes"), 0);
     json_decref(info);
 
     /* restart after SIGTERM: RAM is flushed to disk, so every chunk is a disk hit */
     stop_worker(&w, SIGTERM);
-    ck_assert(log_has(&w, "RAM chunks to the disk tier"));
-    reset_log(&w);
+    ck_assert(th_file_has(w.log, "RAM chunks to the disk tier"));
     w = start_worker("main", data, "2", "64");
     for (int i = 0; i < 4; i++) {
         outcome o = ask(&w, i);
@@ -521,30 +332,13 @@ START_TEST(test_spill_restore_restart)
     stop_worker(&w, SIGTERM);
     char path[256];
     snprintf(path, sizeof path, "%s/kv.blocks", data);
-    int fd = open(path, O_RDWR);
-    ck_assert_int_ge(fd, 0);
-    struct stat sb;
-    ck_assert_int_eq(fstat(fd, &sb), 0);
-    const off_t slot = 64 * 1024;
-    int flipped = 0;
-    unsigned char *buf = cg_malloc((size_t)slot);
-    for (off_t off = 0; off + slot <= sb.st_size; off += slot) {
-        ck_assert_int_eq(pread(fd, buf, (size_t)slot, off), slot);
-        for (off_t i = 3; i < slot; i += 512)
-            buf[i] ^= 0x41;
-        ck_assert_int_eq(pwrite(fd, buf, (size_t)slot, off), slot);
-        flipped++;
-    }
-    free(buf);
-    close(fd);
-    ck_assert_int_gt(flipped, 0);
-    reset_log(&w);
+    ck_assert_int_gt(th_flip_bytes(path, 64 * 1024, 3, 512, 64 * 1024, 0x41), 0);
     w = start_worker("main", data, "2", "64");
     outcome o = ask(&w, 0); /* the answer equals recomputation: corrupt KV is never served */
     ck_assert_int_eq(o.tier_miss, 3);
     ck_assert_double_ge(metric(&w, "chunkgate_worker_checksum_failures_total"), 3);
     ck_assert_double_ge(metric(&w, "chunkgate_worker_restore_failures_total"), 3);
-    ck_assert(log_has(&w, "checksum mismatch"));
+    ck_assert(th_file_has(w.log, "checksum mismatch"));
     /* the recomputed chunk has the KV it had before */
     chunk_kv(&w, first[0].keys[1], &kv_after);
     ck_assert_uint_eq(kv_after.len, kv_before.len);
@@ -564,12 +358,11 @@ START_TEST(test_spill_restore_restart)
         json_t *t = json_object_get(c, "tiers");
         for (size_t k = 0; k < json_array_size(t); k++)
             if (!strcmp(json_string_value(json_array_get(t, k)), "disk"))
-                snprintf(disk_keys[n_on_disk++], CG_KEY_HEX_LEN + 1, "%s", sget(c, "key"));
+                snprintf(disk_keys[n_on_disk++], CG_KEY_HEX_LEN + 1, "%s", th_sget(c, "key"));
     }
     json_decref(l);
     ck_assert_int_gt(n_on_disk, 0);
     stop_worker(&w, SIGKILL);
-    reset_log(&w);
     w = start_worker("main", data, "2", "64");
     for (int k = 0; k < n_on_disk; k++) {
         chunk_tier(&w, disk_keys[k], tier, &on_disk);
@@ -602,8 +395,8 @@ END_TEST
 START_TEST(test_full_disk)
 {
     char data[160];
-    snprintf(data, sizeof data, "%s/data-full", tmpdir);
-    worker w = start_worker("full", data, "2", "1"); /* 1 MiB = 16 slots: two documents */
+    th_path(data, sizeof data, "data-full");
+    th_proc w = start_worker("full", data, "2", "1"); /* 1 MiB = 16 slots: two documents */
     int evicted = 0;
     for (int round = 0; round < 2; round++)
         for (int i = 0; i < 4; i++)
@@ -617,7 +410,7 @@ START_TEST(test_full_disk)
 END_TEST
 
 typedef struct load {
-    worker *w;
+    th_proc *w;
     volatile int stop;
     int done;
 } load;
@@ -629,18 +422,18 @@ static void *load_main(void *arg)
         json_t *b = json_pack("{s:o}", "segments", segs_of(i % 4));
         char *s = json_dumps(b, JSON_COMPACT);
         json_decref(b);
-        resp r = http(l->w, "POST", "/v1/assemble", s);
+        th_resp r = http(l->w, "POST", "/v1/assemble", s);
         free(s);
         if (r.status == 200) {
             json_t *j = json_loadb(r.body.data, r.body.len, 0, NULL);
             char p[128];
-            snprintf(p, sizeof p, "/v1/assemblies/%s", sget(j, "assembly_id"));
-            resp d = http(l->w, "DELETE", p, NULL);
-            cg_buf_free(&d.body);
+            snprintf(p, sizeof p, "/v1/assemblies/%s", th_sget(j, "assembly_id"));
+            th_resp d = http(l->w, "DELETE", p, NULL);
+            th_resp_free(&d);
             json_decref(j);
             l->done++;
         }
-        cg_buf_free(&r.body);
+        th_resp_free(&r);
         if (r.status < 0) break; /* killed */
     }
     return NULL;
@@ -652,12 +445,12 @@ static void *load_main(void *arg)
 START_TEST(test_kill9_during_spills)
 {
     char data[160];
-    snprintf(data, sizeof data, "%s/data-kill", tmpdir);
+    th_path(data, sizeof data, "data-kill");
     srand((unsigned)time(NULL));
     for (int round = 0; round < 4; round++) {
         char name[32];
         snprintf(name, sizeof name, "kill%d", round);
-        worker w = start_worker(name, data, "2", "2");
+        th_proc w = start_worker(name, data, "2", "2");
         if (round > 0) {
             for (int i = 0; i < 4; i++)
                 (void)ask(&w, i);
@@ -669,14 +462,14 @@ START_TEST(test_kill9_during_spills)
         pthread_create(&th, NULL, load_main, &l);
         /* kill once spills are going on, at a random moment among them */
         for (int t = 0; t < 600 && metric(&w, "chunkgate_worker_spills_total") < 2; t++)
-            usleep(50000);
+            th_sleep_ms(50);
         ck_assert_double_ge(metric(&w, "chunkgate_worker_spills_total"), 2);
-        usleep((useconds_t)(rand() % 300) * 1000);
+        th_sleep_ms(rand() % 300);
         stop_worker(&w, SIGKILL);
         l.stop = 1;
         pthread_join(th, NULL);
     }
-    worker w = start_worker("kill-final", data, "2", "2");
+    th_proc w = start_worker("kill-final", data, "2", "2");
     json_t *l = call(&w, "GET", "/v1/chunks", NULL, 200);
     json_t *arr = json_object_get(l, "data");
     ck_assert_int_gt(json_array_size(arr), 0); /* the disk survived */
@@ -684,11 +477,11 @@ START_TEST(test_kill9_during_spills)
      * (reading one back may spill and drop another from this small tier: those are skipped) */
     int verified = 0;
     for (size_t i = 0; i < json_array_size(arr); i++) {
-        const char *key = sget(json_array_get(arr, i), "key");
-        ck_assert_str_eq(sget(json_array_get(arr, i), "tier"), "disk"); /* RAM starts empty */
+        const char *key = th_sget(json_array_get(arr, i), "key");
+        ck_assert_str_eq(th_sget(json_array_get(arr, i), "tier"), "disk"); /* RAM starts empty */
         char path[128];
         snprintf(path, sizeof path, "/v1/chunks/%s/kv", key);
-        resp r = http(&w, "GET", path, NULL);
+        th_resp r = http(&w, "GET", path, NULL);
         if (r.status == 200) {
             size_t n = 0;
             const uint8_t *want = local_chunk_kv(key, &n);
@@ -698,7 +491,7 @@ START_TEST(test_kill9_during_spills)
         } else {
             ck_assert_int_eq(r.status, 404);
         }
-        cg_buf_free(&r.body);
+        th_resp_free(&r);
     }
     json_decref(l);
     ck_assert_int_gt(verified, 0);
@@ -714,69 +507,31 @@ END_TEST
 START_TEST(test_data_dir_locked)
 {
     char data[160];
-    snprintf(data, sizeof data, "%s/data-lock", tmpdir);
-    worker w = start_worker("lock1", data, "2", "4");
-    char log[160];
-    snprintf(log, sizeof log, "%s/lock2.log", tmpdir);
-    pid_t pid = fork();
-    if (pid == 0) {
-        FILE *f = freopen(log, "w", stderr);
-        (void)f;
-        execl(WORKER, WORKER, "serve", "--model", model_dir, "--listen", "127.0.0.1:0",
-              "--data-dir", data, "--disk-mb", "4", (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    worker w2 = {.pid = 0};
-    snprintf(w2.log, sizeof w2.log, "%s", log);
-    ck_assert(log_has(&w2, "in use by another process"));
+    th_path(data, sizeof data, "data-lock");
+    th_proc w = start_worker("lock1", data, "2", "4");
+    th_proc w2;
+    const char *args[] = {"serve",      "--model", model_dir,   "--listen", "127.0.0.1:0",
+                          "--data-dir", data,      "--disk-mb", "4",        NULL};
+    ck_assert_int_eq(th_spawn(&w2, WORKER_BIN, args, NULL, "lock2.log", NULL, 0), 0);
+    ck_assert_int_ge(th_wait_exit(&w2, 60000), 0);
+    ck_assert(WIFEXITED(w2.wstatus) && WEXITSTATUS(w2.wstatus) != 0);
+    ck_assert(th_file_has(w2.log, "in use by another process"));
     stop_worker(&w, SIGTERM);
 }
 END_TEST
 
-static Suite *tiers_suite(void)
-{
-    Suite *s = suite_create("tiers_e2e");
-    TCase *tc = tcase_create("processes");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_spill_restore_restart);
-    tcase_add_test(tc, test_full_disk);
-    tcase_add_test(tc, test_kill9_during_spills);
-    tcase_add_test(tc, test_data_dir_locked);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    int failed = 1;
     cg_log_init("test_tiers_e2e", CG_LOG_WARN);
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/cg_test_tiers_XXXXXX");
-    if (!mkdtemp(tmpdir)) return EXIT_FAILURE;
-    snprintf(model_dir, sizeof model_dir, "%s/model", tmpdir);
-    char *gen[] = {WORKER, "generate-model", "--out", model_dir, "--seed", "3", NULL};
-    char err[ERRLEN];
-    if (run_cmd(gen) != 0) {
-        fprintf(stderr, "generate-model failed\n");
-        goto out;
-    }
-    if (cg_model_open(model_dir, &model, err, sizeof err) != CG_OK) {
-        fprintf(stderr, "load: %s\n", err);
-        goto out;
-    }
-    SRunner *sr = srunner_create(tiers_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-out:
+    th_init("test_tiers", &(th_params){.http_timeout_s = 300});
+    th_path(model_dir, sizeof model_dir, "model");
+    const char *seed[] = {"--seed", "3", NULL};
+    if (!(model = th_model_gen_open(WORKER_BIN, model_dir, seed))) return EXIT_FAILURE;
+    int failed = th_run_tests("tiers_e2e", "processes", 300,
+                              TH_TESTS(test_spill_restore_restart, test_full_disk,
+                                       test_kill9_during_spills, test_data_dir_locked));
     cg_model_close(&model);
-    if (!failed)
-        rm_rf(tmpdir);
-    else
-        fprintf(stderr, "logs kept in %s\n", tmpdir);
+    th_cleanup(failed);
     curl_global_cleanup();
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

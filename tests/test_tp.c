@@ -6,266 +6,93 @@
  * assembly is released; another model or geometry at the source is refused. */
 #include <check.h>
 #include <curl/curl.h>
-#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <strings.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "worker/serve/kvpull.h"
 #include "worker/model/model.h"
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
-#define WORKER CG_BINARY_DIR "/worker/chunkgate-worker"
 #define ERRLEN 512
 #define MAX_TOKENS 24
 #define TOP 5
 
-static char tmpdir[64], model_dir[128], other_dir[128], kv2_dir[128];
-
-typedef struct worker {
-    pid_t pid;
-    int port;
-    char log[160];
-    char url[64];
-} worker;
+static char model_dir[300], other_dir[300], kv2_dir[300];
 
 /* the source, a source with another model id, a source with 2 KV heads, backends tp 1/2/4/8
  * (which trust a request's kv_transfer_params.worker: --kv-request-source 1), a backend that
  * does not (the default), and one whose --kv-source never answers */
-static worker src, src_other, src_kv2, be[4], guarded, hung;
+static th_proc src, src_other, src_kv2, be[4], guarded, hung;
 static int hung_fd = -1;
 static const int TPS[4] = {1, 2, 4, 8};
 
 static const char *SYS = "You answer in one line, from the documents only.";
-static const char *DOCA = "Document A. Annual rainfall in the valley averaged 812 millimetres "
-                          "between 1990 and 2020; in 2024 two gauges were replaced.";
-static const char *DOCB = "Document B. The cooperative's bylaws were amended in March: members "
-                          "may vote by post and the quorum fell to one third.";
-static const char *QUESTION = "What changed in 2024?";
+static const char *DOCA = TH_DOC_A, *DOCB = TH_DOC_B, *QUESTION = TH_QUESTION;
 
 /* ---- processes ---- */
 
-static void rm_rf(const char *dir)
+/* Starts `chunkgate-worker serve --model dir --pool-mb 16` plus extra arguments
+ * (NULL-terminated); returns 0 once it listens, -1 when it did not (an exit leaves its status
+ * in w->wstatus). */
+static int start(th_proc *w, const char *name, const char *dir, const char *const *extra)
 {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            rm_rf(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
-static int run_cmd(char *const argv[])
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-/* Starts `chunkgate-worker serve --model dir` plus extra arguments (NULL-terminated); returns
- * 0 once it listens, -1 when it exited (its status in *status). */
-static int start(worker *w, const char *name, const char *dir, const char *const *extra,
-                 int *status)
-{
-    memset(w, 0, sizeof *w);
-    snprintf(w->log, sizeof w->log, "%s/%s.log", tmpdir, name);
-    char data[160];
-    snprintf(data, sizeof data, "%s/data-%s", tmpdir, name);
-    const char *argv[32] = {WORKER,        "serve",      "--model", dir,         "--listen",
-                            "127.0.0.1:0", "--data-dir", data,      "--pool-mb", "16"};
-    int n = 10;
+    const char *args[32] = {"--pool-mb", "16"};
+    int n = 2;
     for (int i = 0; extra && extra[i] && n < 30; i++)
-        argv[n++] = extra[i];
-    argv[n] = NULL;
-    w->pid = fork();
-    if (w->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
-        FILE *f = freopen(w->log, "w", stderr);
-        (void)f;
-        execv(WORKER, (char *const *)argv);
-        _exit(127);
-    }
-    const char *tag = "\"msg\":\"listening on 127.0.0.1:";
-    for (int i = 0; i < 600; i++) {
-        FILE *f = fopen(w->log, "r");
-        char line[4096];
-        while (f && fgets(line, sizeof line, f)) {
-            char *p = strstr(line, tag);
-            if (p) w->port = atoi(p + strlen(tag));
-        }
-        if (f) fclose(f);
-        if (w->port > 0) {
-            snprintf(w->url, sizeof w->url, "http://127.0.0.1:%d", w->port);
-            return 0;
-        }
-        if (waitpid(w->pid, status, WNOHANG) == w->pid) {
-            w->pid = 0;
-            return -1;
-        }
-        usleep(100000);
-    }
-    return -1;
+        args[n++] = extra[i];
+    args[n] = NULL;
+    return th_start_worker(w, WORKER_BIN, dir, 0, name, args);
 }
 
 /* SIGTERM; returns 0 when the worker exited cleanly (status 0: no sanitizer report either). */
-static int stop(worker *w)
+static int stop(th_proc *w)
 {
     if (w->pid <= 0) return 0;
-    kill(w->pid, SIGTERM);
-    int status = 0;
-    waitpid(w->pid, &status, 0);
-    w->pid = 0;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
-    fprintf(stderr, "worker did not exit cleanly (status %d); log %s\n", status, w->log);
-    return -1;
-}
-
-static int log_has(const char *path, const char *needle)
-{
-    FILE *f = fopen(path, "r");
-    char line[8192];
-    int found = 0;
-    while (f && !found && fgets(line, sizeof line, f))
-        found = strstr(line, needle) != NULL;
-    if (f) fclose(f);
-    return found;
+    return th_stop_clean(w, "chunkgate-worker") ? 0 : -1;
 }
 
 /* ---- HTTP ---- */
 
-typedef struct resp {
-    long status;
-    cg_buf body;
-    char retry_after[16]; /* the Retry-After header, "" when absent */
-} resp;
-
-static size_t on_header(char *p, size_t sz, size_t n, void *ud)
+/* A request to w; asserts that it was answered. */
+static th_resp http(const th_proc *w, const char *method, const char *path, const char *body)
 {
-    resp *r = ud;
-    size_t len = sz * n;
-    if (len > 12 && !strncasecmp(p, "Retry-After:", 12)) {
-        size_t a = 12, b = len;
-        while (a < b && p[a] == ' ') a++;
-        while (b > a && (p[b - 1] == '\r' || p[b - 1] == '\n' || p[b - 1] == ' ')) b--;
-        snprintf(r->retry_after, sizeof r->retry_after, "%.*s", (int)(b - a), p + a);
-    }
-    return len;
-}
-
-static size_t on_body(char *p, size_t sz, size_t n, void *ud)
-{
-    resp *r = ud;
-    cg_status st = cg_buf_append(&r->body, p, sz * n);
-    (void)st;
-    return sz * n;
-}
-
-static resp http(const worker *w, const char *method, const char *path, const char *body)
-{
-    resp r;
-    memset(&r, 0, sizeof r);
-    cg_buf_init(&r.body, 0);
-    CURL *c = curl_easy_init();
-    char url[512];
-    snprintf(url, sizeof url, "%s%s", w->url, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &r);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 300L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    if (body) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    }
-    CURLcode rc = curl_easy_perform(c);
-    ck_assert_msg(rc == CURLE_OK, "%s %s: %s", method, url, curl_easy_strerror(rc));
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-    curl_easy_cleanup(c);
+    th_resp r;
+    th_http(&r, w->port, method, path, body, NULL, NULL);
+    ck_assert_msg(r.rc == CURLE_OK, "%s %s%s: %s", method, w->url, path, curl_easy_strerror(r.rc));
     return r;
 }
 
-static json_t *call(const worker *w, const char *method, const char *path, json_t *body, long want)
+static json_t *call(const th_proc *w, const char *method, const char *path, json_t *body, long want)
 {
-    char *b = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    json_decref(body);
-    resp r = http(w, method, path, b);
-    free(b);
-    ck_assert_msg(r.status == want, "%s %s%s: status %ld, want %ld: %.400s", method, w->url, path,
-                  r.status, want, r.body.data);
-    json_t *j = json_loadb(r.body.data ? r.body.data : "", r.body.len, 0, NULL);
-    ck_assert_msg(j != NULL, "%s %s: not JSON: %.200s", method, path, r.body.data);
-    cg_buf_free(&r.body);
-    return j;
+    return th_call(w->port, method, path, body, NULL, want);
 }
 
-static const char *sget(json_t *j, const char *k)
+/* An absent counter has not moved: 0. */
+static double metric(const th_proc *w, const char *series)
 {
-    return json_string_value(json_object_get(j, k));
-}
-static long long iget(json_t *j, const char *k)
-{
-    return json_integer_value(json_object_get(j, k));
-}
-
-static double metric(const worker *w, const char *series)
-{
-    resp r = http(w, "GET", "/metrics", NULL);
-    double v = 0; /* an absent counter has not moved */
-    size_t n = strlen(series);
-    for (const char *p = r.body.data; p && *p;) {
-        if (!strncmp(p, series, n) && p[n] == ' ') {
-            v = strtod(p + n + 1, NULL);
-            break;
-        }
-        p = strchr(p, '\n');
-        if (p) p++;
-    }
-    cg_buf_free(&r.body);
-    return v;
+    return th_counter(w->port, series);
 }
 
 #define KV_REQUESTS "chunkgate_worker_requests_total{route=\"assembly_kv\",code=\"200\"}"
 
 /* Assembles the test prompt on w; returns the assembly (caller decrefs). */
-static json_t *assemble(const worker *w)
+static json_t *assemble(const th_proc *w)
 {
-    json_t *segs = json_pack("[{s:s,s:s},{s:s,s:s},{s:s,s:s},{s:s,s:s}]", "role", "system", "text",
-                             SYS, "role", "chunk", "text", DOCA, "role", "chunk", "text", DOCB,
-                             "role", "question", "text", QUESTION);
+    json_t *segs = th_segments(SYS, DOCA, DOCB, QUESTION);
     return call(w, "POST", "/v1/assemble", json_pack("{s:o}", "segments", segs), 200);
 }
 
 /* Decodes assembly id on w (greedy, logprobs); worker_url: kv_transfer_params.worker or NULL. */
-static json_t *decode(const worker *w, const char *id, const char *worker_url, long want)
+static json_t *decode(const th_proc *w, const char *id, const char *worker_url, long want)
 {
     json_t *ktp = json_pack("{s:s}", "assembly_id", id);
     if (worker_url) json_object_set_new(ktp, "worker", json_string(worker_url));
@@ -291,7 +118,7 @@ static int assert_same_decode(json_t *got, json_t *ref, int tp)
 {
     json_t *g = json_object_get(choice0(got), "logprobs"),
            *r = json_object_get(choice0(ref), "logprobs");
-    ck_assert_str_eq(sget(choice0(got), "text"), sget(choice0(ref), "text"));
+    ck_assert_str_eq(th_sget(choice0(got), "text"), th_sget(choice0(ref), "text"));
     json_t *gi = json_object_get(g, "token_ids"), *ri = json_object_get(r, "token_ids");
     ck_assert_int_eq(json_array_size(gi), json_array_size(ri));
     ck_assert_int_gt(json_array_size(ri), 0);
@@ -316,7 +143,7 @@ static int assert_same_decode(json_t *got, json_t *ref, int tp)
         }
     }
     json_t *gu = json_object_get(got, "usage"), *ru = json_object_get(ref, "usage");
-    ck_assert_int_eq(iget(gu, "prompt_tokens"), iget(ru, "prompt_tokens"));
+    ck_assert_int_eq(th_iget(gu, "prompt_tokens"), th_iget(ru, "prompt_tokens"));
     return exact;
 }
 
@@ -357,11 +184,11 @@ START_TEST(test_tp_matrix)
     /* the single-process path: the source decodes its own assembly */
     json_t *a = assemble(&src);
     char path[128];
-    snprintf(path, sizeof path, "/v1/assemblies/%s/logits", sget(a, "assembly_id"));
-    resp lg = http(&src, "GET", path, NULL);
+    snprintf(path, sizeof path, "/v1/assemblies/%s/logits", th_sget(a, "assembly_id"));
+    th_resp lg = http(&src, "GET", path, NULL);
     ck_assert_int_eq(lg.status, 200);
-    cg_buf_free(&lg.body);
-    json_t *ref = decode(&src, sget(a, "assembly_id"), NULL, 200);
+    th_resp_free(&lg);
+    json_t *ref = decode(&src, th_sget(a, "assembly_id"), NULL, 200);
     json_decref(a);
 
     for (int t = 0; t < 4; t++) {
@@ -369,16 +196,16 @@ START_TEST(test_tp_matrix)
         double kv0 = metric(&src, KV_REQUESTS);
         double pulls0 = metric(&be[t], "chunkgate_worker_kv_pull_requests_total");
         a = assemble(&src);
-        const char *id = sget(a, "assembly_id");
+        const char *id = th_sget(a, "assembly_id");
         /* backend tp 1 has no --kv-source: the request names the worker */
         json_t *got = decode(&be[t], id, tp == 1 ? src.url : NULL, 200);
         int exact = assert_same_decode(got, ref, tp);
         /* usage reports the source's cached tokens */
         ck_assert_int_eq(
-            iget(json_object_get(json_object_get(got, "usage"), "prompt_tokens_details"),
-                 "cached_tokens"),
-            iget(a, "cached_tokens"));
-        ck_assert_int_gt(iget(a, "cached_tokens"), 0);
+            th_iget(json_object_get(json_object_get(got, "usage"), "prompt_tokens_details"),
+                    "cached_tokens"),
+            th_iget(a, "cached_tokens"));
+        ck_assert_int_gt(th_iget(a, "cached_tokens"), 0);
         fprintf(stderr, "tp %d: %d of %d token logprobs bit-identical to the single-process path\n",
                 tp, exact, MAX_TOKENS);
         /* each rank fetched its heads with its own request, and only those */
@@ -388,7 +215,7 @@ START_TEST(test_tp_matrix)
         ck_assert_double_eq(metric(&src, "chunkgate_worker_assemblies_live"), 0);
         ck_assert_double_eq(metric(&be[t], "chunkgate_worker_assemblies_live"), 0);
         json_t *e = decode(&be[t], id, tp == 1 ? src.url : NULL, 404);
-        ck_assert_str_eq(sget(json_object_get(e, "error"), "code"), "not_found");
+        ck_assert_str_eq(th_sget(json_object_get(e, "error"), "code"), "not_found");
         json_decref(e);
         json_decref(got);
         json_decref(a);
@@ -401,15 +228,15 @@ END_TEST
 START_TEST(test_stream)
 {
     json_t *a = assemble(&src);
-    json_t *ref = decode(&src, sget(a, "assembly_id"), NULL, 200);
+    json_t *ref = decode(&src, th_sget(a, "assembly_id"), NULL, 200);
     json_decref(a);
     a = assemble(&src);
     json_t *body = json_pack("{s:{s:s}, s:i, s:f, s:b}", "kv_transfer_params", "assembly_id",
-                             sget(a, "assembly_id"), "max_tokens", MAX_TOKENS, "temperature", 0.0,
-                             "stream", 1);
+                             th_sget(a, "assembly_id"), "max_tokens", MAX_TOKENS, "temperature",
+                             0.0, "stream", 1);
     char *b = json_dumps(body, JSON_COMPACT);
     json_decref(body);
-    resp r = http(&be[2], "POST", "/v1/completions", b);
+    th_resp r = http(&be[2], "POST", "/v1/completions", b);
     free(b);
     ck_assert_int_eq(r.status, 200);
     cg_buf text;
@@ -423,14 +250,14 @@ START_TEST(test_stream)
         }
         json_t *j = json_loads(p, JSON_DISABLE_EOF_CHECK, NULL);
         ck_assert_ptr_nonnull(j);
-        const char *t = sget(choice0(j), "text");
+        const char *t = th_sget(choice0(j), "text");
         ck_assert_int_eq(cg_buf_append(&text, t, strlen(t)), CG_OK);
         json_decref(j);
     }
     ck_assert(done);
-    ck_assert_str_eq(text.data ? text.data : "", sget(choice0(ref), "text"));
+    ck_assert_str_eq(text.data ? text.data : "", th_sget(choice0(ref), "text"));
     cg_buf_free(&text);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     json_decref(ref);
     json_decref(a);
 }
@@ -440,23 +267,24 @@ START_TEST(test_refusals)
 {
     /* unknown at the source */
     json_t *e = decode(&be[2], "0123456789abcdef0123456789abcdef", NULL, 404);
-    ck_assert_str_eq(sget(json_object_get(e, "error"), "code"), "not_found");
+    ck_assert_str_eq(th_sget(json_object_get(e, "error"), "code"), "not_found");
     json_decref(e);
 
     /* a source serving another model id: refused, and its assembly released */
     json_t *a = assemble(&src_other);
-    e = decode(&be[2], sget(a, "assembly_id"), src_other.url, 502);
-    ck_assert_str_eq(sget(json_object_get(e, "error"), "code"), "bad_gateway");
-    ck_assert_ptr_nonnull(strstr(sget(json_object_get(e, "error"), "message"), "chunkgate-other"));
+    e = decode(&be[2], th_sget(a, "assembly_id"), src_other.url, 502);
+    ck_assert_str_eq(th_sget(json_object_get(e, "error"), "code"), "bad_gateway");
+    ck_assert_ptr_nonnull(
+        strstr(th_sget(json_object_get(e, "error"), "message"), "chunkgate-other"));
     ck_assert_double_eq(metric(&src_other, "chunkgate_worker_assemblies_live"), 0);
     json_decref(e);
     json_decref(a);
 
     /* the same model id with another geometry (2 KV heads): the CGKV header gives it away */
     a = assemble(&src_kv2);
-    e = decode(&be[1], sget(a, "assembly_id"), src_kv2.url, 502);
-    ck_assert_str_eq(sget(json_object_get(e, "error"), "code"), "bad_gateway");
-    ck_assert_ptr_nonnull(strstr(sget(json_object_get(e, "error"), "message"), "2 KV heads"));
+    e = decode(&be[1], th_sget(a, "assembly_id"), src_kv2.url, 502);
+    ck_assert_str_eq(th_sget(json_object_get(e, "error"), "code"), "bad_gateway");
+    ck_assert_ptr_nonnull(strstr(th_sget(json_object_get(e, "error"), "message"), "2 KV heads"));
     ck_assert_double_eq(metric(&src_kv2, "chunkgate_worker_assemblies_live"), 0);
     json_decref(e);
     json_decref(a);
@@ -464,69 +292,53 @@ START_TEST(test_refusals)
 
     /* a worker URL that is not http(s) */
     e = decode(&be[2], "0123456789abcdef0123456789abcdef", "file:///etc/passwd", 400);
-    ck_assert_str_eq(sget(json_object_get(e, "error"), "param"), "kv_transfer_params.worker");
+    ck_assert_str_eq(th_sget(json_object_get(e, "error"), "param"), "kv_transfer_params.worker");
     json_decref(e);
     /* nobody listens there */
     e = decode(&be[2], "0123456789abcdef0123456789abcdef", "http://127.0.0.1:1", 503);
     json_decref(e);
     /* the backends still serve */
     a = assemble(&src);
-    json_t *ok = decode(&be[3], sget(a, "assembly_id"), NULL, 200);
+    json_t *ok = decode(&be[3], th_sget(a, "assembly_id"), NULL, 200);
     json_decref(ok);
     json_decref(a);
 
     /* a tp that does not split the KV heads is refused at start */
-    worker w;
-    int status = 0;
+    th_proc w;
     const char *bad[] = {"--kv-source", src.url, "--tp", "3", NULL};
-    ck_assert_int_eq(start(&w, "tp3", model_dir, bad, &status), -1);
-    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-    ck_assert(log_has(w.log, "--tp 3 cannot split"));
+    ck_assert_int_eq(start(&w, "tp3", model_dir, bad), -1);
+    ck_assert(WIFEXITED(w.wstatus) && WEXITSTATUS(w.wstatus) != 0);
+    ck_assert(th_file_has(w.log, "--tp 3 cannot split"));
 }
 END_TEST
-
-/* A loopback socket that listens and never answers (connections wait in its backlog), the
- * way a scanned port or a hung host looks to a client. Non-blocking, so accept() tells whether
- * anyone connected. Returns the fd; *port receives its port. */
-static int silent_listener(int *port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    ck_assert_int_eq(listen(fd, 16), 0);
-    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    *port = ntohs(a.sin_port);
-    return fd;
-}
 
 /* A request cannot choose where the worker pulls KV from: without --kv-request-source the
  * worker refuses kv_transfer_params.worker with 403 and connects nowhere. (Before, it sent a
  * GET and a DELETE to any host and port a client named.) */
 START_TEST(test_request_source_refused)
 {
-    int port, fd = silent_listener(&port);
+    int port, fd = th_listen_silent(&port);
+    ck_assert_int_ge(fd, 0);
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
     double pulls0 = metric(&guarded, "chunkgate_worker_kv_pull_requests_total");
     json_t *e = decode(&guarded, "0123456789abcdef0123456789abcdef", url, 403);
-    ck_assert_str_eq(sget(json_object_get(e, "error"), "param"), "kv_transfer_params.worker");
+    ck_assert_str_eq(th_sget(json_object_get(e, "error"), "param"), "kv_transfer_params.worker");
     json_decref(e);
     ck_assert_int_eq(accept(fd, NULL, NULL), -1); /* nobody connected */
     ck_assert_double_eq(metric(&guarded, "chunkgate_worker_kv_pull_requests_total"), pulls0);
     close(fd);
     /* its configured --kv-source still works */
     json_t *a = assemble(&src);
-    json_t *ok = decode(&guarded, sget(a, "assembly_id"), NULL, 200);
+    json_t *ok = decode(&guarded, th_sget(a, "assembly_id"), NULL, 200);
     json_decref(ok);
     json_decref(a);
 }
 END_TEST
 
 typedef struct pull_call {
-    const worker *w;
-    resp r;
+    const th_proc *w;
+    th_resp r;
     int done;
 } pull_call;
 
@@ -550,108 +362,85 @@ START_TEST(test_pulls_bounded)
     ck_assert_int_eq(pthread_create(&t, NULL, pull_thread, &first), 0);
     /* wait until the first pull holds the only slot */
     for (int i = 0; i < 200 && metric(&hung, "chunkgate_worker_kv_pulls_in_flight") < 1; i++)
-        usleep(10000);
+        th_sleep_ms(10);
     ck_assert_double_eq(metric(&hung, "chunkgate_worker_kv_pulls_in_flight"), 1);
     pull_call second = {.w = &hung};
     pull_thread(&second);
     ck_assert_int_eq(second.r.status, 503);
-    ck_assert_str_eq(second.r.retry_after, "1");
+    char retry_after[16];
+    ck_assert_str_eq(th_header(&second.r, "Retry-After", retry_after, sizeof retry_after), "1");
     ck_assert_msg(!__atomic_load_n(&first.done, __ATOMIC_ACQUIRE),
                   "the busy answer waited for the stuck pull");
-    cg_buf_free(&second.r.body);
+    th_resp_free(&second.r);
     /* an unrelated request is served meanwhile */
-    resp h = http(&hung, "GET", "/healthz", NULL);
+    th_resp h = http(&hung, "GET", "/healthz", NULL);
     ck_assert_int_eq(h.status, 200);
-    cg_buf_free(&h.body);
+    th_resp_free(&h);
     pthread_join(t, NULL);
     ck_assert_int_eq(first.r.status, 504);
-    cg_buf_free(&first.r.body);
+    th_resp_free(&first.r);
     ck_assert_double_eq(metric(&hung, "chunkgate_worker_kv_pulls_total{result=\"busy\"}"), 1);
     ck_assert_double_eq(metric(&hung, "chunkgate_worker_kv_pulls_in_flight"), 0);
 }
 END_TEST
 
-static Suite *tp_suite(void)
-{
-    Suite *s = suite_create("tp");
-    TCase *tc = tcase_create("processes");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_slices);
-    tcase_add_test(tc, test_tp_matrix);
-    tcase_add_test(tc, test_request_source_refused);
-    tcase_add_test(tc, test_pulls_bounded);
-    tcase_add_test(tc, test_stream);
-    tcase_add_test(tc, test_refusals);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    int failed = 1, status = 0;
+    int failed = 1;
     cg_log_init("test_tp", CG_LOG_WARN);
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/cg_test_tp_XXXXXX");
-    if (!mkdtemp(tmpdir)) return EXIT_FAILURE;
-    snprintf(model_dir, sizeof model_dir, "%s/model", tmpdir);
-    snprintf(other_dir, sizeof other_dir, "%s/model-other", tmpdir);
-    snprintf(kv2_dir, sizeof kv2_dir, "%s/model-kv2", tmpdir);
-    char *gen[] = {WORKER, "generate-model", "--out", model_dir, "--seed", "3", NULL};
-    char *gen2[] = {WORKER, "generate-model", "--out",           other_dir, "--seed",
-                    "3",    "--model-id",     "chunkgate-other", NULL};
+    th_init("test_tp", &(th_params){.http_timeout_s = 300});
+    th_path(model_dir, sizeof model_dir, "model");
+    th_path(other_dir, sizeof other_dir, "model-other");
+    th_path(kv2_dir, sizeof kv2_dir, "model-kv2");
+    const char *seed[] = {"--seed", "3", NULL};
+    const char *other[] = {"--seed", "3", "--model-id", "chunkgate-other", NULL};
     char err[ERRLEN];
     cg_model_gen_params gp = cg_model_gen_default_params();
     gp.seed = 3;
     gp.n_kv_heads = 2; /* same model id, another geometry */
-    if (run_cmd(gen) != 0 || run_cmd(gen2) != 0 ||
+    if (th_gen_model(WORKER_BIN, model_dir, seed) != 0 ||
+        th_gen_model(WORKER_BIN, other_dir, other) != 0 ||
         cg_model_generate(kv2_dir, gp, err, sizeof err) != CG_OK) {
         fprintf(stderr, "generate-model failed\n");
         goto out;
     }
-    if (start(&src, "source", model_dir, NULL, &status) != 0 ||
-        start(&src_other, "source-other", other_dir, NULL, &status) != 0 ||
-        start(&src_kv2, "source-kv2", kv2_dir, NULL, &status) != 0) {
-        fprintf(stderr, "a source worker did not start; logs in %s\n", tmpdir);
+    if (start(&src, "source", model_dir, NULL) != 0 ||
+        start(&src_other, "source-other", other_dir, NULL) != 0 ||
+        start(&src_kv2, "source-kv2", kv2_dir, NULL) != 0) {
+        fprintf(stderr, "a source worker did not start; logs in %s\n", th_root());
         goto out;
     }
     for (int t = 0; t < 4; t++) {
-        char name[16], tp[8];
+        char name[16], tps[8];
         snprintf(name, sizeof name, "tp%d", TPS[t]);
-        snprintf(tp, sizeof tp, "%d", TPS[t]);
-        const char *with_src[] = {"--kv-source", src.url, "--tp", tp, "--kv-request-source", "1",
-                                  NULL};
-        const char *no_src[] = {"--tp", tp, "--kv-request-source", "1", NULL};
-        if (start(&be[t], name, model_dir, TPS[t] == 1 ? no_src : with_src, &status) != 0) {
-            fprintf(stderr, "backend tp %d did not start; logs in %s\n", TPS[t], tmpdir);
+        snprintf(tps, sizeof tps, "%d", TPS[t]);
+        const char *with_src[] = {"--kv-source",         src.url, "--tp", tps,
+                                  "--kv-request-source", "1",     NULL};
+        const char *no_src[] = {"--tp", tps, "--kv-request-source", "1", NULL};
+        if (start(&be[t], name, model_dir, TPS[t] == 1 ? no_src : with_src) != 0) {
+            fprintf(stderr, "backend tp %d did not start; logs in %s\n", TPS[t], th_root());
             goto out;
         }
     }
+    /* the suite's checks run in forked children; the listener lives in this process */
     int hung_port;
+    hung_fd = th_listen_silent(&hung_port);
+    if (hung_fd < 0) goto out;
     char hung_url[64];
-    {
-        /* the suite's checks run in forked children; the listener lives in this process */
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t sl = sizeof sa;
-        if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 16) != 0 ||
-            getsockname(fd, (struct sockaddr *)&sa, &sl) != 0)
-            goto out;
-        hung_fd = fd;
-        hung_port = ntohs(sa.sin_port);
-    }
     snprintf(hung_url, sizeof hung_url, "http://127.0.0.1:%d", hung_port);
     const char *guarded_args[] = {"--kv-source", src.url, NULL};
     const char *hung_args[] = {"--kv-source", hung_url, "--kv-max-pulls", "1", "--kv-timeout-ms",
-                               "1500", NULL};
-    if (start(&guarded, "guarded", model_dir, guarded_args, &status) != 0 ||
-        start(&hung, "hung", model_dir, hung_args, &status) != 0) {
-        fprintf(stderr, "a guarded backend did not start; logs in %s\n", tmpdir);
+                               "1500",        NULL};
+    if (start(&guarded, "guarded", model_dir, guarded_args) != 0 ||
+        start(&hung, "hung", model_dir, hung_args) != 0) {
+        fprintf(stderr, "a guarded backend did not start; logs in %s\n", th_root());
         goto out;
     }
-    SRunner *sr = srunner_create(tp_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    Suite *s = suite_create("tp");
+    th_case(s, "processes", 300,
+            TH_TESTS(test_slices, test_tp_matrix, test_request_source_refused, test_pulls_bounded,
+                     test_stream, test_refusals));
+    failed = th_run(s, CK_FORK_GETENV);
 out:
     failed += stop(&src) != 0;
     failed += stop(&src_other) != 0;
@@ -661,10 +450,7 @@ out:
     failed += stop(&guarded) != 0;
     failed += stop(&hung) != 0;
     if (hung_fd >= 0) close(hung_fd);
-    if (!failed)
-        rm_rf(tmpdir);
-    else
-        fprintf(stderr, "logs kept in %s\n", tmpdir);
+    th_cleanup(failed);
     curl_global_cleanup();
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

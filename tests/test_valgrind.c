@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "tests/harden_util.h"
+#include "tests/harness/harness.h"
 
 #define MODEL "chunkgate-tiny"
 #define KEY "sk-valgrind-1"
@@ -17,23 +17,10 @@
 
 static char valgrind[512];
 
-static int find_valgrind(void)
-{
-    const char *path = getenv("PATH");
-    char *copy = cg_strdup(path ? path : "/usr/bin:/bin");
-    int found = 0;
-    for (char *dir = strtok(copy, ":"); dir && !found; dir = strtok(NULL, ":")) {
-        snprintf(valgrind, sizeof valgrind, "%s/valgrind", dir);
-        found = access(valgrind, X_OK) == 0;
-    }
-    free(copy);
-    return found;
-}
-
 /* The memcheck verdict of one log: 1 when clean; the summary lines go to stderr. */
 static int clean(const char *what, const char *log_path)
 {
-    char *log = hu_read_file(log_path);
+    char *log = th_read_file(log_path, NULL);
     const char *es = strstr(log, "ERROR SUMMARY: ");
     int errors = es ? atoi(es + 15) : -1;
     const char *dl = strstr(log, "definitely lost: ");
@@ -52,22 +39,22 @@ static int clean(const char *what, const char *log_path)
 
 static long req(int port, const char *method, const char *path, const char *body, const char *tok)
 {
-    hu_resp r;
-    hu_http(&r, port, method, path, body, tok, NULL);
+    th_resp r;
+    th_http(&r, port, method, path, body, tok, NULL);
     long s = r.status;
-    hu_resp_free(&r);
+    th_resp_free(&r);
     return s;
 }
 
 START_TEST(gateway_and_worker_under_memcheck)
 {
     char model_dir[300], wlog[400], glog[400], wdata[400], gdata[400];
-    snprintf(model_dir, sizeof model_dir, "%s/model", hu_root());
-    ck_assert_int_eq(hu_gen_model(WORKER_BIN, model_dir), 0);
-    snprintf(wlog, sizeof wlog, "--log-file=%s/vg-worker.txt", hu_root());
-    snprintf(glog, sizeof glog, "--log-file=%s/vg-gateway.txt", hu_root());
-    snprintf(wdata, sizeof wdata, "%s/w-data", hu_root());
-    snprintf(gdata, sizeof gdata, "%s/g-data", hu_root());
+    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
+    ck_assert_int_eq(th_gen_model(WORKER_BIN, model_dir, NULL), 0);
+    snprintf(wlog, sizeof wlog, "--log-file=%s/vg-worker.txt", th_root());
+    snprintf(glog, sizeof glog, "--log-file=%s/vg-gateway.txt", th_root());
+    snprintf(wdata, sizeof wdata, "%s/w-data", th_root());
+    snprintf(gdata, sizeof gdata, "%s/g-data", th_root());
     const char *env[] = {"OMP_WAIT_POLICY=passive", "OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1",
                          NULL};
 #define VG                                                                                         \
@@ -76,9 +63,9 @@ START_TEST(gateway_and_worker_under_memcheck)
     const char *wa[] = {VG,          wlog,          WORKER_BIN,   "serve",  "--model",   model_dir,
                         "--listen",  "127.0.0.1:0", "--data-dir", wdata,    "--pool-mb", "16",
                         "--disk-mb", "4",           "--key-hash", "sha256", NULL};
-    hu_proc w, g;
+    th_proc w, g;
     ck_assert_msg(
-        hu_spawn(&w, valgrind, wa, env, "worker.log", "\"msg\":\"listening on 127.0.0.1:", 0) == 0,
+        th_spawn(&w, valgrind, wa, env, "worker.log", "\"msg\":\"listening on 127.0.0.1:", 0) == 0,
         "the worker did not start under valgrind");
     char wurl[64];
     snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", w.port);
@@ -106,9 +93,9 @@ START_TEST(gateway_and_worker_under_memcheck)
                         "--worker-timeout-ms",
                         "300000",
                         NULL};
-    ck_assert_msg(hu_spawn(&g, valgrind, ga, env, "gateway.log", "listening on 127.0.0.1:", 0) == 0,
+    ck_assert_msg(th_spawn(&g, valgrind, ga, env, "gateway.log", "listening on 127.0.0.1:", 0) == 0,
                   "the gateway did not start under valgrind");
-    ck_assert(hu_wait_worker(g.port, ADMIN, wurl, 1));
+    ck_assert(th_wait_worker(g.port, ADMIN, wurl, 1));
 
     const char *rag = "{\"model\":\"" MODEL "\",\"max_tokens\":2,\"temperature\":0,\"prompt\":"
                       "\"Valgrind system. # # Valgrind document one. # # Document two. # # Q?\"}";
@@ -145,12 +132,12 @@ START_TEST(gateway_and_worker_under_memcheck)
     ck_assert_int_eq(req(g.port, "DELETE", "/v1/completions", NULL, KEY), 405);
     ck_assert_int_eq(req(w.port, "POST", "/v1/assemble", "{\"segments\":[]}", NULL), 400);
 
-    ck_assert_int_eq(hu_stop(&g, SIGTERM), 0);
-    ck_assert_int_eq(hu_stop(&w, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
     char p[400];
-    snprintf(p, sizeof p, "%s/vg-gateway.txt", hu_root());
+    snprintf(p, sizeof p, "%s/vg-gateway.txt", th_root());
     int gok = clean("chunkgate", p);
-    snprintf(p, sizeof p, "%s/vg-worker.txt", hu_root());
+    snprintf(p, sizeof p, "%s/vg-worker.txt", th_root());
     int wok = clean("chunkgate-worker", p);
     ck_assert_msg(gok, "chunkgate is not clean under memcheck");
     ck_assert_msg(wok, "chunkgate-worker is not clean under memcheck");
@@ -163,21 +150,13 @@ int main(void)
     fprintf(stderr, "skipped: an ASan build cannot run under valgrind\n");
     return 77;
 #endif
-    if (!find_valgrind()) {
+    if (!th_which("valgrind", valgrind, sizeof valgrind)) {
         fprintf(stderr, "skipped: valgrind is not installed (apt-get install valgrind)\n");
         return 77;
     }
-    hu_init("valgrind");
-    Suite *su = suite_create("valgrind");
-    TCase *tc = tcase_create("valgrind");
-    tcase_set_timeout(tc, 170);
-    tcase_add_test(tc, gateway_and_worker_under_memcheck);
-    suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    hu_cleanup(failed != 0);
-    return failed ? 1 : 0;
+    th_init("valgrind", NULL);
+    int failed = th_run_suite("valgrind", "valgrind", 170, (th_fixture){0}, CK_NOFORK,
+                              TH_TESTS(gateway_and_worker_under_memcheck));
+    th_cleanup(failed);
+    return failed;
 }

@@ -5,209 +5,44 @@
  * client disconnects, concurrency and metrics. */
 #include <check.h>
 #include <curl/curl.h>
-#include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "worker/serve/engine.h"
 #include "worker/serve/worker_api.h"
 #include "base/base.h"
 #include "kv/kvwire.h"
+#include "tests/harness/harness.h"
 
-#define WORKER CG_BINARY_DIR "/worker/chunkgate-worker"
-#define ERRLEN 512
-
-static char tmpdir[64], model_dir[128], data_dir[128], log_path[128];
-static pid_t worker_pid;
-static int port;
+static char model_dir[300], data_dir[300];
+static th_proc worker;
 static cg_model *model; /* the same model, loaded in-process for reference answers */
 
-static const char *SYS1 = "You are a careful assistant. Answer from the documents only.";
-static const char *SYS2 = "Terse mode: cite the document letter.";
-static const char *DOCA = "Document A. Annual rainfall in the valley averaged 812 millimetres "
-                          "between 1990 and 2020; in 2024 two gauges were replaced.";
-static const char *DOCB = "Document B. The cooperative's bylaws were amended in March: members "
-                          "may vote by post and the quorum fell to one third.";
-static const char *QUESTION = "What changed in 2024?";
-
-/* ---- process control ---- */
-
-static void rm_rf(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            rm_rf(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
-static int run_cmd(char *const argv[])
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-/* Starts the worker with stderr in log_path and waits for its "listening on" line. */
-static int start_worker(void)
-{
-    worker_pid = fork();
-    if (worker_pid == 0) {
-        FILE *f = freopen(log_path, "w", stderr);
-        (void)f;
-        execl(WORKER, WORKER, "serve", "--model", model_dir, "--listen", "127.0.0.1:0",
-              "--data-dir", data_dir, "--pool-mb", "64", "--assembly-ttl-ms", "30000",
-              (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 600; i++) { /* up to 60 s: sanitizer builds start slowly */
-        FILE *f = fopen(log_path, "r");
-        char line[4096];
-        while (f && fgets(line, sizeof line, f)) {
-            char *p = strstr(line, "\"msg\":\"listening on 127.0.0.1:");
-            if (p) {
-                port = atoi(p + strlen("\"msg\":\"listening on 127.0.0.1:"));
-                fclose(f);
-                return port > 0 ? 0 : -1;
-            }
-        }
-        if (f) fclose(f);
-        int status;
-        if (waitpid(worker_pid, &status, WNOHANG) == worker_pid) return -1;
-        usleep(100000);
-    }
-    return -1;
-}
+static const char *SYS1 = TH_SYSTEM, *SYS2 = "Terse mode: cite the document letter.";
+static const char *DOCA = TH_DOC_A, *DOCB = TH_DOC_B, *QUESTION = TH_QUESTION;
 
 /* ---- HTTP ---- */
 
-typedef struct resp {
-    long status;
-    cg_buf body;
-    char ctype[128];
-    long abort_after; /* stop reading after this many bytes (simulated disconnect); 0 = never */
-} resp;
-
-static size_t on_body(char *p, size_t sz, size_t n, void *ud)
+/* A request to the worker; asserts it got an answer (or was cut on purpose). */
+static th_resp http(const char *method, const char *path, const char *body)
 {
-    resp *r = ud;
-    cg_status st = cg_buf_append(&r->body, p, sz * n);
-    (void)st;
-    if (r->abort_after && (long)r->body.len >= r->abort_after) return 0;
-    return sz * n;
-}
-
-static resp http(const char *method, const char *path, const char *body)
-{
-    resp r;
-    memset(&r, 0, sizeof r);
-    cg_buf_init(&r.body, 0);
-    CURL *c = curl_easy_init();
-    char url[512];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-    curl_easy_setopt(c, CURLOPT_TIMEOUT, 300L);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-    if (body) {
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
-    }
-    CURLcode rc = curl_easy_perform(c);
-    ck_assert_msg(rc == CURLE_OK || rc == CURLE_WRITE_ERROR, "%s %s: %s", method, path,
-                  curl_easy_strerror(rc));
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-    char *ct = NULL;
-    curl_easy_getinfo(c, CURLINFO_CONTENT_TYPE, &ct);
-    snprintf(r.ctype, sizeof r.ctype, "%s", ct ? ct : "");
-    curl_slist_free_all(h);
-    curl_easy_cleanup(c);
+    th_resp r;
+    th_http(&r, worker.port, method, path, body, NULL, NULL);
+    ck_assert_msg(r.rc == CURLE_OK || r.rc == CURLE_WRITE_ERROR, "%s %s: %s", method, path,
+                  curl_easy_strerror(r.rc));
     return r;
-}
-
-static json_t *json_of(resp *r)
-{
-    json_error_t e;
-    json_t *j = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, &e);
-    ck_assert_msg(j != NULL, "response is not JSON (%s): %.200s", e.text, r->body.data);
-    return j;
 }
 
 /* Request expecting a status; returns the parsed JSON body (caller decrefs). */
 static json_t *call(const char *method, const char *path, json_t *body, long want)
 {
-    char *b = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    json_decref(body);
-    resp r = http(method, path, b);
-    free(b);
-    ck_assert_msg(r.status == want, "%s %s: status %ld, want %ld: %.300s", method, path, r.status,
-                  want, r.body.data);
-    json_t *j = json_of(&r);
-    cg_buf_free(&r.body);
-    return j;
-}
-
-/* Asserts the OpenAI error shape and its code. */
-static void assert_error(json_t *j, const char *code)
-{
-    json_t *e = json_object_get(j, "error");
-    ck_assert_msg(json_is_object(e), "no error object");
-    ck_assert(json_is_string(json_object_get(e, "message")));
-    ck_assert(json_string_length(json_object_get(e, "message")) > 0);
-    ck_assert(json_is_string(json_object_get(e, "type")));
-    ck_assert(json_object_get(e, "param") != NULL);
-    ck_assert_str_eq(json_string_value(json_object_get(e, "code")), code);
-}
-
-static const char *sget(json_t *j, const char *k)
-{
-    return json_string_value(json_object_get(j, k));
-}
-static long long iget(json_t *j, const char *k)
-{
-    return json_integer_value(json_object_get(j, k));
-}
-
-static json_t *segs_json(const char *sys, const char *d1, const char *d2, const char *q)
-{
-    return json_pack("[{s:s,s:s},{s:s,s:s},{s:s,s:s},{s:s,s:s}]", "role", "system", "text", sys,
-                     "role", "chunk", "text", d1, "role", "chunk", "text", d2, "role", "question",
-                     "text", q);
-}
-
-static char *rag_prompt(const char *sys, const char *d1, const char *d2, const char *q)
-{
-    size_t n = strlen(sys) + strlen(d1) + strlen(d2) + strlen(q) + 32;
-    char *p = cg_malloc(n);
-    snprintf(p, n, "%s # # %s # # %s # # %s", sys, d1, d2, q);
-    return p;
+    return th_call(worker.port, method, path, body, NULL, want);
 }
 
 static json_t *greedy(json_t *extra, long max_tokens)
@@ -218,40 +53,31 @@ static json_t *greedy(json_t *extra, long max_tokens)
     return b;
 }
 
-/* The answer an in-process engine gives on the reference path (one forward under the mask). */
-static char *reference_text_path(const char *sys, const char *d1, const char *d2, const char *q,
-                                 uint32_t max_tokens, cg_engine_path path)
+/* Decodes the assembly of a (greedy, max_tokens) through kv_transfer_params; asserts the status
+ * is want and returns the answer (caller decrefs). */
+static json_t *complete_assembly(json_t *a, long max_tokens, long want)
 {
-    cg_engine *e = NULL;
-    ck_assert_int_eq(cg_engine_open(model, cg_engine_default_params(), &e), CG_OK);
-    cg_engine_seg s[4] = {{CG_ROLE_SYSTEM, sys, strlen(sys), NULL},
-                          {CG_ROLE_CHUNK, d1, strlen(d1), NULL},
-                          {CG_ROLE_CHUNK, d2, strlen(d2), NULL},
-                          {CG_ROLE_QUESTION, q, strlen(q), NULL}};
-    cg_assemble_req ar = {
-        .segs = s, .n_segs = 4, .mode = CG_MODE_STRICT, .reserve_tokens = -1, .path = path};
-    cg_assembly_info info;
-    char err[ERRLEN];
-    ck_assert_int_eq(cg_engine_assemble(e, &ar, 1, &info, err, sizeof err), CG_OK);
-    cg_complete_req cr = {.assembly_id = info.id, .max_tokens = max_tokens};
-    cg_complete_result res;
-    ck_assert_int_eq(cg_engine_complete(e, &cr, 1, &res, err, sizeof err), CG_OK);
-    cg_buf b;
-    cg_buf_init(&b, 0);
-    cg_utf8_sanitize(res.text, res.text_len, 1, &b);
-    char *out = cg_strndup(b.data ? b.data : "", b.len);
-    cg_buf_free(&b);
-    cg_complete_result_free(&res);
-    cg_assembly_info_free(&info);
-    cg_engine_close(&e);
-    return out;
+    json_t *ktp =
+        json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id", th_sget(a, "assembly_id"));
+    return call("POST", "/v1/completions", greedy(ktp, max_tokens), want);
 }
 
+/* The answer an in-process engine gives on the reference path (one forward under the mask). */
 static char *reference_text(const char *sys, const char *d1, const char *d2, const char *q,
                             uint32_t max_tokens)
 {
-    return reference_text_path(sys, d1, d2, q, max_tokens, CG_PATH_REFERENCE);
+    return th_engine_answer(model, sys, d1, d2, q, max_tokens, CG_PATH_REFERENCE);
 }
+
+/* The value of series in the metrics text; asserts it is there. */
+static double metric(const char *text, const char *series)
+{
+    double v = 0;
+    ck_assert_msg(th_metric_find(text, series, &v), "metric %s missing", series);
+    return v;
+}
+
+#define DECODED "chunkgate_worker_decode_tokens_total"
 
 /* ---- tests ---- */
 
@@ -259,21 +85,21 @@ START_TEST(test_info)
 {
     json_t *j = call("GET", "/v1/info", NULL, 200);
     const cg_model_config *c = cg_model_cfg(model);
-    ck_assert_str_eq(sget(j, "model"), c->model_id);
-    ck_assert_int_eq(iget(j, "n_layers"), c->n_layers);
-    ck_assert_int_eq(iget(j, "n_heads"), c->n_heads);
-    ck_assert_int_eq(iget(j, "n_kv_heads"), c->n_kv_heads);
-    ck_assert_int_eq(iget(j, "head_dim"), c->head_dim);
-    ck_assert_int_eq(iget(j, "max_positions"), c->max_pos);
-    ck_assert_int_eq(iget(j, "vocab_size"), c->vocab_size);
-    ck_assert_str_eq(sget(j, "dtype"), "f32");
-    ck_assert_str_eq(sget(j, "rope_style"), "half");
-    ck_assert_str_eq(sget(j, "key_version"), CG_KEY_VERSION);
-    ck_assert_int_eq(iget(j, "block_tokens"), 16);
-    ck_assert_int_eq(iget(j, "pool_capacity_bytes"), 64 << 20);
-    ck_assert_int_eq(iget(j, "disk_capacity_bytes"), 0); /* no --disk-mb: RAM only */
+    ck_assert_str_eq(th_sget(j, "model"), c->model_id);
+    ck_assert_int_eq(th_iget(j, "n_layers"), c->n_layers);
+    ck_assert_int_eq(th_iget(j, "n_heads"), c->n_heads);
+    ck_assert_int_eq(th_iget(j, "n_kv_heads"), c->n_kv_heads);
+    ck_assert_int_eq(th_iget(j, "head_dim"), c->head_dim);
+    ck_assert_int_eq(th_iget(j, "max_positions"), c->max_pos);
+    ck_assert_int_eq(th_iget(j, "vocab_size"), c->vocab_size);
+    ck_assert_str_eq(th_sget(j, "dtype"), "f32");
+    ck_assert_str_eq(th_sget(j, "rope_style"), "half");
+    ck_assert_str_eq(th_sget(j, "key_version"), CG_KEY_VERSION);
+    ck_assert_int_eq(th_iget(j, "block_tokens"), 16);
+    ck_assert_int_eq(th_iget(j, "pool_capacity_bytes"), 64 << 20);
+    ck_assert_int_eq(th_iget(j, "disk_capacity_bytes"), 0); /* no --disk-mb: RAM only */
     ck_assert_int_eq(json_array_size(json_object_get(j, "tiers")), 1);
-    ck_assert_int_eq(iget(j, "tp"), 1);
+    ck_assert_int_eq(th_iget(j, "tp"), 1);
     ck_assert(json_is_null(json_object_get(j, "kv_source")));
     json_t *modes = json_object_get(j, "isolation_modes");
     ck_assert_int_eq(json_array_size(modes), 2);
@@ -281,10 +107,10 @@ START_TEST(test_info)
     ck_assert_str_eq(json_string_value(json_array_get(modes, 1)), "sys");
     json_decref(j);
     j = call("GET", "/v1/models", NULL, 200);
-    ck_assert_str_eq(sget(j, "object"), "list");
+    ck_assert_str_eq(th_sget(j, "object"), "list");
     json_t *m0 = json_array_get(json_object_get(j, "data"), 0);
-    ck_assert_str_eq(sget(m0, "id"), c->model_id);
-    ck_assert_str_eq(sget(m0, "object"), "model");
+    ck_assert_str_eq(th_sget(m0, "id"), c->model_id);
+    ck_assert_str_eq(th_sget(m0, "object"), "model");
     json_decref(j);
     j = call("GET", "/healthz", NULL, 200);
     json_decref(j);
@@ -298,7 +124,7 @@ START_TEST(test_assemble_twice)
     const cg_model_config *c = cg_model_cfg(model);
     /* misses */
     json_t *a = call("POST", "/v1/assemble",
-                     json_pack("{s:o, s:s}", "segments", segs_json(SYS1, DOCA, DOCB, QUESTION),
+                     json_pack("{s:o, s:s}", "segments", th_segments(SYS1, DOCA, DOCB, QUESTION),
                                "mode", "strict"),
                      200);
     json_t *segs = json_object_get(a, "segments");
@@ -308,26 +134,26 @@ START_TEST(test_assemble_twice)
     for (size_t i = 0; i < 4; i++) {
         json_t *s = json_array_get(segs, i);
         ck_assert(json_is_false(json_object_get(s, "hit")));
-        ck_assert_str_eq(sget(s, "tier"), "miss");
-        ck_assert_int_eq(iget(s, "offset"), off);
-        ck_assert_int_eq(iget(s, "n_tokens"), (long long)strlen(texts[i]) + (i == 0));
-        off += iget(s, "n_tokens");
+        ck_assert_str_eq(th_sget(s, "tier"), "miss");
+        ck_assert_int_eq(th_iget(s, "offset"), off);
+        ck_assert_int_eq(th_iget(s, "n_tokens"), (long long)strlen(texts[i]) + (i == 0));
+        off += th_iget(s, "n_tokens");
         /* the worker's key is the gateway's key: the same function over the same fields */
         cg_key k = cg_key_compute(c->model_id, strlen(c->model_id), CG_MODE_STRICT, NULL, 0, NULL,
                                   texts[i], strlen(texts[i]));
         char hex[CG_KEY_HEX_LEN + 1];
         cg_key_hex(&k, hex);
-        ck_assert_str_eq(sget(s, "key"), hex);
+        ck_assert_str_eq(th_sget(s, "key"), hex);
     }
     total = off;
-    ck_assert_int_eq(iget(a, "n_tokens"), total);
-    ck_assert_int_eq(iget(a, "cached_tokens"), 0);
-    ck_assert_int_eq(strlen(sget(a, "assembly_id")), 32);
-    ck_assert_int_gt(iget(a, "ttl_ms"), 0);
+    ck_assert_int_eq(th_iget(a, "n_tokens"), total);
+    ck_assert_int_eq(th_iget(a, "cached_tokens"), 0);
+    ck_assert_int_eq(strlen(th_sget(a, "assembly_id")), 32);
+    ck_assert_int_gt(th_iget(a, "ttl_ms"), 0);
     ck_assert(json_is_array(json_object_get(a, "evicted")));
 
     /* hits at new offsets: another system prompt, chunks swapped, keys given by the client */
-    json_t *s2 = segs_json(SYS2, DOCB, DOCA, QUESTION);
+    json_t *s2 = th_segments(SYS2, DOCB, DOCA, QUESTION);
     json_object_set(json_array_get(s2, 1), "key", json_object_get(json_array_get(segs, 2), "key"));
     json_object_set(json_array_get(s2, 2), "key", json_object_get(json_array_get(segs, 1), "key"));
     json_t *b = call("POST", "/v1/assemble", json_pack("{s:o}", "segments", s2), 200);
@@ -337,21 +163,21 @@ START_TEST(test_assemble_twice)
     for (size_t i = 1; i <= 2; i++) {
         json_t *s = json_array_get(bs, i);
         ck_assert(json_is_true(json_object_get(s, "hit")));
-        ck_assert_str_eq(sget(s, "tier"), "ram");
-        cached += iget(s, "n_tokens");
+        ck_assert_str_eq(th_sget(s, "tier"), "ram");
+        cached += th_iget(s, "n_tokens");
     }
-    ck_assert_int_ne(iget(json_array_get(bs, 2), "offset"),
-                     iget(json_array_get(segs, 1), "offset"));
-    ck_assert_int_eq(iget(b, "cached_tokens"), cached);
+    ck_assert_int_ne(th_iget(json_array_get(bs, 2), "offset"),
+                     th_iget(json_array_get(segs, 1), "offset"));
+    ck_assert_int_eq(th_iget(b, "cached_tokens"), cached);
 
     /* release both; a second release is 404 */
     char path[128];
-    snprintf(path, sizeof path, "/v1/assemblies/%s", sget(a, "assembly_id"));
+    snprintf(path, sizeof path, "/v1/assemblies/%s", th_sget(a, "assembly_id"));
     json_decref(call("DELETE", path, NULL, 200));
     json_t *e = call("DELETE", path, NULL, 404);
-    assert_error(e, "not_found");
+    th_assert_error_json(e, "not_found", NULL);
     json_decref(e);
-    snprintf(path, sizeof path, "/v1/assemblies/%s", sget(b, "assembly_id"));
+    snprintf(path, sizeof path, "/v1/assemblies/%s", th_sget(b, "assembly_id"));
     json_decref(call("DELETE", path, NULL, 200));
     json_decref(a);
     json_decref(b);
@@ -361,16 +187,16 @@ END_TEST
 /* The text of a non-streamed completion. */
 static char *completion_text(json_t *j, const char *finish_want)
 {
-    ck_assert_str_eq(sget(j, "object"), "text_completion");
+    ck_assert_str_eq(th_sget(j, "object"), "text_completion");
     json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
     ck_assert_ptr_nonnull(ch);
-    if (finish_want) ck_assert_str_eq(sget(ch, "finish_reason"), finish_want);
+    if (finish_want) ck_assert_str_eq(th_sget(ch, "finish_reason"), finish_want);
     json_t *u = json_object_get(j, "usage");
-    ck_assert_int_eq(iget(u, "total_tokens"),
-                     iget(u, "prompt_tokens") + iget(u, "completion_tokens"));
+    ck_assert_int_eq(th_iget(u, "total_tokens"),
+                     th_iget(u, "prompt_tokens") + th_iget(u, "completion_tokens"));
     ck_assert(json_is_integer(
         json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")));
-    return cg_strdup(sget(ch, "text"));
+    return cg_strdup(th_sget(ch, "text"));
 }
 
 START_TEST(test_kv_transfer_equals_prompt)
@@ -378,35 +204,27 @@ START_TEST(test_kv_transfer_equals_prompt)
     const char *sys = "You answer in one line. Context follows.";
     /* via /v1/assemble + kv_transfer_params */
     json_t *a = call("POST", "/v1/assemble",
-                     json_pack("{s:o}", "segments", segs_json(sys, DOCB, DOCA, QUESTION)), 200);
-    json_t *r1 = call(
-        "POST", "/v1/completions",
-        greedy(json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id", sget(a, "assembly_id")),
-               24),
-        200);
+                     json_pack("{s:o}", "segments", th_segments(sys, DOCB, DOCA, QUESTION)), 200);
+    json_t *r1 = complete_assembly(a, 24, 200);
     char *t1 = completion_text(r1, NULL);
     json_t *u1 = json_object_get(r1, "usage");
-    ck_assert_int_eq(iget(u1, "prompt_tokens"), iget(a, "n_tokens"));
-    ck_assert_int_eq(iget(json_object_get(u1, "prompt_tokens_details"), "cached_tokens"),
-                     iget(a, "cached_tokens"));
+    ck_assert_int_eq(th_iget(u1, "prompt_tokens"), th_iget(a, "n_tokens"));
+    ck_assert_int_eq(th_iget(json_object_get(u1, "prompt_tokens_details"), "cached_tokens"),
+                     th_iget(a, "cached_tokens"));
     /* consumed: a second use is 404 */
-    json_t *e = call(
-        "POST", "/v1/completions",
-        greedy(json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id", sget(a, "assembly_id")),
-               4),
-        404);
-    assert_error(e, "not_found");
+    json_t *e = complete_assembly(a, 4, 404);
+    th_assert_error_json(e, "not_found", NULL);
     json_decref(e);
 
     /* the plain "# #" prompt: the worker splits and assembles itself, now with hits */
-    char *p = rag_prompt(sys, DOCB, DOCA, QUESTION);
+    char *p = th_rag(sys, DOCB, DOCA, QUESTION);
     json_t *r2 = call("POST", "/v1/completions", greedy(json_pack("{s:s}", "prompt", p), 24), 200);
     char *t2 = completion_text(r2, NULL);
     ck_assert_str_eq(t1, t2);
     json_t *u2 = json_object_get(r2, "usage");
-    ck_assert_int_eq(iget(u2, "prompt_tokens"), iget(a, "n_tokens"));
-    ck_assert_int_eq(iget(json_object_get(u2, "prompt_tokens_details"), "cached_tokens"),
-                     iget(a, "n_tokens") - (long long)strlen(QUESTION));
+    ck_assert_int_eq(th_iget(u2, "prompt_tokens"), th_iget(a, "n_tokens"));
+    ck_assert_int_eq(th_iget(json_object_get(u2, "prompt_tokens_details"), "cached_tokens"),
+                     th_iget(a, "n_tokens") - (long long)strlen(QUESTION));
 
     /* both equal the reference forward over the whole prompt, computed in-process */
     char *ref = reference_text(sys, DOCB, DOCA, QUESTION, 24);
@@ -428,8 +246,8 @@ START_TEST(test_kv_transfer_equals_prompt)
     json_t *pl =
         call("POST", "/v1/completions", greedy(json_pack("{s:s}", "prompt", "plain"), 3), 200);
     json_t *pu = json_object_get(pl, "usage");
-    ck_assert_int_eq(iget(pu, "prompt_tokens"), 6);
-    ck_assert_int_eq(iget(json_object_get(pu, "prompt_tokens_details"), "cached_tokens"), 0);
+    ck_assert_int_eq(th_iget(pu, "prompt_tokens"), 6);
+    ck_assert_int_eq(th_iget(json_object_get(pu, "prompt_tokens_details"), "cached_tokens"), 0);
 
     free(t1);
     free(t2);
@@ -452,19 +270,15 @@ START_TEST(test_recompute_and_sys)
     const char *sys = "Recompute test system prompt.";
     const char *q = "Which document is about rain?";
     json_t *a = call("POST", "/v1/assemble",
-                     json_pack("{s:o, s:i}", "segments", segs_json(sys, DOCA, DOCB, q),
+                     json_pack("{s:o, s:i}", "segments", th_segments(sys, DOCA, DOCB, q),
                                "recompute_prefix_tokens", 100000),
                      200);
     /* chunks hit (stored by earlier tests) or miss, either way their tokens are recomputed */
-    ck_assert_int_ge(iget(a, "computed_tokens"),
+    ck_assert_int_ge(th_iget(a, "computed_tokens"),
                      (long long)(strlen(DOCA) + strlen(DOCB) + strlen(q)));
-    json_t *r = call(
-        "POST", "/v1/completions",
-        greedy(json_pack("{s:{s:s}}", "kv_transfer_params", "assembly_id", sget(a, "assembly_id")),
-               16),
-        200);
+    json_t *r = complete_assembly(a, 16, 200);
     char *t = completion_text(r, NULL);
-    char *ref = reference_text_path(sys, DOCA, DOCB, q, 16, CG_PATH_CAUSAL);
+    char *ref = th_engine_answer(model, sys, DOCA, DOCB, q, 16, CG_PATH_CAUSAL);
     ck_assert_str_eq(t, ref);
     free(t);
     free(ref);
@@ -474,8 +288,8 @@ START_TEST(test_recompute_and_sys)
     /* mode sys: chunk keys depend on the system segment's key */
     const cg_model_config *c = cg_model_cfg(model);
     json_t *b = call("POST", "/v1/assemble",
-                     json_pack("{s:o, s:s, s:s}", "segments", segs_json(sys, DOCA, DOCB, q), "mode",
-                               "sys", "cache_salt", "tenant-7"),
+                     json_pack("{s:o, s:s, s:s}", "segments", th_segments(sys, DOCA, DOCB, q),
+                               "mode", "sys", "cache_salt", "tenant-7"),
                      200);
     json_t *segs = json_object_get(b, "segments");
     cg_key ks = cg_key_compute(c->model_id, strlen(c->model_id), CG_MODE_SYS, "tenant-7", 8, NULL,
@@ -484,12 +298,12 @@ START_TEST(test_recompute_and_sys)
                                DOCA, strlen(DOCA));
     char hex[CG_KEY_HEX_LEN + 1];
     cg_key_hex(&ks, hex);
-    ck_assert_str_eq(sget(json_array_get(segs, 0), "key"), hex);
+    ck_assert_str_eq(th_sget(json_array_get(segs, 0), "key"), hex);
     cg_key_hex(&ka, hex);
-    ck_assert_str_eq(sget(json_array_get(segs, 1), "key"), hex);
+    ck_assert_str_eq(th_sget(json_array_get(segs, 1), "key"), hex);
     ck_assert(json_is_false(json_object_get(json_array_get(segs, 1), "hit")));
     char path[128];
-    snprintf(path, sizeof path, "/v1/assemblies/%s", sget(b, "assembly_id"));
+    snprintf(path, sizeof path, "/v1/assemblies/%s", th_sget(b, "assembly_id"));
     json_decref(call("DELETE", path, NULL, 200));
     json_decref(b);
 }
@@ -497,18 +311,18 @@ END_TEST
 
 START_TEST(test_stream)
 {
-    char *p = rag_prompt(SYS1, DOCA, DOCB, "Stream the answer, please.");
+    char *p = th_rag(SYS1, DOCA, DOCB, "Stream the answer, please.");
     json_t *nb = call("POST", "/v1/completions", greedy(json_pack("{s:s}", "prompt", p), 20), 200);
     char *want = completion_text(nb, NULL);
     const char *want_finish =
-        sget(json_array_get(json_object_get(nb, "choices"), 0), "finish_reason");
+        th_sget(json_array_get(json_object_get(nb, "choices"), 0), "finish_reason");
 
     json_t *body = greedy(json_pack("{s:s, s:b, s:{s:b}}", "prompt", p, "stream", 1,
                                     "stream_options", "include_usage", 1),
                           20);
     char *b = json_dumps(body, JSON_COMPACT);
     json_decref(body);
-    resp r = http("POST", "/v1/completions", b);
+    th_resp r = http("POST", "/v1/completions", b);
     free(b);
     ck_assert_int_eq(r.status, 200);
     ck_assert_ptr_nonnull(strstr(r.ctype, "text/event-stream"));
@@ -532,7 +346,7 @@ START_TEST(test_stream)
             json_error_t je;
             json_t *j = json_loadb(s + 6, (size_t)(e - s - 6), 0, &je);
             ck_assert_msg(j != NULL, "event is not JSON: %s", je.text);
-            ck_assert_str_eq(sget(j, "object"), "text_completion");
+            ck_assert_str_eq(th_sget(j, "object"), "text_completion");
             json_t *u = json_object_get(j, "usage");
             if (u) {
                 /* usage (asked for): a last chunk of its own with no choice, as OpenAI sends
@@ -540,23 +354,23 @@ START_TEST(test_stream)
                 usages++;
                 ck_assert_int_eq(finals, 1);
                 ck_assert_int_eq(json_array_size(json_object_get(j, "choices")), 0);
-                ck_assert_int_eq(iget(u, "prompt_tokens"),
-                                 iget(json_object_get(nb, "usage"), "prompt_tokens"));
+                ck_assert_int_eq(th_iget(u, "prompt_tokens"),
+                                 th_iget(json_object_get(nb, "usage"), "prompt_tokens"));
                 ck_assert_int_eq(
-                    iget(json_object_get(u, "prompt_tokens_details"), "cached_tokens"),
-                    iget(json_object_get(json_object_get(nb, "usage"), "prompt_tokens_details"),
+                    th_iget(json_object_get(u, "prompt_tokens_details"), "cached_tokens"),
+                    th_iget(json_object_get(json_object_get(nb, "usage"), "prompt_tokens_details"),
                          "cached_tokens"));
                 json_decref(j);
                 s = e + 2;
                 continue;
             }
             json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
-            const char *t = sget(ch, "text");
+            const char *t = th_sget(ch, "text");
             cg_status st = cg_buf_append(&text, t, strlen(t));
             (void)st;
             if (!json_is_null(json_object_get(ch, "finish_reason"))) {
                 finals++;
-                ck_assert_str_eq(sget(ch, "finish_reason"), want_finish);
+                ck_assert_str_eq(th_sget(ch, "finish_reason"), want_finish);
             }
             events++;
             json_decref(j);
@@ -569,7 +383,7 @@ START_TEST(test_stream)
     ck_assert_int_ge(events, 2);
     ck_assert_str_eq(text.data ? text.data : "", want);
     cg_buf_free(&text);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     free(want);
     free(p);
     json_decref(nb);
@@ -579,50 +393,33 @@ END_TEST
 /* The client leaves mid-stream: decoding stops, the server keeps serving. */
 START_TEST(test_stream_disconnect)
 {
-    char *p = rag_prompt(SYS2, DOCA, DOCB, "Write a very long answer.");
+    char *p = th_rag(SYS2, DOCA, DOCB, "Write a very long answer.");
     /* without disconnect this prompt decodes all 1500 tokens */
     json_t *full =
         call("POST", "/v1/completions", greedy(json_pack("{s:s}", "prompt", p), 1500), 200);
     json_t *u = json_object_get(full, "usage");
-    int eos_early = iget(u, "completion_tokens") < 1500;
+    int eos_early = th_iget(u, "completion_tokens") < 1500;
     json_t *m0 = call("GET", "/v1/info", NULL, 200);
     json_decref(m0);
-    resp before = http("GET", "/metrics", NULL);
-    const char *dt = strstr(before.body.data, "\nchunkgate_worker_decode_tokens_total ");
-    ck_assert_ptr_nonnull(dt);
-    double dec0 = atof(dt + strlen("\nchunkgate_worker_decode_tokens_total "));
-    cg_buf_free(&before.body);
+    th_resp before = http("GET", "/metrics", NULL);
+    double dec0 = metric(before.body.data, DECODED);
+    th_resp_free(&before);
 
-    json_t *body = greedy(json_pack("{s:s, s:b}", "prompt", p, "stream", 1), 1500);
-    char *b = json_dumps(body, JSON_COMPACT);
-    json_decref(body);
-    resp r;
-    memset(&r, 0, sizeof r);
-    {
-        /* read the first few events, then hang up */
-        cg_buf_init(&r.body, 0);
-        r.abort_after = 600;
-        CURL *c = curl_easy_init();
-        char url[256];
-        snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/completions", port);
-        curl_easy_setopt(c, CURLOPT_URL, url);
-        curl_easy_setopt(c, CURLOPT_POSTFIELDS, b);
-        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-        curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-        curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-        ck_assert_int_eq(curl_easy_perform(c), CURLE_WRITE_ERROR);
-        curl_easy_cleanup(c);
-    }
+    char *b = th_dumps(greedy(json_pack("{s:s, s:b}", "prompt", p, "stream", 1), 1500));
+    /* read the first few events, then hang up */
+    th_req q = {.path = "/v1/completions", .body = b, .stop_after = 600};
+    th_resp r;
+    th_send(&r, worker.port, &q);
+    ck_assert_int_eq(r.rc, CURLE_WRITE_ERROR);
     free(b);
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     /* the request finishes on the server soon after; then the counter stops moving */
     double dec1 = 0, prev = -1;
     for (int i = 0; i < 100; i++) {
-        usleep(200000);
-        resp m = http("GET", "/metrics", NULL);
-        dt = strstr(m.body.data, "\nchunkgate_worker_decode_tokens_total ");
-        dec1 = atof(dt + strlen("\nchunkgate_worker_decode_tokens_total "));
-        cg_buf_free(&m.body);
+        th_sleep_ms(200);
+        th_resp m = http("GET", "/metrics", NULL);
+        dec1 = metric(m.body.data, DECODED);
+        th_resp_free(&m);
         if (dec1 == prev && dec1 > dec0) break;
         prev = dec1;
     }
@@ -643,22 +440,22 @@ START_TEST(test_inventory)
                                "question", "text", "How many crates?"),
                      200);
     json_t *cseg = json_array_get(json_object_get(a, "segments"), 1);
-    const char *key = sget(cseg, "key");
-    const uint32_t offset = (uint32_t)iget(cseg, "offset");
+    const char *key = th_sget(cseg, "key");
+    const uint32_t offset = (uint32_t)th_iget(cseg, "offset");
     ck_assert_uint_gt(offset, 0);
     char path[256];
     snprintf(path, sizeof path, "/v1/chunks/%s", key);
     /* referenced by the live assembly: no delete */
     json_t *e = call("DELETE", path, NULL, 409);
-    assert_error(e, "conflict");
+    th_assert_error_json(e, "conflict", NULL);
     json_decref(e);
     json_t *c = call("GET", path, NULL, 200);
-    ck_assert_str_eq(sget(c, "key"), key);
-    ck_assert_int_eq(iget(c, "tokens"), (long long)strlen(doc));
-    ck_assert_int_eq(iget(c, "bytes") % (16 * 4096), 0);
-    ck_assert_str_eq(sget(c, "tier"), "ram");
+    ck_assert_str_eq(th_sget(c, "key"), key);
+    ck_assert_int_eq(th_iget(c, "tokens"), (long long)strlen(doc));
+    ck_assert_int_eq(th_iget(c, "bytes") % (16 * 4096), 0);
+    ck_assert_str_eq(th_sget(c, "tier"), "ram");
     ck_assert_int_eq(json_array_size(json_object_get(c, "tiers")), 1); /* no disk tier here */
-    ck_assert_int_gt(iget(c, "last_used"), 1600000000000LL);
+    ck_assert_int_gt(th_iget(c, "last_used"), 1600000000000LL);
     /* the per-head key strings: {model}@head:{h}@{key}, one per KV head */
     json_t *hk = json_object_get(c, "head_keys");
     ck_assert_int_eq(json_array_size(hk), cg_model_cfg(model)->n_kv_heads);
@@ -671,11 +468,11 @@ START_TEST(test_inventory)
 
     /* the list holds it; paging with limit/after walks every chunk once, in key order */
     json_t *l = call("GET", "/v1/chunks", NULL, 200);
-    ck_assert_str_eq(sget(l, "object"), "list");
+    ck_assert_str_eq(th_sget(l, "object"), "list");
     size_t n = json_array_size(json_object_get(l, "data"));
     int found = 0;
     for (size_t i = 0; i < n; i++)
-        found |= !strcmp(sget(json_array_get(json_object_get(l, "data"), i), "key"), key);
+        found |= !strcmp(th_sget(json_array_get(json_object_get(l, "data"), i), "key"), key);
     ck_assert(found);
     ck_assert_uint_ge(n, 2);
     char after[64] = "";
@@ -691,7 +488,7 @@ START_TEST(test_inventory)
             break;
         }
         ck_assert_int_eq(json_array_size(d), 1);
-        const char *k = sget(json_array_get(d, 0), "key");
+        const char *k = th_sget(json_array_get(d, 0), "key");
         if (after[0]) ck_assert_int_gt(strcmp(k, after), 0);
         snprintf(after, sizeof after, "%s", k);
         walked++;
@@ -706,7 +503,7 @@ START_TEST(test_inventory)
     const size_t nt = strlen(doc), hd = (size_t)mc->head_dim;
     char kvp[256];
     snprintf(kvp, sizeof kvp, "/v1/chunks/%s/kv?heads=0-1", key);
-    resp kc = http("GET", kvp, NULL);
+    th_resp kc = http("GET", kvp, NULL);
     ck_assert_int_eq(kc.status, 200);
     cg_kvwire_header hc, ha;
     const float *pc = NULL, *pa = NULL;
@@ -719,16 +516,16 @@ START_TEST(test_inventory)
     ck_assert_uint_eq(hc.total_kv_heads, (uint32_t)mc->n_kv_heads);
     ck_assert_uint_eq(kc.body.len, hc.header_bytes + 2 * mc->n_layers * 2 * nt * hd * 4);
     snprintf(kvp, sizeof kvp, "/v1/chunks/%s/kv?heads=3-9", key);
-    resp bad = http("GET", kvp, NULL);
+    th_resp bad = http("GET", kvp, NULL);
     ck_assert_int_eq(bad.status, 400);
-    cg_buf_free(&bad.body);
+    th_resp_free(&bad);
     /* the assembly's KV, all heads: at the chunk's offset, V is the stored V and K is the
      * stored K rotated by R(offset) (strict: stored at virtual position 0) */
-    snprintf(kvp, sizeof kvp, "/v1/assemblies/%s/kv", sget(a, "assembly_id"));
-    resp ka = http("GET", kvp, NULL);
+    snprintf(kvp, sizeof kvp, "/v1/assemblies/%s/kv", th_sget(a, "assembly_id"));
+    th_resp ka = http("GET", kvp, NULL);
     ck_assert_int_eq(ka.status, 200);
     ck_assert_int_eq(cg_kvwire_decode(ka.body.data, ka.body.len, &ha, &pa), CG_OK);
-    ck_assert_uint_eq(ha.n_tokens, (uint32_t)iget(a, "n_tokens"));
+    ck_assert_uint_eq(ha.n_tokens, (uint32_t)th_iget(a, "n_tokens"));
     ck_assert_uint_eq(ha.n_heads, (uint32_t)mc->n_kv_heads);
     cg_rope rope = cg_model_rope(model);
     float *rot = cg_malloc(nt * hd * sizeof(float));
@@ -744,23 +541,23 @@ START_TEST(test_inventory)
             ck_assert(memcmp(ck, ak, nt * hd * sizeof(float)) != 0); /* it was rotated */
         }
     free(rot);
-    cg_buf_free(&kc.body);
-    cg_buf_free(&ka.body);
+    th_resp_free(&kc);
+    th_resp_free(&ka);
 
     /* released: now it can be deleted, and is gone */
     char ap[128];
-    snprintf(ap, sizeof ap, "/v1/assemblies/%s", sget(a, "assembly_id"));
+    snprintf(ap, sizeof ap, "/v1/assemblies/%s", th_sget(a, "assembly_id"));
     json_decref(call("DELETE", ap, NULL, 200));
     json_t *d = call("DELETE", path, NULL, 200);
     ck_assert(json_is_true(json_object_get(d, "deleted")));
     json_decref(d);
     e = call("GET", path, NULL, 404);
-    assert_error(e, "not_found");
+    th_assert_error_json(e, "not_found", NULL);
     json_decref(e);
     e = call("DELETE", path, NULL, 404);
     json_decref(e);
     e = call("GET", "/v1/chunks/nothex", NULL, 400);
-    assert_error(e, "invalid_value");
+    th_assert_error_json(e, "invalid_value", NULL);
     json_decref(e);
     json_decref(l);
     json_decref(a);
@@ -771,7 +568,7 @@ END_TEST
  * logprob the largest; the same in a stream. */
 START_TEST(test_logprobs)
 {
-    char *p = rag_prompt(SYS1, DOCA, DOCB, QUESTION);
+    char *p = th_rag(SYS1, DOCA, DOCB, QUESTION);
     json_t *r = call("POST", "/v1/completions",
                      greedy(json_pack("{s:s, s:i}", "prompt", p, "logprobs", 3), 12), 200);
     json_t *ch = json_array_get(json_object_get(r, "choices"), 0);
@@ -779,7 +576,7 @@ START_TEST(test_logprobs)
     json_t *ids = json_object_get(lp, "token_ids"), *vals = json_object_get(lp, "token_logprobs");
     json_t *tops = json_object_get(lp, "top_logprobs"), *offs = json_object_get(lp, "text_offset");
     size_t n = json_array_size(ids), off = 0;
-    ck_assert_int_eq((long long)n, iget(json_object_get(r, "usage"), "completion_tokens"));
+    ck_assert_int_eq((long long)n, th_iget(json_object_get(r, "usage"), "completion_tokens"));
     ck_assert_int_eq(json_array_size(vals), n);
     ck_assert_int_eq(json_array_size(tops), n);
     ck_assert_int_eq(json_array_size(json_object_get(lp, "tokens")), n);
@@ -807,7 +604,7 @@ START_TEST(test_logprobs)
         greedy(json_pack("{s:s, s:i, s:b}", "prompt", p, "logprobs", 3, "stream", 1), 12);
     char *b = json_dumps(body, JSON_COMPACT);
     json_decref(body);
-    resp sr = http("POST", "/v1/completions", b);
+    th_resp sr = http("POST", "/v1/completions", b);
     free(b);
     ck_assert_int_eq(sr.status, 200);
     size_t k = 0;
@@ -823,7 +620,7 @@ START_TEST(test_logprobs)
         json_decref(j);
     }
     ck_assert_uint_eq(k, n);
-    cg_buf_free(&sr.body);
+    th_resp_free(&sr);
     json_decref(r);
     /* without logprobs the field is null */
     r = call("POST", "/v1/completions", greedy(json_pack("{s:s}", "prompt", p), 2), 200);
@@ -911,15 +708,15 @@ START_TEST(test_bad_inputs)
         {"GET", "/v1/chunks?after=zz", NULL, 400, "invalid_value"},
     };
     for (size_t i = 0; i < CG_ARRAY_LEN(cases); i++) {
-        resp r = http(cases[i].method, cases[i].path, cases[i].body);
+        th_resp r = http(cases[i].method, cases[i].path, cases[i].body);
         ck_assert_msg(r.status == cases[i].status,
                       "case %zu (%s %s %s): status %ld want %ld: %.200s", i, cases[i].method,
                       cases[i].path, cases[i].body ? cases[i].body : "", r.status, cases[i].status,
                       r.body.data);
-        json_t *j = json_of(&r);
-        assert_error(j, cases[i].code);
+        json_t *j = th_body_json(&r);
+        th_assert_error_json(j, cases[i].code, NULL);
         json_decref(j);
-        cg_buf_free(&r.body);
+        th_resp_free(&r);
     }
     /* nothing was stored under the key a client tried to claim */
     json_t *e = call("GET", "/v1/chunks/00112233445566778899aabbccddeeff", NULL, 404);
@@ -930,16 +727,16 @@ START_TEST(test_bad_inputs)
     memset(big, 'x', n);
     big[n] = '\0';
     e = call("POST", "/v1/completions", json_pack("{s:s}", "prompt", big), 400);
-    assert_error(e, "context_length_exceeded");
+    th_assert_error_json(e, "context_length_exceeded", NULL);
     json_decref(e);
     memcpy(big + n / 2, " # # ", 5);
     e = call("POST", "/v1/completions", json_pack("{s:s}", "prompt", big), 400);
-    assert_error(e, "context_length_exceeded");
+    th_assert_error_json(e, "context_length_exceeded", NULL);
     json_decref(e);
     free(big);
     /* still serving */
     e = call("GET", "/healthz", NULL, 200);
-    ck_assert_str_eq(sget(e, "status"), "ok");
+    ck_assert_str_eq(th_sget(e, "status"), "ok");
     json_decref(e);
 }
 END_TEST
@@ -955,7 +752,7 @@ static void *par_main(void *arg)
     json_t *b = greedy(json_pack("{s:s}", "prompt", p->prompt), 12);
     char *s = json_dumps(b, JSON_COMPACT);
     json_decref(b);
-    resp r = http("POST", "/v1/completions", s);
+    th_resp r = http("POST", "/v1/completions", s);
     free(s);
     if (r.status == 200) {
         json_t *j = json_loadb(r.body.data, r.body.len, 0, NULL);
@@ -963,13 +760,13 @@ static void *par_main(void *arg)
             json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text")));
         json_decref(j);
     }
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
     return NULL;
 }
 
 START_TEST(test_concurrent)
 {
-    char *prompt = rag_prompt(SYS2, DOCB, DOCA, "Answer concurrently.");
+    char *prompt = th_rag(SYS2, DOCB, DOCA, "Answer concurrently.");
     par ps[4];
     pthread_t th[4];
     for (int i = 0; i < 4; i++) {
@@ -988,18 +785,9 @@ START_TEST(test_concurrent)
 }
 END_TEST
 
-static double metric(const char *text, const char *series)
-{
-    char needle[256];
-    snprintf(needle, sizeof needle, "\n%s ", series);
-    const char *p = strstr(text, needle);
-    ck_assert_msg(p != NULL, "metric %s missing", series);
-    return atof(p + strlen(needle));
-}
-
 START_TEST(test_metrics)
 {
-    resp r = http("GET", "/metrics", NULL);
+    th_resp r = http("GET", "/metrics", NULL);
     ck_assert_int_eq(r.status, 200);
     ck_assert_ptr_nonnull(strstr(r.ctype, "text/plain"));
     const char *t = r.body.data;
@@ -1024,75 +812,31 @@ START_TEST(test_metrics)
         t, "chunkgate_worker_request_duration_seconds_bucket{route=\"completions\",le=\"+Inf\"}"));
     ck_assert_ptr_nonnull(strstr(t, "# TYPE chunkgate_worker_chunk_hits_total counter"));
     ck_assert_ptr_nonnull(strstr(t, "# TYPE chunkgate_worker_pool_used_bytes gauge"));
-    cg_buf_free(&r.body);
+    th_resp_free(&r);
 }
 END_TEST
 
-static Suite *worker_suite(void)
-{
-    Suite *s = suite_create("worker");
-    TCase *tc = tcase_create("http");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_info);
-    tcase_add_test(tc, test_assemble_twice);
-    tcase_add_test(tc, test_kv_transfer_equals_prompt);
-    tcase_add_test(tc, test_recompute_and_sys);
-    tcase_add_test(tc, test_stream);
-    tcase_add_test(tc, test_stream_disconnect);
-    tcase_add_test(tc, test_inventory);
-    tcase_add_test(tc, test_logprobs);
-    tcase_add_test(tc, test_bad_inputs);
-    tcase_add_test(tc, test_concurrent);
-    tcase_add_test(tc, test_metrics); /* last: it reads the counters the others moved */
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    int failed = 1;
     cg_log_init("test_worker", CG_LOG_WARN);
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/cg_test_worker_XXXXXX");
-    if (!mkdtemp(tmpdir)) return EXIT_FAILURE;
-    snprintf(model_dir, sizeof model_dir, "%s/model", tmpdir);
-    snprintf(data_dir, sizeof data_dir, "%s/data/sub", tmpdir);
-    snprintf(log_path, sizeof log_path, "%s/worker.log", tmpdir);
-    char *gen[] = {WORKER, "generate-model", "--out", model_dir, "--seed", "3", NULL};
-    if (run_cmd(gen) != 0) {
-        fprintf(stderr, "generate-model failed\n");
-        goto out;
-    }
-    char err[ERRLEN];
-    if (cg_model_open(model_dir, &model, err, sizeof err) != CG_OK) {
-        fprintf(stderr, "load: %s\n", err);
-        goto out;
-    }
-    if (start_worker() != 0) {
-        fprintf(stderr, "the worker did not start; its log is %s\n", log_path);
-        goto out;
-    }
-    SRunner *sr = srunner_create(worker_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    /* graceful shutdown on SIGTERM */
-    kill(worker_pid, SIGTERM);
-    int status = 0;
-    waitpid(worker_pid, &status, 0);
-    worker_pid = 0;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "the worker did not exit cleanly on SIGTERM (status %d); log %s\n", status,
-                log_path);
-        failed++;
-    }
-out:
-    if (worker_pid > 0) {
-        kill(worker_pid, SIGKILL);
-        waitpid(worker_pid, NULL, 0);
-    }
+    th_init("test_worker", &(th_params){.http_timeout_s = 300});
+    th_path(model_dir, sizeof model_dir, "model");
+    th_path(data_dir, sizeof data_dir, "data/sub");
+    const char *seed[] = {"--seed", "3", NULL};
+    if (!(model = th_model_gen_open(WORKER_BIN, model_dir, seed))) return EXIT_FAILURE;
+    const char *extra[] = {"--data-dir", data_dir, "--assembly-ttl-ms", "30000", NULL};
+    if (th_start_worker(&worker, WORKER_BIN, model_dir, 0, "worker", extra) != 0)
+        th_die("the worker", &worker);
+    /* test_metrics last: it reads the counters the others moved */
+    int failed = th_run_tests(
+        "worker", "http", 300,
+        TH_TESTS(test_info, test_assemble_twice, test_kv_transfer_equals_prompt,
+                 test_recompute_and_sys, test_stream, test_stream_disconnect, test_inventory,
+                 test_logprobs, test_bad_inputs, test_concurrent, test_metrics));
+    /* graceful shutdown on SIGTERM: exit 0, no sanitizer report */
+    failed |= !th_stop_clean(&worker, "chunkgate-worker");
     cg_model_close(&model);
-    if (!failed) rm_rf(tmpdir);
+    th_cleanup(failed);
     curl_global_cleanup();
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

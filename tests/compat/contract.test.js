@@ -76,8 +76,8 @@ describe('gateway', () => {
 
     const s = await g('post', '/v1/completions', {
       body: {
-        model: MODEL, prompt: ['Terse.', DOCS[1], DOCS[0], 'Press?'].join(SEP), max_tokens: 3, stream: true,
-        stream_options: { include_usage: true },
+        model: MODEL, prompt: ['Terse.', DOCS[1], DOCS[0], 'Press?'].join(SEP), max_tokens: 3,
+        stream: true, stream_options: { include_usage: true },
       },
     });
     assert.equal(s.status, 200);
@@ -87,10 +87,15 @@ describe('gateway', () => {
     assert.ok(chunks.length >= 2);
     chunks.forEach((c, i) => gw.checkSchema('Completion', c, `stream event ${i}`));
     assert.ok(chunks[0].chunk_cache, 'chunk_cache on the first event');
-    // usage only when asked, in a final chunk of its own (OpenAI's shape)
+    // include_usage: the usage comes in a last chunk of its own, with no choice.
     assert.deepEqual(chunks.at(-1).choices, []);
     assert.ok(chunks.at(-1).usage.prompt_tokens_details.cached_tokens > 0);
     chunks.slice(0, -1).forEach((c) => assert.ok(!c.usage, 'usage on a choice chunk'));
+    // Without it the stream carries no usage, as OpenAI's does.
+    const plain = await g('post', '/v1/completions', {
+      body: { model: MODEL, prompt: ['Terse.', DOCS[1], 'Press?'].join(SEP), max_tokens: 2, stream: true },
+    });
+    assert.ok(sseData(plain.text).slice(0, -1).every((e) => !('usage' in JSON.parse(e))));
   });
 
   test('chat: JSON and streamed answers match ChatCompletion', async () => {
@@ -107,6 +112,14 @@ describe('gateway', () => {
     const events = sseData(s.text);
     assert.equal(events.at(-1), '[DONE]');
     events.slice(0, -1).forEach((e, i) => gw.checkSchema('ChatCompletion', JSON.parse(e), `chat event ${i}`));
+  });
+
+  test('tokenize and detokenize through a worker', async () => {
+    const t = await g('post', '/tokenize', { body: { model: MODEL, prompt: 'Pears and cider.' } });
+    assert.equal(t.status, 200);
+    assert.equal(t.body.count, t.body.tokens.length);
+    const d = await g('post', '/detokenize', { body: { model: MODEL, tokens: t.body.tokens } });
+    assert.equal(d.body.prompt, 'Pears and cider.');
   });
 
   test('models, health, readiness, metrics', async () => {
@@ -233,10 +246,51 @@ describe('worker', () => {
     const prompt = ['Sys.', DOCS[0], 'Trees?'].join(SEP);
     const r = await w('post', '/v1/completions', { body: { model: MODEL, prompt, max_tokens: 2, logprobs: 2 } });
     assert.equal(r.body.choices[0].logprobs.tokens.length, r.body.usage.completion_tokens);
-    const s = await w('post', '/v1/completions', { body: { model: MODEL, prompt, max_tokens: 3, stream: true } });
+    const s = await w('post', '/v1/completions', {
+      body: { model: MODEL, prompt, max_tokens: 3, stream: true, stream_options: { include_usage: true }, logprobs: 1 },
+    });
     const events = sseData(s.text);
     assert.equal(events.at(-1), '[DONE]');
     events.slice(0, -1).forEach((e, i) => wk.checkSchema('CompletionChunk', JSON.parse(e), `event ${i}`));
+    assert.deepEqual(JSON.parse(events.at(-2)).choices, []);
+
+    // echo with prompt logprobs (a prompt without separators), token-id prompts, stop.
+    const e = await w('post', '/v1/completions', {
+      body: { model: MODEL, prompt: 'Pears', max_tokens: 2, echo: true, logprobs: 1, temperature: 0 },
+    });
+    assert.equal(e.body.choices[0].logprobs.token_logprobs[0], null);
+    assert.ok(e.body.choices[0].text.startsWith('Pears'));
+    const ids = await w('post', '/tokenize', { body: { prompt: 'Pears' } });
+    const byIds = await w('post', '/v1/completions', {
+      body: { prompt: [ids.body.tokens], max_tokens: 2, temperature: 0, return_tokens_as_token_ids: true, logprobs: 0 },
+    });
+    assert.equal(byIds.body.choices[0].text, e.body.choices[0].text.slice('Pears'.length));
+    assert.match(byIds.body.choices[0].logprobs.tokens[0], /^token_id:\d+$/);
+    await w('post', '/v1/completions', { body: { prompt: 'Pears', max_tokens: 2, stop: ['\n', 'zz'] } });
+  });
+
+  test('chat: JSON and streamed answers match ChatCompletion and ChatCompletionChunk', async () => {
+    const body = {
+      model: MODEL,
+      messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Crates?' }],
+      documents: [DOCS[2]],
+      max_tokens: 2,
+      logprobs: true,
+      top_logprobs: 2,
+    };
+    const r = await w('post', '/v1/chat/completions', { body });
+    assert.equal(r.body.object, 'chat.completion');
+    assert.equal(r.body.choices[0].logprobs.content.length, r.body.usage.completion_tokens);
+    const s = await w('post', '/v1/chat/completions', {
+      body: { ...body, stream: true, stream_options: { include_usage: true } },
+    });
+    const events = sseData(s.text);
+    assert.equal(events.at(-1), '[DONE]');
+    events.slice(0, -1).forEach((e, i) => wk.checkSchema('ChatCompletionChunk', JSON.parse(e), `chat event ${i}`));
+    assert.equal(JSON.parse(events[0]).choices[0].delta.role, 'assistant');
+    // The rendering tokenized as one piece (separators included).
+    const t = await w('post', '/tokenize', { body: { ...body, return_token_strs: true } });
+    assert.equal(t.body.token_strs.length, t.body.count);
   });
 
   test('inventory: chunks list, one chunk with head keys, KV export, delete', async () => {
@@ -262,7 +316,12 @@ describe('worker', () => {
     expectError(await w('post', '/v1/assemble', {
       body: { model: 'other', segments: [{ role: 'question', text: 'q' }] },
     }), 404, 'model_not_found');
-    expectError(await w('post', '/v1/completions', { body: { prompt: 'x', stop: ['\n'] } }), 422, 'unsupported');
+    expectError(await w('post', '/v1/completions', { body: { prompt: 'x', best_of: 2 } }), 400, 'invalid_value');
+    const { max_positions: maxPos } = (await w('get', '/v1/info')).body;
+    expectError(await w('post', '/v1/completions', { body: { prompt: 'x', max_tokens: maxPos } }), 400, 'context_length_exceeded');
+    expectError(await w('post', '/v1/completions', { body: { prompt: 'x', max_tokens: maxPos + 1 } }), 400, 'invalid_value');
+    expectError(await w('post', '/v1/chat/completions', { body: { messages: [{ role: 'user', content: 'x' }], echo: true } }), 400, 'invalid_value');
+    expectError(await w('post', '/detokenize', { body: { tokens: [1 << 30] } }), 400, 'invalid_value');
     expectError(await w('post', '/v1/completions', { body: { prompt: 'x', n: 2 } }), 400, 'invalid_value');
     expectError(await w('get', '/v1/chunks', { path: '/v1/chunks?limit=0' }), 400, 'invalid_value');
     expectError(await w('get', '/v1/chunks/{key}', { path: `/v1/chunks/${'f'.repeat(32)}` }), 404, 'not_found');

@@ -4,8 +4,10 @@
  * value and depth limits, duplicate keys refused), checked against a plain jansson parse; the field
  * helpers (model, stream, max_tokens, max_completion_tokens, keys) and cg_gw_segment_request
  * (extension fields, prompt or messages + documents, split/chat rendering, keys); and the
- * chat <-> completions conversions of server/chatconv.c (cg_gw_chat_as_completion on the
- * body, cg_gw_to_chat on the body taken as an upstream answer).
+ * chat <-> completions conversions (cg_gw_chat_as_completion of server/fields.c over
+ * cache/chatreq.c's cg_chat_as_completion on the body, towards --backend and towards a worker;
+ * cg_chat_answer_shape on the body taken as an upstream answer) and the field table's views
+ * (cg_gw_worker_fields, cg_gw_check_chat_fields).
  * The HTTP plumbing (cg_http_req), forward_body() and the handlers themselves are static in
  * server/infer.c and server/admin.c and are not reached (see tests/README.md).
  * The pass-through fast path's scan (cg_gw_fast_scan) is checked against jansson: whatever it
@@ -20,7 +22,7 @@
 #include "base/base.h"
 #include "cache/key.h"
 #include "server/gateway.h"
-#include "server/chatconv.h"
+#include "cache/chatreq.h"
 #include "server/fastpath.h"
 #include "server/fields.h"
 #include "server/gwstate.h"
@@ -208,7 +210,7 @@ static void helpers(json_t *body)
     }
 }
 
-/* The chat <-> completions conversions of server/chatconv.c: the body as a chat request
+/* The chat <-> completions conversions of cache/chatreq.c: the body as a chat request
  * turned into a completions body, and as an upstream answer rewritten in chat shape. */
 static void conversions(json_t *body, const uint8_t *data, size_t size)
 {
@@ -224,7 +226,9 @@ static void conversions(json_t *body, const uint8_t *data, size_t size)
         json_t *v;
         json_object_foreach(c, k, v)
         {
-            if (!strcmp(k, "prompt") || !strcmp(k, "max_tokens")) continue;
+            /* what cg_chat_as_completion writes: the rendering, the limit, logprobs */
+            if (!strcmp(k, "prompt") || !strcmp(k, "max_tokens") || !strcmp(k, "logprobs"))
+                continue;
             cg_field_rule r = cg_gw_field_rule(k, 1);
             FUZZ_CHECK(r != CG_FIELD_GATEWAY && r != CG_FIELD_CHAT_ONLY && r != CG_FIELD_IGNORED &&
                        r != CG_FIELD_CONVERTED);
@@ -252,7 +256,7 @@ static void conversions(json_t *body, const uint8_t *data, size_t size)
         json_t *ans = json_deep_copy(body);
         FUZZ_CHECK(ans != NULL);
         int stream = mode > 0, first = mode == 1;
-        cg_gw_to_chat(ans, stream, first);
+        cg_chat_answer_shape(ans, stream, first);
         FUZZ_CHECK(!strcmp(json_string_value(json_object_get(ans, "object")),
                            stream ? "chat.completion.chunk" : "chat.completion"));
         const char *id = json_string_value(json_object_get(ans, "id"));

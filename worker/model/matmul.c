@@ -7,6 +7,7 @@
 #include <cblas.h>
 #include <cpuid.h>
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -18,7 +19,7 @@
 
 static inline size_t esize(cg_dtype dt)
 {
-    return dt == CG_DTYPE_F32 ? 4 : 2;
+    return dt == CG_DTYPE_F32 ? 4 : dt == CG_DTYPE_Q8 ? 1 : 2;
 }
 
 size_t cg_dtype_size(cg_dtype dt)
@@ -72,11 +73,11 @@ typedef void (*tile_fn)(const void *const *wr, const float *const *xr, int cols,
 #define PF_HINT _MM_HINT_T0
 
 typedef struct isa_ops {
-    tile_fn tile[3][NB_MAX + 1]; /* [dtype][nb], nb = 1..nb_max */
+    tile_fn tile[4][NB_MAX + 1]; /* [dtype][nb], nb = 1..nb_max */
     int nb_max;                  /* batch rows per tile */
     int rb;                      /* weight rows per tile */
-    /* dst[i] = float(src[i]) for i < count, 16-bit dtypes */
-    void (*widen)(cg_dtype dt, const void *src, size_t count, float *dst);
+    /* dst[i] = float(src[i]) for i < count, 16-bit dtypes; scale * float(src[i]) for Q8 */
+    void (*widen)(cg_dtype dt, const void *src, size_t count, float *dst, float scale);
 } isa_ops;
 
 /* -- portable C: one dot product per (b, r), four partial sums combined in a fixed order -- */
@@ -86,8 +87,10 @@ typedef struct isa_ops {
     {                                                                                              \
         const uint16_t *w16 = wv;                                                                  \
         const float *w32 = wv;                                                                     \
+        const int8_t *w8 = wv;                                                                     \
         (void)w16;                                                                                 \
         (void)w32;                                                                                 \
+        (void)w8;                                                                                  \
         float a[4] = {0, 0, 0, 0};                                                                 \
         int k = 0;                                                                                 \
         for (; k + 4 <= cols; k += 4)                                                              \
@@ -100,9 +103,11 @@ typedef struct isa_ops {
 #define LOAD_F32(i) w32[i]
 #define LOAD_F16(i) f16_to_f32(w16[i])
 #define LOAD_BF16(i) bf16_to_f32(w16[i])
+#define LOAD_Q8(i) ((float)w8[i])
 GENERIC_DOT(dot_f32, LOAD_F32)
 GENERIC_DOT(dot_f16, LOAD_F16)
 GENERIC_DOT(dot_bf16, LOAD_BF16)
+GENERIC_DOT(dot_q8, LOAD_Q8)
 
 #define GENERIC_RB 4
 #define GENERIC_TILE(NAME, DOT, NB)                                                                \
@@ -117,11 +122,15 @@ GENERIC_DOT(dot_bf16, LOAD_BF16)
 GENERIC_TILE(gen_f32_1, dot_f32, 1)
 GENERIC_TILE(gen_f16_1, dot_f16, 1)
 GENERIC_TILE(gen_bf16_1, dot_bf16, 1)
+GENERIC_TILE(gen_q8_1, dot_q8, 1)
 
-static void widen_generic(cg_dtype dt, const void *src, size_t count, float *dst)
+static void widen_generic(cg_dtype dt, const void *src, size_t count, float *dst, float scale)
 {
     const uint16_t *s = src;
-    if (dt == CG_DTYPE_BF16)
+    if (dt == CG_DTYPE_Q8)
+        for (size_t i = 0; i < count; i++)
+            dst[i] = (float)((const int8_t *)src)[i] * scale;
+    else if (dt == CG_DTYPE_BF16)
         for (size_t i = 0; i < count; i++)
             dst[i] = bf16_to_f32(s[i]);
     else
@@ -132,7 +141,8 @@ static void widen_generic(cg_dtype dt, const void *src, size_t count, float *dst
 static const isa_ops ops_generic = {
     .tile = {[CG_DTYPE_F32] = {NULL, gen_f32_1},
              [CG_DTYPE_F16] = {NULL, gen_f16_1},
-             [CG_DTYPE_BF16] = {NULL, gen_bf16_1}},
+             [CG_DTYPE_BF16] = {NULL, gen_bf16_1},
+             [CG_DTYPE_Q8] = {NULL, gen_q8_1}},
     .nb_max = 1,
     .rb = GENERIC_RB,
     .widen = widen_generic,
@@ -147,6 +157,7 @@ static const isa_ops ops_generic = {
 T_AVX2 static inline __m256 ld8(cg_dtype dt, const void *p)
 {
     if (dt == CG_DTYPE_F32) return _mm256_loadu_ps(p);
+    if (dt == CG_DTYPE_Q8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p)));
     __m128i h = _mm_loadu_si128(p);
     if (dt == CG_DTYPE_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -233,24 +244,36 @@ AVX2_TILE(CG_DTYPE_F16, avx2_f16_3, 3)
 AVX2_TILE(CG_DTYPE_BF16, avx2_bf16_1, 1)
 AVX2_TILE(CG_DTYPE_BF16, avx2_bf16_2, 2)
 AVX2_TILE(CG_DTYPE_BF16, avx2_bf16_3, 3)
+AVX2_TILE(CG_DTYPE_Q8, avx2_q8_1, 1)
+AVX2_TILE(CG_DTYPE_Q8, avx2_q8_2, 2)
+AVX2_TILE(CG_DTYPE_Q8, avx2_q8_3, 3)
 
-T_AVX2 static void widen_avx2(cg_dtype dt, const void *src, size_t count, float *dst)
+T_AVX2 static void widen_avx2(cg_dtype dt, const void *src, size_t count, float *dst, float scale)
 {
     const uint16_t *s = src;
     size_t i = 0;
+    if (dt == CG_DTYPE_Q8) {
+        const int8_t *q = src;
+        const __m256 sc = _mm256_set1_ps(scale);
+        for (; i + 8 <= count; i += 8)
+            _mm256_storeu_ps(dst + i, _mm256_mul_ps(ld8(CG_DTYPE_Q8, q + i), sc));
+        widen_generic(dt, q + i, count - i, dst + i, scale);
+        return;
+    }
     if (dt == CG_DTYPE_BF16)
         for (; i + 8 <= count; i += 8)
             _mm256_storeu_ps(dst + i, ld8(CG_DTYPE_BF16, s + i));
     else
         for (; i + 8 <= count; i += 8)
             _mm256_storeu_ps(dst + i, ld8(CG_DTYPE_F16, s + i));
-    widen_generic(dt, s + i, count - i, dst + i);
+    widen_generic(dt, s + i, count - i, dst + i, scale);
 }
 
 static const isa_ops ops_avx2 = {
     .tile = {[CG_DTYPE_F32] = {NULL, avx2_f32_1, avx2_f32_2, avx2_f32_3},
              [CG_DTYPE_F16] = {NULL, avx2_f16_1, avx2_f16_2, avx2_f16_3},
-             [CG_DTYPE_BF16] = {NULL, avx2_bf16_1, avx2_bf16_2, avx2_bf16_3}},
+             [CG_DTYPE_BF16] = {NULL, avx2_bf16_1, avx2_bf16_2, avx2_bf16_3},
+             [CG_DTYPE_Q8] = {NULL, avx2_q8_1, avx2_q8_2, avx2_q8_3}},
     .nb_max = AVX2_NB,
     .rb = AVX2_RB,
     .widen = widen_avx2,
@@ -265,6 +288,7 @@ static const isa_ops ops_avx2 = {
 T_512 static inline __m512 ld16(cg_dtype dt, const void *p)
 {
     if (dt == CG_DTYPE_F32) return _mm512_loadu_ps(p);
+    if (dt == CG_DTYPE_Q8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p)));
     __m256i h = _mm256_loadu_si256(p);
     if (dt == CG_DTYPE_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -273,6 +297,8 @@ T_512 static inline __m512 ld16(cg_dtype dt, const void *p)
 T_512 static inline __m512 ld16_mask(cg_dtype dt, const void *p, __mmask16 m)
 {
     if (dt == CG_DTYPE_F32) return _mm512_maskz_loadu_ps(m, p);
+    if (dt == CG_DTYPE_Q8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
     __m256i h = _mm256_maskz_loadu_epi16(m, p);
     if (dt == CG_DTYPE_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -359,24 +385,37 @@ A512_TILE(CG_DTYPE_BF16, a512_bf16_1, 1)
 A512_TILE(CG_DTYPE_BF16, a512_bf16_2, 2)
 A512_TILE(CG_DTYPE_BF16, a512_bf16_3, 3)
 A512_TILE(CG_DTYPE_BF16, a512_bf16_4, 4)
+A512_TILE(CG_DTYPE_Q8, a512_q8_1, 1)
+A512_TILE(CG_DTYPE_Q8, a512_q8_2, 2)
+A512_TILE(CG_DTYPE_Q8, a512_q8_3, 3)
+A512_TILE(CG_DTYPE_Q8, a512_q8_4, 4)
 
-T_512 static void widen_512(cg_dtype dt, const void *src, size_t count, float *dst)
+T_512 static void widen_512(cg_dtype dt, const void *src, size_t count, float *dst, float scale)
 {
     const uint16_t *s = src;
     size_t i = 0;
+    if (dt == CG_DTYPE_Q8) {
+        const int8_t *q = src;
+        const __m512 sc = _mm512_set1_ps(scale);
+        for (; i + 16 <= count; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_mul_ps(ld16(CG_DTYPE_Q8, q + i), sc));
+        widen_generic(dt, q + i, count - i, dst + i, scale);
+        return;
+    }
     if (dt == CG_DTYPE_BF16)
         for (; i + 16 <= count; i += 16)
             _mm512_storeu_ps(dst + i, ld16(CG_DTYPE_BF16, s + i));
     else
         for (; i + 16 <= count; i += 16)
             _mm512_storeu_ps(dst + i, ld16(CG_DTYPE_F16, s + i));
-    widen_generic(dt, s + i, count - i, dst + i);
+    widen_generic(dt, s + i, count - i, dst + i, scale);
 }
 
 static const isa_ops ops_512 = {
     .tile = {[CG_DTYPE_F32] = {NULL, a512_f32_1, a512_f32_2, a512_f32_3, a512_f32_4},
              [CG_DTYPE_F16] = {NULL, a512_f16_1, a512_f16_2, a512_f16_3, a512_f16_4},
-             [CG_DTYPE_BF16] = {NULL, a512_bf16_1, a512_bf16_2, a512_bf16_3, a512_bf16_4}},
+             [CG_DTYPE_BF16] = {NULL, a512_bf16_1, a512_bf16_2, a512_bf16_3, a512_bf16_4},
+             [CG_DTYPE_Q8] = {NULL, a512_q8_1, a512_q8_2, a512_q8_3, a512_q8_4}},
     .nb_max = A512_NB,
     .rb = A512_RB,
     .widen = widen_512,
@@ -492,8 +531,10 @@ static float *scratch_get(cg_matmul_scratch *s, int t, size_t floats)
 static void check_weight(const cg_weight *w)
 {
     assert(w->rows >= 0 && w->cols >= 0);
-    assert(w->dtype == CG_DTYPE_F32 || w->dtype == CG_DTYPE_F16 || w->dtype == CG_DTYPE_BF16);
+    assert(w->dtype == CG_DTYPE_F32 || w->dtype == CG_DTYPE_F16 || w->dtype == CG_DTYPE_BF16 ||
+           w->dtype == CG_DTYPE_Q8);
     assert(((uintptr_t)w->data & (esize(w->dtype) - 1)) == 0);
+    assert(w->dtype != CG_DTYPE_Q8 || w->scale);
     (void)w;
 }
 
@@ -536,6 +577,8 @@ void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_m
                             y + a, (int)rows);
             } else {
                 /* panels of nb rows x kb columns; later column blocks accumulate into y */
+                const size_t es = esize(w->dtype);
+                const int q8 = w->dtype == CG_DTYPE_Q8;
                 const size_t kblocks = (cols + PANEL_COLS - 1) / PANEL_COLS;
                 const size_t kb = ((cols + kblocks - 1) / kblocks + 15) / 16 * 16;
                 size_t nb = CG_MAX((size_t)16, PANEL_FLOATS / CG_MIN(kb, cols) / 16 * 16);
@@ -547,8 +590,8 @@ void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_m
                     for (size_t k = 0; k < cols; k += kb) {
                         const size_t kl = CG_MIN(kb, cols - k);
                         for (size_t i = 0; i < m; i++)
-                            ops->widen(w->dtype, (const uint16_t *)w->data + (r + i) * cols + k, kl,
-                                       panel + i * kl);
+                            ops->widen(w->dtype, (const char *)w->data + ((r + i) * cols + k) * es,
+                                       kl, panel + i * kl, q8 ? w->scale[r + i] : 1.0f);
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)m, (int)kl,
                                     1.0f, x + k, (int)cols, panel, (int)kl, k ? 1.0f : 0.0f, y + r,
                                     (int)rows);
@@ -595,9 +638,15 @@ static void decode_rows(const isa_ops *ops, const cg_weight *w, const float *x, 
                 const char *pf =
                     !b0 && r + rb < r1 ? (const char *)w->data + (r + rb) * rowbytes : NULL;
                 ops->tile[w->dtype][nb](wr, xr, (int)cols, out, pf);
-                for (int b = 0; b < nb; b++)
-                    for (size_t j = 0; j < m; j++)
-                        y[(size_t)(b0 + b) * rows + r + j] = out[(size_t)b * rb + j];
+                if (w->dtype == CG_DTYPE_Q8)
+                    for (int b = 0; b < nb; b++)
+                        for (size_t j = 0; j < m; j++)
+                            y[(size_t)(b0 + b) * rows + r + j] =
+                                out[(size_t)b * rb + j] * w->scale[r + j];
+                else
+                    for (int b = 0; b < nb; b++)
+                        for (size_t j = 0; j < m; j++)
+                            y[(size_t)(b0 + b) * rows + r + j] = out[(size_t)b * rb + j];
             }
         }
     }
@@ -621,4 +670,46 @@ void cg_matmul_decode(const cg_weight *w, const float *x, int n, float *y)
         const size_t a = blocks * t / nt * rb, b = CG_MIN(rows, blocks * (t + 1) / nt * rb);
         if (b > a) decode_rows(ops, w, x, n, y, a, b);
     }
+}
+
+/* ---- int8 option ---- */
+
+static float weight_at(const cg_weight *w, size_t i)
+{
+    if (w->dtype == CG_DTYPE_F32) {
+        float f;
+        memcpy(&f, (const char *)w->data + i * 4, sizeof f);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, (const char *)w->data + i * 2, sizeof h);
+    return w->dtype == CG_DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+cg_status cg_matmul_quantize_q8(const cg_weight *w, int8_t *q, float *scale, cg_weight *out)
+{
+    check_weight(w);
+    if (w->dtype == CG_DTYPE_Q8) return CG_E_UNSUPPORTED;
+    const size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+    for (size_t r = 0; r < rows; r++) {
+        float amax = 0;
+        for (size_t c = 0; c < cols; c++) {
+            float v = weight_at(w, r * cols + c);
+            if (!isfinite(v)) bad = 1;
+            amax = fmaxf(amax, fabsf(v));
+        }
+        /* an all-zero row keeps scale 0 and q 0 */
+        const float s = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        scale[r] = s;
+        for (size_t c = 0; c < cols; c++) {
+            float v = rintf(weight_at(w, r * cols + c) * inv);
+            q[r * cols + c] = (int8_t)fmaxf(-127.0f, fminf(127.0f, isfinite(v) ? v : 0.0f));
+        }
+    }
+    if (bad) return CG_E_VALUE;
+    *out = (cg_weight){
+        .data = q, .dtype = CG_DTYPE_Q8, .rows = w->rows, .cols = w->cols, .scale = scale};
+    return CG_OK;
 }

@@ -11,32 +11,35 @@
 
 #include "base/status.h"
 
-typedef enum cg_dtype { CG_DTYPE_F32, CG_DTYPE_F16, CG_DTYPE_BF16 } cg_dtype;
+/* Weight dtypes. CG_DTYPE_Q8 is an option chosen at load, not a checkpoint dtype: int8 values
+ * with one f32 scale per row (w[r][c] = scale[r] * q[r][c]), made by cg_matmul_quantize_q8. */
+typedef enum cg_dtype { CG_DTYPE_F32, CG_DTYPE_F16, CG_DTYPE_BF16, CG_DTYPE_Q8 } cg_dtype;
 
-/* Bytes per element of a dtype (4 or 2). */
+/* Bytes per element of a dtype (4, 2 or 1). */
 size_t cg_dtype_size(cg_dtype dt);
 
 /* One weight matrix in the Hugging Face layout: [rows = out features][cols = in features],
  * row-major, rows * cols elements of dtype with no padding between rows. The data is
  * borrowed (typically a tensor inside an mmapped safetensors file) and must stay valid and
- * unchanged while products run. Alignment: the element size (2 bytes for f16/bf16, 4 for f32)
- * is all that is required, which is what safetensors guarantees for 16-bit tensors; an f32
- * tensor at an address that is not a multiple of 4 must be copied by the loader. */
+ * unchanged while products run. Alignment: the element size (2 bytes for f16/bf16, 4 for f32,
+ * none for Q8) is all that is required, which is what safetensors guarantees for 16-bit
+ * tensors; an f32 tensor at an address that is not a multiple of 4 must be copied by the
+ * loader. */
 typedef struct cg_weight {
     const void *data;
     cg_dtype dtype;
     int rows;
     int cols;
+    const float *scale; /* CG_DTYPE_Q8 only: `rows` scales, borrowed like data; else NULL */
 } cg_weight;
 
 /* Decode batches up to this size are the kernel's design point (each weight is read from
  * memory once for the whole batch); larger n works but rereads x from beyond L2. */
 #define CG_MATMUL_DECODE_MAX 64
 
-/* Per-caller scratch of the prefill path: one widening buffer per OpenMP thread, grown on
- * demand (at most 1 MiB per thread). Not thread-safe: a
- * thread that issues products owns its scratch; the OpenMP threads a product forks use
- * their own slots in it. */
+/* Per-caller scratch of the prefill path: one widening buffer per OpenMP thread (up to 64
+ * threads), grown on demand to at most 1 MiB each. Not thread-safe: a thread that issues
+ * products owns its scratch; the OpenMP threads a product forks use their own slots in it. */
 typedef struct cg_matmul_scratch cg_matmul_scratch;
 
 /* New empty scratch (caller frees with cg_matmul_scratch_free). Also sets OpenBLAS to one
@@ -47,11 +50,12 @@ cg_matmul_scratch *cg_matmul_scratch_new(void);
 void cg_matmul_scratch_free(cg_matmul_scratch **s);
 
 /* Prefill path: y[n][w->rows] = x[n][w->cols] * W^T, for a chunk of prompt tokens.
- * 16-bit weights are widened to f32 one panel of rows at a time into the scratch and
- * multiplied with single-threaded cblas_sgemm; f32 weights go to sgemm directly. The output
- * rows of W are split between the OpenMP threads. Deterministic for the same x and the same
- * thread count; a row's result may depend on n and on its position (OpenBLAS's kernels), so
- * a sequence's prompt must be computed in the same chunking to reproduce bits.
+ * 16-bit and Q8 weights are widened to f32 one panel at a time into the scratch (required for
+ * them; f32 weights do not use it) and multiplied with single-threaded cblas_sgemm; f32
+ * weights go to sgemm directly. The output rows of W are split between the OpenMP threads.
+ * Deterministic for the same x and the same thread count, in every ISA variant (widening is
+ * exact); a row's result depends on n and on its position (OpenBLAS's edge kernels), so a
+ * sequence's prompt must be computed in the same chunks to reproduce bits.
  * x, w and y are borrowed; y must not overlap x. n == 0 does nothing. */
 void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_matmul_scratch *s);
 
@@ -59,8 +63,15 @@ void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_m
  * tokens of different sequences), through a kernel that reads each weight once for the whole
  * batch and widens it in registers; OpenMP over output rows. Batch-invariant: the bits of a
  * row's result do not depend on n, on the row's position in the batch, nor on the thread
- * count (for a given ISA variant, see cg_matmul_set_isa). Borrowed pointers as above. */
+ * count (for a given ISA variant, see cg_matmul_set_isa). Borrowed pointers as above; needs no
+ * scratch. */
 void cg_matmul_decode(const cg_weight *w, const float *x, int n, float *y);
+
+/* Quantises w (f32, f16 or bf16) to CG_DTYPE_Q8, symmetric per row: scale[r] = max |w[r][.]|
+ * / 127 and q[r][c] = round(w[r][c] / scale[r]). The caller allocates q (rows * cols bytes) and
+ * scale (rows floats) and keeps them alive as long as *out, which points at them. Returns
+ * CG_E_UNSUPPORTED for a Q8 input, CG_E_VALUE when a row holds Inf or NaN. */
+cg_status cg_matmul_quantize_q8(const cg_weight *w, int8_t *q, float *scale, cg_weight *out) CG_WUR;
 
 /* Kernel variants, chosen once at first use: the best the CPU supports, capped by the
  * environment variable CG_MATMUL_ISA=generic|avx2|avx512 when set. */

@@ -269,10 +269,13 @@ static cg_status place_tensors(cg_model *m, const wlist *l, char *err, size_t er
         if (w->vec || misaligned) {
             if (cg_st_to_f32(t, p) != CG_OK) abort(); /* dtypes were checked */
             if (w->vec) *w->vec = p;
-            else *w->mat = (cg_weight){p, CG_DTYPE_F32, (int)w->d0, (int)w->d1};
+            else
+                *w->mat = (cg_weight){
+                    .data = p, .dtype = CG_DTYPE_F32, .rows = (int)w->d0, .cols = (int)w->d1};
             p += (t->numel + 15) & ~(size_t)15;
         } else {
-            *w->mat = (cg_weight){t->data, dtype_of(t->dtype), (int)w->d0, (int)w->d1};
+            *w->mat = (cg_weight){.data = t->data, .dtype = dtype_of(t->dtype), .rows = (int)w->d0,
+                                  .cols = (int)w->d1};
         }
     }
     const cg_st_tensor *q = ts[0]; /* the embedding: the checkpoint's dtype */

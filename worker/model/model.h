@@ -37,6 +37,7 @@ cg_rope cg_model_rope(const cg_model *m);
 /* Bytes of the weights as stored (mapped or copied). */
 size_t cg_model_weight_bytes(const cg_model *m);
 
+#define CG_GEN_MAX_EOS 4
 typedef struct cg_model_gen_params {
     uint64_t seed;        /* default 1 */
     int n_layers;         /* default 4 */
@@ -44,14 +45,44 @@ typedef struct cg_model_gen_params {
     int n_heads;          /* default 8 */
     int n_kv_heads;       /* default 4 */
     int hidden_dim;       /* default 768 */
-    int max_pos;          /* default 32768 */
-    cg_rope_style rope_style; /* default CG_ROPE_HALF */
+    int max_pos;          /* default 32768; with yarn, the pre-yarn context */
+    cg_rope_style rope_style; /* default CG_ROPE_HALF; real architectures accept only half */
     const char *dtype;    /* "f32" (default), "f16" or "bf16" */
     const char *model_id; /* default "chunkgate-tiny" */
+    /* Real architectures. vocab_size 0 is the tiny byte-level model (258 tokens, BOS 256,
+     * EOS 257), whose bytes never change; the fields below then only add rope_scaling,
+     * shards and a tokenizer. Otherwise the model is an HF checkpoint of `arch` with random
+     * weights, every one exactly representable in both bf16 and f16 (0 or a bf16 value with
+     * an exponent in f16's normal range), whatever the storage dtype. */
+    const char *arch;     /* "LlamaForCausalLM", "Qwen2ForCausalLM" or "Qwen3ForCausalLM" */
+    int vocab_size;       /* 0: tiny */
+    int head_dim;         /* 0: dim / n_heads, key omitted; else written as "head_dim" */
+    int tie_embeddings;   /* no lm_head.weight in the file */
+    double rope_theta;    /* 0: key omitted (HF default 10000, as in Llama 2 configs) */
+    double norm_eps;      /* rms_norm_eps (tiny: 1e-5) */
+    /* NULL, "" or "none": rope_scaling null; "linear:F", "yarn:F", "llama3" (factor 8) or
+     * "llama3:F", and "dynamic:F" (written so that loaders can be tested refusing it). */
+    const char *rope_scaling;
+    int bos_id;
+    int eos_ids[CG_GEN_MAX_EOS]; /* n_eos > 1 writes a list, as Llama 3.1 configs do */
+    int n_eos;
+    const char *tokenizer_dir; /* NULL/"": none; else tokenizer.json and tokenizer_config.json
+                                * are copied after checking them against vocab_size, BOS, EOS */
+    int shards;           /* <= 1: model.safetensors; N: model-0000k-of-0000N.safetensors +
+                           * model.safetensors.index.json */
 } cg_model_gen_params;
+/* The "tiny" preset. */
 cg_model_gen_params cg_model_gen_default_params(void);
-/* Writes a deterministic tiny model (config.json + model.safetensors) into dir (created if
- * missing). Same params -> same bytes. */
+/* Fills *out with the named preset: "tiny", "llama3", "llama2", "qwen2", "qwen3" (small
+ * geometries with the real vocabulary sizes and special ids of Llama 3.1, Llama 2, Qwen2.5 and
+ * Qwen3) or "qwen2.5-0.5b" (the full Qwen2.5-0.5B geometry). Strings point to static storage.
+ * Returns CG_E_VALUE for an unknown name. */
+cg_status cg_model_gen_preset(const char *name, cg_model_gen_params *out) CG_WUR;
+/* The preset names, NULL-terminated, static. */
+const char *const *cg_model_gen_preset_names(void);
+/* Writes a deterministic model (config.json + model.safetensors or shards + index, and the
+ * tokenizer files when asked) into dir (created if missing; weight files of the other layout
+ * left by an earlier run are removed). Same params -> same bytes. */
 cg_status cg_model_generate(const char *dir, cg_model_gen_params p, char *err, size_t errlen) CG_WUR;
 
 /* ---- tokens ---- */

@@ -54,7 +54,7 @@ void cg_api_assemble(cg_http_req *req, void *app)
     cg_assembly_info info = {0};
     char err[512], field[64];
     if (!body) return;
-    if (cg_engine_admit(a->e) != CG_OK) {
+    if (cg_engine_admit(a->e, 0) != CG_OK) {
         cg_http_add_header(req, "Retry-After", "1");
         cg_http_reply_error(req, CG_E_RATE_LIMIT, NULL,
                             "the worker is at --max-running + --max-queue requests; retry shortly");

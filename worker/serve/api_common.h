@@ -11,7 +11,7 @@
 #include "base/metrics.h"
 #include "worker/serve/engine.h"
 #include "worker/serve/text.h"
-#include "worker/serve/worker_api.h"
+#include "worker/serve/api_params.h"
 
 #define P "chunkgate_worker_"
 
@@ -44,6 +44,12 @@ typedef struct cg_api_opts {
 /* Parses them (mode from mode_field); replies 400 and returns 0 on a bad value. */
 int cg_api_parse_opts(cg_worker_api *a, cg_http_req *req, json_t *body, const char *mode_field,
                       cg_api_opts *o);
+
+/* Renders a chat body (messages, documents, add_generation_prompt, chat_template_kwargs,
+ * chunk_separator) into out: the model's chat template (*templated = 1: it wrote the special
+ * tokens, so none is added) or the plain rendering. Replies 4xx and returns 0 on a bad body. */
+int cg_api_chat_prompt(cg_worker_api *a, cg_http_req *req, json_t *body, cg_buf *out,
+                       int *templated);
 
 /* Lowercase hex of n_bytes random bytes (at most 32) into out (2 n_bytes + 1). */
 void cg_api_random_hex(char *out, size_t n_bytes);

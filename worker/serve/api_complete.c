@@ -12,6 +12,7 @@
 #include <sys/random.h>
 
 #include "base/json.h"
+#include "cache/chatreq.h"
 #include "worker/serve/api_common.h"
 #include "worker/serve/kvpull.h"
 
@@ -41,6 +42,7 @@ typedef struct creq {
     size_t n_ids;
     cg_api_opts o;
     const char *separator;
+    int chat; /* a chat request: without max_tokens it decodes until EOS or the context ends */
 } creq;
 
 static int parse_sampling(cg_worker_api *a, cg_http_req *req, json_t *body, creq *c)
@@ -49,8 +51,8 @@ static int parse_sampling(cg_worker_api *a, cg_http_req *req, json_t *body, creq
     long long maxpos = cg_api_cfg(a)->max_pos, n_choices;
     c->max_tokens_given = json_object_get(body, "max_tokens") &&
                           !json_is_null(json_object_get(body, "max_tokens"));
-    if ((st = cg_json_get_int(body, "max_tokens", a->p.default_max_tokens, 0, maxpos,
-                              &c->max_tokens)) != CG_OK) {
+    if ((st = cg_json_get_int(body, "max_tokens", c->chat ? maxpos : a->p.default_max_tokens, 0,
+                              maxpos, &c->max_tokens)) != CG_OK) {
         cg_api_field_error(req, st, "max_tokens", "an integer between 0 and the context length");
         return 0;
     }
@@ -405,6 +407,8 @@ typedef struct gen {
     int stopped;        /* a stop sequence matched: text ends where it began */
     tok_entry *toks;    /* every token of the choice, in order */
     size_t n_toks, cap_toks, toks_sent;
+    int chat;          /* answer in the chat.completion shapes */
+    int chunks;        /* chunks streamed so far (a chat stream's first carries the role) */
 } gen;
 
 static void gen_free(gen *g)
@@ -477,8 +481,12 @@ static json_t *chunk_json(gen *g, const char *text, size_t len, json_t *logprobs
     json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", cg_json_text(text, len), "index", 0,
                                "logprobs", logprobs, "finish_reason",
                                finish ? json_string(finish) : json_null());
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", g->id, "object", "text_completion",
-                     "created", g->created, "model", cg_api_cfg(g->a)->model_id, "choices", choice);
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", g->id, "object", "text_completion",
+                          "created", g->created, "model", cg_api_cfg(g->a)->model_id, "choices",
+                          choice);
+    if (g->chat) cg_chat_answer_shape(j, 1, g->chunks == 0);
+    g->chunks++;
+    return j;
 }
 
 static int push_event(gen *g, json_t *j)
@@ -630,6 +638,7 @@ static void reply_json(gen *g, const cg_complete_result *res, const char *finish
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", g->id, "object",
                           "text_completion", "created", g->created, "model",
                           cg_api_cfg(g->a)->model_id, "choices", choice, "usage", usage_json(res));
+    if (g->chat) cg_chat_answer_shape(j, 0, 1);
     cg_http_reply_json(g->req, 200, j);
 }
 
@@ -644,11 +653,12 @@ static void generate(cg_worker_api *a, const creq *c, cg_complete_req *cr, gen *
     cg_status st = cg_engine_complete(a->e, cr, cg_now_ms(), &res, err, sizeof err);
     if (st != CG_OK) {
         if (!g->s) {
-            cg_api_engine_error(g->req, st,
-                                st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id"
-                                : st == CG_E_CONTEXT ? "max_tokens"
-                                                     : NULL,
-                                err);
+            /* the prompt alone too long: the message says "the prompt has" */
+            const char *param = st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id"
+                                : st == CG_E_CONTEXT ? (strstr(err, "the prompt has") ? "prompt"
+                                                                                       : "max_tokens")
+                                                     : NULL;
+            cg_api_engine_error(g->req, st, param, err);
         } else { /* too late for a status code: the error goes out as an event */
             int rc = push_event(g, cg_http_error_json(st, NULL, err[0] ? err : NULL));
             rc |= cg_stream_push(g->s, "data: [DONE]\n\n", 14);
@@ -683,14 +693,22 @@ static void generate(cg_worker_api *a, const creq *c, cg_complete_req *cr, gen *
 
 void cg_api_completions(cg_http_req *req, void *app)
 {
-    cg_worker_api *a = app;
     json_t *body = cg_http_req_json(req);
-    creq c = {0};
+    if (body) cg_api_complete_body(app, req, body, 0);
+}
+
+void cg_api_complete_body(cg_worker_api *a, cg_http_req *req, json_t *body, int chat)
+{
+    creq c = {.chat = chat};
     kvsrc k = {0};
-    gen g = {.a = a, .req = req, .c = &c};
-    if (!body) return;
+    gen g = {.a = a, .req = req, .c = &c, .chat = chat};
     cg_buf_init(&g.text, 0);
-    if (cg_engine_admit(a->e) != CG_OK) {
+    /* A completion of an assembly this worker holds is admitted whatever the load: its
+     * prefill is done, and refusing it would waste it (max_running still bounds decoding). */
+    json_t *ktp = json_object_get(body, "kv_transfer_params");
+    const char *aid = json_string_value(json_object_get(ktp, "assembly_id"));
+    int local = aid && cg_engine_has_assembly(a->e, aid, cg_now_ms());
+    if (cg_engine_admit(a->e, local) != CG_OK) {
         cg_http_add_header(req, "Retry-After", "1");
         cg_http_reply_error(req, CG_E_RATE_LIMIT, NULL,
                             "the worker is at --max-running + --max-queue requests; retry shortly");
@@ -705,8 +723,8 @@ void cg_api_completions(cg_http_req *req, void *app)
                           .no_bos = !c.o.add_special,
                           .logprobs = c.logprobs >= 0 ? (int)c.logprobs : -1};
     if (!resolve_kv(a, req, &c, &k, &cr)) goto out;
-    snprintf(g.id, sizeof g.id, "cmpl-");
-    cg_api_random_hex(g.id + 5, 12);
+    snprintf(g.id, sizeof g.id, chat ? "chatcmpl-" : "cmpl-");
+    cg_api_random_hex(g.id + strlen(g.id), 12);
     g.created = (json_int_t)(cg_wall_ms() / 1000);
     generate(a, &c, &cr, &g);
 out:

@@ -13,6 +13,26 @@ void cg_api_health(cg_http_req *req, void *app)
     cg_http_reply_json(req, 200, json_pack("{s:s}", "status", "ok"));
 }
 
+/* A special token's string ("<|endoftext|>"), or null when it has none. */
+static json_t *token_string(cg_worker_api *a, int32_t id)
+{
+    size_t n = 0;
+    const char *s = id < 0 ? NULL
+                           : cg_tokenizer_token_str(cg_model_tokenizer(cg_engine_model(a->e)), id,
+                                                    &n);
+    return s && n ? json_stringn(s, n) : json_null();
+}
+
+/* The remote client's counters (zero without one). */
+static cg_remote_stats remote_stats(cg_worker_api *a)
+{
+    cg_remote_stats rs;
+    memset(&rs, 0, sizeof rs);
+    cg_remote *r = cg_engine_get_params(a->e).remote;
+    if (r) cg_remote_stats_get(r, &rs);
+    return rs;
+}
+
 void cg_api_info(cg_http_req *req, void *app)
 {
     cg_worker_api *a = app;
@@ -30,12 +50,17 @@ void cg_api_info(cg_http_req *req, void *app)
     SET("hidden_size", json_integer(c->dim));
     SET("intermediate_size", json_integer(c->hidden_dim));
     SET("vocab_size", json_integer(c->vocab_size));
-    SET("bos_token_id", json_integer(c->bos_id));
+    SET("bos_token_id", c->bos_id >= 0 ? json_integer(c->bos_id) : json_null());
     SET("eos_token_id", c->n_eos ? json_integer(c->eos_ids[0]) : json_null());
     json_t *eos = json_array();
     for (int i = 0; i < c->n_eos; i++)
         json_array_append_new(eos, json_integer(c->eos_ids[i]));
     SET("eos_token_ids", eos);
+    const cg_tokenizer *tok = cg_model_tokenizer(cg_engine_model(a->e));
+    SET("bos_token", token_string(a, cg_tokenizer_bos(tok)));
+    SET("eos_token", token_string(a, cg_tokenizer_eos(tok)));
+    /* the template the worker renders chats with: a gateway in front renders the same way */
+    SET("chat_template", a->p.chat ? json_string(cg_chat_model_source(a->p.chat)) : json_null());
     SET("architecture", json_string(cg_arch_name(c->arch)));
     SET("rope_scaling", json_string(c->rope_scaling));
     SET("dtype", json_string("f32")); /* compute and KV dtype */
@@ -65,7 +90,23 @@ void cg_api_info(cg_http_req *req, void *app)
         SET("disk_used_bytes", json_integer(0));
         SET("disk_chunks", json_integer(0));
     }
-    SET("tiers", d ? json_pack("[s,s]", "ram", "disk") : json_pack("[s]", "ram"));
+    json_t *tiers = json_pack("[s]", "ram");
+    if (d) json_array_append_new(tiers, json_string("disk"));
+    if (a->p.remote_url) json_array_append_new(tiers, json_string("remote"));
+    SET("tiers", tiers);
+    /* Workers that report the same remote tier id share it: a chunk one of them computed is a
+     * remote hit on the others (the gateway routes by it). */
+    if (a->p.remote_url) {
+        cg_remote_url u;
+        int cluster = cg_remote_parse_url(a->p.remote_url, &u, NULL, 0) == CG_OK && u.cluster;
+        SET("remote_tier",
+            json_pack("{s:s, s:s, s:b, s:I, s:I}", "id", a->p.remote_id, "url", a->p.remote_url,
+                      "cluster", cluster, "nodes", (json_int_t)remote_stats(a).nodes,
+                      "write_behind_queue", (json_int_t)remote_stats(a).queue_depth));
+    } else {
+        SET("remote_tier", json_null());
+    }
+    SET("disk_write_behind", json_integer((json_int_t)(d ? ep.disk_write_behind : 0)));
     SET("tp", json_integer(a->p.tp));
     SET("kv_source", a->p.kv_source ? json_string(a->p.kv_source) : json_null());
     SET("assemblies_live", json_integer((json_int_t)cg_engine_live_assemblies(a->e, cg_now_ms())));
@@ -97,6 +138,79 @@ static void set_gauge(cg_metrics *m, const char *name, const char *help, double 
     cg_metric_set(cg_metrics_gauge(m, name, help, NULL), v);
 }
 
+/* The disk write-behind and the remote tier. */
+static void tier_metrics(cg_worker_api *a, cg_metrics *m, const cg_engine_stats *es)
+{
+    cg_tiers_stats ts = cg_engine_tier_stats(a->e);
+    set_counter(m, P "disk_write_behind_total", "Computed chunks queued for the disk tier",
+                ts.wb_puts);
+    set_counter(m, P "disk_write_behind_drops_total",
+                "Computed chunks not queued for the disk tier: the write-behind queue was full",
+                ts.wb_drops);
+    set_counter(m, P "disk_write_behind_written_total",
+                "Queued chunks written to the disk tier (or found there)", ts.wb_written);
+    set_counter(m, P "disk_write_behind_failures_total", "Queued chunks the disk tier did not take",
+                ts.wb_failed);
+    set_gauge(m, P "disk_write_behind_queue_chunks",
+              "Chunks queued for the disk tier and not yet written (lost by a crash)",
+              (double)ts.wb_depth);
+    set_gauge(m, P "disk_write_behind_queue_bytes", "Bytes queued for the disk tier",
+              (double)ts.wb_bytes);
+    set_gauge(m, P "disk_write_behind_oldest_seconds",
+              "Age of the oldest chunk queued for the disk tier",
+              (double)ts.wb_oldest_age_ms / 1e3);
+    cg_remote_stats rs = remote_stats(a);
+    set_counter(m, P "remote_hits_total", "Cacheable segments served from the remote tier",
+                es->remote_hits);
+    static const char *rl =
+        "Chunks looked up in the remote tier by outcome: hit, miss, invalid (a corrupt or "
+        "foreign value, never used), error (Redis down or slow), skipped (not asked after an "
+        "error in the same request)";
+    cg_metric_set(cg_metrics_counter(m, P "remote_reads_total", rl, "outcome=\"hit\""),
+                  (double)ts.remote_hits);
+    cg_metric_set(cg_metrics_counter(m, P "remote_reads_total", rl, "outcome=\"miss\""),
+                  (double)ts.remote_misses);
+    cg_metric_set(cg_metrics_counter(m, P "remote_reads_total", rl, "outcome=\"invalid\""),
+                  (double)ts.remote_invalid);
+    cg_metric_set(cg_metrics_counter(m, P "remote_reads_total", rl, "outcome=\"error\""),
+                  (double)ts.remote_errors);
+    cg_metric_set(cg_metrics_counter(m, P "remote_reads_total", rl, "outcome=\"skipped\""),
+                  (double)ts.remote_skipped);
+    set_counter(m, P "remote_read_bytes_total", "Value bytes read from the remote tier by hits",
+                ts.remote_bytes_read);
+    set_counter(m, P "remote_written_bytes_total", "Value bytes written to the remote tier",
+                rs.bytes_written);
+    set_counter(m, P "remote_writes_total", "Per-head values written to the remote tier", rs.sets);
+    static const char *re = "Failed remote tier calls by kind (reads, writes, deletes, pings)";
+    cg_metric_set(cg_metrics_counter(m, P "remote_errors_total", re, "kind=\"unavailable\""),
+                  (double)rs.errors_unavailable);
+    cg_metric_set(cg_metrics_counter(m, P "remote_errors_total", re, "kind=\"timeout\""),
+                  (double)rs.errors_timeout);
+    cg_metric_set(cg_metrics_counter(m, P "remote_errors_total", re, "kind=\"protocol\""),
+                  (double)rs.errors_protocol);
+    cg_metric_set(cg_metrics_counter(m, P "remote_errors_total", re, "kind=\"other\""),
+                  (double)rs.errors_other);
+    set_counter(m, P "remote_queue_drops_total",
+                "Computed chunks not written to the remote tier: the write-behind queue was full",
+                ts.remote_put_drops);
+    set_counter(m, P "remote_queue_failures_total",
+                "Queued chunks the remote tier did not take (Redis down, slow or full)",
+                rs.queue_failed);
+    set_gauge(m, P "remote_queue_chunks", "Chunks queued for the remote tier",
+              (double)rs.queue_depth);
+    set_gauge(m, P "remote_queue_bytes", "Value bytes queued for the remote tier",
+              (double)rs.queue_bytes);
+    set_counter(m, P "remote_reconnects_total",
+                "Connections to a Redis node re-established after a failure", rs.reconnects);
+    set_gauge(m, P "remote_nodes", "Redis nodes known (cluster masters, or 1)", (double)rs.nodes);
+    cg_metric_hist_load(cg_metrics_histogram(m, P "remote_read_seconds",
+                                             "Latency of one chunk's read from the remote tier "
+                                             "(all heads, pipelined), whatever its outcome",
+                                             NULL, cg_tiers_remote_read_bounds,
+                                             CG_TIERS_REMOTE_BOUNDS),
+                        ts.remote_read_buckets, CG_TIERS_REMOTE_BOUNDS + 1, ts.remote_read_seconds);
+}
+
 void cg_api_metrics(cg_http_req *req, void *app)
 {
     cg_worker_api *a = app;
@@ -112,6 +226,19 @@ void cg_api_metrics(cg_http_req *req, void *app)
               (double)ps.referenced_chunks);
     set_gauge(m, P "assemblies_live", "Assemblies built and not yet consumed or released",
               (double)live);
+    cg_sched_stats ss = cg_engine_sched_stats(a->e);
+    set_gauge(m, P "sequences_running", "Sequences in the decoding batch", (double)ss.running);
+    set_gauge(m, P "requests_admitted",
+              "Assemble and completion requests in the worker (running and waiting)",
+              (double)ss.admitted);
+    set_gauge(m, P "prefill_waiting", "Prefill jobs queued or running", (double)ss.prefill_waiting);
+    set_counter(m, P "decode_steps_total", "Decode steps (one batch of every running sequence)",
+                ss.steps);
+    set_counter(m, P "decode_rows_total", "Decode tokens computed in decode steps", ss.decode_rows);
+    set_counter(m, P "prefill_pieces_total", "Prefill pieces computed between decode steps",
+                ss.prefill_pieces);
+    set_counter(m, P "rate_limited_total", "Requests answered 429 (max_running + max_queue)",
+                ss.refused);
     set_gauge(m, P "kv_pulls_in_flight", "KV pulls from a source worker in progress",
               (double)__atomic_load_n(&a->pulls, __ATOMIC_ACQUIRE));
     set_counter(m, P "chunk_hits_total", "Cacheable segments found in the pool", es.chunk_hits);
@@ -164,6 +291,7 @@ void cg_api_metrics(cg_http_req *req, void *app)
     set_counter(m, P "disk_open_dropped_total",
                 "Inventory rows dropped at start (out of range, overlapping or invalid)",
                 ds.open_dropped);
+    tier_metrics(a, m, &es);
     cg_buf out;
     cg_buf_init(&out, 0);
     cg_metrics_render(m, &out);

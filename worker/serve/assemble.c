@@ -72,6 +72,7 @@ typedef struct job {
     cg_kv *scratch;            /* chunk misses are computed here (phase 2) */
     cg_pool_evictions ev;      /* RAM evictions */
     cg_pool_evictions dropped; /* disk records dropped by spills */
+    cg_tiers_req rq;           /* the request's tier lookups */
     cg_assembly *a;
     int have_logits;     /* a->logits hold the last token's logits */
     int last_recomputed; /* phase 3 recomputed all of the last segment */
@@ -241,6 +242,7 @@ static void place_hit(job *j, size_t i, cg_cached *hit)
     j->tier[i] = hit->tier;
     j->count.chunk_hits++;
     j->count.disk_hits += hit->tier[0] == 'd';
+    j->count.remote_hits += !strcmp(hit->tier, "remote");
     j->count.tokens_reused += j->lens[i];
 }
 
@@ -293,8 +295,8 @@ static cg_status place(job *j)
         cg_cached hit;
         /* Keys carry no role: a system text equal to a chunk text has the same strict key
          * but one more token (BOS); lookup refuses a chunk of another length. */
-        if (cached &&
-            cg_tiers_lookup(j->e->tiers, &j->keys[i], j->lens[i], j->now, &j->ev, &hit) == CG_OK) {
+        if (cached && cg_tiers_lookup(j->e->tiers, &j->keys[i], j->lens[i], j->now, &j->ev, &j->rq,
+                                      &hit) == CG_OK) {
             place_hit(j, i, &hit);
             continue;
         }
@@ -371,11 +373,14 @@ static void describe(job *j, cg_assembly_info *out)
     out->cached_tokens = (uint32_t)j->count.tokens_reused;
     out->computed_tokens = (uint32_t)j->count.prefill_tokens;
     out->ttl_ms = j->e->p.assembly_ttl_ms;
+    /* and the disk records the write-behind dropped meanwhile (reported by whichever request
+     * comes next) */
+    cg_tiers_take_dropped(j->e->tiers, &j->dropped);
     size_t nd = j->ev.n + j->dropped.n;
     if (!nd) return;
     cg_key *left = cg_malloc(nd * sizeof *left);
-    memcpy(left, j->ev.keys, j->ev.n * sizeof *left);
-    memcpy(left + j->ev.n, j->dropped.keys, j->dropped.n * sizeof *left);
+    if (j->ev.n) memcpy(left, j->ev.keys, j->ev.n * sizeof *left); /* keys NULL when n is 0 */
+    if (j->dropped.n) memcpy(left + j->ev.n, j->dropped.keys, j->dropped.n * sizeof *left);
     out->evicted = cg_malloc(nd * sizeof *out->evicted);
     out->spilled = cg_malloc(nd * sizeof *out->spilled);
     cg_tiers_classify(j->e->tiers, left, nd, out->evicted, &out->n_evicted, out->spilled,

@@ -198,6 +198,13 @@ static cg_status fit_context(cg_engine *e, cg_complete_req *r, uint32_t n_prompt
         r->max_tokens = (uint32_t)(max_pos > n_prompt ? max_pos - n_prompt : 0);
         return CG_OK;
     }
+    if (n_prompt >= max_pos) {
+        cg_seterr(err, errlen,
+                  "This model's maximum context length is %llu tokens. However, the prompt has "
+                  "%u tokens. Please reduce the prompt.",
+                  (unsigned long long)max_pos, n_prompt);
+        return CG_E_CONTEXT;
+    }
     cg_seterr(err, errlen,
               "This model's maximum context length is %llu tokens. However, you requested %llu "
               "tokens (%u in the prompt, %u for the completion). Please reduce the prompt or "
@@ -249,9 +256,9 @@ cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t 
     return st;
 }
 
-cg_status cg_engine_admit(cg_engine *e)
+cg_status cg_engine_admit(cg_engine *e, int force)
 {
-    return cg_sched_admit(e->sched);
+    return cg_sched_admit(e->sched, force);
 }
 
 void cg_engine_leave(cg_engine *e)
@@ -262,4 +269,9 @@ void cg_engine_leave(cg_engine *e)
 cg_sched_stats cg_engine_sched_stats(cg_engine *e)
 {
     return cg_sched_get_stats(e->sched);
+}
+
+cg_sched *cg_engine_sched(cg_engine *e)
+{
+    return e->sched;
 }

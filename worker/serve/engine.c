@@ -19,6 +19,9 @@ cg_engine_params cg_engine_default_params(void)
         .disk_bytes = 0,
         .disk_dir = NULL,
         .disk_sync = 0,
+        .disk_write_behind = 64,
+        .disk_write_behind_bytes = (size_t)64 << 20,
+        .remote = NULL,
         .max_running = 16,
         .max_queue = 48,
         .prefill_chunk = 256,
@@ -35,8 +38,14 @@ cg_status cg_engine_open(const cg_model *model, cg_engine_params params, cg_engi
     e->p.disk_dir = NULL; /* borrowed for open only */
     if (!e->p.max_assemblies) e->p.max_assemblies = 1;
     pthread_mutex_init(&e->smu, NULL);
-    cg_tiers_params tp = {params.pool_bytes, params.block_tokens, params.disk_bytes,
-                          params.disk_dir, params.disk_sync};
+    cg_tiers_params tp = {.pool_bytes = params.pool_bytes,
+                          .block_tokens = params.block_tokens,
+                          .disk_bytes = params.disk_bytes,
+                          .disk_dir = params.disk_dir,
+                          .disk_sync = params.disk_sync,
+                          .disk_wb_items = params.disk_write_behind,
+                          .disk_wb_bytes = params.disk_write_behind_bytes,
+                          .remote = params.remote};
     cg_status st = cg_tiers_open(model, &tp, &e->tiers);
     cg_sched_params sp = {params.max_running, params.max_queue, params.prefill_chunk,
                           params.prefill_budget};
@@ -86,6 +95,7 @@ void cg_engine_count(cg_engine *e, const cg_engine_stats *add)
     s->chunk_hits += add->chunk_hits;
     s->chunk_misses += add->chunk_misses;
     s->disk_hits += add->disk_hits;
+    s->remote_hits += add->remote_hits;
     s->tokens_reused += add->tokens_reused;
     s->tokens_computed += add->tokens_computed;
     s->prefill_tokens += add->prefill_tokens;
@@ -109,6 +119,16 @@ cg_engine_stats cg_engine_get_stats(cg_engine *e)
     s.assemblies_expired = ls.expired;
     s.assemblies_adopted = ls.adopted;
     return s;
+}
+
+cg_tiers_stats cg_engine_tier_stats(cg_engine *e)
+{
+    return cg_tiers_get_stats(e->tiers);
+}
+
+cg_status cg_engine_wait_writes(cg_engine *e, int timeout_ms)
+{
+    return cg_tiers_wait_writes(e->tiers, timeout_ms);
 }
 
 /* ---- live assemblies ---- */

@@ -1,8 +1,9 @@
 /* The reference worker's assembly engine: tokenizes segments on their own, computes missing
  * chunks at virtual positions and stores them in the KV pool, remaps hits to their offsets,
  * prefills the question under the segment mask, and decodes from the assembled KV. With a
- * disk tier, chunks evicted from RAM are spilled to disk and read back on a later hit.
- * DESIGN §5-§8. */
+ * disk tier, chunks evicted from RAM are spilled to disk and read back on a later hit; with a
+ * remote tier (Redis), chunks computed by any worker sharing it are read back from there.
+ * DESIGN §5-§8, §16. */
 #ifndef CG_ENGINE_H
 #define CG_ENGINE_H
 
@@ -10,6 +11,8 @@
 #include <stdint.h>
 
 #include "worker/store/disk.h"
+#include "worker/store/remote.h"
+#include "worker/serve/tiers.h"
 #include "worker/model/model.h"
 #include "worker/serve/sched.h"
 #include "cache/key.h"
@@ -30,6 +33,15 @@ typedef struct cg_engine_params {
     size_t disk_bytes;
     const char *disk_dir; /* required with disk_bytes; borrowed for cg_engine_open */
     int disk_sync;        /* cg_disk_params.sync; default 0 */
+    /* Disk write-behind: every computed chunk is queued for the disk tier at once (so a crash
+     * loses at most the chunks still queued), at most this many chunks / bytes; 0 chunks =
+     * off (RAM evictions still spill). Default 64 chunks, 64 MiB. Needs a disk tier. */
+    size_t disk_write_behind;
+    size_t disk_write_behind_bytes;
+    /* The shared remote tier (worker/store/remote.h), looked up after the disk; computed
+     * chunks are written to it in the background. Borrowed: it must outlive the engine.
+     * Default NULL. */
+    cg_remote *remote;
     /* The scheduler (worker/serve/sched.h): decoding sequences stepped together, admitted
      * requests beyond them, rows per prefill piece and prefill rows between decode steps. */
     uint32_t max_running;    /* default 16 */
@@ -94,10 +106,10 @@ typedef struct cg_engine_seg_result {
     cg_key key;
     cg_role role;
     uint32_t offset, n_tokens;
-    int hit;          /* 1: KV came from the cache (RAM pool or disk tier) */
+    int hit;          /* 1: KV came from the cache (RAM pool, disk or remote tier) */
     int stored;       /* 1: a miss whose KV is now in the pool */
-    const char *tier; /* where the KV came from: "ram", "disk" (read back, then in RAM unless
-                         the pool was full) or "miss" (computed); static storage */
+    const char *tier; /* where the KV came from: "ram", "disk" or "remote" (read back, then in
+                         RAM unless the pool was full) or "miss" (computed); static storage */
 } cg_engine_seg_result;
 
 /* The outcome of an assemble. Owned by the caller: cg_assembly_info_free. */
@@ -195,11 +207,14 @@ cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t 
                              cg_complete_result *out, char *err, size_t errlen) CG_WUR;
 
 /* Admission (the scheduler's): CG_OK, or CG_E_RATE_LIMIT when max_running + max_queue requests
- * are in the worker. Every CG_OK is paired with cg_engine_leave. */
-cg_status cg_engine_admit(cg_engine *e) CG_WUR;
+ * are in the worker (force: count it but never refuse). Every CG_OK is paired with
+ * cg_engine_leave. */
+cg_status cg_engine_admit(cg_engine *e, int force) CG_WUR;
 void cg_engine_leave(cg_engine *e);
 /* The scheduler's counters. */
 cg_sched_stats cg_engine_sched_stats(cg_engine *e);
+/* The scheduler itself (borrowed), for its queue-time histograms. */
+cg_sched *cg_engine_sched(cg_engine *e);
 
 /* Per-head KV export, DESIGN §7 (the payload of kv/kvwire.h; the api adds its header):
  * for each KV head in [h0, h1], for each layer, K then V, each [tokens][head_dim]
@@ -256,7 +271,16 @@ typedef struct cg_engine_stats {
     uint64_t spills;             /* RAM evictions written to disk (or already there) */
     uint64_t spill_failures;     /* RAM evictions the disk did not take: dropped */
     uint64_t assemblies_adopted; /* assemblies made from pulled KV (cg_engine_adopt) */
+    uint64_t remote_hits;        /* cacheable segments served from the remote tier (in
+                                    chunk_hits) */
 } cg_engine_stats;
 cg_engine_stats cg_engine_get_stats(cg_engine *e);
+
+/* The tiers' counters (remote reads, write-behind queues; see worker/serve/tiers.h). */
+cg_tiers_stats cg_engine_tier_stats(cg_engine *e);
+
+/* Waits up to timeout_ms until the chunks stored so far have been written (or the write
+ * failed) by the disk and remote write-behinds: CG_OK or CG_E_TIMEOUT. */
+cg_status cg_engine_wait_writes(cg_engine *e, int timeout_ms) CG_WUR;
 
 #endif

@@ -1,7 +1,7 @@
 /* chunkgate-worker: the reference chunk-KV worker. `generate-model` writes the deterministic
  * tiny model; `serve` loads a model and serves openapi/worker.yaml, with an optional disk tier
- * (--disk-mb) and, as an inference backend, pulls assemblies from other workers (--kv-source,
- * --tp). */
+ * (--disk-mb), an optional shared tier on Redis (--remote) and, as an inference backend, pulls
+ * assemblies from other workers (--kv-source, --tp). */
 #include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
@@ -25,24 +25,41 @@
 
 typedef struct gen_cfg {
     char *out;
+    char *preset;
     long long seed;
     char *dtype;
     char *rope_style;
+    char *rope_scaling;
     char *model_id;
+    char *tokenizer;
+    long long shards;
 } gen_cfg;
 
 #define GEN_OPT(...) CG_OPT(gen_cfg, __VA_ARGS__)
 static const cg_cfg_opt gen_opts[] = {
     GEN_OPT("out", "CHUNKGATE_WORKER_GEN_OUT", CG_CFG_STR, out, NULL, 0, 0,
-     "directory to write config.json and model.safetensors into (created if missing; required)"),
+            "directory to write config.json and model.safetensors into (created if missing; "
+            "required)"),
+    GEN_OPT("preset", "CHUNKGATE_WORKER_GEN_PRESET", CG_CFG_STR, preset, "tiny", 0, 0,
+            "tiny (byte-level Llama), llama3, llama2, qwen2, qwen3 (small, real vocabularies) or "
+            "qwen2.5-0.5b (full geometry)"),
     GEN_OPT("seed", "CHUNKGATE_WORKER_GEN_SEED", CG_CFG_INT, seed, "1", 0, (1LL << 62),
-     "weights seed; the same seed gives the same bytes"),
-    GEN_OPT("dtype", "CHUNKGATE_WORKER_GEN_DTYPE", CG_CFG_STR, dtype, "f32", 0, 0,
-     "storage dtype of the weights: f32, f16 or bf16 (converted to f32 at load)"),
-    GEN_OPT("rope-style", "CHUNKGATE_WORKER_GEN_ROPE_STYLE", CG_CFG_STR, rope_style,
-     "half", 0, 0, "RoPE pairing: half (HF/NeoX) or interleaved (GPT-J)"),
-    GEN_OPT("model-id", "CHUNKGATE_WORKER_GEN_MODEL_ID", CG_CFG_STR, model_id,
-     "chunkgate-tiny", 0, 0, "model id written into config.json"),
+            "weights seed; the same seed gives the same bytes"),
+    GEN_OPT("dtype", "CHUNKGATE_WORKER_GEN_DTYPE", CG_CFG_STR, dtype, "", 0, 0,
+            "storage dtype of the weights: f32, f16 or bf16 (empty: the preset's; tiny f32)"),
+    GEN_OPT("rope-style", "CHUNKGATE_WORKER_GEN_ROPE_STYLE", CG_CFG_STR, rope_style, "half", 0, 0,
+            "RoPE pairing: half (HF/NeoX) or interleaved (GPT-J; tiny only)"),
+    GEN_OPT("rope-scaling", "CHUNKGATE_WORKER_GEN_ROPE_SCALING", CG_CFG_STR, rope_scaling, "", 0,
+            0,
+            "rope_scaling override: none, linear:F, yarn:F, llama3[:F] or dynamic:F (empty: the "
+            "preset's)"),
+    GEN_OPT("model-id", "CHUNKGATE_WORKER_GEN_MODEL_ID", CG_CFG_STR, model_id, "", 0, 0,
+            "model id written into config.json (empty: chunkgate-PRESET)"),
+    GEN_OPT("tokenizer", "CHUNKGATE_WORKER_GEN_TOKENIZER", CG_CFG_STR, tokenizer, "", 0, 0,
+            "directory holding tokenizer.json and tokenizer_config.json to copy (checked against "
+            "the preset's vocabulary, BOS and EOS)"),
+    GEN_OPT("shards", "CHUNKGATE_WORKER_GEN_SHARDS", CG_CFG_INT, shards, "1", 1, 99999,
+            "N > 1 writes model-0000k-of-0000N.safetensors and model.safetensors.index.json"),
 };
 
 typedef struct serve_cfg {
@@ -52,12 +69,23 @@ typedef struct serve_cfg {
     long long pool_mb;
     long long disk_mb;
     long long disk_flush_on_exit;
+    long long disk_write_behind;
+    long long disk_write_behind_mb;
+    char *remote;
+    char *remote_password_file;
+    char *remote_id;
+    long long remote_timeout_ms;
+    long long remote_ttl_s;
+    long long remote_queue;
+    long long remote_queue_mb;
+    long long remote_conns;
     long long block_tokens;
     long long assembly_ttl_ms;
     long long max_assemblies;
     long long reserve_tokens;
     long long max_segments;
     char *separator;
+    char *chat_template;
     long long default_max_tokens;
     size_t max_body;
     long long io_threads;
@@ -93,6 +121,37 @@ static const cg_cfg_opt serve_opts[] = {
      "and it survives restarts"),
     OPT("disk-flush-on-exit", "CHUNKGATE_WORKER_DISK_FLUSH_ON_EXIT", CG_CFG_INT, disk_flush_on_exit, "1", 0, 1,
      "1: on SIGTERM/SIGINT write every RAM chunk to the disk tier before exiting"),
+    OPT("disk-write-behind", "CHUNKGATE_WORKER_DISK_WRITE_BEHIND", CG_CFG_INT, disk_write_behind,
+     "64", 0, 1 << 20,
+     "computed chunks queued for the disk tier in the background (0 = off: only RAM evictions "
+     "spill); bounds what kill -9 loses. A full queue drops the write (counted), never waits"),
+    OPT("disk-write-behind-mb", "CHUNKGATE_WORKER_DISK_WRITE_BEHIND_MB", CG_CFG_INT,
+     disk_write_behind_mb, "64", 1, 1 << 20, "bytes of the disk write-behind queue, in MiB"),
+    OPT("remote", "CHUNKGATE_WORKER_REMOTE", CG_CFG_STR, remote, "", 0, 0,
+     "shared KV tier on Redis: redis://HOST:PORT[/DB] (one node) or redis+cluster://HOST:PORT (a "
+     "Redis Cluster, discovered from that node); empty = none. Password: the environment "
+     "variable CHUNKGATE_WORKER_REMOTE_PASSWORD or --remote-password-file, never the URL"),
+    OPT("remote-password-file", "CHUNKGATE_WORKER_REMOTE_PASSWORD_FILE", CG_CFG_STR,
+     remote_password_file, "", 0, 0,
+     "file holding the Redis password (one trailing newline is dropped); empty = the environment "
+     "variable CHUNKGATE_WORKER_REMOTE_PASSWORD, or no AUTH"),
+    OPT("remote-id", "CHUNKGATE_WORKER_REMOTE_ID", CG_CFG_STR, remote_id, "", 0, 0,
+     "name of the shared tier in /v1/info; the gateway treats workers reporting the same name as "
+     "sharing it (empty = the --remote URL; set it when workers reach one Redis by different "
+     "addresses)"),
+    OPT("remote-timeout-ms", "CHUNKGATE_WORKER_REMOTE_TIMEOUT_MS", CG_CFG_INT, remote_timeout_ms,
+     "500", 1, 600000,
+     "most one remote read or write may take; a request whose remote read fails or times out "
+     "does not ask Redis again, so a slow Redis costs it at most this"),
+    OPT("remote-ttl-s", "CHUNKGATE_WORKER_REMOTE_TTL_S", CG_CFG_INT, remote_ttl_s, "0", 0,
+     1LL << 31, "expire remote values after this many seconds (0 = never; let Redis evict with "
+     "maxmemory-policy allkeys-lru)"),
+    OPT("remote-queue", "CHUNKGATE_WORKER_REMOTE_QUEUE", CG_CFG_INT, remote_queue, "256", 1,
+     1 << 20, "computed chunks queued for Redis; a full queue drops the write (counted), never waits"),
+    OPT("remote-queue-mb", "CHUNKGATE_WORKER_REMOTE_QUEUE_MB", CG_CFG_INT, remote_queue_mb, "256",
+     1, 1 << 20, "bytes of the Redis write-behind queue, in MiB"),
+    OPT("remote-conns", "CHUNKGATE_WORKER_REMOTE_CONNS", CG_CFG_INT, remote_conns, "4", 1, 64,
+     "connections per Redis node"),
     OPT("block-tokens", "CHUNKGATE_WORKER_BLOCK_TOKENS", CG_CFG_INT, block_tokens,
      "16", 1, 4096, "tokens per pool block"),
     OPT("assembly-ttl-ms", "CHUNKGATE_WORKER_ASSEMBLY_TTL_MS", CG_CFG_INT, assembly_ttl_ms, "60000", 1, 86400000,
@@ -105,6 +164,10 @@ static const cg_cfg_opt serve_opts[] = {
      "256", 2, 1 << 20, "segments per request"),
     OPT("separator", "CHUNKGATE_WORKER_SEPARATOR", CG_CFG_STR, separator, CG_SPLIT_DEFAULT_SEPARATOR,
      0, 0, "segment separator of /v1/completions prompts"),
+    OPT("chat-template", "CHUNKGATE_WORKER_CHAT_TEMPLATE", CG_CFG_STR, chat_template, "", 0, 0,
+     "Jinja chat template file for /v1/chat/completions, instead of the model's own "
+     "(tokenizer_config.json or chat_template.jinja); empty = the model's, or the plain "
+     "rendering for a model without one"),
     OPT("default-max-tokens", "CHUNKGATE_WORKER_DEFAULT_MAX_TOKENS", CG_CFG_INT, default_max_tokens, "16", 0, 1 << 24,
      "max_tokens of /v1/completions when the request has none"),
     OPT("max-body", "CHUNKGATE_WORKER_MAX_BODY", CG_CFG_SIZE, max_body, "8M",
@@ -147,12 +210,40 @@ static const cg_cfg_opt serve_opts[] = {
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: chunkgate-worker generate-model --out DIR [--seed N] [--dtype f32|f16|bf16] "
-            "[--rope-style half|interleaved]\n"
-            "       chunkgate-worker serve --model DIR [--listen HOST:PORT] [--data-dir DIR] "
-            "[--pool-mb N] [--disk-mb N] [--kv-source URL --tp N] [options]\n"
-            "       chunkgate-worker SUBCOMMAND --help\n");
+    fprintf(out, "usage: chunkgate-worker generate-model --out DIR [--preset NAME] [--seed N] "
+                 "[--dtype f32|f16|bf16] [--tokenizer DIR] [--rope-scaling SPEC] [--shards N]\n"
+                 "       chunkgate-worker serve --model DIR [--listen HOST:PORT] [--data-dir DIR] "
+                 "[--pool-mb N] [--disk-mb N] [--remote URL] [--kv-source URL --tp N] "
+                 "[options]\n"
+                 "       chunkgate-worker SUBCOMMAND --help\n");
+}
+
+/* The generator's parameters from the preset and the overrides; 2 after printing why. */
+static int gen_params(const gen_cfg *c, cg_model_gen_params *p)
+{
+    if (cg_model_gen_preset(c->preset, p) != CG_OK) {
+        fprintf(stderr, "chunkgate-worker generate-model: unknown --preset %s (one of:", c->preset);
+        for (const char *const *n = cg_model_gen_preset_names(); *n; n++)
+            fprintf(stderr, " %s", *n);
+        fprintf(stderr, ")\n");
+        return 2;
+    }
+    p->seed = (uint64_t)c->seed;
+    if (c->dtype[0]) p->dtype = c->dtype;
+    if (c->model_id[0]) p->model_id = c->model_id;
+    if (c->rope_scaling[0]) p->rope_scaling = c->rope_scaling;
+    if (c->tokenizer[0]) p->tokenizer_dir = c->tokenizer;
+    p->shards = (int)c->shards;
+    if (!strcmp(c->rope_style, "half")) {
+        p->rope_style = CG_ROPE_HALF;
+    } else if (!strcmp(c->rope_style, "interleaved")) {
+        p->rope_style = CG_ROPE_INTERLEAVED;
+    } else {
+        fprintf(stderr,
+                "chunkgate-worker generate-model: --rope-style must be half or interleaved\n");
+        return 2;
+    }
+    return 0;
 }
 
 static int cmd_generate(int argc, char **argv)
@@ -161,6 +252,7 @@ static int cmd_generate(int argc, char **argv)
     memset(&c, 0, sizeof c);
     char err[ERRLEN];
     int help = 0, rc = 1;
+    cg_model_gen_params p;
     if (cg_config_parse(gen_opts, CG_ARRAY_LEN(gen_opts), &c, argc, argv, &help, err, sizeof err) !=
         CG_OK) {
         fprintf(stderr, "chunkgate-worker generate-model: %s\n", err);
@@ -178,26 +270,15 @@ static int cmd_generate(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    cg_model_gen_params p = cg_model_gen_default_params();
-    p.seed = (uint64_t)c.seed;
-    p.dtype = c.dtype;
-    p.model_id = c.model_id;
-    if (!strcmp(c.rope_style, "half")) {
-        p.rope_style = CG_ROPE_HALF;
-    } else if (!strcmp(c.rope_style, "interleaved")) {
-        p.rope_style = CG_ROPE_INTERLEAVED;
-    } else {
-        fprintf(stderr,
-                "chunkgate-worker generate-model: --rope-style must be half or interleaved\n");
-        rc = 2;
-        goto out;
-    }
+    if ((rc = gen_params(&c, &p)) != 0) goto out;
+    rc = 1;
     if (cg_model_generate(c.out, p, err, sizeof err) != CG_OK) {
         fprintf(stderr, "chunkgate-worker generate-model: %s\n", err);
         goto out;
     }
-    printf("wrote %s/config.json and %s/model.safetensors (seed %lld, %s, rope %s)\n", c.out, c.out,
-           c.seed, c.dtype, c.rope_style);
+    printf("wrote preset %s into %s (seed %lld, %s, rope %s%s%s%s)\n", c.preset, c.out, c.seed,
+           p.dtype, c.rope_style, p.rope_scaling ? ", scaling " : "",
+           p.rope_scaling ? p.rope_scaling : "", p.shards > 1 ? ", sharded" : "");
     rc = 0;
 out:
     cg_config_free(gen_opts, CG_ARRAY_LEN(gen_opts), &c);
@@ -238,6 +319,8 @@ static int check_serve_cfg(const serve_cfg *c)
         why = "--separator must not be empty";
     else if (c->kv_source[0] && !cg_kvpull_url_ok(c->kv_source))
         why = "--kv-source must be an http:// or https:// base URL";
+    else if (c->remote_id[0] && !c->remote[0])
+        why = "--remote-id names the --remote tier: give --remote too";
     if (!why) return 0;
     fprintf(stderr, "chunkgate-worker serve: %s\n", why);
     return 2;
@@ -245,11 +328,48 @@ static int check_serve_cfg(const serve_cfg *c)
 
 /* The worker's parts, opened in order by open_parts and closed in reverse by close_parts. */
 typedef struct parts {
+    cg_remote *remote;
     cg_model *model;
     cg_engine *engine;
+    cg_chat_model *chat;
     cg_worker_api *api;
     cg_http_server *srv;
 } parts;
+
+/* Opens the client of the shared remote tier (--remote), when one is configured. A bad URL or
+ * a refused password stops the worker; a Redis that is down does not (it is retried). */
+static int open_remote(const serve_cfg *c, parts *w)
+{
+    if (!c->remote[0]) return 0;
+    char err[ERRLEN];
+    char *password = NULL;
+    cg_status st = cg_remote_load_password(
+        c->remote_password_file[0] ? c->remote_password_file : NULL, &password, err, sizeof err);
+    if (st != CG_OK) {
+        cg_log(CG_LOG_ERROR, "--remote: %s", err);
+        return -1;
+    }
+    cg_remote_params rp = cg_remote_default_params();
+    rp.url = c->remote;
+    rp.password = password;
+    rp.timeout_ms = (int)c->remote_timeout_ms;
+    rp.ttl_s = (uint32_t)c->remote_ttl_s;
+    rp.queue_max_items = (size_t)c->remote_queue;
+    rp.queue_max_bytes = (size_t)c->remote_queue_mb << 20;
+    rp.conns_per_node = (int)c->remote_conns;
+    st = cg_remote_open(rp, &w->remote, err, sizeof err);
+    if (password) {
+        memset(password, 0, strlen(password));
+        free(password);
+    }
+    if (st != CG_OK) {
+        cg_log(CG_LOG_ERROR, "--remote %s: %s", c->remote, err);
+        return -1;
+    }
+    cg_log(CG_LOG_INFO, "remote tier %s (id %s), timeout %lld ms, ttl %lld s", c->remote,
+           c->remote_id[0] ? c->remote_id : c->remote, c->remote_timeout_ms, c->remote_ttl_s);
+    return 0;
+}
 
 /* Opens the model and the engine (with its tiers); logs why on failure. */
 static int open_engine(const serve_cfg *c, parts *w)
@@ -282,6 +402,9 @@ static int open_engine(const serve_cfg *c, parts *w)
     ep.reserve_tokens = (uint32_t)c->reserve_tokens;
     ep.disk_bytes = (size_t)c->disk_mb << 20;
     ep.disk_dir = c->data_dir;
+    ep.disk_write_behind = (size_t)c->disk_write_behind;
+    ep.disk_write_behind_bytes = (size_t)c->disk_write_behind_mb << 20;
+    ep.remote = w->remote;
     ep.max_running = (uint32_t)c->max_running;
     ep.max_queue = (uint32_t)c->max_queue;
     ep.prefill_chunk = (uint32_t)c->prefill_chunk;
@@ -294,6 +417,64 @@ static int open_engine(const serve_cfg *c, parts *w)
     else
         cg_log(CG_LOG_ERROR, "cannot open the disk tier in %s (%s); see the line above",
                c->data_dir, cg_status_name(st));
+    return -1;
+}
+
+/* Reads a chat template file (at most 1 MiB, the renderer's limit) into a new string. */
+static char *read_template(const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s", strerror(errno));
+        return NULL;
+    }
+    size_t cap = (1u << 20) + 1, n;
+    char *buf = cg_malloc(cap + 1);
+    n = fread(buf, 1, cap, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || n == cap) {
+        snprintf(err, errlen, "%s", bad ? "read error" : "larger than 1 MiB");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+/* The chat template: --chat-template, else the model's own; compiled now so that a template
+ * the worker cannot render refuses the start instead of failing chats later. */
+static int open_chat(const serve_cfg *c, parts *w)
+{
+    char err[ERRLEN];
+    const cg_tokenizer *t = cg_model_tokenizer(w->model);
+    const char *src = cg_tokenizer_chat_template(t), *from = "its tokenizer_config.json";
+    char *owned = NULL;
+    if (c->chat_template[0]) {
+        if (!(owned = read_template(c->chat_template, err, sizeof err))) {
+            cg_log(CG_LOG_ERROR, "--chat-template %s: %s", c->chat_template, err);
+            return -1;
+        }
+        src = owned;
+        from = c->chat_template;
+    }
+    if (!src) return 0; /* the plain rendering */
+    /* bos_token and eos_token as the tokenizer defines them (tokenizer_config.json), as
+     * apply_chat_template passes them */
+    char bos[256] = "", eos[256] = "";
+    size_t n;
+    const char *s = cg_tokenizer_token_str(t, cg_tokenizer_bos(t), &n);
+    if (s) snprintf(bos, sizeof bos, "%.*s", (int)n, s);
+    s = cg_tokenizer_token_str(t, cg_tokenizer_eos(t), &n);
+    if (s) snprintf(eos, sizeof eos, "%.*s", (int)n, s);
+    cg_status st = cg_chat_model_new(src, bos[0] ? bos : NULL, eos[0] ? eos : NULL, &w->chat, err,
+                                     sizeof err);
+    free(owned);
+    if (st == CG_OK) return 0;
+    cg_log(CG_LOG_ERROR,
+           "the chat template of %s (%s) cannot be rendered: %s; give one that can with "
+           "--chat-template FILE",
+           c->model, from, err);
     return -1;
 }
 
@@ -310,6 +491,9 @@ static int open_api(const serve_cfg *c, parts *w)
     ap.kv_timeout_ms = (long)c->kv_timeout_ms;
     ap.kv_request_source = (int)c->kv_request_source;
     ap.kv_max_pulls = (int)c->kv_max_pulls;
+    ap.chat = w->chat;
+    ap.remote_url = c->remote;
+    ap.remote_id = c->remote_id;
     w->api = cg_worker_api_new(ap);
 
     cg_http_params hp = cg_http_default_params();
@@ -343,7 +527,9 @@ static void close_parts(parts *w)
 {
     cg_http_close(&w->srv);
     cg_worker_api_free(&w->api);
+    cg_chat_model_unref(&w->chat);
     cg_engine_close(&w->engine);
+    cg_remote_close(&w->remote); /* after the engine: it drains what the engine queued */
     cg_model_close(&w->model);
 }
 
@@ -390,7 +576,9 @@ static int cmd_serve(int argc, char **argv)
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
-    if (open_engine(&c, &w) != 0 || open_api(&c, &w) != 0) goto out;
+    if (open_remote(&c, &w) != 0 || open_engine(&c, &w) != 0 || open_chat(&c, &w) != 0 ||
+        open_api(&c, &w) != 0)
+        goto out;
 
     int sig = 0;
     sigwait(&sigs, &sig);

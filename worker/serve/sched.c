@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/metrics.h"
 
 /* Tokens a sequence may have sampled and not yet handed to its owner. The scheduler stops
  * stepping a sequence whose owner is this far behind (a slow client), instead of buffering. */
@@ -21,6 +22,7 @@ struct cg_dseq_sync {
     int cancel, left, joined;
     uint32_t generated;
     int32_t last; /* the last token sampled: the next decode row */
+    uint64_t join_ns;
     pthread_cond_t cv; /* the owner waits here */
     struct cg_dseq *next_wait; /* the join queue */
 };
@@ -56,6 +58,7 @@ struct cg_sched {
     cg_fwd_seq *fseqs;
     int32_t *toks;
     cg_attn_span *dspans;
+    cg_metric *h_prefill_wait, *h_decode_wait; /* optional */
 };
 
 cg_sched_params cg_sched_default_params(void)
@@ -131,6 +134,8 @@ static void admit_joiners(cg_sched *s)
         if (!s->wait_head) s->wait_tail = NULL;
         d->sync->joined = 1;
         s->run[s->n_run++] = d;
+        if (s->h_decode_wait)
+            cg_metric_observe(s->h_decode_wait, (double)(cg_now_ns() - d->sync->join_ns) / 1e9);
     }
 }
 
@@ -302,11 +307,11 @@ void cg_sched_close(cg_sched **sp)
 
 /* ---- admission ---- */
 
-cg_status cg_sched_admit(cg_sched *s)
+cg_status cg_sched_admit(cg_sched *s, int force)
 {
     cg_status st = CG_OK;
     pthread_mutex_lock(&s->mu);
-    if (s->admitted >= s->p.max_running + s->p.max_queue) {
+    if (!force && s->admitted >= s->p.max_running + s->p.max_queue) {
         s->stats.refused++;
         st = CG_E_RATE_LIMIT;
     } else {
@@ -341,7 +346,9 @@ cg_status cg_sched_prefill(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns
     while (!j.finished) pthread_cond_wait(&j.cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
     pthread_cond_destroy(&j.cv);
-    if (queued_ns) *queued_ns = j.start_ns > j.enq_ns ? j.start_ns - j.enq_ns : 0;
+    uint64_t waited = j.start_ns > j.enq_ns ? j.start_ns - j.enq_ns : 0;
+    if (queued_ns) *queued_ns = waited;
+    if (s->h_prefill_wait) cg_metric_observe(s->h_prefill_wait, (double)waited / 1e9);
     return j.st;
 }
 
@@ -352,6 +359,7 @@ void cg_sched_join(cg_sched *s, cg_dseq *d)
     d->sync = cg_calloc(1, sizeof *d->sync);
     pthread_cond_init(&d->sync->cv, NULL);
     d->sync->state = CG_DSEQ_RUNNING;
+    d->sync->join_ns = cg_now_ns();
     pthread_mutex_lock(&s->mu);
     if (s->wait_tail)
         s->wait_tail->sync->next_wait = d;
@@ -426,4 +434,10 @@ cg_sched_stats cg_sched_get_stats(cg_sched *s)
     st.admitted = s->admitted;
     pthread_mutex_unlock(&s->mu);
     return st;
+}
+
+void cg_sched_set_queue_histograms(cg_sched *s, struct cg_metric *prefill, struct cg_metric *decode)
+{
+    s->h_prefill_wait = prefill;
+    s->h_decode_wait = decode;
 }

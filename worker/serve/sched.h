@@ -34,9 +34,10 @@ void cg_sched_close(cg_sched **s);
 /* ---- admission ---- */
 
 /* Admits one request (an assemble or a completion) when fewer than max_running + max_queue
- * are admitted: CG_OK, or CG_E_RATE_LIMIT at once. Every CG_OK is paired with
- * cg_sched_release. now_ms: monotonic, for the queue-time figures. */
-cg_status cg_sched_admit(cg_sched *s) CG_WUR;
+ * are admitted: CG_OK, or CG_E_RATE_LIMIT at once. force: admit anyway (a completion of an
+ * assembly this worker built: refusing it would throw away work already done). Every CG_OK is
+ * paired with cg_sched_release. */
+cg_status cg_sched_admit(cg_sched *s, int force) CG_WUR;
 void cg_sched_release(cg_sched *s);
 
 /* ---- prefill ---- */
@@ -106,5 +107,11 @@ typedef struct cg_sched_stats {
     uint32_t running, admitted, prefill_waiting; /* now */
 } cg_sched_stats;
 cg_sched_stats cg_sched_get_stats(cg_sched *s);
+
+/* Histograms (borrowed; they must outlive the scheduler) that receive, in seconds, how long
+ * prefill work waited for its first piece and how long a decoding sequence waited for a place
+ * in the running set. Set once, before any request. */
+struct cg_metric;
+void cg_sched_set_queue_histograms(cg_sched *s, struct cg_metric *prefill, struct cg_metric *decode);
 
 #endif

@@ -1,23 +1,44 @@
-/* The worker's chunk KV tiers: RAM pool, disk tier, and the one path by which a chunk's rows
- * enter a request's KV (worker/serve/tiers.h). */
+/* The worker's chunk KV tiers: RAM pool, disk tier (with its write-behind), remote tier, and
+ * the one path by which a chunk's rows enter a request's KV (worker/serve/tiers.h). */
 #include "worker/serve/tiers.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/base.h"
+#include "kv/kvwire.h"
 #include "kv/remap.h"
+#include "worker/store/diskwb.h"
+
+const double cg_tiers_remote_read_bounds[CG_TIERS_REMOTE_BOUNDS] = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
 
 struct cg_tiers {
     const cg_model *m;
     cg_tiers_params p;
     cg_pool *pool;
-    cg_disk *disk; /* NULL without a disk tier */
+    cg_disk *disk;     /* NULL without a disk tier */
+    cg_diskwb *wb;     /* NULL without a disk write-behind */
+    cg_remote *remote; /* borrowed; NULL without a remote tier */
     size_t block_bytes;
     cg_rope rope;
-    /* Counted inside the pool's eviction callback (pool lock held): atomics. */
+    /* Counted inside the pool's eviction callback (pool lock held) and by request threads:
+     * atomics. */
     uint64_t n_spills, n_spill_failures, n_restores, n_restore_failures;
+    uint64_t n_rhits, n_rmisses, n_rinvalid, n_rerrors, n_rskipped, n_rbytes, n_rputs, n_rdrops;
+    uint64_t rlat[CG_TIERS_REMOTE_BOUNDS + 1], rlat_ns;
 };
+
+static void count(uint64_t *c, uint64_t v)
+{
+    __atomic_add_fetch(c, v, __ATOMIC_RELAXED);
+}
+
+static uint64_t load(const uint64_t *c)
+{
+    return __atomic_load_n(c, __ATOMIC_RELAXED);
+}
 
 /* Disk records dropped (LRU) by the spills this thread makes while an assemble collects them
  * for its reply. Spills run in the pool's eviction callback, which cg_pool_insert calls on
@@ -90,7 +111,14 @@ cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **
         if ((st = cg_disk_open(dp, &t->disk)) != CG_OK) goto out;
         pp.on_evict = spill;
         pp.on_evict_ud = t;
+        if (p->disk_wb_items > 0) {
+            cg_diskwb_params wp = cg_diskwb_default_params();
+            wp.max_items = p->disk_wb_items;
+            wp.max_bytes = p->disk_wb_bytes ? p->disk_wb_bytes : wp.max_bytes;
+            if ((st = cg_diskwb_open(t->disk, wp, &t->wb)) != CG_OK) goto out;
+        }
     }
+    t->remote = p->remote;
     st = cg_pool_open(pp, &t->pool);
 out:
     if (st != CG_OK) {
@@ -105,6 +133,7 @@ void cg_tiers_close(cg_tiers **tp)
 {
     cg_tiers *t = *tp;
     if (!t) return;
+    cg_diskwb_close(&t->wb); /* writes what is queued, while the disk is open */
     cg_pool_close(&t->pool);
     cg_disk_close(&t->disk);
     cg_free(tp);
@@ -122,12 +151,34 @@ cg_disk *cg_tiers_disk(cg_tiers *t)
 
 cg_tiers_stats cg_tiers_get_stats(cg_tiers *t)
 {
-    return (cg_tiers_stats){
-        .restores = __atomic_load_n(&t->n_restores, __ATOMIC_RELAXED),
-        .restore_failures = __atomic_load_n(&t->n_restore_failures, __ATOMIC_RELAXED),
-        .spills = __atomic_load_n(&t->n_spills, __ATOMIC_RELAXED),
-        .spill_failures = __atomic_load_n(&t->n_spill_failures, __ATOMIC_RELAXED),
+    cg_tiers_stats s = {
+        .restores = load(&t->n_restores),
+        .restore_failures = load(&t->n_restore_failures),
+        .spills = load(&t->n_spills),
+        .spill_failures = load(&t->n_spill_failures),
+        .remote_hits = load(&t->n_rhits),
+        .remote_misses = load(&t->n_rmisses),
+        .remote_invalid = load(&t->n_rinvalid),
+        .remote_errors = load(&t->n_rerrors),
+        .remote_skipped = load(&t->n_rskipped),
+        .remote_bytes_read = load(&t->n_rbytes),
+        .remote_puts = load(&t->n_rputs),
+        .remote_put_drops = load(&t->n_rdrops),
+        .remote_read_seconds = (double)load(&t->rlat_ns) / 1e9,
     };
+    for (int i = 0; i <= CG_TIERS_REMOTE_BOUNDS; i++)
+        s.remote_read_buckets[i] = load(&t->rlat[i]);
+    if (t->wb) {
+        cg_diskwb_stats w = cg_diskwb_get_stats(t->wb, cg_now_ms());
+        s.wb_puts = w.puts;
+        s.wb_drops = w.drops;
+        s.wb_written = w.written;
+        s.wb_failed = w.failed;
+        s.wb_depth = w.depth;
+        s.wb_bytes = w.bytes;
+        s.wb_oldest_age_ms = w.oldest_age_ms;
+    }
+    return s;
 }
 
 /* ---- placement: the one path by which a chunk's rows enter an assembly ---- */
@@ -260,8 +311,215 @@ static cg_status restore(cg_tiers *t, const cg_key *key, uint32_t want, uint64_t
     return CG_E_NOT_FOUND; /* gone meanwhile, or failed verification: a miss */
 }
 
+/* ---- the remote tier ---- */
+
+/* The per-head key strings of a chunk: names[h] (CG_REMOTE_KEY_MAX bytes each) and keys[h]
+ * pointing at them. Returns 0, or -1 when the model id cannot form a key. */
+static int head_names(const cg_tiers *t, const cg_key *key, char *names, const char **keys)
+{
+    const cg_model_config *cfg = cg_model_cfg(t->m);
+    char hex[CG_KEY_HEX_LEN + 1];
+    cg_key_hex(key, hex);
+    for (int h = 0; h < cfg->n_kv_heads; h++) {
+        char *name = names + (size_t)h * CG_REMOTE_KEY_MAX;
+        if (cg_kvwire_head_key(cfg->model_id, (uint32_t)h, hex, name, CG_REMOTE_KEY_MAX) != CG_OK)
+            return -1;
+        keys[h] = name;
+    }
+    return 0;
+}
+
+/* The header every value of this worker's chunks carries, for head 0 and n_tokens. */
+static cg_kvwire_header wire_header(const cg_tiers *t, uint32_t n_tokens)
+{
+    const cg_model_config *cfg = cg_model_cfg(t->m);
+    cg_kvwire_header h;
+    memset(&h, 0, sizeof h);
+    snprintf(h.model, sizeof h.model, "%s", cfg->model_id);
+    h.n_layers = (uint32_t)cfg->n_layers;
+    h.head_dim = (uint32_t)cfg->head_dim;
+    h.dtype = CG_KVWIRE_DTYPE_F32;
+    h.n_tokens = n_tokens;
+    h.head_start = 0;
+    h.n_heads = 1;
+    h.total_kv_heads = (uint32_t)cfg->n_kv_heads;
+    return h;
+}
+
+/* Queues a stored chunk for the remote tier: one sealed CGKV value per KV head. */
+static void remote_put(cg_tiers *t, const cg_key *key, cg_pool_chunk *c)
+{
+    const cg_model_config *cfg = cg_model_cfg(t->m);
+    const size_t H = (size_t)cfg->n_kv_heads, nt = cg_pool_chunk_tokens(c);
+    const size_t plane = nt * (size_t)cfg->head_dim;
+    cg_kvwire_header h = wire_header(t, (uint32_t)nt);
+    size_t hb = cg_kvwire_header_size(&h), pl = 0;
+    char *names = cg_malloc(H * CG_REMOTE_KEY_MAX);
+    const char **keys = cg_malloc(H * sizeof *keys);
+    const void **vals = cg_malloc(H * sizeof *vals);
+    size_t *lens = cg_malloc(H * sizeof *lens);
+    uint8_t *buf = NULL;
+    if (!hb || cg_kvwire_payload_bytes(&h, &pl) != CG_OK || head_names(t, key, names, keys) != 0)
+        goto out;
+    const size_t vlen = hb + pl + CG_KVWIRE_SEAL_BYTES;
+    buf = cg_malloc(H * vlen);
+    for (size_t i = 0; i < H; i++) {
+        uint8_t *v = buf + i * vlen;
+        size_t n = 0;
+        h.head_start = (uint32_t)i;
+        if (cg_kvwire_header_encode(&h, v, hb, &n) != CG_OK) goto out;
+        float *rows = (float *)(void *)(v + hb); /* hb is a multiple of 8 */
+        for (int l = 0; l < cfg->n_layers; l++)
+            for (int kv = 0; kv < 2; kv++, rows += plane)
+                cg_pool_chunk_read(t->pool, c, l, (int)i, kv, rows);
+        cg_kvwire_seal(v, hb + pl, keys[i], v + hb + pl);
+        vals[i] = v;
+        lens[i] = vlen;
+    }
+    /* CG_E_FULL: the queue is full (counted by the client as a drop); never waits. */
+    if (cg_remote_put_async(t->remote, H, keys, vals, lens) == CG_OK)
+        count(&t->n_rputs, 1);
+    else
+        count(&t->n_rdrops, 1);
+out:
+    free(buf);
+    free(lens);
+    free(vals);
+    free(keys);
+    free(names);
+}
+
+/* 1 when a decoded value is head h of a chunk of this worker's model and geometry. */
+static int value_ours(const cg_tiers *t, const cg_kvwire_header *got, uint32_t h)
+{
+    const cg_model_config *cfg = cg_model_cfg(t->m);
+    cg_kvwire_header want = wire_header(t, got->n_tokens);
+    return !strcmp(got->model, want.model) && got->n_layers == want.n_layers &&
+           got->head_dim == want.head_dim && got->dtype == want.dtype && got->head_start == h &&
+           got->n_heads == 1 && got->total_kv_heads == want.total_kv_heads &&
+           got->n_tokens <= (uint32_t)cfg->max_pos;
+}
+
+/* Rows [n_tokens][head_dim] of one layer/head/kv into a private buffer in the pool's block
+ * layout (what cached_rows reads). */
+static void scatter_rows(const cg_tiers *t, float *buf, uint32_t n_tokens, int l, int h, int kv,
+                         const float *rows)
+{
+    const cg_model_config *cfg = cg_model_cfg(t->m);
+    const size_t bt = t->p.block_tokens, hd = (size_t)cfg->head_dim, slab = bt * hd;
+    const size_t i = ((size_t)h * (size_t)cfg->n_layers + (size_t)l) * 2 + (size_t)kv;
+    for (size_t b = 0; b * bt < n_tokens; b++) {
+        size_t nr = CG_MIN(bt, n_tokens - b * bt);
+        memcpy(buf + b * (t->block_bytes / sizeof(float)) + i * slab, rows + b * slab,
+               nr * hd * sizeof(float));
+    }
+}
+
+static void observe_read(cg_tiers *t, uint64_t ns)
+{
+    int b = 0;
+    double s = (double)ns / 1e9;
+    while (b < CG_TIERS_REMOTE_BOUNDS && s > cg_tiers_remote_read_bounds[b])
+        b++;
+    count(&t->rlat[b], 1);
+    count(&t->rlat_ns, ns);
+}
+
+/* Reads a chunk from the remote tier: every head's value, each verified, into a new pool
+ * chunk (published, referenced) when RAM has room, else into a private buffer. */
+static cg_status restore_remote(cg_tiers *t, const cg_key *key, uint32_t want, uint64_t now,
+                                cg_pool_evictions *ev, cg_tiers_req *rq, cg_cached *out)
+{
+    if (rq && rq->remote_failed) {
+        count(&t->n_rskipped, 1);
+        return CG_E_NOT_FOUND;
+    }
+    const cg_model_config *cfg = cg_model_cfg(t->m);
+    const size_t H = (size_t)cfg->n_kv_heads;
+    char *names = cg_malloc(H * CG_REMOTE_KEY_MAX);
+    const char **keys = cg_malloc(H * sizeof *keys);
+    cg_remote_value *vals = cg_calloc(H, sizeof *vals);
+    const float **pl = cg_calloc(H, sizeof *pl);
+    cg_status st = CG_E_NOT_FOUND;
+    uint32_t nt = 0;
+    size_t bytes = 0;
+    char hex[CG_KEY_HEX_LEN + 1];
+    cg_key_hex(key, hex);
+    if (head_names(t, key, names, keys) != 0) goto out;
+    uint64_t ns = 0;
+    cg_status gst = cg_remote_get(t->remote, H, keys, vals, &ns);
+    observe_read(t, ns);
+    if (gst == CG_E_NOT_FOUND) {
+        count(&t->n_rmisses, 1);
+        goto out;
+    }
+    if (gst != CG_OK) {
+        count(&t->n_rerrors, 1);
+        if (rq) rq->remote_failed = 1;
+        cg_log(CG_LOG_DEBUG, "remote read of chunk %s failed (%s): computing it", hex,
+               cg_status_name(gst));
+        goto out;
+    }
+    for (size_t h = 0; h < H; h++) {
+        cg_kvwire_header got;
+        cg_status vst = cg_kvwire_unseal(vals[h].data, vals[h].len, keys[h], &got, &pl[h]);
+        if (vst != CG_OK || !value_ours(t, &got, (uint32_t)h) || (h && got.n_tokens != nt)) {
+            count(&t->n_rinvalid, 1);
+            cg_log(CG_LOG_WARN,
+                   "remote value %s (%zu bytes) is %s: not used, the chunk is computed", keys[h],
+                   vals[h].len,
+                   vst != CG_OK ? "corrupt or truncated (seal or format)"
+                                : "of another model, geometry or head");
+            goto out;
+        }
+        nt = got.n_tokens;
+        bytes += vals[h].len;
+    }
+    if (want && nt != want) {
+        /* Keys carry no role: see restore(). */
+        cg_log(CG_LOG_WARN, "remote chunk has %u tokens, the segment %u; computing it", nt, want);
+        st = CG_E_CONFLICT;
+        goto out;
+    }
+    const size_t plane = (size_t)nt * (size_t)cfg->head_dim;
+    cg_pool_chunk *c = NULL;
+    out->n_tokens = nt;
+    out->n_blocks = (uint32_t)((nt + t->p.block_tokens - 1) / t->p.block_tokens);
+    out->tier = "remote";
+    if (cg_pool_insert(t->pool, key, nt, now, &c, ev) == CG_OK) {
+        /* whole blocks reach the disk on a spill: no stale bytes past the last row */
+        memset(cg_pool_chunk_block(t->pool, c, out->n_blocks - 1), 0, t->block_bytes);
+        for (size_t h = 0; h < H; h++)
+            for (int l = 0; l < cfg->n_layers; l++)
+                for (int kv = 0; kv < 2; kv++)
+                    cg_pool_chunk_write(t->pool, c, l, (int)h, kv,
+                                        pl[h] + ((size_t)l * 2 + (size_t)kv) * plane);
+        cg_pool_publish(t->pool, c, now);
+        out->c = c;
+    } else {
+        /* RAM is full of referenced chunks, or another thread is filling this key. */
+        out->buf = cg_calloc(out->n_blocks, t->block_bytes);
+        for (size_t h = 0; h < H; h++)
+            for (int l = 0; l < cfg->n_layers; l++)
+                for (int kv = 0; kv < 2; kv++)
+                    scatter_rows(t, out->buf, nt, l, (int)h, kv,
+                                 pl[h] + ((size_t)l * 2 + (size_t)kv) * plane);
+    }
+    count(&t->n_rhits, 1);
+    count(&t->n_rbytes, bytes);
+    st = CG_OK;
+out:
+    cg_remote_values_free(t->remote, vals, H);
+    free(pl);
+    free(vals);
+    free(keys);
+    free(names);
+    if (st != CG_OK) memset(out, 0, sizeof *out);
+    return st;
+}
+
 cg_status cg_tiers_lookup(cg_tiers *t, const cg_key *key, uint32_t want, uint64_t now,
-                          cg_pool_evictions *ev, cg_cached *out)
+                          cg_pool_evictions *ev, cg_tiers_req *rq, cg_cached *out)
 {
     memset(out, 0, sizeof *out);
     cg_pool_chunk *c = NULL;
@@ -278,8 +536,12 @@ cg_status cg_tiers_lookup(cg_tiers *t, const cg_key *key, uint32_t want, uint64_
         out->tier = "ram";
         return CG_OK;
     }
-    if (!t->disk) return CG_E_NOT_FOUND;
-    return restore(t, key, want, now, ev, out);
+    if (t->disk) {
+        cg_status st = restore(t, key, want, now, ev, out);
+        if (st != CG_E_NOT_FOUND) return st; /* a hit, or a chunk of another length */
+    }
+    if (!t->remote) return CG_E_NOT_FOUND;
+    return restore_remote(t, key, want, now, ev, rq, out);
 }
 
 cg_status cg_tiers_store(cg_tiers *t, const cg_key *key, cg_kv *src, uint32_t v, uint32_t n,
@@ -303,10 +565,21 @@ cg_status cg_tiers_store(cg_tiers *t, const cg_key *key, cg_kv *src, uint32_t v,
         }
     cg_pool_publish(t->pool, c, now);
     *out = c;
+    if (t->remote) remote_put(t, key, c);
+    if (t->wb) {
+        cg_disk_pool_src blocks = {t->pool, c};
+        cg_status wst = cg_diskwb_put(t->wb, key, n, cg_disk_pool_block, &blocks, cg_now_ms());
+        (void)wst; /* CG_E_FULL: counted; the chunk reaches the disk when it is evicted */
+    }
     return CG_OK;
 }
 
 /* ---- what left, export, delete, flush ---- */
+
+void cg_tiers_take_dropped(cg_tiers *t, cg_pool_evictions *out)
+{
+    if (t->wb) cg_diskwb_take_dropped(t->wb, out);
+}
 
 static int key_in(const cg_key *v, size_t n, const cg_key *k)
 {
@@ -344,7 +617,7 @@ cg_status cg_tiers_export(cg_tiers *t, const cg_key *key, int h0, int h1, uint64
      * while they are copied out. */
     cg_cached c;
     cg_pool_evictions ev = {0};
-    cg_status st = cg_tiers_lookup(t, key, 0, now, &ev, &c);
+    cg_status st = cg_tiers_lookup(t, key, 0, now, &ev, NULL, &c);
     *evictions = ev.n; /* reading a chunk back from disk made room in RAM */
     cg_pool_evictions_free(&ev);
     if (st != CG_OK) return CG_E_NOT_FOUND;
@@ -369,6 +642,29 @@ cg_status cg_tiers_export(cg_tiers *t, const cg_key *key, int h0, int h1, uint64
     return CG_OK;
 }
 
+/* Deletes a chunk's values from the remote tier, after the writes queued before (which may
+ * hold this chunk). Returns 1 when Redis held some of them. */
+static int remote_delete(cg_tiers *t, const cg_key *key)
+{
+    const size_t H = (size_t)cg_model_cfg(t->m)->n_kv_heads;
+    char *names = cg_malloc(H * CG_REMOTE_KEY_MAX);
+    const char **keys = cg_malloc(H * sizeof *keys);
+    size_t n = 0;
+    if (head_names(t, key, names, keys) == 0) {
+        cg_status st = cg_remote_flush(t->remote, 2000);
+        if (st == CG_OK) st = cg_remote_del(t->remote, H, keys, &n);
+        if (st != CG_OK) {
+            char hex[CG_KEY_HEX_LEN + 1];
+            cg_key_hex(key, hex);
+            cg_log(CG_LOG_WARN, "chunk %s: could not delete it from the remote tier (%s)", hex,
+                   cg_status_name(st));
+        }
+    }
+    free(keys);
+    free(names);
+    return n > 0;
+}
+
 cg_status cg_tiers_delete(cg_tiers *t, const cg_key *key)
 {
     cg_pool_chunk_info info;
@@ -380,11 +676,13 @@ cg_status cg_tiers_delete(cg_tiers *t, const cg_key *key)
      * reader uses its blocks once and frees them. */
     int deferred = 0, found = 0;
     found |= cg_pool_remove(t->pool, key, &deferred) == CG_OK;
+    if (t->wb) cg_diskwb_cancel(t->wb, key); /* the writer must not put it back */
     if (t->disk) {
         cg_status st = cg_disk_remove(t->disk, key);
         if (st == CG_E_IO) return st;
         found |= st == CG_OK;
     }
+    if (t->remote) found |= remote_delete(t, key);
     return found ? CG_OK : CG_E_NOT_FOUND;
 }
 
@@ -436,4 +734,14 @@ size_t cg_tiers_flush(cg_tiers *t, uint64_t now)
     }
     free(l.v);
     return done;
+}
+
+cg_status cg_tiers_wait_writes(cg_tiers *t, int timeout_ms)
+{
+    uint64_t end = cg_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+    if (t->wb && cg_diskwb_flush(t->wb, timeout_ms) != CG_OK) return CG_E_TIMEOUT;
+    uint64_t now = cg_now_ms();
+    int left = now < end ? (int)(end - now) : 0;
+    if (t->remote && cg_remote_flush(t->remote, left) != CG_OK) return CG_E_TIMEOUT;
+    return CG_OK;
 }

@@ -1,5 +1,6 @@
 /* chunkgate-worker's HTTP API (openapi/worker.yaml): state, route table and the request
- * metrics. The handlers live in api_ops.c, api_assemble.c, api_complete.c and api_chunks.c. */
+ * metrics. The handlers live in api_ops.c, api_assemble.c, api_complete.c, api_chat.c,
+ * api_tokens.c and api_chunks.c. */
 #include "worker/serve/worker_api.h"
 
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include "worker/serve/api_common.h"
 #include "worker/serve/api_complete.h"
 #include "worker/serve/api_ops.h"
+#include "worker/serve/api_tokens.h"
 
 cg_worker_api_params cg_worker_api_default_params(void)
 {
@@ -23,6 +25,8 @@ cg_worker_api_params cg_worker_api_default_params(void)
         .tp = 1,
         .kv_timeout_ms = 5000,
         .kv_max_pulls = 4,
+        .remote_url = NULL,
+        .remote_id = NULL,
     };
 }
 
@@ -35,8 +39,19 @@ cg_worker_api *cg_worker_api_new(cg_worker_api_params p)
     if (a->p.tp < 1) a->p.tp = 1;
     if (a->p.kv_timeout_ms <= 0) a->p.kv_timeout_ms = 5000;
     if (a->p.kv_max_pulls < 1) a->p.kv_max_pulls = 1;
+    if (a->p.remote_url && !a->p.remote_url[0]) a->p.remote_url = NULL;
+    if (!a->p.remote_id || !a->p.remote_id[0]) a->p.remote_id = a->p.remote_url;
     a->e = p.engine;
     a->metrics = cg_metrics_new();
+    /* queue time: prefill work waiting for its first piece, sequences waiting for a place */
+    cg_sched_set_queue_histograms(
+        cg_engine_sched(a->e),
+        cg_metrics_histogram(a->metrics, P "queue_seconds",
+                             "Time requests waited in the scheduler before computing, by phase",
+                             "phase=\"prefill\"", cg_metrics_latency_buckets, cg_metrics_latency_n),
+        cg_metrics_histogram(a->metrics, P "queue_seconds",
+                             "Time requests waited in the scheduler before computing, by phase",
+                             "phase=\"decode\"", cg_metrics_latency_buckets, cg_metrics_latency_n));
     cg_api_random_hex(a->instance_id, 16);
     a->started_ms = (int64_t)cg_wall_ms();
     return a;
@@ -76,6 +91,9 @@ static const cg_http_route routes[] = {
     {"GET", "/v1/assemblies/*/kv", cg_api_assembly_kv, 0, "assembly_kv"},
     {"GET", "/v1/assemblies/*/logits", cg_api_assembly_logits, 0, "assembly_logits"},
     {"POST", "/v1/completions", cg_api_completions, 0, "completions"},
+    {"POST", "/v1/chat/completions", cg_api_chat_completions, 0, "chat_completions"},
+    {"POST", "/tokenize", cg_api_tokenize, 0, "tokenize"},
+    {"POST", "/detokenize", cg_api_detokenize, 0, "detokenize"},
     {"GET", "/v1/chunks", cg_api_chunks, CG_ROUTE_INLINE, "chunks"},
     {"GET", "/v1/chunks/*", cg_api_chunk_get, CG_ROUTE_INLINE, "chunk_get"},
     {"DELETE", "/v1/chunks/*", cg_api_chunk_delete, CG_ROUTE_INLINE, "chunk_delete"},

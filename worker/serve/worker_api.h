@@ -1,32 +1,14 @@
-/* HTTP API of chunkgate-worker (openapi/worker.yaml): assemble, completions (OpenAI, SSE),
- * inventory, KV export, health and metrics, as route handlers on base/http.h. */
+/* HTTP API of chunkgate-worker (openapi/worker.yaml): assemble, completions and chat
+ * completions (OpenAI, SSE), tokenize and detokenize (vLLM), inventory, KV export, health and
+ * metrics, as route handlers on base/http.h. */
 #ifndef CG_WORKER_API_H
 #define CG_WORKER_API_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "worker/serve/engine.h"
-#include "worker/serve/text.h"
 #include "base/http.h"
-
-typedef struct cg_worker_api cg_worker_api;
-
-typedef struct cg_worker_api_params {
-    cg_engine *engine;           /* borrowed; outlives the api */
-    const char *separator;       /* borrowed; default CG_SPLIT_DEFAULT_SEPARATOR (prompts of /v1/completions) */
-    size_t max_segments;         /* default 256 */
-    uint32_t default_max_tokens; /* /v1/completions max_tokens when absent; default 16 */
-    /* Backend role: an assembly id this worker does not hold is pulled from kv_source
-     * (worker/serve/kvpull.h). A request's kv_transfer_params.worker is a URL chosen by
-     * whoever sent the request: it is refused unless kv_request_source is set, because the
-     * worker would otherwise connect wherever a client points it. */
-    const char *kv_source; /* borrowed; NULL/"" = none */
-    int kv_request_source; /* 1: kv_transfer_params.worker may name the source; default 0 */
-    int tp;                /* tensor-parallel ranks of a pull; default 1 */
-    long kv_timeout_ms;    /* per pull request; default 5000 */
-    int kv_max_pulls;      /* pulls at once; more are answered 503 at once; default 4 */
-} cg_worker_api_params;
+#include "worker/serve/api_params.h"
 
 cg_worker_api_params cg_worker_api_default_params(void);
 

@@ -1,0 +1,63 @@
+/* Test harness, engine part: the answers of an in-process engine, the reference the
+ * integration suites compare the worker's answers with. */
+#include "tests/harness/harness.h"
+#include "worker/serve/engine.h"
+#include "worker/serve/text.h"
+#include "worker/serve/worker_api.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void th_engine_assemble(cg_engine *e, const char *sys, const char *d1, const char *d2,
+                        const char *q, int path, struct cg_assembly_info *info)
+{
+    cg_engine_seg s[4] = {{CG_ROLE_SYSTEM, sys, strlen(sys), NULL},
+                          {CG_ROLE_CHUNK, d1, strlen(d1), NULL},
+                          {CG_ROLE_CHUNK, d2, strlen(d2), NULL},
+                          {CG_ROLE_QUESTION, q, strlen(q), NULL}};
+    cg_assemble_req ar = {.segs = s,
+                          .n_segs = 4,
+                          .mode = CG_MODE_STRICT,
+                          .reserve_tokens = -1,
+                          .path = (cg_engine_path)path};
+    char err[512];
+    cg_status st = cg_engine_assemble(e, &ar, 1, info, err, sizeof err);
+    ck_assert_msg(st == CG_OK, "assemble: %s (%s)", cg_status_name(st), err);
+}
+
+char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char *d2, const char *q,
+                       uint32_t max_tokens, int path)
+{
+    cg_engine *e = NULL;
+    ck_assert_int_eq(cg_engine_open(m, cg_engine_default_params(), &e), CG_OK);
+    cg_assembly_info info;
+    th_engine_assemble(e, sys, d1, d2, q, path, &info);
+    char err[512];
+    cg_complete_req cr = {.assembly_id = info.id, .max_tokens = max_tokens};
+    cg_complete_result res;
+    ck_assert_int_eq(cg_engine_complete(e, &cr, 1, &res, err, sizeof err), CG_OK);
+    cg_buf out;
+    cg_buf_init(&out, 0);
+    cg_utf8_sanitize(res.text, res.text_len, 1, &out);
+    char *t = cg_strndup(out.data ? out.data : "", out.len);
+    cg_buf_free(&out);
+    cg_complete_result_free(&res);
+    cg_assembly_info_free(&info);
+    cg_engine_close(&e);
+    return t;
+}
+
+cg_model *th_model_gen_open(const char *worker_bin, const char *dir, const char *const *extra)
+{
+    char err[512] = "";
+    cg_model *m = NULL;
+    if (th_gen_model(worker_bin, dir, extra) != 0) {
+        fprintf(stderr, "generate-model failed; its log is %s/gen.log\n", th_root());
+        return NULL;
+    }
+    if (cg_model_open(dir, &m, err, sizeof err) != CG_OK) {
+        fprintf(stderr, "cannot load the model %s: %s\n", dir, err);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,124 @@
+/* Test harness: raw loopback sockets (free ports, silent listeners, send and receive bytes). */
+#include "tests/harness/harness.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static struct sockaddr_in loopback(int port)
+{
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return sa;
+}
+
+/* A socket bound to a free loopback port (written to *port), or -1. */
+static int bound(int type, int *port)
+{
+    int fd = socket(AF_INET, type, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in sa = loopback(0);
+    socklen_t len = sizeof sa;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
+        close(fd);
+        return -1;
+    }
+    *port = ntohs(sa.sin_port);
+    return fd;
+}
+
+int th_free_port(void)
+{
+    int port, fd = bound(SOCK_STREAM, &port);
+    if (fd < 0) abort();
+    close(fd);
+    return port;
+}
+
+int th_listen_silent(int *port)
+{
+    int fd = bound(SOCK_STREAM | SOCK_NONBLOCK, port);
+    if (fd >= 0 && listen(fd, 16) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int th_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in sa = loopback(port);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int th_send_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        c += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Waits until fd is readable or the deadline passes, then reads into b; returns the bytes
+ * read, 0 at end of stream or on an error, -1 on timeout. */
+static ssize_t recv_some(int fd, double deadline, cg_buf *b)
+{
+    int left = (int)((deadline - th_now_s()) * 1000);
+    if (left <= 0) return -1;
+    struct pollfd pf = {fd, POLLIN, 0};
+    if (poll(&pf, 1, left) <= 0) return -1;
+    char tmp[4096];
+    ssize_t n = recv(fd, tmp, sizeof tmp, 0);
+    if (n <= 0) return 0;
+    return cg_buf_append(b, tmp, (size_t)n) == CG_OK ? n : -1;
+}
+
+char *th_recv(int fd, int timeout_ms, size_t max, int *closed)
+{
+    cg_buf b;
+    cg_buf_init(&b, 0);
+    *closed = 0;
+    double deadline = th_now_s() + timeout_ms / 1000.0;
+    while (b.len < max) {
+        ssize_t n = recv_some(fd, deadline, &b);
+        if (n == 0) *closed = 1;
+        if (n <= 0) break;
+    }
+    return b.data ? b.data : cg_strdup("");
+}
+
+char *th_recv_response(int fd, int timeout_ms)
+{
+    cg_buf b;
+    cg_buf_init(&b, 0);
+    double deadline = th_now_s() + timeout_ms / 1000.0;
+    for (;;) {
+        const char *end = b.data ? strstr(b.data, "\r\n\r\n") : NULL;
+        if (end) {
+            const char *cl = strcasestr(b.data, "\r\nContent-Length:");
+            size_t want =
+                (size_t)(end - b.data) + 4 + (cl && cl < end ? strtoul(cl + 17, NULL, 10) : 0);
+            if (b.len >= want) break;
+        }
+        if (recv_some(fd, deadline, &b) <= 0) break;
+    }
+    return b.data ? b.data : cg_strdup("");
+}

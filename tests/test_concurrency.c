@@ -1,0 +1,321 @@
+/* Concurrency suite with real processes (DESIGN §14): many requests at once through a real
+ * chunkgate-worker and a real gateway. Concurrent answers equal the same requests run alone;
+ * over --max-running + --max-queue the worker sheds with 429 + Retry-After and every other
+ * request succeeds; the gateway sends a request a busy worker refused to another worker, and
+ * passes the 429 on when all are busy; a client that disconnects frees its sequence; 64
+ * clients for CG_SOAK_SECONDS (default 60) neither deadlock nor leak. */
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/harness/harness.h"
+
+#define N_PROMPTS 8
+
+static char model_dir[512];
+static th_proc wk;     /* the main worker: --max-running 4 --max-queue 4 */
+static th_proc tight;  /* --max-running 1 --max-queue 1 */
+static th_proc wk2;    /* a second worker for the gateway */
+static th_proc gw;     /* gateway in front of tight and wk2 */
+
+static const char *DOC[] = {
+    "Document A. The harbour town exported dried cod and tar throughout the century.",
+    "Document B. Annual rainfall in the valley averaged 812 millimetres between 1990 and 2020.",
+    "Document C. The cooperative's bylaws were amended in March: members may vote by post.",
+};
+
+/* Prompt i: a plain prompt, or a "# #" RAG prompt over two documents. */
+static char *prompt_of(int i)
+{
+    char *p = malloc(1024);
+    if (i % 2)
+        snprintf(p, 1024, "System %d. # # %s # # %s # # Question %d: what changed?", i,
+                 DOC[i % 3], DOC[(i + 1) % 3], i);
+    else
+        snprintf(p, 1024, "Plain prompt number %d about %s", i, DOC[i % 3]);
+    return p;
+}
+
+static char *body_of(int i, int max_tokens, int stream)
+{
+    char *p = prompt_of(i);
+    json_t *b = json_pack("{s:s, s:i, s:f, s:b}", "prompt", p, "max_tokens", max_tokens,
+                          "temperature", 0.0, "stream", stream);
+    if (!stream) json_object_set_new(b, "model", json_string("chunkgate-tiny"));
+    char *s = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    free(p);
+    return s;
+}
+
+typedef struct call {
+    int port, i, max_tokens;
+    const char *path;
+    th_resp r;
+} call;
+
+static void *do_call(void *arg)
+{
+    call *c = arg;
+    char *b = body_of(c->i, c->max_tokens, 0);
+    th_http(&c->r, c->port, "POST", c->path, b, NULL, NULL);
+    free(b);
+    return NULL;
+}
+
+static char *text_of(const th_resp *r)
+{
+    json_t *j = th_json(r);
+    ck_assert_ptr_nonnull(j);
+    const char *t = json_string_value(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
+    char *out = strdup(t ? t : "");
+    json_decref(j);
+    return out;
+}
+
+/* Each request alone, then all at once: the same text (greedy, batch-invariant kernels). */
+START_TEST(concurrent_equals_alone)
+{
+    char *alone[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        call c = {.port = wk.port, .i = i, .max_tokens = 24, .path = "/v1/completions"};
+        do_call(&c);
+        ck_assert_int_eq(c.r.status, 200);
+        alone[i] = text_of(&c.r);
+        th_resp_free(&c.r);
+    }
+    call cs[N_PROMPTS];
+    pthread_t th[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        cs[i] = (call){.port = wk.port, .i = (i + 3) % N_PROMPTS, .max_tokens = 24,
+                       .path = "/v1/completions"};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, do_call, &cs[i]), 0);
+    }
+    for (int i = 0; i < N_PROMPTS; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        ck_assert_msg(cs[i].r.status == 200, "status %ld: %.200s", cs[i].r.status,
+                      cs[i].r.body.data);
+        char *t = text_of(&cs[i].r);
+        ck_assert_str_eq(t, alone[cs[i].i]);
+        free(t);
+        th_resp_free(&cs[i].r);
+    }
+    for (int i = 0; i < N_PROMPTS; i++) free(alone[i]);
+    ck_assert(th_metric(wk.port, "chunkgate_worker_decode_steps_total") <
+              th_metric(wk.port, "chunkgate_worker_decode_rows_total"));
+}
+END_TEST
+
+/* Beyond --max-running + --max-queue (2 here) the worker answers 429 with Retry-After at once,
+ * in the OpenAI error shape; every other request succeeds. */
+START_TEST(shedding)
+{
+    enum { N = 8 };
+    call cs[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        cs[i] = (call){.port = tight.port, .i = i, .max_tokens = 160, .path = "/v1/completions"};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, do_call, &cs[i]), 0);
+    }
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    int ok = 0, shed = 0;
+    for (int i = 0; i < N; i++) {
+        if (cs[i].r.status == 200) {
+            ok++;
+        } else {
+            ck_assert_msg(th_is_error(&cs[i].r, 429, "rate_limit_exceeded"), "status %ld: %.200s",
+                          cs[i].r.status, cs[i].r.body.data);
+            ck_assert_ptr_nonnull(strcasestr(cs[i].r.head.data, "Retry-After: 1"));
+            shed++;
+        }
+        th_resp_free(&cs[i].r);
+    }
+    ck_assert_int_ge(ok, 2);
+    ck_assert_int_ge(shed, 1);
+    ck_assert_int_eq(ok + shed, N);
+    ck_assert_double_eq(th_metric(tight.port, "chunkgate_worker_rate_limited_total"), shed);
+    ck_assert_double_eq(th_metric(tight.port, "chunkgate_worker_requests_admitted"), 0);
+}
+END_TEST
+
+/* Through the gateway: a RAG request that the routed worker refuses (429) goes to the other
+ * worker; with every worker busy, the client gets the 429 with Retry-After. */
+START_TEST(gateway_routes_around_busy)
+{
+    enum { N = 8 };
+    double busy0 = th_metric(gw.port, "chunkgate_worker_busy_total");
+    call cs[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        cs[i] = (call){.port = gw.port, .i = 2 * i + 1, .max_tokens = 120,
+                       .path = "/v1/completions"};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, do_call, &cs[i]), 0);
+    }
+    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    int ok = 0, shed = 0;
+    for (int i = 0; i < N; i++) {
+        if (cs[i].r.status == 200)
+            ok++;
+        else if (th_is_error(&cs[i].r, 429, "rate_limit_exceeded") &&
+                 strcasestr(cs[i].r.head.data, "Retry-After"))
+            shed++;
+        else
+            ck_abort_msg("status %ld: %.300s", cs[i].r.status, cs[i].r.body.data);
+        th_resp_free(&cs[i].r);
+    }
+    ck_assert_int_eq(ok + shed, N);
+    /* the tight worker takes 2; the others either went to wk2 or were refused by both */
+    ck_assert_int_ge(ok, 3);
+    ck_assert_double_gt(th_metric(gw.port, "chunkgate_worker_busy_total"), busy0);
+}
+END_TEST
+
+/* A streaming client that disconnects after a few events: its sequence leaves the batch at
+ * the next step, and its assembly and requests are given back. */
+START_TEST(disconnect_frees_sequence)
+{
+    int fd = th_connect(wk.port);
+    ck_assert_int_ge(fd, 0);
+    char *b = body_of(1, 2000, 1);
+    char head[256];
+    int hl = snprintf(head, sizeof head,
+                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      "application/json\r\nContent-Length: %zu\r\n\r\n",
+                      strlen(b));
+    ck_assert_int_eq(th_send_all(fd, head, (size_t)hl), 0);
+    ck_assert_int_eq(th_send_all(fd, b, strlen(b)), 0);
+    free(b);
+    int closed = 0;
+    char *got = th_recv(fd, 2000, 4096, &closed);
+    ck_assert_ptr_nonnull(strstr(got, "data: "));
+    free(got);
+    ck_assert_double_eq(th_metric(wk.port, "chunkgate_worker_sequences_running"), 1);
+    close(fd);
+    int gone = 0;
+    for (int i = 0; i < 300 && !gone; i++) {
+        gone = th_metric(wk.port, "chunkgate_worker_sequences_running") == 0 &&
+               th_metric(wk.port, "chunkgate_worker_requests_admitted") == 0;
+        if (!gone) th_sleep_ms(50);
+    }
+    ck_assert_msg(gone, "the sequence of a client that left is still running");
+    ck_assert_double_eq(th_metric(wk.port, "chunkgate_worker_assemblies_live"), 0);
+    /* it stopped well before its 2000 tokens */
+    ck_assert_double_lt(th_metric(wk.port, "chunkgate_worker_decode_tokens_total"), 1000);
+}
+END_TEST
+
+/* 64 clients for CG_SOAK_SECONDS through the gateway: every answer is 200 or a clean 429;
+ * nothing hangs; afterwards nothing is running or admitted. */
+typedef struct soak {
+    int id;
+    double until;
+    int ok, shed, bad;
+} soak;
+
+static void *soak_main(void *arg)
+{
+    soak *s = arg;
+    for (int k = 0; th_now_s() < s->until; k++) {
+        call c = {.port = gw.port, .i = (s->id + k) % 6, .max_tokens = 8 + (s->id % 8),
+                  .path = "/v1/completions"};
+        do_call(&c);
+        if (c.r.status == 200)
+            s->ok++;
+        else if (th_is_error(&c.r, 429, "rate_limit_exceeded"))
+            s->shed++, th_sleep_ms(20);
+        else
+            s->bad++, fprintf(stderr, "soak: status %ld rc %d: %.200s\n", c.r.status, (int)c.r.rc,
+                              c.r.body.data ? c.r.body.data : "");
+        th_resp_free(&c.r);
+    }
+    return NULL;
+}
+
+START_TEST(soak_64_clients)
+{
+    enum { N = 64 };
+    const char *env = getenv("CG_SOAK_SECONDS");
+    double secs = env ? atof(env) : 60.0;
+    soak s[N];
+    pthread_t th[N];
+    double until = th_now_s() + secs;
+    for (int i = 0; i < N; i++) {
+        s[i] = (soak){.id = i, .until = until};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, soak_main, &s[i]), 0);
+    }
+    int ok = 0, shed = 0, bad = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        ok += s[i].ok, shed += s[i].shed, bad += s[i].bad;
+    }
+    fprintf(stderr, "soak: %.0f s, 64 clients: %d ok, %d shed (429), %d bad\n", secs, ok, shed, bad);
+    ck_assert_int_eq(bad, 0);
+    ck_assert_int_gt(ok, N);
+    th_proc *ws[] = {&tight, &wk2};
+    for (int i = 0; i < 2; i++) {
+        int idle = 0;
+        for (int t = 0; t < 100 && !idle; t++) {
+            idle = th_metric(ws[i]->port, "chunkgate_worker_requests_admitted") == 0 &&
+                   th_metric(ws[i]->port, "chunkgate_worker_sequences_running") == 0;
+            if (!idle) th_sleep_ms(50);
+        }
+        ck_assert_msg(idle, "worker %d still busy after the soak", i);
+    }
+    th_resp h;
+    th_http(&h, gw.port, "GET", "/healthz", NULL, NULL, NULL);
+    ck_assert_int_eq(h.status, 200);
+    th_resp_free(&h);
+}
+END_TEST
+
+int main(void)
+{
+    th_init("concurrency", NULL);
+    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
+    int failed = 1;
+    char gwa[128], gwb[128];
+    const char *main_args[] = {"--max-running", "4", "--max-queue", "4", NULL};
+    const char *tight_args[] = {"--max-running", "1", "--max-queue", "1", NULL};
+    const char *wk2_args[] = {"--max-running", "4", "--max-queue", "12", NULL};
+    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0 ||
+        th_start_worker(&wk, WORKER_BIN, model_dir, 0, "worker", main_args) != 0 ||
+        th_start_worker(&tight, WORKER_BIN, model_dir, 0, "tight", tight_args) != 0 ||
+        th_start_worker(&wk2, WORKER_BIN, model_dir, 0, "worker2", wk2_args) != 0) {
+        fprintf(stderr, "a worker did not start; logs in %s\n", th_root());
+        goto out;
+    }
+    snprintf(gwa, sizeof gwa, "http://127.0.0.1:%d", tight.port);
+    snprintf(gwb, sizeof gwb, "http://127.0.0.1:%d", wk2.port);
+    const char *gw_args[] = {"--worker", gwa, "--worker", gwb, "--health-interval-ms", "200", NULL};
+    if (th_start_gateway(&gw, CHUNKGATE_BIN, "gateway", gw_args) != 0 ||
+        !th_wait_worker(gw.port, NULL, gwa, 1) || !th_wait_worker(gw.port, NULL, gwb, 1)) {
+        fprintf(stderr, "the gateway did not start; logs in %s\n", th_root());
+        goto out;
+    }
+    Suite *s = suite_create("concurrency");
+    TCase *tc = tcase_create("processes");
+    tcase_set_timeout(tc, 400);
+    tcase_add_test(tc, concurrent_equals_alone);
+    tcase_add_test(tc, shedding);
+    tcase_add_test(tc, gateway_routes_around_busy);
+    tcase_add_test(tc, disconnect_frees_sequence);
+    tcase_add_test(tc, soak_64_clients);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+out:
+    th_stop_clean(&gw, "chunkgate");
+    th_stop_clean(&wk, "worker");
+    th_stop_clean(&tight, "tight worker");
+    th_stop_clean(&wk2, "worker2");
+    failed += th_failures;
+    th_cleanup(failed != 0);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

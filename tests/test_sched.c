@@ -1,0 +1,296 @@
+/* Check suite for the scheduler (worker/serve/sched.c) through the engine, on real tensors:
+ * batch invariance (a greedy request gives the same tokens alone and in any batch, at any
+ * position), decode steps shared by concurrent sequences, chunked prefill interleaved with
+ * decoding, admission (429 beyond max_running + max_queue), and departures (a sequence whose
+ * caller stops is dropped and gives its KV back). f32 and bf16 weights. */
+#include <check.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "worker/serve/engine.h"
+
+#define ERRLEN 512
+#define N_TOK 24
+#define N_PROMPTS 6
+
+static char dir_f32[64], dir_bf16[64];
+static cg_model *m_f32, *m_bf16;
+
+static const char *PROMPTS[N_PROMPTS] = {
+    "The harbour town exported dried cod and tar.",
+    "Annual rainfall in the valley averaged 812 millimetres.",
+    "The cooperative's bylaws were amended in March; members may vote by post.",
+    "Hold the mode button for five seconds until the LED blinks amber.",
+    "The survey counted 1,140 breeding pairs of terns on the outer islands.",
+    "A quick question about nothing in particular, answered at length.",
+};
+
+static void rm_rf(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[4096];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static cg_model *make_model(const char *dtype, char *dir)
+{
+    snprintf(dir, 64, "/tmp/cg_test_sched_XXXXXX");
+    if (!mkdtemp(dir)) abort();
+    char err[ERRLEN];
+    cg_model_gen_params gp = cg_model_gen_default_params();
+    gp.seed = 11;
+    gp.dtype = dtype;
+    cg_model *m = NULL;
+    if (cg_model_generate(dir, gp, err, sizeof err) != CG_OK ||
+        cg_model_open(dir, &m, err, sizeof err) != CG_OK) {
+        fprintf(stderr, "model: %s\n", err);
+        abort();
+    }
+    return m;
+}
+
+static cg_engine *new_engine(cg_model *m, uint32_t max_running, uint32_t max_queue,
+                             uint32_t chunk)
+{
+    cg_engine_params p = cg_engine_default_params();
+    p.max_running = max_running;
+    p.max_queue = max_queue;
+    p.prefill_chunk = chunk;
+    p.prefill_budget = chunk;
+    cg_engine *e = NULL;
+    ck_assert_int_eq(cg_engine_open(m, p, &e), CG_OK);
+    return e;
+}
+
+/* One greedy completion of a plain prompt on its own thread. */
+typedef struct job {
+    cg_engine *e;
+    const char *prompt;
+    uint32_t max_tokens;
+    int stop_after; /* > 0: the caller stops after this many tokens */
+    int seen;
+    cg_complete_result res;
+    cg_status st;
+    uint64_t *stamps; /* optional: when each token arrived (ns) */
+} job;
+
+static int on_token(void *ud, const cg_tok_rec *rec, const char *bytes, size_t len)
+{
+    job *j = ud;
+    (void)rec, (void)bytes, (void)len;
+    int seen = __atomic_load_n(&j->seen, __ATOMIC_RELAXED);
+    if (j->stamps && seen < (int)j->max_tokens) j->stamps[seen] = cg_now_ns();
+    /* another thread polls seen: publish it atomically, after the stamp */
+    __atomic_store_n(&j->seen, seen + 1, __ATOMIC_RELEASE);
+    return j->stop_after > 0 && seen + 1 >= j->stop_after;
+}
+
+static void *run_job(void *arg)
+{
+    job *j = arg;
+    char err[ERRLEN];
+    cg_complete_req r = {.prompt = j->prompt,
+                         .prompt_len = strlen(j->prompt),
+                         .max_tokens = j->max_tokens,
+                         .temperature = 0,
+                         .top_p = 1,
+                         .logprobs = -1,
+                         .on_token = on_token,
+                         .ud = j};
+    j->st = cg_engine_complete(j->e, &r, cg_now_ms(), &j->res, err, sizeof err);
+    if (j->st != CG_OK) fprintf(stderr, "complete: %s\n", err);
+    return NULL;
+}
+
+static void run_all(job *jobs, size_t n)
+{
+    pthread_t th[16];
+    for (size_t i = 0; i < n; i++) ck_assert_int_eq(pthread_create(&th[i], NULL, run_job, &jobs[i]), 0);
+    for (size_t i = 0; i < n; i++) pthread_join(th[i], NULL);
+}
+
+/* The tokens each prompt gives alone, then in batches of every size and order: identical. */
+static void check_invariance(cg_model *m)
+{
+    cg_engine *e = new_engine(m, 8, 8, 64);
+    int32_t alone[N_PROMPTS][N_TOK];
+    for (int p = 0; p < N_PROMPTS; p++) {
+        job j = {.e = e, .prompt = PROMPTS[p], .max_tokens = N_TOK};
+        run_job(&j);
+        ck_assert_int_eq(j.st, CG_OK);
+        ck_assert_uint_eq(j.res.n_tokens, N_TOK);
+        memcpy(alone[p], j.res.tokens, sizeof alone[p]);
+        cg_complete_result_free(&j.res);
+    }
+    cg_sched_stats s0 = cg_engine_sched_stats(e);
+    for (int round = 0; round < 3; round++) {
+        job jobs[N_PROMPTS];
+        size_t n = round == 0 ? 2 : round == 1 ? 4 : N_PROMPTS;
+        for (size_t i = 0; i < n; i++) /* rotate the order: each prompt at another position */
+            jobs[i] = (job){.e = e, .prompt = PROMPTS[(i + (size_t)round) % N_PROMPTS],
+                            .max_tokens = N_TOK};
+        run_all(jobs, n);
+        for (size_t i = 0; i < n; i++) {
+            int p = (int)((i + (size_t)round) % N_PROMPTS);
+            ck_assert_int_eq(jobs[i].st, CG_OK);
+            ck_assert_uint_eq(jobs[i].res.n_tokens, N_TOK);
+            for (int t = 0; t < N_TOK; t++)
+                ck_assert_msg(jobs[i].res.tokens[t] == alone[p][t],
+                              "prompt %d, token %d: %d in a batch of %zu, %d alone", p, t,
+                              jobs[i].res.tokens[t], n, alone[p][t]);
+            cg_complete_result_free(&jobs[i].res);
+        }
+    }
+    /* the concurrent rounds shared decode steps: fewer steps than decode rows */
+    cg_sched_stats s1 = cg_engine_sched_stats(e);
+    ck_assert_uint_gt(s1.decode_rows - s0.decode_rows, s1.steps - s0.steps);
+    ck_assert_uint_eq(cg_engine_live_assemblies(e, cg_now_ms()), 0);
+    cg_engine_close(&e);
+}
+
+START_TEST(batch_invariance_f32)
+{
+    check_invariance(m_f32);
+}
+END_TEST
+
+START_TEST(batch_invariance_bf16)
+{
+    check_invariance(m_bf16);
+}
+END_TEST
+
+/* A long prefill runs in pieces between decode steps: a running stream keeps receiving
+ * tokens while the long prompt is computed. (An ordering property: some tokens of the stream
+ * arrive after the long request began and before its first token.) */
+START_TEST(prefill_interleaves_with_decode)
+{
+    cg_engine *e = new_engine(m_f32, 8, 8, 64);
+    uint64_t stamps[64];
+    job stream = {.e = e, .prompt = PROMPTS[0], .max_tokens = 64, .stamps = stamps};
+    cg_buf longp;
+    cg_buf_init(&longp, 0);
+    while (longp.len < 3000) ck_assert_int_eq(cg_buf_append(&longp, PROMPTS[1], strlen(PROMPTS[1])), CG_OK);
+    uint64_t first_long = 0;
+    job big = {.e = e, .prompt = longp.data, .max_tokens = 1, .stamps = &first_long};
+    pthread_t ts, tb;
+    ck_assert_int_eq(pthread_create(&ts, NULL, run_job, &stream), 0);
+    while (__atomic_load_n(&stream.seen, __ATOMIC_ACQUIRE) < 2) usleep(1000);
+    uint64_t t0 = cg_now_ns();
+    ck_assert_int_eq(pthread_create(&tb, NULL, run_job, &big), 0);
+    pthread_join(tb, NULL);
+    pthread_join(ts, NULL);
+    ck_assert_int_eq(big.st, CG_OK);
+    ck_assert_int_eq(stream.st, CG_OK);
+    int during = 0;
+    for (int i = 0; i < stream.seen && i < 64; i++) during += stamps[i] > t0 && stamps[i] < first_long;
+    ck_assert_msg(during >= 2, "only %d stream tokens arrived while the long prompt was computed",
+                  during);
+    cg_sched_stats s = cg_engine_sched_stats(e);
+    ck_assert_uint_ge(s.prefill_pieces, 3000 / 64); /* cut into pieces of 64 rows */
+    cg_complete_result_free(&stream.res);
+    cg_complete_result_free(&big.res);
+    cg_buf_free(&longp);
+    cg_engine_close(&e);
+}
+END_TEST
+
+/* At most max_running + max_queue requests are admitted; the next is refused at once. */
+START_TEST(admission)
+{
+    cg_engine *e = new_engine(m_f32, 2, 3, 64);
+    for (int i = 0; i < 5; i++) ck_assert_int_eq(cg_engine_admit(e, 0), CG_OK);
+    ck_assert_int_eq(cg_engine_admit(e, 0), CG_E_RATE_LIMIT);
+    cg_engine_leave(e);
+    ck_assert_int_eq(cg_engine_admit(e, 0), CG_OK);
+    ck_assert_int_eq(cg_engine_admit(e, 0), CG_E_RATE_LIMIT);
+    for (int i = 0; i < 5; i++) cg_engine_leave(e);
+    ck_assert_uint_eq(cg_engine_sched_stats(e).refused, 2);
+    ck_assert_uint_eq(cg_engine_sched_stats(e).admitted, 0);
+    cg_engine_close(&e);
+}
+END_TEST
+
+/* More sequences than max_running decode: the extra ones wait for a place, all finish, and
+ * no step ever holds more than max_running rows. */
+START_TEST(running_set_bounded)
+{
+    cg_engine *e = new_engine(m_f32, 2, 8, 64);
+    job jobs[5];
+    for (int i = 0; i < 5; i++) jobs[i] = (job){.e = e, .prompt = PROMPTS[i], .max_tokens = 12};
+    run_all(jobs, 5);
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(jobs[i].st, CG_OK);
+        ck_assert_uint_eq(jobs[i].res.n_tokens, 12);
+        cg_complete_result_free(&jobs[i].res);
+    }
+    cg_sched_stats s = cg_engine_sched_stats(e);
+    ck_assert_uint_le(s.decode_rows, 2 * s.steps);
+    ck_assert_uint_eq(s.running, 0);
+    cg_engine_close(&e);
+}
+END_TEST
+
+/* A caller that stops (the client left) ends its sequence at the next step; the others go on,
+ * and every assembly and pool reference is given back. */
+START_TEST(departures)
+{
+    cg_engine *e = new_engine(m_f32, 4, 4, 64);
+    job jobs[3] = {{.e = e, .prompt = PROMPTS[0], .max_tokens = 40, .stop_after = 3},
+                   {.e = e, .prompt = PROMPTS[1], .max_tokens = 20},
+                   {.e = e, .prompt = PROMPTS[2], .max_tokens = 40, .stop_after = 1}};
+    run_all(jobs, 3);
+    ck_assert_int_eq(jobs[0].st, CG_OK);
+    ck_assert(jobs[0].res.cancelled);
+    ck_assert_uint_eq(jobs[0].res.n_tokens, 3);
+    ck_assert_str_eq(jobs[0].res.finish_reason, "stop");
+    ck_assert_uint_eq(jobs[1].res.n_tokens, 20);
+    ck_assert_str_eq(jobs[1].res.finish_reason, "length");
+    ck_assert_uint_eq(jobs[2].res.n_tokens, 1);
+    for (int i = 0; i < 3; i++) cg_complete_result_free(&jobs[i].res);
+    ck_assert_uint_eq(cg_engine_live_assemblies(e, cg_now_ms()), 0);
+    ck_assert_uint_eq(cg_engine_sched_stats(e).running, 0);
+    ck_assert_uint_eq(cg_pool_get_stats(cg_engine_pool(e)).referenced_chunks, 0);
+    cg_engine_close(&e);
+}
+END_TEST
+
+int main(void)
+{
+    cg_log_init("test_sched", CG_LOG_WARN);
+    m_f32 = make_model("f32", dir_f32);
+    m_bf16 = make_model("bf16", dir_bf16);
+    Suite *s = suite_create("sched");
+    TCase *tc = tcase_create("engine");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, batch_invariance_f32);
+    tcase_add_test(tc, batch_invariance_bf16);
+    tcase_add_test(tc, prefill_interleaves_with_decode);
+    tcase_add_test(tc, admission);
+    tcase_add_test(tc, running_set_bounded);
+    tcase_add_test(tc, departures);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    cg_model_close(&m_f32);
+    cg_model_close(&m_bf16);
+    rm_rf(dir_f32);
+    rm_rf(dir_bf16);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,39 @@
+/* The worker API's state type and its parameters: shared by the public interface
+ * (worker/serve/worker_api.h) and the route handlers (worker/serve/api_common.h), so neither
+ * includes the other. */
+#ifndef CG_API_PARAMS_H
+#define CG_API_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache/chatreq.h"
+#include "worker/serve/engine.h"
+
+typedef struct cg_worker_api cg_worker_api;
+
+typedef struct cg_worker_api_params {
+    cg_engine *engine;           /* borrowed; outlives the api */
+    const char *separator;       /* borrowed; default CG_SPLIT_DEFAULT_SEPARATOR (prompts of /v1/completions) */
+    size_t max_segments;         /* default 256 */
+    uint32_t default_max_tokens; /* /v1/completions max_tokens when absent; default 16 */
+    /* Backend role: an assembly id this worker does not hold is pulled from kv_source
+     * (worker/serve/kvpull.h). A request's kv_transfer_params.worker is a URL chosen by
+     * whoever sent the request: it is refused unless kv_request_source is set, because the
+     * worker would otherwise connect wherever a client points it. */
+    const char *kv_source; /* borrowed; NULL/"" = none */
+    int kv_request_source; /* 1: kv_transfer_params.worker may name the source; default 0 */
+    int tp;                /* tensor-parallel ranks of a pull; default 1 */
+    long kv_timeout_ms;    /* per pull request; default 5000 */
+    int kv_max_pulls;      /* pulls at once; more are answered 503 at once; default 4 */
+    /* The model's chat template (borrowed; outlives the api), or NULL: chats then take the
+     * plain rendering of cache/chat.h. */
+    cg_chat_model *chat;
+    /* The shared remote tier, as /v1/info reports it (the engine holds the client): its URL
+     * (never a password) and the name the gateway groups workers by. Borrowed; NULL/"" =
+     * none; remote_id NULL/"" = the URL. */
+    const char *remote_url;
+    const char *remote_id;
+} cg_worker_api_params;
+
+#endif
