@@ -11,6 +11,8 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <curl/curl.h>
+
+#define EASY_SPARE 256
 #include "base/base.h"
 
 struct cg_openai_xfer {
@@ -59,9 +61,44 @@ struct cg_openai {
     int stopping;
     int joined;             /* cg_openai_shutdown has run (or is running) */
     cg_openai_xfer *active; /* multi thread only */
+    /* Easy handles of finished transfers, reset and kept for the next ones: a new handle is
+     * a few KiB to allocate and clear, and then to free, on every request. Under mu. */
+    CURL *spare[EASY_SPARE];
+    size_t n_spare;
+    /* The multi thread sleeps in epoll_wait: only then does a submitter write wake_fd (a
+     * busy loop looks at the queue anyway). */
+    int sleeping;
+    /* What each upstream socket is registered for in epfd (multi thread only), so a reused
+     * keep-alive connection costs no epoll_ctl: 0 = not registered, else the epoll events |
+     * REG_IDLE once curl no longer watches it (left registered for reading until it reports
+     * an event: a closed connection then leaves for good). */
+    uint32_t *reg;
+    size_t n_reg;
 };
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+
+/* A handle out of the spares, or a new one; NULL when curl cannot make one. */
+static CURL *easy_get(cg_openai *c)
+{
+    CURL *e = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->n_spare) e = c->spare[--c->n_spare];
+    pthread_mutex_unlock(&c->mu);
+    return e ? e : curl_easy_init();
+}
+
+/* Keeps a handle no longer in the multi for the next transfer (reset), or frees it. */
+static void easy_put(cg_openai *c, CURL *e)
+{
+    if (!e) return;
+    curl_easy_reset(e);
+    pthread_mutex_lock(&c->mu);
+    int kept = c->n_spare < EASY_SPARE && !c->stopping;
+    if (kept) c->spare[c->n_spare++] = e;
+    pthread_mutex_unlock(&c->mu);
+    if (!kept) curl_easy_cleanup(e);
+}
 static void curl_init_once(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -98,6 +135,7 @@ char *cg_openai_base_normalise(const char *url)
 /* Wakes the multi thread (any thread; async-signal-safe write). */
 static void wake(cg_openai *c)
 {
+    if (!__atomic_load_n(&c->sleeping, __ATOMIC_SEQ_CST)) return; /* it looks before it sleeps */
     uint64_t one = 1;
     ssize_t n = write(c->wake_fd, &one, sizeof one);
     (void)n; /* EAGAIN: the counter is already non-zero, a wakeup is pending anyway */
@@ -107,7 +145,7 @@ static void wake(cg_openai *c)
 
 static void xfer_free(cg_openai_xfer *x)
 {
-    if (x->easy) curl_easy_cleanup(x->easy);
+    easy_put(x->c, x->easy);
     curl_slist_free_all(x->headers);
     free(x->body);
     free(x);
@@ -314,19 +352,59 @@ static void check_idle(cg_openai *c, uint64_t now)
 
 /* curl tells which sockets to watch for what; they go into the thread's epoll set, so one
  * wakeup costs O(sockets ready), never O(transfers). */
+#define REG_IDLE (1u << 31)
+
+/* Registers fd for events (0 = nothing) in epfd, with as few epoll_ctl calls as possible. */
+static void reg_set(cg_openai *c, int fd, uint32_t events)
+{
+    if (fd < 0) return;
+    if ((size_t)fd >= c->n_reg) {
+        size_t n = CG_MAX((size_t)fd + 1, c->n_reg * 2);
+        c->reg = cg_realloc(c->reg, n * sizeof *c->reg);
+        memset(c->reg + c->n_reg, 0, (n - c->n_reg) * sizeof *c->reg);
+        c->n_reg = n;
+    }
+    uint32_t was = c->reg[fd];
+    struct epoll_event ev = {.events = events, .data.fd = fd};
+    if (!events) {
+        if (was) epoll_ctl(c->epfd, EPOLL_CTL_DEL, fd, NULL); /* may be gone with the fd */
+        c->reg[fd] = 0;
+        return;
+    }
+    if ((was & ~REG_IDLE) != events || !was) {
+        /* an fd closed since (and maybe reused) is no longer in epfd: MOD fails, then ADD */
+        if (!was || epoll_ctl(c->epfd, EPOLL_CTL_MOD, fd, &ev) != 0)
+            if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev) != 0 && errno == EEXIST)
+                epoll_ctl(c->epfd, EPOLL_CTL_MOD, fd, &ev);
+    }
+    c->reg[fd] = events;
+}
+
+/* A new upstream socket (multi thread): whatever the table says of its number is about a
+ * socket closed since, which left epfd with its close. */
+static int on_sockopt(void *clientp, curl_socket_t fd, curlsocktype purpose)
+{
+    cg_openai *c = clientp;
+    if (fd >= 0 && (size_t)fd < c->n_reg) c->reg[fd] = 0;
+    return CURL_SOCKOPT_OK;
+}
+
 static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp, void *socketp)
 {
     cg_openai *c = userp;
     if (what == CURL_POLL_REMOVE) {
-        epoll_ctl(c->epfd, EPOLL_CTL_DEL, fd, NULL); /* may already be gone with the fd */
+        /* A connection going back to curl's cache stays registered for reading, so using it
+         * again costs nothing; one that was watched for writing is set to reading. */
+        if (fd >= 0 && (size_t)fd < c->n_reg && c->reg[fd]) {
+            if (c->reg[fd] & EPOLLOUT) reg_set(c, fd, EPOLLIN);
+            c->reg[fd] |= REG_IDLE;
+        }
         return 0;
     }
-    struct epoll_event ev = {0};
-    ev.data.fd = fd;
-    if (what == CURL_POLL_IN || what == CURL_POLL_INOUT) ev.events |= EPOLLIN;
-    if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT) ev.events |= EPOLLOUT;
-    if (epoll_ctl(c->epfd, EPOLL_CTL_MOD, fd, &ev) != 0 && errno == ENOENT)
-        epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev);
+    uint32_t events = 0;
+    if (what == CURL_POLL_IN || what == CURL_POLL_INOUT) events |= EPOLLIN;
+    if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT) events |= EPOLLOUT;
+    reg_set(c, fd, events);
     return 0;
 }
 
@@ -403,13 +481,26 @@ static void *multi_main(void *arg)
             long t = c->timer_ns <= now ? 0 : (long)((c->timer_ns - now + 999999) / 1000000);
             if (t < wait_ms) wait_ms = t;
         }
+        /* Sleeping from now on, unless something was queued meanwhile (wake's counterpart:
+         * the queue is looked at under mu after the flag is set). */
+        __atomic_store_n(&c->sleeping, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_lock(&c->mu);
+        if (c->pending || c->attn || c->stopping) wait_ms = 0;
+        pthread_mutex_unlock(&c->mu);
         int n = epoll_wait(c->epfd, evs, (int)CG_ARRAY_LEN(evs), (int)wait_ms);
+        __atomic_store_n(&c->sleeping, 0, __ATOMIC_SEQ_CST);
         for (int i = 0; i < n; i++) {
             int fd = evs[i].data.fd;
             if (fd == c->wake_fd) {
                 uint64_t v;
                 ssize_t r = read(c->wake_fd, &v, sizeof v);
                 (void)r;
+                continue;
+            }
+            if (fd >= 0 && (size_t)fd < c->n_reg && (c->reg[fd] & REG_IDLE)) {
+                /* an idle cached connection has something to say: the server closed it, or
+                 * sent what it should not have; curl will find out when it reuses it */
+                reg_set(c, fd, 0);
                 continue;
             }
             int flags = 0;
@@ -517,7 +608,9 @@ void cg_openai_close(cg_openai **cp)
     if (!c) return;
     *cp = NULL;
     cg_openai_shutdown(c);
+    for (size_t i = 0; i < c->n_spare; i++) curl_easy_cleanup(c->spare[i]);
     curl_multi_cleanup(c->multi);
+    free(c->reg);
     close(c->epfd);
     close(c->wake_fd);
     pthread_mutex_destroy(&c->mu);
@@ -589,7 +682,7 @@ cg_status cg_openai_submit_req(cg_openai *c, const cg_openai_req *r, const cg_op
     x->refs = ref ? 2 : 1;
     x->idle_ns =
         (uint64_t)(r->idle_timeout_ms > 0 ? r->idle_timeout_ms : c->p.idle_timeout_ms) * 1000000ull;
-    x->easy = curl_easy_init();
+    x->easy = easy_get(c);
     if (!x->easy) {
         free(base);
         xfer_free(x);
@@ -600,6 +693,8 @@ cg_status cg_openai_submit_req(cg_openai *c, const cg_openai_req *r, const cg_op
     free(base);
     x->headers = base_headers(c, r->request_id, body != NULL, r->no_auth);
     curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->headers);
+    curl_easy_setopt(x->easy, CURLOPT_SOCKOPTFUNCTION, on_sockopt);
+    curl_easy_setopt(x->easy, CURLOPT_SOCKOPTDATA, c);
     curl_easy_setopt(x->easy, CURLOPT_PRIVATE, (char *)x);
     curl_easy_setopt(x->easy, CURLOPT_ERRORBUFFER, x->errbuf);
     curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, on_write);

@@ -1,18 +1,24 @@
-/* HTTP plumbing on libmicrohttpd: routing, header and body caps, auth, connection limit and
- * request deadline, job pool, replies and streams. The threading model and the suspend/resume
- * rules are described in base/http.h. */
+/* HTTP plumbing on libmicrohttpd: raw framing check, routing, header and body caps, auth,
+ * connection limit and request deadline, lingering close, job pool, replies and streams. The
+ * threading model and the suspend/resume rules are described in base/http.h. */
 #include "base/http.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
 #include <stdarg.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <microhttpd.h>
+#include "base/http_frame.h"
+#include "base/http_guard.h"
 
 #if MHD_VERSION >= 0x00097002
 #define CG_MHD_RESULT enum MHD_Result
@@ -23,14 +29,42 @@
 #define MAX_PARAMS 4
 /* How often the deadline thread looks for connections that are too slow to send a request. */
 #define DEADLINE_TICK_MS 200
+/* Errors decided from the head (401, 404, 405) are answered before the body is read when the
+ * client waits for 100 Continue, sends chunked, or declares more than this; smaller bodies
+ * are read, so the connection stays open for the next request. */
+#define EARLY_BODY_BYTES (64u << 10)
+/* Lingering close (as nginx's): a connection closed while its client may still be sending is
+ * read and discarded for a while first, so the client sees the answer and not a reset. At
+ * most LINGER_SOCKETS at once, each for at most LINGER_MS, LINGER_IDLE_MS without a byte, or
+ * 2 x max_body_bytes + 1 MiB. */
+#define LINGER_SOCKETS 64
+#define LINGER_MS 5000
+#define LINGER_IDLE_MS 1000
 
 /* One client connection (MHD's socket context), from accept to close: the connection limit
- * counts these and the deadline thread watches them. */
+ * counts these, the deadline thread watches them, and the framing check keeps its state here.
+ * The fields after `next` belong to the connection's MHD thread. */
 typedef struct conn_state {
     int fd;
     uint64_t waiting_since_ns; /* waiting for a request since; 0 = a request is being handled */
     struct conn_state *prev, *next;
+    cg_http_server *srv;
+    cg_http_frame *frame;     /* NULL: framing left to libmicrohttpd (no_framing_check) */
+    uint64_t begun, done;     /* requests the library started and finished on it */
+    int refused;              /* the framing check refused a request ... */
+    uint64_t bad_index;       /* ... this one (0-based) */
+    int refused_http;         /* with this status */
+    char *answer;             /* the refusal's answer, until it is written */
+    size_t answer_len;
+    int answered;
+    int linger;               /* read and discard what the client still sends before closing */
 } conn_state;
+
+typedef struct linger_sock {
+    int fd; /* a dup of the connection's socket: the library's close() does not reset it */
+    uint64_t until_ns, idle_until_ns;
+    uint64_t left;
+} linger_sock;
 
 typedef struct hdr {
     char *name, *value;
@@ -72,6 +106,7 @@ struct cg_http_req {
     int api_key;            /* index into p.api_keys, or -1 */
     const char *early_msg;  /* static message for an early error, or NULL */
     conn_state *cs;         /* the connection's state (MHD socket context) */
+    uint64_t index;         /* the request's number on its connection (0-based) */
     int dispatched;
     int suspended; /* parked while a job thread handles it */
     struct MHD_Response *resp;
@@ -87,7 +122,9 @@ struct cg_http_server {
     cg_http_params p;
     uint16_t port;
     pthread_mutex_t mu;
-    pthread_cond_t cv;      /* jobs queued / stopping */
+    pthread_cond_t cv;      /* jobs queued / stopping: job threads only, signalled one job at a
+                               time (a broadcast woke every idle job thread per request) */
+    pthread_cond_t hb_cv;   /* the heartbeat thread's timer / stopping */
     pthread_cond_t idle_cv; /* a job finished */
     cg_http_req *job_head, *job_tail;
     unsigned jobs_running;
@@ -103,9 +140,18 @@ struct cg_http_server {
     pthread_cond_t conn_cv; /* wakes the deadline thread at stop */
     conn_state *conns;
     size_t n_conns, n_pending; /* open; admitted by the accept policy, not yet started */
-    uint64_t accepted, refused, timed_out, headers_too_large;
+    uint64_t accepted, refused, timed_out, headers_too_large, malformed, lingered;
     pthread_t deadline_thread;
     int deadline_stop;
+    cg_http_frame_limits frame_limits;
+
+    /* Lingering close. */
+    pthread_mutex_t linger_mu;
+    linger_sock lingers[LINGER_SOCKETS];
+    size_t n_lingers;
+    int linger_efd;
+    int linger_stop;
+    pthread_t linger_thread;
 };
 
 cg_http_params cg_http_default_params(void)
@@ -117,6 +163,9 @@ cg_http_params cg_http_default_params(void)
     p.job_threads = 8;
     p.max_body_bytes = 8u << 20;
     p.max_header_bytes = 16u << 10;
+    cg_json_limits jl = cg_json_default_limits();
+    p.max_json_values = jl.max_values;
+    p.max_json_depth = jl.max_depth;
     p.conn_timeout_s = 60;
     p.max_connections = 4096;
     p.heartbeat_ms = 5000;
@@ -325,7 +374,7 @@ static void *heartbeat_main(void *arg)
         uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)srv->p.heartbeat_ms * 1000000ull;
         ts.tv_sec += (time_t)(ns / 1000000000ull);
         ts.tv_nsec = (long)(ns % 1000000000ull);
-        pthread_cond_timedwait(&srv->cv, &srv->mu, &ts);
+        pthread_cond_timedwait(&srv->hb_cv, &srv->mu, &ts);
         if (srv->stopping) break;
         for (cg_stream *s = srv->streams; s; s = s->next) {
             pthread_mutex_lock(&s->mu);
@@ -370,6 +419,180 @@ static CG_MHD_RESULT on_accept(void *cls, const struct sockaddr *addr, socklen_t
     return ok;
 }
 
+/* ---------------------------------------------------------------- framing check */
+
+/* The framing check runs on every byte libmicrohttpd reads from a client (base/http_guard.c),
+ * on the connection's MHD thread. A refused request is answered here, in the OpenAI error
+ * shape with Connection: close, once no earlier answer on the connection is still pending;
+ * then the library is told the client has finished sending, and closes the connection
+ * (lingering, so the client reads the answer). Requests that came in the same read before
+ * the refused one are dropped with it. */
+
+static void new_request_id(cg_http_server *srv, char *out, size_t n)
+{
+    pthread_mutex_lock(&srv->mu);
+    unsigned long long seq = ++srv->rid_seq;
+    pthread_mutex_unlock(&srv->mu);
+    snprintf(out, n, "%08llx%08llx", (unsigned long long)(cg_wall_ms() & 0xffffffffu), seq);
+}
+
+/* Writes the refusal once the library owes the client no earlier answer. */
+static void guard_try_answer(conn_state *cs)
+{
+    if (!cs->refused || cs->answered) return;
+    uint64_t open = cs->begun - cs->done;
+    if (cs->begun > cs->bad_index) open--; /* the refused request itself, never answered */
+    if (open) return;
+    size_t off = 0;
+    while (off < cs->answer_len) {
+        ssize_t w = send(cs->fd, cs->answer + off, cs->answer_len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w <= 0) break; /* the socket's buffer is empty here: only a gone client fails */
+        off += (size_t)w;
+    }
+    cs->answered = 1;
+    cg_free(&cs->answer);
+}
+
+static void guard_refuse(conn_state *cs, cg_status st)
+{
+    cg_http_server *srv = cs->srv;
+    int http = cg_status_http(st);
+    cs->refused = 1;
+    cs->linger = 1;
+    cs->bad_index = cg_http_frame_requests(cs->frame);
+    cs->refused_http = http;
+    pthread_mutex_lock(&srv->conn_mu);
+    if (st == CG_E_HEADERS_TOO_LARGE)
+        srv->headers_too_large++;
+    else
+        srv->malformed++;
+    pthread_mutex_unlock(&srv->conn_mu);
+    char rid[40];
+    new_request_id(srv, rid, sizeof rid);
+    const char *msg = cg_http_frame_message(cs->frame);
+    json_t *err = cg_http_error_json(st, NULL, msg);
+    char *text = json_dumps(err, JSON_COMPACT);
+    json_decref(err);
+    const char *reason = MHD_get_reason_phrase_for((unsigned)http);
+    cg_buf b;
+    cg_buf_init(&b, 0);
+    cg_status bst = cg_buf_printf(&b,
+                                  "HTTP/1.1 %d %s\r\nConnection: close\r\n"
+                                  "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+                                  "X-Request-Id: %s\r\n\r\n%s",
+                                  http, reason && *reason ? reason : "Error", strlen(text), rid,
+                                  text);
+    (void)bst; /* unlimited buffer */
+    free(text);
+    cs->answer = b.data;
+    cs->answer_len = b.len;
+    cg_log_set_request_id(rid);
+    cg_log(CG_LOG_INFO, "request refused before routing -> %d %s: %s", http, cg_status_code(st),
+           msg);
+    cg_log_set_request_id(NULL);
+    guard_try_answer(cs);
+}
+
+static int guard_is_refused(void *conn)
+{
+    return ((conn_state *)conn)->refused;
+}
+
+static ssize_t guard_refused(void *conn)
+{
+    conn_state *cs = conn;
+    if (cs->answered) return 0; /* end of stream: the library closes the connection */
+    errno = EAGAIN;             /* an earlier answer is still going out */
+    return -1;
+}
+
+static ssize_t guard_check(void *conn, void *buf, size_t n)
+{
+    conn_state *cs = conn;
+    if (!cs->frame) return (ssize_t)n;
+    cg_status st = cg_http_frame_feed(cs->frame, buf, n, NULL);
+    if (st == CG_OK) return (ssize_t)n;
+    guard_refuse(cs, st);
+    return guard_refused(cs);
+}
+
+static const cg_http_guard_ops GUARD_OPS = {guard_check, guard_refused, guard_is_refused};
+
+/* ---------------------------------------------------------------- lingering close */
+
+/* Takes over a socket the library is about to close: a dup keeps it open after the library's
+ * close(), and the linger thread reads and discards until the client is done or a bound. */
+static void linger_add(cg_http_server *srv, int fd)
+{
+    pthread_mutex_lock(&srv->linger_mu);
+    int d = srv->n_lingers < LINGER_SOCKETS && !srv->linger_stop ? fcntl(fd, F_DUPFD_CLOEXEC, 0)
+                                                                 : -1;
+    if (d >= 0) {
+        shutdown(d, SHUT_WR); /* the answer is out: FIN after it */
+        uint64_t now = cg_now_ns();
+        srv->lingers[srv->n_lingers++] =
+            (linger_sock){d, now + LINGER_MS * 1000000ull, now + LINGER_IDLE_MS * 1000000ull,
+                          2 * (uint64_t)srv->p.max_body_bytes + (1u << 20)};
+        srv->lingered++;
+        uint64_t one = 1;
+        ssize_t w = write(srv->linger_efd, &one, sizeof one);
+        (void)w;
+    }
+    pthread_mutex_unlock(&srv->linger_mu);
+}
+
+static void *linger_main(void *arg)
+{
+    cg_http_server *srv = arg;
+    char scratch[64 * 1024];
+    struct pollfd pf[LINGER_SOCKETS + 1];
+    pthread_mutex_lock(&srv->linger_mu);
+    while (!srv->linger_stop) {
+        size_t n = srv->n_lingers;
+        pf[0] = (struct pollfd){.fd = srv->linger_efd, .events = POLLIN};
+        for (size_t i = 0; i < n; i++)
+            pf[i + 1] = (struct pollfd){.fd = srv->lingers[i].fd, .events = POLLIN};
+        pthread_mutex_unlock(&srv->linger_mu);
+        int rc = poll(pf, n + 1, 100);
+        if (rc > 0 && (pf[0].revents & POLLIN)) {
+            uint64_t v;
+            ssize_t r = read(srv->linger_efd, &v, sizeof v);
+            (void)r;
+        }
+        pthread_mutex_lock(&srv->linger_mu);
+        uint64_t now = cg_now_ns();
+        /* entries [0, n) are the ones polled; later ones were added meanwhile */
+        for (size_t i = n; i-- > 0;) {
+            linger_sock *l = &srv->lingers[i];
+            int done = now >= l->until_ns || now >= l->idle_until_ns;
+            if (!done && (pf[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) {
+                for (int k = 0; k < 16; k++) {
+                    ssize_t r = recv(l->fd, scratch, sizeof scratch, MSG_DONTWAIT);
+                    if (r > 0) {
+                        l->idle_until_ns = now + LINGER_IDLE_MS * 1000000ull;
+                        if ((uint64_t)r >= l->left) {
+                            done = 1;
+                            break;
+                        }
+                        l->left -= (uint64_t)r;
+                        continue;
+                    }
+                    if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                        done = 1;
+                    break;
+                }
+            }
+            if (!done) continue;
+            close(l->fd);
+            srv->lingers[i] = srv->lingers[--srv->n_lingers]; /* entries above i are done */
+        }
+    }
+    for (size_t i = 0; i < srv->n_lingers; i++) close(srv->lingers[i].fd);
+    srv->n_lingers = 0;
+    pthread_mutex_unlock(&srv->linger_mu);
+    return NULL;
+}
+
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
@@ -379,6 +602,11 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         cs->fd = ci ? ci->connect_fd : -1;
+        cs->srv = srv;
+        if (!srv->p.no_framing_check && cs->fd >= 0) {
+            cs->frame = cg_http_frame_new(&srv->frame_limits);
+            cg_http_guard_set(cs->fd, cs);
+        }
         cs->waiting_since_ns = cg_now_ns();
         pthread_mutex_lock(&srv->conn_mu);
         if (srv->n_pending) srv->n_pending--;
@@ -394,6 +622,8 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     conn_state *cs = *socket_context;
     if (!cs) return;
     *socket_context = NULL;
+    if (cs->frame) cg_http_guard_set(cs->fd, NULL);
+    if (cs->linger && cs->fd >= 0) linger_add(srv, cs->fd);
     /* MHD closes the socket after this returns; unlinking under conn_mu means the deadline
      * thread never shuts down a descriptor that may already belong to someone else. */
     pthread_mutex_lock(&srv->conn_mu);
@@ -402,7 +632,27 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     if (cs->next) cs->next->prev = cs->prev;
     srv->n_conns--;
     pthread_mutex_unlock(&srv->conn_mu);
+    cg_http_frame_free(&cs->frame);
+    free(cs->answer);
     free(cs);
+}
+
+/* Returns freed heap memory to the system once enough has piled up. glibc keeps what a
+ * request freed in its arenas (one per thread that allocated), so a burst of large bodies
+ * would leave the process at its peak for good. Called every DEADLINE_TICK_MS; trims when
+ * the free bytes grew by 16 MiB since the last trim. Process-wide (every server shares it). */
+static void trim_heap(void)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static size_t base;
+    if (pthread_mutex_trylock(&mu) != 0) return;
+    struct mallinfo2 mi = mallinfo2();
+    if (mi.fordblks < base) base = mi.fordblks;
+    if (mi.fordblks > base + (16u << 20)) {
+        malloc_trim(0);
+        base = mallinfo2().fordblks;
+    }
+    pthread_mutex_unlock(&mu);
 }
 
 /* Request deadline: a connection that has not delivered a complete request within
@@ -421,6 +671,10 @@ static void *deadline_main(void *arg)
         ts.tv_sec += (time_t)(ns / 1000000000ull);
         ts.tv_nsec = (long)(ns % 1000000000ull);
         pthread_cond_timedwait(&srv->conn_cv, &srv->conn_mu, &ts);
+        if (srv->deadline_stop) break;
+        pthread_mutex_unlock(&srv->conn_mu);
+        trim_heap();
+        pthread_mutex_lock(&srv->conn_mu);
         if (srv->deadline_stop) break;
         uint64_t now = cg_now_ns();
         for (conn_state *cs = srv->conns; cs; cs = cs->next) {
@@ -443,6 +697,8 @@ void cg_http_get_stats(cg_http_server *srv, cg_http_stats *out)
     out->refused = srv->refused;
     out->timed_out = srv->timed_out;
     out->headers_too_large = srv->headers_too_large;
+    out->malformed = srv->malformed;
+    out->lingered = srv->lingered;
     pthread_mutex_unlock(&srv->conn_mu);
 }
 
@@ -486,6 +742,17 @@ const char *cg_http_req_body(const cg_http_req *r, size_t *len)
 {
     *len = r->body.len;
     return r->body.data ? r->body.data : "";
+}
+char *cg_http_req_take_body(cg_http_req *r, size_t *len)
+{
+    *len = r->body.len;
+    char *b = r->body.data ? r->body.data : cg_strdup("");
+    cg_buf_init(&r->body, r->body.max);
+    return b;
+}
+void cg_http_req_drop_body(cg_http_req *r)
+{
+    cg_buf_free(&r->body);
 }
 const char *cg_http_req_id(const cg_http_req *r) { return r->rid; }
 void cg_http_req_set_data(cg_http_req *r, void *data) { r->data = data; }
@@ -597,25 +864,11 @@ void cg_http_reply_stream(cg_http_req *r, int status, const char *content_type, 
 
 json_t *cg_http_req_json(cg_http_req *r)
 {
-    json_error_t err;
-    if (!r->body.len) {
-        cg_http_reply_error(r, CG_E_JSON, NULL, "request body is empty; expected a JSON object");
-        return NULL;
-    }
-    json_t *j = json_loadb(r->body.data, r->body.len, 0, &err);
-    if (!j) {
-        char msg[256];
-        cg_status st = json_error_code(&err) == json_error_invalid_utf8 ? CG_E_UTF8 : CG_E_JSON;
-        snprintf(msg, sizeof msg, "invalid JSON at line %d column %d: %s", err.line, err.column,
-                 err.text);
-        cg_http_reply_error(r, st, NULL, msg);
-        return NULL;
-    }
-    if (!json_is_object(j)) {
-        json_decref(j);
-        cg_http_reply_error(r, CG_E_TYPE, NULL, "request body must be a JSON object");
-        return NULL;
-    }
+    char msg[256];
+    cg_status st;
+    cg_json_limits l = {r->srv->p.max_json_values, r->srv->p.max_json_depth};
+    json_t *j = cg_json_parse_object(r->body.data, r->body.len, &l, &st, msg, sizeof msg);
+    if (!j) cg_http_reply_error(r, st, NULL, msg);
     return j;
 }
 
@@ -726,7 +979,9 @@ static CG_MHD_RESULT sum_header(void *cls, enum MHD_ValueKind kind, const char *
                                 const char *value)
 {
     struct hdr_sum *h = cls;
-    h->bytes += strlen(key) + (value ? strlen(value) : 0);
+    size_t v = value ? strlen(value) : 0;
+    while (v && (value[v - 1] == ' ' || value[v - 1] == '\t')) v--; /* trailing OWS is not value */
+    h->bytes += strlen(key) + v;
     return MHD_YES;
 }
 
@@ -738,7 +993,10 @@ static void classify(cg_http_req *r)
     for (size_t i = 0; i < p->n_routes; i++) {
         char *params[MAX_PARAMS] = {0};
         if (!route_match(p->routes[i].pattern, r->path, params)) continue;
-        if (strcmp(p->routes[i].method, r->method) != 0) {
+        /* HEAD is GET without the body (the library leaves the body out) */
+        int same = !strcmp(p->routes[i].method, r->method) ||
+                   (!strcmp(r->method, "HEAD") && !strcmp(p->routes[i].method, "GET"));
+        if (!same) {
             path_matched = 1;
             for (unsigned j = 0; j < MAX_PARAMS; j++) free(params[j]);
             continue;
@@ -769,6 +1027,40 @@ static void classify(cg_http_req *r)
     }
     const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > p->max_body_bytes) r->early = CG_E_TOO_LARGE;
+}
+
+/* 1 when the client waits for "100 Continue" before it sends the body. */
+static int expects_continue(cg_http_req *r)
+{
+    const char *e = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Expect");
+    return e && !strcasecmp(e, "100-continue");
+}
+
+/* The body the head announces, in bytes (UINT64_MAX: chunked, size unknown). */
+static uint64_t declared_body(cg_http_req *r)
+{
+    if (MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Transfer-Encoding"))
+        return UINT64_MAX;
+    const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Length");
+    return cl ? strtoull(cl, NULL, 10) : 0;
+}
+
+/* Whether an error decided from the head is answered at once, before the body. Too large a
+ * body or head: always. Others: when the client waits for 100 Continue (it must not send the
+ * body for nothing), or when the body is chunked or large (reading it would only be waste). */
+static int answer_early(cg_http_req *r)
+{
+    if (r->early == CG_OK) return 0;
+    if (r->early == CG_E_TOO_LARGE || r->early == CG_E_HEADERS_TOO_LARGE) return 1;
+    uint64_t body = declared_body(r);
+    return body && (expects_continue(r) || body > EARLY_BODY_BYTES);
+}
+
+/* 1 when the client may still be sending bytes of this request's body. */
+static int body_pending(cg_http_req *r)
+{
+    if (r->cs && r->cs->frame) return !cg_http_frame_idle(r->cs->frame);
+    return declared_body(r) > 0;
 }
 
 static CG_MHD_RESULT queue_reply(cg_http_req *r)
@@ -810,7 +1102,7 @@ static void enqueue_job(cg_http_server *srv, cg_http_req *r)
     if (srv->job_tail) srv->job_tail->next_job = r;
     else srv->job_head = r;
     srv->job_tail = r;
-    pthread_cond_broadcast(&srv->cv);
+    pthread_cond_signal(&srv->cv);
     pthread_mutex_unlock(&srv->mu);
 }
 
@@ -846,24 +1138,43 @@ static CG_MHD_RESULT on_access(void *cls, struct MHD_Connection *conn, const cha
     cg_http_server *srv = cls;
     cg_http_req *r = *con_cls;
     if (!r) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        conn_state *cs = ci ? ci->socket_context : NULL;
+        /* A request at or past one the framing check refused: its answer is out, close. */
+        if (cs && cs->refused && cs->begun >= cs->bad_index) return MHD_NO;
         r = cg_calloc(1, sizeof *r);
+        if (cs) r->index = cs->begun++;
         r->srv = srv;
         r->conn = conn;
         r->start_ns = cg_now_ns();
         snprintf(r->method, sizeof r->method, "%s", method);
         r->path = cg_strdup(url);
         r->api_key = -1;
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-        r->cs = ci ? ci->socket_context : NULL;
+        r->cs = cs;
         cg_buf_init(&r->body, srv->p.max_body_bytes);
         set_request_id(r);
         classify(r);
         *con_cls = r;
-        if (r->early == CG_E_TOO_LARGE || r->early == CG_E_HEADERS_TOO_LARGE) {
-            /* refuse before reading the body */
+        if (cs && cs->frame && !cs->refused && cg_http_guard_bytes() == 0) {
+            static int warned;
+            if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+                cg_log(CG_LOG_WARN, "the raw framing check sees no bytes (recv is not "
+                                    "interposed in this program): libmicrohttpd's own checks "
+                                    "apply");
+        }
+        /* A body of known size gets its buffer at once: no growing copies of a large one. */
+        uint64_t cl = declared_body(r);
+        if (r->early == CG_OK && cl && cl <= srv->p.max_body_bytes) {
+            r->body.data = cg_malloc((size_t)cl + 1);
+            r->body.cap = (size_t)cl + 1;
+        }
+        if (answer_early(r)) {
+            /* refuse before reading the body; the library closes the connection after the
+             * answer, and a client still sending gets a lingering close, not a reset */
             r->dispatched = 1;
             conn_waiting(srv, r->cs, 0);
+            if (cs && body_pending(r)) cs->linger = 1;
             early_reply(r);
             return queue_reply(r);
         }
@@ -890,9 +1201,17 @@ static CG_MHD_RESULT on_access(void *cls, struct MHD_Connection *conn, const cha
         if (!r->resp) cg_http_reply_error(r, CG_E_INTERNAL, NULL, "handler did not reply");
         return queue_reply(r);
     }
-    /* Suspend first, then hand over: the job may resume at once. */
+    /* Suspend first, then hand over: the job (or what the fast handler started) may resume
+     * at once. */
     r->suspended = 1;
     MHD_suspend_connection(conn);
+    cg_http_fast_handler fast = srv->p.fast ? srv->p.fast[r->route - srv->p.routes] : NULL;
+    if (fast) {
+        cg_log_set_request_id(r->rid);
+        int took = fast(r, srv->p.app);
+        cg_log_set_request_id(NULL);
+        if (took) return MHD_YES; /* r may already be answered: not touched again */
+    }
     enqueue_job(srv, r);
     return MHD_YES;
 }
@@ -904,6 +1223,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     cg_http_req *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
+    conn_state *cs = r->cs;
+    if (cs) {
+        cs->done++;
+        if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) guard_try_answer(cs);
+    }
     cg_stream *s = r->stream;
     if (s) {
         pthread_mutex_lock(&srv->mu);
@@ -923,8 +1247,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     conn_waiting(srv, r->cs, cg_now_ns());
     double secs = (double)(cg_now_ns() - r->start_ns) / 1e9;
     int status = r->resp_status ? r->resp_status : 499;
+    if (!r->resp_status && cs && cs->refused && r->index == cs->bad_index)
+        status = cs->refused_http; /* the framing check answered it */
     const char *route = r->route ? r->route->name : "unknown";
-    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) status = r->resp_status ? r->resp_status : 499;
     cg_log_set_request_id(r->rid);
     /* Health probes arrive every few seconds from every gateway: they log at debug level
      * unless they fail, so the access log shows traffic, not liveness checks. */
@@ -991,11 +1316,27 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
     srv->p = *p;
     if (!srv->p.max_connections) srv->p.max_connections = 4096;
     if (!srv->p.conn_timeout_s) srv->p.conn_timeout_s = 60;
+    cg_json_limits jl = cg_json_default_limits();
+    if (!srv->p.max_json_values) srv->p.max_json_values = jl.max_values;
+    if (!srv->p.max_json_depth) srv->p.max_json_depth = jl.max_depth;
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cv, NULL);
+    pthread_cond_init(&srv->hb_cv, NULL);
     pthread_cond_init(&srv->idle_cv, NULL);
     pthread_mutex_init(&srv->conn_mu, NULL);
     pthread_cond_init(&srv->conn_cv, NULL);
+    pthread_mutex_init(&srv->linger_mu, NULL);
+    srv->linger_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (!p->no_framing_check && cg_http_guard_init(&GUARD_OPS) != 0)
+        cg_log(CG_LOG_WARN, "no memory for the framing check's descriptor table; "
+                            "libmicrohttpd's own checks apply");
+    /* The framing check's head limits sit well inside the library's connection memory, so the
+     * library never answers an oversized head itself. */
+    srv->frame_limits = cg_http_frame_default_limits();
+    srv->frame_limits.max_header_bytes = p->max_header_bytes;
+    srv->frame_limits.max_head_bytes = (p->max_header_bytes ? p->max_header_bytes : (16u << 10)) +
+                                       srv->frame_limits.max_target + (8u << 10);
+    srv->frame_limits.max_body_bytes = p->max_body_bytes;
 
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG;
@@ -1004,8 +1345,11 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
     /* MHD splits its own limit between the io threads; ours (on_accept) is the real one, so
      * MHD's is set where no thread can reach it first. */
     unsigned mhd_limit = (srv->p.max_connections + 16) * threads;
-    /* The memory pool holds the request head, the header list and the I/O buffers. */
-    size_t pool = p->max_header_bytes ? p->max_header_bytes * 2 + (32u << 10) : (32u << 10);
+    /* The memory pool holds the request head, the header list and the I/O buffers: the
+     * largest head the framing check lets through, plus room for 100 header entries and the
+     * buffers (test_http head_limits_inside_the_library holds it to that). Not more: the
+     * library clears the whole pool before every request of a connection. */
+    size_t pool = srv->frame_limits.max_head_bytes + (16u << 10);
     srv->d = MHD_start_daemon(
         flags, 0, on_accept, srv, on_access, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
         MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_CONNECTION_TIMEOUT,
@@ -1017,9 +1361,12 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
         cg_log(CG_LOG_ERROR, "cannot listen on %s: %s", p->listen, strerror(errno));
         pthread_mutex_destroy(&srv->mu);
         pthread_cond_destroy(&srv->cv);
+        pthread_cond_destroy(&srv->hb_cv);
         pthread_cond_destroy(&srv->idle_cv);
         pthread_mutex_destroy(&srv->conn_mu);
         pthread_cond_destroy(&srv->conn_cv);
+        pthread_mutex_destroy(&srv->linger_mu);
+        if (srv->linger_efd >= 0) close(srv->linger_efd);
         free(srv);
         return CG_E_IO;
     }
@@ -1030,6 +1377,7 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
     for (unsigned i = 0; i < nj; i++) pthread_create(&srv->job_threads[i], NULL, job_main, srv);
     pthread_create(&srv->hb_thread, NULL, heartbeat_main, srv);
     pthread_create(&srv->deadline_thread, NULL, deadline_main, srv);
+    pthread_create(&srv->linger_thread, NULL, linger_main, srv);
     *out = srv;
     return CG_OK;
 }
@@ -1060,6 +1408,7 @@ void cg_http_close(cg_http_server **sp)
     pthread_mutex_lock(&srv->mu);
     srv->stopping = 1;
     pthread_cond_broadcast(&srv->cv);
+    pthread_cond_broadcast(&srv->hb_cv);
     pthread_mutex_unlock(&srv->mu);
     for (unsigned i = 0; i < CG_MAX(1u, srv->p.job_threads); i++)
         pthread_join(srv->job_threads[i], NULL);
@@ -1087,9 +1436,16 @@ void cg_http_close(cg_http_server **sp)
     pthread_cond_broadcast(&srv->conn_cv);
     pthread_mutex_unlock(&srv->conn_mu);
     pthread_join(srv->deadline_thread, NULL);
+    pthread_mutex_lock(&srv->linger_mu);
+    srv->linger_stop = 1;
+    pthread_mutex_unlock(&srv->linger_mu);
+    pthread_join(srv->linger_thread, NULL);
+    pthread_mutex_destroy(&srv->linger_mu);
+    if (srv->linger_efd >= 0) close(srv->linger_efd);
     free(srv->job_threads);
     pthread_mutex_destroy(&srv->mu);
     pthread_cond_destroy(&srv->cv);
+    pthread_cond_destroy(&srv->hb_cv);
     pthread_cond_destroy(&srv->idle_cv);
     pthread_mutex_destroy(&srv->conn_mu);
     pthread_cond_destroy(&srv->conn_cv);

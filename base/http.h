@@ -31,6 +31,11 @@ typedef struct cg_stream cg_stream;
 /* A route handler. It must end the request with exactly one cg_http_reply_* call (from any
  * thread, possibly later); after that it must not touch req. */
 typedef void (*cg_http_handler)(cg_http_req *req, void *app);
+/* A route's fast handler, tried on the MHD thread when the body is complete, before the
+ * request goes to the job pool: returns 1 when it took the request (it then ends it exactly
+ * as a handler does, now or later from any thread), 0 to leave it to the handler, untouched.
+ * It must not block. */
+typedef int (*cg_http_fast_handler)(cg_http_req *req, void *app);
 
 /* Route flags. Auth (the bearer token, compared in constant time with cg_secret_equal):
  *   ADMIN        the admin token. Without an admin token the route is open, unless API keys
@@ -75,9 +80,11 @@ typedef struct cg_http_params {
     unsigned job_threads;      /* blocking-handler pool; default 8 */
     size_t max_body_bytes;     /* default 8 MiB; larger -> 413 */
     size_t max_header_bytes;   /* sum of the request's header name and value bytes; larger ->
-                                  431. MHD's per-connection memory is 2x this + 32 KiB: a request
-                                  head that does not fit there gets MHD's own 431 and is closed.
-                                  Default 16 KiB; 0 = only MHD's default 32 KiB pool */
+                                  431. Default 16 KiB; 0 = no cap on that sum (the raw head is
+                                  still capped, see base/http_frame.h) */
+    size_t max_json_values;    /* cg_http_req_json: values + members a body may hold; more ->
+                                  400 json_too_complex. Default 100000 (base/json.h) */
+    unsigned max_json_depth;   /* cg_http_req_json: nesting; deeper -> 400. Default 64 */
     unsigned conn_timeout_s;   /* a connection silent this long is closed (MHD), and so is one
                                   that has not delivered a complete request (headers and body)
                                   this long after it began waiting for one (accept, or the end
@@ -90,8 +97,14 @@ typedef struct cg_http_params {
     const char *const *api_keys; /* borrowed, NULL-terminated; NULL = inference routes open */
     const cg_http_route *routes; /* borrowed, n_routes entries, must outlive the server */
     size_t n_routes;
+    const cg_http_fast_handler *fast; /* borrowed, NULL or n_routes entries: routes[i]'s fast
+                                         handler or NULL; saves the job-pool hop for what it
+                                         can take */
     void *app;                 /* passed to handlers and done */
     cg_http_done_fn done;
+    int no_framing_check;      /* 1: leave the raw request framing to libmicrohttpd alone (its
+                                  own HTML errors, no RFC 9112 strictness); for tests that show
+                                  what the library does. Default 0: checked (base/http_frame.h) */
 } cg_http_params;
 
 cg_http_params cg_http_default_params(void);
@@ -103,6 +116,8 @@ typedef struct cg_http_stats {
     uint64_t refused;   /* closed at accept: max_connections open */
     uint64_t timed_out; /* closed for not delivering a request within conn_timeout_s */
     uint64_t headers_too_large; /* 431 answered by our header count */
+    uint64_t malformed; /* refused by the framing check (400, 413, 414, 501, 505) */
+    uint64_t lingered;  /* connections closed with a lingering close */
 } cg_http_stats;
 
 /* Starts listening and serving. *out is owned by the caller (cg_http_close). */
@@ -127,6 +142,12 @@ const char *cg_http_req_query(cg_http_req *r, const char *name);
 /* Request header (case-insensitive) or NULL. */
 const char *cg_http_req_header(cg_http_req *r, const char *name);
 const char *cg_http_req_body(const cg_http_req *r, size_t *len);
+/* Hands the body over (NUL-terminated, caller frees), e.g. to forward it unchanged; the request
+ * keeps an empty one. */
+char *cg_http_req_take_body(cg_http_req *r, size_t *len);
+/* Frees the body once it is parsed and no longer needed (a large one would otherwise live
+ * until the reply is sent). */
+void cg_http_req_drop_body(cg_http_req *r);
 /* The request id: the client's X-Request-Id when it is sane, else a generated one. */
 const char *cg_http_req_id(const cg_http_req *r);
 /* The bearer token the request presented, or NULL. */
@@ -139,7 +160,8 @@ int cg_http_req_api_key(const cg_http_req *r);
 void cg_http_req_set_data(cg_http_req *r, void *data);
 void *cg_http_req_data(const cg_http_req *r);
 
-/* Parses the body as a JSON object. On failure replies 400 itself and returns NULL.
+/* Parses the body as a JSON object within params.max_json_values / max_json_depth, refusing
+ * duplicate keys (cg_json_parse_object). On failure replies 400 itself and returns NULL.
  * The caller owns the returned reference. */
 json_t *cg_http_req_json(cg_http_req *r);
 

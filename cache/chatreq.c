@@ -7,11 +7,16 @@
 
 /* ---------------------------------------------------------------- parsing */
 
-/* One message's content: a string, null, or text parts joined with '\n' into part. */
+/* One message's content: a string, null, or text parts joined with '\n' into part. Only an
+ * assistant turn may go without (its tool calls stand for it), as in OpenAI's API. */
 static cg_status get_content(json_t *c, size_t i, cg_chat_msg *row, cg_buf *part, int *non_text,
                              char *msg, size_t msglen)
 {
-    if (!c || json_is_null(c)) return CG_OK; /* e.g. an assistant turn with tool calls */
+    if (!c || json_is_null(c)) {
+        if (!strcmp(row->role, "assistant")) return CG_OK;
+        snprintf(msg, msglen, "messages[%zu].content is required for role %.32s", i, row->role);
+        return CG_E_MISSING;
+    }
     if (json_is_string(c)) {
         row->content = json_string_value(c);
         row->content_len = json_string_length(c);

@@ -26,8 +26,9 @@ typedef struct cg_chat_req {
     int non_text; /* a content part of another type (image, audio) was skipped */
 } cg_chat_req;
 
-/* Parses body's messages (required, non-empty; role a non-empty string; content a string,
- * null, or an array of {type, ...} parts) and documents (optional array of strings) into
+/* Parses body's messages (required, non-empty; role a non-empty string; content a string or
+ * an array of {type, ...} parts, and null or absent only for an assistant turn, as OpenAI
+ * requires) and documents (optional array of strings) into
  * *out (zeroed first). On failure returns CG_E_MISSING / CG_E_TYPE / CG_E_VALUE, sets *param to
  * "messages" or "documents" and msg to a message; *out must still be freed. */
 cg_status cg_chat_req_parse(json_t *body, cg_chat_req *out, const char **param, char *msg,

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 BUILD=${CG_FUZZ_BUILD:-$ROOT/build-fuzz-clang}
 SECONDS_PER=${CG_FUZZ_SECONDS:-60}
-ALL=(split chat sse json_request safetensors config kvwire disk chat_template)
+ALL=(split chat sse json_request safetensors config kvwire disk chat_template http_frame)
 
 # clang with its libFuzzer runtime (Debian: clang + libclang-rt-dev) and libomp (OpenMP).
 fuzzer_works() {

@@ -4,6 +4,7 @@
 
 #include "server/gwstate.h"
 #include "server/admin.h"
+#include "server/fastpath.h"
 #include "server/infer.h"
 #include "server/relay.h"
 #include "server/statuspage.h"
@@ -129,9 +130,18 @@ static void h_metrics(cg_http_req *req, void *app)
         "chunkgate_http_connections_timed_out_total %llu\n"
         "# HELP chunkgate_http_headers_too_large_total Requests refused with 431.\n"
         "# TYPE chunkgate_http_headers_too_large_total counter\n"
-        "chunkgate_http_headers_too_large_total %llu\n",
+        "chunkgate_http_headers_too_large_total %llu\n"
+        "# HELP chunkgate_http_malformed_total Requests refused by the raw framing check "
+        "(400, 413, 414, 501, 505) before routing.\n"
+        "# TYPE chunkgate_http_malformed_total counter\n"
+        "chunkgate_http_malformed_total %llu\n"
+        "# HELP chunkgate_http_lingering_closes_total Connections read to the end (bounded) "
+        "before being closed, so a client still sending sees the answer.\n"
+        "# TYPE chunkgate_http_lingering_closes_total counter\n"
+        "chunkgate_http_lingering_closes_total %llu\n",
         hs.connections, (unsigned long long)hs.refused, (unsigned long long)hs.timed_out,
-        (unsigned long long)hs.headers_too_large);
+        (unsigned long long)hs.headers_too_large, (unsigned long long)hs.malformed,
+        (unsigned long long)hs.lingered);
     (void)cst;
     cg_status st = cg_buf_printf(
         &out,
@@ -178,19 +188,39 @@ static const cg_http_route routes[] = {
     {"DELETE", "/v1/workers/*", cg_gw_worker_delete, CG_ROUTE_ADMIN, "worker_delete"},
     {"POST", "/v1/workers/*/sync", cg_gw_worker_sync, CG_ROUTE_ADMIN, "worker_sync"},
 };
+/* Fast handlers (server/fastpath.h), by index into routes: routes[0] is completions. */
+static const cg_http_fast_handler fast_handlers[CG_ARRAY_LEN(routes)] = {
+    [0] = cg_gw_completions_fast};
 
 static void on_done(void *app, const char *route, int status, double seconds)
 {
     cg_gateway *g = app;
-    char labels[128];
-    snprintf(labels, sizeof labels, "route=\"%s\",code=\"%d\"", route, status);
-    cg_metrics_inc(g->metrics, "chunkgate_requests_total", "HTTP requests by route and status.",
-                   labels, 1);
-    snprintf(labels, sizeof labels, "route=\"%s\"", route);
-    cg_metric_observe(cg_metrics_histogram(g->metrics, "chunkgate_request_duration_seconds",
-                                           "Time from request to the end of the reply.", labels,
-                                           cg_metrics_latency_buckets, cg_metrics_latency_n),
-                      seconds);
+    size_t slot = (((uintptr_t)route >> 4) * 31u + (unsigned)status) % CG_ARRAY_LEN(g->done_cache);
+    cg_metric *count = NULL, *duration = NULL;
+    pthread_mutex_lock(&g->done_mu);
+    if (g->done_cache[slot].route == route && g->done_cache[slot].status == status) {
+        count = g->done_cache[slot].count;
+        duration = g->done_cache[slot].duration;
+    }
+    pthread_mutex_unlock(&g->done_mu);
+    if (!count) {
+        char labels[128];
+        snprintf(labels, sizeof labels, "route=\"%s\",code=\"%d\"", route, status);
+        count = cg_metrics_counter(g->metrics, "chunkgate_requests_total",
+                                   "HTTP requests by route and status.", labels);
+        snprintf(labels, sizeof labels, "route=\"%s\"", route);
+        duration = cg_metrics_histogram(g->metrics, "chunkgate_request_duration_seconds",
+                                        "Time from request to the end of the reply.", labels,
+                                        cg_metrics_latency_buckets, cg_metrics_latency_n);
+        pthread_mutex_lock(&g->done_mu);
+        g->done_cache[slot].route = route;
+        g->done_cache[slot].status = status;
+        g->done_cache[slot].count = count;
+        g->done_cache[slot].duration = duration;
+        pthread_mutex_unlock(&g->done_mu);
+    }
+    cg_metric_add(count, 1);
+    cg_metric_observe(duration, seconds);
 }
 
 /* Creates every fixed series up front, so a scrape shows them at 0 before any traffic. */
@@ -218,6 +248,10 @@ static void metrics_setup(cg_gateway *g)
     g->m_passthrough =
         cg_metrics_counter(m, "chunkgate_passthrough_total",
                            "Requests without a separator, forwarded unchanged.", NULL);
+    g->m_fast_path = cg_metrics_counter(
+        m, "chunkgate_fast_path_total",
+        "Pass-through requests forwarded by the fast path: their bytes as they came, no parse.",
+        NULL);
     const char *fb = "Requests with cacheable segments served without KV reuse, by reason: "
                      "no_worker (none registered or healthy), worker_error (assemble failed), "
                      "model (the request names another model than the workers serve).";
@@ -316,7 +350,12 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     cg_gateway *g = cg_calloc(1, sizeof *g);
     g->cfg = cfg;
     pthread_mutex_init(&g->ready_mu, NULL);
+    pthread_mutex_init(&g->done_mu, NULL);
     g->default_mode = (cg_mode)cfg->chunk_mode;
+    g->cc_passthrough = json_pack("{s:[], s:s, s:n, s:b, s:b, s:i, s:n, s:n, s:n}", "segments",
+                                  "mode", cg_mode_name(g->default_mode), "worker", "fallback", 0,
+                                  "passthrough", 1, "empty_segments", 0, "routing",
+                                  "fallback_reason", "recomputed_tokens");
     g->metrics = cg_metrics_new();
     metrics_setup(g);
     g->recent = cg_status_ring_new();
@@ -386,6 +425,8 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     hp.job_threads = (unsigned)cfg->job_threads;
     hp.max_body_bytes = cfg->max_body_bytes;
     hp.max_header_bytes = cfg->max_header_bytes;
+    hp.max_json_values = (size_t)cfg->max_json_values;
+    hp.max_json_depth = (unsigned)cfg->max_json_depth;
     hp.max_connections = (unsigned)cfg->max_connections;
     hp.conn_timeout_s = (unsigned)cfg->conn_timeout_s;
     hp.heartbeat_ms = (unsigned)cfg->heartbeat_ms;
@@ -396,6 +437,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
                             "are closed");
     hp.routes = routes;
     hp.n_routes = CG_ARRAY_LEN(routes);
+    hp.fast = fast_handlers;
     hp.app = g;
     hp.done = on_done;
     if ((st = cg_http_open(&hp, &g->http)) != CG_OK) goto fail;
@@ -436,6 +478,8 @@ void cg_gateway_close(cg_gateway **gp)
     cg_metrics_free(&g->metrics);
     cg_status_ring_free(&g->recent);
     pthread_mutex_destroy(&g->ready_mu);
+    pthread_mutex_destroy(&g->done_mu);
+    json_decref(g->cc_passthrough);
     free(g->index_path);
     free(g->tenants);
     free(g);

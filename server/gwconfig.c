@@ -99,6 +99,11 @@ const cg_cfg_opt cg_gateway_options[] = {
         NULL, 0, 0,
         "MODEL=RATIO[:PREFIX_TOKENS]: the recompute_ratio (and recompute_prefix_tokens) a "
         "request for MODEL gets when it sends none; MODEL * = any other model; repeatable"),
+    OPT("max-json-values", "CHUNKGATE_MAX_JSON_VALUES", CG_CFG_INT, max_json_values, "100000",
+        16, 100000000,
+        "most JSON values (array elements and object members) in a request body; more -> 400"),
+    OPT("max-json-depth", "CHUNKGATE_MAX_JSON_DEPTH", CG_CFG_INT, max_json_depth, "64", 4, 2048,
+        "deepest nesting of arrays and objects in a request body; deeper -> 400"),
 };
 const size_t cg_gateway_n_options = CG_ARRAY_LEN(cg_gateway_options);
 

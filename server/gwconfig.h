@@ -43,6 +43,8 @@ typedef struct cg_gateway_config {
     int key_hash; /* cg_key_hash */
     long long index_busy_timeout_ms;
     cg_strlist recompute_defaults; /* --recompute-default MODEL=RATIO[:PREFIX_TOKENS] */
+    long long max_json_values;
+    long long max_json_depth;
 } cg_gateway_config;
 
 /* Per-model recompute defaults (--recompute-default) for requests that send none. */

@@ -33,7 +33,7 @@ struct cg_gateway {
     /* Series updated on every request, looked up once. */
     cg_metric *m_seg_system, *m_seg_chunk, *m_seg_question;
     cg_metric *m_empty, *m_hits, *m_misses, *m_reused, *m_computed;
-    cg_metric *m_fallbacks, *m_passthrough, *m_disconnects;
+    cg_metric *m_fallbacks, *m_passthrough, *m_disconnects, *m_fast_path;
     cg_metric *m_fallback_no_worker, *m_fallback_worker_error, *m_fallback_model;
     cg_metric *m_releases, *m_ttft, *m_assemble;
     cg_metric *m_busy; /* assembles a worker answered 429 */
@@ -45,6 +45,16 @@ struct cg_gateway {
     char ready_msg[256];
 
     struct cg_status_ring *recent; /* the status page's recent requests (status.c) */
+    json_t *cc_passthrough;        /* the chunk_cache of every pass-through (fastpath.c) */
+
+    /* The request counter and duration histogram of the last (route, status) pairs seen
+     * (gateway.c on_done): a registry lookup compares every series' name and labels. */
+    pthread_mutex_t done_mu;
+    struct {
+        const char *route; /* a route's static name: its address identifies it */
+        int status;
+        cg_metric *count, *duration;
+    } done_cache[64];
 };
 
 /* ---- helpers every module uses (gwstate.c) ---- */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "backends/worker_client.h"
+#include "server/fields.h"
 #include "server/gwstate.h"
 #include "server/orchestrate.h"
 #include "server/segments.h"
@@ -66,6 +67,13 @@ static void handle(cg_http_req *req, cg_gateway *g, int chat)
     }
     segs.tenant = cg_gw_tenant(g, req);
     if ((st = cg_gw_segment_request(g, body, model, chat, &segs, &param, msg, sizeof msg)) != CG_OK)
+        goto bad;
+    /* A chat is answered through /v1/completions when a worker may take it (the main path, or
+     * any chat without --backend); only --backend gets the chat itself. What has no
+     * completions equivalent is refused by name, never dropped (server/fields.h). */
+    if (chat &&
+        (!g->has_backend || (!segs.split.passthrough && cg_workers_count(g->workers) > 0)) &&
+        (st = cg_gw_check_chat_fields(body, &param, msg, sizeof msg)) != CG_OK)
         goto bad;
     if (!g->has_backend && !cg_workers_count(g->workers)) {
         cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL,

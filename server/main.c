@@ -1,6 +1,7 @@
 /* chunkgate: the gateway executable. Parses the configuration, starts the gateway, logs the
  * bound address, and stops gracefully on SIGINT/SIGTERM. Exit status: 0 after a clean stop,
  * 1 when startup fails, 2 for a bad configuration. */
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -52,6 +53,14 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     raise_fd_limit();
+    /* Buffers of 256 KiB and more (request bodies, prompt strings, forwarded bodies) get their
+     * own mappings and go back to the system when freed. Setting the threshold also stops
+     * glibc from raising it after each large free, which would put the next 8 MiB bodies on
+     * the heap for good. Smaller frees are returned by the HTTP layer's heap trim, every
+     * 16 MiB; glibc's own trim of the heap top on every free past 128 KiB is off, as it
+     * would give pages back and fault them in again request after request. */
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024);
     if (cg_gateway_open(&cfg, &g) != CG_OK) {
         rc = 1;
         goto out;

@@ -14,6 +14,7 @@
 #include "backends/worker_client.h"
 #include "cache/chat.h"
 #include "cache/chatreq.h"
+#include "server/fields.h"
 #include "server/relay.h"
 
 /* Fields of ours that an OpenAI-compatible backend would not know: never forwarded to it. */
@@ -32,6 +33,7 @@ typedef struct gw_call {
     char rid[72];
     cg_worker *w; /* routed worker (reference, in flight) */
     cg_route_kind kind;
+    const char *fallback_reason; /* static; set once the request falls back */
     uint64_t t0;
     int busy_tries; /* workers that answered 429 to this request's assemble */
 } gw_call;
@@ -77,13 +79,8 @@ static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, 
     for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
         has_ext |= json_object_get(body, EXT_FIELDS[i]) != NULL;
     *strip_usage = ask_usage(body, stream);
-    if (!has_ext && !*strip_usage) {
-        const char *raw = cg_http_req_body(req, len);
-        char *copy = cg_malloc(*len + 1);
-        memcpy(copy, raw, *len);
-        copy[*len] = '\0';
-        return copy;
-    }
+    if (!has_ext && !*strip_usage) return cg_http_req_take_body(req, len); /* no copy */
+    cg_http_req_drop_body(req);
     json_t *docs = json_object_get(body, "documents");
     if (chat && json_is_array(docs) && json_array_size(docs)) {
         cg_buf joined;
@@ -128,23 +125,22 @@ static void set_recompute(json_t *o, const cg_gw_segments *s)
         json_object_set_new(o, "recompute_ratio", json_real(s->recompute_ratio));
 }
 
-/* The body for a worker's /v1/completions, or /v1/chat/completions for a chat: the worker
- * splits a "# #" prompt and renders a chat itself, exactly as the gateway did (the same
- * template, the same rule), so the tenant salt, mode and the separator in use go along: a
- * fallback never mixes tenants in the worker's pool. */
+/* The body for a worker's /v1/completions, or /v1/chat/completions for a chat: the fields
+ * the worker reads (server/fields.h; unknown ones stay here). The worker splits a "# #"
+ * prompt and renders a chat itself, exactly as the gateway did (the same template, the same
+ * rule), so the tenant salt, mode and the separator in use go along: a fallback never mixes
+ * tenants in the worker's pool. */
 static char *worker_plain_body(gw_call *c, int *strip_usage, size_t *len)
 {
-    json_t *o = json_copy(c->body); /* shallow: top-level edits only */
-    if (!c->chat) json_object_del(o, "documents");
+    json_t *o = c->chat ? cg_gw_worker_chat_fields(c->body) : cg_gw_worker_fields(c->body);
     set_recompute(o, &c->segs);
+    if (c->segs.quality_probe) json_object_set_new(o, "quality_probe", json_true());
     *strip_usage = ask_usage(o, c->stream);
     json_object_set_new(o, "chunk_separator", json_string(c->segs.separator));
+    json_object_set_new(o, "chunk_mode", json_string(cg_mode_name(c->segs.mode)));
     if (c->segs.no_bos) json_object_set_new(o, "add_special_tokens", json_false());
     /* The salt the keys were made with (a tenant's salt is not the client's cache_salt). */
-    if (c->segs.salt)
-        json_object_set_new(o, "cache_salt", json_string(c->segs.salt));
-    else
-        json_object_del(o, "cache_salt");
+    if (c->segs.salt) json_object_set_new(o, "cache_salt", json_string(c->segs.salt));
     char *out = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     *len = strlen(out);
@@ -192,12 +188,15 @@ static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
         json_array_append_new(segs, seg_json(s, k, json_integer((json_int_t)r->n_tokens), r->hit,
                                              json_string(r->tier)));
     }
-    json_t *cc =
-        json_pack("{s:o, s:s, s:s, s:b, s:b, s:I, s:s, s:n, s:o}", "segments", segs, "mode",
-                  cg_mode_name(s->mode), "worker", cg_worker_url(c->w), "fallback", 0,
-                  "passthrough", 0, "empty_segments", (json_int_t)s->split.empty_skipped, "routing",
-                  cg_route_kind_name(c->kind), "fallback_reason", "recomputed_tokens",
-                  a->recomputed_tokens >= 0 ? json_integer(a->recomputed_tokens) : json_null());
+    /* After a worker failed, the request was assembled on another one: fallback, and the
+     * segments are what that worker reported, so they agree with cached_tokens. */
+    json_t *cc = json_pack(
+        "{s:o, s:s, s:s, s:b, s:b, s:I, s:s, s:o, s:o}", "segments", segs, "mode",
+        cg_mode_name(s->mode), "worker", cg_worker_url(c->w), "fallback", c->fallback_reason != NULL,
+        "passthrough", 0, "empty_segments", (json_int_t)s->split.empty_skipped, "routing",
+        cg_route_kind_name(c->kind), "fallback_reason",
+        c->fallback_reason ? json_string(c->fallback_reason) : json_null(), "recomputed_tokens",
+        a->recomputed_tokens >= 0 ? json_integer(a->recomputed_tokens) : json_null());
     /* null until the relay finds the worker's comparison in its answer (never with an external
      * --backend, which decodes without the worker) */
     if (s->quality_probe) json_object_set_new(cc, "quality", json_null());
@@ -206,10 +205,12 @@ static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
 
 /* ---------------------------------------------------------------- plain forwarding */
 
-static void count_fallback(cg_gateway *g, const gw_call *c, const char *reason)
+/* Counts a request's fallback once, however many steps it takes (reason: static). */
+static void count_fallback(cg_gateway *g, gw_call *c, const char *reason)
 {
+    if (c->fallback_reason) return;
+    c->fallback_reason = reason;
     cg_metric_add(g->m_fallbacks, 1);
-    cg_metric_add(g->m_misses, (double)c->segs.n_keys);
     cg_metric_add(!strcmp(reason, "model")          ? g->m_fallback_model
                   : !strcmp(reason, "worker_error") ? g->m_fallback_worker_error
                                                     : g->m_fallback_no_worker,
@@ -222,7 +223,10 @@ static void count_fallback(cg_gateway *g, const gw_call *c, const char *reason)
 static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclude, const char *why)
 {
     cg_gateway *g = c->g;
-    if (reason) count_fallback(g, c, reason);
+    if (reason) {
+        count_fallback(g, c, reason);
+        cg_metric_add(g->m_misses, (double)c->segs.n_keys); /* nothing of it was looked at */
+    }
     cg_gw_target t = {.route = route_name(c),
                       .model = json_string_value(json_object_get(c->body, "model")),
                       .cached_tokens = -1,
@@ -248,6 +252,7 @@ static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclu
         t.worker = w;
         t.backend_is_worker = 1;
         body = worker_plain_body(c, &t.strip_usage, &len);
+        cg_http_req_drop_body(c->req);
     }
     json_t *cc = chunk_cache_plain(&c->segs, c->ent, reason);
     cg_gw_relay_to(g, c->req, &t, body, len, c->stream, cc);
@@ -336,9 +341,12 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
     cg_gateway *g = c->g;
     json_t *cb;
     if (c->chat) {
-        cb = cg_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len);
+        cb = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len,
+                                      !g->has_backend);
+    } else if (!g->has_backend) {
+        cb = cg_gw_worker_fields(c->body); /* the worker answers: only what it reads */
     } else {
-        cb = json_copy(c->body); /* shallow: top-level edits only */
+        cb = json_copy(c->body); /* shallow: top-level edits only; unknown fields go along */
         for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
             json_object_del(cb, EXT_FIELDS[i]);
     }
@@ -475,14 +483,27 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
     record(c, &a);
     complete(c, &a);
     goto out;
-fallback:
-    cg_log(CG_LOG_WARN, "falling back to the plain prompt: %s", why);
-    {
-        cg_worker *failed = c->w;
-        c->w = NULL;
-        forward_plain(c, "worker_error", failed, why);
+fallback: {
+    cg_worker *failed = c->w;
+    c->w = NULL;
+    /* Without --backend the plain prompt would go to another worker, which would split and
+     * assemble it anyway, out of the index's sight and with a chunk_cache that cannot say
+     * what it reused: assemble there instead, once. */
+    cg_worker *next =
+        !g->has_backend && !c->fallback_reason ? cg_workers_pick_any(g->workers, failed) : NULL;
+    if (next) {
+        cg_log(CG_LOG_WARN, "assembling on %s instead: %s", cg_worker_url(next), why);
+        count_fallback(g, c, "worker_error");
+        c->w = next;
+        c->kind = CG_ROUTE_LEAST_LOADED;
         cg_workers_release(g->workers, &failed);
+        submit_assemble(c);
+        goto out;
     }
+    cg_log(CG_LOG_WARN, "falling back to the plain prompt: %s", why);
+    forward_plain(c, "worker_error", failed, why);
+    cg_workers_release(g->workers, &failed);
+}
 out:
     json_decref(j);
     cg_wc_assembly_free(&a);
@@ -587,5 +608,8 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
         forward_plain(c, "no_worker", NULL, NULL);
         return;
     }
+    /* Parsed: only a fallback to --backend may still forward the raw bytes. */
+    if (!g->has_backend) cg_http_req_drop_body(req);
+    cg_log(CG_LOG_DEBUG, "%lld cached tokens expected", (long long)expect);
     submit_assemble(c);
 }

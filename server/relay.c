@@ -22,6 +22,7 @@ typedef enum { RELAY_INFER, RELAY_MODELS } relay_kind;
 typedef struct relay {
     cg_gateway *g;
     int strip_usage; /* drop usage from streamed events (counted, not asked for) */
+    json_t *pending_usage; /* usage that rode on a choice chunk: sent last, in its own chunk */
     relay_kind kind;
     cg_http_req *req; /* NULL once replied */
     char rid[72];     /* for log lines from the multi thread */
@@ -60,6 +61,7 @@ static void relay_free(relay *r)
 {
     cg_workers_release(r->g->workers, &r->worker);
     json_decref(r->chunk_cache);
+    json_decref(r->pending_usage);
     cg_buf_free(&r->body);
     cg_sse_free(&r->sse);
     cg_stream_unref(&r->stream);
@@ -155,6 +157,21 @@ static void push_json_event(relay *r, const cg_sse_event *ev, json_t *obj)
     free(text);
 }
 
+/* A chunk of its own for usage: the chunk's id, object, created, model and
+ * system_fingerprint, no choice. New reference. */
+static json_t *usage_chunk(json_t *chunk, json_t *usage)
+{
+    json_t *u = json_object();
+    const char *keep[] = {"id", "object", "created", "model", "system_fingerprint"};
+    for (size_t i = 0; i < CG_ARRAY_LEN(keep); i++) {
+        json_t *v = json_object_get(chunk, keep[i]);
+        if (v) json_object_set(u, keep[i], v);
+    }
+    json_object_set_new(u, "choices", json_array());
+    json_object_set(u, "usage", usage);
+    return u;
+}
+
 static void on_event(void *arg, const cg_sse_event *ev)
 {
     relay *r = arg;
@@ -184,10 +201,24 @@ static void on_event(void *arg, const cg_sse_event *ev)
             r->first_data_done = 1;
         }
         if (json_object_get(obj, "usage")) fix_usage(r->g, obj, r->cached_tokens, r->count_usage);
+        json_t *usage = json_object_get(obj, "usage");
         json_t *choices = json_object_get(obj, "choices");
         int usage_only = json_is_array(choices) && json_array_size(choices) == 0 &&
-                         json_is_object(json_object_get(obj, "usage"));
-        if (r->strip_usage) json_object_del(obj, "usage");
+                         json_is_object(usage);
+        if (usage_only && r->pending_usage) json_decref(r->pending_usage), r->pending_usage = NULL;
+        if (json_is_object(usage) && !usage_only) {
+            /* Usage riding on a choice chunk: OpenAI sends it in a final chunk of its own with
+             * "choices": [], and "usage": null on the others. */
+            if (!r->strip_usage) {
+                json_decref(r->pending_usage);
+                r->pending_usage = usage_chunk(obj, usage);
+                json_object_set_new(obj, "usage", json_null());
+            } else {
+                json_object_del(obj, "usage");
+            }
+        } else if (r->strip_usage) {
+            json_object_del(obj, "usage");
+        }
         if (!(r->strip_usage && usage_only)) push_json_event(r, ev, obj);
         json_decref(obj);
     } else {
@@ -383,6 +414,10 @@ static void on_done(void *arg, cg_status st, long http, const char *detail)
             cg_log(CG_LOG_INFO, "client left after %zu events; upstream cancelled", r->events);
         } else if (st == CG_OK && !r->sse_error) {
             if (partial) cg_log(CG_LOG_WARN, "the backend's stream ended inside an event");
+            if (r->pending_usage) {
+                cg_sse_event none = {0};
+                push_json_event(r, &none, r->pending_usage);
+            }
             push(r, "data: [DONE]\n\n", 14);
         } else {
             /* The answer was cut: say so in the stream (OpenAI clients raise on an error

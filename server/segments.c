@@ -63,6 +63,7 @@ static cg_status render_chat(cg_gateway *g, json_t *body, const cg_chat_req *cr,
 {
     cg_status st;
     cg_chat_model *cm = cr->non_text ? NULL : cg_workers_chat_model(g->workers);
+    *param = "messages"; /* what a rendering that fails is about */
     if (cm) {
         int agp = 1;
         json_t *kw = NULL;

@@ -14,10 +14,24 @@
 /* Segments kept per recorded request: a request may have thousands, the page shows a few. */
 #define SEGS_KEPT 64
 
+/* One recorded request. Its JSON is built when /v1/stats asks, not on the request path:
+ * chunk_cache is kept by reference (it never changes once the answer has it, and holds no
+ * prompt text). */
+typedef struct entry {
+    uint64_t time_ms;
+    const char *route; /* static */
+    char model[128];
+    int has_model, status;
+    long long cached_tokens;
+    double ttft_ms;
+    json_t *cc; /* NULL = empty slot or none */
+    int used;
+} entry;
+
 struct cg_status_ring {
     pthread_mutex_t mu;
-    json_t *slot[CG_STATUS_RECENT]; /* immutable once stored; NULL = empty */
-    size_t next;                    /* slot the next request goes to */
+    entry slot[CG_STATUS_RECENT];
+    size_t next; /* slot the next request goes to */
     uint64_t requests, errors;
     uint64_t started_ms; /* wall clock at creation */
 };
@@ -36,7 +50,7 @@ void cg_status_ring_free(cg_status_ring **rp)
     if (!r) return;
     *rp = NULL;
     for (size_t i = 0; i < CG_STATUS_RECENT; i++)
-        json_decref(r->slot[i]);
+        json_decref(r->slot[i].cc);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }
@@ -47,11 +61,10 @@ static const char *str_of(json_t *o, const char *k)
     return json_string_value(json_object_get(o, k));
 }
 
-/* The recorded form of one request: only what the page shows, copied out of the caller's
- * chunk_cache (which lives on in the client's answer). */
-static json_t *entry_json(const cg_status_rec *rec)
+/* The page's form of one request: only what it shows. */
+static json_t *entry_json(const entry *rec)
 {
-    json_t *cc = rec->chunk_cache;
+    json_t *cc = rec->cc;
     json_t *segs = json_array();
     size_t n = 0, hits = 0, all = 0;
     json_t *s;
@@ -67,8 +80,9 @@ static json_t *entry_json(const cg_status_rec *rec)
                             json_is_integer(tok) ? tok : NULL, "tier", str_of(s, "tier")));
     }
     json_t *e = json_pack("{s:I, s:s, s:s?, s:i, s:o, s:I, s:I, s:o}", "time_ms",
-                          (json_int_t)cg_wall_ms(), "route", rec->route ? rec->route : "",
-                          "model", rec->model, "status", rec->status, "segments", segs,
+                          (json_int_t)rec->time_ms, "route", rec->route ? rec->route : "",
+                          "model", rec->has_model ? rec->model : NULL, "status", rec->status,
+                          "segments", segs,
                           "segments_total", (json_int_t)n, "hits", (json_int_t)hits, "ttft_ms",
                           rec->ttft_ms >= 0 ? json_real(round(rec->ttft_ms * 10) / 10)
                                             : json_null());
@@ -100,10 +114,18 @@ static json_t *entry_json(const cg_status_rec *rec)
 void cg_status_ring_add(cg_status_ring *r, const cg_status_rec *rec)
 {
     if (!r) return;
-    json_t *e = entry_json(rec); /* built outside the lock: it is the costly part */
+    entry e = {.time_ms = cg_wall_ms(),
+               .route = rec->route,
+               .has_model = rec->model != NULL,
+               .status = rec->status,
+               .cached_tokens = rec->cached_tokens,
+               .ttft_ms = rec->ttft_ms,
+               .cc = json_incref(rec->chunk_cache),
+               .used = 1};
+    if (rec->model) snprintf(e.model, sizeof e.model, "%s", rec->model);
     json_t *old;
     pthread_mutex_lock(&r->mu);
-    old = r->slot[r->next];
+    old = r->slot[r->next].cc;
     r->slot[r->next] = e;
     r->next = (r->next + 1) % CG_STATUS_RECENT;
     r->requests++;
@@ -125,9 +147,8 @@ json_t *cg_status_ring_json(cg_status_ring *r)
     json_t *out = json_array();
     pthread_mutex_lock(&r->mu);
     for (size_t i = 1; i <= CG_STATUS_RECENT; i++) {
-        json_t *e = r->slot[(r->next + CG_STATUS_RECENT - i) % CG_STATUS_RECENT];
-        /* A deep copy: the stored entry's reference count is never touched off the lock. */
-        if (e) json_array_append_new(out, json_deep_copy(e));
+        const entry *e = &r->slot[(r->next + CG_STATUS_RECENT - i) % CG_STATUS_RECENT];
+        if (e->used) json_array_append_new(out, entry_json(e));
     }
     pthread_mutex_unlock(&r->mu);
     return out;

@@ -26,8 +26,9 @@ typedef struct cg_status_rec {
 cg_status_ring *cg_status_ring_new(void);
 /* NULL-safe; sets *r to NULL. */
 void cg_status_ring_free(cg_status_ring **r);
-/* Appends one request (copied: no prompt text, only keys, roles, tokens, hits). Oldest entries
- * are dropped beyond CG_STATUS_RECENT. r NULL is a no-op. */
+/* Appends one request: its fields copied, its chunk_cache kept by reference (no prompt text,
+ * only keys, roles, tokens, hits; it must not change afterwards). Oldest entries are dropped
+ * beyond CG_STATUS_RECENT. r NULL is a no-op. */
 void cg_status_ring_add(cg_status_ring *r, const cg_status_rec *rec);
 /* Requests added since start, and of those the ones answered with status >= 400. */
 void cg_status_ring_totals(cg_status_ring *r, uint64_t *requests, uint64_t *errors);

@@ -16,6 +16,8 @@
  *   FAULT:BADSSE      stream: the first event's data is not JSON, then a line without a colon,
  *                     an unknown field and a bad retry, then the normal events
  *   FAULT:HUGESSE:n   stream: after 1 event, one data line of n bytes
+ *   FAULT:USAGELAST   stream: usage (when asked for) rides on the last choice chunk instead of
+ *                     a chunk of its own, as some backends send it
  * Libmicrohttpd is used directly (thread per connection, so a stream can simply sleep). */
 #include <arpa/inet.h>
 #include <sys/socket.h>
@@ -56,7 +58,7 @@ typedef struct stream {
     conn *c;
     struct MHD_Connection *mc;
     int chat, crlf, close_after, stall_ms, events, usage, i, phase;
-    int midstall_ms, rst, badsse;
+    int midstall_ms, rst, badsse, usage_last;
     long huge, huge_sent; /* FAULT:HUGESSE: bytes of the long line, sent so far */
     char *model;
     json_t *fake; /* echo object for the first event */
@@ -158,6 +160,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
                            "index", 0, "text", text, "finish_reason");
         if (s->i == 0) json_object_set(ev, "fake", s->fake);
         if (s->usage) json_object_set_new(ev, "usage", json_null());
+        if (s->usage && s->usage_last && s->i == s->events - 1) {
+            json_object_set_new(ev, "usage",
+                                json_pack("{s:i, s:i, s:i}", "prompt_tokens", (int)s->prompt_len,
+                                          "completion_tokens", s->events, "total_tokens",
+                                          (int)s->prompt_len + s->events));
+            s->phase = 1; /* no chunk of its own */
+        }
         data = json_dumps(ev, JSON_COMPACT);
         json_decref(ev);
         s->i++;
@@ -271,6 +280,7 @@ static MHD_RESULT handle_infer(struct MHD_Connection *mc, conn *c, int chat)
         s->midstall_ms = ms > 0 ? (int)ms : 0;
         s->rst = magic(text, "FAULT:RST") >= 0;
         s->badsse = magic(text, "FAULT:BADSSE") >= 0;
+        s->usage_last = magic(text, "FAULT:USAGELAST") >= 0;
         long huge = magic(text, "FAULT:HUGESSE");
         s->huge = huge > 0 ? huge : 0;
         s->events = magic(text, "FAULT:SLOW") >= 0 ? 60 : n_events;

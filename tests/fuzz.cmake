@@ -4,7 +4,8 @@
 # the libFuzzer binaries fuzz_<target> are built as well.
 option(CG_FUZZ "Build the libFuzzer targets in tests/fuzz (clang; see scripts/fuzz.sh)" OFF)
 
-set(CG_FUZZ_TARGETS split chat sse json_request safetensors config kvwire disk chat_template)
+set(CG_FUZZ_TARGETS split chat sse json_request safetensors config kvwire disk chat_template
+    http_frame)
 set(CG_FUZZ_LIBS_split cg_cache)
 set(CG_FUZZ_LIBS_chat cg_cache)
 set(CG_FUZZ_LIBS_sse cg_backends)
@@ -14,6 +15,7 @@ set(CG_FUZZ_LIBS_config cg_wserve)
 set(CG_FUZZ_LIBS_kvwire cg_kv)
 set(CG_FUZZ_LIBS_disk cg_wserve)
 set(CG_FUZZ_LIBS_chat_template cg_cache)
+set(CG_FUZZ_LIBS_http_frame cg_base)
 
 if(CG_FUZZ)
   if(NOT CMAKE_C_COMPILER_ID MATCHES "Clang")

@@ -1,5 +1,6 @@
-# Gateway suites: the SSE parser, the HTTP layer and config table (in-process server on port 0),
-# and the integration suite that starts the real chunkgate against tests/fake_backend.
+# Gateway suites: the SSE parser, the HTTP layer (in-process server on port 0), its raw framing
+# check and the config table, and the integration suite that starts the real chunkgate
+# against tests/fake_backend.
 add_executable(fake_backend ${CMAKE_CURRENT_SOURCE_DIR}/fake_backend.c)
 target_link_libraries(fake_backend PRIVATE cg_test_harness PkgConfig::MHD PkgConfig::JANSSON
                       Threads::Threads)
@@ -7,6 +8,7 @@ target_link_libraries(fake_backend PRIVATE cg_test_harness PkgConfig::MHD PkgCon
 cg_check_test(NAME test_sse SOURCES test_sse.c LIBS cg_backends)
 cg_check_test(NAME test_config SOURCES test_config.c LIBS cg_server)
 cg_check_test(NAME test_http SOURCES test_http.c LIBS cg_server)
+cg_check_test(NAME test_http_frame SOURCES test_http_frame.c LIBS cg_base)
 
 cg_check_test(NAME test_gateway SOURCES test_gateway.c LIBS cg_server TIMEOUT 600
               PROGRAMS chunkgate fake_backend)

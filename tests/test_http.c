@@ -1,13 +1,20 @@
 /* Tests of the HTTP layer (base/http.c) with a real in-process server on port 0 and libcurl:
- * routing, 404/405, body caps with and without Content-Length, request ids, bearer auth,
- * streams (blocking and non-blocking producers, close, client disconnect), quiesce, and the
- * JSON field helpers. */
+ * routing, 404/405, HEAD, body caps with and without Content-Length, request ids, bearer auth
+ * (also before a 100-continue body), streams (blocking and non-blocking producers, close,
+ * client disconnect), quiesce, the JSON field helpers; and over raw sockets, the framing check
+ * in front of libmicrohttpd (RFC 9112 refusals in the OpenAI shape, chunked bodies cut at the
+ * cap, lingering close), next to what the library answers without it. */
 #include <check.h>
 #include <curl/curl.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include "base/http.h"
@@ -210,11 +217,41 @@ static void h_idle(cg_http_req *r, void *app)
     pthread_detach(t);
 }
 
+/* A route with a fast handler: "inline" is answered on the MHD thread, "later" from another
+ * thread after the fast handler returned, anything else goes to the job pool. */
+static void h_fast_job(cg_http_req *r, void *app)
+{
+    cg_http_reply_json(r, 200, json_pack("{s:s}", "path", "job"));
+}
+static void *fast_later(void *arg)
+{
+    sleep_ms(30);
+    cg_http_reply_json(arg, 200, json_pack("{s:s}", "path", "later"));
+    return NULL;
+}
+static int h_fast(cg_http_req *r, void *app)
+{
+    size_t n;
+    const char *b = cg_http_req_body(r, &n);
+    if (n == 6 && !memcmp(b, "inline", 6)) {
+        cg_http_reply_json(r, 200, json_pack("{s:s}", "path", "inline"));
+        return 1;
+    }
+    if (n == 5 && !memcmp(b, "later", 5)) {
+        pthread_t t;
+        pthread_create(&t, NULL, fast_later, r);
+        pthread_detach(t);
+        return 1;
+    }
+    return 0;
+}
+
 static const cg_http_route routes[] = {
     {"GET", "/t/hello", h_hello, CG_ROUTE_INLINE, "hello"},
     {"GET", "/t/items/*", h_item, 0, "item"},
     {"GET", "/t/items/*/sub/*", h_item, 0, "item_sub"},
     {"POST", "/t/echo", h_echo, 0, "echo"},
+    {"POST", "/t/secure", h_echo, CG_ROUTE_AUTH, "secure"},
     {"GET", "/t/admin", h_ok, CG_ROUTE_ADMIN, "admin"},
     {"GET", "/t/auth", h_ok, CG_ROUTE_AUTH, "auth"},
     {"GET", "/t/late", h_late, 0, "late"},
@@ -222,7 +259,9 @@ static const cg_http_route routes[] = {
     {"GET", "/t/slow", h_slow, 0, "slow"},
     {"GET", "/t/nowait", h_nowait, 0, "nowait"},
     {"GET", "/t/idle", h_idle, 0, "idle"},
+    {"POST", "/t/fast", h_fast_job, 0, "fast"},
 };
+static cg_http_fast_handler fast[sizeof routes / sizeof routes[0]];
 
 static const char *const api_keys[] = {"key-one", "key-two", NULL};
 static int done_calls;
@@ -249,6 +288,8 @@ static void setup(void)
     p.api_keys = api_keys;
     p.routes = routes;
     p.n_routes = sizeof routes / sizeof routes[0];
+    fast[p.n_routes - 1] = h_fast;
+    p.fast = fast;
     p.done = on_done;
     ck_assert_int_eq(cg_http_open(&p, &srv), CG_OK);
     port = cg_http_port(srv);
@@ -293,6 +334,111 @@ static void wait_locked(const int *flag, int secs)
     pthread_mutex_lock(&prod_mu);
     while (!*flag && pthread_cond_timedwait(&prod_cv, &prod_mu, &ts) == 0) {
     }
+}
+
+/* ------------------------------------------------------------ raw sockets */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int raw_connect(uint16_t to)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(to)};
+    a.sin_addr.s_addr = htonl(0x7f000001);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+/* Sends everything, blocking; returns 0, or the errno of the failed send. */
+static int raw_send(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return errno ? errno : EPIPE;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Reads until the peer closes or timeout_ms without data; NUL-terminated, caller frees.
+ * *closed: 1 when the peer closed (0: timed out; -1: reset). */
+static char *raw_recv(int fd, int timeout_ms, int *closed)
+{
+    cg_buf b;
+    cg_buf_init(&b, 0);
+    int c = 0;
+    for (;;) {
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, timeout_ms) <= 0) break;
+        char tmp[16384];
+        ssize_t n = recv(fd, tmp, sizeof tmp, 0);
+        if (n == 0) {
+            c = 1;
+            break;
+        }
+        if (n < 0) {
+            c = -1;
+            break;
+        }
+        ck_assert_int_eq(cg_buf_append(&b, tmp, (size_t)n), CG_OK);
+    }
+    if (closed) *closed = c;
+    if (!b.data) ck_assert_int_eq(cg_buf_append(&b, "", 0), CG_OK);
+    return b.data;
+}
+
+/* One exchange on a new connection: the whole answer, read until the server closes. */
+static char *raw_exchange(uint16_t to, const char *req, size_t len)
+{
+    int fd = raw_connect(to);
+    ck_assert_int_eq(raw_send(fd, req, len), 0);
+    int closed;
+    char *ans = raw_recv(fd, 5000, &closed);
+    ck_assert_msg(closed == 1, "the server did not close: %.200s", ans);
+    close(fd);
+    return ans;
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+/* Status lines in raw answers: at the start or right after a line end. */
+static int status_lines(const char *ans)
+{
+    return !strncmp(ans, "HTTP/1.1 ", 9) + count_of(ans, "\nHTTP/1.1 ");
+}
+
+/* A raw answer is one HTTP/1.1 response with this status and an OpenAI error with this code,
+ * and the server closes. */
+static void assert_raw_error(const char *ans, int status, const char *code)
+{
+    char want[32];
+    snprintf(want, sizeof want, "HTTP/1.1 %d ", status);
+    ck_assert_msg(!strncmp(ans, want, strlen(want)), "want %d: %.300s", status, ans);
+    ck_assert_msg(status_lines(ans) == 1, "more than one status line: %.600s", ans);
+    ck_assert_msg(strstr(ans, "Content-Type: application/json\r\n"), "not JSON: %.300s", ans);
+    const char *body = strstr(ans, "\r\n\r\n");
+    ck_assert_ptr_nonnull(body);
+    json_t *j = json_loads(body + 4, 0, NULL);
+    ck_assert_msg(j != NULL, "body is not one JSON value: %s", body + 4);
+    json_t *e = json_object_get(j, "error");
+    ck_assert(json_is_string(json_object_get(e, "message")));
+    ck_assert(json_is_string(json_object_get(e, "type")));
+    ck_assert_str_eq(json_string_value(json_object_get(e, "code")), code);
+    json_decref(j);
 }
 
 /* ------------------------------------------------------------ tests */
@@ -347,6 +493,33 @@ START_TEST(routing)
 }
 END_TEST
 
+/* A fast handler takes what it can on the MHD thread (answering at once or later, from
+ * another thread), and leaves the rest to the job pool; over keep-alive too. */
+START_TEST(fast_handlers)
+{
+    const char *bodies[] = {"inline", "later", "other", "inline", "later"};
+    const char *paths[] = {"inline", "later", "job", "inline", "later"};
+    for (size_t i = 0; i < 5; i++) {
+        th_resp r;
+        http(&r, "POST", "/t/fast", bodies[i], strlen(bodies[i]), NULL, 0);
+        ck_assert_int_eq(r.status, 200);
+        json_t *j = th_body_json(&r);
+        ck_assert_str_eq(json_string_value(json_object_get(j, "path")), paths[i]);
+        ck_assert_str_ne(r.rid, "");
+        json_decref(j);
+        th_resp_free(&r);
+    }
+    /* pipelined on one connection: the answers come in order */
+    const char *two = "POST /t/fast HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nlater"
+                      "POST /t/fast HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\nConnection: "
+                      "close\r\n\r\ninline";
+    char *ans = raw_exchange(port, two, strlen(two));
+    const char *a = strstr(ans, "\"later\""), *b = strstr(ans, "\"inline\"");
+    ck_assert_msg(a && b && a < b, "%s", ans);
+    free(ans);
+}
+END_TEST
+
 START_TEST(json_body)
 {
     th_resp r;
@@ -366,12 +539,67 @@ START_TEST(json_body)
                {"{bad", "invalid_json"},
                {"[1, 2]", "invalid_type"},
                {"\"s\"", "invalid_json"},
-               {"{\"a\": \"\xff\"}", "invalid_utf8"}};
+               {"{\"a\": \"\xff\"}", "invalid_utf8"},
+               {"{\"a\": 1, \"a\": 1}", "invalid_json"},      /* duplicate keys, even equal */
+               {"{\"a\": [{\"b\": 1, \"b\": 2}]}", "invalid_json"}}; /* at any depth */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         http(&r, "POST", "/t/echo", bad[i].body, strlen(bad[i].body), NULL, 0);
         assert_error(&r, 400, bad[i].code);
         th_resp_free(&r);
     }
+    /* nesting: the default limit is 64 levels (the body object is level 1) */
+    for (int past = 0; past <= 1; past++) {
+        char deep[200] = "{\"a\":";
+        int n = 63 + past;
+        size_t at = strlen(deep);
+        for (int i = 0; i < n; i++) deep[at++] = '[';
+        for (int i = 0; i < n; i++) deep[at++] = ']';
+        deep[at++] = '}';
+        deep[at] = '\0';
+        http(&r, "POST", "/t/echo", deep, at, NULL, 0);
+        if (past)
+            assert_error(&r, 400, "json_too_complex");
+        else
+            ck_assert_int_eq(r.status, 200);
+        th_resp_free(&r);
+    }
+}
+END_TEST
+
+/* The value count and depth scan on its own: counts 1 + containers + commas, skips strings
+ * (escaped quotes and brackets in them included), and leaves malformed text to the parser. */
+START_TEST(json_limits_scan)
+{
+    cg_json_limits l = {.max_values = 5, .max_depth = 3};
+    char msg[128];
+    struct {
+        const char *text;
+        cg_status st;
+    } cases[] = {
+        {"{\"a\":[1,2]}", CG_OK},                       /* 1 + 2 + 1 = 4 */
+        {"{\"a\":[1,2,3]}", CG_OK},                     /* 5 */
+        {"{\"a\":[1,2,3,4]}", CG_E_JSON_LIMIT},         /* 6 */
+        {"{\"a\":\"[[[[,,,,,,]]]]\"}", CG_OK},          /* inside a string */
+        {"{\"a\":\"\\\"[[[[,,,,,\"}", CG_OK},           /* an escaped quote does not end it */
+        {"{\"a\":\"\\\\\",[[[[\"}", CG_E_JSON_LIMIT},   /* an escaped backslash does */
+        {"[[[]]]", CG_OK},
+        {"[[[[]]]]", CG_E_JSON_LIMIT},
+        {"{\"a\":\"unterminated [[[[[[", CG_OK},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        msg[0] = '\0';
+        cg_status st = cg_json_check_limits(cases[i].text, strlen(cases[i].text), &l, msg, sizeof msg);
+        ck_assert_msg(st == cases[i].st, "case %zu (%s): %s", i, cases[i].text, cg_status_name(st));
+        if (st != CG_OK) ck_assert_str_ne(msg, "");
+    }
+    cg_status st;
+    const char *ok = "{\"a\":1,\"b\":{\"a\":2}}", *dup = "{\"a\":1,\"a\":2}";
+    json_t *j = cg_json_parse_object(ok, strlen(ok), &l, &st, msg, sizeof msg);
+    ck_assert_ptr_nonnull(j); /* the same key in different objects is fine */
+    json_decref(j);
+    ck_assert_ptr_null(cg_json_parse_object(dup, strlen(dup), &l, &st, msg, sizeof msg));
+    ck_assert_int_eq(st, CG_E_JSON);
+    ck_assert_ptr_nonnull(strstr(msg, "duplicate"));
 }
 END_TEST
 
@@ -690,6 +918,325 @@ START_TEST(json_helpers)
 }
 END_TEST
 
+/* ------------------------------------------------------------ framing (raw sockets) */
+
+#define HOST "Host: x\r\n"
+
+/* RFC 9112 framing errors get one clean answer in the OpenAI shape, and the connection closes.
+ * Without the framing check libmicrohttpd 0.9.75 answers most of these itself with HTML (a
+ * malformed Content-Length even with its status line twice), or not at all. */
+START_TEST(framing_refusals)
+{
+    char big_target[12000];
+    memset(big_target, 'a', sizeof big_target);
+    big_target[0] = '/';
+    big_target[sizeof big_target - 1] = '\0';
+    char *long_url = NULL, *many = NULL;
+    cg_buf b;
+    cg_buf_init(&b, 0);
+    ck_assert_int_eq(cg_buf_printf(&b, "GET %s HTTP/1.1\r\n" HOST "\r\n", big_target), CG_OK);
+    long_url = b.data;
+    cg_buf_init(&b, 0);
+    ck_assert_int_eq(cg_buf_printf(&b, "GET /t/hello HTTP/1.1\r\n" HOST), CG_OK);
+    for (int i = 0; i < 150; i++) ck_assert_int_eq(cg_buf_printf(&b, "X-H%d: v\r\n", i), CG_OK);
+    ck_assert_int_eq(cg_buf_printf(&b, "\r\n"), CG_OK);
+    many = b.data;
+    const struct {
+        const char *req;
+        int status;
+        const char *code;
+    } cases[] = {
+        {"POST /t/echo HTTP/1.1\r\n" HOST "Content-Length: -1\r\n\r\n", 400, "bad_request"},
+        {"POST /t/echo HTTP/1.1\r\n" HOST "Content-Length: abc\r\n\r\n", 400, "bad_request"},
+        {"POST /t/echo HTTP/1.1\r\n" HOST "Content-Length: 99999999999999999999999\r\n\r\n", 400,
+         "bad_request"},
+        {"POST /t/echo HTTP/1.1\r\n" HOST "Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+         400, "bad_request"},
+        {"POST /t/echo HTTP/1.1\r\n" HOST "Content-Length: 7\r\nTransfer-Encoding: chunked\r\n\r\n"
+         "2\r\n{}\r\n0\r\n\r\n",
+         400, "bad_request"},
+        {"POST /t/echo HTTP/1.1\r\n" HOST "Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+         400, "bad_request"},
+        {"POST /t/echo HTTP/1.1\r\n" HOST "Transfer-Encoding: gzip\r\n\r\n", 501,
+         "not_implemented"},
+        {"GET /t/hello HTTP/1.1\r\n" HOST "X-A : b\r\n\r\n", 400, "bad_request"},
+        {"GET /t/hello HTTP/1.1\r\n" HOST "X-A: b\r\n c\r\n\r\n", 400, "bad_request"},
+        {"GET /t/hello HTTP/1.1\r\n\r\n", 400, "bad_request"},
+        {"GET /t/hello HTTP/2.0\r\n" HOST "\r\n", 505, "http_version_not_supported"},
+        {long_url, 414, "uri_too_long"},
+        {many, 431, "request_header_fields_too_large"},
+    };
+    cg_http_stats st0, st1;
+    cg_http_get_stats(srv, &st0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *ans = raw_exchange(port, cases[i].req, strlen(cases[i].req));
+        assert_raw_error(ans, cases[i].status, cases[i].code);
+        ck_assert_ptr_nonnull(strstr(ans, "Connection: close\r\n"));
+        ck_assert_ptr_nonnull(strstr(ans, "X-Request-Id: "));
+        free(ans);
+    }
+    cg_http_get_stats(srv, &st1);
+    ck_assert_uint_eq(st1.malformed - st0.malformed, sizeof cases / sizeof cases[0] - 1);
+    ck_assert_uint_eq(st1.headers_too_large - st0.headers_too_large, 1);
+    free(long_url);
+    free(many);
+    /* the server goes on serving */
+    th_resp r;
+    http(&r, "GET", "/t/hello", NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.status, 200);
+    th_resp_free(&r);
+}
+END_TEST
+
+/* What libmicrohttpd answers by itself when the framing check is off: the reason the check
+ * exists. With 0.9.75 a malformed Content-Length gets its status line and headers twice and an
+ * HTML page, a bad chunk size an HTML page, and whitespace before a colon is accepted. */
+START_TEST(library_alone)
+{
+    cg_http_params p = cg_http_default_params();
+    p.listen = "127.0.0.1:0";
+    p.max_body_bytes = 4096;
+    p.routes = routes;
+    p.n_routes = sizeof routes / sizeof routes[0];
+    p.no_framing_check = 1;
+    cg_http_server *lib = NULL;
+    ck_assert_int_eq(cg_http_open(&p, &lib), CG_OK);
+    uint16_t lport = cg_http_port(lib);
+    const char *cl = "POST /t/echo HTTP/1.1\r\n" HOST "Content-Length: abc\r\n\r\n";
+    char *ans = raw_exchange(lport, cl, strlen(cl));
+    fprintf(stderr, "libmicrohttpd %s alone, Content-Length: abc ->\n%s\n", MHD_get_version(), ans);
+    ck_assert(!strncmp(ans, "HTTP/1.1 400 ", 13));
+    ck_assert_ptr_null(strstr(ans, "application/json")); /* not ours: the library's page */
+    if (MHD_VERSION == 0x00097500) {
+        ck_assert_int_eq(status_lines(ans), 2);
+        ck_assert_ptr_nonnull(strstr(ans, "<html>"));
+    }
+    free(ans);
+    const char *chunk = "POST /t/echo HTTP/1.1\r\n" HOST "Transfer-Encoding: chunked\r\n\r\nzz\r\n";
+    ans = raw_exchange(lport, chunk, strlen(chunk));
+    ck_assert_ptr_null(strstr(ans, "application/json"));
+    free(ans);
+    const char *ws = "GET /t/hello HTTP/1.1\r\n" HOST "X-A : b\r\nConnection: close\r\n\r\n";
+    ans = raw_exchange(lport, ws, strlen(ws));
+    if (MHD_VERSION == 0x00097500) ck_assert(!strncmp(ans, "HTTP/1.1 200 ", 13));
+    free(ans);
+    cg_http_close(&lib);
+}
+END_TEST
+
+/* A chunk that declares more than the body cap is refused at its size line: 413 at once, not
+ * after the connection timeout (the client never sends the rest). */
+START_TEST(chunked_cut_at_the_cap)
+{
+    const char *head = "POST /t/echo HTTP/1.1\r\n" HOST "Transfer-Encoding: chunked\r\n\r\n"
+                       "fffffff\r\nabcdefgh";
+    int fd = raw_connect(port);
+    double t0 = now_s();
+    ck_assert_int_eq(raw_send(fd, head, strlen(head)), 0);
+    int closed;
+    char *ans = raw_recv(fd, 3000, &closed);
+    double dt = now_s() - t0;
+    close(fd);
+    assert_raw_error(ans, 413, "request_too_large");
+    ck_assert_msg(dt < 2.0, "413 after %.2f s", dt);
+    free(ans);
+    /* several small chunks that add up past the cap (4096): cut at the one that passes it */
+    cg_buf b;
+    cg_buf_init(&b, 0);
+    ck_assert_int_eq(cg_buf_printf(&b, "POST /t/echo HTTP/1.1\r\n" HOST
+                                       "Transfer-Encoding: chunked\r\n\r\n"),
+                     CG_OK);
+    for (int i = 0; i < 5; i++) {
+        char data[1001];
+        memset(data, ' ', 1000);
+        data[1000] = '\0';
+        ck_assert_int_eq(cg_buf_printf(&b, "3e8\r\n%s\r\n", data), CG_OK);
+    }
+    fd = raw_connect(port);
+    ck_assert_int_eq(raw_send(fd, b.data, b.len), 0); /* no last chunk: the client would go on */
+    ans = raw_recv(fd, 3000, &closed);
+    close(fd);
+    assert_raw_error(ans, 413, "request_too_large");
+    free(ans);
+    cg_buf_free(&b);
+}
+END_TEST
+
+/* Clients that write their whole body before reading (Python's urllib) get the 413, not a
+ * broken pipe: the server reads and discards what they send after the answer (lingering
+ * close) before it closes. */
+START_TEST(lingering_close)
+{
+    size_t n = 2u << 20; /* 2 MiB against a 4 KiB cap; more than the socket buffers hold */
+    char *body = malloc(n);
+    memset(body, 'x', n);
+    for (int chunked = 0; chunked <= 1; chunked++) {
+        char head[256];
+        snprintf(head, sizeof head,
+                 chunked ? "POST /t/echo HTTP/1.1\r\n" HOST "Transfer-Encoding: chunked\r\n\r\n%zx\r\n"
+                         : "POST /t/echo HTTP/1.1\r\n" HOST "Content-Length: %zu\r\n\r\n",
+                 n);
+        int fd = raw_connect(port);
+        ck_assert_int_eq(raw_send(fd, head, strlen(head)), 0);
+        int err = raw_send(fd, body, n);
+        ck_assert_msg(err == 0, "chunked=%d: sending the body failed: %s", chunked, strerror(err));
+        int closed;
+        char *ans = raw_recv(fd, 5000, &closed);
+        close(fd);
+        assert_raw_error(ans, 413, "request_too_large");
+        free(ans);
+    }
+    free(body);
+    cg_http_stats st;
+    for (int i = 0; i < 100; i++) { /* counted when the library lets go of the socket */
+        cg_http_get_stats(srv, &st);
+        if (st.lingered >= 2) break;
+        sleep_ms(20);
+    }
+    ck_assert_uint_ge(st.lingered, 2);
+}
+END_TEST
+
+/* Expect: 100-continue without a valid key gets 401 before the client sends the body; with one
+ * the body is asked for and served. */
+START_TEST(expect_continue_auth)
+{
+    const char *head = "POST /t/secure HTTP/1.1\r\n" HOST "Content-Length: 2\r\n"
+                       "Expect: 100-continue\r\n\r\n";
+    int fd = raw_connect(port);
+    ck_assert_int_eq(raw_send(fd, head, strlen(head)), 0);
+    int closed;
+    char *ans = raw_recv(fd, 3000, &closed);
+    close(fd);
+    ck_assert_msg(!strstr(ans, "100 Continue"), "asked for the body first: %.200s", ans);
+    assert_raw_error(ans, 401, "invalid_api_key");
+    free(ans);
+    const char *ok = "POST /t/secure HTTP/1.1\r\n" HOST "Authorization: Bearer key-one\r\n"
+                     "Content-Length: 2\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n";
+    fd = raw_connect(port);
+    ck_assert_int_eq(raw_send(fd, ok, strlen(ok)), 0);
+    ans = raw_recv(fd, 500, &closed); /* the server waits for the body now */
+    ck_assert_msg(strstr(ans, "HTTP/1.1 100 Continue"), "no 100 Continue: %.200s", ans);
+    free(ans);
+    ck_assert_int_eq(raw_send(fd, "{}", 2), 0);
+    ans = raw_recv(fd, 3000, &closed);
+    close(fd);
+    ck_assert_msg(strstr(ans, "HTTP/1.1 200 "), "%.200s", ans);
+    free(ans);
+}
+END_TEST
+
+/* HEAD is served by GET routes, without the body. */
+START_TEST(head_on_get_routes)
+{
+    const char *paths[] = {"/t/hello", "/t/items/abc"}; /* inline and job-pool routes */
+    for (size_t i = 0; i < 2; i++) {
+        char req[256];
+        snprintf(req, sizeof req, "HEAD %s HTTP/1.1\r\n" HOST "Connection: close\r\n\r\n",
+                 paths[i]);
+        char *ans = raw_exchange(port, req, strlen(req));
+        ck_assert_msg(!strncmp(ans, "HTTP/1.1 200 ", 13), "%s: %.200s", paths[i], ans);
+        ck_assert_ptr_nonnull(strstr(ans, "Content-Length: "));
+        const char *end = strstr(ans, "\r\n\r\n");
+        ck_assert_ptr_nonnull(end);
+        ck_assert_str_eq(end + 4, ""); /* no body */
+        free(ans);
+    }
+    const char *post_only = "HEAD /t/echo HTTP/1.1\r\n" HOST "Connection: close\r\n\r\n";
+    char *ans = raw_exchange(port, post_only, strlen(post_only));
+    ck_assert(!strncmp(ans, "HTTP/1.1 405 ", 13));
+    free(ans);
+}
+END_TEST
+
+/* A malformed request pipelined behind one still being answered waits for that answer, then
+ * gets its own; the answers never interleave. */
+START_TEST(refusal_after_pending_answer)
+{
+    int fd = raw_connect(port);
+    const char *first = "GET /t/stream HTTP/1.1\r\n" HOST "\r\n";
+    ck_assert_int_eq(raw_send(fd, first, strlen(first)), 0);
+    sleep_ms(30); /* the stream is under way (20 events, 5 ms apart) */
+    const char *bad = "GET /t/hello HTTP/1.1\r\n" HOST "X-A : b\r\n\r\n";
+    ck_assert_int_eq(raw_send(fd, bad, strlen(bad)), 0);
+    int closed;
+    char *ans = raw_recv(fd, 5000, &closed);
+    close(fd);
+    ck_assert_int_eq(closed, 1);
+    ck_assert(!strncmp(ans, "HTTP/1.1 200 ", 13));
+    const char *second = strstr(ans + 1, "HTTP/1.1 ");
+    ck_assert_msg(second != NULL, "no second answer: %.300s", ans);
+    ck_assert_int_eq(count_of(ans, "data: "), 20); /* the whole stream came first */
+    ck_assert_ptr_null(strstr(second, "data: "));
+    assert_raw_error(second, 400, "bad_request");
+    free(ans);
+}
+END_TEST
+
+/* The framing check's head limits lie inside the library's connection memory: a head just
+ * inside them reaches the router (its JSON 404), and one past them gets the check's JSON 431,
+ * never the library's own HTML 431. */
+START_TEST(head_limits_inside_the_library)
+{
+    /* default limits: 16 KiB of names + values, 100 fields, 8 KiB target */
+    cg_buf b;
+    for (int past = 0; past <= 1; past++) {
+        cg_buf_init(&b, 0);
+        char target[8193];
+        memset(target, 't', 8192);
+        target[0] = '/';
+        target[8192] = '\0';
+        ck_assert_int_eq(cg_buf_printf(&b, "GET %s HTTP/1.1\r\nHost: x\r\n", target), CG_OK);
+        size_t sum = 4 + 1; /* Host: x */
+        char val[200];
+        memset(val, 'v', sizeof val);
+        val[160] = '\0';
+        for (int i = 0; i < 97; i++) { /* 97 x (5 + 160), values padded with blanks */
+            ck_assert_int_eq(cg_buf_printf(&b, "X-%03d:  %s  \r\n", i, val), CG_OK);
+            sum += 5 + 160;
+        }
+        sum += 10 + 5 + 5; /* Connection: close, and the name X-end */
+        size_t last = 16384 - sum + (size_t)past; /* 100 fields, 16 KiB (+1) of names + values */
+        char *lv = malloc(last + 1);
+        memset(lv, 'w', last);
+        lv[last] = '\0';
+        ck_assert_int_eq(cg_buf_printf(&b, "X-end: %s\r\nConnection: close\r\n\r\n", lv), CG_OK);
+        free(lv);
+        char *ans = raw_exchange(port, b.data, b.len);
+        if (past)
+            assert_raw_error(ans, 431, "request_header_fields_too_large");
+        else
+            assert_raw_error(ans, 404, "not_found");
+        free(ans);
+        cg_buf_free(&b);
+    }
+    /* the raw head at its cap (16 KiB + 8 KiB + 8 KiB): an 8 KiB target, 100 fields, blanks */
+    for (int past = 0; past <= 1; past++) {
+        cg_buf_init(&b, 0);
+        char target[8193];
+        memset(target, 't', 8192);
+        target[0] = '/';
+        target[8192] = '\0';
+        ck_assert_int_eq(cg_buf_printf(&b, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+                                       target),
+                         CG_OK);
+        for (int i = 0; i < 97; i++) ck_assert_int_eq(cg_buf_printf(&b, "X-%03d: v\r\n", i), CG_OK);
+        size_t blanks = 32768 - b.len - strlen("X-end: v\r\n\r\n") + (size_t)past;
+        ck_assert_int_eq(cg_buf_append(&b, "X-end: ", 7), CG_OK);
+        for (size_t i = 0; i < blanks; i++) ck_assert_int_eq(cg_buf_append(&b, " ", 1), CG_OK);
+        ck_assert_int_eq(cg_buf_append(&b, "v\r\n\r\n", 5), CG_OK);
+        ck_assert_uint_eq(b.len, 32768 + (size_t)past);
+        char *ans = raw_exchange(port, b.data, b.len);
+        if (past)
+            assert_raw_error(ans, 431, "request_header_fields_too_large");
+        else
+            assert_raw_error(ans, 404, "not_found");
+        free(ans);
+        cg_buf_free(&b);
+    }
+}
+END_TEST
+
 START_TEST(bad_listen_address)
 {
     cg_http_params p = cg_http_default_params();
@@ -711,9 +1258,13 @@ END_TEST
 int main(void)
 {
     return th_run_suite("http", "server", 60, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
-                        TH_TESTS(routing, json_body, body_caps, request_ids, bearer_auth,
-                                 stream_complete, stream_client_disconnect,
-                                 stream_idle_disconnect_heartbeat, stream_nowait_backpressure,
-                                 many_streams, quiesce_refuses_new_connections,
-                                 stop_with_live_stream, json_helpers, bad_listen_address));
+                        TH_TESTS(routing, json_body, json_limits_scan, fast_handlers, body_caps,
+                                 request_ids, bearer_auth, stream_complete,
+                                 stream_client_disconnect, stream_idle_disconnect_heartbeat,
+                                 stream_nowait_backpressure, many_streams,
+                                 quiesce_refuses_new_connections, stop_with_live_stream,
+                                 json_helpers, bad_listen_address, framing_refusals,
+                                 library_alone, chunked_cut_at_the_cap, lingering_close,
+                                 expect_continue_auth, head_on_get_routes,
+                                 refusal_after_pending_answer, head_limits_inside_the_library));
 }

@@ -1,6 +1,7 @@
 /* Integration suite for the gateway's limits, each at the limit and one past it: request
  * headers (431), body with and without Content-Length (413), segments and segment size (400),
- * open connections (the extra one is closed), the backend's answer size (502); and slow
+ * JSON values and depth (400), open connections (the extra one is closed), the backend's
+ * answer size (502); the memory that hostile JSON bodies cost (peak and after); and slow
  * clients (slowloris): headers or bodies dribbled in are cut by --conn-timeout-s while other
  * clients are served as before. The real chunkgate in front of tests/fake_backend. */
 #include <check.h>
@@ -45,6 +46,10 @@ static void setup(void)
                            "8",
                            "--max-upstream-bytes",
                            "64K",
+                           "--max-json-values",
+                           "1000",
+                           "--max-json-depth",
+                           "16",
                            NULL};
     if (th_start_gateway(&gw, CHUNKGATE_BIN, "gw", extra) != 0) th_die("gateway", &gw);
     const char *extra_s[] = {"--backend", backend, "--conn-timeout-s", "2", NULL};
@@ -251,6 +256,146 @@ START_TEST(segments_at_and_past_the_limits)
     ck_assert_int_eq(post_status(body, code, sizeof code), 200);
     free(big);
     free(p);
+}
+END_TEST
+
+/* ------------------------------------------------------------ JSON */
+
+/* {"model":"m","prompt":"hi","x":[0,...]} with k array elements. Counted as the limits count:
+ * 1 + containers + commas = 1 + 2 + 2 + (k - 1) = k + 4 values. */
+static char *array_body(size_t k)
+{
+    const char *head = "{\"model\":\"m\",\"prompt\":\"hi\",\"x\":[";
+    size_t hl = strlen(head), n = hl + 2 * k + 2;
+    char *b = cg_malloc(n + 1);
+    memcpy(b, head, hl);
+    for (size_t i = 0; i < k; i++) memcpy(b + hl + 2 * i, "0,", 2);
+    memcpy(b + hl + 2 * k - 1, "]}", 3);
+    return b;
+}
+
+START_TEST(json_values_depth_and_duplicates)
+{
+    char code[64];
+    /* --max-json-values 1000 */
+    for (int past = 0; past <= 1; past++) {
+        char *b = array_body(1000 - 4 + (size_t)past);
+        long st = post_status(b, code, sizeof code);
+        ck_assert_msg(st == (past ? 400 : 200), "past=%d: %ld %s", past, st, code);
+        if (past) ck_assert_str_eq(code, "json_too_complex");
+        free(b);
+    }
+    /* --max-json-depth 16: the body object is level 1 */
+    for (int past = 0; past <= 1; past++) {
+        cg_buf b;
+        cg_buf_init(&b, 0);
+        int n = 15 + past;
+        ck_assert_int_eq(cg_buf_printf(&b, "{\"model\":\"m\",\"prompt\":\"hi\",\"x\":"), CG_OK);
+        for (int i = 0; i < n; i++) ck_assert_int_eq(cg_buf_append(&b, "[", 1), CG_OK);
+        for (int i = 0; i < n; i++) ck_assert_int_eq(cg_buf_append(&b, "]", 1), CG_OK);
+        ck_assert_int_eq(cg_buf_append(&b, "}", 1), CG_OK);
+        long st = post_status(b.data, code, sizeof code);
+        ck_assert_msg(st == (past ? 400 : 200), "depth %d: %ld %s", n + 1, st, code);
+        if (past) ck_assert_str_eq(code, "json_too_complex");
+        cg_buf_free(&b);
+    }
+    /* duplicate keys, at the top and nested, are refused (a backend reading the other copy
+     * would serve another request than the one the gateway checked and keyed) */
+    const char *dups[] = {"{\"model\":\"m\",\"prompt\":\"a # # b # # c\",\"prompt\":\"x\"}",
+                          "{\"model\":\"m\",\"prompt\":\"hi\",\"x\":{\"a\":1,\"a\":2}}",
+                          "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"role\":\"system\","
+                          "\"content\":\"q\"}]}"};
+    for (size_t i = 0; i < CG_ARRAY_LEN(dups); i++) {
+        ck_assert_int_eq(post_status(dups[i], code, sizeof code), 400);
+        ck_assert_str_eq(code, "invalid_json");
+    }
+}
+END_TEST
+
+/* VmRSS or VmHWM of a process in MiB, or -1. */
+static long proc_mib(pid_t pid, const char *field)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    char *t = th_read_file(path, NULL);
+    const char *p = strstr(t, field);
+    long kb = p ? strtol(p + strlen(field) + 1, NULL, 10) : -1;
+    free(t);
+    return kb < 0 ? -1 : kb / 1024;
+}
+
+typedef struct big_post {
+    const char *body;
+    int port;
+    long status;
+    char code[64];
+} big_post;
+
+static void *post_big(void *arg)
+{
+    big_post *b = arg;
+    th_resp r;
+    th_http(&r, b->port, "POST", "/v1/completions", b->body, NULL, NULL);
+    b->status = r.status;
+    json_t *j = th_json(&r);
+    snprintf(b->code, sizeof b->code, "%s",
+             json_string_value(json_object_get(json_object_get(j, "error"), "code")) ?: "");
+    json_decref(j);
+    th_resp_free(&r);
+    return NULL;
+}
+
+/* Four 8 MB bodies at once, each a 4-million-element array, then four 8 MB prompts: the
+ * gateway's peak RSS rises by less than 300 MB and comes back down afterwards. */
+START_TEST(hostile_json_memory)
+{
+    char *arr = array_body(4000000 - 1);
+    size_t sl = 8 * 1000 * 1000;
+    char *str = cg_malloc(sl + 1);
+    const char *sh = "{\"model\":\"m\",\"max_tokens\":1,\"prompt\":\"";
+    memcpy(str, sh, strlen(sh));
+    memset(str + strlen(sh), 'a', sl - strlen(sh) - 2);
+    memcpy(str + sl - 2, "\"}", 3);
+    /* the peak since now (Linux >= 4.0 resets VmHWM on "5" into clear_refs) */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/clear_refs", (int)gws.pid);
+    int reset = th_write_file(path, "5") == 0;
+    long before = proc_mib(gws.pid, "VmRSS:");
+    for (int round = 0; round < 2; round++) {
+        big_post p[4];
+        pthread_t th[4];
+        for (int i = 0; i < 4; i++) {
+            p[i] = (big_post){round ? str : arr, gws.port, 0, ""};
+            pthread_create(&th[i], NULL, post_big, &p[i]);
+        }
+        for (int i = 0; i < 4; i++) {
+            pthread_join(th[i], NULL);
+            if (round == 0)
+                ck_assert_msg(p[i].status == 400 && !strcmp(p[i].code, "json_too_complex"),
+                              "4M-element array: HTTP %ld %s", p[i].status, p[i].code);
+            else
+                ck_assert_msg(p[i].status == 200, "8 MB prompt: HTTP %ld", p[i].status);
+        }
+    }
+    long peak = proc_mib(gws.pid, "VmHWM:");
+    long after = -1;
+    for (int i = 0; i < 30; i++) { /* the heap is trimmed every 200 ms */
+        th_sleep_ms(100);
+        after = proc_mib(gws.pid, "VmRSS:");
+        if (after <= before + 32) break;
+    }
+    fprintf(stderr,
+            "hostile JSON: gateway RSS %ld MiB before, peak %ld MiB%s, %ld MiB after (4 x 8 MB "
+            "arrays of 4M elements, then 4 x 8 MB prompts, at once)\n",
+            before, peak, reset ? "" : " (peak of the process's life: clear_refs refused)", after);
+    free(arr);
+    free(str);
+#ifdef CG_SANITIZE_BUILD
+    fprintf(stderr, "hostile JSON: RSS bounds not checked in a sanitizer build\n");
+#else
+    if (reset) ck_assert_msg(peak - before < 300, "peak rose by %ld MiB", peak - before);
+    ck_assert_msg(after <= before + 32, "RSS stayed at %ld MiB (from %ld)", after, before);
+#endif
 }
 END_TEST
 
@@ -488,6 +633,7 @@ int main(void)
     return th_run_suite(
         "limits", "limits", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
         TH_TESTS(headers_at_and_past_the_limit, body_at_and_past_the_limit,
-                 segments_at_and_past_the_limits, upstream_answer_at_and_past_the_limit,
+                 segments_at_and_past_the_limits, json_values_depth_and_duplicates,
+                 hostile_json_memory, upstream_answer_at_and_past_the_limit,
                  connections_at_and_past_the_limit, slow_clients_are_cut_others_unaffected));
 }

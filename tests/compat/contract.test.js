@@ -90,6 +90,7 @@ describe('gateway', () => {
     // include_usage: the usage comes in a last chunk of its own, with no choice.
     assert.deepEqual(chunks.at(-1).choices, []);
     assert.ok(chunks.at(-1).usage.prompt_tokens_details.cached_tokens > 0);
+    chunks.slice(0, -1).forEach((c) => assert.ok(!c.usage, 'usage on a choice chunk'));
     // Without it the stream carries no usage, as OpenAI's does.
     const plain = await g('post', '/v1/completions', {
       body: { model: MODEL, prompt: ['Terse.', DOCS[1], 'Press?'].join(SEP), max_tokens: 2, stream: true },

@@ -1,13 +1,20 @@
 /* Fuzz target for the gateway's request decoding: the body bytes go through what the
  * completions, chat completions and chunk lookup routes do before any I/O, with the limits of
- * a default gateway configuration: jansson's parse (flags of cg_http_req_json), the field
+ * a default gateway configuration: cg_json_parse_object (what cg_http_req_json runs: the
+ * value and depth limits, duplicate keys refused), checked against a plain jansson parse; the field
  * helpers (model, stream, max_tokens, max_completion_tokens, keys) and cg_gw_segment_request
  * (extension fields, prompt or messages + documents, split/chat rendering, keys); and the
- * chat <-> completions conversions of cache/chatreq.c (cg_chat_as_completion on the
- * body, cg_chat_answer_shape on the body taken as an upstream answer).
+ * chat <-> completions conversions (cg_gw_chat_as_completion of server/fields.c over
+ * cache/chatreq.c's cg_chat_as_completion on the body, towards --backend and towards a worker;
+ * cg_chat_answer_shape on the body taken as an upstream answer) and the field table's views
+ * (cg_gw_worker_fields, cg_gw_check_chat_fields).
  * The HTTP plumbing (cg_http_req), forward_body() and the handlers themselves are static in
  * server/infer.c and server/admin.c and are not reached (see tests/README.md).
- * Invariants: no crash or leak; every refusal is a 4xx status naming a field with a message;
+ * The pass-through fast path's scan (cg_gw_fast_scan) is checked against jansson: whatever it
+ * accepts, jansson parses into exactly the members it reported, with the same values.
+ * Invariants: no crash or leak; the limited parse accepts what jansson accepts unless it
+ * refuses with CG_E_JSON_LIMIT (or a duplicate key), and then the text really is too deep or
+ * too big by a naive count; every refusal is a 4xx status naming a field with a message;
  * a successful split has in-bounds, trimmed, non-empty segments with positional roles and
  * one key per cacheable segment, and decoding the same body again gives the same keys. */
 #include "fuzz_common.h"
@@ -16,6 +23,8 @@
 #include "cache/key.h"
 #include "server/gateway.h"
 #include "cache/chatreq.h"
+#include "server/fastpath.h"
+#include "server/fields.h"
 #include "server/gwstate.h"
 #include "server/segments.h"
 #include "base/http.h"
@@ -85,8 +94,9 @@ static void segment(json_t *body, const char *model, int chat)
     for (size_t i = 0; i < s.split.n; i++) {
         const cg_segment *g = &s.split.segs[i];
         FUZZ_CHECK(g->len > 0 && g->off <= text_len && g->len <= text_len - g->off);
-        FUZZ_CHECK(!fuzz_is_space((uint8_t)s.text[g->off]) &&
-                   !fuzz_is_space((uint8_t)s.text[g->off + g->len - 1]));
+        /* trimmed; the question keeps its trailing blanks (what the model continues from) */
+        FUZZ_CHECK(!fuzz_is_space((uint8_t)s.text[g->off]));
+        if (i + 1 < s.split.n) FUZZ_CHECK(!fuzz_is_space((uint8_t)s.text[g->off + g->len - 1]));
         cg_role want = i == 0               ? CG_ROLE_SYSTEM
                        : i + 1 == s.split.n ? CG_ROLE_QUESTION
                                             : CG_ROLE_CHUNK;
@@ -206,12 +216,43 @@ static void helpers(json_t *body)
 static void conversions(json_t *body, const uint8_t *data, size_t size)
 {
     size_t plen = size < 64 ? size : 64;
-    json_t *c = cg_chat_as_completion(body, (const char *)data, plen);
-    FUZZ_CHECK(json_is_object(c));
-    json_t *p = json_object_get(c, "prompt");
-    /* jansson refuses invalid UTF-8, so the prompt may be absent, never wrong */
-    if (p) FUZZ_CHECK(json_is_string(p) && json_string_length(p) == plen);
-    json_decref(c);
+    for (int to_worker = 0; to_worker <= 1; to_worker++) {
+        json_t *c = cg_gw_chat_as_completion(body, (const char *)data, plen, to_worker);
+        FUZZ_CHECK(json_is_object(c));
+        json_t *p = json_object_get(c, "prompt");
+        /* jansson refuses invalid UTF-8, so the prompt may be absent, never wrong */
+        if (p) FUZZ_CHECK(json_is_string(p) && json_string_length(p) == plen);
+        /* nothing of the gateway's, nothing chat-only; towards a worker, only known fields */
+        const char *k;
+        json_t *v;
+        json_object_foreach(c, k, v)
+        {
+            /* what cg_chat_as_completion writes: the rendering, the limit, logprobs */
+            if (!strcmp(k, "prompt") || !strcmp(k, "max_tokens") || !strcmp(k, "logprobs"))
+                continue;
+            cg_field_rule r = cg_gw_field_rule(k, 1);
+            FUZZ_CHECK(r != CG_FIELD_GATEWAY && r != CG_FIELD_CHAT_ONLY && r != CG_FIELD_IGNORED &&
+                       r != CG_FIELD_CONVERTED);
+            if (to_worker) FUZZ_CHECK(r != CG_FIELD_UNKNOWN);
+            /* an unknown chat field never lands on a completions field of the same name */
+            if (r == CG_FIELD_UNKNOWN) FUZZ_CHECK(cg_gw_field_rule(k, 0) == CG_FIELD_UNKNOWN);
+        }
+        json_decref(c);
+    }
+    json_t *w = cg_gw_worker_fields(body);
+    const char *k;
+    json_t *v;
+    json_object_foreach(w, k, v)
+    {
+        cg_field_rule r = cg_gw_field_rule(k, 0);
+        FUZZ_CHECK(r == CG_FIELD_FORWARD || r == CG_FIELD_WORKER_REFUSES);
+        FUZZ_CHECK(json_object_get(body, k) == v);
+    }
+    json_decref(w);
+    const char *param = NULL;
+    char msg[256];
+    if (cg_gw_check_chat_fields(body, &param, msg, sizeof msg) != CG_OK)
+        FUZZ_CHECK(param && cg_gw_field_rule(param, 1) == CG_FIELD_CHAT_ONLY && msg[0]);
     for (int mode = 0; mode < 3; mode++) {
         json_t *ans = json_deep_copy(body);
         FUZZ_CHECK(ans != NULL);
@@ -234,12 +275,86 @@ static void conversions(json_t *body, const uint8_t *data, size_t size)
     }
 }
 
+/* Naive counts of a parsed value: values + members, and nesting. */
+static void naive_count(json_t *v, unsigned depth, size_t *values, unsigned *max_depth)
+{
+    (*values)++;
+    if (json_is_array(v) || json_is_object(v)) {
+        depth++;
+        if (depth > *max_depth) *max_depth = depth;
+    }
+    size_t i;
+    const char *k;
+    json_t *x;
+    if (json_is_array(v)) json_array_foreach(v, i, x) naive_count(x, depth, values, max_depth);
+    if (json_is_object(v)) json_object_foreach(v, k, x) naive_count(x, depth, values, max_depth);
+}
+
+/* cg_gw_fast_scan against jansson: an accepted text is an object of exactly those members,
+ * each with the value its raw text parses to (a string without escapes: its raw bytes). */
+static void fast_scan(const uint8_t *data, size_t size, const cg_json_limits *lim)
+{
+    cg_fast_member m[16];
+    size_t n;
+    if (!cg_gw_fast_scan((const char *)data, size, lim, m, 16, &n)) return;
+    json_error_t err;
+    json_t *o = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &err);
+    FUZZ_CHECK(json_is_object(o) && json_object_size(o) == n);
+    FUZZ_CHECK(cg_json_check_limits((const char *)data, size, lim, NULL, 0) == CG_OK);
+    for (size_t i = 0; i < n; i++) {
+        FUZZ_CHECK(m[i].key >= (const char *)data && m[i].key + m[i].key_len <= (const char *)data + size);
+        char *k = fuzz_strndup(m[i].key, m[i].key_len);
+        json_t *v = json_object_get(o, k);
+        FUZZ_CHECK(v != NULL);
+        json_t *raw = json_loadb(m[i].val, m[i].val_len, JSON_DECODE_ANY, &err);
+        FUZZ_CHECK(raw && json_equal(raw, v));
+        FUZZ_CHECK(m[i].type != 's' || json_is_string(v));
+        FUZZ_CHECK(m[i].type != 'a' || json_is_array(v));
+        if (m[i].type == 's' && !m[i].escaped)
+            FUZZ_CHECK(json_string_length(v) == m[i].val_len - 2 &&
+                       !memcmp(json_string_value(v), m[i].val + 1, m[i].val_len - 2));
+        json_decref(raw);
+        free(k);
+    }
+    json_decref(o);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     json_error_t err;
-    /* Bodies over the cap never reach the parser (MHD answers 413). */
+    /* Bodies over the cap never reach the parser (the HTTP layer answers 413). */
     if (size > g_cfg.max_body_bytes) return 0;
+    /* Small limits, so the fuzzer reaches them. */
+    cg_json_limits lim = {.max_values = 8 + (size_t)(size % 64), .max_depth = 2 + (unsigned)(size % 7)};
+    cg_status lst;
+    char lmsg[256];
+    json_t *limited = cg_json_parse_object((const char *)data, size, &lim, &lst, lmsg, sizeof lmsg);
     json_t *body = json_loadb((const char *)data, size, 0, &err);
+    if (limited) {
+        FUZZ_CHECK(lst == CG_OK && body && json_is_object(body) && json_equal(limited, body));
+        size_t values = 0;
+        unsigned depth = 0;
+        naive_count(limited, 0, &values, &depth);
+        FUZZ_CHECK(depth <= lim.max_depth && values <= lim.max_values + 1);
+    } else {
+        FUZZ_CHECK(lst != CG_OK && lmsg[0] && cg_status_http(lst) == 400);
+        json_t *strict = body ? json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &err)
+                              : NULL;
+        int no_dups = strict != NULL;
+        json_decref(strict);
+        /* (with duplicate keys the parsed object lost values the text still counts) */
+        if (lst == CG_E_JSON_LIMIT && no_dups) {
+            size_t values = 0;
+            unsigned depth = 0;
+            naive_count(body, 0, &values, &depth);
+            /* refused for a reason: too deep, or more values (commas + containers) than allowed */
+            FUZZ_CHECK(depth > lim.max_depth || values > lim.max_values / 2);
+        }
+        if (body && json_is_object(body) && lst != CG_E_JSON_LIMIT)
+            FUZZ_CHECK(strstr(lmsg, "duplicate") != NULL); /* the only other difference */
+    }
+    json_decref(limited);
+    fast_scan(data, size, &lim);
     if (!body) {
         FUZZ_CHECK(err.text[0] != '\0');
         return 0;

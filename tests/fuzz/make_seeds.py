@@ -195,6 +195,16 @@ def json_seeds():
                                          "logprobs": None}],
                             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
     j("answer_chunk_odd", {"id": "x" * 200, "choices": [{"text": ""}, 5, {"text": None}]})
+    # pass-through bodies the fast path's scan takes (and some it must leave alone)
+    j("fast_plain", '{"model":"m","prompt":"Plain question, no separator.","max_tokens":16,'
+                    '"temperature":0.5,"stop":["\\n","END"],"user":"u-1","stream":false}')
+    j("fast_prompt_array", ' { "model" : "m" , "prompt" : [ "one string" ] , "max_tokens" : null } ')
+    j("fast_escapes", '{"model":"m","prompt":"tab\\there \\u00e9 \\"quoted\\"","seed":-0,"top_p":0.25}')
+    j("fast_surrogates", '{"model":"m","prompt":"\\ud83d\\ude00 pair","x":"\\udc00"}')
+    j("fast_duplicate_top", '{"model":"m","prompt":"a","model":"n"}')
+    j("fast_nested", '{"model":"m","prompt":"a","stream_options":{"include_usage":true}}')
+    j("fast_numbers", '{"model":"m","prompt":"a","a":123456789012345678,"b":1234567890123456789,'
+                      '"c":1.5e3,"d":-0.000,"e":01}')
 
 
 # ---- fuzz_kvwire: [mode][bytes]
@@ -325,6 +335,47 @@ def model_seeds(model_dir):
         write("config", "not_json", b"{\"hidden_size\": 32,")
         write("config", "empty", b"")
 
+# ---- fuzz_http_frame: [max_target][max_header_bytes/4][(max_head-16)/8][max_headers][max_body/16]
+#      [seed][bytes a client sent]
+def http_frame_seeds():
+    def h(name, raw, limits=(63, 0, 255, 15, 0), seed=7):
+        if isinstance(raw, str):
+            raw = raw.encode("latin-1")
+        write("http_frame", name, bytes(limits) + bytes([seed]) + raw)
+
+    H = "Host: x\r\n"
+    h("get", "GET / HTTP/1.1\r\n" + H + "\r\n")
+    h("bare_lf", "GET / HTTP/1.1\n" + H + "\n")
+    h("http10_close", "GET / HTTP/1.0\r\n\r\ngarbage")
+    h("keep_alive_10", "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET / HTTP/1.0\r\n\r\n")
+    h("content_length", "POST /v1/completions HTTP/1.1\r\n" + H + "Content-Length: 5\r\n\r\nhello")
+    h("chunked", "POST / HTTP/1.1\r\n" + H + "Transfer-Encoding: chunked\r\n\r\n"
+      "5;ext=1\r\nhello\r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n")
+    h("pipelined", "GET /1 HTTP/1.1\r\n" + H + "\r\nPOST /2 HTTP/1.1\r\n" + H +
+      "Content-Length: 2\r\n\r\n{}GET /3 HTTP/1.1\r\n" + H + "Connection: close\r\n\r\n\x00")
+    h("cl_malformed", "POST / HTTP/1.1\r\n" + H + "Content-Length: -1\r\n\r\n")
+    h("cl_conflict", "POST / HTTP/1.1\r\n" + H + "Content-Length: 1\r\nContent-Length: 2\r\n\r\nab")
+    h("cl_and_te", "POST / HTTP/1.1\r\n" + H + "Content-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    h("te_gzip", "POST / HTTP/1.1\r\n" + H + "Transfer-Encoding: gzip, chunked\r\n\r\n")
+    h("chunk_huge", "POST / HTTP/1.1\r\n" + H + "Transfer-Encoding: chunked\r\n\r\nfffffffffff\r\nab",
+      limits=(63, 0, 255, 15, 64))
+    h("chunk_bad", "POST / HTTP/1.1\r\n" + H + "Transfer-Encoding: chunked\r\n\r\nzz\r\n")
+    h("obs_fold", "GET / HTTP/1.1\r\n" + H + "X-A: a\r\n b\r\n\r\n")
+    h("space_colon", "GET / HTTP/1.1\r\n" + H + "X-A : a\r\n\r\n")
+    h("no_host", "GET / HTTP/1.1\r\n\r\n")
+    h("http2", "GET / HTTP/2.0\r\n" + H + "\r\n")
+    h("long_target", "GET /" + "a" * 80 + " HTTP/1.1\r\n" + H + "\r\n", limits=(40, 0, 255, 15, 0))
+    h("many_headers", "GET / HTTP/1.1\r\n" + H + "".join("X-%d: v\r\n" % i for i in range(20)) + "\r\n",
+      limits=(63, 0, 255, 8, 0))
+    h("header_bytes", "GET / HTTP/1.1\r\n" + H + "X-Pad: " + "p" * 60 + "  \r\n\r\n",
+      limits=(63, 16, 255, 15, 0))
+    h("cr_alone", "GET / HTTP/1.1\r\n" + H + "X-A: a\rb\r\n\r\n")
+    h("split_crlf_end", "POST / HTTP/1.1\r\n" + H + "Transfer-Encoding: chunked\r\n\r\n1\r\nx\r", seed=1)
+    # inputs on which the target's reference once disagreed (a CR pending at the end)
+    h("pending_cr_head_end", "GET /1 HTTP/1.1\r\n" + H + "\r\nPOST /D2 HTTP/1.1\r\n" + H +
+      "Content-Length: 2\r\n\r", limits=(63, 0, 255, 15, 0))
+    h("pending_cr_empty_line", "\r\n\r", limits=(255, 255, 255, 11, 0), seed=0)
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
@@ -337,6 +388,7 @@ def main():
     kvwire_seeds()
     disk_seeds()
     chat_template_seeds()
+    http_frame_seeds()
     model_seeds(a.model_dir)
 
 

@@ -525,6 +525,8 @@ static int open_api(const serve_cfg *c, parts *w)
     hp.io_threads = (unsigned)c->io_threads;
     hp.job_threads = (unsigned)c->job_threads;
     hp.max_body_bytes = c->max_body;
+    /* A prompt may come as up to 2^20 token ids (api_complete.c): one JSON value each. */
+    hp.max_json_values = (1u << 20) + 4096;
     hp.routes = cg_worker_api_routes(&n_routes);
     hp.n_routes = n_routes;
     hp.app = w->api;

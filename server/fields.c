@@ -1,0 +1,175 @@
+/* The field table of server/fields.h. */
+#include "server/fields.h"
+
+#include <stdio.h>
+#include <string.h>
+#include "base/base.h"
+#include "cache/chatreq.h"
+
+#define C 1 /* completions */
+#define H 2 /* chat */
+
+static const struct {
+    const char *name;
+    unsigned where;
+    cg_field_rule rule;
+} FIELDS[] = {
+    /* the gateway's own: extensions (README "Request extensions") and what only it sets */
+    {"chunk_separator", C | H, CG_FIELD_GATEWAY},
+    {"chunk_mode", C | H, CG_FIELD_GATEWAY},
+    {"cache_salt", C | H, CG_FIELD_GATEWAY},
+    {"recompute_prefix_tokens", C | H, CG_FIELD_GATEWAY},
+    {"recompute_ratio", C | H, CG_FIELD_GATEWAY},
+    {"quality_probe", C | H, CG_FIELD_GATEWAY},
+    {"documents", C, CG_FIELD_GATEWAY},
+    {"documents", H, CG_FIELD_RENDER},
+    {"add_generation_prompt", H, CG_FIELD_RENDER},
+    {"chat_template_kwargs", H, CG_FIELD_RENDER},
+    {"kv_transfer_params", C | H, CG_FIELD_GATEWAY},
+    /* honoured by chunkgate-worker (worker/serve/api_complete.c) */
+    {"model", C | H, CG_FIELD_FORWARD},
+    {"prompt", C, CG_FIELD_FORWARD},
+    {"max_tokens", C, CG_FIELD_FORWARD},
+    {"temperature", C | H, CG_FIELD_FORWARD},
+    {"top_p", C | H, CG_FIELD_FORWARD},
+    {"n", C | H, CG_FIELD_FORWARD},
+    {"seed", C | H, CG_FIELD_FORWARD},
+    {"stop", C | H, CG_FIELD_FORWARD},
+    {"stream", C | H, CG_FIELD_FORWARD},
+    {"stream_options", C | H, CG_FIELD_FORWARD},
+    {"user", C | H, CG_FIELD_FORWARD},
+    {"logprobs", C, CG_FIELD_FORWARD}, /* completions: an integer */
+    {"echo", C, CG_FIELD_FORWARD},
+    {"return_tokens_as_token_ids", C, CG_FIELD_FORWARD},
+    {"add_special_tokens", C, CG_FIELD_FORWARD},
+    /* sampling fields chunkgate-worker refuses by name (their neutral values pass) */
+    {"best_of", C, CG_FIELD_WORKER_REFUSES},
+    {"suffix", C, CG_FIELD_WORKER_REFUSES},
+    {"presence_penalty", C | H, CG_FIELD_WORKER_REFUSES},
+    {"frequency_penalty", C | H, CG_FIELD_WORKER_REFUSES},
+    {"repetition_penalty", C | H, CG_FIELD_WORKER_REFUSES},
+    {"min_tokens", C | H, CG_FIELD_WORKER_REFUSES},
+    {"top_k", C | H, CG_FIELD_WORKER_REFUSES},
+    {"logit_bias", C | H, CG_FIELD_WORKER_REFUSES},
+    {"response_format", C | H, CG_FIELD_WORKER_REFUSES},
+    {"guided_json", C | H, CG_FIELD_WORKER_REFUSES},
+    {"guided_regex", C | H, CG_FIELD_WORKER_REFUSES},
+    {"tools", C, CG_FIELD_WORKER_REFUSES},
+    {"functions", C, CG_FIELD_WORKER_REFUSES},
+    /* chat fields rewritten for completions */
+    {"messages", H, CG_FIELD_CONVERTED},
+    {"max_tokens", H, CG_FIELD_CONVERTED},
+    {"max_completion_tokens", H, CG_FIELD_CONVERTED},
+    {"logprobs", H, CG_FIELD_CONVERTED}, /* chat: a boolean, with top_logprobs */
+    {"top_logprobs", H, CG_FIELD_CONVERTED},
+    /* chat fields without a completions equivalent */
+    {"tools", H, CG_FIELD_CHAT_ONLY},
+    {"functions", H, CG_FIELD_CHAT_ONLY},
+    {"tool_choice", H, CG_FIELD_CHAT_ONLY},
+    {"function_call", H, CG_FIELD_CHAT_ONLY},
+    {"parallel_tool_calls", H, CG_FIELD_CHAT_ONLY},
+    {"echo", H, CG_FIELD_CHAT_ONLY}, /* the worker's chat refuses it too */
+    {"audio", H, CG_FIELD_CHAT_ONLY},
+    {"modalities", H, CG_FIELD_CHAT_ONLY},
+    {"prediction", H, CG_FIELD_CHAT_ONLY},
+    {"reasoning_effort", H, CG_FIELD_CHAT_ONLY},
+    {"web_search_options", H, CG_FIELD_CHAT_ONLY},
+    /* no effect on the answer */
+    {"metadata", C | H, CG_FIELD_IGNORED},
+    {"store", C | H, CG_FIELD_IGNORED},
+    {"service_tier", C | H, CG_FIELD_IGNORED},
+};
+
+cg_field_rule cg_gw_field_rule(const char *name, int chat)
+{
+    unsigned where = chat ? H : C;
+    for (size_t i = 0; i < CG_ARRAY_LEN(FIELDS); i++)
+        if ((FIELDS[i].where & where) && !strcmp(FIELDS[i].name, name)) return FIELDS[i].rule;
+    return CG_FIELD_UNKNOWN;
+}
+
+/* A value that asks for nothing: null, false, 0, "", [], {}. */
+static int empty_value(json_t *v)
+{
+    return json_is_null(v) || json_is_false(v) || (json_is_integer(v) && !json_integer_value(v)) ||
+           (json_is_string(v) && !json_string_length(v)) ||
+           (json_is_array(v) && !json_array_size(v)) || (json_is_object(v) && !json_object_size(v));
+}
+
+/* Whether a CHAT_ONLY field's value asks for nothing a completion cannot give. */
+static int chat_only_neutral(const char *name, json_t *v)
+{
+    if (empty_value(v)) return 1;
+    if (!strcmp(name, "tool_choice") || !strcmp(name, "function_call"))
+        return json_is_string(v) &&
+               (!strcmp(json_string_value(v), "none") || !strcmp(json_string_value(v), "auto"));
+    if (!strcmp(name, "parallel_tool_calls")) return json_is_boolean(v); /* no tools: no calls */
+    if (!strcmp(name, "modalities"))
+        return json_is_array(v) && json_array_size(v) == 1 &&
+               json_is_string(json_array_get(v, 0)) &&
+               !strcmp(json_string_value(json_array_get(v, 0)), "text");
+    return 0;
+}
+
+cg_status cg_gw_check_chat_fields(json_t *body, const char **param, char *msg, size_t msglen)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach(body, k, v)
+    {
+        if (cg_gw_field_rule(k, 1) != CG_FIELD_CHAT_ONLY || chat_only_neutral(k, v)) continue;
+        for (size_t i = 0; i < CG_ARRAY_LEN(FIELDS); i++)
+            if (!strcmp(FIELDS[i].name, k)) *param = FIELDS[i].name; /* static storage */
+        snprintf(msg, msglen,
+                 "%s is not supported here: chunkgate answers this chat through /v1/completions "
+                 "(a prompt with separators or documents, or no --backend), which has no %s; "
+                 "remove it or use its neutral value",
+                 *param, *param);
+        return CG_E_VALUE;
+    }
+    return CG_OK;
+}
+
+json_t *cg_gw_worker_chat_fields(json_t *src)
+{
+    json_t *o = json_object();
+    const char *k;
+    json_t *v;
+    json_object_foreach(src, k, v)
+    {
+        cg_field_rule r = cg_gw_field_rule(k, 1);
+        if (r != CG_FIELD_UNKNOWN && r != CG_FIELD_IGNORED && r != CG_FIELD_GATEWAY)
+            json_object_set(o, k, v);
+    }
+    return o;
+}
+
+json_t *cg_gw_chat_as_completion(json_t *body, const char *prompt, size_t prompt_len,
+                                 int to_worker)
+{
+    json_t *o = cg_chat_as_completion(body, prompt, prompt_len);
+    const char *k;
+    json_t *v;
+    json_object_foreach(body, k, v)
+    {
+        if (json_object_get(o, k)) continue;
+        cg_field_rule r = cg_gw_field_rule(k, 1);
+        if (r == CG_FIELD_FORWARD || r == CG_FIELD_WORKER_REFUSES ||
+            (r == CG_FIELD_UNKNOWN && !to_worker && cg_gw_field_rule(k, 0) == CG_FIELD_UNKNOWN))
+            json_object_set(o, k, v);
+    }
+    return o;
+}
+
+json_t *cg_gw_worker_fields(json_t *src)
+{
+    json_t *o = json_object();
+    const char *k;
+    json_t *v;
+    json_object_foreach(src, k, v)
+    {
+        cg_field_rule r = cg_gw_field_rule(k, 0);
+        if (r == CG_FIELD_FORWARD || r == CG_FIELD_WORKER_REFUSES) json_object_set(o, k, v);
+    }
+    return o;
+}
