@@ -192,10 +192,11 @@ static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
      * segments are what that worker reported, so they agree with cached_tokens. */
     json_t *cc = json_pack(
         "{s:o, s:s, s:s, s:b, s:b, s:I, s:s, s:o, s:o}", "segments", segs, "mode",
-        cg_mode_name(s->mode), "worker", cg_worker_url(c->w), "fallback", c->fallback_reason != NULL,
-        "passthrough", 0, "empty_segments", (json_int_t)s->split.empty_skipped, "routing",
-        cg_route_kind_name(c->kind), "fallback_reason",
-        c->fallback_reason ? json_string(c->fallback_reason) : json_null(), "recomputed_tokens",
+        cg_mode_name(s->mode), "worker", cg_worker_url(c->w), "fallback",
+        c->fallback_reason != NULL, "passthrough", 0, "empty_segments",
+        (json_int_t)s->split.empty_skipped, "routing", cg_route_kind_name(c->kind),
+        "fallback_reason", c->fallback_reason ? json_string(c->fallback_reason) : json_null(),
+        "recomputed_tokens",
         a->recomputed_tokens >= 0 ? json_integer(a->recomputed_tokens) : json_null());
     /* null until the relay finds the worker's comparison in its answer (never with an external
      * --backend, which decodes without the worker) */
@@ -341,8 +342,7 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
     cg_gateway *g = c->g;
     json_t *cb;
     if (c->chat) {
-        cb = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len,
-                                      !g->has_backend);
+        cb = cg_gw_chat_as_completion(c->body, c->segs.text, c->segs.rendered.len, !g->has_backend);
     } else if (!g->has_backend) {
         cb = cg_gw_worker_fields(c->body); /* the worker answers: only what it reads */
     } else {
@@ -483,7 +483,7 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
     record(c, &a);
     complete(c, &a);
     goto out;
-fallback: {
+fallback : {
     cg_worker *failed = c->w;
     c->w = NULL;
     /* Without --backend the plain prompt would go to another worker, which would split and
