@@ -23,6 +23,7 @@ cg_engine_params cg_engine_default_params(void)
         .max_queue = 48,
         .prefill_chunk = 256,
         .prefill_budget = 256,
+        .now_ms = cg_now_ms,
     };
 }
 
