@@ -523,6 +523,7 @@ START_TEST(test_lifecycle)
     cg_engine_params p = cg_engine_default_params();
     p.assembly_ttl_ms = 500;
     p.max_assemblies = 2;
+    p.now_ms = NULL; /* every time below is set by hand: ttls count from the given now */
     cg_engine *e = NULL;
     ck_assert_int_eq(cg_engine_open(m_half, p, &e), CG_OK);
     char err[ERRLEN];
@@ -858,6 +859,51 @@ START_TEST(test_adopt)
 }
 END_TEST
 
+/* The ttl of an assembly runs from when it is ready, not from when the request came in: a
+ * cold prompt may compute for longer than the ttl. The engine's clock advances 1000 ms
+ * between the start and the end of the assemble here, with a ttl of 500 ms. */
+static uint64_t fake_ms;
+static uint64_t slow_clock(void)
+{
+    fake_ms += 1000;
+    return fake_ms;
+}
+
+START_TEST(test_ttl_from_ready)
+{
+    cg_engine_params p = cg_engine_default_params();
+    p.assembly_ttl_ms = 500;
+    p.now_ms = slow_clock;
+    cg_engine *e = NULL;
+    ck_assert_int_eq(cg_engine_open(m_half, p, &e), CG_OK);
+    char err[ERRLEN];
+    cg_assembly_info info;
+    int d[] = {0};
+    req r = make_req(SYS1, d, 1, Q1);
+    cg_assemble_req ar = {
+        .segs = r.segs, .n_segs = r.n, .mode = CG_MODE_STRICT, .reserve_tokens = -1};
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, 1000, &info, err, sizeof err), CG_OK);
+    char id[33];
+    memcpy(id, info.id, sizeof id);
+    cg_assembly_info_free(&info);
+    /* ready at 1000 + 1000: live until 2500 */
+    ck_assert_uint_eq(cg_engine_live_assemblies(e, 1600), 1);
+    ck_assert_uint_eq(cg_engine_live_assemblies(e, 2499), 1);
+    cg_complete_req cr = {.assembly_id = id, .max_tokens = 2};
+    cg_complete_result res;
+    ck_assert_int_eq(cg_engine_complete(e, &cr, 2400, &res, err, sizeof err), CG_OK);
+    cg_complete_result_free(&res);
+    ck_assert_uint_eq(cg_engine_live_assemblies(e, 2400), 0); /* consumed */
+    /* and one never consumed expires at ready + ttl */
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, 3000, &info, err, sizeof err), CG_OK);
+    cg_assembly_info_free(&info);
+    ck_assert_uint_eq(cg_engine_live_assemblies(e, 4499), 1);
+    ck_assert_uint_eq(cg_engine_live_assemblies(e, 4500), 0);
+    ck_assert_uint_eq(cg_engine_get_stats(e).assemblies_expired, 1);
+    cg_engine_close(&e);
+}
+END_TEST
+
 /* A system text equal to a chunk text has the same strict key but one more token (BOS):
  * the engine must not mix them up. */
 START_TEST(test_role_collision)
@@ -891,12 +937,12 @@ int main(int argc, char **argv)
     cg_log_init("test_engine", CG_LOG_WARN);
     m_half = make_model(CG_ROPE_HALF, &dir_half);
     m_inter = make_model(CG_ROPE_INTERLEAVED, &dir_inter);
-    int failed =
-        th_run_tests("engine", "fidelity", 300,
-                     TH_TESTS(test_strict_fidelity, test_strict_fidelity_interleaved,
-                              test_sys_fidelity, test_reuse_across_prompts, test_full_recompute,
-                              test_pool_pressure, test_key_mismatch, test_lifecycle,
-                              test_role_collision, test_disk_tier, test_adopt));
+    int failed = th_run_tests("engine", "fidelity", 300,
+                              TH_TESTS(test_strict_fidelity, test_strict_fidelity_interleaved,
+                                       test_sys_fidelity, test_reuse_across_prompts,
+                                       test_full_recompute, test_pool_pressure, test_key_mismatch,
+                                       test_lifecycle, test_ttl_from_ready, test_role_collision,
+                                       test_disk_tier, test_adopt));
     cg_model_close(&m_half);
     cg_model_close(&m_inter);
     th_rmrf(dir_half);

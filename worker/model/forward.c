@@ -184,10 +184,20 @@ static void weight_row(const cg_weight *w, int row, float *out)
     }
 }
 
+/* Prompt pieces of up to this many rows take the decode kernel as well: the prefill path
+ * widens every panel of W at each call whatever n, which costs more than the product itself
+ * for a few dozen rows (a 45-token system prompt, a question, a short request). With AVX-512
+ * the decode kernel also outruns the widened sgemm (OpenBLAS 0.3.21, AVX2-class kernels) on the
+ * scheduler's 256-row pieces: 1.5-1.6x in the same run (bench/README.md, "Serving speed"). */
+#define SMALL_ROWS 64
+#define SMALL_ROWS_AVX512 256
+
 static void matmul(const cg_weight *w, const float *x, int n, float *y, cg_fwd_kind kind,
                    cg_fwd_scratch *s)
 {
-    if (kind == CG_FWD_DECODE)
+    const int small =
+        cg_matmul_isa_active() == CG_MATMUL_ISA_AVX512 ? SMALL_ROWS_AVX512 : SMALL_ROWS;
+    if (kind == CG_FWD_DECODE || n <= small)
         cg_matmul_decode(w, x, n, y);
     else
         cg_matmul_prefill(w, x, n, y, s->mm);

@@ -157,7 +157,8 @@ typedef struct cg_fwd_seq {
 
 /* Which kernels the weight products use: prefill chunks (sgemm on widened panels) or decode
  * rows (the batch-invariant kernel: a row's result does not depend on the other rows of the
- * call). Logits always come from the decode kernel. */
+ * call). Logits always come from the decode kernel, and so do prefill calls of few rows (at
+ * most 64, or 256 with the AVX-512 variant), where it is the faster of the two. */
 typedef enum { CG_FWD_PREFILL, CG_FWD_DECODE } cg_fwd_kind;
 
 /* Buffers a forward call reuses (activations, widened weight panels). One per thread that

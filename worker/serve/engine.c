@@ -27,6 +27,7 @@ cg_engine_params cg_engine_default_params(void)
         .prefill_chunk = 256,
         .prefill_budget = 256,
         .idle_chunk = 32,
+        .now_ms = cg_now_ms,
     };
 }
 

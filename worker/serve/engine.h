@@ -49,6 +49,10 @@ typedef struct cg_engine_params {
     uint32_t prefill_chunk;  /* default 256 */
     uint32_t prefill_budget; /* default 256 */
     uint32_t idle_chunk;     /* rows per background piece (the quality canary); default 32 */
+    /* Monotonic milliseconds, read at the start and the end of an assemble: its ttl runs from
+     * when it is ready (the now given to cg_engine_assemble plus the time it computed).
+     * Default cg_now_ms; NULL counts the ttl from now (tests that set every time by hand). */
+    uint64_t (*now_ms)(void);
 } cg_engine_params;
 
 cg_engine_params cg_engine_default_params(void);
@@ -141,7 +145,8 @@ typedef struct cg_assembly_info {
 void cg_assembly_info_free(cg_assembly_info *a);
 
 /* Builds the KV of a request and keeps it as a live assembly until it is consumed by
- * cg_engine_complete, released, or expires (ttl from now). The assembly holds pool
+ * cg_engine_complete, released, or expires (ttl from when it is ready: now plus the time the
+ * call computed, measured with params.now_ms). The assembly holds pool
  * references to its chunks, so they are never evicted while it lives.
  * Checks: at least one segment; system only first, question only last; no empty text;
  * a given key must equal the computed one (CG_E_KEY_MISMATCH, nothing computed or stored);
