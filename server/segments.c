@@ -96,6 +96,43 @@ out:
     return st;
 }
 
+/* The quality options: recompute_prefix_tokens and recompute_ratio (the model's
+ * --recompute-default fills what the request left out) and quality_probe. */
+static cg_status reuse_options(cg_gateway *g, json_t *body, const char *model, cg_gw_segments *out,
+                               const char **param, char *msg, size_t msglen)
+{
+    cg_status st = CG_OK;
+    *param = "recompute_prefix_tokens";
+    out->recompute = -1;
+    if (json_object_get(body, "recompute_prefix_tokens") &&
+        (st = cg_json_get_int(body, "recompute_prefix_tokens", -1, 0, INT32_MAX,
+                              &out->recompute)) != CG_OK) {
+        snprintf(msg, msglen, "recompute_prefix_tokens must be an integer >= 0");
+        return st;
+    }
+    *param = "recompute_ratio";
+    out->recompute_ratio = -1;
+    if (json_object_get(body, "recompute_ratio") &&
+        (st = cg_json_get_number(body, "recompute_ratio", -1, 0, 1, &out->recompute_ratio)) !=
+            CG_OK) {
+        snprintf(msg, msglen, "recompute_ratio must be a number in [0, 1]");
+        return st;
+    }
+    /* The model's defaults fill what the request left out (the field, not null: null is
+     * "absent" too). */
+    cg_gw_recompute def;
+    if (cg_gateway_recompute_default(g->cfg, model, &def)) {
+        if (out->recompute_ratio < 0) out->recompute_ratio = def.ratio;
+        if (out->recompute < 0 && def.prefix >= 0) out->recompute = def.prefix;
+    }
+    *param = "quality_probe";
+    if ((st = cg_json_get_bool(body, "quality_probe", 0, &out->quality_probe)) != CG_OK) {
+        snprintf(msg, msglen, "quality_probe must be a boolean");
+        return st;
+    }
+    return CG_OK;
+}
+
 cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, int chat,
                                 cg_gw_segments *out, const char **param, char *msg, size_t msglen)
 {
@@ -131,34 +168,7 @@ cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, 
         salt = out->salt_owned;
     }
     out->salt = salt;
-    *param = "recompute_prefix_tokens";
-    out->recompute = -1;
-    if (json_object_get(body, "recompute_prefix_tokens") &&
-        (st = cg_json_get_int(body, "recompute_prefix_tokens", -1, 0, INT32_MAX,
-                              &out->recompute)) != CG_OK) {
-        snprintf(msg, msglen, "recompute_prefix_tokens must be an integer >= 0");
-        goto out;
-    }
-    *param = "recompute_ratio";
-    out->recompute_ratio = -1;
-    if (json_object_get(body, "recompute_ratio") &&
-        (st = cg_json_get_number(body, "recompute_ratio", -1, 0, 1, &out->recompute_ratio)) !=
-            CG_OK) {
-        snprintf(msg, msglen, "recompute_ratio must be a number in [0, 1]");
-        goto out;
-    }
-    /* The model's defaults fill what the request left out (the field, not null: null is
-     * "absent" too). */
-    cg_gw_recompute def;
-    if (cg_gateway_recompute_default(g->cfg, model, &def)) {
-        if (out->recompute_ratio < 0) out->recompute_ratio = def.ratio;
-        if (out->recompute < 0 && def.prefix >= 0) out->recompute = def.prefix;
-    }
-    *param = "quality_probe";
-    if ((st = cg_json_get_bool(body, "quality_probe", 0, &out->quality_probe)) != CG_OK) {
-        snprintf(msg, msglen, "quality_probe must be a boolean");
-        goto out;
-    }
+    if ((st = reuse_options(g, body, model, out, param, msg, msglen)) != CG_OK) goto out;
 
     cg_split_params sp = cg_split_default_params();
     sp.separator = sep ? sep : g->cfg->separator;
