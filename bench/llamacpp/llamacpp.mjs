@@ -18,40 +18,7 @@ import fs from "node:fs";
 import process from "node:process";
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 
-function parseArgs(argv) {
-    const a = {_: []};
-    for (let i = 0; i < argv.length; i++) {
-        const k = argv[i];
-        if (!k.startsWith("--")) {
-            a._.push(k);
-            continue;
-        }
-        const name = k.slice(2);
-        const next = argv[i + 1];
-        if (next === undefined || next.startsWith("--")) a[name] = true;
-        else a[name] = argv[++i];
-    }
-    return a;
-}
-
-function die(msg) {
-    process.stderr.write(`llamacpp.mjs: ${msg}\n`);
-    process.exit(2);
-}
-
-export function randomIds(n, seed, idMin, idMax) {
-    let x = (seed >>> 0) || 1;
-    const out = new Array(n);
-    for (let i = 0; i < n; i++) {
-        x ^= x << 13;
-        x >>>= 0;
-        x ^= x >>> 17;
-        x ^= x << 5;
-        x >>>= 0;
-        out[i] = idMin + (x % (idMax - idMin));
-    }
-    return out;
-}
+import {die, parseArgs, randomIds} from "../worker_client.mjs";
 
 function readIds(a) {
     let ids;

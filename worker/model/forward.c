@@ -188,7 +188,8 @@ static void weight_row(const cg_weight *w, int row, float *out)
  * widens every panel of W at each call whatever n, which costs more than the product itself
  * for a few dozen rows (a 45-token system prompt, a question, a short request). With AVX-512
  * the decode kernel also outruns the widened sgemm (OpenBLAS 0.3.21, AVX2-class kernels) on the
- * scheduler's 256-row pieces: 1.5-1.6x in the same run (bench/README.md, "Serving speed"). */
+ * scheduler's 256-row pieces: 1.5-1.6x in the same run (bench/README.md, "chunkgate-worker
+ * against llama.cpp"). */
 #define SMALL_ROWS 64
 #define SMALL_ROWS_AVX512 256
 

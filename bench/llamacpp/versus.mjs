@@ -1,0 +1,326 @@
+#!/usr/bin/env node
+// chunkgate-worker against llama.cpp in one run, on the same checkpoint (an HF directory and
+// its f16 GGUF from bench/gguf_write.py) and the same token ids, both on --threads threads,
+// alternating engine by engine so the machine's noise hits both:
+//   1. prefill of N ids, cold: the worker gets them as a plain prompt (ids) on POST
+//      /v1/completions with max_tokens 1 (one causal forward, no cache); TTFT-derived tokens/s.
+//      llama.cpp: evaluateWithoutGeneratingNewTokens on a cleared sequence.
+//   2. decode: 1 + D greedy tokens after a 512-id prompt; the D tokens after the first, timed.
+//   3. RAG through the gateway (build/server/chunkgate in front of the worker): K documents of
+//      about W words; the first request (system 1, documents in order, question 1) is cold
+//      and stores them; the second (system 2, documents reordered, question 2) is timed: its
+//      TTFT against llama.cpp's cold prefill of as many tokens.
+// Plus the worker's resident memory (VmRSS, VmHWM) after start, after the first forward
+// (weights paged in), after the longest prefill, after RAG, against weight bytes + pool.
+//
+//   NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node bench/llamacpp/versus.mjs --model-dir DIR --gguf F
+//       [--build build] [--threads 2] [--reps 2] [--prefill 512,4096] [--decode 128]
+//       [--docs 4] [--doc-words 1000] [--pool-mb 256] [--skip prefill,decode,rag,llama]
+//       [--flash-attention off|on|auto] [--llama-threads 1] [--worker-b BIN] [--json out.json]
+// --llama-threads adds llama.cpp contexts at other thread counts, measured right after the
+// --threads one; the tables give the ratio to --threads and to the best of them. --worker-b
+// starts a second chunkgate-worker binary (another build), measured right after the first in
+// parts 1 and 2.
+// Prints a table per part and one JSON object (--json writes it to a file too).
+import fs from "node:fs";
+import path from "node:path";
+import process from "node:process";
+import {getLlama, LlamaLogLevel} from "node-llama-cpp";
+
+import {die, loadavg, median, memMiB, nowMs, parseArgs, randomIds, startServer,
+        streamCompletion, tmpDir, waitReady, words} from "../worker_client.mjs";
+
+const a = parseArgs(process.argv.slice(2));
+if (!a["model-dir"] || !a.gguf) die("--model-dir DIR and --gguf FILE are required");
+const build = a.build ?? "build";
+const threads = Number(a.threads ?? 2);
+const reps = Number(a.reps ?? 2);
+const lens = String(a.prefill ?? "512,4096").split(",").map(Number);
+const nDecode = Number(a.decode ?? 128);
+const nDocs = Number(a.docs ?? 4);
+const docWords = Number(a["doc-words"] ?? 1000);
+const poolMb = Number(a["pool-mb"] ?? 256);
+const skip = new Set(String(a.skip ?? "").split(","));
+const fa = a["flash-attention"] ?? "off";
+const log = (s) => process.stderr.write(s + "\n");
+
+// ---------------------------------------------------------------- llama.cpp (in process)
+
+// --skip llama: the worker alone (its speed and memory), no llama.cpp loaded
+const noLlama = skip.has("llama");
+const llama = noLlama ? null : await getLlama({gpu: false, build: "never", skipDownload: true,
+                                               usePrebuiltBinaries: true, maxThreads: threads,
+                                               logLevel: LlamaLogLevel.error});
+const lmodel = noLlama ? null : await llama.loadModel({modelPath: a.gguf, gpuLayers: 0, useMmap: true});
+const ctxSize = Math.max(...lens, 512 + nDecode, nDocs * docWords * 1.3 + 512) + 512;
+// One context per thread count: --threads (the comparison) first, then --llama-threads extras.
+// llama.cpp's thread pool waits at its barriers by spinning, so on a shared 2-core machine 2
+// threads can run far slower than 1: the extra 1-thread baseline shows that.
+const llamaThreads = [...new Set([threads, ...String(a["llama-threads"] ?? "").split(",")
+                                                   .filter(Boolean).map(Number)])];
+const lctxs = [];
+for (const t of noLlama ? [] : llamaThreads) {
+    const ctx = await lmodel.createContext({
+        contextSize: Math.ceil(ctxSize), batchSize: 512, threads: {ideal: t, min: t},
+        flashAttention: fa === "auto" ? "auto" : fa === "on", sequences: 1});
+    lctxs.push({threads: t, ctx, seq: ctx.getSequence()});
+}
+
+async function llamaPrefillOne(seq, ids) {
+    await seq.clearHistory();
+    const t0 = nowMs();
+    await seq.evaluateWithoutGeneratingNewTokens(ids);
+    return (nowMs() - t0) / 1e3;
+}
+
+async function llamaDecodeOne(seq, prompt, n) {
+    await seq.clearHistory();
+    await seq.evaluateWithoutGeneratingNewTokens(prompt.slice(0, -1));
+    let k = 0, t0 = 0;
+    for await (const tok of seq.evaluate(prompt.slice(-1), {temperature: 0})) {
+        void tok;
+        if (++k === 1) t0 = nowMs();
+        if (k === n + 1) break;
+    }
+    return {tokens: k - 1, seconds: (nowMs() - t0) / 1e3};
+}
+
+// Every llama.cpp context in turn: {threads: seconds} and the best (fewest seconds).
+async function llamaPrefill(ids) {
+    const r = {by_threads: {}};
+    if (noLlama) return {...r, s: NaN, s_main: NaN};
+    for (const c of lctxs) r.by_threads[c.threads] = await llamaPrefillOne(c.seq, ids);
+    r.s = Math.min(...Object.values(r.by_threads));
+    r.s_main = r.by_threads[threads];
+    return r;
+}
+
+async function llamaDecode(prompt, n) {
+    const r = {by_threads: {}};
+    if (noLlama) return {...r, tok_s: NaN, tok_s_main: NaN};
+    for (const c of lctxs) r.by_threads[c.threads] = await llamaDecodeOne(c.seq, prompt, n);
+    const rates = Object.values(r.by_threads).map((x) => x.tokens / x.seconds);
+    r.tok_s = Math.max(...rates);
+    r.tok_s_main = r.by_threads[threads].tokens / r.by_threads[threads].seconds;
+    return r;
+}
+
+// ---------------------------------------------------------------- chunkgate (worker + gateway)
+
+const tmp = tmpDir("cg-versus-");
+const workerBin = path.join(build, "worker/chunkgate-worker");
+const gatewayBin = path.join(build, "server/chunkgate");
+for (const b of [workerBin, gatewayBin]) if (!fs.existsSync(b)) die(`${b} is missing: build first`);
+const weightBytes = fs.readdirSync(a["model-dir"]).filter((f) => f.endsWith(".safetensors"))
+    .reduce((s, f) => s + fs.statSync(path.join(a["model-dir"], f)).size, 0);
+const modelId = JSON.parse(fs.readFileSync(path.join(a["model-dir"], "config.json"), "utf8"))
+    ._name_or_path;
+
+const worker = await startServer(workerBin,
+    ["serve", "--model", a["model-dir"], "--listen", "127.0.0.1:0", "--data-dir",
+     path.join(tmp, "worker"), "--pool-mb", String(poolMb)],
+    path.join(tmp, "worker.log"), {OMP_NUM_THREADS: String(threads)});
+const wurl = `http://127.0.0.1:${worker.port}`;
+await waitReady(`${wurl}/healthz`);
+const mem = {weights_mib: weightBytes / 2 ** 20, pool_mib: poolMb, after_start: memMiB(worker.proc.pid)};
+// --worker-b BIN: another build of the worker, measured right after this one (prefill, decode)
+let wurlB = null, workerB = null;
+if (a["worker-b"]) {
+    workerB = await startServer(a["worker-b"],
+        ["serve", "--model", a["model-dir"], "--listen", "127.0.0.1:0", "--data-dir",
+         path.join(tmp, "worker-b"), "--pool-mb", String(poolMb)],
+        path.join(tmp, "worker-b.log"), {OMP_NUM_THREADS: String(threads)});
+    wurlB = `http://127.0.0.1:${workerB.port}`;
+    await waitReady(`${wurlB}/healthz`);
+}
+
+async function workerPrefill(ids, url = wurl) {
+    const r = await streamCompletion(`${url}/v1/completions`,
+                                     {model: modelId, prompt: ids, max_tokens: 1, temperature: 0});
+    if (r.status !== 200 || !r.first) die(`worker prefill failed: ${r.status} ${r.body ?? r.error}`);
+    return (r.first - r.t0) / 1e3;
+}
+
+async function workerDecode(prompt, n, url = wurl) {
+    const r = await streamCompletion(`${url}/v1/completions`,
+                                     {model: modelId, prompt, max_tokens: n + 1, temperature: 0});
+    if (r.status !== 200 || !r.first) die(`worker decode failed: ${r.status} ${r.body ?? r.error}`);
+    const fin = r.events.at(-1).t;
+    const tokens = (r.usage?.completion_tokens ?? 1) - 1;
+    return {tokens, seconds: (fin - r.first) / 1e3};
+}
+
+// warm-up of both: every weight page touched once
+await llamaPrefill(randomIds(16, 99));
+await workerPrefill(randomIds(16, 99));
+if (wurlB) await workerPrefill(randomIds(16, 99), wurlB);
+mem.after_first_forward = memMiB(worker.proc.pid);
+
+const out = {threads, reps, load_before: loadavg(), model: modelId, gguf: a.gguf,
+             llama_cpp_release: llama?.llamaCppRelease, flash_attention: lctxs[0]?.ctx.flashAttention,
+             llama_threads: llamaThreads,
+             prefill: [], decode: [], rag: [], memory: mem};
+const first = (rep) => (rep % 2 === 0 ? "worker" : "llama.cpp"); // who goes first this rep
+
+// ---------------------------------------------------------------- 1. prefill
+if (!skip.has("prefill")) {
+    const ids = randomIds(Math.max(...lens), 1);
+    for (let rep = 0; rep < reps; rep++)
+        for (const n of lens) {
+            const p = ids.slice(0, n);
+            const row = {rep, tokens: n, first: first(rep), load: loadavg()};
+            const w = async () => {
+                row.worker_s = await workerPrefill(p);
+                if (wurlB) row.worker_b_s = await workerPrefill(p, wurlB);
+            };
+            if (first(rep) === "worker") {
+                await w();
+                row.llama = await llamaPrefill(p);
+            } else {
+                row.llama = await llamaPrefill(p);
+                await w();
+            }
+            if (n === Math.max(...lens)) mem[`after_prefill_${n}`] = memMiB(worker.proc.pid);
+            row.worker_tok_s = n / row.worker_s;
+            row.llama_tok_s = n / row.llama.s_main;
+            row.llama_best_tok_s = n / row.llama.s;
+            row.ratio = row.worker_tok_s / row.llama_tok_s;
+            row.ratio_best = row.worker_tok_s / row.llama_best_tok_s;
+            if (wurlB) row.ratio_b = row.worker_b_s / row.worker_s;
+            out.prefill.push(row);
+            log(`prefill ${n}: worker ${row.worker_tok_s.toFixed(1)} tok/s, llama.cpp ` +
+                `${row.llama_tok_s.toFixed(1)} tok/s (best of ${llamaThreads} threads ${row.llama_best_tok_s.toFixed(1)}), ` +
+                `ratio ${row.ratio.toFixed(2)} / ${row.ratio_best.toFixed(2)} (load ${row.load.toFixed(1)})` +
+                (wurlB ? `; --worker-b ${(n / row.worker_b_s).toFixed(1)} tok/s (this build ${row.ratio_b.toFixed(2)}x)` : ""));
+        }
+}
+
+// ---------------------------------------------------------------- 2. decode
+if (!skip.has("decode") && nDecode > 0) {
+    const prompt = randomIds(512, 1);
+    for (let rep = 0; rep < reps; rep++) {
+        const row = {rep, prompt_tokens: 512, first: first(rep), load: loadavg()};
+        const w = async () => {
+            row.worker = await workerDecode(prompt, nDecode);
+            if (wurlB) row.worker_b = await workerDecode(prompt, nDecode, wurlB);
+        };
+        const l = async () => (row.llama = await llamaDecode(prompt, nDecode));
+        if (first(rep) === "worker") await w(), await l();
+        else await l(), await w();
+        row.worker_tok_s = row.worker.tokens / row.worker.seconds;
+        row.llama_tok_s = row.llama.tok_s_main;
+        row.llama_best_tok_s = row.llama.tok_s;
+        row.ratio = row.worker_tok_s / row.llama_tok_s;
+        row.ratio_best = row.worker_tok_s / row.llama_best_tok_s;
+        if (wurlB) row.ratio_b = row.worker_tok_s / (row.worker_b.tokens / row.worker_b.seconds);
+        out.decode.push(row);
+        log(`decode ${nDecode} (worker ${row.worker.tokens} tokens): worker ${row.worker_tok_s.toFixed(1)} ` +
+            `tok/s, llama.cpp ${row.llama_tok_s.toFixed(1)} tok/s (best ${row.llama_best_tok_s.toFixed(1)}), ` +
+            `ratio ${row.ratio.toFixed(2)} / ${row.ratio_best.toFixed(2)} (load ${row.load.toFixed(1)})` +
+            (wurlB ? `; --worker-b ${(row.worker_b.tokens / row.worker_b.seconds).toFixed(1)} tok/s` : ""));
+    }
+}
+
+// ---------------------------------------------------------------- 3. RAG through the gateway
+if (!skip.has("rag")) {
+    const gw = await startServer(gatewayBin,
+        ["--listen", "127.0.0.1:0", "--worker", wurl, "--data-dir", path.join(tmp, "gateway"),
+         "--worker-timeout-ms", "600000", "--health-timeout-ms", "30000",
+         "--health-interval-ms", "5000"],
+        path.join(tmp, "gateway.log"));
+    const gurl = `http://127.0.0.1:${gw.port}`;
+    await waitReady(`${gurl}/readyz`);
+    for (let rep = 0; rep < reps; rep++) {
+        const tag = `run ${process.pid}.${rep}`;
+        const docs = Array.from({length: nDocs}, (_, i) =>
+            words(docWords, 100 * rep + i + 11, `Document ${i + 1} (${tag}):`));
+        const sys1 = words(30, 1 + rep, `You are a careful assistant (${tag}). Answer from the documents only:`);
+        const sys2 = words(30, 51 + rep, `Terse mode (${tag}): cite the document, then answer in one sentence:`);
+        const ask = async (parts) => {
+            const r = await streamCompletion(`${gurl}/v1/completions`,
+                {model: modelId, prompt: parts.join(" # # "), max_tokens: 1, temperature: 0});
+            if (r.status !== 200 || !r.first) die(`gateway request failed: ${r.status} ${r.body ?? r.error}`);
+            const cc = r.events[0].data.chunk_cache;
+            return {ttft_s: (r.first - r.t0) / 1e3, prompt_tokens: r.usage?.prompt_tokens,
+                    cached_tokens: r.usage?.prompt_tokens_details?.cached_tokens,
+                    hits: cc?.segments?.filter((s) => s.hit).length, segments: cc?.segments?.length};
+        };
+        const order = docs.map((_, i) => i).reverse(); // reordered: last document first
+        order.push(order.shift()); // ... and the first not last either: 2,1,0,3 for 4
+        const row = {rep, load: loadavg()};
+        row.cold = await ask([sys1, ...docs, "What did the harbour survey find?"]);
+        const warmParts = [sys2, ...order.map((i) => docs[i]), "Which budget line grew, and by how much?"];
+        // llama.cpp prefills as many tokens as the warm request holds: known after it, or
+        // from the previous rep (same document sizes) when llama.cpp goes first
+        const prev = out.rag.at(-1);
+        if (first(rep) === "worker" || !prev) {
+            row.warm = await ask(warmParts);
+            row.llama_tokens = row.warm.prompt_tokens;
+            row.llama = await llamaPrefill(randomIds(row.llama_tokens, 7));
+        } else {
+            row.llama_tokens = prev.warm.prompt_tokens;
+            row.llama = await llamaPrefill(randomIds(row.llama_tokens, 7));
+            row.warm = await ask(warmParts);
+        }
+        row.llama_cold_s = row.llama.s_main;
+        row.speedup = row.llama.s_main / row.warm.ttft_s;
+        row.speedup_best = row.llama.s / row.warm.ttft_s;
+        row.speedup_vs_cold = row.cold.ttft_s / row.warm.ttft_s;
+        out.rag.push(row);
+        log(`RAG rep ${rep}: cold TTFT ${(row.cold.ttft_s * 1e3).toFixed(0)} ms (${row.cold.prompt_tokens} tokens), ` +
+            `warm ${(row.warm.ttft_s * 1e3).toFixed(0)} ms (${row.warm.cached_tokens} of ${row.warm.prompt_tokens} reused, ` +
+            `${row.warm.hits}/${row.warm.segments} segments hit); llama.cpp cold ` +
+            `${(row.llama_cold_s * 1e3).toFixed(0)} ms: ${row.speedup.toFixed(1)}x (best llama.cpp ` +
+            `${(row.llama.s * 1e3).toFixed(0)} ms: ${row.speedup_best.toFixed(1)}x) (load ${row.load.toFixed(1)})`);
+    }
+    mem.after_rag = memMiB(worker.proc.pid);
+    await gw.stop();
+}
+await worker.stop();
+if (workerB) await workerB.stop();
+out.load_after = loadavg();
+for (const k of Object.keys(mem))
+    if (mem[k] && mem[k].rss) mem[k].ratio_to_weights_plus_pool = mem[k].rss / (mem.weights_mib + poolMb);
+
+// ---------------------------------------------------------------- summary
+const fmt = (x, d = 1) => (Number.isFinite(x) ? x.toFixed(d) : "-");
+const bm = (xs, d = 1, best = Math.max) => `${fmt(best(...xs), d)} / ${fmt(median(xs), d)}`;
+console.log(`best / median over ${reps} reps; llama.cpp at ${threads} threads, and the best of ` +
+            `${llamaThreads.join(", ")} threads in each measurement`);
+console.log(`| part | chunkgate-worker | llama.cpp ${threads} thr | ratio | llama.cpp best | ratio to best |`);
+console.log(`|---|---|---|---|---|---|`);
+for (const n of lens) {
+    const r = out.prefill.filter((x) => x.tokens === n);
+    if (!r.length) continue;
+    const g = (k) => r.map((x) => x[k]);
+    console.log(`| prefill ${n}, tok/s | ${bm(g("worker_tok_s"))} | ${bm(g("llama_tok_s"))} | ${bm(g("ratio"), 2)} | ${bm(g("llama_best_tok_s"))} | ${bm(g("ratio_best"), 2)} |`);
+}
+if (wurlB)
+    for (const n of lens) {
+        const r = out.prefill.filter((x) => x.tokens === n);
+        if (r.length) console.log(`| prefill ${n}: --worker-b time / this build's | ${bm(r.map((x) => x.ratio_b), 2)} | | | | |`);
+    }
+if (out.decode.length) {
+    const g = (k) => out.decode.map((x) => x[k]);
+    if (wurlB) console.log(`| decode: this build's rate / --worker-b's | ${bm(g("ratio_b"), 2)} | | | | |`);
+    console.log(`| decode ${nDecode} after 512, tok/s | ${bm(g("worker_tok_s"))} | ${bm(g("llama_tok_s"))} | ${bm(g("ratio"), 2)} | ${bm(g("llama_best_tok_s"))} | ${bm(g("ratio_best"), 2)} |`);
+}
+if (out.rag.length) {
+    const w = out.rag.map((x) => x.warm.ttft_s * 1e3), l = out.rag.map((x) => x.llama.s_main * 1e3),
+          lb = out.rag.map((x) => x.llama.s * 1e3);
+    console.log(`| RAG TTFT ms (warm, gateway) vs cold prefill | ${bm(w, 0, Math.min)} | ${bm(l, 0, Math.min)} | ${bm(out.rag.map((x) => x.speedup))}x | ${bm(lb, 0, Math.min)} | ${bm(out.rag.map((x) => x.speedup_best))}x |`);
+    const c = out.rag.map((x) => x.cold.ttft_s * 1e3);
+    console.log(`RAG: ${out.rag[0].warm.prompt_tokens} prompt tokens, ${out.rag[0].warm.cached_tokens} reused; ` +
+                `chunkgate cold TTFT ${bm(c, 0, Math.min)} ms (cold / warm ${bm(out.rag.map((x) => x.speedup_vs_cold))}x)`);
+}
+console.log(`\nworker memory (MiB): weights ${fmt(mem.weights_mib)}, pool ${poolMb}`);
+for (const [k, v] of Object.entries(mem))
+    if (v && v.rss) console.log(`  ${k}: VmRSS ${fmt(v.rss)} (${fmt(v.ratio_to_weights_plus_pool, 2)}x weights + pool), VmHWM ${fmt(v.hwm)}`);
+console.log(`load average ${fmt(out.load_before)} -> ${fmt(out.load_after)}`);
+const json = JSON.stringify(out);
+if (a.json) fs.writeFileSync(a.json, json + "\n");
+console.log(json);
+for (const c of lctxs) await c.ctx.dispose();
+if (lmodel) await lmodel.dispose();
+if (llama) await llama.dispose();
+fs.rmSync(tmp, {recursive: true, force: true});
