@@ -24,27 +24,9 @@
 
 static uint64_t rng_state = 42;
 
-static uint32_t rnd(void)
-{
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng_state >> 33);
-}
-
 static char *make_text(size_t n, const char *prefix)
 {
-    static const char *words[] = {"the",  "valley", "rainfall", "gauge",   "council", "records",
-                                  "data", "report", "members",  "harbour", "survey",  "and"};
-    char *s = cg_malloc(n + 1);
-    size_t len = (size_t)snprintf(s, n + 1, "%s", prefix);
-    while (len < n) {
-        const char *w = words[rnd() % CG_ARRAY_LEN(words)];
-        size_t wl = strlen(w);
-        for (size_t i = 0; i <= wl && len < n; i++)
-            s[len++] = i < wl ? w[i] : ' ';
-    }
-    s[n - 1] = '.';
-    s[n] = '\0';
-    return s;
+    return th_words(n, prefix, &rng_state);
 }
 
 /* ---- one streamed request, timed to its first token ---- */

@@ -1,6 +1,7 @@
 /* Benchmark of the SQLite chunk index: insert rate through the writer, batched lookups (hits
  * and misses) on 1 and 2 threads against an in-memory hash of the same keys, and update rate
- * through the writer queue, alone and with concurrent lookups. Results: bench/README.md ("SQLite index"). */
+ * through the writer queue, alone and with concurrent lookups. Results: bench/README.md ("SQLite
+ * index"). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>

@@ -16,7 +16,10 @@
 #include "base/base.h"
 #include "tests/harness/harness.h"
 
-static double now_s(void) { return (double)cg_now_ns() * 1e-9; }
+static double now_s(void)
+{
+    return (double)cg_now_ns() * 1e-9;
+}
 
 static void pseudo_tokens(int32_t *t, uint32_t n, uint64_t seed)
 {
@@ -42,7 +45,8 @@ static double attn_time(const cg_model_config *c, uint32_t n, uint32_t block)
     const int hd = c->head_dim, Q = c->n_heads * hd;
     size_t plane = (size_t)n * hd;
     float *k = cg_malloc(plane * c->n_kv_heads * 4), *v = cg_malloc(plane * c->n_kv_heads * 4);
-    float *q = cg_malloc((size_t)CG_MIN(n, block) * Q * 4), *o = cg_malloc((size_t)CG_MIN(n, block) * Q * 4);
+    float *q = cg_malloc((size_t)CG_MIN(n, block) * Q * 4),
+          *o = cg_malloc((size_t)CG_MIN(n, block) * Q * 4);
     fill(k, plane * c->n_kv_heads, 11);
     fill(v, plane * c->n_kv_heads, 12);
     fill(q, (size_t)CG_MIN(n, block) * Q, 13);
@@ -50,7 +54,8 @@ static double attn_time(const cg_model_config *c, uint32_t n, uint32_t block)
     double t0 = now_s();
     for (uint32_t b0 = 0; b0 < n; b0 += block) {
         cg_attn_span sp = {b0, CG_MIN(block, n - b0), 0, 0};
-        for (int l = 0; l < c->n_layers; l++) cg_attn_forward(&kv, c->n_heads, &sp, 1, q, o);
+        for (int l = 0; l < c->n_layers; l++)
+            cg_attn_forward(&kv, c->n_heads, &sp, 1, q, o);
     }
     double t = now_s() - t0;
     free(k);
@@ -113,7 +118,8 @@ static double attn_decode_time(const cg_model_config *c, uint32_t ctx, int steps
     for (int w = 0; w < 4; w++) {
         double t0 = now_s();
         for (int s = 0; s < steps; s++)
-            for (int l = 0; l < c->n_layers; l++) cg_attn_forward(&kv, c->n_heads, &sp, 1, q, o);
+            for (int l = 0; l < c->n_layers; l++)
+                cg_attn_forward(&kv, c->n_heads, &sp, 1, q, o);
         best = fmin(best, (now_s() - t0) / steps);
     }
     free(k);
@@ -147,7 +153,8 @@ static double gemv_floor(const cg_model_config *c, int steps)
         cblas_sgemv(CblasRowMajor, CblasNoTrans, c->vocab_size, D, 1.0f, head, D, x, 1, 0.0f, y, 1);
     }
     double t = (now_s() - t0) / steps;
-    for (int i = 0; i < c->n_layers * 7; i++) free(w[i]);
+    for (int i = 0; i < c->n_layers * 7; i++)
+        free(w[i]);
     free(w);
     free(x);
     free(y);
@@ -158,7 +165,8 @@ static double gemv_floor(const cg_model_config *c, int steps)
 /* GFLOP/s of one raw sgemm of shape m x n x k (best of reps). */
 static double raw_sgemm_gflops(int m, int n, int k, int reps)
 {
-    float *a = cg_malloc((size_t)m * k * 4), *b = cg_malloc((size_t)n * k * 4), *c = cg_malloc((size_t)m * n * 4);
+    float *a = cg_malloc((size_t)m * k * 4), *b = cg_malloc((size_t)n * k * 4),
+          *c = cg_malloc((size_t)m * n * 4);
     fill(a, (size_t)m * k, 7);
     fill(b, (size_t)n * k, 8);
     double best = 1e30;
@@ -180,7 +188,8 @@ int main(int argc, char **argv)
     int own = 0;
     if (!dir) {
         dir = mkdtemp(tmpl);
-        if (!dir || cg_model_generate(dir, cg_model_gen_default_params(), err, sizeof err) != CG_OK) {
+        if (!dir ||
+            cg_model_generate(dir, cg_model_gen_default_params(), err, sizeof err) != CG_OK) {
             fprintf(stderr, "generate: %s\n", err);
             return 1;
         }
@@ -212,7 +221,8 @@ int main(int argc, char **argv)
            "with 1; 1024^3: %.1f GFLOP/s\n",
            raw_mt, blas_threads, raw_1t, raw_sq);
 
-    const double proj_flops_tok = 2.0 * L * ((double)D * (Q + 2 * KV) + (double)Q * D + 3.0 * D * H);
+    const double proj_flops_tok =
+        2.0 * L * ((double)D * (Q + 2 * KV) + (double)Q * D + 3.0 * D * H);
     const uint32_t sizes[3] = {512, 2048, 8192};
     for (int i = 0; i < 3; i++) {
         uint32_t n = sizes[i];
@@ -234,8 +244,9 @@ int main(int argc, char **argv)
         printf("prefill %5u tokens: %.3f s = %5.0f tokens/s | attention kernel alone %.3f s (%.1f "
                "GFLOP/s) | projection sgemms alone %.3f s = %.1f GFLOP/s = %.2f x raw sgemm | "
                "rest %.0f%%\n",
-               n, best, n / best, att, attn_flops / att * 1e-9, proj, proj_flops_tok * n / proj * 1e-9,
-               proj_flops_tok * n / proj * 1e-9 / raw_mt, 100.0 * fmax(0.0, best - att - proj) / best);
+               n, best, n / best, att, attn_flops / att * 1e-9, proj,
+               proj_flops_tok * n / proj * 1e-9, proj_flops_tok * n / proj * 1e-9 / raw_mt,
+               100.0 * fmax(0.0, best - att - proj) / best);
         cg_kv_free(&kv);
         free(lg);
         free(tok);
@@ -256,7 +267,8 @@ int main(int argc, char **argv)
             double t0 = now_s();
             for (uint32_t s = w; s < w + 64; s++) {
                 cg_attn_span one = {ctx + s, 1, 0, 0};
-                if (cg_model_forward(m, kv, tok + ctx + s, 1, ctx + s, ctx + s, &one, 1, lg) != CG_OK)
+                if (cg_model_forward(m, kv, tok + ctx + s, 1, ctx + s, ctx + s, &one, 1, lg) !=
+                    CG_OK)
                     return 1;
             }
             per = fmin(per, (now_s() - t0) / 64);

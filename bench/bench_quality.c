@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "tests/harness/harness.h"
 #include "worker/serve/engine.h"
 
 #define MAX_DOCS 16
@@ -29,46 +30,10 @@
 
 static uint64_t rng_state;
 
-static uint32_t rnd(void)
-{
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng_state >> 33);
-}
-
 /* n bytes of word-like ASCII text. */
 static char *make_text(size_t n, const char *prefix)
 {
-    static const char *words[] = {"the",     "valley", "rainfall", "gauge",    "council",
-                                  "records", "annual", "report",   "members",  "harbour",
-                                  "survey",  "data",   "changed",  "in",       "of",
-                                  "and",     "was",    "were",     "replaced", "by",
-                                  "after",   "town",   "ledger",   "vote",     "quorum"};
-    char *s = cg_malloc(n + 1);
-    size_t len = (size_t)snprintf(s, n + 1, "%s", prefix);
-    while (len < n) {
-        const char *w = words[rnd() % CG_ARRAY_LEN(words)];
-        size_t wl = strlen(w);
-        for (size_t i = 0; i <= wl && len < n; i++)
-            s[len++] = i < wl ? w[i] : ' ';
-    }
-    s[n - 1] = '.';
-    s[n] = '\0';
-    return s;
-}
-
-static void rm_rf(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
+    return th_words(n, prefix, &rng_state);
 }
 
 static void die(const char *what, cg_status st, const char *err)
@@ -355,6 +320,6 @@ int main(int argc, char **argv)
     free(t);
     free(tc);
     cg_model_close(&m);
-    if (generated) rm_rf(tmp);
+    if (generated) th_rmrf(tmp);
     return 0;
 }

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "tests/harness/harness.h"
 #include "worker/store/remote.h"
 
 #define LAYERS 24
@@ -40,43 +41,6 @@
 #define HEAD_DIM 64
 #define PER_TOKEN ((size_t)LAYERS * 2 * HEAD_DIM * 4) /* bytes of one head, one token */
 #define CHUNKS 3                                      /* distinct chunks, read round-robin */
-
-static int port_free(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    close(fd);
-    return ok;
-}
-
-static pid_t start_redis(int port, const char *dir)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int nul = open("/dev/null", O_RDWR);
-        dup2(nul, 0);
-        dup2(nul, 1);
-        char ps[16];
-        snprintf(ps, sizeof ps, "%d", port);
-        execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--dir", dir, "--logfile", "redis.log", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 200; i++) {
-        struct timeval tv = {1, 0};
-        redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
-        int up = c && !c->err;
-        if (c) redisFree(c);
-        if (up) return pid;
-        if (waitpid(pid, NULL, WNOHANG) == pid) return -1;
-        usleep(50000);
-    }
-    return -1;
-}
 
 typedef struct ctx {
     cg_remote *r;
@@ -219,9 +183,9 @@ int main(int argc, char **argv)
         srand((unsigned)getpid());
         for (int t = 0; t < 200 && !port; t++) {
             int p = 20000 + rand() % 9000;
-            if (port_free(p)) port = p;
+            if (th_port_free(p)) port = p;
         }
-        pid = start_redis(port, dir);
+        pid = th_redis_start(port, dir);
         if (pid < 0) die("redis-server did not start");
         snprintf(urlbuf, sizeof urlbuf, "redis://127.0.0.1:%d", port);
         url = urlbuf;

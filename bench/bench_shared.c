@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "tests/harness/harness.h"
 #include "kv/kvwire.h"
 #include "worker/serve/engine.h"
 #include "worker/serve/tiers.h"
@@ -48,43 +49,6 @@ static void die(const char *what, cg_status st, const char *err)
 
 /* ---- redis-server ---- */
 
-static int port_free(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    close(fd);
-    return ok;
-}
-
-static pid_t start_redis(int port, const char *dir)
-{
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int nul = open("/dev/null", O_RDWR);
-        dup2(nul, 0);
-        dup2(nul, 1);
-        char ps[16];
-        snprintf(ps, sizeof ps, "%d", port);
-        execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--dir", dir, "--logfile", "redis.log", (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 200; i++) {
-        struct timeval tv = {1, 0};
-        redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
-        int up = c && !c->err;
-        if (c) redisFree(c);
-        if (up) return pid;
-        if (waitpid(pid, NULL, WNOHANG) == pid) return -1;
-        usleep(50000);
-    }
-    return -1;
-}
-
 static void redis_flushall(redisContext *c)
 {
     redisReply *r = redisCommand(c, "FLUSHALL");
@@ -97,8 +61,7 @@ static void redis_flushall(redisContext *c)
 static uint64_t rng_state;
 static uint32_t rnd(void)
 {
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng_state >> 33);
+    return th_lcg32(&rng_state);
 }
 
 static char *make_text(size_t n, const char *prefix)
@@ -130,13 +93,6 @@ static double median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_d);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static void rm_rf(const char *dir)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "bench_shared: could not remove %s\n", dir);
 }
 
 static cg_remote *open_remote(int port)
@@ -509,9 +465,9 @@ int main(int argc, char **argv)
     unsigned seed = (unsigned)getpid();
     for (int t = 0; t < 500 && !port; t++) {
         int p = 20000 + (int)(rand_r(&seed) % 9000);
-        if (port_free(p)) port = p;
+        if (th_port_free(p)) port = p;
     }
-    pid_t redis = port ? start_redis(port, dir) : -1;
+    pid_t redis = port ? th_redis_start(port, dir) : -1;
     if (redis < 0) die("redis-server did not start", CG_E_IO, NULL);
     struct timeval tv = {10, 0};
     redisContext *adm = redisConnectWithTimeout("127.0.0.1", port, tv);
@@ -527,7 +483,7 @@ int main(int argc, char **argv)
     kill(redis, SIGKILL);
     waitpid(redis, NULL, 0);
     cg_model_close(&m);
-    rm_rf(dir);
+    th_rmrf(dir);
     FILE *la = fopen("/proc/loadavg", "r");
     char line[128] = "";
     if (la && fgets(line, sizeof line, la)) printf("load average: %s", line);

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "tests/harness/harness.h"
 #include "worker/store/remote.h"
 
 #define SKIP_CODE 77
@@ -34,21 +35,6 @@
 
 static char g_redis_server[512]; /* empty: not installed */
 static char g_redis_cli[512];
-
-static int find_prog(const char *name, char *out, size_t cap)
-{
-    const char *path = getenv("PATH");
-    if (!path) path = "/usr/bin:/bin";
-    char *dup = cg_strdup(path), *save = NULL;
-    int found = 0;
-    for (char *d = strtok_r(dup, ":", &save); d && !found; d = strtok_r(NULL, ":", &save)) {
-        snprintf(out, cap, "%s/%s", d, name);
-        found = access(out, X_OK) == 0;
-    }
-    free(dup);
-    if (!found) out[0] = 0;
-    return found;
-}
 
 static double ms_since(uint64_t t0)
 {
@@ -64,17 +50,6 @@ static void sleep_ms(int ms)
 
 /* ---- ports, servers, admin connections ---------------------------------------------------- */
 
-static int port_free(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    close(fd);
-    return ok;
-}
-
 /* First of n consecutive free ports (and their cluster bus ports +10000 when bus). */
 static int pick_ports(int n, int bus)
 {
@@ -85,7 +60,7 @@ static int pick_ports(int n, int bus)
         int base = 20000 + (int)(rand_r(&seed) % (bus ? 2700 : 9000));
         int ok = 1;
         for (int i = 0; i < n && ok; i++)
-            ok = port_free(base + i) && (!bus || port_free(base + i + 10000));
+            ok = th_port_free(base + i) && (!bus || th_port_free(base + i + 10000));
         if (ok) return base;
     }
     ck_abort_msg("no free loopback ports");
@@ -1699,8 +1674,8 @@ END_TEST
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    int have_server = find_prog("redis-server", g_redis_server, sizeof g_redis_server);
-    find_prog("redis-cli", g_redis_cli, sizeof g_redis_cli);
+    int have_server = th_which("redis-server", g_redis_server, sizeof g_redis_server);
+    th_which("redis-cli", g_redis_cli, sizeof g_redis_cli);
 
     Suite *su = suite_create("remote");
     TCase *unit = tcase_create("unit");

@@ -37,36 +37,9 @@
 static char g_model[600];
 static char g_redis_server[512], g_redis_cli[512];
 
-static const char *SYS = "You are a careful assistant. Answer from the documents only.";
-static const char *DOC[6] = {
-    "Document A. Annual rainfall in the valley averaged 812 millimetres between 1990 and 2020; "
-    "in 2024 two gauges were replaced.",
-    "Document B. The cooperative's bylaws were amended in March: members may vote by post and "
-    "the quorum fell to one third.",
-    "Document C. The river flooded twice in 2023 and the levee was raised by one metre in the "
-    "spring of 2024, at a cost of 2.1 million.",
-    "Document D. Ferry schedules changed in June: boats now leave every forty minutes instead "
-    "of every hour, and the last one is at 23:10.",
-    "Document E. The library extended its opening hours to Sundays and added a repair cafe on "
-    "the first Saturday of each month since 2022.",
-    "Document F. A new bus line links the station to the hospital; it runs every twelve minutes "
-    "on weekdays and every half hour on Sundays.",
-};
-static const char *QUESTION = "What changed in 2024?";
-
-static int find_prog(const char *name, char *out, size_t cap)
-{
-    const char *path = getenv("PATH");
-    char *dup = cg_strdup(path ? path : "/usr/bin:/bin"), *save = NULL;
-    int found = 0;
-    for (char *d = strtok_r(dup, ":", &save); d && !found; d = strtok_r(NULL, ":", &save)) {
-        snprintf(out, cap, "%s/%s", d, name);
-        found = access(out, X_OK) == 0;
-    }
-    free(dup);
-    if (!found) out[0] = 0;
-    return found;
-}
+static const char *SYS = TH_SYSTEM;
+static const char *DOC[6] = {TH_DOC_A, TH_DOC_B, TH_DOC_C, TH_DOC_D, TH_DOC_E, TH_DOC_F};
+static const char *QUESTION = TH_QUESTION;
 
 /* ---- Redis ---------------------------------------------------------------------------------- */
 
@@ -781,8 +754,8 @@ END_TEST
 
 int main(void)
 {
-    if (!find_prog("redis-server", g_redis_server, sizeof g_redis_server) ||
-        !find_prog("redis-cli", g_redis_cli, sizeof g_redis_cli)) {
+    if (!th_which("redis-server", g_redis_server, sizeof g_redis_server) ||
+        !th_which("redis-cli", g_redis_cli, sizeof g_redis_cli)) {
         printf("SKIPPED: redis-server or redis-cli is not installed (Debian: redis-server, "
                "redis-tools)\n");
         return SKIP_CODE;

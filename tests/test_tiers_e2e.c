@@ -35,14 +35,10 @@ static const char *SYS = TH_SYSTEM;
 static const char *DOC[8] = {
     TH_DOC_A,
     TH_DOC_B,
-    "Document C. The river flooded twice in 2023 and the levee was raised by one metre in the "
-    "spring of 2024, at a cost of 2.1 million.",
-    "Document D. Ferry schedules changed in June: boats now leave every forty minutes instead "
-    "of every hour, and the last one is at 23:10.",
-    "Document E. The library extended its opening hours to Sundays and added a repair cafe on "
-    "the first Saturday of each month since 2022.",
-    "Document F. A new bus line links the station to the hospital; it runs every twelve minutes "
-    "on weekdays and every half hour on Sundays.",
+    TH_DOC_C,
+    TH_DOC_D,
+    TH_DOC_E,
+    TH_DOC_F,
     "Document G. The school canteen switched suppliers in 2024 and now serves a vegetarian "
     "dish every day; complaints fell by half.",
     "Document H. Street lighting was replaced with LED lamps on all main roads, cutting the "

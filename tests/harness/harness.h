@@ -91,7 +91,7 @@ int th_write_file(const char *path, const char *text);
 int th_file_has(const char *path, const char *needle);
 
 /* The executable name found on PATH (/usr/bin:/bin when unset), its path in out (n bytes);
- * returns 1, or 0 when there is none. */
+ * returns 1, or 0 (out empty) when there is none. */
 int th_which(const char *name, char *out, size_t n);
 
 /* Flips bytes of the file at path behind its owner's back: in every slot of slot bytes that
@@ -101,10 +101,19 @@ int th_flip_bytes(const char *path, size_t slot, size_t first, size_t step, size
                   uint8_t mask);
 
 void th_sleep_ms(int ms);
+/* Starts redis-server in the foreground on loopback port, without persistence, in dir (its
+ * log redis.log there), as a child that dies with this process; waits until it answers PING.
+ * Returns its pid, or -1 when it did not come up. */
+pid_t th_redis_start(int port, const char *dir);
 /* The next value of a SplitMix64 sequence (deterministic test data). */
 uint64_t th_splitmix64(uint64_t *state);
 /* The next value of an xorshift64* sequence (deterministic: a failure reproduces). */
 uint64_t th_xorshift64s(uint64_t *state);
+/* The next value of a 64-bit LCG, its high 31 bits (the benches' text and data streams). */
+uint32_t th_lcg32(uint64_t *state);
+/* n bytes of word-like ASCII text starting with prefix and ending in '.', from the LCG at
+ * state. Caller frees. */
+char *th_words(size_t n, const char *prefix, uint64_t *state);
 /* A deterministic, hash-like chunk key for integer i (real keys are XXH3 output: random
  * bytes); salt picks another sequence. */
 cg_key th_key_of(uint64_t i, uint64_t salt);
@@ -281,6 +290,18 @@ char *th_dumps(json_t *j);
 #define TH_DOC_B                                                                                   \
     "Document B. The cooperative's bylaws were amended in March: members may vote by post "        \
     "and the quorum fell to one third."
+#define TH_DOC_C                                                                                   \
+    "Document C. The river flooded twice in 2023 and the levee was raised by one metre in the "    \
+    "spring of 2024, at a cost of 2.1 million."
+#define TH_DOC_D                                                                                   \
+    "Document D. Ferry schedules changed in June: boats now leave every forty minutes instead "    \
+    "of every hour, and the last one is at 23:10."
+#define TH_DOC_E                                                                                   \
+    "Document E. The library extended its opening hours to Sundays and added a repair cafe on "    \
+    "the first Saturday of each month since 2022."
+#define TH_DOC_F                                                                                   \
+    "Document F. A new bus line links the station to the hospital; it runs every twelve minutes "  \
+    "on weekdays and every half hour on Sundays."
 #define TH_QUESTION "What changed in 2024?"
 
 /* The RAG prompt "sys # # d1 # # d2 # # q" (d2 NULL: "sys # # d1 # # q"). Caller frees. */
@@ -363,6 +384,8 @@ void th_sql_exec(const char *path, const char *sql);
 
 /* A loopback port that was free a moment ago (for a process that must restart on it). */
 int th_free_port(void);
+/* 1 when loopback TCP port is free to bind now. */
+int th_port_free(int port);
 /* A listening loopback socket that never accepts by itself (non-blocking, so accept() tells
  * whether anyone connected); *port gets its port. Returns the fd or -1. */
 int th_listen_silent(int *port);

@@ -2,6 +2,11 @@
 #include "tests/harness/harness.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -40,6 +45,46 @@ int th_free_port(void)
     if (fd < 0) abort();
     close(fd);
     return port;
+}
+
+int th_port_free(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    struct sockaddr_in sa = loopback(port);
+    int ok = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    close(fd);
+    return ok;
+}
+
+pid_t th_redis_start(int port, const char *dir)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int nul = open("/dev/null", O_RDWR);
+        dup2(nul, 0);
+        dup2(nul, 1);
+        char ps[16];
+        snprintf(ps, sizeof ps, "%d", port);
+        execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--dir", dir, "--logfile", "redis.log", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; pid > 0 && i < 200; i++) {
+        int fd = th_connect(port);
+        if (fd >= 0) {
+            int closed;
+            char *r = th_send_all(fd, "PING\r\n", 6) == 0 ? th_recv(fd, 1000, 7, &closed) : NULL;
+            int up = r && !strncmp(r, "+PONG", 5);
+            free(r);
+            close(fd);
+            if (up) return pid;
+        }
+        if (waitpid(pid, NULL, WNOHANG) == pid) return -1;
+        usleep(50000);
+    }
+    return -1;
 }
 
 int th_listen_silent(int *port)

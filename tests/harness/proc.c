@@ -132,6 +132,7 @@ int th_which(const char *name, char *out, size_t n)
         if (len && access(out, X_OK) == 0) return 1;
         s += len + (e != NULL);
     }
+    if (n) out[0] = '\0';
     return 0;
 }
 
@@ -149,6 +150,32 @@ uint64_t th_xorshift64s(uint64_t *state)
     *state ^= *state << 25;
     *state ^= *state >> 27;
     return *state * 0x2545F4914F6CDD1Dull;
+}
+
+uint32_t th_lcg32(uint64_t *state)
+{
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(*state >> 33);
+}
+
+char *th_words(size_t n, const char *prefix, uint64_t *state)
+{
+    static const char *words[] = {"the",     "valley", "rainfall", "gauge",    "council",
+                                  "records", "annual", "report",   "members",  "harbour",
+                                  "survey",  "data",   "changed",  "in",       "of",
+                                  "and",     "was",    "were",     "replaced", "by",
+                                  "after",   "town",   "ledger",   "vote",     "quorum"};
+    char *s = cg_malloc(n + 1);
+    size_t len = (size_t)snprintf(s, n + 1, "%s", prefix);
+    while (len < n) {
+        const char *w = words[th_lcg32(state) % CG_ARRAY_LEN(words)];
+        size_t wl = strlen(w);
+        for (size_t i = 0; i <= wl && len < n; i++)
+            s[len++] = i < wl ? w[i] : ' ';
+    }
+    if (n) s[n - 1] = '.';
+    s[n] = '\0';
+    return s;
 }
 
 cg_key th_key_of(uint64_t i, uint64_t salt)
