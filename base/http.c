@@ -49,15 +49,15 @@ typedef struct conn_state {
     uint64_t waiting_since_ns; /* waiting for a request since; 0 = a request is being handled */
     struct conn_state *prev, *next;
     cg_http_server *srv;
-    cg_http_frame *frame;     /* NULL: framing left to libmicrohttpd (no_framing_check) */
-    uint64_t begun, done;     /* requests the library started and finished on it */
-    int refused;              /* the framing check refused a request ... */
-    uint64_t bad_index;       /* ... this one (0-based) */
-    int refused_http;         /* with this status */
-    char *answer;             /* the refusal's answer, until it is written */
+    cg_http_frame *frame; /* NULL: framing left to libmicrohttpd (no_framing_check) */
+    uint64_t begun, done; /* requests the library started and finished on it */
+    int refused;          /* the framing check refused a request ... */
+    uint64_t bad_index;   /* ... this one (0-based) */
+    int refused_http;     /* with this status */
+    char *answer;         /* the refusal's answer, until it is written */
     size_t answer_len;
     int answered;
-    int linger;               /* read and discard what the client still sends before closing */
+    int linger; /* read and discard what the client still sends before closing */
 } conn_state;
 
 typedef struct linger_sock {
@@ -103,10 +103,10 @@ struct cg_http_req {
     char rid[65];
     uint64_t start_ns;
     cg_http_caller caller;
-    int api_key;            /* index into p.api_keys, or -1 */
-    const char *early_msg;  /* static message for an early error, or NULL */
-    conn_state *cs;         /* the connection's state (MHD socket context) */
-    uint64_t index;         /* the request's number on its connection (0-based) */
+    int api_key;           /* index into p.api_keys, or -1 */
+    const char *early_msg; /* static message for an early error, or NULL */
+    conn_state *cs;        /* the connection's state (MHD socket context) */
+    uint64_t index;        /* the request's number on its connection (0-based) */
     int dispatched;
     int suspended; /* parked while a job thread handles it */
     struct MHD_Response *resp;
@@ -237,7 +237,8 @@ static void stream_append_locked(cg_stream *s, const char *p, size_t n)
         }
         if (s->len + n > s->cap) {
             size_t cap = s->cap ? s->cap : 4096;
-            while (cap < s->len + n) cap *= 2;
+            while (cap < s->len + n)
+                cap *= 2;
             s->buf = cg_realloc(s->buf, cap);
             s->cap = cap;
         }
@@ -414,8 +415,8 @@ static CG_MHD_RESULT on_accept(void *cls, const struct sockaddr *addr, socklen_t
         srv->n_pending++;
     }
     pthread_mutex_unlock(&srv->conn_mu);
-    if (!ok) cg_log(CG_LOG_DEBUG, "connection refused: %u connections are open",
-                    srv->p.max_connections);
+    if (!ok)
+        cg_log(CG_LOG_DEBUG, "connection refused: %u connections are open", srv->p.max_connections);
     return ok;
 }
 
@@ -445,7 +446,8 @@ static void guard_try_answer(conn_state *cs)
     if (open) return;
     size_t off = 0;
     while (off < cs->answer_len) {
-        ssize_t w = send(cs->fd, cs->answer + off, cs->answer_len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w =
+            send(cs->fd, cs->answer + off, cs->answer_len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w <= 0) break; /* the socket's buffer is empty here: only a gone client fails */
         off += (size_t)w;
     }
@@ -476,12 +478,12 @@ static void guard_refuse(conn_state *cs, cg_status st)
     const char *reason = MHD_get_reason_phrase_for((unsigned)http);
     cg_buf b;
     cg_buf_init(&b, 0);
-    cg_status bst = cg_buf_printf(&b,
-                                  "HTTP/1.1 %d %s\r\nConnection: close\r\n"
-                                  "Content-Type: application/json\r\nContent-Length: %zu\r\n"
-                                  "X-Request-Id: %s\r\n\r\n%s",
-                                  http, reason && *reason ? reason : "Error", strlen(text), rid,
-                                  text);
+    cg_status bst =
+        cg_buf_printf(&b,
+                      "HTTP/1.1 %d %s\r\nConnection: close\r\n"
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+                      "X-Request-Id: %s\r\n\r\n%s",
+                      http, reason && *reason ? reason : "Error", strlen(text), rid, text);
     (void)bst; /* unlimited buffer */
     free(text);
     cs->answer = b.data;
@@ -525,8 +527,8 @@ static const cg_http_guard_ops GUARD_OPS = {guard_check, guard_refused, guard_is
 static void linger_add(cg_http_server *srv, int fd)
 {
     pthread_mutex_lock(&srv->linger_mu);
-    int d = srv->n_lingers < LINGER_SOCKETS && !srv->linger_stop ? fcntl(fd, F_DUPFD_CLOEXEC, 0)
-                                                                 : -1;
+    int d =
+        srv->n_lingers < LINGER_SOCKETS && !srv->linger_stop ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
     if (d >= 0) {
         shutdown(d, SHUT_WR); /* the answer is out: FIN after it */
         uint64_t now = cg_now_ns();
@@ -587,7 +589,8 @@ static void *linger_main(void *arg)
             srv->lingers[i] = srv->lingers[--srv->n_lingers]; /* entries above i are done */
         }
     }
-    for (size_t i = 0; i < srv->n_lingers; i++) close(srv->lingers[i].fd);
+    for (size_t i = 0; i < srv->n_lingers; i++)
+        close(srv->lingers[i].fd);
     srv->n_lingers = 0;
     pthread_mutex_unlock(&srv->linger_mu);
     return NULL;
@@ -627,8 +630,10 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     /* MHD closes the socket after this returns; unlinking under conn_mu means the deadline
      * thread never shuts down a descriptor that may already belong to someone else. */
     pthread_mutex_lock(&srv->conn_mu);
-    if (cs->prev) cs->prev->next = cs->next;
-    else srv->conns = cs->next;
+    if (cs->prev)
+        cs->prev->next = cs->next;
+    else
+        srv->conns = cs->next;
     if (cs->next) cs->next->prev = cs->prev;
     srv->n_conns--;
     pthread_mutex_unlock(&srv->conn_mu);
@@ -678,8 +683,7 @@ static void *deadline_main(void *arg)
         if (srv->deadline_stop) break;
         uint64_t now = cg_now_ns();
         for (conn_state *cs = srv->conns; cs; cs = cs->next) {
-            if (!cs->waiting_since_ns || now - cs->waiting_since_ns < limit || cs->fd < 0)
-                continue;
+            if (!cs->waiting_since_ns || now - cs->waiting_since_ns < limit || cs->fd < 0) continue;
             cs->waiting_since_ns = 0; /* once */
             srv->timed_out++;
             shutdown(cs->fd, SHUT_RDWR);
@@ -708,7 +712,8 @@ static void req_free(cg_http_req **rp)
 {
     cg_http_req *r = *rp;
     if (!r) return;
-    for (unsigned i = 0; i < MAX_PARAMS; i++) free(r->params[i]);
+    for (unsigned i = 0; i < MAX_PARAMS; i++)
+        free(r->params[i]);
     free(r->path);
     cg_buf_free(&r->body);
     while (r->headers) {
@@ -724,8 +729,14 @@ static void req_free(cg_http_req **rp)
     *rp = NULL;
 }
 
-const char *cg_http_req_method(const cg_http_req *r) { return r->method; }
-const char *cg_http_req_path(const cg_http_req *r) { return r->path; }
+const char *cg_http_req_method(const cg_http_req *r)
+{
+    return r->method;
+}
+const char *cg_http_req_path(const cg_http_req *r)
+{
+    return r->path;
+}
 const char *cg_http_req_param(const cg_http_req *r, unsigned i)
 {
     return i < MAX_PARAMS ? r->params[i] : NULL;
@@ -754,21 +765,37 @@ void cg_http_req_drop_body(cg_http_req *r)
 {
     cg_buf_free(&r->body);
 }
-const char *cg_http_req_id(const cg_http_req *r) { return r->rid; }
-void cg_http_req_set_data(cg_http_req *r, void *data) { r->data = data; }
-void *cg_http_req_data(const cg_http_req *r) { return r->data; }
+const char *cg_http_req_id(const cg_http_req *r)
+{
+    return r->rid;
+}
+void cg_http_req_set_data(cg_http_req *r, void *data)
+{
+    r->data = data;
+}
+void *cg_http_req_data(const cg_http_req *r)
+{
+    return r->data;
+}
 
 const char *cg_http_req_bearer(cg_http_req *r)
 {
     const char *h = cg_http_req_header(r, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
     h += 7;
-    while (*h == ' ') h++;
+    while (*h == ' ')
+        h++;
     return *h ? h : NULL;
 }
 
-cg_http_caller cg_http_req_caller(const cg_http_req *r) { return r->caller; }
-int cg_http_req_api_key(const cg_http_req *r) { return r->api_key; }
+cg_http_caller cg_http_req_caller(const cg_http_req *r)
+{
+    return r->caller;
+}
+int cg_http_req_api_key(const cg_http_req *r)
+{
+    return r->api_key;
+}
 
 void cg_http_add_header(cg_http_req *r, const char *name, const char *value)
 {
@@ -782,8 +809,8 @@ void cg_http_add_header(cg_http_req *r, const char *name, const char *value)
 json_t *cg_http_error_json(cg_status st, const char *param, const char *message)
 {
     return json_pack("{s:{s:s, s:s, s:s?, s:s}}", "error", "message",
-                     message ? message : cg_status_message(st), "type", cg_status_type(st),
-                     "param", param, "code", cg_status_code(st));
+                     message ? message : cg_status_message(st), "type", cg_status_type(st), "param",
+                     param, "code", cg_status_code(st));
 }
 
 /* Stores the response; resumes the connection when the reply comes from a job thread. */
@@ -795,7 +822,8 @@ static void set_response(cg_http_req *r, int status, struct MHD_Response *resp)
         return;
     }
     MHD_add_response_header(resp, "X-Request-Id", r->rid);
-    for (hdr *h = r->headers; h; h = h->next) MHD_add_response_header(resp, h->name, h->value);
+    for (hdr *h = r->headers; h; h = h->next)
+        MHD_add_response_header(resp, h->name, h->value);
     r->resp_status = status;
     r->resp = resp;
     if (r->suspended) {
@@ -818,8 +846,7 @@ void cg_http_reply_json(cg_http_req *r, int status, json_t *body)
     char *text = json_dumps(body, JSON_COMPACT);
     json_decref(body);
     size_t len = strlen(text);
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(resp, "Content-Type", "application/json");
     set_response(r, status, resp);
 }
@@ -844,9 +871,8 @@ void cg_http_reply_error(cg_http_req *r, cg_status st, const char *param, const 
 void cg_http_reply_stream(cg_http_req *r, int status, const char *content_type, cg_stream *s)
 {
     cg_http_server *srv = r->srv;
-    struct MHD_Response *resp =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read,
-                                          cg_stream_ref(s), stream_response_free);
+    struct MHD_Response *resp = MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, cg_stream_ref(s), stream_response_free);
     MHD_add_response_header(resp, "Content-Type", content_type);
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     pthread_mutex_lock(&s->mu);
@@ -898,14 +924,15 @@ static int route_match(const char *pattern, const char *path, char **params)
     }
     if (!*p && !*s) return 1;
 fail:
-    for (unsigned i = 0; i < np; i++) cg_free(&params[i]);
+    for (unsigned i = 0; i < np; i++)
+        cg_free(&params[i]);
     return 0;
 }
 
 static int rid_char_ok(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '_' || c == '.';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.';
 }
 
 static void set_request_id(cg_http_req *r)
@@ -913,7 +940,8 @@ static void set_request_id(cg_http_req *r)
     const char *in = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Request-Id");
     size_t n = in ? strlen(in) : 0;
     int ok = n > 0 && n < sizeof r->rid;
-    for (size_t i = 0; ok && i < n; i++) ok = rid_char_ok(in[i]);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = rid_char_ok(in[i]);
     if (ok) {
         memcpy(r->rid, in, n + 1);
         return;
@@ -921,8 +949,8 @@ static void set_request_id(cg_http_req *r)
     pthread_mutex_lock(&r->srv->mu);
     unsigned long long seq = ++r->srv->rid_seq;
     pthread_mutex_unlock(&r->srv->mu);
-    snprintf(r->rid, sizeof r->rid, "%08llx%08llx", (unsigned long long)(cg_wall_ms() & 0xffffffffu),
-             seq);
+    snprintf(r->rid, sizeof r->rid, "%08llx%08llx",
+             (unsigned long long)(cg_wall_ms() & 0xffffffffu), seq);
 }
 
 /* Decides who the request is (route flags in http.h) and whether it may go on. Every
@@ -980,7 +1008,8 @@ static CG_MHD_RESULT sum_header(void *cls, enum MHD_ValueKind kind, const char *
 {
     struct hdr_sum *h = cls;
     size_t v = value ? strlen(value) : 0;
-    while (v && (value[v - 1] == ' ' || value[v - 1] == '\t')) v--; /* trailing OWS is not value */
+    while (v && (value[v - 1] == ' ' || value[v - 1] == '\t'))
+        v--; /* trailing OWS is not value */
     h->bytes += strlen(key) + v;
     return MHD_YES;
 }
@@ -998,7 +1027,8 @@ static void classify(cg_http_req *r)
                    (!strcmp(r->method, "HEAD") && !strcmp(p->routes[i].method, "GET"));
         if (!same) {
             path_matched = 1;
-            for (unsigned j = 0; j < MAX_PARAMS; j++) free(params[j]);
+            for (unsigned j = 0; j < MAX_PARAMS; j++)
+                free(params[j]);
             continue;
         }
         r->route = &p->routes[i];
@@ -1082,7 +1112,8 @@ static void early_reply(cg_http_req *r)
         snprintf(msg, sizeof msg, "method %s is not allowed on %s", r->method, r->path);
         m = msg;
     } else if (r->early == CG_E_TOO_LARGE) {
-        snprintf(msg, sizeof msg, "request body is larger than %zu bytes", r->srv->p.max_body_bytes);
+        snprintf(msg, sizeof msg, "request body is larger than %zu bytes",
+                 r->srv->p.max_body_bytes);
         m = msg;
     } else if (r->early == CG_E_HEADERS_TOO_LARGE) {
         snprintf(msg, sizeof msg, "request headers are larger than %zu bytes",
@@ -1099,8 +1130,10 @@ static void enqueue_job(cg_http_server *srv, cg_http_req *r)
 {
     pthread_mutex_lock(&srv->mu);
     r->next_job = NULL;
-    if (srv->job_tail) srv->job_tail->next_job = r;
-    else srv->job_head = r;
+    if (srv->job_tail)
+        srv->job_tail->next_job = r;
+    else
+        srv->job_head = r;
     srv->job_tail = r;
     pthread_cond_signal(&srv->cv);
     pthread_mutex_unlock(&srv->mu);
@@ -1111,7 +1144,8 @@ static void *job_main(void *arg)
     cg_http_server *srv = arg;
     pthread_mutex_lock(&srv->mu);
     for (;;) {
-        while (!srv->job_head && !srv->stopping) pthread_cond_wait(&srv->cv, &srv->mu);
+        while (!srv->job_head && !srv->stopping)
+            pthread_cond_wait(&srv->cv, &srv->mu);
         cg_http_req *r = srv->job_head;
         if (!r) break; /* stopping and drained */
         srv->job_head = r->next_job;
@@ -1231,8 +1265,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     cg_stream *s = r->stream;
     if (s) {
         pthread_mutex_lock(&srv->mu);
-        if (s->prev) s->prev->next = s->next;
-        else if (srv->streams == s) srv->streams = s->next;
+        if (s->prev)
+            s->prev->next = s->next;
+        else if (srv->streams == s)
+            srv->streams = s->next;
         if (s->next) s->next->prev = s->prev;
         s->prev = s->next = NULL;
         pthread_mutex_unlock(&srv->mu);
@@ -1255,7 +1291,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
      * unless they fail, so the access log shows traffic, not liveness checks. */
     int probe = route && (!strcmp(route, "healthz") || !strcmp(route, "readyz")) && status < 400;
     cg_log(probe ? CG_LOG_DEBUG : CG_LOG_INFO, "%s %s %d %.3fms%s", r->method, r->path, status,
-           secs * 1e3, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
+           secs * 1e3,
+           toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
     cg_log_set_request_id(NULL);
     if (srv->p.done) srv->p.done(srv->p.app, route, status, secs);
     req_free(&r);
@@ -1270,7 +1307,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
-    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = '\0';
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
     cg_log(CG_LOG_DEBUG, "mhd: %s", msg);
 }
 
@@ -1299,6 +1337,21 @@ static cg_status resolve_listen(const char *listen, struct sockaddr_storage *ss,
     *v6 = res->ai_family == AF_INET6;
     freeaddrinfo(res);
     return CG_OK;
+}
+
+/* Frees a server whose threads are not running (or have been joined). */
+static void free_server(cg_http_server *srv)
+{
+    pthread_mutex_destroy(&srv->linger_mu);
+    if (srv->linger_efd >= 0) close(srv->linger_efd);
+    free(srv->job_threads);
+    pthread_mutex_destroy(&srv->mu);
+    pthread_cond_destroy(&srv->cv);
+    pthread_cond_destroy(&srv->hb_cv);
+    pthread_cond_destroy(&srv->idle_cv);
+    pthread_mutex_destroy(&srv->conn_mu);
+    pthread_cond_destroy(&srv->conn_cv);
+    free(srv);
 }
 
 cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
@@ -1352,29 +1405,21 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
     size_t pool = srv->frame_limits.max_head_bytes + (16u << 10);
     srv->d = MHD_start_daemon(
         flags, 0, on_accept, srv, on_access, srv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-        MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_CONNECTION_TIMEOUT,
-        srv->p.conn_timeout_s, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-        NULL, MHD_OPTION_END);
+        MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_CONNECTION_TIMEOUT, srv->p.conn_timeout_s,
+        MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_MEMORY_LIMIT, pool,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!srv->d) {
         cg_log(CG_LOG_ERROR, "cannot listen on %s: %s", p->listen, strerror(errno));
-        pthread_mutex_destroy(&srv->mu);
-        pthread_cond_destroy(&srv->cv);
-        pthread_cond_destroy(&srv->hb_cv);
-        pthread_cond_destroy(&srv->idle_cv);
-        pthread_mutex_destroy(&srv->conn_mu);
-        pthread_cond_destroy(&srv->conn_cv);
-        pthread_mutex_destroy(&srv->linger_mu);
-        if (srv->linger_efd >= 0) close(srv->linger_efd);
-        free(srv);
+        free_server(srv);
         return CG_E_IO;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->d, MHD_DAEMON_INFO_BIND_PORT);
     srv->port = info ? info->port : 0;
     unsigned nj = CG_MAX(1u, p->job_threads);
     srv->job_threads = cg_calloc(nj, sizeof(pthread_t));
-    for (unsigned i = 0; i < nj; i++) pthread_create(&srv->job_threads[i], NULL, job_main, srv);
+    for (unsigned i = 0; i < nj; i++)
+        pthread_create(&srv->job_threads[i], NULL, job_main, srv);
     pthread_create(&srv->hb_thread, NULL, heartbeat_main, srv);
     pthread_create(&srv->deadline_thread, NULL, deadline_main, srv);
     pthread_create(&srv->linger_thread, NULL, linger_main, srv);
@@ -1382,7 +1427,10 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
     return CG_OK;
 }
 
-uint16_t cg_http_port(const cg_http_server *s) { return s->port; }
+uint16_t cg_http_port(const cg_http_server *s)
+{
+    return s->port;
+}
 
 void cg_http_quiesce(cg_http_server *srv)
 {
@@ -1440,14 +1488,5 @@ void cg_http_close(cg_http_server **sp)
     srv->linger_stop = 1;
     pthread_mutex_unlock(&srv->linger_mu);
     pthread_join(srv->linger_thread, NULL);
-    pthread_mutex_destroy(&srv->linger_mu);
-    if (srv->linger_efd >= 0) close(srv->linger_efd);
-    free(srv->job_threads);
-    pthread_mutex_destroy(&srv->mu);
-    pthread_cond_destroy(&srv->cv);
-    pthread_cond_destroy(&srv->hb_cv);
-    pthread_cond_destroy(&srv->idle_cv);
-    pthread_mutex_destroy(&srv->conn_mu);
-    pthread_cond_destroy(&srv->conn_cv);
-    free(srv);
+    free_server(srv);
 }

@@ -42,18 +42,6 @@ static void die(const char *what, cg_status st, const char *err)
     exit(1);
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* A comma-separated list of numbers into out (at most MAX_LIST); returns the count. */
 static int parse_list(const char *s, double *out)
 {
@@ -246,8 +234,8 @@ int main(int argc, char **argv)
                     t[r] = run(e, s2, n, none, CG_PATH_CAUSAL, 0, NULL, NULL);
                     tc[r] = last_cpu;
                 }
-                base += median(t, reps) / prompts;
-                base_cpu += median(tc, reps) / prompts;
+                base += th_median(t, reps) / prompts;
+                base_cpu += th_median(tc, reps) / prompts;
             }
             /* timing: rep by rep over every setting of the mode */
             for (int r = 0; r < reps; r++)
@@ -271,7 +259,7 @@ int main(int argc, char **argv)
                     for (size_t i = 1; i <= (size_t)n_docs; i++)
                         chunk += info.segs[i].n_tokens;
                     n_tokens = info.n_tokens;
-                    double w = median(x->wall, reps), cpu = median(x->cpus, reps);
+                    double w = th_median(x->wall, reps), cpu = th_median(x->cpus, reps);
                     x->ttft += w / prompts;
                     x->cpu += cpu / prompts;
                     x->kl += qa.kl / prompts;

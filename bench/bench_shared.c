@@ -83,18 +83,6 @@ static char *make_text(size_t n, const char *prefix)
     return s;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 static cg_remote *open_remote(int port)
 {
     char url[64], err[256];
@@ -236,7 +224,7 @@ static void restore_bench(const cg_model *m, int port, uint32_t tokens, int n_ch
            n_samples);
     double med[M_COUNT];
     for (int k = 0; k < M_COUNT; k++)
-        med[k] = median(gbps[k], n_samples);
+        med[k] = th_median(gbps[k], n_samples);
     for (int k = 0; k < M_COUNT; k++)
         printf("| %s | %.2f | %.2f | %.2f |\n", mode_name[k], med[k], med[k] / med[M_CG_GET],
                med[k] / med[M_RAW_PIPE]);
@@ -393,7 +381,8 @@ static void ttft_bench(const cg_model *m, int port, redisContext *adm, int reps)
         for (int d = 0; d < N_DOCS; d++)
             free(docs[d]);
     }
-    double tc = median(cold, reps), tr = median(ram, n_samples), tm = median(remote, n_samples);
+    double tc = th_median(cold, reps), tr = th_median(ram, n_samples),
+           tm = th_median(remote, n_samples);
     printf("### Time to first token (bench_ttft workload; cold: median of %d, warm: median of %d)"
            "\n\n",
            reps, n_samples);

@@ -60,18 +60,6 @@ static double ttft(cg_engine *e, const cg_engine_seg *segs, size_t n, cg_engine_
     return (double)(t1 - t0) / 1e9;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 int main(int argc, char **argv)
 {
     /* See worker_main.c: libgomp's spin-wait starves OpenBLAS on two cores; it reads the
@@ -167,7 +155,7 @@ int main(int argc, char **argv)
         for (int d = 0; d < N_DOCS; d++)
             free(docs[d]);
     }
-    double tc = median(cold, reps), tw = median(warm, reps), tb = median(base, reps);
+    double tc = th_median(cold, reps), tw = th_median(warm, reps), tb = th_median(base, reps);
     printf("| run | prompt tokens | computed | TTFT (ms) |\n|---|---|---|---|\n");
     printf("| baseline: no cache, one causal forward | %u | %u | %.1f |\n", n_tok_warm, n_tok_warm,
            tb * 1e3);
@@ -176,7 +164,7 @@ int main(int argc, char **argv)
     printf("| warm: docs reordered, system changed | %u | %u (%u reused) | %.1f |\n\n", n_tok_warm,
            computed_warm, cached_warm, tw * 1e3);
     printf("TTFT cold / warm = %.1fx (target >= 10x); baseline / warm = %.1fx\n", tc / tw, tb / tw);
-    printf("prefill (cold run, tokens computed / s): %.0f tok/s\n", median(prefill, reps));
+    printf("prefill (cold run, tokens computed / s): %.0f tok/s\n", th_median(prefill, reps));
 
     /* decode: tokens from an assembly of the workload's size, and from a short prompt */
     static const size_t ctx_bytes[] = {N_DOCS * DOC_BYTES, 0};

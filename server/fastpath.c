@@ -155,6 +155,24 @@ static int count(scan *s)
     return ++s->values <= s->l->max_values;
 }
 
+/* After an item of an array or object: a comma (counted, blanks after it skipped) -> 1, the
+ * closing character close -> 0, anything else -> -1. */
+static int after_item(scan *s, char close)
+{
+    ws(s);
+    if (s->p < s->e && *s->p == ',') {
+        if (!count(s)) return -1;
+        s->p++;
+        ws(s);
+        return 1;
+    }
+    if (s->p < s->e && *s->p == close) {
+        s->p++;
+        return 0;
+    }
+    return -1;
+}
+
 int cg_gw_fast_scan(const char *text, size_t len, const cg_json_limits *l, cg_fast_member *m,
                     size_t max_members, size_t *n)
 {
@@ -198,18 +216,9 @@ int cg_gw_fast_scan(const char *text, size_t len, const cg_json_limits *l, cg_fa
                     int e;
                     if (!scalar(&s, &t, &e)) return 0;
                     mm->escaped |= e;
-                    ws(&s);
-                    if (s.p < s.e && *s.p == ',') {
-                        if (!count(&s)) return 0;
-                        s.p++;
-                        ws(&s);
-                        continue;
-                    }
-                    if (s.p < s.e && *s.p == ']') {
-                        s.p++;
-                        break;
-                    }
-                    return 0;
+                    int more = after_item(&s, ']');
+                    if (more < 0) return 0;
+                    if (!more) break;
                 }
             }
         } else if (!scalar(&s, &mm->type, &mm->escaped)) {
@@ -217,18 +226,9 @@ int cg_gw_fast_scan(const char *text, size_t len, const cg_json_limits *l, cg_fa
         }
         mm->val_len = (size_t)(s.p - mm->val);
         (*n)++;
-        ws(&s);
-        if (s.p < s.e && *s.p == ',') {
-            if (!count(&s)) return 0;
-            s.p++;
-            ws(&s);
-            continue;
-        }
-        if (s.p < s.e && *s.p == '}') {
-            s.p++;
-            break;
-        }
-        return 0;
+        int more = after_item(&s, '}');
+        if (more < 0) return 0;
+        if (!more) break;
     }
 end:
     ws(&s);

@@ -16,6 +16,7 @@
 #include "worker/model/model.h"
 #include "worker/model/safetensors.h"
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 #define ERRLEN 1024
 
@@ -29,28 +30,9 @@ static char *make_tmpdir(void)
     return cg_strdup(d);
 }
 
-static void rm_rf(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
-            rm_rf(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 static void done(char *dir)
 {
-    rm_rf(dir);
+    th_rmrf(dir);
     free(dir);
 }
 

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "tests/harness/harness.h"
 #include "worker/serve/engine.h"
 
 #define ERRLEN 512
@@ -43,21 +44,6 @@ static const char *QUESTION = "Question: what changed in 2024, and who voted?";
 static const float RATIOS[] = {0.0f, 0.05f, 0.15f, 0.3f, 0.5f, 1.0f};
 
 /* ---- helpers ---- */
-
-static void rm_rf(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 static cg_engine *new_engine(void)
 {
@@ -709,6 +695,6 @@ int main(int argc, char **argv)
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     cg_model_close(&model);
-    rm_rf(model_dir);
+    th_rmrf(model_dir);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

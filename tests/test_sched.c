@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "tests/harness/harness.h"
 #include "worker/serve/engine.h"
 
 #define ERRLEN 512
@@ -30,21 +31,6 @@ static const char *PROMPTS[N_PROMPTS] = {
     "The survey counted 1,140 breeding pairs of terns on the outer islands.",
     "A quick question about nothing in particular, answered at length.",
 };
-
-static void rm_rf(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 static cg_model *make_model(const char *dtype, char *dir)
 {
@@ -290,7 +276,7 @@ int main(void)
     srunner_free(sr);
     cg_model_close(&m_f32);
     cg_model_close(&m_bf16);
-    rm_rf(dir_f32);
-    rm_rf(dir_bf16);
+    th_rmrf(dir_f32);
+    th_rmrf(dir_bf16);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -109,6 +109,8 @@ pid_t th_redis_start(int port, const char *dir);
 uint64_t th_splitmix64(uint64_t *state);
 /* The next value of an xorshift64* sequence (deterministic: a failure reproduces). */
 uint64_t th_xorshift64s(uint64_t *state);
+/* The median of v[0..n) (n > 0); sorts v. */
+double th_median(double *v, int n);
 /* The next value of a 64-bit LCG, its high 31 bits (the benches' text and data streams). */
 uint32_t th_lcg32(uint64_t *state);
 /* n bytes of word-like ASCII text starting with prefix and ending in '.', from the LCG at

@@ -152,6 +152,18 @@ uint64_t th_xorshift64s(uint64_t *state)
     return *state * 0x2545F4914F6CDD1Dull;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double th_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 uint32_t th_lcg32(uint64_t *state)
 {
     *state = *state * 6364136223846793005ull + 1442695040888963407ull;
