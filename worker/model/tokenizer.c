@@ -23,19 +23,8 @@
 #define NO_ID UINT32_MAX
 
 /* ---------------------------------------------------------------------------------------------
- * Small helpers: errors, growable arrays, UTF-8
+ * Small helpers: growable arrays, UTF-8
  * ------------------------------------------------------------------------------------------- */
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* Grows *p (elements of size sz, capacity *cap) to hold at least need elements. */
 static void grow(void *pp, size_t *cap, size_t need, size_t sz)
@@ -1758,7 +1747,7 @@ static cg_status fail(ld *L, cg_status st, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    seterr(L->err, L->errlen, "%s: %s", L->file, msg);
+    cg_seterr(L->err, L->errlen, "%s: %s", L->file, msg);
     return st;
 }
 
@@ -2750,8 +2739,9 @@ cg_status cg_tokenizer_new_bytes(int32_t bos_id, int32_t eos_id, cg_tokenizer **
     *out = NULL;
     if (bos_id < 256 || eos_id < 256 || bos_id == eos_id || bos_id >= (1 << 30) ||
         eos_id >= (1 << 30)) {
-        seterr(err, errlen, "byte tokenizer: BOS (%d) and EOS (%d) must be distinct ids above 255",
-               bos_id, eos_id);
+        cg_seterr(err, errlen,
+                  "byte tokenizer: BOS (%d) and EOS (%d) must be distinct ids above 255", bos_id,
+                  eos_id);
         return CG_E_VALUE;
     }
     cg_tokenizer *t = tok_alloc();
