@@ -2,7 +2,8 @@
  * batch invariance (a greedy request gives the same tokens alone and in any batch, at any
  * position), decode steps shared by concurrent sequences, chunked prefill interleaved with
  * decoding, admission (429 beyond max_running + max_queue), and departures (a sequence whose
- * caller stops is dropped and gives its KV back). f32 and bf16 weights. */
+ * caller stops is dropped and gives its KV back). f32 and bf16 weights of the tiny model, and
+ * batch invariance on the Qwen2 and Qwen3 architectures too. */
 #include <check.h>
 #include <dirent.h>
 #include <pthread.h>
@@ -20,8 +21,8 @@
 #define N_TOK 24
 #define N_PROMPTS 6
 
-static char dir_f32[64], dir_bf16[64];
-static cg_model *m_f32, *m_bf16;
+static char dir_f32[64], dir_bf16[64], dir_qwen2[64], dir_qwen3[64];
+static cg_model *m_f32, *m_bf16, *m_qwen2, *m_qwen3;
 
 static const char *PROMPTS[N_PROMPTS] = {
     "The harbour town exported dried cod and tar.",
@@ -32,12 +33,27 @@ static const char *PROMPTS[N_PROMPTS] = {
     "A quick question about nothing in particular, answered at length.",
 };
 
-static cg_model *make_model(const char *dtype, char *dir)
+/* The tiny model in dtype, or, with preset set, that real architecture (Qwen2's q/k/v biases,
+ * Qwen3's q/k norms) at a small geometry with a byte-level vocabulary, in bf16. */
+static cg_model *make_model(const char *dtype, const char *preset, char *dir)
 {
     snprintf(dir, 64, "/tmp/cg_test_sched_XXXXXX");
     if (!mkdtemp(dir)) abort();
     char err[ERRLEN];
     cg_model_gen_params gp = cg_model_gen_default_params();
+    if (preset) {
+        if (cg_model_gen_preset(preset, &gp) != CG_OK) abort();
+        gp.n_layers = 2;
+        gp.dim = 64;
+        gp.n_heads = 4;
+        gp.n_kv_heads = 2;
+        if (gp.head_dim) gp.head_dim = 24; /* Qwen3: head_dim apart from dim / heads */
+        gp.hidden_dim = 128;
+        gp.vocab_size = 512;
+        gp.bos_id = 510;
+        gp.eos_ids[0] = 511;
+        gp.n_eos = 1;
+    }
     gp.seed = 11;
     gp.dtype = dtype;
     cg_model *m = NULL;
@@ -160,6 +176,18 @@ START_TEST(batch_invariance_bf16)
 }
 END_TEST
 
+START_TEST(batch_invariance_qwen2)
+{
+    check_invariance(m_qwen2);
+}
+END_TEST
+
+START_TEST(batch_invariance_qwen3)
+{
+    check_invariance(m_qwen3);
+}
+END_TEST
+
 /* A long prefill runs in pieces between decode steps: a running stream keeps receiving
  * tokens while the long prompt is computed. (An ordering property: some tokens of the stream
  * arrive after the long request began and before its first token.) */
@@ -258,13 +286,17 @@ END_TEST
 int main(void)
 {
     cg_log_init("test_sched", CG_LOG_WARN);
-    m_f32 = make_model("f32", dir_f32);
-    m_bf16 = make_model("bf16", dir_bf16);
+    m_f32 = make_model("f32", NULL, dir_f32);
+    m_bf16 = make_model("bf16", NULL, dir_bf16);
+    m_qwen2 = make_model("bf16", "qwen2", dir_qwen2);
+    m_qwen3 = make_model("bf16", "qwen3", dir_qwen3);
     Suite *s = suite_create("sched");
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, batch_invariance_f32);
     tcase_add_test(tc, batch_invariance_bf16);
+    tcase_add_test(tc, batch_invariance_qwen2);
+    tcase_add_test(tc, batch_invariance_qwen3);
     tcase_add_test(tc, prefill_interleaves_with_decode);
     tcase_add_test(tc, admission);
     tcase_add_test(tc, running_set_bounded);
@@ -276,7 +308,11 @@ int main(void)
     srunner_free(sr);
     cg_model_close(&m_f32);
     cg_model_close(&m_bf16);
+    cg_model_close(&m_qwen2);
+    cg_model_close(&m_qwen3);
     th_rmrf(dir_f32);
     th_rmrf(dir_bf16);
+    th_rmrf(dir_qwen2);
+    th_rmrf(dir_qwen3);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
