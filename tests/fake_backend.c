@@ -18,6 +18,8 @@
  *   FAULT:HUGESSE:n   stream: after 1 event, one data line of n bytes
  *   FAULT:USAGELAST   stream: usage (when asked for) rides on the last choice chunk instead of
  *                     a chunk of its own, as some backends send it
+ *   FAULT:WORKERCC    non-stream answer with a chunk_cache of its own, as a chunkgate worker
+ *                     answers ({"recomputed_tokens":7,"quality":{"kl":0.5}})
  * Libmicrohttpd is used directly (thread per connection, so a stream can simply sleep). */
 #include <arpa/inet.h>
 #include <sys/socket.h>
@@ -329,6 +331,10 @@ static MHD_RESULT handle_infer(struct MHD_Connection *mc, conn *c, int chat)
             json_object_set_new(out, "padding", json_string(pad));
             free(pad);
         }
+        if (magic(text, "FAULT:WORKERCC") >= 0)
+            json_object_set_new(
+                out, "chunk_cache",
+                json_pack("{s:i, s:{s:f}}", "recomputed_tokens", 7, "quality", "kl", 0.5));
         ret = reply_json(mc, 200, out);
     }
     json_decref(fake);

@@ -151,8 +151,9 @@ START_TEST(stream_usage_only_when_asked_final_chunk)
                 char **ev;
                 int n;
                 long status;
-                ck_assert_int_eq(th_sse_data(gwb.port, chat ? "/v1/chat/completions" : "/v1/completions",
-                                        s, NULL, &status, &ev, &n),
+                ck_assert_int_eq(th_sse_data(gwb.port,
+                                             chat ? "/v1/chat/completions" : "/v1/completions", s,
+                                             NULL, &status, &ev, &n),
                                  CURLE_OK);
                 ck_assert_int_eq(status, 200);
                 char what[96];
@@ -288,8 +289,9 @@ START_TEST(pass_through_fast_and_ordinary_paths_agree)
 {
     const char *fast_body = "{\"model\":\"m\",\"prompt\":\"Say hello there.\",\"max_tokens\":3,"
                             "\"vendor\":[1,\"x\"]}";
-    const char *slow_body = "{\"model\":\"m\",\"prompt\":\"Say hello\\u0020there.\",\"max_tokens\":3,"
-                            "\"vendor\":[1,\"x\"]}";
+    const char *slow_body =
+        "{\"model\":\"m\",\"prompt\":\"Say hello\\u0020there.\",\"max_tokens\":3,"
+        "\"vendor\":[1,\"x\"]}";
     double before = th_metric(gwb.port, "chunkgate_passthrough_total");
     double fast0 = th_metric(gwb.port, "chunkgate_fast_path_total");
     json_t *ans[2];
@@ -309,6 +311,35 @@ START_TEST(pass_through_fast_and_ordinary_paths_agree)
     json_decref(ans[0]);
     json_decref(ans[1]);
     ck_assert_double_eq(th_metric(gwb.port, "chunkgate_passthrough_total"), before + 2);
+}
+END_TEST
+
+/* A --backend that is a chunkgate worker answers with a chunk_cache of its own, which the
+ * gateway merges into its own: on the fast path that one is shared by every pass-through
+ * request, so the merge must not leak into the next answer. */
+START_TEST(backend_chunk_cache_stays_with_its_request)
+{
+    const char *with = "{\"model\":\"m\",\"prompt\":\"FAULT:WORKERCC here\",\"max_tokens\":2}";
+    const char *without = "{\"model\":\"m\",\"prompt\":\"plain here\",\"max_tokens\":2}";
+    double fast0 = th_metric(gwb.port, "chunkgate_fast_path_total");
+    for (int i = 0; i < 3; i++) {
+        th_resp r;
+        th_http(&r, gwb.port, "POST", "/v1/completions", i == 1 ? with : without, NULL, NULL);
+        ck_assert_int_eq(r.status, 200);
+        json_t *j = th_json(&r), *cc = json_object_get(j, "chunk_cache");
+        ck_assert(json_is_object(cc));
+        json_t *rt = json_object_get(cc, "recomputed_tokens"), *q = json_object_get(cc, "quality");
+        if (i == 1) {
+            ck_assert_int_eq(json_integer_value(rt), 7);
+            ck_assert(json_is_object(q));
+        } else {
+            ck_assert_msg(json_is_null(rt) && !q, "request %d: %.*s", i, (int)r.body.len,
+                          r.body.data);
+        }
+        json_decref(j);
+        th_resp_free(&r);
+    }
+    ck_assert_double_eq(th_metric(gwb.port, "chunkgate_fast_path_total"), fast0 + 3);
 }
 END_TEST
 
@@ -396,11 +427,11 @@ END_TEST
 
 int main(void)
 {
-    return th_run_suite("conformance", "conformance", 120, (th_fixture){setup, teardown, 0},
-                        CK_FORK_GETENV,
-                        TH_TESTS(message_without_content, stream_usage_only_when_asked_final_chunk,
-                                 chat_parameters_refused_by_name, unknown_fields_rule,
-                                 context_length_exceeded_on_every_path,
-                                 pass_through_fast_and_ordinary_paths_agree,
-                                 fallback_chunk_cache_agrees_with_cached_tokens));
+    return th_run_suite(
+        "conformance", "conformance", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
+        TH_TESTS(message_without_content, stream_usage_only_when_asked_final_chunk,
+                 chat_parameters_refused_by_name, unknown_fields_rule,
+                 context_length_exceeded_on_every_path, pass_through_fast_and_ordinary_paths_agree,
+                 backend_chunk_cache_stays_with_its_request,
+                 fallback_chunk_cache_agrees_with_cached_tokens));
 }
