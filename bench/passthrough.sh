@@ -11,7 +11,8 @@
 # Environment: SECONDS_PER (default 5, per run), CONNS (default 32), THREADS (wrk, default
 # 2), PROMPT_BYTES (default 4096), ROUNDS (default 2: each measurement is taken this many
 # times, alternating, and the best kept), LOG_LEVEL (chunkgate, default warn),
-# IO_THREADS (chunkgate --io-threads and nginx worker_processes, default 2).
+# IO_THREADS (chunkgate --io-threads and nginx worker_processes, default 2), GW_IO_THREADS
+# (chunkgate's alone, default IO_THREADS: each proxy at its own best setting).
 #
 # Install step (the bench's own, not scripts/deps.sh): nginx-light and wrk from Debian,
 # installed when missing and running as root.
@@ -25,6 +26,7 @@ PROMPT_BYTES=${PROMPT_BYTES:-4096}
 ROUNDS=${ROUNDS:-2}
 LOG_LEVEL=${LOG_LEVEL:-warn}
 IO_THREADS=${IO_THREADS:-2}
+GW_IO_THREADS=${GW_IO_THREADS:-$IO_THREADS}
 
 missing=0
 command -v wrk >/dev/null || missing=1
@@ -88,7 +90,7 @@ nginx_conf "$tmp/proxy" "$IO_THREADS" "upstream be { server 127.0.0.1:$BPORT; ke
 
 GPORT=$(free_port)
 "$GW" --listen "127.0.0.1:$GPORT" --backend "http://127.0.0.1:$BPORT" --data-dir "$tmp/gw-data" \
-    --log-level "$LOG_LEVEL" --io-threads "$IO_THREADS" >"$tmp/gw.log" 2>&1 &
+    --log-level "$LOG_LEVEL" --io-threads "$GW_IO_THREADS" >"$tmp/gw.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do
     curl -s -o /dev/null "http://127.0.0.1:$GPORT/healthz" && break
@@ -137,7 +139,7 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 cpus=$(nproc)
 echo "machine: $cpus CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); $PROMPT_BYTES-byte prompts;" \
-    "best of $ROUNDS x ${SECONDS_PER}s per figure"
+    "best of $ROUNDS x ${SECONDS_PER}s per figure; nginx $IO_THREADS workers, chunkgate $GW_IO_THREADS I/O threads"
 printf '%-10s %14s %12s %12s\n' target "req/s@$CONNS" "p50@1 (us)" "p99@1 (us)"
 for k in "${names[@]}"; do
     printf '%-10s %14.0f %12.0f %12.0f\n' "$k" "${rps[$k]}" "${p50[$k]}" "${p99[$k]}"
