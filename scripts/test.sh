@@ -8,11 +8,12 @@ scripts/deps.sh
 jobs=$(nproc)
 
 # The npm packages of the tests, exactly as locked: tests/compat (client compatibility, the
-# OpenAPI contract) and tests/ref (the reference tokenizers and chat-template renderer). A
+# OpenAPI contract), tests/ref (the reference tokenizers and chat-template renderer) and
+# bench/llamacpp (llama.cpp's prebuilt CPU build, which cross-checks the torch reference). A
 # local `npm ci`, skipped when they are already installed. When it fails (no node, registry
 # unreachable) those tests report SKIPPED with the reason instead of failing the run.
-npm_deps() { # dir
-    local dir=$1
+npm_deps() { # dir [npm ci options]
+    local dir=$1; shift
     if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
         echo "$dir: node or npm not found, its tests will be SKIPPED"
         return 0
@@ -23,7 +24,7 @@ npm_deps() { # dir
     fi
     echo "npm ci in $dir"
     if (cd "$dir" && timeout 600 npm ci --no-audit --no-fund --prefer-offline --fetch-retries=1 \
-            >.npm-ci.log 2>&1); then
+            "$@" >.npm-ci.log 2>&1); then
         rm -f "$dir/.npm-ci.log"
     else
         local why
@@ -33,6 +34,8 @@ npm_deps() { # dir
 }
 npm_deps tests/compat
 npm_deps tests/ref
+# node-llama-cpp's prebuilt binaries only: nothing is downloaded from GitHub or compiled
+NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm_deps bench/llamacpp --omit=optional
 
 run_suite() { # build-dir, extra cmake args...
     local dir=$1; shift
