@@ -66,21 +66,7 @@ static uint32_t rnd(void)
 
 static char *make_text(size_t n, const char *prefix)
 {
-    static const char *words[] = {"the",     "valley", "rainfall", "gauge",    "council",
-                                  "records", "annual", "report",   "members",  "harbour",
-                                  "survey",  "data",   "changed",  "in",       "of",
-                                  "and",     "was",    "were",     "replaced", "by"};
-    char *s = cg_malloc(n + 1);
-    size_t len = (size_t)snprintf(s, n + 1, "%s", prefix);
-    while (len < n) {
-        const char *w = words[rnd() % CG_ARRAY_LEN(words)];
-        size_t wl = strlen(w);
-        for (size_t i = 0; i <= wl && len < n; i++)
-            s[len++] = i < wl ? w[i] : ' ';
-    }
-    s[n - 1] = '.';
-    s[n] = '\0';
-    return s;
+    return th_words(n, prefix, &rng_state);
 }
 
 static cg_remote *open_remote(int port)

@@ -169,6 +169,19 @@ END_TEST
 
 /* ------------------------------------------------------------ parameters */
 
+/* Asserts the fake backend's answer ans lists field among the request fields it received;
+ * takes ans over. */
+static void assert_backend_saw(json_t *ans, const char *field)
+{
+    json_t *fields = json_object_get(json_object_get(ans, "fake"), "fields");
+    int seen = 0;
+    size_t k;
+    json_t *f;
+    json_array_foreach(fields, k, f) seen |= !strcmp(json_string_value(f), field);
+    ck_assert_msg(seen, "%s did not reach the backend", field);
+    json_decref(ans);
+}
+
 /* A chat that reaches a worker is answered through /v1/completions: what a completion cannot
  * honour is refused by name, by the gateway (no completions equivalent) or by the worker (a
  * sampling option it does not implement), and never dropped. Neutral values pass. */
@@ -212,13 +225,7 @@ START_TEST(chat_parameters_refused_by_name)
                           "user", "content", "Hello?", "tools", "type", "function");
     json_t *ans;
     ck_assert_int_eq(post(gwb.port, "/v1/chat/completions", b, NULL, NULL, &ans), 200);
-    json_t *fields = json_object_get(json_object_get(ans, "fake"), "fields");
-    int seen = 0;
-    size_t k;
-    json_t *f;
-    json_array_foreach(fields, k, f) seen |= !strcmp(json_string_value(f), "tools");
-    ck_assert_msg(seen, "tools did not reach the backend");
-    json_decref(ans);
+    assert_backend_saw(ans, "tools");
 }
 END_TEST
 
@@ -242,13 +249,7 @@ START_TEST(unknown_fields_rule)
         json_pack("{s:s, s:s, s:i}", "model", "m", "prompt", "Hello # # doc # # q?", "vendor_x", 7);
     json_t *ans;
     ck_assert_int_eq(post(gwb.port, "/v1/completions", b, NULL, NULL, &ans), 200);
-    json_t *fields = json_object_get(json_object_get(ans, "fake"), "fields");
-    int seen = 0;
-    size_t k;
-    json_t *f;
-    json_array_foreach(fields, k, f) seen |= !strcmp(json_string_value(f), "vendor_x");
-    ck_assert_msg(seen, "vendor_x did not reach the backend");
-    json_decref(ans);
+    assert_backend_saw(ans, "vendor_x");
     free(pad);
 }
 END_TEST
