@@ -313,7 +313,10 @@ int cg_gw_completions_fast(cg_http_req *req, void *app)
     /* What the ordinary path does for a pass-through prompt, without building the request. */
     cg_metric_add(g->m_passthrough, 1);
     cg_metric_add(g->m_fast_path, 1);
-    json_t *cc = json_incref(g->cc_passthrough); /* shared, never changed (atomic refcount) */
+    /* A copy of its own: jansson reads a reference count without an atomic before changing
+     * it atomically, so one object handed to every request is a data race (ThreadSanitizer),
+     * and the relay may add a worker's figures to it. */
+    json_t *cc = json_deep_copy(g->cc_passthrough);
     cg_gw_target t = {.route = "completions",
                       .model = model,
                       .path = "/v1/completions",

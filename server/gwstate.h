@@ -45,7 +45,7 @@ struct cg_gateway {
     char ready_msg[256];
 
     struct cg_status_ring *recent; /* the status page's recent requests (status.c) */
-    json_t *cc_passthrough;        /* the chunk_cache of every pass-through (fastpath.c) */
+    json_t *cc_passthrough;        /* template of a pass-through's chunk_cache (fastpath.c) */
 
     /* The request counter and duration histogram of the last (route, status) pairs seen
      * (gateway.c on_done): a registry lookup compares every series' name and labels. */

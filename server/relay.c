@@ -110,23 +110,18 @@ void cg_gw_fix_usage(cg_gateway *g, json_t *obj)
     fix_usage(g, obj, -1, 1);
 }
 
-/* What a worker's answer says about its decoding goes into the gateway's chunk_cache: the
- * quality comparison (quality_probe), and on a fallback the recomputed tokens it counted. */
+/* What a worker's answer says about its decoding goes into the gateway's chunk_cache (the
+ * request's own object): the quality comparison (quality_probe), and on a fallback the
+ * recomputed tokens it counted. */
 static void merge_chunk_cache(relay *r, json_t *obj)
 {
     json_t *wcc = json_object_get(obj, "chunk_cache");
     if (!r->chunk_cache || !json_is_object(wcc)) return;
     json_t *q = json_object_get(wcc, "quality"), *rt = json_object_get(wcc, "recomputed_tokens");
-    int set_rt = json_is_integer(rt) &&
-                 !json_is_integer(json_object_get(r->chunk_cache, "recomputed_tokens"));
-    if (!q && !set_rt) return;
-    /* Changed on a copy: the pass-through chunk_cache is one object shared by every request
-     * of the fast path (a --backend that is a chunkgate worker answers with its own). */
-    json_t *cc = json_copy(r->chunk_cache);
-    json_decref(r->chunk_cache);
-    r->chunk_cache = cc;
-    if (q) json_object_set(cc, "quality", q);
-    if (set_rt) json_object_set(cc, "recomputed_tokens", rt);
+    if (q) json_object_set(r->chunk_cache, "quality", q);
+    if (json_is_integer(rt) &&
+        !json_is_integer(json_object_get(r->chunk_cache, "recomputed_tokens")))
+        json_object_set(r->chunk_cache, "recomputed_tokens", rt);
 }
 
 /* ---------------------------------------------------------------- stream side */
