@@ -15,4 +15,4 @@ export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}
 export OMP_NUM_THREADS=1 CG_SOAK_SECONDS=${CG_SOAK_SECONDS:-60}
 cd build-tsan
 ctest --output-on-failure --timeout 900 \
-    -R '^(test_sched|test_http|test_concurrency|test_index|test_disk|test_remote|test_engine|test_tiers_e2e|test_conformance|test_limits|test_quality|test_quality_http)$'
+    -R '^(test_sched|test_http|test_concurrency|test_index|test_disk|test_remote|test_engine|test_tiers_e2e|test_conformance|test_limits|test_gateway|test_status|test_quality|test_quality_http)$'

@@ -16,9 +16,9 @@ if(TARGET chunkgate AND TARGET chunkgate-worker AND TARGET fake_backend)
     if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_${s}.c)
       cg_check_test(NAME test_${s} SOURCES test_${s}.c LIBS ${CG_HARDEN_LIBS_${s}} TIMEOUT 180
                     PROGRAMS chunkgate chunkgate-worker fake_backend)
-      if(CG_SANITIZE)
-        # memory figures (RSS) mean nothing under ASan, and ASan and valgrind exclude each
-        # other: suites skip those checks
+      if(CG_SANITIZE OR CG_TSAN)
+        # memory figures (RSS) mean nothing under ASan or TSan (shadow memory), and the
+        # sanitizers and valgrind exclude each other: suites skip those checks
         target_compile_definitions(test_${s} PRIVATE CG_SANITIZE_BUILD=1)
       endif()
     endif()
