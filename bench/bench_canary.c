@@ -24,11 +24,6 @@
 
 static uint64_t rng_state = 42;
 
-static char *make_text(size_t n, const char *prefix)
-{
-    return th_words(n, prefix, &rng_state);
-}
-
 /* ---- one streamed request, timed to its first token ---- */
 
 typedef struct timing {
@@ -166,9 +161,9 @@ int main(int argc, char **argv)
     for (int d = 0; d < n_docs; d++) {
         char pre[32];
         snprintf(pre, sizeof pre, "Document %d. ", d);
-        docs[d] = make_text(doc_bytes, pre);
+        docs[d] = th_words(doc_bytes, pre, &rng_state);
     }
-    char *sys = make_text(256, "System: answer from the documents. ");
+    char *sys = th_words(256, "System: answer from the documents. ", &rng_state);
     /* warm both pools (and their KV buffers) */
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < 2; i++) {

@@ -30,12 +30,6 @@
 
 static uint64_t rng_state;
 
-/* n bytes of word-like ASCII text. */
-static char *make_text(size_t n, const char *prefix)
-{
-    return th_words(n, prefix, &rng_state);
-}
-
 static void die(const char *what, cg_status st, const char *err)
 {
     fprintf(stderr, "bench_quality: %s: %s %s\n", what, cg_status_name(st), err ? err : "");
@@ -205,15 +199,15 @@ int main(int argc, char **argv)
     uint32_t n_tokens = 0;
     for (int p = 0; p < prompts; p++) {
         rng_state = 0x9e3779b97f4a7c15ull * (uint64_t)(p + 1);
-        char *sys = make_text(sys_bytes, "System: answer from the documents only. ");
-        char *q = make_text(q_bytes, "Question: ");
+        char *sys = th_words(sys_bytes, "System: answer from the documents only. ", &rng_state);
+        char *q = th_words(q_bytes, "Question: ", &rng_state);
         char *docs[MAX_DOCS];
         cg_engine_seg s1[MAX_DOCS + 2], s2[MAX_DOCS + 2];
         s1[0] = s2[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys, sys_bytes, NULL};
         for (int d = 0; d < n_docs; d++) {
             char pre[32];
             snprintf(pre, sizeof pre, "Document %d-%d. ", p, d);
-            docs[d] = make_text(doc_bytes, pre);
+            docs[d] = th_words(doc_bytes, pre, &rng_state);
         }
         for (int d = 0; d < n_docs; d++) {
             s1[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, docs[d], doc_bytes, NULL};

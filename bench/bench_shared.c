@@ -64,11 +64,6 @@ static uint32_t rnd(void)
     return th_lcg32(&rng_state);
 }
 
-static char *make_text(size_t n, const char *prefix)
-{
-    return th_words(n, prefix, &rng_state);
-}
-
 static cg_remote *open_remote(int port)
 {
     char url[64], err[256];
@@ -270,13 +265,13 @@ static void ttft_bench(const cg_model *m, int port, redisContext *adm, int reps)
     for (int r = 0; r < reps; r++) {
         redis_flushall(adm);
         rng_state = 0x9e3779b97f4a7c15ull * (uint64_t)(r + 1);
-        char *sys1 = make_text(SYS_BYTES, "System: answer from the documents. ");
-        char *q = make_text(Q_BYTES, "Question: ");
+        char *sys1 = th_words(SYS_BYTES, "System: answer from the documents. ", &rng_state);
+        char *q = th_words(Q_BYTES, "Question: ", &rng_state);
         char *docs[N_DOCS];
         for (int d = 0; d < N_DOCS; d++) {
             char pre[32];
             snprintf(pre, sizeof pre, "Document %d-%d. ", r, d);
-            docs[d] = make_text(DOC_BYTES, pre);
+            docs[d] = th_words(DOC_BYTES, pre, &rng_state);
         }
         static const int order[N_DOCS] = {2, 0, 3, 1};
         cg_engine_seg s_cold[N_DOCS + 2], s_warm[N_DOCS + 2];
@@ -307,13 +302,13 @@ static void ttft_bench(const cg_model *m, int port, redisContext *adm, int reps)
          * pool (every page faulted in, as A's are by its cold run) and its KV buffers; the
          * remote chunks then take the blocks of evicted ones. */
         for (int round = 0; round < 2; round++) {
-            char *other[N_DOCS], *sys_other = make_text(SYS_BYTES, "System (warm-up): ");
+            char *other[N_DOCS], *sys_other = th_words(SYS_BYTES, "System (warm-up): ", &rng_state);
             cg_engine_seg s_other[N_DOCS + 2];
             s_other[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys_other, SYS_BYTES, NULL};
             for (int d = 0; d < N_DOCS; d++) {
                 char pre[32];
                 snprintf(pre, sizeof pre, "Other %d-%d-%d. ", r, round, d);
-                other[d] = make_text(DOC_BYTES, pre);
+                other[d] = th_words(DOC_BYTES, pre, &rng_state);
                 s_other[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, other[d], DOC_BYTES, NULL};
             }
             s_other[N_DOCS + 1] = s_cold[N_DOCS + 1];
@@ -338,7 +333,7 @@ static void ttft_bench(const cg_model *m, int port, redisContext *adm, int reps)
                 int use_b = (side + i) % 2;
                 char pre[48];
                 snprintf(pre, sizeof pre, "System %d-%d-%d: be terse. ", r, i, use_b);
-                char *sys = make_text(SYS_BYTES, pre);
+                char *sys = th_words(SYS_BYTES, pre, &rng_state);
                 s_warm[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys, SYS_BYTES, NULL};
                 double t = ttft(use_b ? b : a, s_warm, N_DOCS + 2, &info);
                 expect_tier(&info, use_b ? "remote" : "ram", use_b ? "warm remote" : "warm RAM");

@@ -24,12 +24,6 @@
 
 static uint64_t rng_state;
 
-/* n bytes of word-like ASCII text. */
-static char *make_text(size_t n, const char *prefix)
-{
-    return th_words(n, prefix, &rng_state);
-}
-
 static void die(const char *what, cg_status st, const char *err)
 {
     fprintf(stderr, "bench_ttft: %s: %s %s\n", what, cg_status_name(st), err ? err : "");
@@ -109,14 +103,14 @@ int main(int argc, char **argv)
     uint32_t n_tok_cold = 0, n_tok_warm = 0, cached_warm = 0, computed_warm = 0;
     for (int r = 0; r < reps; r++) {
         rng_state = 0x9e3779b97f4a7c15ull * (uint64_t)(r + 1);
-        char *sys1 = make_text(SYS_BYTES, "System: answer from the documents. ");
-        char *sys2 = make_text(SYS_BYTES, "System (changed): be terse, cite. ");
-        char *q = make_text(Q_BYTES, "Question: ");
+        char *sys1 = th_words(SYS_BYTES, "System: answer from the documents. ", &rng_state);
+        char *sys2 = th_words(SYS_BYTES, "System (changed): be terse, cite. ", &rng_state);
+        char *q = th_words(Q_BYTES, "Question: ", &rng_state);
         char *docs[N_DOCS];
         for (int d = 0; d < N_DOCS; d++) {
             char pre[32];
             snprintf(pre, sizeof pre, "Document %d-%d. ", r, d);
-            docs[d] = make_text(DOC_BYTES, pre);
+            docs[d] = th_words(DOC_BYTES, pre, &rng_state);
         }
         cg_engine_seg s_cold[N_DOCS + 2], s_warm[N_DOCS + 2];
         static const int order[N_DOCS] = {2, 0, 3, 1};
@@ -173,8 +167,9 @@ int main(int argc, char **argv)
         st = cg_engine_open(m, cg_engine_default_params(), &e);
         if (st != CG_OK) die("engine", st, NULL);
         rng_state = 12345;
-        char *sys = make_text(SYS_BYTES, "System: ");
-        char *doc = ctx_bytes[t] ? make_text(ctx_bytes[t], "Documents: ") : cg_strdup("Question?");
+        char *sys = th_words(SYS_BYTES, "System: ", &rng_state);
+        char *doc = ctx_bytes[t] ? th_words(ctx_bytes[t], "Documents: ", &rng_state)
+                                 : cg_strdup("Question?");
         cg_engine_seg s[2] = {{CG_ROLE_SYSTEM, sys, SYS_BYTES, NULL},
                               {CG_ROLE_QUESTION, doc, strlen(doc), NULL}};
         cg_assemble_req ar = {.segs = s, .n_segs = 2, .mode = CG_MODE_STRICT, .reserve_tokens = -1};
