@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tests/harness/harness.h"
 #include "base/base.h"
 /* Included, not only linked, to reach the static number formatting and case mapping. */
 #include "cache/chat_template.c"
@@ -1054,30 +1055,12 @@ int main(int argc, char **argv)
             return 77;
         }
     }
-    Suite *s = suite_create("chat_template");
-    TCase *tc = tcase_create(parity ? "parity" : "core");
-    tcase_set_timeout(tc, 240);
-    if (parity) {
-        tcase_add_test(tc, test_parity_cases);
-        tcase_add_test(tc, test_parity_case_map);
-    } else {
-        tcase_add_test(tc, test_render_basics);
-        tcase_add_test(tc, test_llama2_golden);
-        tcase_add_test(tc, test_parse_errors);
-        tcase_add_test(tc, test_refusals);
-        tcase_add_test(tc, test_undefined);
-        tcase_add_test(tc, test_raise_exception);
-        tcase_add_test(tc, test_vars);
-        tcase_add_test(tc, test_numbers);
-        tcase_add_test(tc, test_limits);
-        tcase_add_test(tc, test_many_messages);
-        tcase_add_test(tc, test_threads);
-        tcase_add_test(tc, test_fuzz);
-    }
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    if (parity)
+        return th_run_tests("chat_template", "parity", 240,
+                            TH_TESTS(test_parity_cases, test_parity_case_map));
+    return th_run_tests("chat_template", "core", 240,
+                        TH_TESTS(test_render_basics, test_llama2_golden, test_parse_errors,
+                                 test_refusals, test_undefined, test_raise_exception, test_vars,
+                                 test_numbers, test_limits, test_many_messages, test_threads,
+                                 test_fuzz));
 }

@@ -16,10 +16,10 @@
 #define N_PROMPTS 8
 
 static char model_dir[512];
-static th_proc wk;     /* the main worker: --max-running 4 --max-queue 4 */
-static th_proc tight;  /* --max-running 1 --max-queue 1 */
-static th_proc wk2;    /* a second worker for the gateway */
-static th_proc gw;     /* gateway in front of tight and wk2 */
+static th_proc wk;    /* the main worker: --max-running 4 --max-queue 4 */
+static th_proc tight; /* --max-running 1 --max-queue 1 */
+static th_proc wk2;   /* a second worker for the gateway */
+static th_proc gw;    /* gateway in front of tight and wk2 */
 
 static const char *DOC[] = {
     "Document A. The harbour town exported dried cod and tar throughout the century.",
@@ -32,8 +32,8 @@ static char *prompt_of(int i)
 {
     char *p = malloc(1024);
     if (i % 2)
-        snprintf(p, 1024, "System %d. # # %s # # %s # # Question %d: what changed?", i,
-                 DOC[i % 3], DOC[(i + 1) % 3], i);
+        snprintf(p, 1024, "System %d. # # %s # # %s # # Question %d: what changed?", i, DOC[i % 3],
+                 DOC[(i + 1) % 3], i);
     else
         snprintf(p, 1024, "Plain prompt number %d about %s", i, DOC[i % 3]);
     return p;
@@ -91,11 +91,12 @@ START_TEST(concurrent_equals_alone)
     call cs[N_PROMPTS];
     pthread_t th[N_PROMPTS];
     for (int i = 0; i < N_PROMPTS; i++) {
-        cs[i] = (call){.port = wk.port, .i = (i + 3) % N_PROMPTS, .max_tokens = 24,
-                       .path = "/v1/completions"};
+        cs[i] = (call){
+            .port = wk.port, .i = (i + 3) % N_PROMPTS, .max_tokens = 24, .path = "/v1/completions"};
         ck_assert_int_eq(pthread_create(&th[i], NULL, do_call, &cs[i]), 0);
     }
-    for (int i = 0; i < N_PROMPTS; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N_PROMPTS; i++)
+        pthread_join(th[i], NULL);
     for (int i = 0; i < N_PROMPTS; i++) {
         ck_assert_msg(cs[i].r.status == 200, "status %ld: %.200s", cs[i].r.status,
                       cs[i].r.body.data);
@@ -104,7 +105,8 @@ START_TEST(concurrent_equals_alone)
         free(t);
         th_resp_free(&cs[i].r);
     }
-    for (int i = 0; i < N_PROMPTS; i++) free(alone[i]);
+    for (int i = 0; i < N_PROMPTS; i++)
+        free(alone[i]);
     ck_assert(th_metric(wk.port, "chunkgate_worker_decode_steps_total") <
               th_metric(wk.port, "chunkgate_worker_decode_rows_total"));
 }
@@ -121,7 +123,8 @@ START_TEST(shedding)
         cs[i] = (call){.port = tight.port, .i = i, .max_tokens = 160, .path = "/v1/completions"};
         ck_assert_int_eq(pthread_create(&th[i], NULL, do_call, &cs[i]), 0);
     }
-    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
     int ok = 0, shed = 0;
     for (int i = 0; i < N; i++) {
         if (cs[i].r.status == 200) {
@@ -151,11 +154,12 @@ START_TEST(gateway_routes_around_busy)
     call cs[N];
     pthread_t th[N];
     for (int i = 0; i < N; i++) {
-        cs[i] = (call){.port = gw.port, .i = 2 * i + 1, .max_tokens = 120,
-                       .path = "/v1/completions"};
+        cs[i] =
+            (call){.port = gw.port, .i = 2 * i + 1, .max_tokens = 120, .path = "/v1/completions"};
         ck_assert_int_eq(pthread_create(&th[i], NULL, do_call, &cs[i]), 0);
     }
-    for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
     int ok = 0, shed = 0;
     for (int i = 0; i < N; i++) {
         if (cs[i].r.status == 200)
@@ -220,7 +224,9 @@ static void *soak_main(void *arg)
 {
     soak *s = arg;
     for (int k = 0; th_now_s() < s->until; k++) {
-        call c = {.port = gw.port, .i = (s->id + k) % 6, .max_tokens = 8 + (s->id % 8),
+        call c = {.port = gw.port,
+                  .i = (s->id + k) % 6,
+                  .max_tokens = 8 + (s->id % 8),
                   .path = "/v1/completions"};
         do_call(&c);
         if (c.r.status == 200)
@@ -252,7 +258,8 @@ START_TEST(soak_64_clients)
         pthread_join(th[i], NULL);
         ok += s[i].ok, shed += s[i].shed, bad += s[i].bad;
     }
-    fprintf(stderr, "soak: %.0f s, 64 clients: %d ok, %d shed (429), %d bad\n", secs, ok, shed, bad);
+    fprintf(stderr, "soak: %.0f s, 64 clients: %d ok, %d shed (429), %d bad\n", secs, ok, shed,
+            bad);
     ck_assert_int_eq(bad, 0);
     ck_assert_int_gt(ok, N);
     th_proc *ws[] = {&tight, &wk2};
@@ -296,20 +303,9 @@ int main(void)
         fprintf(stderr, "the gateway did not start; logs in %s\n", th_root());
         goto out;
     }
-    Suite *s = suite_create("concurrency");
-    TCase *tc = tcase_create("processes");
-    tcase_set_timeout(tc, 400);
-    tcase_add_test(tc, concurrent_equals_alone);
-    tcase_add_test(tc, shedding);
-    tcase_add_test(tc, gateway_routes_around_busy);
-    tcase_add_test(tc, disconnect_frees_sequence);
-    tcase_add_test(tc, soak_64_clients);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    failed = th_run_suite("concurrency", "processes", 400, (th_fixture){0}, CK_NOFORK,
+                          TH_TESTS(concurrent_equals_alone, shedding, gateway_routes_around_busy,
+                                   disconnect_frees_sequence, soak_64_clients));
 out:
     th_stop_clean(&gw, "chunkgate");
     th_stop_clean(&wk, "worker");

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tests/harness/harness.h"
 #include "base/base.h"
 #include "kv/pool.h"
 #include "worker/store/disk.h"
@@ -265,19 +266,8 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("diskwb");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_writes_reach_disk);
-    tcase_add_test(tc, test_full_queue_drops);
-    tcase_add_test(tc, test_cancel_then_remove);
-    tcase_add_test(tc, test_close_writes_queue);
-    tcase_add_test(tc, test_dropped_keys);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run_suite("diskwb", "core", 120, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
+                        TH_TESTS(test_writes_reach_disk, test_full_queue_drops,
+                                 test_cancel_then_remove, test_close_writes_queue,
+                                 test_dropped_keys));
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "tests/harness/harness.h"
 #include "base/base.h"
 #include "base/http_frame.h"
 
@@ -327,16 +328,7 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("http_frame");
-    TCase *tc = tcase_create("frame");
-    tcase_add_test(tc, table);
-    tcase_add_test(tc, refused_request_start);
-    tcase_add_test(tc, limits_at_and_past);
-    tcase_add_test(tc, idle_and_closing);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return th_run_tests(
+        "http_frame", "frame", 0,
+        TH_TESTS(table, refused_request_start, limits_at_and_past, idle_and_closing));
 }

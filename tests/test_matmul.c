@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/harness/harness.h"
 #include "base/base.h"
 #include "worker/model/matmul.h"
 
@@ -587,26 +588,12 @@ END_TEST
 int main(void)
 {
     Suite *s = suite_create("matmul");
-    TCase *env = tcase_create("isa env");
-    tcase_add_checked_fixture(env, setup, teardown);
-    tcase_add_test(env, test_isa_choice);
-    suite_add_tcase(s, env);
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 300);
+    tcase_add_checked_fixture(th_case(s, "isa env", 0, TH_TESTS(test_isa_choice)), setup, teardown);
+    TCase *tc =
+        th_case(s, "core", 300,
+                TH_TESTS(test_against_f64, test_exact_integers, test_decode_batch_invariant,
+                         test_unaligned, test_widen_all_values, test_widen_q8, test_quantize_q8,
+                         test_prefill_deterministic, test_empty_and_zero_cols));
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_against_f64);
-    tcase_add_test(tc, test_exact_integers);
-    tcase_add_test(tc, test_decode_batch_invariant);
-    tcase_add_test(tc, test_unaligned);
-    tcase_add_test(tc, test_widen_all_values);
-    tcase_add_test(tc, test_widen_q8);
-    tcase_add_test(tc, test_quantize_q8);
-    tcase_add_test(tc, test_prefill_deterministic);
-    tcase_add_test(tc, test_empty_and_zero_cols);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run(s, CK_FORK_GETENV);
 }

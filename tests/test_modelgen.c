@@ -811,28 +811,16 @@ END_TEST
 static Suite *suite(void)
 {
     Suite *s = suite_create("modelgen");
-    TCase *tc = tcase_create("presets");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_tiny_pinned);
-    tcase_add_test(tc, test_preset_table);
+    TCase *tc =
+        th_case(s, "presets", 300,
+                TH_TESTS(test_tiny_pinned, test_preset_table, test_dtype_independent,
+                         test_preset_determinism, test_shards, test_rope_scaling, test_bad_params,
+                         test_tokenizer_copy, test_real_tokenizers, test_cli));
     tcase_add_loop_test(tc, test_presets, 0, (int)CG_ARRAY_LEN(EXPECT));
-    tcase_add_test(tc, test_dtype_independent);
-    tcase_add_test(tc, test_preset_determinism);
-    tcase_add_test(tc, test_shards);
-    tcase_add_test(tc, test_rope_scaling);
-    tcase_add_test(tc, test_bad_params);
-    tcase_add_test(tc, test_tokenizer_copy);
-    tcase_add_test(tc, test_real_tokenizers);
-    tcase_add_test(tc, test_cli);
-    suite_add_tcase(s, tc);
     return s;
 }
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return th_run(suite(), CK_FORK_GETENV);
 }

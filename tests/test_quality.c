@@ -653,25 +653,6 @@ START_TEST(test_background_yields)
 }
 END_TEST
 
-static Suite *quality_suite(void)
-{
-    Suite *s = suite_create("quality");
-    TCase *tc = tcase_create("recompute");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_ratio_one_strict);
-    tcase_add_test(tc, test_ratio_one_sys);
-    tcase_add_test(tc, test_ratio_one_no_question);
-    tcase_add_test(tc, test_kl_falls_with_ratio);
-    tcase_add_test(tc, test_union_with_prefix);
-    tcase_add_test(tc, test_ratio_refused);
-    tcase_add_test(tc, test_forward_stop_and_rows);
-    tcase_add_test(tc, test_forward_interrupt);
-    tcase_add_test(tc, test_probe_capture);
-    tcase_add_test(tc, test_background_yields);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -690,10 +671,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "model: %s\n", err);
         return EXIT_FAILURE;
     }
-    SRunner *sr = srunner_create(quality_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed =
+        th_run_tests("quality", "recompute", 300,
+                     TH_TESTS(test_ratio_one_strict, test_ratio_one_sys, test_ratio_one_no_question,
+                              test_kl_falls_with_ratio, test_union_with_prefix, test_ratio_refused,
+                              test_forward_stop_and_rows, test_forward_interrupt,
+                              test_probe_capture, test_background_yields));
     cg_model_close(&model);
     th_rmrf(model_dir);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -1678,47 +1678,26 @@ int main(void)
     th_which("redis-cli", g_redis_cli, sizeof g_redis_cli);
 
     Suite *su = suite_create("remote");
-    TCase *unit = tcase_create("unit");
-    tcase_add_test(unit, url_parsing);
-    tcase_add_test(unit, key_slots_and_keys);
-    tcase_add_test(unit, password_loading);
-    tcase_add_test(unit, open_validates_params);
-    tcase_add_test(unit, down_at_start_fails_fast);
-    tcase_add_test(unit, backoff_doubles_to_its_cap);
-    tcase_add_test(unit, wrong_replies_are_errors);
-    tcase_add_test(unit, extra_replies_never_served);
-    tcase_add_test(unit, silent_server_times_out);
-    tcase_add_test(unit, bad_cluster_maps_fail_open);
-    suite_add_tcase(su, unit);
-    if (have_server) {
-        TCase *node = tcase_create("node");
-        tcase_add_checked_fixture(node, node_setup, node_teardown);
-        tcase_set_timeout(node, 120);
-        tcase_add_test(node, node_round_trips);
-        tcase_add_test(node, node_database_selection);
-        tcase_add_test(node, node_ttl);
-        tcase_add_test(node, node_auth);
-        tcase_add_test(node, node_wrong_type_and_size);
-        tcase_add_test(node, node_write_behind_drops_and_flushes);
-        tcase_add_test(node, node_close_drains_queue);
-        tcase_add_test(node, node_killed_mid_traffic_recovers);
-        tcase_add_test(node, node_stopped_costs_the_timeout);
-        tcase_add_test(node, node_concurrent_readers_and_writer);
-        suite_add_tcase(su, node);
-    }
-    if (have_server && g_redis_cli[0]) {
-        TCase *cl = tcase_create("cluster");
-        tcase_add_unchecked_fixture(cl, cluster_setup, cluster_teardown);
-        tcase_set_timeout(cl, 120);
-        tcase_add_test(cl, cluster_batches_spread_over_masters);
-        tcase_add_test(cl, cluster_ask_and_moved_during_migration);
-        tcase_add_test(cl, cluster_master_killed);
-        suite_add_tcase(su, cl);
-    }
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL); /* CK_RUN_CASE=node|cluster|unit runs one case */
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    th_case(su, "unit", 0,
+            TH_TESTS(url_parsing, key_slots_and_keys, password_loading, open_validates_params,
+                     down_at_start_fails_fast, backoff_doubles_to_its_cap, wrong_replies_are_errors,
+                     extra_replies_never_served, silent_server_times_out,
+                     bad_cluster_maps_fail_open));
+    if (have_server)
+        tcase_add_checked_fixture(
+            th_case(su, "node", 120,
+                    TH_TESTS(node_round_trips, node_database_selection, node_ttl, node_auth,
+                             node_wrong_type_and_size, node_write_behind_drops_and_flushes,
+                             node_close_drains_queue, node_killed_mid_traffic_recovers,
+                             node_stopped_costs_the_timeout, node_concurrent_readers_and_writer)),
+            node_setup, node_teardown);
+    if (have_server && g_redis_cli[0])
+        tcase_add_unchecked_fixture(
+            th_case(su, "cluster", 120,
+                    TH_TESTS(cluster_batches_spread_over_masters,
+                             cluster_ask_and_moved_during_migration, cluster_master_killed)),
+            cluster_setup, cluster_teardown);
+    int failed = th_run(su, CK_FORK_GETENV); /* CK_RUN_CASE=node|cluster|unit runs one case */
     if (failed) return EXIT_FAILURE;
     if (!have_server) {
         printf("SKIP: redis-server not found on PATH (apt-get install redis-server): only the "

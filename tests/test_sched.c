@@ -65,8 +65,7 @@ static cg_model *make_model(const char *dtype, const char *preset, char *dir)
     return m;
 }
 
-static cg_engine *new_engine(cg_model *m, uint32_t max_running, uint32_t max_queue,
-                             uint32_t chunk)
+static cg_engine *new_engine(cg_model *m, uint32_t max_running, uint32_t max_queue, uint32_t chunk)
 {
     cg_engine_params p = cg_engine_default_params();
     p.max_running = max_running;
@@ -121,8 +120,10 @@ static void *run_job(void *arg)
 static void run_all(job *jobs, size_t n)
 {
     pthread_t th[16];
-    for (size_t i = 0; i < n; i++) ck_assert_int_eq(pthread_create(&th[i], NULL, run_job, &jobs[i]), 0);
-    for (size_t i = 0; i < n; i++) pthread_join(th[i], NULL);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, run_job, &jobs[i]), 0);
+    for (size_t i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
 }
 
 /* The tokens each prompt gives alone, then in batches of every size and order: identical. */
@@ -143,8 +144,8 @@ static void check_invariance(cg_model *m)
         job jobs[N_PROMPTS];
         size_t n = round == 0 ? 2 : round == 1 ? 4 : N_PROMPTS;
         for (size_t i = 0; i < n; i++) /* rotate the order: each prompt at another position */
-            jobs[i] = (job){.e = e, .prompt = PROMPTS[(i + (size_t)round) % N_PROMPTS],
-                            .max_tokens = N_TOK};
+            jobs[i] = (job){
+                .e = e, .prompt = PROMPTS[(i + (size_t)round) % N_PROMPTS], .max_tokens = N_TOK};
         run_all(jobs, n);
         for (size_t i = 0; i < n; i++) {
             int p = (int)((i + (size_t)round) % N_PROMPTS);
@@ -198,12 +199,14 @@ START_TEST(prefill_interleaves_with_decode)
     job stream = {.e = e, .prompt = PROMPTS[0], .max_tokens = 64, .stamps = stamps};
     cg_buf longp;
     cg_buf_init(&longp, 0);
-    while (longp.len < 3000) ck_assert_int_eq(cg_buf_append(&longp, PROMPTS[1], strlen(PROMPTS[1])), CG_OK);
+    while (longp.len < 3000)
+        ck_assert_int_eq(cg_buf_append(&longp, PROMPTS[1], strlen(PROMPTS[1])), CG_OK);
     uint64_t first_long = 0;
     job big = {.e = e, .prompt = longp.data, .max_tokens = 1, .stamps = &first_long};
     pthread_t ts, tb;
     ck_assert_int_eq(pthread_create(&ts, NULL, run_job, &stream), 0);
-    while (__atomic_load_n(&stream.seen, __ATOMIC_ACQUIRE) < 2) usleep(1000);
+    while (__atomic_load_n(&stream.seen, __ATOMIC_ACQUIRE) < 2)
+        usleep(1000);
     uint64_t t0 = cg_now_ns();
     ck_assert_int_eq(pthread_create(&tb, NULL, run_job, &big), 0);
     pthread_join(tb, NULL);
@@ -211,7 +214,8 @@ START_TEST(prefill_interleaves_with_decode)
     ck_assert_int_eq(big.st, CG_OK);
     ck_assert_int_eq(stream.st, CG_OK);
     int during = 0;
-    for (int i = 0; i < stream.seen && i < 64; i++) during += stamps[i] > t0 && stamps[i] < first_long;
+    for (int i = 0; i < stream.seen && i < 64; i++)
+        during += stamps[i] > t0 && stamps[i] < first_long;
     ck_assert_msg(during >= 2, "only %d stream tokens arrived while the long prompt was computed",
                   during);
     cg_sched_stats s = cg_engine_sched_stats(e);
@@ -227,12 +231,14 @@ END_TEST
 START_TEST(admission)
 {
     cg_engine *e = new_engine(m_f32, 2, 3, 64);
-    for (int i = 0; i < 5; i++) ck_assert_int_eq(cg_engine_admit(e, 0), CG_OK);
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(cg_engine_admit(e, 0), CG_OK);
     ck_assert_int_eq(cg_engine_admit(e, 0), CG_E_RATE_LIMIT);
     cg_engine_leave(e);
     ck_assert_int_eq(cg_engine_admit(e, 0), CG_OK);
     ck_assert_int_eq(cg_engine_admit(e, 0), CG_E_RATE_LIMIT);
-    for (int i = 0; i < 5; i++) cg_engine_leave(e);
+    for (int i = 0; i < 5; i++)
+        cg_engine_leave(e);
     ck_assert_uint_eq(cg_engine_sched_stats(e).refused, 2);
     ck_assert_uint_eq(cg_engine_sched_stats(e).admitted, 0);
     cg_engine_close(&e);
@@ -245,7 +251,8 @@ START_TEST(running_set_bounded)
 {
     cg_engine *e = new_engine(m_f32, 2, 8, 64);
     job jobs[5];
-    for (int i = 0; i < 5; i++) jobs[i] = (job){.e = e, .prompt = PROMPTS[i], .max_tokens = 12};
+    for (int i = 0; i < 5; i++)
+        jobs[i] = (job){.e = e, .prompt = PROMPTS[i], .max_tokens = 12};
     run_all(jobs, 5);
     for (int i = 0; i < 5; i++) {
         ck_assert_int_eq(jobs[i].st, CG_OK);
@@ -275,7 +282,8 @@ START_TEST(departures)
     ck_assert_uint_eq(jobs[1].res.n_tokens, 20);
     ck_assert_str_eq(jobs[1].res.finish_reason, "length");
     ck_assert_uint_eq(jobs[2].res.n_tokens, 1);
-    for (int i = 0; i < 3; i++) cg_complete_result_free(&jobs[i].res);
+    for (int i = 0; i < 3; i++)
+        cg_complete_result_free(&jobs[i].res);
     ck_assert_uint_eq(cg_engine_live_assemblies(e, cg_now_ms()), 0);
     ck_assert_uint_eq(cg_engine_sched_stats(e).running, 0);
     ck_assert_uint_eq(cg_pool_get_stats(cg_engine_pool(e)).referenced_chunks, 0);
@@ -290,22 +298,11 @@ int main(void)
     m_bf16 = make_model("bf16", NULL, dir_bf16);
     m_qwen2 = make_model("bf16", "qwen2", dir_qwen2);
     m_qwen3 = make_model("bf16", "qwen3", dir_qwen3);
-    Suite *s = suite_create("sched");
-    TCase *tc = tcase_create("engine");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, batch_invariance_f32);
-    tcase_add_test(tc, batch_invariance_bf16);
-    tcase_add_test(tc, batch_invariance_qwen2);
-    tcase_add_test(tc, batch_invariance_qwen3);
-    tcase_add_test(tc, prefill_interleaves_with_decode);
-    tcase_add_test(tc, admission);
-    tcase_add_test(tc, running_set_bounded);
-    tcase_add_test(tc, departures);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed =
+        th_run_tests("sched", "engine", 300,
+                     TH_TESTS(batch_invariance_f32, batch_invariance_bf16, batch_invariance_qwen2,
+                              batch_invariance_qwen3, prefill_interleaves_with_decode, admission,
+                              running_set_bounded, departures));
     cg_model_close(&m_f32);
     cg_model_close(&m_bf16);
     cg_model_close(&m_qwen2);

@@ -766,20 +766,11 @@ int main(void)
         fprintf(stderr, "generate-model failed\n");
         return 1;
     }
-    Suite *su = suite_create("shared_tier");
-    TCase *tc = tcase_create("shared_tier");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_single_node_share);
-    tcase_add_test(tc, test_cluster_share);
-    tcase_add_test(tc, test_corrupt_values_are_misses);
-    tcase_add_test(tc, test_redis_down_and_slow);
-    tcase_add_test(tc, test_kill9_restart_serves_from_disk);
-    tcase_add_test(tc, test_gateway_routes_to_shared_tier);
-    suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed = th_run_tests("shared_tier", "shared_tier", 120,
+                              TH_TESTS(test_single_node_share, test_cluster_share,
+                                       test_corrupt_values_are_misses, test_redis_down_and_slow,
+                                       test_kill9_restart_serves_from_disk,
+                                       test_gateway_routes_to_shared_tier));
     /* the cluster's nodes are daemons: stop them even when a check failed half-way */
     char dir[400];
     snprintf(dir, sizeof dir, "%s/cluster", th_root());

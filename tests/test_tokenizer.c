@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/harness/harness.h"
 #include "base/base.h"
 #include "worker/model/tokenizer.h"
 
@@ -835,29 +836,21 @@ static int load_reference(void)
 int main(int argc, char **argv)
 {
     bool parity = argc > 1 && !strcmp(argv[1], "--parity");
-    Suite *s = suite_create(parity ? "tokenizer_parity" : "tokenizer");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 240);
+    int failed;
     if (parity) {
         int rc = load_reference();
         if (rc) return rc;
-        tcase_add_loop_test(tc, test_parity, 0, (int)CG_ARRAY_LEN(REFS));
-        tcase_add_test(tc, test_parity_tokenizers_rust);
-        tcase_add_test(tc, test_real_files);
+        Suite *s = suite_create("tokenizer_parity");
+        tcase_add_loop_test(
+            th_case(s, "core", 240, TH_TESTS(test_parity_tokenizers_rust, test_real_files)),
+            test_parity, 0, (int)CG_ARRAY_LEN(REFS));
+        failed = th_run(s, CK_FORK_GETENV);
     } else {
-        tcase_add_test(tc, test_bytes);
-        tcase_add_test(tc, test_cases_vs_tokenizers);
-        tcase_add_test(tc, test_hand_checked);
-        tcase_add_test(tc, test_invalid_utf8_and_caps);
-        tcase_add_test(tc, test_malformed_refused);
-        tcase_add_test(tc, test_config_template);
-        tcase_add_test(tc, test_threads);
+        failed = th_run_tests("tokenizer", "core", 240,
+                              TH_TESTS(test_bytes, test_cases_vs_tokenizers, test_hand_checked,
+                                       test_invalid_utf8_and_caps, test_malformed_refused,
+                                       test_config_template, test_threads));
     }
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
     json_decref(g_ref);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return failed;
 }
