@@ -31,7 +31,6 @@ cg_split_params cg_split_default_params(void)
     cg_split_params p = {
         .separator = CG_SPLIT_DEFAULT_SEPARATOR,
         .max_segments = 256,
-        .max_segment_bytes = 0,
         .check_utf8 = 1,
     };
     return p;

@@ -45,11 +45,6 @@ cg_pool_params cg_pool_default_params(void)
     return (cg_pool_params){
         .capacity_bytes = (size_t)256 << 20,
         .block_tokens = 16,
-        .n_layers = 0,
-        .n_kv_heads = 0,
-        .head_dim = 0,
-        .on_evict = NULL,
-        .on_evict_ud = NULL,
     };
 }
 

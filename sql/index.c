@@ -309,7 +309,6 @@ cg_index_params cg_index_default_params(void)
         .mmap_bytes = (int64_t)2 << 30,
         .queue_max = (size_t)1 << 20,
         .batch_max = 16384,
-        .synchronous_full = 0,
         .wal_autocheckpoint = 1000,
     };
     return p;

@@ -20,8 +20,6 @@
 cg_kvpull_params cg_kvpull_default_params(void)
 {
     return (cg_kvpull_params){
-        .worker = NULL,
-        .assembly_id = NULL,
         .tp = 1,
         .timeout_ms = 30000,
         .release = 1,

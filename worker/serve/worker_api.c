@@ -16,21 +16,15 @@
 cg_worker_api_params cg_worker_api_default_params(void)
 {
     return (cg_worker_api_params){
-        .engine = NULL,
         .separator = CG_SPLIT_DEFAULT_SEPARATOR,
         .max_segments = 256,
         .default_max_tokens = 16,
-        .kv_source = NULL,
-        .kv_request_source = 0,
         .tp = 1,
         .kv_timeout_ms = 5000,
         .kv_max_pulls = 4,
-        .recompute_ratio = 0,
         .canary_rate = 0.01,
         .canary_tokens = 16,
         .canary_queue = 4,
-        .remote_url = NULL,
-        .remote_id = NULL,
     };
 }
 

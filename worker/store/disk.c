@@ -67,15 +67,8 @@ struct cg_disk {
 cg_disk_params cg_disk_default_params(void)
 {
     return (cg_disk_params){
-        .dir = NULL,
         .capacity_bytes = (size_t)1 << 30,
-        .block_bytes = 0,
         .block_tokens = 16,
-        .n_layers = 0,
-        .n_kv_heads = 0,
-        .head_dim = 0,
-        .model_id = NULL,
-        .sync = 0,
     };
 }
 
