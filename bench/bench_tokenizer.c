@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "base/base.h"
+#include "tests/harness/harness.h"
 #include "worker/model/tokenizer.h"
 
 static volatile size_t sink;
@@ -27,23 +28,17 @@ static uint64_t cpu_ns(void)
 /* Runs cmd and parses its stdout as JSON; NULL (with the output shown) on failure. */
 static json_t *run_json(const char *cmd)
 {
-    FILE *p = popen(cmd, "r");
-    if (!p) return NULL;
-    cg_buf out;
-    cg_buf_init(&out, 0);
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0)
-        if (cg_buf_append(&out, chunk, n) != CG_OK) abort();
-    int rc = pclose(p);
+    size_t len = 0;
+    int code;
+    char *out = th_run_output(cmd, &len, &code);
     json_error_t je;
-    json_t *j = out.data ? json_loadb(out.data, out.len, JSON_ALLOW_NUL, &je) : NULL;
-    if (!j || !WIFEXITED(rc) || WEXITSTATUS(rc) != 0) {
-        fprintf(stderr, "%s: failed: %.500s\n", cmd, out.data ? out.data : "(no output)");
+    json_t *j = out ? json_loadb(out, len, JSON_ALLOW_NUL, &je) : NULL;
+    if (!j || code != 0) {
+        fprintf(stderr, "%s: failed: %.500s\n", cmd, out && *out ? out : "(no output)");
         json_decref(j);
         j = NULL;
     }
-    cg_buf_free(&out);
+    free(out);
     return j;
 }
 

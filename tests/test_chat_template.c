@@ -760,17 +760,11 @@ static char *run_node(const char *args, size_t *len)
 {
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "cd '%s' && node tests/ref/render.mjs %s", CG_SOURCE_DIR, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_msg(p != NULL, "cannot run %s", cmd);
-    sbuf b = {0};
-    char tmp[65536];
-    size_t n;
-    while ((n = fread(tmp, 1, sizeof tmp, p)) > 0)
-        sbuf_put(&b, tmp, n);
-    int rc = pclose(p);
-    ck_assert_msg(rc == 0, "%s exited with %d: %.300s", cmd, rc, b.p ? b.p : "");
-    *len = b.len;
-    return b.p ? b.p : cg_strdup("");
+    int code;
+    char *out = th_run_output(cmd, len, &code);
+    ck_assert_msg(out != NULL, "cannot run %s", cmd);
+    ck_assert_msg(code == 0, "%s exited with %d: %.300s", cmd, code, out);
+    return out;
 }
 
 /* "12:3: ..." is how the renderer reports its own errors; raise_exception's message has no

@@ -798,39 +798,28 @@ static int load_reference(void)
             "node '%s/tests/ref/tokenize.mjs' parity '%s/tests/data/tokenizer_corpus.json' 2>&1",
             CG_SOURCE_DIR, CG_SOURCE_DIR) < 0)
         abort();
-    FILE *p = popen(cmd, "r");
+    size_t len = 0;
+    int code;
+    char *out = th_run_output(cmd, &len, &code);
     free(cmd);
-    if (!p) {
+    if (!out) {
         printf("SKIPPED: cannot run node\n");
         return 77;
     }
-    cg_buf out;
-    cg_buf_init(&out, 0);
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0)
-        if (cg_buf_append(&out, chunk, n) != CG_OK) abort();
-    int rc = pclose(p);
-    int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    int rc = 0;
+    json_error_t je;
     if (code == 127) {
         printf("SKIPPED: node is not installed (Debian 12: apt-get install nodejs npm)\n");
-        cg_buf_free(&out);
-        return 77;
+        rc = 77;
+    } else if (code == 77) {
+        printf("%s", *out ? out : "SKIPPED: tokenize.mjs skipped\n");
+        rc = 77;
+    } else if (!(g_ref = code == 0 ? json_loadb(out, len, JSON_ALLOW_NUL, &je) : NULL)) {
+        fprintf(stderr, "tokenize.mjs failed (exit %d): %.2000s\n", code, out);
+        rc = 1;
     }
-    if (code == 77) {
-        printf("%s", out.data ? out.data : "SKIPPED: tokenize.mjs skipped\n");
-        cg_buf_free(&out);
-        return 77;
-    }
-    json_error_t je;
-    g_ref = code == 0 && out.data ? json_loadb(out.data, out.len, JSON_ALLOW_NUL, &je) : NULL;
-    if (!g_ref) {
-        fprintf(stderr, "tokenize.mjs failed (exit %d): %.2000s\n", code, out.data ? out.data : "");
-        cg_buf_free(&out);
-        return 1;
-    }
-    cg_buf_free(&out);
-    return 0;
+    free(out);
+    return rc;
 }
 
 int main(int argc, char **argv)

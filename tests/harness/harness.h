@@ -109,6 +109,10 @@ pid_t th_redis_start(int port, const char *dir);
 uint64_t th_splitmix64(uint64_t *state);
 /* The next value of an xorshift64* sequence (deterministic: a failure reproduces). */
 uint64_t th_xorshift64s(uint64_t *state);
+/* Runs the shell command cmd and reads its standard output whole: the bytes (NUL-terminated,
+ * caller frees; "" when there were none, NULL when cmd could not be started), their length in
+ * *len (may be NULL), and the command's exit code in *code (-1 when it did not exit). */
+char *th_run_output(const char *cmd, size_t *len, int *code);
 /* The median of v[0..n) (n > 0); sorts v. */
 double th_median(double *v, int n);
 /* The next value of a 64-bit LCG, its high 31 bits (the benches' text and data streams). */

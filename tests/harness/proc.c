@@ -152,6 +152,23 @@ uint64_t th_xorshift64s(uint64_t *state)
     return *state * 0x2545F4914F6CDD1Dull;
 }
 
+char *th_run_output(const char *cmd, size_t *len, int *code)
+{
+    *code = -1;
+    FILE *p = popen(cmd, "r");
+    if (!p) return NULL;
+    cg_buf out;
+    cg_buf_init(&out, 0);
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, p)) > 0)
+        if (cg_buf_append(&out, chunk, n) != CG_OK) abort();
+    int rc = pclose(p);
+    *code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    if (len) *len = out.len;
+    return out.data ? out.data : cg_strdup("");
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
