@@ -255,10 +255,10 @@ static void metrics_setup(cg_gateway *g)
     const char *fb = "Requests with cacheable segments served without KV reuse, by reason: "
                      "no_worker (none registered or healthy), worker_error (assemble failed), "
                      "model (the request names another model than the workers serve).";
-    g->m_fallback_no_worker = cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb,
-                                                 "reason=\"no_worker\"");
-    g->m_fallback_worker_error = cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb,
-                                                    "reason=\"worker_error\"");
+    g->m_fallback_no_worker =
+        cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb, "reason=\"no_worker\"");
+    g->m_fallback_worker_error =
+        cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb, "reason=\"worker_error\"");
     g->m_fallback_model =
         cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb, "reason=\"model\"");
     g->m_busy = cg_metrics_counter(
@@ -272,8 +272,8 @@ static void metrics_setup(cg_gateway *g)
         "backend failed).",
         NULL);
     g->m_assemble = cg_metrics_histogram(m, "chunkgate_assemble_seconds",
-                                         "Time from routing to the worker's assemble answer.",
-                                         NULL, cg_metrics_latency_buckets, cg_metrics_latency_n);
+                                         "Time from routing to the worker's assemble answer.", NULL,
+                                         cg_metrics_latency_buckets, cg_metrics_latency_n);
     g->m_disconnects =
         cg_metrics_counter(m, "chunkgate_client_disconnects_total",
                            "Streams whose client left early (upstream cancelled).", NULL);
@@ -331,8 +331,8 @@ static void forget_old_workers(cg_gateway *g)
         {
             registered |= json_integer_value(json_object_get(w, "id")) == ws[i].id;
         }
-        if (registered || !strncmp(ws[i].url, CG_INDEX_TIER_ROW_PREFIX,
-                                   strlen(CG_INDEX_TIER_ROW_PREFIX)))
+        if (registered ||
+            !strncmp(ws[i].url, CG_INDEX_TIER_ROW_PREFIX, strlen(CG_INDEX_TIER_ROW_PREFIX)))
             continue;
         cg_log(CG_LOG_INFO, "forgetting worker %s from an earlier run (not in --worker)",
                ws[i].url);
@@ -352,13 +352,13 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     pthread_mutex_init(&g->ready_mu, NULL);
     pthread_mutex_init(&g->done_mu, NULL);
     g->default_mode = (cg_mode)cfg->chunk_mode;
-    g->cc_passthrough = json_pack("{s:[], s:s, s:n, s:b, s:b, s:i, s:n, s:n, s:n}", "segments",
-                                  "mode", cg_mode_name(g->default_mode), "worker", "fallback", 0,
-                                  "passthrough", 1, "empty_segments", 0, "routing",
-                                  "fallback_reason", "recomputed_tokens");
+    g->cc_passthrough =
+        json_pack("{s:[], s:s, s:n, s:b, s:b, s:i, s:n, s:n, s:n}", "segments", "mode",
+                  cg_mode_name(g->default_mode), "worker", "fallback", 0, "passthrough", 1,
+                  "empty_segments", 0, "routing", "fallback_reason", "recomputed_tokens");
     g->metrics = cg_metrics_new();
     metrics_setup(g);
-    g->recent = cg_status_ring_new();
+    g->recent = cg_recent_ring_new();
 
     cg_key_hash kh = (cg_key_hash)cfg->key_hash;
     cg_key_set_hash(kh);
@@ -476,7 +476,7 @@ void cg_gateway_close(cg_gateway **gp)
         cg_index_close(&g->index);
     }
     cg_metrics_free(&g->metrics);
-    cg_status_ring_free(&g->recent);
+    cg_recent_ring_free(&g->recent);
     pthread_mutex_destroy(&g->ready_mu);
     pthread_mutex_destroy(&g->done_mu);
     json_decref(g->cc_passthrough);

@@ -44,7 +44,7 @@ struct cg_gateway {
     cg_status ready_st;
     char ready_msg[256];
 
-    struct cg_status_ring *recent; /* the status page's recent requests (status.c) */
+    struct cg_recent_ring *recent; /* the status page's recent requests (status.c) */
     json_t *cc_passthrough;        /* template of a pass-through's chunk_cache (fastpath.c) */
 
     /* The request counter and duration histogram of the last (route, status) pairs seen
@@ -60,7 +60,6 @@ struct cg_gateway {
 /* ---- helpers every module uses (gwstate.c) ---- */
 /* The tenant id of the API key the request presented, or NULL (borrowed from g). */
 const char *cg_gw_tenant(cg_gateway *g, cg_http_req *req);
-
 
 /* Replies with an error from a (status, param, message) triple; message may be "". */
 void cg_gw_reply_error(cg_http_req *req, cg_status st, const char *param, const char *msg);

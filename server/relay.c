@@ -21,7 +21,7 @@ typedef enum { RELAY_INFER, RELAY_MODELS } relay_kind;
 
 typedef struct relay {
     cg_gateway *g;
-    int strip_usage; /* drop usage from streamed events (counted, not asked for) */
+    int strip_usage;       /* drop usage from streamed events (counted, not asked for) */
     json_t *pending_usage; /* usage that rode on a choice chunk: sent last, in its own chunk */
     relay_kind kind;
     cg_http_req *req; /* NULL once replied */
@@ -204,8 +204,8 @@ static void on_event(void *arg, const cg_sse_event *ev)
         if (json_object_get(obj, "usage")) fix_usage(r->g, obj, r->cached_tokens, r->count_usage);
         json_t *usage = json_object_get(obj, "usage");
         json_t *choices = json_object_get(obj, "choices");
-        int usage_only = json_is_array(choices) && json_array_size(choices) == 0 &&
-                         json_is_object(usage);
+        int usage_only =
+            json_is_array(choices) && json_array_size(choices) == 0 && json_is_object(usage);
         if (usage_only && r->pending_usage) json_decref(r->pending_usage), r->pending_usage = NULL;
         if (json_is_object(usage) && !usage_only) {
             /* Usage riding on a choice chunk: OpenAI sends it in a final chunk of its own with
@@ -392,13 +392,13 @@ static void finish_target(relay *r, cg_status st, const char *detail)
 static void record_status(relay *r, cg_status st)
 {
     int status = r->is_sse || st == CG_OK ? (int)r->status : st == CG_E_TIMEOUT ? 504 : 502;
-    cg_status_rec rec = {.route = r->route,
+    cg_recent_rec rec = {.route = r->route,
                          .model = r->model[0] ? r->model : NULL,
                          .status = status ? status : 502,
                          .cached_tokens = r->cached_tokens,
                          .ttft_ms = r->ttft_done ? (double)r->ttft_ns / 1e6 : -1,
                          .chunk_cache = r->chunk_cache};
-    cg_status_ring_add(r->g->recent, &rec);
+    cg_recent_ring_add(r->g->recent, &rec);
 }
 
 static void on_done(void *arg, cg_status st, long http, const char *detail)

@@ -28,7 +28,7 @@ typedef struct entry {
     int used;
 } entry;
 
-struct cg_status_ring {
+struct cg_recent_ring {
     pthread_mutex_t mu;
     entry slot[CG_STATUS_RECENT];
     size_t next; /* slot the next request goes to */
@@ -36,17 +36,17 @@ struct cg_status_ring {
     uint64_t started_ms; /* wall clock at creation */
 };
 
-cg_status_ring *cg_status_ring_new(void)
+cg_recent_ring *cg_recent_ring_new(void)
 {
-    cg_status_ring *r = cg_calloc(1, sizeof *r);
+    cg_recent_ring *r = cg_calloc(1, sizeof *r);
     pthread_mutex_init(&r->mu, NULL);
     r->started_ms = cg_wall_ms();
     return r;
 }
 
-void cg_status_ring_free(cg_status_ring **rp)
+void cg_recent_ring_free(cg_recent_ring **rp)
 {
-    cg_status_ring *r = *rp;
+    cg_recent_ring *r = *rp;
     if (!r) return;
     *rp = NULL;
     for (size_t i = 0; i < CG_STATUS_RECENT; i++)
@@ -74,30 +74,27 @@ static json_t *entry_json(const entry *rec)
         hits += hit;
         if (n++ >= SEGS_KEPT) continue;
         json_t *tok = json_object_get(s, "tokens");
-        json_array_append_new(
-            segs, json_pack("{s:s?, s:s?, s:b, s:O?, s:s?}", "key", str_of(s, "key"), "role",
-                            str_of(s, "role"), "hit", hit, "tokens",
-                            json_is_integer(tok) ? tok : NULL, "tier", str_of(s, "tier")));
+        json_array_append_new(segs, json_pack("{s:s?, s:s?, s:b, s:O?, s:s?}", "key",
+                                              str_of(s, "key"), "role", str_of(s, "role"), "hit",
+                                              hit, "tokens", json_is_integer(tok) ? tok : NULL,
+                                              "tier", str_of(s, "tier")));
     }
-    json_t *e = json_pack("{s:I, s:s, s:s?, s:i, s:o, s:I, s:I, s:o}", "time_ms",
-                          (json_int_t)rec->time_ms, "route", rec->route ? rec->route : "",
-                          "model", rec->has_model ? rec->model : NULL, "status", rec->status,
-                          "segments", segs,
-                          "segments_total", (json_int_t)n, "hits", (json_int_t)hits, "ttft_ms",
-                          rec->ttft_ms >= 0 ? json_real(round(rec->ttft_ms * 10) / 10)
-                                            : json_null());
-    json_object_set_new(e, "cached_tokens", rec->cached_tokens >= 0
-                                                ? json_integer(rec->cached_tokens)
-                                                : json_null());
+    json_t *e = json_pack(
+        "{s:I, s:s, s:s?, s:i, s:o, s:I, s:I, s:o}", "time_ms", (json_int_t)rec->time_ms, "route",
+        rec->route ? rec->route : "", "model", rec->has_model ? rec->model : NULL, "status",
+        rec->status, "segments", segs, "segments_total", (json_int_t)n, "hits", (json_int_t)hits,
+        "ttft_ms", rec->ttft_ms >= 0 ? json_real(round(rec->ttft_ms * 10) / 10) : json_null());
+    json_object_set_new(e, "cached_tokens",
+                        rec->cached_tokens >= 0 ? json_integer(rec->cached_tokens) : json_null());
     /* worker is a URL on the main path, null for a fallback (chunk_cache says so). */
     json_object_set_new(e, "worker",
                         str_of(cc, "worker") ? json_string(str_of(cc, "worker")) : json_null());
     json_object_set_new(e, "fallback", json_boolean(json_is_true(json_object_get(cc, "fallback"))));
     json_object_set_new(e, "passthrough",
                         json_boolean(json_is_true(json_object_get(cc, "passthrough"))));
-    json_object_set_new(e, "fallback_reason", str_of(cc, "fallback_reason")
-                                                  ? json_string(str_of(cc, "fallback_reason"))
-                                                  : json_null());
+    json_object_set_new(e, "fallback_reason",
+                        str_of(cc, "fallback_reason") ? json_string(str_of(cc, "fallback_reason"))
+                                                      : json_null());
     json_object_set_new(e, "routing",
                         str_of(cc, "routing") ? json_string(str_of(cc, "routing")) : json_null());
     json_t *rt = json_object_get(cc, "recomputed_tokens"), *q = json_object_get(cc, "quality");
@@ -111,7 +108,7 @@ static json_t *entry_json(const entry *rec)
     return e;
 }
 
-void cg_status_ring_add(cg_status_ring *r, const cg_status_rec *rec)
+void cg_recent_ring_add(cg_recent_ring *r, const cg_recent_rec *rec)
 {
     if (!r) return;
     entry e = {.time_ms = cg_wall_ms(),
@@ -134,7 +131,7 @@ void cg_status_ring_add(cg_status_ring *r, const cg_status_rec *rec)
     json_decref(old);
 }
 
-void cg_status_ring_totals(cg_status_ring *r, uint64_t *requests, uint64_t *errors)
+void cg_recent_ring_totals(cg_recent_ring *r, uint64_t *requests, uint64_t *errors)
 {
     pthread_mutex_lock(&r->mu);
     *requests = r->requests;
@@ -142,7 +139,7 @@ void cg_status_ring_totals(cg_status_ring *r, uint64_t *requests, uint64_t *erro
     pthread_mutex_unlock(&r->mu);
 }
 
-json_t *cg_status_ring_json(cg_status_ring *r)
+json_t *cg_recent_ring_json(cg_recent_ring *r)
 {
     json_t *out = json_array();
     pthread_mutex_lock(&r->mu);
@@ -228,20 +225,19 @@ void cg_gw_status_stats(cg_http_req *req, void *app)
 {
     cg_gateway *g = app;
     uint64_t requests = 0, errors = 0;
-    cg_status_ring_totals(g->recent, &requests, &errors);
+    cg_recent_ring_totals(g->recent, &requests, &errors);
     double hits = cg_metric_value(g->m_hits), misses = cg_metric_value(g->m_misses);
     double reused = cg_metric_value(g->m_reused), computed = cg_metric_value(g->m_computed);
     json_t *index = json_null();
     cg_index_stats is;
     if (cg_index_stats_get(g->index, &is) == CG_OK)
         index = json_pack("{s:I, s:I, s:I, s:I}", "chunks", (json_int_t)is.chunks, "placements",
-                          (json_int_t)is.placements, "bytes", (json_int_t)is.bytes,
-                          "queue_depth", (json_int_t)is.queue_depth);
+                          (json_int_t)is.placements, "bytes", (json_int_t)is.bytes, "queue_depth",
+                          (json_int_t)is.queue_depth);
     json_t *wl = cg_workers_list_json(g->workers);
-    json_t *workers = json_pack("{s:I, s:I, s:O}", "registered",
-                                (json_int_t)cg_workers_count(g->workers), "healthy",
-                                (json_int_t)cg_workers_healthy(g->workers), "data",
-                                json_object_get(wl, "data"));
+    json_t *workers = json_pack(
+        "{s:I, s:I, s:O}", "registered", (json_int_t)cg_workers_count(g->workers), "healthy",
+        (json_int_t)cg_workers_healthy(g->workers), "data", json_object_get(wl, "data"));
     json_t *quality = quality_json(json_object_get(wl, "data"));
     json_decref(wl);
     uint64_t now = cg_wall_ms();
@@ -256,7 +252,7 @@ void cg_gw_status_stats(cg_http_req *req, void *app)
         pct(reused, reused + computed), "fallbacks", "total",
         (json_int_t)cg_metric_value(g->m_fallbacks), "passthrough",
         (json_int_t)cg_metric_value(g->m_passthrough), "index", index, "workers", workers,
-        "quality", quality, "recent", cg_status_ring_json(g->recent));
+        "quality", quality, "recent", cg_recent_ring_json(g->recent));
     cg_http_add_header(req, "Cache-Control", "no-store");
     cg_http_reply_json(req, 200, out);
 }
