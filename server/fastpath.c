@@ -5,7 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 #include "cache/split.h"
+#include "server/fields.h"
 #include "server/gwstate.h"
+#include "server/orchestrate.h"
 #include "server/relay.h"
 
 /* Largest body the fast path looks at: it runs on an HTTP thread, which must stay quick. */
@@ -245,12 +247,6 @@ static const cg_fast_member *find(const cg_fast_member *m, size_t n, const char 
     return NULL;
 }
 
-/* Fields whose presence sends the request the ordinary way: the gateway reads or refuses
- * them, or they change what is forwarded. */
-static const char *const SLOW_FIELDS[] = {
-    "chunk_separator", "chunk_mode",         "cache_salt",    "recompute_prefix_tokens",
-    "documents",       "kv_transfer_params", "stream_options"};
-
 int cg_gw_completions_fast(cg_http_req *req, void *app)
 {
     cg_gateway *g = app;
@@ -261,8 +257,12 @@ int cg_gw_completions_fast(cg_http_req *req, void *app)
     cg_fast_member m[FAST_MAX_MEMBERS];
     size_t n;
     if (!cg_gw_fast_scan(body, len, &lim, m, FAST_MAX_MEMBERS, &n)) return 0;
-    for (size_t i = 0; i < CG_ARRAY_LEN(SLOW_FIELDS); i++)
-        if (find(m, n, SLOW_FIELDS[i])) return 0;
+    /* The gateway's own fields (the field table's, which the gateway reads, checks or refuses,
+     * and never forwards to --backend) and stream_options (it changes what is forwarded) send
+     * the request the ordinary way. */
+    for (size_t i = 0; i < n; i++)
+        if (cg_gw_field_rulen(m[i].key, m[i].key_len, 0) == CG_FIELD_GATEWAY) return 0;
+    if (find(m, n, "stream_options")) return 0;
     /* model: a non-empty string */
     const cg_fast_member *f = find(m, n, "model");
     if (!f || f->type != 's' || f->val_len < 3) return 0;
@@ -302,21 +302,17 @@ int cg_gw_completions_fast(cg_http_req *req, void *app)
     } else {
         return 0;
     }
-    /* the separator, found as the splitter finds it: its first byte by memchr */
-    const char *sep = g->cfg->separator;
-    size_t sl = strlen(sep);
-    for (const char *q = pt, *e = pt + pl; (q = memchr(q, sep[0], (size_t)(e - q)));) {
-        if ((size_t)(e - q) >= sl && !memcmp(q, sep, sl)) return 0;
-        q++;
-    }
+    /* the separator anywhere in the prompt: the splitter would cut there */
+    if (memmem(pt, pl, g->cfg->separator, strlen(g->cfg->separator))) return 0;
 
     /* What the ordinary path does for a pass-through prompt, without building the request. */
     cg_metric_add(g->m_passthrough, 1);
     cg_metric_add(g->m_fast_path, 1);
-    /* A copy of its own: jansson reads a reference count without an atomic before changing
-     * it atomically, so one object handed to every request is a data race (ThreadSanitizer),
-     * and the relay may add a worker's figures to it. */
-    json_t *cc = json_deep_copy(g->cc_passthrough);
+    cg_gw_segments none; /* a pass-through: no segments, the gateway's default mode */
+    cg_gw_segments_init(&none);
+    none.mode = g->default_mode;
+    none.split.passthrough = 1;
+    json_t *cc = cg_gw_chunk_cache_plain(&none, NULL, NULL);
     cg_gw_target t = {.route = "completions",
                       .model = model,
                       .path = "/v1/completions",

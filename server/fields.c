@@ -80,12 +80,19 @@ static const struct {
     {"service_tier", C | H, CG_FIELD_IGNORED},
 };
 
-cg_field_rule cg_gw_field_rule(const char *name, int chat)
+cg_field_rule cg_gw_field_rulen(const char *name, size_t len, int chat)
 {
     unsigned where = chat ? H : C;
     for (size_t i = 0; i < CG_ARRAY_LEN(FIELDS); i++)
-        if ((FIELDS[i].where & where) && !strcmp(FIELDS[i].name, name)) return FIELDS[i].rule;
+        if ((FIELDS[i].where & where) && strlen(FIELDS[i].name) == len &&
+            !memcmp(FIELDS[i].name, name, len))
+            return FIELDS[i].rule;
     return CG_FIELD_UNKNOWN;
+}
+
+cg_field_rule cg_gw_field_rule(const char *name, int chat)
+{
+    return cg_gw_field_rulen(name, strlen(name), chat);
 }
 
 /* A value that asks for nothing: null, false, 0, "", [], {}. */
@@ -144,8 +151,7 @@ json_t *cg_gw_worker_chat_fields(json_t *src)
     return o;
 }
 
-json_t *cg_gw_chat_as_completion(json_t *body, const char *prompt, size_t prompt_len,
-                                 int to_worker)
+json_t *cg_gw_chat_as_completion(json_t *body, const char *prompt, size_t prompt_len, int to_worker)
 {
     json_t *o = cg_chat_as_completion(body, prompt, prompt_len);
     const char *k;

@@ -30,6 +30,8 @@ typedef enum {
 
 /* The rule for field name in a chat (chat = 1) or completions request. */
 cg_field_rule cg_gw_field_rule(const char *name, int chat);
+/* The same for a name of len bytes, not NUL-terminated (the fast path's keys). */
+cg_field_rule cg_gw_field_rulen(const char *name, size_t len, int chat);
 
 /* A chat answered through /v1/completions (any chat with separators or documents, and every
  * chat without --backend) cannot honour the CHAT_ONLY fields: CG_OK when body has none, or

@@ -352,10 +352,6 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     pthread_mutex_init(&g->ready_mu, NULL);
     pthread_mutex_init(&g->done_mu, NULL);
     g->default_mode = (cg_mode)cfg->chunk_mode;
-    g->cc_passthrough =
-        json_pack("{s:[], s:s, s:n, s:b, s:b, s:i, s:n, s:n, s:n}", "segments", "mode",
-                  cg_mode_name(g->default_mode), "worker", "fallback", 0, "passthrough", 1,
-                  "empty_segments", 0, "routing", "fallback_reason", "recomputed_tokens");
     g->metrics = cg_metrics_new();
     metrics_setup(g);
     g->recent = cg_recent_ring_new();
@@ -479,7 +475,6 @@ void cg_gateway_close(cg_gateway **gp)
     cg_recent_ring_free(&g->recent);
     pthread_mutex_destroy(&g->ready_mu);
     pthread_mutex_destroy(&g->done_mu);
-    json_decref(g->cc_passthrough);
     free(g->index_path);
     free(g->tenants);
     free(g);

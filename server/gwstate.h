@@ -45,7 +45,6 @@ struct cg_gateway {
     char ready_msg[256];
 
     struct cg_recent_ring *recent; /* the status page's recent requests (status.c) */
-    json_t *cc_passthrough;        /* template of a pass-through's chunk_cache (fastpath.c) */
 
     /* The request counter and duration histogram of the last (route, status) pairs seen
      * (gateway.c on_done): a registry lookup compares every series' name and labels. */

@@ -158,10 +158,8 @@ static json_t *seg_json(const cg_gw_segments *s, size_t k, json_t *tokens, int h
                      "tokens", tokens, "bytes", (json_int_t)seg->len, "hit", hit, "tier", tier);
 }
 
-/* chunk_cache of a request forwarded with the plain prompt. reason: why it fell back (NULL
- * for pass-through). */
-static json_t *chunk_cache_plain(const cg_gw_segments *s, const cg_index_entry *ent,
-                                 const char *reason)
+json_t *cg_gw_chunk_cache_plain(const cg_gw_segments *s, const cg_index_entry *ent,
+                                const char *reason)
 {
     json_t *segs = json_array();
     for (size_t k = 0; k < s->n_keys; k++) {
@@ -255,7 +253,7 @@ static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclu
         body = worker_plain_body(c, &t.strip_usage, &len);
         cg_http_req_drop_body(c->req);
     }
-    json_t *cc = chunk_cache_plain(&c->segs, c->ent, reason);
+    json_t *cc = cg_gw_chunk_cache_plain(&c->segs, c->ent, reason);
     cg_gw_relay_to(g, c->req, &t, body, len, c->stream, cc);
     call_free(c);
 }

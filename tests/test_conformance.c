@@ -315,6 +315,33 @@ START_TEST(pass_through_fast_and_ordinary_paths_agree)
 }
 END_TEST
 
+/* Every field only the gateway reads (the field table's) sends a pass-through the ordinary way:
+ * checked there (a bad value is a 400), and never forwarded to --backend. */
+START_TEST(gateway_fields_leave_the_fast_path)
+{
+    double fast0 = th_metric(gwb.port, "chunkgate_fast_path_total");
+    th_resp r;
+    th_http(&r, gwb.port, "POST", "/v1/completions",
+            "{\"model\":\"m\",\"prompt\":\"Hello there.\",\"recompute_ratio\":5}", NULL, NULL);
+    th_assert_error(&r, 400, "invalid_value", "recompute_ratio");
+    th_resp_free(&r);
+    json_t *ans;
+    json_t *b = json_pack("{s:s, s:s, s:b, s:f}", "model", "m", "prompt", "Hello there.",
+                          "quality_probe", 0, "recompute_ratio", 0.5);
+    ck_assert_int_eq(post(gwb.port, "/v1/completions", b, NULL, NULL, &ans), 200);
+    json_t *fields = json_object_get(json_object_get(ans, "fake"), "fields");
+    size_t k;
+    json_t *f;
+    json_array_foreach(fields, k, f)
+    {
+        ck_assert_str_ne(json_string_value(f), "quality_probe");
+        ck_assert_str_ne(json_string_value(f), "recompute_ratio");
+    }
+    json_decref(ans);
+    ck_assert_double_eq(th_metric(gwb.port, "chunkgate_fast_path_total"), fast0);
+}
+END_TEST
+
 /* A --backend that is a chunkgate worker answers with a chunk_cache of its own, which the
  * gateway merges into its own: on the fast path that one is shared by every pass-through
  * request, so the merge must not leak into the next answer. */
@@ -433,6 +460,6 @@ int main(void)
         TH_TESTS(message_without_content, stream_usage_only_when_asked_final_chunk,
                  chat_parameters_refused_by_name, unknown_fields_rule,
                  context_length_exceeded_on_every_path, pass_through_fast_and_ordinary_paths_agree,
-                 backend_chunk_cache_stays_with_its_request,
+                 backend_chunk_cache_stays_with_its_request, gateway_fields_leave_the_fast_path,
                  fallback_chunk_cache_agrees_with_cached_tokens));
 }
