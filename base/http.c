@@ -946,11 +946,7 @@ static void set_request_id(cg_http_req *r)
         memcpy(r->rid, in, n + 1);
         return;
     }
-    pthread_mutex_lock(&r->srv->mu);
-    unsigned long long seq = ++r->srv->rid_seq;
-    pthread_mutex_unlock(&r->srv->mu);
-    snprintf(r->rid, sizeof r->rid, "%08llx%08llx",
-             (unsigned long long)(cg_wall_ms() & 0xffffffffu), seq);
+    new_request_id(r->srv, r->rid, sizeof r->rid);
 }
 
 /* Decides who the request is (route flags in http.h) and whether it may go on. Every

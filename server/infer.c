@@ -133,16 +133,13 @@ void cg_gw_chat_completions(cg_http_req *req, void *app)
  * the least-loaded healthy worker unchanged and its answer comes back as it is. */
 static void to_worker(cg_http_req *req, cg_gateway *g, const char *path)
 {
-    size_t len = 0;
-    const char *raw = cg_http_req_body(req, &len);
     cg_worker *w = cg_workers_pick_any(g->workers, NULL);
     if (!w) {
         cg_gw_reply_error(req, CG_E_UNAVAILABLE, NULL, "no healthy worker to tokenize with");
         return;
     }
-    char *body = cg_malloc(len + 1), err[256];
-    memcpy(body, raw ? raw : "", len);
-    body[len] = '\0';
+    size_t len = 0;
+    char *body = cg_http_req_take_body(req, &len), err[256];
     long http = 0;
     json_t *ans = NULL;
     cg_status st = cg_wc_call_sync(g->client, cg_worker_url(w), "POST", path, body, len,
