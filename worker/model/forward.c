@@ -19,7 +19,7 @@
 #define FWD_BLOCK 1024u
 
 struct cg_fwd_scratch {
-    size_t rows, dim_cap, q_cap, kv_cap, hid_cap, half_cap, logit_cap;
+    size_t rows, logit_cap;
     float *x, *xb, *q, *att, *k, *v, *g, *u, *cos, *sin, *lg_in, *lg_out;
     int64_t *pos;
     cg_attn_span *spans;
@@ -38,8 +38,8 @@ void cg_fwd_scratch_free(cg_fwd_scratch **sp)
 {
     cg_fwd_scratch *s = *sp;
     if (!s) return;
-    float **bufs[] = {&s->x, &s->xb, &s->q, &s->att, &s->k, &s->v, &s->g,
-                      &s->u, &s->cos, &s->sin, &s->lg_in, &s->lg_out};
+    float **bufs[] = {&s->x, &s->xb, &s->q,   &s->att, &s->k,     &s->v,
+                      &s->g, &s->u,  &s->cos, &s->sin, &s->lg_in, &s->lg_out};
     for (size_t i = 0; i < CG_ARRAY_LEN(bufs); i++)
         cg_free(bufs[i]);
     free(s->pos);
@@ -83,23 +83,27 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, int dim, 
         const float *xr = x + (size_t)t * dim;
         float *o = out + (size_t)t * dim;
         double ss = 0;
-        for (int i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+        for (int i = 0; i < dim; i++)
+            ss += (double)xr[i] * xr[i];
         float r = (float)(1.0 / sqrt(ss / dim + eps));
-        for (int i = 0; i < dim; i++) o[i] = xr[i] * r * w[i];
+        for (int i = 0; i < dim; i++)
+            o[i] = xr[i] * r * w[i];
     }
 }
 
 static void add_into(float *x, const float *y, size_t n)
 {
 #pragma omp parallel for if (n >= PAR_ELEMS) schedule(static)
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i];
 }
 
 /* x[t] += b for each of n rows of width w. */
 static void add_bias(float *x, const float *b, size_t n, size_t w)
 {
     for (size_t t = 0; t < n; t++)
-        for (size_t i = 0; i < w; i++) x[t * w + i] += b[i];
+        for (size_t i = 0; i < w; i++)
+            x[t * w + i] += b[i];
 }
 
 /* SiLU gate times up: g = g * sigmoid(g) * u. libm's expf is a scalar call and was an eighth
@@ -151,7 +155,8 @@ static void swiglu_range(float *g, const float *u, size_t a, size_t b)
         _mm_storeu_ps(g + i, out);
     }
 #endif
-    for (; i < b; i++) g[i] = g[i] / (1.0f + exp_scalar(-g[i])) * u[i];
+    for (; i < b; i++)
+        g[i] = g[i] / (1.0f + exp_scalar(-g[i])) * u[i];
 }
 
 /* The split points of each thread are a function of the row count only, and swiglu is
@@ -238,8 +243,8 @@ static cg_status check_seq(const cg_model *m, const cg_fwd_seq *q)
         if (row_slot(q, i) >= cg_kv_cap(q->kv) || p < 0 || p >= c->max_pos) return CG_E_VALUE;
         if (q->tokens[i] < 0 || q->tokens[i] >= c->vocab_size) return CG_E_VALUE;
     }
-    if (q->row_lp && (!q->next || q->row_top_k < 0 || (q->row_top_k && (!q->row_top_ids ||
-                                                                       !q->row_top_lps))))
+    if (q->row_lp &&
+        (!q->next || q->row_top_k < 0 || (q->row_top_k && (!q->row_top_ids || !q->row_top_lps))))
         return CG_E_VALUE;
     if (q->stop_k && (!q->stop_v || q->stop_layer < 0 || q->stop_layer >= c->n_layers))
         return CG_E_VALUE;
@@ -292,15 +297,14 @@ static void attend(const cg_model *m, const block *b, int l, cg_fwd_scratch *s)
                 memcpy(vp + slot * hd, s->v + r * KVd + (size_t)h * hd, hd * sizeof(float));
             }
         }
-        cg_attn_kv akv = {cg_kv_k(q->kv, l, 0), cg_kv_v(q->kv, l, 0),
-                          (size_t)cg_kv_cap(q->kv) * hd, c->n_kv_heads, (int)hd};
+        cg_attn_kv akv = {cg_kv_k(q->kv, l, 0), cg_kv_v(q->kv, l, 0), (size_t)cg_kv_cap(q->kv) * hd,
+                          c->n_kv_heads, (int)hd};
         cg_attn_forward(&akv, c->n_heads, q->spans, q->n_spans, s->q + b->row0[i] * Q,
                         s->att + b->row0[i] * Q);
     }
 }
 
-static void run_layer(const cg_model *m, const block *b, int l, cg_fwd_kind kind,
-                      cg_fwd_scratch *s)
+static void run_layer(const cg_model *m, const block *b, int l, cg_fwd_kind kind, cg_fwd_scratch *s)
 {
     const cg_model_config *c = &m->cfg;
     const layer_w *L = &m->layers[l];
@@ -328,7 +332,8 @@ static void logits(const cg_model *m, const block *b, cg_fwd_scratch *s)
     const cg_model_config *c = &m->cfg;
     const size_t D = (size_t)c->dim, V = (size_t)c->vocab_size;
     size_t n = 0;
-    for (size_t i = 0; i < b->n_seqs; i++) n += b->seqs[i].logits != NULL;
+    for (size_t i = 0; i < b->n_seqs; i++)
+        n += b->seqs[i].logits != NULL;
     if (!n) return;
     if (n > s->logit_cap) {
         s->lg_in = cg_realloc(s->lg_in, n * D * sizeof(float));
@@ -350,8 +355,7 @@ static void logits(const cg_model *m, const block *b, cg_fwd_scratch *s)
     cg_matmul_decode(&m->lm_head, s->lg_in, (int)n, s->lg_out);
     k = 0;
     for (size_t i = 0; i < b->n_seqs; i++)
-        if (b->seqs[i].logits)
-            memcpy(b->seqs[i].logits, s->lg_out + (k++) * V, V * sizeof(float));
+        if (b->seqs[i].logits) memcpy(b->seqs[i].logits, s->lg_out + (k++) * V, V * sizeof(float));
 }
 
 /* The log-softmax of a logits row at tok, its top k entries (best first) into ids/lps. */
@@ -360,14 +364,16 @@ static float row_logprobs(const float *lg, int vocab, int32_t tok, int k, int32_
     double mx = -INFINITY, sum = 0;
     for (int i = 0; i < vocab; i++)
         if (lg[i] > mx) mx = lg[i];
-    for (int i = 0; i < vocab; i++) sum += exp((double)lg[i] - mx);
+    for (int i = 0; i < vocab; i++)
+        sum += exp((double)lg[i] - mx);
     double lse = mx + log(sum);
     for (int j = 0; j < k; j++) {
         int best = -1;
         for (int i = 0; i < vocab; i++) {
             if (best >= 0 && !(lg[i] > lg[best])) continue;
             int taken = 0;
-            for (int t = 0; t < j && !taken; t++) taken = ids[t] == i;
+            for (int t = 0; t < j && !taken; t++)
+                taken = ids[t] == i;
             if (!taken) best = i;
         }
         ids[j] = best;
@@ -395,8 +401,8 @@ static void prompt_logprobs(const cg_model *m, const cg_fwd_seq *q, size_t row0,
         cg_matmul_decode(&m->lm_head, s->lg_in, n, s->lg_out);
         for (int i = 0; i < n; i++) {
             size_t t = t0 + (size_t)i, k = (size_t)q->row_top_k;
-            q->row_lp[t] = row_logprobs(s->lg_out + (size_t)i * V, (int)V, q->next[t],
-                                        q->row_top_k, q->row_top_ids + t * k, q->row_top_lps + t * k);
+            q->row_lp[t] = row_logprobs(s->lg_out + (size_t)i * V, (int)V, q->next[t], q->row_top_k,
+                                        q->row_top_ids + t * k, q->row_top_lps + t * k);
         }
     }
 }
@@ -462,7 +468,7 @@ static int run_block(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs, c
                      cg_fwd_scratch *s)
 {
     const cg_model_config *c = &m->cfg;
-    const size_t D = (size_t)c->dim, half = (size_t)c->head_dim / 2;
+    const size_t D = (size_t)c->dim;
     size_t *row0 = cg_malloc(n_seqs * sizeof *row0), rows = 0;
     for (size_t i = 0; i < n_seqs; i++) {
         row0[i] = rows;
@@ -477,7 +483,6 @@ static int run_block(const cg_model *m, const cg_fwd_seq *seqs, size_t n_seqs, c
     /* one cos/sin table per row for all layers */
     const cg_rope rope = cg_model_rope(m);
     cg_rope_angles(&rope, s->pos, rows, s->cos, s->sin);
-    (void)half;
     block b = {seqs, n_seqs, row0, rows};
     const int stop = seqs[0].stop_k != NULL; /* then n_seqs == 1 */
     const int n_layers = stop ? seqs[0].stop_layer : c->n_layers;
@@ -508,10 +513,14 @@ cg_fwd_seq cg_fwd_seq_slice(const cg_fwd_seq *q, uint32_t r0, uint32_t n, cg_att
     sub.tokens = q->tokens + r0;
     sub.n = n;
     sub.row_off = q->row_off + r0;
-    if (q->slots) sub.slots = q->slots + r0;
-    else sub.slot0 = q->slot0 + r0;
-    if (q->pos) sub.pos = q->pos + r0;
-    else sub.pos0 = q->pos0 + r0;
+    if (q->slots)
+        sub.slots = q->slots + r0;
+    else
+        sub.slot0 = q->slot0 + r0;
+    if (q->pos)
+        sub.pos = q->pos + r0;
+    else
+        sub.pos0 = q->pos0 + r0;
     if (r0 + n < q->n) sub.logits = NULL;
     if (q->row_lp) {
         size_t k = (size_t)q->row_top_k;
@@ -570,10 +579,16 @@ cg_status cg_model_forward_batch(const cg_model *m, const cg_fwd_seq *seqs, size
 }
 
 cg_status cg_model_forward(const cg_model *m, cg_kv *kv, const int32_t *tokens, uint32_t n,
-                           uint32_t slot0, int64_t pos0, const cg_attn_span *spans,
-                           size_t n_spans, float *logits_last)
+                           uint32_t slot0, int64_t pos0, const cg_attn_span *spans, size_t n_spans,
+                           float *logits_last)
 {
-    cg_fwd_seq q = {.kv = kv, .tokens = tokens, .n = n, .slot0 = slot0, .pos0 = pos0,
-                    .spans = spans, .n_spans = n_spans, .logits = logits_last};
+    cg_fwd_seq q = {.kv = kv,
+                    .tokens = tokens,
+                    .n = n,
+                    .slot0 = slot0,
+                    .pos0 = pos0,
+                    .spans = spans,
+                    .n_spans = n_spans,
+                    .logits = logits_last};
     return cg_model_forward_batch(m, &q, 1, CG_FWD_PREFILL, NULL);
 }

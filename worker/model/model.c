@@ -13,7 +13,6 @@
 
 #include "base/base.h"
 
-#define INDEX_MAX_BYTES (64u << 20)
 #define MAX_SHARDS 4096
 
 /* ---- the files: model.safetensors, or the shards an index names ---- */
@@ -25,13 +24,14 @@ static int file_exists(const char *path)
 }
 
 /* Opens one safetensors file and keeps it (mapped) in the model. */
-static cg_status open_file(cg_model *m, const char *dir, const char *name, char *err,
-                           size_t errlen)
+static cg_status open_file(cg_model *m, const char *dir, const char *name, char *err, size_t errlen)
 {
     char path[4096];
     if (strchr(name, '/') || !strcmp(name, "..")) {
-        cg_seterr(err, errlen, "model.safetensors.index.json: shard name '%.200s' is not a file "
-                               "name in the model directory", name);
+        cg_seterr(err, errlen,
+                  "model.safetensors.index.json: shard name '%.200s' is not a file "
+                  "name in the model directory",
+                  name);
         return CG_E_VALUE;
     }
     for (size_t i = 0; i < m->n_files; i++)
@@ -66,8 +66,9 @@ static cg_status open_shards(cg_model *m, const char *dir, char *err, size_t err
     cg_status st = CG_OK;
     json_t *map = json_object_get(root, "weight_map");
     if (!json_is_object(map) || json_object_size(map) == 0) {
-        cg_seterr(err, errlen, "model.safetensors.index.json: 'weight_map' must be a non-empty "
-                               "object of tensor name -> file");
+        cg_seterr(err, errlen,
+                  "model.safetensors.index.json: 'weight_map' must be a non-empty "
+                  "object of tensor name -> file");
         st = CG_E_TYPE;
     }
     const char *name;
@@ -76,8 +77,10 @@ static cg_status open_shards(cg_model *m, const char *dir, char *err, size_t err
     {
         if (st != CG_OK) break;
         if (!json_is_string(file)) {
-            cg_seterr(err, errlen, "model.safetensors.index.json: weight_map['%.100s'] must be "
-                                   "a file name", name);
+            cg_seterr(err, errlen,
+                      "model.safetensors.index.json: weight_map['%.100s'] must be "
+                      "a file name",
+                      name);
             st = CG_E_TYPE;
             break;
         }
@@ -110,14 +113,12 @@ static const cg_st_tensor *find_tensor(const cg_model *m, const char *name, size
 
 /* ---- the tensors of the architecture ---- */
 
-typedef enum { AS_MATRIX, AS_VECTOR } wkind;
-
 /* One tensor the architecture needs: where it goes and its shape (d1 == 0: a vector). */
 typedef struct wspec {
     char name[96];
     int64_t d0, d1;
-    cg_weight *mat; /* AS_MATRIX */
-    float **vec;    /* AS_VECTOR: copied to f32 */
+    cg_weight *mat; /* a matrix, kept in its dtype */
+    float **vec;    /* a vector: copied to f32 */
 } wspec;
 
 typedef struct wlist {
@@ -268,19 +269,24 @@ static cg_status place_tensors(cg_model *m, const wlist *l, char *err, size_t er
         int misaligned = t->dtype == CG_ST_F32 && ((uintptr_t)t->data & 3u);
         if (w->vec || misaligned) {
             if (cg_st_to_f32(t, p) != CG_OK) abort(); /* dtypes were checked */
-            if (w->vec) *w->vec = p;
+            if (w->vec)
+                *w->vec = p;
             else
                 *w->mat = (cg_weight){
                     .data = p, .dtype = CG_DTYPE_F32, .rows = (int)w->d0, .cols = (int)w->d1};
             p += (t->numel + 15) & ~(size_t)15;
         } else {
-            *w->mat = (cg_weight){.data = t->data, .dtype = dtype_of(t->dtype), .rows = (int)w->d0,
+            *w->mat = (cg_weight){.data = t->data,
+                                  .dtype = dtype_of(t->dtype),
+                                  .rows = (int)w->d0,
                                   .cols = (int)w->d1};
         }
     }
     const cg_st_tensor *q = ts[0]; /* the embedding: the checkpoint's dtype */
     snprintf(m->cfg.dtype, sizeof m->cfg.dtype, "%s",
-             q->dtype == CG_ST_F32 ? "f32" : q->dtype == CG_ST_F16 ? "f16" : "bf16");
+             q->dtype == CG_ST_F32   ? "f32"
+             : q->dtype == CG_ST_F16 ? "f16"
+                                     : "bf16");
     free(ts);
     return CG_OK;
 }

@@ -23,7 +23,7 @@ struct cg_dseq_sync {
     uint32_t generated;
     int32_t last; /* the last token sampled: the next decode row */
     uint64_t join_ns;
-    pthread_cond_t cv; /* the owner waits here */
+    pthread_cond_t cv;         /* the owner waits here */
     struct cg_dseq *next_wait; /* the join queue */
 };
 
@@ -82,7 +82,8 @@ static double record_of(const float *logits, int vocab, int top_k, cg_tok_rec *r
     double mx = -INFINITY, sum = 0;
     for (int i = 0; i < vocab; i++)
         if (logits[i] > mx) mx = logits[i];
-    for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
+    for (int i = 0; i < vocab; i++)
+        sum += exp((double)logits[i] - mx);
     double lse = mx + log(sum);
     r->n_top = 0;
     for (int k = 0; k < top_k && k < vocab; k++) {
@@ -90,7 +91,8 @@ static double record_of(const float *logits, int vocab, int top_k, cg_tok_rec *r
         for (int i = 0; i < vocab; i++) {
             if (best >= 0 && !(logits[i] > logits[best])) continue;
             int taken = 0;
-            for (int t = 0; t < r->n_top && !taken; t++) taken = r->top_ids[t] == i;
+            for (int t = 0; t < r->n_top && !taken; t++)
+                taken = r->top_ids[t] == i;
             if (!taken) best = i;
         }
         r->top_ids[r->n_top] = best;
@@ -115,7 +117,10 @@ static int sample_one(cg_sched *s, cg_dseq *d)
     if (capture)
         memcpy(d->cap_logits + (size_t)d->cap_n * (size_t)c->vocab_size, d->logits,
                (size_t)c->vocab_size * sizeof(float));
-    int32_t tok = cg_sample_keep(&d->sampler, d->logits, c->vocab_size, &raw);
+    /* the chosen token's raw logit is needed only for its logprob (sampling rewrites the
+     * logits, so keeping it costs a copy of the vocabulary per token) */
+    int32_t tok = d->top_k >= 0 ? cg_sample_keep(&d->sampler, d->logits, c->vocab_size, &raw)
+                                : cg_sample(&d->sampler, d->logits, c->vocab_size);
     if (capture) d->cap_tokens[d->cap_n++] = tok;
     r.token = tok;
     r.logprob = d->top_k >= 0 ? (float)((double)raw - lse) : 0.0f;
@@ -156,7 +161,8 @@ static void drop_ended(cg_sched *s)
     uint32_t k = 0;
     for (uint32_t i = 0; i < s->n_run; i++) {
         cg_dseq *d = s->run[i];
-        if (d->sync->cancel && d->sync->state == CG_DSEQ_RUNNING) d->sync->state = CG_DSEQ_CANCELLED;
+        if (d->sync->cancel && d->sync->state == CG_DSEQ_RUNNING)
+            d->sync->state = CG_DSEQ_CANCELLED;
         if (d->sync->state == CG_DSEQ_RUNNING) {
             s->run[k++] = d;
             continue;
@@ -193,8 +199,13 @@ static void decode_step(cg_sched *s)
         uint32_t pos = d->pos;
         if (pos >= cg_kv_cap(d->kv)) d->kv = d->grow(d->grow_ud, d->kv, pos, pos + 1);
         s->dspans[i] = (cg_attn_span){pos, 1, 0, 0};
-        s->fseqs[i] = (cg_fwd_seq){.kv = d->kv, .tokens = &s->toks[i], .n = 1, .slot0 = pos,
-                                   .pos0 = pos, .spans = &s->dspans[i], .n_spans = 1,
+        s->fseqs[i] = (cg_fwd_seq){.kv = d->kv,
+                                   .tokens = &s->toks[i],
+                                   .n = 1,
+                                   .slot0 = pos,
+                                   .pos0 = pos,
+                                   .spans = &s->dspans[i],
+                                   .n_spans = 1,
                                    .logits = d->logits};
     }
     cg_status st = cg_model_forward_batch(s->m, s->fseqs, n, CG_FWD_DECODE, s->scratch);
@@ -410,7 +421,8 @@ static cg_status submit(cg_sched *s, const cg_fwd_seq *q, uint64_t *queued_ns, i
         __atomic_store_n(&s->interrupt, 1, __ATOMIC_RELEASE);
     }
     pthread_cond_signal(&s->work_cv);
-    while (!j.finished) pthread_cond_wait(&j.cv, &s->mu);
+    while (!j.finished)
+        pthread_cond_wait(&j.cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
     pthread_cond_destroy(&j.cv);
     uint64_t waited = j.start_ns > j.enq_ns ? j.start_ns - j.enq_ns : 0;
@@ -461,7 +473,8 @@ int cg_sched_next(cg_sched *s, cg_dseq *d, cg_tok_rec *rec, cg_dseq_state *state
 {
     struct cg_dseq_sync *y = d->sync;
     pthread_mutex_lock(&s->mu);
-    while (!y->count && !y->left) pthread_cond_wait(&y->cv, &s->mu);
+    while (!y->count && !y->left)
+        pthread_cond_wait(&y->cv, &s->mu);
     int got = 0;
     if (y->count) {
         *rec = y->ring[y->head];
@@ -507,7 +520,8 @@ void cg_sched_leave(cg_sched *s, cg_dseq *d)
     y->cancel = 1;
     if (!y->joined) unlink_waiting(s, d);
     pthread_cond_signal(&s->work_cv);
-    while (!y->left) pthread_cond_wait(&y->cv, &s->mu);
+    while (!y->left)
+        pthread_cond_wait(&y->cv, &s->mu);
     pthread_mutex_unlock(&s->mu);
     pthread_cond_destroy(&y->cv);
     cg_free(&d->sync);
