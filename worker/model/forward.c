@@ -361,24 +361,7 @@ static void logits(const cg_model *m, const block *b, cg_fwd_scratch *s)
 /* The log-softmax of a logits row at tok, its top k entries (best first) into ids/lps. */
 static float row_logprobs(const float *lg, int vocab, int32_t tok, int k, int32_t *ids, float *lps)
 {
-    double mx = -INFINITY, sum = 0;
-    for (int i = 0; i < vocab; i++)
-        if (lg[i] > mx) mx = lg[i];
-    for (int i = 0; i < vocab; i++)
-        sum += exp((double)lg[i] - mx);
-    double lse = mx + log(sum);
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int i = 0; i < vocab; i++) {
-            if (best >= 0 && !(lg[i] > lg[best])) continue;
-            int taken = 0;
-            for (int t = 0; t < j && !taken; t++)
-                taken = ids[t] == i;
-            if (!taken) best = i;
-        }
-        ids[j] = best;
-        lps[j] = (float)((double)lg[best] - lse);
-    }
+    double lse = cg_logprobs_top(lg, vocab, k, ids, lps);
     return tok >= 0 && tok < vocab ? (float)((double)lg[tok] - lse) : NAN;
 }
 

@@ -39,27 +39,27 @@ size_t cg_model_weight_bytes(const cg_model *m);
 
 #define CG_GEN_MAX_EOS 4
 typedef struct cg_model_gen_params {
-    uint64_t seed;        /* default 1 */
-    int n_layers;         /* default 4 */
-    int dim;              /* default 256 */
-    int n_heads;          /* default 8 */
-    int n_kv_heads;       /* default 4 */
-    int hidden_dim;       /* default 768 */
-    int max_pos;          /* default 32768; with yarn, the pre-yarn context */
+    uint64_t seed;            /* default 1 */
+    int n_layers;             /* default 4 */
+    int dim;                  /* default 256 */
+    int n_heads;              /* default 8 */
+    int n_kv_heads;           /* default 4 */
+    int hidden_dim;           /* default 768 */
+    int max_pos;              /* default 32768; with yarn, the pre-yarn context */
     cg_rope_style rope_style; /* default CG_ROPE_HALF; real architectures accept only half */
-    const char *dtype;    /* "f32" (default), "f16" or "bf16" */
-    const char *model_id; /* default "chunkgate-tiny" */
+    const char *dtype;        /* "f32" (default), "f16" or "bf16" */
+    const char *model_id;     /* default "chunkgate-tiny" */
     /* Real architectures. vocab_size 0 is the tiny byte-level model (258 tokens, BOS 256,
      * EOS 257), whose bytes never change; the fields below then only add rope_scaling,
      * shards and a tokenizer. Otherwise the model is an HF checkpoint of `arch` with random
      * weights, every one exactly representable in both bf16 and f16 (0 or a bf16 value with
      * an exponent in f16's normal range), whatever the storage dtype. */
-    const char *arch;     /* "LlamaForCausalLM", "Qwen2ForCausalLM" or "Qwen3ForCausalLM" */
-    int vocab_size;       /* 0: tiny */
-    int head_dim;         /* 0: dim / n_heads, key omitted; else written as "head_dim" */
-    int tie_embeddings;   /* no lm_head.weight in the file */
-    double rope_theta;    /* 0: key omitted (HF default 10000, as in Llama 2 configs) */
-    double norm_eps;      /* rms_norm_eps (tiny: 1e-5) */
+    const char *arch;   /* "LlamaForCausalLM", "Qwen2ForCausalLM" or "Qwen3ForCausalLM" */
+    int vocab_size;     /* 0: tiny */
+    int head_dim;       /* 0: dim / n_heads, key omitted; else written as "head_dim" */
+    int tie_embeddings; /* no lm_head.weight in the file */
+    double rope_theta;  /* 0: key omitted (HF default 10000, as in Llama 2 configs) */
+    double norm_eps;    /* rms_norm_eps (tiny: 1e-5) */
     /* NULL, "" or "none": rope_scaling null; "linear:F", "yarn:F", "llama3" (factor 8) or
      * "llama3:F", and "dynamic:F" (written so that loaders can be tested refusing it). */
     const char *rope_scaling;
@@ -68,8 +68,8 @@ typedef struct cg_model_gen_params {
     int n_eos;
     const char *tokenizer_dir; /* NULL/"": none; else tokenizer.json and tokenizer_config.json
                                 * are copied after checking them against vocab_size, BOS, EOS */
-    int shards;           /* <= 1: model.safetensors; N: model-0000k-of-0000N.safetensors +
-                           * model.safetensors.index.json */
+    int shards;                /* <= 1: model.safetensors; N: model-0000k-of-0000N.safetensors +
+                                * model.safetensors.index.json */
 } cg_model_gen_params;
 /* The "tiny" preset. */
 cg_model_gen_params cg_model_gen_default_params(void);
@@ -83,7 +83,8 @@ const char *const *cg_model_gen_preset_names(void);
 /* Writes a deterministic model (config.json + model.safetensors or shards + index, and the
  * tokenizer files when asked) into dir (created if missing; weight files of the other layout
  * left by an earlier run are removed). Same params -> same bytes. */
-cg_status cg_model_generate(const char *dir, cg_model_gen_params p, char *err, size_t errlen) CG_WUR;
+cg_status cg_model_generate(const char *dir, cg_model_gen_params p, char *err,
+                            size_t errlen) CG_WUR;
 
 /* ---- tokens ---- */
 
@@ -182,8 +183,8 @@ cg_fwd_seq cg_fwd_seq_slice(const cg_fwd_seq *q, uint32_t r0, uint32_t n, cg_att
  * [pos0, pos0+n), on the prefill kernels. logits_last: optional, vocab_size logits of the last
  * token. */
 cg_status cg_model_forward(const cg_model *m, cg_kv *kv, const int32_t *tokens, uint32_t n,
-                           uint32_t slot0, int64_t pos0, const cg_attn_span *spans,
-                           size_t n_spans, float *logits_last) CG_WUR;
+                           uint32_t slot0, int64_t pos0, const cg_attn_span *spans, size_t n_spans,
+                           float *logits_last) CG_WUR;
 
 /* ---- sampling ---- */
 typedef struct cg_sampler {
@@ -195,5 +196,9 @@ typedef struct cg_sampler {
 int32_t cg_sample(cg_sampler *s, float *logits, int vocab_size);
 /* The same, and *raw receives the chosen token's logit as it was before sampling. */
 int32_t cg_sample_keep(cg_sampler *s, float *logits, int vocab_size, float *raw);
+/* The log-softmax of a logits row: returns its log-normaliser (log-sum-exp, in double) and
+ * writes the k most likely entries (at most vocab; best first, ties to the lower id) with their
+ * log-probabilities into ids/lps. */
+double cg_logprobs_top(const float *logits, int vocab, int k, int32_t *ids, float *lps);
 
 #endif

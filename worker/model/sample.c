@@ -36,6 +36,29 @@ static int cmp_prob_desc(const void *a, const void *b)
     return x->i < y->i ? -1 : x->i > y->i; /* ties by index: the order is deterministic */
 }
 
+double cg_logprobs_top(const float *logits, int vocab, int k, int32_t *ids, float *lps)
+{
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    for (int i = 0; i < vocab; i++)
+        sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    for (int j = 0; j < k && j < vocab; j++) {
+        int best = -1;
+        for (int i = 0; i < vocab; i++) {
+            if (best >= 0 && !(logits[i] > logits[best])) continue;
+            int taken = 0;
+            for (int t = 0; t < j && !taken; t++)
+                taken = ids[t] == i;
+            if (!taken) best = i;
+        }
+        ids[j] = best;
+        lps[j] = (float)((double)logits[best] - lse);
+    }
+    return lse;
+}
+
 int32_t cg_sample_keep(cg_sampler *s, float *logits, int vocab_size, float *raw)
 {
     float *copy = NULL;
@@ -73,11 +96,13 @@ int32_t cg_sample(cg_sampler *s, float *logits, int vocab_size)
         return top;
     }
     prob_ix *pi = cg_malloc((size_t)vocab_size * sizeof *pi);
-    for (int i = 0; i < vocab_size; i++) pi[i] = (prob_ix){(float)(logits[i] / sum), i};
+    for (int i = 0; i < vocab_size; i++)
+        pi[i] = (prob_ix){(float)(logits[i] / sum), i};
     qsort(pi, (size_t)vocab_size, sizeof *pi, cmp_prob_desc);
     int keep = 0;
     double mass = 0;
-    while (keep < vocab_size && (keep == 0 || mass < top_p)) mass += pi[keep++].p;
+    while (keep < vocab_size && (keep == 0 || mass < top_p))
+        mass += pi[keep++].p;
     double r = u * mass, acc = 0;
     int32_t pick = pi[0].i;
     for (int i = 0; i < keep; i++) {

@@ -79,25 +79,8 @@ cg_sched_params cg_sched_default_params(void)
  * r; returns the log-normaliser. Computed before sampling modifies the logits. */
 static double record_of(const float *logits, int vocab, int top_k, cg_tok_rec *r)
 {
-    double mx = -INFINITY, sum = 0;
-    for (int i = 0; i < vocab; i++)
-        if (logits[i] > mx) mx = logits[i];
-    for (int i = 0; i < vocab; i++)
-        sum += exp((double)logits[i] - mx);
-    double lse = mx + log(sum);
-    r->n_top = 0;
-    for (int k = 0; k < top_k && k < vocab; k++) {
-        int best = -1;
-        for (int i = 0; i < vocab; i++) {
-            if (best >= 0 && !(logits[i] > logits[best])) continue;
-            int taken = 0;
-            for (int t = 0; t < r->n_top && !taken; t++)
-                taken = r->top_ids[t] == i;
-            if (!taken) best = i;
-        }
-        r->top_ids[r->n_top] = best;
-        r->top_lps[r->n_top++] = (float)((double)logits[best] - lse);
-    }
+    double lse = cg_logprobs_top(logits, vocab, top_k, r->top_ids, r->top_lps);
+    r->n_top = top_k < vocab ? top_k : vocab;
     return lse;
 }
 
