@@ -261,24 +261,33 @@ typedef struct block {
     size_t rows;
 } block;
 
-/* q (and k) of every row: bias (Qwen2), per-head RMSNorm (Qwen3), RoPE. */
-static void prepare_qk(const cg_model *m, const layer_w *L, cg_fwd_scratch *s, size_t rows)
+/* k and v of every row as the KV holds them: bias (Qwen2), per-head RMSNorm of k (Qwen3),
+ * RoPE on k. */
+static void prepare_kv(const cg_model *m, const layer_w *L, cg_fwd_scratch *s, size_t rows)
 {
     const cg_model_config *c = &m->cfg;
-    const size_t hd = (size_t)c->head_dim, Q = (size_t)c->n_heads * hd;
-    const size_t KV = (size_t)c->n_kv_heads * hd;
-    if (L->bq) {
-        add_bias(s->q, L->bq, rows, Q);
+    const size_t hd = (size_t)c->head_dim, KV = (size_t)c->n_kv_heads * hd;
+    if (L->bk) {
         add_bias(s->k, L->bk, rows, KV);
         add_bias(s->v, L->bv, rows, KV);
     }
-    if (L->q_norm) {
-        rmsnorm(s->q, s->q, L->q_norm, (int)(rows * (size_t)c->n_heads), (int)hd, c->norm_eps);
+    if (L->k_norm)
         rmsnorm(s->k, s->k, L->k_norm, (int)(rows * (size_t)c->n_kv_heads), (int)hd, c->norm_eps);
-    }
+    const cg_rope rope = cg_model_rope(m);
+    cg_rope_rotate(&rope, s->k, rows, c->n_kv_heads, s->cos, s->sin);
+}
+
+/* q and k of every row: bias (Qwen2), per-head RMSNorm (Qwen3), RoPE; v's bias. */
+static void prepare_qk(const cg_model *m, const layer_w *L, cg_fwd_scratch *s, size_t rows)
+{
+    const cg_model_config *c = &m->cfg;
+    const size_t hd = (size_t)c->head_dim;
+    if (L->bq) add_bias(s->q, L->bq, rows, (size_t)c->n_heads * hd);
+    if (L->q_norm)
+        rmsnorm(s->q, s->q, L->q_norm, (int)(rows * (size_t)c->n_heads), (int)hd, c->norm_eps);
     const cg_rope rope = cg_model_rope(m);
     cg_rope_rotate(&rope, s->q, rows, c->n_heads, s->cos, s->sin);
-    cg_rope_rotate(&rope, s->k, rows, c->n_kv_heads, s->cos, s->sin);
+    prepare_kv(m, L, s, rows);
 }
 
 /* Writes each row's K and V into its sequence's KV, then attends per sequence. */
@@ -424,15 +433,7 @@ static void stop_kv(const cg_model *m, const block *b, int l, cg_fwd_kind kind, 
     rmsnorm(s->xb, s->x, L->attn_norm, n, c->dim, c->norm_eps);
     matmul(&L->wk, s->xb, n, s->k, kind, s);
     matmul(&L->wv, s->xb, n, s->v, kind, s);
-    if (L->bk) {
-        add_bias(s->k, L->bk, b->rows, KV);
-        add_bias(s->v, L->bv, b->rows, KV);
-    }
-    if (L->k_norm)
-        rmsnorm(s->k, s->k, L->k_norm, (int)(b->rows * (size_t)c->n_kv_heads), (int)hd,
-                c->norm_eps);
-    const cg_rope rope = cg_model_rope(m);
-    cg_rope_rotate(&rope, s->k, b->rows, c->n_kv_heads, s->cos, s->sin);
+    prepare_kv(m, L, s, b->rows);
     memcpy(q->stop_k + (size_t)q->row_off * KV, s->k, b->rows * KV * sizeof(float));
     memcpy(q->stop_v + (size_t)q->row_off * KV, s->v, b->rows * KV * sizeof(float));
 }
