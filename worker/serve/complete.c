@@ -39,8 +39,7 @@ static cg_status prompt_tokens(cg_engine *e, const cg_complete_req *req, cg_toke
         memcpy(t->ids, req->prompt_tokens, req->n_prompt_tokens * sizeof *t->ids);
         t->n = t->cap = req->n_prompt_tokens;
     } else if (cg_tokenizer_encode(cg_model_tokenizer(e->m), req->prompt ? req->prompt : "",
-                                   req->prompt ? req->prompt_len : 0, !req->no_bos,
-                                   t) != CG_OK) {
+                                   req->prompt ? req->prompt_len : 0, !req->no_bos, t) != CG_OK) {
         cg_seterr(err, errlen, "the prompt cannot be tokenized (invalid UTF-8)");
         return CG_E_UTF8;
     }
@@ -59,7 +58,8 @@ static void want_prompt_logprobs(const cg_complete_req *req, const int32_t *ids,
     if (req->prompt_logprobs < 0) return;
     size_t k = (size_t)req->prompt_logprobs;
     *next = cg_malloc(n * sizeof **next);
-    for (uint32_t i = 0; i < n; i++) (*next)[i] = i + 1 < n ? ids[i + 1] : -1;
+    for (uint32_t i = 0; i < n; i++)
+        (*next)[i] = i + 1 < n ? ids[i + 1] : -1;
     out->prompt_lp = cg_malloc(((size_t)n + 1) * sizeof(float));
     out->prompt_top_ids = cg_calloc(((size_t)n + 1) * (k ? k : 1), sizeof(int32_t));
     out->prompt_top_lps = cg_calloc(((size_t)n + 1) * (k ? k : 1), sizeof(float));
@@ -70,6 +70,32 @@ static void want_prompt_logprobs(const cg_complete_req *req, const int32_t *ids,
     q->row_top_ids = out->prompt_top_ids + k;
     q->row_top_lps = out->prompt_top_lps + k;
     q->row_top_k = (int)k;
+}
+
+/* The prompt and the completion must fit the model's positions (as OpenAI and vLLM answer). */
+static cg_status fit_context(cg_engine *e, cg_complete_req *r, uint32_t n_prompt, char *err,
+                             size_t errlen)
+{
+    const uint64_t max_pos = (uint64_t)cg_model_cfg(e->m)->max_pos;
+    if ((uint64_t)n_prompt + r->max_tokens <= max_pos) return CG_OK;
+    if (r->clamp_max_tokens) {
+        r->max_tokens = (uint32_t)(max_pos > n_prompt ? max_pos - n_prompt : 0);
+        return CG_OK;
+    }
+    if (n_prompt >= max_pos) {
+        cg_seterr(err, errlen,
+                  "This model's maximum context length is %llu tokens. However, the prompt has "
+                  "%u tokens. Please reduce the prompt.",
+                  (unsigned long long)max_pos, n_prompt);
+        return CG_E_CONTEXT;
+    }
+    cg_seterr(err, errlen,
+              "This model's maximum context length is %llu tokens. However, you requested %llu "
+              "tokens (%u in the prompt, %u for the completion). Please reduce the prompt or "
+              "max_tokens.",
+              (unsigned long long)max_pos, (unsigned long long)n_prompt + r->max_tokens, n_prompt,
+              r->max_tokens);
+    return CG_E_CONTEXT;
 }
 
 /* The KV of a plain prompt: one causal forward, no cache. */
@@ -86,6 +112,11 @@ static cg_status plain_prompt(cg_engine *e, const cg_complete_req *req, cg_assem
         return st;
     }
     uint32_t n = (uint32_t)t.n;
+    cg_complete_req fit = *req; /* refused before the prefill, not after it */
+    if ((st = fit_context(e, &fit, n, err, errlen)) != CG_OK) {
+        cg_tokens_free(&t);
+        return st;
+    }
     uint64_t cap = CG_MIN((uint64_t)n + e->p.reserve_tokens, (uint64_t)cfg->max_pos);
     cg_assembly *a = cg_live_prepare(e->live, n, (uint32_t)cap, 0);
     st = CG_E_INTERNAL;
@@ -93,7 +124,11 @@ static cg_status plain_prompt(cg_engine *e, const cg_complete_req *req, cg_assem
         a->tokens = t.ids; /* taken over */
         t.ids = NULL;
         cg_attn_span span = {0, n, 0, 0};
-        cg_fwd_seq q = {.kv = a->kv, .tokens = a->tokens, .n = n, .spans = &span, .n_spans = 1,
+        cg_fwd_seq q = {.kv = a->kv,
+                        .tokens = a->tokens,
+                        .n = n,
+                        .spans = &span,
+                        .n_spans = 1,
                         .logits = a->logits};
         want_prompt_logprobs(req, a->tokens, n, &q, &next, res);
         st = cg_sched_prefill(e->sched, &q, NULL);
@@ -115,8 +150,8 @@ static cg_status plain_prompt(cg_engine *e, const cg_complete_req *req, cg_assem
 static void append_token(cg_complete_result *out, int32_t tok, const char *bytes, size_t nb)
 {
     if ((out->n_tokens & (out->n_tokens - 1)) == 0) /* 0, 1, 2, 4, ...: grow */
-        out->tokens = cg_realloc(out->tokens, (out->n_tokens ? out->n_tokens * 2 : 1) *
-                                                  sizeof *out->tokens);
+        out->tokens =
+            cg_realloc(out->tokens, (out->n_tokens ? out->n_tokens * 2 : 1) * sizeof *out->tokens);
     out->tokens[out->n_tokens++] = tok;
     if (out->text_len + nb + 1 > out->text_cap) {
         out->text_cap = CG_MAX(out->text_cap * 2, out->text_len + nb + 1);
@@ -137,8 +172,9 @@ static cg_kv *grow(void *ud, cg_kv *kv, uint32_t pos, uint32_t need)
 {
     grow_ctx *g = ud;
     const cg_model_config *cfg = cg_model_cfg(g->e->m);
-    uint64_t cap = CG_MIN(CG_MAX((uint64_t)cg_kv_cap(kv) * 2, (uint64_t)need + g->e->p.reserve_tokens),
-                          (uint64_t)cfg->max_pos);
+    uint64_t cap =
+        CG_MIN(CG_MAX((uint64_t)cg_kv_cap(kv) * 2, (uint64_t)need + g->e->p.reserve_tokens),
+               (uint64_t)cfg->max_pos);
     cg_live_grow(g->e->live, g->a, pos, (uint32_t)CG_MAX(cap, need));
     return g->a->kv;
 }
@@ -241,32 +277,6 @@ static cg_status decode(cg_engine *e, const cg_complete_req *req, cg_assembly *a
         return CG_E_INTERNAL;
     }
     return CG_OK;
-}
-
-/* The prompt and the completion must fit the model's positions (as OpenAI and vLLM answer). */
-static cg_status fit_context(cg_engine *e, cg_complete_req *r, uint32_t n_prompt, char *err,
-                             size_t errlen)
-{
-    const uint64_t max_pos = (uint64_t)cg_model_cfg(e->m)->max_pos;
-    if ((uint64_t)n_prompt + r->max_tokens <= max_pos) return CG_OK;
-    if (r->clamp_max_tokens) {
-        r->max_tokens = (uint32_t)(max_pos > n_prompt ? max_pos - n_prompt : 0);
-        return CG_OK;
-    }
-    if (n_prompt >= max_pos) {
-        cg_seterr(err, errlen,
-                  "This model's maximum context length is %llu tokens. However, the prompt has "
-                  "%u tokens. Please reduce the prompt.",
-                  (unsigned long long)max_pos, n_prompt);
-        return CG_E_CONTEXT;
-    }
-    cg_seterr(err, errlen,
-              "This model's maximum context length is %llu tokens. However, you requested %llu "
-              "tokens (%u in the prompt, %u for the completion). Please reduce the prompt or "
-              "max_tokens.",
-              (unsigned long long)max_pos, (unsigned long long)n_prompt + r->max_tokens, n_prompt,
-              r->max_tokens);
-    return CG_E_CONTEXT;
 }
 
 cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t now,
