@@ -55,10 +55,7 @@ void cg_api_assemble(cg_http_req *req, void *app)
     cg_assembly_info info = {0};
     char err[512], field[64];
     if (!body) return;
-    if (cg_engine_admit(a->e, 0) != CG_OK) {
-        cg_http_add_header(req, "Retry-After", "1");
-        cg_http_reply_error(req, CG_E_RATE_LIMIT, NULL,
-                            "the worker is at --max-running + --max-queue requests; retry shortly");
+    if (!cg_api_admit(a, req, 0)) {
         json_decref(body);
         return;
     }
@@ -138,8 +135,8 @@ void cg_api_assemble(cg_http_req *req, void *app)
                           .path = CG_PATH_CACHED};
     st = cg_engine_assemble(a->e, &ar, cg_now_ms(), &info, err, sizeof err);
     if (st != CG_OK) {
-        cg_api_engine_error(req, st, st == CG_E_KEY_MISMATCH || st == CG_E_VALUE ? "segments" : NULL,
-                           err);
+        cg_api_engine_error(req, st,
+                            st == CG_E_KEY_MISMATCH || st == CG_E_VALUE ? "segments" : NULL, err);
         goto out;
     }
     cg_log(CG_LOG_INFO, "assembly %s: %u tokens, %u cached, %zu segments, %zu evicted", info.id,

@@ -12,6 +12,15 @@ const cg_model_config *cg_api_cfg(cg_worker_api *a)
     return cg_model_cfg(cg_engine_model(a->e));
 }
 
+int cg_api_admit(cg_worker_api *a, cg_http_req *req, int force)
+{
+    if (cg_engine_admit(a->e, force) == CG_OK) return 1;
+    cg_http_add_header(req, "Retry-After", "1");
+    cg_http_reply_error(req, CG_E_RATE_LIMIT, NULL,
+                        "the worker is at --max-running + --max-queue requests; retry shortly");
+    return 0;
+}
+
 /* Replies 404 when the request names another model. Returns 0 when it replied. */
 int cg_api_model_ok(cg_worker_api *a, cg_http_req *req, json_t *body)
 {

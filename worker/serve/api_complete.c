@@ -39,6 +39,7 @@ typedef struct creq {
     size_t stop_lens[STOP_MAX], stop_max;
     int n_stops;
     const char *assembly_id, *worker; /* kv_transfer_params */
+    int local;                        /* assembly_id is one this worker holds */
     const char *text;                 /* the prompt as text, or: */
     size_t text_len;
     int32_t *ids; /* owned: the prompt as token ids */
@@ -54,8 +55,8 @@ static int parse_sampling(cg_worker_api *a, cg_http_req *req, json_t *body, creq
 {
     cg_status st;
     long long maxpos = cg_api_cfg(a)->max_pos, n_choices;
-    c->max_tokens_given = json_object_get(body, "max_tokens") &&
-                          !json_is_null(json_object_get(body, "max_tokens"));
+    c->max_tokens_given =
+        json_object_get(body, "max_tokens") && !json_is_null(json_object_get(body, "max_tokens"));
     if ((st = cg_json_get_int(body, "max_tokens", c->chat ? maxpos : a->p.default_max_tokens, 0,
                               maxpos, &c->max_tokens)) != CG_OK) {
         cg_api_field_error(req, st, "max_tokens", "an integer between 0 and the context length");
@@ -109,9 +110,9 @@ static int parse_flags(cg_http_req *req, json_t *body, creq *c)
     }
     json_t *so = json_object_get(body, "stream_options");
     if (so && !json_is_null(so)) {
-        cg_status st = json_is_object(so) ? cg_json_get_bool(so, "include_usage", 0,
-                                                             &c->include_usage)
-                                          : CG_E_TYPE;
+        cg_status st = json_is_object(so)
+                           ? cg_json_get_bool(so, "include_usage", 0, &c->include_usage)
+                           : CG_E_TYPE;
         if (st != CG_OK) {
             cg_api_field_error(req, st, "stream_options", "an object {include_usage: boolean}");
             return 0;
@@ -127,10 +128,13 @@ static int refuse_unsupported(cg_http_req *req, json_t *body)
     static const struct {
         const char *name;
         double neutral; /* NAN: only null (or absent, empty) is neutral */
-    } params[] = {{"best_of", 1}, {"presence_penalty", 0}, {"frequency_penalty", 0},
-                  {"repetition_penalty", 1}, {"min_tokens", 0}, {"top_k", -1},
-                  {"suffix", NAN}, {"logit_bias", NAN}, {"tools", NAN}, {"functions", NAN},
-                  {"response_format", NAN}, {"guided_json", NAN}, {"guided_regex", NAN}};
+    } params[] = {{"best_of", 1},           {"presence_penalty", 0},
+                  {"frequency_penalty", 0}, {"repetition_penalty", 1},
+                  {"min_tokens", 0},        {"top_k", -1},
+                  {"suffix", NAN},          {"logit_bias", NAN},
+                  {"tools", NAN},           {"functions", NAN},
+                  {"response_format", NAN}, {"guided_json", NAN},
+                  {"guided_regex", NAN}};
     for (size_t i = 0; i < CG_ARRAY_LEN(params); i++) {
         json_t *v = json_object_get(body, params[i].name);
         if (!v || json_is_null(v)) continue;
@@ -142,8 +146,10 @@ static int refuse_unsupported(cg_http_req *req, json_t *body)
         if (!strcmp(params[i].name, "top_k") && json_is_integer(v) && json_integer_value(v) == 0)
             continue;
         char msg[160];
-        snprintf(msg, sizeof msg, "%s is not supported by chunkgate-worker; remove it or use its "
-                                  "neutral value", params[i].name);
+        snprintf(msg, sizeof msg,
+                 "%s is not supported by chunkgate-worker; remove it or use its "
+                 "neutral value",
+                 params[i].name);
         cg_http_reply_error(req, CG_E_VALUE, params[i].name, msg);
         return 0;
     }
@@ -191,7 +197,8 @@ static int parse_kv_source(cg_worker_api *a, cg_http_req *req, json_t *body, cre
         return 0;
     }
     if (ktp && (st = cg_json_get_string(ktp, "worker", 0, &c->worker)) != CG_OK) {
-        cg_api_field_error(req, st, "kv_transfer_params.worker", "a string (the worker's base URL)");
+        cg_api_field_error(req, st, "kv_transfer_params.worker",
+                           "a string (the worker's base URL)");
         return 0;
     }
     if (c->worker && !a->p.kv_request_source) {
@@ -310,10 +317,9 @@ static int pull(cg_worker_api *a, cg_http_req *req, const creq *c, const char *s
     if (st != CG_OK) {
         cg_log(CG_LOG_WARN, "kv pull of assembly %.64s from %s failed: %s", c->assembly_id, src,
                err);
-        cg_api_engine_error(req, st,
-                            st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id"
-                                                 : "kv_transfer_params",
-                            err);
+        cg_api_engine_error(
+            req, st, st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id" : "kv_transfer_params",
+            err);
         return 0;
     }
     cg_metric_observe(cg_metrics_histogram(a->metrics, P "kv_pull_seconds",
@@ -361,8 +367,7 @@ static int resolve_kv(cg_worker_api *a, cg_http_req *req, const creq *c, kvsrc *
         cr->assembly_id = c->assembly_id;
         /* Ids are 128 random bits, so a local id is never a remote one. */
         const char *src = c->worker ? c->worker : a->p.kv_source;
-        if (src && !cg_engine_has_assembly(a->e, c->assembly_id, cg_now_ms()))
-            return pull(a, req, c, src, k, cr);
+        if (src && !c->local) return pull(a, req, c, src, k, cr);
         return 1;
     }
     if (c->ids) {
@@ -408,15 +413,15 @@ typedef struct gen {
     cg_stream *s; /* created at the first streamed event */
     char id[48];
     json_int_t created;
-    cg_buf text;        /* the choice text: the echoed prompt, then the generated bytes */
-    size_t gen_start;   /* where the generated bytes begin in text */
-    size_t sent;        /* bytes of text streamed so far */
-    int stopped;        /* a stop sequence matched: text ends where it began */
-    tok_entry *toks;    /* every token of the choice, in order */
+    cg_buf text;      /* the choice text: the echoed prompt, then the generated bytes */
+    size_t gen_start; /* where the generated bytes begin in text */
+    size_t sent;      /* bytes of text streamed so far */
+    int stopped;      /* a stop sequence matched: text ends where it began */
+    tok_entry *toks;  /* every token of the choice, in order */
     size_t n_toks, cap_toks, toks_sent;
-    int admitted;      /* holds an admission (cg_engine_admit) */
-    int chat;          /* answer in the chat.completion shapes */
-    int chunks;        /* chunks streamed so far (a chat stream's first carries the role) */
+    int admitted; /* holds an admission (cg_engine_admit) */
+    int chat;     /* answer in the chat.completion shapes */
+    int chunks;   /* chunks streamed so far (a chat stream's first carries the role) */
 } gen;
 
 static void gen_free(gen *g)
@@ -486,12 +491,12 @@ static json_t *logprobs_json(gen *g, size_t from, size_t to)
 static json_t *chunk_json(gen *g, const char *text, size_t len, json_t *logprobs,
                           const char *finish)
 {
-    json_t *choice = json_pack("{s:o, s:i, s:o, s:o}", "text", cg_json_text(text, len), "index", 0,
-                               "logprobs", logprobs, "finish_reason",
-                               finish ? json_string(finish) : json_null());
-    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", g->id, "object", "text_completion",
-                          "created", g->created, "model", cg_api_cfg(g->a)->model_id, "choices",
-                          choice);
+    json_t *choice =
+        json_pack("{s:o, s:i, s:o, s:o}", "text", cg_json_text(text, len), "index", 0, "logprobs",
+                  logprobs, "finish_reason", finish ? json_string(finish) : json_null());
+    json_t *j =
+        json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", g->id, "object", "text_completion",
+                  "created", g->created, "model", cg_api_cfg(g->a)->model_id, "choices", choice);
     if (g->chat) cg_chat_answer_shape(j, 1, g->chunks == 0);
     g->chunks++;
     return j;
@@ -533,7 +538,8 @@ static int stream_text(gen *g, int final)
     size_t used = cg_utf8_sanitize(g->text.data + g->sent, safe - g->sent, final, &b);
     g->sent += used;
     size_t upto = g->toks_sent;
-    while (upto < g->n_toks && g->toks[upto].end <= g->sent) upto++;
+    while (upto < g->n_toks && g->toks[upto].end <= g->sent)
+        upto++;
     if (final) upto = g->n_toks;
     int rc = 0;
     if (b.len || upto > g->toks_sent)
@@ -590,14 +596,15 @@ static void echo_prompt(gen *g, const cg_complete_result *res)
     if (c->text) {
         st = cg_buf_append(&g->text, c->text, c->text_len);
     } else if (c->ids) {
-        st = cg_tokenizer_decode(cg_model_tokenizer(cg_engine_model(g->a->e)), c->ids, c->n_ids,
-                                 0, &g->text);
+        st = cg_tokenizer_decode(cg_model_tokenizer(cg_engine_model(g->a->e)), c->ids, c->n_ids, 0,
+                                 &g->text);
     }
     (void)st;
     if (res->prompt_lp) {
         size_t off = 0;
         for (size_t i = 0; i < res->n_prompt; i++) {
-            cg_tok_rec r = {.token = res->prompt_ids[i], .logprob = res->prompt_lp[i],
+            cg_tok_rec r = {.token = res->prompt_ids[i],
+                            .logprob = res->prompt_lp[i],
                             .n_top = i ? res->prompt_top_k : 0};
             for (int k = 0; k < r.n_top; k++) {
                 r.top_ids[k] = res->prompt_top_ids[i * (size_t)res->prompt_top_k + (size_t)k];
@@ -673,10 +680,9 @@ static json_t *probe_chunk_cache(gen *g, const cg_complete_result *res)
 
 static void reply_json(gen *g, const cg_complete_result *res, const char *finish)
 {
-    json_t *choice = json_pack("{s:o, s:i, s:o, s:s}", "text",
-                               cg_json_text(g->text.data ? g->text.data : "", g->text.len),
-                               "index", 0, "logprobs", logprobs_json(g, 0, g->n_toks),
-                               "finish_reason", finish);
+    json_t *choice = json_pack(
+        "{s:o, s:i, s:o, s:s}", "text", cg_json_text(g->text.data ? g->text.data : "", g->text.len),
+        "index", 0, "logprobs", logprobs_json(g, 0, g->n_toks), "finish_reason", finish);
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", g->id, "object",
                           "text_completion", "created", g->created, "model",
                           cg_api_cfg(g->a)->model_id, "choices", choice, "usage", usage_json(res));
@@ -698,9 +704,9 @@ static void generate(cg_worker_api *a, const creq *c, cg_complete_req *cr, gen *
         if (!g->s) {
             /* the prompt alone too long: the message says "the prompt has" */
             const char *param = st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id"
-                                : st == CG_E_CONTEXT ? (strstr(err, "the prompt has") ? "prompt"
-                                                                                       : "max_tokens")
-                                                     : NULL;
+                                : st == CG_E_CONTEXT
+                                    ? (strstr(err, "the prompt has") ? "prompt" : "max_tokens")
+                                    : NULL;
             cg_api_engine_error(g->req, st, param, err);
         } else { /* too late for a status code: the error goes out as an event */
             int rc = push_event(g, cg_http_error_json(st, NULL, err[0] ? err : NULL));
@@ -756,14 +762,10 @@ void cg_api_complete_body(cg_worker_api *a, cg_http_req *req, json_t *body, int 
     json_t *ktp = json_object_get(body, "kv_transfer_params");
     const char *aid = json_string_value(json_object_get(ktp, "assembly_id"));
     int local = aid && cg_engine_has_assembly(a->e, aid, cg_now_ms());
-    if (cg_engine_admit(a->e, local) != CG_OK) {
-        cg_http_add_header(req, "Retry-After", "1");
-        cg_http_reply_error(req, CG_E_RATE_LIMIT, NULL,
-                            "the worker is at --max-running + --max-queue requests; retry shortly");
-        goto out_unadmitted;
-    }
+    if (!cg_api_admit(a, req, local)) goto out_unadmitted;
     g.admitted = 1;
     if (!parse_request(a, req, body, &c)) goto out;
+    c.local = local;
     cg_complete_req cr = {.temperature = (float)c.temperature,
                           .top_p = (float)c.top_p,
                           .seed = (uint64_t)c.seed,

@@ -83,7 +83,6 @@ typedef struct job {
     cg_tiers_req rq;           /* the request's tier lookups */
     cg_assembly *a;
     int have_logits;     /* a->logits hold the last token's logits */
-    int last_recomputed; /* phase 3 recomputed the last token with full context */
     uint32_t recomputed; /* chunk tokens recomputed in phase 3 */
     cg_engine_stats count;
 } job;
@@ -456,7 +455,7 @@ static cg_status blend(job *j)
     st = cg_sched_prefill(j->e->sched, &q, NULL);
     if (st == CG_OK) {
         j->recomputed = rows;
-        if (last) j->have_logits = j->last_recomputed = 1;
+        if (last) j->have_logits = 1; /* recomputed with full context */
     }
     free(slots);
     free(pos);
@@ -482,7 +481,7 @@ static cg_status finish(job *j)
      * span it had, to get the logits (its K/V come out the same). */
     uint32_t slot = j->total - 1;
     cg_attn_span sp = {slot, 1, 0, 0};
-    if (j->roles[last] == CG_ROLE_CHUNK && !j->last_recomputed) {
+    if (j->roles[last] == CG_ROLE_CHUNK) {
         sp.own_start = j->offs[last];
         sp.prefix = j->req->mode == CG_MODE_SYS ? j->s_len : 0;
     }
