@@ -34,6 +34,7 @@
 
 #include "base/base.h"
 #include "tests/harness/harness.h"
+#include "kv/kvwire.h"
 #include "worker/store/remote.h"
 
 #define LAYERS 24
@@ -215,8 +216,8 @@ int main(int argc, char **argv)
             for (int h = 0; h < KV_HEADS; h++) {
                 char hex[33];
                 snprintf(hex, sizeof hex, "%016x%016x", k + 1, tokens[t]);
-                if (cg_remote_key("qwen2.5-0.5b", (uint32_t)h, hex, c.keys[k][h],
-                                  CG_REMOTE_KEY_MAX))
+                if (cg_kvwire_head_key("qwen2.5-0.5b", (uint32_t)h, hex, c.keys[k][h],
+                                       CG_REMOTE_KEY_MAX))
                     die("key");
             }
         if (cg_remote_open(p, &c.r, err, sizeof err) != CG_OK) die(err);

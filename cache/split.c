@@ -366,7 +366,7 @@ cg_status cg_split_prompt(const char *text, size_t len, const cg_split_params *p
             a++;
         /* The last piece keeps its trailing whitespace: it is the text the model continues
          * from ("assistant\n" of a chat template, "A: " of a few-shot prompt). */
-        if (at != len || a == b)
+        if (at != len)
             while (b > a && is_space((unsigned char)text[b - 1]))
                 b--;
         if (a == b) {

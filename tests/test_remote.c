@@ -28,6 +28,7 @@
 
 #include "base/base.h"
 #include "tests/harness/harness.h"
+#include "kv/kvwire.h"
 #include "worker/store/remote.h"
 
 #define SKIP_CODE 77
@@ -208,7 +209,7 @@ static void chunk_key(char *out, unsigned chunk, unsigned head, unsigned salt)
 {
     char hex[33];
     snprintf(hex, sizeof hex, "%08x%08x%08x%08x", salt, chunk, 0xc0ffeeu, chunk * 7919u + salt);
-    ck_assert_int_eq(cg_remote_key(MODEL, head, hex, out, CG_REMOTE_KEY_MAX), CG_OK);
+    ck_assert_int_eq(cg_kvwire_head_key(MODEL, head, hex, out, CG_REMOTE_KEY_MAX), CG_OK);
 }
 
 static cg_remote *open_ok(cg_remote_params p)
@@ -299,14 +300,15 @@ START_TEST(key_slots_and_keys)
     ck_assert_uint_eq(cg_remote_key_slot("foo{bar}{zap}", 13), cg_remote_key_slot("bar", 3));
 
     char k[CG_REMOTE_KEY_MAX];
-    ck_assert_int_eq(cg_remote_key("qwen2", 3, "0123456789abcdef0123456789abcdef", k, sizeof k),
-                     CG_OK);
+    ck_assert_int_eq(
+        cg_kvwire_head_key("qwen2", 3, "0123456789abcdef0123456789abcdef", k, sizeof k), CG_OK);
     ck_assert_str_eq(k, "qwen2@head:3@0123456789abcdef0123456789abcdef");
-    ck_assert_int_eq(cg_remote_key("qwen2", 3, "0123456789ABCDEF0123456789abcdef", k, sizeof k),
+    ck_assert_int_eq(
+        cg_kvwire_head_key("qwen2", 3, "0123456789ABCDEF0123456789abcdef", k, sizeof k),
+        CG_E_VALUE);
+    ck_assert_int_eq(cg_kvwire_head_key("", 3, "0123456789abcdef0123456789abcdef", k, sizeof k),
                      CG_E_VALUE);
-    ck_assert_int_eq(cg_remote_key("", 3, "0123456789abcdef0123456789abcdef", k, sizeof k),
-                     CG_E_VALUE);
-    ck_assert_int_eq(cg_remote_key("qwen2", 3, "0123456789abcdef0123456789abcdef", k, 20),
+    ck_assert_int_eq(cg_kvwire_head_key("qwen2", 3, "0123456789abcdef0123456789abcdef", k, 20),
                      CG_E_TOO_LARGE);
 }
 END_TEST

@@ -1277,12 +1277,6 @@ cg_remote_params cg_remote_default_params(void)
     return p;
 }
 
-cg_status cg_remote_key(const char *model, uint32_t head, const char *key_hex, char *out,
-                        size_t cap)
-{
-    return cg_kvwire_head_key(model, head, key_hex, out, cap);
-}
-
 static int host_char_ok(char c)
 {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||

@@ -23,7 +23,7 @@ typedef struct cg_remote cg_remote;
 #define CG_REMOTE_PASSWORD_MAX 4096
 /* Slots of a Redis Cluster. */
 #define CG_REMOTE_SLOTS 16384
-/* Enough for every key cg_remote_key builds (model id of up to 255 bytes). */
+/* Enough for every per-head key cg_kvwire_head_key builds (model id of up to 255 bytes). */
 #define CG_REMOTE_KEY_MAX 320
 /* Most cluster nodes one client keeps track of. */
 #define CG_REMOTE_MAX_NODES 256
@@ -78,12 +78,6 @@ cg_status cg_remote_parse_url(const char *url, cg_remote_url *out, char *err, si
  * NULL). On CG_OK *out is NULL or a string the caller frees with free(). Returns CG_E_IO when
  * the file cannot be read, CG_E_VALUE when its content is refused; err describes it. */
 cg_status cg_remote_load_password(const char *path, char **out, char *err, size_t errlen) CG_WUR;
-
-/* Builds the per-head key "{model}@head:{head}@{key_hex}" into out (cap bytes;
- * CG_REMOTE_KEY_MAX is enough). key_hex: 32 lowercase hex characters. CG_E_VALUE for a bad
- * model or key, CG_E_TOO_LARGE when out is short. */
-cg_status cg_remote_key(const char *model, uint32_t head, const char *key_hex, char *out,
-                        size_t cap) CG_WUR;
 
 /* Cluster slot of a key (0..16383): CRC16/XMODEM of the key, or of its hash tag (the bytes
  * between the first '{' and the next '}', when not empty) mod 16384. */
