@@ -181,12 +181,7 @@ static void weight_row(const cg_weight *w, int row, float *out)
         memcpy(out, (const float *)w->data + off, cols * sizeof(float));
         return;
     }
-    const uint8_t *p = (const uint8_t *)w->data + off * 2;
-    for (size_t i = 0; i < cols; i++) {
-        uint16_t h;
-        memcpy(&h, p + 2 * i, 2);
-        out[i] = w->dtype == CG_DTYPE_BF16 ? cg_bf16_to_f32(h) : cg_f16_to_f32(h);
-    }
+    cg_widen16((const uint8_t *)w->data + off * 2, cols, w->dtype == CG_DTYPE_BF16, out);
 }
 
 /* Prompt pieces of up to this many rows take the decode kernel as well: the prefill path

@@ -16,6 +16,7 @@
 #include <strings.h>
 
 #include "base/base.h"
+#include "worker/model/safetensors.h"
 
 static inline size_t esize(cg_dtype dt)
 {
@@ -25,34 +26,6 @@ static inline size_t esize(cg_dtype dt)
 size_t cg_dtype_size(cg_dtype dt)
 {
     return esize(dt);
-}
-
-/* ---- portable conversions ---- */
-
-static inline float bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-    if (e == 0) {
-        /* zero or subnormal: m * 2^-24 is exact in f32 */
-        float f = (float)m * 0x1p-24f;
-        memcpy(&u, &f, sizeof u);
-        u |= sign;
-    } else if (e == 31) {
-        u = sign | 0x7f800000u | (m << 13);
-    } else {
-        u = sign | ((e + 112) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
 }
 
 /* ---- kernel variants ---- */
@@ -101,8 +74,8 @@ typedef struct isa_ops {
         return (a[0] + a[1]) + (a[2] + a[3]);                                                      \
     }
 #define LOAD_F32(i) w32[i]
-#define LOAD_F16(i) f16_to_f32(w16[i])
-#define LOAD_BF16(i) bf16_to_f32(w16[i])
+#define LOAD_F16(i) cg_f16_to_f32(w16[i])
+#define LOAD_BF16(i) cg_bf16_to_f32(w16[i])
 #define LOAD_Q8(i) ((float)w8[i])
 GENERIC_DOT(dot_f32, LOAD_F32)
 GENERIC_DOT(dot_f16, LOAD_F16)
@@ -126,16 +99,11 @@ GENERIC_TILE(gen_q8_1, dot_q8, 1)
 
 static void widen_generic(cg_dtype dt, const void *src, size_t count, float *dst, float scale)
 {
-    const uint16_t *s = src;
     if (dt == CG_DTYPE_Q8)
         for (size_t i = 0; i < count; i++)
             dst[i] = (float)((const int8_t *)src)[i] * scale;
-    else if (dt == CG_DTYPE_BF16)
-        for (size_t i = 0; i < count; i++)
-            dst[i] = bf16_to_f32(s[i]);
     else
-        for (size_t i = 0; i < count; i++)
-            dst[i] = f16_to_f32(s[i]);
+        cg_widen16(src, count, dt == CG_DTYPE_BF16, dst);
 }
 
 static const isa_ops ops_generic = {
@@ -638,7 +606,7 @@ static float weight_at(const cg_weight *w, size_t i)
     }
     uint16_t h;
     memcpy(&h, (const char *)w->data + i * 2, sizeof h);
-    return w->dtype == CG_DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+    return w->dtype == CG_DTYPE_BF16 ? cg_bf16_to_f32(h) : cg_f16_to_f32(h);
 }
 
 cg_status cg_matmul_quantize_q8(const cg_weight *w, int8_t *q, float *scale, cg_weight *out)

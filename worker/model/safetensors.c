@@ -35,53 +35,48 @@ static const struct {
     size_t size;
     cg_st_dtype dtype;
 } dtypes[] = {
-    {"F32", 4, CG_ST_F32},     {"F16", 2, CG_ST_F16},     {"BF16", 2, CG_ST_BF16},
-    {"F64", 8, CG_ST_OTHER},   {"I64", 8, CG_ST_OTHER},   {"U64", 8, CG_ST_OTHER},
-    {"I32", 4, CG_ST_OTHER},   {"U32", 4, CG_ST_OTHER},   {"I16", 2, CG_ST_OTHER},
-    {"U16", 2, CG_ST_OTHER},   {"I8", 1, CG_ST_OTHER},    {"U8", 1, CG_ST_OTHER},
-    {"BOOL", 1, CG_ST_OTHER},  {"F8_E4M3", 1, CG_ST_OTHER}, {"F8_E5M2", 1, CG_ST_OTHER},
+    {"F32", 4, CG_ST_F32},       {"F16", 2, CG_ST_F16},       {"BF16", 2, CG_ST_BF16},
+    {"F64", 8, CG_ST_OTHER},     {"I64", 8, CG_ST_OTHER},     {"U64", 8, CG_ST_OTHER},
+    {"I32", 4, CG_ST_OTHER},     {"U32", 4, CG_ST_OTHER},     {"I16", 2, CG_ST_OTHER},
+    {"U16", 2, CG_ST_OTHER},     {"I8", 1, CG_ST_OTHER},      {"U8", 1, CG_ST_OTHER},
+    {"BOOL", 1, CG_ST_OTHER},    {"F8_E4M3", 1, CG_ST_OTHER}, {"F8_E5M2", 1, CG_ST_OTHER},
     {"F8_E8M0", 1, CG_ST_OTHER},
 };
 
 const char *cg_st_dtype_name(cg_st_dtype d)
 {
     switch (d) {
-    case CG_ST_F32: return "F32";
-    case CG_ST_F16: return "F16";
-    case CG_ST_BF16: return "BF16";
-    default: return "OTHER";
+    case CG_ST_F32:
+        return "F32";
+    case CG_ST_F16:
+        return "F16";
+    case CG_ST_BF16:
+        return "BF16";
+    default:
+        return "OTHER";
     }
 }
 
 int cg_st_dtype_parse(const char *s, cg_st_dtype *out)
 {
     if (!s) return -1;
-    if (!strcasecmp(s, "f32") || !strcasecmp(s, "float32")) *out = CG_ST_F32;
-    else if (!strcasecmp(s, "f16") || !strcasecmp(s, "float16")) *out = CG_ST_F16;
-    else if (!strcasecmp(s, "bf16") || !strcasecmp(s, "bfloat16")) *out = CG_ST_BF16;
-    else return -1;
+    if (!strcasecmp(s, "f32") || !strcasecmp(s, "float32"))
+        *out = CG_ST_F32;
+    else if (!strcasecmp(s, "f16") || !strcasecmp(s, "float16"))
+        *out = CG_ST_F16;
+    else if (!strcasecmp(s, "bf16") || !strcasecmp(s, "bfloat16"))
+        *out = CG_ST_BF16;
+    else
+        return -1;
     return 0;
 }
 
-size_t cg_st_dtype_size(cg_st_dtype d) { return d == CG_ST_F32 ? 4 : d == CG_ST_OTHER ? 0 : 2; }
+size_t cg_st_dtype_size(cg_st_dtype d)
+{
+    return d == CG_ST_F32 ? 4 : d == CG_ST_OTHER ? 0 : 2;
+}
 
 /* ---- conversions ---- */
-
-float cg_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-    float f;
-    if (exp == 0) {
-        /* zero or subnormal: man * 2^-24 is exact in float */
-        f = (float)man * 0x1p-24f;
-        return sign ? -f : f;
-    }
-    if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
-    else bits = sign | ((exp + 112u) << 23) | (man << 13);
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 uint16_t cg_f32_to_f16(float f)
 {
@@ -89,7 +84,7 @@ uint16_t cg_f32_to_f16(float f)
     memcpy(&x, &f, 4);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
     uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN stays NaN */
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN stays NaN */
     if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
     if (ax < 0x38800000u) {
         /* below the smallest normal half: the subnormal mantissa is round(|f| * 2^24); the
@@ -103,14 +98,6 @@ uint16_t cg_f32_to_f16(float f)
     return (uint16_t)(sign | (v >> 13));
 }
 
-float cg_bf16_to_f32(uint16_t h)
-{
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 uint16_t cg_f32_to_bf16(float f)
 {
     uint32_t x;
@@ -122,8 +109,9 @@ uint16_t cg_f32_to_bf16(float f)
 
 /* Widens n 16-bit floats at p (unaligned; bf16 when bf16, else f16) into dst. Inlined with a
  * constant bf16, so each loop converts without a branch. */
-static inline void widen16(const uint8_t *p, size_t n, bool bf16, float *dst)
+void cg_widen16(const void *src, size_t n, int bf16, float *dst)
 {
+    const uint8_t *p = src;
     for (size_t i = 0; i < n; i++) {
         uint16_t h;
         memcpy(&h, p + 2 * i, 2);
@@ -139,10 +127,10 @@ cg_status cg_st_to_f32(const cg_st_tensor *t, float *dst)
         memcpy(dst, p, t->numel * 4);
         return CG_OK;
     case CG_ST_F16:
-        widen16(p, t->numel, false, dst);
+        cg_widen16(p, t->numel, 0, dst);
         return CG_OK;
     case CG_ST_BF16:
-        widen16(p, t->numel, true, dst);
+        cg_widen16(p, t->numel, 1, dst);
         return CG_OK;
     default:
         return CG_E_UNSUPPORTED;
@@ -174,7 +162,9 @@ static cg_status parse_entry(const char *path, const char *name, json_t *v, cons
            *jo = json_object_get(v, "data_offsets");
     if (!jd || !js || !jo) {
         cg_seterr(err, errlen, "%s: tensor '%s': missing '%s'", path, name,
-               !jd ? "dtype" : !js ? "shape" : "data_offsets");
+                  !jd   ? "dtype"
+                  : !js ? "shape"
+                        : "data_offsets");
         return CG_E_MISSING;
     }
     if (!json_is_string(jd)) {
@@ -197,8 +187,8 @@ static cg_status parse_entry(const char *path, const char *name, json_t *v, cons
         return CG_E_VALUE;
     }
     if (!json_is_array(js) || json_array_size(js) > CG_ST_MAX_DIMS) {
-        cg_seterr(err, errlen, "%s: tensor '%s': shape is not an array of at most %d dims", path, name,
-               CG_ST_MAX_DIMS);
+        cg_seterr(err, errlen, "%s: tensor '%s': shape is not an array of at most %d dims", path,
+                  name, CG_ST_MAX_DIMS);
         return json_is_array(js) ? CG_E_VALUE : CG_E_TYPE;
     }
     t->ndim = (int)json_array_size(js);
@@ -207,7 +197,7 @@ static cg_status parse_entry(const char *path, const char *name, json_t *v, cons
         json_t *d = json_array_get(js, (size_t)i);
         if (!json_is_integer(d) || json_integer_value(d) < 0) {
             cg_seterr(err, errlen, "%s: tensor '%s': shape[%d] is not a non-negative integer", path,
-                   name, i);
+                      name, i);
             return json_is_integer(d) ? CG_E_VALUE : CG_E_TYPE;
         }
         t->shape[i] = json_integer_value(d);
@@ -223,27 +213,30 @@ static cg_status parse_entry(const char *path, const char *name, json_t *v, cons
     }
     if (!json_is_array(jo) || json_array_size(jo) != 2 || !json_is_integer(json_array_get(jo, 0)) ||
         !json_is_integer(json_array_get(jo, 1))) {
-        cg_seterr(err, errlen, "%s: tensor '%s': data_offsets is not an array of two integers", path,
-               name);
+        cg_seterr(err, errlen, "%s: tensor '%s': data_offsets is not an array of two integers",
+                  path, name);
         return CG_E_TYPE;
     }
-    json_int_t b = json_integer_value(json_array_get(jo, 0)), e = json_integer_value(json_array_get(jo, 1));
+    json_int_t b = json_integer_value(json_array_get(jo, 0)),
+               e = json_integer_value(json_array_get(jo, 1));
     if (b < 0 || e < b) {
-        cg_seterr(err, errlen, "%s: tensor '%s': data_offsets [%lld, %lld] are not an ordered range",
-               path, name, (long long)b, (long long)e);
+        cg_seterr(err, errlen,
+                  "%s: tensor '%s': data_offsets [%lld, %lld] are not an ordered range", path, name,
+                  (long long)b, (long long)e);
         return CG_E_VALUE;
     }
     if ((uint64_t)e > data_len) {
-        cg_seterr(err, errlen,
-               "%s: tensor '%s': data_offsets [%lld, %lld] extend beyond the data section of %zu "
-               "bytes (file truncated?)",
-               path, name, (long long)b, (long long)e, data_len);
+        cg_seterr(
+            err, errlen,
+            "%s: tensor '%s': data_offsets [%lld, %lld] extend beyond the data section of %zu "
+            "bytes (file truncated?)",
+            path, name, (long long)b, (long long)e, data_len);
         return CG_E_VALUE;
     }
     if ((uint64_t)(e - b) != nbytes) {
         cg_seterr(err, errlen,
-               "%s: tensor '%s': data_offsets cover %lld bytes but shape and dtype %s need %zu", path,
-               name, (long long)(e - b), t->dtype_str, nbytes);
+                  "%s: tensor '%s': data_offsets cover %lld bytes but shape and dtype %s need %zu",
+                  path, name, (long long)(e - b), t->dtype_str, nbytes);
         return CG_E_VALUE;
     }
     t->name = name;
@@ -273,8 +266,8 @@ cg_status cg_st_open(const char *path, cg_st_file **out, char *err, size_t errle
     }
     size_t size = (size_t)sb.st_size;
     if (size < 8) {
-        cg_seterr(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header length", path,
-               size);
+        cg_seterr(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header length",
+                  path, size);
         st = CG_E_VALUE;
         goto out;
     }
@@ -290,13 +283,13 @@ cg_status cg_st_open(const char *path, cg_st_file **out, char *err, size_t errle
     memcpy(&hl, f->map, 8);
     if (hl > size - 8) {
         cg_seterr(err, errlen, "%s: header length %llu exceeds the file size %zu (file truncated?)",
-               path, (unsigned long long)hl, size);
+                  path, (unsigned long long)hl, size);
         st = CG_E_VALUE;
         goto out;
     }
     if (hl > CG_ST_MAX_HEADER) {
         cg_seterr(err, errlen, "%s: header length %llu exceeds the limit of %u bytes", path,
-               (unsigned long long)hl, CG_ST_MAX_HEADER);
+                  (unsigned long long)hl, CG_ST_MAX_HEADER);
         st = CG_E_VALUE;
         goto out;
     }
@@ -304,7 +297,7 @@ cg_status cg_st_open(const char *path, cg_st_file **out, char *err, size_t errle
     f->header = json_loadb((const char *)f->map + 8, (size_t)hl, JSON_REJECT_DUPLICATES, &jerr);
     if (!f->header) {
         cg_seterr(err, errlen, "%s: header is not valid JSON: %s (offset %d)", path, jerr.text,
-               jerr.position);
+                  jerr.position);
         st = CG_E_JSON;
         goto out;
     }
@@ -318,7 +311,8 @@ cg_status cg_st_open(const char *path, cg_st_file **out, char *err, size_t errle
     f->t = cg_calloc(json_object_size(f->header) + 1, sizeof *f->t);
     const char *name;
     json_t *v;
-    json_object_foreach(f->header, name, v) {
+    json_object_foreach(f->header, name, v)
+    {
         if (!strcmp(name, "__metadata__")) continue;
         st = parse_entry(path, name, v, data, data_len, &f->t[f->n], err, errlen);
         if (st != CG_OK) goto out;
@@ -328,14 +322,15 @@ cg_status cg_st_open(const char *path, cg_st_file **out, char *err, size_t errle
     qsort(f->t, f->n, sizeof *f->t, cmp_name);
     /* Tensors may not share bytes: a crafted header could otherwise alias weights. */
     order = cg_malloc((f->n + 1) * sizeof *order);
-    for (size_t i = 0; i < f->n; i++) order[i] = &f->t[i];
+    for (size_t i = 0; i < f->n; i++)
+        order[i] = &f->t[i];
     qsort(order, f->n, sizeof *order, cmp_begin);
     const cg_st_tensor *prev = NULL;
     for (size_t i = 0; i < f->n; i++) {
         if (!order[i]->nbytes) continue;
         if (prev && prev->data + prev->nbytes > order[i]->data) {
             cg_seterr(err, errlen, "%s: tensors '%s' and '%s' overlap in the data section", path,
-                   prev->name, order[i]->name);
+                      prev->name, order[i]->name);
             st = CG_E_VALUE;
             goto out;
         }
@@ -361,8 +356,14 @@ void cg_st_close(cg_st_file **pf)
     *pf = NULL;
 }
 
-size_t cg_st_count(const cg_st_file *f) { return f->n; }
-const cg_st_tensor *cg_st_at(const cg_st_file *f, size_t i) { return i < f->n ? &f->t[i] : NULL; }
+size_t cg_st_count(const cg_st_file *f)
+{
+    return f->n;
+}
+const cg_st_tensor *cg_st_at(const cg_st_file *f, size_t i)
+{
+    return i < f->n ? &f->t[i] : NULL;
+}
 
 const cg_st_tensor *cg_st_find(const cg_st_file *f, const char *name)
 {
@@ -388,9 +389,9 @@ cg_status cg_st_write_header(FILE *fp, const cg_st_spec *specs, size_t n, char *
         }
         size_t nbytes = numel * cg_st_dtype_size(specs[i].dtype);
         json_object_set_new(root, specs[i].name,
-                            json_pack("{s:s,s:o,s:[I,I]}", "dtype", cg_st_dtype_name(specs[i].dtype),
-                                      "shape", shape, "data_offsets", (json_int_t)off,
-                                      (json_int_t)(off + nbytes)));
+                            json_pack("{s:s,s:o,s:[I,I]}", "dtype",
+                                      cg_st_dtype_name(specs[i].dtype), "shape", shape,
+                                      "data_offsets", (json_int_t)off, (json_int_t)(off + nbytes)));
         off += nbytes;
     }
     /* Insertion order is kept by jansson, so the same specs always dump the same text. */

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <stdio.h>
 #include "base/status.h"
 
@@ -17,13 +18,13 @@
 typedef enum { CG_ST_F32, CG_ST_F16, CG_ST_BF16, CG_ST_OTHER } cg_st_dtype;
 
 typedef struct cg_st_tensor {
-    const char *name;      /* owned by the file */
+    const char *name; /* owned by the file */
     cg_st_dtype dtype;
     const char *dtype_str; /* as written in the header, e.g. "F32" or "I8" */
     int ndim;
     int64_t shape[CG_ST_MAX_DIMS];
     size_t numel;
-    const uint8_t *data;   /* inside the mapping; not aligned in general */
+    const uint8_t *data; /* inside the mapping; not aligned in general */
     size_t nbytes;
 } cg_st_tensor;
 
@@ -66,10 +67,34 @@ cg_status cg_st_write_header(FILE *fp, const cg_st_spec *specs, size_t n, char *
 /* Writes n floats converted to dtype (round to nearest even). */
 cg_status cg_st_write_data(FILE *fp, cg_st_dtype dtype, const float *x, size_t n) CG_WUR;
 
-/* Conversions, exposed for tests. */
-float cg_f16_to_f32(uint16_t h);
+/* Conversions. Widening is exact and inline: the weight products' kernels use it too. */
+static inline float cg_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    float f;
+    if (exp == 0) {
+        /* zero or subnormal: man * 2^-24 is exact in float */
+        f = (float)man * 0x1p-24f;
+        return sign ? -f : f;
+    }
+    if (exp == 31)
+        bits = sign | 0x7f800000u | (man << 13);
+    else
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    memcpy(&f, &bits, 4);
+    return f;
+}
+static inline float cg_bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+/* n 16-bit values at src (bf16 when bf16, else f16; any alignment) widened into dst. */
+void cg_widen16(const void *src, size_t n, int bf16, float *dst);
 uint16_t cg_f32_to_f16(float f);
-float cg_bf16_to_f32(uint16_t h);
 uint16_t cg_f32_to_bf16(float f);
 
 #endif
