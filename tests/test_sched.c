@@ -68,10 +68,10 @@ static cg_model *make_model(const char *dtype, const char *preset, char *dir)
 static cg_engine *new_engine(cg_model *m, uint32_t max_running, uint32_t max_queue, uint32_t chunk)
 {
     cg_engine_params p = cg_engine_default_params();
-    p.max_running = max_running;
-    p.max_queue = max_queue;
-    p.prefill_chunk = chunk;
-    p.prefill_budget = chunk;
+    p.sched.max_running = max_running;
+    p.sched.max_queue = max_queue;
+    p.sched.prefill_chunk = chunk;
+    p.sched.prefill_budget = chunk;
     cg_engine *e = NULL;
     ck_assert_int_eq(cg_engine_open(m, p, &e), CG_OK);
     return e;

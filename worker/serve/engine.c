@@ -18,11 +18,7 @@ cg_engine_params cg_engine_default_params(void)
         .reserve_tokens = 512,
         .disk_write_behind = 64,
         .disk_write_behind_bytes = (size_t)64 << 20,
-        .max_running = 16,
-        .max_queue = 48,
-        .prefill_chunk = 256,
-        .prefill_budget = 256,
-        .idle_chunk = 32,
+        .sched = cg_sched_default_params(),
         .now_ms = cg_now_ms,
     };
 }
@@ -45,15 +41,13 @@ cg_status cg_engine_open(const cg_model *model, cg_engine_params params, cg_engi
                           .disk_wb_bytes = params.disk_write_behind_bytes,
                           .remote = params.remote};
     cg_status st = cg_tiers_open(model, &tp, &e->tiers);
-    cg_sched_params sp = {params.max_running, params.max_queue, params.prefill_chunk,
-                          params.prefill_budget, params.idle_chunk};
-    if (st == CG_OK) st = cg_sched_open(model, sp, &e->sched);
+    if (st == CG_OK) st = cg_sched_open(model, params.sched, &e->sched);
     if (st != CG_OK) {
         cg_engine_close(&e);
         return st;
     }
-    e->live = cg_live_new(model, cg_tiers_pool(e->tiers), e->p.max_assemblies,
-                          e->p.assembly_ttl_ms);
+    e->live =
+        cg_live_new(model, cg_tiers_pool(e->tiers), e->p.max_assemblies, e->p.assembly_ttl_ms);
     *out = e;
     return CG_OK;
 }
@@ -230,8 +224,8 @@ static void copy_kv(const cg_assembly *a, void *ud)
 {
     kv_out *o = ud;
     size_t plane = (size_t)a->n_tokens * (size_t)o->cfg->head_dim;
-    float *buf = cg_malloc((size_t)(o->h1 - o->h0 + 1) * (size_t)o->cfg->n_layers * 2 * plane *
-                               sizeof(float) + 1);
+    float *buf = cg_malloc(
+        (size_t)(o->h1 - o->h0 + 1) * (size_t)o->cfg->n_layers * 2 * plane * sizeof(float) + 1);
     float *w = buf;
     for (int h = o->h0; h <= o->h1; h++)
         for (int l = 0; l < o->cfg->n_layers; l++) {

@@ -43,12 +43,9 @@ typedef struct cg_engine_params {
      * Default NULL. */
     cg_remote *remote;
     /* The scheduler (worker/serve/sched.h): decoding sequences stepped together, admitted
-     * requests beyond them, rows per prefill piece and prefill rows between decode steps. */
-    uint32_t max_running;    /* default 16 */
-    uint32_t max_queue;      /* default 48 */
-    uint32_t prefill_chunk;  /* default 256 */
-    uint32_t prefill_budget; /* default 256 */
-    uint32_t idle_chunk;     /* rows per background piece (the quality canary); default 32 */
+     * requests beyond them, rows per prefill piece, prefill rows between decode steps, rows per
+     * background piece (the quality canary). Default cg_sched_default_params(). */
+    cg_sched_params sched;
     /* Monotonic milliseconds, read at the start and the end of an assemble: its ttl runs from
      * when it is ready (the now given to cg_engine_assemble plus the time it computed).
      * Default cg_now_ms; NULL counts the ttl from now (tests that set every time by hand). */
@@ -109,9 +106,9 @@ typedef struct cg_assemble_req {
      * 1: it does not (a prompt rendered by a chat template writes its own). Other segments
      * never do. */
     int no_bos;
-    int64_t reserve_tokens;           /* < 0: the engine's default */
-    cg_engine_path path;              /* default CG_PATH_CACHED (0) */
-    float *logits_out;                /* optional: receives vocab_size logits of the last token */
+    int64_t reserve_tokens; /* < 0: the engine's default */
+    cg_engine_path path;    /* default CG_PATH_CACHED (0) */
+    float *logits_out;      /* optional: receives vocab_size logits of the last token */
 } cg_assemble_req;
 
 typedef struct cg_engine_seg_result {
@@ -126,10 +123,10 @@ typedef struct cg_engine_seg_result {
 
 /* The outcome of an assemble. Owned by the caller: cg_assembly_info_free. */
 typedef struct cg_assembly_info {
-    char id[33];              /* 32 lowercase hex characters: 128 random bits */
-    uint32_t n_tokens;        /* prompt tokens */
-    uint32_t cached_tokens;   /* tokens of hit segments */
-    uint32_t computed_tokens; /* tokens run through the model (misses, recompute, question) */
+    char id[33];                /* 32 lowercase hex characters: 128 random bits */
+    uint32_t n_tokens;          /* prompt tokens */
+    uint32_t cached_tokens;     /* tokens of hit segments */
+    uint32_t computed_tokens;   /* tokens run through the model (misses, recompute, question) */
     uint32_t recomputed_tokens; /* chunk tokens recomputed with full context (prefix + ratio) */
     uint64_t ttl_ms;
     cg_engine_seg_result *segs;
@@ -179,10 +176,10 @@ typedef struct cg_complete_req {
     size_t n_prompt_tokens;
     int prompt_logprobs; /* -1: none; else a plain prompt's token logprobs with this many top
                             entries (echo) */
-    float temperature; /* <= 0: greedy */
-    float top_p;       /* (0, 1]; 1 = off */
+    float temperature;   /* <= 0: greedy */
+    float top_p;         /* (0, 1]; 1 = off */
     uint64_t seed;
-    uint32_t max_tokens;  /* 0: no token, finish "length" */
+    uint32_t max_tokens; /* 0: no token, finish "length" */
     /* 1: max_tokens was not asked for, and is cut to the context left after the prompt; 0: a
      * prompt plus max_tokens beyond the context is CG_E_CONTEXT (never silently cut) */
     int clamp_max_tokens;
@@ -212,7 +209,7 @@ typedef struct cg_complete_result {
     int32_t *prompt_top_ids;
     float *prompt_top_lps;
     int prompt_top_k;
-    int cancelled;             /* on_token asked to stop */
+    int cancelled; /* on_token asked to stop */
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
     uint32_t recomputed_tokens; /* of the assembly decoded (0 for a plain prompt) */
     struct cg_probe *probe;     /* with probe_tokens, from an assembly: owned (NULL otherwise) */

@@ -49,8 +49,7 @@ static const cg_cfg_opt gen_opts[] = {
             "storage dtype of the weights: f32, f16 or bf16 (empty: the preset's; tiny f32)"),
     GEN_OPT("rope-style", "CHUNKGATE_WORKER_GEN_ROPE_STYLE", CG_CFG_STR, rope_style, "half", 0, 0,
             "RoPE pairing: half (HF/NeoX) or interleaved (GPT-J; tiny only)"),
-    GEN_OPT("rope-scaling", "CHUNKGATE_WORKER_GEN_ROPE_SCALING", CG_CFG_STR, rope_scaling, "", 0,
-            0,
+    GEN_OPT("rope-scaling", "CHUNKGATE_WORKER_GEN_ROPE_SCALING", CG_CFG_STR, rope_scaling, "", 0, 0,
             "rope_scaling override: none, linear:F, yarn:F, llama3[:F] or dynamic:F (empty: the "
             "preset's)"),
     GEN_OPT("model-id", "CHUNKGATE_WORKER_GEN_MODEL_ID", CG_CFG_STR, model_id, "", 0, 0,
@@ -112,118 +111,123 @@ typedef struct serve_cfg {
 #define OPT_ENUM(...) CG_OPT_ENUM(serve_cfg, __VA_ARGS__)
 static const cg_cfg_opt serve_opts[] = {
     OPT("model", "CHUNKGATE_WORKER_MODEL", CG_CFG_STR, model, NULL, 0, 0,
-     "model directory: config.json + model.safetensors (required)"),
-    OPT("listen", "CHUNKGATE_WORKER_LISTEN", CG_CFG_STR, listen, "127.0.0.1:8090",
-     0, 0, "HOST:PORT to listen on; port 0 picks a free port (logged)"),
-    OPT("data-dir", "CHUNKGATE_WORKER_DATA_DIR", CG_CFG_STR, data_dir,
-     "./chunkgate-worker-data", 0, 0,
-     "state directory (created if missing): holds the disk tier (kv.blocks, kv.db)"),
-    OPT("pool-mb", "CHUNKGATE_WORKER_POOL_MB", CG_CFG_INT, pool_mb, "256", 1,
-     1 << 20, "KV pool (RAM tier) capacity in MiB"),
-    OPT("disk-mb", "CHUNKGATE_WORKER_DISK_MB", CG_CFG_INT, disk_mb, "0", 0,
-     1LL << 30,
-     "disk tier capacity in MiB in --data-dir (0 = no disk tier): RAM evictions spill there, "
-     "and it survives restarts"),
-    OPT("disk-flush-on-exit", "CHUNKGATE_WORKER_DISK_FLUSH_ON_EXIT", CG_CFG_INT, disk_flush_on_exit, "1", 0, 1,
-     "1: on SIGTERM/SIGINT write every RAM chunk to the disk tier before exiting"),
+        "model directory: config.json + model.safetensors (required)"),
+    OPT("listen", "CHUNKGATE_WORKER_LISTEN", CG_CFG_STR, listen, "127.0.0.1:8090", 0, 0,
+        "HOST:PORT to listen on; port 0 picks a free port (logged)"),
+    OPT("data-dir", "CHUNKGATE_WORKER_DATA_DIR", CG_CFG_STR, data_dir, "./chunkgate-worker-data", 0,
+        0, "state directory (created if missing): holds the disk tier (kv.blocks, kv.db)"),
+    OPT("pool-mb", "CHUNKGATE_WORKER_POOL_MB", CG_CFG_INT, pool_mb, "256", 1, 1 << 20,
+        "KV pool (RAM tier) capacity in MiB"),
+    OPT("disk-mb", "CHUNKGATE_WORKER_DISK_MB", CG_CFG_INT, disk_mb, "0", 0, 1LL << 30,
+        "disk tier capacity in MiB in --data-dir (0 = no disk tier): RAM evictions spill there, "
+        "and it survives restarts"),
+    OPT("disk-flush-on-exit", "CHUNKGATE_WORKER_DISK_FLUSH_ON_EXIT", CG_CFG_INT, disk_flush_on_exit,
+        "1", 0, 1, "1: on SIGTERM/SIGINT write every RAM chunk to the disk tier before exiting"),
     OPT("disk-write-behind", "CHUNKGATE_WORKER_DISK_WRITE_BEHIND", CG_CFG_INT, disk_write_behind,
-     "64", 0, 1 << 20,
-     "computed chunks queued for the disk tier in the background (0 = off: only RAM evictions "
-     "spill); bounds what kill -9 loses. A full queue drops the write (counted), never waits"),
+        "64", 0, 1 << 20,
+        "computed chunks queued for the disk tier in the background (0 = off: only RAM evictions "
+        "spill); bounds what kill -9 loses. A full queue drops the write (counted), never waits"),
     OPT("disk-write-behind-mb", "CHUNKGATE_WORKER_DISK_WRITE_BEHIND_MB", CG_CFG_INT,
-     disk_write_behind_mb, "64", 1, 1 << 20, "bytes of the disk write-behind queue, in MiB"),
+        disk_write_behind_mb, "64", 1, 1 << 20, "bytes of the disk write-behind queue, in MiB"),
     OPT("remote", "CHUNKGATE_WORKER_REMOTE", CG_CFG_STR, remote, "", 0, 0,
-     "shared KV tier on Redis: redis://HOST:PORT[/DB] (one node) or redis+cluster://HOST:PORT (a "
-     "Redis Cluster, discovered from that node); empty = none. Password: the environment "
-     "variable CHUNKGATE_WORKER_REMOTE_PASSWORD or --remote-password-file, never the URL"),
+        "shared KV tier on Redis: redis://HOST:PORT[/DB] (one node) or redis+cluster://HOST:PORT "
+        "(a "
+        "Redis Cluster, discovered from that node); empty = none. Password: the environment "
+        "variable CHUNKGATE_WORKER_REMOTE_PASSWORD or --remote-password-file, never the URL"),
     OPT("remote-password-file", "CHUNKGATE_WORKER_REMOTE_PASSWORD_FILE", CG_CFG_STR,
-     remote_password_file, "", 0, 0,
-     "file holding the Redis password (one trailing newline is dropped); empty = the environment "
-     "variable CHUNKGATE_WORKER_REMOTE_PASSWORD, or no AUTH"),
+        remote_password_file, "", 0, 0,
+        "file holding the Redis password (one trailing newline is dropped); empty = the "
+        "environment "
+        "variable CHUNKGATE_WORKER_REMOTE_PASSWORD, or no AUTH"),
     OPT("remote-id", "CHUNKGATE_WORKER_REMOTE_ID", CG_CFG_STR, remote_id, "", 0, 0,
-     "name of the shared tier in /v1/info; the gateway treats workers reporting the same name as "
-     "sharing it (empty = the --remote URL; set it when workers reach one Redis by different "
-     "addresses)"),
+        "name of the shared tier in /v1/info; the gateway treats workers reporting the same name "
+        "as "
+        "sharing it (empty = the --remote URL; set it when workers reach one Redis by different "
+        "addresses)"),
     OPT("remote-timeout-ms", "CHUNKGATE_WORKER_REMOTE_TIMEOUT_MS", CG_CFG_INT, remote_timeout_ms,
-     "500", 1, 600000,
-     "most one remote read or write may take; a request whose remote read fails or times out "
-     "does not ask Redis again, so a slow Redis costs it at most this"),
+        "500", 1, 600000,
+        "most one remote read or write may take; a request whose remote read fails or times out "
+        "does not ask Redis again, so a slow Redis costs it at most this"),
     OPT("remote-ttl-s", "CHUNKGATE_WORKER_REMOTE_TTL_S", CG_CFG_INT, remote_ttl_s, "0", 0,
-     1LL << 31, "expire remote values after this many seconds (0 = never; let Redis evict with "
-     "maxmemory-policy allkeys-lru)"),
+        1LL << 31,
+        "expire remote values after this many seconds (0 = never; let Redis evict with "
+        "maxmemory-policy allkeys-lru)"),
     OPT("remote-queue", "CHUNKGATE_WORKER_REMOTE_QUEUE", CG_CFG_INT, remote_queue, "256", 1,
-     1 << 20, "computed chunks queued for Redis; a full queue drops the write (counted), never waits"),
+        1 << 20,
+        "computed chunks queued for Redis; a full queue drops the write (counted), never waits"),
     OPT("remote-queue-mb", "CHUNKGATE_WORKER_REMOTE_QUEUE_MB", CG_CFG_INT, remote_queue_mb, "256",
-     1, 1 << 20, "bytes of the Redis write-behind queue, in MiB"),
+        1, 1 << 20, "bytes of the Redis write-behind queue, in MiB"),
     OPT("remote-conns", "CHUNKGATE_WORKER_REMOTE_CONNS", CG_CFG_INT, remote_conns, "4", 1, 64,
-     "connections per Redis node"),
-    OPT("block-tokens", "CHUNKGATE_WORKER_BLOCK_TOKENS", CG_CFG_INT, block_tokens,
-     "16", 1, 4096, "tokens per pool block"),
-    OPT("assembly-ttl-ms", "CHUNKGATE_WORKER_ASSEMBLY_TTL_MS", CG_CFG_INT, assembly_ttl_ms, "60000", 1, 86400000,
-     "an assembly not consumed or deleted within this time is released"),
-    OPT("max-assemblies", "CHUNKGATE_WORKER_MAX_ASSEMBLIES", CG_CFG_INT, max_assemblies, "64", 1, 1 << 20,
-     "live assemblies at once; more are refused with 503"),
-    OPT("reserve-tokens", "CHUNKGATE_WORKER_RESERVE_TOKENS", CG_CFG_INT, reserve_tokens, "512", 0, 1 << 24,
-     "decode room allocated with each assembly (it grows when exceeded)"),
-    OPT("max-segments", "CHUNKGATE_WORKER_MAX_SEGMENTS", CG_CFG_INT, max_segments,
-     "256", 2, 1 << 20, "segments per request"),
-    OPT("separator", "CHUNKGATE_WORKER_SEPARATOR", CG_CFG_STR, separator, CG_SPLIT_DEFAULT_SEPARATOR,
-     0, 0, "segment separator of /v1/completions prompts"),
+        "connections per Redis node"),
+    OPT("block-tokens", "CHUNKGATE_WORKER_BLOCK_TOKENS", CG_CFG_INT, block_tokens, "16", 1, 4096,
+        "tokens per pool block"),
+    OPT("assembly-ttl-ms", "CHUNKGATE_WORKER_ASSEMBLY_TTL_MS", CG_CFG_INT, assembly_ttl_ms, "60000",
+        1, 86400000, "an assembly not consumed or deleted within this time is released"),
+    OPT("max-assemblies", "CHUNKGATE_WORKER_MAX_ASSEMBLIES", CG_CFG_INT, max_assemblies, "64", 1,
+        1 << 20, "live assemblies at once; more are refused with 503"),
+    OPT("reserve-tokens", "CHUNKGATE_WORKER_RESERVE_TOKENS", CG_CFG_INT, reserve_tokens, "512", 0,
+        1 << 24, "decode room allocated with each assembly (it grows when exceeded)"),
+    OPT("max-segments", "CHUNKGATE_WORKER_MAX_SEGMENTS", CG_CFG_INT, max_segments, "256", 2,
+        1 << 20, "segments per request"),
+    OPT("separator", "CHUNKGATE_WORKER_SEPARATOR", CG_CFG_STR, separator,
+        CG_SPLIT_DEFAULT_SEPARATOR, 0, 0, "segment separator of /v1/completions prompts"),
     OPT("chat-template", "CHUNKGATE_WORKER_CHAT_TEMPLATE", CG_CFG_STR, chat_template, "", 0, 0,
-     "Jinja chat template file for /v1/chat/completions, instead of the model's own "
-     "(tokenizer_config.json or chat_template.jinja); empty = the model's, or the plain "
-     "rendering for a model without one"),
-    OPT("default-max-tokens", "CHUNKGATE_WORKER_DEFAULT_MAX_TOKENS", CG_CFG_INT, default_max_tokens, "16", 0, 1 << 24,
-     "max_tokens of /v1/completions when the request has none"),
-    OPT("max-body", "CHUNKGATE_WORKER_MAX_BODY", CG_CFG_SIZE, max_body, "8M",
-     1024, 1LL << 32, "largest request body; larger gets 413"),
-    OPT("io-threads", "CHUNKGATE_WORKER_IO_THREADS", CG_CFG_INT, io_threads, "2",
-     1, 64, "HTTP event-loop threads"),
-    OPT("job-threads", "CHUNKGATE_WORKER_JOB_THREADS", CG_CFG_INT, job_threads,
-     "64", 1, 1024,
-     "threads for blocking handlers; a decoding request holds one (keep it at least "
-     "--max-running + --max-queue)"),
+        "Jinja chat template file for /v1/chat/completions, instead of the model's own "
+        "(tokenizer_config.json or chat_template.jinja); empty = the model's, or the plain "
+        "rendering for a model without one"),
+    OPT("default-max-tokens", "CHUNKGATE_WORKER_DEFAULT_MAX_TOKENS", CG_CFG_INT, default_max_tokens,
+        "16", 0, 1 << 24, "max_tokens of /v1/completions when the request has none"),
+    OPT("max-body", "CHUNKGATE_WORKER_MAX_BODY", CG_CFG_SIZE, max_body, "8M", 1024, 1LL << 32,
+        "largest request body; larger gets 413"),
+    OPT("io-threads", "CHUNKGATE_WORKER_IO_THREADS", CG_CFG_INT, io_threads, "2", 1, 64,
+        "HTTP event-loop threads"),
+    OPT("job-threads", "CHUNKGATE_WORKER_JOB_THREADS", CG_CFG_INT, job_threads, "64", 1, 1024,
+        "threads for blocking handlers; a decoding request holds one (keep it at least "
+        "--max-running + --max-queue)"),
     OPT("max-running", "CHUNKGATE_WORKER_MAX_RUNNING", CG_CFG_INT, max_running, "16", 1, 1024,
-     "decoding sequences stepped together (continuous batching)"),
+        "decoding sequences stepped together (continuous batching)"),
     OPT("max-queue", "CHUNKGATE_WORKER_MAX_QUEUE", CG_CFG_INT, max_queue, "48", 0, 1 << 20,
-     "admitted requests beyond --max-running; one more assemble or completion is answered 429 "
-     "with Retry-After"),
+        "admitted requests beyond --max-running; one more assemble or completion is answered 429 "
+        "with Retry-After"),
     OPT("prefill-chunk", "CHUNKGATE_WORKER_PREFILL_CHUNK", CG_CFG_INT, prefill_chunk, "256", 16,
-     1 << 20, "rows per prefill piece; a long prompt is computed in pieces between decode steps"),
+        1 << 20,
+        "rows per prefill piece; a long prompt is computed in pieces between decode steps"),
     OPT("prefill-budget", "CHUNKGATE_WORKER_PREFILL_BUDGET", CG_CFG_INT, prefill_budget, "256", 1,
-     1 << 20, "prefill rows computed between two decode steps while sequences decode"),
+        1 << 20, "prefill rows computed between two decode steps while sequences decode"),
     OPT("recompute-ratio", "CHUNKGATE_WORKER_RECOMPUTE_RATIO", CG_CFG_NUM, recompute_ratio, "0", 0,
-     1, "recompute_ratio of a request that sends none: the share of chunk tokens whose KV "
-     "deviates most that is recomputed with full context (0 = off, 1 = a plain causal forward)"),
+        1,
+        "recompute_ratio of a request that sends none: the share of chunk tokens whose KV "
+        "deviates most that is recomputed with full context (0 = off, 1 = a plain causal forward)"),
     OPT("canary-rate", "CHUNKGATE_WORKER_CANARY_RATE", CG_CFG_NUM, canary_rate, "0.01", 0, 1,
-     "share of completions decoded from an assembly that are also computed with a plain causal "
-     "forward in the background, to measure what reuse costs (KL, top-1 agreement in /metrics)"),
-    OPT("canary-tokens", "CHUNKGATE_WORKER_CANARY_TOKENS", CG_CFG_INT, canary_tokens, "16", 0,
-     4096, "generated tokens a canary comparison covers by teacher forcing, after the prompt's "
-     "end"),
+        "share of completions decoded from an assembly that are also computed with a plain causal "
+        "forward in the background, to measure what reuse costs (KL, top-1 agreement in /metrics)"),
+    OPT("canary-tokens", "CHUNKGATE_WORKER_CANARY_TOKENS", CG_CFG_INT, canary_tokens, "16", 0, 4096,
+        "generated tokens a canary comparison covers by teacher forcing, after the prompt's "
+        "end"),
     OPT("canary-queue", "CHUNKGATE_WORKER_CANARY_QUEUE", CG_CFG_INT, canary_queue, "4", 1, 1024,
-     "sampled comparisons waiting for idle time; more are dropped (counted)"),
-    OPT("canary-chunk", "CHUNKGATE_WORKER_CANARY_CHUNK", CG_CFG_INT, canary_chunk, "32", 1,
-     1 << 20, "rows per background piece of a comparison: a live request waits at most for one"),
-    OPT("kv-source", "CHUNKGATE_WORKER_KV_SOURCE", CG_CFG_STR, kv_source, "", 0,
-     0,
-     "backend role: base URL of the worker whose assemblies /v1/completions pulls (empty = "
-     "only local assemblies)"),
-    OPT("kv-request-source", "CHUNKGATE_WORKER_KV_REQUEST_SOURCE", CG_CFG_INT, kv_request_source, "0", 0, 1,
-     "1: a request's kv_transfer_params.worker may name the worker to pull from (lets any "
-     "client make this worker connect to a URL of its choice; trusted networks only)"),
+        "sampled comparisons waiting for idle time; more are dropped (counted)"),
+    OPT("canary-chunk", "CHUNKGATE_WORKER_CANARY_CHUNK", CG_CFG_INT, canary_chunk, "32", 1, 1 << 20,
+        "rows per background piece of a comparison: a live request waits at most for one"),
+    OPT("kv-source", "CHUNKGATE_WORKER_KV_SOURCE", CG_CFG_STR, kv_source, "", 0, 0,
+        "backend role: base URL of the worker whose assemblies /v1/completions pulls (empty = "
+        "only local assemblies)"),
+    OPT("kv-request-source", "CHUNKGATE_WORKER_KV_REQUEST_SOURCE", CG_CFG_INT, kv_request_source,
+        "0", 0, 1,
+        "1: a request's kv_transfer_params.worker may name the worker to pull from (lets any "
+        "client make this worker connect to a URL of its choice; trusted networks only)"),
     OPT("tp", "CHUNKGATE_WORKER_TP", CG_CFG_INT, tp, "1", 1, 1024,
-     "tensor-parallel ranks of a pull: each fetches exactly its KV heads with its own request "
-     "(must divide the KV heads or be a multiple of them)"),
-    OPT("kv-timeout-ms", "CHUNKGATE_WORKER_KV_TIMEOUT_MS", CG_CFG_INT, kv_timeout_ms, "5000", 1, 3600000,
-     "timeout of each KV pull request, connect included"),
-    OPT("kv-max-pulls", "CHUNKGATE_WORKER_KV_MAX_PULLS", CG_CFG_INT, kv_max_pulls,
-     "4", 1, 1024, "KV pulls in flight at once; more are answered 503 with Retry-After"),
+        "tensor-parallel ranks of a pull: each fetches exactly its KV heads with its own request "
+        "(must divide the KV heads or be a multiple of them)"),
+    OPT("kv-timeout-ms", "CHUNKGATE_WORKER_KV_TIMEOUT_MS", CG_CFG_INT, kv_timeout_ms, "5000", 1,
+        3600000, "timeout of each KV pull request, connect included"),
+    OPT("kv-max-pulls", "CHUNKGATE_WORKER_KV_MAX_PULLS", CG_CFG_INT, kv_max_pulls, "4", 1, 1024,
+        "KV pulls in flight at once; more are answered 503 with Retry-After"),
     OPT_ENUM("log-level", "CHUNKGATE_WORKER_LOG_LEVEL", log_level, "info", cg_log_level_names,
              "debug, info, warn or error"),
     OPT_ENUM("key-hash", "CHUNKGATE_WORKER_KEY_HASH", key_hash, "xxhash", cg_key_hash_names,
-     "chunk key hash: xxhash (XXH3-128) or sha256; must equal the gateway's --key-hash (reported "
-     "as key_hash in /v1/info)"),
+             "chunk key hash: xxhash (XXH3-128) or sha256; must equal the gateway's --key-hash "
+             "(reported "
+             "as key_hash in /v1/info)"),
 };
 
 static void usage(FILE *out)
@@ -423,16 +427,17 @@ static int open_engine(const serve_cfg *c, parts *w)
     ep.disk_write_behind = (size_t)c->disk_write_behind;
     ep.disk_write_behind_bytes = (size_t)c->disk_write_behind_mb << 20;
     ep.remote = w->remote;
-    ep.max_running = (uint32_t)c->max_running;
-    ep.max_queue = (uint32_t)c->max_queue;
-    ep.prefill_chunk = (uint32_t)c->prefill_chunk;
-    ep.prefill_budget = (uint32_t)c->prefill_budget;
-    ep.idle_chunk = (uint32_t)c->canary_chunk;
+    ep.sched.max_running = (uint32_t)c->max_running;
+    ep.sched.max_queue = (uint32_t)c->max_queue;
+    ep.sched.prefill_chunk = (uint32_t)c->prefill_chunk;
+    ep.sched.prefill_budget = (uint32_t)c->prefill_budget;
+    ep.sched.idle_chunk = (uint32_t)c->canary_chunk;
     cg_status st = cg_engine_open(w->model, ep, &w->engine);
     if (st == CG_OK) return 0;
     if (st == CG_E_VALUE)
-        cg_log(CG_LOG_ERROR, "--pool-mb %lld or --disk-mb %lld cannot hold one block of %lld tokens",
-               c->pool_mb, c->disk_mb, c->block_tokens);
+        cg_log(CG_LOG_ERROR,
+               "--pool-mb %lld or --disk-mb %lld cannot hold one block of %lld tokens", c->pool_mb,
+               c->disk_mb, c->block_tokens);
     else
         cg_log(CG_LOG_ERROR, "cannot open the disk tier in %s (%s); see the line above",
                c->data_dir, cg_status_name(st));
@@ -486,8 +491,8 @@ static int open_chat(const serve_cfg *c, parts *w)
     if (s) snprintf(bos, sizeof bos, "%.*s", (int)n, s);
     s = cg_tokenizer_token_str(t, cg_tokenizer_eos(t), &n);
     if (s) snprintf(eos, sizeof eos, "%.*s", (int)n, s);
-    cg_status st = cg_chat_model_new(src, bos[0] ? bos : NULL, eos[0] ? eos : NULL, &w->chat, err,
-                                     sizeof err);
+    cg_status st =
+        cg_chat_model_new(src, bos[0] ? bos : NULL, eos[0] ? eos : NULL, &w->chat, err, sizeof err);
     free(owned);
     if (st == CG_OK) return 0;
     cg_log(CG_LOG_ERROR,
