@@ -11,13 +11,15 @@ typedef enum { M_COUNTER, M_GAUGE, M_HISTOGRAM } mtype;
 struct cg_metric {
     char *name, *labels;
     mtype type;
-    double value;    /* counter/gauge */
-    double *bounds;  /* histogram */
+    double value;     /* counter/gauge */
+    double *bounds;   /* histogram */
     uint64_t *counts; /* per bucket (not cumulative), n_bounds + 1 */
     size_t n_bounds;
     double sum;
     uint64_t count;
     cg_metric *next;
+    uint64_t hash;     /* of type, name and labels: the index's key */
+    cg_metric *bucket; /* next series in the same index bucket */
 };
 
 typedef struct family {
@@ -28,12 +30,14 @@ typedef struct family {
 
 struct cg_metrics {
     pthread_mutex_t mu;
-    cg_metric *series, *tail;
+    cg_metric *series, *tail; /* in creation order: the exposition's order */
+    cg_metric **index;        /* hash buckets over the series: lookups stay O(1) per call */
+    size_t index_cap, n_series;
     family *families, *ftail;
 };
 
-const double cg_metrics_latency_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                             0.25,  0.5,    1,     2.5,  5,     10,   30, 60};
+const double cg_metrics_latency_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                             0.5,   1,      2.5,   5,    10,    30,   60};
 const size_t cg_metrics_latency_n = CG_ARRAY_LEN(cg_metrics_latency_buckets);
 
 cg_metrics *cg_metrics_new(void)
@@ -62,19 +66,57 @@ void cg_metrics_free(cg_metrics **mp)
         free(f->help);
         free(f);
     }
+    free(m->index);
     pthread_mutex_destroy(&m->mu);
     free(m);
 }
 
-static int same(const char *a, const char *b) { return strcmp(a ? a : "", b ? b : "") == 0; }
+static int same(const char *a, const char *b)
+{
+    return strcmp(a ? a : "", b ? b : "") == 0;
+}
+
+/* FNV-1a over the type, the name and the labels (NULL and "" alike). */
+static uint64_t series_hash(mtype type, const char *name, const char *labels)
+{
+    uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)type;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    h = (h ^ 0xff) *
+        0x100000001b3ull; /* a byte no name holds: name "ab" + labels "c" != "a" + "bc" */
+    for (const char *p = labels ? labels : ""; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    return h;
+}
+
+/* Adds s to the index (under mu), doubling it at half full. */
+static void index_add(cg_metrics *m, cg_metric *s)
+{
+    if (2 * (m->n_series + 1) > m->index_cap) {
+        size_t cap = m->index_cap ? m->index_cap * 2 : 64;
+        cg_metric **idx = cg_calloc(cap, sizeof *idx);
+        for (cg_metric *t = m->series; t; t = t->next) {
+            t->bucket = idx[t->hash & (cap - 1)];
+            idx[t->hash & (cap - 1)] = t;
+        }
+        free(m->index);
+        m->index = idx;
+        m->index_cap = cap;
+    }
+    s->bucket = m->index[s->hash & (m->index_cap - 1)];
+    m->index[s->hash & (m->index_cap - 1)] = s;
+    m->n_series++;
+}
 
 static cg_metric *get(cg_metrics *m, const char *name, const char *help, const char *labels,
                       mtype type, const double *bounds, size_t nb)
 {
+    uint64_t h = series_hash(type, name, labels);
     pthread_mutex_lock(&m->mu);
-    cg_metric *s;
-    for (s = m->series; s; s = s->next)
-        if (s->type == type && !strcmp(s->name, name) && same(s->labels, labels)) goto out;
+    cg_metric *s = m->index_cap ? m->index[h & (m->index_cap - 1)] : NULL;
+    for (; s; s = s->bucket)
+        if (s->hash == h && s->type == type && !strcmp(s->name, name) && same(s->labels, labels))
+            goto out;
     family *f;
     for (f = m->families; f; f = f->next)
         if (!strcmp(f->name, name)) break;
@@ -83,8 +125,10 @@ static cg_metric *get(cg_metrics *m, const char *name, const char *help, const c
         f->name = cg_strdup(name);
         f->help = cg_strdup(help ? help : name);
         f->type = type;
-        if (m->ftail) m->ftail->next = f;
-        else m->families = f;
+        if (m->ftail)
+            m->ftail->next = f;
+        else
+            m->families = f;
         m->ftail = f;
     }
     s = cg_calloc(1, sizeof *s);
@@ -97,8 +141,12 @@ static cg_metric *get(cg_metrics *m, const char *name, const char *help, const c
         memcpy(s->bounds, bounds, nb * sizeof *bounds);
         s->counts = cg_calloc(nb + 1, sizeof *s->counts);
     }
-    if (m->tail) m->tail->next = s;
-    else m->series = s;
+    s->hash = h;
+    index_add(m, s); /* before s joins the list: a rehash walks the list */
+    if (m->tail)
+        m->tail->next = s;
+    else
+        m->series = s;
     m->tail = s;
 out:
     pthread_mutex_unlock(&m->mu);
@@ -147,7 +195,8 @@ double cg_metric_value(cg_metric *c)
 void cg_metric_observe(cg_metric *h, double v)
 {
     size_t i = 0;
-    while (i < h->n_bounds && v > h->bounds[i]) i++;
+    while (i < h->n_bounds && v > h->bounds[i])
+        i++;
     pthread_mutex_lock(&update_mu);
     h->counts[i]++;
     h->count++;
@@ -176,9 +225,12 @@ void cg_metrics_inc(cg_metrics *m, const char *name, const char *help, const cha
 static void num(cg_buf *out, double v)
 {
     cg_status st;
-    if (isinf(v)) st = cg_buf_printf(out, v > 0 ? "+Inf" : "-Inf");
-    else if (v == (double)(long long)v && fabs(v) < 1e15) st = cg_buf_printf(out, "%lld", (long long)v);
-    else st = cg_buf_printf(out, "%.9g", v);
+    if (isinf(v))
+        st = cg_buf_printf(out, v > 0 ? "+Inf" : "-Inf");
+    else if (v == (double)(long long)v && fabs(v) < 1e15)
+        st = cg_buf_printf(out, "%lld", (long long)v);
+    else
+        st = cg_buf_printf(out, "%.9g", v);
     (void)st;
 }
 
@@ -214,8 +266,10 @@ void cg_metrics_render(cg_metrics *m, cg_buf *out)
             char le[64];
             for (size_t i = 0; i <= s->n_bounds; i++) {
                 cum += s->counts[i];
-                if (i < s->n_bounds) snprintf(le, sizeof le, "le=\"%.9g\"", s->bounds[i]);
-                else snprintf(le, sizeof le, "le=\"+Inf\"");
+                if (i < s->n_bounds)
+                    snprintf(le, sizeof le, "le=\"%.9g\"", s->bounds[i]);
+                else
+                    snprintf(le, sizeof le, "le=\"+Inf\"");
                 series(out, s->name, "_bucket", s->labels, le, (double)cum);
             }
             series(out, s->name, "_sum", s->labels, NULL, s->sum);

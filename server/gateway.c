@@ -195,32 +195,15 @@ static const cg_http_fast_handler fast_handlers[CG_ARRAY_LEN(routes)] = {
 static void on_done(void *app, const char *route, int status, double seconds)
 {
     cg_gateway *g = app;
-    size_t slot = (((uintptr_t)route >> 4) * 31u + (unsigned)status) % CG_ARRAY_LEN(g->done_cache);
-    cg_metric *count = NULL, *duration = NULL;
-    pthread_mutex_lock(&g->done_mu);
-    if (g->done_cache[slot].route == route && g->done_cache[slot].status == status) {
-        count = g->done_cache[slot].count;
-        duration = g->done_cache[slot].duration;
-    }
-    pthread_mutex_unlock(&g->done_mu);
-    if (!count) {
-        char labels[128];
-        snprintf(labels, sizeof labels, "route=\"%s\",code=\"%d\"", route, status);
-        count = cg_metrics_counter(g->metrics, "chunkgate_requests_total",
-                                   "HTTP requests by route and status.", labels);
-        snprintf(labels, sizeof labels, "route=\"%s\"", route);
-        duration = cg_metrics_histogram(g->metrics, "chunkgate_request_duration_seconds",
-                                        "Time from request to the end of the reply.", labels,
-                                        cg_metrics_latency_buckets, cg_metrics_latency_n);
-        pthread_mutex_lock(&g->done_mu);
-        g->done_cache[slot].route = route;
-        g->done_cache[slot].status = status;
-        g->done_cache[slot].count = count;
-        g->done_cache[slot].duration = duration;
-        pthread_mutex_unlock(&g->done_mu);
-    }
-    cg_metric_add(count, 1);
-    cg_metric_observe(duration, seconds);
+    char labels[128];
+    snprintf(labels, sizeof labels, "route=\"%s\",code=\"%d\"", route, status);
+    cg_metrics_inc(g->metrics, "chunkgate_requests_total", "HTTP requests by route and status.",
+                   labels, 1);
+    snprintf(labels, sizeof labels, "route=\"%s\"", route);
+    cg_metric_observe(cg_metrics_histogram(g->metrics, "chunkgate_request_duration_seconds",
+                                           "Time from request to the end of the reply.", labels,
+                                           cg_metrics_latency_buckets, cg_metrics_latency_n),
+                      seconds);
 }
 
 /* Creates every fixed series up front, so a scrape shows them at 0 before any traffic. */
@@ -350,7 +333,6 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     cg_gateway *g = cg_calloc(1, sizeof *g);
     g->cfg = cfg;
     pthread_mutex_init(&g->ready_mu, NULL);
-    pthread_mutex_init(&g->done_mu, NULL);
     g->default_mode = (cg_mode)cfg->chunk_mode;
     g->metrics = cg_metrics_new();
     metrics_setup(g);
@@ -474,7 +456,6 @@ void cg_gateway_close(cg_gateway **gp)
     cg_metrics_free(&g->metrics);
     cg_recent_ring_free(&g->recent);
     pthread_mutex_destroy(&g->ready_mu);
-    pthread_mutex_destroy(&g->done_mu);
     free(g->index_path);
     free(g->tenants);
     free(g);

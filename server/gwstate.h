@@ -45,15 +45,6 @@ struct cg_gateway {
     char ready_msg[256];
 
     struct cg_recent_ring *recent; /* the status page's recent requests (status.c) */
-
-    /* The request counter and duration histogram of the last (route, status) pairs seen
-     * (gateway.c on_done): a registry lookup compares every series' name and labels. */
-    pthread_mutex_t done_mu;
-    struct {
-        const char *route; /* a route's static name: its address identifies it */
-        int status;
-        cg_metric *count, *duration;
-    } done_cache[64];
 };
 
 /* ---- helpers every module uses (gwstate.c) ---- */

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "base/http.h"
+#include "base/metrics.h"
 #include "tests/harness/harness.h"
 
 static cg_http_server *srv;
@@ -866,6 +867,41 @@ START_TEST(stop_with_live_stream)
     curl_easy_cleanup(e);
     curl_multi_cleanup(m);
     cg_buf_free(&body);
+}
+END_TEST
+
+/* The metrics registry finds every series again (through its index, across its growth), keeps
+ * series of one name apart by labels and type, and exposes them in creation order. */
+START_TEST(metrics_registry_lookups)
+{
+    cg_metrics *m = cg_metrics_new();
+    enum { N = 300 };
+    cg_metric *c[N];
+    char labels[64];
+    for (int i = 0; i < N; i++) {
+        snprintf(labels, sizeof labels, "route=\"r%d\"", i);
+        c[i] = cg_metrics_counter(m, "t_total", "Test.", labels);
+        cg_metric_add(c[i], i);
+    }
+    cg_metric *plain = cg_metrics_counter(m, "t_total", "Test.", NULL);
+    ck_assert_ptr_eq(cg_metrics_counter(m, "t_total", "Test.", ""), plain);
+    cg_metric *g = cg_metrics_gauge(m, "t_gauge", "Test.", "route=\"r1\"");
+    ck_assert_ptr_ne(g, c[1]);
+    for (int i = 0; i < N; i++) {
+        snprintf(labels, sizeof labels, "route=\"r%d\"", i);
+        ck_assert_ptr_eq(cg_metrics_counter(m, "t_total", "Test.", labels), c[i]);
+        ck_assert_double_eq(cg_metric_value(c[i]), i);
+        ck_assert_ptr_ne(c[i], plain);
+    }
+    cg_buf out;
+    cg_buf_init(&out, 0);
+    cg_metrics_render(m, &out);
+    ck_assert(cg_buf_append(&out, "", 1) == CG_OK);
+    const char *r0 = strstr(out.data, "t_total{route=\"r0\"} 0");
+    const char *r299 = strstr(out.data, "t_total{route=\"r299\"} 299");
+    ck_assert(r0 && r299 && r0 < r299);
+    cg_buf_free(&out);
+    cg_metrics_free(&m);
 }
 END_TEST
 
