@@ -72,7 +72,8 @@ static char *text_of(const th_resp *r)
     ck_assert_ptr_nonnull(j);
     const char *t = json_string_value(
         json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text"));
-    char *out = strdup(t ? t : "");
+    ck_assert_msg(t != NULL, "no choices[0].text: %.*s", (int)r->body.len, r->body.data);
+    char *out = strdup(t);
     json_decref(j);
     return out;
 }

@@ -59,6 +59,8 @@ static verdict check_all_splits(const cg_http_frame_limits *l, const char *p, si
     ck_assert_uint_eq(a.requests, whole.requests);
     ck_assert_uint_eq(b.requests, whole.requests);
     ck_assert(whole.st == CG_OK || whole.start != SIZE_MAX);
+    if (a.start != SIZE_MAX) ck_assert_uint_eq(a.start, whole.start);
+    if (b.start != SIZE_MAX) ck_assert_uint_eq(b.start, whole.start);
     return whole;
 }
 

@@ -121,11 +121,15 @@ START_TEST(worker_recompute_ratio)
         json_decref(e);
         e = post(wk.port, "/v1/completions",
                  json_pack("{s:s, s:O}", "prompt", "a # # b", "recompute_ratio", bad[i]), 400);
+        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
+                         "recompute_ratio");
         json_decref(e);
         json_decref(bad[i]);
     }
     json_t *e = post(wk.port, "/v1/completions",
                      json_pack("{s:s, s:s}", "prompt", "a # # b", "quality_probe", "yes"), 400);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
+                     "quality_probe");
     json_decref(e);
     json_decref(segs);
     /* /v1/info says what the defaults are */
