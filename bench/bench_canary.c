@@ -60,19 +60,6 @@ static double ttft(int port, const char *body)
     return (double)(t.first - t.t0) / 1e9;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, int n, double q)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    int i = (int)(q * (n - 1) + 0.5);
-    return v[i];
-}
-
 /* The body of request i: the documents in a new order, a new question. */
 static char *request(char *const *docs, int n_docs, const char *sys, int i, int max_tokens)
 {
@@ -211,8 +198,8 @@ int main(int argc, char **argv)
         mean[k] = 0;
         for (int i = 0; i < n_t[k]; i++)
             mean[k] += t[k][i] / n_t[k];
-        p50[k] = pct(t[k], n_t[k], 0.5);
-        p90[k] = pct(t[k], n_t[k], 0.9);
+        p50[k] = th_percentile(t[k], (size_t)n_t[k], 0.5);
+        p90[k] = th_percentile(t[k], (size_t)n_t[k], 0.9);
     }
     printf("workload: system 256 B, %d documents of %zu B (pool hits, new order each request), a "
            "new question; stream, max_tokens %d; %d rounds of %d requests per worker, one at a "

@@ -209,19 +209,6 @@ static double one_direct(conn *a, conn *b)
     return us;
 }
 
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return a < b ? -1 : a > b;
-}
-
-static double pct(double *v, size_t n, double p)
-{
-    qsort(v, n, sizeof *v, cmp_double);
-    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
-    return v[i < n ? i : n - 1];
-}
-
 /* ------------------------------------------------------------ throughput */
 
 typedef struct client {
@@ -286,8 +273,8 @@ static double throughput(int n, int direct, double seconds, double *p50, double 
         running = active;
     }
     double elapsed = (double)(cg_now_ns() - start) / 1e9;
-    *p50 = pct(lat, done, 0.5);
-    *p99 = pct(lat, done, 0.99);
+    *p50 = th_percentile(lat, done, 0.5);
+    *p99 = th_percentile(lat, done, 0.99);
     if (failures) fprintf(stderr, "  (%d failed requests)\n", failures);
     for (int i = 0; i < n; i++) {
         conn_free(&cl[i].a);
@@ -369,10 +356,12 @@ int main(int argc, char **argv)
            "cached_tokens per request %lld; gateway log level %s\n",
            opt.doc_bytes, (long long)cached, opt.level);
     printf("sequential latency, %d requests each, interleaved (microseconds):\n", opt.requests);
-    double dg50 = pct(td, (size_t)opt.requests, 0.5), dg99 = pct(td, (size_t)opt.requests, 0.99);
-    double gg50 = pct(tg, (size_t)opt.requests, 0.5), gg99 = pct(tg, (size_t)opt.requests, 0.99);
-    double df50 = pct(diff, (size_t)opt.requests, 0.5),
-           df99 = pct(diff, (size_t)opt.requests, 0.99);
+    double dg50 = th_percentile(td, (size_t)opt.requests, 0.5),
+           dg99 = th_percentile(td, (size_t)opt.requests, 0.99);
+    double gg50 = th_percentile(tg, (size_t)opt.requests, 0.5),
+           gg99 = th_percentile(tg, (size_t)opt.requests, 0.99);
+    double df50 = th_percentile(diff, (size_t)opt.requests, 0.5),
+           df99 = th_percentile(diff, (size_t)opt.requests, 0.99);
     printf("  direct to worker (assemble + complete): p50 %8.0f  p99 %8.0f\n", dg50, dg99);
     printf("  through chunkgate                      : p50 %8.0f  p99 %8.0f\n", gg50, gg99);
     printf("  added by the gateway (paired diff)     : p50 %8.0f  p99 %8.0f   (p50 ratio %.3f)\n",

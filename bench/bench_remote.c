@@ -175,17 +175,13 @@ int main(int argc, char **argv)
     char urlbuf[64], dir[] = "/tmp/cg_bench_remote_XXXXXX";
     pid_t pid = -1;
     if (!url) {
-        if (system("command -v redis-server >/dev/null 2>&1") != 0) {
+        char bin[512];
+        if (!th_which("redis-server", bin, sizeof bin)) {
             printf("SKIP: redis-server not found (apt-get install redis-server)\n");
             return 0;
         }
         if (!mkdtemp(dir)) die("mkdtemp");
-        int port = 0;
-        srand((unsigned)getpid());
-        for (int t = 0; t < 200 && !port; t++) {
-            int p = 20000 + rand() % 9000;
-            if (th_port_free(p)) port = p;
-        }
+        int port = th_free_port();
         pid = th_redis_start(port, dir);
         if (pid < 0) die("redis-server did not start");
         snprintf(urlbuf, sizeof urlbuf, "redis://127.0.0.1:%d", port);
@@ -303,10 +299,7 @@ int main(int argc, char **argv)
     if (pid > 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
-        char lp[128];
-        snprintf(lp, sizeof lp, "%s/redis.log", dir);
-        unlink(lp);
-        rmdir(dir);
+        th_rmrf(dir);
     }
     return 0;
 }

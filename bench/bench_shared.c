@@ -417,7 +417,8 @@ int main(int argc, char **argv)
             goto usage;
     }
     if (reps < 1 || n_chunks < 1 || tokens < 1) goto usage;
-    if (system("command -v redis-server >/dev/null 2>&1") != 0) {
+    char bin[512];
+    if (!th_which("redis-server", bin, sizeof bin)) {
         printf("SKIP: redis-server not found (apt-get install redis-server)\n");
         return 0;
     }
@@ -431,13 +432,8 @@ int main(int argc, char **argv)
     st = cg_model_open(model_dir, &m, err, sizeof err);
     if (st != CG_OK) die("load", st, err);
     const cg_model_config *c = cg_model_cfg(m);
-    int port = 0;
-    unsigned seed = (unsigned)getpid();
-    for (int t = 0; t < 500 && !port; t++) {
-        int p = 20000 + (int)(rand_r(&seed) % 9000);
-        if (th_port_free(p)) port = p;
-    }
-    pid_t redis = port ? th_redis_start(port, dir) : -1;
+    int port = th_free_port();
+    pid_t redis = th_redis_start(port, dir);
     if (redis < 0) die("redis-server did not start", CG_E_IO, NULL);
     struct timeval tv = {10, 0};
     redisContext *adm = redisConnectWithTimeout("127.0.0.1", port, tv);

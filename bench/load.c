@@ -204,18 +204,6 @@ static void record(conn *c, CURLcode rc)
     lat[k][n_lat[k]++] = ms;
 }
 
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, size_t n, double p)
-{
-    if (!n) return 0;
-    return v[(size_t)(p * (double)(n - 1) + 0.5)];
-}
-
 /* A blocking warm-up request (caches the document sets); returns the HTTP status. */
 static long warm(const char *body)
 {
@@ -324,9 +312,9 @@ int main(int argc, char **argv)
     double *all = NULL;
     size_t n_all = 0;
     for (int k = 0; k < K_N; k++) {
-        qsort(lat[k], n_lat[k], sizeof *lat[k], cmp);
         printf("%8s %9ld %8.1f %10.2f %10.2f %7ld\n", KIND[k], done_n[k], done_n[k] / elapsed,
-               pct(lat[k], n_lat[k], 0.5), pct(lat[k], n_lat[k], 0.99), errors_n[k]);
+               th_percentile(lat[k], n_lat[k], 0.5), th_percentile(lat[k], n_lat[k], 0.99),
+               errors_n[k]);
         total += done_n[k];
         errs += errors_n[k];
         if (k == K_BAD) bad_ok = done_n[k] - errors_n[k];
@@ -334,9 +322,8 @@ int main(int argc, char **argv)
         memcpy(all + n_all, lat[k], n_lat[k] * sizeof *all);
         n_all += n_lat[k];
     }
-    qsort(all, n_all, sizeof *all, cmp);
     printf("%8s %9ld %8.1f %10.2f %10.2f %7ld\n", "all", total, total / elapsed,
-           pct(all, n_all, 0.5), pct(all, n_all, 0.99), errs);
+           th_percentile(all, n_all, 0.5), th_percentile(all, n_all, 0.99), errs);
     printf("errors: %ld (deliberate bad requests answered 400/404 as expected: %ld, not errors)\n",
            errs, bad_ok);
     printf("gateway: RSS %ld -> %ld KiB (max %ld), open fds %d -> %d (max %d), threads %d -> %d\n",

@@ -115,6 +115,9 @@ uint64_t th_xorshift64s(uint64_t *state);
 char *th_run_output(const char *cmd, size_t *len, int *code);
 /* The median of v[0..n) (n > 0); sorts v. */
 double th_median(double *v, int n);
+/* The nearest-rank percentile p (0..1) of v[0..n): v[round(p * (n - 1))] once sorted; sorts
+ * v; 0 when n is 0. */
+double th_percentile(double *v, size_t n, double p);
 /* The next value of a 64-bit LCG, its high 31 bits (the benches' text and data streams). */
 uint32_t th_lcg32(uint64_t *state);
 /* n bytes of word-like ASCII text starting with prefix and ending in '.', from the LCG at

@@ -181,6 +181,14 @@ double th_median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+double th_percentile(double *v, size_t n, double p)
+{
+    if (!n) return 0;
+    qsort(v, n, sizeof *v, cmp_double);
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
 uint32_t th_lcg32(uint64_t *state)
 {
     *state = *state * 6364136223846793005ull + 1442695040888963407ull;
