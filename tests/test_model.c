@@ -43,15 +43,6 @@ static void write_all(const char *path, const void *p, size_t n)
     ck_assert_int_eq(th_write_bytes(path, p, n), 0);
 }
 
-static uint64_t file_hash(const char *path)
-{
-    size_t n;
-    uint8_t *b = read_all(path, &n);
-    uint64_t h = th_fnv1a(b, n);
-    free(b);
-    return h;
-}
-
 static void join(char *out, size_t n, const char *dir, const char *name)
 {
     snprintf(out, n, "%s/%s", dir, name);
@@ -108,14 +99,16 @@ static cg_kv *prefill(const cg_model *m, const char *text, float *logits, uint32
 static double max_abs(const float *a, size_t n)
 {
     double m = 0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(a[i]));
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs(a[i]));
     return m;
 }
 
 static double max_diff(const float *a, const float *b, size_t n)
 {
     double m = 0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs((double)a[i] - b[i]));
     return m;
 }
 
@@ -243,11 +236,11 @@ START_TEST(test_determinism)
     join(p1, sizeof p1, d1, "model.safetensors");
     join(p2, sizeof p2, d2, "model.safetensors");
     join(p3, sizeof p3, d3, "model.safetensors");
-    ck_assert_uint_eq(file_hash(p1), file_hash(p2));
-    ck_assert_uint_ne(file_hash(p1), file_hash(p3));
+    ck_assert_uint_eq(th_file_fnv1a(p1), th_file_fnv1a(p2));
+    ck_assert_uint_ne(th_file_fnv1a(p1), th_file_fnv1a(p3));
     join(p1, sizeof p1, d1, "config.json");
     join(p2, sizeof p2, d2, "config.json");
-    ck_assert_uint_eq(file_hash(p1), file_hash(p2));
+    ck_assert_uint_eq(th_file_fnv1a(p1), th_file_fnv1a(p2));
     drop_dir(d1);
     drop_dir(d2);
     drop_dir(d3);
@@ -383,16 +376,22 @@ static void expect_fail(const char *dir, cg_status want, const char *needle)
     char err[ERRLEN] = "";
     cg_model *m = NULL;
     cg_status st = cg_model_open(dir, &m, err, sizeof err);
-    ck_assert_msg(st == want, "want %s, got %s (%s)", cg_status_name(want), cg_status_name(st), err);
+    ck_assert_msg(st == want, "want %s, got %s (%s)", cg_status_name(want), cg_status_name(st),
+                  err);
     ck_assert_ptr_null(m);
     ck_assert_msg(strstr(err, needle) != NULL, "message '%s' lacks '%s'", err, needle);
 }
 
-static void drop_up_proj(json_t *h) { json_object_del(h, "model.layers.1.mlp.up_proj.weight"); }
+static void drop_up_proj(json_t *h)
+{
+    json_object_del(h, "model.layers.1.mlp.up_proj.weight");
+}
 static void swap_k_shape(json_t *h)
 {
-    json_t *t = json_object_get(json_object_get(h, "model.layers.0.self_attn.k_proj.weight"), "shape");
-    json_int_t a = json_integer_value(json_array_get(t, 0)), b = json_integer_value(json_array_get(t, 1));
+    json_t *t =
+        json_object_get(json_object_get(h, "model.layers.0.self_attn.k_proj.weight"), "shape");
+    json_int_t a = json_integer_value(json_array_get(t, 0)),
+               b = json_integer_value(json_array_get(t, 1));
     json_array_set_new(t, 0, json_integer(b));
     json_array_set_new(t, 1, json_integer(a));
 }
@@ -408,7 +407,8 @@ static void overlap_offsets(json_t *h)
 {
     json_t *a = json_object_get(json_object_get(h, "model.norm.weight"), "data_offsets");
     json_t *b = json_object_get(json_object_get(h, "lm_head.weight"), "data_offsets");
-    json_int_t len = json_integer_value(json_array_get(a, 1)) - json_integer_value(json_array_get(a, 0));
+    json_int_t len =
+        json_integer_value(json_array_get(a, 1)) - json_integer_value(json_array_get(a, 0));
     json_int_t b0 = json_integer_value(json_array_get(b, 0));
     json_array_set_new(a, 0, json_integer(b0));
     json_array_set_new(a, 1, json_integer(b0 + len));
@@ -429,35 +429,62 @@ static void string_shape(json_t *h)
 }
 static void rope_dynamic(json_t *c)
 {
-    json_object_set_new(c, "rope_scaling", json_pack("{s:s,s:f}", "type", "dynamic", "factor", 2.0));
+    json_object_set_new(c, "rope_scaling",
+                        json_pack("{s:s,s:f}", "type", "dynamic", "factor", 2.0));
 }
 static void rope_yarn(json_t *c)
 {
-    json_object_set_new(c, "rope_scaling", json_pack("{s:s,s:f}", "rope_type", "yarn", "factor", 4.0));
+    json_object_set_new(c, "rope_scaling",
+                        json_pack("{s:s,s:f}", "rope_type", "yarn", "factor", 4.0));
 }
 static void rope_longrope(json_t *c)
 {
-    json_object_set_new(c, "rope_scaling", json_pack("{s:s,s:f}", "rope_type", "longrope", "factor", 4.0));
+    json_object_set_new(c, "rope_scaling",
+                        json_pack("{s:s,s:f}", "rope_type", "longrope", "factor", 4.0));
 }
 static void heads_7(json_t *c)
 {
     json_object_del(c, "head_dim");
     json_object_set_new(c, "num_attention_heads", json_integer(7));
 }
-static void kv_heads_3(json_t *c) { json_object_set_new(c, "num_key_value_heads", json_integer(3)); }
-static void odd_head_dim(json_t *c) { json_object_set_new(c, "head_dim", json_integer(15)); }
-static void no_hidden(json_t *c) { json_object_del(c, "hidden_size"); }
-static void string_layers(json_t *c) { json_object_set_new(c, "num_hidden_layers", json_string("2")); }
-static void bad_rope_style(json_t *c) { json_object_set_new(c, "rope_style", json_string("neox2")); }
-static void big_bos(json_t *c) { json_object_set_new(c, "bos_token_id", json_integer(100000)); }
-static void fewer_layers(json_t *c) { json_object_set_new(c, "num_hidden_layers", json_integer(1)); }
+static void kv_heads_3(json_t *c)
+{
+    json_object_set_new(c, "num_key_value_heads", json_integer(3));
+}
+static void odd_head_dim(json_t *c)
+{
+    json_object_set_new(c, "head_dim", json_integer(15));
+}
+static void no_hidden(json_t *c)
+{
+    json_object_del(c, "hidden_size");
+}
+static void string_layers(json_t *c)
+{
+    json_object_set_new(c, "num_hidden_layers", json_string("2"));
+}
+static void bad_rope_style(json_t *c)
+{
+    json_object_set_new(c, "rope_style", json_string("neox2"));
+}
+static void big_bos(json_t *c)
+{
+    json_object_set_new(c, "bos_token_id", json_integer(100000));
+}
+static void fewer_layers(json_t *c)
+{
+    json_object_set_new(c, "num_hidden_layers", json_integer(1));
+}
 static void wider(json_t *c)
 {
     json_object_set_new(c, "hidden_size", json_integer(1 << 16));
     json_object_set_new(c, "intermediate_size", json_integer(1 << 20));
     json_object_set_new(c, "vocab_size", json_integer(1 << 24));
 }
-static void attn_bias(json_t *c) { json_object_set_new(c, "attention_bias", json_true()); }
+static void attn_bias(json_t *c)
+{
+    json_object_set_new(c, "attention_bias", json_true());
+}
 
 static char *fresh_small(void)
 {
@@ -477,7 +504,8 @@ START_TEST(test_bad_safetensors)
         const char *needle;
     } hcases[] = {
         {drop_up_proj, CG_E_MISSING, "model.layers.1.mlp.up_proj.weight"},
-        {swap_k_shape, CG_E_VALUE, "model.layers.0.self_attn.k_proj.weight' has shape [64, 32], expected [32, 64]"},
+        {swap_k_shape, CG_E_VALUE,
+         "model.layers.0.self_attn.k_proj.weight' has shape [64, 32], expected [32, 64]"},
         {unknown_dtype, CG_E_VALUE, "unknown dtype 'Q7'"},
         {int_dtype, CG_E_UNSUPPORTED, "dtype I32"},
         {overlap_offsets, CG_E_VALUE, "overlap"},
@@ -627,8 +655,9 @@ START_TEST(test_fuzz_header)
     fprintf(stderr, "test_fuzz_header: %d of 300 damaged files still loaded\n", ok);
 
     /* structured damage: valid JSON with edge values in shapes, offsets and dtypes */
-    static const json_int_t edge[] = {0, 1, -1, 2, 63, 64, 65, 4096, 1 << 20, INT32_MAX,
-                                      (json_int_t)1 << 40, INT64_MAX, INT64_MIN};
+    static const json_int_t edge[] = {
+        0,         1,        -1, 2, 63, 64, 65, 4096, 1 << 20, INT32_MAX, (json_int_t)1 << 40,
+        INT64_MAX, INT64_MIN};
     static const char *const dts[] = {"F32", "F16", "BF16", "I8", "F64", "", "f32", "BOOL"};
     json_t *h0 = json_loadb((const char *)orig + 8, hl, 0, NULL);
     ck_assert_ptr_nonnull(h0);
@@ -645,10 +674,15 @@ START_TEST(test_fuzz_header)
             json_t *t = json_object_get(h, names[(s >> 33) % nn]);
             int what = (int)((s >> 13) % 4);
             json_int_t e = edge[(s >> 45) % CG_ARRAY_LEN(edge)];
-            if (what == 0) json_object_set_new(t, "dtype", json_string(dts[(s >> 50) % CG_ARRAY_LEN(dts)]));
-            else if (what == 1) json_array_set_new(json_object_get(t, "shape"), (s >> 40) % 2, json_integer(e));
-            else if (what == 2) json_array_set_new(json_object_get(t, "data_offsets"), (s >> 40) % 2, json_integer(e));
-            else json_array_append_new(json_object_get(t, "shape"), json_integer(e));
+            if (what == 0)
+                json_object_set_new(t, "dtype", json_string(dts[(s >> 50) % CG_ARRAY_LEN(dts)]));
+            else if (what == 1)
+                json_array_set_new(json_object_get(t, "shape"), (s >> 40) % 2, json_integer(e));
+            else if (what == 2)
+                json_array_set_new(json_object_get(t, "data_offsets"), (s >> 40) % 2,
+                                   json_integer(e));
+            else
+                json_array_append_new(json_object_get(t, "shape"), json_integer(e));
         }
         char *text = json_dumps(h, JSON_COMPACT);
         uint64_t tl = strlen(text);
@@ -681,7 +715,8 @@ static double *ref_tensor(cg_st_file *sf, const char *name)
     float *f = cg_malloc(t->numel * sizeof(float));
     ck_assert_int_eq(cg_st_to_f32(t, f), CG_OK);
     double *d = cg_malloc(t->numel * sizeof(double));
-    for (size_t i = 0; i < t->numel; i++) d[i] = f[i];
+    for (size_t i = 0; i < t->numel; i++)
+        d[i] = f[i];
     free(f);
     return d;
 }
@@ -689,9 +724,11 @@ static double *ref_tensor(cg_st_file *sf, const char *name)
 static void ref_rmsnorm(double *out, const double *x, const double *w, int dim, double eps)
 {
     double ss = 0;
-    for (int i = 0; i < dim; i++) ss += x[i] * x[i];
+    for (int i = 0; i < dim; i++)
+        ss += x[i] * x[i];
     double r = 1.0 / sqrt(ss / dim + eps);
-    for (int i = 0; i < dim; i++) out[i] = w[i] * (x[i] * r);
+    for (int i = 0; i < dim; i++)
+        out[i] = w[i] * (x[i] * r);
 }
 
 /* y[out] = W[out][in] x[in] */
@@ -699,7 +736,8 @@ static void ref_linear(double *y, const double *w, const double *x, int out, int
 {
     for (int o = 0; o < out; o++) {
         double a = 0;
-        for (int i = 0; i < in; i++) a += w[(size_t)o * in + i] * x[i];
+        for (int i = 0; i < in; i++)
+            a += w[(size_t)o * in + i] * x[i];
         y[o] = a;
     }
 }
@@ -716,7 +754,8 @@ static void ref_rope(double *v, int hd, int pos, double theta, int interleaved)
 }
 
 /* Last-token logits of a causal forward over tok[0..n) at positions 0..n-1. */
-static void ref_forward(const char *dir, const cg_model_config *c, const int32_t *tok, int n, float *logits)
+static void ref_forward(const char *dir, const cg_model_config *c, const int32_t *tok, int n,
+                        float *logits)
 {
     char path[4096], err[ERRLEN], nm[128];
     join(path, sizeof path, dir, "model.safetensors");
@@ -726,18 +765,22 @@ static void ref_forward(const char *dir, const cg_model_config *c, const int32_t
     const int Q = nh * hd, KV = nkv * hd, V = c->vocab_size;
     double *emb = ref_tensor(sf, "model.embed_tokens.weight");
     double *x = cg_calloc((size_t)n * D, sizeof(double)), *h = cg_malloc(D * sizeof(double));
-    double *q = cg_malloc((size_t)n * Q * sizeof(double)), *k = cg_malloc((size_t)n * KV * sizeof(double));
+    double *q = cg_malloc((size_t)n * Q * sizeof(double)),
+           *k = cg_malloc((size_t)n * KV * sizeof(double));
     double *v = cg_malloc((size_t)n * KV * sizeof(double)), *att = cg_malloc(Q * sizeof(double));
-    double *o = cg_malloc(D * sizeof(double)), *g = cg_malloc(H * sizeof(double)), *u = cg_malloc(H * sizeof(double));
+    double *o = cg_malloc(D * sizeof(double)), *g = cg_malloc(H * sizeof(double)),
+           *u = cg_malloc(H * sizeof(double));
     double *p = cg_malloc(n * sizeof(double));
     for (int t = 0; t < n; t++)
-        for (int i = 0; i < D; i++) x[(size_t)t * D + i] = emb[(size_t)tok[t] * D + i];
+        for (int i = 0; i < D; i++)
+            x[(size_t)t * D + i] = emb[(size_t)tok[t] * D + i];
     for (int l = 0; l < c->n_layers; l++) {
 #define W(suffix) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), ref_tensor(sf, nm))
         double *ln1 = W("input_layernorm.weight"), *wq = W("self_attn.q_proj.weight");
         double *wk = W("self_attn.k_proj.weight"), *wv = W("self_attn.v_proj.weight");
         double *wo = W("self_attn.o_proj.weight"), *ln2 = W("post_attention_layernorm.weight");
-        double *wg = W("mlp.gate_proj.weight"), *wu = W("mlp.up_proj.weight"), *wd = W("mlp.down_proj.weight");
+        double *wg = W("mlp.gate_proj.weight"), *wu = W("mlp.up_proj.weight"),
+               *wd = W("mlp.down_proj.weight");
 #undef W
         for (int t = 0; t < n; t++) {
             ref_rmsnorm(h, x + (size_t)t * D, ln1, D, c->norm_eps);
@@ -745,9 +788,11 @@ static void ref_forward(const char *dir, const cg_model_config *c, const int32_t
             ref_linear(k + (size_t)t * KV, wk, h, KV, D);
             ref_linear(v + (size_t)t * KV, wv, h, KV, D);
             for (int hh = 0; hh < nh; hh++)
-                ref_rope(q + (size_t)t * Q + hh * hd, hd, t, c->rope_theta, c->rope_style == CG_ROPE_INTERLEAVED);
+                ref_rope(q + (size_t)t * Q + hh * hd, hd, t, c->rope_theta,
+                         c->rope_style == CG_ROPE_INTERLEAVED);
             for (int hh = 0; hh < nkv; hh++)
-                ref_rope(k + (size_t)t * KV + hh * hd, hd, t, c->rope_theta, c->rope_style == CG_ROPE_INTERLEAVED);
+                ref_rope(k + (size_t)t * KV + hh * hd, hd, t, c->rope_theta,
+                         c->rope_style == CG_ROPE_INTERLEAVED);
         }
         for (int t = 0; t < n; t++) {
             for (int hh = 0; hh < nh; hh++) {
@@ -756,26 +801,32 @@ static void ref_forward(const char *dir, const cg_model_config *c, const int32_t
                 double mx = -INFINITY, sum = 0;
                 for (int j = 0; j <= t; j++) {
                     double d = 0;
-                    for (int i = 0; i < hd; i++) d += qv[i] * k[(size_t)j * KV + kh * hd + i];
+                    for (int i = 0; i < hd; i++)
+                        d += qv[i] * k[(size_t)j * KV + kh * hd + i];
                     p[j] = d / sqrt((double)hd);
                     mx = fmax(mx, p[j]);
                 }
-                for (int j = 0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int j = 0; j <= t; j++)
+                    sum += (p[j] = exp(p[j] - mx));
                 for (int i = 0; i < hd; i++) {
                     double a = 0;
-                    for (int j = 0; j <= t; j++) a += p[j] / sum * v[(size_t)j * KV + kh * hd + i];
+                    for (int j = 0; j <= t; j++)
+                        a += p[j] / sum * v[(size_t)j * KV + kh * hd + i];
                     att[hh * hd + i] = a;
                 }
             }
             ref_linear(o, wo, att, D, Q);
             double *xr = x + (size_t)t * D;
-            for (int i = 0; i < D; i++) xr[i] += o[i];
+            for (int i = 0; i < D; i++)
+                xr[i] += o[i];
             ref_rmsnorm(h, xr, ln2, D, c->norm_eps);
             ref_linear(g, wg, h, H, D);
             ref_linear(u, wu, h, H, D);
-            for (int i = 0; i < H; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            for (int i = 0; i < H; i++)
+                g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
             ref_linear(o, wd, g, D, H);
-            for (int i = 0; i < D; i++) xr[i] += o[i];
+            for (int i = 0; i < D; i++)
+                xr[i] += o[i];
         }
         free(ln1), free(wq), free(wk), free(wv), free(wo), free(ln2), free(wg), free(wu), free(wd);
     }
@@ -784,7 +835,8 @@ static void ref_forward(const char *dir, const cg_model_config *c, const int32_t
     double *lg = cg_malloc(V * sizeof(double));
     ref_rmsnorm(h, x + (size_t)(n - 1) * D, fn, D, c->norm_eps);
     ref_linear(lg, head, h, V, D);
-    for (int i = 0; i < V; i++) logits[i] = (float)lg[i];
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)lg[i];
     if (head != emb) free(head);
     free(fn), free(lg), free(emb), free(x), free(h), free(q), free(k), free(v), free(att), free(o);
     free(g), free(u), free(p);
@@ -857,7 +909,8 @@ START_TEST(test_prefill_vs_incremental)
     cg_kv *kb = cg_kv_new(m, n);
     for (uint32_t i = 0; i < n; i++) {
         cg_attn_span sp = {i, 1, 0, 0};
-        ck_assert_int_eq(cg_model_forward(m, kb, tok + i, 1, i, i, &sp, 1, i + 1 == n ? inc : NULL), CG_OK);
+        ck_assert_int_eq(cg_model_forward(m, kb, tok + i, 1, i, i, &sp, 1, i + 1 == n ? inc : NULL),
+                         CG_OK);
     }
     double rd = rel_diff(full, inc, V);
     fprintf(stderr, "test_prefill_vs_incremental: %u tokens, rel diff %.2e\n", n, rd);
@@ -867,8 +920,10 @@ START_TEST(test_prefill_vs_incremental)
     for (int l = 0; l < c->n_layers; l++)
         for (int h = 0; h < c->n_kv_heads; h++) {
             size_t cnt = (size_t)n * c->head_dim;
-            ck_assert(max_diff(cg_kv_k(ka, l, h), cg_kv_k(kb, l, h), cnt) <= 1e-3 * max_abs(cg_kv_k(ka, l, h), cnt));
-            ck_assert(max_diff(cg_kv_v(ka, l, h), cg_kv_v(kb, l, h), cnt) <= 1e-3 * max_abs(cg_kv_v(ka, l, h), cnt));
+            ck_assert(max_diff(cg_kv_k(ka, l, h), cg_kv_k(kb, l, h), cnt) <=
+                      1e-3 * max_abs(cg_kv_k(ka, l, h), cnt));
+            ck_assert(max_diff(cg_kv_v(ka, l, h), cg_kv_v(kb, l, h), cnt) <=
+                      1e-3 * max_abs(cg_kv_v(ka, l, h), cnt));
         }
     cg_kv_free(&ka);
     cg_kv_free(&kb);
@@ -943,7 +998,8 @@ START_TEST(test_strict_chunk_remap)
             worst_k = fmax(worst_k, max_diff(rot, fk, cnt) / max_abs(fk, cnt));
             worst_v = fmax(worst_v, max_diff(cg_kv_v(alone, l, h), fv, cnt) / max_abs(fv, cnt));
         }
-    fprintf(stderr, "test_strict_chunk_remap: K rel diff %.2e, V rel diff %.2e\n", worst_k, worst_v);
+    fprintf(stderr, "test_strict_chunk_remap: K rel diff %.2e, V rel diff %.2e\n", worst_k,
+            worst_v);
     ck_assert(worst_k < 1e-4);
     ck_assert(worst_v < 1e-4);
     /* and the mask matters: the same chunk under plain causal attention differs */
@@ -975,7 +1031,8 @@ START_TEST(test_forward_rejects)
     cg_attn_span bad_own = {0, 4, 2, 3};
     ck_assert_int_eq(cg_model_forward(m, kv, tok, 20, 0, 0, &s20, 1, NULL), CG_E_VALUE); /* > cap */
     ck_assert_int_eq(cg_model_forward(m, kv, tok, 4, 14, 0, &s4b, 1, NULL), CG_E_VALUE); /* slots */
-    ck_assert_int_eq(cg_model_forward(m, kv, tok, 4, 0, 32766, &s4, 1, NULL), CG_E_VALUE); /* max_pos */
+    ck_assert_int_eq(cg_model_forward(m, kv, tok, 4, 0, 32766, &s4, 1, NULL),
+                     CG_E_VALUE); /* max_pos */
     ck_assert_int_eq(cg_model_forward(m, kv, tok, 4, 0, -1, &s4, 1, NULL), CG_E_VALUE);
     ck_assert_int_eq(cg_model_forward(m, kv, tok, 4, 0, 0, &s3, 1, NULL), CG_E_VALUE); /* spans */
     ck_assert_int_eq(cg_model_forward(m, kv, tok, 4, 0, 0, &bad_own, 1, NULL), CG_E_VALUE);
@@ -985,7 +1042,8 @@ START_TEST(test_forward_rejects)
     tok[2] = -1;
     ck_assert_int_eq(cg_model_forward(m, kv, tok, 4, 0, 0, &s4, 1, NULL), CG_E_VALUE);
     tok[2] = 65;
-    ck_assert_int_eq(cg_model_forward(m, kv, tok, 4, 0, 32764, &s4, 1, NULL), CG_OK); /* last positions */
+    ck_assert_int_eq(cg_model_forward(m, kv, tok, 4, 0, 32764, &s4, 1, NULL),
+                     CG_OK); /* last positions */
     cg_kv_free(&kv);
     ck_assert_ptr_null(cg_kv_new(m, 0));
 }
@@ -1008,9 +1066,11 @@ static void greedy(const cg_model *m, const char *prompt, int32_t *out, int step
         if (gaps) gaps[i] = lg[t1] - top2;
         if (scales) {
             double mean = 0, var = 0;
-            for (int j = 0; j < V; j++) mean += lg[j];
+            for (int j = 0; j < V; j++)
+                mean += lg[j];
             mean /= V;
-            for (int j = 0; j < V; j++) var += (lg[j] - mean) * (lg[j] - mean);
+            for (int j = 0; j < V; j++)
+                var += (lg[j] - mean) * (lg[j] - mean);
             scales[i] = sqrt(var / V);
         }
         out[i] = cg_sample(&s, lg, V);
@@ -1055,7 +1115,8 @@ START_TEST(test_greedy_decode)
         fprintf(stderr, "test_greedy_decode: '%s' -> %zu bytes, %d EOS\n", prompts[p], tl, ne);
     }
     double rel[NP * STEPS];
-    for (int i = 0; i < NP * STEPS; i++) rel[i] = gaps[i] / scales[i];
+    for (int i = 0; i < NP * STEPS; i++)
+        rel[i] = gaps[i] / scales[i];
     qsort(gaps, NP * STEPS, sizeof(double), cmp_double);
     qsort(rel, NP * STEPS, sizeof(double), cmp_double);
     qsort(scales, NP * STEPS, sizeof(double), cmp_double);
@@ -1076,7 +1137,8 @@ START_TEST(test_tokenizer)
 {
     const cg_model *m = g_model;
     char text[256], back[256];
-    for (int i = 0; i < 256; i++) text[i] = (char)i;
+    for (int i = 0; i < 256; i++)
+        text[i] = (char)i;
     int32_t tok[257];
     ck_assert_uint_eq(cg_tok_encode(m, text, 256, 1, tok), 257);
     ck_assert_int_eq(tok[0], 256);
@@ -1099,7 +1161,8 @@ START_TEST(test_sampling)
 {
     enum { V = 50 };
     float base[V], lg[V];
-    for (int i = 0; i < V; i++) base[i] = (float)((i * 37) % 11) * 0.3f;
+    for (int i = 0; i < V; i++)
+        base[i] = (float)((i * 37) % 11) * 0.3f;
     base[23] = 5.0f;
     /* greedy */
     cg_sampler g = {0.0f, 1.0f, 1};

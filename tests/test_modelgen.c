@@ -24,10 +24,7 @@
 
 static char *make_tmpdir(void)
 {
-    char tmpl[] = "/tmp/cg_test_modelgen_XXXXXX";
-    char *d = mkdtemp(tmpl);
-    ck_assert_ptr_nonnull(d);
-    return cg_strdup(d);
+    return th_mkdtemp("test_modelgen");
 }
 
 static void done(char *dir)
@@ -36,38 +33,9 @@ static void done(char *dir)
     free(dir);
 }
 
-static uint8_t *read_all(const char *path, size_t *len)
-{
-    FILE *fp = fopen(path, "rb");
-    ck_assert_msg(fp != NULL, "cannot open %s", path);
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *b = cg_malloc((size_t)n + 1);
-    ck_assert_uint_eq(fread(b, 1, (size_t)n, fp), (size_t)n);
-    fclose(fp);
-    b[n] = 0;
-    *len = (size_t)n;
-    return b;
-}
-
 static void write_text(const char *path, const char *text)
 {
-    FILE *fp = fopen(path, "wb");
-    ck_assert_ptr_nonnull(fp);
-    ck_assert_int_eq(fputs(text, fp) >= 0, 1);
-    ck_assert_int_eq(fclose(fp), 0);
-}
-
-static uint64_t file_hash(const char *path)
-{
-    size_t n;
-    uint8_t *b = read_all(path, &n);
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    free(b);
-    return h;
+    ck_assert_int_eq(th_write_file(path, text), 0);
 }
 
 static int exists(const char *dir, const char *name)
@@ -81,7 +49,7 @@ static uint64_t hash_in(const char *dir, const char *name)
 {
     char p[4096];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    return file_hash(p);
+    return th_file_fnv1a(p);
 }
 
 static void gen(const char *dir, cg_model_gen_params p)
@@ -686,9 +654,9 @@ START_TEST(test_tokenizer_copy)
     p.tokenizer_dir = tok;
     gen(d, p);
     snprintf(src, sizeof src, "%s/tokenizer.json", tok);
-    ck_assert(hash_in(d, "tokenizer.json") == file_hash(src));
+    ck_assert(hash_in(d, "tokenizer.json") == th_file_fnv1a(src));
     snprintf(src, sizeof src, "%s/tokenizer_config.json", tok);
-    ck_assert(hash_in(d, "tokenizer_config.json") == file_hash(src));
+    ck_assert(hash_in(d, "tokenizer_config.json") == th_file_fnv1a(src));
 
     /* The model's BOS must be the tokenizer's. */
     p.bos_id = 1;

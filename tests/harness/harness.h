@@ -128,6 +128,8 @@ char *th_words(size_t n, const char *prefix, uint64_t *state);
 cg_key th_key_of(uint64_t i, uint64_t salt);
 /* 64-bit FNV-1a of n bytes (fingerprints a body compared across processes). */
 uint64_t th_fnv1a(const void *p, size_t n);
+/* th_fnv1a of the file at path, which must be readable (asserted). */
+uint64_t th_file_fnv1a(const char *path);
 /* Monotonic seconds. */
 double th_now_s(void);
 

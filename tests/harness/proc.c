@@ -228,11 +228,21 @@ cg_key th_key_of(uint64_t i, uint64_t salt)
 uint64_t th_fnv1a(const void *p, size_t n)
 {
     const unsigned char *c = p;
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = 14695981039346656037ull; /* the FNV-1a 64 offset basis */
     for (size_t i = 0; i < n; i++) {
         h ^= c[i];
         h *= 1099511628211ull;
     }
+    return h;
+}
+
+uint64_t th_file_fnv1a(const char *path)
+{
+    ck_assert_msg(access(path, R_OK) == 0, "cannot open %s", path);
+    size_t n;
+    char *b = th_read_file(path, &n);
+    uint64_t h = th_fnv1a(b, n);
+    free(b);
     return h;
 }
 
