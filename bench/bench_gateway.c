@@ -85,22 +85,10 @@ static const th_opt OPTS[] = {{"--requests", TH_OPT_INT, &opt.requests},
 static char *gw_body, *assemble_body;
 static int gw_port, w_port;
 
-static char *make_text(size_t n, const char *prefix, unsigned seed)
+/* Word-like text of n bytes from its own seeded sequence. */
+static char *make_text(size_t n, const char *prefix, uint64_t seed)
 {
-    static const char *words[] = {"the",     "valley", "rainfall", "gauge",   "council",
-                                  "records", "annual", "report",   "members", "harbour",
-                                  "survey",  "data",   "changed",  "in",      "of"};
-    char *s = cg_malloc(n + 1);
-    size_t len = (size_t)snprintf(s, n + 1, "%s", prefix);
-    while (len < n) {
-        seed = seed * 1103515245u + 12345u;
-        const char *w = words[(seed >> 16) % CG_ARRAY_LEN(words)];
-        for (size_t i = 0; i <= strlen(w) && len < n; i++)
-            s[len++] = i < strlen(w) ? w[i] : ' ';
-    }
-    s[n - 1] = '.';
-    s[n] = '\0';
-    return s;
+    return th_words(n, prefix, &seed);
 }
 
 static void make_workload(size_t doc_bytes)

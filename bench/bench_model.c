@@ -16,11 +16,6 @@
 #include "base/base.h"
 #include "tests/harness/harness.h"
 
-static double now_s(void)
-{
-    return (double)cg_now_ns() * 1e-9;
-}
-
 static void pseudo_tokens(int32_t *t, uint32_t n, uint64_t seed)
 {
     for (uint32_t i = 0; i < n; i++) {
@@ -51,13 +46,13 @@ static double attn_time(const cg_model_config *c, uint32_t n, uint32_t block)
     fill(v, plane * c->n_kv_heads, 12);
     fill(q, (size_t)CG_MIN(n, block) * Q, 13);
     cg_attn_kv kv = {k, v, plane, c->n_kv_heads, hd};
-    double t0 = now_s();
+    double t0 = th_now_s();
     for (uint32_t b0 = 0; b0 < n; b0 += block) {
         cg_attn_span sp = {b0, CG_MIN(block, n - b0), 0, 0};
         for (int l = 0; l < c->n_layers; l++)
             cg_attn_forward(&kv, c->n_heads, &sp, 1, q, o);
     }
-    double t = now_s() - t0;
+    double t = th_now_s() - t0;
     free(k);
     free(v);
     free(q);
@@ -79,7 +74,7 @@ static double proj_time(const cg_model_config *c, uint32_t n, uint32_t block)
     float *w = cg_malloc(big * big * 4);
     fill(x, (size_t)B * big, 1);
     fill(w, big * big, 2);
-    double t0 = now_s();
+    double t0 = th_now_s();
     for (uint32_t b0 = 0; b0 < n; b0 += B) {
         int nb = (int)CG_MIN(B, n - b0);
         for (int l = 0; l < c->n_layers; l++)
@@ -95,7 +90,7 @@ static double proj_time(const cg_model_config *c, uint32_t n, uint32_t block)
                 }
             }
     }
-    double t = now_s() - t0;
+    double t = th_now_s() - t0;
     free(x);
     free(y);
     free(w);
@@ -116,11 +111,11 @@ static double attn_decode_time(const cg_model_config *c, uint32_t ctx, int steps
     cg_attn_span sp = {ctx, 1, 0, 0};
     double best = 1e30;
     for (int w = 0; w < 4; w++) {
-        double t0 = now_s();
+        double t0 = th_now_s();
         for (int s = 0; s < steps; s++)
             for (int l = 0; l < c->n_layers; l++)
                 cg_attn_forward(&kv, c->n_heads, &sp, 1, q, o);
-        best = fmin(best, (now_s() - t0) / steps);
+        best = fmin(best, (th_now_s() - t0) / steps);
     }
     free(k);
     free(v);
@@ -145,14 +140,14 @@ static double gemv_floor(const cg_model_config *c, int steps)
         w[i] = cg_malloc((size_t)shapes[i % 7][0] * shapes[i % 7][1] * 4);
         fill(w[i], (size_t)shapes[i % 7][0] * shapes[i % 7][1], (uint64_t)i + 5);
     }
-    double t0 = now_s();
+    double t0 = th_now_s();
     for (int s = 0; s < steps; s++) {
         for (int i = 0; i < c->n_layers * 7; i++)
             cblas_sgemv(CblasRowMajor, CblasNoTrans, shapes[i % 7][0], shapes[i % 7][1], 1.0f, w[i],
                         shapes[i % 7][1], x, 1, 0.0f, y, 1);
         cblas_sgemv(CblasRowMajor, CblasNoTrans, c->vocab_size, D, 1.0f, head, D, x, 1, 0.0f, y, 1);
     }
-    double t = (now_s() - t0) / steps;
+    double t = (th_now_s() - t0) / steps;
     for (int i = 0; i < c->n_layers * 7; i++)
         free(w[i]);
     free(w);
@@ -171,9 +166,9 @@ static double raw_sgemm_gflops(int m, int n, int k, int reps)
     fill(b, (size_t)n * k, 8);
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = th_now_s();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
-        best = fmin(best, now_s() - t0);
+        best = fmin(best, th_now_s() - t0);
     }
     free(a);
     free(b);
@@ -234,9 +229,9 @@ int main(int argc, char **argv)
         int reps = n <= 512 ? 15 : n <= 2048 ? 8 : 3;
         double best = 1e30, att = 1e30, proj = 1e30;
         for (int r = 0; r < reps; r++) {
-            double t0 = now_s();
+            double t0 = th_now_s();
             if (cg_model_forward(m, kv, tok, n, 0, 0, &sp, 1, lg) != CG_OK) return 1;
-            best = fmin(best, now_s() - t0);
+            best = fmin(best, th_now_s() - t0);
             att = fmin(att, attn_time(c, n, 1024));
             proj = fmin(proj, proj_time(c, n, 1024));
         }
@@ -264,14 +259,14 @@ int main(int argc, char **argv)
         /* best window of 64 steps: the figure least disturbed by other load on the machine */
         double per = 1e30;
         for (uint32_t w = 0; w < steps; w += 64) {
-            double t0 = now_s();
+            double t0 = th_now_s();
             for (uint32_t s = w; s < w + 64; s++) {
                 cg_attn_span one = {ctx + s, 1, 0, 0};
                 if (cg_model_forward(m, kv, tok + ctx + s, 1, ctx + s, ctx + s, &one, 1, lg) !=
                     CG_OK)
                     return 1;
             }
-            per = fmin(per, (now_s() - t0) / 64);
+            per = fmin(per, (th_now_s() - t0) / 64);
         }
         double att = attn_decode_time(c, ctx + steps / 2, 64);
         printf("decode at context %u-%u: %.3f ms/token = %.0f tokens/s; attention kernel alone "

@@ -24,12 +24,6 @@
 static cg_http_server *srv;
 static uint16_t port;
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* ------------------------------------------------------------ test handlers */
 
 static void h_hello(cg_http_req *r, void *app)
@@ -61,7 +55,7 @@ static void h_ok(cg_http_req *r, void *app)
 /* Replies from another thread, later: the job thread returns first. */
 static void *late_reply(void *arg)
 {
-    sleep_ms(50);
+    th_sleep_ms(50);
     cg_http_reply_json(arg, 202, json_pack("{s:s}", "late", "yes"));
     return NULL;
 }
@@ -102,7 +96,7 @@ static void *blocking_producer(void *arg)
         pthread_mutex_lock(&prod_mu);
         prod_pushed++;
         pthread_mutex_unlock(&prod_mu);
-        if (p->delay_ms) sleep_ms(p->delay_ms);
+        if (p->delay_ms) th_sleep_ms(p->delay_ms);
     }
     cg_stream_close(p->s);
     cg_stream_unref(&p->s);
@@ -196,7 +190,7 @@ static void *idle_producer(void *arg)
     cg_stream_set_notify(s, on_notify, NULL);
     cg_stream_push(s, "data: first\n\n", 13);
     for (int i = 0; i < 500 && !cg_stream_cancelled(s); i++)
-        sleep_ms(10);
+        th_sleep_ms(10);
     int gone = cg_stream_cancelled(s); /* not under prod_mu: on_notify takes it under s's lock */
     pthread_mutex_lock(&prod_mu);
     prod_gone_seen = gone;
@@ -226,7 +220,7 @@ static void h_fast_job(cg_http_req *r, void *app)
 }
 static void *fast_later(void *arg)
 {
-    sleep_ms(30);
+    th_sleep_ms(30);
     cg_http_reply_json(arg, 200, json_pack("{s:s}", "path", "later"));
     return NULL;
 }
@@ -338,13 +332,6 @@ static void wait_locked(const int *flag, int secs)
 }
 
 /* ------------------------------------------------------------ raw sockets */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static int raw_connect(uint16_t to)
 {
@@ -486,7 +473,7 @@ START_TEST(routing)
     http(&r, "GET", "/t/late", NULL, 0, NULL, 0);
     ck_assert_int_eq(r.status, 202);
     th_resp_free(&r);
-    sleep_ms(50); /* the done callback runs after the reply is sent */
+    th_sleep_ms(50); /* the done callback runs after the reply is sent */
     pthread_mutex_lock(&prod_mu);
     ck_assert_int_eq(done_last_status, 202);
     ck_assert_str_eq(done_last_route, "late");
@@ -1072,11 +1059,11 @@ START_TEST(chunked_cut_at_the_cap)
     const char *head = "POST /t/echo HTTP/1.1\r\n" HOST "Transfer-Encoding: chunked\r\n\r\n"
                        "fffffff\r\nabcdefgh";
     int fd = raw_connect(port);
-    double t0 = now_s();
+    double t0 = th_now_s();
     ck_assert_int_eq(raw_send(fd, head, strlen(head)), 0);
     int closed;
     char *ans = raw_recv(fd, 3000, &closed);
-    double dt = now_s() - t0;
+    double dt = th_now_s() - t0;
     close(fd);
     assert_raw_error(ans, 413, "request_too_large");
     ck_assert_msg(dt < 2.0, "413 after %.2f s", dt);
@@ -1136,7 +1123,7 @@ START_TEST(lingering_close)
     for (int i = 0; i < 100; i++) { /* counted when the library lets go of the socket */
         cg_http_get_stats(srv, &st);
         if (st.lingered >= 2) break;
-        sleep_ms(20);
+        th_sleep_ms(20);
     }
     ck_assert_uint_ge(st.lingered, 2);
 }
@@ -1201,7 +1188,7 @@ START_TEST(refusal_after_pending_answer)
     int fd = raw_connect(port);
     const char *first = "GET /t/stream HTTP/1.1\r\n" HOST "\r\n";
     ck_assert_int_eq(raw_send(fd, first, strlen(first)), 0);
-    sleep_ms(30); /* the stream is under way (20 events, 5 ms apart) */
+    th_sleep_ms(30); /* the stream is under way (20 events, 5 ms apart) */
     const char *bad = "GET /t/hello HTTP/1.1\r\n" HOST "X-A : b\r\n\r\n";
     ck_assert_int_eq(raw_send(fd, bad, strlen(bad)), 0);
     int closed;

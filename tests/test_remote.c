@@ -42,13 +42,6 @@ static double ms_since(uint64_t t0)
     return (double)(cg_now_ns() - t0) / 1e6;
 }
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
 /* ---- ports, servers, admin connections ---------------------------------------------------- */
 
 /* First of n consecutive free ports (and their cluster bus ports +10000 when bus). */
@@ -155,7 +148,7 @@ static void srv_spawn(srv *s)
         } else if (c) {
             redisFree(c);
         }
-        sleep_ms(50);
+        th_sleep_ms(50);
     }
     ck_abort_msg("redis-server on port %d did not come up", s->port);
 }
@@ -433,7 +426,7 @@ START_TEST(backoff_doubles_to_its_cap)
             end_ns[n_at++] = s1;
             seen = f;
         }
-        sleep_ms(2);
+        th_sleep_ms(2);
     }
     printf("remote: connection attempts while down, ms apart:");
     for (size_t i = 1; i < n_at; i++)
@@ -544,7 +537,7 @@ static void *fake_main(void *arg)
                             off += (size_t)w;
                         }
                         if (!bar) break;
-                        sleep_ms(30);
+                        th_sleep_ms(30);
                         off = upto + 1;
                     }
                     __atomic_fetch_add(&f->replies, 1, __ATOMIC_RELEASE);
@@ -676,9 +669,9 @@ START_TEST(extra_replies_never_served)
         }
         /* The stray reply is on the wire before the next command goes out. */
         for (int w = 0; w < 400 && __atomic_load_n(&f.replies, __ATOMIC_ACQUIRE) < i + 1; w++)
-            sleep_ms(5);
+            th_sleep_ms(5);
         ck_assert_int_ge(__atomic_load_n(&f.replies, __ATOMIC_ACQUIRE), i + 1);
-        sleep_ms(10);
+        th_sleep_ms(10);
     }
     printf("remote: doubled replies: %d gets answered \"x\", %d refused, never \"y\"\n", ok, bad);
     ck_assert_int_gt(ok, 0);
@@ -997,7 +990,7 @@ START_TEST(node_wrong_type_and_size)
     cg_status st = CG_E_UNAVAILABLE;
     for (int i = 0; i < 100 && st != CG_OK; i++) {
         st = cg_remote_get(r, 1, k2, v, NULL);
-        if (st != CG_OK) sleep_ms(20);
+        if (st != CG_OK) th_sleep_ms(20);
     }
     ck_assert_int_eq(st, CG_OK);
     ck_assert_int_eq(memcmp(v[0].data, big, 100000), 0);
@@ -1065,7 +1058,7 @@ START_TEST(node_write_behind_drops_and_flushes)
     ck_assert_int_eq(cg_remote_put_async(r, HEADS, kp, (const void *const *)vals, lens), CG_OK);
     free_vals(vals, HEADS);
     for (int i = 0; i < 200 && stats(r).queue_writing == 0; i++)
-        sleep_ms(10);
+        th_sleep_ms(10);
     ck_assert_uint_eq(stats(r).queue_writing, 1);
     double worst = 0;
     for (unsigned c = 1; c <= 6; c++) {
@@ -1168,7 +1161,7 @@ static void *traffic_main(void *arg)
         if (rs && t0 > rs && st2 == CG_OK) __atomic_fetch_add(&t->ok_after, 1, __ATOMIC_RELAXED);
         t->calls++;
         i++;
-        if (st != CG_OK) sleep_ms(5);
+        if (st != CG_OK) th_sleep_ms(5);
     }
     return NULL;
 }
@@ -1186,12 +1179,12 @@ START_TEST(node_killed_mid_traffic_recovers)
     traffic t2 = {.r = r};
     ck_assert_int_eq(pthread_create(&th[0], NULL, traffic_main, &t), 0);
     ck_assert_int_eq(pthread_create(&th[1], NULL, traffic_main, &t2), 0);
-    sleep_ms(300);
+    th_sleep_ms(300);
     srv_kill(&g_srv);
     uint64_t k = cg_now_ns();
     __atomic_store_n(&t.killed_ns, k, __ATOMIC_RELEASE);
     __atomic_store_n(&t2.killed_ns, k, __ATOMIC_RELEASE);
-    sleep_ms(1200);
+    th_sleep_ms(1200);
     cg_remote_stats mid = stats(r);
     uint64_t rs = cg_now_ns();
     __atomic_store_n(&t.restarted_ns, rs, __ATOMIC_RELEASE);
@@ -1203,7 +1196,7 @@ START_TEST(node_killed_mid_traffic_recovers)
             __atomic_load_n(&t2.ok_after, __ATOMIC_RELAXED))
             back = cg_now_ns();
         else
-            sleep_ms(10);
+            th_sleep_ms(10);
     }
     __atomic_store_n(&t.stop, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&t2.stop, 1, __ATOMIC_RELEASE);
@@ -1266,7 +1259,7 @@ START_TEST(node_stopped_costs_the_timeout)
     uint64_t t0 = cg_now_ns();
     while (st != CG_OK && ms_since(t0) < 8000) {
         st = cg_remote_get(r, 2, kp, out, NULL);
-        if (st != CG_OK) sleep_ms(20);
+        if (st != CG_OK) th_sleep_ms(20);
     }
     ck_assert_int_eq(st, CG_OK);
     cg_remote_values_free(r, out, 2);
@@ -1349,10 +1342,10 @@ START_TEST(node_concurrent_readers_and_writer)
             ck_assert_int_eq(cg_remote_set(r, CC_HEADS, kp, (const void *const *)vals, lens),
                              CG_OK);
         free_vals(vals, CC_HEADS);
-        sleep_ms(20);
+        th_sleep_ms(20);
     }
     ck_assert_int_eq(cg_remote_flush(r, 10000), CG_OK);
-    sleep_ms(200);
+    th_sleep_ms(200);
     uint64_t reads = 0, hits = 0;
     for (int i = 0; i < READERS; i++) {
         __atomic_store_n(&a[i].stop, 1, __ATOMIC_RELEASE);
@@ -1595,7 +1588,7 @@ START_TEST(cluster_ask_and_moved_during_migration)
     ck_assert_uint_eq(s3.errors, 0);
     /* The MOVED also asked for a whole-map refresh, done by a call once backoff_min_ms has
      * passed since the last one. */
-    sleep_ms(150);
+    th_sleep_ms(150);
     ck_assert_int_eq(cg_remote_ping(r), CG_OK);
     s3 = stats(r);
     ck_assert_uint_ge(s3.map_refreshes, 2);
@@ -1641,7 +1634,7 @@ START_TEST(cluster_master_killed)
     ck_assert_int_eq(fscanf(f, "%d", &pid), 1);
     fclose(f);
     ck_assert_int_eq(kill(pid, SIGKILL), 0);
-    sleep_ms(100);
+    th_sleep_ms(100);
     int served = 0, failed = 0;
     double worst = 0;
     for (int round = 0; round < 3; round++)
