@@ -245,8 +245,6 @@ static float snap16(float x)
 
 /* ---- checks ---- */
 
-typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3 } gen_arch;
-
 typedef struct scaling {
     char type[16]; /* "" = none */
     double factor;
@@ -278,13 +276,24 @@ static int parse_scaling(const char *s, scaling *out)
     return 0;
 }
 
-static cg_status check_params(const cg_model_gen_params *p, cg_st_dtype *dt, gen_arch *arch,
+/* The architecture named name (its class name, as config.json writes it): 1, or 0. */
+static int arch_of(const char *name, cg_arch *out)
+{
+    for (cg_arch a = CG_ARCH_LLAMA; a <= CG_ARCH_QWEN3; a++)
+        if (!strcmp(name, cg_arch_name(a))) {
+            *out = a;
+            return 1;
+        }
+    return 0;
+}
+
+static cg_status check_params(const cg_model_gen_params *p, cg_st_dtype *dt, cg_arch *arch,
                               scaling *sc, char *err, size_t errlen)
 {
     const char *bad = NULL;
     int hd = p->head_dim ? p->head_dim : (p->n_heads > 0 ? p->dim / p->n_heads : 0);
     int V = p->vocab_size ? p->vocab_size : GEN_VOCAB;
-    *arch = ARCH_LLAMA;
+    *arch = CG_ARCH_LLAMA;
     if (p->n_layers < 1 || p->n_layers > 256)
         bad = "n_layers must be in [1, 256]";
     else if (p->dim < 2 || p->dim > 8192)
@@ -334,13 +343,7 @@ static cg_status check_params(const cg_model_gen_params *p, cg_st_dtype *dt, gen
     if (!bad && p->vocab_size) {
         if (!p->arch)
             bad = "arch is required with a vocabulary";
-        else if (!strcmp(p->arch, "LlamaForCausalLM"))
-            *arch = ARCH_LLAMA;
-        else if (!strcmp(p->arch, "Qwen2ForCausalLM"))
-            *arch = ARCH_QWEN2;
-        else if (!strcmp(p->arch, "Qwen3ForCausalLM"))
-            *arch = ARCH_QWEN3;
-        else
+        else if (!arch_of(p->arch, arch))
             bad = "arch must be LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM";
     }
     if (bad) {
@@ -454,7 +457,7 @@ static cg_status write_tiny_config(const char *dir, const cg_model_gen_params *p
 
 /* config.json as transformers writes it for the architecture (keys sorted). */
 static cg_status write_real_config(const char *dir, const cg_model_gen_params *p, cg_st_dtype dt,
-                                   gen_arch arch, const scaling *sc, char *err, size_t errlen)
+                                   cg_arch arch, const scaling *sc, char *err, size_t errlen)
 {
     static const char *types[] = {"llama", "qwen2", "qwen3"};
     int yarn = !strcmp(sc->type, "yarn");
@@ -466,15 +469,15 @@ static cg_status write_real_config(const char *dir, const cg_model_gen_params *p
     json_object_set_new(c, "architectures", json_pack("[s]", p->arch));
     json_object_set_new(c, "model_type", json_string(types[arch]));
     json_object_set_new(c, "attention_dropout", json_real(0.0));
-    if (arch != ARCH_QWEN2) json_object_set_new(c, "attention_bias", json_false());
-    if (arch == ARCH_LLAMA) {
+    if (arch != CG_ARCH_QWEN2) json_object_set_new(c, "attention_bias", json_false());
+    if (arch == CG_ARCH_LLAMA) {
         json_object_set_new(c, "mlp_bias", json_false());
         json_object_set_new(c, "pretraining_tp", json_integer(1));
     } else {
         json_object_set_new(c, "max_window_layers", json_integer(p->n_layers));
         json_object_set_new(c, "use_sliding_window", json_false());
         json_object_set_new(c, "sliding_window",
-                            arch == ARCH_QWEN2 ? json_integer(max_pos) : json_null());
+                            arch == CG_ARCH_QWEN2 ? json_integer(max_pos) : json_null());
     }
     json_object_set_new(c, "bos_token_id", json_integer(p->bos_id));
     if (p->n_eos == 1) {
@@ -612,13 +615,13 @@ static cg_status copy_tokenizer(const char *src, const char *dir, const cg_model
     }
     if (max_id >= V) {
         cg_seterr(err, errlen, "%s: token id %lld does not fit the model's vocabulary of %d", tpath,
-               max_id, V);
+                  max_id, V);
         goto out;
     }
     const char *bos = special_text(cfg, "bos_token"), *eos = special_text(cfg, "eos_token");
     if (bos && token_id(tok, bos) != p->bos_id) {
         cg_seterr(err, errlen, "%s: bos_token %s is id %lld, the model's BOS is %d", cpath, bos,
-               token_id(tok, bos), p->bos_id);
+                  token_id(tok, bos), p->bos_id);
         goto out;
     }
     if (eos) {
@@ -628,7 +631,7 @@ static cg_status copy_tokenizer(const char *src, const char *dir, const cg_model
             found |= id == p->eos_ids[k];
         if (!found) {
             cg_seterr(err, errlen, "%s: eos_token %s is id %lld, not one of the model's EOS ids",
-                   cpath, eos, id);
+                      cpath, eos, id);
             goto out;
         }
     }
@@ -658,7 +661,7 @@ static size_t numel_of(const gen_tensor *t)
 }
 
 /* The tensor list in HF state-dict order, with their initial scales. Caller frees. */
-static gen_tensor *tensor_list(const cg_model_gen_params *p, gen_arch arch, size_t *count)
+static gen_tensor *tensor_list(const cg_model_gen_params *p, cg_arch arch, size_t *count)
 {
     const int tiny = p->vocab_size == 0;
     const int64_t D = p->dim, H = p->hidden_dim, V = tiny ? GEN_VOCAB : p->vocab_size;
@@ -688,18 +691,18 @@ static gen_tensor *tensor_list(const cg_model_gen_params *p, gen_arch arch, size
     ADD(W_EMBED, V, D, embed_std, "model.embed_tokens.weight");
     for (int l = 0; l < p->n_layers; l++) {
         ADD(norm, D, 0, REAL_NORM_STD, "model.layers.%d.input_layernorm.weight", l);
-        ADD(W_PROJ, Q, D, (arch == ARCH_QWEN3 ? 1.0 : sharp) / sqrt((double)D),
+        ADD(W_PROJ, Q, D, (arch == CG_ARCH_QWEN3 ? 1.0 : sharp) / sqrt((double)D),
             "model.layers.%d.self_attn.q_proj.weight", l);
-        if (arch == ARCH_QWEN2)
+        if (arch == CG_ARCH_QWEN2)
             ADD(W_BIAS, Q, 0, REAL_BIAS_STD, "model.layers.%d.self_attn.q_proj.bias", l);
         ADD(W_PROJ, KV, D, 1.0 / sqrt((double)D), "model.layers.%d.self_attn.k_proj.weight", l);
-        if (arch == ARCH_QWEN2)
+        if (arch == CG_ARCH_QWEN2)
             ADD(W_BIAS, KV, 0, REAL_BIAS_STD, "model.layers.%d.self_attn.k_proj.bias", l);
         ADD(W_PROJ, KV, D, 1.0 / sqrt((double)D), "model.layers.%d.self_attn.v_proj.weight", l);
-        if (arch == ARCH_QWEN2)
+        if (arch == CG_ARCH_QWEN2)
             ADD(W_BIAS, KV, 0, REAL_BIAS_STD, "model.layers.%d.self_attn.v_proj.bias", l);
         ADD(W_PROJ, D, Q, 1.0 / sqrt((double)Q), "model.layers.%d.self_attn.o_proj.weight", l);
-        if (arch == ARCH_QWEN3) {
+        if (arch == CG_ARCH_QWEN3) {
             ADD(W_NORM, hd, 0, REAL_NORM_STD * sharp, "model.layers.%d.self_attn.q_norm.weight", l);
             ts[n - 1].mean = sharp;
             ADD(W_NORM, hd, 0, REAL_NORM_STD, "model.layers.%d.self_attn.k_norm.weight", l);
@@ -834,7 +837,7 @@ cg_status cg_model_generate(const char *dir, cg_model_gen_params p, char *err, s
 {
     cg_status st = CG_OK;
     cg_st_dtype dt = CG_ST_F32;
-    gen_arch arch = ARCH_LLAMA;
+    cg_arch arch = CG_ARCH_LLAMA;
     scaling sc;
     gen_tensor *ts = NULL;
     float *buf = NULL;
