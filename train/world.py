@@ -1,0 +1,394 @@
+"""A fictional world for RAG questions: people, companies and cities with attributes and
+relations, documents that state them in varied sentences, and questions of four kinds.
+
+Everything is drawn from a random.Random, so a seed fixes the data. Two splits never meet:
+  - entities: a name belongs to the training split or the held-out split by a hash of its text,
+    so evaluation asks about people, companies and cities the model never saw;
+  - phrasings: some document sentences, questions and system prompts exist only in the held-out
+    split, so the model is shown to read sentences it was not trained on.
+
+A prompt is the list of segments the gateway makes of a chat request with `documents`
+(DESIGN §3): the system segment, one chunk per document, and the question segment, rendered
+with the checkpoint's ChatML template. The answer follows the question segment.
+
+Question kinds and their answers (exact match compares the whole answer text):
+  single   "Where does Mara Velkin live?"            -> "Tarsk"
+  twohop   "Where is Mara Velkin's employer based?"   -> "Ostrade Mills, Tarsk"
+  compare  "Who is older, Mara Velkin or Ivo Dant?"   -> "34 vs 51: Ivo Dant"
+  unknown  a question about someone in no document    -> "unknown"
+Two-hop and comparison answers name the intermediate facts first (a short chain of thought),
+which a model this small needs to answer them at all.
+"""
+
+import hashlib
+import random
+
+KINDS = ("single", "twohop", "compare", "unknown")
+SPLITS = ("train", "heldout")
+
+ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr",
+          "kr", "tr", "st", "sh", "th", "h", "j", "w"]
+VOWELS = ["a", "e", "i", "o", "u", "a", "e", "o", "ai", "ei", "ou", "ia"]
+CODAS = ["", "", "", "n", "r", "l", "s", "m", "k", "th", "nd", "rt"]
+CITY_SUFFIX = ["", "", "", "ton", "ford", "mouth", "vale", "burg", "wick", "holm"]
+COMPANY_KIND = ["Mills", "Labs", "Works", "Group", "Systems", "Foods", "Motors", "Press",
+                "Textiles", "Shipping", "Energy", "Optics"]
+JOBS = ["pilot", "nurse", "baker", "teacher", "lawyer", "chemist", "welder", "architect",
+        "farmer", "painter", "surgeon", "librarian", "plumber", "journalist", "engineer",
+        "accountant", "gardener", "translator", "electrician", "pharmacist", "carpenter",
+        "geologist", "dentist", "tailor"]
+PRODUCTS = ["lamps", "bicycles", "glass bottles", "paper", "ceramic tiles", "radios",
+            "wool coats", "canned fish", "boots", "printing ink", "garden tools", "clocks",
+            "solar panels", "rope", "cheese", "violins", "sails", "soap", "maps", "chairs",
+            "pumps", "tea", "lenses", "batteries"]
+
+# Document sentences: (fact, template, split). {n} is the subject as written in this
+# sentence (a full name, or a pronoun after the first sentence about a person).
+PERSON_SENT = [
+    ("city", "{n} lives in {v}.", "train"),
+    ("city", "{n} has a house in {v}.", "train"),
+    ("city", "These days {n} lives in the city of {v}.", "train"),
+    ("city", "{n} moved to {v} some years ago and still lives there.", "train"),
+    ("city", "Home for {n} is {v}.", "heldout"),
+    ("city", "{n} rents a small flat in {v}.", "heldout"),
+    ("employer", "{n} works for {v}.", "train"),
+    ("employer", "{n} is employed by {v}.", "train"),
+    ("employer", "{n} has a job at {v}.", "train"),
+    ("employer", "For several years {n} has worked at {v}.", "train"),
+    ("employer", "{n} draws a salary from {v}.", "heldout"),
+    ("employer", "{n} joined the staff of {v} and stayed.", "heldout"),
+    ("job", "{n} works as a {v}.", "train"),
+    ("job", "{n} is a {v} by trade.", "train"),
+    ("job", "By profession {n} is a {v}.", "train"),
+    ("job", "{n} trained as a {v}.", "heldout"),
+    ("job", "{n} earns a living as a {v}.", "heldout"),
+    ("age", "{n} is {v} years old.", "train"),
+    ("age", "{n} turned {v} this year.", "train"),
+    ("age", "At {v}, {n} is no longer young.", "train"),
+    ("age", "{n} has reached the age of {v}.", "heldout"),
+    ("age", "{n} had a birthday recently and is now {v}.", "heldout"),
+]
+COMPANY_SENT = [
+    ("city", "{n} is based in {v}.", "train"),
+    ("city", "{n} has its head office in {v}.", "train"),
+    ("city", "The headquarters of {n} are in {v}.", "train"),
+    ("city", "{n} runs its business from {v}.", "heldout"),
+    ("city", "You will find the main office of {n} in {v}.", "heldout"),
+    ("product", "{n} makes {v}.", "train"),
+    ("product", "{n} produces {v}.", "train"),
+    ("product", "The main product of {n} is {v}.", "train"),
+    ("product", "{n} is known for its {v}.", "heldout"),
+    ("product", "{n} sells {v} all over the region.", "heldout"),
+    ("founded", "{n} was founded in {v}.", "train"),
+    ("founded", "{n} opened its doors in {v}.", "train"),
+    ("founded", "{n} dates back to {v}.", "heldout"),
+    ("founded", "{n} has been in business since {v}.", "heldout"),
+]
+FILLER = [
+    ("The weather there is often grey in winter.", "train"),
+    ("Local newspapers have written about it more than once.", "train"),
+    ("The town hall keeps records of such things.", "train"),
+    ("Not much else is known.", "train"),
+    ("This was noted in a report last year.", "train"),
+    ("Few people outside the region had heard of it.", "train"),
+    ("The details were confirmed by a neighbour.", "train"),
+    ("Trains to the coast leave every hour.", "train"),
+    ("The river nearby floods almost every spring.", "train"),
+    ("A short article about it appeared in a trade magazine.", "train"),
+    ("Most of this was checked twice.", "heldout"),
+    ("The old market square is a short walk away.", "heldout"),
+    ("Nobody recalls exactly when this began.", "heldout"),
+]
+QUESTIONS = {
+    ("single", "person", "city"): [("Where does {a} live?", "train"),
+                                   ("In which city does {a} live?", "train"),
+                                   ("Which city is {a}'s home?", "train"),
+                                   ("Which town does {a} call home?", "heldout")],
+    ("single", "person", "employer"): [("Who does {a} work for?", "train"),
+                                       ("Which company employs {a}?", "train"),
+                                       ("Who is {a}'s employer?", "train"),
+                                       ("Where is {a} employed?", "heldout")],
+    ("single", "person", "job"): [("What is {a}'s job?", "train"),
+                                  ("What does {a} do for a living?", "train"),
+                                  ("What is the profession of {a}?", "train"),
+                                  ("What kind of work does {a} do?", "heldout")],
+    ("single", "person", "age"): [("How old is {a}?", "train"),
+                                  ("What age is {a}?", "train"),
+                                  ("How many years old is {a}?", "heldout")],
+    ("single", "company", "city"): [("Where is {a} based?", "train"),
+                                    ("In which city is {a} located?", "train"),
+                                    ("Where does {a} have its head office?", "heldout")],
+    ("single", "company", "product"): [("What does {a} make?", "train"),
+                                       ("What does {a} produce?", "train"),
+                                       ("What goods come from {a}?", "heldout")],
+    ("single", "company", "founded"): [("When was {a} founded?", "train"),
+                                       ("In what year was {a} founded?", "train"),
+                                       ("Since when has {a} existed?", "heldout")],
+    ("twohop", "person", "city"): [("Where is {a}'s employer based?", "train"),
+                                   ("In which city is the company {a} works for?", "train"),
+                                   ("Where is the company that employs {a} located?", "heldout")],
+    ("twohop", "person", "product"): [("What does {a}'s employer make?", "train"),
+                                      ("What does the company {a} works for produce?", "train"),
+                                      ("What is made by the company that employs {a}?", "heldout")],
+    ("compare", "person", "age"): [("Who is older, {a} or {b}?", "train"),
+                                   ("Which of {a} and {b} is older?", "train"),
+                                   ("Of {a} and {b}, who was born first?", "heldout")],
+    ("compare", "company", "founded"): [("Which company is older, {a} or {b}?", "train"),
+                                        ("Which was founded first, {a} or {b}?", "train"),
+                                        ("Of {a} and {b}, which company is older?", "heldout")],
+}
+SYSTEMS = [
+    ("Answer the question from the documents.", "train"),
+    ("You are a helpful assistant. Use only the documents below.", "train"),
+    ("Read the documents and answer briefly.", "train"),
+    ("You answer questions about people and companies.", "train"),
+    ("Be brief. If the documents do not say, answer unknown.", "train"),
+    ("You are a careful research assistant. Answer from the documents only.", "heldout"),
+    ("Reply with a short answer based on the documents.", "heldout"),
+]
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+SEPARATOR = "# #"
+
+
+def split_of(name):
+    """The split an entity name belongs to: about one name in eight is held out."""
+    return "heldout" if hashlib.sha256(name.encode()).digest()[0] % 8 == 0 else "train"
+
+
+def pick(rng, rows, split):
+    """A row usable in `split`: the training split uses training rows only; the held-out split
+    uses held-out rows half of the time, when there are any."""
+    tr = [r for r in rows if r[-1] == "train"]
+    ho = [r for r in rows if r[-1] == "heldout"]
+    if split == "heldout" and ho and rng.random() < 0.5:
+        return rng.choice(ho)
+    return rng.choice(tr)
+
+
+class World:
+    def __init__(self, rng, split):
+        self.rng, self.split = rng, split
+        self.used = set()
+
+    def _syl(self, n):
+        r = self.rng
+        return "".join(r.choice(ONSETS) + r.choice(VOWELS) + r.choice(CODAS) for _ in range(n))
+
+    def _name(self, make):
+        for _ in range(1000):
+            s = make()
+            if s not in self.used and split_of(s) == self.split and len(s) < 28:
+                self.used.add(s)
+                return s
+        raise RuntimeError("no fresh name")
+
+    def person(self):
+        name = self._name(lambda: self._syl(self.rng.choice((1, 2))).capitalize() + " " +
+                          self._syl(self.rng.choice((2, 2, 3))).capitalize())
+        return {"type": "person", "name": name, "he": self.rng.choice(("He", "She"))}
+
+    def company(self):
+        return {"type": "company",
+                "name": self._name(lambda: self._syl(2).capitalize() + " " +
+                                   self.rng.choice(COMPANY_KIND))}
+
+    def city(self):
+        return self._name(lambda: (self._syl(self.rng.choice((1, 2))) +
+                                   self.rng.choice(CITY_SUFFIX)).capitalize())
+
+
+def person_facts(w, p, company=None):
+    r = w.rng
+    f = {"city": w.city(), "job": r.choice(JOBS), "age": str(r.randint(19, 88))}
+    f["employer"] = company["name"] if company else w.company()["name"]
+    p["facts"] = f
+    return p
+
+
+def company_facts(w, c):
+    r = w.rng
+    c["facts"] = {"city": w.city(), "product": r.choice(PRODUCTS),
+                  "founded": str(r.randint(1850, 2015))}
+    return c
+
+
+def document(w, e, must):
+    """A document about entity e stating the facts in `must` and a few others, in random order,
+    with filler sentences between."""
+    r, split = w.rng, w.split
+    rows = PERSON_SENT if e["type"] == "person" else COMPANY_SENT
+    facts = list(e["facts"])
+    extra = [f for f in facts if f not in must]
+    r.shuffle(extra)
+    told = list(must) + extra[:r.randint(0 if must else 1, len(extra))]
+    r.shuffle(told)
+    out = []
+    for i, fact in enumerate(told):
+        subj = e["name"]
+        if i > 0 and r.random() < 0.4:
+            subj = e["he"] if e["type"] == "person" else "It"
+        tmpl = pick(r, [row[1:] for row in rows if row[0] == fact], split)[0]
+        if subj != e["name"] and not tmpl.startswith("{n}"):
+            subj = subj.lower()
+        v = e["facts"][fact]
+        if "a {v}" in tmpl and v[0] in "aeiou":
+            tmpl = tmpl.replace("a {v}", "an {v}")
+        s = tmpl.format(n=subj, v=v)
+        s = s[0].upper() + s[1:]
+        out.append(s)
+        if r.random() < 0.2:
+            out.append(pick(r, FILLER, split)[0])
+    if r.random() < 0.2:
+        out.insert(0, pick(r, FILLER, split)[0])
+    return " ".join(out), told
+
+
+def question(w, kind, max_docs=6):
+    """One RAG example: (system, documents, question, answer, kind). The documents are shuffled
+    and include distractors: 4-6 of them, or up to max_docs when that is smaller (a training
+    curriculum starts with short prompts)."""
+    r, split = w.rng, w.split
+    docs = []  # (entity, facts that must be stated)
+    n_docs = r.randint(min(4, max_docs), max_docs)
+    if kind == "single":
+        etype = r.choice(("person", "person", "company"))
+        fact = r.choice([k[2] for k in QUESTIONS if k[0] == "single" and k[1] == etype])
+        e = person_facts(w, w.person()) if etype == "person" else company_facts(w, w.company())
+        docs.append((e, [fact]))
+        q = pick(r, QUESTIONS[("single", etype, fact)], split)[0].format(a=e["name"])
+        a = e["facts"][fact]
+    elif kind == "twohop":
+        fact = r.choice(("city", "product"))
+        c = company_facts(w, w.company())
+        p = person_facts(w, w.person(), c)
+        docs += [(p, ["employer"]), (c, [fact])]
+        if n_docs >= 4:  # a distractor: someone else at another company in another city
+            c2 = company_facts(w, w.company())
+            docs += [(person_facts(w, w.person(), c2), ["employer"]), (c2, [fact])]
+        q = pick(r, QUESTIONS[("twohop", "person", fact)], split)[0].format(a=p["name"])
+        a = "%s, %s" % (c["name"], c["facts"][fact])
+    elif kind == "compare":
+        etype = r.choice(("person", "company"))
+        fact = "age" if etype == "person" else "founded"
+        make = (lambda: person_facts(w, w.person())) if etype == "person" else \
+            (lambda: company_facts(w, w.company()))
+        x, y = make(), make()
+        while x["facts"][fact] == y["facts"][fact]:
+            y = make()
+        docs += [(x, [fact]), (y, [fact])]
+        q = pick(r, QUESTIONS[("compare", etype, fact)], split)[0].format(a=x["name"], b=y["name"])
+        vx, vy = int(x["facts"][fact]), int(y["facts"][fact])
+        older = x if (vx > vy if fact == "age" else vx < vy) else y
+        a = "%d vs %d: %s" % (vx, vy, older["name"])
+    else:
+        etype = r.choice(("person", "person", "company"))
+        fact = r.choice([k[2] for k in QUESTIONS if k[0] == "single" and k[1] == etype])
+        absent = w.person() if etype == "person" else w.company()
+        q = pick(r, QUESTIONS[("single", etype, fact)], split)[0].format(a=absent["name"])
+        a = "unknown"
+    while len(docs) < n_docs:
+        e = person_facts(w, w.person()) if r.random() < 0.6 else company_facts(w, w.company())
+        docs.append((e, []))
+    texts = [document(w, e, must)[0] for e, must in docs]
+    r.shuffle(texts)
+    system = pick(r, SYSTEMS, split)[0]
+    return {"system": system, "documents": texts, "question": q, "answer": a, "kind": kind}
+
+
+def example(rng, split, kind=None, max_docs=6):
+    """One example of `kind` (drawn when None: single and twohop most often)."""
+    if kind is None:
+        kind = rng.choices(KINDS, weights=(4, 3, 2, 1))[0]
+    return question(World(rng, split), kind, max_docs)
+
+
+class Corpus:
+    """A fixed world for benchmarks: people employed by its companies, one fixed document per
+    entity stating all its facts. Questions over it draw their documents from the same pool, so
+    the same documents recur across requests in other orders and under other system prompts,
+    as they do in a RAG application."""
+
+    def __init__(self, seed, split="heldout", n_companies=40, n_people=80):
+        self.rng = r = random.Random("corpus-%s-%d" % (split, seed))
+        w = World(r, split)
+        self.split = split
+        self.companies = [company_facts(w, w.company()) for _ in range(n_companies)]
+        self.people = [person_facts(w, w.person(), r.choice(self.companies))
+                       for _ in range(n_people)]
+        self.docs = {}
+        for e in self.companies + self.people:
+            self.docs[e["name"]] = document(w, e, list(e["facts"]))[0]
+        self.by_name = {e["name"]: e for e in self.companies + self.people}
+
+    def ask(self, kind):
+        """One example of `kind` whose 4-6 documents come from the pool."""
+        r, split = self.rng, self.split
+        need = []
+        if kind == "single":
+            e = r.choice(self.people + self.people + self.companies)
+            fact = r.choice([k[2] for k in QUESTIONS if k[0] == "single" and
+                             k[1] == e["type"]])
+            need = [e]
+            q = pick(r, QUESTIONS[("single", e["type"], fact)], split)[0].format(a=e["name"])
+            a = e["facts"][fact]
+        elif kind == "twohop":
+            fact = r.choice(("city", "product"))
+            p = r.choice(self.people)
+            c = self.by_name[p["facts"]["employer"]]
+            need = [p, c]
+            q = pick(r, QUESTIONS[("twohop", "person", fact)], split)[0].format(a=p["name"])
+            a = "%s, %s" % (c["name"], c["facts"][fact])
+        elif kind == "compare":
+            pool, fact = r.choice(((self.people, "age"), (self.companies, "founded")))
+            x, y = r.sample(pool, 2)
+            while x["facts"][fact] == y["facts"][fact]:
+                x, y = r.sample(pool, 2)
+            need = [x, y]
+            q = pick(r, QUESTIONS[("compare", x["type"], fact)], split)[0].format(
+                a=x["name"], b=y["name"])
+            vx, vy = int(x["facts"][fact]), int(y["facts"][fact])
+            older = x if (vx > vy if fact == "age" else vx < vy) else y
+            a = "%d vs %d: %s" % (vx, vy, older["name"])
+        else:
+            e = r.choice(self.people + self.people + self.companies)
+            fact = r.choice([k[2] for k in QUESTIONS if k[0] == "single" and
+                             k[1] == e["type"]])
+            q = pick(r, QUESTIONS[("single", e["type"], fact)], split)[0].format(a=e["name"])
+            a = "unknown"
+            absent = e
+        names = [e["name"] for e in need]
+        others = [n for n in self.docs if n not in names and
+                  (kind != "unknown" or n != absent["name"])]
+        # a distractor must not answer the question too: nobody else's document names the
+        # entity asked about (a person's document names the employer)
+        asked = names[0] if names else absent["name"]
+        others = [n for n in others if asked not in self.docs[n]]
+        names += r.sample(others, r.randint(4, 6) - len(names))
+        r.shuffle(names)
+        return {"system": pick(r, SYSTEMS, split)[0], "documents": [self.docs[n] for n in names],
+                "question": q, "answer": a, "kind": kind}
+
+
+def segments(ex):
+    """The segments the gateway sends the worker for this example as a chat request with
+    `documents` under CHAT_TEMPLATE: system segment, chunks, question segment (DESIGN §3)."""
+    return (["<|im_start|>system\n" + ex["system"]] + list(ex["documents"]) +
+            ["<|im_end|>\n<|im_start|>user\n" + ex["question"] +
+             "<|im_end|>\n<|im_start|>assistant\n"])
+
+
+def eval_set(seed, n_per_kind):
+    """The held-out evaluation questions: n_per_kind of each kind, from the held-out split."""
+    rng = random.Random("heldout-%d" % seed)
+    return [example(rng, "heldout", k) for k in KINDS for _ in range(n_per_kind)]
+
+
+if __name__ == "__main__":
+    rng = random.Random(1)
+    for k in KINDS:
+        ex = example(rng, "heldout", k)
+        print(SEPARATOR.join(segments(ex)).replace("\n", "\\n"), "=>", ex["answer"])
