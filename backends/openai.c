@@ -111,6 +111,7 @@ cg_openai_params cg_openai_default_params(void)
     p.connect_timeout_ms = 3000;
     p.idle_timeout_ms = 300000;
     p.max_idle_conns = 1024;
+    p.dns_cache_s = 2;
     return p;
 }
 
@@ -536,6 +537,7 @@ cg_status cg_openai_open(const cg_openai_params *p, cg_openai **out)
     }
     if (c->p.connect_timeout_ms <= 0) c->p.connect_timeout_ms = 3000;
     if (c->p.idle_timeout_ms <= 0) c->p.idle_timeout_ms = 300000;
+    if (c->p.dns_cache_s < 0) c->p.dns_cache_s = 2;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     c->multi = curl_multi_init();
@@ -645,6 +647,9 @@ static void set_common(cg_openai *c, CURL *e, const char *base, const char *path
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, c->p.connect_timeout_ms);
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    /* Per handle, and reset with it: names in the multi's shared cache older than this are
+     * looked up again, so a name that moved is followed within a health interval. */
+    curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT, c->p.dns_cache_s);
 #if LIBCURL_VERSION_NUM >= 0x075500
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
 #endif

@@ -37,6 +37,11 @@ typedef struct cg_openai_params {
     long idle_timeout_ms;    /* longest silence from the backend, before the first byte or
                                 between two reads, before CG_E_TIMEOUT; default 300000 */
     long max_idle_conns;     /* idle connections kept for reuse; default 1024 */
+    long dns_cache_s;        /* seconds a resolved host name is reused before it is looked up
+                                again (CURLOPT_DNS_CACHE_TIMEOUT; libcurl's own default is 60,
+                                which kept a restarted worker on a new address unreachable);
+                                0 = looked up for every new connection; default 2, the gateway
+                                sets at most its health interval. Negative: the default */
 } cg_openai_params;
 
 cg_openai_params cg_openai_default_params(void);

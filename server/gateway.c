@@ -368,6 +368,10 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     op.api_key = cfg->backend_api_key;
     op.connect_timeout_ms = (long)cfg->connect_timeout_ms;
     op.idle_timeout_ms = (long)cfg->backend_timeout_ms;
+    /* A worker that comes back on a new address (a restarted container, a moved service
+     * name) is found by the next probe after its name is looked up again: cache names for at
+     * most one health interval (under 1 s: not at all). DESIGN §20. */
+    op.dns_cache_s = (long)(cfg->health_interval_ms / 1000);
     if ((st = cg_openai_open(&op, &g->client)) != CG_OK) goto fail;
     g->has_backend = cfg->backend != NULL;
 

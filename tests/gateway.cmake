@@ -12,3 +12,8 @@ cg_check_test(NAME test_http_frame SOURCES test_http_frame.c LIBS cg_base)
 
 cg_check_test(NAME test_gateway SOURCES test_gateway.c LIBS cg_server TIMEOUT 600
               PROGRAMS chunkgate fake_backend)
+# dns_check: a worker whose name moves to another address is used again within a health
+# interval (the gateway under unshare -m with its own /etc/hosts; skipped without root).
+add_test(NAME dns_check COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/dns_check.sh)
+set_tests_properties(dns_check PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
+  ENVIRONMENT "CHUNKGATE_BIN=$<TARGET_FILE:chunkgate>;CHUNKGATE_WORKER_BIN=$<TARGET_FILE:chunkgate-worker>;OMP_WAIT_POLICY=passive")
