@@ -4,6 +4,11 @@
 #                   is generated first into $CHUNKGATE_WORKER_MODEL when that directory is
 #                   missing or empty (first start on an empty volume).
 #   gateway [ARGS]  `chunkgate ARGS`.
+#   healthcheck     the images' HEALTHCHECK: GET /healthz on the address the running chunkgate
+#                   or `chunkgate-worker serve` listens on, read from its own command line
+#                   (--listen), else its environment, else the program's default port; a
+#                   wildcard host is probed on loopback. CHUNKGATE_HEALTH_PID names the process
+#                   outside a container (tests/docker_check.sh); in one, it is found in /proc.
 #   anything else   run as a command: `chunkgate-worker generate-model --out DIR`, `sh`.
 # The entrypoint never deletes or writes into a directory that holds anything: a mounted model
 # (one file or sharded, with an index) is left exactly as it is, for the worker to load or to
@@ -47,7 +52,47 @@ generate_into() {
     trap - EXIT TERM INT
 }
 
+# The pid of the serving chunkgate or chunkgate-worker in this PID namespace (the container).
+find_server() {
+    for d in /proc/[0-9]*; do
+        set -f
+        set -- $(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) ""
+        set +f
+        case "${1##*/}" in
+        chunkgate) echo "${d#/proc/}"; return 0 ;;
+        chunkgate-worker) [ "${2:-}" = serve ] && { echo "${d#/proc/}"; return 0; } ;;
+        esac
+    done
+    return 1
+}
+
+healthcheck() {
+    pid=${CHUNKGATE_HEALTH_PID:-}
+    [ -n "$pid" ] || pid=$(find_server) || { echo "chunkgate-entrypoint: no chunkgate process" >&2; exit 1; }
+    prog=$(tr '\0' '\n' <"/proc/$pid/cmdline" | head -n 1)
+    case "${prog##*/}" in
+    chunkgate-worker) var=CHUNKGATE_WORKER_LISTEN listen=127.0.0.1:8090 ;;
+    *) var=CHUNKGATE_LISTEN listen=127.0.0.1:8080 ;;
+    esac
+    # The program reads flags over the environment over its default; the last --listen wins.
+    env_listen=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n "s/^$var=//p" | tail -n 1)
+    [ -n "$env_listen" ] && listen=$env_listen
+    prev=
+    set -f
+    for a in $(tr '\0' ' ' <"/proc/$pid/cmdline"); do
+        [ "$prev" = --listen ] && listen=$a
+        case "$a" in --listen=*) listen=${a#--listen=} ;; esac
+        prev=$a
+    done
+    host=${listen%:*} port=${listen##*:}
+    case "$host" in "" | 0.0.0.0 | "*") host=127.0.0.1 ;; "[::]" | "::") host="[::1]" ;; esac
+    exec curl -fsS -m 3 -o /dev/null "http://$host:$port/healthz"
+}
+
 case "$role" in
+healthcheck)
+    healthcheck
+    ;;
 worker)
     model_arg=no
     for a in "$@"; do

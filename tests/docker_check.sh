@@ -3,7 +3,8 @@
 # then every path and port it names must exist in the project and agree with the Dockerfile,
 # prometheus.yml, the Grafana provisioning and the binaries' own --help (env variables); the
 # runtime image must install the package of every shared library the binaries link; and the
-# container entrypoint and HEALTHCHECK commands are run for real against the built binaries.
+# container ENTRYPOINT + CMD and HEALTHCHECK are run for real against the built binaries (the
+# check follows a --listen flag over the variable).
 # Exit 77 (ctest: skipped) when docker-compose is not installed.
 # Environment (set by ctest): CHUNKGATE_BIN, CHUNKGATE_WORKER_BIN.
 set -euo pipefail
@@ -89,7 +90,8 @@ def parse_dockerfile(path):
         if word == "FROM":
             m = re.match(r"(\S+)(?:\s+AS\s+(\S+))?$", rest.strip(), re.I)
             st = {"base": m.group(1), "name": m.group(2), "env": {}, "expose": [], "user": None,
-                  "health": None, "entrypoint": None, "copy": [], "apt": [], "run": []}
+                  "health": None, "entrypoint": None, "cmd": None, "copy": [], "apt": [],
+                  "run": []}
             stages[st["name"] or f"#{len(stages)}"] = st
         elif word == "ENV":
             for k, v in re.findall(r'(\w+)=("[^"]*"|\S+)', rest):
@@ -99,9 +101,12 @@ def parse_dockerfile(path):
         elif word == "USER":
             st["user"] = rest.strip()
         elif word == "HEALTHCHECK":
-            st["health"] = re.sub(r"^(--\S+\s+)*CMD\s+", "", rest.strip())
+            h = re.sub(r"^(--\S+\s+)*CMD\s+", "", rest.strip())
+            st["health"] = json.loads(h) if h.startswith("[") else ["sh", "-c", h]
         elif word == "ENTRYPOINT":
             st["entrypoint"] = json.loads(rest)
+        elif word == "CMD":
+            st["cmd"] = json.loads(rest)
         elif word == "COPY":
             st["copy"].append(rest.split())
         elif word == "RUN":
@@ -168,11 +173,21 @@ for name in ("gateway", "worker"):
     check(user not in ("root", "0", "0:0"), f"{name}: the image runs as {user}")
     check(chain[0]["health"], f"{name}: stage {target} has no HEALTHCHECK")
     check(chain[0]["entrypoint"], f"{name}: stage {target} has no ENTRYPOINT")
+    # ENTRYPOINT + CMD: `docker run IMAGE COMMAND...` replaces only the CMD (the role).
+    check(chain[0]["entrypoint"] == ["chunkgate-entrypoint"] and chain[0]["cmd"] == [name],
+          f"{name}: ENTRYPOINT {chain[0]['entrypoint']} CMD {chain[0]['cmd']}, expected "
+          f"[\"chunkgate-entrypoint\"] and [\"{name}\"]")
+    check(user == "10001:10001", f"{name}: runs as {user}, not 10001:10001 (numeric: bind mounts)")
+    check(any(re.search(r"groupadd --gid 10001 chunkgate", r) and
+              re.search(r"useradd --uid 10001 --gid 10001 ", r) for s in chain for r in s["run"]),
+          f"{name}: the chunkgate user is not created as 10001:10001")
     # Every ENV the image or the compose file sets for chunkgate must be a real option.
     svc_env = {k: v for k, v in (svc.get("environment") or {}).items()}
     for k in list(env) + list(svc_env):
         if k.startswith("CHUNKGATE_"):
             check(k in envs_for[name], f"{name}: {k} is not an option of the binary (--help)")
+    if name == "worker":
+        check(int(env.get("CHUNKGATE_WORKER_DISK_MB", "0")) > 0, "worker: the image has no disk tier by default")
     lv = listen_var[name]
     listen = svc_env.get(lv, env.get(lv))
     if check(listen, f"{name}: {lv} is not set (the binary's default listens on 127.0.0.1 only)"):
@@ -183,10 +198,12 @@ for name in ("gateway", "worker"):
         for p in svc.get("ports", []):
             target_port = container_port(p)
             check(target_port == port, f"{name}: publishes container port {target_port}, listens on {port}")
-        check(lv in chain[0]["health"] or port in chain[0]["health"],
-              f"{name}: HEALTHCHECK does not use the listen port: {chain[0]['health']}")
+        # The check must follow the program's real --listen, not a variable (run below).
+        check(chain[0]["health"] == ["chunkgate-entrypoint", "healthcheck"],
+              f"{name}: HEALTHCHECK is {chain[0]['health']}, not chunkgate-entrypoint healthcheck")
     with open(os.path.join(tmp, f"{name}.stage"), "w") as f:
-        json.dump({"health": chain[0]["health"], "entrypoint": chain[0]["entrypoint"], "env": env}, f)
+        json.dump({"health": chain[0]["health"], "entrypoint": chain[0]["entrypoint"],
+                   "cmd": chain[0]["cmd"], "env": env}, f)
 
 listen_ports = {n: port_of((services[n].get("environment") or {}).get(listen_var[n], "x:0"))
                 for n in ("gateway", "worker")}
@@ -198,9 +215,14 @@ for df, stages in stages_by_file.items():
         # The build stage installs what scripts/deps.sh installs to build.
         deps = open(os.path.join(root, "scripts/deps.sh")).read()
         pkgs = re.search(r"PKGS=\(([^)]*)\)", deps, re.S).group(1).split()
-        need = [p for p in pkgs if p.endswith("-dev") or p in ("build-essential", "cmake", "pkg-config", "check")]
+        need = [p for p in pkgs if p.endswith("-dev") or p in ("build-essential", "cmake", "pkg-config")]
         for p in need:
             check(p in build["apt"], f"{rel(df)}: build stage does not install {p} (scripts/deps.sh does)")
+        # Only the programs: tests/ is not copied (an edit there must not rebuild the image).
+        check(any("-DCG_TESTS=OFF" in r for r in build["run"]), f"{rel(df)}: the build stage does not configure with -DCG_TESTS=OFF")
+        check(not any(a.startswith("tests") for c in build["copy"] for a in c[:-1]),
+              f"{rel(df)}: the build stage copies tests/")
+        check("check" not in build["apt"], f"{rel(df)}: the build stage installs check (tests are off)")
     for s in stages.values():
         for args in s["copy"]:
             if any(a.startswith("--from") for a in args):
@@ -245,6 +267,13 @@ def arg(name):
     return cmd[cmd.index(name) + 1] if name in cmd and cmd.index(name) + 1 < len(cmd) else None
 check(arg("--maxmemory-policy") == "allkeys-lru", f"redis: maxmemory-policy is {arg('--maxmemory-policy')}, not allkeys-lru")
 check(arg("--maxmemory") not in (None, "0"), "redis: no --maxmemory")
+check(arg("--protected-mode") == "no", "redis: protected mode is on (Debian's redis-server then refuses the worker's container)")
+# podman without systemd runs no health checks: a service_healthy condition would wait forever.
+for name, svc in services.items():
+    dep = svc.get("depends_on") or {}
+    for d, cond in (dep.items() if isinstance(dep, dict) else []):
+        check((cond or {}).get("condition") != "service_healthy",
+              f"{name}: waits for {d} to be healthy (podman without systemd never reports it)")
 check(not red.get("ports"), "redis: published on the host")
 check(red.get("healthcheck"), "redis: no healthcheck")
 check("redis" in (services["worker"].get("depends_on") or {}), "worker: does not depend on redis")
@@ -334,60 +363,88 @@ if errors:
 print(f"ok: compose services {sorted(services)}, Dockerfile stages {sorted(s for f in stages_by_file.values() for s in f)}")
 PY
 
-echo "== entrypoint and HEALTHCHECK, run against the built binaries"
+echo "== ENTRYPOINT + CMD and HEALTHCHECK, run against the built binaries"
 bin="$tmp/bin"
 mkdir -p "$bin"
 ln -s "$CHUNKGATE_BIN" "$bin/chunkgate"
 ln -s "$CHUNKGATE_WORKER_BIN" "$bin/chunkgate-worker"
+ln -s "$root/docker/entrypoint.sh" "$bin/chunkgate-entrypoint"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# Runs the stage's HEALTHCHECK command the way Docker does (sh -c) with the given env.
-healthcheck() { # stage, env assignments...
-    local stage=$1; shift
-    local cmd
-    cmd=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["health"])' "$tmp/$stage.stage")
-    env "$@" sh -c "$cmd"
+stage_json() { python3 -c 'import json,sys; print(" ".join(json.load(open(sys.argv[1]))[sys.argv[2]]))' "$tmp/$1.stage" "$2"; }
+# Starts a stage as the image would: ENTRYPOINT, then CMD or the given command; pid in $started.
+start_stage() { # stage, log, env assignments..., -- [command args...]
+    local stage=$1 log=$2; shift 2
+    local envs=()
+    while [ "$1" != -- ]; do envs+=("$1"); shift; done
+    shift
+    local -a cmd
+    read -r -a ep <<<"$(stage_json "$stage" entrypoint)"
+    if [ $# -gt 0 ]; then cmd=("$@"); else read -r -a cmd <<<"$(stage_json "$stage" cmd)"; fi
+    env "${envs[@]}" "${ep[@]}" "${cmd[@]}" >"$log" 2>&1 &
+    started=$!
+    pids+=("$started")
 }
-wait_healthy() { # stage, pid, env assignments...
+# Runs the stage's HEALTHCHECK (exec form) for the process pid, as Docker runs it in the container.
+healthcheck() { # stage, pid, env assignments...
     local stage=$1 pid=$2; shift 2
+    local -a cmd
+    read -r -a cmd <<<"$(stage_json "$stage" health)"
+    env "$@" CHUNKGATE_HEALTH_PID="$pid" "${cmd[@]}"
+}
+wait_healthy() { # stage, pid, log, env assignments...
+    local stage=$1 pid=$2 log=$3; shift 3
     for _ in $(seq 1 150); do
-        healthcheck "$stage" "$@" >/dev/null 2>&1 && return 0
-        kill -0 "$pid" 2>/dev/null || { echo "FAIL: the $stage entrypoint exited"; cat "$tmp/$stage.log"; return 1; }
+        healthcheck "$stage" "$pid" "$@" >/dev/null 2>&1 && return 0
+        kill -0 "$pid" 2>/dev/null || { echo "FAIL: the $stage entrypoint exited"; cat "$log"; return 1; }
         sleep 0.1
     done
     echo "FAIL: the $stage HEALTHCHECK never passed"
-    cat "$tmp/$stage.log"
+    cat "$log"
     return 1
 }
 wport=$(free_port)
-wenv=(PATH="$bin:$PATH" OMP_WAIT_POLICY=passive CHUNKGATE_WORKER_LISTEN="127.0.0.1:$wport"
+gport=$(free_port)
+closed=$(free_port)
+# The image's variables, with the listen port closed: the worker is given --listen, and its
+# HEALTHCHECK must follow the flag, not the variable.
+wenv=(PATH="$bin:$PATH" OMP_WAIT_POLICY=passive CHUNKGATE_WORKER_LISTEN="127.0.0.1:$closed"
       CHUNKGATE_WORKER_MODEL="$tmp/models/chunkgate-tiny" CHUNKGATE_WORKER_DATA_DIR="$tmp/worker"
       CHUNKGATE_WORKER_POOL_MB=32)
 mkdir -p "$tmp/models"
-if healthcheck worker "${wenv[@]}" >/dev/null 2>&1; then
-    echo "FAIL: the worker HEALTHCHECK passes with nothing listening"
-    exit 1
-fi
-env "${wenv[@]}" docker/entrypoint.sh worker >"$tmp/worker.log" 2>&1 &
-pids+=($!)
-wait_healthy worker "${pids[0]}" "${wenv[@]}"
+start_stage worker "$tmp/worker.log" "${wenv[@]}" -- worker --listen "127.0.0.1:$wport"
+wpid=$started
+wait_healthy worker "$wpid" "$tmp/worker.log" "${wenv[@]}"
+curl -fsS "http://127.0.0.1:$wport/healthz" >/dev/null || { echo "FAIL: the worker is not on its --listen port"; exit 1; }
 [ -f "$tmp/models/chunkgate-tiny/config.json" ] && [ -f "$tmp/models/chunkgate-tiny/model.safetensors" ] || {
     echo "FAIL: the worker entrypoint did not generate the model"; exit 1; }
-ls "$tmp/models" | grep -q '\.tmp\.' && { echo "FAIL: a temporary model dir was left behind"; exit 1; }
-gport=$(free_port)
+ls -A "$tmp/models" "$tmp/models/chunkgate-tiny" | grep -q 'chunkgate-generate' && { echo "FAIL: a temporary model dir was left behind"; exit 1; }
+# The gateway by its CMD alone, listening where its variable says. The check reads the address
+# from the gateway's own environment: the checker's empty variable must not make it probe port 80.
 genv=(PATH="$bin:$PATH" CHUNKGATE_LISTEN="127.0.0.1:$gport" CHUNKGATE_WORKERS="http://127.0.0.1:$wport"
       CHUNKGATE_DATA_DIR="$tmp/gateway")
-env "${genv[@]}" docker/entrypoint.sh gateway >"$tmp/gateway.log" 2>&1 &
-pids+=($!)
-wait_healthy gateway "${pids[1]}" "${genv[@]}"
+start_stage gateway "$tmp/gateway.log" "${genv[@]}" --
+gpid=$started
+wait_healthy gateway "$gpid" "$tmp/gateway.log" "${genv[@]}"
+healthcheck gateway "$gpid" "${genv[@]}" CHUNKGATE_LISTEN= >/dev/null 2>&1 || {
+    echo "FAIL: the gateway HEALTHCHECK follows the checker's (empty) variable, not the gateway's"; exit 1; }
 curl -fsS "http://127.0.0.1:$gport/readyz" >/dev/null || { echo "FAIL: gateway not ready with the worker"; cat "$tmp/gateway.log"; exit 1; }
-# A second start reuses the generated model (its bytes stay the same).
+# A second start reuses the generated model (its bytes stay the same); a stopped program fails
+# its check.
 sum1=$(sha256sum "$tmp/models/chunkgate-tiny/model.safetensors")
-kill "${pids[1]}" "${pids[0]}"
-wait "${pids[1]}" "${pids[0]}" 2>/dev/null || true
+kill "$gpid" "$wpid"
+wait "$gpid" "$wpid" 2>/dev/null || true
+if healthcheck worker "$wpid" "${wenv[@]}" >/dev/null 2>&1; then
+    echo "FAIL: the worker HEALTHCHECK passes with the worker stopped"
+    exit 1
+fi
 pids=()
-env "${wenv[@]}" docker/entrypoint.sh worker >"$tmp/worker2.log" 2>&1 &
-pids+=($!)
-wait_healthy worker "${pids[0]}" "${wenv[@]}"
+start_stage worker "$tmp/worker2.log" "${wenv[@]}" -- worker "--listen=127.0.0.1:$wport"
+wpid=$started
+wait_healthy worker "$wpid" "$tmp/worker2.log" "${wenv[@]}"
 grep -q "generating" "$tmp/worker2.log" && { echo "FAIL: the model was generated again"; exit 1; }
 [ "$sum1" = "$(sha256sum "$tmp/models/chunkgate-tiny/model.safetensors")" ] || { echo "FAIL: the model changed"; exit 1; }
-echo "ok: entrypoints start both programs, the model is generated once, HEALTHCHECK passes only when serving"
+# A command instead of the CMD: generate-model runs, as README documents.
+start_stage worker "$tmp/gen.log" "${wenv[@]}" -- chunkgate-worker generate-model --out "$tmp/models/other"
+wait "$started" || { echo "FAIL: \`IMAGE chunkgate-worker generate-model\` failed"; cat "$tmp/gen.log"; exit 1; }
+[ -f "$tmp/models/other/config.json" ] || { echo "FAIL: generate-model as a command wrote no model"; exit 1; }
+echo "ok: ENTRYPOINT + CMD start both programs or a command, the model is generated once, HEALTHCHECK follows --listen and passes only when serving"
