@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs dependencies (Debian 12, as root), builds chunkgate and chunkgate-worker
 # warning-free, and runs every test with ctest. CG_SANITIZE=1 also runs the whole suite on an
-# ASan+UBSan build in build-san/.
+# ASan+UBSan build in build-san/. CG_CONTAINERS=1 also builds the docker/ images with podman
+# and runs them with docker-compose (tests/containers/check.sh: root, about 6 min cold).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -58,4 +59,7 @@ fi
 # scripts/fuzz.sh): each libFuzzer target runs for CG_FUZZ_SECONDS seconds.
 if [ -n "${CG_FUZZ_SECONDS:-}" ]; then
     scripts/fuzz.sh
+fi
+if [ "${CG_CONTAINERS:-0}" = 1 ]; then
+    tests/containers/check.sh
 fi
