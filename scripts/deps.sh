@@ -4,7 +4,9 @@
 set -euo pipefail
 # prometheus: promtool (tests/metrics_check.sh); docker-compose: `docker-compose config`
 # (tests/docker_check.sh); python3-yaml comes with it. chromium: headless render of the status
-# page (tests/test_status.c; ~290 MB installed, the test skips without it).
+# page (tests/test_status.c; ~290 MB installed, the test skips without it). The container check
+# (CG_CONTAINERS=1, tests/containers/check.sh) installs its own: podman runc netavark
+# aardvark-dns iptables catatonit debootstrap.
 PKGS=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev libsqlite3-dev
       libxxhash-dev libcurl4-openssl-dev check libopenblas-dev libssl-dev libpcre2-dev libutf8proc-dev libhiredis-dev curl sqlite3
       redis-server redis-tools prometheus docker-compose chromium valgrind ${CG_EXTRA_PKGS:-})
