@@ -20,8 +20,9 @@
 #
 # State (containers.conf, the socket, logs) lives in $CG_CONTAINERS_DIR (default
 # /var/tmp/chunkgate-containers); images stay in podman's store, so a second run only rebuilds
-# what changed. On 2 shared cores: about 4 min cold (debootstrap 1.3, worker image 1.6) and
-# 2 GB in podman's store (build-stage layers included); about 40 s warm.
+# what changed. On 2 busy cores: 3.5 to 5 min cold (debootstrap 1 min, the worker image 1 to
+# 1.5 min) and 2 GB in podman's store (build-stage layers included); 35 to 65 s warm. One run
+# at a time: the compose project (cgcheck) and the state directory are fixed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
