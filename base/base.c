@@ -27,6 +27,13 @@ const char *cg_status_code(cg_status st) { return status_rows[status_index(st)].
 const char *cg_status_message(cg_status st) { return status_rows[status_index(st)].msg; }
 const char *cg_status_name(cg_status st) { return status_rows[status_index(st)].name; }
 
+cg_status cg_status_from_http(int http)
+{
+    for (unsigned i = 1; i < CG_STATUS_COUNT; i++)
+        if (status_rows[i].http == http) return (cg_status)i;
+    return http >= 500 ? CG_E_BAD_GATEWAY : http >= 400 ? CG_E_VALUE : CG_E_INTERNAL;
+}
+
 static void oom(size_t n)
 {
     fprintf(stderr, "{\"level\":\"error\",\"msg\":\"out of memory allocating %zu bytes\"}\n", n);

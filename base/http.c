@@ -843,8 +843,17 @@ void cg_http_reply_raw(cg_http_req *r, int status, const char *content_type, con
 
 void cg_http_reply_json(cg_http_req *r, int status, json_t *body)
 {
-    char *text = json_dumps(body, JSON_COMPACT);
+    /* A body that an upstream did not send (a 429 in text/plain) or that cannot be written
+     * out must not take the process down: it becomes this status's error in the OpenAI shape. */
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
+    if (!text) {
+        cg_status st = cg_status_from_http(status);
+        json_t *e = cg_http_error_json(st, NULL, NULL);
+        text = json_dumps(e, JSON_COMPACT);
+        json_decref(e);
+        if (!text) text = cg_strdup("{\"error\":{\"message\":\"internal error\"}}");
+    }
     size_t len = strlen(text);
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(resp, "Content-Type", "application/json");

@@ -63,6 +63,9 @@ typedef enum {
 
 /* HTTP status for a status code. */
 int cg_status_http(cg_status st);
+/* The first status of the table with that HTTP status (429 gives CG_E_RATE_LIMIT); an
+ * unknown 5xx gives CG_E_BAD_GATEWAY, an unknown 4xx CG_E_VALUE. */
+cg_status cg_status_from_http(int http);
 /* OpenAI error "type" string, static storage. */
 const char *cg_status_type(cg_status st);
 /* OpenAI error "code" string, static storage. */

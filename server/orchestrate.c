@@ -426,7 +426,14 @@ static int on_busy(gw_call *c, json_t **body)
         }
     }
     cg_http_add_header(c->req, "Retry-After", "1");
-    cg_http_reply_json(c->req, 429, *body);
+    /* A worker or a proxy in front of it may answer 429 with a body that is not the OpenAI
+     * error shape (text/plain, HTML): the client gets the gateway's own rate-limit error. */
+    if (*body && json_is_object(json_object_get(*body, "error")))
+        cg_http_reply_json(c->req, 429, *body);
+    else {
+        json_decref(*body);
+        cg_http_reply_error(c->req, CG_E_RATE_LIMIT, NULL, "every worker is busy; retry later");
+    }
     *body = NULL;
     call_free(c);
     return 1;

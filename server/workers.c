@@ -412,6 +412,14 @@ static int compatible_locked(cg_workers *r, const char *url, const cg_wc_info *i
                  url, info->key_hash ? info->key_hash : "xxhash", kh);
         return 0;
     }
+    /* The same goes for the key's encoding: a worker of another key version recomputes every
+     * key another way, so it refuses each assemble or, worse, serves keys computed otherwise. */
+    if (strcmp(info->key_version, CG_KEY_VERSION) != 0) {
+        snprintf(msg, n,
+                 "worker %s computes chunk keys with key_version '%s' but the gateway uses '%s'",
+                 url, info->key_version, CG_KEY_VERSION);
+        return 0;
+    }
     if (r->p.model && strcmp(r->p.model, info->model) != 0) {
         snprintf(msg, n,
                  "worker %s serves model '%s' but the gateway is configured with --model '%s'", url,
@@ -610,6 +618,7 @@ cg_status cg_workers_add(cg_workers *r, const char *url_in, int must_reach, int 
     pthread_mutex_lock(&r->mu);
     if (have_info && !compatible_locked(r, url, &info, err, errlen)) {
         pthread_mutex_unlock(&r->mu);
+        cg_log(CG_LOG_WARN, "%s; its registration is refused", err);
         st = CG_E_CONFLICT;
         goto out;
     }

@@ -20,6 +20,10 @@
  *                     a chunk of its own, as some backends send it
  *   FAULT:WORKERCC    non-stream answer with a chunk_cache of its own, as a chunkgate worker
  *                     answers ({"recomputed_tokens":7,"quality":{"kl":0.5}})
+ *
+ *   --worker-info FILE  also stand in for a worker in front of which a proxy is overloaded:
+ *                     GET /v1/info answers FILE's JSON (a real worker's, maybe edited), GET
+ *                     /v1/chunks an empty inventory, and POST /v1/assemble 429 in text/plain.
  * Libmicrohttpd is used directly (thread per connection, so a stream can simply sleep). */
 #include <arpa/inet.h>
 #include <sys/socket.h>
@@ -44,6 +48,7 @@
 
 static int n_events = 5;
 static int delay_ms = 100;
+static char *worker_info; /* --worker-info: the file's JSON, NULL when not a worker stand-in */
 
 static pthread_mutex_t stats_mu = PTHREAD_MUTEX_INITIALIZER;
 static long st_requests, st_streams_started, st_streams_completed, st_streams_aborted;
@@ -372,6 +377,12 @@ static MHD_RESULT on_access(void *cls, struct MHD_Connection *mc, const char *ur
                           json_pack("{s:s, s:[{s:s, s:s, s:i, s:s}]}", "object", "list", "data",
                                     "id", "fake-model", "object", "model", "created", 0, "owned_by",
                                     "fake"));
+    if (worker_info && !strcmp(method, "GET") && !strcmp(url, "/v1/info"))
+        return reply(mc, 200, "application/json", worker_info);
+    if (worker_info && !strcmp(method, "GET") && !strcmp(url, "/v1/chunks"))
+        return reply(mc, 200, "application/json", "{\"object\":\"list\",\"data\":[]}");
+    if (worker_info && !strcmp(method, "POST") && !strcmp(url, "/v1/assemble"))
+        return reply(mc, 429, "text/plain", "Too Many Requests\n");
     if (!strcmp(method, "GET") && !strcmp(url, "/healthz"))
         return reply_json(mc, 200, json_pack("{s:s}", "status", "ok"));
     if (!strcmp(method, "GET") && !strcmp(url, "/stats")) {
@@ -418,6 +429,13 @@ int main(int argc, char **argv)
             n_events = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--delay-ms"))
             delay_ms = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--worker-info")) {
+            worker_info = th_read_file(argv[i + 1], NULL);
+            if (!*worker_info) {
+                fprintf(stderr, "fake_backend: cannot read %s\n", argv[i + 1]);
+                return 2;
+            }
+        }
         else {
             fprintf(stderr, "fake_backend: unknown option %s\n", argv[i]);
             return 2;

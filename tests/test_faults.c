@@ -437,6 +437,110 @@ START_TEST(locked_index_keeps_serving)
 }
 END_TEST
 
+/* ------------------------------------------------------------ worker stand-ins */
+
+/* Starts tests/fake_backend as a worker stand-in (its /v1/info a real worker's, with
+ * key_version replaced when not NULL) whose POST /v1/assemble answers 429 text/plain, as a
+ * proxy in front of an overloaded worker may. */
+static void start_stand_in(th_proc *sp, const char *name, const char *key_version, int port)
+{
+    th_proc w;
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, name, NULL), 0);
+    json_t *info = th_call_text(w.port, "GET", "/v1/info", NULL, NULL, 200);
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
+    if (key_version) json_object_set_new(info, "key_version", json_string(key_version));
+    char path[400], log[64];
+    snprintf(path, sizeof path, "%s/%s-info.json", th_root(), name);
+    char *text = th_dumps(info);
+    ck_assert_int_eq(th_write_file(path, text), 0);
+    free(text);
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    const char *args[] = {"--worker-info", path, "--port", ps, NULL};
+    snprintf(log, sizeof log, "%s-stand-in.log", name);
+    ck_assert_int_eq(th_spawn(sp, FAKE_BACKEND_BIN, args, NULL, log, "PORT ", 0), 0);
+    snprintf(sp->url, sizeof sp->url, "http://127.0.0.1:%d", sp->port);
+}
+
+START_TEST(worker_429_text_plain_is_a_rate_limit_error)
+{
+    th_proc s, g;
+    start_stand_in(&s, "busy", NULL, 0);
+    const char *ge[] = {"--health-interval-ms", "200", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "gbusy", s.url, NULL, ge), 0);
+    for (int stream = 0; stream <= 1; stream++) {
+        char body[256], ra[16];
+        snprintf(body, sizeof body,
+                 "{\"model\":\"" MODEL "\",\"max_tokens\":1,\"stream\":%s,"
+                 "\"prompt\":\"Sys. # # A document. # # Why?\"}",
+                 stream ? "true" : "false");
+        th_resp r;
+        th_http(&r, g.port, "POST", "/v1/completions", body, NULL, NULL);
+        ck_assert_msg(th_is_error(&r, 429, "rate_limit_exceeded"), "HTTP %ld %.*s", r.status,
+                      (int)r.body.len, r.body.data ? r.body.data : "");
+        ck_assert_str_eq(th_header(&r, "Retry-After", ra, sizeof ra), "1");
+        th_resp_free(&r);
+    }
+    /* and it keeps serving */
+    th_expect(g.port, "GET", "/healthz", NULL, NULL, 200);
+    ck_assert_double_ge(th_metric(g.port, "chunkgate_worker_busy_total"), 2);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    th_stop(&s, SIGTERM);
+}
+END_TEST
+
+START_TEST(worker_of_another_key_version_is_refused)
+{
+    th_proc s, g, w;
+    th_resp r;
+    start_stand_in(&s, "kv", "chunkgate-key-v0", 0);
+    /* configured and reachable at start-up: the gateway refuses to start, as for any worker
+     * that does not match, and the log says why */
+    const char *ge[] = {"--worker", s.url, NULL};
+    ck_assert_int_eq(th_start_gateway(&g, CHUNKGATE_BIN, "gkv", ge), -1);
+    ck_assert_int_ne(th_wait_exit(&g, 20000), 0);
+    ck_assert(th_file_has(g.log, "key_version 'chunkgate-key-v0'"));
+    th_stop(&s, SIGTERM);
+
+    /* configured while down, up later with another key version: out of routing */
+    int port = th_free_port();
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+    const char *ge2[] = {"--worker", url, "--health-interval-ms", "200", NULL};
+    ck_assert_int_eq(th_start_gateway(&g, CHUNKGATE_BIN, "gkv1", ge2), 0);
+    start_stand_in(&s, "kv1", "chunkgate-key-v0", port);
+    int refused = 0;
+    for (int i = 0; i < 150 && !refused; i++) {
+        json_t *ws = th_call_text(g.port, "GET", "/v1/workers", NULL, NULL, 200);
+        const char *state = th_sget(json_array_get(json_object_get(ws, "data"), 0), "state");
+        refused = state && !strcmp(state, "refused");
+        json_decref(ws);
+        if (!refused) th_sleep_ms(100);
+    }
+    ck_assert_msg(refused, "the worker of another key version is not refused");
+    ck_assert(th_file_has(g.log, "key_version 'chunkgate-key-v0'"));
+    th_http(&r, g.port, "POST", "/v1/completions",
+            "{\"model\":\"" MODEL "\",\"max_tokens\":1,\"prompt\":\"S. # # D. # # Q?\"}", NULL,
+            NULL);
+    ck_assert_msg(r.status == 503, "HTTP %ld", r.status);
+    th_resp_free(&r);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+
+    /* registered at run time: 409, and the log says why */
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "kvreal", NULL), 0);
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "gkv2", w.url, NULL, NULL), 0);
+    char body[160];
+    snprintf(body, sizeof body, "{\"url\":\"%s\"}", s.url);
+    th_http(&r, g.port, "POST", "/v1/workers", body, NULL, NULL);
+    th_assert_error(&r, 409, "conflict", "url");
+    th_resp_free(&r);
+    ck_assert(th_file_has(g.log, "key_version 'chunkgate-key-v0'"));
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
+    th_stop(&s, SIGTERM);
+}
+END_TEST
+
 /* ------------------------------------------------------------ worker restart */
 
 static json_t *info_of(int port)
@@ -504,9 +608,17 @@ END_TEST
 
 int main(void)
 {
-    return th_run_suite("faults", "faults", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
+    Suite *s = suite_create("faults");
+    TCase *tc = th_case(s, "faults", 120,
                         TH_TESTS(backend_stream_faults, worker_killed_during_assemble,
                                  full_disk_tier_keeps_serving, unreadable_data_dir_refuses_to_start,
                                  read_only_index_refuses_to_start, locked_index_keeps_serving,
                                  restarted_worker_is_resynced));
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    /* Workers that misbehave at the gateway's door, each played by a stand-in. */
+    tc = th_case(s, "stand-ins", 120,
+                 TH_TESTS(worker_429_text_plain_is_a_rate_limit_error,
+                          worker_of_another_key_version_is_refused));
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    return th_run(s, CK_FORK_GETENV);
 }
