@@ -17,3 +17,9 @@ cg_check_test(NAME test_gateway SOURCES test_gateway.c LIBS cg_server TIMEOUT 60
 add_test(NAME dns_check COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/dns_check.sh)
 set_tests_properties(dns_check PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120
   ENVIRONMENT "CHUNKGATE_BIN=$<TARGET_FILE:chunkgate>;CHUNKGATE_WORKER_BIN=$<TARGET_FILE:chunkgate-worker>;OMP_WAIT_POLICY=passive")
+
+# th_run must fail a run that checked nothing: a suite whose CK_RUN_CASE matches no case exits
+# 1 and says why, where Check alone prints "Checks: 0" and exits 0.
+add_test(NAME harness_no_test_ran
+         COMMAND sh -c "out=$(CK_RUN_CASE=no-such-case \"$0\" 2>&1); rc=$?; echo \"$out\"; \
+[ $rc -eq 1 ] && echo \"$out\" | grep -q 'no test ran'" $<TARGET_FILE:test_http_frame>)

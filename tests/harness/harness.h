@@ -31,7 +31,8 @@
 TCase *th_case(Suite *s, const char *name, double timeout_s, const TTest *const *tests);
 /* Runs every case of s (taken over) in fork mode mode (CK_FORK_GETENV: as the CK_FORK variable
  * says, CK_FORK, CK_NOFORK) with Check's normal output; returns the exit status for main: 0 when
- * every test passed and th_failures is 0, else 1. */
+ * at least one test ran, every test passed and th_failures is 0, else 1 (a CK_RUN_CASE that
+ * matches nothing fails). */
 int th_run(Suite *s, enum fork_status mode);
 /* Setup and teardown of a test case: around each test (each, a checked fixture) or once
  * around the whole case (an unchecked fixture, in the runner process). */

@@ -1,6 +1,7 @@
 /* Test harness: building and running Check suites from lists of tests. */
 #include "tests/harness/harness.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,8 +21,12 @@ int th_run(Suite *s, enum fork_status mode)
     srunner_set_fork_status(sr, mode); /* CK_FORK_GETENV: the CK_FORK variable decides */
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
+    int ran = srunner_ntests_run(sr);
     srunner_free(sr);
-    return failed || th_failures ? 1 : 0;
+    /* A run that checked nothing (CK_RUN_SUITE or CK_RUN_CASE naming no case, a suite left
+     * empty) proves nothing: it fails rather than pass unseen. */
+    if (ran == 0) fprintf(stderr, "no test ran: CK_RUN_SUITE / CK_RUN_CASE match no case\n");
+    return failed || th_failures || ran == 0 ? 1 : 0;
 }
 
 int th_run_suite(const char *suite, const char *tcase, double timeout_s, th_fixture fx,
