@@ -339,10 +339,15 @@ static void serve_requests(cg_openai *c, cg_openai_xfer *list)
     }
 }
 
+/* Idle timeouts, and transfers whose consumer no longer wants them (handlers.gone). */
 static void check_idle(cg_openai *c, uint64_t now)
 {
     for (cg_openai_xfer *x = c->active, *next; x; x = next) {
         next = x->next;
+        if (x->h.gone && x->h.gone(x->arg)) {
+            finish(c, x, CG_E_UNAVAILABLE, "cancelled");
+            continue;
+        }
         if (x->paused || now - x->last_ns <= x->idle_ns) continue;
         char detail[96];
         snprintf(detail, sizeof detail, "upstream sent nothing for %llu ms",

@@ -66,6 +66,10 @@ typedef struct cg_openai_handlers {
      * truncated, not HTTP); the status the consumer gave to cg_openai_xfer_abort. http_status
      * is 0 when no head arrived. detail is a borrowed human message, never NULL. */
     void (*on_done)(void *arg, cg_status st, long http_status, const char *detail);
+    /* Polled about every 100 ms while the transfer runs, paused or not: non-zero when the
+     * consumer no longer wants the answer (its client left). The transfer is then cancelled
+     * as by cg_openai_xfer_cancel. NULL = always wanted. */
+    int (*gone)(void *arg);
 } cg_openai_handlers;
 
 /* Starts the client and its multi thread. *out is owned by the caller (cg_openai_close). */

@@ -40,7 +40,7 @@ static void on_done(void *arg, cg_status st, long http, const char *detail)
     free(k);
 }
 
-static const cg_openai_handlers HANDLERS = {on_head, on_body, on_done};
+static const cg_openai_handlers HANDLERS = {on_head, on_body, on_done, NULL};
 
 cg_status cg_wc_call(cg_openai *c, const char *base, const char *method, const char *path,
                      char *body, size_t body_len, const char *rid, long timeout_ms,

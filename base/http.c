@@ -109,6 +109,11 @@ struct cg_http_req {
     uint64_t index;        /* the request's number on its connection (0-based) */
     int dispatched;
     int suspended; /* parked while a job thread handles it */
+    /* While parked, the request is on the server's waiting list (srv->mu), where the heartbeat
+     * looks for clients that left: MHD cannot see them while the connection is suspended. */
+    int waiting;
+    int gone; /* atomic: the client left before the reply */
+    cg_http_req *wprev, *wnext;
     struct MHD_Response *resp;
     int resp_status;
     hdr *headers;
@@ -133,6 +138,7 @@ struct cg_http_server {
     int stopping;
     int quiesced;
     cg_stream *streams;
+    cg_http_req *waiting; /* parked requests without a reply yet (mu) */
     unsigned long long rid_seq;
 
     /* Connections: the limit, the request deadline and their counters. */
@@ -364,27 +370,68 @@ static void stream_response_free(void *cls)
     cg_stream_unref(&s);
 }
 
-/* Heartbeat: pokes parked streams so a dead client is noticed by a failing write. */
+/* 1 when the client of a parked request has closed the connection (or its sending side, as
+ * nginx takes it too: a client that stops sending after its request is taken as gone), or
+ * the connection failed. Bytes a client pipelined are not looked at. */
+static int client_left(const cg_http_req *r)
+{
+    int fd = r->cs ? r->cs->fd : -1;
+    if (fd < 0) return 0;
+    struct pollfd pfd = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&pfd, 1, 0) != 1) return 0;
+    return (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+/* Unlinks r from the waiting list. Caller holds srv->mu. */
+static void unwait_locked(cg_http_server *srv, cg_http_req *r)
+{
+    if (!r->waiting) return;
+    r->waiting = 0;
+    if (r->wprev)
+        r->wprev->wnext = r->wnext;
+    else
+        srv->waiting = r->wnext;
+    if (r->wnext) r->wnext->wprev = r->wprev;
+    r->wprev = r->wnext = NULL;
+}
+
+int cg_http_req_gone(const cg_http_req *r)
+{
+    return __atomic_load_n(&r->gone, __ATOMIC_RELAXED);
+}
+
+/* Heartbeat: pokes parked streams so a dead client is noticed by a failing write, and marks
+ * parked requests whose client left (cg_http_req_gone). */
 static void *heartbeat_main(void *arg)
 {
     cg_http_server *srv = arg;
+    /* Parked requests are looked at every second at least, so a long heartbeat does not let
+     * a decode run on for long after its client left. */
+    uint64_t tick_ms = CG_MIN(srv->p.heartbeat_ms, 1000u), last_poke = cg_now_ns();
     pthread_mutex_lock(&srv->mu);
     while (!srv->stopping) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)srv->p.heartbeat_ms * 1000000ull;
+        uint64_t ns = (uint64_t)ts.tv_nsec + tick_ms * 1000000ull;
         ts.tv_sec += (time_t)(ns / 1000000000ull);
         ts.tv_nsec = (long)(ns % 1000000000ull);
         pthread_cond_timedwait(&srv->hb_cv, &srv->mu, &ts);
         if (srv->stopping) break;
-        for (cg_stream *s = srv->streams; s; s = s->next) {
-            pthread_mutex_lock(&s->mu);
-            if (s->suspended) {
-                s->poked = 1;
-                stream_wake_locked(s);
+        uint64_t now = cg_now_ns();
+        if (now - last_poke + 1000000ull >= (uint64_t)srv->p.heartbeat_ms * 1000000ull) {
+            last_poke = now;
+            for (cg_stream *s = srv->streams; s; s = s->next) {
+                pthread_mutex_lock(&s->mu);
+                if (s->suspended) {
+                    s->poked = 1;
+                    stream_wake_locked(s);
+                }
+                pthread_mutex_unlock(&s->mu);
             }
-            pthread_mutex_unlock(&s->mu);
         }
+        for (cg_http_req *r = srv->waiting; r; r = r->wnext)
+            if (!__atomic_load_n(&r->gone, __ATOMIC_RELAXED) && client_left(r))
+                __atomic_store_n(&r->gone, 1, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&srv->mu);
     return NULL;
@@ -826,6 +873,11 @@ static void set_response(cg_http_req *r, int status, struct MHD_Response *resp)
         MHD_add_response_header(resp, h->name, h->value);
     r->resp_status = status;
     r->resp = resp;
+    if (r->waiting) {
+        pthread_mutex_lock(&r->srv->mu);
+        unwait_locked(r->srv, r);
+        pthread_mutex_unlock(&r->srv->mu);
+    }
     if (r->suspended) {
         r->suspended = 0;
         MHD_resume_connection(r->conn);
@@ -1243,6 +1295,13 @@ static CG_MHD_RESULT on_access(void *cls, struct MHD_Connection *conn, const cha
     /* Suspend first, then hand over: the job (or what the fast handler started) may resume
      * at once. */
     r->suspended = 1;
+    pthread_mutex_lock(&srv->mu);
+    r->waiting = 1;
+    r->wprev = NULL;
+    r->wnext = srv->waiting;
+    if (srv->waiting) srv->waiting->wprev = r;
+    srv->waiting = r;
+    pthread_mutex_unlock(&srv->mu);
     MHD_suspend_connection(conn);
     cg_http_fast_handler fast = srv->p.fast ? srv->p.fast[r->route - srv->p.routes] : NULL;
     if (fast) {
@@ -1263,6 +1322,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!r) return;
     *con_cls = NULL;
     conn_state *cs = r->cs;
+    if (r->waiting) {
+        pthread_mutex_lock(&srv->mu);
+        unwait_locked(srv, r);
+        pthread_mutex_unlock(&srv->mu);
+    }
     if (cs) {
         cs->done++;
         if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) guard_try_answer(cs);

@@ -165,6 +165,12 @@ void *cg_http_req_data(const cg_http_req *r);
  * The caller owns the returned reference. */
 json_t *cg_http_req_json(cg_http_req *r);
 
+/* 1 once the server saw the client of r leave while r waited for its reply (checked at each
+ * heartbeat, and at least every second: MHD cannot see it while the connection is parked). A client that
+ * closes its sending side after the request counts as gone. Any thread may ask until r is
+ * replied; the reply still has to be made (it goes nowhere). */
+int cg_http_req_gone(const cg_http_req *r);
+
 /* ---- replies: exactly one per request ---- */
 /* Adds a response header to the coming reply (copied). */
 void cg_http_add_header(cg_http_req *r, const char *name, const char *value);

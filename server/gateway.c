@@ -259,7 +259,7 @@ static void metrics_setup(cg_gateway *g)
                                          cg_metrics_latency_buckets, cg_metrics_latency_n);
     g->m_disconnects =
         cg_metrics_counter(m, "chunkgate_client_disconnects_total",
-                           "Streams whose client left early (upstream cancelled).", NULL);
+                           "Requests whose client left before the answer ended (upstream cancelled).", NULL);
     const char *kinds[] = {"connect", "timeout", "status", "invalid", "too_large", "stream"};
     for (size_t i = 0; i < CG_ARRAY_LEN(kinds); i++) {
         char labels[64];

@@ -50,7 +50,9 @@ const cg_cfg_opt cg_gateway_options[] = {
     OPT("job-threads", "CHUNKGATE_JOB_THREADS", CG_CFG_INT, job_threads, "8", 1, 256,
         "threads that parse, split and key requests and serve admin routes"),
     OPT("heartbeat-ms", "CHUNKGATE_HEARTBEAT_MS", CG_CFG_INT, heartbeat_ms, "5000", 50, 600000,
-        "SSE keep-alive comment interval on idle streams (detects gone clients)"),
+        "SSE keep-alive comment interval on idle streams (detects gone clients); requests "
+        "still waiting for their answer are checked at this interval, or every second when it "
+        "is longer"),
     OPT("drain-ms", "CHUNKGATE_DRAIN_MS", CG_CFG_INT, drain_ms, "10000", 0, 600000,
         "on SIGTERM/SIGINT, how long in-flight answers may finish before being cut"),
     OPT_ENUM("log-level", "CHUNKGATE_LOG_LEVEL", log_level, "info", cg_log_level_names,

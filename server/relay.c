@@ -443,6 +443,10 @@ static void on_done(void *arg, cg_status st, long http, const char *detail)
         cg_stream_close(r->stream);
     } else if (r->kind == RELAY_MODELS) {
         reply_models(r, st);
+    } else if (r->client_gone) {
+        /* Nobody reads this answer, but the parked request still needs one to end. */
+        cg_metric_add(g->m_disconnects, 1);
+        cg_http_reply_error(r->req, CG_E_UNAVAILABLE, NULL, "the client left; upstream cancelled");
     } else if (st != CG_OK) {
         reply_failure(r, st, http, detail);
     } else {
@@ -455,7 +459,19 @@ static void on_done(void *arg, cg_status st, long http, const char *detail)
 
 /* ---------------------------------------------------------------- entry points */
 
-static const cg_openai_handlers HANDLERS = {on_head, on_body, on_done};
+/* Polled by the multi thread: the client of a request not yet replied to has left (a
+ * non-streamed answer, or a stream whose upstream has not answered yet: no write can fail
+ * for it). Once streaming, the stream's own notification cancels instead. */
+static int on_gone(void *arg)
+{
+    relay *r = arg;
+    if (!r->req || !cg_http_req_gone(r->req)) return 0;
+    if (!r->client_gone) cg_log(CG_LOG_INFO, "client left before the answer; upstream cancelled");
+    r->client_gone = 1;
+    return 1;
+}
+
+static const cg_openai_handlers HANDLERS = {on_head, on_body, on_done, on_gone};
 
 static relay *relay_new(cg_gateway *g, cg_http_req *req, relay_kind kind, const char *route)
 {

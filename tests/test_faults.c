@@ -541,6 +541,102 @@ START_TEST(worker_of_another_key_version_is_refused)
 }
 END_TEST
 
+/* ------------------------------------------------------------ clients that leave */
+
+typedef struct gone_watch {
+    int gport, wport;
+} gone_watch;
+
+static int upstream_idle(void *arg)
+{
+    gone_watch *gw_ = arg;
+    return th_metric(gw_->gport, "chunkgate_upstream_in_flight") == 0 &&
+           th_metric(gw_->wport, "chunkgate_worker_assemblies_live") == 0;
+}
+
+/* A streamed client that leaves after 1 s while the backend is silent: 10 s before its first
+ * byte (the gateway has not answered the client yet), or 10 s after its first two events (the
+ * stream is open and parked). Only the heartbeat shows that the client left: a failed write,
+ * or the parked connection's end. That must cancel the upstream transfer and release the
+ * assembly on its worker within a heartbeat or two, not when the backend speaks again. */
+START_TEST(stream_client_gone_while_backend_silent)
+{
+    th_proc w, g;
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "gone", NULL), 0);
+    const char *ge[] = {"--backend", backend, "--heartbeat-ms", "200", "--backend-timeout-ms",
+                        "30000", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "ggone", w.url, NULL, ge), 0);
+    const char *faults[] = {"FAULT:STALL:10000", "FAULT:MIDSTALL:10000"};
+    for (int i = 0; i < 2; i++) {
+        char body[256];
+        snprintf(body, sizeof body,
+                 "{\"model\":\"" MODEL "\",\"stream\":true,\"prompt\":\"Sys. # # A document "
+                 "for the silent backend. # # %s Why?\"}",
+                 faults[i]);
+        th_sse s = {.timeout_s = 1};
+        double t0 = th_now_s();
+        th_sse_post(&s, g.port, "/v1/completions", body, NULL);
+        /* nothing before the first byte; the first two events before the stall */
+        ck_assert_int_eq(s.data_blocks, i ? 2 : 0);
+        th_sse_free(&s);
+        gone_watch gwch = {g.port, w.port};
+        ck_assert_msg(th_wait_until(1500, 20, upstream_idle, &gwch),
+                      "%s: %.1f s after the client left: upstream_in_flight %.0f, "
+                      "assemblies_live %.0f",
+                      faults[i], th_now_s() - t0 - 1,
+                      th_metric(g.port, "chunkgate_upstream_in_flight"),
+                      th_metric(w.port, "chunkgate_worker_assemblies_live"));
+        ck_assert_double_lt(th_now_s() - t0, 5);
+    }
+    ck_assert_double_ge(th_metric(g.port, "chunkgate_client_disconnects_total"), 1);
+    assert_serves(g.port);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
+static int decode_idle(void *arg)
+{
+    gone_watch *gw_ = arg;
+    return th_metric(gw_->gport, "chunkgate_upstream_in_flight") == 0 &&
+           th_metric(gw_->wport, "chunkgate_worker_sequences_running") == 0;
+}
+
+/* A client that gives up on a long non-streamed completion: nothing is written to it before
+ * the end, so only the parked connection's end shows that it left. The gateway must cancel its
+ * upstream transfer, and the worker (the backend here) stop decoding and free the sequence,
+ * within about a second, not when max_tokens is reached. */
+START_TEST(non_stream_client_gone_cancels_decode)
+{
+    th_proc w, g;
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "gone-ns", NULL), 0);
+    const char *ge[] = {"--heartbeat-ms", "200", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "ggone-ns", w.url, NULL, ge), 0);
+    th_req q = {.path = "/v1/completions",
+                .body = "{\"model\":\"" MODEL "\",\"max_tokens\":20000,"
+                        "\"prompt\":\"Sys. # # A document to decode after. # # Go on.\"}",
+                .timeout_s = 1};
+    th_resp r;
+    double t0 = th_now_s();
+    th_send(&r, g.port, &q);
+    ck_assert_int_eq(r.status, 0); /* still decoding when the client gave up */
+    th_resp_free(&r);
+    ck_assert_double_eq(th_metric(w.port, "chunkgate_worker_sequences_running"), 1);
+    gone_watch gwch = {g.port, w.port};
+    ck_assert_msg(th_wait_until(2500, 20, decode_idle, &gwch),
+                  "%.1f s after the client left: upstream_in_flight %.0f, sequences_running %.0f",
+                  th_now_s() - t0 - 1, th_metric(g.port, "chunkgate_upstream_in_flight"),
+                  th_metric(w.port, "chunkgate_worker_sequences_running"));
+    ck_assert(th_file_has(g.log, "client left before the answer; upstream cancelled"));
+    ck_assert(th_file_has(w.log, "client left; decoding stopped after"));
+    th_expect(g.port, "POST", "/v1/completions",
+              "{\"model\":\"" MODEL "\",\"max_tokens\":2,\"prompt\":\"S. # # D. # # Q?\"}", NULL,
+              200);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
 /* ------------------------------------------------------------ worker restart */
 
 static json_t *info_of(int port)
@@ -619,6 +715,10 @@ int main(void)
     tc = th_case(s, "stand-ins", 120,
                  TH_TESTS(worker_429_text_plain_is_a_rate_limit_error,
                           worker_of_another_key_version_is_refused));
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    /* Clients that leave while the gateway waits on an upstream. */
+    tc = th_case(s, "client-gone", 120, TH_TESTS(stream_client_gone_while_backend_silent,
+                                                      non_stream_client_gone_cancels_decode));
     tcase_add_unchecked_fixture(tc, setup, teardown);
     return th_run(s, CK_FORK_GETENV);
 }

@@ -582,7 +582,8 @@ static int on_token(void *ud, const cg_tok_rec *rec, const char *bytes, size_t l
     int stop = g->c->n_stops && find_stop(g, before);
     /* With echo the prompt goes first, and its logprobs come with the answer: such a stream
      * is sent when decoding ends. */
-    if (!g->c->stream || g->c->echo) return stop;
+    /* A client that left a non-streamed (or echoed) request gets nothing: stop decoding. */
+    if (!g->c->stream || g->c->echo) return stop || cg_http_req_gone(g->req);
     stream_start(g);
     int rc = stream_text(g, 0);
     return stop || rc != 0 || cg_stream_cancelled(g->s);
