@@ -63,8 +63,9 @@ const cg_cfg_opt cg_gateway_options[] = {
         "prompt"),
     OPT("health-interval-ms", "CHUNKGATE_HEALTH_INTERVAL_MS", CG_CFG_INT, health_interval_ms,
         "2000", 20, 3600000,
-        "GET /healthz period per worker; also how long an upstream host name is cached before it "
-        "is looked up again (whole seconds; under 1 s: not cached)"),
+        "GET /healthz period per worker (a worker that is down: from 100 ms, doubling up to 500 "
+        "ms or this, the shorter); also how long an upstream host name is cached before it is "
+        "looked up again (whole seconds; under 1 s: not cached)"),
     OPT("health-timeout-ms", "CHUNKGATE_HEALTH_TIMEOUT_MS", CG_CFG_INT, health_timeout_ms, "1000",
         10, 600000, "limit of one health probe; a worker that misses it is taken out of routing"),
     OPT("sync-interval-ms", "CHUNKGATE_SYNC_INTERVAL_MS", CG_CFG_INT, sync_interval_ms, "60000",

@@ -22,6 +22,7 @@ struct cg_worker {
     wstate state;
     int64_t in_flight;
     uint64_t next_check_ms; /* monotonic */
+    uint64_t retry_ms;      /* probe period while down: 100 ms doubling up to the interval */
     uint64_t last_sync_ms;  /* monotonic; 0 = never */
     int64_t last_ok_wall, last_sync_wall, synced_chunks;
     int want_sync;
@@ -942,6 +943,8 @@ static void check_one(cg_workers *r, cg_worker *w, uint64_t now)
     if (need_sync) (void)sync_worker(r, w, now);
 }
 
+#define DOWN_RETRY_MAX_MS 500u
+
 void cg_workers_tick(cg_workers *r, uint64_t now)
 {
     cg_worker *due[MAX_ROUTE];
@@ -959,6 +962,18 @@ void cg_workers_tick(cg_workers *r, uint64_t now)
     for (size_t i = 0; i < n; i++) {
         check_one(r, due[i], now);
         pthread_mutex_lock(&r->mu);
+        /* A worker that is down (not started yet, restarting) is probed again soon: from
+         * 100 ms, doubling to 500 ms (or the interval when shorter). One that comes up serves
+         * within half a second, not a whole --health-interval-ms later (/v1/models and
+         * completions failed meanwhile); a refused connect twice a second costs nothing. */
+        cg_worker *w = due[i];
+        uint64_t cap = CG_MIN(DOWN_RETRY_MAX_MS, (uint64_t)r->p.health_interval_ms);
+        if (w->state == W_DOWN) {
+            w->retry_ms = w->retry_ms ? CG_MIN(w->retry_ms * 2, cap) : CG_MIN(100u, cap);
+            w->next_check_ms = cg_now_ms() + w->retry_ms;
+        } else {
+            w->retry_ms = 0;
+        }
         due[i]->syncing = 0;
         cg_worker *dead = unref_locked(due[i]);
         pthread_mutex_unlock(&r->mu);

@@ -541,6 +541,44 @@ START_TEST(worker_of_another_key_version_is_refused)
 }
 END_TEST
 
+/* A gateway started before its worker (compose, systemd): the worker is down at first, and
+ * once it listens the gateway must use it within about half a second, not a whole
+ * --health-interval-ms (5 s here) later, while /healthz already says 200. */
+START_TEST(worker_up_after_gateway_serves_at_once)
+{
+    int port = th_free_port();
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+    th_proc g, w;
+    const char *ge[] = {"--worker", url, "--health-interval-ms", "5000", NULL};
+    ck_assert_int_eq(th_start_gateway(&g, CHUNKGATE_BIN, "gup", ge), 0);
+    th_expect(g.port, "GET", "/healthz", NULL, NULL, 200);
+    th_expect(g.port, "GET", "/readyz", NULL, NULL, 503);
+    th_resp r;
+    th_http(&r, g.port, "GET", "/v1/models", NULL, NULL, NULL);
+    ck_assert_msg(r.status == 503, "HTTP %ld", r.status);
+    th_resp_free(&r);
+    th_sleep_ms(1500); /* the gateway has probed it down a few times */
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, port, "up", NULL), 0);
+    double t0 = th_now_s(), took = -1;
+    while (th_now_s() - t0 < 8) {
+        th_http(&r, g.port, "GET", "/v1/models", NULL, NULL, NULL);
+        long st = r.status;
+        th_resp_free(&r);
+        if (st == 200) {
+            took = th_now_s() - t0;
+            break;
+        }
+        th_sleep_ms(20);
+    }
+    ck_assert_msg(took >= 0 && took < 1.5, "/v1/models answered 200 %.2f s after the worker came up",
+                  took);
+    th_expect(g.port, "GET", "/readyz", NULL, NULL, 200);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
 /* ------------------------------------------------------------ clients that leave */
 
 typedef struct gone_watch {
@@ -714,7 +752,8 @@ int main(void)
     /* Workers that misbehave at the gateway's door, each played by a stand-in. */
     tc = th_case(s, "stand-ins", 120,
                  TH_TESTS(worker_429_text_plain_is_a_rate_limit_error,
-                          worker_of_another_key_version_is_refused));
+                          worker_of_another_key_version_is_refused,
+                          worker_up_after_gateway_serves_at_once));
     tcase_add_unchecked_fixture(tc, setup, teardown);
     /* Clients that leave while the gateway waits on an upstream. */
     tc = th_case(s, "client-gone", 120, TH_TESTS(stream_client_gone_while_backend_silent,
