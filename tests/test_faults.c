@@ -675,6 +675,60 @@ START_TEST(non_stream_client_gone_cancels_decode)
 }
 END_TEST
 
+/* ------------------------------------------------------------ prompt lengths */
+
+/* The prompt "Sys. # # <reps x a sentence> # # Q?" for model. Caller frees. */
+static char *long_doc_body(const char *model, int reps)
+{
+    const char *sentence = "The cooperative's bylaws were amended in March: members may vote by "
+                           "post and the quorum fell to one third. ";
+    cg_buf b;
+    cg_buf_init(&b, 0);
+    cg_status st = cg_buf_printf(&b, "{\"model\":\"%s\",\"max_tokens\":1,\"prompt\":\"Sys. # # ",
+                                 model);
+    for (int i = 0; i < reps; i++)
+        st |= cg_buf_printf(&b, "%s", sentence);
+    st |= cg_buf_printf(&b, " # # Q?\"}");
+    ck_assert_int_eq(st, CG_OK);
+    return b.data;
+}
+
+/* Only tokens count against the model's positions. On a Llama 2 geometry (4096 positions)
+ * with a SentencePiece tokenizer (tests/data/tokenizers/spm), a document of 4279 bytes is 3762
+ * tokens and fits; one of 4814 bytes is 4232 tokens and does not (400 context_length_exceeded,
+ * through the gateway as from the worker). "Sys." is 7 tokens for 4 bytes: the worker must
+ * not assume a segment has at most bytes + 2 tokens (it wrote past such a buffer). */
+START_TEST(tokens_not_bytes_count_against_positions)
+{
+    char dir[300], tok[400];
+    snprintf(dir, sizeof dir, "%s/llama2", th_root());
+    snprintf(tok, sizeof tok, "%s/tests/data/tokenizers/spm", CG_SOURCE_DIR);
+    const char *gen[] = {"--preset", "llama2", "--tokenizer", tok, NULL};
+    ck_assert_int_eq(th_gen_model(WORKER_BIN, dir, gen), 0);
+    th_proc w, g;
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, dir, 0, "len", NULL), 0);
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "glen", w.url, NULL, NULL), 0);
+    json_t *t = th_call_text(w.port, "POST", "/tokenize", "{\"prompt\":\"Sys.\"}", NULL, 200);
+    ck_assert_int_gt(th_iget(t, "count"), 6);
+    json_decref(t);
+    char *fits = long_doc_body("chunkgate-llama2", 40), *too_long = long_doc_body("chunkgate-llama2", 45);
+    ck_assert_uint_gt(strlen(fits), 4096 + 100);
+    json_t *j = th_call_text(g.port, "POST", "/v1/completions", fits, NULL, 200);
+    json_t *cc = json_object_get(j, "chunk_cache");
+    ck_assert(!json_is_true(json_object_get(cc, "fallback")));
+    json_decref(j);
+    th_resp r;
+    th_http(&r, g.port, "POST", "/v1/completions", too_long, NULL, NULL);
+    th_assert_error(&r, 400, "context_length_exceeded", NULL);
+    ck_assert_ptr_nonnull(strstr(r.body.data, "4096 positions"));
+    th_resp_free(&r);
+    free(fits);
+    free(too_long);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
 /* ------------------------------------------------------------ worker restart */
 
 static json_t *info_of(int port)
@@ -754,6 +808,8 @@ int main(void)
                  TH_TESTS(worker_429_text_plain_is_a_rate_limit_error,
                           worker_of_another_key_version_is_refused,
                           worker_up_after_gateway_serves_at_once));
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tc = th_case(s, "lengths", 120, TH_TESTS(tokens_not_bytes_count_against_positions));
     tcase_add_unchecked_fixture(tc, setup, teardown);
     /* Clients that leave while the gateway waits on an upstream. */
     tc = th_case(s, "client-gone", 120, TH_TESTS(stream_client_gone_while_backend_silent,

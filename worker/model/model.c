@@ -394,14 +394,16 @@ size_t cg_model_weight_bytes(const cg_model *m)
 
 /* ---- tokens ---- */
 
-size_t cg_tok_encode(const cg_model *m, const char *text, size_t len, int add_bos, int32_t *out)
+int32_t *cg_tok_encode(const cg_model *m, const char *text, size_t len, int add_bos, size_t *n)
 {
     cg_tokens t = {0};
-    if (cg_tokenizer_encode(m->tok, text, len, add_bos, &t) != CG_OK) return 0;
-    if (t.n) memcpy(out, t.ids, t.n * sizeof *out);
-    size_t n = t.n;
-    cg_tokens_free(&t);
-    return n;
+    *n = 0;
+    if (cg_tokenizer_encode(m->tok, text, len, add_bos, &t) != CG_OK || !t.n) {
+        cg_tokens_free(&t);
+        return NULL;
+    }
+    *n = t.n;
+    return t.ids; /* taken over from t */
 }
 
 size_t cg_tok_decode(const cg_model *m, int32_t t, char *out)

@@ -90,10 +90,12 @@ cg_status cg_model_generate(const char *dir, cg_model_gen_params p, char *err,
 
 /* Longest stream text cg_tok_decode writes. */
 #define CG_TOKEN_MAX_BYTES 256
-/* Tokenizes text with the model's tokenizer into out (room for len + 2), with its BOS when
- * add_bos (the post-processor's template). Returns the count; 0 for text the tokenizer refuses
- * (invalid UTF-8 for a tokenizer.json model). */
-size_t cg_tok_encode(const cg_model *m, const char *text, size_t len, int add_bos, int32_t *out);
+/* Tokenizes text with the model's tokenizer, with its BOS when add_bos (the post-processor's
+ * template). Returns the ids (caller frees) and their count in *n; NULL (*n 0) for text the
+ * tokenizer refuses (invalid UTF-8 for a tokenizer.json model) or that gives no token. A
+ * real tokenizer may give more tokens than bytes (SentencePiece's U+2581 for a space, byte
+ * fallback): no bound on the count is assumed. */
+int32_t *cg_tok_encode(const cg_model *m, const char *text, size_t len, int add_bos, size_t *n);
 /* Writes the bytes token t adds to a generated text into out (room for CG_TOKEN_MAX_BYTES;
  * special tokens and unknown ids add nothing); returns the count. */
 size_t cg_tok_decode(const cg_model *m, int32_t t, char *out);

@@ -124,26 +124,26 @@ static cg_status tokenize(job *j, char *err, size_t errlen)
     const cg_model_config *cfg = cg_model_cfg(j->e->m);
     for (size_t i = 0; i < j->n; i++) {
         const cg_engine_seg *s = &j->req->segs[i];
-        if (s->len > (size_t)cfg->max_pos) {
-            cg_seterr(err, errlen, "segments[%zu] has %zu bytes; the model holds %d positions", i,
-                      s->len, cfg->max_pos);
-            return CG_E_CONTEXT;
-        }
-        j->toks[i] = cg_malloc((s->len + 2) * sizeof(int32_t));
-        j->lens[i] = (uint32_t)cg_tok_encode(j->e->m, s->text, s->len,
-                                             s->role == CG_ROLE_SYSTEM && !j->req->no_bos,
-                                             j->toks[i]);
-        if (!j->lens[i]) {
+        /* Only the tokens count against the positions: bytes bound them for a byte-level
+         * tokenizer alone (a real one holds about 4 bytes a token, and may also give more
+         * tokens than bytes), and the body's cap already bounds the work. */
+        size_t n = 0;
+        j->toks[i] = cg_tok_encode(j->e->m, s->text, s->len,
+                                   s->role == CG_ROLE_SYSTEM && !j->req->no_bos, &n);
+        if (!j->toks[i]) {
             cg_seterr(err, errlen, "segments[%zu] has no token (invalid UTF-8?)", i);
             return CG_E_VALUE;
         }
         j->roles[i] = s->role;
         j->offs[i] = j->total;
-        if ((uint64_t)j->total + j->lens[i] > (uint64_t)cfg->max_pos) {
-            cg_seterr(err, errlen, "the prompt needs more than the model's %d positions",
-                      cfg->max_pos);
+        if ((uint64_t)j->total + n > (uint64_t)cfg->max_pos) {
+            cg_seterr(err, errlen,
+                      "the prompt needs more than the model's %d positions (%llu tokens up to "
+                      "segments[%zu])",
+                      cfg->max_pos, (unsigned long long)j->total + n, i);
             return CG_E_CONTEXT;
         }
+        j->lens[i] = (uint32_t)n;
         j->total += j->lens[i];
         if (s->role == CG_ROLE_CHUNK) j->max_chunk = CG_MAX(j->max_chunk, j->lens[i]);
     }
