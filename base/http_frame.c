@@ -16,7 +16,8 @@
  * CRLF is CR LF or a bare LF (both ends of the connection read them the same way); a CR must
  * be followed by LF. Framing headers: Content-Length is 1*19 DIGIT, several must agree;
  * Transfer-Encoding must be exactly "chunked" (another coding -> 501), at most once, never
- * with Content-Length and never in HTTP/1.0; HTTP/1.1 needs exactly one Host. */
+ * with Content-Length and never in HTTP/1.0; neither may have whitespace after its value
+ * (libmicrohttpd would frame it otherwise); HTTP/1.1 needs exactly one Host. */
 #include "base/http_frame.h"
 
 #include <stdio.h>
@@ -213,6 +214,16 @@ static cg_status end_field(cg_http_frame *f)
     if (f->trailer || f->hdr == H_OTHER) return CG_OK;
     const char *v = f->value;
     size_t kept = CG_MIN(vlen, (size_t)VALUE_KEEP);
+    /* RFC 9112 trims whitespace after a field value, but libmicrohttpd keeps it in the framing
+     * headers: it takes "chunked " for another coding (and reads the body as the next request)
+     * and "76 " for a bad length (its own HTML 400, headers written twice). Both parsers must
+     * frame a request alike, so such a framing header is refused here, before the library. */
+    if ((f->hdr == H_CONTENT_LENGTH || f->hdr == H_TRANSFER_ENCODING) &&
+        f->value_len != f->value_trim)
+        return fail(f, CG_E_HTTP_FRAMING,
+                    f->hdr == H_CONTENT_LENGTH
+                        ? "Content-Length has whitespace after its value"
+                        : "Transfer-Encoding has whitespace after its value");
     switch (f->hdr) {
     case H_CONTENT_LENGTH: {
         if (!vlen || vlen > 19)

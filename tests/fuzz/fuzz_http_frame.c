@@ -100,6 +100,8 @@ static int ref_field(const line *l, const cg_http_frame_limits *lim, size_t *fie
     if (trailer) return 1;
     const uint8_t *v = p + vb;
     size_t vl = ve - vb;
+    int framing = ieq(p, name, "content-length") || ieq(p, name, "transfer-encoding");
+    if (framing && ve != n) return 0; /* whitespace after a framing value: refused */
     if (ieq(p, name, "content-length")) {
         if (vl < 1 || vl > 19) return 0;
         uint64_t x = 0;

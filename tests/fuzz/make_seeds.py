@@ -357,6 +357,11 @@ def http_frame_seeds():
     h("cl_conflict", "POST / HTTP/1.1\r\n" + H + "Content-Length: 1\r\nContent-Length: 2\r\n\r\nab")
     h("cl_and_te", "POST / HTTP/1.1\r\n" + H + "Content-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n")
     h("te_gzip", "POST / HTTP/1.1\r\n" + H + "Transfer-Encoding: gzip, chunked\r\n\r\n")
+    # whitespace after a framing value: libmicrohttpd frames it otherwise, so it is refused
+    h("te_trailing_space", "POST / HTTP/1.1\r\n" + H + "Transfer-Encoding: chunked \r\n\r\n"
+      "2\r\n{}\r\n0\r\n\r\nGET / HTTP/1.1\r\n" + H + "\r\n")
+    h("te_trailing_tab", "POST / HTTP/1.1\r\n" + H + "Transfer-Encoding: chunked\t\r\n\r\n0\r\n\r\n")
+    h("cl_trailing_space", "POST / HTTP/1.1\r\n" + H + "Content-Length: 2 \r\n\r\n{}")
     h("chunk_huge", "POST / HTTP/1.1\r\n" + H + "Transfer-Encoding: chunked\r\n\r\nfffffffffff\r\nab",
       limits=(63, 0, 255, 15, 64))
     h("chunk_bad", "POST / HTTP/1.1\r\n" + H + "Transfer-Encoding: chunked\r\n\r\nzz\r\n")
