@@ -2327,9 +2327,9 @@ struct jfunc {
 
 struct env {
     env *parent;
-    size_t n, cap;
-    const jstr **names;
-    val *vals;
+    /* Its variables: a mapping, so a scope with many of them (a request's
+     * chat_template_kwargs) gets the mapping's hash index, not a scan per lookup. */
+    jobj vars;
 };
 
 static const val UNDEF = {.t = V_UNDEF};
@@ -2619,25 +2619,12 @@ static env *env_new(ctx *c, env *parent)
 
 static void env_set(ctx *c, env *e, const jstr *name, val v)
 {
-    for (size_t i = 0; i < e->n; i++)
-        if (jstr_eq(e->names[i], name)) {
-            e->vals[i] = v;
-            return;
-        }
-    pairs_reserve(&c->ar, &e->names, &e->vals, e->n, &e->cap, 4);
-    e->names[e->n] = name;
-    e->vals[e->n] = v;
-    e->n++;
+    obj_set(&c->ar, &e->vars, name, v);
 }
 
 static bool env_own(const env *e, const jstr *name, val *out)
 {
-    for (size_t i = 0; i < e->n; i++)
-        if (jstr_eq(e->names[i], name)) {
-            *out = e->vals[i];
-            return true;
-        }
-    return false;
+    return obj_get(&e->vars, name->p, name->len, out);
 }
 
 static val fn_val(ctx *c, int kind)

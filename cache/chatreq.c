@@ -256,6 +256,15 @@ static json_t *template_messages(const cg_chat_req *r, const char *sep)
     return msgs;
 }
 
+cg_status cg_chat_kwargs_check(const json_t *kwargs, char *msg, size_t n)
+{
+    size_t k = json_object_size(kwargs);
+    if (k <= CG_CHAT_MAX_KWARGS) return CG_OK;
+    snprintf(msg, n, "chat_template_kwargs has %zu keys; at most %d are accepted", k,
+             CG_CHAT_MAX_KWARGS);
+    return CG_E_VALUE;
+}
+
 cg_status cg_chat_model_render(const cg_chat_model *m, const cg_chat_req *r,
                                const cg_chat_render_opts *o, cg_buf *out, char *err,
                                size_t errlen)
@@ -264,6 +273,8 @@ cg_status cg_chat_model_render(const cg_chat_model *m, const cg_chat_req *r,
         snprintf(err, errlen, "only text content parts can be rendered with the chat template");
         return CG_E_UNSUPPORTED;
     }
+    cg_status kst = cg_chat_kwargs_check(o->kwargs, err, errlen);
+    if (kst != CG_OK) return kst;
     json_t *vars = json_object();
     if (o->kwargs) json_object_update(vars, (json_t *)o->kwargs);
     json_object_set_new(vars, "messages", template_messages(r, o->separator));

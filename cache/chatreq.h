@@ -64,6 +64,14 @@ typedef struct cg_chat_render_opts {
                                   (chat_template_kwargs, e.g. enable_thinking) */
 } cg_chat_render_opts;
 
+/* Most keys chat_template_kwargs may have: each is a template variable, and real templates
+ * read a handful (enable_thinking, tools); the cap bounds what one request costs. */
+#define CG_CHAT_MAX_KWARGS 400
+
+/* Checks chat_template_kwargs (borrowed, may be NULL): CG_OK, or CG_E_VALUE with msg (n bytes)
+ * saying it has more than CG_CHAT_MAX_KWARGS keys. */
+cg_status cg_chat_kwargs_check(const json_t *kwargs, char *msg, size_t n) CG_WUR;
+
 /* Renders r with the model's template as apply_chat_template does, after putting the
  * documents into the system message (DESIGN §13): the first message with role "system" gets
  * " <sep> <doc>" for each document and a final " <sep> ", so each document is a segment of its
@@ -71,7 +79,8 @@ typedef struct cg_chat_render_opts {
  * put first holding "<sep> <doc> ... <sep> ". Messages reach the template as {role, content}
  * with content a string (or null). Appends to out. r->non_text is refused (CG_E_UNSUPPORTED):
  * a template rendering of text alone would silently drop the other parts. A template error
- * (raise_exception, roles that do not alternate) is CG_E_VALUE with err holding its message;
+ * (raise_exception, roles that do not alternate) is CG_E_VALUE with err holding its message, as
+ * are kwargs that cg_chat_kwargs_check refuses;
  * CG_E_TOO_LARGE when out's cap or the render bounds are crossed. */
 cg_status cg_chat_model_render(const cg_chat_model *m, const cg_chat_req *r,
                                const cg_chat_render_opts *o, cg_buf *out, char *err,

@@ -73,6 +73,7 @@ static cg_status render_chat(cg_gateway *g, json_t *body, const cg_chat_req *cr,
         *param = "chat_template_kwargs";
         if ((st = cg_json_get(body, "chat_template_kwargs", JSON_OBJECT, 0, &kw)) != CG_OK)
             goto out;
+        if ((st = cg_chat_kwargs_check(kw, msg, msglen)) != CG_OK) goto out;
         *param = "messages";
         cg_chat_render_opts o = {sp->separator, agp, kw};
         st = cg_chat_model_render(cm, cr, &o, &out->rendered, err, sizeof err);

@@ -8,6 +8,7 @@
 
 #include "base/base.h"
 #include "cache/chat.h"
+#include "cache/chatreq.h"
 #include "cache/split.h"
 #include "tests/harness/harness.h"
 
@@ -491,6 +492,45 @@ START_TEST(test_random_conversations)
 }
 END_TEST
 
+/* chat_template_kwargs become template variables: at most CG_CHAT_MAX_KWARGS (400) of them, so
+ * one request cannot make a render cost what 80,000 did. */
+START_TEST(test_kwargs_cap)
+{
+    cg_chat_model *m = NULL;
+    char err[256];
+    ck_assert_int_eq(cg_chat_model_new("{{ k0 }}{% for m in messages %}{{ m.content }}{% endfor %}",
+                                       NULL, NULL, &m, err, sizeof err),
+                     CG_OK);
+    json_t *body = json_pack("{s:[{s:s,s:s}]}", "messages", "role", "user", "content", "hi");
+    cg_chat_req r;
+    const char *param = NULL;
+    ck_assert_int_eq(cg_chat_req_parse(body, &r, &param, err, sizeof err), CG_OK);
+    json_t *kw = json_object();
+    char k[16];
+    for (int i = 0; i < CG_CHAT_MAX_KWARGS; i++) {
+        snprintf(k, sizeof k, "k%d", i);
+        json_object_set_new(kw, k, json_string("x"));
+    }
+    cg_chat_render_opts o = {"# #", 1, kw};
+    cg_buf out;
+    cg_buf_init(&out, 0);
+    ck_assert_int_eq(cg_chat_kwargs_check(kw, err, sizeof err), CG_OK);
+    ck_assert_int_eq(cg_chat_model_render(m, &r, &o, &out, err, sizeof err), CG_OK);
+    ck_assert_str_eq(out.data, "xhi");
+    json_object_set_new(kw, "one_more", json_true());
+    ck_assert_int_eq(cg_chat_kwargs_check(kw, err, sizeof err), CG_E_VALUE);
+    ck_assert_str_eq(err, "chat_template_kwargs has 401 keys; at most 400 are accepted");
+    err[0] = '\0';
+    ck_assert_int_eq(cg_chat_model_render(m, &r, &o, &out, err, sizeof err), CG_E_VALUE);
+    ck_assert_ptr_nonnull(strstr(err, "at most 400"));
+    cg_buf_free(&out);
+    json_decref(kw);
+    cg_chat_req_free(&r);
+    json_decref(body);
+    cg_chat_model_unref(&m);
+}
+END_TEST
+
 int main(void)
 {
     return th_run_tests(
@@ -499,5 +539,6 @@ int main(void)
                  test_documents_before_conversation_chunks, test_multi_turn, test_no_system_message,
                  test_no_conversation, test_passthrough, test_custom_separator,
                  test_ambiguous_rendering_refused, test_invalid_utf8, test_too_many_segments,
-                 test_segment_size_and_buffer_cap, test_bad_arguments, test_random_conversations));
+                 test_segment_size_and_buffer_cap, test_bad_arguments, test_random_conversations,
+                 test_kwargs_cap));
 }

@@ -66,6 +66,10 @@ int cg_api_chat_prompt(cg_worker_api *a, cg_http_req *req, json_t *body, cg_buf 
         cg_api_field_error(req, st, "chat_template_kwargs", "an object");
         return 0;
     }
+    if ((st = cg_chat_kwargs_check(kwargs, msg, sizeof msg)) != CG_OK) {
+        cg_http_reply_error(req, st, "chat_template_kwargs", msg);
+        return 0;
+    }
     st = cg_chat_req_parse(body, &cr, &param, msg, sizeof msg);
     if (st != CG_OK) {
         cg_http_reply_error(req, st, param, msg);
