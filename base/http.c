@@ -112,7 +112,8 @@ struct cg_http_req {
     /* While parked, the request is on the server's waiting list (srv->mu), where the heartbeat
      * looks for clients that left: MHD cannot see them while the connection is suspended. */
     int waiting;
-    int gone; /* atomic: the client left before the reply */
+    int gone;     /* atomic: the client left before the reply */
+    char *bearer; /* the bearer token, trimmed (cg_http_req_bearer), or NULL */
     cg_http_req *wprev, *wnext;
     struct MHD_Response *resp;
     int resp_status;
@@ -762,6 +763,7 @@ static void req_free(cg_http_req **rp)
     for (unsigned i = 0; i < MAX_PARAMS; i++)
         free(r->params[i]);
     free(r->path);
+    free(r->bearer);
     cg_buf_free(&r->body);
     while (r->headers) {
         hdr *h = r->headers;
@@ -827,12 +829,20 @@ void *cg_http_req_data(const cg_http_req *r)
 
 const char *cg_http_req_bearer(cg_http_req *r)
 {
+    if (r->bearer) return r->bearer;
     const char *h = cg_http_req_header(r, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
     h += 7;
-    while (*h == ' ')
+    /* Whitespace around the token is not part of it (RFC 9110 trims field values; the
+     * library keeps trailing blanks). */
+    while (*h == ' ' || *h == '\t')
         h++;
-    return *h ? h : NULL;
+    size_t n = strlen(h);
+    while (n && (h[n - 1] == ' ' || h[n - 1] == '\t'))
+        n--;
+    if (!n) return NULL;
+    r->bearer = cg_strndup(h, n);
+    return r->bearer;
 }
 
 cg_http_caller cg_http_req_caller(const cg_http_req *r)
@@ -962,6 +972,18 @@ json_t *cg_http_req_json(cg_http_req *r)
 /* ---------------------------------------------------------------- JSON fields */
 
 /* ---------------------------------------------------------------- routing */
+
+/* The path of a request target: an absolute-form target ("http://host/healthz", which RFC 9112
+ * requires a server to accept) loses its scheme and authority; "/" when nothing follows them. */
+static const char *target_path(const char *url)
+{
+    const char *p = !strncasecmp(url, "http://", 7)    ? url + 7
+                    : !strncasecmp(url, "https://", 8) ? url + 8
+                                                       : NULL;
+    if (!p) return url;
+    const char *slash = strchr(p, '/');
+    return slash ? slash : "/";
+}
 
 /* Matches path against pattern; fills params with the "*" segments (caller frees). */
 static int route_match(const char *pattern, const char *path, char **params)
@@ -1240,7 +1262,7 @@ static CG_MHD_RESULT on_access(void *cls, struct MHD_Connection *conn, const cha
         r->conn = conn;
         r->start_ns = cg_now_ns();
         snprintf(r->method, sizeof r->method, "%s", method);
-        r->path = cg_strdup(url);
+        r->path = cg_strdup(target_path(url));
         r->api_key = -1;
         r->cs = cs;
         cg_buf_init(&r->body, srv->p.max_body_bytes);

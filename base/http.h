@@ -150,7 +150,8 @@ char *cg_http_req_take_body(cg_http_req *r, size_t *len);
 void cg_http_req_drop_body(cg_http_req *r);
 /* The request id: the client's X-Request-Id when it is sane, else a generated one. */
 const char *cg_http_req_id(const cg_http_req *r);
-/* The bearer token the request presented, or NULL. */
+/* The bearer token the request presented, without the whitespace around it (borrowed from r),
+ * or NULL. */
 const char *cg_http_req_bearer(cg_http_req *r);
 /* How the request was authorised (see the route flags). */
 cg_http_caller cg_http_req_caller(const cg_http_req *r);

@@ -1166,6 +1166,41 @@ START_TEST(expect_continue_auth)
 }
 END_TEST
 
+/* An absolute-form target (RFC 9112 §3.2.2: a server must accept it) names the same route as
+ * its path, and a bearer token is compared without the whitespace around it (the library
+ * keeps trailing blanks in the value). */
+START_TEST(absolute_form_and_padded_token)
+{
+    const struct {
+        const char *req;
+        const char *status;
+    } cases[] = {
+        {"GET http://localhost/t/hello HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+         "HTTP/1.1 200 "},
+        {"GET HTTP://x/t/items/abc HTTP/1.1\r\n" HOST "Connection: close\r\n\r\n", "HTTP/1.1 200 "},
+        {"GET http://x/t/nope HTTP/1.1\r\n" HOST "Connection: close\r\n\r\n", "HTTP/1.1 404 "},
+        {"GET /t/admin HTTP/1.1\r\n" HOST "Authorization: Bearer s3cret-admin \t\r\n"
+         "Connection: close\r\n\r\n",
+         "HTTP/1.1 200 "},
+        {"GET /t/auth HTTP/1.1\r\n" HOST "Authorization: Bearer key-one  \r\n"
+         "Connection: close\r\n\r\n",
+         "HTTP/1.1 200 "},
+        {"GET /t/auth HTTP/1.1\r\n" HOST "Authorization: Bearer key-one x\r\n"
+         "Connection: close\r\n\r\n",
+         "HTTP/1.1 401 "},
+        {"GET /t/auth HTTP/1.1\r\n" HOST "Authorization: Bearer  \r\n"
+         "Connection: close\r\n\r\n",
+         "HTTP/1.1 401 "},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *ans = raw_exchange(port, cases[i].req, strlen(cases[i].req));
+        ck_assert_msg(!strncmp(ans, cases[i].status, strlen(cases[i].status)), "case %zu: %.200s",
+                      i, ans);
+        free(ans);
+    }
+}
+END_TEST
+
 /* HEAD is served by GET routes, without the body. */
 START_TEST(head_on_get_routes)
 {
@@ -1307,5 +1342,6 @@ int main(void)
                  quiesce_refuses_new_connections, stop_with_live_stream, json_helpers,
                  metrics_registry_lookups, bad_listen_address, framing_refusals, library_alone,
                  chunked_cut_at_the_cap, lingering_close, expect_continue_auth, head_on_get_routes,
+                 absolute_form_and_padded_token,
                  refusal_after_pending_answer, head_limits_inside_the_library));
 }
