@@ -273,6 +273,9 @@ int cg_gw_completions_fast(cg_http_req *req, void *app)
     /* stream: absent, null or false (a stream's usage is asked for upstream: a rewrite) */
     f = find(m, n, "stream");
     if (f && f->type != 'z' && f->type != 'f') return 0;
+    /* add_special_tokens: absent, null or a boolean (another type is refused by name) */
+    f = find(m, n, "add_special_tokens");
+    if (f && f->type != 'z' && f->type != 'f' && f->type != 't') return 0;
     /* max_tokens: absent, null or an integer in [0, 2^31] */
     f = find(m, n, "max_tokens");
     if (f && f->type != 'z') {

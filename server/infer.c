@@ -13,6 +13,37 @@
 
 /* ---------------------------------------------------------------- handlers */
 
+/* What a field must be, for the message of a wrong type (a field absent here is a string). */
+static const char *field_type(const char *param)
+{
+    static const struct {
+        const char *name, *type;
+    } T[] = {
+        {"stream", "a boolean"},
+        {"echo", "a boolean"},
+        {"add_special_tokens", "a boolean"},
+        {"add_generation_prompt", "a boolean"},
+        {"quality_probe", "a boolean"},
+        {"chat_template_kwargs", "an object"},
+        {"stream_options", "an object {include_usage: boolean}"},
+        {"messages", "an array of message objects"},
+        {"documents", "an array of strings"},
+    };
+    for (size_t i = 0; i < CG_ARRAY_LEN(T); i++)
+        if (!strcmp(param, T[i].name)) return T[i].type;
+    return "a string";
+}
+
+/* stream_options: null, or an object whose include_usage is a boolean (what the worker and
+ * OpenAI accept); anything else is refused here rather than forwarded. */
+static cg_status check_stream_options(json_t *body)
+{
+    json_t *so = json_object_get(body, "stream_options");
+    if (!so || json_is_null(so)) return CG_OK;
+    int usage;
+    return json_is_object(so) ? cg_json_get_bool(so, "include_usage", 0, &usage) : CG_E_TYPE;
+}
+
 /* Request fields that only the gateway may set towards a worker or backend. */
 static const char *const GATEWAY_ONLY_FIELDS[] = {"kv_transfer_params"};
 
@@ -38,6 +69,8 @@ static void handle(cg_http_req *req, cg_gateway *g, int chat)
     }
     param = "stream";
     if ((st = cg_json_get_bool(body, "stream", 0, &stream)) != CG_OK) goto bad;
+    param = "stream_options";
+    if ((st = check_stream_options(body)) != CG_OK) goto bad;
     param = "max_tokens";
     if ((st = cg_json_get_int(body, "max_tokens", 0, 0, 1LL << 31, &ll)) != CG_OK) goto bad;
     if (chat) {
@@ -75,6 +108,22 @@ static void handle(cg_http_req *req, cg_gateway *g, int chat)
         (!g->has_backend || (!segs.split.passthrough && cg_workers_count(g->workers) > 0)) &&
         (st = cg_gw_check_chat_fields(body, &param, msg, sizeof msg)) != CG_OK)
         goto bad;
+    /* echo with logprobs scores every prompt token with one causal forward; an assembled
+     * prompt has no such forward, so the worker would answer without the prompt's logprobs.
+     * Refused as the worker refuses it, never silently dropped. */
+    if (!chat && !segs.split.passthrough && cg_workers_count(g->workers) > 0) {
+        int echo = 0;
+        json_t *lp = json_object_get(body, "logprobs");
+        param = "echo";
+        if ((st = cg_json_get_bool(body, "echo", 0, &echo)) != CG_OK) goto bad;
+        if (echo && lp && !json_is_null(lp)) {
+            st = CG_E_VALUE;
+            snprintf(msg, sizeof msg,
+                     "echo with logprobs scores every prompt token with a full forward pass; "
+                     "send the prompt without separators");
+            goto bad;
+        }
+    }
     if (!g->has_backend && !cg_workers_count(g->workers)) {
         cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL,
                             "no backend (--backend) and no worker (--worker) is configured");
@@ -109,7 +158,7 @@ bad:
         else if (st == CG_E_VALUE && !strncmp(param, "max_", 4))
             snprintf(msg, sizeof msg, "%s must be between 0 and 2^31", param);
         else if (st == CG_E_TYPE)
-            snprintf(msg, sizeof msg, "%s must be a string", param);
+            snprintf(msg, sizeof msg, "%s must be %s", param, field_type(param));
     }
     cg_gw_reply_error(req, st, param, msg);
 out:

@@ -592,6 +592,16 @@ cg_status cg_workers_add(cg_workers *r, const char *url_in, int must_reach, int 
                  "a worker url is an http:// or https:// base URL (at most 512 bytes)");
         return CG_E_VALUE;
     }
+    /* A worker's URL is shown in /metrics labels, /v1/workers, /v1/stats and the logs:
+     * credentials in it (user:password@) would be shown too. */
+    const char *auth = strstr(url_in, "://") + 3;
+    size_t auth_len = strcspn(auth, "/?#");
+    if (memchr(auth, '@', auth_len)) {
+        snprintf(err, errlen,
+                 "a worker url must not hold credentials (user:password@): it is shown in "
+                 "/metrics, /v1/workers and the logs");
+        return CG_E_VALUE;
+    }
     char *url = cg_openai_base_normalise(url_in);
     cg_status st = CG_OK;
     cg_wc_info info;

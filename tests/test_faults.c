@@ -541,6 +541,53 @@ START_TEST(worker_of_another_key_version_is_refused)
 }
 END_TEST
 
+/* What the gateway refuses at the main path's door: echo with logprobs on a prompt it would
+ * assemble (the worker would answer without the prompt's logprobs, as there is no causal
+ * forward of it), and a worker URL with credentials in it (shown in /metrics, /v1/workers,
+ * /v1/stats and the logs). */
+START_TEST(main_path_refusals)
+{
+    th_proc w, g;
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "refuse", NULL), 0);
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "grefuse", w.url, NULL, NULL), 0);
+    th_resp r;
+    th_http(&r, g.port, "POST", "/v1/completions",
+            "{\"model\":\"" MODEL "\",\"max_tokens\":1,\"echo\":true,\"logprobs\":1,"
+            "\"prompt\":\"Sys. # # D. # # Q?\"}",
+            NULL, NULL);
+    th_assert_error(&r, 400, "invalid_value", "echo");
+    th_resp_free(&r);
+    /* without separators the worker scores the prompt itself */
+    json_t *j = th_call_text(g.port, "POST", "/v1/completions",
+                             "{\"model\":\"" MODEL "\",\"max_tokens\":1,\"echo\":true,"
+                             "\"logprobs\":1,\"prompt\":\"Plain.\"}",
+                             NULL, 200);
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    ck_assert_uint_ge(json_array_size(json_object_get(lp, "tokens")), 6);
+    json_decref(j);
+
+    char body[200];
+    snprintf(body, sizeof body, "{\"url\":\"http://user:pw@127.0.0.1:%d\"}", w.port);
+    th_http(&r, g.port, "POST", "/v1/workers", body, NULL, NULL);
+    th_assert_error(&r, 400, "invalid_value", "url");
+    th_resp_free(&r);
+    json_t *ws = th_call_text(g.port, "GET", "/v1/workers", NULL, NULL, 200);
+    ck_assert_uint_eq(json_array_size(json_object_get(ws, "data")), 1);
+    json_decref(ws);
+    char *metrics = th_scrape(g.port);
+    ck_assert_ptr_null(strstr(metrics, "user:pw"));
+    free(metrics);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    char url[96];
+    snprintf(url, sizeof url, "http://user:pw@127.0.0.1:%d", w.port);
+    const char *ge[] = {"--worker", url, NULL};
+    ck_assert_int_eq(th_start_gateway(&g, CHUNKGATE_BIN, "gcreds", ge), -1);
+    ck_assert_int_ne(th_wait_exit(&g, 20000), 0);
+    ck_assert(th_file_has(g.log, "must not hold credentials"));
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
 /* A gateway started before its worker (compose, systemd): the worker is down at first, and
  * once it listens the gateway must use it within about half a second, not a whole
  * --health-interval-ms (5 s here) later, while /healthz already says 200. */
@@ -807,7 +854,7 @@ int main(void)
     tc = th_case(s, "stand-ins", 120,
                  TH_TESTS(worker_429_text_plain_is_a_rate_limit_error,
                           worker_of_another_key_version_is_refused,
-                          worker_up_after_gateway_serves_at_once));
+                          worker_up_after_gateway_serves_at_once, main_path_refusals));
     tcase_add_unchecked_fixture(tc, setup, teardown);
     tc = th_case(s, "lengths", 120, TH_TESTS(tokens_not_bytes_count_against_positions));
     tcase_add_unchecked_fixture(tc, setup, teardown);

@@ -545,6 +545,43 @@ START_TEST(bad_inputs)
 }
 END_TEST
 
+/* A field of the wrong type is named with the type it must have (it said "must be a string"
+ * for booleans and objects), and a malformed stream_options is refused, as the worker and
+ * OpenAI refuse it, rather than forwarded. */
+START_TEST(wrong_types_say_what_they_must_be)
+{
+    struct {
+        const char *body, *param, *message;
+    } cases[] = {
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"add_special_tokens\":\"no\"}", "add_special_tokens",
+         "add_special_tokens must be a boolean"},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"add_special_tokens\":{}}", "add_special_tokens",
+         "add_special_tokens must be a boolean"},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"stream\":true,\"stream_options\":\"usage\"}",
+         "stream_options", "stream_options must be an object {include_usage: boolean}"},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"stream\":true,\"stream_options\":"
+         "{\"include_usage\":\"yes\"}}",
+         "stream_options", "stream_options must be an object {include_usage: boolean}"},
+        {"{\"model\":\"m\",\"prompt\":\"x\",\"quality_probe\":[]}", "quality_probe",
+         "quality_probe must be a boolean"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        th_resp r;
+        http(&r, "POST", "/v1/completions", cases[i].body);
+        th_assert_error(&r, 400, "invalid_type", cases[i].param);
+        json_t *j = th_json(&r);
+        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+                         cases[i].message);
+        json_decref(j);
+        th_resp_free(&r);
+    }
+    /* null and a well-formed object still pass */
+    th_expect(gw.port, "POST", "/v1/completions",
+              "{\"model\":\"m\",\"prompt\":\"x\",\"stream_options\":null}", NULL, 200);
+    assert_healthy();
+}
+END_TEST
+
 /* ------------------------------------------------------------ tests: admin and index */
 
 START_TEST(admin_auth)
@@ -1024,7 +1061,8 @@ int main(void)
         "gateway", "integration", 120, (th_fixture){suite_setup, suite_teardown, 0}, CK_FORK_GETENV,
         TH_TESTS(completion_forwarded_with_chunk_cache, completion_passthrough_and_modes,
                  completion_stream_incremental, stream_usage_and_crlf, chat_with_documents,
-                 chat_separators_in_messages, chat_stream, bad_inputs, admin_auth,
+                 chat_separators_in_messages, chat_stream, bad_inputs,
+                 wrong_types_say_what_they_must_be, admin_auth,
                  index_contents_and_admin, chunks_paging, models_and_readyz, backend_faults,
                  client_disconnect_cancels_upstream, backend_down, restart_keeps_index,
                  metrics_series, concurrent_streams, config_errors_exit_2));
