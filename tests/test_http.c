@@ -212,6 +212,13 @@ static void h_idle(cg_http_req *r, void *app)
     pthread_detach(t);
 }
 
+/* A reply without a body, as a handler could make from an upstream answer that was not JSON:
+ * the status's error in the OpenAI shape, never a crash. */
+static void h_nobody(cg_http_req *r, void *app)
+{
+    cg_http_reply_json(r, atoi(cg_http_req_param(r, 0)), NULL);
+}
+
 /* A route with a fast handler: "inline" is answered on the MHD thread, "later" from another
  * thread after the fast handler returned, anything else goes to the job pool. */
 static void h_fast_job(cg_http_req *r, void *app)
@@ -254,6 +261,7 @@ static const cg_http_route routes[] = {
     {"GET", "/t/slow", h_slow, 0, "slow"},
     {"GET", "/t/nowait", h_nowait, 0, "nowait"},
     {"GET", "/t/idle", h_idle, 0, "idle"},
+    {"GET", "/t/nobody/*", h_nobody, 0, "nobody"},
     {"POST", "/t/fast", h_fast_job, 0, "fast"},
 };
 static cg_http_fast_handler fast[sizeof routes / sizeof routes[0]];
@@ -1201,6 +1209,27 @@ START_TEST(absolute_form_and_padded_token)
 }
 END_TEST
 
+START_TEST(reply_without_body)
+{
+    const struct {
+        const char *path;
+        long status;
+        const char *code;
+    } cases[] = {
+        {"/t/nobody/429", 429, "rate_limit_exceeded"},
+        {"/t/nobody/502", 502, "bad_gateway"},
+        {"/t/nobody/503", 503, "upstream_unavailable"},
+        {"/t/nobody/418", 418, "invalid_value"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        th_resp r;
+        http(&r, "GET", cases[i].path, NULL, 0, NULL, 0);
+        assert_error(&r, cases[i].status, cases[i].code);
+        th_resp_free(&r);
+    }
+}
+END_TEST
+
 /* HEAD is served by GET routes, without the body. */
 START_TEST(head_on_get_routes)
 {
@@ -1342,6 +1371,6 @@ int main(void)
                  quiesce_refuses_new_connections, stop_with_live_stream, json_helpers,
                  metrics_registry_lookups, bad_listen_address, framing_refusals, library_alone,
                  chunked_cut_at_the_cap, lingering_close, expect_continue_auth, head_on_get_routes,
-                 absolute_form_and_padded_token,
+                 absolute_form_and_padded_token, reply_without_body,
                  refusal_after_pending_answer, head_limits_inside_the_library));
 }
