@@ -466,7 +466,11 @@ static int on_gone(void *arg)
 {
     relay *r = arg;
     if (!r->req || !cg_http_req_gone(r->req)) return 0;
-    if (!r->client_gone) cg_log(CG_LOG_INFO, "client left before the answer; upstream cancelled");
+    if (!r->client_gone) {
+        cg_log_set_request_id(r->rid);
+        cg_log(CG_LOG_INFO, "client left before the answer; upstream cancelled");
+        cg_log_set_request_id(NULL);
+    }
     r->client_gone = 1;
     return 1;
 }

@@ -22,7 +22,7 @@ struct cg_worker {
     wstate state;
     int64_t in_flight;
     uint64_t next_check_ms; /* monotonic */
-    uint64_t retry_ms;      /* probe period while down: 100 ms doubling up to the interval */
+    uint64_t retry_ms;      /* probe period while down: 100 ms doubling to 500 ms; 0 = up */
     uint64_t last_sync_ms;  /* monotonic; 0 = never */
     int64_t last_ok_wall, last_sync_wall, synced_chunks;
     int want_sync;
