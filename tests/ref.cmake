@@ -22,6 +22,15 @@ add_test(NAME ref_worker_parity
 set_tests_properties(ref_worker_parity PROPERTIES ENVIRONMENT "${CG_REF_PY_ENV}"
   SKIP_RETURN_CODE 77 TIMEOUT 300)
 
+# The training recipe (train/, tests/ref/test_train_recipe.py): three steps of training, then the
+# checkpoint in the worker against the recipe's tokenizer, @lenml/tokenizers and the torch
+# reference. Needs the worker and torch; skipped with the reason otherwise.
+add_test(NAME ref_train_recipe
+  COMMAND sh -c "if [ -x /usr/bin/python3 ]; then exec /usr/bin/python3 \"$0\"; fi; echo 'SKIP: /usr/bin/python3 is missing'; exit 77"
+          ${CMAKE_CURRENT_SOURCE_DIR}/ref/test_train_recipe.py)
+set_tests_properties(ref_train_recipe PROPERTIES ENVIRONMENT "${CG_REF_PY_ENV};OPENBLAS_NUM_THREADS=1"
+  SKIP_RETURN_CODE 77 TIMEOUT 300)
+
 # The same reference against llama.cpp (node-llama-cpp's prebuilt CPU binaries) on the presets
 # converted to GGUF: skipped unless torch, node and both npm folders are installed.
 if(TARGET chunkgate-worker)

@@ -70,12 +70,21 @@ class Llama(torch.nn.Module):
         ang = torch.cat([ang, ang], dim=-1)
         self.register_buffer("cos", ang.cos().float(), persistent=False)
         self.register_buffer("sin", ang.sin().float(), persistent=False)
-        for p in self.parameters():
-            if p.dim() == 2:
-                torch.nn.init.normal_(p, std=0.02)
-        for L in self.layers:  # residual projections scaled down (GPT-2)
-            torch.nn.init.normal_(L.o.weight, std=0.02 / math.sqrt(2 * len(self.layers)))
-            torch.nn.init.normal_(L.down.weight, std=0.02 / math.sqrt(2 * len(self.layers)))
+        # weights drawn with std 1/sqrt(fan-in) (residual outputs scaled down by the depth), the
+        # embeddings with 0.02 (tied: they are also the output layer); a narrow model drawn
+        # at GPT-2's 0.02 everywhere starts with flat attention and sits long on a plateau
+        torch.nn.init.normal_(self.embed.weight, std=0.02)
+        # one direction shared by every embedding: a content-free component of the residual
+        # stream from which attention can rank positions (RoPE) before it has learned any
+        # content, which shortens the plateau before copying heads form
+        with torch.no_grad():
+            self.embed.weight += 0.05 * torch.randn(1, d)
+        for L in self.layers:
+            for lin in (L.q, L.k, L.v, L.gate, L.up):
+                torch.nn.init.normal_(lin.weight, std=d ** -0.5)
+            depth = math.sqrt(2 * len(self.layers))
+            torch.nn.init.normal_(L.o.weight, std=d ** -0.5 / depth)
+            torch.nn.init.normal_(L.down.weight, std=c["intermediate_size"] ** -0.5 / depth)
 
     def rms(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * w
@@ -186,7 +195,7 @@ def load_into(model, path):
 
 def encode(tok, ex):
     """Token ids of an example's segments (each on its own), their segment roles (0 system,
-    1.. chunks, -1 question and answer) and the answer's token count."""
+    1.. chunks, -1 question and answer) and the answer's tokens (with <|im_end|>)."""
     ids, seg = [], []
     segs = world.segments(ex)
     for i, s in enumerate(segs):
@@ -197,12 +206,28 @@ def encode(tok, ex):
     return ids, seg, ans
 
 
+def encode_turns(tok, ex):
+    """A training sequence: the example's prompt and answer, then its further questions as more
+    chat turns (as the template renders them). Returns the ids, the segment roles and the
+    answer weights' spans [(start, end)) of the tokens that are answers."""
+    ids, seg, ans = encode(tok, ex)
+    spans = [(len(ids), len(ids) + len(ans))]
+    ids = ids + ans
+    for q, a in ex.get("more", []):
+        turn = tok.encode("\n<|im_start|>user\n" + q + "<|im_end|>\n<|im_start|>assistant\n")
+        ids += turn
+        at = tok.encode(a) + [tok.id("<|im_end|>")]
+        spans.append((len(ids), len(ids) + len(at)))
+        ids += at
+    return ids, seg + [-1] * (len(ids) - len(seg)), spans
+
+
 def masks(segs, T, block):
-    """[T, T] attention mask for one sequence: causal, and with block set the chunk-isolating
-    mask of DESIGN §5 (block = "strict": a chunk sees itself; "sys": also the system)."""
-    n = len(segs)
+    """[T, T] attention mask for one sequence whose segment roles are segs (-2 marks padding,
+    which may stand anywhere): causal, and with block set the chunk-isolating mask of DESIGN §5
+    (block = "strict": a chunk sees itself; "sys": also the system)."""
     seg = torch.full((T,), -2, dtype=torch.long)
-    seg[:n] = torch.tensor(segs)
+    seg[:len(segs)] = torch.tensor(segs)
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
     valid = (seg != -2)
     m = causal & valid[None, :]
@@ -217,15 +242,29 @@ def masks(segs, T, block):
     return m
 
 
-def batches(tok, rng, n, block_frac, ctx_w, docs_at, group=8):
+def copy_row(tok, rng):
+    """A copying sequence: random ordinary tokens, then the same tokens again, with the loss on
+    the repeat. Mixed into the batches, it grows the attention heads that find an earlier
+    occurrence of the current token and copy what followed it ("induction heads") much sooner
+    than the RAG examples alone do; every answer here needs them."""
+    n = rng.randint(8, 32)
+    body = [rng.randrange(256, len(tok) - len(bpe.SPECIAL)) for _ in range(n)]
+    ids = [tok.id("<|im_start|>")] + body + body
+    return ids, [0] * len(ids), [(1 + n, len(ids))]
+
+
+def batches(tok, rng, n, block_frac, ctx_w, docs_at, copy_at, group=8):
     """Batches of n training sequences, drawn `group` batches at a time and sorted by length
-    so that little of each batch is padding. docs_at() is the curriculum's most documents."""
+    so that little of each batch is padding. docs_at() is the curriculum's most documents,
+    copy_at() its share of copying sequences."""
     while True:
         rows = []
         for _ in range(n * group):
-            ex = world.example(rng, "train", max_docs=docs_at())
-            ids, seg, ans = encode(tok, ex)
-            rows.append((ids + ans, seg + [-1] * len(ans), len(ids)))
+            if rng.random() < copy_at():
+                rows.append(copy_row(tok, rng))
+                continue
+            ex = world.example(rng, "train", max_docs=docs_at(), extra=rng.randint(0, 3))
+            rows.append(encode_turns(tok, ex))
         rows.sort(key=lambda r: len(r[0]))
         order = list(range(group))
         rng.shuffle(order)
@@ -239,11 +278,12 @@ def batch(rows, rng, block_frac, ctx_w):
     ids = torch.zeros(n, T, dtype=torch.long)
     w = torch.zeros(n, T)
     ms = []
-    for b, (x, seg, plen) in enumerate(rows):
+    for b, (x, seg, spans) in enumerate(rows):
         ids[b, :len(x)] = torch.tensor(x)
         # weight of predicting token t+1 at position t
         w[b, :len(x) - 1] = ctx_w
-        w[b, plen - 1:len(x) - 1] = 1.0
+        for a0, a1 in spans:
+            w[b, a0 - 1:a1 - 1] = 1.0
         block = None
         if block_frac and rng.random() < block_frac:
             block = "strict" if rng.random() < 0.75 else "sys"
@@ -254,28 +294,29 @@ def batch(rows, rng, block_frac, ctx_w):
 # ---- evaluation ----
 
 @torch.no_grad()
-def answer(model, tok, ex, block=None, max_new=24):
-    ids, seg, _ = encode(tok, ex)
-    out = []
-    end = tok.id("<|im_end|>")
-    for _ in range(max_new):
-        x = torch.tensor([ids + out])
-        s = seg + [-1] * len(out)
-        logits = model(x, masks(s, len(s), block)[None])
-        nxt = int(logits[0, -1].argmax())
-        if nxt == end:
-            break
-        out.append(nxt)
-    return tok.decode(out)
-
-
-def evaluate(model, tok, exs, block=None):
+def evaluate(model, tok, exs, block=None, batch=64):
+    """Exact match per kind, by teacher forcing: greedy decoding reproduces the answer exactly
+    when, at every answer position and at <|im_end|>, the expected token is the most likely one,
+    so one forward pass per example decides it (an answer the model would spell with other
+    tokens counts as wrong, which is stricter than comparing text)."""
     model.eval()
     right = {k: [0, 0] for k in world.KINDS}
-    for ex in exs:
-        ok = answer(model, tok, ex, block).strip() == ex["answer"]
-        right[ex["kind"]][0] += ok
-        right[ex["kind"]][1] += 1
+    for b0 in range(0, len(exs), batch):
+        part = exs[b0:b0 + batch]
+        rows = []
+        for ex in part:
+            ids, seg, ans = encode(tok, ex)
+            rows.append((ids + ans, seg + [-1] * len(ans), len(ids)))
+        T = max(len(r[0]) for r in rows)
+        x = torch.zeros(len(rows), T, dtype=torch.long)
+        for i, (ids, _, _) in enumerate(rows):
+            x[i, :len(ids)] = torch.tensor(ids)
+        m = torch.stack([masks(seg, T, block) for _, seg, _ in rows])
+        pred = model(x, m).argmax(-1)
+        for ex, (ids, _, plen), p in zip(part, rows, pred):
+            ok = bool((p[plen - 1:len(ids) - 1] == x[0].new_tensor(ids[plen:])).all())
+            right[ex["kind"]][0] += ok
+            right[ex["kind"]][1] += 1
     model.train()
     return {k: round(a / n, 4) for k, (a, n) in right.items() if n}
 
@@ -359,14 +400,16 @@ def write_card(out, log, model):
                  model.c["intermediate_size"], model.c["vocab_size"], model.c["rope_theta"],
                  n_params / 1e6),
              "- Data (`train/world.py`, drawn fresh for every batch from the seed): a world of "
-             "people, companies and cities; each training example is 4-6 documents (a person's "
-             "city, employer, job and age; a company's city, product and founding year, in varied "
-             "sentences with filler), shuffled, under one of several system prompts, and one "
-             "question: single-hop, two-hop (a person's employer's city or product), comparison "
-             "(ages, founding years) or about someone in no document (\"unknown\"). The "
+             "people, companies and cities; each training example is 2-6 documents (growing over "
+             "the first %d%% of the run; a person's city, employer, job and age; a company's "
+             "city, product and founding year, in varied sentences with filler), shuffled, under "
+             "one of several system prompts, and one question: single-hop, two-hop (a person's "
+             "employer's city or product), comparison (ages, founding years) or about someone in "
+             "no document (\"unknown\"), then 0-3 more single-hop questions as further turns; "
+             "some sequences are copying sequences (train/README.md). The "
              "sequence is what chunkgate-worker computes for a chat request with `documents` "
              "under the ChatML template: each segment tokenized on its own. The loss weights the "
-             "answer tokens 1 and the rest %g." % a["context_weight"],
+             "answer tokens 1 and the rest %g." % (round(100 * a["curriculum"]), a["context_weight"]),
              "- Held out: entity names (one in eight, by a hash of the name; evaluation uses only "
              "those), and some document sentences, questions and system prompts.",
              "- Attention during training: plain causal%s." % (
@@ -414,6 +457,8 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--context-weight", type=float, default=0.25)
+    ap.add_argument("--copy-warmup", type=float, default=0.3,
+                    help="share of the run whose batches are a third copying sequences")
     ap.add_argument("--curriculum", type=float, default=0.3,
                     help="share of the run over which prompts grow from 2 to 6 documents")
     ap.add_argument("--block-mask", type=float, default=0.0,
@@ -451,7 +496,9 @@ def main(argv=None):
     step = 0
     # the curriculum: prompts of 2 documents at first, 6 from --curriculum of the run on
     docs_at = lambda: min(6, 2 + int(4 * step / max(1, args.curriculum * args.steps)))  # noqa: E731
-    feed = batches(tok, rng, args.batch, args.block_mask, args.context_weight, docs_at)
+    # copying sequences: a third of the batches early in the run, then one in ten
+    copy_at = lambda: 0.33 if step < args.copy_warmup * args.steps else 0.1  # noqa: E731
+    feed = batches(tok, rng, args.batch, args.block_mask, args.context_weight, docs_at, copy_at)
     for step in range(1, args.steps + 1):
         lr = args.lr * min(1.0, step / args.warmup) * \
             (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
@@ -469,7 +516,7 @@ def main(argv=None):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         run = 0.98 * run + 0.02 * float(ans) if step > 1 else float(ans)
-        if step % 20 == 0:
+        if step % 20 == 0 or step == args.steps:
             log["loss"].append([step, round(float(loss), 4), round(float(ans), 4)])
             print("step %d loss %.4f answer %.4f (avg %.4f) lr %.2e %.0f s" %
                   (step, float(loss), float(ans), run, lr, time.time() - t0), flush=True)

@@ -247,7 +247,7 @@ def document(w, e, must):
     return " ".join(out), told
 
 
-def question(w, kind, max_docs=6):
+def question(w, kind, max_docs=6, extra=0):
     """One RAG example: (system, documents, question, answer, kind). The documents are shuffled
     and include distractors: 4-6 of them, or up to max_docs when that is smaller (a training
     curriculum starts with short prompts)."""
@@ -293,17 +293,36 @@ def question(w, kind, max_docs=6):
     while len(docs) < n_docs:
         e = person_facts(w, w.person()) if r.random() < 0.6 else company_facts(w, w.company())
         docs.append((e, []))
-    texts = [document(w, e, must)[0] for e, must in docs]
+    texts, facts = [], []
+    for e, must in docs:
+        t, told = document(w, e, must)
+        texts.append(t)
+        facts += [(e, f) for f in told]
     r.shuffle(texts)
     system = pick(r, SYSTEMS, split)[0]
-    return {"system": system, "documents": texts, "question": q, "answer": a, "kind": kind}
+    # more questions on the same documents: single-hop facts they state, now and then someone
+    # they do not mention (training asks several per prompt: far more answers per token)
+    more = []
+    for _ in range(extra):
+        if r.random() < 0.15:
+            absent = w.person() if r.random() < 0.7 else w.company()
+            f = r.choice([k[2] for k in QUESTIONS if k[0] == "single" and k[1] == absent["type"]])
+            more.append((pick(r, QUESTIONS[("single", absent["type"], f)], split)[0].format(
+                a=absent["name"]), "unknown"))
+        else:
+            e, f = r.choice(facts)
+            more.append((pick(r, QUESTIONS[("single", e["type"], f)], split)[0].format(
+                a=e["name"]), e["facts"][f]))
+    return {"system": system, "documents": texts, "question": q, "answer": a, "kind": kind,
+            "more": more}
 
 
-def example(rng, split, kind=None, max_docs=6):
-    """One example of `kind` (drawn when None: single and twohop most often)."""
+def example(rng, split, kind=None, max_docs=6, extra=0):
+    """One example of `kind` (drawn when None: single and twohop most often), with `extra`
+    more single-hop questions on its documents in "more" (question, answer)."""
     if kind is None:
         kind = rng.choices(KINDS, weights=(4, 3, 2, 1))[0]
-    return question(World(rng, split), kind, max_docs)
+    return question(World(rng, split), kind, max_docs, extra)
 
 
 class Corpus:

@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""ctest ref_train_recipe: the training recipe (train/) end to end on a few steps.
+
+Trains for three steps (tokenizer, model, BF16 safetensors, config, chat template, model card)
+into a temporary directory, then checks what the worker makes of it:
+- it loads in chunkgate-worker, which reports the architecture and the chat template;
+- the worker's /tokenize equals the recipe's own encoder (train/bpe.py) on RAG segments of the
+  held-out world and on other ASCII text, and so does @lenml/tokenizers (the reference port of
+  the Hugging Face tokenizers, loading the same tokenizer.json) when tests/ref is installed;
+- the worker's prompt log-probabilities of a 300-token RAG prompt agree with the independent
+  torch reference (tests/ref/hf_forward.py, float64) and with the trainer's own model as saved
+  within 1e-2 at every position.
+
+Exit 77 (skipped, with the reason) without torch or CHUNKGATE_WORKER_BIN.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def skip(why):
+    print("SKIP: %s" % why)
+    sys.exit(77)
+
+
+try:
+    import torch
+    import numpy  # noqa: F401
+except ImportError as e:
+    skip("/usr/bin/python3 lacks torch or numpy (Debian python3-torch): %s" % e)
+
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "train"))
+import bpe  # noqa: E402
+import hf_forward as H  # noqa: E402
+import test_worker_parity as P  # noqa: E402
+import train  # noqa: E402
+import world  # noqa: E402
+
+TOL = 1e-2
+
+
+def rag_prompt(model_dir, n):
+    """Token ids of held-out RAG requests (train/world.py), each segment tokenized on its own as
+    the worker does, until n tokens."""
+    tok = bpe.load(os.path.join(model_dir, "tokenizer.json"))
+    corpus, ids = world.Corpus(7), []
+    while len(ids) < n:
+        ex = corpus.ask(world.KINDS[len(ids) % len(world.KINDS)])
+        for seg in world.segments(ex):
+            ids += tok.encode(seg)
+        ids += tok.encode(ex["answer"] + "<|im_end|>\n")
+    return ids[:n]
+
+
+def lenml_ids(model_dir, texts):
+    """@lenml/tokenizers' ids of texts, or None when node or the package is missing."""
+    if not shutil.which("node") or not os.path.isdir(os.path.join(HERE, "node_modules", "@lenml")):
+        return None
+    script = """
+import fs from 'node:fs';
+const lib = await import('@lenml/tokenizers');
+const [dir, file] = process.argv.slice(1);
+const read = (f) => JSON.parse(fs.readFileSync(dir + '/' + f, 'utf8'));
+const tok = lib.TokenizerLoader.fromPreTrained({tokenizerJSON: read('tokenizer.json'),
+                                                tokenizerConfig: read('tokenizer_config.json')});
+const texts = JSON.parse(fs.readFileSync(file, 'utf8'));
+console.log(JSON.stringify(texts.map((t) => tok.encode(t, {add_special_tokens: false}))));
+"""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(texts, f)
+    try:
+        out = subprocess.run(["node", "--input-type=module", "-e", script, model_dir, f.name],
+                             cwd=HERE, capture_output=True, text=True, timeout=120)
+    finally:
+        os.unlink(f.name)
+    if out.returncode != 0:
+        raise RuntimeError("@lenml/tokenizers: %s" % out.stderr[-500:])
+    return json.loads(out.stdout)
+
+
+def main():
+    binary = os.environ.get("CHUNKGATE_WORKER_BIN")
+    if not binary:
+        skip("CHUNKGATE_WORKER_BIN is not set (ctest passes the built chunkgate-worker)")
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    tmp = tempfile.mkdtemp(prefix="cg_train_recipe_")
+    errors = []
+    try:
+        d = os.path.join(tmp, "model")
+        train.main(["--out", d, "--steps", "3", "--batch", "4", "--eval-n", "1",
+                    "--eval-every", "1000", "--threads", "1"])
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                  "generation_config.json", "README.md", "train_log.json", "loss.svg"):
+            if not os.path.isfile(os.path.join(d, f)):
+                errors.append("the recipe wrote no %s" % f)
+        tok = bpe.load(os.path.join(d, "tokenizer.json"))
+        corpus = world.Corpus(3)
+        texts = []
+        for k in world.KINDS:
+            ex = corpus.ask(k)
+            texts += world.segments(ex) + [ex["answer"]]
+        texts += ["Plain text, numbers 1234 and 56, it's here; don't stop!\n\n  spaced  out  ",
+                  "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"]
+        os.makedirs(os.path.join(tmp, "w"))
+        w = P.Worker(binary, d, os.path.join(tmp, "w"), 64)
+        try:
+            info = w.call("GET", "/v1/info")
+            if info["architecture"] != "LlamaForCausalLM" or not info.get("chat_template"):
+                errors.append("/v1/info: %s, chat template %r" % (info["architecture"],
+                                                                  info.get("chat_template")))
+            mine = [tok.encode(t) for t in texts]
+            theirs = [w.call("POST", "/tokenize", {"prompt": t, "add_special_tokens": False})["tokens"]
+                      for t in texts]
+            for t, a, b in zip(texts, mine, theirs):
+                if a != b:
+                    errors.append("tokens of %r: recipe %s, worker %s" % (t[:40], a[:12], b[:12]))
+            ref = lenml_ids(d, texts)
+            if ref is None:
+                print("@lenml/tokenizers is not installed (npm ci in tests/ref): compared with "
+                      "the recipe's encoder only")
+            else:
+                for t, a, b in zip(texts, mine, ref):
+                    if a != b:
+                        errors.append("tokens of %r: recipe %s, @lenml/tokenizers %s"
+                                      % (t[:40], a[:12], b[:12]))
+            ids = rag_prompt(d, P.PROMPT_TOKENS)
+            res = w.call("POST", "/v1/completions",
+                         {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1,
+                          "temperature": 0, "return_tokens_as_token_ids": True})
+            got = res["choices"][0]["logprobs"]["token_logprobs"][1:len(ids)]
+        finally:
+            rc = w.stop()
+        if rc != 0:
+            errors.append("the worker exited with %d" % rc)
+        x = torch.tensor(ids)
+        with torch.no_grad():
+            ref = H.Model(d, torch.float64).forward(ids)
+            m = train.Llama(dict(train.CONFIG))
+            train.load_into(m, os.path.join(d, "model.safetensors"))
+            own = torch.log_softmax(m(x[None], train.masks([0] * len(ids), len(ids), None)[None])[0]
+                                    .double(), -1)
+        worst_ref = max(abs(g - float(ref[i, ids[i + 1]])) for i, g in enumerate(got))
+        worst_own = max(abs(g - float(own[i, ids[i + 1]])) for i, g in enumerate(got))
+        print("%d prompt tokens: max |Δ logprob| worker vs reference %.2e, vs the trainer's model "
+              "%.2e" % (len(ids), worst_ref, worst_own))
+        if worst_ref > TOL or worst_own > TOL:
+            errors.append("logprobs differ: %.3g vs the reference, %.3g vs the trainer's model"
+                          % (worst_ref, worst_own))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for e in errors:
+        print("FAIL: " + e)
+    print("%d passed, %d failed" % (0 if errors else 1, 1 if errors else 0))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
