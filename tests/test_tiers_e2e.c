@@ -435,6 +435,63 @@ static void *load_main(void *arg)
     return NULL;
 }
 
+/* Chunks that RAM cannot keep still reach the disk tier: one assembly of
+ * four documents of about 0.9 MB of KV each on a 2 MiB pool, where the pool keeps at most two
+ * (the assembly references them), and a disk tier with room for all. Every computed chunk is
+ * queued by the write-behind; after kill -9 and a restart every document is a hit from disk. */
+START_TEST(test_unpooled_chunks_reach_disk)
+{
+    char data[160];
+    th_path(data, sizeof data, "data-unpooled");
+    th_proc w = start_worker("unpooled", data, "2", "64");
+    char *docs[4];
+    uint64_t seed = 19;
+    json_t *segs = json_pack("[{s:s,s:s}]", "role", "system", "text", SYS);
+    for (int i = 0; i < 4; i++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "Document %d.", i);
+        docs[i] = th_words(900, prefix, &seed);
+        json_array_append_new(segs, json_pack("{s:s,s:s}", "role", "chunk", "text", docs[i]));
+    }
+    json_array_append_new(segs, json_pack("{s:s,s:s}", "role", "question", "text", QUESTION));
+    json_t *body = json_pack("{s:o}", "segments", segs);
+    char *body_text = th_dumps(body);
+    json_t *a = th_call_text(w.port, "POST", "/v1/assemble", body_text, NULL, 200);
+    json_t *sg = json_object_get(a, "segments");
+    int missed = 0;
+    for (size_t i = 1; i <= 4; i++)
+        missed += !strcmp(th_sget(json_array_get(sg, i), "tier"), "miss");
+    ck_assert_int_eq(missed, 4);
+    char path[96];
+    snprintf(path, sizeof path, "/v1/assemblies/%s", th_sget(a, "assembly_id"));
+    th_expect(w.port, "DELETE", path, NULL, NULL, 200);
+    json_decref(a);
+    /* every computed chunk was queued (system + 4 documents), none dropped, all written */
+    for (int t = 0; t < 200 && metric(&w, "chunkgate_worker_disk_write_behind_written_total") < 5;
+         t++)
+        th_sleep_ms(50);
+    ck_assert_double_eq(metric(&w, "chunkgate_worker_disk_write_behind_total"), 5);
+    ck_assert_double_eq(metric(&w, "chunkgate_worker_disk_write_behind_drops_total"), 0);
+    ck_assert_double_eq(metric(&w, "chunkgate_worker_disk_write_behind_written_total"), 5);
+    stop_worker(&w, SIGKILL);
+
+    w = start_worker("unpooled2", data, "2", "64");
+    a = th_call_text(w.port, "POST", "/v1/assemble", body_text, NULL, 200);
+    sg = json_object_get(a, "segments");
+    for (size_t i = 0; i <= 4; i++)
+        ck_assert_msg(!strcmp(th_sget(json_array_get(sg, i), "tier"), "disk"),
+                      "segment %zu after kill -9: tier %s", i,
+                      th_sget(json_array_get(sg, i), "tier"));
+    snprintf(path, sizeof path, "/v1/assemblies/%s", th_sget(a, "assembly_id"));
+    th_expect(w.port, "DELETE", path, NULL, NULL, 200);
+    json_decref(a);
+    stop_worker(&w, SIGTERM);
+    free(body_text);
+    for (int i = 0; i < 4; i++)
+        free(docs[i]);
+}
+END_TEST
+
 /* kill -9 while chunks are being spilled, several times: after each restart every record on
  * disk verifies (no checksum failure: a crash never leaves a torn record behind) and every
  * answer equals recomputation. */
@@ -524,7 +581,7 @@ int main(void)
     const char *seed[] = {"--seed", "3", NULL};
     if (!(model = th_model_gen_open(WORKER_BIN, model_dir, seed))) return EXIT_FAILURE;
     int failed = th_run_tests("tiers_e2e", "processes", 300,
-                              TH_TESTS(test_spill_restore_restart, test_full_disk,
+                              TH_TESTS(test_spill_restore_restart, test_full_disk, test_unpooled_chunks_reach_disk,
                                        test_kill9_during_spills, test_data_dir_locked));
     cg_model_close(&model);
     th_cleanup(failed);

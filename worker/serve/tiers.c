@@ -544,6 +544,33 @@ cg_status cg_tiers_lookup(cg_tiers *t, const cg_key *key, uint32_t want, uint64_
     return restore_remote(t, key, want, now, ev, rq, out);
 }
 
+/* cg_disk_src_fn over rows [v, v+n) of a request's KV: block i is gathered into one scratch
+ * block in the pool's layout (what the disk tier writes), its rows past n zeroed. */
+typedef struct rows_src {
+    const cg_tiers *t;
+    cg_kv *kv;
+    uint32_t v, n;
+    float *blk; /* one block */
+} rows_src;
+
+static const void *rows_block(void *ud, uint32_t b)
+{
+    rows_src *r = ud;
+    const cg_model_config *cfg = cg_model_cfg(r->t->m);
+    const size_t bt = r->t->p.block_tokens, hd = (size_t)cfg->head_dim, slab = bt * hd;
+    const size_t first = (size_t)b * bt, nr = CG_MIN(bt, (size_t)r->n - first);
+    memset(r->blk, 0, r->t->block_bytes);
+    for (int h = 0; h < cfg->n_kv_heads; h++)
+        for (int l = 0; l < cfg->n_layers; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                const size_t i = ((size_t)h * (size_t)cfg->n_layers + (size_t)l) * 2 + (size_t)kv;
+                const float *rows = kv ? cg_kv_v(r->kv, l, h) : cg_kv_k(r->kv, l, h);
+                memcpy(r->blk + i * slab, rows + ((size_t)r->v + first) * hd,
+                       nr * hd * sizeof(float));
+            }
+    return r->blk;
+}
+
 cg_status cg_tiers_store(cg_tiers *t, const cg_key *key, cg_kv *src, uint32_t v, uint32_t n,
                          uint64_t now, cg_pool_evictions *ev, cg_pool_chunk **out)
 {
@@ -552,6 +579,15 @@ cg_status cg_tiers_store(cg_tiers *t, const cg_key *key, cg_kv *src, uint32_t v,
     cg_pool_chunk *c = NULL;
     *out = NULL;
     cg_status st = cg_pool_insert(t->pool, key, n, now, &c, ev);
+    if (st == CG_E_FULL && t->wb && n > 0) {
+        /* RAM cannot keep it (too large, or full of referenced chunks), but the disk tier may
+         * have room: queue it from the request's rows, so a computed chunk is never lost only
+         * because RAM was busy. */
+        rows_src rs = {t, src, v, n, cg_malloc(t->block_bytes)};
+        cg_status wst = cg_diskwb_put(t->wb, key, n, rows_block, &rs, cg_now_ms());
+        (void)wst; /* CG_E_FULL: counted in the write-behind's drops */
+        free(rs.blk);
+    }
     if (st != CG_OK) return st;
     /* The rows past n in the last block are never read, but the disk tier writes and
      * checksums whole blocks: zero them so no stale bytes of an evicted chunk (or never

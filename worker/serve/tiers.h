@@ -102,8 +102,9 @@ void cg_tiers_drop(cg_tiers *t, cg_cached *c, uint64_t now);
 
 /* Stores rows [v, v+n) of src as a new published chunk; returns it referenced. It is queued for
  * the remote tier and the disk write-behind too (never waiting for either; a full queue drops
- * that copy and counts it). CG_E_FULL or CG_E_CONFLICT: nothing stored (the caller uses its
- * rows unstored). */
+ * that copy and counts it). CG_E_FULL: RAM could not keep it; with a disk write-behind the
+ * rows are queued for the disk tier all the same (the caller uses its rows unstored).
+ * CG_E_CONFLICT: nothing stored. */
 cg_status cg_tiers_store(cg_tiers *t, const cg_key *key, cg_kv *src, uint32_t v, uint32_t n,
                          uint64_t now, cg_pool_evictions *ev, cg_pool_chunk **out) CG_WUR;
 
