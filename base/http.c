@@ -83,6 +83,9 @@ struct cg_stream {
     int poked;      /* heartbeat requested */
     int suspended;  /* the connection is suspended waiting for bytes */
     int want_drain; /* a non-blocking producer found the queue full */
+    int stall_ms;   /* cg_stream_set_stall_timeout: 0 = a push waits for the reader forever */
+    int stalled;    /* cut because the reader read nothing for stall_ms */
+    int fd;         /* the connection's socket while the reply is live, else -1 */
     void (*notify)(void *arg, int gone);
     void *notify_arg;
     struct MHD_Connection *conn;
@@ -187,6 +190,7 @@ cg_stream *cg_stream_new(size_t max_buffered, const char *heartbeat)
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->refs = 1;
+    s->fd = -1;
     s->max = max_buffered ? max_buffered : (1u << 20);
     s->heartbeat = heartbeat ? cg_strdup(heartbeat) : NULL;
     return s;
@@ -287,6 +291,46 @@ void cg_stream_set_notify(cg_stream *s, void (*fn)(void *arg, int gone), void *a
     pthread_mutex_unlock(&s->mu);
 }
 
+void cg_stream_set_stall_timeout(cg_stream *s, int stall_ms)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stall_ms = stall_ms > 0 ? stall_ms : 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int cg_stream_stalled(cg_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int v = s->stalled;
+    pthread_mutex_unlock(&s->mu);
+    return v;
+}
+
+/* Waits on s->cv for the reader, at most stall_ms when one is set; 1 when that time passed
+ * without the reader taking a byte (then the stream is cut: marked gone, and its connection
+ * shut down, since a client that reads nothing never lets the server write its end).
+ * Caller holds s->mu. */
+static int stream_wait_reader_locked(cg_stream *s)
+{
+    if (!s->stall_ms) {
+        pthread_cond_wait(&s->cv, &s->mu);
+        return 0;
+    }
+    const size_t len0 = s->len, head0 = s->head;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)s->stall_ms * 1000000ull;
+    ts.tv_sec += (time_t)(ns / 1000000000ull);
+    ts.tv_nsec = (long)(ns % 1000000000ull);
+    while (!s->gone && s->len == len0 && s->head == head0)
+        if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT) break;
+    if (s->gone || s->len != len0 || s->head != head0) return 0;
+    s->stalled = 1;
+    if (s->fd >= 0) shutdown(s->fd, SHUT_RDWR);
+    stream_gone_locked(s);
+    return 1;
+}
+
 int cg_stream_push(cg_stream *s, const void *data, size_t len)
 {
     const char *p = data;
@@ -295,7 +339,7 @@ int cg_stream_push(cg_stream *s, const void *data, size_t len)
         if (s->gone) break;
         if (s->len >= s->max) { /* slow client: wait for the reader to drain */
             stream_wake_locked(s);
-            pthread_cond_wait(&s->cv, &s->mu);
+            if (stream_wait_reader_locked(s)) break;
             continue;
         }
         size_t n = CG_MIN(len, s->max - s->len);
@@ -948,6 +992,7 @@ void cg_http_reply_stream(cg_http_req *r, int status, const char *content_type, 
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     pthread_mutex_lock(&s->mu);
     s->conn = r->conn;
+    s->fd = r->cs ? r->cs->fd : -1;
     s->srv = srv;
     pthread_mutex_unlock(&s->mu);
     r->stream = cg_stream_ref(s);
@@ -1365,6 +1410,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         pthread_mutex_unlock(&srv->mu);
         pthread_mutex_lock(&s->mu);
         s->conn = NULL;
+        s->fd = -1;
         s->suspended = 0;
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK || !s->closed) stream_gone_locked(s);
         pthread_cond_broadcast(&s->cv);

@@ -202,6 +202,12 @@ void cg_stream_unref(cg_stream **s);
 /* Queues bytes. Blocks while the buffer is full. Returns 0, or -1 once the client is gone
  * (the producer should then cancel its upstream work). */
 int cg_stream_push(cg_stream *s, const void *data, size_t len);
+/* Bounds how long cg_stream_push waits for a reader that takes nothing: once stall_ms pass
+ * with the buffer full and not one byte read, the stream is cut (the connection is shut down,
+ * the client counts as gone) and the push returns -1. 0 (the default) waits forever. */
+void cg_stream_set_stall_timeout(cg_stream *s, int stall_ms);
+/* 1 when the stream was cut by the stall timeout. */
+int cg_stream_stalled(cg_stream *s);
 /* Marks the end: the reply completes once the queued bytes are sent. */
 void cg_stream_close(cg_stream *s);
 /* 1 once the client is gone or the server is stopping. */

@@ -2,13 +2,18 @@
  * chunkgate-worker and a real gateway. Concurrent answers equal the same requests run alone;
  * over --max-running + --max-queue the worker sheds with 429 + Retry-After and every other
  * request succeeds; the gateway sends a request a busy worker refused to another worker, and
- * passes the 429 on when all are busy; a client that disconnects frees its sequence; 64
+ * passes the 429 on when all are busy; a client that disconnects frees its sequence; clients
+ * that never read hold no place among --max-running and are cut after --stream-stall-ms; 64
  * clients for CG_SOAK_SECONDS (default 60) neither deadlock nor leak. */
 #include <check.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "tests/harness/harness.h"
@@ -213,6 +218,85 @@ START_TEST(disconnect_frees_sequence)
 }
 END_TEST
 
+/* A streaming client with a small receive buffer that never reads: connected to port, its
+ * request sent; returns the socket. */
+static int stalled_stream(int port, int max_tokens)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    int small = 4096;
+    ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    /* top logprobs make each event large, so the socket buffers fill within seconds */
+    json_t *j = json_pack("{s:s, s:i, s:f, s:b, s:i}", "prompt", "Plain prompt about the harbour",
+                          "max_tokens", max_tokens, "temperature", 0.0, "stream", 1, "logprobs", 20);
+    char *b = th_dumps(j);
+    char head[256];
+    int hl = snprintf(head, sizeof head,
+                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      "application/json\r\nContent-Length: %zu\r\n\r\n",
+                      strlen(b));
+    ck_assert_int_eq(th_send_all(fd, head, (size_t)hl), 0);
+    ck_assert_int_eq(th_send_all(fd, b, strlen(b)), 0);
+    free(b);
+    return fd;
+}
+
+/* --max-running streaming clients that never read must not hold the running set: their
+ * sequences are parked once they fall behind, a plain completion is served at once, and the
+ * streams are cut after --stream-stall-ms without a read. */
+START_TEST(slow_readers_hold_no_slot)
+{
+    enum { N = 2 };
+    th_proc w;
+    const char *args[] = {"--max-running", "2", "--max-queue", "8", "--stream-stall-ms", "8000",
+                          NULL};
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "slow", args), 0);
+    int fds[N];
+    for (int i = 0; i < N; i++)
+        fds[i] = stalled_stream(w.port, 30000);
+    /* wait until their buffers are full: decoding stops */
+    double last = -1;
+    int still = 0;
+    for (int t = 0; t < 600 && still < 5; t++) {
+        th_sleep_ms(100);
+        double rows = th_counter(w.port, "chunkgate_worker_decode_rows_total");
+        still = rows > 0 && rows == last ? still + 1 : 0;
+        last = rows;
+    }
+    ck_assert_msg(still >= 5, "the stalled streams kept decoding");
+    /* a plain completion is served while the slow readers are still connected */
+    char *b = body_of(2, 8, 0);
+    th_resp r;
+    th_send(&r, w.port, &(th_req){.path = "/v1/completions", .body = b, .timeout_s = 4});
+    free(b);
+    ck_assert_msg(r.status == 200, "a completion behind %d slow readers: status %ld (curl %d)", N,
+                  r.status, (int)r.rc);
+    th_resp_free(&r);
+    ck_assert_double_eq(th_metric(w.port, "chunkgate_worker_sequences_parked"), N);
+    ck_assert_double_eq(th_metric(w.port, "chunkgate_worker_sequences_running"), 0);
+    /* without a read for --stream-stall-ms the streams are cut and everything is freed */
+    int freed = 0;
+    for (int t = 0; t < 300 && !freed; t++) {
+        freed = th_metric(w.port, "chunkgate_worker_requests_admitted") == 0 &&
+                th_metric(w.port, "chunkgate_worker_sequences_parked") == 0;
+        if (!freed) th_sleep_ms(100);
+    }
+    ck_assert_msg(freed, "stalled streams still admitted after the stall timeout");
+    ck_assert_double_eq(th_counter(w.port, "chunkgate_worker_stream_stalls_total"), N);
+    for (int i = 0; i < N; i++) {
+        int closed = 0;
+        char *got = th_recv(fds[i], 10000, 64u << 20, &closed);
+        ck_assert_msg(closed, "a cut stream's connection is still open");
+        free(got);
+        close(fds[i]);
+    }
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
 /* 64 clients for CG_SOAK_SECONDS through the gateway: every answer is 200 or a clean 429;
  * nothing hangs; afterwards nothing is running or admitted. */
 typedef struct soak {
@@ -306,7 +390,8 @@ int main(void)
     }
     failed = th_run_suite("concurrency", "processes", 400, (th_fixture){0}, CK_NOFORK,
                           TH_TESTS(concurrent_equals_alone, shedding, gateway_routes_around_busy,
-                                   disconnect_frees_sequence, soak_64_clients));
+                                   disconnect_frees_sequence, slow_readers_hold_no_slot,
+                                   soak_64_clients));
 out:
     th_stop_clean(&gw, "chunkgate");
     th_stop_clean(&wk, "worker");

@@ -24,6 +24,7 @@ struct cg_worker_api {
     int64_t started_ms;   /* wall clock at start */
     int pulls;            /* KV pulls in flight (atomic) */
     cg_canary *canary;    /* the quality canary (api_canary.h) */
+    uint64_t stream_stalls; /* streams cut for a reader that read nothing (atomic) */
 };
 
 const cg_model_config *cg_api_cfg(cg_worker_api *a);

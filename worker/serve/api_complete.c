@@ -422,6 +422,7 @@ typedef struct gen {
     int admitted; /* holds an admission (cg_engine_admit) */
     int chat;     /* answer in the chat.completion shapes */
     int chunks;   /* chunks streamed so far (a chat stream's first carries the role) */
+    int stall_counted; /* the stall cut was counted */
 } gen;
 
 static void gen_free(gen *g)
@@ -511,6 +512,12 @@ static int push_event(gen *g, json_t *j)
     cg_status st = cg_buf_printf(&b, "data: %s\n\n", text);
     (void)st;
     int rc = cg_stream_push(g->s, b.data, b.len);
+    if (rc != 0 && cg_stream_stalled(g->s) && !g->stall_counted) {
+        g->stall_counted = 1;
+        __atomic_add_fetch(&g->a->stream_stalls, 1, __ATOMIC_RELAXED);
+        cg_log(CG_LOG_WARN, "stream cut: its client read nothing for %d ms",
+               g->a->p.stream_stall_ms);
+    }
     cg_buf_free(&b);
     free(text);
     return rc;
@@ -520,6 +527,7 @@ static void stream_start(gen *g)
 {
     if (g->s) return;
     g->s = cg_stream_new(STREAM_BUFFER, ": keep-alive\n\n");
+    cg_stream_set_stall_timeout(g->s, g->a->p.stream_stall_ms);
     cg_http_reply_stream(g->req, 200, "text/event-stream", g->s);
     g->req = NULL; /* replied: the request is the server's now */
 }

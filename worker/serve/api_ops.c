@@ -243,6 +243,15 @@ void cg_api_metrics(cg_http_req *req, void *app)
               (double)live);
     cg_sched_stats ss = cg_engine_sched_stats(a->e);
     set_gauge(m, P "sequences_running", "Sequences in the decoding batch", (double)ss.running);
+    set_gauge(m, P "sequences_parked",
+              "Decoding sequences held for a slow reader, outside the decoding batch",
+              (double)ss.parked);
+    set_counter(m, P "sequences_parked_total",
+                "Times a sequence left the decoding batch because its reader fell behind",
+                ss.parked_total);
+    set_counter(m, P "stream_stalls_total",
+                "Streams cut because their client read nothing for --stream-stall-ms",
+                __atomic_load_n(&a->stream_stalls, __ATOMIC_RELAXED));
     set_gauge(m, P "requests_admitted",
               "Assemble and completion requests in the worker (running and waiting)",
               (double)ss.admitted);

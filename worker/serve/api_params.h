@@ -40,6 +40,9 @@ typedef struct cg_worker_api_params {
                                compared with a plain causal forward in the background; 0.01 */
     uint32_t canary_tokens; /* generated tokens a comparison covers (teacher forcing); 16 */
     uint32_t canary_queue;  /* sampled comparisons waiting; more are dropped; default 4 */
+    /* A streamed completion whose client reads nothing for this long, with the stream's buffer
+     * full, is cut (its decode was parked meanwhile: worker/serve/sched.h); default 30000 ms */
+    int stream_stall_ms;
 } cg_worker_api_params;
 
 #endif

@@ -102,6 +102,7 @@ typedef struct serve_cfg {
     double canary_rate;
     long long canary_tokens;
     long long canary_queue;
+    long long stream_stall_ms;
     long long canary_chunk;
     int log_level; /* cg_log_level */
     int key_hash;  /* cg_key_hash */
@@ -185,7 +186,12 @@ static const cg_cfg_opt serve_opts[] = {
         "threads for blocking handlers; a decoding request holds one (keep it at least "
         "--max-running + --max-queue)"),
     OPT("max-running", "CHUNKGATE_WORKER_MAX_RUNNING", CG_CFG_INT, max_running, "16", 1, 1024,
-        "decoding sequences stepped together (continuous batching)"),
+        "decoding sequences stepped together (continuous batching); a stream whose client "
+        "falls 64 tokens behind is parked outside them, so slow readers never hold these places"),
+    OPT("stream-stall-ms", "CHUNKGATE_WORKER_STREAM_STALL_MS", CG_CFG_INT, stream_stall_ms,
+        "30000", 100, 86400000,
+        "a streamed completion whose client reads nothing for this long (its buffer full) is "
+        "cut and its sequence freed"),
     OPT("max-queue", "CHUNKGATE_WORKER_MAX_QUEUE", CG_CFG_INT, max_queue, "48", 0, 1 << 20,
         "admitted requests beyond --max-running; one more assemble or completion is answered 429 "
         "with Retry-After"),
@@ -519,6 +525,7 @@ static int open_api(const serve_cfg *c, parts *w)
     ap.canary_rate = c->canary_rate;
     ap.canary_tokens = (uint32_t)c->canary_tokens;
     ap.canary_queue = (uint32_t)c->canary_queue;
+    ap.stream_stall_ms = (int)c->stream_stall_ms;
     ap.chat = w->chat;
     ap.remote_url = c->remote;
     ap.remote_id = c->remote_id;

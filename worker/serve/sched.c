@@ -11,8 +11,11 @@
 #include "base/metrics.h"
 
 /* Tokens a sequence may have sampled and not yet handed to its owner. The scheduler stops
- * stepping a sequence whose owner is this far behind (a slow client), instead of buffering. */
+ * stepping a sequence whose owner is this far behind (a slow client), instead of buffering:
+ * it parks it (out of the running set, its KV kept by its owner) so that it holds no place
+ * among max_running, and queues it to join again once its owner has read half of them. */
 #define REC_RING 64u
+#define REC_RESUME (REC_RING / 2)
 
 /* The scheduler's side of a decoding sequence (guarded by the scheduler's lock). */
 struct cg_dseq_sync {
@@ -20,6 +23,7 @@ struct cg_dseq_sync {
     uint32_t head, count; /* records not yet read */
     cg_dseq_state state;
     int cancel, left, joined;
+    int parked; /* on the parked list: no place in the running set until its owner reads */
     uint32_t generated;
     int32_t last; /* the last token sampled: the next decode row */
     uint64_t join_ns;
@@ -48,6 +52,8 @@ struct cg_sched {
     cg_dseq **run;          /* the decoding set, max_running entries */
     uint32_t n_run;
     cg_dseq *wait_head, *wait_tail; /* joined, waiting for a place */
+    cg_dseq *parked;                /* held for a slow owner (linked by next_wait) */
+    uint32_t n_parked;
     pjob *pq_head, *pq_tail;        /* prefill queue, FIFO */
     pjob *iq_head, *iq_tail;        /* background queue, FIFO: runs only when idle */
     int idle_stopped;               /* cg_sched_stop_idle: background jobs fail */
@@ -138,6 +144,44 @@ static void admit_joiners(cg_sched *s)
     }
 }
 
+/* Appends d to the join queue (under mu). */
+static void enqueue_waiting(cg_sched *s, cg_dseq *d)
+{
+    d->sync->next_wait = NULL;
+    d->sync->join_ns = cg_now_ns();
+    if (s->wait_tail)
+        s->wait_tail->sync->next_wait = d;
+    else
+        s->wait_head = d;
+    s->wait_tail = d;
+}
+
+/* Moves d, whose owner is REC_RING tokens behind, from the running set to the parked list
+ * (under mu; the caller removes it from run). */
+static void park(cg_sched *s, cg_dseq *d)
+{
+    d->sync->joined = 0;
+    d->sync->parked = 1;
+    d->sync->next_wait = s->parked;
+    s->parked = d;
+    s->n_parked++;
+    s->stats.parked_total++;
+}
+
+/* Removes d from the parked list (under mu); 1 when it was there. */
+static int unpark(cg_sched *s, cg_dseq *d)
+{
+    if (!d->sync->parked) return 0;
+    cg_dseq **pp = &s->parked;
+    while (*pp && *pp != d)
+        pp = &(*pp)->sync->next_wait;
+    if (*pp) *pp = d->sync->next_wait;
+    d->sync->next_wait = NULL;
+    d->sync->parked = 0;
+    s->n_parked--;
+    return 1;
+}
+
 /* Drops ended and cancelled sequences from the set and wakes their owners (under mu). */
 static void drop_ended(cg_sched *s)
 {
@@ -164,9 +208,14 @@ static void decode_step(cg_sched *s)
     drop_ended(s);
     size_t n = 0;
     cg_dseq *step[s->p.max_running > 0 ? s->p.max_running : 1];
+    uint32_t kept = 0;
     for (uint32_t i = 0; i < s->n_run; i++) {
         cg_dseq *d = s->run[i];
-        if (d->sync->count >= REC_RING) continue; /* its owner is behind: wait */
+        if (d->sync->count >= REC_RING && !d->sync->cancel) {
+            park(s, d); /* its owner is behind: give its place to another */
+            continue;
+        }
+        s->run[kept++] = d;
         int more = sample_one(s, d);
         pthread_cond_broadcast(&d->sync->cv);
         if (more) {
@@ -174,6 +223,7 @@ static void decode_step(cg_sched *s)
             step[n++] = d;
         }
     }
+    s->n_run = kept;
     drop_ended(s);
     pthread_mutex_unlock(&s->mu);
     if (!n) return;
@@ -440,13 +490,8 @@ void cg_sched_join(cg_sched *s, cg_dseq *d)
     d->sync = cg_calloc(1, sizeof *d->sync);
     pthread_cond_init(&d->sync->cv, NULL);
     d->sync->state = CG_DSEQ_RUNNING;
-    d->sync->join_ns = cg_now_ns();
     pthread_mutex_lock(&s->mu);
-    if (s->wait_tail)
-        s->wait_tail->sync->next_wait = d;
-    else
-        s->wait_head = d;
-    s->wait_tail = d;
+    enqueue_waiting(s, d);
     __atomic_store_n(&s->interrupt, 1, __ATOMIC_RELEASE);
     pthread_cond_signal(&s->work_cv);
     pthread_mutex_unlock(&s->mu);
@@ -464,7 +509,9 @@ int cg_sched_next(cg_sched *s, cg_dseq *d, cg_tok_rec *rec, cg_dseq_state *state
         y->head = (y->head + 1) % REC_RING;
         y->count--;
         got = 1;
-        pthread_cond_signal(&s->work_cv); /* a sequence held back for its owner may go on */
+        /* a sequence parked for its owner joins again once half its records are read */
+        if (y->count <= REC_RESUME && !y->cancel && unpark(s, d)) enqueue_waiting(s, d);
+        pthread_cond_signal(&s->work_cv);
     }
     *state = y->state;
     pthread_mutex_unlock(&s->mu);
@@ -475,6 +522,11 @@ void cg_sched_cancel(cg_sched *s, cg_dseq *d)
 {
     pthread_mutex_lock(&s->mu);
     d->sync->cancel = 1;
+    if (unpark(s, d)) { /* no step will drop it: it ends here */
+        if (d->sync->state == CG_DSEQ_RUNNING) d->sync->state = CG_DSEQ_CANCELLED;
+        d->sync->left = 1;
+        pthread_cond_broadcast(&d->sync->cv);
+    }
     pthread_cond_signal(&s->work_cv);
     pthread_mutex_unlock(&s->mu);
 }
@@ -501,7 +553,10 @@ void cg_sched_leave(cg_sched *s, cg_dseq *d)
     if (!y) return;
     pthread_mutex_lock(&s->mu);
     y->cancel = 1;
-    if (!y->joined) unlink_waiting(s, d);
+    if (unpark(s, d))
+        y->left = 1;
+    else if (!y->joined)
+        unlink_waiting(s, d);
     pthread_cond_signal(&s->work_cv);
     while (!y->left)
         pthread_cond_wait(&y->cv, &s->mu);
@@ -515,6 +570,7 @@ cg_sched_stats cg_sched_get_stats(cg_sched *s)
     pthread_mutex_lock(&s->mu);
     cg_sched_stats st = s->stats;
     st.running = s->n_run;
+    st.parked = s->n_parked;
     st.admitted = s->admitted;
     pthread_mutex_unlock(&s->mu);
     return st;

@@ -109,7 +109,10 @@ typedef struct cg_dseq {
     struct cg_dseq_sync *sync; /* the scheduler's; opaque */
 } cg_dseq;
 
-/* Joins d to the decoding set, waiting for a place among max_running. */
+/* Joins d to the decoding set, waiting for a place among max_running. A sequence whose owner
+ * has not read its last 64 tokens (a slow client) is parked: it leaves the running set,
+ * keeping its KV and its place in the admitted count, so others may run, and joins the queue
+ * again once its owner has read half of them. */
 void cg_sched_join(cg_sched *s, cg_dseq *d);
 /* Waits for d's next token: 1 with *rec filled, or 0 once d has ended (then *state says how,
  * and every token was delivered). */
@@ -129,7 +132,9 @@ typedef struct cg_sched_stats {
     uint64_t idle_pieces;    /* background pieces run to the end */
     uint64_t idle_rows;
     uint64_t idle_interrupts; /* background pieces stopped for live work (run again) */
+    uint64_t parked_total;   /* sequences parked because their owner fell behind */
     uint32_t running, admitted, prefill_waiting; /* now */
+    uint32_t parked; /* now: held for a slow owner, outside the running set */
     uint32_t idle_waiting;                       /* background jobs queued now */
 } cg_sched_stats;
 cg_sched_stats cg_sched_get_stats(cg_sched *s);

@@ -25,6 +25,7 @@ cg_worker_api_params cg_worker_api_default_params(void)
         .canary_rate = 0.01,
         .canary_tokens = 16,
         .canary_queue = 4,
+        .stream_stall_ms = 30000,
     };
 }
 
