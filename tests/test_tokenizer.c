@@ -14,7 +14,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+#include <utf8proc.h>
 
 #include "tests/harness/harness.h"
 #include "base/base.h"
@@ -789,6 +791,104 @@ START_TEST(test_real_files)
 }
 END_TEST
 
+/* cg_unicode_normalize equals utf8proc's own normalization (exact for short runs of marks) on
+ * seeded random texts of letters, combining marks of several classes, Hangul and compatibility
+ * characters, in all four forms. */
+START_TEST(test_normalize_exact)
+{
+    static const int32_t pool[] = {
+        'a',    'e',    'o',    'A',    ' ',    0x00E9, 0x0301, 0x0316, 0x0323, 0x0327, 0x030A,
+        0x0345, 0x05B0, 0x0F71, 0x1100, 0x1161, 0x11A8, 0xAC00, 0xFB01, 0x2460, 0xFF21, 0x212B,
+        0x1E0A, 0x0387, 0x3099, 0x304B, 0x0300, 0x034F, 0x1F600};
+    static const utf8proc_option_t opts[] = {
+        UTF8PROC_STABLE | UTF8PROC_COMPOSE, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE,
+        UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT,
+        UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT};
+    static const cg_nf forms[] = {CG_NF_C, CG_NF_D, CG_NF_KC, CG_NF_KD};
+    uint64_t rng = 19;
+    for (int it = 0; it < 3000; it++) {
+        char text[256];
+        size_t n = 0, len = 1 + th_splitmix64(&rng) % 40;
+        for (size_t i = 0; i < len; i++)
+            n += (size_t)utf8proc_encode_char(pool[th_splitmix64(&rng) % CG_ARRAY_LEN(pool)],
+                                              (utf8proc_uint8_t *)text + n);
+        for (size_t f = 0; f < CG_ARRAY_LEN(forms); f++) {
+            utf8proc_uint8_t *want = NULL;
+            utf8proc_ssize_t wn =
+                utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)n, &want, opts[f]);
+            ck_assert_int_ge(wn, 0);
+            cg_buf got;
+            cg_buf_init(&got, 0);
+            ck_assert_int_eq(cg_unicode_normalize(text, n, forms[f], &got), CG_OK);
+            ck_assert_msg(got.len == (size_t)wn && !memcmp(got.data, want, got.len),
+                          "form %zu of text %d differs from utf8proc", f, it);
+            cg_buf_free(&got);
+            free(want);
+        }
+    }
+}
+END_TEST
+
+/* 'a' followed by pairs alternating U+0301 (class 230) and U+0316 (class 220), as UTF-8. */
+static char *mark_pairs(size_t pairs, size_t *n)
+{
+    char *s = cg_malloc(1 + 4 * pairs);
+    s[0] = 'a';
+    for (size_t i = 0; i < pairs; i++)
+        memcpy(s + 1 + 4 * i, "\xcc\x81\xcc\x96", 4);
+    *n = 1 + 4 * pairs;
+    return s;
+}
+
+/* The thread's CPU seconds to encode pairs with t: the least of three runs. */
+static double encode_cpu(const cg_tokenizer *t, size_t pairs)
+{
+    size_t n;
+    char *s = mark_pairs(pairs, &n);
+    double best = 1e9;
+    for (int r = 0; r < 3; r++) {
+        struct timespec a, b;
+        cg_tokens tk = {0};
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+        ck_assert_int_eq(cg_tokenizer_encode(t, s, n, 0, &tk), CG_OK);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+        ck_assert_uint_gt(tk.n, 0);
+        cg_tokens_free(&tk);
+        double d = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+        if (d < best) best = d;
+    }
+    free(s);
+    return best;
+}
+
+/* A long run of combining marks costs time linear in its length (quadratic before: 80k pairs
+ * took 72 s), and is normalized exactly: the marks sorted by class (all U+0316 first), then
+ * 'a' + U+0301 composed to U+00E1 (U+0316, of a lower class, does not block it). */
+START_TEST(test_normalize_long_runs)
+{
+    size_t n;
+    char *s = mark_pairs(80000, &n);
+    cg_buf got;
+    cg_buf_init(&got, 0);
+    ck_assert_int_eq(cg_unicode_normalize(s, n, CG_NF_C, &got), CG_OK);
+    ck_assert_uint_eq(got.len, 2 + 2 * 80000 + 2 * 79999);
+    ck_assert_mem_eq(got.data, "\xc3\xa1", 2);
+    for (size_t i = 0; i < 80000; i++)
+        ck_assert_mem_eq(got.data + 2 + 2 * i, "\xcc\x96", 2);
+    for (size_t i = 0; i < 79999; i++)
+        ck_assert_mem_eq(got.data + 2 + 2 * 80000 + 2 * i, "\xcc\x81", 2);
+    cg_buf_free(&got);
+    free(s);
+    /* through an NFC tokenizer: four times the marks cost about four times the time (eight
+     * leaves room for a loaded machine; quadratic time gives sixteen) */
+    cg_tokenizer *t = open_fixture("bl");
+    double small = encode_cpu(t, 10000), big = encode_cpu(t, 40000);
+    ck_assert_msg(big < 8 * small + 0.01, "40k pairs %.4f s, 10k pairs %.4f s: not linear", big,
+                  small);
+    cg_tokenizer_free(&t);
+}
+END_TEST
+
 /* Runs tokenize.mjs; returns 0 with g_ref set, or 77 after printing why it is skipped. */
 static int load_reference(void)
 {
@@ -838,7 +938,8 @@ int main(int argc, char **argv)
         failed = th_run_tests("tokenizer", "core", 240,
                               TH_TESTS(test_bytes, test_cases_vs_tokenizers, test_hand_checked,
                                        test_invalid_utf8_and_caps, test_malformed_refused,
-                                       test_config_template, test_threads));
+                                       test_config_template, test_threads, test_normalize_exact,
+                                       test_normalize_long_runs));
     }
     json_decref(g_ref);
     return failed;

@@ -837,6 +837,109 @@ static unsigned char max_lead(const char *s, size_t n)
     return m;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts each run of non-starters of b[0..n) by canonical combining class, stably (the
+ * Canonical Ordering Algorithm). utf8proc's own reordering swaps neighbours, which costs time
+ * quadratic in a run's length (an 'a' followed by 80k alternating U+0301 U+0316); this costs
+ * O(m log m) per run of m, so a hostile prompt costs what its length does. */
+static void canonical_order(utf8proc_int32_t *b, size_t n)
+{
+    uint64_t *keys = NULL;
+    size_t keys_cap = 0;
+    for (size_t i = 0; i < n;) {
+        if (!utf8proc_get_property(b[i])->combining_class) {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j < n && utf8proc_get_property(b[j])->combining_class)
+            j++;
+        const size_t m = j - i;
+        if (m <= 32) { /* the usual case: a stable insertion sort */
+            for (size_t k = i + 1; k < j; k++) {
+                utf8proc_int32_t x = b[k];
+                int cx = utf8proc_get_property(x)->combining_class;
+                size_t q = k;
+                while (q > i && utf8proc_get_property(b[q - 1])->combining_class > cx) {
+                    b[q] = b[q - 1];
+                    q--;
+                }
+                b[q] = x;
+            }
+        } else { /* class, then position: unique keys, so any sort is stable */
+            if (m > keys_cap) {
+                keys_cap = m;
+                keys = cg_realloc(keys, keys_cap * sizeof *keys);
+            }
+            for (size_t k = 0; k < m; k++)
+                keys[k] = (uint64_t)utf8proc_get_property(b[i + k])->combining_class << 56 |
+                          (uint64_t)k << 21 | (uint64_t)b[i + k];
+            qsort(keys, m, sizeof *keys, cmp_u64);
+            for (size_t k = 0; k < m; k++)
+                b[i + k] = (utf8proc_int32_t)(keys[k] & 0x1FFFFF);
+        }
+        i = j;
+    }
+    free(keys);
+}
+
+cg_status cg_unicode_normalize(const char *s, size_t n, cg_nf form, cg_buf *out)
+{
+    const int compose = form == CG_NF_C || form == CG_NF_KC;
+    utf8proc_option_t opt = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE;
+    if (form == CG_NF_KC || form == CG_NF_KD) opt |= UTF8PROC_COMPAT;
+    size_t cap = n + 16, len = 0;
+    utf8proc_int32_t *b = cg_malloc(cap * sizeof *b);
+    cg_status st = CG_OK;
+    for (size_t i = 0; i < n;) {
+        utf8proc_int32_t uc;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i,
+                                              (utf8proc_ssize_t)(n - i), &uc);
+        if (k <= 0) {
+            st = CG_E_UTF8;
+            goto out;
+        }
+        i += (size_t)k;
+        for (;;) { /* decomposition only: the reordering is canonical_order's */
+            utf8proc_ssize_t w = utf8proc_decompose_char(uc, b + len, (utf8proc_ssize_t)(cap - len),
+                                                         opt, NULL);
+            if (w < 0) {
+                st = CG_E_INTERNAL;
+                goto out;
+            }
+            if ((size_t)w <= cap - len) {
+                len += (size_t)w;
+                break;
+            }
+            cap = 2 * cap + (size_t)w;
+            b = cg_realloc(b, cap * sizeof *b);
+        }
+    }
+    canonical_order(b, len);
+    if (compose) {
+        utf8proc_ssize_t r = utf8proc_normalize_utf32(b, (utf8proc_ssize_t)len,
+                                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (r < 0) {
+            st = CG_E_INTERNAL;
+            goto out;
+        }
+        len = (size_t)r;
+    }
+    for (size_t i = 0; i < len; i++) {
+        utf8proc_uint8_t u[4];
+        utf8proc_ssize_t w = utf8proc_encode_char(b[i], u);
+        if ((st = cg_buf_append(out, u, (size_t)w)) != CG_OK) goto out;
+    }
+out:
+    free(b);
+    return st;
+}
+
 /* Normalizes s[0..n) into c->norm. Returns -1 on a regex engine error. */
 static int normalize(ectx *c, const char *s, size_t n)
 {
@@ -854,16 +957,14 @@ static int normalize(ectx *c, const char *s, size_t n)
         case NZ_NFKD: {
             unsigned char ml = max_lead(cur->p, cur->n);
             if (ml < 0x80 || (ml < 0xCC && z->kind == NZ_NFC)) continue;
-            int opt = UTF8PROC_STABLE;
-            opt |=
-                (z->kind == NZ_NFC || z->kind == NZ_NFKC) ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
-            if (z->kind == NZ_NFKC || z->kind == NZ_NFKD) opt |= UTF8PROC_COMPAT;
-            utf8proc_uint8_t *d = NULL;
-            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)cur->p,
-                                              (utf8proc_ssize_t)cur->n, &d, (utf8proc_option_t)opt);
-            if (r < 0) return -1;
-            sb_add(tmp, d, (size_t)r);
-            free(d);
+            static const cg_nf form[] = {[NZ_NFC] = CG_NF_C, [NZ_NFD] = CG_NF_D,
+                                         [NZ_NFKC] = CG_NF_KC, [NZ_NFKD] = CG_NF_KD};
+            cg_buf d;
+            cg_buf_init(&d, 0);
+            cg_status st = cg_unicode_normalize(cur->p, cur->n, form[z->kind], &d);
+            if (st == CG_OK) sb_add(tmp, d.data, d.len);
+            cg_buf_free(&d);
+            if (st != CG_OK) return -1;
             break;
         }
         case NZ_PREPEND:

@@ -55,6 +55,16 @@ cg_status cg_tokenizer_new(const char *path, cg_tokenizer **out, char *err, size
 cg_status cg_tokenizer_new_bytes(int32_t bos_id, int32_t eos_id, cg_tokenizer **out, char *err,
                                  size_t errlen) CG_WUR;
 
+/* Unicode normalization forms. */
+typedef enum { CG_NF_C, CG_NF_D, CG_NF_KC, CG_NF_KD } cg_nf;
+
+/* Appends s[0..n) (valid UTF-8) in normalization form form to out, exactly as Unicode defines
+ * it (what tokenizers' normalizers and String.prototype.normalize give), in time O(n log n):
+ * runs of combining marks of any length are reordered by a sort, not by swapping neighbours.
+ * CG_E_UTF8 for invalid UTF-8, CG_E_TOO_LARGE when out's cap is reached, CG_E_INTERNAL if
+ * utf8proc fails. */
+cg_status cg_unicode_normalize(const char *s, size_t n, cg_nf form, cg_buf *out) CG_WUR;
+
 /* Frees *t and sets it to NULL; accepts NULL. */
 void cg_tokenizer_free(cg_tokenizer **t);
 
