@@ -119,9 +119,12 @@ static void put_field(key_state *st, const void *p, size_t n)
     if (n) ks_update(st, p, n);
 }
 
-cg_key cg_key_compute_with(cg_key_hash h, const char *model, size_t model_len, cg_mode mode,
-                           const char *salt, size_t salt_len, const cg_key *sys_key,
-                           const char *text, size_t text_len)
+/* The key, with field 5 (the system context of a sys-mode chunk) being sys_key's 16 bytes,
+ * followed by one byte 0x00 when sys_no_bos (the system segment was tokenized without BOS, so
+ * the chunk's KV was computed after other tokens). */
+static cg_key key_compute(cg_key_hash h, const char *model, size_t model_len, cg_mode mode,
+                          const char *salt, size_t salt_len, const cg_key *sys_key, int sys_no_bos,
+                          const char *text, size_t text_len)
 {
     key_state st;
     const char *mode_name = cg_mode_name(mode);
@@ -140,9 +143,12 @@ cg_key cg_key_compute_with(cg_key_hash h, const char *model, size_t model_len, c
     put_field(&st, mode_name, strlen(mode_name));
     put_field(&st, salt, salt_len);
     /* Only mode sys ties a chunk to its system segment; a strict key must not depend on it. */
-    if (mode == CG_MODE_SYS && sys_key)
-        put_field(&st, sys_key->b, sizeof sys_key->b);
-    else
+    if (mode == CG_MODE_SYS && sys_key) {
+        uint8_t ctx[sizeof sys_key->b + 1];
+        memcpy(ctx, sys_key->b, sizeof sys_key->b);
+        ctx[sizeof sys_key->b] = 0;
+        put_field(&st, ctx, sizeof sys_key->b + (sys_no_bos ? 1 : 0));
+    } else
         put_field(&st, NULL, 0);
     put_field(&st, text, text_len);
 
@@ -156,6 +162,13 @@ cg_key cg_key_compute_with(cg_key_hash h, const char *model, size_t model_len, c
         memcpy(k.b, canon.digest, sizeof k.b);
     }
     return k;
+}
+
+cg_key cg_key_compute_with(cg_key_hash h, const char *model, size_t model_len, cg_mode mode,
+                           const char *salt, size_t salt_len, const cg_key *sys_key,
+                           const char *text, size_t text_len)
+{
+    return key_compute(h, model, model_len, mode, salt, salt_len, sys_key, 0, text, text_len);
 }
 
 cg_key cg_key_compute(const char *model, size_t model_len, cg_mode mode, const char *salt,
@@ -205,7 +218,8 @@ void cg_key_request(const cg_key_scope *sc, const cg_key_seg *segs, size_t n, in
             continue;
         }
         const cg_key *sys_key = chain && i > 0 ? &keys[0] : NULL;
-        keys[i] = cg_key_compute(sc->model, sc->model_len, sc->mode, sc->salt,
-                                 sc->salt ? sc->salt_len : 0, sys_key, segs[i].text, segs[i].len);
+        keys[i] = key_compute(g_hash, sc->model, sc->model_len, sc->mode, sc->salt,
+                              sc->salt ? sc->salt_len : 0, sys_key, sc->sys_no_bos, segs[i].text,
+                              segs[i].len);
     }
 }

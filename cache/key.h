@@ -63,6 +63,9 @@ typedef struct cg_key_scope {
     cg_mode mode;
     const char *salt;
     size_t salt_len;
+    /* The system segment is tokenized without BOS (add_special_tokens: false). In mode sys a
+     * chunk's KV depends on it, so its key does too (README "Chunk key encoding", field 5). */
+    int sys_no_bos;
 } cg_key_scope;
 
 /* The keys of a request's segments, in prompt order: the one loop both programs run, so the

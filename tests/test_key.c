@@ -239,7 +239,7 @@ START_TEST(test_request_keys)
                          {CG_ROLE_QUESTION, "Why?", 4}};
     const cg_mode modes[] = {CG_MODE_STRICT, CG_MODE_SYS};
     for (int mi = 0; mi < 2; mi++) {
-        cg_key_scope sc = {m, strlen(m), modes[mi], salt, 1};
+        cg_key_scope sc = {m, strlen(m), modes[mi], salt, 1, 0};
         cg_key k[4], kq[4], zero;
         memset(&zero, 0, sizeof zero);
         cg_key_request(&sc, segs, 4, 0, k);
@@ -259,6 +259,45 @@ START_TEST(test_request_keys)
         cg_key_request(&sc, segs + 1, 2, 0, c);
         cg_key plain = cg_key_compute(m, strlen(m), modes[mi], salt, 1, NULL, "Doc B", 5);
         ck_assert(cg_key_equal(&c[1], &plain));
+    }
+}
+END_TEST
+
+/* In mode sys a chunk's KV depends on whether the system segment got BOS, so its key does:
+ * field 5 holds the system key followed by one byte 0x00 when the system segment is tokenized
+ * without BOS. The system segment's own key, strict keys and the BOS case are unchanged. */
+START_TEST(test_sys_no_bos)
+{
+    const char *m = "tiny-llama";
+    cg_key_seg segs[] = {{CG_ROLE_SYSTEM, "You are terse.", 14}, {CG_ROLE_CHUNK, "Doc A", 5}};
+    for (int mi = 0; mi < 2; mi++) {
+        const cg_mode mode = mi ? CG_MODE_SYS : CG_MODE_STRICT;
+        cg_key bos[2], nobos[2];
+        cg_key_request(&(cg_key_scope){m, strlen(m), mode, NULL, 0, 0}, segs, 2, 0, bos);
+        cg_key_request(&(cg_key_scope){m, strlen(m), mode, NULL, 0, 1}, segs, 2, 0, nobos);
+        ck_assert(cg_key_equal(&bos[0], &nobos[0]));
+        ck_assert_int_eq(cg_key_equal(&bos[1], &nobos[1]), mode == CG_MODE_STRICT);
+        if (mode == CG_MODE_STRICT) continue;
+        /* the encoding, byte for byte (README "Chunk key encoding") */
+        uint8_t enc[256];
+        size_t n = 0;
+        const struct {
+            const void *p;
+            size_t len;
+        } f[] = {{CG_KEY_VERSION, 16}, {m, strlen(m)}, {"sys", 3}, {"", 0},
+                 {nobos[0].b, 17},     {"Doc A", 5}};
+        uint8_t ctx[17];
+        memcpy(ctx, nobos[0].b, 16);
+        ctx[16] = 0;
+        for (size_t i = 0; i < CG_ARRAY_LEN(f); i++) {
+            for (int b = 0; b < 8; b++)
+                enc[n++] = (uint8_t)((uint64_t)f[i].len >> (8 * b));
+            memcpy(enc + n, i == 4 ? ctx : f[i].p, f[i].len);
+            n += f[i].len;
+        }
+        XXH128_canonical_t canon;
+        XXH128_canonicalFromHash(&canon, XXH3_128bits(enc, n));
+        ck_assert_mem_eq(nobos[1].b, canon.digest, 16);
     }
 }
 END_TEST
@@ -287,5 +326,5 @@ int main(void)
                                  test_streaming_equals_oneshot, test_fields_matter,
                                  test_sys_key_only_in_sys_mode, test_length_prefix_disambiguates,
                                  test_hex_round_trip, test_parse_rejects, test_mode_names,
-                                 test_request_keys));
+                                 test_request_keys, test_sys_no_bos));
 }

@@ -309,6 +309,40 @@ START_TEST(test_recompute_and_sys)
 }
 END_TEST
 
+/* Mode sys: a chunk computed after BOS + system is not served to a request whose system
+ * segment has no BOS (add_special_tokens: false), and the other way round: its KV was computed
+ * after other tokens. The no-BOS chunks are then stored under their own keys. */
+START_TEST(test_sys_bos_keys)
+{
+    const char *sys = "BOS test system prompt.", *q = "Which document is about rain?";
+    char keys[2][2][CG_KEY_HEX_LEN + 1];
+    for (int pass = 0; pass < 3; pass++) {
+        const int bos = pass != 1; /* BOS, without BOS, BOS again */
+        json_t *body = json_pack("{s:o, s:s, s:b}", "segments", th_segments(sys, DOCA, DOCB, q),
+                                 "mode", "sys", "add_special_tokens", bos);
+        json_t *a = call("POST", "/v1/assemble", body, 200);
+        json_t *segs = json_object_get(a, "segments");
+        for (int i = 1; i <= 2; i++) {
+            json_t *sg = json_array_get(segs, (size_t)i);
+            ck_assert_msg(json_is_boolean(json_object_get(sg, "hit")) &&
+                              json_is_true(json_object_get(sg, "hit")) == (pass == 2),
+                          "pass %d: chunk %d hit %d", pass, i,
+                          json_is_true(json_object_get(sg, "hit")));
+            if (pass < 2)
+                snprintf(keys[pass][i - 1], CG_KEY_HEX_LEN + 1, "%s", th_sget(sg, "key"));
+            else
+                ck_assert_str_eq(th_sget(sg, "key"), keys[0][i - 1]);
+        }
+        char path[128];
+        snprintf(path, sizeof path, "/v1/assemblies/%s", th_sget(a, "assembly_id"));
+        json_decref(call("DELETE", path, NULL, 200));
+        json_decref(a);
+    }
+    ck_assert_str_ne(keys[0][0], keys[1][0]);
+    ck_assert_str_ne(keys[0][1], keys[1][1]);
+}
+END_TEST
+
 START_TEST(test_stream)
 {
     char *p = th_rag(SYS1, DOCA, DOCB, "Stream the answer, please.");
@@ -831,7 +865,8 @@ int main(void)
     int failed = th_run_tests(
         "worker", "http", 300,
         TH_TESTS(test_info, test_assemble_twice, test_kv_transfer_equals_prompt,
-                 test_recompute_and_sys, test_stream, test_stream_disconnect, test_inventory,
+                 test_recompute_and_sys, test_sys_bos_keys, test_stream, test_stream_disconnect,
+                 test_inventory,
                  test_logprobs, test_bad_inputs, test_concurrent, test_metrics));
     /* graceful shutdown on SIGTERM: exit 0, no sanitizer report */
     failed |= !th_stop_clean(&worker, "chunkgate-worker");

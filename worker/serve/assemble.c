@@ -161,7 +161,7 @@ static cg_status key_segments(job *j, char *err, size_t errlen)
     for (size_t i = 0; i < j->n; i++)
         ks[i] = (cg_key_seg){req->segs[i].role, req->segs[i].text, req->segs[i].len};
     cg_key_scope scope = {cfg->model_id, strlen(cfg->model_id), req->mode, req->salt,
-                          req->salt_len};
+                          req->salt_len, req->no_bos};
     cg_key_request(&scope, ks, j->n, 1, j->keys);
     free(ks);
     for (size_t i = 0; i < j->n; i++) {
