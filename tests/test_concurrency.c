@@ -297,6 +297,43 @@ START_TEST(slow_readers_hold_no_slot)
 }
 END_TEST
 
+/* /tokenize and /detokenize are admitted like completions: with the worker's one place
+ * (--max-running 1 --max-queue 0) held by a stream, both are answered 429 at once; once the
+ * stream's client has left they are served again. */
+START_TEST(tokenize_is_admitted)
+{
+    th_proc w;
+    const char *args[] = {"--max-running", "1", "--max-queue", "0", NULL};
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "admit", args), 0);
+    int fd = stalled_stream(w.port, 30000);
+    int held = 0;
+    for (int t = 0; t < 200 && !held; t++) {
+        held = th_metric(w.port, "chunkgate_worker_requests_admitted") == 1;
+        if (!held) th_sleep_ms(20);
+    }
+    ck_assert(held);
+    const char *tok = "{\"prompt\":\"hello\"}", *detok = "{\"tokens\":[104,105]}";
+    th_resp r;
+    th_http(&r, w.port, "POST", "/tokenize", tok, NULL, NULL);
+    th_assert_error(&r, 429, "rate_limit_exceeded", NULL);
+    th_resp_free(&r);
+    th_http(&r, w.port, "POST", "/detokenize", detok, NULL, NULL);
+    th_assert_error(&r, 429, "rate_limit_exceeded", NULL);
+    th_resp_free(&r);
+    close(fd);
+    int freed = 0;
+    for (int t = 0; t < 300 && !freed; t++) {
+        freed = th_metric(w.port, "chunkgate_worker_requests_admitted") == 0;
+        if (!freed) th_sleep_ms(50);
+    }
+    ck_assert(freed);
+    json_decref(th_call_text(w.port, "POST", "/tokenize", tok, NULL, 200));
+    json_decref(th_call_text(w.port, "POST", "/detokenize", detok, NULL, 200));
+    ck_assert_double_eq(th_metric(w.port, "chunkgate_worker_requests_admitted"), 0);
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
 /* 64 clients for CG_SOAK_SECONDS through the gateway: every answer is 200 or a clean 429;
  * nothing hangs; afterwards nothing is running or admitted. */
 typedef struct soak {
@@ -391,6 +428,7 @@ int main(void)
     failed = th_run_suite("concurrency", "processes", 400, (th_fixture){0}, CK_NOFORK,
                           TH_TESTS(concurrent_equals_alone, shedding, gateway_routes_around_busy,
                                    disconnect_frees_sequence, slow_readers_hold_no_slot,
+                                   tokenize_is_admitted,
                                    soak_64_clients));
 out:
     th_stop_clean(&gw, "chunkgate");

@@ -343,6 +343,38 @@ START_TEST(test_sys_bos_keys)
 }
 END_TEST
 
+/* /tokenize and /detokenize are bounded by the model's positions: a text of more tokens, or
+ * more ids, is refused (400 context_length_exceeded) instead of answered at any size. */
+START_TEST(test_tokenize_bounds)
+{
+    const long long max_pos = cg_model_cfg(model)->max_pos;
+    char *text = cg_malloc((size_t)max_pos + 2);
+    memset(text, 'x', (size_t)max_pos + 1);
+    text[max_pos + 1] = '\0';
+    /* byte-level: one token per byte; max_pos tokens fit, max_pos + 1 do not */
+    text[max_pos] = '\0';
+    json_t *ok = call("POST", "/tokenize",
+                      json_pack("{s:s, s:b}", "prompt", text, "add_special_tokens", 0), 200);
+    ck_assert_int_eq(th_iget(ok, "count"), max_pos);
+    json_decref(ok);
+    text[max_pos] = 'x';
+    char *tb = th_dumps(json_pack("{s:s, s:b}", "prompt", text, "add_special_tokens", 0));
+    th_resp r = http("POST", "/tokenize", tb);
+    free(tb);
+    th_assert_error(&r, 400, "context_length_exceeded", "prompt");
+    th_resp_free(&r);
+    free(text);
+    json_t *ids = json_array();
+    for (long long i = 0; i <= max_pos; i++)
+        json_array_append_new(ids, json_integer('x'));
+    char *body = th_dumps(json_pack("{s:o}", "tokens", ids));
+    th_resp d = http("POST", "/detokenize", body);
+    th_assert_error(&d, 400, "context_length_exceeded", "tokens");
+    th_resp_free(&d);
+    free(body);
+}
+END_TEST
+
 START_TEST(test_stream)
 {
     char *p = th_rag(SYS1, DOCA, DOCB, "Stream the answer, please.");
@@ -865,7 +897,8 @@ int main(void)
     int failed = th_run_tests(
         "worker", "http", 300,
         TH_TESTS(test_info, test_assemble_twice, test_kv_transfer_equals_prompt,
-                 test_recompute_and_sys, test_sys_bos_keys, test_stream, test_stream_disconnect,
+                 test_recompute_and_sys, test_sys_bos_keys, test_tokenize_bounds, test_stream,
+                 test_stream_disconnect,
                  test_inventory,
                  test_logprobs, test_bad_inputs, test_concurrent, test_metrics));
     /* graceful shutdown on SIGTERM: exit 0, no sanitizer report */

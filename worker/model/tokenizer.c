@@ -647,6 +647,10 @@ typedef struct ectx {
     hent *hp;
     size_t nhp, chp;
     cg_tokens *out;
+    size_t start;       /* out->n when the encode began */
+    size_t limit;       /* most ids this encode may add (0 = any) */
+    bool over;          /* the limit was passed: the encode stopped */
+    bool split_special; /* special tokens' text in the input is plain text */
 } ectx;
 
 static void pl_reset(plist *l)
@@ -1327,6 +1331,10 @@ static void find_added(ectx *c, const trie *tr, const char *s, size_t n, seg **o
         }
         const added_tok *a = &t->added[k];
         size_t ms = i, me = i + ml;
+        if (a->special && c->split_special) { /* plain text: look again one byte on */
+            i++;
+            continue;
+        }
         i = me; /* matching resumes after this match, kept or not */
         if (a->single_word) {
             bool ok_start = ms == 0 || !word_at(t, c, s, n, u8prev(s, ms));
@@ -1379,24 +1387,31 @@ static int encode_piece(ectx *c, const char *s, size_t n, bool first)
         in = out;
         out = x;
     }
-    for (size_t i = 0; i < in->n; i++)
+    for (size_t i = 0; i < in->n && !c->over; i++) {
         bpe_word(c, in->buf.p + in->v[i].off, in->v[i].len);
+        c->over = c->limit && c->out->n - c->start > c->limit;
+    }
     return 0;
 }
 
-static cg_status encode_hf(const cg_tokenizer *t, const char *text, size_t len, int add_special,
-                           cg_tokens *out)
+static cg_status encode_hf(const cg_tokenizer *t, const char *text, size_t len,
+                           const cg_encode_opts *o, cg_tokens *out)
 {
     if (!cg_utf8_valid(text, len)) return CG_E_UTF8;
     cg_status st = CG_OK;
+    const int add_special = o->add_special;
     size_t start = out->n;
-    ectx c = {.t = t, .out = out};
+    ectx c = {.t = t,
+              .out = out,
+              .start = start,
+              .limit = o->max_tokens,
+              .split_special = o->split_special != 0};
     c.md = pcre2_match_data_create(1, NULL);
     if (!c.md) abort();
     seg *s1 = NULL, *s2 = NULL;
     size_t n1 = 0, n2 = 0, c1 = 0, c2 = 0;
     find_added(&c, &t->raw_trie, text, len, &s1, &n1, &c1);
-    for (size_t i = 0; i < n1; i++) {
+    for (size_t i = 0; i < n1 && !c.over; i++) {
         if (s1[i].tok >= 0) {
             ids_add(out, t->added[s1[i].tok].id);
             continue;
@@ -1404,13 +1419,18 @@ static cg_status encode_hf(const cg_tokenizer *t, const char *text, size_t len, 
         /* c.norm is written only by normalize(): it holds the piece while its parts are encoded */
         if (normalize(&c, text + s1[i].s, s1[i].e - s1[i].s) < 0) goto fail;
         find_added(&c, &t->norm_trie, c.norm.p, c.norm.n, &s2, &n2, &c2);
-        for (size_t j = 0; j < n2; j++) {
+        for (size_t j = 0; j < n2 && !c.over; j++) {
             if (s2[j].tok >= 0)
                 ids_add(out, t->added[s2[j].tok].id);
             else if (encode_piece(&c, c.norm.p + s2[j].s, s2[j].e - s2[j].s,
                                   s1[i].s == 0 && s2[j].s == 0) < 0)
                 goto fail;
         }
+    }
+    if (c.over || (c.limit && out->n - start > c.limit)) {
+        out->n = start;
+        st = CG_E_CONTEXT;
+        goto out;
     }
     if (add_special && t->n_tmpl) {
         size_t k = out->n - start;
@@ -1428,6 +1448,10 @@ static cg_status encode_hf(const cg_tokenizer *t, const char *text, size_t len, 
             out->n += k;
         }
         free(seq);
+        if (c.limit && out->n - start > c.limit) {
+            out->n = start;
+            st = CG_E_CONTEXT;
+        }
     }
     goto out;
 fail:
@@ -1455,15 +1479,29 @@ void cg_tokens_free(cg_tokens *t)
     t->n = t->cap = 0;
 }
 
-cg_status cg_tokenizer_encode(const cg_tokenizer *t, const char *text, size_t len, int add_special,
-                              cg_tokens *out)
+cg_encode_opts cg_encode_default_opts(void)
 {
-    if (!t->bytes) return encode_hf(t, text, len, add_special, out);
+    return (cg_encode_opts){.add_special = 1, .split_special = 0, .max_tokens = 0};
+}
+
+cg_status cg_tokenizer_encode_opts(const cg_tokenizer *t, const char *text, size_t len,
+                                   const cg_encode_opts *o, cg_tokens *out)
+{
+    if (!t->bytes) return encode_hf(t, text, len, o, out);
+    if (o->max_tokens && len + (o->add_special ? 1 : 0) > o->max_tokens) return CG_E_CONTEXT;
     grow(&out->ids, &out->cap, out->n + len + 1, sizeof *out->ids);
-    if (add_special) out->ids[out->n++] = t->bos;
+    if (o->add_special) out->ids[out->n++] = t->bos;
     for (size_t i = 0; i < len; i++)
         out->ids[out->n++] = (unsigned char)text[i];
     return CG_OK;
+}
+
+cg_status cg_tokenizer_encode(const cg_tokenizer *t, const char *text, size_t len, int add_special,
+                              cg_tokens *out)
+{
+    cg_encode_opts o = cg_encode_default_opts();
+    o.add_special = add_special;
+    return cg_tokenizer_encode_opts(t, text, len, &o, out);
 }
 
 /* ---------------------------------------------------------------------------------------------

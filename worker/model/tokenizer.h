@@ -75,6 +75,22 @@ void cg_tokenizer_free(cg_tokenizer **t);
 cg_status cg_tokenizer_encode(const cg_tokenizer *t, const char *text, size_t len, int add_special,
                               cg_tokens *out) CG_WUR;
 
+/* How cg_tokenizer_encode_opts encodes. */
+typedef struct cg_encode_opts {
+    int add_special;   /* apply the post-processor's template (BOS); default 1 */
+    int split_special; /* special tokens' text in the input is plain text, not their control
+                          token (Hugging Face's split_special_tokens); default 0: matched, as
+                          Hugging Face does by default. Non-special added tokens still match. */
+    size_t max_tokens; /* most ids to add (the template's included); more: CG_E_CONTEXT, out
+                          unchanged, the work stopped soon after the limit; 0 = no limit */
+} cg_encode_opts;
+
+cg_encode_opts cg_encode_default_opts(void);
+
+/* cg_tokenizer_encode with options o (borrowed). Also CG_E_CONTEXT past o->max_tokens. */
+cg_status cg_tokenizer_encode_opts(const cg_tokenizer *t, const char *text, size_t len,
+                                   const cg_encode_opts *o, cg_tokens *out) CG_WUR;
+
 /* Decodes ids[0..n) as tokenizers' decode does (decoder chain, invalid UTF-8 replaced by
  * U+FFFD), then applies clean_up_tokenization_spaces when tokenizer_config.json sets it, as
  * transformers' decode does. skip_special drops special tokens. Ids outside the vocabulary are

@@ -1,16 +1,17 @@
 /* The worker's POST /tokenize and POST /detokenize in vLLM's request and response shapes: a
  * prompt (or a chat, rendered as /v1/chat/completions renders it) into token ids with the
  * model's tokenizer, and ids back into text. The whole text is tokenized as one piece, as
- * vLLM does; a "# #" prompt's segments are tokenized one by one only when it is completed. */
+ * vLLM does; a "# #" prompt's segments are tokenized one by one only when it is completed.
+ * Both are admitted like completions (429 beyond --max-running + --max-queue), and both are
+ * bounded by what the model could ever use: a text of more tokens than its positions is
+ * refused as soon as the tokenizer passes that count, and so are more ids than positions, so
+ * neither answer grows past max_pos tokens' worth (an 8 MB text once cost 400 MB of JSON). */
 #include <stdio.h>
 #include <string.h>
 
 #include "base/json.h"
 #include "worker/serve/api_common.h"
 #include "worker/serve/api_tokens.h"
-
-/* Token ids in one request, either way. */
-#define TOKENS_MAX (1u << 22)
 
 static const cg_tokenizer *tokenizer(cg_worker_api *a)
 {
@@ -36,8 +37,10 @@ void cg_api_tokenize(cg_http_req *req, void *app)
     cg_buf chat;
     cg_tokens ids = {0};
     cg_buf_init(&chat, 0);
+    int admitted = 0;
     if (!body) return;
     if (!cg_api_model_ok(a, req, body)) goto out;
+    if (!(admitted = cg_api_admit(a, req, 0))) goto out;
     int is_chat = json_object_get(body, "messages") != NULL, templated = 0, add = 1, strs = 0;
     const char *text = NULL;
     size_t len = 0;
@@ -65,10 +68,19 @@ void cg_api_tokenize(cg_http_req *req, void *app)
         cg_api_field_error(req, st, "return_token_strs", "a boolean");
         goto out;
     }
-    st = cg_tokenizer_encode(tokenizer(a), text, len, add, &ids);
+    const long long max_pos = cg_api_cfg(a)->max_pos;
+    cg_encode_opts eo = cg_encode_default_opts();
+    eo.add_special = add;
+    eo.max_tokens = (size_t)max_pos;
+    st = cg_tokenizer_encode_opts(tokenizer(a), text, len, &eo, &ids);
     if (st != CG_OK) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the text has more tokens than the model's %lld positions",
+                 max_pos);
         cg_http_reply_error(req, st, is_chat ? "messages" : "prompt",
-                            st == CG_E_UTF8 ? "the text is not valid UTF-8" : NULL);
+                            st == CG_E_UTF8      ? "the text is not valid UTF-8"
+                            : st == CG_E_CONTEXT ? msg
+                                                 : NULL);
         goto out;
     }
     json_t *tok = json_array();
@@ -80,6 +92,7 @@ void cg_api_tokenize(cg_http_req *req, void *app)
                                  tok, "token_strs",
                                  strs ? token_strs(tokenizer(a), &ids) : json_null()));
 out:
+    if (admitted) cg_engine_leave(a->e);
     cg_tokens_free(&ids);
     cg_buf_free(&chat);
     json_decref(body);
@@ -92,13 +105,21 @@ void cg_api_detokenize(cg_http_req *req, void *app)
     int32_t *ids = NULL;
     cg_buf text;
     cg_buf_init(&text, 0);
+    int admitted = 0;
     if (!body) return;
     if (!cg_api_model_ok(a, req, body)) goto out;
+    if (!(admitted = cg_api_admit(a, req, 0))) goto out;
     cg_status st = cg_json_get(body, "tokens", JSON_ARRAY, 1, &tokens);
     size_t n = tokens ? json_array_size(tokens) : 0;
-    if (st != CG_OK || n > TOKENS_MAX) {
-        cg_api_field_error(req, st == CG_OK ? CG_E_TOO_LARGE : st, "tokens",
-                           "an array of token ids");
+    const long long max_pos = cg_api_cfg(a)->max_pos;
+    if (st != CG_OK) {
+        cg_api_field_error(req, st, "tokens", "an array of token ids");
+        goto out;
+    }
+    if (n > (size_t)max_pos) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%zu token ids; the model holds %lld positions", n, max_pos);
+        cg_http_reply_error(req, CG_E_CONTEXT, "tokens", msg);
         goto out;
     }
     int32_t vocab = cg_tokenizer_vocab_size(tokenizer(a));
@@ -121,6 +142,7 @@ void cg_api_detokenize(cg_http_req *req, void *app)
     cg_http_reply_json(req, 200, json_pack("{s:o}", "prompt",
                                            cg_json_text(text.data ? text.data : "", text.len)));
 out:
+    if (admitted) cg_engine_leave(a->e);
     free(ids);
     cg_buf_free(&text);
     json_decref(body);

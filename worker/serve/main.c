@@ -4,6 +4,7 @@
  * assemblies from other workers (--kv-source, --tp). */
 #include <curl/curl.h>
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
@@ -647,6 +648,12 @@ int main(int argc, char **argv)
             execv("/proc/self/exe", argv);
             /* exec failed: go on with the default policy */
         }
+        /* As the gateway does: buffers of 256 KiB and more (request bodies, tokenized
+         * prompts, /tokenize answers) get their own mappings and go back to the system when
+         * freed, instead of leaving a large request's peak on the heap for good; smaller
+         * frees are returned by the HTTP layer's heap trim. */
+        mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+        mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024);
         /* before any thread: the backend role's rank threads use libcurl */
         curl_global_init(CURL_GLOBAL_DEFAULT);
         rc = cmd_serve(argc - 1, argv + 1);
