@@ -46,7 +46,8 @@ struct cg_openai_xfer {
 
 struct cg_openai {
     char *base;
-    char *auth;
+    char *auth;        /* "Authorization: Bearer <api_key>", or NULL */
+    char *worker_auth; /* the same with worker_api_key */
     cg_openai_params p;
     CURLM *multi;
     int epfd;          /* the multi thread's epoll set: upstream sockets + wake_fd */
@@ -535,10 +536,16 @@ cg_status cg_openai_open(const cg_openai_params *p, cg_openai **out)
     c->base = p->base_url ? cg_openai_base_normalise(p->base_url) : NULL;
     c->p.base_url = c->base;
     c->p.api_key = NULL;
+    c->p.worker_api_key = NULL;
     if (p->api_key && *p->api_key) {
         size_t n = strlen(p->api_key) + 32;
         c->auth = cg_malloc(n);
         snprintf(c->auth, n, "Authorization: Bearer %s", p->api_key);
+    }
+    if (p->worker_api_key && *p->worker_api_key) {
+        size_t n = strlen(p->worker_api_key) + 32;
+        c->worker_auth = cg_malloc(n);
+        snprintf(c->worker_auth, n, "Authorization: Bearer %s", p->worker_api_key);
     }
     if (c->p.connect_timeout_ms <= 0) c->p.connect_timeout_ms = 3000;
     if (c->p.idle_timeout_ms <= 0) c->p.idle_timeout_ms = 300000;
@@ -566,6 +573,7 @@ cg_status cg_openai_open(const cg_openai_params *p, cg_openai **out)
         pthread_mutex_destroy(&c->mu);
         pthread_cond_destroy(&c->cv);
         free(c->auth);
+        free(c->worker_auth);
         free(c->base);
         free(c);
         return CG_E_INTERNAL;
@@ -623,18 +631,20 @@ void cg_openai_close(cg_openai **cp)
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     free(c->auth);
+    free(c->worker_auth);
     free(c->base);
     free(c);
 }
 
 static struct curl_slist *base_headers(cg_openai *c, const char *request_id, int json_body,
-                                       int no_auth)
+                                       int to_worker)
 {
     struct curl_slist *h = NULL;
     if (json_body) h = curl_slist_append(h, "Content-Type: application/json");
     h = curl_slist_append(h, "Accept: application/json, text/event-stream");
     h = curl_slist_append(h, "Expect:"); /* no 100-continue round trip for large bodies */
-    if (c->auth && !no_auth) h = curl_slist_append(h, c->auth);
+    const char *auth = to_worker ? c->worker_auth : c->auth;
+    if (auth) h = curl_slist_append(h, auth);
     if (request_id && *request_id) {
         char rid[128];
         snprintf(rid, sizeof rid, "X-Request-Id: %s", request_id);
@@ -701,7 +711,7 @@ cg_status cg_openai_submit_req(cg_openai *c, const cg_openai_req *r, const cg_op
     char url[2048];
     set_common(c, x->easy, base ? base : c->base, r->path, url, sizeof url);
     free(base);
-    x->headers = base_headers(c, r->request_id, body != NULL, r->no_auth);
+    x->headers = base_headers(c, r->request_id, body != NULL, r->to_worker);
     curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->headers);
     curl_easy_setopt(x->easy, CURLOPT_SOCKOPTFUNCTION, on_sockopt);
     curl_easy_setopt(x->easy, CURLOPT_SOCKOPTDATA, c);

@@ -33,6 +33,8 @@ typedef struct cg_openai_params {
                                 default upstream; every request names its own (the gateway
                                 without --backend still talks to its workers) */
     const char *api_key;     /* sent as "Authorization: Bearer ..." when set (copied) */
+    const char *worker_api_key; /* sent the same way instead of api_key on requests to a
+                                   worker (cg_openai_req.to_worker); copied; NULL = none */
     long connect_timeout_ms; /* default 3000 */
     long idle_timeout_ms;    /* longest silence from the backend, before the first byte or
                                 between two reads, before CG_E_TIMEOUT; default 300000 */
@@ -97,7 +99,7 @@ typedef struct cg_openai_req {
     size_t body_len;
     const char *request_id; /* sent as X-Request-Id; may be NULL */
     long idle_timeout_ms;   /* 0: the client's idle_timeout_ms */
-    int no_auth;            /* 1: do not send the client's api_key (a worker is not the backend) */
+    int to_worker;          /* 1: the upstream is a worker: send worker_api_key, not api_key */
 } cg_openai_req;
 
 /* Starts the request r; see cg_openai_submit for the contract. CG_E_VALUE (no handler runs,

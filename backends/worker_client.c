@@ -57,7 +57,7 @@ cg_status cg_wc_call(cg_openai *c, const char *base, const char *method, const c
                        .body_len = body_len,
                        .request_id = rid,
                        .idle_timeout_ms = timeout_ms,
-                       .no_auth = 1};
+                       .to_worker = 1};
     cg_status st = cg_openai_submit_req(c, &r, &HANDLERS, k, ref);
     if (st != CG_OK) {
         cg_buf_free(&k->body);

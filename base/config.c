@@ -211,3 +211,44 @@ void cg_config_free(const cg_cfg_opt *tab, size_t n, void *cfg)
         else if (tab[i].type == CG_CFG_LIST) list_clear(field(cfg, &tab[i]));
     }
 }
+
+int cg_config_key_valid(const char *key)
+{
+    if (!key || !*key) return 0;
+    for (const char *k = key; *k; k++)
+        if ((unsigned char)*k <= 0x20 || (unsigned char)*k >= 0x7f) return 0;
+    return 1;
+}
+
+cg_status cg_config_read_key(const char *flag, const char *path, char **out, char *err,
+                             size_t errlen)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot read %s: %s", flag, path, strerror(errno));
+        return CG_E_VALUE;
+    }
+    char line[4096];
+    while (!*out && fgets(line, sizeof line, f)) {
+        char *a = line, *b = line + strlen(line);
+        while (a < b && (*a == ' ' || *a == '\t')) a++;
+        while (b > a && (b[-1] == '\n' || b[-1] == '\r' || b[-1] == ' ' || b[-1] == '\t')) b--;
+        if (a == b || *a == '#') continue;
+        *out = cg_strndup(a, (size_t)(b - a));
+    }
+    fclose(f);
+    explicit_bzero(line, sizeof line);
+    if (!*out) {
+        snprintf(err, errlen, "%s: %s holds no key", flag, path);
+        return CG_E_VALUE;
+    }
+    if (!cg_config_key_valid(*out)) {
+        explicit_bzero(*out, strlen(*out));
+        cg_free(out);
+        snprintf(err, errlen, "%s: the key in %s contains whitespace or control bytes", flag,
+                 path);
+        return CG_E_VALUE;
+    }
+    return CG_OK;
+}

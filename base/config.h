@@ -54,4 +54,14 @@ void cg_config_help(FILE *out, const char *usage, const cg_cfg_opt *tab, size_t 
 /* Frees the strings and lists that parse stored in cfg. */
 void cg_config_free(const cg_cfg_opt *tab, size_t n, void *cfg);
 
+/* A bearer token is non-empty printable ASCII without spaces: 1 when key is one. */
+int cg_config_key_valid(const char *key);
+
+/* Reads the one key of the file at path (for --api-key-file and the like): its first line
+ * that is neither blank nor a "#" comment, surrounding whitespace trimmed. *out is the
+ * caller's (free it after wiping). On failure (unreadable, no key, an invalid key) writes a
+ * message that names flag but never the key into err and returns CG_E_VALUE. */
+cg_status cg_config_read_key(const char *flag, const char *path, char **out, char *err,
+                             size_t errlen) CG_WUR;
+
 #endif

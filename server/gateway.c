@@ -366,6 +366,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     cg_openai_params op = cg_openai_default_params();
     op.base_url = cfg->backend; /* NULL: every request names its upstream (a worker) */
     op.api_key = cfg->backend_api_key;
+    op.worker_api_key = cfg->worker_api_key;
     op.connect_timeout_ms = (long)cfg->connect_timeout_ms;
     op.idle_timeout_ms = (long)cfg->backend_timeout_ms;
     /* A worker that comes back on a new address (a restarted container, a moved service

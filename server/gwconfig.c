@@ -23,6 +23,10 @@ const cg_cfg_opt cg_gateway_options[] = {
     OPT("worker", "CHUNKGATE_WORKERS", CG_CFG_LIST, workers, NULL, 0, 0,
         "KV worker base URL; repeatable (env: comma-separated). Without --backend the chosen "
         "worker also answers the completion"),
+    OPT("worker-api-key", "CHUNKGATE_WORKER_API_KEY", CG_CFG_STR, worker_api_key, NULL, 0, 0,
+        "bearer token sent on every call to a worker (the workers' --api-key); unset = none"),
+    OPT("worker-api-key-file", "CHUNKGATE_WORKER_API_KEY_FILE", CG_CFG_STR, worker_api_key_file,
+        NULL, 0, 0, "file holding --worker-api-key (its first line that is not blank or #)"),
     OPT("data-dir", "CHUNKGATE_DATA_DIR", CG_CFG_STR, data_dir, "./data", 0, 0,
         "directory for the chunk index (DIR/index.db); created if missing"),
     OPT("admin-token", "CHUNKGATE_ADMIN_TOKEN", CG_CFG_STR, admin_token, NULL, 0, 0,
@@ -223,8 +227,9 @@ cg_status cg_gateway_config_load(cg_gateway_config *cfg, int argc, char **argv, 
                                    want_help, err, errlen);
     if (st != CG_OK || *want_help) return st;
     /* An empty environment variable means unset for the optional strings. */
-    char **optional[] = {&cfg->backend, &cfg->backend_api_key, &cfg->admin_token, &cfg->model,
-                         &cfg->api_key_file};
+    char **optional[] = {&cfg->backend,        &cfg->backend_api_key, &cfg->admin_token,
+                         &cfg->model,          &cfg->api_key_file,    &cfg->worker_api_key,
+                         &cfg->worker_api_key_file};
     for (size_t i = 0; i < CG_ARRAY_LEN(optional); i++)
         if (*optional[i] && !**optional[i]) cg_free(optional[i]);
     if (!valid_listen(cfg->listen)) {
@@ -247,6 +252,19 @@ cg_status cg_gateway_config_load(cg_gateway_config *cfg, int argc, char **argv, 
     if (cfg->api_key_file && *cfg->api_key_file &&
         read_key_file(cfg->api_key_file, &cfg->api_keys, err, errlen) != CG_OK)
         return CG_E_VALUE;
+    if (cfg->worker_api_key_file) {
+        if (cfg->worker_api_key) {
+            snprintf(err, errlen, "--worker-api-key and --worker-api-key-file: give one");
+            return CG_E_VALUE;
+        }
+        if (cg_config_read_key("--worker-api-key-file", cfg->worker_api_key_file,
+                               &cfg->worker_api_key, err, errlen) != CG_OK)
+            return CG_E_VALUE;
+    }
+    if (cfg->worker_api_key && !cg_config_key_valid(cfg->worker_api_key)) {
+        snprintf(err, errlen, "--worker-api-key: contains whitespace or control bytes");
+        return CG_E_VALUE;
+    }
     for (size_t i = 0; i < cfg->recompute_defaults.n; i++) {
         size_t n;
         cg_gw_recompute d;

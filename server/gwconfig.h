@@ -12,6 +12,8 @@ typedef struct cg_gateway_config {
     char *listen;
     char *backend;
     char *backend_api_key;
+    char *worker_api_key; /* --worker-api-key, or the key of --worker-api-key-file */
+    char *worker_api_key_file;
     cg_strlist workers;
     char *data_dir;
     char *admin_token;

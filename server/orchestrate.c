@@ -246,7 +246,7 @@ static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclu
             return;
         }
         t.base = cg_worker_url(w);
-        t.no_auth = 1;
+        t.to_worker = 1;
         t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
         t.worker = w;
         t.backend_is_worker = 1;
@@ -369,7 +369,7 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
                       .model = json_string_value(json_object_get(c->body, "model")),
                       .base = g->has_backend ? NULL : cg_worker_url(c->w),
                       .path = "/v1/completions",
-                      .no_auth = !g->has_backend,
+                      .to_worker = !g->has_backend,
                       .to_chat = c->chat,
                       .cached_tokens = a->cached_tokens,
                       .count_usage = 0,

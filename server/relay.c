@@ -510,7 +510,7 @@ void cg_gw_relay_to(cg_gateway *g, cg_http_req *req, const cg_gw_target *t, char
                        .body = body,
                        .body_len = body_len,
                        .request_id = r->rid,
-                       .no_auth = t->no_auth};
+                       .to_worker = t->to_worker};
     if (cg_openai_submit_req(g->client, &q, &HANDLERS, r, &r->xfer) != CG_OK) {
         cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
         if (r->assembly[0] && r->worker)
@@ -535,7 +535,7 @@ void cg_gw_models(cg_http_req *req, void *app)
     if (!g->has_backend) {
         r->worker = cg_workers_pick_any(g->workers, NULL);
         q.base = r->worker ? cg_worker_url(r->worker) : NULL;
-        q.no_auth = 1;
+        q.to_worker = 1;
     }
     if ((!g->has_backend && !r->worker) ||
         cg_openai_submit_req(g->client, &q, &HANDLERS, r, NULL) != CG_OK) {

@@ -13,7 +13,7 @@ typedef struct cg_gw_target {
     const char *model;       /* the request's model (borrowed for the call), for the status page */
     const char *base;        /* upstream base URL (borrowed for the call); NULL = --backend */
     const char *path;        /* "/v1/completions", "/v1/chat/completions" */
-    int no_auth;             /* the upstream is a worker: no backend api key */
+    int to_worker;           /* the upstream is a worker: its key, not the backend's */
     int to_chat;             /* the upstream speaks completions; answer in chat shape */
     long long cached_tokens; /* >= 0: usage.prompt_tokens_details.cached_tokens is this */
     int count_usage;         /* count usage.prompt_tokens - cached as computed tokens */

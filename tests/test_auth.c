@@ -396,11 +396,70 @@ START_TEST(logs_hold_no_secret_and_no_prompt)
 }
 END_TEST
 
+/* ------------------------------------------------------------ gateway to worker */
+
+/* A worker with --api-key-file answers only /healthz without its key; a gateway with
+ * --worker-api-key sends it on every worker call (health, info, assemble, the completion), so
+ * its requests are assembled and cached; a gateway without it refuses to start. */
+START_TEST(worker_key_between_gateway_and_worker)
+{
+    const char *wkey = "wk-secret-5b1d";
+    char keyfile[400], url[64];
+    snprintf(keyfile, sizeof keyfile, "%s/worker-key.txt", th_root());
+    ck_assert_int_eq(th_write_file(keyfile, "# the workers' key\n  wk-secret-5b1d \n"), 0);
+    th_proc w, g, g0;
+    const char *wargs[] = {"--api-key-file", keyfile, NULL};
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "wkey", wargs), 0);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", w.port);
+    th_expect(w.port, "GET", "/healthz", NULL, NULL, 200);
+    const char *routes[][2] = {{"GET", "/v1/info"},   {"GET", "/metrics"},
+                               {"GET", "/v1/chunks"}, {"GET", "/v1/models"},
+                               {"POST", "/tokenize"}, {"POST", "/v1/completions"}};
+    for (size_t i = 0; i < CG_ARRAY_LEN(routes); i++) {
+        const char *body = routes[i][0][0] == 'P' ? "{\"prompt\":\"hi\",\"max_tokens\":1}" : NULL;
+        th_resp r;
+        th_http(&r, w.port, routes[i][0], routes[i][1], body, NULL, NULL);
+        ck_assert_msg(r.status == 401, "%s %s without the key: %ld", routes[i][0], routes[i][1],
+                      r.status);
+        th_resp_free(&r);
+        th_http(&r, w.port, routes[i][0], routes[i][1], body, WRONG, NULL);
+        ck_assert_msg(r.status == 401, "%s %s with a wrong key: %ld", routes[i][0], routes[i][1],
+                      r.status);
+        th_resp_free(&r);
+        th_http(&r, w.port, routes[i][0], routes[i][1], body, wkey, NULL);
+        ck_assert_msg(r.status == 200, "%s %s with the key: %ld", routes[i][0], routes[i][1],
+                      r.status);
+        th_resp_free(&r);
+    }
+    /* the gateway with the key: healthy, assembled, a hit the second time */
+    const char *gargs[] = {"--worker-api-key", wkey, "--health-interval-ms", "200", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "gkey", url, NULL, gargs), 0);
+    char *b = completion("Worker key system.", "Worker key document.", "Why?", NULL);
+    for (int round = 0; round < 2; round++) {
+        json_t *a = th_call_text(g.port, "POST", "/v1/completions", b, NULL, 200);
+        json_t *cc = json_object_get(a, "chunk_cache");
+        ck_assert_msg(json_is_false(json_object_get(cc, "fallback")), "round %d fell back", round);
+        ck_assert_int_eq(hit(a, 1), round == 1);
+        json_decref(a);
+    }
+    free(b);
+    ck_assert(!th_file_has(g.log, wkey));
+    ck_assert(!th_file_has(w.log, wkey));
+    /* a gateway without it refuses to start, and says why */
+    const char *g0args[] = {"--worker", url, NULL};
+    ck_assert_int_ne(th_start_gateway(&g0, CHUNKGATE_BIN, "gnokey", g0args), 0);
+    ck_assert(th_file_has(g0.log, "answered HTTP 401"));
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
+}
+END_TEST
+
 int main(void)
 {
     return th_run_suite("auth", "auth", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
                         TH_TESTS(inference_routes_need_an_api_key,
                                  admin_routes_take_only_the_admin_token, tenant_id_is_pinned,
                                  tenant_b_cannot_detect_tenant_a, forged_key_cannot_overwrite_kv,
-                                 logs_hold_no_secret_and_no_prompt));
+                                 logs_hold_no_secret_and_no_prompt,
+                                 worker_key_between_gateway_and_worker));
 }

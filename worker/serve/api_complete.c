@@ -305,6 +305,7 @@ static int pull(cg_worker_api *a, cg_http_req *req, const creq *c, const char *s
     pp.assembly_id = c->assembly_id;
     pp.tp = a->p.tp;
     pp.timeout_ms = a->p.kv_timeout_ms;
+    pp.api_key = a->p.api_key;
     cg_status st = cg_kvpull_assembly(a->e, &pp, cg_now_ms(), &k->pulled, err, sizeof err);
     __atomic_sub_fetch(&a->pulls, 1, __ATOMIC_ACQ_REL);
     cg_metrics_inc(a->metrics, P "kv_pulls_total",

@@ -43,6 +43,9 @@ typedef struct cg_worker_api_params {
     /* A streamed completion whose client reads nothing for this long, with the stream's buffer
      * full, is cut (its decode was parked meanwhile: worker/serve/sched.h); default 30000 ms */
     int stream_stall_ms;
+    /* --api-key: every route but /healthz needs it as a bearer token (the HTTP server checks
+     * it); also sent to --kv-source, which is expected to share it. Borrowed; NULL = open. */
+    const char *api_key;
 } cg_worker_api_params;
 
 #endif

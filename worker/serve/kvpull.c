@@ -125,8 +125,10 @@ static size_t on_header(char *p, size_t sz, size_t n, void *ud)
 }
 
 /* Performs one request; the reply body lands in x->body (at most cap bytes). */
-static void http_do(const char *method, const char *url, long timeout_ms, size_t cap, xfer *x)
+static void http_do(const char *method, const char *url, const char *api_key, long timeout_ms,
+                    size_t cap, xfer *x)
 {
+    struct curl_slist *h = NULL;
     cg_buf_init(&x->body, cap);
     x->tokens = x->cached = x->vocab = -1;
     CURL *c = curl_easy_init();
@@ -145,9 +147,19 @@ static void http_do(const char *method, const char *url, long timeout_ms, size_t
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    if (api_key && *api_key) {
+        size_t n = strlen(api_key) + 32;
+        char *line = cg_malloc(n);
+        snprintf(line, n, "Authorization: Bearer %s", api_key);
+        h = curl_slist_append(h, line);
+        explicit_bzero(line, n);
+        free(line);
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    }
     x->rc = curl_easy_perform(c);
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &x->status);
     curl_easy_cleanup(c);
+    curl_slist_free_all(h);
 }
 
 static void xfer_free(xfer *x)
@@ -219,7 +231,7 @@ static void *rank_main(void *arg)
                      (size_t)c->head_dim * sizeof(float);
     char what[96];
     snprintf(what, sizeof what, "rank %d: KV heads %d-%d", k->r, k->s.head0, h1);
-    http_do("GET", url, P->p->timeout_ms, HEADER_ROOM + payload, &k->x);
+    http_do("GET", url, P->p->api_key, P->p->timeout_ms, HEADER_ROOM + payload, &k->x);
     if ((k->st = xfer_status(&k->x, what, k->err, sizeof k->err)) != CG_OK) return NULL;
     cg_kvwire_header h;
     cg_status st = cg_kvwire_decode(k->x.body.data, k->x.body.len, &h, &k->payload);
@@ -308,7 +320,7 @@ static cg_status fetch_logits(const cg_model_config *c, const cg_kvpull_params *
     char url[URL_MAX + 128];
     snprintf(url, sizeof url, "%s/v1/assemblies/%s/logits", base, p->assembly_id);
     const size_t logits_bytes = (size_t)c->vocab_size * sizeof(float);
-    http_do("GET", url, p->timeout_ms, logits_bytes, lx);
+    http_do("GET", url, p->api_key, p->timeout_ms, logits_bytes, lx);
     cg_status st = xfer_status(lx, "logits", err, errlen);
     if (st != CG_OK) return st;
     if (strcmp(lx->model, c->model_id) != 0 || lx->vocab != c->vocab_size ||
@@ -380,7 +392,7 @@ static void release_source(const cg_kvpull_params *p, const char *base, cg_kvpul
     char url[URL_MAX + 128];
     xfer dx = {0};
     snprintf(url, sizeof url, "%s/v1/assemblies/%s", base, p->assembly_id);
-    http_do("DELETE", url, p->timeout_ms, 4096, &dx);
+    http_do("DELETE", url, p->api_key, p->timeout_ms, 4096, &dx);
     res->released = dx.rc == CURLE_OK && dx.status == 200;
     if (!res->released)
         cg_log(CG_LOG_WARN, "kv pull: DELETE %s: %s, HTTP %ld", url, curl_easy_strerror(dx.rc),

@@ -33,6 +33,8 @@ typedef struct cg_kvpull_params {
     int tp;                  /* tensor-parallel ranks; default 1 */
     long timeout_ms;         /* per HTTP request; default 30000 */
     int release;             /* 1 (default): DELETE the source assembly after pulling */
+    const char *api_key;     /* sent as a bearer token (the source's --api-key); borrowed;
+                                NULL = none */
 } cg_kvpull_params;
 
 cg_kvpull_params cg_kvpull_default_params(void);

@@ -73,6 +73,8 @@ typedef struct serve_cfg {
     long long disk_write_behind_mb;
     char *remote;
     char *remote_password_file;
+    char *api_key;      /* --api-key, or the key of --api-key-file (loaded by load_api_key) */
+    char *api_key_file;
     char *remote_id;
     long long remote_timeout_ms;
     long long remote_ttl_s;
@@ -116,6 +118,11 @@ static const cg_cfg_opt serve_opts[] = {
         "model directory: config.json + model.safetensors (required)"),
     OPT("listen", "CHUNKGATE_WORKER_LISTEN", CG_CFG_STR, listen, "127.0.0.1:8090", 0, 0,
         "HOST:PORT to listen on; port 0 picks a free port (logged)"),
+    OPT("api-key", "CHUNKGATE_WORKER_API_KEY", CG_CFG_STR, api_key, "", 0, 0,
+        "bearer token every route but /healthz requires (the gateway's --worker-api-key); also "
+        "sent to --kv-source. Empty = open: keep the port private either way"),
+    OPT("api-key-file", "CHUNKGATE_WORKER_API_KEY_FILE", CG_CFG_STR, api_key_file, "", 0, 0,
+        "file holding --api-key (its first line that is not blank or #)"),
     OPT("data-dir", "CHUNKGATE_WORKER_DATA_DIR", CG_CFG_STR, data_dir, "./chunkgate-worker-data", 0,
         0, "state directory (created if missing): holds the disk tier (kv.blocks, kv.db)"),
     OPT("pool-mb", "CHUNKGATE_WORKER_POOL_MB", CG_CFG_INT, pool_mb, "256", 1, 1 << 20,
@@ -339,6 +346,31 @@ static int make_dirs(const char *path)
 }
 
 /* Checks what the table cannot; returns 0, or 2 after printing why. */
+/* --api-key-file into c->api_key; 2 after saying why. The key is never printed. */
+static int load_api_key(serve_cfg *c)
+{
+    char err[ERRLEN];
+    if (c->api_key_file[0]) {
+        if (c->api_key[0]) {
+            fprintf(stderr, "chunkgate-worker serve: --api-key and --api-key-file: give one\n");
+            return 2;
+        }
+        char *key = NULL;
+        if (cg_config_read_key("--api-key-file", c->api_key_file, &key, err, sizeof err) !=
+            CG_OK) {
+            fprintf(stderr, "chunkgate-worker serve: %s\n", err);
+            return 2;
+        }
+        free(c->api_key);
+        c->api_key = key;
+    }
+    if (c->api_key[0] && !cg_config_key_valid(c->api_key)) {
+        fprintf(stderr, "chunkgate-worker serve: --api-key contains whitespace or control bytes\n");
+        return 2;
+    }
+    return 0;
+}
+
 static int check_serve_cfg(const serve_cfg *c)
 {
     const char *why = NULL;
@@ -527,6 +559,7 @@ static int open_api(const serve_cfg *c, parts *w)
     ap.canary_tokens = (uint32_t)c->canary_tokens;
     ap.canary_queue = (uint32_t)c->canary_queue;
     ap.stream_stall_ms = (int)c->stream_stall_ms;
+    ap.api_key = c->api_key[0] ? c->api_key : NULL;
     ap.chat = w->chat;
     ap.remote_url = c->remote;
     ap.remote_id = c->remote_id;
@@ -544,6 +577,7 @@ static int open_api(const serve_cfg *c, parts *w)
     hp.n_routes = n_routes;
     hp.app = w->api;
     hp.done = cg_worker_api_done;
+    hp.admin_token = c->api_key[0] ? c->api_key : NULL; /* the ADMIN routes: all but /healthz */
     if (cg_http_open(&hp, &w->srv) != CG_OK) return -1; /* it logged why */
     const cg_model_config *mc = cg_model_cfg(w->model);
     char host[256];
@@ -600,7 +634,7 @@ static int cmd_serve(int argc, char **argv)
         rc = 0;
         goto out;
     }
-    if ((rc = check_serve_cfg(&c)) != 0) goto out;
+    if ((rc = check_serve_cfg(&c)) != 0 || (rc = load_api_key(&c)) != 0) goto out;
     rc = 1;
     cg_key_set_hash((cg_key_hash)c.key_hash); /* before any thread computes a key */
     cg_log_init("chunkgate-worker", (cg_log_level)c.log_level);

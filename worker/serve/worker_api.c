@@ -83,24 +83,29 @@ void cg_worker_api_done(void *app, const char *route, int status, double seconds
 
 /* ---- routes ---- */
 
+#define KEY CG_ROUTE_ADMIN
 static const cg_http_route routes[] = {
     {"GET", "/healthz", cg_api_health, CG_ROUTE_INLINE, "healthz"},
-    {"GET", "/metrics", cg_api_metrics, CG_ROUTE_INLINE, "metrics"},
-    {"GET", "/v1/info", cg_api_info, CG_ROUTE_INLINE, "info"},
-    {"GET", "/v1/models", cg_api_models, CG_ROUTE_INLINE, "models"},
-    {"POST", "/v1/assemble", cg_api_assemble, 0, "assemble"},
-    {"DELETE", "/v1/assemblies/*", cg_api_assembly_delete, CG_ROUTE_INLINE, "assembly_delete"},
-    {"GET", "/v1/assemblies/*/kv", cg_api_assembly_kv, 0, "assembly_kv"},
-    {"GET", "/v1/assemblies/*/logits", cg_api_assembly_logits, 0, "assembly_logits"},
-    {"POST", "/v1/completions", cg_api_completions, 0, "completions"},
-    {"POST", "/v1/chat/completions", cg_api_chat_completions, 0, "chat_completions"},
-    {"POST", "/tokenize", cg_api_tokenize, 0, "tokenize"},
-    {"POST", "/detokenize", cg_api_detokenize, 0, "detokenize"},
-    {"GET", "/v1/chunks", cg_api_chunks, CG_ROUTE_INLINE, "chunks"},
-    {"GET", "/v1/chunks/*", cg_api_chunk_get, CG_ROUTE_INLINE, "chunk_get"},
-    {"DELETE", "/v1/chunks/*", cg_api_chunk_delete, CG_ROUTE_INLINE, "chunk_delete"},
-    {"GET", "/v1/chunks/*/kv", cg_api_chunk_kv, 0, "chunk_kv"},
+    /* Every route but /healthz is ADMIN: with --api-key (the server's admin token) it needs
+     * that bearer token; without one it is open. */
+    {"GET", "/metrics", cg_api_metrics, CG_ROUTE_INLINE | KEY, "metrics"},
+    {"GET", "/v1/info", cg_api_info, CG_ROUTE_INLINE | KEY, "info"},
+    {"GET", "/v1/models", cg_api_models, CG_ROUTE_INLINE | KEY, "models"},
+    {"POST", "/v1/assemble", cg_api_assemble, KEY, "assemble"},
+    {"DELETE", "/v1/assemblies/*", cg_api_assembly_delete, CG_ROUTE_INLINE | KEY,
+     "assembly_delete"},
+    {"GET", "/v1/assemblies/*/kv", cg_api_assembly_kv, KEY, "assembly_kv"},
+    {"GET", "/v1/assemblies/*/logits", cg_api_assembly_logits, KEY, "assembly_logits"},
+    {"POST", "/v1/completions", cg_api_completions, KEY, "completions"},
+    {"POST", "/v1/chat/completions", cg_api_chat_completions, KEY, "chat_completions"},
+    {"POST", "/tokenize", cg_api_tokenize, KEY, "tokenize"},
+    {"POST", "/detokenize", cg_api_detokenize, KEY, "detokenize"},
+    {"GET", "/v1/chunks", cg_api_chunks, CG_ROUTE_INLINE | KEY, "chunks"},
+    {"GET", "/v1/chunks/*", cg_api_chunk_get, CG_ROUTE_INLINE | KEY, "chunk_get"},
+    {"DELETE", "/v1/chunks/*", cg_api_chunk_delete, CG_ROUTE_INLINE | KEY, "chunk_delete"},
+    {"GET", "/v1/chunks/*/kv", cg_api_chunk_kv, KEY, "chunk_kv"},
 };
+#undef KEY
 
 const cg_http_route *cg_worker_api_routes(size_t *n_routes)
 {
