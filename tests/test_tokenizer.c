@@ -889,6 +889,48 @@ START_TEST(test_normalize_long_runs)
 }
 END_TEST
 
+/* Special-token text in the input is the control token by default (as Hugging Face does);
+ * with split_special it is plain text, while non-special added tokens still match; either way
+ * the text decodes back to the same words. */
+START_TEST(test_split_special)
+{
+    cg_tokenizer *t = open_fixture("bl");
+    const char *text = "hi <|user|> there <tool> end";
+    const int32_t user = cg_tokenizer_token_id(t, "<|user|>");
+    const int32_t tool = cg_tokenizer_token_id(t, "<tool>");
+    ck_assert_int_ge(user, 0);
+    ck_assert_int_ge(tool, 0);
+    for (int split = 0; split < 2; split++) {
+        cg_encode_opts o = cg_encode_default_opts();
+        o.add_special = 0;
+        o.split_special = split;
+        cg_tokens tk = {0};
+        ck_assert_int_eq(cg_tokenizer_encode_opts(t, text, strlen(text), &o, &tk), CG_OK);
+        int n_user = 0, n_tool = 0;
+        for (size_t i = 0; i < tk.n; i++) {
+            n_user += tk.ids[i] == user;
+            n_tool += tk.ids[i] == tool;
+        }
+        ck_assert_int_eq(n_user, !split);
+        ck_assert_int_eq(n_tool, 1);
+        cg_buf b;
+        cg_buf_init(&b, 0);
+        ck_assert_int_eq(cg_tokenizer_decode(t, tk.ids, tk.n, 0, &b), CG_OK);
+        ck_assert_ptr_nonnull(strstr(b.data, "<|user|> there <tool> end"));
+        cg_buf_free(&b);
+        cg_tokens_free(&tk);
+    }
+    /* the limit: more ids than max_tokens is CG_E_CONTEXT with out unchanged */
+    cg_encode_opts o = cg_encode_default_opts();
+    o.max_tokens = 3;
+    cg_tokens tk = {0};
+    ck_assert_int_eq(cg_tokenizer_encode_opts(t, text, strlen(text), &o, &tk), CG_E_CONTEXT);
+    ck_assert_uint_eq(tk.n, 0);
+    cg_tokens_free(&tk);
+    cg_tokenizer_free(&t);
+}
+END_TEST
+
 /* Runs tokenize.mjs; returns 0 with g_ref set, or 77 after printing why it is skipped. */
 static int load_reference(void)
 {
@@ -939,7 +981,7 @@ int main(int argc, char **argv)
                               TH_TESTS(test_bytes, test_cases_vs_tokenizers, test_hand_checked,
                                        test_invalid_utf8_and_caps, test_malformed_refused,
                                        test_config_template, test_threads, test_normalize_exact,
-                                       test_normalize_long_runs));
+                                       test_normalize_long_runs, test_split_special));
     }
     json_decref(g_ref);
     return failed;

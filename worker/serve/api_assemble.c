@@ -132,6 +132,7 @@ void cg_api_assemble(cg_http_req *req, void *app)
                           .recompute_ratio = (float)o.recompute_ratio,
                           .reserve_tokens = o.reserve,
                           .no_bos = !o.add_special,
+                          .split_special = o.split_special,
                           .path = CG_PATH_CACHED};
     st = cg_engine_assemble(a->e, &ar, cg_now_ms(), &info, err, sizeof err);
     if (st != CG_OK) {

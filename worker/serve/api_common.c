@@ -95,6 +95,11 @@ int cg_api_parse_opts(cg_worker_api *a, cg_http_req *req, json_t *body, const ch
         cg_api_field_error(req, st, "add_special_tokens", "a boolean");
         return 0;
     }
+    if ((st = cg_json_get_bool(body, "split_special_tokens", a->p.split_special,
+                               &o->split_special)) != CG_OK) {
+        cg_api_field_error(req, st, "split_special_tokens", "a boolean");
+        return 0;
+    }
     return 1;
 }
 

@@ -47,6 +47,7 @@ typedef struct cg_api_opts {
     double recompute_ratio; /* the request's, else --recompute-ratio */
     long long reserve;
     int add_special; /* add_special_tokens (vLLM): the system segment or plain prompt gets BOS */
+    int split_special; /* split_special_tokens (HF, vLLM): special-token text is plain text */
 } cg_api_opts;
 /* Parses them (mode from mode_field); replies 400 and returns 0 on a bad value. */
 int cg_api_parse_opts(cg_worker_api *a, cg_http_req *req, json_t *body, const char *mode_field,

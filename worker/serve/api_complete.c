@@ -349,6 +349,7 @@ static int assemble(cg_worker_api *a, cg_http_req *req, const creq *c, kvsrc *k,
                           .recompute_ratio = (float)c->o.recompute_ratio,
                           .reserve_tokens = c->o.reserve,
                           .no_bos = !c->o.add_special,
+                          .split_special = c->o.split_special,
                           .path = CG_PATH_CACHED};
     cg_status st = cg_engine_assemble(a->e, &ar, cg_now_ms(), &k->info, err, sizeof err);
     if (st != CG_OK) {
@@ -782,6 +783,7 @@ void cg_api_complete_body(cg_worker_api *a, cg_http_req *req, json_t *body, int 
                           .max_tokens = (uint32_t)c.max_tokens,
                           .clamp_max_tokens = !c.max_tokens_given,
                           .no_bos = !c.o.add_special,
+                          .split_special = c.o.split_special,
                           .logprobs = c.logprobs >= 0 ? (int)c.logprobs : -1};
     if (!resolve_kv(a, req, &c, &k, &cr)) goto out;
     /* Only what was decoded from an assembly has reuse to compare. */

@@ -46,6 +46,9 @@ typedef struct cg_worker_api_params {
     /* --api-key: every route but /healthz needs it as a bearer token (the HTTP server checks
      * it); also sent to --kv-source, which is expected to share it. Borrowed; NULL = open. */
     const char *api_key;
+    /* The default of a request's split_special_tokens (--split-special-tokens); default 0:
+     * special-token text in a prompt is its control token, as Hugging Face does */
+    int split_special;
 } cg_worker_api_params;
 
 #endif

@@ -64,6 +64,12 @@ void cg_api_tokenize(cg_http_req *req, void *app)
         cg_api_field_error(req, st, "add_special_tokens", "a boolean");
         goto out;
     }
+    int split = 0;
+    if ((st = cg_json_get_bool(body, "split_special_tokens", a->p.split_special, &split)) !=
+        CG_OK) {
+        cg_api_field_error(req, st, "split_special_tokens", "a boolean");
+        goto out;
+    }
     if ((st = cg_json_get_bool(body, "return_token_strs", 0, &strs)) != CG_OK) {
         cg_api_field_error(req, st, "return_token_strs", "a boolean");
         goto out;
@@ -71,6 +77,7 @@ void cg_api_tokenize(cg_http_req *req, void *app)
     const long long max_pos = cg_api_cfg(a)->max_pos;
     cg_encode_opts eo = cg_encode_default_opts();
     eo.add_special = add;
+    eo.split_special = split;
     eo.max_tokens = (size_t)max_pos;
     st = cg_tokenizer_encode_opts(tokenizer(a), text, len, &eo, &ids);
     if (st != CG_OK) {

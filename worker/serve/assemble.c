@@ -75,6 +75,7 @@ typedef struct job {
     cg_role *roles;
     cg_key *keys;
     uint8_t *hit, *stored;
+    uint8_t *nocache; /* split_special changed this segment's tokens: computed, never cached */
     const char **tier;
     uint32_t total, s_len, max_chunk;
     cg_kv *scratch;            /* chunk misses are computed here (phase 2) */
@@ -98,6 +99,7 @@ static void job_free(job *j)
     free(j->keys);
     free(j->hit);
     free(j->stored);
+    free(j->nocache);
     free(j->tier);
     cg_kv_free(&j->scratch);
     cg_pool_evictions_free(&j->ev);
@@ -128,8 +130,26 @@ static cg_status tokenize(job *j, char *err, size_t errlen)
          * tokenizer alone (a real one holds about 4 bytes a token, and may also give more
          * tokens than bytes), and the body's cap already bounds the work. */
         size_t n = 0;
-        j->toks[i] = cg_tok_encode(j->e->m, s->text, s->len,
-                                   s->role == CG_ROLE_SYSTEM && !j->req->no_bos, &n);
+        const int bos = s->role == CG_ROLE_SYSTEM && !j->req->no_bos;
+        j->toks[i] = cg_tok_encode(j->e->m, s->text, s->len, bos, &n);
+        if (j->toks[i] && j->req->split_special && s->role != CG_ROLE_QUESTION) {
+            /* Keys cover text, and cached KV holds the text's usual tokens: a segment whose
+             * special-token text splits into other tokens must not meet the cache. */
+            cg_encode_opts o = cg_encode_default_opts();
+            o.add_special = bos;
+            o.split_special = 1;
+            cg_tokens t = {0};
+            if (cg_tokenizer_encode_opts(cg_model_tokenizer(j->e->m), s->text, s->len, &o, &t) ==
+                    CG_OK &&
+                t.n && (t.n != n || memcmp(t.ids, j->toks[i], n * sizeof *t.ids) != 0)) {
+                j->nocache[i] = 1;
+                free(j->toks[i]);
+                j->toks[i] = t.ids; /* taken over */
+                n = t.n;
+                t = (cg_tokens){0};
+            }
+            cg_tokens_free(&t);
+        }
         if (!j->toks[i]) {
             cg_seterr(err, errlen, "segments[%zu] has no token (invalid UTF-8?)", i);
             return CG_E_VALUE;
@@ -148,6 +168,9 @@ static cg_status tokenize(job *j, char *err, size_t errlen)
         if (s->role == CG_ROLE_CHUNK) j->max_chunk = CG_MAX(j->max_chunk, j->lens[i]);
     }
     j->s_len = j->roles[0] == CG_ROLE_SYSTEM ? j->lens[0] : 0;
+    /* in mode sys every chunk's KV follows the system segment's tokens */
+    if (j->req->mode == CG_MODE_SYS && j->roles[0] == CG_ROLE_SYSTEM && j->nocache[0])
+        memset(j->nocache, 1, j->n);
     return CG_OK;
 }
 
@@ -187,6 +210,7 @@ static cg_status prepare(job *j, char *err, size_t errlen)
     j->keys = cg_calloc(n, sizeof *j->keys);
     j->hit = cg_calloc(n, 1);
     j->stored = cg_calloc(n, 1);
+    j->nocache = cg_calloc(n, 1);
     j->tier = cg_calloc(n, sizeof *j->tier);
     cg_status st = tokenize(j, err, errlen);
     return st == CG_OK ? key_segments(j, err, errlen) : st;
@@ -296,10 +320,10 @@ static cg_status compute_chunk(job *j, size_t i, int cached)
 
 static cg_status place(job *j)
 {
-    const int cached = j->req->path == CG_PATH_CACHED;
     const size_t last = j->n - 1;
     for (size_t i = 0; i < j->n; i++) {
         if (j->roles[i] == CG_ROLE_QUESTION) continue; /* phase 4 */
+        const int cached = j->req->path == CG_PATH_CACHED && !j->nocache[i];
         cg_cached hit;
         /* Keys carry no role: a system text equal to a chunk text has the same strict key
          * but one more token (BOS); lookup refuses a chunk of another length. */

@@ -38,8 +38,11 @@ static cg_status prompt_tokens(cg_engine *e, const cg_complete_req *req, cg_toke
         t->ids = cg_malloc((req->n_prompt_tokens + 1) * sizeof *t->ids);
         memcpy(t->ids, req->prompt_tokens, req->n_prompt_tokens * sizeof *t->ids);
         t->n = t->cap = req->n_prompt_tokens;
-    } else if (cg_tokenizer_encode(cg_model_tokenizer(e->m), req->prompt ? req->prompt : "",
-                                   req->prompt ? req->prompt_len : 0, !req->no_bos, t) != CG_OK) {
+    } else if (cg_tokenizer_encode_opts(cg_model_tokenizer(e->m), req->prompt ? req->prompt : "",
+                                        req->prompt ? req->prompt_len : 0,
+                                        &(cg_encode_opts){.add_special = !req->no_bos,
+                                                          .split_special = req->split_special},
+                                        t) != CG_OK) {
         cg_seterr(err, errlen, "the prompt cannot be tokenized (invalid UTF-8)");
         return CG_E_UTF8;
     }

@@ -106,6 +106,10 @@ typedef struct cg_assemble_req {
      * 1: it does not (a prompt rendered by a chat template writes its own). Other segments
      * never do. */
     int no_bos;
+    /* 1: special tokens' text in the segments is plain text (split_special_tokens); a segment
+     * it tokenizes differently is computed and never cached (keys cover text, the cache holds
+     * the usual tokens), and in mode sys so are the chunks after such a system segment. */
+    int split_special;
     int64_t reserve_tokens; /* < 0: the engine's default */
     cg_engine_path path;    /* default CG_PATH_CACHED (0) */
     float *logits_out;      /* optional: receives vocab_size logits of the last token */
@@ -172,6 +176,7 @@ typedef struct cg_complete_req {
                                 no_bos), one causal forward, no cache */
     size_t prompt_len;
     int no_bos;
+    int split_special; /* special tokens' text in the prompt is plain text */
     const int32_t *prompt_tokens; /* or a plain prompt given as token ids (used when set) */
     size_t n_prompt_tokens;
     int prompt_logprobs; /* -1: none; else a plain prompt's token logprobs with this many top

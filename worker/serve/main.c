@@ -106,6 +106,7 @@ typedef struct serve_cfg {
     long long canary_tokens;
     long long canary_queue;
     long long stream_stall_ms;
+    long long split_special;
     long long canary_chunk;
     int log_level; /* cg_log_level */
     int key_hash;  /* cg_key_hash */
@@ -184,6 +185,10 @@ static const cg_cfg_opt serve_opts[] = {
         "Jinja chat template file for /v1/chat/completions, instead of the model's own "
         "(tokenizer_config.json or chat_template.jinja); empty = the model's, or the plain "
         "rendering for a model without one"),
+    OPT("split-special-tokens", "CHUNKGATE_WORKER_SPLIT_SPECIAL_TOKENS", CG_CFG_INT, split_special,
+        "0", 0, 1,
+        "default of a request's split_special_tokens: 0 = special-token text in a prompt is its "
+        "control token (as Hugging Face does); 1 = plain text"),
     OPT("default-max-tokens", "CHUNKGATE_WORKER_DEFAULT_MAX_TOKENS", CG_CFG_INT, default_max_tokens,
         "16", 0, 1 << 24, "max_tokens of /v1/completions when the request has none"),
     OPT("max-body", "CHUNKGATE_WORKER_MAX_BODY", CG_CFG_SIZE, max_body, "8M", 1024, 1LL << 32,
@@ -559,6 +564,7 @@ static int open_api(const serve_cfg *c, parts *w)
     ap.canary_tokens = (uint32_t)c->canary_tokens;
     ap.canary_queue = (uint32_t)c->canary_queue;
     ap.stream_stall_ms = (int)c->stream_stall_ms;
+    ap.split_special = (int)c->split_special;
     ap.api_key = c->api_key[0] ? c->api_key : NULL;
     ap.chat = w->chat;
     ap.remote_url = c->remote;
