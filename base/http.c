@@ -889,6 +889,17 @@ const char *cg_http_req_bearer(cg_http_req *r)
     return r->bearer;
 }
 
+int cg_http_req_client_left(cg_http_req *r)
+{
+    if (!r || !r->cs || r->cs->fd < 0) return 0;
+    struct pollfd p = {.fd = r->cs->fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) != 1) return 0;
+    if (p.revents & (POLLERR | POLLHUP)) return 1;
+    if (!(p.revents & POLLRDHUP)) return 0;
+    char b;
+    return recv(r->cs->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 cg_http_caller cg_http_req_caller(const cg_http_req *r)
 {
     return r->caller;

@@ -165,6 +165,10 @@ void *cg_http_req_data(const cg_http_req *r);
  * duplicate keys (cg_json_parse_object). On failure replies 400 itself and returns NULL.
  * The caller owns the returned reference. */
 json_t *cg_http_req_json(cg_http_req *r);
+/* 1 when the client has closed its side of the connection (or it failed) while the request
+ * is handled: long work for it (tokenizing a huge prompt) may stop. Cheap: one poll. A client
+ * that half-closes after its request counts as gone. Only before the reply. */
+int cg_http_req_client_left(cg_http_req *r);
 
 /* 1 once the server saw the client of r leave while r waited for its reply (checked at each
  * heartbeat, and at least every second: MHD cannot see it while the connection is parked). A client that

@@ -931,6 +931,44 @@ START_TEST(test_split_special)
 }
 END_TEST
 
+static int cancel_after(void *ud)
+{
+    int *calls = ud;
+    return ++*calls >= 2;
+}
+
+/* The tokenizer stops when its request goes away: the hook is asked while a long text is
+ * worked through, and once it says so the encode ends with CG_E_UNAVAILABLE, out unchanged,
+ * long before the end of the text. */
+START_TEST(test_encode_cancel)
+{
+    cg_tokenizer *t = open_fixture("bl");
+    uint64_t seed = 9;
+    char *text = th_words(4u << 20, "Cancel", &seed);
+    cg_encode_opts o = cg_encode_default_opts();
+    int calls = 0;
+    o.cancelled = cancel_after;
+    o.cancel_ud = &calls;
+    cg_tokens tk = {0};
+    ck_assert_int_eq(cg_tokenizer_encode_opts(t, text, strlen(text), &o, &tk), CG_E_UNAVAILABLE);
+    ck_assert_int_eq(calls, 2); /* stopped at the second question, after about 128 KiB */
+    ck_assert_uint_eq(tk.n, 0);
+    /* a hook that never says so changes nothing */
+    o.cancelled = NULL;
+    cg_tokens a = {0}, b = {0};
+    text[200000] = '\0';
+    ck_assert_int_eq(cg_tokenizer_encode_opts(t, text, strlen(text), &o, &a), CG_OK);
+    ck_assert_int_eq(cg_tokenizer_encode(t, text, strlen(text), 1, &b), CG_OK);
+    ck_assert_uint_eq(a.n, b.n);
+    ck_assert_mem_eq(a.ids, b.ids, a.n * sizeof *a.ids);
+    cg_tokens_free(&a);
+    cg_tokens_free(&b);
+    cg_tokens_free(&tk);
+    free(text);
+    cg_tokenizer_free(&t);
+}
+END_TEST
+
 /* Runs tokenize.mjs; returns 0 with g_ref set, or 77 after printing why it is skipped. */
 static int load_reference(void)
 {
@@ -981,7 +1019,8 @@ int main(int argc, char **argv)
                               TH_TESTS(test_bytes, test_cases_vs_tokenizers, test_hand_checked,
                                        test_invalid_utf8_and_caps, test_malformed_refused,
                                        test_config_template, test_threads, test_normalize_exact,
-                                       test_normalize_long_runs, test_split_special));
+                                       test_normalize_long_runs, test_split_special,
+                                       test_encode_cancel));
     }
     json_decref(g_ref);
     return failed;

@@ -649,7 +649,11 @@ typedef struct ectx {
     cg_tokens *out;
     size_t start;       /* out->n when the encode began */
     size_t limit;       /* most ids this encode may add (0 = any) */
-    bool over;          /* the limit was passed: the encode stopped */
+    bool over;          /* the limit was passed, or the request went away: the encode stopped */
+    bool gone;          /* it was the request going away */
+    int (*cancelled)(void *ud);
+    void *cancel_ud;
+    size_t checked;     /* work units since cancelled was last asked */
     bool split_special; /* special tokens' text in the input is plain text */
 } ectx;
 
@@ -1373,6 +1377,15 @@ static void find_added(ectx *c, const trie *tr, const char *s, size_t n, seg **o
  * Encode
  * ------------------------------------------------------------------------------------------- */
 
+/* Asks the cancel hook once about every 64 KiB of input bytes worked through. */
+static void ask_cancelled(ectx *c, size_t bytes)
+{
+    c->checked += bytes + 1;
+    if (!c->cancelled || c->checked < (64u << 10)) return;
+    c->checked = 0;
+    if (c->cancelled(c->cancel_ud)) c->over = c->gone = true;
+}
+
 /* Pre-tokenizes one normalized piece and runs the model on each pre-token. */
 static int encode_piece(ectx *c, const char *s, size_t n, bool first)
 {
@@ -1390,6 +1403,7 @@ static int encode_piece(ectx *c, const char *s, size_t n, bool first)
     for (size_t i = 0; i < in->n && !c->over; i++) {
         bpe_word(c, in->buf.p + in->v[i].off, in->v[i].len);
         c->over = c->limit && c->out->n - c->start > c->limit;
+        ask_cancelled(c, in->v[i].len);
     }
     return 0;
 }
@@ -1405,7 +1419,9 @@ static cg_status encode_hf(const cg_tokenizer *t, const char *text, size_t len,
               .out = out,
               .start = start,
               .limit = o->max_tokens,
-              .split_special = o->split_special != 0};
+              .split_special = o->split_special != 0,
+              .cancelled = o->cancelled,
+              .cancel_ud = o->cancel_ud};
     c.md = pcre2_match_data_create(1, NULL);
     if (!c.md) abort();
     seg *s1 = NULL, *s2 = NULL;
@@ -1417,6 +1433,8 @@ static cg_status encode_hf(const cg_tokenizer *t, const char *text, size_t len,
             continue;
         }
         /* c.norm is written only by normalize(): it holds the piece while its parts are encoded */
+        ask_cancelled(&c, s1[i].e - s1[i].s);
+        if (c.over) break;
         if (normalize(&c, text + s1[i].s, s1[i].e - s1[i].s) < 0) goto fail;
         find_added(&c, &t->norm_trie, c.norm.p, c.norm.n, &s2, &n2, &c2);
         for (size_t j = 0; j < n2 && !c.over; j++) {
@@ -1429,7 +1447,7 @@ static cg_status encode_hf(const cg_tokenizer *t, const char *text, size_t len,
     }
     if (c.over || (c.limit && out->n - start > c.limit)) {
         out->n = start;
-        st = CG_E_CONTEXT;
+        st = c.gone ? CG_E_UNAVAILABLE : CG_E_CONTEXT;
         goto out;
     }
     if (add_special && t->n_tmpl) {

@@ -83,11 +83,17 @@ typedef struct cg_encode_opts {
                           Hugging Face does by default. Non-special added tokens still match. */
     size_t max_tokens; /* most ids to add (the template's included); more: CG_E_CONTEXT, out
                           unchanged, the work stopped soon after the limit; 0 = no limit */
+    /* Asked between pieces of work (every piece between added tokens, every pre-token): when
+     * it returns non-zero (the request went away) the encode stops with CG_E_UNAVAILABLE, out
+     * unchanged. NULL = never. */
+    int (*cancelled)(void *ud);
+    void *cancel_ud;
 } cg_encode_opts;
 
 cg_encode_opts cg_encode_default_opts(void);
 
-/* cg_tokenizer_encode with options o (borrowed). Also CG_E_CONTEXT past o->max_tokens. */
+/* cg_tokenizer_encode with options o (borrowed). Also CG_E_CONTEXT past o->max_tokens, and
+ * CG_E_UNAVAILABLE when o->cancelled said so. */
 cg_status cg_tokenizer_encode_opts(const cg_tokenizer *t, const char *text, size_t len,
                                    const cg_encode_opts *o, cg_tokens *out) CG_WUR;
 

@@ -133,6 +133,8 @@ void cg_api_assemble(cg_http_req *req, void *app)
                           .reserve_tokens = o.reserve,
                           .no_bos = !o.add_special,
                           .split_special = o.split_special,
+                          .cancelled = cg_api_client_left,
+                          .cancel_ud = req,
                           .path = CG_PATH_CACHED};
     st = cg_engine_assemble(a->e, &ar, cg_now_ms(), &info, err, sizeof err);
     if (st != CG_OK) {

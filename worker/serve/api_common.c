@@ -21,6 +21,11 @@ int cg_api_admit(cg_worker_api *a, cg_http_req *req, int force)
     return 0;
 }
 
+int cg_api_client_left(void *ud)
+{
+    return cg_http_req_client_left(ud);
+}
+
 /* Replies 404 when the request names another model. Returns 0 when it replied. */
 int cg_api_model_ok(cg_worker_api *a, cg_http_req *req, json_t *body)
 {

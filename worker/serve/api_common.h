@@ -31,6 +31,9 @@ const cg_model_config *cg_api_cfg(cg_worker_api *a);
 /* Admission (cg_engine_admit; force: admit whatever the load): 1 when admitted, else replies
  * 429 with Retry-After and returns 0. */
 int cg_api_admit(cg_worker_api *a, cg_http_req *req, int force);
+/* The engine's and tokenizer's cancel hook for a request (ud: its cg_http_req): 1 once its
+ * client has left. Valid until the reply. */
+int cg_api_client_left(void *ud);
 /* Replies 404 when the request names another model. Returns 0 when it replied. */
 int cg_api_model_ok(cg_worker_api *a, cg_http_req *req, json_t *body);
 /* Replies with a field error naming the field; what: the expected form. */

@@ -350,6 +350,8 @@ static int assemble(cg_worker_api *a, cg_http_req *req, const creq *c, kvsrc *k,
                           .reserve_tokens = c->o.reserve,
                           .no_bos = !c->o.add_special,
                           .split_special = c->o.split_special,
+                          .cancelled = cg_api_client_left,
+                          .cancel_ud = req,
                           .path = CG_PATH_CACHED};
     cg_status st = cg_engine_assemble(a->e, &ar, cg_now_ms(), &k->info, err, sizeof err);
     if (st != CG_OK) {
@@ -784,6 +786,8 @@ void cg_api_complete_body(cg_worker_api *a, cg_http_req *req, json_t *body, int 
                           .clamp_max_tokens = !c.max_tokens_given,
                           .no_bos = !c.o.add_special,
                           .split_special = c.o.split_special,
+                          .cancelled = cg_api_client_left,
+                          .cancel_ud = req,
                           .logprobs = c.logprobs >= 0 ? (int)c.logprobs : -1};
     if (!resolve_kv(a, req, &c, &k, &cr)) goto out;
     /* Only what was decoded from an assembly has reuse to compare. */

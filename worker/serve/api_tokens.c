@@ -78,6 +78,8 @@ void cg_api_tokenize(cg_http_req *req, void *app)
     cg_encode_opts eo = cg_encode_default_opts();
     eo.add_special = add;
     eo.split_special = split;
+    eo.cancelled = cg_api_client_left;
+    eo.cancel_ud = req;
     eo.max_tokens = (size_t)max_pos;
     st = cg_tokenizer_encode_opts(tokenizer(a), text, len, &eo, &ids);
     if (st != CG_OK) {

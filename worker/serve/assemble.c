@@ -130,19 +130,27 @@ static cg_status tokenize(job *j, char *err, size_t errlen)
          * tokenizer alone (a real one holds about 4 bytes a token, and may also give more
          * tokens than bytes), and the body's cap already bounds the work. */
         size_t n = 0;
-        const int bos = s->role == CG_ROLE_SYSTEM && !j->req->no_bos;
-        j->toks[i] = cg_tok_encode(j->e->m, s->text, s->len, bos, &n);
-        if (j->toks[i] && j->req->split_special && s->role != CG_ROLE_QUESTION) {
-            /* Keys cover text, and cached KV holds the text's usual tokens: a segment whose
-             * special-token text splits into other tokens must not meet the cache. */
-            cg_encode_opts o = cg_encode_default_opts();
-            o.add_special = bos;
-            o.split_special = 1;
+        cg_encode_opts o = cg_encode_default_opts();
+        o.add_special = s->role == CG_ROLE_SYSTEM && !j->req->no_bos;
+        o.cancelled = j->req->cancelled;
+        o.cancel_ud = j->req->cancel_ud;
+        for (int split = 0; split <= (j->req->split_special && s->role != CG_ROLE_QUESTION);
+             split++) {
+            /* With split_special a segment is tokenized both ways: keys cover text, and cached
+             * KV holds the text's usual tokens, so one whose special-token text splits into
+             * other tokens must not meet the cache. */
+            o.split_special = split;
             cg_tokens t = {0};
-            if (cg_tokenizer_encode_opts(cg_model_tokenizer(j->e->m), s->text, s->len, &o, &t) ==
-                    CG_OK &&
-                t.n && (t.n != n || memcmp(t.ids, j->toks[i], n * sizeof *t.ids) != 0)) {
-                j->nocache[i] = 1;
+            cg_status st = cg_tokenizer_encode_opts(cg_model_tokenizer(j->e->m), s->text, s->len,
+                                                    &o, &t);
+            if (st == CG_E_UNAVAILABLE) {
+                cg_tokens_free(&t);
+                cg_seterr(err, errlen, "the client left while segments were tokenized");
+                return st;
+            }
+            if (st == CG_OK && t.n &&
+                (!split || t.n != n || memcmp(t.ids, j->toks[i], n * sizeof *t.ids) != 0)) {
+                j->nocache[i] = (uint8_t)split;
                 free(j->toks[i]);
                 j->toks[i] = t.ids; /* taken over */
                 n = t.n;

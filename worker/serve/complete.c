@@ -41,8 +41,14 @@ static cg_status prompt_tokens(cg_engine *e, const cg_complete_req *req, cg_toke
     } else if (cg_tokenizer_encode_opts(cg_model_tokenizer(e->m), req->prompt ? req->prompt : "",
                                         req->prompt ? req->prompt_len : 0,
                                         &(cg_encode_opts){.add_special = !req->no_bos,
-                                                          .split_special = req->split_special},
+                                                          .split_special = req->split_special,
+                                                          .cancelled = req->cancelled,
+                                                          .cancel_ud = req->cancel_ud},
                                         t) != CG_OK) {
+        if (req->cancelled && req->cancelled(req->cancel_ud)) {
+            cg_seterr(err, errlen, "the client left while the prompt was tokenized");
+            return CG_E_UNAVAILABLE;
+        }
         cg_seterr(err, errlen, "the prompt cannot be tokenized (invalid UTF-8)");
         return CG_E_UTF8;
     }

@@ -110,6 +110,10 @@ typedef struct cg_assemble_req {
      * it tokenizes differently is computed and never cached (keys cover text, the cache holds
      * the usual tokens), and in mode sys so are the chunks after such a system segment. */
     int split_special;
+    /* Optional: asked while segments are tokenized; non-zero (the client left) stops the
+     * request with CG_E_UNAVAILABLE. */
+    int (*cancelled)(void *ud);
+    void *cancel_ud;
     int64_t reserve_tokens; /* < 0: the engine's default */
     cg_engine_path path;    /* default CG_PATH_CACHED (0) */
     float *logits_out;      /* optional: receives vocab_size logits of the last token */
@@ -177,6 +181,8 @@ typedef struct cg_complete_req {
     size_t prompt_len;
     int no_bos;
     int split_special; /* special tokens' text in the prompt is plain text */
+    int (*cancelled)(void *ud); /* optional: as cg_assemble_req's, while the prompt is tokenized */
+    void *cancel_ud;
     const int32_t *prompt_tokens; /* or a plain prompt given as token ids (used when set) */
     size_t n_prompt_tokens;
     int prompt_logprobs; /* -1: none; else a plain prompt's token logprobs with this many top
