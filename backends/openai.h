@@ -28,22 +28,22 @@ typedef struct cg_openai cg_openai;
 typedef struct cg_openai_xfer cg_openai_xfer;
 
 typedef struct cg_openai_params {
-    const char *base_url;    /* e.g. "http://127.0.0.1:8000" (copied); a trailing "/" or
-                                "/v1" is dropped, request paths start with "/v1/". NULL: no
-                                default upstream; every request names its own (the gateway
-                                without --backend still talks to its workers) */
-    const char *api_key;     /* sent as "Authorization: Bearer ..." when set (copied) */
+    const char *base_url;       /* e.g. "http://127.0.0.1:8000" (copied); a trailing "/" or
+                                   "/v1" is dropped, request paths start with "/v1/". NULL: no
+                                   default upstream; every request names its own (the gateway
+                                   without --backend still talks to its workers) */
+    const char *api_key;        /* sent as "Authorization: Bearer ..." when set (copied) */
     const char *worker_api_key; /* sent the same way instead of api_key on requests to a
                                    worker (cg_openai_req.to_worker); copied; NULL = none */
-    long connect_timeout_ms; /* default 3000 */
-    long idle_timeout_ms;    /* longest silence from the backend, before the first byte or
-                                between two reads, before CG_E_TIMEOUT; default 300000 */
-    long max_idle_conns;     /* idle connections kept for reuse; default 1024 */
-    long dns_cache_s;        /* seconds a resolved host name is reused before it is looked up
-                                again (CURLOPT_DNS_CACHE_TIMEOUT; libcurl's own default is 60,
-                                which kept a restarted worker on a new address unreachable);
-                                0 = looked up for every new connection; default 2, the gateway
-                                sets at most its health interval. Negative: the default */
+    long connect_timeout_ms;    /* default 3000 */
+    long idle_timeout_ms;       /* longest silence from the backend, before the first byte or
+                                   between two reads, before CG_E_TIMEOUT; default 300000 */
+    long max_idle_conns;        /* idle connections kept for reuse; default 1024 */
+    long dns_cache_s;           /* seconds a resolved host name is reused before it is looked up
+                                   again (CURLOPT_DNS_CACHE_TIMEOUT; libcurl's own default is 60,
+                                   which kept a restarted worker on a new address unreachable);
+                                   0 = looked up for every new connection; default 2, the gateway
+                                   sets at most its health interval. Negative: the default */
 } cg_openai_params;
 
 cg_openai_params cg_openai_default_params(void);

@@ -214,8 +214,8 @@ cg_status cg_gw_segment_request(cg_gateway *g, json_t *body, const char *model, 
     for (size_t i = 0; i < ns; i++)
         ks[i] = (cg_key_seg){out->split.segs[i].role, out->text + out->split.segs[i].off,
                              out->split.segs[i].len};
-    cg_key_scope scope = {model, strlen(model), out->mode, salt, salt ? strlen(salt) : 0,
-                          out->no_bos};
+    cg_key_scope scope = {model, strlen(model),           out->mode,
+                          salt,  salt ? strlen(salt) : 0, out->no_bos};
     cg_key_request(&scope, ks, ns, 0, all);
     out->keys = cg_calloc(ns ? ns : 1, sizeof *out->keys);
     out->key_seg = cg_calloc(ns ? ns : 1, sizeof *out->key_seg);

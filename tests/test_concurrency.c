@@ -230,8 +230,9 @@ static int stalled_stream(int port, int max_tokens)
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     /* top logprobs make each event large, so the socket buffers fill within seconds */
-    json_t *j = json_pack("{s:s, s:i, s:f, s:b, s:i}", "prompt", "Plain prompt about the harbour",
-                          "max_tokens", max_tokens, "temperature", 0.0, "stream", 1, "logprobs", 20);
+    json_t *j =
+        json_pack("{s:s, s:i, s:f, s:b, s:i}", "prompt", "Plain prompt about the harbour",
+                  "max_tokens", max_tokens, "temperature", 0.0, "stream", 1, "logprobs", 20);
     char *b = th_dumps(j);
     char head[256];
     int hl = snprintf(head, sizeof head,
@@ -251,8 +252,8 @@ START_TEST(slow_readers_hold_no_slot)
 {
     enum { N = 2 };
     th_proc w;
-    const char *args[] = {"--max-running", "2", "--max-queue", "8", "--stream-stall-ms", "8000",
-                          NULL};
+    const char *args[] = {"--max-running",     "2",    "--max-queue", "8",
+                          "--stream-stall-ms", "8000", NULL};
     ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "slow", args), 0);
     int fds[N];
     for (int i = 0; i < N; i++)
@@ -428,8 +429,7 @@ int main(void)
     failed = th_run_suite("concurrency", "processes", 400, (th_fixture){0}, CK_NOFORK,
                           TH_TESTS(concurrent_equals_alone, shedding, gateway_routes_around_busy,
                                    disconnect_frees_sequence, slow_readers_hold_no_slot,
-                                   tokenize_is_admitted,
-                                   soak_64_clients));
+                                   tokenize_is_admitted, soak_64_clients));
 out:
     th_stop_clean(&gw, "chunkgate");
     th_stop_clean(&wk, "worker");

@@ -581,8 +581,9 @@ int main(void)
     const char *seed[] = {"--seed", "3", NULL};
     if (!(model = th_model_gen_open(WORKER_BIN, model_dir, seed))) return EXIT_FAILURE;
     int failed = th_run_tests("tiers_e2e", "processes", 300,
-                              TH_TESTS(test_spill_restore_restart, test_full_disk, test_unpooled_chunks_reach_disk,
-                                       test_kill9_during_spills, test_data_dir_locked));
+                              TH_TESTS(test_spill_restore_restart, test_full_disk,
+                                       test_unpooled_chunks_reach_disk, test_kill9_during_spills,
+                                       test_data_dir_locked));
     cg_model_close(&model);
     th_cleanup(failed);
     curl_global_cleanup();

@@ -796,10 +796,10 @@ END_TEST
  * characters, in all four forms. */
 START_TEST(test_normalize_exact)
 {
-    static const int32_t pool[] = {
-        'a',    'e',    'o',    'A',    ' ',    0x00E9, 0x0301, 0x0316, 0x0323, 0x0327, 0x030A,
-        0x0345, 0x05B0, 0x0F71, 0x1100, 0x1161, 0x11A8, 0xAC00, 0xFB01, 0x2460, 0xFF21, 0x212B,
-        0x1E0A, 0x0387, 0x3099, 0x304B, 0x0300, 0x034F, 0x1F600};
+    static const int32_t pool[] = {'a',    'e',    'o',    'A',    ' ',    0x00E9, 0x0301, 0x0316,
+                                   0x0323, 0x0327, 0x030A, 0x0345, 0x05B0, 0x0F71, 0x1100, 0x1161,
+                                   0x11A8, 0xAC00, 0xFB01, 0x2460, 0xFF21, 0x212B, 0x1E0A, 0x0387,
+                                   0x3099, 0x304B, 0x0300, 0x034F, 0x1F600};
     static const utf8proc_option_t opts[] = {
         UTF8PROC_STABLE | UTF8PROC_COMPOSE, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE,
         UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT,

@@ -647,10 +647,10 @@ typedef struct ectx {
     hent *hp;
     size_t nhp, chp;
     cg_tokens *out;
-    size_t start;       /* out->n when the encode began */
-    size_t limit;       /* most ids this encode may add (0 = any) */
-    bool over;          /* the limit was passed, or the request went away: the encode stopped */
-    bool gone;          /* it was the request going away */
+    size_t start; /* out->n when the encode began */
+    size_t limit; /* most ids this encode may add (0 = any) */
+    bool over;    /* the limit was passed, or the request went away: the encode stopped */
+    bool gone;    /* it was the request going away */
     int (*cancelled)(void *ud);
     void *cancel_ud;
     size_t checked;     /* work units since cancelled was last asked */
@@ -906,16 +906,16 @@ cg_status cg_unicode_normalize(const char *s, size_t n, cg_nf form, cg_buf *out)
     cg_status st = CG_OK;
     for (size_t i = 0; i < n;) {
         utf8proc_int32_t uc;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i,
-                                              (utf8proc_ssize_t)(n - i), &uc);
+        utf8proc_ssize_t k =
+            utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &uc);
         if (k <= 0) {
             st = CG_E_UTF8;
             goto out;
         }
         i += (size_t)k;
         for (;;) { /* decomposition only: the reordering is canonical_order's */
-            utf8proc_ssize_t w = utf8proc_decompose_char(uc, b + len, (utf8proc_ssize_t)(cap - len),
-                                                         opt, NULL);
+            utf8proc_ssize_t w =
+                utf8proc_decompose_char(uc, b + len, (utf8proc_ssize_t)(cap - len), opt, NULL);
             if (w < 0) {
                 st = CG_E_INTERNAL;
                 goto out;
@@ -930,8 +930,8 @@ cg_status cg_unicode_normalize(const char *s, size_t n, cg_nf form, cg_buf *out)
     }
     canonical_order(b, len);
     if (compose) {
-        utf8proc_ssize_t r = utf8proc_normalize_utf32(b, (utf8proc_ssize_t)len,
-                                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        utf8proc_ssize_t r =
+            utf8proc_normalize_utf32(b, (utf8proc_ssize_t)len, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
         if (r < 0) {
             st = CG_E_INTERNAL;
             goto out;
@@ -965,8 +965,8 @@ static int normalize(ectx *c, const char *s, size_t n)
         case NZ_NFKD: {
             unsigned char ml = max_lead(cur->p, cur->n);
             if (ml < 0x80 || (ml < 0xCC && z->kind == NZ_NFC)) continue;
-            static const cg_nf form[] = {[NZ_NFC] = CG_NF_C, [NZ_NFD] = CG_NF_D,
-                                         [NZ_NFKC] = CG_NF_KC, [NZ_NFKD] = CG_NF_KD};
+            static const cg_nf form[] = {
+                [NZ_NFC] = CG_NF_C, [NZ_NFD] = CG_NF_D, [NZ_NFKC] = CG_NF_KC, [NZ_NFKD] = CG_NF_KD};
             cg_buf d;
             cg_buf_init(&d, 0);
             cg_status st = cg_unicode_normalize(cur->p, cur->n, form[z->kind], &d);

@@ -20,10 +20,10 @@ struct cg_worker_api {
     cg_worker_api_params p;
     cg_engine *e;
     cg_metrics *metrics;
-    char instance_id[33]; /* random per process: a gateway sees a restart by it */
-    int64_t started_ms;   /* wall clock at start */
-    int pulls;            /* KV pulls in flight (atomic) */
-    cg_canary *canary;    /* the quality canary (api_canary.h) */
+    char instance_id[33];   /* random per process: a gateway sees a restart by it */
+    int64_t started_ms;     /* wall clock at start */
+    int pulls;              /* KV pulls in flight (atomic) */
+    cg_canary *canary;      /* the quality canary (api_canary.h) */
     uint64_t stream_stalls; /* streams cut for a reader that read nothing (atomic) */
 };
 
@@ -49,7 +49,7 @@ typedef struct cg_api_opts {
     long long recompute;
     double recompute_ratio; /* the request's, else --recompute-ratio */
     long long reserve;
-    int add_special; /* add_special_tokens (vLLM): the system segment or plain prompt gets BOS */
+    int add_special;   /* add_special_tokens (vLLM): the system segment or plain prompt gets BOS */
     int split_special; /* split_special_tokens (HF, vLLM): special-token text is plain text */
 } cg_api_opts;
 /* Parses them (mode from mode_field); replies 400 and returns 0 on a bad value. */

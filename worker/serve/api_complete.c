@@ -423,9 +423,9 @@ typedef struct gen {
     int stopped;      /* a stop sequence matched: text ends where it began */
     tok_entry *toks;  /* every token of the choice, in order */
     size_t n_toks, cap_toks, toks_sent;
-    int admitted; /* holds an admission (cg_engine_admit) */
-    int chat;     /* answer in the chat.completion shapes */
-    int chunks;   /* chunks streamed so far (a chat stream's first carries the role) */
+    int admitted;      /* holds an admission (cg_engine_admit) */
+    int chat;          /* answer in the chat.completion shapes */
+    int chunks;        /* chunks streamed so far (a chat stream's first carries the role) */
     int stall_counted; /* the stall cut was counted */
 } gen;
 

@@ -180,7 +180,7 @@ typedef struct cg_complete_req {
                                 no_bos), one causal forward, no cache */
     size_t prompt_len;
     int no_bos;
-    int split_special; /* special tokens' text in the prompt is plain text */
+    int split_special;          /* special tokens' text in the prompt is plain text */
     int (*cancelled)(void *ud); /* optional: as cg_assemble_req's, while the prompt is tokenized */
     void *cancel_ud;
     const int32_t *prompt_tokens; /* or a plain prompt given as token ids (used when set) */

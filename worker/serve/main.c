@@ -73,7 +73,7 @@ typedef struct serve_cfg {
     long long disk_write_behind_mb;
     char *remote;
     char *remote_password_file;
-    char *api_key;      /* --api-key, or the key of --api-key-file (loaded by load_api_key) */
+    char *api_key; /* --api-key, or the key of --api-key-file (loaded by load_api_key) */
     char *api_key_file;
     char *remote_id;
     long long remote_timeout_ms;
@@ -201,8 +201,8 @@ static const cg_cfg_opt serve_opts[] = {
     OPT("max-running", "CHUNKGATE_WORKER_MAX_RUNNING", CG_CFG_INT, max_running, "16", 1, 1024,
         "decoding sequences stepped together (continuous batching); a stream whose client "
         "falls 64 tokens behind is parked outside them, so slow readers never hold these places"),
-    OPT("stream-stall-ms", "CHUNKGATE_WORKER_STREAM_STALL_MS", CG_CFG_INT, stream_stall_ms,
-        "30000", 100, 86400000,
+    OPT("stream-stall-ms", "CHUNKGATE_WORKER_STREAM_STALL_MS", CG_CFG_INT, stream_stall_ms, "30000",
+        100, 86400000,
         "a streamed completion whose client reads nothing for this long (its buffer full) is "
         "cut and its sequence freed"),
     OPT("max-queue", "CHUNKGATE_WORKER_MAX_QUEUE", CG_CFG_INT, max_queue, "48", 0, 1 << 20,
@@ -361,8 +361,7 @@ static int load_api_key(serve_cfg *c)
             return 2;
         }
         char *key = NULL;
-        if (cg_config_read_key("--api-key-file", c->api_key_file, &key, err, sizeof err) !=
-            CG_OK) {
+        if (cg_config_read_key("--api-key-file", c->api_key_file, &key, err, sizeof err) != CG_OK) {
             fprintf(stderr, "chunkgate-worker serve: %s\n", err);
             return 2;
         }

@@ -54,10 +54,10 @@ struct cg_sched {
     cg_dseq *wait_head, *wait_tail; /* joined, waiting for a place */
     cg_dseq *parked;                /* held for a slow owner (linked by next_wait) */
     uint32_t n_parked;
-    pjob *pq_head, *pq_tail;        /* prefill queue, FIFO */
-    pjob *iq_head, *iq_tail;        /* background queue, FIFO: runs only when idle */
-    int idle_stopped;               /* cg_sched_stop_idle: background jobs fail */
-    int interrupt;                  /* live work arrived: a background piece stops (atomic) */
+    pjob *pq_head, *pq_tail; /* prefill queue, FIFO */
+    pjob *iq_head, *iq_tail; /* background queue, FIFO: runs only when idle */
+    int idle_stopped;        /* cg_sched_stop_idle: background jobs fail */
+    int interrupt;           /* live work arrived: a background piece stops (atomic) */
     uint32_t admitted;
     cg_sched_stats stats;
     cg_fwd_scratch *scratch; /* the scheduler thread's */
