@@ -42,6 +42,7 @@ static const struct {
     {"echo", C, CG_FIELD_FORWARD},
     {"return_tokens_as_token_ids", C, CG_FIELD_FORWARD},
     {"add_special_tokens", C, CG_FIELD_FORWARD},
+    {"split_special_tokens", C | H, CG_FIELD_FORWARD}, /* also sent with the assemble */
     /* sampling fields chunkgate-worker refuses by name (their neutral values pass) */
     {"best_of", C, CG_FIELD_WORKER_REFUSES},
     {"suffix", C, CG_FIELD_WORKER_REFUSES},

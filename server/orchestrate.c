@@ -536,6 +536,9 @@ static json_t *assemble_body(const gw_call *c)
     if (s->salt) json_object_set_new(ab, "cache_salt", json_string(s->salt));
     set_recompute(ab, s);
     if (s->no_bos) json_object_set_new(ab, "add_special_tokens", json_false());
+    /* the worker tokenizes the segments: it honours (and checks) the client's choice */
+    json_t *sst = json_object_get(c->body, "split_special_tokens");
+    if (sst) json_object_set(ab, "split_special_tokens", sst);
     return ab;
 }
 
