@@ -261,7 +261,7 @@ START_TEST(slow_readers_hold_no_slot)
     /* wait until their buffers are full: decoding stops */
     double last = -1;
     int still = 0;
-    for (int t = 0; t < 600 && still < 5; t++) {
+    for (int t = 0; t < 1800 && still < 5; t++) { /* sanitizer builds decode slowly */
         th_sleep_ms(100);
         double rows = th_counter(w.port, "chunkgate_worker_decode_rows_total");
         still = rows > 0 && rows == last ? still + 1 : 0;

@@ -40,7 +40,6 @@ void cg_api_tokenize(cg_http_req *req, void *app)
     int admitted = 0;
     if (!body) return;
     if (!cg_api_model_ok(a, req, body)) goto out;
-    if (!(admitted = cg_api_admit(a, req, 0))) goto out;
     int is_chat = json_object_get(body, "messages") != NULL, templated = 0, add = 1, strs = 0;
     const char *text = NULL;
     size_t len = 0;
@@ -81,7 +80,11 @@ void cg_api_tokenize(cg_http_req *req, void *app)
     eo.cancelled = cg_api_client_left;
     eo.cancel_ud = req;
     eo.max_tokens = (size_t)max_pos;
+    if (!(admitted = cg_api_admit(a, req, 0))) goto out;
     st = cg_tokenizer_encode_opts(tokenizer(a), text, len, &eo, &ids);
+    /* the work is done: leave before replying, so the client's next request finds the place */
+    cg_engine_leave(a->e);
+    admitted = 0;
     if (st != CG_OK) {
         char msg[160];
         snprintf(msg, sizeof msg, "the text has more tokens than the model's %lld positions",
@@ -117,7 +120,6 @@ void cg_api_detokenize(cg_http_req *req, void *app)
     int admitted = 0;
     if (!body) return;
     if (!cg_api_model_ok(a, req, body)) goto out;
-    if (!(admitted = cg_api_admit(a, req, 0))) goto out;
     cg_status st = cg_json_get(body, "tokens", JSON_ARRAY, 1, &tokens);
     size_t n = tokens ? json_array_size(tokens) : 0;
     const long long max_pos = cg_api_cfg(a)->max_pos;
@@ -144,7 +146,11 @@ void cg_api_detokenize(cg_http_req *req, void *app)
         }
         ids[i] = (int32_t)json_integer_value(v);
     }
-    if ((st = cg_tokenizer_decode(tokenizer(a), ids, n, 0, &text)) != CG_OK) {
+    if (!(admitted = cg_api_admit(a, req, 0))) goto out;
+    st = cg_tokenizer_decode(tokenizer(a), ids, n, 0, &text);
+    cg_engine_leave(a->e); /* before replying, as /tokenize */
+    admitted = 0;
+    if (st != CG_OK) {
         cg_http_reply_error(req, st, "tokens", NULL);
         goto out;
     }
