@@ -87,6 +87,7 @@ typedef struct job {
     cg_complete_result res;
     cg_status st;
     uint64_t *stamps; /* optional: when each token arrived (ns) */
+    int *gate;        /* optional: after its first token the caller waits until *gate is set */
 } job;
 
 static int on_token(void *ud, const cg_tok_rec *rec, const char *bytes, size_t len)
@@ -97,6 +98,8 @@ static int on_token(void *ud, const cg_tok_rec *rec, const char *bytes, size_t l
     if (j->stamps && seen < (int)j->max_tokens) j->stamps[seen] = cg_now_ns();
     /* another thread polls seen: publish it atomically, after the stamp */
     __atomic_store_n(&j->seen, seen + 1, __ATOMIC_RELEASE);
+    while (j->gate && !__atomic_load_n(j->gate, __ATOMIC_ACQUIRE)) /* a client not reading */
+        th_sleep_ms(1);
     return j->stop_after > 0 && seen + 1 >= j->stop_after;
 }
 
@@ -291,6 +294,46 @@ START_TEST(departures)
 }
 END_TEST
 
+/* A caller that stops reading (a slow client) gives up its place once it is 64 tokens
+ * behind: with one place, another request runs to the end meanwhile; the slow one then joins
+ * again and ends with the tokens it gives alone. */
+START_TEST(slow_owner_is_parked)
+{
+    cg_engine *e = new_engine(m_f32, 1, 8, 64);
+    job alone = {.e = e, .prompt = PROMPTS[0], .max_tokens = 100};
+    run_job(&alone);
+    ck_assert_int_eq(alone.st, CG_OK);
+    int gate = 0;
+    job slow = {.e = e, .prompt = PROMPTS[0], .max_tokens = 100, .gate = &gate};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, run_job, &slow), 0);
+    int parked = 0;
+    for (int t = 0; t < 30000 && !parked; t++) {
+        parked = cg_engine_sched_stats(e).parked == 1;
+        if (!parked) th_sleep_ms(1);
+    }
+    ck_assert_msg(parked, "the sequence of a caller that stopped reading was not parked");
+    ck_assert_uint_eq(cg_engine_sched_stats(e).running, 0);
+    job other = {.e = e, .prompt = PROMPTS[1], .max_tokens = 12};
+    run_job(&other); /* would wait forever for the one place if the slow sequence held it */
+    ck_assert_int_eq(other.st, CG_OK);
+    ck_assert_uint_eq(other.res.n_tokens, 12);
+    __atomic_store_n(&gate, 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(slow.st, CG_OK);
+    ck_assert_uint_eq(slow.res.n_tokens, 100);
+    ck_assert_mem_eq(slow.res.tokens, alone.res.tokens, 100 * sizeof *alone.res.tokens);
+    cg_sched_stats st = cg_engine_sched_stats(e);
+    ck_assert_uint_ge(st.parked_total, 1);
+    ck_assert_uint_eq(st.parked, 0);
+    ck_assert_uint_eq(st.running, 0);
+    cg_complete_result_free(&alone.res);
+    cg_complete_result_free(&slow.res);
+    cg_complete_result_free(&other.res);
+    cg_engine_close(&e);
+}
+END_TEST
+
 int main(void)
 {
     cg_log_init("test_sched", CG_LOG_WARN);
@@ -302,7 +345,7 @@ int main(void)
         th_run_tests("sched", "engine", 300,
                      TH_TESTS(batch_invariance_f32, batch_invariance_bf16, batch_invariance_qwen2,
                               batch_invariance_qwen3, prefill_interleaves_with_decode, admission,
-                              running_set_bounded, departures));
+                              running_set_bounded, departures, slow_owner_is_parked));
     cg_model_close(&m_f32);
     cg_model_close(&m_bf16);
     cg_model_close(&m_qwen2);
