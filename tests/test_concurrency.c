@@ -252,26 +252,28 @@ START_TEST(slow_readers_hold_no_slot)
 {
     enum { N = 2 };
     th_proc w;
-    const char *args[] = {"--max-running",     "2",    "--max-queue", "8",
-                          "--stream-stall-ms", "8000", NULL};
+    const char *args[] = {"--max-running",     "2",     "--max-queue", "8",
+                          "--stream-stall-ms", "30000", NULL};
     ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "slow", args), 0);
     int fds[N];
     for (int i = 0; i < N; i++)
         fds[i] = stalled_stream(w.port, 30000);
-    /* wait until their buffers are full: decoding stops */
+    /* wait until their buffers are full: both are parked (or, where nothing parks them,
+     * decoding has stopped for 3 s) */
     double last = -1;
-    int still = 0;
-    for (int t = 0; t < 1800 && still < 5; t++) { /* sanitizer builds decode slowly */
+    int still = 0, parked = 0;
+    for (int t = 0; t < 1800 && still < 30 && !parked; t++) { /* sanitizer builds are slow */
         th_sleep_ms(100);
         double rows = th_counter(w.port, "chunkgate_worker_decode_rows_total");
         still = rows > 0 && rows == last ? still + 1 : 0;
         last = rows;
+        parked = th_metric(w.port, "chunkgate_worker_sequences_parked") == N;
     }
-    ck_assert_msg(still >= 5, "the stalled streams kept decoding");
+    ck_assert_msg(parked || still >= 30, "the stalled streams kept decoding");
     /* a plain completion is served while the slow readers are still connected */
     char *b = body_of(2, 8, 0);
     th_resp r;
-    th_send(&r, w.port, &(th_req){.path = "/v1/completions", .body = b, .timeout_s = 4});
+    th_send(&r, w.port, &(th_req){.path = "/v1/completions", .body = b, .timeout_s = 20});
     free(b);
     ck_assert_msg(r.status == 200, "a completion behind %d slow readers: status %ld (curl %d)", N,
                   r.status, (int)r.rc);
@@ -280,7 +282,7 @@ START_TEST(slow_readers_hold_no_slot)
     ck_assert_double_eq(th_metric(w.port, "chunkgate_worker_sequences_running"), 0);
     /* without a read for --stream-stall-ms the streams are cut and everything is freed */
     int freed = 0;
-    for (int t = 0; t < 300 && !freed; t++) {
+    for (int t = 0; t < 900 && !freed; t++) {
         freed = th_metric(w.port, "chunkgate_worker_requests_admitted") == 0 &&
                 th_metric(w.port, "chunkgate_worker_sequences_parked") == 0;
         if (!freed) th_sleep_ms(100);
