@@ -794,8 +794,10 @@ void cg_http_get_stats(cg_http_server *srv, cg_http_stats *out)
     out->timed_out = srv->timed_out;
     out->headers_too_large = srv->headers_too_large;
     out->malformed = srv->malformed;
-    out->lingered = srv->lingered;
     pthread_mutex_unlock(&srv->conn_mu);
+    pthread_mutex_lock(&srv->linger_mu); /* linger_add counts under this one */
+    out->lingered = srv->lingered;
+    pthread_mutex_unlock(&srv->linger_mu);
 }
 
 /* ---------------------------------------------------------------- requests */
