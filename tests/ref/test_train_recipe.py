@@ -24,23 +24,12 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-
-def skip(why):
-    print("SKIP: %s" % why)
-    sys.exit(77)
-
-
-try:
-    import torch
-    import numpy  # noqa: F401
-except ImportError as e:
-    skip("/usr/bin/python3 lacks torch or numpy (Debian python3-torch): %s" % e)
-
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "train"))
+import test_worker_parity as P  # noqa: E402  (exits 77 with the reason without torch or numpy)
+import torch  # noqa: E402
 import bpe  # noqa: E402
 import hf_forward as H  # noqa: E402
-import test_worker_parity as P  # noqa: E402
 import train  # noqa: E402
 import world  # noqa: E402
 
@@ -89,7 +78,7 @@ console.log(JSON.stringify(texts.map((t) => tok.encode(t, {add_special_tokens: f
 def main():
     binary = os.environ.get("CHUNKGATE_WORKER_BIN")
     if not binary:
-        skip("CHUNKGATE_WORKER_BIN is not set (ctest passes the built chunkgate-worker)")
+        P.skip("CHUNKGATE_WORKER_BIN is not set (ctest passes the built chunkgate-worker)")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     tmp = tempfile.mkdtemp(prefix="cg_train_recipe_")
     errors = []
