@@ -47,7 +47,8 @@ typedef struct cg_model_config {
     int bos_id;         /* -1: none */
     int eos_ids[CG_MODEL_MAX_EOS]; /* eos_token_id: an id or a list of ids */
     int n_eos;
-    char dtype[8]; /* storage dtype of the weights: "f32", "f16" or "bf16" (set by the loader) */
+    char dtype[8]; /* dtype of the weights in memory: "f32", "f16" or "bf16" as stored, or
+                    * "q8_0" / "q4_0" under --quant (set by the loader) */
 } cg_model_config;
 
 /* Reads dir/config.json into *c. Refuses (CG_E_UNSUPPORTED) another architecture, a

@@ -181,6 +181,10 @@ static void weight_row(const cg_weight *w, int row, float *out)
         memcpy(out, (const float *)w->data + off, cols * sizeof(float));
         return;
     }
+    if (w->dtype == CG_DTYPE_Q8_0 || w->dtype == CG_DTYPE_Q4_0) {
+        cg_matmul_dequant_row(w, row, out);
+        return;
+    }
     cg_widen16((const uint8_t *)w->data + off * 2, cols, w->dtype == CG_DTYPE_BF16, out);
 }
 
@@ -197,7 +201,7 @@ static void matmul(const cg_weight *w, const float *x, int n, float *y, cg_fwd_k
                    cg_fwd_scratch *s)
 {
     const int small =
-        cg_matmul_isa_active() == CG_MATMUL_ISA_AVX512 ? SMALL_ROWS_AVX512 : SMALL_ROWS;
+        cg_matmul_isa_active() >= CG_MATMUL_ISA_AVX512 ? SMALL_ROWS_AVX512 : SMALL_ROWS;
     if (kind == CG_FWD_DECODE || n <= small)
         cg_matmul_decode(w, x, n, y);
     else

@@ -16,11 +16,12 @@
 #include <strings.h>
 
 #include "base/base.h"
+#include "worker/model/matmul_quant.h"
 #include "worker/model/safetensors.h"
 
 static inline size_t esize(cg_dtype dt)
 {
-    return dt == CG_DTYPE_F32 ? 4 : dt == CG_DTYPE_Q8 ? 1 : 2;
+    return dt == CG_DTYPE_F32 ? 4 : dt >= CG_DTYPE_Q8 ? 1 : 2;
 }
 
 size_t cg_dtype_size(cg_dtype dt)
@@ -346,8 +347,10 @@ static const isa_ops ops_512 = {
 
 /* ---- dispatch ---- */
 
-static const isa_ops *const all_ops[CG_MATMUL_ISA_COUNT] = {&ops_generic, &ops_avx2, &ops_512};
-static const char *const isa_names[CG_MATMUL_ISA_COUNT] = {"generic", "avx2", "avx512"};
+static const isa_ops *const all_ops[CG_MATMUL_ISA_COUNT] = {&ops_generic, &ops_avx2, &ops_512,
+                                                            &ops_512};
+static const char *const isa_names[CG_MATMUL_ISA_COUNT] = {"generic", "avx2", "avx512",
+                                                           "avx512vnni"};
 
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 static _Atomic int isa_cur = CG_MATMUL_ISA_GENERIC;
@@ -369,6 +372,9 @@ int cg_matmul_isa_supported(cg_matmul_isa isa)
     case CG_MATMUL_ISA_AVX512:
         return cg_matmul_isa_supported(CG_MATMUL_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    case CG_MATMUL_ISA_AVX512VNNI:
+        return cg_matmul_isa_supported(CG_MATMUL_ISA_AVX512) &&
+               __builtin_cpu_supports("avx512vnni");
     default:
         return 0;
     }
@@ -383,7 +389,8 @@ static void isa_init(void)
         for (int i = 0; i < CG_MATMUL_ISA_COUNT; i++)
             if (!strcasecmp(env, isa_names[i])) found = i;
         if (found < 0)
-            cg_log(CG_LOG_WARN, "CG_MATMUL_ISA=%s is not generic, avx2 or avx512; ignored", env);
+            cg_log(CG_LOG_WARN,
+                   "CG_MATMUL_ISA=%s is not generic, avx2, avx512 or avx512vnni; ignored", env);
         else
             cap = found;
     }
@@ -454,8 +461,7 @@ static float *scratch_get(cg_matmul_scratch *s, int t, size_t floats)
 static void check_weight(const cg_weight *w)
 {
     assert(w->rows >= 0 && w->cols >= 0);
-    assert(w->dtype == CG_DTYPE_F32 || w->dtype == CG_DTYPE_F16 || w->dtype == CG_DTYPE_BF16 ||
-           w->dtype == CG_DTYPE_Q8);
+    assert(w->dtype >= CG_DTYPE_F32 && w->dtype <= CG_DTYPE_Q4_0);
     assert(((uintptr_t)w->data & (esize(w->dtype) - 1)) == 0);
     assert(w->dtype != CG_DTYPE_Q8 || w->scale);
     (void)w;
@@ -480,6 +486,10 @@ static int thread_cap(void)
 void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_matmul_scratch *s)
 {
     check_weight(w);
+    if (w->dtype == CG_DTYPE_Q8_0 || w->dtype == CG_DTYPE_Q4_0) {
+        cg_qmm_product(w, x, n, y, cg_matmul_isa_active());
+        return;
+    }
     if (n <= 0 || w->rows == 0) return;
     const size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
     if (cols == 0) {
@@ -578,6 +588,10 @@ static void decode_rows(const isa_ops *ops, const cg_weight *w, const float *x, 
 void cg_matmul_decode(const cg_weight *w, const float *x, int n, float *y)
 {
     check_weight(w);
+    if (w->dtype == CG_DTYPE_Q8_0 || w->dtype == CG_DTYPE_Q4_0) {
+        cg_qmm_product(w, x, n, y, cg_matmul_isa_active());
+        return;
+    }
     if (n <= 0 || w->rows == 0) return;
     if (w->cols == 0) {
         memset(y, 0, (size_t)n * (size_t)w->rows * sizeof(float));
@@ -612,7 +626,7 @@ static float weight_at(const cg_weight *w, size_t i)
 cg_status cg_matmul_quantize_q8(const cg_weight *w, int8_t *q, float *scale, cg_weight *out)
 {
     check_weight(w);
-    if (w->dtype == CG_DTYPE_Q8) return CG_E_UNSUPPORTED;
+    if (w->dtype >= CG_DTYPE_Q8) return CG_E_UNSUPPORTED;
     const size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
     int bad = 0;
 #pragma omp parallel for reduction(| : bad) schedule(static)

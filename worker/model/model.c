@@ -329,7 +329,71 @@ static cg_status open_tokenizer(cg_model *m, const char *dir, char *err, size_t 
     return CG_OK;
 }
 
+const char *const cg_quant_names[] = {"none", "q8", "q4", NULL};
+
+const char *cg_quant_name(cg_quant q)
+{
+    return (unsigned)q < CG_QUANT_COUNT ? cg_quant_names[q] : "unknown";
+}
+
+/* --quant: every matrix (embedding and LM head included) quantised into one arena; the files
+ * are then unmapped, so the model holds only the quantised copy. */
+static cg_status quantize_model(cg_model *m, const wlist *l, cg_quant quant, char *err,
+                                size_t errlen)
+{
+    const cg_dtype to = quant == CG_QUANT_Q8 ? CG_DTYPE_Q8_0 : CG_DTYPE_Q4_0;
+    const int unit = quant == CG_QUANT_Q8 ? 32 : 64;
+    size_t total = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        const cg_weight *w = l->v[i].mat;
+        if (!w) continue;
+        if (w->cols % unit) {
+            cg_seterr(err, errlen,
+                      "--quant %s needs matrices whose in-features are a multiple of %d: tensor "
+                      "'%s' has %d",
+                      cg_quant_name(quant), unit, l->v[i].name, w->cols);
+            return CG_E_UNSUPPORTED;
+        }
+        size_t ns = 0, nq = cg_matmul_quant_bytes(to, w->rows, w->cols, &ns);
+        total += ((nq + 63) & ~(size_t)63) + ((ns * 2 + 63) & ~(size_t)63);
+    }
+    m->qarena = cg_malloc(total + 64);
+    char *p = (char *)(((uintptr_t)m->qarena + 63) & ~(uintptr_t)63);
+    m->weight_bytes = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        cg_weight *w = l->v[i].mat;
+        if (!w) {
+            m->weight_bytes += (size_t)l->v[i].d0 * sizeof(float);
+            continue;
+        }
+        size_t ns = 0, nq = cg_matmul_quant_bytes(to, w->rows, w->cols, &ns);
+        void *q = p;
+        p += (nq + 63) & ~(size_t)63;
+        uint16_t *sc = (uint16_t *)(void *)p;
+        p += (ns * 2 + 63) & ~(size_t)63;
+        cg_weight qw;
+        if (cg_matmul_quantize(w, to, q, sc, &qw) != CG_OK) {
+            cg_seterr(err, errlen, "--quant %s: tensor '%s' holds Inf or NaN", cg_quant_name(quant),
+                      l->v[i].name);
+            return CG_E_VALUE;
+        }
+        *w = qw;
+        m->weight_bytes += nq + ns * 2;
+    }
+    /* nothing points into the files any more (vectors were copied to f32) */
+    for (size_t i = 0; i < m->n_files; i++)
+        cg_st_close(&m->files[i]);
+    snprintf(m->cfg.dtype, sizeof m->cfg.dtype, "%s", quant == CG_QUANT_Q8 ? "q8_0" : "q4_0");
+    return CG_OK;
+}
+
 cg_status cg_model_open(const char *dir, cg_model **out, char *err, size_t errlen)
+{
+    return cg_model_open_quant(dir, CG_QUANT_NONE, out, err, errlen);
+}
+
+cg_status cg_model_open_quant(const char *dir, cg_quant quant, cg_model **out, char *err,
+                              size_t errlen)
 {
     cg_model *m = cg_calloc(1, sizeof *m);
     wlist l = {0};
@@ -342,6 +406,11 @@ cg_status cg_model_open(const char *dir, cg_model **out, char *err, size_t errle
         list_tensors(m, &l);
         st = place_tensors(m, &l, err, errlen);
     }
+    if (st == CG_OK && (unsigned)quant >= CG_QUANT_COUNT) {
+        cg_seterr(err, errlen, "unknown quantisation %d", (int)quant);
+        st = CG_E_VALUE;
+    }
+    if (st == CG_OK && quant != CG_QUANT_NONE) st = quantize_model(m, &l, quant, err, errlen);
     if (st == CG_OK) st = open_tokenizer(m, dir, err, errlen);
     free(l.v);
     if (st != CG_OK) {
@@ -361,13 +430,14 @@ void cg_model_close(cg_model **pm)
     cg_model *m = *pm;
     if (!m) return;
     for (size_t i = 0; i < m->n_files; i++) {
-        cg_st_close(&m->files[i]);
+        cg_st_close(&m->files[i]); /* accepts one already closed (--quant) */
         free(m->file_names[i]);
     }
     free(m->files);
     free(m->file_names);
     cg_tokenizer_free(&m->tok);
     free(m->arena);
+    free(m->qarena);
     free(m->layers);
     cg_free(pm);
 }

@@ -28,6 +28,27 @@ typedef struct cg_model cg_model;
  * Side effect: sets OpenBLAS to one thread per call, process-wide: the forward pass shares
  * the cores out through OpenMP (two thread pools spinning on two cores slow each other). */
 cg_status cg_model_open(const char *dir, cg_model **out, char *err, size_t errlen) CG_WUR;
+
+/* Weight quantisation chosen at load (--quant; DESIGN §19). */
+typedef enum cg_quant {
+    CG_QUANT_NONE, /* matrices kept in the checkpoint's dtype, mapped */
+    CG_QUANT_Q8,   /* CG_DTYPE_Q8_0: int8 blocks of 32 with an f16 scale (worker/model/matmul.h) */
+    CG_QUANT_Q4,   /* CG_DTYPE_Q4_0: 4-bit blocks of 32 with an f16 scale */
+    CG_QUANT_COUNT
+} cg_quant;
+/* "none", "q8", "q4", NULL-terminated (the worker's --quant choices). */
+extern const char *const cg_quant_names[];
+const char *cg_quant_name(cg_quant q);
+
+/* cg_model_open, then, unless quant is CG_QUANT_NONE, every matrix the forward pass multiplies
+ * (q/k/v/o, gate/up/down, the embedding and the LM head; a tied head is the one quantised
+ * embedding) quantised to the blocks of `quant` and the safetensors files unmapped: the model
+ * then holds only the quantised matrices and f32 vectors, embedding lookups dequantise a row,
+ * and cg_model_cfg(m)->dtype reads "q8_0" or "q4_0". Refused (CG_E_UNSUPPORTED, naming the
+ * tensor) when a matrix's in-features are not a multiple of 32 (q8) or 64 (q4). Quantising uses
+ * the OpenMP threads (a 0.5B model: about a second). */
+cg_status cg_model_open_quant(const char *dir, cg_quant quant, cg_model **out, char *err,
+                              size_t errlen) CG_WUR;
 void cg_model_close(cg_model **m);
 const cg_model_config *cg_model_cfg(const cg_model *m);
 /* The model's tokenizer (borrowed; lives as long as the model). */

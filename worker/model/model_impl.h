@@ -21,7 +21,8 @@ struct cg_model {
     char **file_names;
     size_t n_files;
     void *arena;       /* f32 copies: vectors, and f32 matrices at an odd address */
-    cg_weight embed;   /* [vocab][dim] */
+    void *qarena;      /* --quant: every matrix's blocks and scales; the files are then closed */
+    cg_weight embed;   /* [vocab][dim]; lookups dequantise its rows under --quant */
     cg_weight lm_head; /* [vocab][dim]; the embedding when tied */
     float *norm;       /* [dim] */
     layer_w *layers;

@@ -1,0 +1,14 @@
+/* The block-quantised weight products (CG_DTYPE_Q8_0, CG_DTYPE_Q4_0), shared by matmul.c
+ * (which routes both of its entry points here for those dtypes) and matmul_quant.c. Not a
+ * public interface. */
+#ifndef CG_MATMUL_QUANT_H
+#define CG_MATMUL_QUANT_H
+
+#include "worker/model/matmul.h"
+
+/* y[n][w->rows] = x[n][w->cols] * W^T for a block-quantised w, with the kernels of isa:
+ * every row of x quantised to int8 in blocks of 32, integer dot products per block, the
+ * blocks' scales applied in f32. Batch-invariant and bit-identical in every variant. */
+void cg_qmm_product(const cg_weight *w, const float *x, int n, float *y, cg_matmul_isa isa);
+
+#endif
