@@ -21,8 +21,8 @@
 #define N_TOK 24
 #define N_PROMPTS 6
 
-static char dir_f32[64], dir_bf16[64], dir_qwen2[64], dir_qwen3[64];
-static cg_model *m_f32, *m_bf16, *m_qwen2, *m_qwen3;
+static char dir_f32[64], dir_bf16[64], dir_qwen2[64], dir_qwen3[64], dir_q8[64], dir_q4[64];
+static cg_model *m_f32, *m_bf16, *m_qwen2, *m_qwen3, *m_q8, *m_q4;
 
 static const char *PROMPTS[N_PROMPTS] = {
     "The harbour town exported dried cod and tar.",
@@ -34,8 +34,9 @@ static const char *PROMPTS[N_PROMPTS] = {
 };
 
 /* The tiny model in dtype, or, with preset set, that real architecture (Qwen2's q/k/v biases,
- * Qwen3's q/k norms) at a small geometry with a byte-level vocabulary, in bf16. */
-static cg_model *make_model(const char *dtype, const char *preset, char *dir)
+ * Qwen3's q/k norms) at a small geometry with a byte-level vocabulary, in bf16; its weights
+ * quantised at load as quant says. */
+static cg_model *make_model_q(const char *dtype, const char *preset, cg_quant quant, char *dir)
 {
     snprintf(dir, 64, "/tmp/cg_test_sched_XXXXXX");
     if (!mkdtemp(dir)) abort();
@@ -58,11 +59,16 @@ static cg_model *make_model(const char *dtype, const char *preset, char *dir)
     gp.dtype = dtype;
     cg_model *m = NULL;
     if (cg_model_generate(dir, gp, err, sizeof err) != CG_OK ||
-        cg_model_open(dir, &m, err, sizeof err) != CG_OK) {
+        cg_model_open_quant(dir, quant, &m, err, sizeof err) != CG_OK) {
         fprintf(stderr, "model: %s\n", err);
         abort();
     }
     return m;
+}
+
+static cg_model *make_model(const char *dtype, const char *preset, char *dir)
+{
+    return make_model_q(dtype, preset, CG_QUANT_NONE, dir);
 }
 
 static cg_engine *new_engine(cg_model *m, uint32_t max_running, uint32_t max_queue, uint32_t chunk)
@@ -189,6 +195,20 @@ END_TEST
 START_TEST(batch_invariance_qwen3)
 {
     check_invariance(m_qwen3);
+}
+END_TEST
+
+/* --quant: the block-quantised kernels quantise each row of x on its own, so a decode row's
+ * tokens do not depend on the batch either. */
+START_TEST(batch_invariance_q8)
+{
+    check_invariance(m_q8);
+}
+END_TEST
+
+START_TEST(batch_invariance_q4)
+{
+    check_invariance(m_q4);
 }
 END_TEST
 
@@ -341,15 +361,22 @@ int main(void)
     m_bf16 = make_model("bf16", NULL, dir_bf16);
     m_qwen2 = make_model("bf16", "qwen2", dir_qwen2);
     m_qwen3 = make_model("bf16", "qwen3", dir_qwen3);
+    m_q8 = make_model_q("bf16", NULL, CG_QUANT_Q8, dir_q8);
+    m_q4 = make_model_q("bf16", "qwen2", CG_QUANT_Q4, dir_q4);
     int failed =
         th_run_tests("sched", "engine", 300,
                      TH_TESTS(batch_invariance_f32, batch_invariance_bf16, batch_invariance_qwen2,
-                              batch_invariance_qwen3, prefill_interleaves_with_decode, admission,
-                              running_set_bounded, departures, slow_owner_is_parked));
+                              batch_invariance_qwen3, batch_invariance_q8, batch_invariance_q4,
+                              prefill_interleaves_with_decode, admission, running_set_bounded,
+                              departures, slow_owner_is_parked));
     cg_model_close(&m_f32);
     cg_model_close(&m_bf16);
     cg_model_close(&m_qwen2);
     cg_model_close(&m_qwen3);
+    cg_model_close(&m_q8);
+    cg_model_close(&m_q4);
+    th_rmrf(dir_q8);
+    th_rmrf(dir_q4);
     th_rmrf(dir_f32);
     th_rmrf(dir_bf16);
     th_rmrf(dir_qwen2);

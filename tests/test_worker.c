@@ -882,6 +882,52 @@ START_TEST(test_metrics)
 }
 END_TEST
 
+/* --quant over HTTP: a q8 and a q4 worker on the same checkpoint report their weights' dtype,
+ * and their greedy answers to a "# #" prompt equal the in-process reference forward of the
+ * same quantised model; an unknown value is refused at start with the choices listed. */
+START_TEST(test_quant)
+{
+    const char *sys = "You answer in one line. Context follows.";
+    char *p = th_rag(sys, DOCA, DOCB, QUESTION);
+    for (int qi = 1; qi <= 2; qi++) {
+        const char *name = cg_quant_name((cg_quant)qi);
+        char log[32];
+        snprintf(log, sizeof log, "worker-%s", name);
+        const char *extra[] = {"--quant", name, NULL};
+        th_proc wq;
+        if (th_start_worker(&wq, WORKER_BIN, model_dir, 0, log, extra) != 0)
+            th_die("the --quant worker", &wq);
+        json_t *j = th_call(wq.port, "GET", "/v1/info", NULL, NULL, 200);
+        ck_assert_str_eq(th_sget(j, "weights_dtype"), qi == 1 ? "q8_0" : "q4_0");
+        json_decref(j);
+        json_t *r = th_call(wq.port, "POST", "/v1/completions",
+                            greedy(json_pack("{s:s}", "prompt", p), 16), NULL, 200);
+        char *t = completion_text(r, NULL);
+        char err[256] = "";
+        cg_model *mq = NULL;
+        ck_assert_int_eq(cg_model_open_quant(model_dir, (cg_quant)qi, &mq, err, sizeof err),
+                         CG_OK);
+        char *ref = th_engine_answer(mq, sys, DOCA, DOCB, QUESTION, 16, CG_PATH_REFERENCE);
+        ck_assert_str_eq(t, ref);
+        free(ref);
+        free(t);
+        json_decref(r);
+        cg_model_close(&mq);
+        ck_assert(th_stop_clean(&wq, "the --quant worker"));
+    }
+    free(p);
+    th_proc g;
+    const char *wa[] = {"serve", "--model", model_dir, "--quant", "q5", NULL};
+    ck_assert_int_eq(th_spawn(&g, WORKER_BIN, wa, NULL, "wquant.log", NULL, 0), 0);
+    ck_assert_int_eq(th_wait_exit(&g, 30000), 2);
+    char path[400];
+    char *text = th_read_file(th_path(path, sizeof path, "wquant.log"), NULL);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_msg(strstr(text, "--quant: 'q5' is not one of none, q8, q4"), "%s", text);
+    free(text);
+}
+END_TEST
+
 int main(void)
 {
     cg_log_init("test_worker", CG_LOG_WARN);
@@ -898,9 +944,8 @@ int main(void)
         "worker", "http", 300,
         TH_TESTS(test_info, test_assemble_twice, test_kv_transfer_equals_prompt,
                  test_recompute_and_sys, test_sys_bos_keys, test_tokenize_bounds, test_stream,
-                 test_stream_disconnect,
-                 test_inventory,
-                 test_logprobs, test_bad_inputs, test_concurrent, test_metrics));
+                 test_stream_disconnect, test_inventory, test_logprobs, test_bad_inputs,
+                 test_concurrent, test_quant, test_metrics));
     /* graceful shutdown on SIGTERM: exit 0, no sanitizer report */
     failed |= !th_stop_clean(&worker, "chunkgate-worker");
     cg_model_close(&model);

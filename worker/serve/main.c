@@ -16,6 +16,7 @@
 
 #include "worker/serve/engine.h"
 #include "worker/serve/kvpull.h"
+#include "worker/model/matmul.h"
 #include "worker/model/model.h"
 #include "worker/serve/worker_api.h"
 #include "base/base.h"
@@ -110,6 +111,7 @@ typedef struct serve_cfg {
     long long canary_chunk;
     int log_level; /* cg_log_level */
     int key_hash;  /* cg_key_hash */
+    int quant;     /* cg_quant */
 } serve_cfg;
 
 #define OPT(...) CG_OPT(serve_cfg, __VA_ARGS__)
@@ -117,6 +119,10 @@ typedef struct serve_cfg {
 static const cg_cfg_opt serve_opts[] = {
     OPT("model", "CHUNKGATE_WORKER_MODEL", CG_CFG_STR, model, NULL, 0, 0,
         "model directory: config.json + model.safetensors (required)"),
+    OPT_ENUM("quant", "CHUNKGATE_WORKER_QUANT", quant, "none", cg_quant_names,
+             "weights in memory: none (the checkpoint's f32/f16/bf16, mapped), q8 (int8 blocks of "
+             "32 with an f16 scale, llama.cpp Q8_0's class) or q4 (4-bit blocks of 32, Q4_0's "
+             "class), quantised at load; q8/q4 products use int8 activations per block of 32"),
     OPT("listen", "CHUNKGATE_WORKER_LISTEN", CG_CFG_STR, listen, "127.0.0.1:8090", 0, 0,
         "HOST:PORT to listen on; port 0 picks a free port (logged)"),
     OPT("api-key", "CHUNKGATE_WORKER_API_KEY", CG_CFG_STR, api_key, "", 0, 0,
@@ -447,10 +453,13 @@ static int open_engine(const serve_cfg *c, parts *w)
                c->data_dir, strerror(errno));
         return -1;
     }
-    if (cg_model_open(c->model, &w->model, err, sizeof err) != CG_OK) {
+    if (cg_model_open_quant(c->model, (cg_quant)c->quant, &w->model, err, sizeof err) != CG_OK) {
         cg_log(CG_LOG_ERROR, "cannot load model from %s: %s", c->model, err);
         return -1;
     }
+    cg_log(CG_LOG_INFO, "weights %s (%zu MiB in memory), kernels %s",
+           cg_model_cfg(w->model)->dtype, cg_model_weight_bytes(w->model) >> 20,
+           cg_matmul_isa_name(cg_matmul_isa_active()));
     const cg_model_config *mc = cg_model_cfg(w->model);
     if (cg_tp_check(mc->n_kv_heads, (int)c->tp) != CG_OK) {
         cg_log(CG_LOG_ERROR,
