@@ -1,9 +1,13 @@
 #!/usr/bin/python3
 """Converts an HF checkpoint (the ones `chunkgate-worker generate-model` writes, or a real
-Llama / Qwen2 / Qwen3 one) into an f16 GGUF file that llama.cpp loads, so that llama.cpp can
-serve as the speed and logprob baseline on exactly the same weights.
+Llama / Qwen2 / Qwen3 one) into an f16, Q8_0 or Q4_0 GGUF file that llama.cpp loads, so that
+llama.cpp can serve as the speed and logprob baseline on exactly the same weights.
 
-  gguf_write.py MODEL_DIR OUT.gguf
+  gguf_write.py [--type f16|q8_0|q4_0] MODEL_DIR OUT.gguf
+
+--type q8_0 / q4_0 quantise every 2-D weight (embedding and output included, as
+chunkgate-worker --quant q8 / q4 does) with llama.cpp's reference quantisers
+(quantize_row_q8_0_ref, quantize_row_q4_0_ref): blocks of 32 with an f16 scale.
 
 Needs numpy only. Reads config.json, model.safetensors or its shards
 (model.safetensors.index.json), tokenizer.json and tokenizer_config.json.
@@ -15,7 +19,7 @@ What it writes (GGUF v3, little-endian, 32-byte alignment):
     attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count, vocab_size;
     rope scaling: linear and yarn as rope.scaling.* keys, llama3 as the per-frequency divisor
     tensor rope_freqs.weight (what llama.cpp reads for Llama 3.1); dynamic is refused.
-  - 2-D weights as F16 (a bf16 value outside f16's range or precision is reported: the
+  - 2-D weights as F16, Q8_0 or Q4_0 (--type; for F16, a bf16 value outside f16's range or precision is reported: the
     chunkgate presets hold none), 1-D weights (norms, biases) and rope_freqs as F32.
   - llama's Q and K rows are permuted from HF's half-split RoPE pairing to the adjacent
     pairing llama.cpp's "llama" architecture rotates (qwen2/qwen3 use the NeoX pairing, as HF).
@@ -39,8 +43,9 @@ ALIGN = 32
 # metadata value types
 T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY = 4, 5, 6, 7, 8, 9
 # ggml tensor types
-GGML_F32, GGML_F16 = 0, 1
-FILE_TYPE_MOSTLY_F16 = 1
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0 = 0, 1, 2, 8
+# --type: (ggml type of 2-D weights, general.file_type)
+TYPES = {"f16": (GGML_F16, 1), "q4_0": (GGML_Q4_0, 2), "q8_0": (GGML_Q8_0, 7)}
 # token types
 TOK_NORMAL, TOK_UNKNOWN, TOK_CONTROL, TOK_USER_DEFINED, TOK_UNUSED, TOK_BYTE = 1, 2, 3, 4, 5, 6
 
@@ -140,11 +145,16 @@ class Writer:
     def add_tensor(self, name, gtype, shape, producer):
         self.tensors.append((name, gtype, list(shape), producer))
 
+    @staticmethod
+    def nbytes(gtype, n):
+        return {GGML_F32: 4 * n, GGML_F16: 2 * n, GGML_Q8_0: n // 32 * 34,
+                GGML_Q4_0: n // 32 * 18}[gtype]
+
     def write(self, path):
         infos, offset = [], 0
         for name, gtype, shape, _ in self.tensors:
             n = int(np.prod(shape))
-            nbytes = n * (4 if gtype == GGML_F32 else 2)
+            nbytes = self.nbytes(gtype, n)
             dims = list(reversed(shape))  # ne[0] is the fastest-moving dimension
             infos.append(enc_str(name) + struct.pack("<I", len(dims)) +
                          struct.pack("<%dQ" % len(dims), *dims) + struct.pack("<IQ", gtype, offset))
@@ -159,12 +169,48 @@ class Writer:
             f.write(b"\0" * (-f.tell() % ALIGN))
             for name, gtype, shape, producer in self.tensors:
                 data = producer()
+                if gtype in (GGML_Q8_0, GGML_Q4_0):
+                    if data.dtype != np.uint8 or data.size != self.nbytes(gtype, int(np.prod(shape))):
+                        raise ConvertError("tensor %s: produced %s %s" % (name, data.dtype, data.shape))
+                    f.write(data.tobytes())
+                    f.write(b"\0" * (-f.tell() % ALIGN))
+                    continue
                 want = np.float32 if gtype == GGML_F32 else np.float16
                 if list(data.shape) != shape or data.dtype != want:
                     raise ConvertError("tensor %s: produced %s %s" % (name, data.dtype, data.shape))
                 f.write(np.ascontiguousarray(data).astype("<" + data.dtype.str[1:]).tobytes())
                 f.write(b"\0" * (-f.tell() % ALIGN))
         os.replace(tmp, path)
+
+
+# ---- llama.cpp's reference quantisers (ggml-quants.c) ----
+
+def quant_q8_0(x):
+    """quantize_row_q8_0_ref: d = amax / 127, q = roundf(x / d); blocks of f16 d + 32 int8."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    d = np.abs(b).max(axis=1) / np.float32(127)
+    idv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    v = b * idv[:, None]
+    q = (np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))).astype(np.int8)  # roundf
+    out = np.empty((b.shape[0], 34), np.uint8)
+    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q.view(np.uint8)
+    return out.reshape(-1)
+
+
+def quant_q4_0(x):
+    """quantize_row_q4_0_ref: d = m / -8 for the element m of largest |m|, n = min(15,
+    (int8)(x / d + 8.5)); blocks of f16 d + 16 bytes (element j low, j + 16 high)."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    m = b[np.arange(b.shape[0]), np.abs(b).argmax(axis=1)]
+    d = m / np.float32(-8)
+    idv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    v = b * idv[:, None] + np.float32(8.5)
+    n = np.minimum(15, np.trunc(v).astype(np.int32)).astype(np.uint8)
+    out = np.empty((b.shape[0], 18), np.uint8)
+    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = n[:, :16] | (n[:, 16:] << 4)
+    return out.reshape(-1)
 
 
 # ---- tokenizer ----
@@ -294,7 +340,7 @@ def llama3_rope_factors(cfg, head_dim):
     return np.asarray(out, dtype=np.float32)
 
 
-def convert(model_dir, out_path):
+def convert(model_dir, out_path, wtype="f16"):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     hf_arch = (cfg.get("architectures") or [None])[0]
@@ -307,7 +353,8 @@ def convert(model_dir, out_path):
     w = Writer()
     w.add("general.architecture", T_STRING, arch)
     w.add("general.name", T_STRING, cfg.get("_name_or_path") or os.path.basename(model_dir.rstrip("/")))
-    w.add("general.file_type", T_UINT32, FILE_TYPE_MOSTLY_F16)
+    gtype2d, file_type = TYPES[wtype]
+    w.add("general.file_type", T_UINT32, file_type)
     w.add(arch + ".context_length", T_UINT32, cfg["max_position_embeddings"])
     w.add(arch + ".embedding_length", T_UINT32, D)
     w.add(arch + ".block_count", T_UINT32, L)
@@ -348,6 +395,10 @@ def convert(model_dir, out_path):
             x = st_load_f32(st[name])
             if permute_heads:
                 x = permute_rope(x, permute_heads)
+            if gtype2d == GGML_Q8_0:
+                return quant_q8_0(x)
+            if gtype2d == GGML_Q4_0:
+                return quant_q4_0(x)
             y = x.astype(np.float16)
             inexact[0] += int(np.count_nonzero(y.astype(np.float32) != x))
             return y
@@ -362,7 +413,9 @@ def convert(model_dir, out_path):
             raise ConvertError("missing tensor %s" % hf_name)
         shape = st[hf_name][2]
         if two_d:
-            w.add_tensor(gg_name, GGML_F16, shape, f16(hf_name, permute_heads))
+            if gtype2d != GGML_F16 and shape[-1] % 32:
+                raise ConvertError("tensor %s: %d columns are not a multiple of 32" % (hf_name, shape[-1]))
+            w.add_tensor(gg_name, gtype2d, shape, f16(hf_name, permute_heads))
         else:
             w.add_tensor(gg_name, GGML_F32, shape, f32(hf_name))
 
@@ -403,11 +456,15 @@ def convert(model_dir, out_path):
 
 
 def main(argv):
+    wtype = "f16"
+    if len(argv) == 5 and argv[1] == "--type" and argv[2] in TYPES:
+        wtype = argv[2]
+        argv = argv[:1] + argv[3:]
     if len(argv) != 3:
-        sys.stderr.write("usage: gguf_write.py MODEL_DIR OUT.gguf\n")
+        sys.stderr.write("usage: gguf_write.py [--type f16|q8_0|q4_0] MODEL_DIR OUT.gguf\n")
         return 2
     try:
-        n = convert(argv[1], argv[2])
+        n = convert(argv[1], argv[2], wtype)
     except (ConvertError, KeyError, OSError) as e:
         sys.stderr.write("gguf_write.py: %s\n" % e)
         return 1

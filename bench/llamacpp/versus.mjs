@@ -16,7 +16,12 @@
 //   NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node bench/llamacpp/versus.mjs --model-dir DIR --gguf F
 //       [--build build] [--threads 2] [--reps 2] [--prefill 512,4096] [--decode 128]
 //       [--docs 4] [--doc-words 1000] [--pool-mb 256] [--skip prefill,decode,rag,llama]
-//       [--flash-attention off|on|auto] [--llama-threads 1] [--worker-b BIN] [--json out.json]
+//       [--flash-attention both|off|on|auto] [--llama-threads 1] [--worker-b BIN] [--json out.json]
+//       [--quant none|q8|q4]
+// --quant starts the worker(s) with --quant (pass the GGUF of the same bits: gguf_write.py
+// --type q8_0 / q4_0). --flash-attention both (the default) gives llama.cpp one context with
+// flash attention off and one with it on, per thread count, and every measurement takes the
+// faster of the two: llama.cpp at its best.
 // --llama-threads adds llama.cpp contexts at other thread counts, measured right after the
 // --threads one; the tables give the ratio to --threads and to the best of them. --worker-b
 // starts a second chunkgate-worker binary (another build), measured right after the first in
@@ -41,7 +46,9 @@ const nDocs = Number(a.docs ?? 4);
 const docWords = Number(a["doc-words"] ?? 1000);
 const poolMb = Number(a["pool-mb"] ?? 256);
 const skip = new Set(String(a.skip ?? "").split(","));
-const fa = a["flash-attention"] ?? "off";
+const fa = a["flash-attention"] ?? "both";
+const faModes = fa === "both" ? ["off", "on"] : [fa];
+const quant = a.quant ?? "none";
 const log = (s) => process.stderr.write(s + "\n");
 
 // ---------------------------------------------------------------- llama.cpp (in process)
@@ -59,12 +66,13 @@ const ctxSize = Math.max(...lens, 512 + nDecode, nDocs * docWords * 1.3 + 512) +
 const llamaThreads = [...new Set([threads, ...String(a["llama-threads"] ?? "").split(",")
                                                    .filter(Boolean).map(Number)])];
 const lctxs = [];
-for (const t of noLlama ? [] : llamaThreads) {
-    const ctx = await lmodel.createContext({
-        contextSize: Math.ceil(ctxSize), batchSize: 512, threads: {ideal: t, min: t},
-        flashAttention: fa === "auto" ? "auto" : fa === "on", sequences: 1});
-    lctxs.push({threads: t, ctx, seq: ctx.getSequence()});
-}
+for (const t of noLlama ? [] : llamaThreads)
+    for (const f of faModes) {
+        const ctx = await lmodel.createContext({
+            contextSize: Math.ceil(ctxSize), batchSize: 512, threads: {ideal: t, min: t},
+            flashAttention: f === "auto" ? "auto" : f === "on", sequences: 1});
+        lctxs.push({threads: t, fa: f, key: `${t} thr fa ${f}`, ctx, seq: ctx.getSequence()});
+    }
 
 async function llamaPrefillOne(seq, ids) {
     await seq.clearHistory();
@@ -85,23 +93,30 @@ async function llamaDecodeOne(seq, prompt, n) {
     return {tokens: k - 1, seconds: (nowMs() - t0) / 1e3};
 }
 
-// Every llama.cpp context in turn: {threads: seconds} and the best (fewest seconds).
+// Every llama.cpp context in turn: {"T thr fa F": seconds}; s is the best (fewest seconds) of
+// all, s_main the best at --threads (over the flash-attention settings), fa_main its setting.
 async function llamaPrefill(ids) {
-    const r = {by_threads: {}};
+    const r = {by_ctx: {}};
     if (noLlama) return {...r, s: NaN, s_main: NaN};
-    for (const c of lctxs) r.by_threads[c.threads] = await llamaPrefillOne(c.seq, ids);
-    r.s = Math.min(...Object.values(r.by_threads));
-    r.s_main = r.by_threads[threads];
+    for (const c of lctxs) r.by_ctx[c.key] = await llamaPrefillOne(c.seq, ids);
+    r.s = Math.min(...Object.values(r.by_ctx));
+    const main = lctxs.filter((c) => c.threads === threads);
+    const best = main.reduce((x, c) => (r.by_ctx[c.key] < r.by_ctx[x.key] ? c : x));
+    r.s_main = r.by_ctx[best.key];
+    r.fa_main = best.fa;
     return r;
 }
 
 async function llamaDecode(prompt, n) {
-    const r = {by_threads: {}};
+    const r = {by_ctx: {}};
     if (noLlama) return {...r, tok_s: NaN, tok_s_main: NaN};
-    for (const c of lctxs) r.by_threads[c.threads] = await llamaDecodeOne(c.seq, prompt, n);
-    const rates = Object.values(r.by_threads).map((x) => x.tokens / x.seconds);
-    r.tok_s = Math.max(...rates);
-    r.tok_s_main = r.by_threads[threads].tokens / r.by_threads[threads].seconds;
+    for (const c of lctxs) r.by_ctx[c.key] = await llamaDecodeOne(c.seq, prompt, n);
+    const rate = (k) => r.by_ctx[k].tokens / r.by_ctx[k].seconds;
+    r.tok_s = Math.max(...lctxs.map((c) => rate(c.key)));
+    const main = lctxs.filter((c) => c.threads === threads);
+    const best = main.reduce((x, c) => (rate(c.key) > rate(x.key) ? c : x));
+    r.tok_s_main = rate(best.key);
+    r.fa_main = best.fa;
     return r;
 }
 
@@ -118,17 +133,20 @@ const modelId = JSON.parse(fs.readFileSync(path.join(a["model-dir"], "config.jso
 
 const worker = await startServer(workerBin,
     ["serve", "--model", a["model-dir"], "--listen", "127.0.0.1:0", "--data-dir",
-     path.join(tmp, "worker"), "--pool-mb", String(poolMb)],
+     path.join(tmp, "worker"), "--pool-mb", String(poolMb), "--quant", quant],
     path.join(tmp, "worker.log"), {OMP_NUM_THREADS: String(threads)});
 const wurl = `http://127.0.0.1:${worker.port}`;
 await waitReady(`${wurl}/healthz`);
-const mem = {weights_mib: weightBytes / 2 ** 20, pool_mib: poolMb, after_start: memMiB(worker.proc.pid)};
+const winfo = await (await fetch(`${wurl}/v1/info`)).json();
+// under --quant the weights in memory are the quantised copy the worker logs at start
+const logged = fs.readFileSync(path.join(tmp, "worker.log"), "utf8").match(/weights \w+ \((\d+) MiB/);
+const mem = {weights_mib: quant !== "none" && logged ? Number(logged[1]) : weightBytes / 2 ** 20, pool_mib: poolMb, after_start: memMiB(worker.proc.pid)};
 // --worker-b BIN: another build of the worker, measured right after this one (prefill, decode)
 let wurlB = null, workerB = null;
 if (a["worker-b"]) {
     workerB = await startServer(a["worker-b"],
         ["serve", "--model", a["model-dir"], "--listen", "127.0.0.1:0", "--data-dir",
-         path.join(tmp, "worker-b"), "--pool-mb", String(poolMb)],
+         path.join(tmp, "worker-b"), "--pool-mb", String(poolMb), "--quant", quant],
         path.join(tmp, "worker-b.log"), {OMP_NUM_THREADS: String(threads)});
     wurlB = `http://127.0.0.1:${workerB.port}`;
     await waitReady(`${wurlB}/healthz`);
@@ -156,8 +174,11 @@ await workerPrefill(randomIds(16, 99));
 if (wurlB) await workerPrefill(randomIds(16, 99), wurlB);
 mem.after_first_forward = memMiB(worker.proc.pid);
 
-const out = {threads, reps, load_before: loadavg(), model: modelId, gguf: a.gguf,
-             llama_cpp_release: llama?.llamaCppRelease, flash_attention: lctxs[0]?.ctx.flashAttention,
+const out = {threads, reps, load_before: loadavg(), model: modelId, gguf: a.gguf, quant,
+             worker_weights_dtype: winfo.weights_dtype,
+             worker_kernels: (fs.readFileSync(path.join(tmp, "worker.log"), "utf8")
+                 .match(/kernels (\w+)/) ?? [])[1],
+             llama_cpp_release: llama?.llamaCppRelease, flash_attention: faModes,
              llama_threads: llamaThreads,
              prefill: [], decode: [], rag: [], memory: mem};
 const first = (rep) => (rep % 2 === 0 ? "worker" : "llama.cpp"); // who goes first this rep
@@ -285,8 +306,9 @@ for (const k of Object.keys(mem))
 // ---------------------------------------------------------------- summary
 const fmt = (x, d = 1) => (Number.isFinite(x) ? x.toFixed(d) : "-");
 const bm = (xs, d = 1, best = Math.max) => `${fmt(best(...xs), d)} / ${fmt(median(xs), d)}`;
-console.log(`best / median over ${reps} reps; llama.cpp at ${threads} threads, and the best of ` +
-            `${llamaThreads.join(", ")} threads in each measurement`);
+console.log(`best / median over ${reps} reps; worker weights ${out.worker_weights_dtype}, kernels ` +
+            `${out.worker_kernels}; llama.cpp at ${threads} threads (the faster of flash attention ` +
+            `${faModes.join(" / ")}), and the best of ${llamaThreads.join(", ")} threads in each measurement`);
 console.log(`| part | chunkgate-worker | llama.cpp ${threads} thr | ratio | llama.cpp best | ratio to best |`);
 console.log(`|---|---|---|---|---|---|`);
 for (const n of lens) {
