@@ -678,9 +678,10 @@ static const int qshapes[][3] = {{1, 64, 1},   {3, 64, 2},   {5, 128, 3},  {4, 1
                                  {9, 896, 4},  {17, 256, 9}, {33, 64, 16}, {70, 320, 7},
                                  {130, 512, 1}, {8, 4864, 2}};
 
-/* Every variant, both paths, equals the reference bit for bit; Q8_0 also with an odd count of
+/* Every variant's decode kernel equals the reference bit for bit; Q8_0 also with an odd count of
  * blocks (the AVX-512 tile's half pair). A kernel that drops a block, mixes up nibbles, scales or
- * lanes, or sums in another order fails here. */
+ * lanes, or sums in another order fails here. The prefill path (dequantised panels, f32 x) is
+ * within f32 summation error of the f64 product of the same dequantised weights. */
 START_TEST(test_qkernels_exact)
 {
     for (int d = 0; d < 2; d++)
@@ -704,16 +705,28 @@ START_TEST(test_qkernels_exact)
                     want[(size_t)i * rows + r] = qref(&m.w, r, x + (size_t)i * cols);
             for (int v = 0; v < n_isas; v++) {
                 use_isa(isas[v]);
-                for (int p = 0; p < 2; p++) {
-                    memset(y, 0xff, (size_t)n * rows * sizeof(float));
-                    run((path)p, &m.w, x, n, y);
-                    for (size_t i = 0; i < (size_t)n * rows; i++)
-                        if (memcmp(&y[i], &want[i], sizeof(float)))
-                            ck_abort_msg("%s %s %dx%d n=%d path %d: y[%zu] = %.9g, reference %.9g",
-                                         cg_matmul_isa_name(isas[v]),
-                                         qdtypes[d] == CG_DTYPE_Q8_0 ? "q8_0" : "q4_0", rows, cols,
-                                         n, p, i, y[i], want[i]);
-                }
+                memset(y, 0xff, (size_t)n * rows * sizeof(float));
+                run(DECODE, &m.w, x, n, y);
+                for (size_t i = 0; i < (size_t)n * rows; i++)
+                    if (memcmp(&y[i], &want[i], sizeof(float)))
+                        ck_abort_msg("%s %s %dx%d n=%d: y[%zu] = %.9g, reference %.9g",
+                                     cg_matmul_isa_name(isas[v]),
+                                     qdtypes[d] == CG_DTYPE_Q8_0 ? "q8_0" : "q4_0", rows, cols, n,
+                                     i, y[i], want[i]);
+                /* the prefill path: f32 x against the dequantised weights, summed in f64 */
+                run(PREFILL, &m.w, x, n, y);
+                for (int i = 0; i < n; i++)
+                    for (int r = 0; r < rows; r++) {
+                        double ref = 0, mag = 0;
+                        for (int k = 0; k < cols; k++) {
+                            const double t = (double)x[(size_t)i * cols + k] * qval(&m.w, r, k);
+                            ref += t;
+                            mag += fabs(t);
+                        }
+                        const double e = fabs(y[(size_t)i * rows + r] - ref);
+                        ck_assert_msg(e <= bound(cols, 1, mag), "%s prefill %dx%d n=%d: %g off",
+                                      cg_matmul_isa_name(isas[v]), rows, cols, n, e);
+                    }
             }
             free(want);
             free(y);

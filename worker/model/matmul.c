@@ -486,10 +486,6 @@ static int thread_cap(void)
 void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_matmul_scratch *s)
 {
     check_weight(w);
-    if (w->dtype == CG_DTYPE_Q8_0 || w->dtype == CG_DTYPE_Q4_0) {
-        cg_qmm_product(w, x, n, y, cg_matmul_isa_active());
-        return;
-    }
     if (n <= 0 || w->rows == 0) return;
     const size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
     if (cols == 0) {
@@ -512,8 +508,11 @@ void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_m
                 /* panels of nb rows x kb columns; later column blocks accumulate into y */
                 const size_t es = esize(w->dtype);
                 const int q8 = w->dtype == CG_DTYPE_Q8;
+                /* block dtypes: panels start at a pair of blocks */
+                const int blk = w->dtype == CG_DTYPE_Q8_0 || w->dtype == CG_DTYPE_Q4_0;
+                const size_t unit = blk ? 64 : 16;
                 const size_t kblocks = (cols + PANEL_COLS - 1) / PANEL_COLS;
-                const size_t kb = ((cols + kblocks - 1) / kblocks + 15) / 16 * 16;
+                const size_t kb = ((cols + kblocks - 1) / kblocks + unit - 1) / unit * unit;
                 size_t nb = CG_MAX((size_t)16, PANEL_FLOATS / CG_MIN(kb, cols) / 16 * 16);
                 nb = CG_MIN(nb, b - a);
                 assert(s);
@@ -523,8 +522,13 @@ void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_m
                     for (size_t k = 0; k < cols; k += kb) {
                         const size_t kl = CG_MIN(kb, cols - k);
                         for (size_t i = 0; i < m; i++)
-                            ops->widen(w->dtype, (const char *)w->data + ((r + i) * cols + k) * es,
-                                       kl, panel + i * kl, q8 ? w->scale[r + i] : 1.0f);
+                            if (blk)
+                                cg_qmm_widen(w, r + i, k, kl, panel + i * kl,
+                                             cg_matmul_isa_active());
+                            else
+                                ops->widen(w->dtype,
+                                           (const char *)w->data + ((r + i) * cols + k) * es, kl,
+                                           panel + i * kl, q8 ? w->scale[r + i] : 1.0f);
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)m, (int)kl,
                                     1.0f, x + k, (int)cols, panel, (int)kl, k ? 1.0f : 0.0f, y + r,
                                     (int)rows);

@@ -75,7 +75,8 @@ void cg_matmul_scratch_free(cg_matmul_scratch **s);
  * exact); a row's result depends on n and on its position (OpenBLAS's edge kernels), so a
  * sequence's prompt must be computed in the same chunks to reproduce bits.
  * x, w and y are borrowed; y must not overlap x. n == 0 does nothing.
- * Q8_0 / Q4_0 weights take the decode path's block-quantised kernel for any n (no scratch). */
+ * Q8_0 / Q4_0 panels are dequantised exactly the same way (x stays f32 here: no activation
+ * quantisation on this path). */
 void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_matmul_scratch *s);
 
 /* Decode path: the same product for a small batch of rows (1..CG_MATMUL_DECODE_MAX decode

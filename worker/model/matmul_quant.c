@@ -360,6 +360,68 @@ void cg_qmm_product(const cg_weight *w, const float *x, int n, float *y, cg_matm
     free(xq.mem);
 }
 
+/* ---- widening, for the prefill path's panels ---- */
+
+/* Exact in every variant: d * q is a product of an f16 and an integer below 2^8, which f32
+ * holds exactly. */
+static void widen_generic(const cg_weight *w, size_t row, size_t c0, size_t count, float *dst)
+{
+    const size_t cols = (size_t)w->cols, nblk = cols / QK;
+    const uint16_t *sc = w->bscale + row * nblk;
+    for (size_t i = 0; i < count; i++) {
+        const size_t c = c0 + i;
+        const float d = cg_f16_to_f32(sc[c / QK]);
+        if (w->dtype == CG_DTYPE_Q8_0) {
+            dst[i] = d * (float)((const int8_t *)w->data)[row * cols + c];
+        } else {
+            const uint8_t b =
+                ((const uint8_t *)w->data)[row * (cols / 2) + c / (2 * QK) * QK + c % QK];
+            dst[i] = d * (float)(((c % (2 * QK)) < QK ? b & 15 : b >> 4) - 8);
+        }
+    }
+}
+
+T_AVX2 static void widen_avx2(const cg_weight *w, size_t row, size_t c0, size_t count, float *dst)
+{
+    const size_t cols = (size_t)w->cols, nblk = cols / QK;
+    const uint16_t *sc = w->bscale + row * nblk;
+    size_t i = 0;
+    if (w->dtype == CG_DTYPE_Q8_0) {
+        const int8_t *q = (const int8_t *)w->data + row * cols + c0;
+        for (; i + QK <= count; i += QK) {
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(sc[(c0 + i) / QK]));
+            for (size_t j = 0; j < QK; j += 8) {
+                __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const void *)(q + i + j)));
+                _mm256_storeu_ps(dst + i + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(v)));
+            }
+        }
+    } else if (c0 % (2 * QK) == 0) {
+        const uint8_t *q = (const uint8_t *)w->data + row * (cols / 2) + c0 / 2;
+        for (; i + 2 * QK <= count; i += 2 * QK) {
+            const __m256 d0 = _mm256_set1_ps(_cvtsh_ss(sc[(c0 + i) / QK]));
+            const __m256 d1 = _mm256_set1_ps(_cvtsh_ss(sc[(c0 + i) / QK + 1]));
+            const __m256i eight = _mm256_set1_epi32(8), mask = _mm256_set1_epi32(15);
+            for (size_t j = 0; j < QK; j += 8) {
+                __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)(q + i / 2 + j)));
+                __m256i lo = _mm256_sub_epi32(_mm256_and_si256(b, mask), eight);
+                __m256i hi = _mm256_sub_epi32(_mm256_srli_epi32(b, 4), eight);
+                _mm256_storeu_ps(dst + i + j, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(lo)));
+                _mm256_storeu_ps(dst + i + QK + j, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(hi)));
+            }
+        }
+    }
+    if (i < count) widen_generic(w, row, c0 + i, count - i, dst + i);
+}
+
+void cg_qmm_widen(const cg_weight *w, size_t row, size_t c0, size_t count, float *dst,
+                  cg_matmul_isa isa)
+{
+    if (isa == CG_MATMUL_ISA_GENERIC)
+        widen_generic(w, row, c0, count, dst);
+    else
+        widen_avx2(w, row, c0, count, dst);
+}
+
 /* ---- weights ---- */
 
 static float weight_at(const cg_weight *w, size_t i)

@@ -11,4 +11,9 @@
  * blocks' scales applied in f32. Batch-invariant and bit-identical in every variant. */
 void cg_qmm_product(const cg_weight *w, const float *x, int n, float *y, cg_matmul_isa isa);
 
+/* Columns [c0, c0 + count) of row `row` of a block-quantised w, dequantised into dst (exact:
+ * the same floats in every variant). The prefill path widens its panels with it. */
+void cg_qmm_widen(const cg_weight *w, size_t row, size_t c0, size_t count, float *dst,
+                  cg_matmul_isa isa);
+
 #endif
