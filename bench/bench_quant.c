@@ -7,7 +7,8 @@
  * IDS.json: a JSON array of token ids; POSITIONS: comma-separated rows. For each setting,
  * OUT_PREFIX.<setting>.f32 receives one log-softmax row of vocab_size floats per position
  * (the distribution of the token after it), teacher-forced over all ids with one plain causal
- * forward in pieces of 256 rows (the worker's prefill pieces), on the prefill kernels. Prints
+ * forward in pieces of 256 rows (the worker's prefill pieces; CG_BENCH_PIECE=N sets another
+ * size), on the prefill kernels. Prints
  * one JSON line per setting: load seconds, weight bytes, kernel variant. */
 #include <jansson.h>
 #include <math.h>
@@ -19,7 +20,9 @@
 #include "worker/model/matmul.h"
 #include "worker/model/model.h"
 
-#define PIECE 256u
+/* rows per forward call: the worker's --prefill-chunk default; CG_BENCH_PIECE overrides it
+ * (above the decode kernel's row limit, pieces take the prefill path: f32 activations) */
+static uint32_t PIECE = 256;
 
 static int run(const char *dir, cg_quant q, const int32_t *ids, uint32_t n, const uint32_t *pos,
                size_t npos, const char *prefix)
@@ -71,8 +74,8 @@ static int run(const char *dir, cg_quant q, const int32_t *ids, uint32_t n, cons
     double fwd_s = (double)(cg_now_ns() - t0) / 1e9;
     fclose(f);
     printf("{\"quant\": \"%s\", \"weights_dtype\": \"%s\", \"weight_bytes\": %zu, \"load_s\": %.2f, "
-           "\"forward_s\": %.2f, \"isa\": \"%s\"}\n",
-           cg_quant_name(q), cg_model_cfg(m)->dtype, cg_model_weight_bytes(m), load_s, fwd_s,
+           "\"forward_s\": %.2f, \"piece\": %u, \"isa\": \"%s\"}\n",
+           cg_quant_name(q), cg_model_cfg(m)->dtype, cg_model_weight_bytes(m), load_s, fwd_s, PIECE,
            cg_matmul_isa_name(cg_matmul_isa_active()));
     fflush(stdout);
     cg_fwd_scratch_free(&s);
@@ -112,6 +115,7 @@ int main(int argc, char **argv)
         p = *end == ',' ? end + 1 : end;
     }
     const char *which = argc == 6 ? argv[5] : "none,q8,q4";
+    if (getenv("CG_BENCH_PIECE")) PIECE = (uint32_t)CG_MAX(1, atoi(getenv("CG_BENCH_PIECE")));
     for (int q = 0; q < CG_QUANT_COUNT; q++)
         if (strstr(which, cg_quant_names[q]) && run(argv[1], (cg_quant)q, ids, n, pos, npos, argv[4]))
             return 1;

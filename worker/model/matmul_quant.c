@@ -234,6 +234,13 @@ static const qops qops_512v = {
 static const qops *const all_qops[CG_MATMUL_ISA_COUNT] = {&qops_generic, &qops_avx2, &qops_512,
                                                           &qops_512v};
 
+/* Round to nearest even, as rintf does, for |v| < 2^22, inline (rintf is a library call
+ * without SSE4.1, and quantising a model makes billions of them). */
+static inline float round_even(float v)
+{
+    return (v + 12582912.0f) - 12582912.0f;
+}
+
 /* ---- activations: int8 per block of 32 ---- */
 
 /* x quantised: n rows of q, a (cols bytes each), d and c (nblk each). */
@@ -256,8 +263,8 @@ static void quantize_x_row(const float *x, int cols, int8_t *q, uint8_t *a, floa
         const float dk = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
         int32_t sum = 0;
         for (int i = 0; i < QK; i++) {
-            float v = rintf(xs[i] * id);
-            v = fminf(127.0f, fmaxf(-127.0f, v));
+            float v = fminf(127.0f, fmaxf(-127.0f, xs[i] * id)); /* NaN -> -127 */
+            v = round_even(v);
             const int8_t qi = (int8_t)(int)v;
             q[(size_t)k * QK + (size_t)i] = qi;
             a[(size_t)k * QK + (size_t)i] = (uint8_t)(qi < 0 ? -qi : qi);
@@ -453,7 +460,7 @@ static uint16_t q8_block(const float *v, int8_t *q)
     const uint16_t dh = cg_f32_to_f16(amax / 127.0f);
     const float d = cg_f16_to_f32(dh), id = d > 0 ? 1.0f / d : 0.0f;
     for (int i = 0; i < QK; i++)
-        q[i] = (int8_t)(int)fminf(127.0f, fmaxf(-127.0f, rintf(v[i] * id)));
+        q[i] = (int8_t)(int)round_even(fminf(127.0f, fmaxf(-127.0f, v[i] * id)));
     return dh;
 }
 
@@ -473,7 +480,7 @@ static uint16_t q4_block(const float *v, uint8_t n[QK])
         const float d = cg_f16_to_f32(dh), id = d != 0 ? 1.0f / d : 0.0f;
         float err = 0;
         for (int i = 0; i < QK; i++) {
-            const float k = fminf(15.0f, fmaxf(0.0f, rintf(v[i] * id) + 8.0f));
+            const float k = round_even(fminf(7.0f, fmaxf(-8.0f, v[i] * id))) + 8.0f;
             const float e = v[i] - (k - 8.0f) * d;
             err += e * e;
         }
@@ -484,7 +491,7 @@ static uint16_t q4_block(const float *v, uint8_t n[QK])
     }
     const float d = cg_f16_to_f32(best_h), id = d != 0 ? 1.0f / d : 0.0f;
     for (int i = 0; i < QK; i++)
-        n[i] = (uint8_t)fminf(15.0f, fmaxf(0.0f, rintf(v[i] * id) + 8.0f));
+        n[i] = (uint8_t)(round_even(fminf(7.0f, fmaxf(-8.0f, v[i] * id))) + 8.0f);
     return best_h;
 }
 
