@@ -623,7 +623,8 @@ void cg_openai_close(cg_openai **cp)
     if (!c) return;
     *cp = NULL;
     cg_openai_shutdown(c);
-    for (size_t i = 0; i < c->n_spare; i++) curl_easy_cleanup(c->spare[i]);
+    for (size_t i = 0; i < c->n_spare; i++)
+        curl_easy_cleanup(c->spare[i]);
     curl_multi_cleanup(c->multi);
     free(c->reg);
     close(c->epfd);

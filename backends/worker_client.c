@@ -250,9 +250,11 @@ int cg_wc_info_compatible(const cg_wc_info *a, const cg_wc_info *b, char *msg, s
         }
     /* the gateway renders chats with the pool's template: a worker rendering another would
      * key the same chat differently */
-    if (strcmp(a->chat_template ? a->chat_template : "", b->chat_template ? b->chat_template : "")) {
-        snprintf(msg, msglen, "chat_template differs from the other workers' (give every worker "
-                              "the same --chat-template)");
+    if (strcmp(a->chat_template ? a->chat_template : "",
+               b->chat_template ? b->chat_template : "")) {
+        snprintf(msg, msglen,
+                 "chat_template differs from the other workers' (give every worker "
+                 "the same --chat-template)");
         return 0;
     }
     const struct {

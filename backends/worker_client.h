@@ -48,13 +48,13 @@ const char *cg_wc_error_message(json_t *j);
 
 typedef struct cg_wc_info {
     char *model, *dtype, *rope_style, *key_version; /* owned */
-    char *key_hash; /* owned; "xxhash" when the worker does not report key_hash */
-    char *instance; /* owned; the worker's instance id or start time when it reports one
-                       (instance_id, started_ms or start_time), else NULL */
+    char *key_hash;    /* owned; "xxhash" when the worker does not report key_hash */
+    char *instance;    /* owned; the worker's instance id or start time when it reports one
+                          (instance_id, started_ms or start_time), else NULL */
     char *remote_tier; /* owned; the id of the shared remote tier it reads and writes
                           (remote_tier.id), else NULL: workers with the same id share one */
     int64_t n_layers, n_kv_heads, head_dim, max_positions;
-    char *chat_template;        /* owned; the model's chat template, NULL when it has none */
+    char *chat_template;         /* owned; the model's chat template, NULL when it has none */
     char *bos_token, *eos_token; /* owned; its special-token strings, NULL when none */
 } cg_wc_info;
 
@@ -84,7 +84,7 @@ typedef struct cg_wc_assembly {
     char id[33];
     int64_t n_tokens, cached_tokens, computed_tokens, ttl_ms;
     int64_t recomputed_tokens; /* -1: a worker that does not report it */
-    cg_wc_seg *segs; /* owned */
+    cg_wc_seg *segs;           /* owned */
     size_t n_segs;
     cg_key *evicted; /* owned */
     size_t n_evicted;

@@ -21,11 +21,26 @@ static unsigned status_index(cg_status st)
 {
     return (unsigned)st < CG_STATUS_COUNT ? (unsigned)st : (unsigned)CG_E_INTERNAL;
 }
-int cg_status_http(cg_status st) { return status_rows[status_index(st)].http; }
-const char *cg_status_type(cg_status st) { return status_rows[status_index(st)].type; }
-const char *cg_status_code(cg_status st) { return status_rows[status_index(st)].code; }
-const char *cg_status_message(cg_status st) { return status_rows[status_index(st)].msg; }
-const char *cg_status_name(cg_status st) { return status_rows[status_index(st)].name; }
+int cg_status_http(cg_status st)
+{
+    return status_rows[status_index(st)].http;
+}
+const char *cg_status_type(cg_status st)
+{
+    return status_rows[status_index(st)].type;
+}
+const char *cg_status_code(cg_status st)
+{
+    return status_rows[status_index(st)].code;
+}
+const char *cg_status_message(cg_status st)
+{
+    return status_rows[status_index(st)].msg;
+}
+const char *cg_status_name(cg_status st)
+{
+    return status_rows[status_index(st)].name;
+}
 
 cg_status cg_status_from_http(int http)
 {
@@ -61,7 +76,10 @@ void *cg_realloc(void *p, size_t n)
     return q;
 }
 
-char *cg_strdup(const char *s) { return cg_strndup(s, strlen(s)); }
+char *cg_strdup(const char *s)
+{
+    return cg_strndup(s, strlen(s));
+}
 
 char *cg_strndup(const char *s, size_t n)
 {
@@ -84,7 +102,8 @@ static cg_status buf_reserve(cg_buf *b, size_t extra)
     size_t need = b->len + extra + 1;
     if (need <= b->cap) return CG_OK;
     size_t cap = b->cap ? b->cap : 256;
-    while (cap < need) cap *= 2;
+    while (cap < need)
+        cap *= 2;
     b->data = cg_realloc(b->data, cap);
     b->cap = cap;
     return CG_OK;
@@ -150,7 +169,10 @@ void cg_log_set_request_id(const char *rid)
     snprintf(log_rid, sizeof log_rid, "%s", rid);
 }
 
-const char *cg_log_request_id(void) { return log_rid; }
+const char *cg_log_request_id(void)
+{
+    return log_rid;
+}
 
 /* Appends s to out as the inside of a JSON string. */
 static void json_escape(cg_buf *out, const char *s)
@@ -158,9 +180,12 @@ static void json_escape(cg_buf *out, const char *s)
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
         cg_status st;
-        if (c == '"' || c == '\\') st = cg_buf_printf(out, "\\%c", c);
-        else if (c < 0x20) st = cg_buf_printf(out, "\\u%04x", c);
-        else st = cg_buf_append(out, s, 1);
+        if (c == '"' || c == '\\')
+            st = cg_buf_printf(out, "\\%c", c);
+        else if (c < 0x20)
+            st = cg_buf_printf(out, "\\u%04x", c);
+        else
+            st = cg_buf_append(out, s, 1);
         (void)st; /* unlimited buffer */
     }
 }
@@ -184,8 +209,8 @@ void cg_log(cg_log_level level, const char *fmt, ...)
 
     cg_buf line;
     cg_buf_init(&line, 0);
-    cg_status st = cg_buf_printf(&line, "{\"ts\":\"%s.%03ldZ\",\"level\":\"%s\",\"prog\":\"%s\"", when,
-                                 ts.tv_nsec / 1000000, names[level], log_program);
+    cg_status st = cg_buf_printf(&line, "{\"ts\":\"%s.%03ldZ\",\"level\":\"%s\",\"prog\":\"%s\"",
+                                 when, ts.tv_nsec / 1000000, names[level], log_program);
     if (log_rid[0]) {
         st = cg_buf_printf(&line, ",\"rid\":\"");
         json_escape(&line, log_rid);
@@ -211,7 +236,10 @@ uint64_t cg_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t cg_now_ms(void) { return cg_now_ns() / 1000000ull; }
+uint64_t cg_now_ms(void)
+{
+    return cg_now_ns() / 1000000ull;
+}
 
 uint64_t cg_wall_ms(void)
 {

@@ -35,7 +35,8 @@ typedef struct cg_buf {
 void cg_buf_init(cg_buf *b, size_t max);
 /* Appends n bytes. Returns CG_E_TOO_LARGE when len + n would exceed max. */
 cg_status cg_buf_append(cg_buf *b, const void *p, size_t n) CG_WUR;
-cg_status cg_buf_printf(cg_buf *b, const char *fmt, ...) CG_WUR __attribute__((format(printf, 2, 3)));
+cg_status cg_buf_printf(cg_buf *b, const char *fmt, ...) CG_WUR
+    __attribute__((format(printf, 2, 3)));
 void cg_buf_reset(cg_buf *b);
 void cg_buf_free(cg_buf *b);
 
@@ -52,7 +53,8 @@ void cg_log(cg_log_level level, const char *fmt, ...) __attribute__((format(prin
 /* Formats a message into err (errlen bytes, always NUL-terminated, truncated to fit); does
  * nothing when err is NULL or errlen is 0. Fallible functions that take (err, errlen) describe
  * their failure with it. */
-void cg_seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void cg_seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Monotonic clock in nanoseconds / milliseconds; wall clock in milliseconds since the epoch. */
 uint64_t cg_now_ns(void);

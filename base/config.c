@@ -9,7 +9,10 @@
 
 const char *const cg_log_level_names[] = {"debug", "info", "warn", "error", NULL};
 
-static void *field(void *cfg, const cg_cfg_opt *o) { return (char *)cfg + o->offset; }
+static void *field(void *cfg, const cg_cfg_opt *o)
+{
+    return (char *)cfg + o->offset;
+}
 
 static int parse_bool(const char *v, int *out)
 {
@@ -33,14 +36,15 @@ static void list_add(cg_strlist *l, const char *v, size_t len)
 
 static void list_clear(cg_strlist *l)
 {
-    for (size_t i = 0; i < l->n; i++) free(l->v[i]);
+    for (size_t i = 0; i < l->n; i++)
+        free(l->v[i]);
     cg_free(&l->v);
     l->n = 0;
 }
 
 /* Stores text v into the option's field. from_env: lists are comma-separated and replace. */
-static cg_status set_value(const cg_cfg_opt *o, void *cfg, const char *v, int append,
-                           char *err, size_t errlen)
+static cg_status set_value(const cg_cfg_opt *o, void *cfg, const char *v, int append, char *err,
+                           size_t errlen)
 {
     char *end = NULL;
     switch (o->type) {
@@ -64,10 +68,20 @@ static cg_status set_value(const cg_cfg_opt *o, void *cfg, const char *v, int ap
         if (o->type == CG_CFG_SIZE && *end) {
             long long mul = 1;
             switch (*end) {
-            case 'k': case 'K': mul = 1LL << 10; break;
-            case 'm': case 'M': mul = 1LL << 20; break;
-            case 'g': case 'G': mul = 1LL << 30; break;
-            default: goto bad_number;
+            case 'k':
+            case 'K':
+                mul = 1LL << 10;
+                break;
+            case 'm':
+            case 'M':
+                mul = 1LL << 20;
+                break;
+            case 'g':
+            case 'G':
+                mul = 1LL << 30;
+                break;
+            default:
+                goto bad_number;
             }
             end++;
             if (*end == 'i' || *end == 'I') end++;
@@ -80,8 +94,10 @@ static cg_status set_value(const cg_cfg_opt *o, void *cfg, const char *v, int ap
             snprintf(err, errlen, "--%s: %lld is outside [%lld, %lld]", o->name, x, o->min, o->max);
             return CG_E_VALUE;
         }
-        if (o->type == CG_CFG_INT) *(long long *)field(cfg, o) = x;
-        else *(size_t *)field(cfg, o) = (size_t)x;
+        if (o->type == CG_CFG_INT)
+            *(long long *)field(cfg, o) = x;
+        else
+            *(size_t *)field(cfg, o) = (size_t)x;
         return CG_OK;
     }
     case CG_CFG_NUM: {
@@ -107,8 +123,8 @@ static cg_status set_value(const cg_cfg_opt *o, void *cfg, const char *v, int ap
         {
             size_t len = (size_t)snprintf(err, errlen, "--%s: '%s' is not one of", o->name, v);
             for (int i = 0; o->choices[i] && len < errlen; i++)
-                len += (size_t)snprintf(err + len, errlen - len, "%s %s", i ? "," : "",
-                                        o->choices[i]);
+                len +=
+                    (size_t)snprintf(err + len, errlen - len, "%s %s", i ? "," : "", o->choices[i]);
         }
         return CG_E_VALUE;
     case CG_CFG_LIST: {
@@ -207,8 +223,10 @@ void cg_config_help(FILE *out, const char *usage, const cg_cfg_opt *tab, size_t 
 void cg_config_free(const cg_cfg_opt *tab, size_t n, void *cfg)
 {
     for (size_t i = 0; i < n; i++) {
-        if (tab[i].type == CG_CFG_STR) cg_free((char **)field(cfg, &tab[i]));
-        else if (tab[i].type == CG_CFG_LIST) list_clear(field(cfg, &tab[i]));
+        if (tab[i].type == CG_CFG_STR)
+            cg_free((char **)field(cfg, &tab[i]));
+        else if (tab[i].type == CG_CFG_LIST)
+            list_clear(field(cfg, &tab[i]));
     }
 }
 
@@ -232,8 +250,10 @@ cg_status cg_config_read_key(const char *flag, const char *path, char **out, cha
     char line[4096];
     while (!*out && fgets(line, sizeof line, f)) {
         char *a = line, *b = line + strlen(line);
-        while (a < b && (*a == ' ' || *a == '\t')) a++;
-        while (b > a && (b[-1] == '\n' || b[-1] == '\r' || b[-1] == ' ' || b[-1] == '\t')) b--;
+        while (a < b && (*a == ' ' || *a == '\t'))
+            a++;
+        while (b > a && (b[-1] == '\n' || b[-1] == '\r' || b[-1] == ' ' || b[-1] == '\t'))
+            b--;
         if (a == b || *a == '#') continue;
         *out = cg_strndup(a, (size_t)(b - a));
     }
@@ -246,8 +266,7 @@ cg_status cg_config_read_key(const char *flag, const char *path, char **out, cha
     if (!cg_config_key_valid(*out)) {
         explicit_bzero(*out, strlen(*out));
         cg_free(out);
-        snprintf(err, errlen, "%s: the key in %s contains whitespace or control bytes", flag,
-                 path);
+        snprintf(err, errlen, "%s: the key in %s contains whitespace or control bytes", flag, path);
         return CG_E_VALUE;
     }
     return CG_OK;

@@ -26,18 +26,22 @@ typedef struct cg_cfg_opt {
     const char *name; /* flag without dashes: "listen" -> --listen */
     const char *env;  /* "CHUNKGATE_LISTEN" */
     cg_cfg_type type;
-    size_t offset;    /* offsetof(struct, field) */
-    const char *def;  /* default as text; NULL = unset (NULL string / empty list / 0) */
+    size_t offset;   /* offsetof(struct, field) */
+    const char *def; /* default as text; NULL = unset (NULL string / empty list / 0) */
     long long min, max;
     const char *help;
     const char *const *choices; /* CG_CFG_ENUM: the allowed values, NULL-terminated */
 } cg_cfg_opt;
 
 /* One row of a program's table over its config struct T (both programs use these). */
-#define CG_OPT(T, name, env, type, field, def, min, max, help)                                    \
-    {name, env, type, offsetof(T, field), def, min, max, help, NULL}
-#define CG_OPT_ENUM(T, name, env, field, def, choices, help)                                      \
-    {name, env, CG_CFG_ENUM, offsetof(T, field), def, 0, 0, help, choices}
+#define CG_OPT(T, name, env, type, field, def, min, max, help)                                     \
+    {                                                                                              \
+        name, env, type, offsetof(T, field), def, min, max, help, NULL                             \
+    }
+#define CG_OPT_ENUM(T, name, env, field, def, choices, help)                                       \
+    {                                                                                              \
+        name, env, CG_CFG_ENUM, offsetof(T, field), def, 0, 0, help, choices                       \
+    }
 
 /* The values of --log-level, in cg_log_level order. */
 extern const char *const cg_log_level_names[];

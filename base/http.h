@@ -75,49 +75,49 @@ typedef struct cg_http_route {
 typedef void (*cg_http_done_fn)(void *app, const char *route, int status, double seconds);
 
 typedef struct cg_http_params {
-    const char *listen;        /* "HOST:PORT"; port 0 picks a free port */
-    unsigned io_threads;       /* MHD epoll threads; default 2 */
-    unsigned job_threads;      /* blocking-handler pool; default 8 */
-    size_t max_body_bytes;     /* default 8 MiB; larger -> 413 */
-    size_t max_header_bytes;   /* sum of the request's header name and value bytes; larger ->
-                                  431. Default 16 KiB; 0 = no cap on that sum (the raw head is
-                                  still capped, see base/http_frame.h) */
-    size_t max_json_values;    /* cg_http_req_json: values + members a body may hold; more ->
-                                  400 json_too_complex. Default 100000 (base/json.h) */
-    unsigned max_json_depth;   /* cg_http_req_json: nesting; deeper -> 400. Default 64 */
-    unsigned conn_timeout_s;   /* a connection silent this long is closed (MHD), and so is one
-                                  that has not delivered a complete request (headers and body)
-                                  this long after it began waiting for one (accept, or the end
-                                  of the previous reply): slow clients cannot hold it. Replies
-                                  and streams are not limited by it. Default 60 */
-    unsigned max_connections;  /* open client connections; one more is accepted and closed at
-                                  once, without a reply. Exact across io threads. Default 4096 */
-    unsigned heartbeat_ms;     /* stream poke interval; default 5000 */
-    const char *admin_token;   /* borrowed; NULL/"" = admin routes open */
+    const char *listen;          /* "HOST:PORT"; port 0 picks a free port */
+    unsigned io_threads;         /* MHD epoll threads; default 2 */
+    unsigned job_threads;        /* blocking-handler pool; default 8 */
+    size_t max_body_bytes;       /* default 8 MiB; larger -> 413 */
+    size_t max_header_bytes;     /* sum of the request's header name and value bytes; larger ->
+                                    431. Default 16 KiB; 0 = no cap on that sum (the raw head is
+                                    still capped, see base/http_frame.h) */
+    size_t max_json_values;      /* cg_http_req_json: values + members a body may hold; more ->
+                                    400 json_too_complex. Default 100000 (base/json.h) */
+    unsigned max_json_depth;     /* cg_http_req_json: nesting; deeper -> 400. Default 64 */
+    unsigned conn_timeout_s;     /* a connection silent this long is closed (MHD), and so is one
+                                    that has not delivered a complete request (headers and body)
+                                    this long after it began waiting for one (accept, or the end
+                                    of the previous reply): slow clients cannot hold it. Replies
+                                    and streams are not limited by it. Default 60 */
+    unsigned max_connections;    /* open client connections; one more is accepted and closed at
+                                    once, without a reply. Exact across io threads. Default 4096 */
+    unsigned heartbeat_ms;       /* stream poke interval; default 5000 */
+    const char *admin_token;     /* borrowed; NULL/"" = admin routes open */
     const char *const *api_keys; /* borrowed, NULL-terminated; NULL = inference routes open */
     const cg_http_route *routes; /* borrowed, n_routes entries, must outlive the server */
     size_t n_routes;
     const cg_http_fast_handler *fast; /* borrowed, NULL or n_routes entries: routes[i]'s fast
                                          handler or NULL; saves the job-pool hop for what it
                                          can take */
-    void *app;                 /* passed to handlers and done */
+    void *app;                        /* passed to handlers and done */
     cg_http_done_fn done;
-    int no_framing_check;      /* 1: leave the raw request framing to libmicrohttpd alone (its
-                                  own HTML errors, no RFC 9112 strictness); for tests that show
-                                  what the library does. Default 0: checked (base/http_frame.h) */
+    int no_framing_check; /* 1: leave the raw request framing to libmicrohttpd alone (its
+                             own HTML errors, no RFC 9112 strictness); for tests that show
+                             what the library does. Default 0: checked (base/http_frame.h) */
 } cg_http_params;
 
 cg_http_params cg_http_default_params(void);
 
 /* Connection counters since start. */
 typedef struct cg_http_stats {
-    size_t connections; /* open now */
-    uint64_t accepted;  /* connections admitted */
-    uint64_t refused;   /* closed at accept: max_connections open */
-    uint64_t timed_out; /* closed for not delivering a request within conn_timeout_s */
+    size_t connections;         /* open now */
+    uint64_t accepted;          /* connections admitted */
+    uint64_t refused;           /* closed at accept: max_connections open */
+    uint64_t timed_out;         /* closed for not delivering a request within conn_timeout_s */
     uint64_t headers_too_large; /* 431 answered by our header count */
-    uint64_t malformed; /* refused by the framing check (400, 413, 414, 501, 505) */
-    uint64_t lingered;  /* connections closed with a lingering close */
+    uint64_t malformed;         /* refused by the framing check (400, 413, 414, 501, 505) */
+    uint64_t lingered;          /* connections closed with a lingering close */
 } cg_http_stats;
 
 /* Starts listening and serving. *out is owned by the caller (cg_http_close). */
@@ -171,8 +171,8 @@ json_t *cg_http_req_json(cg_http_req *r);
 int cg_http_req_client_left(cg_http_req *r);
 
 /* 1 once the server saw the client of r leave while r waited for its reply (checked at each
- * heartbeat, and at least every second: MHD cannot see it while the connection is parked). A client that
- * closes its sending side after the request counts as gone. Any thread may ask until r is
+ * heartbeat, and at least every second: MHD cannot see it while the connection is parked). A client
+ * that closes its sending side after the request counts as gone. Any thread may ask until r is
  * replied; the reply still has to be made (it goes nowhere). */
 int cg_http_req_gone(const cg_http_req *r);
 

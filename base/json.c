@@ -25,7 +25,8 @@ cg_status cg_json_check_limits(const char *text, size_t len, const cg_json_limit
                 const char *q = memchr(p, '"', (size_t)(e - p));
                 if (!q) return CG_OK; /* unterminated: the parser says so */
                 size_t k = 0;
-                while (q - k > s && q[-1 - (ptrdiff_t)k] == '\\') k++;
+                while (q - k > s && q[-1 - (ptrdiff_t)k] == '\\')
+                    k++;
                 p = q + 1;
                 if (!(k & 1)) break;
             }
@@ -56,8 +57,8 @@ cg_status cg_json_check_limits(const char *text, size_t len, const cg_json_limit
     return CG_OK;
 }
 
-json_t *cg_json_parse_object(const char *text, size_t len, const cg_json_limits *l,
-                             cg_status *st, char *msg, size_t msglen)
+json_t *cg_json_parse_object(const char *text, size_t len, const cg_json_limits *l, cg_status *st,
+                             char *msg, size_t msglen)
 {
     if (!len) {
         *st = CG_E_JSON;

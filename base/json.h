@@ -28,16 +28,17 @@ cg_status cg_json_check_limits(const char *text, size_t len, const cg_json_limit
  * (CG_E_JSON): a gateway and a backend that pick different copies would read different
  * requests. Returns a new reference, or NULL with *st (CG_E_JSON, CG_E_UTF8, CG_E_TYPE: not an
  * object, CG_E_JSON_LIMIT) and a message in msg. */
-json_t *cg_json_parse_object(const char *text, size_t len, const cg_json_limits *l,
-                             cg_status *st, char *msg, size_t msglen);
+json_t *cg_json_parse_object(const char *text, size_t len, const cg_json_limits *l, cg_status *st,
+                             char *msg, size_t msglen);
 
 /* ---- JSON field helpers: on a type error they return CG_E_TYPE / CG_E_MISSING ---- */
 /* *out is borrowed from obj; absent and not required -> CG_OK with *out = NULL. */
-cg_status cg_json_get(json_t *obj, const char *name, json_type type, int required, json_t **out) CG_WUR;
+cg_status cg_json_get(json_t *obj, const char *name, json_type type, int required,
+                      json_t **out) CG_WUR;
 /* Convenience wrappers; def is used when absent. */
 cg_status cg_json_get_string(json_t *obj, const char *name, int required, const char **out) CG_WUR;
-cg_status cg_json_get_int(json_t *obj, const char *name, long long def, long long min, long long max,
-                          long long *out) CG_WUR;
+cg_status cg_json_get_int(json_t *obj, const char *name, long long def, long long min,
+                          long long max, long long *out) CG_WUR;
 cg_status cg_json_get_number(json_t *obj, const char *name, double def, double min, double max,
                              double *out) CG_WUR;
 cg_status cg_json_get_bool(json_t *obj, const char *name, int def, int *out) CG_WUR;

@@ -51,8 +51,15 @@ static int run(const char *dir, cg_quant q, const int32_t *ids, uint32_t n, cons
     for (uint32_t r0 = 0; r0 < n; r0 += PIECE) {
         const uint32_t len = CG_MIN(PIECE, n - r0);
         cg_attn_span sp = {r0, len, 0, 0};
-        cg_fwd_seq sq = {.kv = kv, .tokens = ids + r0, .n = len, .slot0 = r0, .pos0 = r0,
-                         .spans = &sp, .n_spans = 1, .row_logits = lg, .row_off = 0,
+        cg_fwd_seq sq = {.kv = kv,
+                         .tokens = ids + r0,
+                         .n = len,
+                         .slot0 = r0,
+                         .pos0 = r0,
+                         .spans = &sp,
+                         .n_spans = 1,
+                         .row_logits = lg,
+                         .row_off = 0,
                          .row_logits_from = 0};
         if (cg_model_forward_batch(m, &sq, 1, CG_FWD_PREFILL, s) != CG_OK) {
             fprintf(stderr, "bench_quant: forward failed\n");
@@ -73,10 +80,11 @@ static int run(const char *dir, cg_quant q, const int32_t *ids, uint32_t n, cons
     }
     double fwd_s = (double)(cg_now_ns() - t0) / 1e9;
     fclose(f);
-    printf("{\"quant\": \"%s\", \"weights_dtype\": \"%s\", \"weight_bytes\": %zu, \"load_s\": %.2f, "
-           "\"forward_s\": %.2f, \"piece\": %u, \"isa\": \"%s\"}\n",
-           cg_quant_name(q), cg_model_cfg(m)->dtype, cg_model_weight_bytes(m), load_s, fwd_s, PIECE,
-           cg_matmul_isa_name(cg_matmul_isa_active()));
+    printf(
+        "{\"quant\": \"%s\", \"weights_dtype\": \"%s\", \"weight_bytes\": %zu, \"load_s\": %.2f, "
+        "\"forward_s\": %.2f, \"piece\": %u, \"isa\": \"%s\"}\n",
+        cg_quant_name(q), cg_model_cfg(m)->dtype, cg_model_weight_bytes(m), load_s, fwd_s, PIECE,
+        cg_matmul_isa_name(cg_matmul_isa_active()));
     fflush(stdout);
     cg_fwd_scratch_free(&s);
     free(lg);
@@ -88,7 +96,8 @@ static int run(const char *dir, cg_quant q, const int32_t *ids, uint32_t n, cons
 int main(int argc, char **argv)
 {
     if (argc != 5 && argc != 6) {
-        fprintf(stderr, "usage: bench_quant MODEL_DIR IDS.json POSITIONS OUT_PREFIX [none,q8,q4]\n");
+        fprintf(stderr,
+                "usage: bench_quant MODEL_DIR IDS.json POSITIONS OUT_PREFIX [none,q8,q4]\n");
         return 2;
     }
     json_error_t je;
@@ -117,7 +126,8 @@ int main(int argc, char **argv)
     const char *which = argc == 6 ? argv[5] : "none,q8,q4";
     if (getenv("CG_BENCH_PIECE")) PIECE = (uint32_t)CG_MAX(1, atoi(getenv("CG_BENCH_PIECE")));
     for (int q = 0; q < CG_QUANT_COUNT; q++)
-        if (strstr(which, cg_quant_names[q]) && run(argv[1], (cg_quant)q, ids, n, pos, npos, argv[4]))
+        if (strstr(which, cg_quant_names[q]) &&
+            run(argv[1], (cg_quant)q, ids, n, pos, npos, argv[4]))
             return 1;
     free(ids);
     free(pos);

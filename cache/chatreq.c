@@ -46,7 +46,8 @@ static cg_status get_content(json_t *c, size_t i, cg_chat_msg *row, cg_buf *part
         }
         cg_status st = CG_OK;
         if (part->len) st = cg_buf_append(part, "\n", 1);
-        if (st == CG_OK) st = cg_buf_append(part, json_string_value(text), json_string_length(text));
+        if (st == CG_OK)
+            st = cg_buf_append(part, json_string_value(text), json_string_length(text));
         (void)st; /* unlimited buffer; the body cap bounds it */
     }
     row->content = part->len ? part->data : NULL;
@@ -165,8 +166,8 @@ struct cg_chat_model {
     int refs; /* atomic */
 };
 
-cg_status cg_chat_model_new(const char *src, const char *bos, const char *eos,
-                            cg_chat_model **out, char *err, size_t errlen)
+cg_status cg_chat_model_new(const char *src, const char *bos, const char *eos, cg_chat_model **out,
+                            char *err, size_t errlen)
 {
     *out = NULL;
     cg_chat_template *t = NULL;
@@ -233,8 +234,8 @@ static json_t *template_messages(const cg_chat_req *r, const char *sep)
             cg_buf b;
             cg_buf_init(&b, 0);
             docs_into(&b, NULL, 0, r, sep);
-            json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
-                                                  b.data, b.len));
+            json_array_append_new(
+                msgs, json_pack("{s:s, s:s%}", "role", "system", "content", b.data, b.len));
             cg_buf_free(&b);
             placed = 1;
         }
@@ -266,8 +267,7 @@ cg_status cg_chat_kwargs_check(const json_t *kwargs, char *msg, size_t n)
 }
 
 cg_status cg_chat_model_render(const cg_chat_model *m, const cg_chat_req *r,
-                               const cg_chat_render_opts *o, cg_buf *out, char *err,
-                               size_t errlen)
+                               const cg_chat_render_opts *o, cg_buf *out, char *err, size_t errlen)
 {
     if (r->non_text) {
         snprintf(err, errlen, "only text content parts can be rendered with the chat template");
@@ -315,8 +315,8 @@ json_t *cg_chat_as_completion(json_t *body, const char *prompt, size_t prompt_le
     }
     if (json_is_true(json_object_get(body, "logprobs"))) {
         json_t *k = json_object_get(body, "top_logprobs");
-        json_object_set_new(o, "logprobs", json_integer(json_is_integer(k) ? json_integer_value(k)
-                                                                            : 0));
+        json_object_set_new(o, "logprobs",
+                            json_integer(json_is_integer(k) ? json_integer_value(k) : 0));
     }
     return o;
 }
@@ -341,9 +341,8 @@ static json_t *chat_logprobs(json_t *lp)
         const char *tok = json_string_value(json_array_get(tokens, i));
         json_t *top = json_array(), *v;
         const char *k;
-        json_object_foreach(json_array_get(tops, i), k, v)
-            json_array_append_new(top, json_pack("{s:s, s:O, s:o}", "token", k, "logprob", v,
-                                                 "bytes", bytes_of(k)));
+        json_object_foreach(json_array_get(tops, i), k, v) json_array_append_new(
+            top, json_pack("{s:s, s:O, s:o}", "token", k, "logprob", v, "bytes", bytes_of(k)));
         json_t *lpv = json_array_get(values, i);
         json_array_append_new(content, json_pack("{s:s, s:O, s:o, s:o}", "token", tok ? tok : "",
                                                  "logprob", lpv ? lpv : json_null(), "bytes",

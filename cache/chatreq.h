@@ -19,7 +19,7 @@
 typedef struct cg_chat_req {
     cg_chat_msg *msgs; /* owned rows */
     size_t n_msgs;
-    cg_buf *parts; /* owned: joined text parts, one buffer per message */
+    cg_buf *parts;     /* owned: joined text parts, one buffer per message */
     const char **docs; /* owned array of borrowed strings */
     size_t *doc_lens;  /* owned */
     size_t n_docs;
@@ -47,8 +47,8 @@ typedef struct cg_chat_model cg_chat_model;
 /* Compiles src (a Jinja chat_template) with bos / eos (token strings, NULL when the model has
  * none). On success *out holds one reference. A template the renderer cannot run is refused:
  * CG_E_UNSUPPORTED or CG_E_VALUE with err saying "line:column: what". */
-cg_status cg_chat_model_new(const char *src, const char *bos, const char *eos,
-                            cg_chat_model **out, char *err, size_t errlen) CG_WUR;
+cg_status cg_chat_model_new(const char *src, const char *bos, const char *eos, cg_chat_model **out,
+                            char *err, size_t errlen) CG_WUR;
 /* Takes one more reference; returns m. */
 cg_chat_model *cg_chat_model_ref(cg_chat_model *m);
 /* Drops one reference (freeing on the last) and sets *m to NULL; accepts NULL. */

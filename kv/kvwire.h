@@ -1,7 +1,7 @@
 /* Per-head KV wire format (DESIGN §7, §8): the binary body of GET /v1/chunks/{key}/kv and
  * GET /v1/assemblies/{id}/kv. A small little-endian header, then per head, per layer, K then
- * V, each [n_tokens][head_dim] f32 LE. Byte-for-byte layout: docs/worker.md ("Per-head KV wire format") and
- * openapi/worker.yaml. The decoder is strict: it is fed untrusted network bytes. */
+ * V, each [n_tokens][head_dim] f32 LE. Byte-for-byte layout: docs/worker.md ("Per-head KV wire
+ * format") and openapi/worker.yaml. The decoder is strict: it is fed untrusted network bytes. */
 #ifndef CG_KVWIRE_H
 #define CG_KVWIRE_H
 

@@ -12,8 +12,8 @@ typedef enum {
 } cg_rope_style;
 
 typedef struct cg_rope {
-    int head_dim;        /* even */
-    double theta;        /* base, e.g. 10000 */
+    int head_dim; /* even */
+    double theta; /* base, e.g. 10000 */
     cg_rope_style style;
     /* Optional: the rate of each of the head_dim/2 frequencies (borrowed), for RoPE scaling
      * that changes each frequency by a constant (linear, llama3, yarn: DESIGN §13). R(a)R(b) =

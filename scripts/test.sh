@@ -8,6 +8,10 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 jobs=$(nproc)
 
+# Every C file follows the committed .clang-format (Debian's clang-format 14).
+git ls-files '*.c' '*.h' '*.inc' | xargs clang-format --dry-run -Werror
+echo "clang-format: $(git ls-files '*.c' '*.h' '*.inc' | wc -l) files formatted"
+
 # The npm packages of the tests, exactly as locked: tests/compat (client compatibility, the
 # OpenAPI contract), tests/ref (the reference tokenizers and chat-template renderer) and
 # bench/llamacpp (llama.cpp's prebuilt CPU build, which cross-checks the torch reference). A

@@ -257,9 +257,9 @@ static void metrics_setup(cg_gateway *g)
     g->m_assemble = cg_metrics_histogram(m, "chunkgate_assemble_seconds",
                                          "Time from routing to the worker's assemble answer.", NULL,
                                          cg_metrics_latency_buckets, cg_metrics_latency_n);
-    g->m_disconnects =
-        cg_metrics_counter(m, "chunkgate_client_disconnects_total",
-                           "Requests whose client left before the answer ended (upstream cancelled).", NULL);
+    g->m_disconnects = cg_metrics_counter(
+        m, "chunkgate_client_disconnects_total",
+        "Requests whose client left before the answer ended (upstream cancelled).", NULL);
     const char *kinds[] = {"connect", "timeout", "status", "invalid", "too_large", "stream"};
     for (size_t i = 0; i < CG_ARRAY_LEN(kinds); i++) {
         char labels[64];

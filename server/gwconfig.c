@@ -61,8 +61,8 @@ const cg_cfg_opt cg_gateway_options[] = {
         "on SIGTERM/SIGINT, how long in-flight answers may finish before being cut"),
     OPT_ENUM("log-level", "CHUNKGATE_LOG_LEVEL", log_level, "info", cg_log_level_names,
              "debug, info, warn or error"),
-    OPT("worker-timeout-ms", "CHUNKGATE_WORKER_TIMEOUT_MS", CG_CFG_INT, worker_timeout_ms,
-        "60000", 50, 86400000,
+    OPT("worker-timeout-ms", "CHUNKGATE_WORKER_TIMEOUT_MS", CG_CFG_INT, worker_timeout_ms, "60000",
+        50, 86400000,
         "longest wait for a worker's assemble answer; then the request falls back to the plain "
         "prompt"),
     OPT("health-interval-ms", "CHUNKGATE_HEALTH_INTERVAL_MS", CG_CFG_INT, health_interval_ms,
@@ -72,15 +72,15 @@ const cg_cfg_opt cg_gateway_options[] = {
         "looked up again (whole seconds; under 1 s: not cached)"),
     OPT("health-timeout-ms", "CHUNKGATE_HEALTH_TIMEOUT_MS", CG_CFG_INT, health_timeout_ms, "1000",
         10, 600000, "limit of one health probe; a worker that misses it is taken out of routing"),
-    OPT("sync-interval-ms", "CHUNKGATE_SYNC_INTERVAL_MS", CG_CFG_INT, sync_interval_ms, "60000",
-        0, 86400000,
+    OPT("sync-interval-ms", "CHUNKGATE_SYNC_INTERVAL_MS", CG_CFG_INT, sync_interval_ms, "60000", 0,
+        86400000,
         "full inventory resync period per healthy worker (0 = only when a worker (re)appears or "
         "reports a miss where the index expected a hit)"),
     OPT("load-penalty-tokens", "CHUNKGATE_LOAD_PENALTY_TOKENS", CG_CFG_INT, load_penalty_tokens,
         "256", 0, 1LL << 40,
         "routing: each request in flight on a worker costs this many cached tokens of its score"),
-    OPT("remote-hit-percent", "CHUNKGATE_REMOTE_HIT_PERCENT", CG_CFG_INT, remote_hit_percent,
-        "50", 1, 99,
+    OPT("remote-hit-percent", "CHUNKGATE_REMOTE_HIT_PERCENT", CG_CFG_INT, remote_hit_percent, "50",
+        1, 99,
         "routing: a chunk token a worker can read from its shared remote tier (workers reporting "
         "the same remote_tier in /v1/info) scores this percent of a token it holds itself"),
     OPT("api-key", "CHUNKGATE_API_KEYS", CG_CFG_LIST, api_keys, NULL, 0, 0,
@@ -90,26 +90,26 @@ const cg_cfg_opt cg_gateway_options[] = {
         "file of API keys, one per line (blank lines and lines starting with # are skipped)"),
     OPT("max-header-bytes", "CHUNKGATE_MAX_HEADER_BYTES", CG_CFG_SIZE, max_header_bytes, "16K",
         1024, 1LL << 20, "largest sum of request header names and values; larger -> 431"),
-    OPT("max-segment-bytes", "CHUNKGATE_MAX_SEGMENT_BYTES", CG_CFG_SIZE, max_segment_bytes, "1M",
-        0, 1LL << 30, "largest prompt segment after trimming (0 = no limit); larger -> 400"),
+    OPT("max-segment-bytes", "CHUNKGATE_MAX_SEGMENT_BYTES", CG_CFG_SIZE, max_segment_bytes, "1M", 0,
+        1LL << 30, "largest prompt segment after trimming (0 = no limit); larger -> 400"),
     OPT("max-connections", "CHUNKGATE_MAX_CONNECTIONS", CG_CFG_INT, max_connections, "4096", 1,
         1000000, "open client connections; one more is closed at accept without a reply"),
     OPT("conn-timeout-s", "CHUNKGATE_CONN_TIMEOUT_S", CG_CFG_INT, conn_timeout_s, "60", 1, 86400,
         "a client connection idle this long, or not done sending its request (headers and "
         "body) this long after it began, is closed; answers and streams are not limited"),
     OPT_ENUM("key-hash", "CHUNKGATE_KEY_HASH", key_hash, "xxhash", cg_key_hash_names,
-        "chunk key hash: xxhash (XXH3-128) or sha256 (first 16 bytes of SHA-256, resists "
-        "crafted collisions); every worker must use the same"),
+             "chunk key hash: xxhash (XXH3-128) or sha256 (first 16 bytes of SHA-256, resists "
+             "crafted collisions); every worker must use the same"),
     OPT("index-busy-timeout-ms", "CHUNKGATE_INDEX_BUSY_TIMEOUT_MS", CG_CFG_INT,
         index_busy_timeout_ms, "5000", 0, 600000,
         "how long an index write waits for a lock held by another process (3 tries, then the "
         "batch is dropped and counted)"),
-    OPT("recompute-default", "CHUNKGATE_RECOMPUTE_DEFAULTS", CG_CFG_LIST, recompute_defaults,
-        NULL, 0, 0,
+    OPT("recompute-default", "CHUNKGATE_RECOMPUTE_DEFAULTS", CG_CFG_LIST, recompute_defaults, NULL,
+        0, 0,
         "MODEL=RATIO[:PREFIX_TOKENS]: the recompute_ratio (and recompute_prefix_tokens) a "
         "request for MODEL gets when it sends none; MODEL * = any other model; repeatable"),
-    OPT("max-json-values", "CHUNKGATE_MAX_JSON_VALUES", CG_CFG_INT, max_json_values, "100000",
-        16, 100000000,
+    OPT("max-json-values", "CHUNKGATE_MAX_JSON_VALUES", CG_CFG_INT, max_json_values, "100000", 16,
+        100000000,
         "most JSON values (array elements and object members) in a request body; more -> 400"),
     OPT("max-json-depth", "CHUNKGATE_MAX_JSON_DEPTH", CG_CFG_INT, max_json_depth, "64", 4, 2048,
         "deepest nesting of arrays and objects in a request body; deeper -> 400"),
@@ -149,8 +149,10 @@ static cg_status read_key_file(const char *path, cg_strlist *keys, char *err, si
             break;
         }
         char *a = line, *b = line + len;
-        while (a < b && (*a == ' ' || *a == '\t')) a++;
-        while (b > a && (b[-1] == '\n' || b[-1] == '\r' || b[-1] == ' ' || b[-1] == '\t')) b--;
+        while (a < b && (*a == ' ' || *a == '\t'))
+            a++;
+        while (b > a && (b[-1] == '\n' || b[-1] == '\r' || b[-1] == ' ' || b[-1] == '\t'))
+            b--;
         if (a == b || *a == '#') continue;
         keys->v = cg_realloc(keys->v, (keys->n + 2) * sizeof *keys->v);
         keys->v[keys->n++] = cg_strndup(a, (size_t)(b - a));
@@ -227,9 +229,9 @@ cg_status cg_gateway_config_load(cg_gateway_config *cfg, int argc, char **argv, 
                                    want_help, err, errlen);
     if (st != CG_OK || *want_help) return st;
     /* An empty environment variable means unset for the optional strings. */
-    char **optional[] = {&cfg->backend,        &cfg->backend_api_key, &cfg->admin_token,
-                         &cfg->model,          &cfg->api_key_file,    &cfg->worker_api_key,
-                         &cfg->worker_api_key_file};
+    char **optional[] = {
+        &cfg->backend,      &cfg->backend_api_key, &cfg->admin_token,        &cfg->model,
+        &cfg->api_key_file, &cfg->worker_api_key,  &cfg->worker_api_key_file};
     for (size_t i = 0; i < CG_ARRAY_LEN(optional); i++)
         if (*optional[i] && !**optional[i]) cg_free(optional[i]);
     if (!valid_listen(cfg->listen)) {

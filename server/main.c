@@ -74,8 +74,11 @@ int main(int argc, char **argv)
            "(%zu API key(s)), key hash %s",
            cfg.backend ? cfg.backend : "(none: the chosen worker answers)", cfg.workers.n,
            cfg.data_dir,
-           cfg.admin_token ? "need the admin token" : cfg.api_keys.n ? "closed" : "open",
-           cfg.api_keys.n ? "need an API key" : "open", cfg.api_keys.n, cg_key_hash_names[cfg.key_hash]);
+           cfg.admin_token  ? "need the admin token"
+           : cfg.api_keys.n ? "closed"
+                            : "open",
+           cfg.api_keys.n ? "need an API key" : "open", cfg.api_keys.n,
+           cg_key_hash_names[cfg.key_hash]);
 
     int sig = 0;
     sigwait(&stop, &sig);

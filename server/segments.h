@@ -14,22 +14,22 @@
  * when it passes through). Keys exist for cacheable segments only
  * (system and chunk); n_keys of them, in prompt order. */
 typedef struct cg_gw_segments {
-    cg_split_result split; /* segments, offsets into text */
-    const char *text;      /* borrowed: the prompt string or the chat rendering */
-    cg_buf rendered;       /* owns the chat rendering */
-    const char *separator; /* borrowed: the separator used (request's or --separator) */
-    const char *tenant;    /* borrowed: the caller's tenant id, set before splitting; NULL
-                              when the request carries no API key */
-    const char *salt;      /* the salt of the keys: cache_salt, or with a tenant
-                              "<tenant>" / "<tenant>:<cache_salt>"; NULL = none */
-    char *salt_owned;      /* owned: the tenant form of salt */
-    long long recompute;   /* recompute_prefix_tokens, -1 when absent */
+    cg_split_result split;  /* segments, offsets into text */
+    const char *text;       /* borrowed: the prompt string or the chat rendering */
+    cg_buf rendered;        /* owns the chat rendering */
+    const char *separator;  /* borrowed: the separator used (request's or --separator) */
+    const char *tenant;     /* borrowed: the caller's tenant id, set before splitting; NULL
+                               when the request carries no API key */
+    const char *salt;       /* the salt of the keys: cache_salt, or with a tenant
+                               "<tenant>" / "<tenant>:<cache_salt>"; NULL = none */
+    char *salt_owned;       /* owned: the tenant form of salt */
+    long long recompute;    /* recompute_prefix_tokens, -1 when absent */
     double recompute_ratio; /* recompute_ratio, -1 when absent; both may come from the
                                model's --recompute-default */
     int quality_probe;      /* quality_probe: the answer carries chunk_cache.quality */
     cg_mode mode;
-    int no_bos; /* the worker must not add BOS: add_special_tokens false, or a chat rendered
-                   with the model's template (which writes its own special tokens) */
+    int no_bos;      /* the worker must not add BOS: add_special_tokens false, or a chat rendered
+                        with the model's template (which writes its own special tokens) */
     cg_key *keys;    /* owned; n_keys entries */
     size_t *key_seg; /* owned; the segment index of each key */
     size_t n_keys;

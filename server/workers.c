@@ -343,8 +343,10 @@ static void pool_chat_locked(cg_workers *r)
     cg_status st = cg_chat_model_new(r->pool.chat_template, r->pool.bos_token, r->pool.eos_token,
                                      &r->chat, err, sizeof err);
     if (st != CG_OK)
-        cg_log(CG_LOG_WARN, "the workers' chat template cannot be rendered here (%s); chat "
-                            "requests use the plain rendering", err);
+        cg_log(CG_LOG_WARN,
+               "the workers' chat template cannot be rendered here (%s); chat "
+               "requests use the plain rendering",
+               err);
 }
 
 cg_chat_model *cg_workers_chat_model(cg_workers *r)

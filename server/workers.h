@@ -116,8 +116,8 @@ typedef struct cg_route_cand {
  * its remote > 0 (kind remote). Otherwise the least loaded wins (kind least_loaded). Ties go
  * to the first candidate at or after tie % n in rotation order, so equal cold requests spread
  * by their key instead of all landing on candidate 0. Returns the index, or -1 when n == 0. */
-int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remote_pct,
-                  uint64_t tie, cg_route_kind *kind);
+int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remote_pct, uint64_t tie,
+                  cg_route_kind *kind);
 
 /* Picks a healthy worker for a request whose keys the one index lookup answered (ent[k] for
  * keys[k], with the placements still queued for the index; ent may be NULL when the lookup
@@ -141,7 +141,6 @@ const char *cg_worker_url(const cg_worker *w); /* borrowed, lives as long as the
 int64_t cg_worker_id(const cg_worker *w);
 /* The index row of the shared remote tier w reported at its last sync, or -1 (none). */
 int64_t cg_workers_tier_row(cg_workers *r, const cg_worker *w);
-
 
 /* Reports a failed call to w: counted in chunkgate_worker_errors_total{kind}; kind
  * "connect" or "timeout" also marks it down until a health probe succeeds. */

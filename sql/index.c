@@ -567,7 +567,8 @@ static void entry_drop_placement(cg_index_entry *e, int i)
 static void entry_put_placement(cg_index_entry *e, const pend *p)
 {
     int i = 0;
-    while (i < e->n_placements && e->placements[i].worker_id < p->worker_id) i++;
+    while (i < e->n_placements && e->placements[i].worker_id < p->worker_id)
+        i++;
     int here = i < e->n_placements && e->placements[i].worker_id == p->worker_id;
     if (p->del) {
         if (here) entry_drop_placement(e, i);

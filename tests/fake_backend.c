@@ -435,8 +435,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "fake_backend: cannot read %s\n", argv[i + 1]);
                 return 2;
             }
-        }
-        else {
+        } else {
             fprintf(stderr, "fake_backend: unknown option %s\n", argv[i]);
             return 2;
         }

@@ -533,12 +533,12 @@ END_TEST
 
 int main(void)
 {
-    return th_run_tests(
-        "chat", "core", 0,
-        TH_TESTS(test_system_and_user_with_separators, test_documents_array,
-                 test_documents_before_conversation_chunks, test_multi_turn, test_no_system_message,
-                 test_no_conversation, test_passthrough, test_custom_separator,
-                 test_ambiguous_rendering_refused, test_invalid_utf8, test_too_many_segments,
-                 test_segment_size_and_buffer_cap, test_bad_arguments, test_random_conversations,
-                 test_kwargs_cap));
+    return th_run_tests("chat", "core", 0,
+                        TH_TESTS(test_system_and_user_with_separators, test_documents_array,
+                                 test_documents_before_conversation_chunks, test_multi_turn,
+                                 test_no_system_message, test_no_conversation, test_passthrough,
+                                 test_custom_separator, test_ambiguous_rendering_refused,
+                                 test_invalid_utf8, test_too_many_segments,
+                                 test_segment_size_and_buffer_cap, test_bad_arguments,
+                                 test_random_conversations, test_kwargs_cap));
 }

@@ -1078,6 +1078,6 @@ int main(int argc, char **argv)
     return th_run_tests("chat_template", "core", 240,
                         TH_TESTS(test_render_basics, test_llama2_golden, test_parse_errors,
                                  test_refusals, test_undefined, test_raise_exception, test_vars,
-                                 test_numbers, test_limits, test_many_messages,
-                                 test_many_variables, test_threads, test_fuzz));
+                                 test_numbers, test_limits, test_many_messages, test_many_variables,
+                                 test_threads, test_fuzz));
 }

@@ -263,10 +263,14 @@ START_TEST(gateway_bad_values)
 {
     clear_gateway_env();
     const char *cases[][3] = {
-        {"--log-level", "loud", "--log-level"},      {"--listen", "nohost", "--listen"},
-        {"--listen", "127.0.0.1:70000", "--listen"}, {"--backend", "ftp://x", "--backend"},
-        {"--chunk-mode", "loose", "--chunk-mode"},   {"--separator", "", "--separator"},
-        {"--max-segments", "1", "--max-segments"},   {"--max-body-bytes", "10", "--max-body-bytes"},
+        {"--log-level", "loud", "--log-level"},
+        {"--listen", "nohost", "--listen"},
+        {"--listen", "127.0.0.1:70000", "--listen"},
+        {"--backend", "ftp://x", "--backend"},
+        {"--chunk-mode", "loose", "--chunk-mode"},
+        {"--separator", "", "--separator"},
+        {"--max-segments", "1", "--max-segments"},
+        {"--max-body-bytes", "10", "--max-body-bytes"},
         {"--key-hash", "md5", "--key-hash"},
         {"--recompute-default", "m=1.5", "--recompute-default"},
         {"--recompute-default", "=0.1", "--recompute-default"},

@@ -618,8 +618,8 @@ START_TEST(worker_up_after_gateway_serves_at_once)
         }
         th_sleep_ms(20);
     }
-    ck_assert_msg(took >= 0 && took < 1.5, "/v1/models answered 200 %.2f s after the worker came up",
-                  took);
+    ck_assert_msg(took >= 0 && took < 1.5,
+                  "/v1/models answered 200 %.2f s after the worker came up", took);
     th_expect(g.port, "GET", "/readyz", NULL, NULL, 200);
     ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
     ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
@@ -649,7 +649,7 @@ START_TEST(stream_client_gone_while_backend_silent)
     th_proc w, g;
     ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "gone", NULL), 0);
     const char *ge[] = {"--backend", backend, "--heartbeat-ms", "200", "--backend-timeout-ms",
-                        "30000", NULL};
+                        "30000",     NULL};
     ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "ggone", w.url, NULL, ge), 0);
     const char *faults[] = {"FAULT:STALL:10000", "FAULT:MIDSTALL:10000"};
     for (int i = 0; i < 2; i++) {
@@ -731,8 +731,8 @@ static char *long_doc_body(const char *model, int reps)
                            "post and the quorum fell to one third. ";
     cg_buf b;
     cg_buf_init(&b, 0);
-    cg_status st = cg_buf_printf(&b, "{\"model\":\"%s\",\"max_tokens\":1,\"prompt\":\"Sys. # # ",
-                                 model);
+    cg_status st =
+        cg_buf_printf(&b, "{\"model\":\"%s\",\"max_tokens\":1,\"prompt\":\"Sys. # # ", model);
     for (int i = 0; i < reps; i++)
         st |= cg_buf_printf(&b, "%s", sentence);
     st |= cg_buf_printf(&b, " # # Q?\"}");
@@ -758,7 +758,8 @@ START_TEST(tokens_not_bytes_count_against_positions)
     json_t *t = th_call_text(w.port, "POST", "/tokenize", "{\"prompt\":\"Sys.\"}", NULL, 200);
     ck_assert_int_gt(th_iget(t, "count"), 6);
     json_decref(t);
-    char *fits = long_doc_body("chunkgate-llama2", 40), *too_long = long_doc_body("chunkgate-llama2", 45);
+    char *fits = long_doc_body("chunkgate-llama2", 40),
+         *too_long = long_doc_body("chunkgate-llama2", 45);
     ck_assert_uint_gt(strlen(fits), 4096 + 100);
     json_t *j = th_call_text(g.port, "POST", "/v1/completions", fits, NULL, 200);
     json_t *cc = json_object_get(j, "chunk_cache");
@@ -859,8 +860,9 @@ int main(void)
     tc = th_case(s, "lengths", 120, TH_TESTS(tokens_not_bytes_count_against_positions));
     tcase_add_unchecked_fixture(tc, setup, teardown);
     /* Clients that leave while the gateway waits on an upstream. */
-    tc = th_case(s, "client-gone", 120, TH_TESTS(stream_client_gone_while_backend_silent,
-                                                      non_stream_client_gone_cancels_decode));
+    tc = th_case(
+        s, "client-gone", 120,
+        TH_TESTS(stream_client_gone_while_backend_silent, non_stream_client_gone_cancels_decode));
     tcase_add_unchecked_fixture(tc, setup, teardown);
     return th_run(s, CK_FORK_GETENV);
 }

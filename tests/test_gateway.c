@@ -1062,8 +1062,8 @@ int main(void)
         TH_TESTS(completion_forwarded_with_chunk_cache, completion_passthrough_and_modes,
                  completion_stream_incremental, stream_usage_and_crlf, chat_with_documents,
                  chat_separators_in_messages, chat_stream, bad_inputs,
-                 wrong_types_say_what_they_must_be, admin_auth,
-                 index_contents_and_admin, chunks_paging, models_and_readyz, backend_faults,
+                 wrong_types_say_what_they_must_be, admin_auth, index_contents_and_admin,
+                 chunks_paging, models_and_readyz, backend_faults,
                  client_disconnect_cancels_upstream, backend_down, restart_keeps_index,
                  metrics_series, concurrent_streams, config_errors_exit_2));
 }

@@ -1000,7 +1000,8 @@ START_TEST(framing_refusals)
         {"POST /t/echo HTTP/1.1\r\n" HOST "Transfer-Encoding: chunked \r\n\r\n2\r\n{}\r\n0\r\n\r\n"
          "GET /t/hello HTTP/1.1\r\n" HOST "\r\n",
          400, "bad_request"},
-        {"POST /t/echo HTTP/1.1\r\n" HOST "Transfer-Encoding: chunked\t\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        {"POST /t/echo HTTP/1.1\r\n" HOST
+         "Transfer-Encoding: chunked\t\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
          400, "bad_request"},
         {"POST /t/echo HTTP/1.1\r\n" HOST "Content-Length: 2 \r\n\r\n{}", 400, "bad_request"},
         {"GET /t/hello HTTP/1.1\r\n" HOST "X-A : b\r\n\r\n", 400, "bad_request"},
@@ -1371,6 +1372,6 @@ int main(void)
                  quiesce_refuses_new_connections, stop_with_live_stream, json_helpers,
                  metrics_registry_lookups, bad_listen_address, framing_refusals, library_alone,
                  chunked_cut_at_the_cap, lingering_close, expect_continue_auth, head_on_get_routes,
-                 absolute_form_and_padded_token, reply_without_body,
-                 refusal_after_pending_answer, head_limits_inside_the_library));
+                 absolute_form_and_padded_token, reply_without_body, refusal_after_pending_answer,
+                 head_limits_inside_the_library));
 }

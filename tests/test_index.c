@@ -1072,9 +1072,9 @@ int main(void)
     return th_run_suite(
         "index", "core", 240, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
         TH_TESTS(test_create_sets_version, test_reopen_keeps_data, test_refuse_future_version,
-                 test_migrate_v1_remote_tier,
-                 test_refuse_foreign_file, test_chunk_seen_hit, test_placements_pin_delete,
-                 test_workers, test_lookup_mix, test_paging, test_writer_batching,
-                 test_queue_full_drops, test_batch_lost_when_locked, test_inventory_replace,
-                 test_queued_placements_visible, test_check_detects_bad_totals, test_concurrency, test_kill9_crash_safety));
+                 test_migrate_v1_remote_tier, test_refuse_foreign_file, test_chunk_seen_hit,
+                 test_placements_pin_delete, test_workers, test_lookup_mix, test_paging,
+                 test_writer_batching, test_queue_full_drops, test_batch_lost_when_locked,
+                 test_inventory_replace, test_queued_placements_visible,
+                 test_check_detects_bad_totals, test_concurrency, test_kill9_crash_safety));
 }

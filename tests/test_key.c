@@ -247,9 +247,9 @@ START_TEST(test_request_keys)
         cg_key sys = cg_key_compute(m, strlen(m), modes[mi], salt, 1, NULL, segs[0].text, 14);
         ck_assert(cg_key_equal(&k[0], &sys));
         for (int i = 1; i < 4; i++) {
-            cg_key want = cg_key_compute(m, strlen(m), modes[mi], salt, 1,
-                                         modes[mi] == CG_MODE_SYS ? &sys : NULL, segs[i].text,
-                                         segs[i].len);
+            cg_key want =
+                cg_key_compute(m, strlen(m), modes[mi], salt, 1,
+                               modes[mi] == CG_MODE_SYS ? &sys : NULL, segs[i].text, segs[i].len);
             ck_assert(cg_key_equal(&kq[i], &want));
             if (i < 3) ck_assert(cg_key_equal(&k[i], &want));
         }

@@ -269,7 +269,8 @@ static char *array_body(size_t k)
     size_t hl = strlen(head), n = hl + 2 * k + 2;
     char *b = cg_malloc(n + 1);
     memcpy(b, head, hl);
-    for (size_t i = 0; i < k; i++) memcpy(b + hl + 2 * i, "0,", 2);
+    for (size_t i = 0; i < k; i++)
+        memcpy(b + hl + 2 * i, "0,", 2);
     memcpy(b + hl + 2 * k - 1, "]}", 3);
     return b;
 }
@@ -291,8 +292,10 @@ START_TEST(json_values_depth_and_duplicates)
         cg_buf_init(&b, 0);
         int n = 15 + past;
         ck_assert_int_eq(cg_buf_printf(&b, "{\"model\":\"m\",\"prompt\":\"hi\",\"x\":"), CG_OK);
-        for (int i = 0; i < n; i++) ck_assert_int_eq(cg_buf_append(&b, "[", 1), CG_OK);
-        for (int i = 0; i < n; i++) ck_assert_int_eq(cg_buf_append(&b, "]", 1), CG_OK);
+        for (int i = 0; i < n; i++)
+            ck_assert_int_eq(cg_buf_append(&b, "[", 1), CG_OK);
+        for (int i = 0; i < n; i++)
+            ck_assert_int_eq(cg_buf_append(&b, "]", 1), CG_OK);
         ck_assert_int_eq(cg_buf_append(&b, "}", 1), CG_OK);
         long st = post_status(b.data, code, sizeof code);
         ck_assert_msg(st == (past ? 400 : 200), "depth %d: %ld %s", n + 1, st, code);
@@ -630,10 +633,10 @@ END_TEST
 
 int main(void)
 {
-    return th_run_suite(
-        "limits", "limits", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
-        TH_TESTS(headers_at_and_past_the_limit, body_at_and_past_the_limit,
-                 segments_at_and_past_the_limits, json_values_depth_and_duplicates,
-                 hostile_json_memory, upstream_answer_at_and_past_the_limit,
-                 connections_at_and_past_the_limit, slow_clients_are_cut_others_unaffected));
+    return th_run_suite("limits", "limits", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
+                        TH_TESTS(headers_at_and_past_the_limit, body_at_and_past_the_limit,
+                                 segments_at_and_past_the_limits, json_values_depth_and_duplicates,
+                                 hostile_json_memory, upstream_answer_at_and_past_the_limit,
+                                 connections_at_and_past_the_limit,
+                                 slow_clients_are_cut_others_unaffected));
 }

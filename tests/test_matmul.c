@@ -586,7 +586,6 @@ START_TEST(test_isa_choice)
 }
 END_TEST
 
-
 /* ---- block-quantised weights (Q8_0, Q4_0) ---- */
 
 /* Element c of row r of a block-quantised matrix, decoded from the layout matmul.h states. */
@@ -594,7 +593,8 @@ static double qval(const cg_weight *w, int r, int c)
 {
     const size_t cols = (size_t)w->cols, nblk = cols / 32;
     const double d = ref_f16(w->bscale[(size_t)r * nblk + (size_t)c / 32]);
-    if (w->dtype == CG_DTYPE_Q8_0) return d * ((const int8_t *)w->data)[(size_t)r * cols + (size_t)c];
+    if (w->dtype == CG_DTYPE_Q8_0)
+        return d * ((const int8_t *)w->data)[(size_t)r * cols + (size_t)c];
     const uint8_t byte =
         ((const uint8_t *)w->data)[(size_t)r * cols / 2 + (size_t)c / 64 * 32 + (size_t)c % 32];
     return d * (((c % 64) < 32 ? byte & 15 : byte >> 4) - 8);
@@ -674,8 +674,8 @@ static void qmat_free(qmat *m)
 }
 
 static const cg_dtype qdtypes[] = {CG_DTYPE_Q8_0, CG_DTYPE_Q4_0};
-static const int qshapes[][3] = {{1, 64, 1},   {3, 64, 2},   {5, 128, 3},  {4, 192, 5},
-                                 {9, 896, 4},  {17, 256, 9}, {33, 64, 16}, {70, 320, 7},
+static const int qshapes[][3] = {{1, 64, 1},    {3, 64, 2},   {5, 128, 3},  {4, 192, 5},
+                                 {9, 896, 4},   {17, 256, 9}, {33, 64, 16}, {70, 320, 7},
                                  {130, 512, 1}, {8, 4864, 2}};
 
 /* Every variant's decode kernel equals the reference bit for bit; Q8_0 also with an odd count of
@@ -850,13 +850,12 @@ int main(void)
 {
     Suite *s = suite_create("matmul");
     tcase_add_checked_fixture(th_case(s, "isa env", 0, TH_TESTS(test_isa_choice)), setup, teardown);
-    TCase *tc =
-        th_case(s, "core", 300,
-                TH_TESTS(test_against_f64, test_exact_integers, test_decode_batch_invariant,
-                         test_unaligned, test_widen_all_values, test_widen_q8, test_quantize_q8,
-                         test_prefill_deterministic, test_empty_and_zero_cols,
-                         test_qkernels_exact, test_qkernels_close_to_f32,
-                         test_qdecode_batch_invariant, test_quantize_blocks));
+    TCase *tc = th_case(
+        s, "core", 300,
+        TH_TESTS(test_against_f64, test_exact_integers, test_decode_batch_invariant, test_unaligned,
+                 test_widen_all_values, test_widen_q8, test_quantize_q8, test_prefill_deterministic,
+                 test_empty_and_zero_cols, test_qkernels_exact, test_qkernels_close_to_f32,
+                 test_qdecode_batch_invariant, test_quantize_blocks));
     tcase_add_checked_fixture(tc, setup, teardown);
     return th_run(s, CK_FORK_GETENV);
 }

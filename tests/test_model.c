@@ -1245,8 +1245,7 @@ static float *all_logits(const cg_model *m, const char *text, uint32_t *n_out)
     cg_kv *kv = cg_kv_new(m, n);
     cg_attn_span sp = {0, n, 0, 0};
     float *lg = cg_malloc((size_t)n * (size_t)V * sizeof(float));
-    cg_fwd_seq q = {.kv = kv, .tokens = tok, .n = n, .spans = &sp, .n_spans = 1,
-                    .row_logits = lg};
+    cg_fwd_seq q = {.kv = kv, .tokens = tok, .n = n, .spans = &sp, .n_spans = 1, .row_logits = lg};
     ck_assert_int_eq(cg_model_forward_batch(m, &q, 1, CG_FWD_PREFILL, NULL), CG_OK);
     cg_kv_free(&kv);
     free(tok);
@@ -1355,8 +1354,7 @@ int main(void)
     th_case(s, "io", 0,
             TH_TESTS(test_generate_load_defaults, test_generate_load_custom, test_rope_styles,
                      test_determinism, test_dtypes, test_half_conversions, test_bad_safetensors,
-                     test_bad_config, test_fuzz_header, test_reference_forward,
-                     test_quant_logits));
+                     test_bad_config, test_fuzz_header, test_reference_forward, test_quant_logits));
     TCase *tc =
         th_case(s, "forward", 0,
                 TH_TESTS(test_prefill_vs_incremental, test_split_prefill, test_strict_chunk_remap,

@@ -55,8 +55,8 @@ static json_t *rag(const char *first, const char *second, const char *q)
     snprintf(prompt, sizeof prompt, "You answer from the documents only. # # %s # # %s # # %s",
              first, second, q);
     th_resp r;
-    json_t *b = json_pack("{s:s, s:s, s:i, s:f}", "model", MODEL, "prompt", prompt,
-                          "max_tokens", 4, "temperature", 0.0);
+    json_t *b = json_pack("{s:s, s:s, s:i, s:f}", "model", MODEL, "prompt", prompt, "max_tokens", 4,
+                          "temperature", 0.0);
     char *text = json_dumps(b, JSON_COMPACT);
     json_decref(b);
     http(&r, "POST", "/v1/completions", text, NULL);
@@ -236,8 +236,7 @@ START_TEST(stats_and_page_show_the_hits)
     frags[n] = f[n], n++;
     for (int i = 0; i < n; i++) {
         snprintf(want, sizeof want, "%s", frags[i]);
-        ck_assert_msg(strstr(dom, want) != NULL, "the rendered page lacks %s; DOM:\n%s", want,
-                      dom);
+        ck_assert_msg(strstr(dom, want) != NULL, "the rendered page lacks %s; DOM:\n%s", want, dom);
     }
     printf("status page rendered by chromium: %s, %s, %s\n", f[0], f[1], f[2]);
     free(dom);

@@ -69,30 +69,12 @@ START_TEST(gateway_and_worker_under_memcheck)
         "the worker did not start under valgrind");
     char wurl[64];
     snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", w.port);
-    const char *ga[] = {VG,
-                        glog,
-                        CHUNKGATE_BIN,
-                        "--listen",
-                        "127.0.0.1:0",
-                        "--data-dir",
-                        gdata,
-                        "--worker",
-                        wurl,
-                        "--api-key",
-                        KEY,
-                        "--admin-token",
-                        ADMIN,
-                        "--key-hash",
-                        "sha256",
-                        "--health-interval-ms",
-                        "500",
+    const char *ga[] = {VG, glog, CHUNKGATE_BIN, "--listen", "127.0.0.1:0", "--data-dir", gdata,
+                        "--worker", wurl, "--api-key", KEY, "--admin-token", ADMIN, "--key-hash",
+                        "sha256", "--health-interval-ms", "500",
                         /* valgrind runs a process's threads one at a time, so a worker busy
                          * computing answers its health probe late: give it room. */
-                        "--health-timeout-ms",
-                        "30000",
-                        "--worker-timeout-ms",
-                        "300000",
-                        NULL};
+                        "--health-timeout-ms", "30000", "--worker-timeout-ms", "300000", NULL};
     ck_assert_msg(th_spawn(&g, valgrind, ga, env, "gateway.log", "listening on 127.0.0.1:", 0) == 0,
                   "the gateway did not start under valgrind");
     ck_assert(th_wait_worker(g.port, ADMIN, wurl, 1));

@@ -425,7 +425,7 @@ START_TEST(test_stream)
                 ck_assert_int_eq(
                     th_iget(json_object_get(u, "prompt_tokens_details"), "cached_tokens"),
                     th_iget(json_object_get(json_object_get(nb, "usage"), "prompt_tokens_details"),
-                         "cached_tokens"));
+                            "cached_tokens"));
                 json_decref(j);
                 s = e + 2;
                 continue;
@@ -905,8 +905,7 @@ START_TEST(test_quant)
         char *t = completion_text(r, NULL);
         char err[256] = "";
         cg_model *mq = NULL;
-        ck_assert_int_eq(cg_model_open_quant(model_dir, (cg_quant)qi, &mq, err, sizeof err),
-                         CG_OK);
+        ck_assert_int_eq(cg_model_open_quant(model_dir, (cg_quant)qi, &mq, err, sizeof err), CG_OK);
         char *ref = th_engine_answer(mq, sys, DOCA, DOCB, QUESTION, 16, CG_PATH_REFERENCE);
         ck_assert_str_eq(t, ref);
         free(ref);
@@ -940,12 +939,12 @@ int main(void)
     if (th_start_worker(&worker, WORKER_BIN, model_dir, 0, "worker", extra) != 0)
         th_die("the worker", &worker);
     /* test_metrics last: it reads the counters the others moved */
-    int failed = th_run_tests(
-        "worker", "http", 300,
-        TH_TESTS(test_info, test_assemble_twice, test_kv_transfer_equals_prompt,
-                 test_recompute_and_sys, test_sys_bos_keys, test_tokenize_bounds, test_stream,
-                 test_stream_disconnect, test_inventory, test_logprobs, test_bad_inputs,
-                 test_concurrent, test_quant, test_metrics));
+    int failed =
+        th_run_tests("worker", "http", 300,
+                     TH_TESTS(test_info, test_assemble_twice, test_kv_transfer_equals_prompt,
+                              test_recompute_and_sys, test_sys_bos_keys, test_tokenize_bounds,
+                              test_stream, test_stream_disconnect, test_inventory, test_logprobs,
+                              test_bad_inputs, test_concurrent, test_quant, test_metrics));
     /* graceful shutdown on SIGTERM: exit 0, no sanitizer report */
     failed |= !th_stop_clean(&worker, "chunkgate-worker");
     cg_model_close(&model);

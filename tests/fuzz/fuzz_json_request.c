@@ -302,7 +302,8 @@ static void fast_scan(const uint8_t *data, size_t size, const cg_json_limits *li
     FUZZ_CHECK(json_is_object(o) && json_object_size(o) == n);
     FUZZ_CHECK(cg_json_check_limits((const char *)data, size, lim, NULL, 0) == CG_OK);
     for (size_t i = 0; i < n; i++) {
-        FUZZ_CHECK(m[i].key >= (const char *)data && m[i].key + m[i].key_len <= (const char *)data + size);
+        FUZZ_CHECK(m[i].key >= (const char *)data &&
+                   m[i].key + m[i].key_len <= (const char *)data + size);
         char *k = fuzz_strndup(m[i].key, m[i].key_len);
         json_t *v = json_object_get(o, k);
         FUZZ_CHECK(v != NULL);
@@ -325,7 +326,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* Bodies over the cap never reach the parser (the HTTP layer answers 413). */
     if (size > g_cfg.max_body_bytes) return 0;
     /* Small limits, so the fuzzer reaches them. */
-    cg_json_limits lim = {.max_values = 8 + (size_t)(size % 64), .max_depth = 2 + (unsigned)(size % 7)};
+    cg_json_limits lim = {.max_values = 8 + (size_t)(size % 64),
+                          .max_depth = 2 + (unsigned)(size % 7)};
     cg_status lst;
     char lmsg[256];
     json_t *limited = cg_json_parse_object((const char *)data, size, &lim, &lst, lmsg, sizeof lmsg);
@@ -338,8 +340,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(depth <= lim.max_depth && values <= lim.max_values + 1);
     } else {
         FUZZ_CHECK(lst != CG_OK && lmsg[0] && cg_status_http(lst) == 400);
-        json_t *strict = body ? json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &err)
-                              : NULL;
+        json_t *strict =
+            body ? json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &err) : NULL;
         int no_dups = strict != NULL;
         json_decref(strict);
         /* (with duplicate keys the parsed object lost values the text still counts) */

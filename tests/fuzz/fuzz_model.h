@@ -216,7 +216,8 @@ __attribute__((unused)) static void check_model(void)
     FUZZ_CHECK(c->dim >= 1 && c->n_layers >= 1 && c->n_heads >= 1 && c->n_kv_heads >= 1);
     FUZZ_CHECK(c->n_heads % c->n_kv_heads == 0 && c->head_dim % 2 == 0 && c->head_dim > 0);
     FUZZ_CHECK(c->vocab_size >= 256 && c->bos_id >= 0 && c->bos_id < c->vocab_size);
-    FUZZ_CHECK(c->n_eos >= 1 && c->eos_ids[0] >= 0 && c->eos_ids[0] < c->vocab_size && c->max_pos >= 1);
+    FUZZ_CHECK(c->n_eos >= 1 && c->eos_ids[0] >= 0 && c->eos_ids[0] < c->vocab_size &&
+               c->max_pos >= 1);
     FUZZ_CHECK(c->model_id[0] != '\0' && strlen(c->model_id) < sizeof c->model_id);
     /* accepted against a 1-layer, dim-32 file, so the forward below is small */
     FUZZ_CHECK(c->n_layers == 1 && c->dim == 32);

@@ -90,8 +90,7 @@ static cg_status cfg_bool(json_t *root, const char *key, int def, int *out, char
 }
 
 /* One token id inside the vocabulary. */
-static cg_status token_id(json_t *v, const char *key, int vocab, int *out, char *err,
-                          size_t errlen)
+static cg_status token_id(json_t *v, const char *key, int vocab, int *out, char *err, size_t errlen)
 {
     if (!json_is_integer(v)) {
         cg_seterr(err, errlen, "config.json: '%s' must be an integer or a list of integers", key);
@@ -122,8 +121,8 @@ static cg_status read_eos(json_t *root, cg_model_config *c, char *err, size_t er
     json_t *v = json_object_get(root, "eos_token_id");
     c->n_eos = 0;
     if (!v || json_is_null(v)) return CG_OK;
-    if (!json_is_array(v)) return token_id(v, "eos_token_id", c->vocab_size, &c->eos_ids[c->n_eos++],
-                                           err, errlen);
+    if (!json_is_array(v))
+        return token_id(v, "eos_token_id", c->vocab_size, &c->eos_ids[c->n_eos++], err, errlen);
     if (json_array_size(v) > CG_MODEL_MAX_EOS) {
         cg_seterr(err, errlen, "config.json: 'eos_token_id' lists more than %d ids",
                   CG_MODEL_MAX_EOS);
@@ -133,8 +132,8 @@ static cg_status read_eos(json_t *root, cg_model_config *c, char *err, size_t er
     json_t *e;
     json_array_foreach(v, i, e)
     {
-        cg_status st = token_id(e, "eos_token_id", c->vocab_size, &c->eos_ids[c->n_eos++], err,
-                                errlen);
+        cg_status st =
+            token_id(e, "eos_token_id", c->vocab_size, &c->eos_ids[c->n_eos++], err, errlen);
         if (st != CG_OK) return st;
     }
     return CG_OK;
@@ -184,9 +183,11 @@ out:
 static const char *base_name(const char *dir, char *tmp, size_t tmplen)
 {
     size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/') n--;
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
     size_t s = n;
-    while (s > 0 && dir[s - 1] != '/') s--;
+    while (s > 0 && dir[s - 1] != '/')
+        s--;
     snprintf(tmp, tmplen, "%.*s", (int)(n - s), dir + s);
     return tmp;
 }
@@ -240,8 +241,9 @@ static cg_status refuse_unsupported(json_t *root, const cg_model_config *c, char
     /* Qwen2's configs name a sliding window but do not use it unless use_sliding_window is
      * true; Mistral's is in use whenever it is set. */
     json_t *sw = json_object_get(root, "sliding_window");
-    int use_sw = c->arch == CG_ARCH_LLAMA ? sw && !json_is_null(sw)
-                                          : json_is_true(json_object_get(root, "use_sliding_window"));
+    int use_sw = c->arch == CG_ARCH_LLAMA
+                     ? sw && !json_is_null(sw)
+                     : json_is_true(json_object_get(root, "use_sliding_window"));
     if (use_sw) {
         cg_seterr(err, errlen,
                   "config.json: a sliding attention window is not supported ('sliding_window' / "
@@ -360,8 +362,9 @@ static cg_status rope_llama3(json_t *rs, cg_model_config *c, double factor, char
     TRY(cfg_num(rs, w, "high_freq_factor", 4, 1e-9, 1e9, &hf, err, errlen));
     TRY(cfg_num(rs, w, "original_max_position_embeddings", 8192, 1, 1e9, &orig, err, errlen));
     if (hf <= lf) {
-        cg_seterr(err, errlen, "config.json: rope_scaling.high_freq_factor must exceed "
-                               "low_freq_factor");
+        cg_seterr(err, errlen,
+                  "config.json: rope_scaling.high_freq_factor must exceed "
+                  "low_freq_factor");
         return CG_E_VALUE;
     }
     const double low_wl = orig / lf, high_wl = orig / hf;

@@ -41,10 +41,10 @@ typedef struct cg_model_config {
      * attention factor on cos and sin (1 otherwise). */
     double inv_freq[CG_MODEL_MAX_HEAD_DIM / 2];
     double attn_factor;
-    int tie_embeddings; /* tie_word_embeddings */
-    int qkv_bias;       /* Qwen2: biases on q, k, v */
-    int qk_norm;        /* Qwen3: RMSNorm over each head of q and k before RoPE */
-    int bos_id;         /* -1: none */
+    int tie_embeddings;            /* tie_word_embeddings */
+    int qkv_bias;                  /* Qwen2: biases on q, k, v */
+    int qk_norm;                   /* Qwen3: RMSNorm over each head of q and k before RoPE */
+    int bos_id;                    /* -1: none */
     int eos_ids[CG_MODEL_MAX_EOS]; /* eos_token_id: an id or a list of ids */
     int n_eos;
     char dtype[8]; /* dtype of the weights in memory: "f32", "f16" or "bf16" as stored, or

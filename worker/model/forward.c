@@ -218,8 +218,8 @@ static void matmul(const cg_weight *w, const float *x, int n, float *y, cg_fwd_k
                    cg_fwd_scratch *s)
 {
     const int small = w->dtype == CG_DTYPE_Q8_0 || w->dtype == CG_DTYPE_Q4_0 ? quant_small_rows()
-                      : cg_matmul_isa_active() >= CG_MATMUL_ISA_AVX512 ? SMALL_ROWS_AVX512
-                                                                     : SMALL_ROWS;
+                      : cg_matmul_isa_active() >= CG_MATMUL_ISA_AVX512       ? SMALL_ROWS_AVX512
+                                                                             : SMALL_ROWS;
     if (kind == CG_FWD_DECODE || n <= small)
         cg_matmul_decode(w, x, n, y);
     else

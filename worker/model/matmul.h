@@ -46,7 +46,7 @@ typedef struct cg_weight {
     cg_dtype dtype;
     int rows;
     int cols;
-    const float *scale; /* CG_DTYPE_Q8 only: `rows` scales, borrowed like data; else NULL */
+    const float *scale;     /* CG_DTYPE_Q8 only: `rows` scales, borrowed like data; else NULL */
     const uint16_t *bscale; /* Q8_0 / Q4_0 only: rows * cols / 32 f16 block scales, row-major,
                              * borrowed like data; else NULL */
 } cg_weight;
@@ -116,9 +116,9 @@ void cg_matmul_dequant_row(const cg_weight *w, int row, float *out);
  * products of avx512vnni are those of avx512; only the block-quantised ones differ, and those
  * give the same bits in every variant (worker/model/matmul_quant.c). */
 typedef enum cg_matmul_isa {
-    CG_MATMUL_ISA_GENERIC, /* portable C */
-    CG_MATMUL_ISA_AVX2,    /* AVX2 + FMA + F16C */
-    CG_MATMUL_ISA_AVX512,  /* AVX-512 F/BW/VL */
+    CG_MATMUL_ISA_GENERIC,    /* portable C */
+    CG_MATMUL_ISA_AVX2,       /* AVX2 + FMA + F16C */
+    CG_MATMUL_ISA_AVX512,     /* AVX-512 F/BW/VL */
     CG_MATMUL_ISA_AVX512VNNI, /* the same with VNNI: vpdpbusd for the Q8_0 / Q4_0 products */
     CG_MATMUL_ISA_COUNT
 } cg_matmul_isa;

@@ -116,8 +116,8 @@ T_AVX2 static inline __m256i avx2q_idot(__m256i u8, __m256i s8)
 }
 
 T_AVX2 static inline __attribute__((always_inline)) void
-avx2q_tile(cg_dtype dt, int nb, const uint8_t *const *wq, const uint16_t *const *wd,
-           const qrow *xr, int nblk, float *out, const char *pf)
+avx2q_tile(cg_dtype dt, int nb, const uint8_t *const *wq, const uint16_t *const *wd, const qrow *xr,
+           int nblk, float *out, const char *pf)
 {
     const int q8 = dt == CG_DTYPE_Q8_0;
     const size_t pairbytes = q8 ? 64 : 32;
@@ -188,10 +188,10 @@ AVX2_FN(CG_DTYPE_Q8_0, avx2q_q8_2, 2)
 AVX2_FN(CG_DTYPE_Q4_0, avx2q_q4_1, 1)
 AVX2_FN(CG_DTYPE_Q4_0, avx2q_q4_2, 2)
 
-static const qops qops_avx2 = {.tile = {{NULL, avx2q_q8_1, avx2q_q8_2},
-                                        {NULL, avx2q_q4_1, avx2q_q4_2}},
-                               .nb_max = 2,
-                               .rb = QRB_AVX2};
+static const qops qops_avx2 = {
+    .tile = {{NULL, avx2q_q8_1, avx2q_q8_2}, {NULL, avx2q_q4_1, avx2q_q4_2}},
+    .nb_max = 2,
+    .rb = QRB_AVX2};
 
 /* ---- AVX-512: one zmm per pair of blocks (matmul_quant_a512.inc) ---- */
 
@@ -220,16 +220,14 @@ T_512 static inline float q512_hsum(__m512 v)
 #undef Q512_VNNI
 #undef Q512
 
-static const qops qops_512 = {
-    .tile = {{NULL, a512q_q8_1, a512q_q8_2, a512q_q8_3, a512q_q8_4},
-             {NULL, a512q_q4_1, a512q_q4_2, a512q_q4_3, a512q_q4_4}},
-    .nb_max = 4,
-    .rb = QRB};
-static const qops qops_512v = {
-    .tile = {{NULL, a512v_q8_1, a512v_q8_2, a512v_q8_3, a512v_q8_4},
-             {NULL, a512v_q4_1, a512v_q4_2, a512v_q4_3, a512v_q4_4}},
-    .nb_max = 4,
-    .rb = QRB};
+static const qops qops_512 = {.tile = {{NULL, a512q_q8_1, a512q_q8_2, a512q_q8_3, a512q_q8_4},
+                                       {NULL, a512q_q4_1, a512q_q4_2, a512q_q4_3, a512q_q4_4}},
+                              .nb_max = 4,
+                              .rb = QRB};
+static const qops qops_512v = {.tile = {{NULL, a512v_q8_1, a512v_q8_2, a512v_q8_3, a512v_q8_4},
+                                        {NULL, a512v_q4_1, a512v_q4_2, a512v_q4_3, a512v_q4_4}},
+                               .nb_max = 4,
+                               .rb = QRB};
 
 static const qops *const all_qops[CG_MATMUL_ISA_COUNT] = {&qops_generic, &qops_avx2, &qops_512,
                                                           &qops_512v};
@@ -530,8 +528,7 @@ cg_status cg_matmul_quantize(const cg_weight *w, cg_dtype to, void *q, uint16_t 
         }
     }
     if (bad) return CG_E_VALUE;
-    *out = (cg_weight){
-        .data = q, .dtype = to, .rows = w->rows, .cols = w->cols, .bscale = scales};
+    *out = (cg_weight){.data = q, .dtype = to, .rows = w->rows, .cols = w->cols, .bscale = scales};
     return CG_OK;
 }
 

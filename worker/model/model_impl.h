@@ -8,10 +8,10 @@
 #include "worker/model/safetensors.h"
 
 typedef struct layer_w {
-    float *attn_norm, *ffn_norm; /* [dim], f32 */
-    float *bq, *bk, *bv;         /* Qwen2: [q_dim], [kv_dim], [kv_dim]; else NULL */
-    float *q_norm, *k_norm;      /* Qwen3: [head_dim]; else NULL */
-    cg_weight wq, wk, wv, wo;    /* [q_dim][dim], [kv_dim][dim] x2, [dim][q_dim] */
+    float *attn_norm, *ffn_norm;    /* [dim], f32 */
+    float *bq, *bk, *bv;            /* Qwen2: [q_dim], [kv_dim], [kv_dim]; else NULL */
+    float *q_norm, *k_norm;         /* Qwen3: [head_dim]; else NULL */
+    cg_weight wq, wk, wv, wo;       /* [q_dim][dim], [kv_dim][dim] x2, [dim][q_dim] */
     cg_weight w_gate, w_up, w_down; /* [hidden][dim] x2, [dim][hidden] */
 } layer_w;
 

@@ -12,10 +12,14 @@
 
 /* Chat fields that do not go on to the completion: they are read here, or mean something else
  * in a completions request. */
-static const char *const CHAT_ONLY[] = {"messages",     "documents",
-                                        "max_completion_tokens", "logprobs",
-                                        "top_logprobs", "add_generation_prompt",
-                                        "chat_template_kwargs",  "tool_choice",
+static const char *const CHAT_ONLY[] = {"messages",
+                                        "documents",
+                                        "max_completion_tokens",
+                                        "logprobs",
+                                        "top_logprobs",
+                                        "add_generation_prompt",
+                                        "chat_template_kwargs",
+                                        "tool_choice",
                                         "parallel_tool_calls"};
 
 static int chat_only(const char *k)
@@ -124,8 +128,8 @@ void cg_api_chat_completions(cg_http_req *req, void *app)
     cg_buf_free(&text);
     const char *k;
     json_t *v;
-    json_object_foreach(body, k, v)
-        if (!chat_only(k) && !json_object_get(cb, k)) json_object_set(cb, k, v);
+    json_object_foreach(body, k, v) if (!chat_only(k) && !json_object_get(cb, k))
+        json_object_set(cb, k, v);
     /* the template wrote the model's special tokens (BOS included) itself */
     if (templated) json_object_set_new(cb, "add_special_tokens", json_false());
     json_decref(body);

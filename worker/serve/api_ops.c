@@ -21,9 +21,8 @@ void cg_api_health(cg_http_req *req, void *app)
 static json_t *token_string(cg_worker_api *a, int32_t id)
 {
     size_t n = 0;
-    const char *s = id < 0 ? NULL
-                           : cg_tokenizer_token_str(cg_model_tokenizer(cg_engine_model(a->e)), id,
-                                                    &n);
+    const char *s =
+        id < 0 ? NULL : cg_tokenizer_token_str(cg_model_tokenizer(cg_engine_model(a->e)), id, &n);
     return s && n ? json_stringn(s, n) : json_null();
 }
 

@@ -13,8 +13,9 @@
 typedef struct cg_worker_api cg_worker_api;
 
 typedef struct cg_worker_api_params {
-    cg_engine *engine;           /* borrowed; outlives the api */
-    const char *separator;       /* borrowed; default CG_SPLIT_DEFAULT_SEPARATOR (prompts of /v1/completions) */
+    cg_engine *engine; /* borrowed; outlives the api */
+    const char
+        *separator; /* borrowed; default CG_SPLIT_DEFAULT_SEPARATOR (prompts of /v1/completions) */
     size_t max_segments;         /* default 256 */
     uint32_t default_max_tokens; /* /v1/completions max_tokens when absent; default 16 */
     /* Backend role: an assembly id this worker does not hold is pulled from kv_source

@@ -100,8 +100,8 @@ void cg_api_tokenize(cg_http_req *req, void *app)
         json_array_append_new(tok, json_integer(ids.ids[i]));
     cg_http_reply_json(req, 200,
                        json_pack("{s:I, s:I, s:o, s:o}", "count", (json_int_t)ids.n,
-                                 "max_model_len", (json_int_t)cg_api_cfg(a)->max_pos, "tokens",
-                                 tok, "token_strs",
+                                 "max_model_len", (json_int_t)cg_api_cfg(a)->max_pos, "tokens", tok,
+                                 "token_strs",
                                  strs ? token_strs(tokenizer(a), &ids) : json_null()));
 out:
     if (admitted) cg_engine_leave(a->e);
@@ -137,8 +137,7 @@ void cg_api_detokenize(cg_http_req *req, void *app)
     ids = cg_malloc((n ? n : 1) * sizeof *ids);
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_array_get(tokens, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-            json_integer_value(v) >= vocab) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
             char msg[160];
             snprintf(msg, sizeof msg, "tokens[%zu] must be a token id in [0, %d)", i, (int)vocab);
             cg_http_reply_error(req, json_is_integer(v) ? CG_E_VALUE : CG_E_TYPE, "tokens", msg);
@@ -154,8 +153,8 @@ void cg_api_detokenize(cg_http_req *req, void *app)
         cg_http_reply_error(req, st, "tokens", NULL);
         goto out;
     }
-    cg_http_reply_json(req, 200, json_pack("{s:o}", "prompt",
-                                           cg_json_text(text.data ? text.data : "", text.len)));
+    cg_http_reply_json(
+        req, 200, json_pack("{s:o}", "prompt", cg_json_text(text.data ? text.data : "", text.len)));
 out:
     if (admitted) cg_engine_leave(a->e);
     free(ids);

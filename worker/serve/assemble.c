@@ -112,8 +112,14 @@ static cg_status fwd(job *j, cg_kv *kv, const int32_t *t, uint32_t n, uint32_t s
                      cg_attn_span span, float *logits)
 {
     j->count.prefill_tokens += n;
-    cg_fwd_seq q = {.kv = kv, .tokens = t, .n = n, .slot0 = slot, .pos0 = slot, .spans = &span,
-                    .n_spans = 1, .logits = logits};
+    cg_fwd_seq q = {.kv = kv,
+                    .tokens = t,
+                    .n = n,
+                    .slot0 = slot,
+                    .pos0 = slot,
+                    .spans = &span,
+                    .n_spans = 1,
+                    .logits = logits};
     return cg_sched_prefill(j->e->sched, &q, NULL);
 }
 
@@ -141,8 +147,8 @@ static cg_status tokenize(job *j, char *err, size_t errlen)
              * other tokens must not meet the cache. */
             o.split_special = split;
             cg_tokens t = {0};
-            cg_status st = cg_tokenizer_encode_opts(cg_model_tokenizer(j->e->m), s->text, s->len,
-                                                    &o, &t);
+            cg_status st =
+                cg_tokenizer_encode_opts(cg_model_tokenizer(j->e->m), s->text, s->len, &o, &t);
             if (st == CG_E_UNAVAILABLE) {
                 cg_tokens_free(&t);
                 cg_seterr(err, errlen, "the client left while segments were tokenized");
@@ -191,8 +197,8 @@ static cg_status key_segments(job *j, char *err, size_t errlen)
     cg_key_seg *ks = cg_malloc(j->n * sizeof *ks);
     for (size_t i = 0; i < j->n; i++)
         ks[i] = (cg_key_seg){req->segs[i].role, req->segs[i].text, req->segs[i].len};
-    cg_key_scope scope = {cfg->model_id, strlen(cfg->model_id), req->mode, req->salt,
-                          req->salt_len, req->no_bos};
+    cg_key_scope scope = {cfg->model_id, strlen(cfg->model_id), req->mode,
+                          req->salt,     req->salt_len,         req->no_bos};
     cg_key_request(&scope, ks, j->n, 1, j->keys);
     free(ks);
     for (size_t i = 0; i < j->n; i++) {
@@ -258,8 +264,12 @@ static cg_status run_reference(job *j)
     else
         spans[0] = (cg_attn_span){0, j->total, 0, 0};
     j->count.prefill_tokens += j->total;
-    cg_fwd_seq q = {.kv = j->a->kv, .tokens = j->a->tokens, .n = j->total, .spans = spans,
-                    .n_spans = ns, .logits = j->a->logits};
+    cg_fwd_seq q = {.kv = j->a->kv,
+                    .tokens = j->a->tokens,
+                    .n = j->total,
+                    .spans = spans,
+                    .n_spans = ns,
+                    .logits = j->a->logits};
     cg_status st = cg_sched_prefill(j->e->sched, &q, NULL);
     free(spans);
     return st;

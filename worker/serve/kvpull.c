@@ -186,9 +186,9 @@ static cg_status xfer_status(const xfer *x, const char *what, char *err, size_t 
     }
     if (x->status == 404) {
         cg_seterr(err, errlen,
-               "%s: the source worker does not know the assembly (expired, "
-               "consumed or never made)",
-               what);
+                  "%s: the source worker does not know the assembly (expired, "
+                  "consumed or never made)",
+                  what);
         return CG_E_NOT_FOUND;
     }
     if (x->status != 200) {
@@ -237,7 +237,7 @@ static void *rank_main(void *arg)
     cg_status st = cg_kvwire_decode(k->x.body.data, k->x.body.len, &h, &k->payload);
     if (st != CG_OK) {
         cg_seterr(k->err, sizeof k->err, "%s: the body is not valid CGKV v1 (%s)", what,
-               cg_status_name(st));
+                  cg_status_name(st));
         k->st = CG_E_BAD_GATEWAY;
         return NULL;
     }
@@ -245,18 +245,18 @@ static void *rank_main(void *arg)
     if (strcmp(h.model, c->model_id) != 0 || h.n_layers != (uint32_t)c->n_layers ||
         h.head_dim != (uint32_t)c->head_dim || h.total_kv_heads != (uint32_t)c->n_kv_heads) {
         cg_seterr(k->err, sizeof k->err,
-               "%s: the source sends KV of model '%s' (%u layers, %u KV heads, head_dim %u) but "
-               "this backend serves '%s' (%d layers, %d KV heads, head_dim %d); refused",
-               what, h.model, h.n_layers, h.total_kv_heads, h.head_dim, c->model_id, c->n_layers,
-               c->n_kv_heads, c->head_dim);
+                  "%s: the source sends KV of model '%s' (%u layers, %u KV heads, head_dim %u) but "
+                  "this backend serves '%s' (%d layers, %d KV heads, head_dim %d); refused",
+                  what, h.model, h.n_layers, h.total_kv_heads, h.head_dim, c->model_id, c->n_layers,
+                  c->n_kv_heads, c->head_dim);
         k->st = CG_E_BAD_GATEWAY;
         return NULL;
     }
     if (h.n_tokens != P->n_tokens || h.head_start != (uint32_t)k->s.head0 ||
         h.n_heads != (uint32_t)k->s.n_heads) {
         cg_seterr(k->err, sizeof k->err,
-               "%s: the source sent %u tokens of heads %u+%u, expected %u tokens of heads %d+%d",
-               what, h.n_tokens, h.head_start, h.n_heads, P->n_tokens, k->s.head0, k->s.n_heads);
+                  "%s: the source sent %u tokens of heads %u+%u, expected %u tokens of heads %d+%d",
+                  what, h.n_tokens, h.head_start, h.n_heads, P->n_tokens, k->s.head0, k->s.n_heads);
         k->st = CG_E_BAD_GATEWAY;
         return NULL;
     }
@@ -314,8 +314,8 @@ static cg_status check_params(const cg_model_config *c, const cg_kvpull_params *
 }
 
 /* 1. GET the logits of the last prompt token and the sizes; checks they fit this model. */
-static cg_status fetch_logits(const cg_model_config *c, const cg_kvpull_params *p,
-                              const char *base, xfer *lx, char *err, size_t errlen)
+static cg_status fetch_logits(const cg_model_config *c, const cg_kvpull_params *p, const char *base,
+                              xfer *lx, char *err, size_t errlen)
 {
     char url[URL_MAX + 128];
     snprintf(url, sizeof url, "%s/v1/assemblies/%s/logits", base, p->assembly_id);

@@ -457,9 +457,8 @@ static int open_engine(const serve_cfg *c, parts *w)
         cg_log(CG_LOG_ERROR, "cannot load model from %s: %s", c->model, err);
         return -1;
     }
-    cg_log(CG_LOG_INFO, "weights %s (%zu MiB in memory), kernels %s",
-           cg_model_cfg(w->model)->dtype, cg_model_weight_bytes(w->model) >> 20,
-           cg_matmul_isa_name(cg_matmul_isa_active()));
+    cg_log(CG_LOG_INFO, "weights %s (%zu MiB in memory), kernels %s", cg_model_cfg(w->model)->dtype,
+           cg_model_weight_bytes(w->model) >> 20, cg_matmul_isa_name(cg_matmul_isa_active()));
     const cg_model_config *mc = cg_model_cfg(w->model);
     if (cg_tp_check(mc->n_kv_heads, (int)c->tp) != CG_OK) {
         cg_log(CG_LOG_ERROR,

@@ -128,14 +128,14 @@ typedef struct cg_sched_stats {
     uint64_t decode_rows;    /* decode tokens computed in them */
     uint64_t prefill_pieces; /* prefill pieces run */
     uint64_t prefill_rows;
-    uint64_t refused;        /* cg_sched_admit refusals */
-    uint64_t idle_pieces;    /* background pieces run to the end */
+    uint64_t refused;     /* cg_sched_admit refusals */
+    uint64_t idle_pieces; /* background pieces run to the end */
     uint64_t idle_rows;
     uint64_t idle_interrupts; /* background pieces stopped for live work (run again) */
-    uint64_t parked_total;   /* sequences parked because their owner fell behind */
+    uint64_t parked_total;    /* sequences parked because their owner fell behind */
     uint32_t running, admitted, prefill_waiting; /* now */
-    uint32_t parked; /* now: held for a slow owner, outside the running set */
-    uint32_t idle_waiting;                       /* background jobs queued now */
+    uint32_t parked;       /* now: held for a slow owner, outside the running set */
+    uint32_t idle_waiting; /* background jobs queued now */
 } cg_sched_stats;
 cg_sched_stats cg_sched_get_stats(cg_sched *s);
 
@@ -143,6 +143,7 @@ cg_sched_stats cg_sched_get_stats(cg_sched *s);
  * prefill work waited for its first piece and how long a decoding sequence waited for a place
  * in the running set. Set once, before any request. */
 struct cg_metric;
-void cg_sched_set_queue_histograms(cg_sched *s, struct cg_metric *prefill, struct cg_metric *decode);
+void cg_sched_set_queue_histograms(cg_sched *s, struct cg_metric *prefill,
+                                   struct cg_metric *decode);
 
 #endif
