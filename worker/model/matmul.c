@@ -16,7 +16,7 @@
 #include <strings.h>
 
 #include "base/base.h"
-#include "worker/model/matmul_quant.h"
+#include "worker/model/matmul_impl.h"
 #include "worker/model/safetensors.h"
 
 static inline size_t esize(cg_dtype dt)

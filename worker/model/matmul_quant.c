@@ -9,7 +9,7 @@
  * one fixed order at the end. The AVX-512 tile holds this in one zmm, AVX2 in two ymm, the
  * scalar reference in an array. So tests compare the variants for equality, and a row's
  * result depends neither on the batch nor on the thread count. */
-#include "worker/model/matmul_quant.h"
+#include "worker/model/matmul_impl.h"
 
 #include <assert.h>
 #include <immintrin.h>

@@ -1,8 +1,8 @@
-/* The block-quantised weight products (CG_DTYPE_Q8_0, CG_DTYPE_Q4_0), shared by matmul.c
- * (which routes both of its entry points here for those dtypes) and matmul_quant.c. Not a
- * public interface. */
-#ifndef CG_MATMUL_QUANT_H
-#define CG_MATMUL_QUANT_H
+/* The matmul module's private header: the block-quantised weight products (CG_DTYPE_Q8_0,
+ * CG_DTYPE_Q4_0) that matmul_quant.c implements and matmul.c routes both of its entry points to
+ * for those dtypes. Not a public interface. */
+#ifndef CG_MATMUL_IMPL_H
+#define CG_MATMUL_IMPL_H
 
 #include "worker/model/matmul.h"
 
