@@ -306,9 +306,21 @@ int cg_stream_stalled(cg_stream *s)
     return v;
 }
 
+/* Cuts the connection of a client that stopped reading: an abortive close (SO_LINGER 0, so the
+ * close MHD does next sends a reset) frees the kernel's send queue at once, where a FIN would
+ * wait behind megabytes the client may never read, and a socket whose window stays shut would
+ * linger in zero-window probes for minutes. The shutdown wakes MHD to close it. */
+static void cut_connection(int fd)
+{
+    if (fd < 0) return;
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    shutdown(fd, SHUT_RDWR);
+}
+
 /* Waits on s->cv for the reader, at most stall_ms when one is set; 1 when that time passed
  * without the reader taking a byte (then the stream is cut: marked gone, and its connection
- * shut down, since a client that reads nothing never lets the server write its end).
+ * reset, since a client that reads nothing never lets the server write its end).
  * Caller holds s->mu. */
 static int stream_wait_reader_locked(cg_stream *s)
 {
@@ -326,7 +338,7 @@ static int stream_wait_reader_locked(cg_stream *s)
         if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT) break;
     if (s->gone || s->len != len0 || s->head != head0) return 0;
     s->stalled = 1;
-    if (s->fd >= 0) shutdown(s->fd, SHUT_RDWR);
+    cut_connection(s->fd);
     stream_gone_locked(s);
     return 1;
 }

@@ -207,7 +207,7 @@ void cg_stream_unref(cg_stream **s);
  * (the producer should then cancel its upstream work). */
 int cg_stream_push(cg_stream *s, const void *data, size_t len);
 /* Bounds how long cg_stream_push waits for a reader that takes nothing: once stall_ms pass
- * with the buffer full and not one byte read, the stream is cut (the connection is shut down,
+ * with the buffer full and not one byte read, the stream is cut (the connection is reset,
  * the client counts as gone) and the push returns -1. 0 (the default) waits forever. */
 void cg_stream_set_stall_timeout(cg_stream *s, int stall_ms);
 /* 1 when the stream was cut by the stall timeout. */
