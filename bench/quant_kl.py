@@ -26,7 +26,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "llamacpp"))
-from crosscheck import xorshift_ids  # noqa: E402
+from crosscheck import probe_ids  # noqa: E402
 
 
 def kl_stats(p, q):
@@ -51,16 +51,8 @@ def main():
     with open(os.path.join(a.model_dir, "config.json")) as f:
         cfg = json.load(f)
     V = cfg["vocab_size"]
-    ids = xorshift_ids(a.tokens, a.seed, a.id_min, min(a.id_max, V))
-    tc_path = os.path.join(a.model_dir, "tokenizer_config.json")
-    add_bos = cfg.get("model_type") == "llama"
-    if os.path.exists(tc_path):
-        with open(tc_path) as f:
-            add_bos = json.load(f).get("add_bos_token", add_bos)
-    if add_bos and cfg.get("bos_token_id") is not None:
-        ids[0] = cfg["bos_token_id"]
-    n = len(ids)
-    pos = sorted(set(round(i * (n - 1) / max(1, a.positions - 1)) for i in range(a.positions)))
+    ids, pos = probe_ids(a.model_dir, cfg, a.tokens, a.seed, a.id_min, min(a.id_max, V),
+                         a.positions)
     plist = ",".join(map(str, pos))
     ids_file = os.path.join(a.work, "ids.json")
     with open(ids_file, "w") as f:
@@ -95,7 +87,7 @@ def main():
         llama_release = json.loads(lc.stdout).get("llama_cpp_release")
         rows["llama_" + t] = np.fromfile(full, dtype="<f4").astype(np.float64).reshape(len(pos), V)
 
-    res = {"model": a.model_dir, "tokens": n, "positions": len(pos), "seed": a.seed,
+    res = {"model": a.model_dir, "tokens": len(ids), "positions": len(pos), "seed": a.seed,
            "llama_cpp_release": llama_release, "chunkgate": meta, "kl": {}}
     ref = rows["cg_none"]
     for q in ("cg_q8", "cg_q4", "llama_f16", "llama_q8_0", "llama_q4_0"):

@@ -81,22 +81,12 @@ static const char *PROMPT =
     "You are a careful assistant. The quarterly report for 2024 shows revenue growth in all "
     "regions, with the strongest gains in Europe.";
 
-/* cg_tok_encode into a buffer the caller sized for the byte tokenizer (bytes + 2 ids). */
-static uint32_t tok_into(const cg_model *m, const char *text, size_t len, int bos, int32_t *out)
-{
-    size_t n = 0;
-    int32_t *ids = cg_tok_encode(m, text, len, bos, &n);
-    if (n) memcpy(out, ids, n * sizeof *out);
-    free(ids);
-    return (uint32_t)n;
-}
-
 /* Plain causal prefill of text (with BOS) into a fresh kv; returns the kv, logits in out. */
 static cg_kv *prefill(const cg_model *m, const char *text, float *logits, uint32_t *n_out)
 {
     size_t len = strlen(text);
     int32_t *tok = cg_malloc((len + 1) * sizeof *tok);
-    uint32_t n = tok_into(m, text, len, 1, tok);
+    uint32_t n = th_tok_into(m, text, len, 1, tok);
     cg_kv *kv = cg_kv_new(m, n + 64);
     ck_assert_ptr_nonnull(kv);
     cg_attn_span sp = {0, n, 0, 0};
@@ -867,7 +857,7 @@ START_TEST(test_reference_forward)
         const cg_model_config *c = cg_model_cfg(m);
         const char *text = "Positions matter: 0123456789 abcdefghij";
         int32_t tok[64];
-        uint32_t n = tok_into(m, text, strlen(text), 1, tok);
+        uint32_t n = th_tok_into(m, text, strlen(text), 1, tok);
         float got[258], want[258];
         cg_kv *kv = cg_kv_new(m, n);
         cg_attn_span sp = {0, n, 0, 0};
@@ -915,7 +905,7 @@ START_TEST(test_prefill_vs_incremental)
     uint32_t n;
     cg_kv *ka = prefill(m, PROMPT, full, &n);
     int32_t tok[256];
-    ck_assert_uint_eq(tok_into(m, PROMPT, strlen(PROMPT), 1, tok), n);
+    ck_assert_uint_eq(th_tok_into(m, PROMPT, strlen(PROMPT), 1, tok), n);
     cg_kv *kb = cg_kv_new(m, n);
     for (uint32_t i = 0; i < n; i++) {
         cg_attn_span sp = {i, 1, 0, 0};
@@ -1150,7 +1140,7 @@ START_TEST(test_tokenizer)
     for (int i = 0; i < 256; i++)
         text[i] = (char)i;
     int32_t tok[257];
-    ck_assert_uint_eq(tok_into(m, text, 256, 1, tok), 257);
+    ck_assert_uint_eq(th_tok_into(m, text, 256, 1, tok), 257);
     ck_assert_int_eq(tok[0], 256);
     size_t bl = 0;
     for (int i = 0; i < 257; i++) {
@@ -1159,7 +1149,7 @@ START_TEST(test_tokenizer)
     }
     ck_assert_uint_eq(bl, 256);
     ck_assert_mem_eq(text, back, 256);
-    ck_assert_uint_eq(tok_into(m, "ab", 2, 0, tok), 2);
+    ck_assert_uint_eq(th_tok_into(m, "ab", 2, 0, tok), 2);
     ck_assert_int_eq(tok[0], 'a');
     ck_assert_uint_eq(cg_tok_decode(m, 257, back), 0);
     ck_assert_uint_eq(cg_tok_decode(m, -5, back), 0);

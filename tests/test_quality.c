@@ -344,23 +344,13 @@ END_TEST
 
 /* ---- the forward's ranking exit and full-distribution rows ---- */
 
-/* cg_tok_encode into a buffer the caller sized for the byte tokenizer (bytes + 2 ids). */
-static uint32_t tok_into(const cg_model *m, const char *text, size_t len, int bos, int32_t *out)
-{
-    size_t n = 0;
-    int32_t *ids = cg_tok_encode(m, text, len, bos, &n);
-    if (n) memcpy(out, ids, n * sizeof *out);
-    free(ids);
-    return (uint32_t)n;
-}
-
 START_TEST(test_forward_stop_and_rows)
 {
     const cg_model_config *c = cg_model_cfg(model);
     const size_t hd = (size_t)c->head_dim, kvd = (size_t)c->n_kv_heads * hd;
     const size_t V = (size_t)c->vocab_size;
     int32_t toks[300];
-    uint32_t n = tok_into(model, DOC[0], strlen(DOC[0]), 1, toks);
+    uint32_t n = th_tok_into(model, DOC[0], strlen(DOC[0]), 1, toks);
     ck_assert_uint_gt(n, 100);
     cg_kv *a = cg_kv_new(model, n), *b = cg_kv_new(model, n);
     cg_attn_span span = {0, n, 0, 0};
@@ -440,7 +430,7 @@ START_TEST(test_forward_interrupt)
     const cg_model_config *c = cg_model_cfg(model);
     const size_t V = (size_t)c->vocab_size;
     int32_t toks[300];
-    uint32_t n = tok_into(model, DOC[1], strlen(DOC[1]), 1, toks);
+    uint32_t n = th_tok_into(model, DOC[1], strlen(DOC[1]), 1, toks);
     cg_kv *a = cg_kv_new(model, n), *b = cg_kv_new(model, n);
     float *la = cg_malloc(V * sizeof(float)), *lb = cg_malloc(V * sizeof(float));
     cg_attn_span span = {0, n, 0, 0};

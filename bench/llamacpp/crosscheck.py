@@ -38,6 +38,22 @@ def xorshift_ids(n, seed, lo, hi):
     return out
 
 
+def probe_ids(model_dir, cfg, tokens, seed, lo, hi, positions):
+    """The probe prompt of a cross-check: `tokens` pseudo-random ids in [lo, hi) from seed,
+    led by BOS where the model's tokenizer adds one, and `positions` evenly spaced positions
+    whose logits are compared. Returns (ids, positions)."""
+    ids = xorshift_ids(tokens, seed, lo, hi)
+    tc_path = os.path.join(model_dir, "tokenizer_config.json")
+    add_bos = cfg.get("model_type") == "llama"
+    if os.path.exists(tc_path):
+        with open(tc_path) as f:
+            add_bos = json.load(f).get("add_bos_token", add_bos)
+    if add_bos and cfg.get("bos_token_id") is not None:
+        ids[0] = cfg["bos_token_id"]
+    n = len(ids)
+    return ids, sorted(set(round(i * (n - 1) / max(1, positions - 1)) for i in range(positions)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir")
@@ -56,16 +72,7 @@ def main():
     a = ap.parse_args()
     with open(os.path.join(a.model_dir, "config.json")) as f:
         cfg = json.load(f)
-    ids = xorshift_ids(a.tokens, a.seed, a.id_min, a.id_max)
-    tc_path = os.path.join(a.model_dir, "tokenizer_config.json")
-    add_bos = cfg.get("model_type") == "llama"
-    if os.path.exists(tc_path):
-        with open(tc_path) as f:
-            add_bos = json.load(f).get("add_bos_token", add_bos)
-    if add_bos and cfg.get("bos_token_id") is not None:
-        ids[0] = cfg["bos_token_id"]
-    n = len(ids)
-    pos = sorted(set([round(i * (n - 1) / max(1, a.positions - 1)) for i in range(a.positions)]))
+    ids, pos = probe_ids(a.model_dir, cfg, a.tokens, a.seed, a.id_min, a.id_max, a.positions)
     V = cfg["vocab_size"]
     with tempfile.TemporaryDirectory() as tmp:
         ids_file = os.path.join(tmp, "ids.json")
@@ -103,7 +110,7 @@ def main():
         rows.append({"position": p, "top1_ref": int(order[0]), "top1_llamacpp": int(np.argmax(g)),
                      "top1_logprob_ref": float(r[order[0]]), "top2_gap_ref": gap,
                      "max_abs_dlogprob_topk": dmax, "kl": kl})
-    res = {"model": a.model_dir, "gguf": a.gguf, "tokens": n, "top": a.top, "dtype": a.dtype,
+    res = {"model": a.model_dir, "gguf": a.gguf, "tokens": len(ids), "top": a.top, "dtype": a.dtype,
            "llama_cpp_release": lc_meta.get("llama_cpp_release"),
            "top1_agree": f"{sum(r['top1_ref'] == r['top1_llamacpp'] for r in rows)}/{len(rows)}",
            "max_abs_dlogprob_topk": max(r["max_abs_dlogprob_topk"] for r in rows),

@@ -6,6 +6,7 @@
 #include "worker/serve/worker_api.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void th_engine_assemble(cg_engine *e, const char *sys, const char *d1, const char *d2,
@@ -60,4 +61,13 @@ cg_model *th_model_gen_open(const char *worker_bin, const char *dir, const char 
         return NULL;
     }
     return m;
+}
+
+uint32_t th_tok_into(const cg_model *m, const char *text, size_t len, int bos, int32_t *out)
+{
+    size_t n = 0;
+    int32_t *ids = cg_tok_encode(m, text, len, bos, &n);
+    if (n) memcpy(out, ids, n * sizeof *out);
+    free(ids);
+    return (uint32_t)n;
 }

@@ -419,6 +419,9 @@ typedef struct cg_model cg_model;
 /* chunkgate-worker generate-model --out dir plus extra args (th_gen_model), then the model
  * opened in-process. NULL when either fails (said on stderr). Close with cg_model_close. */
 cg_model *th_model_gen_open(const char *worker_bin, const char *dir, const char *const *extra);
+/* cg_tok_encode of text[0, len) (with BOS when bos is set) into out, which the caller sized for
+ * a byte tokenizer (len + 2 ids); returns the count. */
+uint32_t th_tok_into(const cg_model *m, const char *text, size_t len, int bos, int32_t *out);
 typedef struct cg_engine cg_engine;
 struct cg_assembly_info;
 /* Assembles the strict-mode prompt sys, d1, d2, q with e (borrowed) on path (at clock 1 ms);

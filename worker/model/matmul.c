@@ -615,18 +615,6 @@ void cg_matmul_decode(const cg_weight *w, const float *x, int n, float *y)
 
 /* ---- int8 option ---- */
 
-static float weight_at(const cg_weight *w, size_t i)
-{
-    if (w->dtype == CG_DTYPE_F32) {
-        float f;
-        memcpy(&f, (const char *)w->data + i * 4, sizeof f);
-        return f;
-    }
-    uint16_t h;
-    memcpy(&h, (const char *)w->data + i * 2, sizeof h);
-    return w->dtype == CG_DTYPE_BF16 ? cg_bf16_to_f32(h) : cg_f16_to_f32(h);
-}
-
 cg_status cg_matmul_quantize_q8(const cg_weight *w, int8_t *q, float *scale, cg_weight *out)
 {
     check_weight(w);
@@ -637,7 +625,7 @@ cg_status cg_matmul_quantize_q8(const cg_weight *w, int8_t *q, float *scale, cg_
     for (size_t r = 0; r < rows; r++) {
         float amax = 0;
         for (size_t c = 0; c < cols; c++) {
-            float v = weight_at(w, r * cols + c);
+            float v = cg_weight_at(w, r * cols + c);
             if (!isfinite(v)) bad = 1;
             amax = fmaxf(amax, fabsf(v));
         }
@@ -645,7 +633,7 @@ cg_status cg_matmul_quantize_q8(const cg_weight *w, int8_t *q, float *scale, cg_
         const float s = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
         scale[r] = s;
         for (size_t c = 0; c < cols; c++) {
-            float v = rintf(weight_at(w, r * cols + c) * inv);
+            float v = rintf(cg_weight_at(w, r * cols + c) * inv);
             q[r * cols + c] = (int8_t)fmaxf(-127.0f, fminf(127.0f, isfinite(v) ? v : 0.0f));
         }
     }

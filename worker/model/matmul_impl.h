@@ -16,4 +16,8 @@ void cg_qmm_product(const cg_weight *w, const float *x, int n, float *y, cg_matm
 void cg_qmm_widen(const cg_weight *w, size_t row, size_t c0, size_t count, float *dst,
                   cg_matmul_isa isa);
 
+/* Element i (row-major) of an unquantised w (F32, BF16 or F16) as a float: the quantisers read
+ * their source weights with it. */
+float cg_weight_at(const cg_weight *w, size_t i);
+
 #endif

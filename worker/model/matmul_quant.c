@@ -429,7 +429,7 @@ void cg_qmm_widen(const cg_weight *w, size_t row, size_t c0, size_t count, float
 
 /* ---- weights ---- */
 
-static float weight_at(const cg_weight *w, size_t i)
+float cg_weight_at(const cg_weight *w, size_t i)
 {
     if (w->dtype == CG_DTYPE_F32) {
         float f;
@@ -508,7 +508,7 @@ cg_status cg_matmul_quantize(const cg_weight *w, cg_dtype to, void *q, uint16_t 
         for (size_t k = 0; k < nblk; k += 2) {
             const size_t nk = CG_MIN((size_t)2, nblk - k);
             for (size_t i = 0; i < nk * QK; i++) {
-                v[i] = weight_at(w, r * cols + k * QK + i);
+                v[i] = cg_weight_at(w, r * cols + k * QK + i);
                 if (!isfinite(v[i])) bad = 1, v[i] = 0;
             }
             if (to == CG_DTYPE_Q8_0) {
