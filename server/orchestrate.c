@@ -184,7 +184,7 @@ static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
     for (size_t k = 0; k < s->n_keys; k++) {
         const cg_wc_seg *r = &a->segs[s->key_seg[k]];
         json_array_append_new(segs, seg_json(s, k, json_integer((json_int_t)r->n_tokens), r->hit,
-                                             json_string(r->tier)));
+                                             json_string(cg_tier_seg_name(r->hit, r->tier))));
     }
     /* After a worker failed, the request was assembled on another one: fallback, and the
      * segments are what that worker reported, so they agree with cached_tokens. */
@@ -302,7 +302,7 @@ static void record(gw_call *c, const cg_wc_assembly *a)
             hits++;
             cg_index_chunk_hit(ix, key, now);
             cg_index_placement_set(ix, key, wid, CG_TIER_RAM, s->n_tokens, now);
-            if (tier >= 0 && !strcmp(s->tier, "remote"))
+            if (tier >= 0 && s->tier == CG_TIER_REMOTE)
                 cg_index_placement_set(ix, key, tier, CG_TIER_REMOTE, s->n_tokens, now);
         } else if (s->stored) {
             cg_index_placement_set(ix, key, wid, CG_TIER_RAM, s->n_tokens, now);
