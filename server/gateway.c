@@ -260,13 +260,10 @@ static void metrics_setup(cg_gateway *g)
     g->m_disconnects = cg_metrics_counter(
         m, "chunkgate_client_disconnects_total",
         "Requests whose client left before the answer ended (upstream cancelled).", NULL);
-    const char *kinds[] = {"connect", "timeout", "status", "invalid", "too_large", "stream"};
-    for (size_t i = 0; i < CG_ARRAY_LEN(kinds); i++) {
+    for (int k = 0; k < CG_FAILKIND_COUNT; k++) {
         char labels[64];
-        snprintf(labels, sizeof labels, "kind=\"%s\"", kinds[i]);
-        cg_metrics_counter(
-            m, "chunkgate_backend_errors_total",
-            "Backend failures: connect, timeout, status, invalid, too_large, stream.", labels);
+        snprintf(labels, sizeof labels, "kind=\"%s\"", cg_failkind_name((cg_failkind)k));
+        cg_metrics_counter(m, "chunkgate_backend_errors_total", CG_GW_BACKEND_ERRORS_HELP, labels);
     }
     g->m_ttft = cg_metrics_histogram(m, "chunkgate_ttft_seconds",
                                      "Time from request to the first answer byte sent (streams: "

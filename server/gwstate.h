@@ -55,6 +55,10 @@ const char *cg_gw_tenant(cg_gateway *g, cg_http_req *req);
 void cg_gw_reply_error(cg_http_req *req, cg_status st, const char *param, const char *msg);
 
 /* Counts an upstream failure in chunkgate_backend_errors_total{kind}. */
-void cg_gw_backend_error(cg_gateway *g, const char *kind);
+void cg_gw_backend_error(cg_gateway *g, cg_failkind kind);
+
+/* The help line of chunkgate_backend_errors_total (gateway.c registers every kind's series). */
+#define CG_GW_BACKEND_ERRORS_HELP                                                                  \
+    "Backend failures: connect, timeout, status, invalid, too_large, stream."
 
 #endif

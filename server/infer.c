@@ -194,10 +194,8 @@ static void to_worker(cg_http_req *req, cg_gateway *g, const char *path)
     cg_status st = cg_wc_call_sync(g->client, cg_worker_url(w), "POST", path, body, len,
                                    g->cfg->worker_timeout_ms, &http, &ans, err, sizeof err);
     if (st != CG_OK || !ans) {
-        const char *kind = st == CG_E_TIMEOUT       ? "timeout"
-                           : st == CG_E_UNAVAILABLE ? "connect"
-                           : st != CG_OK            ? "status"
-                                                    : "invalid";
+        cg_failkind kind =
+            st != CG_OK ? cg_failkind_of(st, CG_FAIL_STATUS) : CG_FAIL_INVALID; /* not JSON */
         cg_workers_error(g->workers, w, kind, st != CG_OK ? err : "answer is not JSON");
         cg_gw_reply_error(req, st == CG_E_TIMEOUT ? CG_E_TIMEOUT : CG_E_BAD_GATEWAY, NULL,
                           "the worker did not answer the tokenizer request");

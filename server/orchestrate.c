@@ -451,11 +451,7 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
     const char *url = cg_worker_url(c->w);
     if (st != CG_OK) {
         snprintf(why, sizeof why, "assemble on %s: %s", url, detail);
-        cg_workers_error(g->workers, c->w,
-                         st == CG_E_TIMEOUT       ? "timeout"
-                         : st == CG_E_UNAVAILABLE ? "connect"
-                                                  : "invalid",
-                         why);
+        cg_workers_error(g->workers, c->w, cg_failkind_of(st, CG_FAIL_INVALID), why);
         goto fallback;
     }
     if (http == 429) {
@@ -474,7 +470,7 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
         const char *m = cg_wc_error_message(j);
         snprintf(why, sizeof why, "assemble on %s answered HTTP %ld: %s", url, http,
                  m ? m : "no error message");
-        cg_workers_error(g->workers, c->w, "status", why);
+        cg_workers_error(g->workers, c->w, CG_FAIL_STATUS, why);
         goto fallback;
     }
     char perr[256];
@@ -482,7 +478,7 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
         !assembly_matches(c, &a, perr, sizeof perr)) {
         snprintf(why, sizeof why, "assemble on %s: %s", url, perr);
         if (a.id[0]) cg_wc_release(g->client, url, a.id, c->rid);
-        cg_workers_error(g->workers, c->w, "invalid", why);
+        cg_workers_error(g->workers, c->w, CG_FAIL_INVALID, why);
         goto fallback;
     }
     record(c, &a);
