@@ -235,15 +235,7 @@ static void metrics_setup(cg_gateway *g)
         m, "chunkgate_fast_path_total",
         "Pass-through requests forwarded by the fast path: their bytes as they came, no parse.",
         NULL);
-    const char *fb = "Requests with cacheable segments served without KV reuse, by reason: "
-                     "no_worker (none registered or healthy), worker_error (assemble failed), "
-                     "model (the request names another model than the workers serve).";
-    g->m_fallback_no_worker =
-        cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb, "reason=\"no_worker\"");
-    g->m_fallback_worker_error =
-        cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb, "reason=\"worker_error\"");
-    g->m_fallback_model =
-        cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb, "reason=\"model\"");
+    cg_fallback_metrics(m, g->m_fallback);
     g->m_busy = cg_metrics_counter(
         m, "chunkgate_worker_busy_total",
         "Assembles a worker answered 429 (at its --max-running + --max-queue): routed to "

@@ -8,6 +8,7 @@
 #include "backends/openai.h"
 #include "cache/key.h"
 #include "cache/split.h"
+#include "server/fallback.h"
 #include "server/gwconfig.h"
 #include "base/http.h"
 #include "base/metrics.h"
@@ -34,7 +35,7 @@ struct cg_gateway {
     cg_metric *m_seg_system, *m_seg_chunk, *m_seg_question;
     cg_metric *m_empty, *m_hits, *m_misses, *m_reused, *m_computed;
     cg_metric *m_fallbacks, *m_passthrough, *m_disconnects, *m_fast_path;
-    cg_metric *m_fallback_no_worker, *m_fallback_worker_error, *m_fallback_model;
+    cg_metric *m_fallback[CG_FALLBACK_COUNT]; /* by reason; [CG_FALLBACK_NONE] is NULL */
     cg_metric *m_releases, *m_ttft, *m_assemble;
     cg_metric *m_busy; /* assembles a worker answered 429 */
 

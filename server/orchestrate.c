@@ -33,7 +33,7 @@ typedef struct gw_call {
     char rid[72];
     cg_worker *w; /* routed worker (reference, in flight) */
     cg_route_kind kind;
-    const char *fallback_reason; /* static; set once the request falls back */
+    cg_fallback fallback; /* set once the request falls back */
     uint64_t t0;
     int busy_tries; /* workers that answered 429 to this request's assemble */
 } gw_call;
@@ -159,7 +159,7 @@ static json_t *seg_json(const cg_gw_segments *s, size_t k, json_t *tokens, int h
 }
 
 json_t *cg_gw_chunk_cache_plain(const cg_gw_segments *s, const cg_index_entry *ent,
-                                const char *reason)
+                                cg_fallback reason)
 {
     json_t *segs = json_array();
     for (size_t k = 0; k < s->n_keys; k++) {
@@ -167,11 +167,13 @@ json_t *cg_gw_chunk_cache_plain(const cg_gw_segments *s, const cg_index_entry *e
             ent && ent[k].found && ent[k].tokens >= 0 ? json_integer(ent[k].tokens) : json_null();
         json_array_append_new(segs, seg_json(s, k, tokens, 0, json_null()));
     }
-    json_t *cc = json_pack("{s:o, s:s, s:n, s:b, s:b, s:I, s:n, s:o, s:n}", "segments", segs,
-                           "mode", cg_mode_name(s->mode), "worker", "fallback", s->n_keys > 0,
-                           "passthrough", s->split.passthrough, "empty_segments",
-                           (json_int_t)s->split.empty_skipped, "routing", "fallback_reason",
-                           reason ? json_string(reason) : json_null(), "recomputed_tokens");
+    json_t *cc =
+        json_pack("{s:o, s:s, s:n, s:b, s:b, s:I, s:n, s:o, s:n}", "segments", segs, "mode",
+                  cg_mode_name(s->mode), "worker", "fallback", s->n_keys > 0, "passthrough",
+                  s->split.passthrough, "empty_segments", (json_int_t)s->split.empty_skipped,
+                  "routing", "fallback_reason",
+                  cg_fallback_name(reason) ? json_string(cg_fallback_name(reason)) : json_null(),
+                  "recomputed_tokens");
     /* filled by the relay from a worker's answer (a worker assembles the prompt itself) */
     if (s->quality_probe) json_object_set_new(cc, "quality", json_null());
     return cc;
@@ -191,9 +193,10 @@ static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
     json_t *cc = json_pack(
         "{s:o, s:s, s:s, s:b, s:b, s:I, s:s, s:o, s:o}", "segments", segs, "mode",
         cg_mode_name(s->mode), "worker", cg_worker_url(c->w), "fallback",
-        c->fallback_reason != NULL, "passthrough", 0, "empty_segments",
+        c->fallback != CG_FALLBACK_NONE, "passthrough", 0, "empty_segments",
         (json_int_t)s->split.empty_skipped, "routing", cg_route_kind_name(c->kind),
-        "fallback_reason", c->fallback_reason ? json_string(c->fallback_reason) : json_null(),
+        "fallback_reason",
+        cg_fallback_name(c->fallback) ? json_string(cg_fallback_name(c->fallback)) : json_null(),
         "recomputed_tokens",
         a->recomputed_tokens >= 0 ? json_integer(a->recomputed_tokens) : json_null());
     /* null until the relay finds the worker's comparison in its answer (never with an external
@@ -204,25 +207,22 @@ static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
 
 /* ---------------------------------------------------------------- plain forwarding */
 
-/* Counts a request's fallback once, however many steps it takes (reason: static). */
-static void count_fallback(cg_gateway *g, gw_call *c, const char *reason)
+/* Counts a request's fallback once, however many steps it takes (reason: not NONE). */
+static void count_fallback(cg_gateway *g, gw_call *c, cg_fallback reason)
 {
-    if (c->fallback_reason) return;
-    c->fallback_reason = reason;
+    if (c->fallback != CG_FALLBACK_NONE || reason == CG_FALLBACK_NONE) return;
+    c->fallback = reason;
     cg_metric_add(g->m_fallbacks, 1);
-    cg_metric_add(!strcmp(reason, "model")          ? g->m_fallback_model
-                  : !strcmp(reason, "worker_error") ? g->m_fallback_worker_error
-                                                    : g->m_fallback_no_worker,
-                  1);
+    if ((unsigned)reason < CG_FALLBACK_COUNT) cg_metric_add(g->m_fallback[reason], 1);
 }
 
 /* Forwards the plain prompt: to --backend, else to the least-loaded healthy worker other
- * than exclude. reason: NULL for pass-through, else the fallback reason; why: what failed
- * (for the error message). Frees c. */
-static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclude, const char *why)
+ * than exclude. reason: CG_FALLBACK_NONE for pass-through, else the fallback reason; why: what
+ * failed (for the error message). Frees c. */
+static void forward_plain(gw_call *c, cg_fallback reason, const cg_worker *exclude, const char *why)
 {
     cg_gateway *g = c->g;
-    if (reason) {
+    if (reason != CG_FALLBACK_NONE) {
         count_fallback(g, c, reason);
         cg_metric_add(g->m_misses, (double)c->segs.n_keys); /* nothing of it was looked at */
     }
@@ -490,11 +490,12 @@ fallback : {
     /* Without --backend the plain prompt would go to another worker, which would split and
      * assemble it anyway, out of the index's sight and with a chunk_cache that cannot say
      * what it reused: assemble there instead, once. */
-    cg_worker *next =
-        !g->has_backend && !c->fallback_reason ? cg_workers_pick_any(g->workers, failed) : NULL;
+    cg_worker *next = !g->has_backend && c->fallback == CG_FALLBACK_NONE
+                          ? cg_workers_pick_any(g->workers, failed)
+                          : NULL;
     if (next) {
         cg_log(CG_LOG_WARN, "assembling on %s instead: %s", cg_worker_url(next), why);
-        count_fallback(g, c, "worker_error");
+        count_fallback(g, c, CG_FALLBACK_WORKER_ERROR);
         c->w = next;
         c->kind = CG_ROUTE_LEAST_LOADED;
         cg_workers_release(g->workers, &failed);
@@ -502,7 +503,7 @@ fallback : {
         goto out;
     }
     cg_log(CG_LOG_WARN, "falling back to the plain prompt: %s", why);
-    forward_plain(c, "worker_error", failed, why);
+    forward_plain(c, CG_FALLBACK_WORKER_ERROR, failed, why);
     cg_workers_release(g->workers, &failed);
 }
 out:
@@ -583,14 +584,14 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
 
     if (c->segs.split.passthrough || !c->segs.n_keys) {
         if (c->segs.split.passthrough) cg_metric_add(g->m_passthrough, 1);
-        forward_plain(c, NULL, NULL, NULL);
+        forward_plain(c, CG_FALLBACK_NONE, NULL, NULL);
         return;
     }
     char pool_model[256];
     const char *model = json_string_value(json_object_get(body, "model"));
     if (!cg_workers_count(g->workers) ||
         !cg_workers_model(g->workers, pool_model, sizeof pool_model)) {
-        forward_plain(c, "no_worker", NULL, NULL);
+        forward_plain(c, CG_FALLBACK_NO_WORKER, NULL, NULL);
         return;
     }
     if (strcmp(pool_model, model) != 0) {
@@ -598,7 +599,7 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
         char why[400];
         snprintf(why, sizeof why, "the workers serve '%.128s', the request names '%.128s'",
                  pool_model, model);
-        forward_plain(c, "model", NULL, why);
+        forward_plain(c, CG_FALLBACK_MODEL, NULL, why);
         return;
     }
     int64_t expect = 0;
@@ -609,7 +610,7 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
                             tie_hash(&c->segs), &c->kind, &expect);
     free(steer);
     if (!c->w) {
-        forward_plain(c, "no_worker", NULL, NULL);
+        forward_plain(c, CG_FALLBACK_NO_WORKER, NULL, NULL);
         return;
     }
     /* Parsed: only a fallback to --backend may still forward the raw bytes. */
