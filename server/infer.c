@@ -44,9 +44,6 @@ static cg_status check_stream_options(json_t *body)
     return json_is_object(so) ? cg_json_get_bool(so, "include_usage", 0, &usage) : CG_E_TYPE;
 }
 
-/* Request fields that only the gateway may set towards a worker or backend. */
-static const char *const GATEWAY_ONLY_FIELDS[] = {"kv_transfer_params"};
-
 static void handle(cg_http_req *req, cg_gateway *g, int chat)
 {
     cg_gw_segments segs;
@@ -90,9 +87,9 @@ static void handle(cg_http_req *req, cg_gateway *g, int chat)
     /* Fields only the gateway sets on its upstream requests. A client's copy would steer
      * the worker (kv_transfer_params names an assembly and, on some backends, a host to pull
      * KV from), so it is refused rather than silently dropped. */
-    for (size_t i = 0; i < CG_ARRAY_LEN(GATEWAY_ONLY_FIELDS); i++) {
-        if (!json_object_get(body, GATEWAY_ONLY_FIELDS[i])) continue;
-        param = GATEWAY_ONLY_FIELDS[i];
+    const char *only = cg_gw_gateway_only_field(body);
+    if (only) {
+        param = only;
         st = CG_E_VALUE;
         snprintf(msg, sizeof msg, "%s is set by the gateway only; remove it from the request",
                  param);

@@ -17,11 +17,6 @@
 #include "server/fields.h"
 #include "server/relay.h"
 
-/* Fields of ours that an OpenAI-compatible backend would not know: never forwarded to it. */
-static const char *const EXT_FIELDS[] = {
-    "chunk_separator",         "cache_salt",      "chunk_mode",   "documents",
-    "recompute_prefix_tokens", "recompute_ratio", "quality_probe"};
-
 /* One request on its way through the dispatcher. */
 typedef struct gw_call {
     cg_gateway *g;
@@ -75,9 +70,7 @@ static int ask_usage(json_t *body, int stream)
 static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, int *strip_usage,
                           size_t *len)
 {
-    int has_ext = 0;
-    for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
-        has_ext |= json_object_get(body, EXT_FIELDS[i]) != NULL;
+    int has_ext = cg_gw_has_ext_fields(body);
     *strip_usage = ask_usage(body, stream);
     if (!has_ext && !*strip_usage) return cg_http_req_take_body(req, len); /* no copy */
     cg_http_req_drop_body(req);
@@ -107,8 +100,7 @@ static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, 
                                         joined.data ? joined.data : "", joined.len));
         cg_buf_free(&joined);
     }
-    for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
-        json_object_del(body, EXT_FIELDS[i]);
+    cg_gw_del_ext_fields(body);
     char *out = json_dumps(body, JSON_COMPACT);
     *len = strlen(out);
     return out;
@@ -345,8 +337,7 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
         cb = cg_gw_worker_fields(c->body); /* the worker answers: only what it reads */
     } else {
         cb = json_copy(c->body); /* shallow: top-level edits only; unknown fields go along */
-        for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
-            json_object_del(cb, EXT_FIELDS[i]);
+        cg_gw_del_ext_fields(cb);
     }
     json_object_set_new(cb, "kv_transfer_params", json_pack("{s:s}", "assembly_id", a->id));
     /* A chat without a limit decodes until EOS or the end of the context, as a chat does on
