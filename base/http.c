@@ -526,12 +526,13 @@ static CG_MHD_RESULT on_accept(void *cls, const struct sockaddr *addr, socklen_t
 
 /* ---------------------------------------------------------------- framing check */
 
-/* The framing check runs on every byte libmicrohttpd reads from a client (base/http_guard.c),
- * on the connection's MHD thread. A refused request is answered here, in the OpenAI error
- * shape with Connection: close, once no earlier answer on the connection is still pending;
- * then the library is told the client has finished sending, and closes the connection
- * (lingering, so the client reads the answer). Requests that came in the same read before
- * the refused one are dropped with it. */
+/* The framing check runs on every byte libmicrohttpd reads from a client (base/http_guard.c,
+ * through the recv() of hook/http_recv_hook.c that the programs link), on the connection's MHD
+ * thread. A refused request is answered here, in the OpenAI error shape with Connection:
+ * close, once no earlier answer on the connection is still pending; then the library is told
+ * the client has finished sending, and closes the connection (lingering, so the client reads
+ * the answer). Requests that came in the same read before the refused one are dropped with
+ * it. */
 
 static void new_request_id(cg_http_server *srv, char *out, size_t n)
 {
@@ -1342,8 +1343,8 @@ static CG_MHD_RESULT on_access(void *cls, struct MHD_Connection *conn, const cha
         if (cs && cs->frame && !cs->refused && cg_http_guard_bytes() == 0) {
             static int warned;
             if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-                cg_log(CG_LOG_WARN, "the raw framing check sees no bytes (recv is not "
-                                    "interposed in this program): libmicrohttpd's own checks "
+                cg_log(CG_LOG_WARN, "the raw framing check sees no bytes (this program does not "
+                                    "link hook/http_recv_hook.c): libmicrohttpd's own checks "
                                     "apply");
         }
         /* A body of known size gets its buffer at once: no growing copies of a large one. */

@@ -1,12 +1,9 @@
-/* The framing check's place in the read path. libmicrohttpd reads client sockets with recv()
- * and offers no hook to see those bytes first. This file defines recv() in the program
- * (ordinary symbol interposition: the program's definition comes before libc's in the
- * dynamic linker's search order, as LD_PRELOAD libraries do); for a descriptor the server
- * registered as a client connection it runs the check in base/http.c on what was read, for
- * every other descriptor (libcurl's, hiredis's, the library's own) it is the plain system
- * call. The library is not modified and keeps doing all the parsing; only what it is given
- * to read changes once a request has been refused. */
-#undef _FORTIFY_SOURCE /* recv() is defined here, not called through the fortified wrapper */
+/* The framing check's descriptor table: which client connections base/http.c guards, and the
+ * read that runs the check on them (cg_http_guard_recv). libmicrohttpd reads client sockets
+ * with recv() and offers no hook to see those bytes first, so the two programs link
+ * hook/http_recv_hook.c, which defines recv() as cg_http_guard_recv; this file defines no libc
+ * function, and a program that does not link the hook reads as usual (the check then sees
+ * nothing and libmicrohttpd's own checks apply). */
 #include "base/http_guard.h"
 
 #include <errno.h>
@@ -63,7 +60,7 @@ unsigned long long cg_http_guard_bytes(void)
     return atomic_load_explicit(&guard_seen, memory_order_relaxed);
 }
 
-ssize_t recv(int fd, void *buf, size_t len, int flags)
+ssize_t cg_http_guard_recv(int fd, void *buf, size_t len, int flags)
 {
     size_t n = atomic_load_explicit(&guard_n, memory_order_acquire);
     void *conn = fd >= 0 && (size_t)fd < n

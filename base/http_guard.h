@@ -1,5 +1,6 @@
-/* Private to base/http.c: the hook that lets the server see every byte libmicrohttpd reads
- * from a client connection before the library parses it (see base/http_guard.c). */
+/* Private to base/http.c and hook/http_recv_hook.c: what lets the server see every byte
+ * libmicrohttpd reads from a client connection before the library parses it (see
+ * base/http_guard.c). */
 #ifndef CG_HTTP_GUARD_H
 #define CG_HTTP_GUARD_H
 
@@ -24,5 +25,10 @@ int cg_http_guard_init(const cg_http_guard_ops *ops);
 void cg_http_guard_set(int fd, void *conn);
 /* Total bytes the hook has seen since start (a self-check that it is in the path). */
 unsigned long long cg_http_guard_bytes(void);
+/* What recv() does in a program that links hook/http_recv_hook.c: on a guarded descriptor it
+ * reads and hands the bytes to check (or calls refused instead of reading, once refused); on
+ * any other descriptor, and for MSG_PEEK, it is the plain recvfrom system call. Same arguments
+ * and return value as recv(2). */
+ssize_t cg_http_guard_recv(int fd, void *buf, size_t len, int flags);
 
 #endif

@@ -1,14 +1,20 @@
 # Gateway suites: the SSE parser, the HTTP layer (in-process server on port 0), its raw framing
-# check and the config table, and the integration suite that starts the real chunkgate
-# against tests/fake_backend.
+# check and the recv() hook that feeds it, the config table, and the integration suite that
+# starts the real chunkgate against tests/fake_backend.
 add_executable(fake_backend ${CMAKE_CURRENT_SOURCE_DIR}/fake_backend.c)
 target_link_libraries(fake_backend PRIVATE cg_test_harness PkgConfig::MHD PkgConfig::JANSSON
                       Threads::Threads)
 
 cg_check_test(NAME test_sse SOURCES test_sse.c LIBS cg_backends)
 cg_check_test(NAME test_config SOURCES test_config.c LIBS cg_server)
-cg_check_test(NAME test_http SOURCES test_http.c LIBS cg_server)
+cg_check_test(NAME test_http SOURCES test_http.c LIBS cg_server cg_http_recv_hook)
 cg_check_test(NAME test_http_frame SOURCES test_http_frame.c LIBS cg_base)
+# The recv() hook (hook/http_recv_hook.c) passes libcurl's and hiredis' reads through unchanged
+# (exit 77 = skipped when redis-server is missing).
+pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
+cg_check_test(NAME test_http_recv_hook SOURCES test_http_recv_hook.c
+              LIBS cg_http_recv_hook PkgConfig::CURL PkgConfig::HIREDIS)
+set_tests_properties(test_http_recv_hook PROPERTIES SKIP_RETURN_CODE 77)
 
 cg_check_test(NAME test_gateway SOURCES test_gateway.c LIBS cg_server TIMEOUT 600
               PROGRAMS chunkgate fake_backend)
