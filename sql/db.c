@@ -2,6 +2,7 @@
 #include "sql/db.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "base/base.h"
 
@@ -44,6 +45,18 @@ out:
     if (st != CG_OK) cg_db_log(module, db, sql);
     sqlite3_finalize(s);
     return st;
+}
+
+cg_status cg_db_use_wal(const char *module, sqlite3 *db, const char *path)
+{
+    sqlite3_stmt *s = NULL;
+    int ok = sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &s, NULL) == SQLITE_OK &&
+             sqlite3_step(s) == SQLITE_ROW &&
+             strcmp((const char *)sqlite3_column_text(s, 0), "wal") == 0;
+    sqlite3_finalize(s);
+    if (ok) return CG_OK;
+    cg_log(CG_LOG_ERROR, "%s: %s: cannot switch to WAL mode", module, path);
+    return CG_E_IO;
 }
 
 void cg_db_bind_key(sqlite3_stmt *s, int i, const cg_key *k)

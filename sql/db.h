@@ -17,6 +17,11 @@ int cg_db_step_done(sqlite3_stmt *s);
 cg_status cg_db_exec(const char *module, sqlite3 *db, const char *sql, const char *what);
 /* Runs a one-row integer query (a PRAGMA, a count) into *out; CG_E_IO (logged) otherwise. */
 cg_status cg_db_query_int(const char *module, sqlite3 *db, const char *sql, int64_t *out) CG_WUR;
+/* Switches db to WAL journal mode (persistent in the file) and checks that SQLite did: it keeps
+ * the old mode without an error where WAL is impossible (an in-memory database, a file system
+ * without shared memory). Returns CG_OK, or CG_E_IO, logged as "<module>: <path>: cannot
+ * switch to WAL mode". Every opener of our files calls this, so the choice is made once. */
+cg_status cg_db_use_wal(const char *module, sqlite3 *db, const char *path) CG_WUR;
 /* Binds the 16 key bytes to parameter i; the key must outlive the statement's next step. */
 void cg_db_bind_key(sqlite3_stmt *s, int i, const cg_key *k);
 

@@ -667,18 +667,7 @@ cg_status cg_index_open(const char *path, cg_index_params params, cg_index **out
      * syncs only at checkpoints: a commit survives a process crash (kill -9) but the last
      * commits may be lost on power loss; the database is never corrupted either way. The
      * index is a view workers can rebuild, so that trade buys commits without fsync. */
-    {
-        sqlite3_stmt *s = NULL;
-        int ok =
-            sqlite3_prepare_v2(ix->wdb, "PRAGMA journal_mode = WAL", -1, &s, NULL) == SQLITE_OK &&
-            sqlite3_step(s) == SQLITE_ROW &&
-            strcmp((const char *)sqlite3_column_text(s, 0), "wal") == 0;
-        sqlite3_finalize(s);
-        if (!ok) {
-            cg_log(CG_LOG_ERROR, "index: %s: cannot switch to WAL mode", path);
-            goto out;
-        }
-    }
+    if (cg_db_use_wal(DB_MODULE, ix->wdb, path) != CG_OK) goto out;
     snprintf(sql, sizeof sql,
              "PRAGMA synchronous = %s; PRAGMA foreign_keys = ON; PRAGMA recursive_triggers = OFF;"
              " PRAGMA wal_autocheckpoint = %d;"

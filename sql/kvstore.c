@@ -123,20 +123,9 @@ cg_status cg_kvstore_open(const char *path, int sync_full, cg_kvstore **out)
     st = cg_db_check_version(kv->db, path, &schema, &(int64_t){0});
     if (st != CG_OK) goto out;
     st = CG_E_IO;
-    {
-        /* WAL: a commit is one append to the log. synchronous=NORMAL survives kill -9; the
-         * checksums in the rows catch what power loss could tear (readme-tiers.md). */
-        sqlite3_stmt *s = NULL;
-        int ok =
-            sqlite3_prepare_v2(kv->db, "PRAGMA journal_mode = WAL", -1, &s, NULL) == SQLITE_OK &&
-            sqlite3_step(s) == SQLITE_ROW &&
-            strcmp((const char *)sqlite3_column_text(s, 0), "wal") == 0;
-        sqlite3_finalize(s);
-        if (!ok) {
-            cg_log(CG_LOG_ERROR, "kvstore: %s: cannot switch to WAL mode", path);
-            goto out;
-        }
-    }
+    /* WAL: a commit is one append to the log. synchronous=NORMAL survives kill -9; the
+     * checksums in the rows catch what power loss could tear (readme-tiers.md). */
+    if (cg_db_use_wal(DB_MODULE, kv->db, path) != CG_OK) goto out;
     if (cg_db_exec(DB_MODULE, kv->db,
                    sync_full ? "PRAGMA synchronous = FULL; PRAGMA journal_size_limit = 16777216;"
                              : "PRAGMA synchronous = NORMAL; PRAGMA journal_size_limit = 16777216;",

@@ -325,6 +325,13 @@ START_TEST(test_round_trip)
     ck_assert(!cg_disk_contains(d, &k3));
     ck_assert_uint_eq(cg_disk_get_stats(d).chunks, CG_ARRAY_LEN(toks) - 1);
     cg_disk_close(&d);
+
+    /* The inventory is in WAL mode (cg_db_use_wal), persistent in the file header. */
+    char p[160];
+    path_in(p, sizeof p, "kv.db");
+    char *mode = th_sql_text(p, "PRAGMA journal_mode");
+    ck_assert_str_eq(mode, "wal");
+    free(mode);
 }
 END_TEST
 

@@ -1,5 +1,6 @@
-/* Check suite for the SQLite chunk index (sql/index.h): schema versions, every write op,
- * batched lookups, paging, writer batching, concurrency and kill -9 crash safety. */
+/* Check suite for the SQLite chunk index (sql/index.h) and the helpers of sql/db.h: schema
+ * versions, the WAL switch, every write op, batched lookups, paging, writer batching,
+ * concurrency and kill -9 crash safety. */
 #include <check.h>
 #include <errno.h>
 #include <pthread.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "sql/db.h"
 #include "sql/index.h"
 #include "tests/harness/harness.h"
 
@@ -121,6 +123,25 @@ START_TEST(test_create_sets_version)
     char *mode = th_sql_text(g_path, "PRAGMA journal_mode");
     ck_assert_str_eq(mode, "wal");
     free(mode);
+}
+END_TEST
+
+/* The one WAL switch every opener uses (sql/db.c): a file goes to WAL; a database where SQLite
+ * keeps another mode without an error (in memory) is refused, not taken as WAL. */
+START_TEST(test_wal_switch)
+{
+    sqlite3 *db = NULL;
+    ck_assert_int_eq(sqlite3_open(g_path, &db), SQLITE_OK);
+    ck_assert_int_eq(cg_db_use_wal("test", db, g_path), CG_OK);
+    ck_assert_int_eq(cg_db_use_wal("test", db, g_path), CG_OK); /* already WAL */
+    sqlite3_close(db);
+    char *mode = th_sql_text(g_path, "PRAGMA journal_mode");
+    ck_assert_str_eq(mode, "wal");
+    free(mode);
+
+    ck_assert_int_eq(sqlite3_open(":memory:", &db), SQLITE_OK);
+    ck_assert_int_eq(cg_db_use_wal("test", db, ":memory:"), CG_E_IO);
+    sqlite3_close(db);
 }
 END_TEST
 
@@ -1078,12 +1099,13 @@ END_TEST
 int main(void)
 {
     cg_log_init("test_index", CG_LOG_WARN);
-    return th_run_suite(
-        "index", "core", 240, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
-        TH_TESTS(test_create_sets_version, test_reopen_keeps_data, test_refuse_future_version,
-                 test_migrate_v1_remote_tier, test_refuse_foreign_file, test_chunk_seen_hit,
-                 test_placements_pin_delete, test_workers, test_lookup_mix, test_paging,
-                 test_writer_batching, test_queue_full_drops, test_batch_lost_when_locked,
-                 test_inventory_replace, test_queued_placements_visible,
-                 test_check_detects_bad_totals, test_concurrency, test_kill9_crash_safety));
+    return th_run_suite("index", "core", 240, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
+                        TH_TESTS(test_create_sets_version, test_wal_switch, test_reopen_keeps_data,
+                                 test_refuse_future_version, test_migrate_v1_remote_tier,
+                                 test_refuse_foreign_file, test_chunk_seen_hit,
+                                 test_placements_pin_delete, test_workers, test_lookup_mix,
+                                 test_paging, test_writer_batching, test_queue_full_drops,
+                                 test_batch_lost_when_locked, test_inventory_replace,
+                                 test_queued_placements_visible, test_check_detects_bad_totals,
+                                 test_concurrency, test_kill9_crash_safety));
 }
