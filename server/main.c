@@ -2,14 +2,13 @@
  * bound address, and stops gracefully on SIGINT/SIGTERM. Exit status: 0 after a clean stop,
  * 1 when startup fails, 2 for a bad configuration. */
 #include <malloc.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
 #include "cache/key.h"
 #include "server/gateway.h"
 #include "base/base.h"
+#include "base/signals.h"
 
 /* Every streamed answer holds two sockets (client and backend), so 1,000 streams need more
  * descriptors than the usual soft limit of 1024: raise it to the hard limit. */
@@ -42,15 +41,7 @@ int main(int argc, char **argv)
     }
     cg_log_init("chunkgate", (cg_log_level)cfg.log_level);
 
-    /* Block the stop signals in every thread (threads inherit the mask), then wait for them
-     * here with sigwait: no handler runs in an arbitrary thread. SIGPIPE from a client that
-     * left is ignored; the write error is handled where it happens. */
-    sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &stop, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    cg_signals_block_stop(); /* before any thread starts; taken below */
 
     raise_fd_limit();
     /* Buffers of 256 KiB and more (request bodies, prompt strings, forwarded bodies) get their
@@ -80,9 +71,7 @@ int main(int argc, char **argv)
            cfg.api_keys.n ? "need an API key" : "open", cfg.api_keys.n,
            cg_key_hash_names[cfg.key_hash]);
 
-    int sig = 0;
-    sigwait(&stop, &sig);
-    cg_log(CG_LOG_INFO, "received %s; stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    cg_signals_wait_stop();
     cg_gateway_close(&g);
     cg_log(CG_LOG_INFO, "stopped");
 out:

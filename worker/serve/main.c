@@ -5,8 +5,6 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <malloc.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +20,7 @@
 #include "base/base.h"
 #include "base/config.h"
 #include "base/http.h"
+#include "base/signals.h"
 
 #define ERRLEN 1024
 
@@ -651,21 +650,12 @@ static int cmd_serve(int argc, char **argv)
     rc = 1;
     cg_key_set_hash((cg_key_hash)c.key_hash); /* before any thread computes a key */
     cg_log_init("chunkgate-worker", (cg_log_level)c.log_level);
-    /* Signals are taken by sigwait below; block them before any thread starts so that no
-     * server thread receives them. */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    cg_signals_block_stop(); /* before any thread starts; taken below */
     if (open_remote(&c, &w) != 0 || open_engine(&c, &w) != 0 || open_chat(&c, &w) != 0 ||
         open_api(&c, &w) != 0)
         goto out;
 
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    cg_log(CG_LOG_INFO, "signal %d: shutting down", sig);
+    cg_signals_wait_stop();
     /* No request may run while RAM is written out: stop serving first. */
     cg_http_close(&w.srv);
     flush_on_exit(&c, w.engine);
