@@ -9,46 +9,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
+
 /* ------------------------------------------------------------------------------------------ */
 /* UTF-8 and JavaScript character classes                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
 uint32_t cgt_u8_decode(const unsigned char *p, size_t n, size_t *len)
 {
-    uint32_t c = p[0];
-    if (c < 0x80) {
-        *len = 1;
-        return c;
-    }
-    size_t need;
-    uint32_t min;
-    if ((c & 0xE0) == 0xC0)
-        need = 2, c &= 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0)
-        need = 3, c &= 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0)
-        need = 4, c &= 0x07, min = 0x10000;
-    else {
-        *len = 1;
-        return 0xFFFD;
-    }
-    if (need > n) {
-        *len = 1;
-        return 0xFFFD;
-    }
-    for (size_t i = 1; i < need; i++) {
-        if ((p[i] & 0xC0) != 0x80) {
-            *len = 1;
-            return 0xFFFD;
-        }
-        c = (c << 6) | (p[i] & 0x3F);
-    }
-    if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) {
-        *len = 1;
-        return 0xFFFD;
-    }
-    *len = need;
-    return c;
+    uint32_t c;
+    *len = cg_utf8_decode(p, n, &c);
+    if (*len) return c;
+    *len = 1; /* an ill-formed byte is one U+FFFD */
+    return 0xFFFD;
 }
 
 size_t cgt_u8_encode(uint32_t c, char *o)

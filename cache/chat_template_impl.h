@@ -410,8 +410,8 @@ static inline bool jstr_eqc(const jstr *a, const char *s)
 
 /* ---- chat_template_base.c: UTF-8, character classes, arena, strings, numbers ---- */
 
-/* Decodes one code point at p (n bytes left, n > 0); stores its length. Invalid bytes decode
- * as U+FFFD of length 1, so every input makes progress. */
+/* Decodes one code point at p (n bytes left, n > 0) with cg_utf8_decode; stores its length.
+ * Invalid bytes decode as U+FFFD of length 1, so every input makes progress. */
 uint32_t cgt_u8_decode(const unsigned char *p, size_t n, size_t *len);
 
 size_t cgt_u8_encode(uint32_t c, char *o);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/utf8.h"
 
 /* Separators longer than this are searched with memmem (two-way, linear in the worst case):
  * memchr on the first byte plus memcmp is faster for short separators but degrades to
@@ -66,35 +67,6 @@ static size_t first_high_byte(uint64_t mask)
 #endif
 }
 
-/* Validates one multi-byte sequence starting at s[i] (s[i] >= 0x80). Returns its length,
- * or 0 if it is invalid. Ranges follow Unicode Table 3-7 (well-formed byte sequences), which
- * excludes overlongs (C0, C1, E0 80..9F, F0 80..8F), surrogates (ED A0..BF) and code points
- * above U+10FFFF (F4 90.., F5..FF). */
-static size_t utf8_seq(const unsigned char *s, size_t i, size_t len)
-{
-    unsigned c = s[i];
-    size_t n;
-    unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        if (c == 0xE0) lo = 0xA0;
-        if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        if (c == 0xF0) lo = 0x90;
-        if (c == 0xF4) hi = 0x8F;
-    } else {
-        return 0;
-    }
-    if (len - i < n) return 0;
-    if (s[i + 1] < lo || s[i + 1] > hi) return 0;
-    for (size_t k = 2; k < n; k++)
-        if ((s[i + k] & 0xC0) != 0x80) return 0;
-    return n;
-}
-
 /* Scalar validator: word-at-a-time over ASCII, one sequence at a time elsewhere. The fallback
  * where SSSE3 is missing, and the reference the vector path is tested against. */
 __attribute__((unused)) static int utf8_valid_scalar(const unsigned char *s, size_t len)
@@ -124,7 +96,8 @@ __attribute__((unused)) static int utf8_valid_scalar(const unsigned char *s, siz
         }
         /* Non-ASCII text tends to come in runs: decode the run before going back to words. */
         while (i < len && s[i] >= 0x80) {
-            size_t n = utf8_seq(s, i, len);
+            uint32_t cp;
+            size_t n = cg_utf8_decode(s + i, len - i, &cp);
             if (!n) return 0;
             i += n;
         }

@@ -1,2 +1,3 @@
-# Suites of the process-level parts of base/ that both programs share: the stop signals.
+# Suites of base/ modules both programs share: the stop signals, the UTF-8 decoder.
 cg_check_test(NAME test_signals SOURCES test_signals.c LIBS cg_base TIMEOUT 60)
+cg_check_test(NAME test_utf8 SOURCES test_utf8.c LIBS cg_base)

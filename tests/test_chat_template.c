@@ -116,6 +116,38 @@ START_TEST(test_render_basics)
 }
 END_TEST
 
+/* The engine's decoder (cgt_u8_decode, on cg_utf8_decode): every ill-formed byte is one U+FFFD
+ * of length 1, so a scan always makes progress; well-formed sequences decode whole. */
+START_TEST(test_u8_decode)
+{
+    static const struct {
+        const char *s;
+        size_t n;
+        uint32_t cp;
+        size_t len;
+    } cases[] = {
+        {"A", 1, 'A', 1},
+        {"\xC3\xA9", 2, 0xE9, 2},
+        {"\xF4\x8F\xBF\xBF", 4, 0x10FFFF, 4},
+        {"\x80", 1, 0xFFFD, 1},             /* a continuation byte alone */
+        {"\xC0\xAF", 2, 0xFFFD, 1},         /* overlong */
+        {"\xE0\x9F\xBF", 3, 0xFFFD, 1},     /* overlong */
+        {"\xED\xA0\x80", 3, 0xFFFD, 1},     /* surrogate */
+        {"\xF4\x90\x80\x80", 4, 0xFFFD, 1}, /* above U+10FFFF */
+        {"\xF8\x88\x80\x80", 4, 0xFFFD, 1}, /* no lead byte */
+        {"\xE2\x82", 2, 0xFFFD, 1},         /* cut short by n */
+        {"\xE2\x82\xAC", 2, 0xFFFD, 1},     /* cut short by n, the byte after not read */
+        {"\xE2(\xAC", 3, 0xFFFD, 1},        /* not a continuation */
+    };
+    for (size_t i = 0; i < CG_ARRAY_LEN(cases); i++) {
+        size_t len = 0;
+        uint32_t cp = cgt_u8_decode((const unsigned char *)cases[i].s, cases[i].n, &len);
+        ck_assert_msg(cp == cases[i].cp && len == cases[i].len, "case %zu: U+%04X, %zu bytes", i,
+                      (unsigned)cp, len);
+    }
+}
+END_TEST
+
 START_TEST(test_llama2_golden)
 {
     json_t *spec;
@@ -1077,8 +1109,8 @@ int main(int argc, char **argv)
         return th_run_tests("chat_template", "parity", 240,
                             TH_TESTS(test_parity_cases, test_parity_case_map));
     return th_run_tests("chat_template", "core", 240,
-                        TH_TESTS(test_render_basics, test_llama2_golden, test_parse_errors,
-                                 test_refusals, test_undefined, test_raise_exception, test_vars,
-                                 test_numbers, test_limits, test_many_messages, test_many_variables,
-                                 test_threads, test_fuzz));
+                        TH_TESTS(test_render_basics, test_u8_decode, test_llama2_golden,
+                                 test_parse_errors, test_refusals, test_undefined,
+                                 test_raise_exception, test_vars, test_numbers, test_limits,
+                                 test_many_messages, test_many_variables, test_threads, test_fuzz));
 }

@@ -319,6 +319,17 @@ START_TEST(test_invalid_utf8_and_caps)
     char *d = decode(t, &half, 1, 0);
     ck_assert_str_eq(d, "\xEF\xBF\xBD");
     free(d);
+    /* one U+FFFD per maximal subpart (Rust's from_utf8_lossy): E2 82 is the start of a
+     * three-byte sequence, cut by "(": one replacement; E0 80 is no start (E0 needs A0..BF
+     * next): one replacement for each byte */
+    int32_t cut[] = {cg_tokenizer_token_id(t, "\u00e2"), cg_tokenizer_token_id(t, "\u0124"),
+                     cg_tokenizer_token_id(t, "("), cg_tokenizer_token_id(t, "\u00e0"),
+                     cg_tokenizer_token_id(t, "\u0122")};
+    for (size_t i = 0; i < CG_ARRAY_LEN(cut); i++)
+        ck_assert_int_ge(cut[i], 0);
+    d = decode(t, cut, CG_ARRAY_LEN(cut), 0);
+    ck_assert_str_eq(d, "\xEF\xBF\xBD(\xEF\xBF\xBD\xEF\xBF\xBD");
+    free(d);
     /* ids outside the vocabulary are skipped */
     int32_t odd[] = {-5, cg_tokenizer_vocab_size(t), 1 << 30};
     d = decode(t, odd, 3, 0);

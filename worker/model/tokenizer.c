@@ -88,30 +88,18 @@ static void append_lossy(sbuf *out, const char *s, size_t n)
             i = j;
             continue;
         }
-        size_t w = (b >= 0xC2 && b <= 0xDF)   ? 2
-                   : (b >= 0xE0 && b <= 0xEF) ? 3
-                   : (b >= 0xF0 && b <= 0xF4) ? 4
-                                              : 0;
-        if (!w) {
-            tk_sb_add(out, fffd, 3);
-            i++;
+        uint32_t cp;
+        size_t w = cg_utf8_decode(u + i, n - i, &cp);
+        if (w) {
+            tk_sb_add(out, s + i, w);
+            i += w;
             continue;
         }
-        unsigned char lo = 0x80, hi = 0xBF;
-        if (b == 0xE0) lo = 0xA0;
-        if (b == 0xED) hi = 0x9F;
-        if (b == 0xF0) lo = 0x90;
-        if (b == 0xF4) hi = 0x8F;
+        /* the maximal subpart: the longest start of a sequence that could still be valid */
         size_t k = 1;
-        if (i + 1 < n && u[i + 1] >= lo && u[i + 1] <= hi) {
-            k = 2;
-            while (k < w && i + k < n && (u[i + k] & 0xC0) == 0x80)
-                k++;
-        }
-        if (k == w)
-            tk_sb_add(out, s + i, w);
-        else
-            tk_sb_add(out, fffd, 3);
+        while (i + k < n && cg_utf8_is_prefix(u + i, k + 1))
+            k++;
+        tk_sb_add(out, fffd, 3);
         i += k;
     }
 }

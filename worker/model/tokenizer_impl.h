@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "worker/model/tokenizer.h"
+#include "base/utf8.h"
 
 #define NO_ID UINT32_MAX
 
@@ -233,23 +234,15 @@ static inline size_t u8len(unsigned char c)
     return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
 }
 
-/* Decodes the code point at s (valid UTF-8, at least one byte) and its length. */
+/* Decodes the code point at s (valid UTF-8, at least one byte) and its length
+ * (cg_utf8_decode; an ill-formed byte, which valid input never has, is U+FFFD of length 1). */
 static inline uint32_t u8dec(const char *s, size_t *len)
 {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t l = u8len(u[0]);
-    *len = l;
-    switch (l) {
-    case 1:
-        return u[0];
-    case 2:
-        return (uint32_t)(u[0] & 0x1F) << 6 | (u[1] & 0x3F);
-    case 3:
-        return (uint32_t)(u[0] & 0x0F) << 12 | (uint32_t)(u[1] & 0x3F) << 6 | (u[2] & 0x3F);
-    default:
-        return (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3F) << 12 |
-               (uint32_t)(u[2] & 0x3F) << 6 | (u[3] & 0x3F);
-    }
+    uint32_t cp;
+    *len = cg_utf8_decode(s, 4, &cp); /* reads no further than the sequence's own length */
+    if (*len) return cp;
+    *len = 1;
+    return 0xFFFD;
 }
 
 /* ---- tokenizer.c: helpers, maps, byte-level alphabet, the encoder and decoder ---- */
