@@ -713,6 +713,7 @@ static void close_parts(parts *w)
     cg_http_close(&w->srv);
     cg_worker_api_free(&w->api);
     cg_chat_model_unref(&w->chat);
+    cg_events_unload(w->events); /* its load is the engine's scheduler */
     cg_engine_close(&w->engine);
     cg_remote_close(&w->remote); /* after the engine: it drains what the engine queued */
     cg_events_close(&w->events); /* after both: they emit events until they close */

@@ -31,7 +31,8 @@ struct cg_events {
     char maxlen[24];
     char epoch[CG_CHUNKEVENT_NAME_MAX + 1];
     char worker[CG_CHUNKEVENT_NAME_MAX + 1];
-    cg_events_load_fn load;
+    pthread_mutex_t load_mu; /* held around a load call: cg_events_unload waits for it */
+    cg_events_load_fn load;  /* load_mu */
     void *load_ud;
 
     pthread_mutex_t mu;
@@ -85,6 +86,7 @@ cg_status cg_events_open(cg_events_params p, cg_events **out, char *err, size_t 
     snprintf(e->epoch, sizeof e->epoch, "%s", p.epoch);
     e->q = cg_calloc(p.queue_max, sizeof *e->q);
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->load_mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->done, NULL);
     *out = e;
@@ -103,7 +105,9 @@ static cg_status publish(cg_events *e, const item *it)
     memcpy(ev.epoch, e->epoch, sizeof ev.epoch);
     cg_key_hex(&it->key, ev.key);
     snprintf(ev.tier, sizeof ev.tier, "%s", it->tier);
+    pthread_mutex_lock(&e->load_mu);
     if (e->load) e->load(e->load_ud, &ev.running, &ev.queued);
+    pthread_mutex_unlock(&e->load_mu);
     cg_chunkevent_wire w;
     cg_chunkevent_encode(&ev, &w);
     const char *argv[5 + 2 * CG_CHUNKEVENT_MAX_FIELDS] = {"XADD", e->stream, "MAXLEN", "~",
@@ -166,6 +170,15 @@ cg_status cg_events_start(cg_events *e, const char *worker, cg_events_load_fn lo
     if (pthread_create(&e->thread, NULL, publisher_main, e) != 0) return CG_E_INTERNAL;
     e->started = 1;
     return CG_OK;
+}
+
+void cg_events_unload(cg_events *e)
+{
+    if (!e) return;
+    pthread_mutex_lock(&e->load_mu);
+    e->load = NULL;
+    e->load_ud = NULL;
+    pthread_mutex_unlock(&e->load_mu);
 }
 
 void cg_events_emit(cg_events *e, cg_chunkevent_op op, const cg_key *key, const char *tier,
@@ -233,6 +246,7 @@ void cg_events_close(cg_events **ep)
     cg_remote_close(&e->r);
     pthread_cond_destroy(&e->done);
     pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->load_mu);
     pthread_mutex_destroy(&e->mu);
     free(e->q);
     free(e->stream);

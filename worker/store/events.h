@@ -45,9 +45,14 @@ cg_status cg_events_open(cg_events_params p, cg_events **out, char *err, size_t 
 typedef void (*cg_events_load_fn)(void *ud, uint32_t *running, uint32_t *queued);
 
 /* Names the worker (at most CG_CHUNKEVENT_NAME_MAX bytes, copied) and starts the publisher
- * thread. load (may be NULL) and ud must outlive the events. Call once. */
+ * thread. load (may be NULL) and ud must stay valid until cg_events_unload or the close. Call
+ * once. */
 cg_status cg_events_start(cg_events *e, const char *worker, cg_events_load_fn load,
                           void *ud) CG_WUR;
+
+/* Stops calling the load function (waits for a call in progress): before what it reads is
+ * freed. Later events report a load of 0. Accepts NULL. */
+void cg_events_unload(cg_events *e);
 
 /* Publishes what is queued for at most 1 s (the rest is given up), stops the publisher,
  * closes the client and frees e. Accepts NULL / *e == NULL; sets *e to NULL. */
