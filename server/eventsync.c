@@ -106,13 +106,17 @@ static cg_status edge_id(cg_eventsync *s, int last, char *out)
     return st;
 }
 
-static void gap(cg_eventsync *s, int kind, int64_t worker_id, const char *why, const char *name)
+/* A gap: resyncs the worker with index id worker_id, every worker (all), or nothing when the
+ * worker is not registered here (its events change nothing in this index). */
+static void gap(cg_eventsync *s, int kind, int64_t worker_id, int all, const char *why,
+                const char *name)
 {
     cg_metric_add(s->m_gaps[kind], 1);
+    if (!all && worker_id < 0) return;
     cg_metric_add(s->m_resyncs, 1);
     cg_log(CG_LOG_INFO, "chunk events: %s %s; resyncing %s", why, name,
-           worker_id >= 0 ? "its inventory" : "every worker");
-    (void)cg_workers_resync(s->p.workers, worker_id);
+           all ? "every worker" : "its inventory");
+    (void)cg_workers_resync(s->p.workers, all ? -1 : worker_id);
 }
 
 /* Decides where to read from when the position is unknown or may have been trimmed. Returns
@@ -127,7 +131,8 @@ static cg_status locate(cg_eventsync *s)
         cg_status st = edge_id(s, 1, last);
         if (st != CG_OK) return st;
         snprintf(s->pos, sizeof s->pos, "%s", last[0] ? last : "0-0");
-        if (s->check_trim) gap(s, GAP_TRIMMED, -1, "Redis was unreachable at start for", "all");
+        if (s->check_trim)
+            gap(s, GAP_TRIMMED, -1, 1, "Redis was unreachable at start for", "all workers");
         s->check_trim = 0;
         return CG_OK;
     }
@@ -139,7 +144,7 @@ static cg_status locate(cg_eventsync *s)
      * persistence): what they said is lost, the inventories have it. */
     if ((first[0] && id_before(s->pos, first) && strcmp(s->pos, "0-0")) ||
         (!first[0] && strcmp(s->pos, "0-0")))
-        gap(s, GAP_TRIMMED, -1, "the stream no longer holds the position for", "all workers");
+        gap(s, GAP_TRIMMED, -1, 1, "the stream no longer holds the position for", "all workers");
     return CG_OK;
 }
 
@@ -226,11 +231,11 @@ static void entry(cg_eventsync *s, const redisReply *fields)
             /* first event of this worker since the start: its inventory covers the past */
         } else if (strcmp(src->epoch, ev.epoch)) {
             /* restarted: the registry learns the new instance at the sync */
-            gap(s, GAP_EPOCH, src->worker_id, "a new epoch of", ev.worker);
+            gap(s, GAP_EPOCH, src->worker_id, 0, "a new epoch of", ev.worker);
         } else if (ev.seq != src->seq + 1) {
-            gap(s, GAP_SEQUENCE, known ? wid : src->worker_id, "events lost from", ev.worker);
+            gap(s, GAP_SEQUENCE, known ? wid : src->worker_id, 0, "events lost from", ev.worker);
         } else if (ev.resync) {
-            gap(s, GAP_RESYNC, known ? wid : src->worker_id, "a resync asked by", ev.worker);
+            gap(s, GAP_RESYNC, known ? wid : src->worker_id, 0, "a resync asked by", ev.worker);
         }
         snprintf(src->epoch, sizeof src->epoch, "%s", ev.epoch);
         src->seq = ev.seq;
