@@ -9,7 +9,9 @@
  *   - a gateway stopped while the stream is trimmed below its position resumes on restart,
  *     counts the gap, resyncs the worker's inventory and is exact;
  *   - Redis stopped: requests keep succeeding through the gateway, the worker and the gateways
- *     count their errors, and once Redis is back the gateways catch up (exact again).
+ *     count their errors, and once Redis is back the gateways catch up (exact again);
+ *   - events the worker dropped (its queue full while Redis was paused) and a worker restart (a
+ *     new epoch) are gaps that resync it: gateway B is exact after each.
  * Exits 77 (skip) when redis-server is missing. */
 #include <check.h>
 #include <hiredis/hiredis.h>
@@ -133,15 +135,15 @@ static void start_gateway(setup *s, th_proc *g, const char *name)
 
 /* Redis, a worker with a 2 MiB pool (chunks are evicted after a few requests) and --events,
  * and gateways A and B reading the events. */
-static void start_all(setup *s, const char *tag)
+static void start_all_q(setup *s, const char *tag, const char *queue)
 {
     memset(s, 0, sizeof *s);
     start_redis(&s->redis, th_free_port());
     snprintf(s->redis_url, sizeof s->redis_url, "redis://127.0.0.1:%d", s->redis.port);
     char name[64];
     snprintf(name, sizeof name, "%s-w", tag);
-    const char *we[] = {"--events", s->redis_url, "--pool-mb", "2", "--remote-timeout-ms",
-                        "200",      NULL};
+    const char *we[] = {"--events",       s->redis_url,           "--pool-mb", "2",
+                        "--events-queue", queue ? queue : "4096", NULL};
     ck_assert_msg(th_start_worker(&s->w, WORKER_BIN, g_model, 0, name, we) == 0,
                   "worker did not start; log in %s", th_root());
     snprintf(s->wurl, sizeof s->wurl, "http://127.0.0.1:%d", s->w.port);
@@ -149,6 +151,11 @@ static void start_all(setup *s, const char *tag)
     start_gateway(s, &s->ga, name);
     snprintf(name, sizeof name, "%s-gb", tag);
     start_gateway(s, &s->gb, name);
+}
+
+static void start_all(setup *s, const char *tag)
+{
+    start_all_q(s, tag, NULL);
 }
 
 static void stop_all(setup *s)
@@ -432,6 +439,67 @@ START_TEST(test_redis_down_and_back)
 }
 END_TEST
 
+static int wait_counter_cond(void *arg)
+{
+    const void **a = arg;
+    return th_counter(*(const int *)a[0], a[1]) >= 1;
+}
+
+/* Waits up to 10 s until counter series on port is at least 1. */
+static int wait_counter(int port, const char *series)
+{
+    const void *arg[2] = {&port, series};
+    return th_wait_until(10000, 20, wait_counter_cond, arg);
+}
+
+/* Events dropped by a full queue (Redis paused) flag a resync; a restarted worker (a new
+ * epoch) is resynced too; gateway B is exact after each. */
+START_TEST(test_dropped_events_and_restart_resync)
+{
+    setup s;
+    start_all_q(&s, "gap", "2");
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(ask(s.ga.port, 3000 + i, NULL), 200);
+    ck_assert(wait_exact(&s, s.gb.port, 5000));
+    /* Redis answers nothing for 1.5 s: the worker's queue of 2 overflows */
+    redisContext *c = adm(s.redis.port);
+    ck_assert(c && !c->err);
+    redisReply *r = redisCommand(c, "CLIENT PAUSE 1500 ALL");
+    ck_assert(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    redisFree(c);
+    double t0 = th_now_s();
+    for (int i = 4; i < 10; i++)
+        ck_assert_int_eq(ask(s.ga.port, 3000 + i, NULL), 200);
+    double dropped = th_counter(s.w.port, "chunkgate_worker_events_dropped_total");
+    ck_assert_msg(dropped > 0,
+                  "no event was dropped while Redis was paused (%.0f published, %.0f queued)",
+                  th_counter(s.w.port, "chunkgate_worker_events_published_total"),
+                  th_counter(s.w.port, "chunkgate_worker_events_queue_depth"));
+    while (th_now_s() - t0 < 1.6)
+        th_sleep_ms(20);
+    for (int i = 10; i < 12; i++)
+        ck_assert_int_eq(ask(s.ga.port, 3000 + i, NULL), 200);
+    ck_assert(wait_counter(s.gb.port, "chunkgate_events_gaps_total{kind=\"resync\"}"));
+    ck_assert(wait_exact(&s, s.gb.port, 10000));
+    printf("Redis paused: %.0f events dropped by the worker; gateway B resyncs %.0f\n", dropped,
+           th_counter(s.gb.port, "chunkgate_events_resyncs_total"));
+
+    /* the worker restarts (empty, a new epoch) on the same address */
+    int port = s.w.port;
+    ck_assert_int_eq(th_stop(&s.w, SIGTERM), 0);
+    const char *we[] = {"--events", s.redis_url, "--pool-mb", "2", NULL};
+    ck_assert(th_start_worker(&s.w, WORKER_BIN, g_model, port, "gap-w2", we) == 0);
+    ck_assert(th_wait_worker(s.ga.port, NULL, s.wurl, 1));
+    ck_assert(th_wait_worker(s.gb.port, NULL, s.wurl, 1));
+    for (int i = 12; i < 16; i++)
+        ck_assert_int_eq(ask(s.ga.port, 3000 + i, NULL), 200);
+    ck_assert(wait_counter(s.gb.port, "chunkgate_events_gaps_total{kind=\"epoch\"}"));
+    ck_assert(wait_exact(&s, s.gb.port, 10000));
+    stop_all(&s);
+}
+END_TEST
+
 int main(void)
 {
     if (!th_which("redis-server", g_redis_server, sizeof g_redis_server)) {
@@ -444,10 +512,10 @@ int main(void)
         fprintf(stderr, "generate-model failed\n");
         return 1;
     }
-    int failed =
-        th_run_tests("events", "events", 180,
-                     TH_TESTS(test_eviction_reaches_every_gateway,
-                              test_trimmed_stream_resync_on_restart, test_redis_down_and_back));
+    int failed = th_run_tests(
+        "events", "events", 180,
+        TH_TESTS(test_eviction_reaches_every_gateway, test_trimmed_stream_resync_on_restart,
+                 test_redis_down_and_back, test_dropped_events_and_restart_resync));
     th_cleanup(failed != 0);
     return failed ? 1 : 0;
 }
