@@ -11,7 +11,9 @@
  *   - Redis stopped: requests keep succeeding through the gateway, the worker and the gateways
  *     count their errors, and once Redis is back the gateways catch up (exact again);
  *   - events the worker dropped (its queue full while Redis was paused) and a worker restart (a
- *     new epoch) are gaps that resync it: gateway B is exact after each.
+ *     new epoch) are gaps that resync it: gateway B is exact after each;
+ *   - on a Redis Cluster (redis+cluster://, made by tests/redis_cluster.sh when redis-cli is
+ *     installed) the events reach gateway B the same way.
  * Exits 77 (skip) when redis-server is missing. */
 #include <check.h>
 #include <hiredis/hiredis.h>
@@ -500,6 +502,62 @@ START_TEST(test_dropped_events_and_restart_resync)
 }
 END_TEST
 
+/* tests/redis_cluster.sh start DIR PORT | stop DIR; its output goes to cluster.log. */
+static int cluster_script(const char *cmd, int port)
+{
+    char line[1200], dir[400];
+    snprintf(dir, sizeof dir, "%s/cluster", th_root());
+    snprintf(line, sizeof line, "%s/tests/redis_cluster.sh %s %s %d >>%s/cluster.log 2>&1",
+             CG_SOURCE_DIR, cmd, dir, port, th_root());
+    return system(line);
+}
+
+/* The events of a worker on a Redis Cluster (redis+cluster://) reach a gateway reading the
+ * cluster: the stream lives on the master of its slot, both find it. */
+START_TEST(test_cluster_events)
+{
+    char cli[512];
+    if (!th_which("redis-cli", cli, sizeof cli)) {
+        printf("redis-cli is not installed: the cluster case is not run\n");
+        return;
+    }
+    int base = 0;
+    for (int p = 23000 + (int)(getpid() % 4000); p < 29000 && !base; p += 7) {
+        int ok = 1;
+        for (int i = 0; i < 3 && ok; i++)
+            ok = th_port_free(p + i) && th_port_free(p + i + 10000);
+        if (ok) base = p;
+    }
+    ck_assert_int_gt(base, 0);
+    ck_assert_msg(cluster_script("start", base) == 0, "redis_cluster.sh start failed: see %s",
+                  th_root());
+    setup s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.redis_url, sizeof s.redis_url, "redis+cluster://127.0.0.1:%d", base);
+    const char *we[] = {"--events", s.redis_url, "--pool-mb", "2", NULL};
+    ck_assert(th_start_worker(&s.w, WORKER_BIN, g_model, 0, "cluster-w", we) == 0);
+    snprintf(s.wurl, sizeof s.wurl, "http://127.0.0.1:%d", s.w.port);
+    start_gateway(&s, &s.ga, "cluster-ga");
+    start_gateway(&s, &s.gb, "cluster-gb");
+    char key[33];
+    ck_assert_int_eq(ask(s.ga.port, 4000, key), 200);
+    long long wb = worker_id(s.gb.port);
+    int seen = 0;
+    for (int t = 0; t < 2000 && !seen; t += 5, th_sleep_ms(5))
+        seen = placed(s.gb.port, key, wb) == 1;
+    ck_assert_msg(seen, "gateway B never learned the stored chunk %s from the cluster", key);
+    for (int i = 1; i < 12; i++)
+        ck_assert_int_eq(ask(s.ga.port, 4000 + i, NULL), 200);
+    ck_assert(wait_exact(&s, s.gb.port, 5000));
+    ck_assert(th_counter(s.gb.port, "chunkgate_events_applied_total") > 0);
+    ck_assert_double_eq(th_counter(s.gb.port, "chunkgate_events_errors_total"), 0);
+    ck_assert_int_eq(th_stop(&s.gb, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&s.ga, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&s.w, SIGTERM), 0);
+    ck_assert_int_eq(cluster_script("stop", 0), 0);
+}
+END_TEST
+
 int main(void)
 {
     if (!th_which("redis-server", g_redis_server, sizeof g_redis_server)) {
@@ -512,10 +570,13 @@ int main(void)
         fprintf(stderr, "generate-model failed\n");
         return 1;
     }
-    int failed = th_run_tests(
-        "events", "events", 180,
-        TH_TESTS(test_eviction_reaches_every_gateway, test_trimmed_stream_resync_on_restart,
-                 test_redis_down_and_back, test_dropped_events_and_restart_resync));
+    int failed =
+        th_run_tests("events", "events", 180,
+                     TH_TESTS(test_eviction_reaches_every_gateway,
+                              test_trimmed_stream_resync_on_restart, test_redis_down_and_back,
+                              test_dropped_events_and_restart_resync, test_cluster_events));
+    /* the cluster's nodes are daemons: stop them even when a check failed half-way */
+    (void)cluster_script("stop", 0);
     th_cleanup(failed != 0);
     return failed ? 1 : 0;
 }
