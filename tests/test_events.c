@@ -12,6 +12,8 @@
  *     count their errors, and once Redis is back the gateways catch up (exact again);
  *   - events the worker dropped (its queue full while Redis was paused) and a worker restart (a
  *     new epoch) are gaps that resync it: gateway B is exact after each;
+ *   - with a disk tier, a chunk RAM cannot keep (written by the disk write-behind) is placed on
+ *     disk in gateway B, and spilled chunks stay placed;
  *   - on a Redis Cluster (redis+cluster://, made by tests/redis_cluster.sh when redis-cli is
  *     installed) the events reach gateway B the same way.
  * Exits 77 (skip) when redis-server is missing. */
@@ -170,12 +172,12 @@ static void stop_all(setup *s)
 
 /* A RAG completion of document i (a text of its own) through gateway port; returns the HTTP
  * status and the document's chunk key in key (when 200). */
-static long ask(int port, int i, char key[33])
+static long ask_sized(int port, int i, size_t bytes, char key[33])
 {
     uint64_t st = 0x5eed0000u + (uint64_t)i;
     char prefix[32];
     snprintf(prefix, sizeof prefix, "Document %d.", i);
-    char *doc = th_words(80, prefix, &st);
+    char *doc = th_words(bytes, prefix, &st);
     char *prompt = th_rag(TH_SYSTEM, doc, NULL, TH_QUESTION);
     json_t *b = json_pack("{s:s, s:s, s:i, s:f}", "model", MODEL, "prompt", prompt, "max_tokens", 1,
                           "temperature", 0.0);
@@ -198,6 +200,12 @@ static long ask(int port, int i, char key[33])
     }
     th_resp_free(&r);
     return status;
+}
+
+/* ask_sized with a short document (about 80 tokens: a few fit in the 2 MiB pool). */
+static long ask(int port, int i, char key[33])
+{
+    return ask_sized(port, i, 80, key);
 }
 
 /* The worker's index id on gateway port. */
@@ -227,6 +235,26 @@ static int placed(int port, const char *key, long long wid)
     }
     th_resp_free(&r);
     return on;
+}
+
+/* The tier of gateway port's placement of key on worker wid ("" when none). */
+static void placed_tier(int port, const char *key, long long wid, char tier[8])
+{
+    char path[128];
+    snprintf(path, sizeof path, "/v1/chunks/%s", key);
+    th_resp r;
+    th_http(&r, port, "GET", path, NULL, NULL, NULL);
+    tier[0] = 0;
+    if (r.status == 200) {
+        json_t *j = th_json(&r);
+        size_t i;
+        json_t *p;
+        json_array_foreach(json_object_get(j, "placements"), i,
+                           p) if (th_iget(p, "worker_id") == wid)
+            snprintf(tier, 8, "%s", th_sget(p, "tier"));
+        json_decref(j);
+    }
+    th_resp_free(&r);
 }
 
 typedef struct keyset {
@@ -502,6 +530,35 @@ START_TEST(test_dropped_events_and_restart_resync)
 }
 END_TEST
 
+/* With a disk tier: a chunk RAM cannot keep reaches the disk through the write-behind, and RAM
+ * evictions spill there; gateway B learns both tiers from the events. */
+START_TEST(test_disk_tier_events)
+{
+    setup s;
+    memset(&s, 0, sizeof s);
+    start_redis(&s.redis, th_free_port());
+    snprintf(s.redis_url, sizeof s.redis_url, "redis://127.0.0.1:%d", s.redis.port);
+    const char *we[] = {"--events", s.redis_url, "--pool-mb", "1", "--disk-mb", "32", NULL};
+    ck_assert(th_start_worker(&s.w, WORKER_BIN, g_model, 0, "disk-w", we) == 0);
+    snprintf(s.wurl, sizeof s.wurl, "http://127.0.0.1:%d", s.w.port);
+    start_gateway(&s, &s.ga, "disk-ga");
+    start_gateway(&s, &s.gb, "disk-gb");
+    long long wb = worker_id(s.gb.port);
+    /* about 400 tokens of KV (1.6 MiB) do not fit a 1 MiB pool */
+    char big[33], tier[8] = "";
+    ck_assert_int_eq(ask_sized(s.ga.port, 5000, 400, big), 200);
+    for (int t = 0; t < 2000 && strcmp(tier, "disk"); t += 5, th_sleep_ms(5))
+        placed_tier(s.gb.port, big, wb, tier);
+    ck_assert_msg(!strcmp(tier, "disk"), "gateway B places the large chunk in '%s', not disk",
+                  tier);
+    for (int i = 1; i < 10; i++)
+        ck_assert_int_eq(ask(s.ga.port, 5000 + i, NULL), 200);
+    ck_assert(th_counter(s.w.port, "chunkgate_worker_spills_total") > 0);
+    ck_assert(wait_exact(&s, s.gb.port, 5000));
+    stop_all(&s);
+}
+END_TEST
+
 /* tests/redis_cluster.sh start DIR PORT | stop DIR; its output goes to cluster.log. */
 static int cluster_script(const char *cmd, int port)
 {
@@ -570,11 +627,11 @@ int main(void)
         fprintf(stderr, "generate-model failed\n");
         return 1;
     }
-    int failed =
-        th_run_tests("events", "events", 180,
-                     TH_TESTS(test_eviction_reaches_every_gateway,
-                              test_trimmed_stream_resync_on_restart, test_redis_down_and_back,
-                              test_dropped_events_and_restart_resync, test_cluster_events));
+    int failed = th_run_tests(
+        "events", "events", 180,
+        TH_TESTS(test_eviction_reaches_every_gateway, test_trimmed_stream_resync_on_restart,
+                 test_redis_down_and_back, test_dropped_events_and_restart_resync,
+                 test_disk_tier_events, test_cluster_events));
     /* the cluster's nodes are daemons: stop them even when a check failed half-way */
     (void)cluster_script("stop", 0);
     th_cleanup(failed != 0);

@@ -87,6 +87,20 @@ static void spill(void *ud, const cg_key *key, const cg_pool_chunk *c)
     }
 }
 
+/* The disk write-behind's hook (events on): records it dropped left the disk tier, and a chunk
+ * it wrote that is not in RAM (RAM refused it) is now held by the disk tier only. A chunk also
+ * in RAM keeps its RAM placement: nothing to announce. */
+static void wb_written(void *ud, const cg_key *key, uint32_t n_tokens, int ok,
+                       const cg_pool_evictions *dropped)
+{
+    cg_tiers *t = ud;
+    for (size_t i = 0; i < dropped->n; i++)
+        cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, &dropped->keys[i], "disk", 0);
+    cg_pool_chunk_info pi;
+    if (ok && cg_pool_peek(t->pool, key, &pi) != CG_OK)
+        cg_events_emit(t->p.events, CG_CHUNKEVENT_STORED, key, "disk", n_tokens);
+}
+
 /* The pool's eviction callback without a disk tier: the chunk is gone from the worker. */
 static void evicted(void *ud, const cg_key *key, const cg_pool_chunk *c)
 {
@@ -133,6 +147,10 @@ cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **
             cg_diskwb_params wp = cg_diskwb_default_params();
             wp.max_items = p->disk_wb_items;
             wp.max_bytes = p->disk_wb_bytes ? p->disk_wb_bytes : wp.max_bytes;
+            if (p->events) {
+                wp.on_written = wb_written;
+                wp.on_written_ud = t;
+            }
             if ((st = cg_diskwb_open(t->disk, wp, &t->wb)) != CG_OK) goto out;
         }
     }
@@ -650,11 +668,7 @@ cg_status cg_tiers_store(cg_tiers *t, const cg_key *key, cg_kv *src, uint32_t v,
 
 void cg_tiers_take_dropped(cg_tiers *t, cg_pool_evictions *out)
 {
-    if (!t->wb) return;
-    size_t before = out->n;
-    cg_diskwb_take_dropped(t->wb, out);
-    for (size_t i = before; i < out->n; i++)
-        cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, &out->keys[i], "disk", 0);
+    if (t->wb) cg_diskwb_take_dropped(t->wb, out);
 }
 
 static int key_in(const cg_key *v, size_t n, const cg_key *k)
