@@ -10,7 +10,7 @@
  *   t    tier the change concerns: ram, disk or remote
  *   n    the chunk's tokens
  *   run  sequences the worker is decoding now
- *   q    requests admitted and waiting for a decoding place now
+ *   q    requests admitted and not decoding now (prefilling, or waiting for a place)
  *   ts   wall-clock milliseconds when the worker made the change
  *   r    present ("1") on the first event after events were lost: resync this worker */
 #ifndef CG_CHUNKEVENT_H

@@ -474,7 +474,8 @@ static int open_events(const serve_cfg *c, parts *w)
     return 0;
 }
 
-/* The load events report: sequences decoding, and admitted requests waiting for a place. */
+/* The load events report: sequences decoding, and admitted requests not decoding (prefilling
+ * or waiting for a place). */
 static void events_load(void *ud, uint32_t *running, uint32_t *queued)
 {
     cg_sched_stats s = cg_sched_get_stats(cg_engine_sched(ud));

@@ -40,7 +40,7 @@ cg_events_params cg_events_default_params(void);
  * cg_events_start. *out is owned by the caller: cg_events_close. */
 cg_status cg_events_open(cg_events_params p, cg_events **out, char *err, size_t errlen) CG_WUR;
 
-/* The worker's load as events report it: sequences decoding and requests waiting for a place.
+/* The worker's load as events report it: sequences decoding and admitted requests not decoding.
  * Called by the publisher thread for each event. */
 typedef void (*cg_events_load_fn)(void *ud, uint32_t *running, uint32_t *queued);
 
