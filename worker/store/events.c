@@ -36,13 +36,12 @@ struct cg_events {
     void *load_ud;
 
     pthread_mutex_t mu;
-    pthread_cond_t cv;   /* events or stop for the publisher */
-    pthread_cond_t done; /* the publisher finished a batch */
-    item *q;             /* ring of p.queue_max */
+    pthread_cond_t cv; /* events or stop for the publisher */
+    item *q;           /* ring of p.queue_max */
     size_t head, n;
-    uint64_t seq;       /* mu: last sequence number given */
-    uint64_t attempted; /* mu: events published */
-    int lost;           /* mu: an event was dropped since the last one queued */
+    uint64_t seq;  /* mu: last sequence number given */
+    uint64_t sent; /* mu: events Redis took (in seq order) */
+    int lost;      /* mu: an event was dropped since the last one queued */
     int stop;
     pthread_t thread;
     int started;
@@ -88,7 +87,6 @@ cg_status cg_events_open(cg_events_params p, cg_events **out, char *err, size_t 
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->load_mu, NULL);
     pthread_cond_init(&e->cv, NULL);
-    pthread_cond_init(&e->done, NULL);
     *out = e;
     return CG_OK;
 }
@@ -141,9 +139,8 @@ static void *publisher_main(void *arg)
         if (st == CG_OK) {
             e->head = (e->head + 1) % e->p.queue_max;
             e->n--;
-            e->attempted++;
+            e->sent++;
             __atomic_add_fetch(&e->n_published, 1, __ATOMIC_RELAXED);
-            pthread_cond_broadcast(&e->done);
             continue;
         }
         __atomic_add_fetch(&e->n_failed, 1, __ATOMIC_RELAXED);
@@ -215,7 +212,7 @@ cg_status cg_events_flush(cg_events *e, int timeout_ms)
     cg_status st = CG_OK;
     pthread_mutex_lock(&e->mu);
     uint64_t want = e->seq;
-    while (e->started && e->attempted < want) { /* events are published in seq order */
+    while (e->started && e->sent < want) { /* events are published in seq order */
         uint64_t now = cg_now_ms();
         if (now >= end) {
             st = CG_E_TIMEOUT;
@@ -244,7 +241,6 @@ void cg_events_close(cg_events **ep)
         pthread_join(e->thread, NULL);
     }
     cg_remote_close(&e->r);
-    pthread_cond_destroy(&e->done);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->load_mu);
     pthread_mutex_destroy(&e->mu);
