@@ -428,7 +428,9 @@ START_TEST(test_trimmed_stream_resync_on_restart)
            "seen, %.0f resyncs\n",
            trimmed, gaps, th_counter(s.gb.port, "chunkgate_events_resyncs_total"));
     ck_assert_double_eq(gaps, 1);
-    ck_assert_ptr_null(strstr(th_read_file(s.gb.log, NULL), "\"level\":\"error\""));
+    char *log = th_read_file(s.gb.log, NULL);
+    ck_assert_ptr_null(strstr(log, "\"level\":\"error\""));
+    free(log);
     /* and it follows the stream again */
     for (int i = 34; i < 40; i++)
         ck_assert_int_eq(ask(s.ga.port, 1000 + i, NULL), 200);
@@ -634,6 +636,14 @@ int main(void)
                  test_disk_tier_events, test_cluster_events));
     /* the cluster's nodes are daemons: stop them even when a check failed half-way */
     (void)cluster_script("stop", 0);
+    /* a sanitizer report in any worker's or gateway's log fails the suite */
+    char cmd[600];
+    snprintf(cmd, sizeof cmd,
+             "grep -l -E 'AddressSanitizer|LeakSanitizer|runtime error:' %s/*.log >&2", th_root());
+    if (system(cmd) == 0) {
+        fprintf(stderr, "sanitizer reports in the logs above\n");
+        failed++;
+    }
     th_cleanup(failed != 0);
     return failed ? 1 : 0;
 }

@@ -108,17 +108,18 @@ static cg_status publish(cg_events *e, const item *it)
     pthread_mutex_unlock(&e->load_mu);
     cg_chunkevent_wire w;
     cg_chunkevent_encode(&ev, &w);
-    const char *argv[5 + 2 * CG_CHUNKEVENT_MAX_FIELDS] = {"XADD", e->stream, "MAXLEN", "~",
-                                                          e->maxlen};
-    size_t lens[5 + 2 * CG_CHUNKEVENT_MAX_FIELDS] = {4, e->stream_len, 6, 1, strlen(e->maxlen)};
-    argv[5] = "*";
-    lens[5] = 1;
+    /* XADD key MAXLEN ~ N * and the event's field/value pairs */
+    enum { HEAD = 6 };
+    const char *argv[HEAD + 2 * CG_CHUNKEVENT_MAX_FIELDS] = {"XADD", e->stream, "MAXLEN",
+                                                             "~",    e->maxlen, "*"};
+    size_t lens[HEAD + 2 * CG_CHUNKEVENT_MAX_FIELDS] = {4, e->stream_len,     6,
+                                                        1, strlen(e->maxlen), 1};
     for (int i = 0; i < w.argc; i++) {
-        argv[6 + i] = w.argv[i];
-        lens[6 + i] = w.lens[i];
+        argv[HEAD + i] = w.argv[i];
+        lens[HEAD + i] = w.lens[i];
     }
     struct redisReply *rep = NULL;
-    cg_status st = cg_remote_command(e->r, 6 + w.argc, argv, lens, 1, 0, &rep);
+    cg_status st = cg_remote_command(e->r, HEAD + w.argc, argv, lens, 1, 0, &rep);
     cg_remote_reply_free(&rep);
     return st;
 }
