@@ -6,10 +6,10 @@
 #include "server/admin.h"
 #include "server/eventsync.h"
 #include "server/fastpath.h"
-#include "base/remote.h"
 #include "server/infer.h"
 #include "server/relay.h"
 #include "server/statuspage.h"
+#include "base/remote.h"
 
 #include <errno.h>
 #include <stddef.h>
