@@ -319,7 +319,8 @@ cg_status cg_wc_assembly_parse(json_t *j, cg_wc_assembly *out, char *err, size_t
         r->n_tokens = json_integer_value(json_object_get(s, "n_tokens"));
         r->hit = json_is_true(json_object_get(s, "hit"));
         r->stored = json_is_true(json_object_get(s, "stored"));
-        snprintf(r->tier, sizeof r->tier, "%s", tier ? tier : (r->hit ? "ram" : "miss"));
+        r->tier = CG_TIER_RAM; /* a hit whose tier is absent or unknown */
+        if (r->hit) cg_tier_parse(tier, &r->tier);
     }
     out->n_evicted = json_array_size(ev);
     out->evicted = cg_calloc(out->n_evicted ? out->n_evicted : 1, sizeof *out->evicted);
@@ -375,7 +376,8 @@ cg_status cg_wc_inventory(cg_openai *c, const char *base, long timeout_ms, cg_wc
             if (!key || cg_key_parse(key, &ch.key) != 0) continue;
             ch.tokens = json_integer_value(json_object_get(row, "tokens"));
             const char *tier = json_string_value(json_object_get(row, "tier"));
-            ch.disk = tier && !strcmp(tier, "disk");
+            cg_tier t;
+            ch.disk = cg_tier_parse(tier, &t) == 0 && t == CG_TIER_DISK;
             if (*n == cap) {
                 cap = cap ? cap * 2 : 256;
                 *out = cg_realloc(*out, cap * sizeof **out);

@@ -12,6 +12,7 @@
 #include "cache/key.h"
 #include "cache/split.h"
 #include "base/status.h"
+#include "base/tier.h"
 
 /* Largest worker answer the client reads (an assembly or one inventory page). */
 #define CG_WC_MAX_BYTES (64u << 20)
@@ -77,7 +78,8 @@ typedef struct cg_wc_seg {
     int64_t offset, n_tokens;
     int hit;      /* its KV came from the worker's pool */
     int stored;   /* a miss whose KV is now in the pool */
-    char tier[8]; /* where a hit came from ("ram", "disk", "remote"), "miss" otherwise */
+    cg_tier tier; /* with hit: where it came from (RAM when the worker did not say); on the
+                     wire, cg_tier_seg_name(hit, tier) */
 } cg_wc_seg;
 
 typedef struct cg_wc_assembly {

@@ -161,7 +161,7 @@ static void restore_bench(const cg_model *m, int port, uint32_t tokens, int n_ch
                     cg_cached hit;
                     cg_pool_evictions ev = {0};
                     st = cg_tiers_lookup(t, &keys[c], 0, cg_now_ms(), &ev, NULL, &hit);
-                    if (st != CG_OK || strcmp(hit.tier, "remote") != 0)
+                    if (st != CG_OK || hit.tier != CG_TIER_REMOTE)
                         die("restore was not a remote hit", st, NULL);
                     cg_tiers_drop(t, &hit, cg_now_ms());
                     cg_pool_evictions_free(&ev);
@@ -241,14 +241,17 @@ static double ttft(cg_engine *e, const cg_engine_seg *segs, size_t n, cg_assembl
     return (double)(t1 - t0) / 1e9;
 }
 
-static void expect_tier(const cg_assembly_info *info, const char *tier, const char *run)
+/* Every document was a hit from tier (hit 1) or computed (hit 0). */
+static void expect_tier(const cg_assembly_info *info, int hit, cg_tier tier, const char *run)
 {
-    for (size_t i = 1; i <= N_DOCS; i++)
-        if (strcmp(info->segs[i].tier, tier) != 0) {
+    for (size_t i = 1; i <= N_DOCS; i++) {
+        const cg_engine_seg_result *s = &info->segs[i];
+        if (s->hit != hit || (hit && s->tier != tier)) {
             fprintf(stderr, "bench_shared: %s: document %zu came from %s, not %s\n", run, i,
-                    info->segs[i].tier, tier);
+                    cg_tier_seg_name(s->hit, s->tier), cg_tier_seg_name(hit, tier));
             exit(1);
         }
+    }
 }
 
 /* Warm samples per rep: each a new system prompt over the same reordered documents. */
@@ -319,7 +322,7 @@ static void ttft_bench(const cg_model *m, int port, redisContext *adm, int reps)
             free(sys_other);
         }
         cold[r] = ttft(a, s_cold, N_DOCS + 2, &info);
-        expect_tier(&info, "miss", "cold");
+        expect_tier(&info, 0, CG_TIER_RAM, "cold");
         n_tok = info.n_tokens;
         computed_cold = info.computed_tokens;
         cg_assembly_info_free(&info);
@@ -336,7 +339,8 @@ static void ttft_bench(const cg_model *m, int port, redisContext *adm, int reps)
                 char *sys = th_words(SYS_BYTES, pre, &rng_state);
                 s_warm[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys, SYS_BYTES, NULL};
                 double t = ttft(use_b ? b : a, s_warm, N_DOCS + 2, &info);
-                expect_tier(&info, use_b ? "remote" : "ram", use_b ? "warm remote" : "warm RAM");
+                expect_tier(&info, 1, use_b ? CG_TIER_REMOTE : CG_TIER_RAM,
+                            use_b ? "warm remote" : "warm RAM");
                 if (use_b) {
                     remote[k] = t;
                     computed_remote = info.computed_tokens;

@@ -315,7 +315,7 @@ int cg_gw_completions_fast(cg_http_req *req, void *app)
     cg_gw_segments_init(&none);
     none.mode = g->default_mode;
     none.split.passthrough = 1;
-    json_t *cc = cg_gw_chunk_cache_plain(&none, NULL, NULL);
+    json_t *cc = cg_gw_chunk_cache_plain(&none, NULL, CG_FALLBACK_NONE);
     cg_gw_target t = {.route = "completions",
                       .model = model,
                       .path = "/v1/completions",

@@ -8,24 +8,30 @@
 
 #define C 1 /* completions */
 #define H 2 /* chat */
+/* A request extension (README "Request extensions"): an OpenAI-compatible backend would not
+ * know it, so it is never forwarded there (cg_gw_has_ext_fields, cg_gw_del_ext_fields). */
+#define EXT 4
+/* Set by the gateway only, on its upstream requests: refused from a client
+ * (cg_gw_gateway_only_field). */
+#define SET_BY_GATEWAY 8
 
 static const struct {
     const char *name;
-    unsigned where;
+    unsigned where; /* C, H: the APIs it is in; EXT, SET_BY_GATEWAY: the lists it is on */
     cg_field_rule rule;
 } FIELDS[] = {
     /* the gateway's own: extensions (README "Request extensions") and what only it sets */
-    {"chunk_separator", C | H, CG_FIELD_GATEWAY},
-    {"chunk_mode", C | H, CG_FIELD_GATEWAY},
-    {"cache_salt", C | H, CG_FIELD_GATEWAY},
-    {"recompute_prefix_tokens", C | H, CG_FIELD_GATEWAY},
-    {"recompute_ratio", C | H, CG_FIELD_GATEWAY},
-    {"quality_probe", C | H, CG_FIELD_GATEWAY},
-    {"documents", C, CG_FIELD_GATEWAY},
-    {"documents", H, CG_FIELD_RENDER},
+    {"chunk_separator", C | H | EXT, CG_FIELD_GATEWAY},
+    {"chunk_mode", C | H | EXT, CG_FIELD_GATEWAY},
+    {"cache_salt", C | H | EXT, CG_FIELD_GATEWAY},
+    {"recompute_prefix_tokens", C | H | EXT, CG_FIELD_GATEWAY},
+    {"recompute_ratio", C | H | EXT, CG_FIELD_GATEWAY},
+    {"quality_probe", C | H | EXT, CG_FIELD_GATEWAY},
+    {"documents", C | EXT, CG_FIELD_GATEWAY},
+    {"documents", H | EXT, CG_FIELD_RENDER},
     {"add_generation_prompt", H, CG_FIELD_RENDER},
     {"chat_template_kwargs", H, CG_FIELD_RENDER},
-    {"kv_transfer_params", C | H, CG_FIELD_GATEWAY},
+    {"kv_transfer_params", C | H | SET_BY_GATEWAY, CG_FIELD_GATEWAY},
     /* honoured by chunkgate-worker (worker/serve/api_complete.c) */
     {"model", C | H, CG_FIELD_FORWARD},
     {"prompt", C, CG_FIELD_FORWARD},
@@ -94,6 +100,27 @@ cg_field_rule cg_gw_field_rulen(const char *name, size_t len, int chat)
 cg_field_rule cg_gw_field_rule(const char *name, int chat)
 {
     return cg_gw_field_rulen(name, strlen(name), chat);
+}
+
+int cg_gw_has_ext_fields(json_t *body)
+{
+    for (size_t i = 0; i < CG_ARRAY_LEN(FIELDS); i++)
+        if ((FIELDS[i].where & EXT) && json_object_get(body, FIELDS[i].name)) return 1;
+    return 0;
+}
+
+void cg_gw_del_ext_fields(json_t *body)
+{
+    for (size_t i = 0; i < CG_ARRAY_LEN(FIELDS); i++)
+        if (FIELDS[i].where & EXT) json_object_del(body, FIELDS[i].name);
+}
+
+const char *cg_gw_gateway_only_field(json_t *body)
+{
+    for (size_t i = 0; i < CG_ARRAY_LEN(FIELDS); i++)
+        if ((FIELDS[i].where & SET_BY_GATEWAY) && json_object_get(body, FIELDS[i].name))
+            return FIELDS[i].name;
+    return NULL;
 }
 
 /* A value that asks for nothing: null, false, 0, "", [], {}. */

@@ -33,6 +33,17 @@ cg_field_rule cg_gw_field_rule(const char *name, int chat);
 /* The same for a name of len bytes, not NUL-terminated (the fast path's keys). */
 cg_field_rule cg_gw_field_rulen(const char *name, size_t len, int chat);
 
+/* The request extensions of the table (README "Request extensions": chunk_separator,
+ * documents, ...), which an OpenAI-compatible backend would not know. Whether body (borrowed)
+ * has one; and removing every one from body. */
+int cg_gw_has_ext_fields(json_t *body);
+void cg_gw_del_ext_fields(json_t *body);
+
+/* The first field of body (borrowed) that only the gateway sets on its upstream requests
+ * (kv_transfer_params): a client's copy would steer the worker, so it is refused. NULL when
+ * there is none; static storage. */
+const char *cg_gw_gateway_only_field(json_t *body);
+
 /* A chat answered through /v1/completions (any chat with separators or documents, and every
  * chat without --backend) cannot honour the CHAT_ONLY fields: CG_OK when body has none, or
  * only neutral values (tools [], tool_choice "none"/"auto", logprobs false, ...); else

@@ -238,15 +238,7 @@ static void metrics_setup(cg_gateway *g)
         m, "chunkgate_fast_path_total",
         "Pass-through requests forwarded by the fast path: their bytes as they came, no parse.",
         NULL);
-    const char *fb = "Requests with cacheable segments served without KV reuse, by reason: "
-                     "no_worker (none registered or healthy), worker_error (assemble failed), "
-                     "model (the request names another model than the workers serve).";
-    g->m_fallback_no_worker =
-        cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb, "reason=\"no_worker\"");
-    g->m_fallback_worker_error =
-        cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb, "reason=\"worker_error\"");
-    g->m_fallback_model =
-        cg_metrics_counter(m, "chunkgate_fallback_reasons_total", fb, "reason=\"model\"");
+    cg_fallback_metrics(m, g->m_fallback);
     g->m_busy = cg_metrics_counter(
         m, "chunkgate_worker_busy_total",
         "Assembles a worker answered 429 (at its --max-running + --max-queue): routed to "
@@ -263,13 +255,10 @@ static void metrics_setup(cg_gateway *g)
     g->m_disconnects = cg_metrics_counter(
         m, "chunkgate_client_disconnects_total",
         "Requests whose client left before the answer ended (upstream cancelled).", NULL);
-    const char *kinds[] = {"connect", "timeout", "status", "invalid", "too_large", "stream"};
-    for (size_t i = 0; i < CG_ARRAY_LEN(kinds); i++) {
+    for (int k = 0; k < CG_FAILKIND_COUNT; k++) {
         char labels[64];
-        snprintf(labels, sizeof labels, "kind=\"%s\"", kinds[i]);
-        cg_metrics_counter(
-            m, "chunkgate_backend_errors_total",
-            "Backend failures: connect, timeout, status, invalid, too_large, stream.", labels);
+        snprintf(labels, sizeof labels, "kind=\"%s\"", cg_failkind_name((cg_failkind)k));
+        cg_metrics_counter(m, "chunkgate_backend_errors_total", CG_GW_BACKEND_ERRORS_HELP, labels);
     }
     g->m_ttft = cg_metrics_histogram(m, "chunkgate_ttft_seconds",
                                      "Time from request to the first answer byte sent (streams: "

@@ -14,11 +14,10 @@ const char *cg_gw_tenant(cg_gateway *g, cg_http_req *req)
     return g->tenants && k >= 0 && (size_t)k < g->cfg->api_keys.n ? g->tenants[k] : NULL;
 }
 
-void cg_gw_backend_error(cg_gateway *g, const char *kind)
+void cg_gw_backend_error(cg_gateway *g, cg_failkind kind)
 {
     char labels[64];
-    snprintf(labels, sizeof labels, "kind=\"%s\"", kind);
-    cg_metrics_inc(g->metrics, "chunkgate_backend_errors_total",
-                   "Backend failures: connect, timeout, status, invalid, too_large, stream.",
-                   labels, 1);
+    snprintf(labels, sizeof labels, "kind=\"%s\"", cg_failkind_name(kind));
+    cg_metrics_inc(g->metrics, "chunkgate_backend_errors_total", CG_GW_BACKEND_ERRORS_HELP, labels,
+                   1);
 }

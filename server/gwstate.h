@@ -8,6 +8,7 @@
 #include "backends/openai.h"
 #include "cache/key.h"
 #include "cache/split.h"
+#include "server/fallback.h"
 #include "server/gwconfig.h"
 #include "base/http.h"
 #include "base/metrics.h"
@@ -35,7 +36,7 @@ struct cg_gateway {
     cg_metric *m_seg_system, *m_seg_chunk, *m_seg_question;
     cg_metric *m_empty, *m_hits, *m_misses, *m_reused, *m_computed;
     cg_metric *m_fallbacks, *m_passthrough, *m_disconnects, *m_fast_path;
-    cg_metric *m_fallback_no_worker, *m_fallback_worker_error, *m_fallback_model;
+    cg_metric *m_fallback[CG_FALLBACK_COUNT]; /* by reason; [CG_FALLBACK_NONE] is NULL */
     cg_metric *m_releases, *m_ttft, *m_assemble;
     cg_metric *m_busy; /* assembles a worker answered 429 */
 
@@ -56,6 +57,10 @@ const char *cg_gw_tenant(cg_gateway *g, cg_http_req *req);
 void cg_gw_reply_error(cg_http_req *req, cg_status st, const char *param, const char *msg);
 
 /* Counts an upstream failure in chunkgate_backend_errors_total{kind}. */
-void cg_gw_backend_error(cg_gateway *g, const char *kind);
+void cg_gw_backend_error(cg_gateway *g, cg_failkind kind);
+
+/* The help line of chunkgate_backend_errors_total (gateway.c registers every kind's series). */
+#define CG_GW_BACKEND_ERRORS_HELP                                                                  \
+    "Backend failures: connect, timeout, status, invalid, too_large, stream."
 
 #endif

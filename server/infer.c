@@ -44,9 +44,6 @@ static cg_status check_stream_options(json_t *body)
     return json_is_object(so) ? cg_json_get_bool(so, "include_usage", 0, &usage) : CG_E_TYPE;
 }
 
-/* Request fields that only the gateway may set towards a worker or backend. */
-static const char *const GATEWAY_ONLY_FIELDS[] = {"kv_transfer_params"};
-
 static void handle(cg_http_req *req, cg_gateway *g, int chat)
 {
     cg_gw_segments segs;
@@ -90,9 +87,9 @@ static void handle(cg_http_req *req, cg_gateway *g, int chat)
     /* Fields only the gateway sets on its upstream requests. A client's copy would steer
      * the worker (kv_transfer_params names an assembly and, on some backends, a host to pull
      * KV from), so it is refused rather than silently dropped. */
-    for (size_t i = 0; i < CG_ARRAY_LEN(GATEWAY_ONLY_FIELDS); i++) {
-        if (!json_object_get(body, GATEWAY_ONLY_FIELDS[i])) continue;
-        param = GATEWAY_ONLY_FIELDS[i];
+    const char *only = cg_gw_gateway_only_field(body);
+    if (only) {
+        param = only;
         st = CG_E_VALUE;
         snprintf(msg, sizeof msg, "%s is set by the gateway only; remove it from the request",
                  param);
@@ -194,10 +191,8 @@ static void to_worker(cg_http_req *req, cg_gateway *g, const char *path)
     cg_status st = cg_wc_call_sync(g->client, cg_worker_url(w), "POST", path, body, len,
                                    g->cfg->worker_timeout_ms, &http, &ans, err, sizeof err);
     if (st != CG_OK || !ans) {
-        const char *kind = st == CG_E_TIMEOUT       ? "timeout"
-                           : st == CG_E_UNAVAILABLE ? "connect"
-                           : st != CG_OK            ? "status"
-                                                    : "invalid";
+        cg_failkind kind =
+            st != CG_OK ? cg_failkind_of(st, CG_FAIL_STATUS) : CG_FAIL_INVALID; /* not JSON */
         cg_workers_error(g->workers, w, kind, st != CG_OK ? err : "answer is not JSON");
         cg_gw_reply_error(req, st == CG_E_TIMEOUT ? CG_E_TIMEOUT : CG_E_BAD_GATEWAY, NULL,
                           "the worker did not answer the tokenizer request");

@@ -17,11 +17,6 @@
 #include "server/fields.h"
 #include "server/relay.h"
 
-/* Fields of ours that an OpenAI-compatible backend would not know: never forwarded to it. */
-static const char *const EXT_FIELDS[] = {
-    "chunk_separator",         "cache_salt",      "chunk_mode",   "documents",
-    "recompute_prefix_tokens", "recompute_ratio", "quality_probe"};
-
 /* One request on its way through the dispatcher. */
 typedef struct gw_call {
     cg_gateway *g;
@@ -33,7 +28,7 @@ typedef struct gw_call {
     char rid[72];
     cg_worker *w; /* routed worker (reference, in flight) */
     cg_route_kind kind;
-    const char *fallback_reason; /* static; set once the request falls back */
+    cg_fallback fallback; /* set once the request falls back */
     uint64_t t0;
     int busy_tries; /* workers that answered 429 to this request's assemble */
 } gw_call;
@@ -75,9 +70,7 @@ static int ask_usage(json_t *body, int stream)
 static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, int *strip_usage,
                           size_t *len)
 {
-    int has_ext = 0;
-    for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
-        has_ext |= json_object_get(body, EXT_FIELDS[i]) != NULL;
+    int has_ext = cg_gw_has_ext_fields(body);
     *strip_usage = ask_usage(body, stream);
     if (!has_ext && !*strip_usage) return cg_http_req_take_body(req, len); /* no copy */
     cg_http_req_drop_body(req);
@@ -107,8 +100,7 @@ static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, 
                                         joined.data ? joined.data : "", joined.len));
         cg_buf_free(&joined);
     }
-    for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
-        json_object_del(body, EXT_FIELDS[i]);
+    cg_gw_del_ext_fields(body);
     char *out = json_dumps(body, JSON_COMPACT);
     *len = strlen(out);
     return out;
@@ -159,7 +151,7 @@ static json_t *seg_json(const cg_gw_segments *s, size_t k, json_t *tokens, int h
 }
 
 json_t *cg_gw_chunk_cache_plain(const cg_gw_segments *s, const cg_index_entry *ent,
-                                const char *reason)
+                                cg_fallback reason)
 {
     json_t *segs = json_array();
     for (size_t k = 0; k < s->n_keys; k++) {
@@ -167,11 +159,13 @@ json_t *cg_gw_chunk_cache_plain(const cg_gw_segments *s, const cg_index_entry *e
             ent && ent[k].found && ent[k].tokens >= 0 ? json_integer(ent[k].tokens) : json_null();
         json_array_append_new(segs, seg_json(s, k, tokens, 0, json_null()));
     }
-    json_t *cc = json_pack("{s:o, s:s, s:n, s:b, s:b, s:I, s:n, s:o, s:n}", "segments", segs,
-                           "mode", cg_mode_name(s->mode), "worker", "fallback", s->n_keys > 0,
-                           "passthrough", s->split.passthrough, "empty_segments",
-                           (json_int_t)s->split.empty_skipped, "routing", "fallback_reason",
-                           reason ? json_string(reason) : json_null(), "recomputed_tokens");
+    json_t *cc =
+        json_pack("{s:o, s:s, s:n, s:b, s:b, s:I, s:n, s:o, s:n}", "segments", segs, "mode",
+                  cg_mode_name(s->mode), "worker", "fallback", s->n_keys > 0, "passthrough",
+                  s->split.passthrough, "empty_segments", (json_int_t)s->split.empty_skipped,
+                  "routing", "fallback_reason",
+                  cg_fallback_name(reason) ? json_string(cg_fallback_name(reason)) : json_null(),
+                  "recomputed_tokens");
     /* filled by the relay from a worker's answer (a worker assembles the prompt itself) */
     if (s->quality_probe) json_object_set_new(cc, "quality", json_null());
     return cc;
@@ -184,16 +178,17 @@ static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
     for (size_t k = 0; k < s->n_keys; k++) {
         const cg_wc_seg *r = &a->segs[s->key_seg[k]];
         json_array_append_new(segs, seg_json(s, k, json_integer((json_int_t)r->n_tokens), r->hit,
-                                             json_string(r->tier)));
+                                             json_string(cg_tier_seg_name(r->hit, r->tier))));
     }
     /* After a worker failed, the request was assembled on another one: fallback, and the
      * segments are what that worker reported, so they agree with cached_tokens. */
     json_t *cc = json_pack(
         "{s:o, s:s, s:s, s:b, s:b, s:I, s:s, s:o, s:o}", "segments", segs, "mode",
         cg_mode_name(s->mode), "worker", cg_worker_url(c->w), "fallback",
-        c->fallback_reason != NULL, "passthrough", 0, "empty_segments",
+        c->fallback != CG_FALLBACK_NONE, "passthrough", 0, "empty_segments",
         (json_int_t)s->split.empty_skipped, "routing", cg_route_kind_name(c->kind),
-        "fallback_reason", c->fallback_reason ? json_string(c->fallback_reason) : json_null(),
+        "fallback_reason",
+        cg_fallback_name(c->fallback) ? json_string(cg_fallback_name(c->fallback)) : json_null(),
         "recomputed_tokens",
         a->recomputed_tokens >= 0 ? json_integer(a->recomputed_tokens) : json_null());
     /* null until the relay finds the worker's comparison in its answer (never with an external
@@ -204,25 +199,22 @@ static json_t *chunk_cache_main(const gw_call *c, const cg_wc_assembly *a)
 
 /* ---------------------------------------------------------------- plain forwarding */
 
-/* Counts a request's fallback once, however many steps it takes (reason: static). */
-static void count_fallback(cg_gateway *g, gw_call *c, const char *reason)
+/* Counts a request's fallback once, however many steps it takes (reason: not NONE). */
+static void count_fallback(cg_gateway *g, gw_call *c, cg_fallback reason)
 {
-    if (c->fallback_reason) return;
-    c->fallback_reason = reason;
+    if (c->fallback != CG_FALLBACK_NONE || reason == CG_FALLBACK_NONE) return;
+    c->fallback = reason;
     cg_metric_add(g->m_fallbacks, 1);
-    cg_metric_add(!strcmp(reason, "model")          ? g->m_fallback_model
-                  : !strcmp(reason, "worker_error") ? g->m_fallback_worker_error
-                                                    : g->m_fallback_no_worker,
-                  1);
+    if ((unsigned)reason < CG_FALLBACK_COUNT) cg_metric_add(g->m_fallback[reason], 1);
 }
 
 /* Forwards the plain prompt: to --backend, else to the least-loaded healthy worker other
- * than exclude. reason: NULL for pass-through, else the fallback reason; why: what failed
- * (for the error message). Frees c. */
-static void forward_plain(gw_call *c, const char *reason, const cg_worker *exclude, const char *why)
+ * than exclude. reason: CG_FALLBACK_NONE for pass-through, else the fallback reason; why: what
+ * failed (for the error message). Frees c. */
+static void forward_plain(gw_call *c, cg_fallback reason, const cg_worker *exclude, const char *why)
 {
     cg_gateway *g = c->g;
-    if (reason) {
+    if (reason != CG_FALLBACK_NONE) {
         count_fallback(g, c, reason);
         cg_metric_add(g->m_misses, (double)c->segs.n_keys); /* nothing of it was looked at */
     }
@@ -302,7 +294,7 @@ static void record(gw_call *c, const cg_wc_assembly *a)
             hits++;
             cg_index_chunk_hit(ix, key, now);
             cg_index_placement_set(ix, key, wid, CG_TIER_RAM, s->n_tokens, now);
-            if (tier >= 0 && !strcmp(s->tier, "remote"))
+            if (tier >= 0 && s->tier == CG_TIER_REMOTE)
                 cg_index_placement_set(ix, key, tier, CG_TIER_REMOTE, s->n_tokens, now);
         } else if (s->stored) {
             cg_index_placement_set(ix, key, wid, CG_TIER_RAM, s->n_tokens, now);
@@ -345,8 +337,7 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
         cb = cg_gw_worker_fields(c->body); /* the worker answers: only what it reads */
     } else {
         cb = json_copy(c->body); /* shallow: top-level edits only; unknown fields go along */
-        for (size_t i = 0; i < CG_ARRAY_LEN(EXT_FIELDS); i++)
-            json_object_del(cb, EXT_FIELDS[i]);
+        cg_gw_del_ext_fields(cb);
     }
     json_object_set_new(cb, "kv_transfer_params", json_pack("{s:s}", "assembly_id", a->id));
     /* A chat without a limit decodes until EOS or the end of the context, as a chat does on
@@ -451,11 +442,7 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
     const char *url = cg_worker_url(c->w);
     if (st != CG_OK) {
         snprintf(why, sizeof why, "assemble on %s: %s", url, detail);
-        cg_workers_error(g->workers, c->w,
-                         st == CG_E_TIMEOUT       ? "timeout"
-                         : st == CG_E_UNAVAILABLE ? "connect"
-                                                  : "invalid",
-                         why);
+        cg_workers_error(g->workers, c->w, cg_failkind_of(st, CG_FAIL_INVALID), why);
         goto fallback;
     }
     if (http == 429) {
@@ -474,7 +461,7 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
         const char *m = cg_wc_error_message(j);
         snprintf(why, sizeof why, "assemble on %s answered HTTP %ld: %s", url, http,
                  m ? m : "no error message");
-        cg_workers_error(g->workers, c->w, "status", why);
+        cg_workers_error(g->workers, c->w, CG_FAIL_STATUS, why);
         goto fallback;
     }
     char perr[256];
@@ -482,7 +469,7 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
         !assembly_matches(c, &a, perr, sizeof perr)) {
         snprintf(why, sizeof why, "assemble on %s: %s", url, perr);
         if (a.id[0]) cg_wc_release(g->client, url, a.id, c->rid);
-        cg_workers_error(g->workers, c->w, "invalid", why);
+        cg_workers_error(g->workers, c->w, CG_FAIL_INVALID, why);
         goto fallback;
     }
     record(c, &a);
@@ -494,11 +481,12 @@ fallback : {
     /* Without --backend the plain prompt would go to another worker, which would split and
      * assemble it anyway, out of the index's sight and with a chunk_cache that cannot say
      * what it reused: assemble there instead, once. */
-    cg_worker *next =
-        !g->has_backend && !c->fallback_reason ? cg_workers_pick_any(g->workers, failed) : NULL;
+    cg_worker *next = !g->has_backend && c->fallback == CG_FALLBACK_NONE
+                          ? cg_workers_pick_any(g->workers, failed)
+                          : NULL;
     if (next) {
         cg_log(CG_LOG_WARN, "assembling on %s instead: %s", cg_worker_url(next), why);
-        count_fallback(g, c, "worker_error");
+        count_fallback(g, c, CG_FALLBACK_WORKER_ERROR);
         c->w = next;
         c->kind = CG_ROUTE_LEAST_LOADED;
         cg_workers_release(g->workers, &failed);
@@ -506,7 +494,7 @@ fallback : {
         goto out;
     }
     cg_log(CG_LOG_WARN, "falling back to the plain prompt: %s", why);
-    forward_plain(c, "worker_error", failed, why);
+    forward_plain(c, CG_FALLBACK_WORKER_ERROR, failed, why);
     cg_workers_release(g->workers, &failed);
 }
 out:
@@ -587,14 +575,14 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
 
     if (c->segs.split.passthrough || !c->segs.n_keys) {
         if (c->segs.split.passthrough) cg_metric_add(g->m_passthrough, 1);
-        forward_plain(c, NULL, NULL, NULL);
+        forward_plain(c, CG_FALLBACK_NONE, NULL, NULL);
         return;
     }
     char pool_model[256];
     const char *model = json_string_value(json_object_get(body, "model"));
     if (!cg_workers_count(g->workers) ||
         !cg_workers_model(g->workers, pool_model, sizeof pool_model)) {
-        forward_plain(c, "no_worker", NULL, NULL);
+        forward_plain(c, CG_FALLBACK_NO_WORKER, NULL, NULL);
         return;
     }
     if (strcmp(pool_model, model) != 0) {
@@ -602,7 +590,7 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
         char why[400];
         snprintf(why, sizeof why, "the workers serve '%.128s', the request names '%.128s'",
                  pool_model, model);
-        forward_plain(c, "model", NULL, why);
+        forward_plain(c, CG_FALLBACK_MODEL, NULL, why);
         return;
     }
     int64_t expect = 0;
@@ -613,7 +601,7 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
                             tie_hash(&c->segs), &c->kind, &expect);
     free(steer);
     if (!c->w) {
-        forward_plain(c, "no_worker", NULL, NULL);
+        forward_plain(c, CG_FALLBACK_NO_WORKER, NULL, NULL);
         return;
     }
     /* Parsed: only a fallback to --backend may still forward the raw bytes. */

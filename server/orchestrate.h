@@ -16,8 +16,9 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
                        cg_index_entry *ent, int chat, int stream);
 
 /* chunk_cache of a request forwarded with the plain prompt: its segments (ent: their lookup,
- * may be NULL), no worker; reason: why it fell back (NULL for a pass-through). New reference. */
+ * may be NULL), no worker; reason: why it fell back (CG_FALLBACK_NONE for a pass-through).
+ * New reference. */
 json_t *cg_gw_chunk_cache_plain(const cg_gw_segments *s, const cg_index_entry *ent,
-                                const char *reason);
+                                cg_fallback reason);
 
 #endif

@@ -278,24 +278,21 @@ static void reply_failure(relay *r, cg_status st, long http, const char *detail)
 {
     cg_gateway *g = r->g;
     char msg[512];
-    if (r->too_large) {
-        cg_gw_backend_error(g, "too_large");
+    cg_failkind k = r->too_large                      ? CG_FAIL_TOO_LARGE
+                    : st == CG_E_TIMEOUT              ? CG_FAIL_TIMEOUT
+                    : st == CG_E_UNAVAILABLE && !http ? CG_FAIL_CONNECT
+                                                      : CG_FAIL_INVALID;
+    if (k == CG_FAIL_TOO_LARGE)
         snprintf(msg, sizeof msg, "the backend's answer is larger than %zu bytes",
                  g->cfg->max_upstream_bytes);
-        cg_http_reply_error_status(r->req, 502, CG_E_BAD_GATEWAY, NULL, msg);
-    } else if (st == CG_E_TIMEOUT) {
-        cg_gw_backend_error(g, "timeout");
+    else if (k == CG_FAIL_TIMEOUT)
         snprintf(msg, sizeof msg, "the backend timed out: %s", detail);
-        cg_http_reply_error_status(r->req, 504, CG_E_TIMEOUT, NULL, msg);
-    } else if (st == CG_E_UNAVAILABLE && !http) {
-        cg_gw_backend_error(g, "connect");
+    else if (k == CG_FAIL_CONNECT)
         snprintf(msg, sizeof msg, "the backend is unreachable: %s", detail);
-        cg_http_reply_error_status(r->req, 502, CG_E_UNAVAILABLE, NULL, msg);
-    } else {
-        cg_gw_backend_error(g, "invalid");
+    else
         snprintf(msg, sizeof msg, "the backend's answer was cut or invalid: %s", detail);
-        cg_http_reply_error_status(r->req, 502, CG_E_BAD_GATEWAY, NULL, msg);
-    }
+    cg_gw_backend_error(g, k);
+    cg_http_reply_error_status(r->req, cg_failkind_http(k), cg_failkind_status(k), NULL, msg);
 }
 
 /* A complete non-streamed answer: add chunk_cache and relay it, or turn a bad one into 502. */
@@ -316,15 +313,16 @@ static void reply_answer(relay *r)
     }
     if (ok) {
         json_decref(obj);
-        cg_gw_backend_error(g, "invalid");
+        cg_gw_backend_error(g, CG_FAIL_INVALID);
         snprintf(msg, sizeof msg,
                  "the backend answered HTTP %ld with a body that is not a JSON object", r->status);
-        cg_http_reply_error_status(r->req, 502, CG_E_BAD_GATEWAY, NULL, msg);
+        cg_http_reply_error_status(r->req, cg_failkind_http(CG_FAIL_INVALID),
+                                   cg_failkind_status(CG_FAIL_INVALID), NULL, msg);
         return;
     }
     /* A 4xx is usually the client's mistake (unknown model, bad parameter) reported by the
      * backend: relayed, but not counted as a backend failure. */
-    if (r->status >= 500) cg_gw_backend_error(g, "status");
+    if (r->status >= 500) cg_gw_backend_error(g, CG_FAIL_STATUS);
     if (json_is_object(obj) && json_is_object(json_object_get(obj, "error"))) {
         /* The backend's own error in OpenAI shape: relay it with its status. A 429 keeps
          * telling the client when to come back (the upstream's own header is not kept). */
@@ -333,10 +331,11 @@ static void reply_answer(relay *r)
         return;
     }
     json_decref(obj);
-    if (r->status < 500) cg_gw_backend_error(g, "status");
+    if (r->status < 500) cg_gw_backend_error(g, CG_FAIL_STATUS);
     snprintf(msg, sizeof msg, "the backend answered HTTP %ld without an OpenAI error object",
              r->status);
-    cg_http_reply_error_status(r->req, 502, CG_E_BAD_GATEWAY, NULL, msg);
+    cg_http_reply_error_status(r->req, cg_failkind_http(CG_FAIL_STATUS),
+                               cg_failkind_status(CG_FAIL_STATUS), NULL, msg);
 }
 
 /* /v1/models: the backend's list when it has one, else the configured --model, else 503. */
@@ -358,7 +357,7 @@ static void reply_models(relay *r, cg_status st)
                                      "owned_by", "chunkgate"));
         return;
     }
-    cg_gw_backend_error(g, st == CG_E_TIMEOUT ? "timeout" : st == CG_OK ? "status" : "connect");
+    cg_gw_backend_error(g, st == CG_OK ? CG_FAIL_STATUS : cg_failkind_of(st, CG_FAIL_CONNECT));
     cg_http_reply_error(r->req, CG_E_UNAVAILABLE, NULL,
                         "the backend's model list is unavailable and no --model is configured");
 }
@@ -373,10 +372,10 @@ static void finish_target(relay *r, cg_status st, const char *detail)
     if (r->worker && r->backend_is_worker && st != CG_OK && !r->client_gone &&
         strcmp(detail, "cancelled") != 0)
         cg_workers_error(g->workers, r->worker,
-                         st == CG_E_TIMEOUT                     ? "timeout"
-                         : st == CG_E_UNAVAILABLE && !r->status ? "connect"
-                         : r->is_sse                            ? "stream"
-                                                                : "invalid",
+                         st == CG_E_TIMEOUT                     ? CG_FAIL_TIMEOUT
+                         : st == CG_E_UNAVAILABLE && !r->status ? CG_FAIL_CONNECT
+                         : r->is_sse                            ? CG_FAIL_STREAM
+                                                                : CG_FAIL_INVALID,
                          detail);
     if (r->assembly[0] && r->worker && !(ok && r->backend_is_worker)) {
         cg_wc_release(g->client, cg_worker_url(r->worker), r->assembly, r->rid);
@@ -426,7 +425,7 @@ static void on_done(void *arg, cg_status st, long http, const char *detail)
             char m[512];
             snprintf(m, sizeof m, "the backend's stream failed after %zu events: %s", r->events,
                      r->sse_error ? "an event exceeded the size limit" : detail);
-            cg_gw_backend_error(g, "stream");
+            cg_gw_backend_error(g, CG_FAIL_STREAM);
             cg_log(CG_LOG_WARN, "%s", m);
             json_t *err =
                 cg_http_error_json(st == CG_E_TIMEOUT ? CG_E_TIMEOUT : CG_E_BAD_GATEWAY, NULL, m);

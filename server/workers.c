@@ -36,8 +36,6 @@ struct cg_worker {
     json_t *canary; /* owned: its quality canary summary from the last /healthz, or NULL */
 };
 
-static const char *const ERROR_KINDS[] = {"connect", "timeout", "status", "invalid", "stream"};
-
 struct cg_workers {
     cg_workers_params p;
     pthread_mutex_t mu;
@@ -49,7 +47,7 @@ struct cg_workers {
     cg_chat_model *chat; /* the pool's chat template, compiled; NULL when it has none */
     pthread_t thread;
     int started, stop;
-    cg_metric *m_errors[CG_ARRAY_LEN(ERROR_KINDS)];
+    cg_metric *m_errors[CG_FAILKIND_COUNT]; /* NULL for a kind no worker call fails with */
     cg_metric *m_route[CG_ROUTE_KINDS];
     cg_metric *m_syncs, *m_sync_fail, *m_stale;
 };
@@ -231,10 +229,11 @@ cg_status cg_workers_open(const cg_workers_params *p, cg_workers **out)
     pthread_cond_init(&r->cv, &ca);
     pthread_condattr_destroy(&ca);
     cg_metrics *m = p->metrics;
-    for (size_t i = 0; i < CG_ARRAY_LEN(ERROR_KINDS); i++) {
+    for (int k = 0; k < CG_FAILKIND_COUNT; k++) {
+        if (!cg_failkind_of_worker((cg_failkind)k)) continue;
         char labels[64];
-        snprintf(labels, sizeof labels, "kind=\"%s\"", ERROR_KINDS[i]);
-        r->m_errors[i] = cg_metrics_counter(
+        snprintf(labels, sizeof labels, "kind=\"%s\"", cg_failkind_name((cg_failkind)k));
+        r->m_errors[k] = cg_metrics_counter(
             m, "chunkgate_worker_errors_total",
             "KV worker failures: connect, timeout, status (an error answer), invalid (an answer "
             "that is not a valid assembly), stream (failed while decoding).",
@@ -863,19 +862,18 @@ void cg_workers_release(cg_workers *r, cg_worker **wp)
     worker_free(dead);
 }
 
-void cg_workers_error(cg_workers *r, cg_worker *w, const char *kind, const char *detail)
+void cg_workers_error(cg_workers *r, cg_worker *w, cg_failkind kind, const char *detail)
 {
-    size_t k = 0;
-    while (k < CG_ARRAY_LEN(ERROR_KINDS) - 1 && strcmp(ERROR_KINDS[k], kind) != 0)
-        k++;
+    /* a kind no worker call fails with is counted with the last one, as stream */
+    cg_failkind k = cg_failkind_of_worker(kind) ? kind : CG_FAIL_STREAM;
     cg_metric_add(r->m_errors[k], 1);
-    int down = !strcmp(kind, "connect") || !strcmp(kind, "timeout");
+    const char *name = cg_failkind_name(kind);
     pthread_mutex_lock(&r->mu);
     w->errors++;
-    set_error(w, "%s: %s", kind, detail);
-    if (down && w->state == W_HEALTHY && !w->removed) {
+    set_error(w, "%s: %s", name, detail);
+    if (cg_failkind_marks_down(kind) && w->state == W_HEALTHY && !w->removed) {
         /* Out of routing until a probe answers; the next probe runs at once. */
-        cg_log(CG_LOG_WARN, "worker %s marked down after a %s error: %s", w->url, kind, detail);
+        cg_log(CG_LOG_WARN, "worker %s marked down after a %s error: %s", w->url, name, detail);
         set_state_locked(w, W_DOWN);
         w->next_check_ms = 0;
         pthread_cond_broadcast(&r->cv);

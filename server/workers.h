@@ -10,6 +10,7 @@
 #include "backends/openai.h"
 #include "cache/chatreq.h"
 #include "base/metrics.h"
+#include "server/failkind.h"
 #include "sql/index.h"
 
 typedef struct cg_workers cg_workers;
@@ -142,9 +143,10 @@ int64_t cg_worker_id(const cg_worker *w);
 /* The index row of the shared remote tier w reported at its last sync, or -1 (none). */
 int64_t cg_workers_tier_row(cg_workers *r, const cg_worker *w);
 
-/* Reports a failed call to w: counted in chunkgate_worker_errors_total{kind}; kind
- * "connect" or "timeout" also marks it down until a health probe succeeds. */
-void cg_workers_error(cg_workers *r, cg_worker *w, const char *kind, const char *detail);
+/* Reports a failed call to w: counted in chunkgate_worker_errors_total{kind} (a kind with
+ * cg_failkind_of_worker); a kind that cg_failkind_marks_down (connect, timeout) also marks it
+ * down until a health probe succeeds. */
+void cg_workers_error(cg_workers *r, cg_worker *w, cg_failkind kind, const char *detail);
 /* The worker reported a miss for a chunk the index placed on it: its cache changed behind
  * the gateway's back (restart, eviction not reported, admin delete). Schedules a full
  * inventory sync of it. */

@@ -289,25 +289,8 @@ struct cg_index {
     pend_replace *replaces; /* inventory replaces queued, newest first */
 };
 
-static const char *const tier_names[] = {"ram", "disk", "remote"};
 /* Same spelling as cg_mode_name(); kept here so the index does not depend on key.c. */
 static const char *const mode_names[] = {"strict", "sys"};
-
-const char *cg_tier_name(cg_tier t)
-{
-    return (unsigned)t < CG_ARRAY_LEN(tier_names) ? tier_names[t] : "unknown";
-}
-
-int cg_tier_parse(const char *s, cg_tier *out)
-{
-    for (unsigned i = 0; i < CG_ARRAY_LEN(tier_names); i++) {
-        if (s && strcmp(s, tier_names[i]) == 0) {
-            *out = (cg_tier)i;
-            return 0;
-        }
-    }
-    return -1;
-}
 
 cg_index_params cg_index_default_params(void)
 {
@@ -341,7 +324,7 @@ static cg_tier col_tier(sqlite3_stmt *s, int i)
 /* An op's tier byte: a known tier, else RAM. */
 static uint8_t tier_byte(cg_tier t)
 {
-    return (unsigned)t < CG_ARRAY_LEN(tier_names) ? (uint8_t)t : (uint8_t)CG_TIER_RAM;
+    return (unsigned)t < CG_TIER_COUNT ? (uint8_t)t : (uint8_t)CG_TIER_RAM;
 }
 
 void cg_index_tier_row_url(const char *tier_id, char *out, size_t cap)
@@ -832,7 +815,7 @@ static cg_status place_one(cg_index *ix, const cg_key *key, int64_t worker_id, i
     s = ix->ws[W_PLACE];
     cg_db_bind_key(s, 1, key);
     sqlite3_bind_int64(s, 2, worker_id);
-    sqlite3_bind_text(s, 3, tier_names[tier], -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 3, cg_tier_name((cg_tier)tier), -1, SQLITE_STATIC);
     sqlite3_bind_int64(s, 4, tokens);
     sqlite3_bind_int64(s, 5, now);
     return wrun(ix, W_PLACE);

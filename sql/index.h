@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include "cache/key.h"
 #include "base/status.h"
+#include "base/tier.h" /* cg_tier: where a placement's KV is */
 
 typedef struct cg_index cg_index;
 
@@ -16,16 +17,6 @@ typedef struct cg_index cg_index;
 #define CG_INDEX_MAX_PLACEMENTS 8
 /* Highest schema version (PRAGMA user_version) this build knows. */
 #define CG_INDEX_SCHEMA_VERSION 3
-
-/* Where a placement's KV is. CG_TIER_REMOTE is held by a shared remote tier (DESIGN §16): its
- * placements belong to the tier's own row in the workers table (see cg_index_tier_row_url),
- * and every worker reporting that tier can read them. */
-typedef enum { CG_TIER_RAM = 0, CG_TIER_DISK = 1, CG_TIER_REMOTE = 2 } cg_tier;
-
-/* "ram" / "disk" / "remote"; static storage. */
-const char *cg_tier_name(cg_tier t);
-/* Parses "ram" / "disk" / "remote"; returns 0 on success, -1 if unknown. */
-int cg_tier_parse(const char *s, cg_tier *out);
 
 typedef struct cg_index_params {
     int read_conns;         /* read connections in the pool (default 4) */

@@ -1,4 +1,4 @@
-# Chat templates (cache/chat_template.c). test_chat_template needs nothing but the
+# Chat templates (cache/chat_template*.c). test_chat_template needs nothing but the
 # build; test_chat_template_parity renders tests/data/chat_template_cases.json with
 # @huggingface/jinja (tests/ref/render.mjs, node) and compares byte for byte, and checks the
 # case mapping of every code point. It exits 77, reported as skipped with the reason, when

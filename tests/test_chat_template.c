@@ -8,11 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <utf8proc.h>
 
 #include "tests/harness/harness.h"
 #include "base/base.h"
-/* Included, not only linked, to reach the static number formatting and case mapping. */
-#include "cache/chat_template.c"
+/* The private header, to reach the number formatting and case mapping. */
+#include "cache/chat_template_impl.h"
 
 #define CASES "tests/data/chat_template_cases.json"
 
@@ -190,57 +191,57 @@ START_TEST(test_refusals)
                "[0, 1]G");
     /* over-deep trees are refused before they can recurse */
     sbuf b = {0};
-    sbuf_put(&b, "{{ ", 3);
+    cgt_sbuf_put(&b, "{{ ", 3);
     for (int i = 0; i < 400; i++)
-        sbuf_put(&b, "(", 1);
-    sbuf_put(&b, "1", 1);
+        cgt_sbuf_put(&b, "(", 1);
+    cgt_sbuf_put(&b, "1", 1);
     for (int i = 0; i < 400; i++)
-        sbuf_put(&b, ")", 1);
-    sbuf_put(&b, " }}", 3);
+        cgt_sbuf_put(&b, ")", 1);
+    cgt_sbuf_put(&b, " }}", 3);
     expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
     b.len = 0;
-    sbuf_put(&b, "{{ a", 4);
+    cgt_sbuf_put(&b, "{{ a", 4);
     for (int i = 0; i < 400; i++)
-        sbuf_put(&b, ".b", 2);
-    sbuf_put(&b, " }}", 4);
+        cgt_sbuf_put(&b, ".b", 2);
+    cgt_sbuf_put(&b, " }}", 4);
     expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
     b.len = 0;
-    sbuf_put(&b, "{{ 1", 4);
+    cgt_sbuf_put(&b, "{{ 1", 4);
     for (int i = 0; i < 400; i++)
-        sbuf_put(&b, " ~ 1", 4);
-    sbuf_put(&b, " }}", 4);
+        cgt_sbuf_put(&b, " ~ 1", 4);
+    cgt_sbuf_put(&b, " }}", 4);
     expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
     b.len = 0; /* elif chains and conditional chains recurse in the parser */
-    sbuf_put(&b, "{% if 0 %}", 10);
+    cgt_sbuf_put(&b, "{% if 0 %}", 10);
     for (int i = 0; i < 20000; i++)
-        sbuf_put(&b, "{% elif 0 %}", 12);
-    sbuf_put(&b, "{% endif %}", 11);
+        cgt_sbuf_put(&b, "{% elif 0 %}", 12);
+    cgt_sbuf_put(&b, "{% endif %}", 11);
     expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
     b.len = 0;
-    sbuf_put(&b, "{{ 1", 4);
+    cgt_sbuf_put(&b, "{{ 1", 4);
     for (int i = 0; i < 20000; i++)
-        sbuf_put(&b, " if 0 else 1", 12);
-    sbuf_put(&b, " }}", 4);
+        cgt_sbuf_put(&b, " if 0 else 1", 12);
+    cgt_sbuf_put(&b, " }}", 4);
     expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
     b.len = 0;
-    sbuf_put(&b, "{{ f", 4);
+    cgt_sbuf_put(&b, "{{ f", 4);
     for (int i = 0; i < 20000; i++)
-        sbuf_put(&b, "()", 2);
-    sbuf_put(&b, " }}", 4);
+        cgt_sbuf_put(&b, "()", 2);
+    cgt_sbuf_put(&b, " }}", 4);
     expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
     b.len = 0;
-    sbuf_put(&b, "{{ ", 3);
+    cgt_sbuf_put(&b, "{{ ", 3);
     for (int i = 0; i < 20000; i++)
-        sbuf_put(&b, "not -", 5);
-    sbuf_put(&b, "1 }}", 4);
+        cgt_sbuf_put(&b, "not -", 5);
+    cgt_sbuf_put(&b, "1 }}", 4);
     expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
     b.len = 0;
     for (int i = 0; i < 300; i++)
-        sbuf_put(&b, "{% if 1 %}", 10);
+        cgt_sbuf_put(&b, "{% if 1 %}", 10);
     for (int i = 0; i < 300; i++)
-        sbuf_put(&b, "{% endif %}", 11);
+        cgt_sbuf_put(&b, "{% endif %}", 11);
     expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
-    sbuf_free(&b);
+    cgt_sbuf_free(&b);
     /* a template over 1 MiB */
     size_t big = TPL_MAX_SOURCE + 1;
     char *s = cg_malloc(big);
@@ -293,10 +294,10 @@ START_TEST(test_raise_exception)
     /* a long message is cut at a character boundary: it goes into a JSON reply */
     for (size_t cut = 2; cut < 12; cut++) {
         sbuf src = {0};
-        sbuf_put(&src, "{{ raise_exception('", 20);
+        cgt_sbuf_put(&src, "{{ raise_exception('", 20);
         for (int i = 0; i < 800; i++)
-            sbuf_put(&src, "é", 2);
-        sbuf_put(&src, "') }}", 5);
+            cgt_sbuf_put(&src, "é", 2);
+        cgt_sbuf_put(&src, "') }}", 5);
         char small[16];
         ck_assert_int_eq(cg_chat_template_new(src.p, src.len, NULL, &t, small, sizeof small),
                          CG_OK);
@@ -305,7 +306,7 @@ START_TEST(test_raise_exception)
         ck_assert_uint_eq(strlen(small) % 2, 0); /* whole 2-byte characters only */
         cg_buf_free(&b);
         cg_chat_template_free(&t);
-        sbuf_free(&src);
+        cgt_sbuf_free(&src);
     }
     (void)out;
 }
@@ -354,25 +355,25 @@ START_TEST(test_numbers)
     };
     char buf[64];
     for (size_t i = 0; i < CG_ARRAY_LEN(cases); i++) {
-        js_num(cases[i].d, buf);
+        cgt_js_num(cases[i].d, buf);
         ck_assert_msg(strcmp(buf, cases[i].js) == 0, "%.17g printed %s, want %s", cases[i].d, buf,
                       cases[i].js);
     }
-    js_float_str(3, buf, sizeof buf);
+    cgt_js_float_str(3, buf, sizeof buf);
     ck_assert_str_eq(buf, "3.0");
-    js_float_str(-0.0, buf, sizeof buf);
+    cgt_js_float_str(-0.0, buf, sizeof buf);
     ck_assert_str_eq(buf, "-0.0");
-    ck_assert(js_str_to_num("  ", 2) == 0);
-    ck_assert(js_str_to_num(" 0x1f\n", 6) == 31);
-    ck_assert(js_str_to_num("1e3", 3) == 1000);
-    ck_assert(isnan(js_str_to_num("1e", 2)));
-    ck_assert(isnan(js_str_to_num("inf", 3)));
-    ck_assert(isinf(js_str_to_num("-Infinity", 9)));
-    ck_assert(js_str_to_num(".5", 2) == 0.5);
-    ck_assert(js_parse_int("12abc", 5) == 12);
-    ck_assert(isnan(js_parse_int("abc", 3)));
-    ck_assert(js_parse_float("3.5e1x", 6) == 35);
-    ck_assert(js_parse_float("1.e", 3) == 1);
+    ck_assert(cgt_js_str_to_num("  ", 2) == 0);
+    ck_assert(cgt_js_str_to_num(" 0x1f\n", 6) == 31);
+    ck_assert(cgt_js_str_to_num("1e3", 3) == 1000);
+    ck_assert(isnan(cgt_js_str_to_num("1e", 2)));
+    ck_assert(isnan(cgt_js_str_to_num("inf", 3)));
+    ck_assert(isinf(cgt_js_str_to_num("-Infinity", 9)));
+    ck_assert(cgt_js_str_to_num(".5", 2) == 0.5);
+    ck_assert(cgt_js_parse_int("12abc", 5) == 12);
+    ck_assert(isnan(cgt_js_parse_int("abc", 3)));
+    ck_assert(cgt_js_parse_float("3.5e1x", 6) == 35);
+    ck_assert(cgt_js_parse_float("1.e", 3) == 1);
 }
 END_TEST
 
@@ -590,11 +591,11 @@ static int fuzz_one(const char *src, size_t len, const json_t *vars,
         ck_assert_uint_eq(b.len, 0);
     /* valid template and variables give valid UTF-8, text and messages alike */
     for (size_t i = 0, k; i < b.len; i += k)
-        ck_assert_msg(u8_decode((const unsigned char *)b.data + i, b.len - i, &k) != 0xFFFD ||
+        ck_assert_msg(cgt_u8_decode((const unsigned char *)b.data + i, b.len - i, &k) != 0xFFFD ||
                           k == 3,
                       "invalid UTF-8 rendered at byte %zu", i);
     for (size_t i = 0, k, n = strlen(err); i < n; i += k)
-        ck_assert_msg(u8_decode((const unsigned char *)err + i, n - i, &k) != 0xFFFD || k == 3,
+        ck_assert_msg(cgt_u8_decode((const unsigned char *)err + i, n - i, &k) != 0xFFFD || k == 3,
                       "invalid UTF-8 in \"%s\"", err);
     cg_buf_free(&b);
     cg_chat_template_free(&t);
@@ -765,10 +766,10 @@ START_TEST(test_fuzz)
         sbuf b = {0};
         for (int k = 0, n = 1 + (int)(rnd() % 40); k < n; k++) {
             const char *f = frags[rnd() % CG_ARRAY_LEN(frags)];
-            sbuf_put(&b, f, strlen(f));
+            cgt_sbuf_put(&b, f, strlen(f));
         }
         accepted += fuzz_one(b.p ? b.p : "", b.len, vars, &l);
-        sbuf_free(&b);
+        cgt_sbuf_free(&b);
     }
     /* the fuzz reached the evaluator, not only the parser */
     ck_assert_msg(accepted > runs / 20, "only %zu of %zu fuzz templates parsed", accepted, runs);
@@ -818,8 +819,8 @@ static void parity_case(parity_run *pc, const char *id, const char *src, const j
     pc->compared++;
     if (!r) {
         pc->mismatches++;
-        sbuf_put(&pc->report, "\n  no reference result for ", 27);
-        sbuf_put(&pc->report, id, strlen(id));
+        cgt_sbuf_put(&pc->report, "\n  no reference result for ", 27);
+        cgt_sbuf_put(&pc->report, id, strlen(id));
         return;
     }
     cg_chat_template *t = NULL;
@@ -833,7 +834,7 @@ static void parity_case(parity_run *pc, const char *id, const char *src, const j
             pc->mismatches++;
             snprintf(line, sizeof line, "\n  %s: want a parse-time refusal (%s), got %s %s", id,
                      refuses, cg_status_name(st), err);
-            sbuf_put(&pc->report, line, strlen(line));
+            cgt_sbuf_put(&pc->report, line, strlen(line));
         }
         cg_chat_template_free(&t);
         return;
@@ -860,7 +861,7 @@ static void parity_case(parity_run *pc, const char *id, const char *src, const j
                      "\n  %s:\n    reference: %s %.600s\n    chunkgate: %s %.600s", id,
                      ref_ok ? "ok" : "error", ref_ok ? ref_out : ref_err, cg_status_name(st),
                      st == CG_OK ? (b.data ? b.data : "") : err);
-            sbuf_put(&pc->report, line, strlen(line));
+            cgt_sbuf_put(&pc->report, line, strlen(line));
         }
     }
     cg_buf_free(&b);
@@ -940,7 +941,7 @@ START_TEST(test_parity_cases)
                   pc.mismatches, pc.compared, pc.report.p ? pc.report.p : "");
     ck_assert_uint_ge(pc.same_raise, 6);
     ck_assert_uint_ge(pc.same_text, 200);
-    sbuf_free(&pc.report);
+    cgt_sbuf_free(&pc.report);
     json_decref(spec);
     json_decref(ref);
     json_decref(doc);
@@ -962,7 +963,7 @@ static size_t cps_of(const sbuf *b, uint32_t *cps, size_t max)
     size_t n = 0;
     for (size_t i = 0; i < b->len && n < max;) {
         size_t l;
-        cps[n++] = u8_decode((const unsigned char *)b->p + i, b->len - i, &l);
+        cps[n++] = cgt_u8_decode((const unsigned char *)b->p + i, b->len - i, &l);
         i += l;
     }
     return n;
@@ -993,14 +994,14 @@ START_TEST(test_parity_case_map)
             p = p ? p + 1 : q + strlen(q);
         }
         char enc[4];
-        jstr s = {.p = enc, .len = u8_encode(cp, enc)};
-        jstr_measure(&s);
+        jstr s = {.p = enc, .len = cgt_u8_encode(cp, enc)};
+        cgt_jstr_measure(&s);
         for (int up = 0; up < 2; up++) {
             sbuf b = {0};
-            ck_assert_int_eq(case_map(&c, NULL, &s, up == 0, &b), RC_OK);
+            ck_assert_int_eq(cgt_case_map(&c, NULL, &s, up == 0, &b), RC_OK);
             uint32_t got[8];
             size_t ngot = cps_of(&b, got, 8);
-            sbuf_free(&b);
+            cgt_sbuf_free(&b);
             checked++;
             if (ngot == nwant[up] && memcmp(got, want[up], ngot * sizeof(uint32_t)) == 0) continue;
             bool unassigned = utf8proc_category((utf8proc_int32_t)cp) == UTF8PROC_CATEGORY_CN;
@@ -1016,12 +1017,12 @@ START_TEST(test_parity_case_map)
                 snprintf(line, sizeof line,
                          "\n  U+%04X %s: node U+%04X (+%zu), chunkgate U+%04X (+%zu)", cp,
                          up == 0 ? "upper" : "lower", want[up][0], nwant[up] - 1, got[0], ngot - 1);
-                sbuf_put(&report, line, strlen(line));
+                cgt_sbuf_put(&report, line, strlen(line));
             }
         }
-        if (c.ar.total > (1u << 20)) arena_free(&c.ar);
+        if (c.ar.total > (1u << 20)) cgt_arena_free(&c.ar);
     }
-    arena_free(&c.ar);
+    cgt_arena_free(&c.ar);
     free(txt);
     printf("case mapping: %zu mappings checked, %zu differ only where node's Unicode is newer than "
            "utf8proc's, %zu differ\n",
@@ -1029,7 +1030,7 @@ START_TEST(test_parity_case_map)
     fflush(stdout);
     ck_assert_msg(bad == 0, "%zu case mappings differ from node:%s", bad, report.p ? report.p : "");
     ck_assert_uint_lt(newer, 300);
-    sbuf_free(&report);
+    cgt_sbuf_free(&report);
 }
 END_TEST
 

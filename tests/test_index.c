@@ -353,6 +353,15 @@ START_TEST(test_placements_pin_delete)
     ck_assert_int_eq(cg_tier_parse("remote", &t), 0);
     ck_assert_int_eq(t, CG_TIER_REMOTE);
     ck_assert_int_eq(cg_tier_parse("ssd", &t), -1);
+    ck_assert_int_eq(cg_tier_parse(NULL, &t), -1);
+    ck_assert_int_eq(cg_tier_parse("miss", &t), -1); /* a segment's miss is not a tier */
+    ck_assert_str_eq(cg_tier_name(CG_TIER_COUNT), "unknown");
+    ck_assert_str_eq(cg_tier_seg_name(1, CG_TIER_DISK), "disk");
+    ck_assert_str_eq(cg_tier_seg_name(0, CG_TIER_DISK), "miss");
+    for (int i = 0; i < CG_TIER_COUNT; i++) { /* every name parses back to its tier */
+        ck_assert_int_eq(cg_tier_parse(cg_tier_name((cg_tier)i), &t), 0);
+        ck_assert_int_eq(t, i);
+    }
     cg_index *ix = open_default();
     int64_t w1, w2;
     ck_assert_int_eq(cg_index_worker_add(ix, "http://a", "tiny", 10, &w1), CG_OK);

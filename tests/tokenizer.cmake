@@ -1,4 +1,4 @@
-# Suites of the worker's tokenizer (worker/model/tokenizer.c). test_tokenizer needs nothing but
+# Suites of the worker's tokenizer (worker/model/tokenizer*.c). test_tokenizer needs nothing but
 # the files in tests/data; test_tokenizer_parity compares the real tokenizers of tests/ref's npm
 # packages with @lenml/tokenizers through node and exits 77 (skipped, with the reason) when node
 # or the packages are missing (scripts/test.sh runs `npm ci` in tests/ref).

@@ -1,4 +1,4 @@
-/* Fuzz target for the chat-template renderer (cache/chat_template.c).
+/* Fuzz target for the chat-template renderer (cache/chat_template*.c).
  * Input: [flags][template bytes]. flags & 3 picks the variables (a chat with a system prompt
  * and thinking, a tool-calling chat with tools, an empty object, none); flags & 4 caps the
  * output at 256 bytes. Invariants: parse and render return only their documented statuses,

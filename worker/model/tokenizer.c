@@ -2,32 +2,23 @@
  * its corner cases follow the `tokenizers` library (Rust) so that ids match token for token:
  * added tokens -> normalizer -> pre-tokenizer -> BPE -> post-processor, and the decoder chain
  * on the way back. Regexes run on PCRE2 (UTF + UCP + JIT), rewritten where Oniguruma, which
- * tokenizers uses, defines a class differently; Unicode normalization comes from utf8proc. */
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include "worker/model/tokenizer.h"
+ * tokenizers uses, defines a class differently; Unicode normalization comes from utf8proc.
+ * This file is the runtime (encode, decode); tokenizer_load.c loads tokenizer.json and
+ * tokenizer_regex.c rewrites and runs its regexes. */
+#include "worker/model/tokenizer_impl.h"
 
-#include <errno.h>
-#include <jansson.h>
-#include <pcre2.h>
-#include <pthread.h>
-#include <stdarg.h>
-#include <stdbool.h>
-#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <utf8proc.h>
 #include <xxhash.h>
 
 #include "cache/split.h" /* cg_utf8_valid */
 
-#define NO_ID UINT32_MAX
-
 /* ---------------------------------------------------------------------------------------------
  * Small helpers: growable arrays, UTF-8
  * ------------------------------------------------------------------------------------------- */
 
-/* Grows *p (elements of size sz, capacity *cap) to hold at least need elements. */
-static void grow(void *pp, size_t *cap, size_t need, size_t sz)
+void tk_grow(void *pp, size_t *cap, size_t need, size_t sz)
 {
     if (need <= *cap) return;
     size_t c = *cap ? *cap : 16;
@@ -37,48 +28,18 @@ static void grow(void *pp, size_t *cap, size_t need, size_t sz)
     *cap = c;
 }
 
-/* A byte string under construction (no cap: these hold tokenizer-internal data). */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static void sb_add(sbuf *b, const void *s, size_t n)
+void tk_sb_add(sbuf *b, const void *s, size_t n)
 {
-    grow(&b->p, &b->cap, b->n + n + 1, 1);
+    tk_grow(&b->p, &b->cap, b->n + n + 1, 1);
     if (n) memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = '\0';
 }
 
-static void sb_free(sbuf *b)
+void tk_sb_free(sbuf *b)
 {
     cg_free(&b->p);
     b->n = b->cap = 0;
-}
-
-static inline size_t u8len(unsigned char c)
-{
-    return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-}
-
-/* Decodes the code point at s (valid UTF-8, at least one byte) and its length. */
-static inline uint32_t u8dec(const char *s, size_t *len)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    size_t l = u8len(u[0]);
-    *len = l;
-    switch (l) {
-    case 1:
-        return u[0];
-    case 2:
-        return (uint32_t)(u[0] & 0x1F) << 6 | (u[1] & 0x3F);
-    case 3:
-        return (uint32_t)(u[0] & 0x0F) << 12 | (uint32_t)(u[1] & 0x3F) << 6 | (u[2] & 0x3F);
-    default:
-        return (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3F) << 12 |
-               (uint32_t)(u[2] & 0x3F) << 6 | (u[3] & 0x3F);
-    }
 }
 
 static size_t u8enc(uint32_t cp, char *out)
@@ -123,7 +84,7 @@ static void append_lossy(sbuf *out, const char *s, size_t n)
             size_t j = i + 1;
             while (j < n && u[j] < 0x80)
                 j++;
-            sb_add(out, s + i, j - i);
+            tk_sb_add(out, s + i, j - i);
             i = j;
             continue;
         }
@@ -132,7 +93,7 @@ static void append_lossy(sbuf *out, const char *s, size_t n)
                    : (b >= 0xF0 && b <= 0xF4) ? 4
                                               : 0;
         if (!w) {
-            sb_add(out, fffd, 3);
+            tk_sb_add(out, fffd, 3);
             i++;
             continue;
         }
@@ -148,9 +109,9 @@ static void append_lossy(sbuf *out, const char *s, size_t n)
                 k++;
         }
         if (k == w)
-            sb_add(out, s + i, w);
+            tk_sb_add(out, s + i, w);
         else
-            sb_add(out, fffd, 3);
+            tk_sb_add(out, fffd, 3);
         i += k;
     }
 }
@@ -158,20 +119,6 @@ static void append_lossy(sbuf *out, const char *s, size_t n)
 /* ---------------------------------------------------------------------------------------------
  * Hash maps: byte string -> int32 (vocabularies) and (id, id) -> (rank, id) (merges)
  * ------------------------------------------------------------------------------------------- */
-
-typedef struct smap_ent {
-    uint32_t off, len;
-    int32_t val;
-    uint32_t h;
-} smap_ent;
-
-typedef struct smap {
-    uint32_t *slot; /* index into ent, NO_ID when empty */
-    size_t mask;
-    smap_ent *ent;
-    size_t n, cap;
-    sbuf keys;
-} smap;
 
 static void smap_rehash(smap *m, size_t nslots)
 {
@@ -205,8 +152,7 @@ static size_t smap_find(const smap *m, const char *k, size_t n, uint32_t h)
     }
 }
 
-/* Inserts or overwrites k -> v. */
-static void smap_put(smap *m, const char *k, size_t n, int32_t v)
+void tk_smap_put(smap *m, const char *k, size_t n, int32_t v)
 {
     if (!m->slot) smap_rehash(m, 64);
     uint32_t h = smap_hash(k, n);
@@ -215,37 +161,27 @@ static void smap_put(smap *m, const char *k, size_t n, int32_t v)
         m->ent[m->slot[s]].val = v;
         return;
     }
-    grow(&m->ent, &m->cap, m->n + 1, sizeof *m->ent);
+    tk_grow(&m->ent, &m->cap, m->n + 1, sizeof *m->ent);
     m->ent[m->n] = (smap_ent){(uint32_t)m->keys.n, (uint32_t)n, v, h};
-    sb_add(&m->keys, k, n);
+    tk_sb_add(&m->keys, k, n);
     m->slot[s] = (uint32_t)m->n++;
     if (m->n * 2 > m->mask + 1) smap_rehash(m, (m->mask + 1) * 2);
 }
 
-static int32_t smap_get(const smap *m, const char *k, size_t n)
+int32_t tk_smap_get(const smap *m, const char *k, size_t n)
 {
     if (!m->slot) return -1;
     size_t s = smap_find(m, k, n, smap_hash(k, n));
     return m->slot[s] == NO_ID ? -1 : m->ent[m->slot[s]].val;
 }
 
-static void smap_free(smap *m)
+void tk_smap_free(smap *m)
 {
     cg_free(&m->slot);
     cg_free(&m->ent);
-    sb_free(&m->keys);
+    tk_sb_free(&m->keys);
     m->n = m->cap = 0;
 }
-
-typedef struct pent {
-    uint64_t key; /* (a << 32 | b), UINT64_MAX when empty */
-    uint64_t val; /* (rank << 32 | new_id) */
-} pent;
-
-typedef struct pmap {
-    pent *v;
-    size_t mask, n;
-} pmap;
 
 static inline size_t pmap_slot(uint64_t k, size_t mask)
 {
@@ -255,7 +191,7 @@ static inline size_t pmap_slot(uint64_t k, size_t mask)
     return (size_t)k & mask;
 }
 
-static void pmap_init(pmap *m, size_t expected)
+void tk_pmap_init(pmap *m, size_t expected)
 {
     size_t n = 64;
     while (n < expected + expected / 2)
@@ -267,9 +203,7 @@ static void pmap_init(pmap *m, size_t expected)
     m->n = 0;
 }
 
-/* Inserts or overwrites: a later merge of the same pair replaces the earlier rank, as the
- * HashMap that tokenizers collects the merges into does. */
-static void pmap_put(pmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t id)
+void tk_pmap_put(pmap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t id)
 {
     uint64_t k = (uint64_t)a << 32 | b;
     size_t s = pmap_slot(k, m->mask);
@@ -294,12 +228,12 @@ static inline bool pmap_get(const pmap *m, uint32_t a, uint32_t b, uint32_t *ran
     }
 }
 
-static void pmap_free(pmap *m)
+void tk_pmap_free(pmap *m)
 {
     cg_free(&m->v);
 }
 
-static int hexval(char ch)
+int tk_hexval(char ch)
 {
     if (ch >= '0' && ch <= '9') return ch - '0';
     if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
@@ -308,290 +242,15 @@ static int hexval(char ch)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Regexes (PCRE2)
- * ------------------------------------------------------------------------------------------- */
-
-/* Rewrites a tokenizers (Oniguruma) pattern for PCRE2 with UCP. The classes that differ:
- * Oniguruma's \s is White_Space (PCRE2 adds U+180E), \w is letters, marks, numbers and
- * connector punctuation (PCRE2 lacks marks), \uHHHH is a code point (PCRE2: an error), \h is a
- * hex digit (PCRE2: horizontal space). \b, \B, \h, \H, \W inside a class, POSIX classes,
- * nested classes and class intersection are refused rather than approximated. (^ and $ are line
- * anchors in Oniguruma: rx_compile sets PCRE2_MULTILINE.) Returns NULL and sets why on refusal. */
-static char *rx_rewrite(const char *p, size_t n, const char **why)
-{
-    static const char word[] = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
-    sbuf o = {0};
-    bool in_class = false;
-    for (size_t i = 0; i < n; i++) {
-        char c = p[i];
-        if (c == '\\' && i + 1 < n) {
-            char d = p[i + 1];
-            i++;
-            switch (d) {
-            case 's':
-                sb_add(&o, "\\p{White_Space}", 15);
-                break;
-            case 'S':
-                sb_add(&o, "\\P{White_Space}", 15);
-                break;
-            case 'w':
-                if (in_class)
-                    sb_add(&o, word, sizeof word - 1);
-                else {
-                    sb_add(&o, "[", 1);
-                    sb_add(&o, word, sizeof word - 1);
-                    sb_add(&o, "]", 1);
-                }
-                break;
-            case 'W':
-                if (in_class) {
-                    *why = "\\W inside a character class";
-                    goto fail;
-                }
-                sb_add(&o, "[^", 2);
-                sb_add(&o, word, sizeof word - 1);
-                sb_add(&o, "]", 1);
-                break;
-            case 'b':
-            case 'B':
-                *why = "word boundaries (\\b, \\B)";
-                goto fail;
-            case 'h':
-            case 'H':
-                *why = "\\h and \\H";
-                goto fail;
-            case 'u': {
-                size_t k = 0;
-                while (k < 4 && i + 1 + k < n && hexval(p[i + 1 + k]) >= 0)
-                    k++;
-                if (k != 4) {
-                    *why = "\\u without four hex digits";
-                    goto fail;
-                }
-                sb_add(&o, "\\x{", 3);
-                sb_add(&o, p + i + 1, 4);
-                sb_add(&o, "}", 1);
-                i += 4;
-                break;
-            }
-            default:
-                sb_add(&o, p + i - 1, 2);
-                /* \p{..}, \x{..} and friends pass through whole */
-                break;
-            }
-            continue;
-        }
-        if (!in_class && c == '[') {
-            in_class = true;
-            sb_add(&o, &c, 1);
-            /* a ']' right after '[' or '[^' is a literal */
-            if (i + 1 < n && p[i + 1] == '^') sb_add(&o, p + ++i, 1);
-            if (i + 1 < n && p[i + 1] == ']') sb_add(&o, p + ++i, 1);
-            continue;
-        }
-        if (in_class && c == '[' && i + 1 < n &&
-            (p[i + 1] == ':' || p[i + 1] == '=' || p[i + 1] == '.')) {
-            *why = "POSIX character classes";
-            goto fail;
-        }
-        if (in_class && c == '[') {
-            *why = "nested character classes";
-            goto fail;
-        }
-        if (in_class && c == '&' && i + 1 < n && p[i + 1] == '&') {
-            *why = "class intersection (&&)";
-            goto fail;
-        }
-        if (in_class && c == ']') in_class = false;
-        sb_add(&o, &c, 1);
-    }
-    if (!o.p) sb_add(&o, "", 0);
-    return o.p;
-fail:
-    sb_free(&o);
-    return NULL;
-}
-
-/* Compiles a pattern (literal: a plain string to find). Returns NULL with a message in why and
- * *st CG_E_UNSUPPORTED (a construct refused by rx_rewrite) or CG_E_VALUE (does not compile). */
-static pcre2_code *rx_compile(const char *pat, size_t n, bool literal, char *why, size_t whylen,
-                              cg_status *st)
-{
-    const char *refusal = NULL;
-    char *src = literal ? cg_strndup(pat, n) : rx_rewrite(pat, n, &refusal);
-    *st = CG_E_UNSUPPORTED;
-    if (!src) {
-        snprintf(why, whylen, "uses %s, which is not supported", refusal);
-        return NULL;
-    }
-    *st = CG_E_VALUE;
-    int ec = 0;
-    PCRE2_SIZE eo = 0;
-    uint32_t opt = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP | PCRE2_MULTILINE);
-    pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
-    if (!cc) abort();
-    pcre2_set_newline(cc, PCRE2_NEWLINE_LF); /* Oniguruma's newline, whatever PCRE2's build says */
-    pcre2_code *re =
-        pcre2_compile((PCRE2_SPTR)src, literal ? n : PCRE2_ZERO_TERMINATED, opt, &ec, &eo, cc);
-    pcre2_compile_context_free(cc);
-    free(src);
-    if (!re) {
-        PCRE2_UCHAR msg[160];
-        pcre2_get_error_message(ec, msg, sizeof msg);
-        snprintf(why, whylen, "does not compile: %s at offset %zu", (char *)msg, (size_t)eo);
-        return NULL;
-    }
-    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* the interpreter is the fallback */
-    return re;
-}
-
-/* One match attempt from pos; returns 1 with [*s, *e) on a match, 0 on none, -1 on error. */
-static int rx_match(const pcre2_code *re, const char *s, size_t n, size_t pos, uint32_t opts,
-                    pcre2_match_data *md, size_t *ms, size_t *me)
-{
-    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK | opts, md, NULL);
-    if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
-        rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT | opts, md,
-                         NULL);
-    if (rc == PCRE2_ERROR_NOMATCH) return 0;
-    if (rc < 0) return -1;
-    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-    *ms = ov[0];
-    *me = ov[1];
-    return 1;
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Tokenizer structure
  * ------------------------------------------------------------------------------------------- */
-
-typedef enum {
-    BEH_REMOVED,
-    BEH_ISOLATED,
-    BEH_MERGED_PREV,
-    BEH_MERGED_NEXT,
-    BEH_CONTIGUOUS
-} behavior;
-typedef enum { PS_ALWAYS, PS_FIRST, PS_NEVER } prepend_scheme;
-
-typedef enum { NZ_NFC, NZ_NFD, NZ_NFKC, NZ_NFKD, NZ_PREPEND, NZ_REPLACE } nz_kind;
-typedef struct nz_step {
-    nz_kind kind;
-    char *str; /* Prepend's text, Replace's content */
-    size_t str_len;
-    pcre2_code *re; /* Replace's pattern */
-} nz_step;
-
-typedef enum { PT_BYTELEVEL, PT_SPLIT, PT_METASPACE, PT_DIGITS } pt_kind;
-typedef struct pt_step {
-    pt_kind kind;
-    bool add_prefix_space, use_regex; /* ByteLevel */
-    pcre2_code *re;                   /* ByteLevel (GPT-2 pattern) or Split */
-    behavior beh;                     /* Split */
-    bool invert;                      /* Split */
-    uint32_t repl;                    /* Metaspace replacement character */
-    prepend_scheme scheme;            /* Metaspace */
-    bool split;                       /* Metaspace */
-    bool individual;                  /* Digits */
-} pt_step;
-
-typedef enum { DC_BYTELEVEL, DC_METASPACE, DC_REPLACE, DC_BYTEFALLBACK, DC_FUSE, DC_STRIP } dc_kind;
-typedef struct dc_step {
-    dc_kind kind;
-    pcre2_code *re; /* Replace */
-    char *str;      /* Replace's content */
-    size_t str_len;
-    uint32_t ch;           /* Metaspace replacement, Strip content */
-    prepend_scheme scheme; /* Metaspace */
-    size_t start, stop;    /* Strip */
-} dc_step;
-
-typedef struct added_tok {
-    int32_t id;
-    char *content;
-    size_t len;
-    char *match; /* what is searched for: content, normalized when the token is */
-    size_t match_len;
-    bool special, lstrip, rstrip, single_word, normalized;
-} added_tok;
-
-/* A byte trie of added tokens, searched leftmost-longest. */
-typedef struct trie_node {
-    uint32_t child, sibling;
-    int32_t tok; /* index into added, -1 */
-    unsigned char byte;
-} trie_node;
-typedef struct trie {
-    trie_node *v;
-    size_t n, cap;
-    bool first[256];
-} trie;
-
-/* The BPE cache: pre-token -> ids, direct-mapped, sharded, one lock per shard. Words of fewer
- * than CACHE_MAX_KEY bytes are cached; an entry is at most 16 + 5 * 127 bytes, so the cache
- * holds at most ~42 MB whatever the input (a few MB on real text). */
-#define CACHE_SHARDS 64
-#define CACHE_SLOTS 1024 /* per shard: 65536 entries in all */
-#define CACHE_MAX_KEY 128
-typedef struct cache_ent {
-    uint64_t h;
-    uint32_t klen, nids;
-    /* int32_t ids[nids]; then char key[klen] */
-} cache_ent;
-typedef struct cache_shard {
-    pthread_mutex_t lock;
-    cache_ent *slot[CACHE_SLOTS];
-} cache_shard;
-
-struct cg_tokenizer {
-    bool bytes; /* the tiny model's byte tokenizer */
-    int32_t n_ids;
-    int32_t bos, eos;
-    bool adds_bos;
-
-    /* id -> string (added tokens over the model's), id -> stream bytes, flags */
-    uint32_t *str_off, *str_len;
-    sbuf strs;
-    uint32_t *sb_off, *sb_len;
-    sbuf sbytes;
-    uint8_t *special;
-    smap model_vocab; /* the BPE model's own vocabulary */
-    smap added_map;   /* added token content -> index into added */
-
-    /* BPE */
-    pmap merges;
-    int32_t unk_id; /* -1 without unk_token */
-    bool fuse_unk, byte_fallback, ignore_merges;
-    char *cs_prefix, *eow_suffix; /* NULL when absent or empty */
-    size_t cs_prefix_len, eow_suffix_len;
-    int32_t byte_ids[256];
-    cache_shard *cache;
-
-    /* pipeline */
-    nz_step *nz;
-    size_t n_nz;
-    pt_step *pt;
-    size_t n_pt;
-    dc_step *dc;
-    size_t n_dc;
-    bool has_decoder;
-    added_tok *added;
-    size_t n_added;
-    trie raw_trie, norm_trie;
-    pcre2_code *word_rx; /* single_word: Rust regex's \w */
-    int32_t *tmpl;       /* single template; -1 stands for the sequence */
-    size_t n_tmpl;
-    bool clean_up;
-    char *chat_template;
-};
 
 /* Byte-level alphabet of GPT-2: byte b <-> one printable code point. */
 static uint32_t bl_cp[256];
 static char bl_utf8[256][2]; /* bl_cp as UTF-8 (one or two bytes) */
 static uint8_t bl_utf8_len[256];
 static int16_t bl_byte[324]; /* code point -> byte, -1 */
-static pthread_once_t bl_once = PTHREAD_ONCE_INIT;
-static void bl_init(void)
+void tk_bl_init(void)
 {
     for (int i = 0; i < 324; i++)
         bl_byte[i] = -1;
@@ -608,55 +267,6 @@ static void bl_init(void)
  * Encoding: scratch state of one call
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct span {
-    uint32_t off, len;
-    bool first; /* starts at offset 0 of the original text (Metaspace's prepend_scheme first) */
-} span;
-
-/* Pieces of text: spans into buf. */
-typedef struct plist {
-    sbuf buf;
-    span *v;
-    size_t n, cap;
-} plist;
-
-typedef struct mrange {
-    size_t s, e;
-    bool m;
-} mrange;
-
-typedef struct sym {
-    uint32_t id;
-    int32_t prev, next;
-    bool gone;
-} sym;
-
-typedef struct hent {
-    uint32_t rank, pos, id;
-} hent;
-
-typedef struct ectx {
-    const cg_tokenizer *t;
-    pcre2_match_data *md;
-    plist pa, pb;
-    mrange *mr, *kr;
-    size_t nmr, cmr, nkr, ckr;
-    sbuf tmp, norm;
-    sym *sy;
-    size_t nsy, csy;
-    hent *hp;
-    size_t nhp, chp;
-    cg_tokens *out;
-    size_t start; /* out->n when the encode began */
-    size_t limit; /* most ids this encode may add (0 = any) */
-    bool over;    /* the limit was passed, or the request went away: the encode stopped */
-    bool gone;    /* it was the request going away */
-    int (*cancelled)(void *ud);
-    void *cancel_ud;
-    size_t checked;     /* work units since cancelled was last asked */
-    bool split_special; /* special tokens' text in the input is plain text */
-} ectx;
-
 static void pl_reset(plist *l)
 {
     l->buf.n = 0;
@@ -665,33 +275,33 @@ static void pl_reset(plist *l)
 
 static void pl_add(plist *l, const char *s, size_t n, bool first)
 {
-    grow(&l->v, &l->cap, l->n + 1, sizeof *l->v);
+    tk_grow(&l->v, &l->cap, l->n + 1, sizeof *l->v);
     l->v[l->n++] = (span){(uint32_t)l->buf.n, (uint32_t)n, first};
-    sb_add(&l->buf, s, n);
+    tk_sb_add(&l->buf, s, n);
 }
 
 static void pl_free(plist *l)
 {
-    sb_free(&l->buf);
+    tk_sb_free(&l->buf);
     cg_free(&l->v);
     l->n = l->cap = 0;
 }
 
 static void mr_add(ectx *c, size_t s, size_t e, bool m)
 {
-    grow(&c->mr, &c->cmr, c->nmr + 1, sizeof *c->mr);
+    tk_grow(&c->mr, &c->cmr, c->nmr + 1, sizeof *c->mr);
     c->mr[c->nmr++] = (mrange){s, e, m};
 }
 
 static void kr_add(ectx *c, size_t s, size_t e)
 {
-    grow(&c->kr, &c->ckr, c->nkr + 1, sizeof *c->kr);
+    tk_grow(&c->kr, &c->ckr, c->nkr + 1, sizeof *c->kr);
     c->kr[c->nkr++] = (mrange){s, e, false};
 }
 
 static void ids_add(cg_tokens *o, int32_t id)
 {
-    grow(&o->ids, &o->cap, o->n + 1, sizeof *o->ids);
+    tk_grow(&o->ids, &o->cap, o->n + 1, sizeof *o->ids);
     o->ids[o->n++] = id;
 }
 
@@ -708,7 +318,7 @@ static int find_matches_rx(ectx *c, const pcre2_code *re, const char *s, size_t 
     size_t pos = 0, prev = 0, last_end = SIZE_MAX;
     while (pos <= n) {
         size_t ms, me;
-        int rc = rx_match(re, s, n, pos, 0, c->md, &ms, &me);
+        int rc = tk_rx_match(re, s, n, pos, 0, c->md, &ms, &me);
         if (rc < 0) return -1;
         if (rc == 0) break;
         if (ms == me && last_end == me) {
@@ -827,9 +437,9 @@ static int replace_all(ectx *c, const pcre2_code *re, const char *s, size_t n, c
     if (find_matches_rx(c, re, s, n) < 0) return -1;
     for (size_t i = 0; i < c->nmr; i++) {
         if (c->mr[i].m)
-            sb_add(out, rep, rep_len);
+            tk_sb_add(out, rep, rep_len);
         else
-            sb_add(out, s + c->mr[i].s, c->mr[i].e - c->mr[i].s);
+            tk_sb_add(out, s + c->mr[i].s, c->mr[i].e - c->mr[i].s);
     }
     return 0;
 }
@@ -948,13 +558,12 @@ out:
     return st;
 }
 
-/* Normalizes s[0..n) into c->norm. Returns -1 on a regex engine error. */
-static int normalize(ectx *c, const char *s, size_t n)
+int tk_normalize(ectx *c, const char *s, size_t n)
 {
     const cg_tokenizer *t = c->t;
     sbuf *cur = &c->norm, *tmp = &c->tmp;
     cur->n = 0;
-    sb_add(cur, s, n);
+    tk_sb_add(cur, s, n);
     for (size_t i = 0; i < t->n_nz; i++) {
         const nz_step *z = &t->nz[i];
         tmp->n = 0;
@@ -970,22 +579,22 @@ static int normalize(ectx *c, const char *s, size_t n)
             cg_buf d;
             cg_buf_init(&d, 0);
             cg_status st = cg_unicode_normalize(cur->p, cur->n, form[z->kind], &d);
-            if (st == CG_OK) sb_add(tmp, d.data, d.len);
+            if (st == CG_OK) tk_sb_add(tmp, d.data, d.len);
             cg_buf_free(&d);
             if (st != CG_OK) return -1;
             break;
         }
         case NZ_PREPEND:
             if (cur->n == 0) continue;
-            sb_add(tmp, z->str, z->str_len);
-            sb_add(tmp, cur->p, cur->n);
+            tk_sb_add(tmp, z->str, z->str_len);
+            tk_sb_add(tmp, cur->p, cur->n);
             break;
         case NZ_REPLACE:
             if (replace_all(c, z->re, cur->p, cur->n, z->str, z->str_len, tmp) < 0) return -1;
             break;
         }
         cur->n = 0;
-        sb_add(cur, tmp->p, tmp->n);
+        tk_sb_add(cur, tmp->p, tmp->n);
     }
     return 0;
 }
@@ -1015,8 +624,8 @@ static int pretok_step(ectx *c, const pt_step *p, const plist *in, plist *out)
         case PT_BYTELEVEL: {
             sbuf *w = &c->tmp;
             w->n = 0;
-            if (p->add_prefix_space && (n == 0 || s[0] != ' ')) sb_add(w, " ", 1);
-            sb_add(w, s, n);
+            if (p->add_prefix_space && (n == 0 || s[0] != ' ')) tk_sb_add(w, " ", 1);
+            tk_sb_add(w, s, n);
             if (p->use_regex) {
                 if (find_matches_rx(c, p->re, w->p, w->n) < 0) return -1;
                 apply_behavior(c, BEH_ISOLATED, false);
@@ -1027,8 +636,8 @@ static int pretok_step(ectx *c, const pt_step *p, const plist *in, plist *out)
             for (size_t k = 0; k < c->nkr; k++) {
                 size_t a = c->kr[k].s, e = c->kr[k].e;
                 if (e <= a) continue;
-                grow(&out->v, &out->cap, out->n + 1, sizeof *out->v);
-                grow(&out->buf.p, &out->buf.cap, out->buf.n + 2 * (e - a) + 1, 1);
+                tk_grow(&out->v, &out->cap, out->n + 1, sizeof *out->v);
+                tk_grow(&out->buf.p, &out->buf.cap, out->buf.n + 2 * (e - a) + 1, 1);
                 span sp = {(uint32_t)out->buf.n, 0, first && a == 0};
                 char *o = out->buf.p + out->buf.n;
                 for (size_t j = a; j < e; j++) {
@@ -1052,12 +661,12 @@ static int pretok_step(ectx *c, const pt_step *p, const plist *in, plist *out)
             /* spaces are replaced first, so a leading space counts as a leading replacement */
             if (n && s[0] == ' ') starts = true;
             if (!starts && (p->scheme == PS_ALWAYS || (p->scheme == PS_FIRST && first)))
-                sb_add(w, rep, rl);
+                tk_sb_add(w, rep, rl);
             for (size_t j = 0; j < n; j++) {
                 if (s[j] == ' ')
-                    sb_add(w, rep, rl);
+                    tk_sb_add(w, rep, rl);
                 else
-                    sb_add(w, s + j, 1);
+                    tk_sb_add(w, s + j, 1);
             }
             if (p->split) {
                 find_matches_char(c, w->p, w->n, pred_eq, p->repl);
@@ -1085,7 +694,7 @@ static inline bool hless(const hent *a, const hent *b)
 
 static void hpush(ectx *c, hent e)
 {
-    grow(&c->hp, &c->chp, c->nhp + 1, sizeof *c->hp);
+    tk_grow(&c->hp, &c->chp, c->nhp + 1, sizeof *c->hp);
     size_t i = c->nhp++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
@@ -1118,7 +727,7 @@ static hent hpop(ectx *c)
 
 static void sym_add(ectx *c, uint32_t id)
 {
-    grow(&c->sy, &c->csy, c->nsy + 1, sizeof *c->sy);
+    tk_grow(&c->sy, &c->csy, c->nsy + 1, sizeof *c->sy);
     int32_t i = (int32_t)c->nsy;
     c->sy[c->nsy++] = (sym){id, i - 1, i + 1, false};
 }
@@ -1138,14 +747,14 @@ static void bpe_symbols(ectx *c, const char *s, size_t n)
         size_t kl = l;
         if ((t->cs_prefix && i > 0) || (t->eow_suffix && i + l == n)) {
             k->n = 0;
-            if (t->cs_prefix && i > 0) sb_add(k, t->cs_prefix, t->cs_prefix_len);
-            sb_add(k, s + i, l);
-            if (t->eow_suffix && i + l == n) sb_add(k, t->eow_suffix, t->eow_suffix_len);
+            if (t->cs_prefix && i > 0) tk_sb_add(k, t->cs_prefix, t->cs_prefix_len);
+            tk_sb_add(k, s + i, l);
+            if (t->eow_suffix && i + l == n) tk_sb_add(k, t->eow_suffix, t->eow_suffix_len);
             key = k->p;
             kl = k->n;
         }
         i += l;
-        int32_t id = smap_get(&t->model_vocab, key, kl);
+        int32_t id = tk_smap_get(&t->model_vocab, key, kl);
         if (id >= 0) {
             if (unk >= 0) sym_add(c, (uint32_t)unk);
             unk = -1;
@@ -1215,7 +824,7 @@ static void bpe_word(ectx *c, const char *s, size_t n)
     const cg_tokenizer *t = c->t;
     if (n == 0) return;
     if (t->ignore_merges) {
-        int32_t id = smap_get(&t->model_vocab, s, n);
+        int32_t id = tk_smap_get(&t->model_vocab, s, n);
         if (id >= 0) {
             ids_add(c->out, id);
             return;
@@ -1230,7 +839,7 @@ static void bpe_word(ectx *c, const char *s, size_t n)
         cache_ent *e = cache_lookup_locked(sh, h, s, n);
         if (e) {
             const int32_t *ids = (const int32_t *)(e + 1);
-            grow(&c->out->ids, &c->out->cap, c->out->n + e->nids, sizeof *c->out->ids);
+            tk_grow(&c->out->ids, &c->out->cap, c->out->n + e->nids, sizeof *c->out->ids);
             memcpy(c->out->ids + c->out->n, ids, e->nids * sizeof *ids);
             c->out->n += e->nids;
             pthread_mutex_unlock(&sh->lock);
@@ -1263,10 +872,10 @@ static void bpe_word(ectx *c, const char *s, size_t n)
  * Added tokens
  * ------------------------------------------------------------------------------------------- */
 
-static void trie_insert(trie *tr, const char *s, size_t n, int32_t tok)
+void tk_trie_insert(trie *tr, const char *s, size_t n, int32_t tok)
 {
     if (!tr->n) {
-        grow(&tr->v, &tr->cap, 1, sizeof *tr->v);
+        tk_grow(&tr->v, &tr->cap, 1, sizeof *tr->v);
         tr->v[tr->n++] = (trie_node){NO_ID, NO_ID, -1, 0};
     }
     uint32_t cur = 0;
@@ -1276,7 +885,7 @@ static void trie_insert(trie *tr, const char *s, size_t n, int32_t tok)
         while (ch != NO_ID && tr->v[ch].byte != b)
             ch = tr->v[ch].sibling;
         if (ch == NO_ID) {
-            grow(&tr->v, &tr->cap, tr->n + 1, sizeof *tr->v);
+            tk_grow(&tr->v, &tr->cap, tr->n + 1, sizeof *tr->v);
             ch = (uint32_t)tr->n++;
             tr->v[ch] = (trie_node){NO_ID, tr->v[cur].child, -1, b};
             tr->v[cur].child = ch;
@@ -1310,7 +919,7 @@ static int32_t trie_longest(const trie *tr, const char *s, size_t n, size_t i, s
 static bool word_at(const cg_tokenizer *t, ectx *c, const char *s, size_t n, size_t i)
 {
     size_t ms, me;
-    return rx_match(t->word_rx, s, n, i, PCRE2_ANCHORED, c->md, &ms, &me) == 1;
+    return tk_rx_match(t->word_rx, s, n, i, PCRE2_ANCHORED, c->md, &ms, &me) == 1;
 }
 
 typedef struct seg {
@@ -1362,13 +971,13 @@ static void find_added(ectx *c, const trie *tr, const char *s, size_t n, seg **o
             }
             i = me;
         }
-        grow(out, cap, *nout + 2, sizeof **out);
+        tk_grow(out, cap, *nout + 2, sizeof **out);
         if (start_off < ms) (*out)[(*nout)++] = (seg){start_off, ms, -1};
         (*out)[(*nout)++] = (seg){ms, me, k};
         start_off = me;
     }
     if (start_off < n) {
-        grow(out, cap, *nout + 1, sizeof **out);
+        tk_grow(out, cap, *nout + 1, sizeof **out);
         (*out)[(*nout)++] = (seg){start_off, n, -1};
     }
 }
@@ -1435,7 +1044,7 @@ static cg_status encode_hf(const cg_tokenizer *t, const char *text, size_t len,
         /* c.norm is written only by normalize(): it holds the piece while its parts are encoded */
         ask_cancelled(&c, s1[i].e - s1[i].s);
         if (c.over) break;
-        if (normalize(&c, text + s1[i].s, s1[i].e - s1[i].s) < 0) goto fail;
+        if (tk_normalize(&c, text + s1[i].s, s1[i].e - s1[i].s) < 0) goto fail;
         find_added(&c, &t->norm_trie, c.norm.p, c.norm.n, &s2, &n2, &c2);
         for (size_t j = 0; j < n2 && !c.over; j++) {
             if (s2[j].tok >= 0)
@@ -1461,7 +1070,7 @@ static cg_status encode_hf(const cg_tokenizer *t, const char *text, size_t len,
                 continue;
             }
             if (!k) continue;
-            grow(&out->ids, &out->cap, out->n + k, sizeof *out->ids);
+            tk_grow(&out->ids, &out->cap, out->n + k, sizeof *out->ids);
             memcpy(out->ids + out->n, seq, k * sizeof *seq);
             out->n += k;
         }
@@ -1482,8 +1091,8 @@ out:
     pl_free(&c.pb);
     free(c.mr);
     free(c.kr);
-    sb_free(&c.tmp);
-    sb_free(&c.norm);
+    tk_sb_free(&c.tmp);
+    tk_sb_free(&c.norm);
     free(c.sy);
     free(c.hp);
     pcre2_match_data_free(c.md);
@@ -1507,7 +1116,7 @@ cg_status cg_tokenizer_encode_opts(const cg_tokenizer *t, const char *text, size
 {
     if (!t->bytes) return encode_hf(t, text, len, o, out);
     if (o->max_tokens && len + (o->add_special ? 1 : 0) > o->max_tokens) return CG_E_CONTEXT;
-    grow(&out->ids, &out->cap, out->n + len + 1, sizeof *out->ids);
+    tk_grow(&out->ids, &out->cap, out->n + len + 1, sizeof *out->ids);
     if (o->add_special) out->ids[out->n++] = t->bos;
     for (size_t i = 0; i < len; i++)
         out->ids[out->n++] = (unsigned char)text[i];
@@ -1550,7 +1159,7 @@ static int dc_replace(const dc_step *d, plist *in, plist *out, ectx *c)
 static int byte_token(const char *s, size_t n)
 {
     if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') return -1;
-    int hi = hexval(s[3]), lo = hexval(s[4]);
+    int hi = tk_hexval(s[3]), lo = tk_hexval(s[4]);
     if (s[3] == '+' && lo >= 0) return lo;
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
@@ -1563,7 +1172,7 @@ static void dc_bytefallback(plist *in, plist *out)
         int b = i < in->n ? byte_token(in->buf.p + in->v[i].off, in->v[i].len) : -1;
         if (b >= 0) {
             char ch = (char)b;
-            sb_add(&pend, &ch, 1);
+            tk_sb_add(&pend, &ch, 1);
             continue;
         }
         if (pend.n) {
@@ -1576,7 +1185,7 @@ static void dc_bytefallback(plist *in, plist *out)
         }
         if (i < in->n) pl_add(out, in->buf.p + in->v[i].off, in->v[i].len, false);
     }
-    sb_free(&pend);
+    tk_sb_free(&pend);
 }
 
 static void dc_strip(const dc_step *d, plist *in, plist *out)
@@ -1605,15 +1214,15 @@ static void dc_metaspace(const dc_step *d, plist *in, plist *out)
     for (size_t i = 0; i < in->n; i++) {
         const char *s = in->buf.p + in->v[i].off;
         size_t n = in->v[i].len;
-        grow(&out->v, &out->cap, out->n + 1, sizeof *out->v);
+        tk_grow(&out->v, &out->cap, out->n + 1, sizeof *out->v);
         span sp = {(uint32_t)out->buf.n, 0, false};
         for (size_t j = 0; j < n;) {
             size_t l;
             uint32_t cp = u8dec(s + j, &l);
             if (cp == d->ch) {
-                if (!(i == 0 && d->scheme != PS_NEVER)) sb_add(&out->buf, " ", 1);
+                if (!(i == 0 && d->scheme != PS_NEVER)) tk_sb_add(&out->buf, " ", 1);
             } else
-                sb_add(&out->buf, s + j, l);
+                tk_sb_add(&out->buf, s + j, l);
             j += l;
         }
         sp.len = (uint32_t)(out->buf.n - sp.off);
@@ -1631,11 +1240,11 @@ static void bytelevel_bytes(const char *s, size_t n, sbuf *out)
         uint32_t cp = u8dec(s + j, &l);
         if (cp >= 324 || bl_byte[cp] < 0) {
             out->n = mark;
-            sb_add(out, s, n);
+            tk_sb_add(out, s, n);
             return;
         }
         char b = (char)bl_byte[cp];
-        sb_add(out, &b, 1);
+        tk_sb_add(out, &b, 1);
         j += l;
     }
 }
@@ -1649,8 +1258,8 @@ static void dc_bytelevel(plist *in, plist *out)
     sbuf fixed = {0};
     append_lossy(&fixed, raw.p ? raw.p : "", raw.n);
     pl_add(out, fixed.p ? fixed.p : "", fixed.n, false);
-    sb_free(&raw);
-    sb_free(&fixed);
+    tk_sb_free(&raw);
+    tk_sb_free(&fixed);
 }
 
 static void dc_fuse(plist *in, plist *out)
@@ -1658,9 +1267,9 @@ static void dc_fuse(plist *in, plist *out)
     pl_reset(out);
     sbuf all = {0};
     for (size_t i = 0; i < in->n; i++)
-        sb_add(&all, in->buf.p + in->v[i].off, in->v[i].len);
+        tk_sb_add(&all, in->buf.p + in->v[i].off, in->v[i].len);
     pl_add(out, all.p ? all.p : "", all.n, false);
-    sb_free(&all);
+    tk_sb_free(&all);
 }
 
 /* transformers' clean_up_tokenization: a fixed list of English spacing fixes, in order. */
@@ -1708,8 +1317,8 @@ cg_status cg_tokenizer_decode(const cg_tokenizer *t, const int32_t *ids, size_t 
     sbuf res = {0};
     if (!t->has_decoder) {
         for (size_t i = 0; i < a.n; i++) {
-            if (i) sb_add(&res, " ", 1);
-            sb_add(&res, a.buf.p + a.v[i].off, a.v[i].len);
+            if (i) tk_sb_add(&res, " ", 1);
+            tk_sb_add(&res, a.buf.p + a.v[i].off, a.v[i].len);
         }
     } else {
         plist *in = &a, *o = &b;
@@ -1744,27 +1353,25 @@ cg_status cg_tokenizer_decode(const cg_tokenizer *t, const int32_t *ids, size_t 
             o = x;
         }
         for (size_t i = 0; i < in->n; i++)
-            sb_add(&res, in->buf.p + in->v[i].off, in->v[i].len);
+            tk_sb_add(&res, in->buf.p + in->v[i].off, in->v[i].len);
     }
     if (t->clean_up && res.n) clean_up(&res);
     st = cg_buf_append(out, res.p ? res.p : "", res.n);
 out:
-    sb_free(&res);
+    tk_sb_free(&res);
     pl_free(&a);
     pl_free(&b);
     free(c.mr);
     free(c.kr);
-    sb_free(&c.tmp);
+    tk_sb_free(&c.tmp);
     if (c.md) pcre2_match_data_free(c.md);
     return st;
 }
 
-/* The per-token stream bytes: the decoder chain on one token, with the steps that only make
- * sense for a whole text (Strip, Metaspace's first-token rule, lossy UTF-8) left out. */
-static int stream_bytes(const cg_tokenizer *t, ectx *c, const char *s, size_t n, sbuf *out)
+int tk_stream_bytes(const cg_tokenizer *t, ectx *c, const char *s, size_t n, sbuf *out)
 {
     out->n = 0;
-    sb_add(out, s, n);
+    tk_sb_add(out, s, n);
     if (!t->has_decoder) return 0;
     sbuf w = {0};
     int rc = 0;
@@ -1780,19 +1387,19 @@ static int stream_bytes(const cg_tokenizer *t, ectx *c, const char *s, size_t n,
                 size_t l;
                 uint32_t cp = u8dec(out->p + j, &l);
                 if (cp == d->ch)
-                    sb_add(&w, " ", 1);
+                    tk_sb_add(&w, " ", 1);
                 else
-                    sb_add(&w, out->p + j, l);
+                    tk_sb_add(&w, out->p + j, l);
                 j += l;
             }
             break;
         case DC_BYTEFALLBACK: {
             int b = byte_token(out->p, out->n);
             if (b < 0)
-                sb_add(&w, out->p, out->n);
+                tk_sb_add(&w, out->p, out->n);
             else {
                 char ch = (char)b;
-                sb_add(&w, &ch, 1);
+                tk_sb_add(&w, &ch, 1);
             }
             break;
         }
@@ -1805,9 +1412,9 @@ static int stream_bytes(const cg_tokenizer *t, ectx *c, const char *s, size_t n,
             continue;
         }
         out->n = 0;
-        sb_add(out, w.p ? w.p : "", w.n);
+        tk_sb_add(out, w.p ? w.p : "", w.n);
     }
-    sb_free(&w);
+    tk_sb_free(&w);
     return rc;
 }
 
@@ -1868,9 +1475,9 @@ int32_t cg_tokenizer_token_id(const cg_tokenizer *t, const char *s)
 {
     if (t->bytes) return -1;
     size_t n = strlen(s);
-    int32_t k = smap_get(&t->added_map, s, n);
+    int32_t k = tk_smap_get(&t->added_map, s, n);
     if (k >= 0) return t->added[k].id;
-    return smap_get(&t->model_vocab, s, n);
+    return tk_smap_get(&t->model_vocab, s, n);
 }
 
 int cg_tokenizer_is_special(const cg_tokenizer *t, int32_t id)
@@ -1882,1080 +1489,4 @@ int cg_tokenizer_is_special(const cg_tokenizer *t, int32_t id)
 const char *cg_tokenizer_chat_template(const cg_tokenizer *t)
 {
     return t->chat_template;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Loading
- * ------------------------------------------------------------------------------------------- */
-
-typedef struct ld {
-    const char *file; /* shown in messages */
-    char *err;
-    size_t errlen;
-    cg_tokenizer *t;
-} ld;
-
-static cg_status fail(ld *L, cg_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static cg_status fail(ld *L, cg_status st, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    cg_seterr(L->err, L->errlen, "%s: %s", L->file, msg);
-    return st;
-}
-
-static const char *jtype(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-        return "an integer";
-    case JSON_REAL:
-        return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    default:
-        return "null";
-    }
-}
-
-/* An optional boolean: absent or null gives def. */
-static cg_status get_bool(ld *L, const json_t *o, const char *key, const char *path, bool def,
-                          bool *out)
-{
-    const json_t *v = json_object_get(o, key);
-    *out = def;
-    if (!v || json_is_null(v)) return CG_OK;
-    if (!json_is_boolean(v))
-        return fail(L, CG_E_VALUE, "%s.%s must be a boolean, not %s", path, key, jtype(v));
-    *out = json_is_true(v);
-    return CG_OK;
-}
-
-/* An optional string: absent or null gives NULL (an error when required). */
-static cg_status get_str(ld *L, const json_t *o, const char *key, const char *path, bool required,
-                         const char **out, size_t *len)
-{
-    const json_t *v = json_object_get(o, key);
-    *out = NULL;
-    if (len) *len = 0;
-    if (!v || json_is_null(v)) {
-        if (required) return fail(L, CG_E_VALUE, "%s.%s is missing", path, key);
-        return CG_OK;
-    }
-    if (!json_is_string(v))
-        return fail(L, CG_E_VALUE, "%s.%s must be a string, not %s", path, key, jtype(v));
-    *out = json_string_value(v);
-    if (len) *len = json_string_length(v);
-    return CG_OK;
-}
-
-/* A one-character string field (Metaspace's replacement, Strip's content). */
-static cg_status get_char(ld *L, const json_t *o, const char *key, const char *path, uint32_t *cp)
-{
-    const char *s;
-    size_t n;
-    cg_status st = get_str(L, o, key, path, true, &s, &n);
-    if (st != CG_OK) return st;
-    size_t l = n ? u8len((unsigned char)s[0]) : 0;
-    if (n == 0 || l != n)
-        return fail(L, CG_E_VALUE, "%s.%s must be exactly one character", path, key);
-    *cp = u8dec(s, &l);
-    return CG_OK;
-}
-
-static cg_status get_type(ld *L, const json_t *o, const char *path, const char **type)
-{
-    if (!json_is_object(o))
-        return fail(L, CG_E_VALUE, "%s must be an object, not %s", path, jtype(o));
-    return get_str(L, o, "type", path, true, type, NULL);
-}
-
-/* A {"String": s} or {"Regex": r} pattern. */
-static cg_status get_pattern(ld *L, const json_t *o, const char *path, pcre2_code **re)
-{
-    const json_t *p = json_object_get(o, "pattern");
-    if (!p) return fail(L, CG_E_VALUE, "%s.pattern is missing", path);
-    if (!json_is_object(p) || json_object_size(p) != 1)
-        return fail(L, CG_E_VALUE, "%s.pattern must be {\"String\": ...} or {\"Regex\": ...}",
-                    path);
-    const json_t *s = json_object_get(p, "String"), *r = json_object_get(p, "Regex");
-    const json_t *v = s ? s : r;
-    if (!v || !json_is_string(v))
-        return fail(L, CG_E_VALUE, "%s.pattern must be {\"String\": ...} or {\"Regex\": ...}",
-                    path);
-    char why[256];
-    cg_status st;
-    *re = rx_compile(json_string_value(v), json_string_length(v), s != NULL, why, sizeof why, &st);
-    if (!*re)
-        return fail(L, st, "%s.pattern.%s '%s' %s", path, s ? "String" : "Regex",
-                    json_string_value(v), why);
-    return CG_OK;
-}
-
-/* A name of a JSON enumeration and the kind it stands for. */
-typedef struct named_kind {
-    const char *name;
-    int kind;
-} named_kind;
-
-/* The kind named s in tab[0, n), -1 if none is. */
-static int kind_named(const named_kind *tab, size_t n, const char *s)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(tab[i].name, s)) return tab[i].kind;
-    return -1;
-}
-
-typedef cg_status (*step_loader)(ld *L, const json_t *o, const char *path);
-
-/* How every step of the pipeline (normalizer, pre-tokenizer, decoder, post-processor) starts:
- * *type is NULL when there is no step (o missing or null), else o's type. A "Sequence" is
- * loaded here: each entry of its list o[list_key] through load, at path.list_key[i]. */
-static cg_status load_step_type(ld *L, const json_t *o, const char *path, const char *list_key,
-                                step_loader load, const char **type)
-{
-    *type = NULL;
-    if (!o || json_is_null(o)) return CG_OK;
-    cg_status st = get_type(L, o, path, type);
-    if (st != CG_OK || strcmp(*type, "Sequence")) return st;
-    const json_t *list = json_object_get(o, list_key);
-    if (!json_is_array(list)) return fail(L, CG_E_VALUE, "%s.%s must be an array", path, list_key);
-    for (size_t i = 0; i < json_array_size(list); i++) {
-        char sub[256];
-        snprintf(sub, sizeof sub, "%s.%s[%zu]", path, list_key, i);
-        st = load(L, json_array_get(list, i), sub);
-        if (st != CG_OK) return st;
-    }
-    return CG_OK;
-}
-
-/* A Replace step (normalizer or decoder): its pattern, and a copy of its content. */
-static cg_status get_replace(ld *L, const json_t *o, const char *path, pcre2_code **re,
-                             char **content, size_t *len)
-{
-    const char *s;
-    size_t n;
-    cg_status st = get_str(L, o, "content", path, true, &s, &n);
-    if (st != CG_OK || (st = get_pattern(L, o, path, re)) != CG_OK) return st;
-    *content = cg_strndup(s, n);
-    *len = n;
-    return CG_OK;
-}
-
-/* A Metaspace step (pre-tokenizer or decoder): its replacement character and prepend_scheme
- * (always when absent), which add_prefix_space must agree with. */
-static cg_status get_metaspace(ld *L, const json_t *o, const char *path, uint32_t *repl,
-                               prepend_scheme *scheme)
-{
-    cg_status st;
-    if ((st = get_char(L, o, "replacement", path, repl)) != CG_OK) return st;
-    const char *sch;
-    if ((st = get_str(L, o, "prepend_scheme", path, false, &sch, NULL)) != CG_OK) return st;
-    *scheme = PS_ALWAYS;
-    if (sch && !strcmp(sch, "first"))
-        *scheme = PS_FIRST;
-    else if (sch && !strcmp(sch, "never"))
-        *scheme = PS_NEVER;
-    else if (sch && strcmp(sch, "always"))
-        return fail(L, CG_E_VALUE, "%s.prepend_scheme '%s' is not always, first or never", path,
-                    sch);
-    bool aps;
-    if ((st = get_bool(L, o, "add_prefix_space", path, true, &aps)) != CG_OK) return st;
-    if (!aps && *scheme != PS_NEVER)
-        return fail(L, CG_E_VALUE, "%s.add_prefix_space false does not match prepend_scheme", path);
-    return CG_OK;
-}
-
-static cg_status load_normalizer(ld *L, const json_t *o, const char *path)
-{
-    cg_tokenizer *t = L->t;
-    const char *type;
-    cg_status st = load_step_type(L, o, path, "normalizers", load_normalizer, &type);
-    if (st != CG_OK || !type || !strcmp(type, "Sequence")) return st;
-    static const named_kind forms[] = {
-        {"NFC", NZ_NFC}, {"NFD", NZ_NFD}, {"NFKC", NZ_NFKC}, {"NFKD", NZ_NFKD}};
-    nz_step z = {0};
-    int form = kind_named(forms, CG_ARRAY_LEN(forms), type);
-    if (form >= 0)
-        z.kind = (nz_kind)form;
-    else if (!strcmp(type, "Prepend")) {
-        const char *s;
-        size_t n;
-        st = get_str(L, o, "prepend", path, true, &s, &n);
-        if (st != CG_OK) return st;
-        z.kind = NZ_PREPEND;
-        z.str = cg_strndup(s, n);
-        z.str_len = n;
-    } else if (!strcmp(type, "Replace")) {
-        st = get_replace(L, o, path, &z.re, &z.str, &z.str_len);
-        if (st != CG_OK) return st;
-        z.kind = NZ_REPLACE;
-    } else
-        return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
-    t->nz = cg_realloc(t->nz, (t->n_nz + 1) * sizeof *t->nz);
-    t->nz[t->n_nz++] = z;
-    return CG_OK;
-}
-
-/* tokenizers' GPT-2 split pattern, used by ByteLevel with use_regex. */
-static const char gpt2_pattern[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-
-static cg_status load_pretok(ld *L, const json_t *o, const char *path)
-{
-    cg_tokenizer *t = L->t;
-    const char *type;
-    cg_status st = load_step_type(L, o, path, "pretokenizers", load_pretok, &type);
-    if (st != CG_OK || !type || !strcmp(type, "Sequence")) return st;
-    pt_step p = {0};
-    if (!strcmp(type, "ByteLevel")) {
-        p.kind = PT_BYTELEVEL;
-        if ((st = get_bool(L, o, "add_prefix_space", path, true, &p.add_prefix_space)) != CG_OK ||
-            (st = get_bool(L, o, "use_regex", path, true, &p.use_regex)) != CG_OK)
-            return st;
-        if (p.use_regex) {
-            char why[256];
-            p.re = rx_compile(gpt2_pattern, sizeof gpt2_pattern - 1, false, why, sizeof why, &st);
-            if (!p.re) return fail(L, CG_E_INTERNAL, "%s: the GPT-2 pattern %s", path, why);
-        }
-    } else if (!strcmp(type, "Split")) {
-        p.kind = PT_SPLIT;
-        static const named_kind behaviors[] = {{"Removed", BEH_REMOVED},
-                                               {"Isolated", BEH_ISOLATED},
-                                               {"MergedWithPrevious", BEH_MERGED_PREV},
-                                               {"MergedWithNext", BEH_MERGED_NEXT},
-                                               {"Contiguous", BEH_CONTIGUOUS}};
-        const char *b;
-        if ((st = get_str(L, o, "behavior", path, true, &b, NULL)) != CG_OK) return st;
-        int beh = kind_named(behaviors, CG_ARRAY_LEN(behaviors), b);
-        if (beh < 0)
-            return fail(L, CG_E_VALUE, "%s.behavior '%s' is not a split behavior", path, b);
-        p.beh = (behavior)beh;
-        if ((st = get_bool(L, o, "invert", path, false, &p.invert)) != CG_OK) return st;
-        if ((st = get_pattern(L, o, path, &p.re)) != CG_OK) return st;
-    } else if (!strcmp(type, "Metaspace")) {
-        p.kind = PT_METASPACE;
-        if ((st = get_metaspace(L, o, path, &p.repl, &p.scheme)) != CG_OK) return st;
-        if ((st = get_bool(L, o, "split", path, true, &p.split)) != CG_OK) return st;
-    } else if (!strcmp(type, "Digits")) {
-        p.kind = PT_DIGITS;
-        if ((st = get_bool(L, o, "individual_digits", path, false, &p.individual)) != CG_OK)
-            return st;
-    } else
-        return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
-    t->pt = cg_realloc(t->pt, (t->n_pt + 1) * sizeof *t->pt);
-    t->pt[t->n_pt++] = p;
-    return CG_OK;
-}
-
-static cg_status load_decoder(ld *L, const json_t *o, const char *path)
-{
-    cg_tokenizer *t = L->t;
-    const char *type;
-    cg_status st = load_step_type(L, o, path, "decoders", load_decoder, &type);
-    if (st != CG_OK || !type) return st;
-    t->has_decoder = true;
-    if (!strcmp(type, "Sequence")) return CG_OK;
-    static const named_kind plain[] = {
-        {"ByteLevel", DC_BYTELEVEL}, {"ByteFallback", DC_BYTEFALLBACK}, {"Fuse", DC_FUSE}};
-    dc_step d = {0};
-    int kind = kind_named(plain, CG_ARRAY_LEN(plain), type);
-    if (kind >= 0)
-        d.kind = (dc_kind)kind;
-    else if (!strcmp(type, "Metaspace")) {
-        d.kind = DC_METASPACE;
-        if ((st = get_metaspace(L, o, path, &d.ch, &d.scheme)) != CG_OK) return st;
-    } else if (!strcmp(type, "Replace")) {
-        d.kind = DC_REPLACE;
-        if ((st = get_replace(L, o, path, &d.re, &d.str, &d.str_len)) != CG_OK) return st;
-    } else if (!strcmp(type, "Strip")) {
-        d.kind = DC_STRIP;
-        if ((st = get_char(L, o, "content", path, &d.ch)) != CG_OK) return st;
-        const char *keys[2] = {"start", "stop"};
-        size_t *dst[2] = {&d.start, &d.stop};
-        for (int k = 0; k < 2; k++) {
-            const json_t *v = json_object_get(o, keys[k]);
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1 << 20)
-                return fail(L, CG_E_VALUE, "%s.%s must be a non-negative integer", path, keys[k]);
-            *dst[k] = (size_t)json_integer_value(v);
-        }
-    } else
-        return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
-    t->dc = cg_realloc(t->dc, (t->n_dc + 1) * sizeof *t->dc);
-    t->dc[t->n_dc++] = d;
-    return CG_OK;
-}
-
-/* Post-processors: the single-sequence template is flattened into t->tmpl (ids, -1 = $A). */
-static cg_status load_post(ld *L, const json_t *o, const char *path)
-{
-    cg_tokenizer *t = L->t;
-    const char *type;
-    cg_status st = load_step_type(L, o, path, "processors", load_post, &type);
-    if (st != CG_OK || !type || !strcmp(type, "Sequence")) return st;
-    if (!strcmp(type, "ByteLevel")) return CG_OK; /* offsets only; ids unchanged */
-    if (strcmp(type, "TemplateProcessing"))
-        return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
-    const json_t *single = json_object_get(o, "single"),
-                 *specials = json_object_get(o, "special_tokens");
-    if (!json_is_array(single)) return fail(L, CG_E_VALUE, "%s.single must be an array", path);
-    if (specials && !json_is_object(specials))
-        return fail(L, CG_E_VALUE, "%s.special_tokens must be an object", path);
-    int32_t *nt = NULL;
-    size_t nn = 0, cap = 0, seqs = 0;
-    for (size_t i = 0; i < json_array_size(single); i++) {
-        const json_t *it = json_array_get(single, i);
-        const json_t *sp = json_object_get(it, "SpecialToken"),
-                     *sq = json_object_get(it, "Sequence");
-        const json_t *id = json_object_get(sp ? sp : sq, "id");
-        if (!json_is_object(it) || json_object_size(it) != 1 || !(sp || sq) ||
-            !json_is_string(id)) {
-            free(nt);
-            return fail(L, CG_E_VALUE,
-                        "%s.single[%zu] must be {\"SpecialToken\": {\"id\": ...}} or "
-                        "{\"Sequence\": {\"id\": ...}}",
-                        path, i);
-        }
-        if (sq) {
-            if (strcmp(json_string_value(id), "A")) {
-                free(nt);
-                return fail(L, CG_E_VALUE,
-                            "%s.single[%zu] names sequence '%s'; a single template has only A",
-                            path, i, json_string_value(id));
-            }
-            seqs++;
-            /* an earlier template is wrapped by this one */
-            size_t k = t->n_tmpl ? t->n_tmpl : 1;
-            grow(&nt, &cap, nn + k, sizeof *nt);
-            if (t->n_tmpl)
-                memcpy(nt + nn, t->tmpl, k * sizeof *nt);
-            else
-                nt[nn] = -1;
-            nn += k;
-            continue;
-        }
-        const json_t *def = specials ? json_object_get(specials, json_string_value(id)) : NULL;
-        const json_t *ids = json_object_get(def, "ids");
-        if (!json_is_array(ids)) {
-            free(nt);
-            return fail(L, CG_E_VALUE,
-                        "%s.single[%zu]: special token '%s' is not in %s.special_tokens", path, i,
-                        json_string_value(id), path);
-        }
-        for (size_t k = 0; k < json_array_size(ids); k++) {
-            const json_t *v = json_array_get(ids, k);
-            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-                json_integer_value(v) >= t->n_ids || t->str_off[json_integer_value(v)] == NO_ID) {
-                free(nt);
-                return fail(L, CG_E_VALUE, "%s.special_tokens['%s'].ids[%zu] is not a token id",
-                            path, json_string_value(id), k);
-            }
-            grow(&nt, &cap, nn + 1, sizeof *nt);
-            nt[nn++] = (int32_t)json_integer_value(v);
-        }
-    }
-    if (seqs != 1) {
-        free(nt);
-        return fail(L, CG_E_VALUE, "%s.single must hold the sequence A exactly once", path);
-    }
-    free(t->tmpl);
-    t->tmpl = nt;
-    t->n_tmpl = nn;
-    return CG_OK;
-}
-
-/* Sets the id -> string entry of id (the vocabulary may have holes). */
-static void set_str(cg_tokenizer *t, int32_t id, const char *s, size_t n)
-{
-    t->str_off[id] = (uint32_t)t->strs.n;
-    t->str_len[id] = (uint32_t)n;
-    sb_add(&t->strs, s, n);
-}
-
-/* model.vocab into t->model_vocab: token -> id, every id given once and the ids dense (a
- * few huge ids must not make the id tables gigabytes). *max_id: the highest id. */
-static cg_status load_vocab(ld *L, const json_t *m, int32_t *max_id)
-{
-    cg_tokenizer *t = L->t;
-    const json_t *vocab = json_object_get(m, "vocab");
-    if (!json_is_object(vocab)) return fail(L, CG_E_VALUE, "model.vocab must be an object");
-    const char *key;
-    const json_t *val;
-    *max_id = -1;
-    json_object_foreach((json_t *)vocab, key, val)
-    {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 ||
-            json_integer_value(val) >= (1 << 30))
-            return fail(L, CG_E_VALUE, "model.vocab['%s'] must be an id (0 .. 2^30)", key);
-        if (json_integer_value(val) > *max_id) *max_id = (int32_t)json_integer_value(val);
-    }
-    /* id tables are dense arrays: a few huge ids must not make us allocate gigabytes (added
-     * tokens follow the model's ids, so they cannot stray) */
-    if ((size_t)(*max_id + 1) > 2 * json_object_size(vocab) + 1024)
-        return fail(L, CG_E_VALUE,
-                    "model.vocab: id %d is far beyond its %zu tokens (ids must be dense)", *max_id,
-                    json_object_size(vocab));
-    size_t nv = (size_t)(*max_id + 1);
-    int32_t *seen = cg_malloc((nv ? nv : 1) * sizeof *seen);
-    memset(seen, 0xFF, (nv ? nv : 1) * sizeof *seen);
-    void *it = json_object_iter((json_t *)vocab);
-    for (; it; it = json_object_iter_next((json_t *)vocab, it)) {
-        const char *k = json_object_iter_key(it);
-        size_t kl = json_object_iter_key_len(it);
-        int32_t id = (int32_t)json_integer_value(json_object_iter_value(it));
-        if (seen[id] >= 0) {
-            free(seen);
-            return fail(L, CG_E_VALUE,
-                        "model.vocab: id %d is given to two tokens ('%s' and another)", id, k);
-        }
-        seen[id] = 1;
-        smap_put(&t->model_vocab, k, kl, id);
-    }
-    free(seen);
-    return CG_OK;
-}
-
-/* The BPE options: fuse_unk, byte_fallback, ignore_merges, unk_token (which must be in the
- * vocabulary), the continuing-subword prefix and end-of-word suffix; and the ids of the
- * <0xXX> byte tokens, where the vocabulary has them. */
-static cg_status load_bpe_options(ld *L, const json_t *m)
-{
-    cg_tokenizer *t = L->t;
-    const char *s;
-    size_t sl;
-    cg_status st;
-    if ((st = get_bool(L, m, "fuse_unk", "model", false, &t->fuse_unk)) != CG_OK ||
-        (st = get_bool(L, m, "byte_fallback", "model", false, &t->byte_fallback)) != CG_OK ||
-        (st = get_bool(L, m, "ignore_merges", "model", false, &t->ignore_merges)) != CG_OK)
-        return st;
-    t->unk_id = -1;
-    if ((st = get_str(L, m, "unk_token", "model", false, &s, &sl)) != CG_OK) return st;
-    if (s) {
-        t->unk_id = smap_get(&t->model_vocab, s, sl);
-        if (t->unk_id < 0)
-            return fail(L, CG_E_VALUE, "model.unk_token '%s' is not in model.vocab", s);
-    }
-    if ((st = get_str(L, m, "continuing_subword_prefix", "model", false, &s, &sl)) != CG_OK)
-        return st;
-    if (s && sl) {
-        t->cs_prefix = cg_strndup(s, sl);
-        t->cs_prefix_len = sl;
-    }
-    if ((st = get_str(L, m, "end_of_word_suffix", "model", false, &s, &sl)) != CG_OK) return st;
-    if (s && sl) {
-        t->eow_suffix = cg_strndup(s, sl);
-        t->eow_suffix_len = sl;
-    }
-    for (int b = 0; b < 256; b++) {
-        char name[8];
-        snprintf(name, sizeof name, "<0x%02X>", b);
-        t->byte_ids[b] = smap_get(&t->model_vocab, name, 6);
-    }
-    return CG_OK;
-}
-
-/* The two tokens of merges[i] e: a pair ["a", "b"] when the list holds pairs (tuples), else
- * a string "a b". *skip is set for a "#version" line, which is no merge. */
-static cg_status merge_tokens(ld *L, const json_t *e, size_t i, bool tuples, const char **a,
-                              size_t *al, const char **b, size_t *bl, bool *skip)
-{
-    *skip = false;
-    if (tuples) {
-        if (!json_is_array(e) || json_array_size(e) != 2 || !json_is_string(json_array_get(e, 0)) ||
-            !json_is_string(json_array_get(e, 1)))
-            return fail(L, CG_E_VALUE,
-                        "model.merges[%zu] must be a pair of strings like the others", i);
-        *a = json_string_value(json_array_get(e, 0));
-        *al = json_string_length(json_array_get(e, 0));
-        *b = json_string_value(json_array_get(e, 1));
-        *bl = json_string_length(json_array_get(e, 1));
-        return CG_OK;
-    }
-    if (!json_is_string(e))
-        return fail(L, CG_E_VALUE, "model.merges[%zu] must be a string \"a b\" like the others", i);
-    const char *x = json_string_value(e);
-    size_t xl = json_string_length(e);
-    if (xl >= 8 && !memcmp(x, "#version", 8)) {
-        *skip = true;
-        return CG_OK;
-    }
-    const char *sp = memchr(x, ' ', xl);
-    if (!sp || memchr(sp + 1, ' ', xl - (size_t)(sp + 1 - x)))
-        return fail(L, CG_E_VALUE,
-                    "model.merges[%zu] '%s' is not two tokens separated by one space", i, x);
-    *a = x;
-    *al = (size_t)(sp - x);
-    *b = sp + 1;
-    *bl = xl - *al - 1;
-    return CG_OK;
-}
-
-/* Adds merges[i], a + b, with its rank: both tokens and their concatenation (b without the
- * continuing-subword prefix) must be in the vocabulary. cat is scratch space. */
-static cg_status add_merge(ld *L, sbuf *cat, size_t i, const char *a, size_t al, const char *b,
-                           size_t bl, uint32_t rank)
-{
-    cg_tokenizer *t = L->t;
-    int32_t ia = smap_get(&t->model_vocab, a, al), ib = smap_get(&t->model_vocab, b, bl);
-    if (ia < 0 || ib < 0)
-        return fail(L, CG_E_VALUE, "model.merges[%zu]: '%.*s' is not in model.vocab", i,
-                    (int)(ia < 0 ? al : bl), ia < 0 ? a : b);
-    if (bl < t->cs_prefix_len)
-        return fail(L, CG_E_VALUE,
-                    "model.merges[%zu]: '%.*s' is shorter than continuing_subword_prefix", i,
-                    (int)bl, b);
-    cat->n = 0;
-    sb_add(cat, a, al);
-    sb_add(cat, b + t->cs_prefix_len, bl - t->cs_prefix_len);
-    int32_t ic = smap_get(&t->model_vocab, cat->p, cat->n);
-    if (ic < 0)
-        return fail(L, CG_E_VALUE, "model.merges[%zu]: the merged token '%s' is not in model.vocab",
-                    i, cat->p);
-    pmap_put(&t->merges, (uint32_t)ia, (uint32_t)ib, rank, (uint32_t)ic);
-    return CG_OK;
-}
-
-/* model.merges into t->merges, ranked in their order. */
-static cg_status load_merges(ld *L, const json_t *m)
-{
-    cg_tokenizer *t = L->t;
-    const json_t *merges = json_object_get(m, "merges");
-    if (!json_is_array(merges)) return fail(L, CG_E_VALUE, "model.merges must be an array");
-    pmap_init(&t->merges, json_array_size(merges));
-    bool tuples = json_array_size(merges) && json_is_array(json_array_get(merges, 0));
-    sbuf cat = {0};
-    uint32_t rank = 0;
-    cg_status st = CG_OK;
-    for (size_t i = 0; i < json_array_size(merges) && st == CG_OK; i++) {
-        const char *a = NULL, *b = NULL;
-        size_t al = 0, bl = 0;
-        bool skip;
-        st = merge_tokens(L, json_array_get(merges, i), i, tuples, &a, &al, &b, &bl, &skip);
-        if (st == CG_OK && !skip) st = add_merge(L, &cat, i, a, al, b, bl, rank++);
-    }
-    sb_free(&cat);
-    return st;
-}
-
-/* The BPE model: vocab, merges, unk/byte fallback options. Fills t->model_vocab; ids of the
- * model go up to *max_id. */
-static cg_status load_model(ld *L, const json_t *m, int32_t *max_id)
-{
-    if (!json_is_object(m)) return fail(L, CG_E_VALUE, "model is missing or not an object");
-    const char *type;
-    cg_status st = get_str(L, m, "type", "model", false, &type, NULL);
-    if (st != CG_OK) return st;
-    if (type && strcmp(type, "BPE"))
-        return fail(L, CG_E_UNSUPPORTED, "model.type '%s' is not supported (only BPE)", type);
-    if (!type && !json_object_get(m, "merges"))
-        return fail(L, CG_E_UNSUPPORTED, "model has no type and no merges: only BPE is supported");
-    const json_t *drop = json_object_get(m, "dropout");
-    if (drop && !json_is_null(drop) && !(json_is_number(drop) && json_number_value(drop) == 0.0))
-        return fail(L, CG_E_UNSUPPORTED,
-                    "model.dropout must be null: BPE dropout is not supported");
-    if ((st = load_vocab(L, m, max_id)) != CG_OK || (st = load_bpe_options(L, m)) != CG_OK)
-        return st;
-    return load_merges(L, m);
-}
-
-/* added_tokens: ids as tokenizers assigns them (the model's id for a token it has, else the
- * next free id after the model's vocabulary); a file whose ids say otherwise is refused. */
-static cg_status load_added(ld *L, const json_t *list, int32_t *max_id)
-{
-    cg_tokenizer *t = L->t;
-    if (!list || json_is_null(list)) return CG_OK;
-    if (!json_is_array(list)) return fail(L, CG_E_VALUE, "added_tokens must be an array");
-    size_t n = json_array_size(list);
-    t->added = cg_calloc(n ? n : 1, sizeof *t->added);
-    int32_t model_size = (int32_t)t->model_vocab.n, amax = -1;
-    for (size_t i = 0; i < n; i++) {
-        const json_t *o = json_array_get(list, i);
-        char path[64];
-        snprintf(path, sizeof path, "added_tokens[%zu]", i);
-        if (!json_is_object(o)) return fail(L, CG_E_VALUE, "%s must be an object", path);
-        added_tok a = {0};
-        const char *s;
-        size_t sl;
-        cg_status st;
-        if ((st = get_str(L, o, "content", path, true, &s, &sl)) != CG_OK) return st;
-        if (sl == 0) return fail(L, CG_E_VALUE, "%s.content is empty", path);
-        const json_t *idv = json_object_get(o, "id");
-        if (!json_is_integer(idv) || json_integer_value(idv) < 0 ||
-            json_integer_value(idv) >= (1 << 30))
-            return fail(L, CG_E_VALUE, "%s.id must be an id (0 .. 2^30)", path);
-        if ((st = get_bool(L, o, "special", path, false, &a.special)) != CG_OK ||
-            (st = get_bool(L, o, "lstrip", path, false, &a.lstrip)) != CG_OK ||
-            (st = get_bool(L, o, "rstrip", path, false, &a.rstrip)) != CG_OK ||
-            (st = get_bool(L, o, "single_word", path, false, &a.single_word)) != CG_OK ||
-            (st = get_bool(L, o, "normalized", path, !a.special, &a.normalized)) != CG_OK)
-            return st;
-        int32_t want = (int32_t)json_integer_value(idv), id;
-        int32_t dup = smap_get(&t->added_map, s, sl);
-        if (dup >= 0) {
-            if (t->added[dup].id != want)
-                return fail(L, CG_E_VALUE, "%s: '%s' is listed again with another id (%d, was %d)",
-                            path, s, want, t->added[dup].id);
-            continue;
-        }
-        id = smap_get(&t->model_vocab, s, sl);
-        if (id < 0)
-            id = amax < 0                                  ? model_size
-                 : (amax >= model_size || model_size == 0) ? amax + 1
-                                                           : model_size;
-        if (id != want)
-            return fail(
-                L, CG_E_VALUE,
-                "%s: '%s' has id %d, but tokenizers would give it %d (ids must follow the model's "
-                "vocabulary in order)",
-                path, s, want, id);
-        if (id > amax) amax = id;
-        if (id > *max_id) *max_id = id;
-        a.id = id;
-        a.content = cg_strndup(s, sl);
-        a.len = sl;
-        smap_put(&t->added_map, s, sl, (int32_t)t->n_added);
-        t->added[t->n_added++] = a;
-    }
-    return CG_OK;
-}
-
-static cg_status read_file(ld *L, const char *path, char **buf, size_t *len, bool optional)
-{
-    *buf = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (optional && errno == ENOENT) return CG_OK;
-        return fail(L, CG_E_IO, "cannot open: %s", strerror(errno));
-    }
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return fail(L, CG_E_IO, "not a regular file");
-    }
-    if ((size_t)sb.st_size > CG_TOKENIZER_MAX_FILE) {
-        fclose(f);
-        return fail(L, CG_E_TOO_LARGE, "%lld bytes is larger than the %zu MiB allowed",
-                    (long long)sb.st_size, CG_TOKENIZER_MAX_FILE >> 20);
-    }
-    char *b = cg_malloc((size_t)sb.st_size + 1);
-    size_t got = fread(b, 1, (size_t)sb.st_size, f);
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad || got != (size_t)sb.st_size) {
-        free(b);
-        return fail(L, CG_E_IO, "read error");
-    }
-    b[got] = '\0';
-    *buf = b;
-    *len = got;
-    return CG_OK;
-}
-
-static cg_status parse_json(ld *L, const char *buf, size_t len, size_t flags, json_t **out)
-{
-    json_error_t je;
-    *out = json_loadb(buf, len, flags, &je);
-    if (!*out)
-        return fail(L, CG_E_JSON, "invalid JSON at line %d column %d: %s", je.line, je.column,
-                    je.text);
-    if (!json_is_object(*out)) {
-        json_decref(*out);
-        *out = NULL;
-        return fail(L, CG_E_JSON, "the top level must be an object");
-    }
-    return CG_OK;
-}
-
-/* A token setting of tokenizer_config.json: a string, {"content": ...} or null (none);
- * when the key is absent *id is left as it is. */
-static cg_status config_token(ld *L, const json_t *cfg, const char *key, int32_t *id)
-{
-    const json_t *v = json_object_get(cfg, key);
-    if (!v) return CG_OK;
-    if (json_is_null(v)) {
-        *id = -1;
-        return CG_OK;
-    }
-    if (json_is_object(v)) v = json_object_get(v, "content");
-    if (!json_is_string(v))
-        return fail(L, CG_E_VALUE, "%s must be a string, an object with \"content\", or null", key);
-    int32_t k = cg_tokenizer_token_id(L->t, json_string_value(v));
-    if (k < 0)
-        return fail(L, CG_E_VALUE, "%s '%s' is not in the vocabulary", key, json_string_value(v));
-    *id = k;
-    return CG_OK;
-}
-
-/* transformers makes the tokens that tokenizer_config.json names (bos_token, eos_token, ...,
- * additional_special_tokens) special: skipped by decode with skip_special, and matched in the
- * text like any special token even when tokenizer.json only has them in the model's vocabulary.
- * A named token that is in neither is refused (transformers would add a new id the model does
- * not have). */
-static cg_status config_special(ld *L, const json_t *v, const char *what)
-{
-    cg_tokenizer *t = L->t;
-    if (!v || json_is_null(v)) return CG_OK;
-    if (json_is_object(v)) v = json_object_get(v, "content");
-    if (!json_is_string(v))
-        return fail(L, CG_E_VALUE, "%s must be a string, an object with \"content\", or null",
-                    what);
-    const char *s = json_string_value(v);
-    size_t n = json_string_length(v);
-    if (n == 0) return fail(L, CG_E_VALUE, "%s is empty", what);
-    int32_t k = smap_get(&t->added_map, s, n);
-    if (k >= 0) {
-        t->special[t->added[k].id] = 1;
-        return CG_OK;
-    }
-    int32_t id = smap_get(&t->model_vocab, s, n);
-    if (id < 0) return fail(L, CG_E_VALUE, "%s '%s' is not in the vocabulary", what, s);
-    t->added = cg_realloc(t->added, (t->n_added + 1) * sizeof *t->added);
-    t->added[t->n_added] =
-        (added_tok){.id = id, .content = cg_strndup(s, n), .len = n, .special = true};
-    smap_put(&t->added_map, s, n, (int32_t)t->n_added);
-    trie_insert(&t->raw_trie, s, n, (int32_t)t->n_added);
-    t->n_added++;
-    t->special[id] = 1;
-    return CG_OK;
-}
-
-static cg_status load_config(ld *L, const json_t *cfg)
-{
-    cg_tokenizer *t = L->t;
-    cg_status st;
-    if ((st = config_token(L, cfg, "bos_token", &t->bos)) != CG_OK ||
-        (st = config_token(L, cfg, "eos_token", &t->eos)) != CG_OK ||
-        (st = get_bool(L, cfg, "clean_up_tokenization_spaces", "tokenizer_config", false,
-                       &t->clean_up)) != CG_OK)
-        return st;
-    static const char *const named[] = {"bos_token", "eos_token", "unk_token", "sep_token",
-                                        "pad_token", "cls_token", "mask_token"};
-    for (size_t i = 0; i < CG_ARRAY_LEN(named); i++)
-        if ((st = config_special(L, json_object_get(cfg, named[i]), named[i])) != CG_OK) return st;
-    const json_t *extra = json_object_get(cfg, "additional_special_tokens");
-    if (extra && !json_is_null(extra) && !json_is_array(extra))
-        return fail(L, CG_E_VALUE, "additional_special_tokens must be an array");
-    for (size_t i = 0; i < json_array_size(extra); i++) {
-        char what[64];
-        snprintf(what, sizeof what, "additional_special_tokens[%zu]", i);
-        if ((st = config_special(L, json_array_get(extra, i), what)) != CG_OK) return st;
-    }
-    const json_t *ct = json_object_get(cfg, "chat_template");
-    if (json_is_string(ct))
-        t->chat_template = cg_strdup(json_string_value(ct));
-    else if (json_is_array(ct)) {
-        for (size_t i = 0; i < json_array_size(ct); i++) {
-            const json_t *e = json_array_get(ct, i);
-            const json_t *nm = json_object_get(e, "name"), *tp = json_object_get(e, "template");
-            if (!json_is_string(nm) || !json_is_string(tp))
-                return fail(L, CG_E_VALUE, "chat_template[%zu] must have string name and template",
-                            i);
-            if (!strcmp(json_string_value(nm), "default"))
-                t->chat_template = cg_strdup(json_string_value(tp));
-        }
-    } else if (ct && !json_is_null(ct))
-        return fail(L, CG_E_VALUE, "chat_template must be a string or a list of {name, template}");
-
-    /* transformers rebuilds the template from add_bos_token / add_eos_token: always for the
-     * Llama and Gemma tokenizer classes (BOS on by default), else when either is set. */
-    const json_t *cls = json_object_get(cfg, "tokenizer_class");
-    const char *c = json_is_string(cls) ? json_string_value(cls) : "";
-    bool llama = !strncmp(c, "LlamaTokenizer", 14) || !strncmp(c, "CodeLlamaTokenizer", 18) ||
-                 !strncmp(c, "GemmaTokenizer", 14);
-    /* add_prefix_space: transformers' GPT-2 tokenizer sets it on the ByteLevel pre-tokenizer;
-     * the Llama ones rebuild the whole tokenizer from tokenizer.model, which we cannot do */
-    const json_t *aps = json_object_get(cfg, "add_prefix_space");
-    if (aps && !json_is_null(aps)) {
-        if (!json_is_boolean(aps))
-            return fail(L, CG_E_VALUE, "add_prefix_space must be a boolean, not %s", jtype(aps));
-        if (llama)
-            return fail(
-                L, CG_E_UNSUPPORTED,
-                "add_prefix_space makes transformers rebuild a %s from tokenizer.model; only "
-                "tokenizer.json is supported",
-                c);
-        if (!strncmp(c, "GPT2Tokenizer", 13))
-            for (size_t i = 0; i < t->n_pt; i++)
-                if (t->pt[i].kind == PT_BYTELEVEL) t->pt[i].add_prefix_space = json_is_true(aps);
-    }
-    bool add_bos, add_eos;
-    if ((st = get_bool(L, cfg, "add_bos_token", "tokenizer_config", llama, &add_bos)) != CG_OK ||
-        (st = get_bool(L, cfg, "add_eos_token", "tokenizer_config", false, &add_eos)) != CG_OK)
-        return st;
-    if (llama || add_bos || add_eos) {
-        if (add_bos && t->bos < 0)
-            return fail(L, CG_E_VALUE, "add_bos_token is set but bos_token is not");
-        if (add_eos && t->eos < 0)
-            return fail(L, CG_E_VALUE, "add_eos_token is set but eos_token is not");
-        free(t->tmpl);
-        t->tmpl = cg_malloc(3 * sizeof *t->tmpl);
-        t->n_tmpl = 0;
-        if (add_bos) t->tmpl[t->n_tmpl++] = t->bos;
-        t->tmpl[t->n_tmpl++] = -1;
-        if (add_eos) t->tmpl[t->n_tmpl++] = t->eos;
-    }
-    return CG_OK;
-}
-
-/* The tries of added tokens: those with normalized=false are searched in the raw text, the
- * others (their content normalized) in the normalized pieces. */
-static cg_status build_added(ld *L)
-{
-    cg_tokenizer *t = L->t;
-    ectx c = {.t = t};
-    bool any_word = false;
-    for (size_t i = 0; i < t->n_added; i++) {
-        added_tok *a = &t->added[i];
-        any_word |= a->single_word;
-        if (!a->normalized) {
-            trie_insert(&t->raw_trie, a->content, a->len, (int32_t)i);
-            continue;
-        }
-        c.md = c.md ? c.md : pcre2_match_data_create(1, NULL);
-        if (normalize(&c, a->content, a->len) < 0) {
-            pcre2_match_data_free(c.md);
-            sb_free(&c.norm);
-            sb_free(&c.tmp);
-            free(c.mr);
-            return fail(L, CG_E_INTERNAL, "added_tokens: normalizing '%s' failed", a->content);
-        }
-        if (c.norm.n) trie_insert(&t->norm_trie, c.norm.p, c.norm.n, (int32_t)i);
-        /* tokenizers gives such a token its normalized content as its string (id -> token),
-         * while the content as written still finds its id (token -> id) */
-        set_str(t, a->id, c.norm.p ? c.norm.p : "", c.norm.n);
-    }
-    if (c.md) pcre2_match_data_free(c.md);
-    sb_free(&c.norm);
-    sb_free(&c.tmp);
-    free(c.mr);
-    if (any_word) {
-        static const char w[] = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]";
-        int ec;
-        PCRE2_SIZE eo;
-        t->word_rx =
-            pcre2_compile((PCRE2_SPTR)w, sizeof w - 1, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
-        if (!t->word_rx) return fail(L, CG_E_INTERNAL, "cannot compile the word class");
-    }
-    return CG_OK;
-}
-
-/* Stream bytes of every id, computed once. */
-static cg_status build_stream_bytes(ld *L)
-{
-    cg_tokenizer *t = L->t;
-    t->sb_off = cg_malloc((size_t)t->n_ids * sizeof *t->sb_off);
-    t->sb_len = cg_calloc((size_t)t->n_ids, sizeof *t->sb_len);
-    ectx c = {.t = t};
-    c.md = pcre2_match_data_create(1, NULL);
-    sbuf one = {0};
-    cg_status st = CG_OK;
-    for (int32_t id = 0; id < t->n_ids; id++) {
-        t->sb_off[id] = (uint32_t)t->sbytes.n;
-        if (t->str_off[id] == NO_ID) continue;
-        if (stream_bytes(t, &c, t->strs.p + t->str_off[id], t->str_len[id], &one) < 0) {
-            st = fail(L, CG_E_INTERNAL, "decoding token %d failed", id);
-            break;
-        }
-        t->sb_len[id] = (uint32_t)one.n;
-        sb_add(&t->sbytes, one.p ? one.p : "", one.n);
-    }
-    sb_free(&one);
-    sb_free(&c.tmp);
-    free(c.mr);
-    pcre2_match_data_free(c.md);
-    return st;
-}
-
-static cg_tokenizer *tok_alloc(void)
-{
-    pthread_once(&bl_once, bl_init);
-    cg_tokenizer *t = cg_calloc(1, sizeof *t);
-    t->bos = t->eos = t->unk_id = -1;
-    return t;
-}
-
-static cg_status load(ld *L, const char *json_path, const char *dir)
-{
-    cg_tokenizer *t = L->t;
-    char *buf = NULL;
-    size_t len;
-    json_t *root = NULL, *cfg = NULL;
-    char *cfg_path = NULL, *tpl_path = NULL;
-    cg_status st = read_file(L, json_path, &buf, &len, false);
-    if (st != CG_OK) goto out;
-    st = parse_json(L, buf, len, 0, &root);
-    cg_free(&buf);
-    if (st != CG_OK) goto out;
-
-    /* "truncation" and "padding" are ignored, as transformers ignores them unless a call asks
-     * for truncation or padding. */
-    int32_t max_id = -1;
-    if ((st = load_model(L, json_object_get(root, "model"), &max_id)) != CG_OK) goto out;
-    if ((st = load_added(L, json_object_get(root, "added_tokens"), &max_id)) != CG_OK) goto out;
-    t->n_ids = max_id + 1;
-    t->str_off = cg_malloc((size_t)(t->n_ids ? t->n_ids : 1) * sizeof *t->str_off);
-    memset(t->str_off, 0xFF, (size_t)(t->n_ids ? t->n_ids : 1) * sizeof *t->str_off);
-    t->str_len = cg_calloc((size_t)(t->n_ids ? t->n_ids : 1), sizeof *t->str_len);
-    t->special = cg_calloc((size_t)(t->n_ids ? t->n_ids : 1), 1);
-    for (size_t i = 0; i < t->model_vocab.n; i++) {
-        const smap_ent *e = &t->model_vocab.ent[i];
-        set_str(t, e->val, t->model_vocab.keys.p + e->off, e->len);
-    }
-    for (size_t i = 0; i < t->n_added; i++) {
-        set_str(t, t->added[i].id, t->added[i].content, t->added[i].len);
-        t->special[t->added[i].id] = t->added[i].special;
-    }
-    if ((st = load_normalizer(L, json_object_get(root, "normalizer"), "normalizer")) != CG_OK ||
-        (st = load_pretok(L, json_object_get(root, "pre_tokenizer"), "pre_tokenizer")) != CG_OK ||
-        (st = load_post(L, json_object_get(root, "post_processor"), "post_processor")) != CG_OK ||
-        (st = load_decoder(L, json_object_get(root, "decoder"), "decoder")) != CG_OK)
-        goto out;
-    if ((st = build_added(L)) != CG_OK) goto out;
-    if (t->n_tmpl > 1 && t->tmpl[0] >= 0 && t->special[t->tmpl[0]]) t->bos = t->tmpl[0];
-
-    /* tokenizer_config.json and chat_template.jinja beside tokenizer.json (optional) */
-    if (asprintf(&cfg_path, "%s/tokenizer_config.json", dir) < 0 ||
-        asprintf(&tpl_path, "%s/chat_template.jinja", dir) < 0)
-        abort();
-    L->file = cfg_path;
-    if ((st = read_file(L, cfg_path, &buf, &len, true)) != CG_OK) goto out;
-    if (buf) {
-        /* model_max_length is often 1e30 written as an integer */
-        if ((st = parse_json(L, buf, len, JSON_DECODE_INT_AS_REAL, &cfg)) != CG_OK ||
-            (st = load_config(L, cfg)) != CG_OK)
-            goto out;
-        cg_free(&buf);
-    }
-    if (!t->chat_template) {
-        L->file = tpl_path;
-        if ((st = read_file(L, tpl_path, &buf, &len, true)) != CG_OK) goto out;
-        if (buf) {
-            t->chat_template = buf;
-            buf = NULL;
-        }
-    }
-    t->adds_bos = t->bos >= 0 && t->n_tmpl > 1 && t->tmpl[0] == t->bos;
-    L->file = json_path;
-    if ((st = build_stream_bytes(L)) != CG_OK) goto out;
-    t->cache = cg_calloc(CACHE_SHARDS, sizeof *t->cache);
-    for (int i = 0; i < CACHE_SHARDS; i++)
-        pthread_mutex_init(&t->cache[i].lock, NULL);
-out:
-    free(buf);
-    free(cfg_path);
-    free(tpl_path);
-    json_decref(root);
-    json_decref(cfg);
-    return st;
-}
-
-cg_status cg_tokenizer_new(const char *path, cg_tokenizer **out, char *err, size_t errlen)
-{
-    *out = NULL;
-    struct stat sb;
-    char *json_path = NULL, *dir = NULL;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        dir = cg_strdup(path);
-        if (asprintf(&json_path, "%s/tokenizer.json", path) < 0) abort();
-    } else {
-        json_path = cg_strdup(path);
-        const char *slash = strrchr(path, '/');
-        dir = slash ? cg_strndup(path, (size_t)(slash - path)) : cg_strdup(".");
-        if (slash == path) {
-            free(dir);
-            dir = cg_strdup("/");
-        }
-    }
-    ld L = {json_path, err, errlen, tok_alloc()};
-    cg_status st = load(&L, json_path, dir);
-    free(json_path);
-    free(dir);
-    if (st != CG_OK) {
-        cg_tokenizer_free(&L.t);
-        return st;
-    }
-    *out = L.t;
-    return CG_OK;
-}
-
-cg_status cg_tokenizer_new_bytes(int32_t bos_id, int32_t eos_id, cg_tokenizer **out, char *err,
-                                 size_t errlen)
-{
-    *out = NULL;
-    if (bos_id < 256 || eos_id < 256 || bos_id == eos_id || bos_id >= (1 << 30) ||
-        eos_id >= (1 << 30)) {
-        cg_seterr(err, errlen,
-                  "byte tokenizer: BOS (%d) and EOS (%d) must be distinct ids above 255", bos_id,
-                  eos_id);
-        return CG_E_VALUE;
-    }
-    cg_tokenizer *t = tok_alloc();
-    t->bytes = true;
-    t->bos = bos_id;
-    t->eos = eos_id;
-    t->adds_bos = true;
-    t->n_ids = (bos_id > eos_id ? bos_id : eos_id) + 1;
-    *out = t;
-    return CG_OK;
-}
-
-void cg_tokenizer_free(cg_tokenizer **tp)
-{
-    cg_tokenizer *t = *tp;
-    if (!t) return;
-    free(t->str_off);
-    free(t->str_len);
-    sb_free(&t->strs);
-    free(t->sb_off);
-    free(t->sb_len);
-    sb_free(&t->sbytes);
-    free(t->special);
-    smap_free(&t->model_vocab);
-    smap_free(&t->added_map);
-    pmap_free(&t->merges);
-    free(t->cs_prefix);
-    free(t->eow_suffix);
-    if (t->cache) {
-        for (int i = 0; i < CACHE_SHARDS; i++) {
-            for (int k = 0; k < CACHE_SLOTS; k++)
-                free(t->cache[i].slot[k]);
-            pthread_mutex_destroy(&t->cache[i].lock);
-        }
-        free(t->cache);
-    }
-    for (size_t i = 0; i < t->n_nz; i++) {
-        free(t->nz[i].str);
-        pcre2_code_free(t->nz[i].re);
-    }
-    free(t->nz);
-    for (size_t i = 0; i < t->n_pt; i++)
-        pcre2_code_free(t->pt[i].re);
-    free(t->pt);
-    for (size_t i = 0; i < t->n_dc; i++) {
-        free(t->dc[i].str);
-        pcre2_code_free(t->dc[i].re);
-    }
-    free(t->dc);
-    for (size_t i = 0; i < t->n_added; i++)
-        free(t->added[i].content);
-    free(t->added);
-    free(t->raw_trie.v);
-    free(t->norm_trie.v);
-    pcre2_code_free(t->word_rx);
-    free(t->tmpl);
-    free(t->chat_template);
-    free(t);
-    *tp = NULL;
 }

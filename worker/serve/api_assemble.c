@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/json.h"
+#include "base/tier.h"
 #include "worker/serve/api_common.h"
 
 static const char *role_parse(const char *s, cg_role *out)
@@ -25,10 +26,11 @@ static json_t *assembly_json(cg_worker_api *a, const cg_assembly_info *info)
     for (size_t i = 0; i < info->n_segs; i++) {
         const cg_engine_seg_result *s = &info->segs[i];
         cg_key_hex(&s->key, hex);
-        json_array_append_new(segs, json_pack("{s:s, s:s, s:i, s:i, s:b, s:s, s:b}", "key", hex,
-                                              "role", cg_role_name(s->role), "offset",
-                                              (int)s->offset, "n_tokens", (int)s->n_tokens, "hit",
-                                              s->hit, "tier", s->tier, "stored", s->stored));
+        json_array_append_new(segs,
+                              json_pack("{s:s, s:s, s:i, s:i, s:b, s:s, s:b}", "key", hex, "role",
+                                        cg_role_name(s->role), "offset", (int)s->offset, "n_tokens",
+                                        (int)s->n_tokens, "hit", s->hit, "tier",
+                                        cg_tier_seg_name(s->hit, s->tier), "stored", s->stored));
     }
     for (size_t i = 0; i < info->n_evicted; i++) {
         cg_key_hex(&info->evicted[i], hex);

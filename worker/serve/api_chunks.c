@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kv/kvwire.h"
+#include "base/tier.h"
 #include "worker/serve/api_common.h"
 
 #define LIST_LIMIT_DEFAULT 1000
@@ -101,13 +102,13 @@ static json_t *chunk_info_json(const inv_item *c)
     char hex[CG_KEY_HEX_LEN + 1];
     cg_key_hex(&c->key, hex);
     json_t *tiers = json_array();
-    if (c->ram) json_array_append_new(tiers, json_string("ram"));
-    if (c->disk) json_array_append_new(tiers, json_string("disk"));
+    if (c->ram) json_array_append_new(tiers, json_string(cg_tier_name(CG_TIER_RAM)));
+    if (c->disk) json_array_append_new(tiers, json_string(cg_tier_name(CG_TIER_DISK)));
     return json_pack(
         "{s:s, s:s, s:i, s:I, s:s, s:o, s:I, s:I, s:i}", "object", "chunk", "key", hex, "tokens",
         (int)c->tokens, "bytes", (json_int_t)(c->ram ? c->ram_bytes : c->disk_bytes), "tier",
-        c->ram ? "ram" : "disk", "tiers", tiers, "disk_bytes", (json_int_t)c->disk_bytes,
-        "last_used", (json_int_t)c->last_used, "refs", (int)c->refs);
+        cg_tier_name(c->ram ? CG_TIER_RAM : CG_TIER_DISK), "tiers", tiers, "disk_bytes",
+        (json_int_t)c->disk_bytes, "last_used", (json_int_t)c->last_used, "refs", (int)c->refs);
 }
 
 void cg_api_chunks(cg_http_req *req, void *app)

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kv/pool.h"
+#include "base/tier.h"
 #include "worker/serve/api_common.h"
 
 /* The canary's summary rides on the health check, which the gateway polls anyway: its status
@@ -93,9 +94,9 @@ void cg_api_info(cg_http_req *req, void *app)
         SET("disk_used_bytes", json_integer(0));
         SET("disk_chunks", json_integer(0));
     }
-    json_t *tiers = json_pack("[s]", "ram");
-    if (d) json_array_append_new(tiers, json_string("disk"));
-    if (a->p.remote_url) json_array_append_new(tiers, json_string("remote"));
+    json_t *tiers = json_pack("[s]", cg_tier_name(CG_TIER_RAM));
+    if (d) json_array_append_new(tiers, json_string(cg_tier_name(CG_TIER_DISK)));
+    if (a->p.remote_url) json_array_append_new(tiers, json_string(cg_tier_name(CG_TIER_REMOTE)));
     SET("tiers", tiers);
     /* Workers that report the same remote tier id share it: a chunk one of them computed is a
      * remote hit on the others (the gateway routes by it). */

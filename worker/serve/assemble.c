@@ -76,7 +76,7 @@ typedef struct job {
     cg_key *keys;
     uint8_t *hit, *stored;
     uint8_t *nocache; /* split_special changed this segment's tokens: computed, never cached */
-    const char **tier;
+    cg_tier *tier;
     uint32_t total, s_len, max_chunk;
     cg_kv *scratch;            /* chunk misses are computed here (phase 2) */
     cg_pool_evictions ev;      /* RAM evictions */
@@ -291,8 +291,8 @@ static void place_hit(job *j, size_t i, cg_cached *hit)
     j->hit[i] = 1;
     j->tier[i] = hit->tier;
     j->count.chunk_hits++;
-    j->count.disk_hits += hit->tier[0] == 'd';
-    j->count.remote_hits += !strcmp(hit->tier, "remote");
+    j->count.disk_hits += hit->tier == CG_TIER_DISK;
+    j->count.remote_hits += hit->tier == CG_TIER_REMOTE;
     j->count.tokens_reused += j->lens[i];
 }
 
@@ -545,7 +545,7 @@ static void describe(job *j, cg_assembly_info *out)
         r->n_tokens = j->lens[i];
         r->hit = j->hit[i];
         r->stored = j->stored[i];
-        r->tier = r->hit ? j->tier[i] : "miss";
+        r->tier = j->tier[i];
     }
     out->n_tokens = j->total;
     out->cached_tokens = (uint32_t)j->count.tokens_reused;

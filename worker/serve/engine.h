@@ -20,6 +20,7 @@
 #include "kv/pool.h"
 #include "cache/split.h"
 #include "base/status.h"
+#include "base/tier.h"
 
 typedef struct cg_engine cg_engine;
 
@@ -127,10 +128,10 @@ typedef struct cg_engine_seg_result {
     cg_key key;
     cg_role role;
     uint32_t offset, n_tokens;
-    int hit;          /* 1: KV came from the cache (RAM pool, disk or remote tier) */
-    int stored;       /* 1: a miss whose KV is now in the pool */
-    const char *tier; /* where the KV came from: "ram", "disk" or "remote" (read back, then in
-                         RAM unless the pool was full) or "miss" (computed); static storage */
+    int hit;      /* 1: KV came from the cache (RAM pool, disk or remote tier) */
+    int stored;   /* 1: a miss whose KV is now in the pool */
+    cg_tier tier; /* with hit: where the KV came from (read back, then in RAM unless the pool
+                     was full); on the wire, cg_tier_seg_name(hit, tier) */
 } cg_engine_seg_result;
 
 /* The outcome of an assemble. Owned by the caller: cg_assembly_info_free. */

@@ -325,7 +325,7 @@ static cg_status restore(cg_tiers *t, const cg_key *key, uint32_t want, uint64_t
     cg_status st = cg_pool_insert(t->pool, key, di.tokens, now, &c, ev);
     out->n_tokens = di.tokens;
     out->n_blocks = (uint32_t)((di.tokens + t->p.block_tokens - 1) / t->p.block_tokens);
-    out->tier = "disk";
+    out->tier = CG_TIER_DISK;
     if (st == CG_OK) {
         pool_dst d = {t->pool, c};
         st = cg_disk_get(t->disk, key, di.tokens, pool_block, &d, cg_wall_ms());
@@ -537,7 +537,7 @@ static cg_status restore_remote(cg_tiers *t, const cg_key *key, uint32_t want, u
     cg_pool_chunk *c = NULL;
     out->n_tokens = nt;
     out->n_blocks = (uint32_t)((nt + t->p.block_tokens - 1) / t->p.block_tokens);
-    out->tier = "remote";
+    out->tier = CG_TIER_REMOTE;
     if (cg_pool_insert(t->pool, key, nt, now, &c, ev) == CG_OK) {
         /* whole blocks reach the disk on a spill: no stale bytes past the last row */
         memset(cg_pool_chunk_block(t->pool, c, out->n_blocks - 1), 0, t->block_bytes);
@@ -586,7 +586,7 @@ cg_status cg_tiers_lookup(cg_tiers *t, const cg_key *key, uint32_t want, uint64_
         out->c = c;
         out->n_tokens = cg_pool_chunk_tokens(c);
         out->n_blocks = cg_pool_chunk_blocks(c);
-        out->tier = "ram";
+        out->tier = CG_TIER_RAM;
         return CG_OK;
     }
     if (t->disk) {

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "base/tier.h"
 #include "cache/key.h"
 #include "kv/pool.h"
 #include "worker/model/model.h"
@@ -80,7 +81,7 @@ typedef struct cg_cached {
     cg_pool_chunk *c;
     float *buf; /* owned; n_blocks * block bytes */
     uint32_t n_tokens, n_blocks;
-    const char *tier; /* "ram", "disk" or "remote"; static */
+    cg_tier tier; /* the tier it was found in */
 } cg_cached;
 
 /* One request's lookups (zero-initialise): once a remote read fails (down, slow), the rest of
