@@ -39,7 +39,8 @@ void cg_chunkevent_encode(const cg_chunkevent *ev, cg_chunkevent_wire *w)
     put_num(w, 0, "s", ev->seq);
     put(w, "op", op, strlen(op));
     put(w, "k", ev->key, strlen(ev->key));
-    put(w, "t", ev->tier, strlen(ev->tier));
+    const char *tier = cg_tier_name(ev->tier);
+    put(w, "t", tier, strlen(tier));
     put_num(w, 1, "n", ev->tokens);
     put_num(w, 2, "run", ev->running);
     put_num(w, 3, "q", ev->queued);
@@ -101,7 +102,8 @@ cg_status cg_chunkevent_decode(size_t n, const char *const *fields, const size_t
             bad |= vl != 32 || copy_str(out->key, sizeof out->key, v, vl);
             have |= K;
         } else if (FIELD("t")) {
-            bad |= copy_str(out->tier, sizeof out->tier, v, vl);
+            char t[8];
+            bad |= copy_str(t, sizeof t, v, vl) || cg_tier_parse(t, &out->tier) != 0;
             have |= T;
         } else if (FIELD("n")) {
             bad |= parse_u64(v, vl, &x) || x > UINT32_MAX;

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "base/tier.h"
 
 /* Operations: enum name, wire name, meaning. */
 #define CG_CHUNKEVENT_OPS(X)                                                                       \
@@ -51,7 +52,7 @@ typedef struct cg_chunkevent {
     uint64_t seq;
     cg_chunkevent_op op;
     char key[33]; /* 32 lowercase hex digits */
-    char tier[8]; /* "ram", "disk" or "remote" */
+    cg_tier tier;
     uint32_t tokens;
     uint32_t running, queued;
     uint64_t ts_ms;

@@ -166,8 +166,7 @@ static void apply(cg_eventsync *s, const cg_chunkevent *ev, const cg_key *key, i
 {
     cg_index *ix = s->p.index;
     int64_t now = (int64_t)cg_wall_ms();
-    cg_tier tier;
-    if (cg_tier_parse(ev->tier, &tier) != 0) return;
+    const cg_tier tier = ev->tier;
     switch (ev->op) {
     case CG_CHUNKEVENT_STORED:
     case CG_CHUNKEVENT_SPILLED:

@@ -19,7 +19,7 @@ static cg_chunkevent sample(void)
     strcpy(ev.worker, "host-a:8090");
     strcpy(ev.epoch, "bb3117b13c60e24fe8d6c146617e65c1");
     strcpy(ev.key, "c969c74ddcbdadcdd4bd9313f22715f5");
-    strcpy(ev.tier, "disk");
+    ev.tier = CG_TIER_DISK;
     return ev;
 }
 
@@ -40,7 +40,7 @@ START_TEST(test_round_trip)
             ck_assert_uint_eq(back.seq, ev.seq);
             ck_assert_int_eq(back.op, ev.op);
             ck_assert_str_eq(back.key, ev.key);
-            ck_assert_str_eq(back.tier, ev.tier);
+            ck_assert_int_eq(back.tier, ev.tier);
             ck_assert_uint_eq(back.tokens, ev.tokens);
             ck_assert_uint_eq(back.running, ev.running);
             ck_assert_uint_eq(back.queued, ev.queued);

@@ -72,13 +72,13 @@ static void spill(void *ud, const cg_key *key, const cg_pool_chunk *c)
     /* Records the disk dropped to make room left the disk tier; the gateway keeps a RAM
      * placement that names the same chunk (only a disk placement is removed). */
     for (size_t i = 0; i < dropped.n; i++) {
-        cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, &dropped.keys[i], "disk", 0);
+        cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, &dropped.keys[i], CG_TIER_DISK, 0);
         cg_pool_evictions_add(tl_dropped, &dropped.keys[i]);
     }
     cg_pool_evictions_free(&dropped);
     __atomic_add_fetch(st == CG_OK ? &t->n_spills : &t->n_spill_failures, 1, __ATOMIC_RELAXED);
     cg_events_emit(t->p.events, st == CG_OK ? CG_CHUNKEVENT_SPILLED : CG_CHUNKEVENT_EVICTED, key,
-                   st == CG_OK ? "disk" : "ram", nt);
+                   st == CG_OK ? CG_TIER_DISK : CG_TIER_RAM, nt);
     if (st != CG_OK) {
         char hex[CG_KEY_HEX_LEN + 1];
         cg_key_hex(key, hex);
@@ -95,17 +95,17 @@ static void wb_written(void *ud, const cg_key *key, uint32_t n_tokens, int ok,
 {
     cg_tiers *t = ud;
     for (size_t i = 0; i < dropped->n; i++)
-        cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, &dropped->keys[i], "disk", 0);
+        cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, &dropped->keys[i], CG_TIER_DISK, 0);
     cg_pool_chunk_info pi;
     if (ok && cg_pool_peek(t->pool, key, &pi) != CG_OK)
-        cg_events_emit(t->p.events, CG_CHUNKEVENT_STORED, key, "disk", n_tokens);
+        cg_events_emit(t->p.events, CG_CHUNKEVENT_STORED, key, CG_TIER_DISK, n_tokens);
 }
 
 /* The pool's eviction callback without a disk tier: the chunk is gone from the worker. */
 static void evicted(void *ud, const cg_key *key, const cg_pool_chunk *c)
 {
     cg_tiers *t = ud;
-    cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, key, "ram", cg_pool_chunk_tokens(c));
+    cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, key, CG_TIER_RAM, cg_pool_chunk_tokens(c));
 }
 
 cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **out)
@@ -332,7 +332,7 @@ static cg_status restore(cg_tiers *t, const cg_key *key, uint32_t want, uint64_t
         if (st == CG_OK) {
             cg_pool_publish(t->pool, c, now);
             out->c = c;
-            cg_events_emit(t->p.events, CG_CHUNKEVENT_PROMOTED, key, "ram", di.tokens);
+            cg_events_emit(t->p.events, CG_CHUNKEVENT_PROMOTED, key, CG_TIER_RAM, di.tokens);
         } else {
             cg_pool_release(t->pool, &c, now); /* unpublished: dropped with its bytes */
         }
@@ -438,7 +438,7 @@ void cg_tiers_remote_written(void *events, size_t n, const char *const *keys, ui
     cg_key key;
     if (!at || cg_key_parse(at + 1, &key) != 0) return;
     cg_events_emit(events, st == CG_OK ? CG_CHUNKEVENT_STORED : CG_CHUNKEVENT_FAILED, &key,
-                   "remote", (uint32_t)tokens);
+                   CG_TIER_REMOTE, (uint32_t)tokens);
 }
 
 /* 1 when a decoded value is head h of a chunk of this worker's model and geometry. */
@@ -548,7 +548,7 @@ static cg_status restore_remote(cg_tiers *t, const cg_key *key, uint32_t want, u
                                         pl[h] + ((size_t)l * 2 + (size_t)kv) * plane);
         cg_pool_publish(t->pool, c, now);
         out->c = c;
-        cg_events_emit(t->p.events, CG_CHUNKEVENT_PROMOTED, key, "ram", nt);
+        cg_events_emit(t->p.events, CG_CHUNKEVENT_PROMOTED, key, CG_TIER_RAM, nt);
     } else {
         /* RAM is full of referenced chunks, or another thread is filling this key. */
         out->buf = cg_calloc(out->n_blocks, t->block_bytes);
@@ -654,7 +654,7 @@ cg_status cg_tiers_store(cg_tiers *t, const cg_key *key, cg_kv *src, uint32_t v,
         }
     cg_pool_publish(t->pool, c, now);
     *out = c;
-    cg_events_emit(t->p.events, CG_CHUNKEVENT_STORED, key, "ram", n);
+    cg_events_emit(t->p.events, CG_CHUNKEVENT_STORED, key, CG_TIER_RAM, n);
     if (t->remote) remote_put(t, key, c);
     if (t->wb) {
         cg_disk_pool_src blocks = {t->pool, c};
@@ -773,7 +773,7 @@ cg_status cg_tiers_delete(cg_tiers *t, const cg_key *key)
         found |= st == CG_OK;
     }
     if (t->remote) found |= remote_delete(t, key);
-    if (found) cg_events_emit(t->p.events, CG_CHUNKEVENT_DELETED, key, "ram", 0);
+    if (found) cg_events_emit(t->p.events, CG_CHUNKEVENT_DELETED, key, CG_TIER_RAM, 0);
     return found ? CG_OK : CG_E_NOT_FOUND;
 }
 

@@ -17,7 +17,7 @@
 typedef struct item {
     cg_chunkevent_op op;
     cg_key key;
-    const char *tier; /* static */
+    cg_tier tier;
     uint32_t tokens;
     uint64_t seq, ts_ms;
     int resync;
@@ -102,7 +102,7 @@ static cg_status publish(cg_events *e, const item *it)
     memcpy(ev.worker, e->worker, sizeof ev.worker);
     memcpy(ev.epoch, e->epoch, sizeof ev.epoch);
     cg_key_hex(&it->key, ev.key);
-    snprintf(ev.tier, sizeof ev.tier, "%s", it->tier);
+    ev.tier = it->tier;
     pthread_mutex_lock(&e->load_mu);
     if (e->load) e->load(e->load_ud, &ev.running, &ev.queued);
     pthread_mutex_unlock(&e->load_mu);
@@ -179,7 +179,7 @@ void cg_events_unload(cg_events *e)
     pthread_mutex_unlock(&e->load_mu);
 }
 
-void cg_events_emit(cg_events *e, cg_chunkevent_op op, const cg_key *key, const char *tier,
+void cg_events_emit(cg_events *e, cg_chunkevent_op op, const cg_key *key, cg_tier tier,
                     uint32_t tokens)
 {
     if (!e) return;

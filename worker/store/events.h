@@ -58,10 +58,10 @@ void cg_events_unload(cg_events *e);
  * closes the client and frees e. Accepts NULL / *e == NULL; sets *e to NULL. */
 void cg_events_close(cg_events **e);
 
-/* Queues one event (never waits on the network; e NULL: nothing). tier: "ram", "disk" or
- * "remote" (static storage). A full queue drops it, counted, and flags the next one for
- * resync. Safe from any thread, also under the pool's lock. */
-void cg_events_emit(cg_events *e, cg_chunkevent_op op, const cg_key *key, const char *tier,
+/* Queues one event about the chunk's place in tier (never waits on the network; e NULL:
+ * nothing). A full queue drops it, counted, and flags the next one for resync. Safe from any
+ * thread, also under the pool's lock. */
+void cg_events_emit(cg_events *e, cg_chunkevent_op op, const cg_key *key, cg_tier tier,
                     uint32_t tokens);
 
 /* Waits until every event queued before the call was published, at most timeout_ms:
