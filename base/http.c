@@ -153,6 +153,7 @@ struct cg_http_server {
     uint64_t accepted, refused, timed_out, headers_too_large, malformed, lingered;
     pthread_t deadline_thread;
     int deadline_stop;
+    int accept_closed; /* cg_http_quiesce: every new connection is closed at once */
     cg_http_frame_limits frame_limits;
 
     /* Lingering close. */
@@ -512,14 +513,16 @@ static CG_MHD_RESULT on_accept(void *cls, const struct sockaddr *addr, socklen_t
     cg_http_server *srv = cls;
     CG_MHD_RESULT ok = MHD_YES;
     pthread_mutex_lock(&srv->conn_mu);
-    if (srv->n_conns + srv->n_pending >= srv->p.max_connections) {
+    if (srv->accept_closed) {
+        ok = MHD_NO; /* quiesced: cg_http_quiesce */
+    } else if (srv->n_conns + srv->n_pending >= srv->p.max_connections) {
         srv->refused++;
         ok = MHD_NO;
     } else {
         srv->n_pending++;
     }
     pthread_mutex_unlock(&srv->conn_mu);
-    if (!ok)
+    if (!ok && !srv->accept_closed)
         cg_log(CG_LOG_DEBUG, "connection refused: %u connections are open", srv->p.max_connections);
     return ok;
 }
@@ -1602,10 +1605,13 @@ void cg_http_quiesce(cg_http_server *srv)
     srv->quiesced = 1;
     pthread_mutex_unlock(&srv->mu);
     if (done) return;
-    /* MHD hands the listening socket back; closing it makes new connects fail at once
-     * instead of waiting in a backlog nobody accepts from. */
-    MHD_socket ls = MHD_quiesce_daemon(srv->d);
-    if (ls != MHD_INVALID_SOCKET) close(ls);
+    /* New connections are closed as soon as they are accepted, so a client fails at once
+     * instead of waiting for an answer that never comes. Not MHD_quiesce_daemon: on an epoll
+     * daemon with its own threads it races them (both take the listening socket out of the
+     * epoll set, and the loser's epoll_ctl fails, which aborts the process). */
+    pthread_mutex_lock(&srv->conn_mu);
+    srv->accept_closed = 1;
+    pthread_mutex_unlock(&srv->conn_mu);
 }
 
 void cg_http_close(cg_http_server **sp)

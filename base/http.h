@@ -124,8 +124,9 @@ typedef struct cg_http_stats {
 cg_status cg_http_open(const cg_http_params *p, cg_http_server **out) CG_WUR;
 /* The bound port (useful with port 0). */
 uint16_t cg_http_port(const cg_http_server *s);
-/* Stops accepting new connections (the listening socket is closed); requests already
- * accepted go on. For a graceful stop: quiesce, let work drain, then cg_http_close. */
+/* Stops taking new connections (each is closed as soon as it is accepted, so its client
+ * fails at once); requests already accepted go on. For a graceful stop: quiesce, let work drain,
+ * then cg_http_close. */
 void cg_http_quiesce(cg_http_server *s);
 /* Stops accepting, waits for in-flight handlers (up to a few seconds), frees. NULL-safe. */
 void cg_http_close(cg_http_server **s);

@@ -35,7 +35,7 @@
 #include "base/base.h"
 #include "tests/harness/harness.h"
 #include "kv/kvwire.h"
-#include "worker/store/remote.h"
+#include "base/remote.h"
 
 #define LAYERS 24
 #define KV_HEADS 2

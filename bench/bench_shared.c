@@ -34,7 +34,7 @@
 #include "kv/kvwire.h"
 #include "worker/serve/engine.h"
 #include "worker/serve/tiers.h"
-#include "worker/store/remote.h"
+#include "base/remote.h"
 
 #define SYS_BYTES 256
 #define DOC_BYTES 2048

@@ -203,8 +203,9 @@ static void lru_unlink(cg_pool *p, cg_pool_chunk *c)
     p->lru_blocks -= c->n_blocks;
 }
 
-static void evictions_add(cg_pool_evictions *e, const cg_key *k)
+void cg_pool_evictions_add(cg_pool_evictions *e, const cg_key *k)
 {
+    if (!e) return;
     if (e->n == e->cap) {
         e->cap = e->cap ? e->cap * 2 : 8;
         e->keys = cg_realloc(e->keys, e->cap * sizeof *e->keys);
@@ -219,7 +220,7 @@ static void evict_one(cg_pool *p, cg_pool_evictions *evicted)
     assert(c && c->refs == 0 && c->published && !c->detached);
     /* The callback sees the data before the blocks go back to the free list. */
     if (p->params.on_evict) p->params.on_evict(p->params.on_evict_ud, &c->key, c);
-    if (evicted) evictions_add(evicted, &c->key);
+    if (evicted) cg_pool_evictions_add(evicted, &c->key);
     lru_unlink(p, c);
     index_del(p, c);
     p->evictions++;

@@ -52,6 +52,8 @@ typedef struct cg_pool_evictions {
     size_t n, cap;
 } cg_pool_evictions;
 void cg_pool_evictions_free(cg_pool_evictions *e);
+/* Appends a copy of k (e NULL: nothing). */
+void cg_pool_evictions_add(cg_pool_evictions *e, const cg_key *k);
 
 /* Reserves blocks for a new chunk of n_tokens (> 0) and returns it referenced (refs = 1)
  * in the "filling" state: invisible to cg_pool_get until cg_pool_publish. The caller writes

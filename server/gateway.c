@@ -4,14 +4,17 @@
 
 #include "server/gwstate.h"
 #include "server/admin.h"
+#include "server/eventsync.h"
 #include "server/fastpath.h"
 #include "server/infer.h"
 #include "server/relay.h"
 #include "server/statuspage.h"
+#include "base/remote.h"
 
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -315,6 +318,32 @@ static void forget_old_workers(cg_gateway *g)
     cg_index_workers_free(&ws, n);
 }
 
+/* The reader of the workers' chunk events (--events), when configured. */
+static cg_status open_events(cg_gateway *g)
+{
+    const cg_gateway_config *cfg = g->cfg;
+    if (!cfg->events || !cfg->events[0]) return CG_OK;
+    char err[512], *password = NULL;
+    cg_status st = CG_OK;
+    if (cfg->events_password_file &&
+        (st = cg_remote_load_password(cfg->events_password_file, &password, err, sizeof err)) !=
+            CG_OK) {
+        cg_log(CG_LOG_ERROR, "--events-password-file: %s", err);
+        return st;
+    }
+    cg_eventsync_params p = cg_eventsync_default_params();
+    p.url = cfg->events;
+    p.password = password;
+    p.stream = cfg->events_stream;
+    p.index = g->index;
+    p.workers = g->workers;
+    p.metrics = g->metrics;
+    st = cg_eventsync_open(&p, &g->events, err, sizeof err);
+    free(password);
+    if (st != CG_OK) cg_log(CG_LOG_ERROR, "--events %s: %s", cfg->events, err);
+    return st;
+}
+
 cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
 {
     *out = NULL;
@@ -376,6 +405,8 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     wp.load_penalty_tokens = cfg->load_penalty_tokens;
     wp.remote_hit_percent = (int)cfg->remote_hit_percent;
     if ((st = cg_workers_open(&wp, &g->workers)) != CG_OK) goto fail;
+    /* Before the workers' inventories are read: no event after them may be missed. */
+    if ((st = open_events(g)) != CG_OK) goto fail;
     for (size_t i = 0; i < cfg->workers.n; i++) {
         char err[512];
         int created;
@@ -387,6 +418,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     }
     forget_old_workers(g);
     if ((st = cg_workers_health_start(g->workers)) != CG_OK) goto fail;
+    if (g->events && (st = cg_eventsync_start(g->events)) != CG_OK) goto fail;
     if (!cfg->backend && !cfg->workers.n)
         cg_log(CG_LOG_WARN, "no --backend and no --worker configured: inference routes answer "
                             "503 until a worker is added (POST /v1/workers)");
@@ -441,6 +473,7 @@ void cg_gateway_close(cg_gateway **gp)
         cg_openai_shutdown(g->client);
     }
     cg_http_close(&g->http);
+    cg_eventsync_close(&g->events); /* it asks the registry for resyncs */
     cg_workers_close(&g->workers);
     cg_openai_close(&g->client);
     if (g->index) {

@@ -83,6 +83,17 @@ const cg_cfg_opt cg_gateway_options[] = {
         1, 99,
         "routing: a chunk token a worker can read from its shared remote tier (workers reporting "
         "the same remote_tier in /v1/info) scores this percent of a token it holds itself"),
+    OPT("events", "CHUNKGATE_EVENTS", CG_CFG_STR, events, NULL, 0, 0,
+        "the workers' chunk events (their --events): redis://HOST:PORT[/DB] or "
+        "redis+cluster://HOST:PORT. The index follows every worker's evictions, spills and "
+        "stores as they happen, and replicas reading the same stream keep the same view; unset "
+        "= placements are learned from assemble answers and inventory syncs only"),
+    OPT("events-stream", "CHUNKGATE_EVENTS_STREAM", CG_CFG_STR, events_stream, "chunkgate:events",
+        0, 0, "Redis Stream key of the chunk events (the workers' --events-stream)"),
+    OPT("events-password-file", "CHUNKGATE_EVENTS_PASSWORD_FILE", CG_CFG_STR, events_password_file,
+        NULL, 0, 0,
+        "file holding the Redis password of --events (one trailing newline is dropped); unset = "
+        "no AUTH"),
     OPT("api-key", "CHUNKGATE_API_KEYS", CG_CFG_LIST, api_keys, NULL, 0, 0,
         "API key the inference routes accept as a bearer token; repeatable (env: "
         "comma-separated). Unset (and no --api-key-file) = inference routes open"),

@@ -36,6 +36,9 @@ typedef struct cg_gateway_config {
     long long sync_interval_ms;
     long long load_penalty_tokens;
     long long remote_hit_percent;
+    char *events; /* --events: the workers' chunk event stream on Redis */
+    char *events_stream;
+    char *events_password_file;
     cg_strlist api_keys; /* --api-key, then the keys of --api-key-file (appended at load) */
     char *api_key_file;
     size_t max_header_bytes;

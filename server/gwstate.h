@@ -25,6 +25,7 @@ struct cg_gateway {
     cg_openai *client; /* the one curl event loop: backend, workers */
     int has_backend;   /* --backend is set (the client's default base URL) */
     cg_workers *workers;
+    struct cg_eventsync *events; /* NULL without --events */
     cg_http_server *http;
     char *index_path;
     /* Tenant id (cg_key_tenant_id) of each API key, in cfg->api_keys order; NULL without

@@ -881,6 +881,40 @@ void cg_workers_error(cg_workers *r, cg_worker *w, cg_failkind kind, const char 
     pthread_mutex_unlock(&r->mu);
 }
 
+int cg_workers_find_instance(cg_workers *r, const char *instance, int64_t *id, int64_t *tier_row)
+{
+    int found = 0;
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < r->n && !found; i++) {
+        cg_worker *w = r->v[i];
+        if (w->removed || !w->have_info || !w->info.instance || strcmp(w->info.instance, instance))
+            continue;
+        *id = w->id;
+        *tier_row = w->tier_row;
+        found = 1;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return found;
+}
+
+int cg_workers_resync(cg_workers *r, int64_t id)
+{
+    int found = 0;
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < r->n; i++) {
+        cg_worker *w = r->v[i];
+        if (w->removed || (id >= 0 && w->id != id)) continue;
+        found = 1;
+        if (!w->want_sync) {
+            w->want_sync = 1;
+            w->next_check_ms = 0;
+        }
+    }
+    if (found) pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return found;
+}
+
 void cg_workers_stale(cg_workers *r, cg_worker *w)
 {
     cg_metric_add(r->m_stale, 1);

@@ -152,6 +152,14 @@ void cg_workers_error(cg_workers *r, cg_worker *w, cg_failkind kind, const char 
  * inventory sync of it. */
 void cg_workers_stale(cg_workers *r, cg_worker *w);
 
+/* The registered worker whose instance id (GET /v1/info instance_id, the epoch of its chunk
+ * events) is instance: *id gets its index id, *tier_row its shared tier's row (or -1). Returns
+ * 1, or 0 when no worker has reported that instance (yet). */
+int cg_workers_find_instance(cg_workers *r, const char *instance, int64_t *id, int64_t *tier_row);
+/* Schedules a full inventory sync of the worker with index id, or of every worker when id < 0
+ * (the health thread runs it at once). Returns 1, or 0 when no such worker is registered. */
+int cg_workers_resync(cg_workers *r, int64_t id);
+
 /* One round of the health logic at monotonic time now_ms: probes every worker whose check is
  * due (or that needs a sync) and syncs those that came up, changed instance, or are due for a
  * periodic resync. The health thread calls it; it blocks on the network. */

@@ -101,6 +101,12 @@ static const char *const migrations[] = {
     "  UPDATE totals SET placements = placements + 1 WHERE id = 1; END;"
     "CREATE TRIGGER placements_del AFTER DELETE ON placements BEGIN"
     "  UPDATE totals SET placements = placements - 1 WHERE id = 1; END;",
+    /* v3: how far the chunk events of each Redis Stream are applied (DESIGN §18), committed
+     * with the placements they changed, so a restarted gateway resumes there. */
+    "CREATE TABLE IF NOT EXISTS streams ("
+    "  name     TEXT PRIMARY KEY,"
+    "  position TEXT NOT NULL"
+    ") WITHOUT ROWID;",
 };
 _Static_assert(CG_ARRAY_LEN(migrations) == CG_INDEX_SCHEMA_VERSION,
                "one migration per schema version");
@@ -140,6 +146,8 @@ _Static_assert(CG_ARRAY_LEN(migrations) == CG_INDEX_SCHEMA_VERSION,
                     " model = excluded.model, last_seen = max(last_seen, excluded.last_seen)"      \
                     " RETURNING id")                                                               \
     X(W_WORKER_DEL, "DELETE FROM workers WHERE id = ?1")                                           \
+    X(W_STREAM_POS, "INSERT INTO streams (name, position) VALUES (?1, ?2)"                         \
+                    " ON CONFLICT (name) DO UPDATE SET position = excluded.position")              \
     X(W_WORKER_HEALTH, "UPDATE workers SET healthy = ?2,"                                          \
                        " last_seen = CASE WHEN ?2 THEN max(last_seen, ?3) ELSE last_seen END"      \
                        " WHERE id = ?1")
@@ -160,6 +168,7 @@ _Static_assert(CG_ARRAY_LEN(migrations) == CG_INDEX_SCHEMA_VERSION,
     X(R_WORKER_BY_URL, "SELECT id, url, model, added, last_seen, healthy FROM workers"             \
                        " WHERE url = ?1")                                                          \
     X(R_WORKERS_ALL, "SELECT id, url, model, added, last_seen, healthy FROM workers ORDER BY id")  \
+    X(R_STREAM_POS, "SELECT position FROM streams WHERE name = ?1")                                \
     X(R_TOTALS, "SELECT t.chunks, t.placements, t.bytes, (SELECT count(*) FROM workers),"          \
                 " (SELECT page_count FROM pragma_page_count()) *"                                  \
                 " (SELECT page_size FROM pragma_page_size())"                                      \
@@ -192,6 +201,7 @@ enum op_type {
     OP_WORKER_ADD,
     OP_WORKER_DEL,
     OP_WORKER_HEALTH,
+    OP_STREAM_POS,
 };
 
 /* A synchronous op lives on its caller's stack; the caller waits until done is set. */
@@ -215,7 +225,7 @@ typedef struct op {
     cg_key key;
     int64_t worker_id, tokens, bytes, now;
     union {
-        char *model;      /* OP_SEEN, owned */
+        char *model;      /* OP_SEEN, owned; OP_STREAM_POS: "name\0position", owned */
         replace_set *rep; /* OP_REPLACE, owned */
         sync_slot *sync;  /* OP_WORKER_*, borrowed */
     } u;
@@ -735,7 +745,7 @@ void cg_index_close(cg_index **pix)
 
 static void op_free(op *o)
 {
-    if (o->type == OP_SEEN) {
+    if (o->type == OP_SEEN || o->type == OP_STREAM_POS) {
         cg_free(&o->u.model);
     } else if (o->type == OP_REPLACE && o->u.rep) {
         cg_free(&o->u.rep->keys);
@@ -887,6 +897,11 @@ static cg_status apply_op(cg_index *ix, op *o)
         sqlite3_bind_int64(s, 3, o->now);
         if (wrun(ix, W_WORKER_HEALTH) != CG_OK) return CG_E_IO;
         return sqlite3_changes(ix->wdb) ? CG_OK : CG_E_NOT_FOUND;
+    case OP_STREAM_POS:
+        s = ix->ws[W_STREAM_POS];
+        sqlite3_bind_text(s, 1, o->u.model, -1, SQLITE_STATIC);
+        sqlite3_bind_text(s, 2, o->u.model + strlen(o->u.model) + 1, -1, SQLITE_STATIC);
+        return wrun(ix, W_STREAM_POS);
     }
     return CG_E_INTERNAL;
 }
@@ -1085,6 +1100,16 @@ void cg_index_chunk_delete(cg_index *ix, const cg_key *key)
     enqueue(ix, &o, 0);
 }
 
+void cg_index_stream_pos_set(cg_index *ix, const char *stream, const char *position)
+{
+    size_t a = strlen(stream) + 1, b = strlen(position) + 1;
+    op o = {.type = OP_STREAM_POS};
+    o.u.model = cg_malloc(a + b);
+    memcpy(o.u.model, stream, a);
+    memcpy(o.u.model + a, position, b);
+    enqueue(ix, &o, 0);
+}
+
 cg_status cg_index_flush(cg_index *ix)
 {
     pthread_mutex_lock(&ix->mu);
@@ -1248,6 +1273,32 @@ void cg_index_workers_free(cg_index_worker **arr, size_t n)
     for (size_t i = 0; i < n; i++)
         cg_index_worker_clear(&(*arr)[i]);
     cg_free(arr);
+}
+
+cg_status cg_index_stream_pos_get(cg_index *ix, const char *stream, char *out, size_t cap)
+{
+    if (cap) out[0] = 0;
+    rconn *c = pool_get(ix);
+    sqlite3_stmt *s = c->s[R_STREAM_POS];
+    sqlite3_bind_text(s, 1, stream, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(s);
+    cg_status st = CG_OK;
+    if (rc == SQLITE_ROW) {
+        const char *v = (const char *)sqlite3_column_text(s, 0);
+        if (!v || strlen(v) >= cap)
+            st = CG_E_VALUE;
+        else
+            memcpy(out, v, strlen(v) + 1);
+    } else if (rc == SQLITE_DONE) {
+        st = CG_E_NOT_FOUND;
+    } else {
+        cg_db_log(DB_MODULE, c->db, "stream position");
+        st = CG_E_IO;
+    }
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    pool_put(ix, c);
+    return st;
 }
 
 cg_status cg_index_worker_get_by_url(cg_index *ix, const char *url, cg_index_worker *out)

@@ -16,7 +16,7 @@ typedef struct cg_index cg_index;
 /* Placements reported per chunk by cg_index_lookup / cg_index_chunk_get / cg_index_chunks_list. */
 #define CG_INDEX_MAX_PLACEMENTS 8
 /* Highest schema version (PRAGMA user_version) this build knows. */
-#define CG_INDEX_SCHEMA_VERSION 2
+#define CG_INDEX_SCHEMA_VERSION 3
 
 typedef struct cg_index_params {
     int read_conns;         /* read connections in the pool (default 4) */
@@ -105,6 +105,14 @@ void cg_index_worker_placements_replace(cg_index *ix, int64_t worker_id, const c
 void cg_index_chunk_pin(cg_index *ix, const cg_key *key, int pinned);
 /* Deletes the chunk row and all its placements. */
 void cg_index_chunk_delete(cg_index *ix, const cg_key *key);
+
+/* Records that the events of Redis Stream stream are applied up to entry id position (both
+ * copied). Ordered with the other writes and never dropped: it commits with, or after, the
+ * placements the events before it changed. */
+void cg_index_stream_pos_set(cg_index *ix, const char *stream, const char *position);
+/* The committed position of stream into out (cap bytes): CG_OK, CG_E_NOT_FOUND (none yet),
+ * CG_E_VALUE (longer than cap) or CG_E_IO. */
+cg_status cg_index_stream_pos_get(cg_index *ix, const char *stream, char *out, size_t cap) CG_WUR;
 
 /* Blocks until every op enqueued before the call is committed (or failed, see stats).
  * Returns CG_E_IO if an op failed while this call waited, CG_OK otherwise. */

@@ -185,7 +185,9 @@ START_TEST(test_full_queue_drops)
     }
     ck_assert_int_eq(on_disk, queued);
     cg_diskwb_close(&w);
-    ck_assert_int_eq(cg_diskwb_open(d, (cg_diskwb_params){0, 1, 1}, &w), CG_E_VALUE);
+    ck_assert_int_eq(
+        cg_diskwb_open(d, (cg_diskwb_params){.max_items = 0, .max_bytes = 1, .max_dropped = 1}, &w),
+        CG_E_VALUE);
     cg_disk_close(&d);
 }
 END_TEST

@@ -255,6 +255,31 @@ START_TEST(test_migrate_v1_remote_tier)
 }
 END_TEST
 
+/* The position of a chunk event stream is committed in order with the writes and survives a
+ * reopen; each stream has its own. */
+START_TEST(test_stream_position)
+{
+    cg_index *ix = open_default();
+    char pos[48];
+    ck_assert_int_eq(cg_index_stream_pos_get(ix, "events", pos, sizeof pos), CG_E_NOT_FOUND);
+    cg_index_stream_pos_set(ix, "events", "1700000000000-0");
+    cg_index_stream_pos_set(ix, "events", "1700000000001-3");
+    cg_index_stream_pos_set(ix, "other", "5-0");
+    flush_ok(ix);
+    ck_assert_int_eq(cg_index_stream_pos_get(ix, "events", pos, sizeof pos), CG_OK);
+    ck_assert_str_eq(pos, "1700000000001-3");
+    ck_assert_int_eq(cg_index_stream_pos_get(ix, "events", pos, 4), CG_E_VALUE);
+    cg_index_close(&ix);
+    ix = open_default();
+    ck_assert_int_eq(cg_index_stream_pos_get(ix, "events", pos, sizeof pos), CG_OK);
+    ck_assert_str_eq(pos, "1700000000001-3");
+    ck_assert_int_eq(cg_index_stream_pos_get(ix, "other", pos, sizeof pos), CG_OK);
+    ck_assert_str_eq(pos, "5-0");
+    check_ok(ix);
+    cg_index_close(&ix);
+}
+END_TEST
+
 START_TEST(test_refuse_foreign_file)
 {
     raw_exec("CREATE TABLE notes (x TEXT)");
@@ -1099,13 +1124,13 @@ END_TEST
 int main(void)
 {
     cg_log_init("test_index", CG_LOG_WARN);
-    return th_run_suite("index", "core", 240, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
-                        TH_TESTS(test_create_sets_version, test_wal_switch, test_reopen_keeps_data,
-                                 test_refuse_future_version, test_migrate_v1_remote_tier,
-                                 test_refuse_foreign_file, test_chunk_seen_hit,
-                                 test_placements_pin_delete, test_workers, test_lookup_mix,
-                                 test_paging, test_writer_batching, test_queue_full_drops,
-                                 test_batch_lost_when_locked, test_inventory_replace,
-                                 test_queued_placements_visible, test_check_detects_bad_totals,
-                                 test_concurrency, test_kill9_crash_safety));
+    return th_run_suite(
+        "index", "core", 240, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
+        TH_TESTS(test_create_sets_version, test_wal_switch, test_reopen_keeps_data,
+                 test_refuse_future_version, test_migrate_v1_remote_tier, test_stream_position,
+                 test_refuse_foreign_file, test_chunk_seen_hit, test_placements_pin_delete,
+                 test_workers, test_lookup_mix, test_paging, test_writer_batching,
+                 test_queue_full_drops, test_batch_lost_when_locked, test_inventory_replace,
+                 test_queued_placements_visible, test_check_detects_bad_totals, test_concurrency,
+                 test_kill9_crash_safety));
 }

@@ -1,4 +1,4 @@
-/* Check suite for the remote KV tier (worker/store/remote.h) against real Redis: URL, password
+/* Check suite for the remote KV tier (base/remote.h) against real Redis: URL, password
  * and key helpers; fake servers that answer wrongly or never; one node (binary round trips up
  * to 4 MiB, databases, AUTH from the environment and a file, TTL, wrong types, write-behind
  * drops and flush, kill -9 mid-traffic and restart, SIGSTOP, many threads); a 3-master
@@ -29,7 +29,7 @@
 #include "base/base.h"
 #include "tests/harness/harness.h"
 #include "kv/kvwire.h"
-#include "worker/store/remote.h"
+#include "base/remote.h"
 
 #define SKIP_CODE 77
 #define MODEL "test-model"

@@ -10,3 +10,13 @@ if(TARGET chunkgate AND TARGET chunkgate-worker)
                 LIBS cg_wserve PkgConfig::CURL TIMEOUT 300 PROGRAMS chunkgate chunkgate-worker)
   set_tests_properties(test_shared_tier PROPERTIES SKIP_RETURN_CODE 77)
 endif()
+# The chunk event format (base/chunkevent.h), both ways.
+cg_check_test(NAME test_chunkevent SOURCES test_chunkevent.c LIBS cg_base)
+# Chunk events (DESIGN §18): a worker's placement changes reach two gateways' indexes through a
+# Redis Stream; a trimmed stream and a Redis outage end in a resync (exit 77 = skipped without
+# redis-server).
+if(TARGET chunkgate AND TARGET chunkgate-worker)
+  cg_check_test(NAME test_events SOURCES test_events.c LIBS cg_remote PkgConfig::CURL
+                TIMEOUT 400 PROGRAMS chunkgate chunkgate-worker)
+  set_tests_properties(test_events PROPERTIES SKIP_RETURN_CODE 77)
+endif()

@@ -210,6 +210,18 @@ static void tier_metrics(cg_worker_api *a, cg_metrics *m, const cg_engine_stats 
     set_counter(m, P "remote_reconnects_total",
                 "Connections to a Redis node re-established after a failure", rs.reconnects);
     set_gauge(m, P "remote_nodes", "Redis nodes known (cluster masters, or 1)", (double)rs.nodes);
+    cg_events_stats ev = cg_events_get_stats(cg_engine_get_params(a->e).events);
+    set_counter(m, P "events_published_total", "Chunk events appended to the Redis Stream",
+                ev.published);
+    set_counter(m, P "events_dropped_total",
+                "Chunk events dropped because the queue was full (the next one asks for a resync)",
+                ev.dropped);
+    set_counter(m, P "events_failed_total",
+                "Attempts to append a chunk event that Redis did not take (down, slow, refused); "
+                "the event stays queued and is sent again",
+                ev.failed);
+    set_gauge(m, P "events_queue_depth", "Chunk events waiting for the publisher",
+              (double)ev.depth);
     cg_metric_hist_load(cg_metrics_histogram(m, P "remote_read_seconds",
                                              "Latency of one chunk's read from the remote tier "
                                              "(all heads, pipelined), whatever its outcome",

@@ -35,6 +35,9 @@ typedef struct cg_worker_api_params {
      * none; remote_id NULL/"" = the URL. */
     const char *remote_url;
     const char *remote_id;
+    /* This run's instance id (32 hex digits, copied), also the epoch of its chunk events;
+     * NULL/"" = a random one. */
+    const char *instance_id;
     /* Quality of reuse (DESIGN §15). */
     double recompute_ratio; /* a request's recompute_ratio when it sends none; default 0 */
     double canary_rate;     /* fraction of completions decoded from an assembly that are also

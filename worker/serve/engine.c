@@ -39,7 +39,8 @@ cg_status cg_engine_open(const cg_model *model, cg_engine_params params, cg_engi
                           .disk_sync = params.disk_sync,
                           .disk_wb_items = params.disk_write_behind,
                           .disk_wb_bytes = params.disk_write_behind_bytes,
-                          .remote = params.remote};
+                          .remote = params.remote,
+                          .events = params.events};
     cg_status st = cg_tiers_open(model, &tp, &e->tiers);
     if (st == CG_OK) st = cg_sched_open(model, params.sched, &e->sched);
     if (st != CG_OK) {

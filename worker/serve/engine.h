@@ -11,7 +11,8 @@
 #include <stdint.h>
 
 #include "worker/store/disk.h"
-#include "worker/store/remote.h"
+#include "base/remote.h"
+#include "worker/store/events.h"
 #include "worker/serve/tiers.h"
 #include "worker/model/model.h"
 #include "worker/serve/sched.h"
@@ -39,10 +40,13 @@ typedef struct cg_engine_params {
      * off (RAM evictions still spill). Default 64 chunks, 64 MiB. Needs a disk tier. */
     size_t disk_write_behind;
     size_t disk_write_behind_bytes;
-    /* The shared remote tier (worker/store/remote.h), looked up after the disk; computed
+    /* The shared remote tier (base/remote.h), looked up after the disk; computed
      * chunks are written to it in the background. Borrowed: it must outlive the engine.
      * Default NULL. */
     cg_remote *remote;
+    /* Chunk events (worker/store/events.h): every change of where a chunk is. Borrowed: it
+     * must outlive the engine. Default NULL (none). */
+    cg_events *events;
     /* The scheduler (worker/serve/sched.h): decoding sequences stepped together, admitted
      * requests beyond them, rows per prefill piece, prefill rows between decode steps, rows per
      * background piece (the quality canary). Default cg_sched_default_params(). */

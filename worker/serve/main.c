@@ -1,7 +1,8 @@
 /* chunkgate-worker: the reference chunk-KV worker. `generate-model` writes the deterministic
  * tiny model; `serve` loads a model and serves openapi/worker.yaml, with an optional disk tier
- * (--disk-mb), an optional shared tier on Redis (--remote) and, as an inference backend, pulls
- * assemblies from other workers (--kv-source, --tp). */
+ * (--disk-mb), an optional shared tier on Redis (--remote), chunk events on a Redis Stream
+ * (--events) and, as an inference backend, pulls assemblies from other workers (--kv-source,
+ * --tp). */
 #include <curl/curl.h>
 #include <errno.h>
 #include <malloc.h>
@@ -12,8 +13,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "worker/serve/api_common.h"
 #include "worker/serve/engine.h"
 #include "worker/serve/kvpull.h"
+#include "worker/serve/tiers.h"
 #include "worker/model/matmul.h"
 #include "worker/model/model.h"
 #include "worker/serve/worker_api.h"
@@ -81,6 +84,11 @@ typedef struct serve_cfg {
     long long remote_queue;
     long long remote_queue_mb;
     long long remote_conns;
+    char *events;
+    char *events_stream;
+    char *events_id;
+    long long events_maxlen;
+    long long events_queue;
     long long block_tokens;
     long long assembly_ttl_ms;
     long long max_assemblies;
@@ -174,6 +182,21 @@ static const cg_cfg_opt serve_opts[] = {
         1, 1 << 20, "bytes of the Redis write-behind queue, in MiB"),
     OPT("remote-conns", "CHUNKGATE_WORKER_REMOTE_CONNS", CG_CFG_INT, remote_conns, "4", 1, 64,
         "connections per Redis node"),
+    OPT("events", "CHUNKGATE_WORKER_EVENTS", CG_CFG_STR, events, "", 0, 0,
+        "chunk events on a Redis Stream, read by every gateway with --events: "
+        "redis://HOST:PORT[/DB] or redis+cluster://HOST:PORT; empty = the --remote URL when one "
+        "is set, else none; off = none. Same password as --remote"),
+    OPT("events-stream", "CHUNKGATE_WORKER_EVENTS_STREAM", CG_CFG_STR, events_stream,
+        "chunkgate:events", 0, 0, "Redis Stream key of the chunk events (the gateways' too)"),
+    OPT("events-id", "CHUNKGATE_WORKER_EVENTS_ID", CG_CFG_STR, events_id, "", 0, 0,
+        "this worker's name in its events, stable across restarts (empty = HOSTNAME:PORT)"),
+    OPT("events-maxlen", "CHUNKGATE_WORKER_EVENTS_MAXLEN", CG_CFG_INT, events_maxlen, "100000", 1,
+        1LL << 40, "entries the stream keeps, about (XADD MAXLEN ~)"),
+    OPT("events-queue", "CHUNKGATE_WORKER_EVENTS_QUEUE", CG_CFG_INT, events_queue, "4096", 1,
+        1 << 24,
+        "chunk events waiting for Redis (during an outage they wait here and are sent when it is "
+        "back); a full queue drops the event (counted) and the next one asks the gateways to "
+        "resync this worker, never waits"),
     OPT("block-tokens", "CHUNKGATE_WORKER_BLOCK_TOKENS", CG_CFG_INT, block_tokens, "16", 1, 4096,
         "tokens per pool block"),
     OPT("assembly-ttl-ms", "CHUNKGATE_WORKER_ASSEMBLY_TTL_MS", CG_CFG_INT, assembly_ttl_ms, "60000",
@@ -391,6 +414,8 @@ static int check_serve_cfg(const serve_cfg *c)
         why = "--kv-source must be an http:// or https:// base URL";
     else if (c->remote_id[0] && !c->remote[0])
         why = "--remote-id names the --remote tier: give --remote too";
+    else if (strlen(c->events_id) > CG_CHUNKEVENT_NAME_MAX)
+        why = "--events-id is too long";
     if (!why) return 0;
     fprintf(stderr, "chunkgate-worker serve: %s\n", why);
     return 2;
@@ -398,6 +423,8 @@ static int check_serve_cfg(const serve_cfg *c)
 
 /* The worker's parts, opened in order by open_parts and closed in reverse by close_parts. */
 typedef struct parts {
+    char instance[33]; /* this run's instance id, the epoch of its events */
+    cg_events *events;
     cg_remote *remote;
     cg_model *model;
     cg_engine *engine;
@@ -405,6 +432,76 @@ typedef struct parts {
     cg_worker_api *api;
     cg_http_server *srv;
 } parts;
+
+/* The events' URL: --events, else --remote; NULL when off. */
+static const char *events_url(const serve_cfg *c)
+{
+    if (!strcmp(c->events, "off")) return NULL;
+    if (c->events[0]) return c->events;
+    return c->remote[0] ? c->remote : NULL;
+}
+
+/* Opens the chunk event publisher (--events), when events are on; it starts publishing once
+ * the worker listens (start_events). */
+static int open_events(const serve_cfg *c, parts *w)
+{
+    char err[ERRLEN];
+    cg_api_random_hex(w->instance, 16);
+    const char *url = events_url(c);
+    if (!url) return 0;
+    char *password = NULL;
+    cg_status st = cg_remote_load_password(
+        c->remote_password_file[0] ? c->remote_password_file : NULL, &password, err, sizeof err);
+    if (st != CG_OK) {
+        cg_log(CG_LOG_ERROR, "--events: %s", err);
+        return -1;
+    }
+    cg_events_params p = cg_events_default_params();
+    p.url = url;
+    p.password = password;
+    p.stream = c->events_stream;
+    p.maxlen = (size_t)c->events_maxlen;
+    p.queue_max = (size_t)c->events_queue;
+    p.epoch = w->instance;
+    p.timeout_ms = (int)c->remote_timeout_ms;
+    st = cg_events_open(p, &w->events, err, sizeof err);
+    free(password);
+    if (st != CG_OK) {
+        cg_log(CG_LOG_ERROR, "--events %s: %s", url, err);
+        return -1;
+    }
+    return 0;
+}
+
+/* The load events report: sequences decoding, and admitted requests not decoding (prefilling
+ * or waiting for a place). */
+static void events_load(void *ud, uint32_t *running, uint32_t *queued)
+{
+    cg_sched_stats s = cg_sched_get_stats(cg_engine_sched(ud));
+    *running = s.running;
+    *queued = s.admitted > s.running ? s.admitted - s.running : 0;
+}
+
+/* Names the worker in its events (--events-id, else HOSTNAME:PORT) and starts publishing. */
+static int start_events(const serve_cfg *c, parts *w)
+{
+    if (!w->events) return 0;
+    char name[CG_CHUNKEVENT_NAME_MAX + 1], host[64] = "localhost";
+    if (c->events_id[0]) {
+        snprintf(name, sizeof name, "%s", c->events_id);
+    } else {
+        if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "localhost");
+        host[sizeof host - 1] = 0;
+        snprintf(name, sizeof name, "%s:%u", host, (unsigned)cg_http_port(w->srv));
+    }
+    if (cg_events_start(w->events, name, events_load, w->engine) != CG_OK) {
+        cg_log(CG_LOG_ERROR, "--events: cannot start the publisher");
+        return -1;
+    }
+    cg_log(CG_LOG_INFO, "chunk events to %s stream %s as %s (epoch %s)", events_url(c),
+           c->events_stream, name, w->instance);
+    return 0;
+}
 
 /* Opens the client of the shared remote tier (--remote), when one is configured. A bad URL or
  * a refused password stops the worker; a Redis that is down does not (it is retried). */
@@ -427,6 +524,10 @@ static int open_remote(const serve_cfg *c, parts *w)
     rp.queue_max_items = (size_t)c->remote_queue;
     rp.queue_max_bytes = (size_t)c->remote_queue_mb << 20;
     rp.conns_per_node = (int)c->remote_conns;
+    if (w->events) {
+        rp.on_written = cg_tiers_remote_written;
+        rp.on_written_ud = w->events;
+    }
     st = cg_remote_open(rp, &w->remote, err, sizeof err);
     if (password) {
         memset(password, 0, strlen(password));
@@ -477,6 +578,7 @@ static int open_engine(const serve_cfg *c, parts *w)
     ep.disk_write_behind = (size_t)c->disk_write_behind;
     ep.disk_write_behind_bytes = (size_t)c->disk_write_behind_mb << 20;
     ep.remote = w->remote;
+    ep.events = w->events;
     ep.sched.max_running = (uint32_t)c->max_running;
     ep.sched.max_queue = (uint32_t)c->max_queue;
     ep.sched.prefill_chunk = (uint32_t)c->prefill_chunk;
@@ -575,6 +677,7 @@ static int open_api(const serve_cfg *c, parts *w)
     ap.chat = w->chat;
     ap.remote_url = c->remote;
     ap.remote_id = c->remote_id;
+    ap.instance_id = w->instance;
     w->api = cg_worker_api_new(ap);
 
     cg_http_params hp = cg_http_default_params();
@@ -610,8 +713,10 @@ static void close_parts(parts *w)
     cg_http_close(&w->srv);
     cg_worker_api_free(&w->api);
     cg_chat_model_unref(&w->chat);
+    cg_events_unload(w->events); /* its load is the engine's scheduler */
     cg_engine_close(&w->engine);
     cg_remote_close(&w->remote); /* after the engine: it drains what the engine queued */
+    cg_events_close(&w->events); /* after both: they emit events until they close */
     cg_model_close(&w->model);
 }
 
@@ -651,8 +756,8 @@ static int cmd_serve(int argc, char **argv)
     cg_key_set_hash((cg_key_hash)c.key_hash); /* before any thread computes a key */
     cg_log_init("chunkgate-worker", (cg_log_level)c.log_level);
     cg_signals_block_stop(); /* before any thread starts; taken below */
-    if (open_remote(&c, &w) != 0 || open_engine(&c, &w) != 0 || open_chat(&c, &w) != 0 ||
-        open_api(&c, &w) != 0)
+    if (open_events(&c, &w) != 0 || open_remote(&c, &w) != 0 || open_engine(&c, &w) != 0 ||
+        open_chat(&c, &w) != 0 || open_api(&c, &w) != 0 || start_events(&c, &w) != 0)
         goto out;
 
     cg_signals_wait_stop();

@@ -65,15 +65,47 @@ static void spill(void *ud, const cg_key *key, const cg_pool_chunk *c)
 {
     cg_tiers *t = ud;
     cg_disk_pool_src src = {t->pool, c};
-    cg_status st = cg_disk_put(t->disk, key, cg_pool_chunk_tokens(c), cg_disk_pool_block, &src,
-                               cg_wall_ms(), tl_dropped);
+    uint32_t nt = cg_pool_chunk_tokens(c);
+    cg_pool_evictions dropped = {0};
+    cg_status st = cg_disk_put(t->disk, key, nt, cg_disk_pool_block, &src, cg_wall_ms(),
+                               t->p.events || tl_dropped ? &dropped : NULL);
+    /* Records the disk dropped to make room left the disk tier; the gateway keeps a RAM
+     * placement that names the same chunk (only a disk placement is removed). */
+    for (size_t i = 0; i < dropped.n; i++) {
+        cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, &dropped.keys[i], CG_TIER_DISK, 0);
+        cg_pool_evictions_add(tl_dropped, &dropped.keys[i]);
+    }
+    cg_pool_evictions_free(&dropped);
     __atomic_add_fetch(st == CG_OK ? &t->n_spills : &t->n_spill_failures, 1, __ATOMIC_RELAXED);
+    cg_events_emit(t->p.events, st == CG_OK ? CG_CHUNKEVENT_SPILLED : CG_CHUNKEVENT_EVICTED, key,
+                   st == CG_OK ? CG_TIER_DISK : CG_TIER_RAM, nt);
     if (st != CG_OK) {
         char hex[CG_KEY_HEX_LEN + 1];
         cg_key_hex(key, hex);
         cg_log(CG_LOG_INFO, "chunk %s evicted from RAM and not spilled (%s): dropped", hex,
                cg_status_name(st));
     }
+}
+
+/* The disk write-behind's hook (events on): records it dropped left the disk tier, and a chunk
+ * it wrote that is not in RAM (RAM refused it) is now held by the disk tier only. A chunk also
+ * in RAM keeps its RAM placement: nothing to announce. */
+static void wb_written(void *ud, const cg_key *key, uint32_t n_tokens, int ok,
+                       const cg_pool_evictions *dropped)
+{
+    cg_tiers *t = ud;
+    for (size_t i = 0; i < dropped->n; i++)
+        cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, &dropped->keys[i], CG_TIER_DISK, 0);
+    cg_pool_chunk_info pi;
+    if (ok && cg_pool_peek(t->pool, key, &pi) != CG_OK)
+        cg_events_emit(t->p.events, CG_CHUNKEVENT_STORED, key, CG_TIER_DISK, n_tokens);
+}
+
+/* The pool's eviction callback without a disk tier: the chunk is gone from the worker. */
+static void evicted(void *ud, const cg_key *key, const cg_pool_chunk *c)
+{
+    cg_tiers *t = ud;
+    cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, key, CG_TIER_RAM, cg_pool_chunk_tokens(c));
 }
 
 cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **out)
@@ -115,10 +147,18 @@ cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **
             cg_diskwb_params wp = cg_diskwb_default_params();
             wp.max_items = p->disk_wb_items;
             wp.max_bytes = p->disk_wb_bytes ? p->disk_wb_bytes : wp.max_bytes;
+            if (p->events) {
+                wp.on_written = wb_written;
+                wp.on_written_ud = t;
+            }
             if ((st = cg_diskwb_open(t->disk, wp, &t->wb)) != CG_OK) goto out;
         }
     }
     t->remote = p->remote;
+    if (!pp.on_evict && p->events) {
+        pp.on_evict = evicted;
+        pp.on_evict_ud = t;
+    }
     st = cg_pool_open(pp, &t->pool);
 out:
     if (st != CG_OK) {
@@ -292,6 +332,7 @@ static cg_status restore(cg_tiers *t, const cg_key *key, uint32_t want, uint64_t
         if (st == CG_OK) {
             cg_pool_publish(t->pool, c, now);
             out->c = c;
+            cg_events_emit(t->p.events, CG_CHUNKEVENT_PROMOTED, key, CG_TIER_RAM, di.tokens);
         } else {
             cg_pool_release(t->pool, &c, now); /* unpublished: dropped with its bytes */
         }
@@ -377,7 +418,7 @@ static void remote_put(cg_tiers *t, const cg_key *key, cg_pool_chunk *c)
         lens[i] = vlen;
     }
     /* CG_E_FULL: the queue is full (counted by the client as a drop); never waits. */
-    if (cg_remote_put_async(t->remote, H, keys, vals, lens) == CG_OK)
+    if (cg_remote_put_async_tag(t->remote, H, keys, vals, lens, nt) == CG_OK)
         count(&t->n_rputs, 1);
     else
         count(&t->n_rdrops, 1);
@@ -387,6 +428,17 @@ out:
     free(vals);
     free(keys);
     free(names);
+}
+
+void cg_tiers_remote_written(void *events, size_t n, const char *const *keys, uint64_t tokens,
+                             cg_status st)
+{
+    /* keys[0] is "{model}@head:0@{hex}": the chunk key is what follows the last '@' */
+    const char *at = n ? strrchr(keys[0], '@') : NULL;
+    cg_key key;
+    if (!at || cg_key_parse(at + 1, &key) != 0) return;
+    cg_events_emit(events, st == CG_OK ? CG_CHUNKEVENT_STORED : CG_CHUNKEVENT_FAILED, &key,
+                   CG_TIER_REMOTE, (uint32_t)tokens);
 }
 
 /* 1 when a decoded value is head h of a chunk of this worker's model and geometry. */
@@ -496,6 +548,7 @@ static cg_status restore_remote(cg_tiers *t, const cg_key *key, uint32_t want, u
                                         pl[h] + ((size_t)l * 2 + (size_t)kv) * plane);
         cg_pool_publish(t->pool, c, now);
         out->c = c;
+        cg_events_emit(t->p.events, CG_CHUNKEVENT_PROMOTED, key, CG_TIER_RAM, nt);
     } else {
         /* RAM is full of referenced chunks, or another thread is filling this key. */
         out->buf = cg_calloc(out->n_blocks, t->block_bytes);
@@ -601,6 +654,7 @@ cg_status cg_tiers_store(cg_tiers *t, const cg_key *key, cg_kv *src, uint32_t v,
         }
     cg_pool_publish(t->pool, c, now);
     *out = c;
+    cg_events_emit(t->p.events, CG_CHUNKEVENT_STORED, key, CG_TIER_RAM, n);
     if (t->remote) remote_put(t, key, c);
     if (t->wb) {
         cg_disk_pool_src blocks = {t->pool, c};
@@ -719,6 +773,7 @@ cg_status cg_tiers_delete(cg_tiers *t, const cg_key *key)
         found |= st == CG_OK;
     }
     if (t->remote) found |= remote_delete(t, key);
+    if (found) cg_events_emit(t->p.events, CG_CHUNKEVENT_DELETED, key, CG_TIER_RAM, 0);
     return found ? CG_OK : CG_E_NOT_FOUND;
 }
 

@@ -1,5 +1,5 @@
 /* The worker's chunk KV tiers as the engine sees them: the RAM pool (kv/pool.h), below it the
- * disk tier (worker/store/disk.h) and the shared remote tier on Redis (worker/store/remote.h).
+ * disk tier (worker/store/disk.h) and the shared remote tier on Redis (base/remote.h).
  * Finds a chunk in RAM, then on disk, then in Redis (read back and verified; a remote hit is
  * placed in RAM), stores computed chunks (in RAM, and in the background to Redis and to disk:
  * DESIGN §16), spills RAM evictions to disk, and places a chunk's rows into a request's KV at
@@ -16,7 +16,8 @@
 #include "kv/pool.h"
 #include "worker/model/model.h"
 #include "worker/store/disk.h"
-#include "worker/store/remote.h"
+#include "base/remote.h"
+#include "worker/store/events.h"
 
 typedef struct cg_tiers cg_tiers;
 
@@ -32,6 +33,9 @@ typedef struct cg_tiers_params {
     size_t disk_wb_bytes;
     /* The shared remote tier (borrowed; it must outlive the tiers), or NULL. */
     cg_remote *remote;
+    /* Chunk events (worker/store/events.h; borrowed, it must outlive the tiers), or NULL: every
+     * change of where a chunk is goes there. */
+    cg_events *events;
 } cg_tiers_params;
 
 /* Opens the pool and, with disk_bytes > 0, the disk tier over model m (borrowed; it must
@@ -108,6 +112,11 @@ void cg_tiers_drop(cg_tiers *t, cg_cached *c, uint64_t now);
  * CG_E_CONFLICT: nothing stored. */
 cg_status cg_tiers_store(cg_tiers *t, const cg_key *key, cg_kv *src, uint32_t v, uint32_t n,
                          uint64_t now, cg_pool_evictions *ev, cg_pool_chunk **out) CG_WUR;
+
+/* The remote client's on_written hook (cg_remote_params) when events are on: events is the
+ * cg_events; a chunk's write-behind becomes a stored (or failed) event of the remote tier. */
+void cg_tiers_remote_written(void *events, size_t n, const char *const *keys, uint64_t tokens,
+                             cg_status st);
 
 /* Places a cached chunk at slot p of dst, its K rotated by delta. */
 void cg_tiers_place(cg_tiers *t, cg_kv *dst, uint32_t p, const cg_cached *c, int64_t delta);

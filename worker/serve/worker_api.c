@@ -53,7 +53,11 @@ cg_worker_api *cg_worker_api_new(cg_worker_api_params p)
         cg_metrics_histogram(a->metrics, P "queue_seconds",
                              "Time requests waited in the scheduler before computing, by phase",
                              "phase=\"decode\"", cg_metrics_latency_buckets, cg_metrics_latency_n));
-    cg_api_random_hex(a->instance_id, 16);
+    if (a->p.instance_id && a->p.instance_id[0])
+        snprintf(a->instance_id, sizeof a->instance_id, "%s", a->p.instance_id);
+    else
+        cg_api_random_hex(a->instance_id, 16);
+    a->p.instance_id = NULL; /* borrowed for new only */
     a->started_ms = (int64_t)cg_wall_ms();
     return a;
 }

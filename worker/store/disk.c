@@ -239,16 +239,6 @@ static void rec_detach(cg_disk *d, rec *r)
     if (r->readers == 0) rec_free(d, r);
 }
 
-static void evictions_append(cg_pool_evictions *e, const cg_key *k)
-{
-    if (!e) return;
-    if (e->n == e->cap) {
-        e->cap = e->cap ? e->cap * 2 : 8;
-        e->keys = cg_realloc(e->keys, e->cap * sizeof *e->keys);
-    }
-    e->keys[e->n++] = *k;
-}
-
 /* Writes the pending last_used updates in one transaction. Lock held. */
 static void touch_flush(cg_disk *d)
 {
@@ -371,7 +361,7 @@ static cg_status make_room(cg_disk *d, uint32_t need, cg_pool_evictions *dropped
         rec *v = index_find(d, &keys[k]);
         rec_detach(d, v);
         d->drops++;
-        evictions_append(dropped, &keys[k]);
+        cg_pool_evictions_add(dropped, &keys[k]);
     }
 out:
     free(keys);

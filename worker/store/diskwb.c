@@ -103,6 +103,7 @@ static void *writer_main(void *arg)
                    cg_status_name(st));
         }
 
+        if (w->p.on_written) w->p.on_written(w->p.on_written_ud, &it->key, it->n_tokens, ok, &ev);
         pthread_mutex_lock(&w->mu);
         keep_dropped_locked(w, &ev);
         cg_pool_evictions_free(&ev);

@@ -23,6 +23,12 @@ typedef struct cg_diskwb_params {
                            is never queued */
     size_t max_dropped; /* default 4096: keys of disk records the writer dropped (LRU) kept
                            for cg_diskwb_take_dropped; older ones are forgotten */
+    /* default NULL: called by the writer thread, no lock held, after each write it attempted:
+     * the chunk, whether the disk holds it now (ok), and the records dropped to make room
+     * (borrowed for the call; also kept for cg_diskwb_take_dropped). */
+    void (*on_written)(void *ud, const cg_key *key, uint32_t n_tokens, int ok,
+                       const cg_pool_evictions *dropped);
+    void *on_written_ud;
 } cg_diskwb_params;
 
 cg_diskwb_params cg_diskwb_default_params(void);

@@ -1,5 +1,6 @@
-/* Remote KV tier (DESIGN §16): Redis client for one node or a Redis Cluster, pipelined batch
- * reads and writes, MOVED/ASK redirects, write-behind queue, fail-fast backoff, deadlines.
+/* Redis client for one node or a Redis Cluster (the remote KV tier, DESIGN §16, and the chunk
+ * events, §18): pipelined batch reads and writes, single commands, MOVED/ASK redirects,
+ * write-behind queue, fail-fast backoff, deadlines.
  *
  * I/O model: hiredis connects (redisConnectWithTimeout) and parses replies (its reader); the
  * commands are written here as RESP with sendmsg() from an iovec list, so multi-MiB values go
@@ -11,7 +12,7 @@
  * needs several nodes takes their connections in increasing node index, so two calls cannot
  * wait on each other. The slot map sits behind a rwlock; the write-behind queue has its own
  * mutex. Counters are updated with relaxed atomics. */
-#include "worker/store/remote.h"
+#include "base/remote.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,7 +30,6 @@
 #include <unistd.h>
 
 #include "base/base.h"
-#include "kv/kvwire.h"
 
 /* Largest batch one call takes (keys). */
 #define BATCH_MAX 65536
@@ -78,6 +78,7 @@ typedef struct node {
 typedef struct qitem {
     struct qitem *next;
     uint64_t seq;
+    uint64_t tag; /* the caller's, handed to params.on_written */
     size_t n;
     size_t bytes; /* value + key bytes, what the queue bound counts */
     char **keys;
@@ -1006,7 +1007,7 @@ static int parse_redirect(cg_remote *r, const char *p, size_t len, const node *f
 
 /* ---- running a batch ----------------------------------------------------------------------- */
 
-typedef enum { OP_GET, OP_SET, OP_DEL, OP_PING } op_kind;
+typedef enum { OP_GET, OP_SET, OP_DEL, OP_PING, OP_CMD } op_kind;
 
 typedef struct op {
     const char *key;
@@ -1018,6 +1019,10 @@ typedef struct op {
     int ask;    /* send ASKING first (one round) */
     int done;
     redisReply *rep; /* owned */
+    /* OP_CMD: the whole command (borrowed); key is one of its arguments. */
+    int argc;
+    const char *const *argv;
+    const size_t *argvlen;
 } op;
 
 static void ops_free_replies(op *ops, size_t n)
@@ -1057,6 +1062,9 @@ static void op_command(cg_remote *r, op_kind kind, const op *o, outq *out)
         out_cmd(out, 1, argv, NULL);
         break;
     }
+    case OP_CMD:
+        out_cmd(out, o->argc, o->argv, o->argvlen);
+        break;
     }
 }
 
@@ -1092,6 +1100,8 @@ static cg_status op_check(cg_remote *r, op_kind kind, const redisReply *rep, con
         return rep->type == REDIS_REPLY_STATUS && rep->len == 4 && !memcmp(rep->str, "PONG", 4)
                    ? CG_OK
                    : CG_E_BAD_GATEWAY;
+    case OP_CMD:
+        return CG_OK; /* the caller reads the reply */
     }
     return CG_E_BAD_GATEWAY;
 }
@@ -1467,8 +1477,12 @@ static void *writer_main(void *arg)
 
         cg_status st = write_items(r, batch, k);
         if (st != CG_OK) ST_ADD(r, queue_failed, k);
-        for (size_t i = 0; i < k; i++)
+        for (size_t i = 0; i < k; i++) {
+            if (r->p.on_written)
+                r->p.on_written(r->p.on_written_ud, batch[i]->n,
+                                (const char *const *)batch[i]->keys, batch[i]->tag, st);
             qitem_free(&batch[i]);
+        }
 
         pthread_mutex_lock(&r->qmu);
         r->q_items -= k;
@@ -1739,6 +1753,35 @@ cg_status cg_remote_del(cg_remote *r, size_t n, const char *const *keys, size_t 
     return st;
 }
 
+cg_status cg_remote_command(cg_remote *r, int argc, const char *const *argv, const size_t *lens,
+                            int key_arg, int timeout_ms, struct redisReply **out)
+{
+    uint64_t t0 = cg_now_ns();
+    *out = NULL;
+    if (argc < 1 || !argv || !lens || key_arg < 0 || key_arg >= argc || !lens[key_arg]) {
+        count_error(r, CG_E_VALUE);
+        return CG_E_VALUE;
+    }
+    op o = {
+        .key = argv[key_arg], .klen = lens[key_arg], .argc = argc, .argv = argv, .argvlen = lens};
+    uint64_t deadline =
+        timeout_ms > 0 ? t0 + (uint64_t)timeout_ms * 1000000ull : deadline_after(r, t0);
+    cg_status st = exec_ops(r, OP_CMD, &o, 1, deadline);
+    if (st == CG_OK) {
+        *out = o.rep;
+        o.rep = NULL;
+    }
+    ops_free_replies(&o, 1);
+    count_error(r, st);
+    return st;
+}
+
+void cg_remote_reply_free(struct redisReply **rep)
+{
+    if (*rep) freeReplyObject(*rep);
+    *rep = NULL;
+}
+
 cg_status cg_remote_ping(cg_remote *r)
 {
     uint64_t t0 = cg_now_ns(), deadline = deadline_after(r, t0);
@@ -1787,6 +1830,12 @@ cg_status cg_remote_ping(cg_remote *r)
 cg_status cg_remote_put_async(cg_remote *r, size_t n, const char *const *keys,
                               const void *const *vals, const size_t *lens)
 {
+    return cg_remote_put_async_tag(r, n, keys, vals, lens, 0);
+}
+
+cg_status cg_remote_put_async_tag(cg_remote *r, size_t n, const char *const *keys,
+                                  const void *const *vals, const size_t *lens, uint64_t tag)
+{
     if (check_batch(n, keys) != CG_OK || !vals || !lens) {
         ST_ADD(r, queue_drops, 1);
         return CG_E_VALUE;
@@ -1819,6 +1868,7 @@ cg_status cg_remote_put_async(cg_remote *r, size_t n, const char *const *keys,
     qitem *it = (qitem *)blk;
     memset(it, 0, sizeof *it);
     it->n = n;
+    it->tag = tag;
     it->bytes = bytes;
     it->keys = (char **)(blk + head);
     it->vals = it->keys + n;

@@ -1,5 +1,6 @@
-/* Remote KV tier of the worker (DESIGN §16): a client for one Redis node (redis://) or a Redis
- * Cluster (redis+cluster://) that stores each chunk's KV per KV head under
+/* The client for Redis of both programs: the worker's remote KV tier (DESIGN §16) and the
+ * chunk events worker and gateway exchange on a Redis Stream (§18). One Redis node (redis://)
+ * or a Redis Cluster (redis+cluster://). The KV tier stores each chunk's KV per KV head under
  * "{model}@head:{h}@{key}". The values are opaque bytes here (the caller encodes and checks the
  * CGKV wire format); this module moves them: pipelined batch reads and writes grouped by node,
  * cluster slot routing with MOVED/ASK redirects, a bounded write-behind queue, per-node
@@ -52,6 +53,11 @@ typedef struct cg_remote_params {
     size_t value_cache_bytes; /* default 64 MiB: buffers of large values (64 KiB and more) given
                                  back with cg_remote_values_free are kept for the next reads,
                                  up to this many bytes (no page faults for each read); 0: off */
+    /* default NULL: called by the write-behind thread after each queued item was attempted,
+     * with its n keys (borrowed for the call), the tag of cg_remote_put_async_tag and the
+     * outcome of its batch (CG_OK: stored). It must not call back into the client's queue. */
+    void (*on_written)(void *ud, size_t n, const char *const *keys, uint64_t tag, cg_status st);
+    void *on_written_ud;
 } cg_remote_params;
 
 /* The defaults above; url is NULL. */
@@ -131,6 +137,19 @@ cg_status cg_remote_set(cg_remote *r, size_t n, const char *const *keys, const v
 /* Deletes n keys; *n_deleted (may be NULL) receives how many existed. */
 cg_status cg_remote_del(cg_remote *r, size_t n, const char *const *keys, size_t *n_deleted) CG_WUR;
 
+/* Runs one command (argv[0..argc), lens[i] bytes each, borrowed) on the node that serves the
+ * slot of argv[key_arg], following MOVED/ASK. timeout_ms > 0 replaces params.timeout_ms for
+ * this call (a blocking command such as XREAD BLOCK needs more than its block time).
+ * CG_OK: *out is the reply (never an error reply), owned by the caller: cg_remote_reply_free;
+ * otherwise *out is NULL and the statuses of cg_remote_get say why (an error reply is
+ * CG_E_BAD_GATEWAY, CG_E_FULL or CG_E_AUTH). Safe from many threads at once; the reply is a
+ * hiredis redisReply (include <hiredis/hiredis.h> to read it). */
+struct redisReply;
+cg_status cg_remote_command(cg_remote *r, int argc, const char *const *argv, const size_t *lens,
+                            int key_arg, int timeout_ms, struct redisReply **out) CG_WUR;
+/* Frees a reply of cg_remote_command; accepts *rep == NULL, sets *rep to NULL. */
+void cg_remote_reply_free(struct redisReply **rep);
+
 /* Health: PING every master (refreshing a cluster's slot map first when due). CG_OK when all
  * answered; otherwise the first failure. */
 cg_status cg_remote_ping(cg_remote *r) CG_WUR;
@@ -142,6 +161,10 @@ cg_status cg_remote_ping(cg_remote *r) CG_WUR;
  * n == 0 or a chunk larger than queue_max_bytes (also counted as a drop). */
 cg_status cg_remote_put_async(cg_remote *r, size_t n, const char *const *keys,
                               const void *const *vals, const size_t *lens) CG_WUR;
+
+/* The same, with a tag handed back to params.on_written. */
+cg_status cg_remote_put_async_tag(cg_remote *r, size_t n, const char *const *keys,
+                                  const void *const *vals, const size_t *lens, uint64_t tag) CG_WUR;
 
 /* Waits until every write queued before the call has been attempted (written or failed),
  * for at most timeout_ms: CG_OK or CG_E_TIMEOUT. */

@@ -3,4 +3,4 @@
 # cg_wstore links it for the worker.
 pkg_check_modules(HIREDIS REQUIRED IMPORTED_TARGET hiredis)
 add_library(cg_remote STATIC ${CMAKE_CURRENT_LIST_DIR}/remote.c)
-target_link_libraries(cg_remote PUBLIC cg_kv cg_base PkgConfig::HIREDIS Threads::Threads)
+target_link_libraries(cg_remote PUBLIC cg_base PkgConfig::HIREDIS Threads::Threads)

@@ -1,0 +1,266 @@
+/* The worker's chunk event publisher: a bounded queue and one thread that appends each event
+ * to the Redis Stream (worker/store/events.h). */
+#include "worker/store/events.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/base.h"
+#include "base/remote.h"
+
+/* Pause before an event Redis did not take is sent again. */
+#define RETRY_MS 100
+
+typedef struct item {
+    cg_chunkevent_op op;
+    cg_key key;
+    cg_tier tier;
+    uint32_t tokens;
+    uint64_t seq, ts_ms;
+    int resync;
+} item;
+
+struct cg_events {
+    cg_events_params p;
+    cg_remote *r;
+    char *stream;
+    size_t stream_len;
+    char maxlen[24];
+    char epoch[CG_CHUNKEVENT_NAME_MAX + 1];
+    char worker[CG_CHUNKEVENT_NAME_MAX + 1];
+    pthread_mutex_t load_mu; /* held around a load call: cg_events_unload waits for it */
+    cg_events_load_fn load;  /* load_mu */
+    void *load_ud;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* events or stop for the publisher */
+    item *q;           /* ring of p.queue_max */
+    size_t head, n;
+    uint64_t seq;  /* mu: last sequence number given */
+    uint64_t sent; /* mu: events Redis took (in seq order) */
+    int lost;      /* mu: an event was dropped since the last one queued */
+    int stop;
+    pthread_t thread;
+    int started;
+
+    uint64_t n_queued, n_published, n_dropped, n_failed; /* atomics */
+};
+
+cg_events_params cg_events_default_params(void)
+{
+    return (cg_events_params){
+        .stream = CG_EVENTS_DEFAULT_STREAM, .maxlen = 100000, .queue_max = 4096, .timeout_ms = 500};
+}
+
+cg_status cg_events_open(cg_events_params p, cg_events **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!p.url || !p.epoch || !p.epoch[0] || strlen(p.epoch) > CG_CHUNKEVENT_NAME_MAX ||
+        !p.queue_max || !p.maxlen) {
+        snprintf(err, errlen, "events: a URL, an epoch, a queue and a stream length are needed");
+        return CG_E_VALUE;
+    }
+    if (!p.stream || !p.stream[0]) p.stream = CG_EVENTS_DEFAULT_STREAM;
+    cg_remote_params rp = cg_remote_default_params();
+    rp.url = p.url;
+    rp.password = p.password;
+    rp.timeout_ms = p.timeout_ms > 0 ? p.timeout_ms : 500;
+    rp.conns_per_node = 1; /* one publisher */
+    rp.queue_max_items = 1;
+    rp.backoff_max_ms = 1000; /* an outage's events wait in the queue: reconnect soon */
+    cg_remote *r = NULL;
+    cg_status st = cg_remote_open(rp, &r, err, errlen);
+    if (st != CG_OK) return st;
+    cg_events *e = cg_calloc(1, sizeof *e);
+    e->p = p;
+    e->r = r;
+    e->stream = cg_strdup(p.stream);
+    e->stream_len = strlen(p.stream);
+    e->p.stream = e->stream;
+    e->p.url = e->p.password = e->p.epoch = NULL; /* borrowed for open only */
+    snprintf(e->maxlen, sizeof e->maxlen, "%zu", p.maxlen);
+    snprintf(e->epoch, sizeof e->epoch, "%s", p.epoch);
+    e->q = cg_calloc(p.queue_max, sizeof *e->q);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->load_mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    *out = e;
+    return CG_OK;
+}
+
+/* XADD stream MAXLEN ~ N * field value ...: CG_OK when Redis took the event. */
+static cg_status publish(cg_events *e, const item *it)
+{
+    cg_chunkevent ev = {.seq = it->seq,
+                        .op = it->op,
+                        .tokens = it->tokens,
+                        .ts_ms = it->ts_ms,
+                        .resync = it->resync};
+    memcpy(ev.worker, e->worker, sizeof ev.worker);
+    memcpy(ev.epoch, e->epoch, sizeof ev.epoch);
+    cg_key_hex(&it->key, ev.key);
+    ev.tier = it->tier;
+    pthread_mutex_lock(&e->load_mu);
+    if (e->load) e->load(e->load_ud, &ev.running, &ev.queued);
+    pthread_mutex_unlock(&e->load_mu);
+    cg_chunkevent_wire w;
+    cg_chunkevent_encode(&ev, &w);
+    /* XADD key MAXLEN ~ N * and the event's field/value pairs */
+    enum { HEAD = 6 };
+    const char *argv[HEAD + 2 * CG_CHUNKEVENT_MAX_FIELDS] = {"XADD", e->stream, "MAXLEN",
+                                                             "~",    e->maxlen, "*"};
+    size_t lens[HEAD + 2 * CG_CHUNKEVENT_MAX_FIELDS] = {4, e->stream_len,     6,
+                                                        1, strlen(e->maxlen), 1};
+    for (int i = 0; i < w.argc; i++) {
+        argv[HEAD + i] = w.argv[i];
+        lens[HEAD + i] = w.lens[i];
+    }
+    struct redisReply *rep = NULL;
+    cg_status st = cg_remote_command(e->r, HEAD + w.argc, argv, lens, 1, 0, &rep);
+    cg_remote_reply_free(&rep);
+    return st;
+}
+
+static void *publisher_main(void *arg)
+{
+    cg_events *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (!e->n && !e->stop)
+            pthread_cond_wait(&e->cv, &e->mu);
+        if (e->stop) break;
+        item it = e->q[e->head]; /* stays queued until Redis takes it: nothing is lost to an
+                                    outage shorter than the queue */
+        pthread_mutex_unlock(&e->mu);
+        cg_status st = publish(e, &it);
+        pthread_mutex_lock(&e->mu);
+        if (st == CG_OK) {
+            e->head = (e->head + 1) % e->p.queue_max;
+            e->n--;
+            e->sent++;
+            __atomic_add_fetch(&e->n_published, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        __atomic_add_fetch(&e->n_failed, 1, __ATOMIC_RELAXED);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += RETRY_MS * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        if (!e->stop) pthread_cond_timedwait(&e->cv, &e->mu, &until);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+cg_status cg_events_start(cg_events *e, const char *worker, cg_events_load_fn load, void *ud)
+{
+    if (!worker || !worker[0] || strlen(worker) > CG_CHUNKEVENT_NAME_MAX || e->started)
+        return CG_E_VALUE;
+    snprintf(e->worker, sizeof e->worker, "%s", worker);
+    e->load = load;
+    e->load_ud = ud;
+    if (pthread_create(&e->thread, NULL, publisher_main, e) != 0) return CG_E_INTERNAL;
+    e->started = 1;
+    return CG_OK;
+}
+
+void cg_events_unload(cg_events *e)
+{
+    if (!e) return;
+    pthread_mutex_lock(&e->load_mu);
+    e->load = NULL;
+    e->load_ud = NULL;
+    pthread_mutex_unlock(&e->load_mu);
+}
+
+void cg_events_emit(cg_events *e, cg_chunkevent_op op, const cg_key *key, cg_tier tier,
+                    uint32_t tokens)
+{
+    if (!e) return;
+    uint64_t ts = cg_wall_ms();
+    pthread_mutex_lock(&e->mu);
+    if (e->n == e->p.queue_max || e->stop) {
+        e->lost = 1;
+        pthread_mutex_unlock(&e->mu);
+        __atomic_add_fetch(&e->n_dropped, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    item *it = &e->q[(e->head + e->n) % e->p.queue_max];
+    *it = (item){.op = op,
+                 .key = *key,
+                 .tier = tier,
+                 .tokens = tokens,
+                 .seq = ++e->seq,
+                 .ts_ms = ts,
+                 .resync = e->lost};
+    e->lost = 0;
+    e->n++;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    __atomic_add_fetch(&e->n_queued, 1, __ATOMIC_RELAXED);
+}
+
+cg_status cg_events_flush(cg_events *e, int timeout_ms)
+{
+    if (!e) return CG_OK;
+    uint64_t end = cg_now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
+    cg_status st = CG_OK;
+    pthread_mutex_lock(&e->mu);
+    uint64_t want = e->seq;
+    while (e->started && e->sent < want) { /* events are published in seq order */
+        uint64_t now = cg_now_ms();
+        if (now >= end) {
+            st = CG_E_TIMEOUT;
+            break;
+        }
+        pthread_mutex_unlock(&e->mu);
+        nanosleep(&(struct timespec){0, (long)CG_MIN(5, end - now) * 1000000L}, NULL);
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return st;
+}
+
+void cg_events_close(cg_events **ep)
+{
+    cg_events *e = *ep;
+    if (!e) return;
+    *ep = NULL;
+    if (e->started) {
+        if (cg_events_flush(e, 1000) != CG_OK)
+            cg_log(CG_LOG_WARN, "events: the stream did not take the last events in time");
+        pthread_mutex_lock(&e->mu);
+        e->stop = 1; /* what is left after the flush is given up */
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    cg_remote_close(&e->r);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->load_mu);
+    pthread_mutex_destroy(&e->mu);
+    free(e->q);
+    free(e->stream);
+    free(e);
+}
+
+cg_events_stats cg_events_get_stats(cg_events *e)
+{
+    cg_events_stats s = {0};
+    if (!e) return s;
+    s.queued = __atomic_load_n(&e->n_queued, __ATOMIC_RELAXED);
+    s.published = __atomic_load_n(&e->n_published, __ATOMIC_RELAXED);
+    s.dropped = __atomic_load_n(&e->n_dropped, __ATOMIC_RELAXED);
+    s.failed = __atomic_load_n(&e->n_failed, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&e->mu);
+    s.depth = e->n;
+    s.seq = e->seq;
+    pthread_mutex_unlock(&e->mu);
+    return s;
+}
