@@ -13,9 +13,14 @@
 void cg_api_health(cg_http_req *req, void *app)
 {
     cg_worker_api *a = app;
-    cg_http_reply_json(
-        req, 200,
-        json_pack("{s:s, s:o}", "status", "ok", "canary", cg_canary_summary_json(a->canary)));
+    /* The load goes with every health answer: each gateway replica polls it, so all of them
+     * weigh the worker by the same numbers, not only by the requests each sent itself. */
+    uint32_t running = 0, queued = 0;
+    cg_sched_load(cg_engine_sched(a->e), &running, &queued);
+    cg_http_reply_json(req, 200,
+                       json_pack("{s:s, s:I, s:I, s:o}", "status", "ok", "running",
+                                 (json_int_t)running, "queued", (json_int_t)queued, "canary",
+                                 cg_canary_summary_json(a->canary)));
 }
 
 /* A special token's string ("<|endoftext|>"), or null when it has none. */

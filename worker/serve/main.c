@@ -473,13 +473,10 @@ static int open_events(const serve_cfg *c, parts *w)
     return 0;
 }
 
-/* The load events report: sequences decoding, and admitted requests not decoding (prefilling
- * or waiting for a place). */
+/* The load events report: the same numbers as GET /healthz (cg_sched_load). */
 static void events_load(void *ud, uint32_t *running, uint32_t *queued)
 {
-    cg_sched_stats s = cg_sched_get_stats(cg_engine_sched(ud));
-    *running = s.running;
-    *queued = s.admitted > s.running ? s.admitted - s.running : 0;
+    cg_sched_load(cg_engine_sched(ud), running, queued);
 }
 
 /* Names the worker in its events (--events-id, else HOSTNAME:PORT) and starts publishing. */

@@ -576,6 +576,14 @@ cg_sched_stats cg_sched_get_stats(cg_sched *s)
     return st;
 }
 
+void cg_sched_load(cg_sched *s, uint32_t *running, uint32_t *queued)
+{
+    pthread_mutex_lock(&s->mu);
+    *running = s->n_run;
+    *queued = s->admitted > s->n_run ? s->admitted - s->n_run : 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
 void cg_sched_set_queue_histograms(cg_sched *s, struct cg_metric *prefill, struct cg_metric *decode)
 {
     s->h_prefill_wait = prefill;

@@ -138,6 +138,10 @@ typedef struct cg_sched_stats {
     uint32_t idle_waiting; /* background jobs queued now */
 } cg_sched_stats;
 cg_sched_stats cg_sched_get_stats(cg_sched *s);
+/* The load the worker reports to gateways, in GET /healthz and in its chunk events, so every
+ * gateway replica sees the same numbers: *running gets the sequences decoding, *queued the
+ * admitted requests not decoding (prefilling, waiting for a place, or parked). */
+void cg_sched_load(cg_sched *s, uint32_t *running, uint32_t *queued);
 
 /* Histograms (borrowed; they must outlive the scheduler) that receive, in seconds, how long
  * prefill work waited for its first piece and how long a decoding sequence waited for a place
