@@ -21,9 +21,10 @@ struct cg_worker {
     int removed;
     wstate state;
     int64_t in_flight;
-    uint64_t next_check_ms; /* monotonic */
-    uint64_t retry_ms;      /* probe period while down: 100 ms doubling to 500 ms; 0 = up */
-    uint64_t last_sync_ms;  /* monotonic; 0 = never */
+    int64_t running, queued; /* its own load report (GET /healthz), 0 until one */
+    uint64_t next_check_ms;  /* monotonic */
+    uint64_t retry_ms;       /* probe period while down: 100 ms doubling to 500 ms; 0 = up */
+    uint64_t last_sync_ms;   /* monotonic; 0 = never */
     int64_t last_ok_wall, last_sync_wall, synced_chunks;
     int want_sync;
     int syncing; /* a sync runs (health thread or admin add) */
@@ -72,6 +73,11 @@ const char *cg_route_kind_name(cg_route_kind k)
 
 /* ---------------------------------------------------------------- routing rule */
 
+int64_t cg_route_load(const cg_route_cand *c)
+{
+    return CG_MAX(c->in_flight, c->reported);
+}
+
 int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remote_pct, uint64_t tie,
                   cg_route_kind *kind)
 {
@@ -85,15 +91,16 @@ int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remot
     for (size_t k = 0; k < n; k++) {
         size_t i = (start + k) % n;
         if (any_pinned && !c[i].pinned) continue;
-        long long score = (long long)c[i].cached + (long long)c[i].remote * remote_pct / 100 -
-                          (long long)c[i].in_flight * penalty;
+        long long load = cg_route_load(&c[i]);
+        long long score =
+            (long long)c[i].cached + (long long)c[i].remote * remote_pct / 100 - load * penalty;
         /* Strictly better only: the first in rotation order keeps a tie. */
         if (best < 0 || score > best_score ||
-            (score == best_score && c[i].in_flight < c[best].in_flight)) {
+            (score == best_score && load < cg_route_load(&c[best]))) {
             best = (int)i;
             best_score = score;
         }
-        if (least < 0 || c[i].in_flight < c[least].in_flight) least = (int)i;
+        if (least < 0 || load < cg_route_load(&c[least])) least = (int)i;
     }
     if (c[best].cached > 0 || (c[best].remote > 0 && remote_pct > 0)) {
         *kind = any_pinned ? CG_ROUTE_PINNED : c[best].cached > 0 ? CG_ROUTE_HIT : CG_ROUTE_REMOTE;
@@ -172,11 +179,12 @@ static void set_state_locked(cg_worker *w, wstate s)
 
 static json_t *worker_json_locked(const cg_worker *w)
 {
-    return json_pack("{s:I, s:s, s:s, s:o, s:b, s:s, s:I, s:I, s:I, s:o, s:o, s:I, s:o}", "id",
-                     (json_int_t)w->id, "object", "worker", "url", w->url, "model",
+    return json_pack("{s:I, s:s, s:s, s:o, s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:I, s:o}",
+                     "id", (json_int_t)w->id, "object", "worker", "url", w->url, "model",
                      w->have_info ? json_string(w->info.model) : json_null(), "healthy",
                      w->state == W_HEALTHY, "state", state_names[w->state], "in_flight",
-                     (json_int_t)w->in_flight, "routed", (json_int_t)w->routed, "errors",
+                     (json_int_t)w->in_flight, "running", (json_int_t)w->running, "queued",
+                     (json_int_t)w->queued, "routed", (json_int_t)w->routed, "errors",
                      (json_int_t)w->errors, "last_ok_ms",
                      w->last_ok_wall ? json_integer(w->last_ok_wall) : json_null(), "last_sync_ms",
                      w->last_sync_wall ? json_integer(w->last_sync_wall) : json_null(),
@@ -807,7 +815,7 @@ cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, const unsi
     for (size_t i = 0; i < r->n && n < MAX_ROUTE; i++) {
         cg_worker *w = r->v[i];
         if (w->state != W_HEALTHY) continue;
-        cg_route_cand c = {0, w->in_flight, 0, 0};
+        cg_route_cand c = {0, w->in_flight, 0, 0, w->running + w->queued};
         for (size_t k = 0; k < n_keys; k++) {
             if (steer && !steer[k]) continue;
             const cg_index_entry *e = ent ? &ent[k] : NULL;
@@ -838,11 +846,16 @@ cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, const unsi
 cg_worker *cg_workers_pick_any(cg_workers *r, const cg_worker *exclude)
 {
     cg_worker *best = NULL;
+    int64_t best_load = 0;
     pthread_mutex_lock(&r->mu);
     for (size_t i = 0; i < r->n; i++) {
         cg_worker *w = r->v[i];
         if (w == exclude || w->state != W_HEALTHY) continue;
-        if (!best || w->in_flight < best->in_flight) best = w;
+        cg_route_cand c = {0, w->in_flight, 0, 0, w->running + w->queued};
+        if (!best || cg_route_load(&c) < best_load) {
+            best = w;
+            best_load = cg_route_load(&c);
+        }
     }
     if (best) take_locked(best);
     pthread_mutex_unlock(&r->mu);
@@ -929,6 +942,15 @@ void cg_workers_stale(cg_workers *r, cg_worker *w)
 
 /* ---------------------------------------------------------------- health */
 
+/* A load count of a health answer: a non-negative integer, capped so that a broken worker
+ * cannot overflow the score; 0 when absent or malformed. */
+static int64_t reported_count(json_t *health, const char *name)
+{
+    json_t *v = json_object_get(health, name);
+    if (!json_is_integer(v) || json_integer_value(v) < 0) return 0;
+    return CG_MIN((int64_t)json_integer_value(v), (int64_t)1 << 20);
+}
+
 /* Probes one worker and syncs it when needed; the caller owns w->syncing. */
 static void check_one(cg_workers *r, cg_worker *w, uint64_t now)
 {
@@ -938,10 +960,14 @@ static void check_one(cg_workers *r, cg_worker *w, uint64_t now)
     cg_status st = cg_wc_call_sync(r->p.client, w->url, "GET", "/healthz", NULL, 0,
                                    r->p.health_timeout_ms, &http, &j, detail, sizeof detail);
     int ok = st == CG_OK && http == 200;
-    /* A worker's health answer carries its quality canary's summary (DESIGN §15). */
+    /* A worker's health answer carries its quality canary's summary (DESIGN §15) and its load
+     * (DESIGN §18): the sequences it runs and queues for every gateway, not only this one. A
+     * worker of another implementation may report no load: then only in_flight counts. */
     json_t *canary = NULL;
     if (ok && json_is_object(json_object_get(j, "canary")))
         canary = json_deep_copy(json_object_get(j, "canary"));
+    int64_t running = ok ? reported_count(j, "running") : 0;
+    int64_t queued = ok ? reported_count(j, "queued") : 0;
     json_decref(j);
     int need_sync = 0, went_down = 0;
     pthread_mutex_lock(&r->mu);
@@ -949,6 +975,8 @@ static void check_one(cg_workers *r, cg_worker *w, uint64_t now)
         json_decref(w->canary);
         w->canary = canary;
     }
+    w->running = running;
+    w->queued = queued;
     if (!ok) {
         went_down = w->state == W_HEALTHY || w->state == W_UNKNOWN;
         if (w->state != W_DOWN)

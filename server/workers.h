@@ -104,19 +104,29 @@ const char *cg_route_kind_name(cg_route_kind k);
 /* One candidate for cg_route_pick. */
 typedef struct cg_route_cand {
     int64_t cached;    /* tokens of the request's segments placed on this worker */
-    int64_t in_flight; /* requests routed to it and not finished */
+    int64_t in_flight; /* requests this gateway routed to it and not finished */
     int pinned;        /* it holds a pinned chunk of the request */
     int64_t remote;    /* tokens of the other segments it can read from its shared remote tier */
+    int64_t reported;  /* running + queued sequences it reported at its last health check, from
+                          every gateway (0 before one) */
 } cg_route_cand;
 
-/* The routing rule, pure so it can be tested without processes. Candidates holding a pinned
- * chunk of the request, if any, are the only ones considered (kind pinned). Score = cached +
- * remote * remote_pct / 100 - in_flight * penalty: a token in the shared tier is worth less
- * than a local one and more than a miss, so a less loaded worker that will fetch can beat the
- * busy one that holds the chunk. The best score wins when its cached > 0 (kind hit) or else
- * its remote > 0 (kind remote). Otherwise the least loaded wins (kind least_loaded). Ties go
- * to the first candidate at or after tie % n in rotation order, so equal cold requests spread
- * by their key instead of all landing on candidate 0. Returns the index, or -1 when n == 0. */
+/* The load cg_route_pick weighs c by: the larger of the requests this gateway has in flight
+ * there and the sequences the worker itself reported. The report counts every replica's
+ * requests, this one's included, so a sum would count them twice; the own count is exact now
+ * while the report is up to one health interval old, so neither alone is a lower bound. */
+int64_t cg_route_load(const cg_route_cand *c);
+
+/* The routing rule, pure so it can be tested without processes; every gateway replica runs
+ * it on the same index and the same reported loads, so replicas pick alike. Candidates
+ * holding a pinned chunk of the request, if any, are the only ones considered (kind pinned).
+ * Score = cached + remote * remote_pct / 100 - cg_route_load * penalty: a token in the shared
+ * tier is worth less than a local one and more than a miss, so a less loaded worker that will
+ * fetch can beat the busy one that holds the chunk. The best score wins when its cached > 0
+ * (kind hit) or else its remote > 0 (kind remote). Otherwise the least loaded wins (kind
+ * least_loaded). Ties go to the first candidate at or after tie % n in rotation order, so
+ * equal cold requests spread by their key instead of all landing on candidate 0. Returns the
+ * index, or -1 when n == 0. */
 int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remote_pct, uint64_t tie,
                   cg_route_kind *kind);
 
@@ -132,7 +142,8 @@ int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remot
 cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, const unsigned char *steer,
                             size_t n_keys, const cg_key *keys, uint64_t tie, cg_route_kind *kind,
                             int64_t *cached);
-/* The least-loaded healthy worker other than exclude (may be NULL), for a plain prompt;
+/* The least-loaded healthy worker (cg_route_load) other than exclude (may be NULL), for a
+ * plain prompt;
  * counted in flight like cg_workers_route. NULL when there is none. */
 cg_worker *cg_workers_pick_any(cg_workers *r, const cg_worker *exclude);
 /* Ends a routed request: in flight - 1, reference given back. Accepts NULL; sets *w NULL. */
