@@ -78,9 +78,9 @@ const cg_cfg_opt cg_gateway_options[] = {
         "reports a miss where the index expected a hit)"),
     OPT("load-penalty-tokens", "CHUNKGATE_LOAD_PENALTY_TOKENS", CG_CFG_INT, load_penalty_tokens,
         "256", 0, 1LL << 40,
-        "routing: each unit of a worker's load (the larger of the requests in flight on it from "
-        "this gateway and the running + queued sequences it reports in /healthz) costs this many "
-        "cached tokens of its score"),
+        "routing: each unit of a worker's load (the requests in flight on it from this gateway, "
+        "plus the running + queued sequences it reported in /healthz beyond this gateway's own) "
+        "costs this many cached tokens of its score"),
     OPT("remote-hit-percent", "CHUNKGATE_REMOTE_HIT_PERCENT", CG_CFG_INT, remote_hit_percent, "50",
         1, 99,
         "routing: a chunk token a worker can read from its shared remote tier (workers reporting "

@@ -22,6 +22,8 @@ struct cg_worker {
     wstate state;
     int64_t in_flight;
     int64_t running, queued; /* its own load report (GET /healthz), 0 until one */
+    int64_t probe_peak;      /* the most requests in flight from here while a probe ran */
+    int64_t others;          /* running + queued beyond probe_peak: other gateways' load */
     uint64_t next_check_ms;  /* monotonic */
     uint64_t retry_ms;       /* probe period while down: 100 ms doubling to 500 ms; 0 = up */
     uint64_t last_sync_ms;   /* monotonic; 0 = never */
@@ -75,7 +77,7 @@ const char *cg_route_kind_name(cg_route_kind k)
 
 int64_t cg_route_load(const cg_route_cand *c)
 {
-    return CG_MAX(c->in_flight, c->reported);
+    return c->in_flight + c->others;
 }
 
 int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remote_pct, uint64_t tie,
@@ -795,6 +797,7 @@ static cg_worker *take_locked(cg_worker *w)
 {
     w->refs++;
     w->in_flight++;
+    w->probe_peak = CG_MAX(w->probe_peak, w->in_flight);
     w->routed++;
     cg_metric_set(w->g_in_flight, (double)w->in_flight);
     return w;
@@ -815,7 +818,7 @@ cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, const unsi
     for (size_t i = 0; i < r->n && n < MAX_ROUTE; i++) {
         cg_worker *w = r->v[i];
         if (w->state != W_HEALTHY) continue;
-        cg_route_cand c = {0, w->in_flight, 0, 0, w->running + w->queued};
+        cg_route_cand c = {0, w->in_flight, 0, 0, w->others};
         for (size_t k = 0; k < n_keys; k++) {
             if (steer && !steer[k]) continue;
             const cg_index_entry *e = ent ? &ent[k] : NULL;
@@ -851,7 +854,7 @@ cg_worker *cg_workers_pick_any(cg_workers *r, const cg_worker *exclude)
     for (size_t i = 0; i < r->n; i++) {
         cg_worker *w = r->v[i];
         if (w == exclude || w->state != W_HEALTHY) continue;
-        cg_route_cand c = {0, w->in_flight, 0, 0, w->running + w->queued};
+        cg_route_cand c = {0, w->in_flight, 0, 0, w->others};
         if (!best || cg_route_load(&c) < best_load) {
             best = w;
             best_load = cg_route_load(&c);
@@ -957,12 +960,18 @@ static void check_one(cg_workers *r, cg_worker *w, uint64_t now)
     long http = 0;
     json_t *j = NULL;
     char detail[256];
+    /* The report will count our own requests that the worker holds while it answers: at most
+     * the most we have in flight from now until the answer is read (take_locked raises it). */
+    pthread_mutex_lock(&r->mu);
+    w->probe_peak = w->in_flight;
+    pthread_mutex_unlock(&r->mu);
     cg_status st = cg_wc_call_sync(r->p.client, w->url, "GET", "/healthz", NULL, 0,
                                    r->p.health_timeout_ms, &http, &j, detail, sizeof detail);
     int ok = st == CG_OK && http == 200;
     /* A worker's health answer carries its quality canary's summary (DESIGN §15) and its load
-     * (DESIGN §18): the sequences it runs and queues for every gateway, not only this one. A
-     * worker of another implementation may report no load: then only in_flight counts. */
+     * (DESIGN §18): the sequences it runs and queues for every gateway, not only this one. What
+     * exceeds our own requests is the other replicas' load. A worker of another implementation
+     * may report no load: then only in_flight counts. */
     json_t *canary = NULL;
     if (ok && json_is_object(json_object_get(j, "canary")))
         canary = json_deep_copy(json_object_get(j, "canary"));
@@ -977,6 +986,7 @@ static void check_one(cg_workers *r, cg_worker *w, uint64_t now)
     }
     w->running = running;
     w->queued = queued;
+    w->others = CG_MAX(running + queued - w->probe_peak, 0);
     if (!ok) {
         went_down = w->state == W_HEALTHY || w->state == W_UNKNOWN;
         if (w->state != W_DOWN)

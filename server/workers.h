@@ -107,14 +107,14 @@ typedef struct cg_route_cand {
     int64_t in_flight; /* requests this gateway routed to it and not finished */
     int pinned;        /* it holds a pinned chunk of the request */
     int64_t remote;    /* tokens of the other segments it can read from its shared remote tier */
-    int64_t reported;  /* running + queued sequences it reported at its last health check, from
-                          every gateway (0 before one) */
+    int64_t others;    /* sequences it reported at its last health check (running + queued)
+                          beyond this gateway's own requests then: other replicas' load */
 } cg_route_cand;
 
-/* The load cg_route_pick weighs c by: the larger of the requests this gateway has in flight
- * there and the sequences the worker itself reported. The report counts every replica's
- * requests, this one's included, so a sum would count them twice; the own count is exact now
- * while the report is up to one health interval old, so neither alone is a lower bound. */
+/* The load cg_route_pick weighs c by: in_flight + others. Every replica polls the same
+ * report, so every replica sees the same total; the own part is exact now, the others' part
+ * is as old as the last probe. (The raw report would count this gateway's requests twice, and
+ * keep counting one that finished after the probe.) */
 int64_t cg_route_load(const cg_route_cand *c);
 
 /* The routing rule, pure so it can be tested without processes; every gateway replica runs

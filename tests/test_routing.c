@@ -1,7 +1,7 @@
 /* Suite of the gateway's routing: the rule itself (cg_route_pick in server/workers.c: least
  * loaded when nothing is cached, with a tie-break that rotates with the key; cached tokens win
  * until the load penalty outweighs them; a pinned holder wins over everything; the load is the
- * larger of the gateway's own in-flight count and the worker's reported one), and, with real
+ * gateway's own in-flight count plus what the worker reported beyond it), and, with real
  * workers and gateways on loopback, the reported load: a worker kept busy by gateway A is seen
  * as loaded by gateway B, which sent it nothing, so B routes cold requests elsewhere. */
 #include <arpa/inet.h>
@@ -62,40 +62,40 @@ START_TEST(route_rule)
 }
 END_TEST
 
-/* The load a worker reports counts like requests in flight, whoever sent them. */
+/* The load a worker reports beyond this gateway's own requests counts like requests in
+ * flight from here. */
 START_TEST(route_reported_load)
 {
     cg_route_kind k;
-    /* nothing in flight from here, but candidate 0 reports 3 sequences: 1 wins, whatever the
-     * tie-break says */
+    /* nothing in flight from here, but candidate 0 runs 3 sequences for other replicas: 1 wins,
+     * whatever the tie-break says */
     cg_route_cand cold[2] = {{0, 0, 0, 0, 3}, {0, 0, 0, 0, 0}};
     for (uint64_t t = 0; t < 4; t++) {
         ck_assert_int_eq(cg_route_pick(cold, 2, 256, 50, t, &k), 1);
         ck_assert_int_eq(k, CG_ROUTE_LEAST_LOADED);
     }
-    /* the larger of the two counts, not their sum (the report includes our own requests):
-     * loads 2 and 3, so 0 wins (a sum would say 4 and 3) */
-    cg_route_cand both[2] = {{0, 2, 0, 0, 2}, {0, 0, 0, 0, 3}};
-    ck_assert_int_eq(cg_route_load(&both[0]), 2);
+    /* own and others' load add up: 2 + 1 = 3 against 0 + 2 = 2 */
+    cg_route_cand both[2] = {{0, 2, 0, 0, 1}, {0, 0, 0, 0, 2}};
+    ck_assert_int_eq(cg_route_load(&both[0]), 3);
+    ck_assert_int_eq(cg_route_pick(both, 2, 256, 50, 0, &k), 1);
+    both[1].others = 4;
     ck_assert_int_eq(cg_route_pick(both, 2, 256, 50, 1, &k), 0);
-    /* the own count is newer than a report one health interval old */
-    cg_route_cand fresh[2] = {{0, 3, 0, 0, 1}, {0, 0, 0, 0, 2}};
-    ck_assert_int_eq(cg_route_load(&fresh[0]), 3);
-    ck_assert_int_eq(cg_route_pick(fresh, 2, 256, 50, 0, &k), 1);
-    /* a reported load outweighs cached tokens as in-flight requests do */
+    /* others' load outweighs cached tokens as in-flight requests do */
     cg_route_cand hit[2] = {{0, 0, 0, 0, 0}, {500, 0, 0, 0, 2}};
     ck_assert_int_eq(cg_route_pick(hit, 2, 256, 50, 1, &k), 0); /* 500 - 512 < 0 */
     ck_assert_int_eq(cg_route_pick(hit, 2, 100, 50, 0, &k), 1); /* 500 - 200 > 0 */
     ck_assert_int_eq(k, CG_ROUTE_HIT);
-    /* Two replicas, same index state, different own counts: replica A sent worker 0 three
-     * requests, replica B sent worker 1 one. Both see the workers' reports (3 and 1), so both
-     * pick worker 1; on its own count alone B would pick worker 0, the one A keeps busy. */
-    cg_route_cand seen_by_a[2] = {{0, 3, 0, 0, 3}, {0, 0, 0, 0, 1}};
-    cg_route_cand seen_by_b[2] = {{0, 0, 0, 0, 3}, {0, 1, 0, 0, 1}};
+    /* Two replicas, same index state: A has 3 requests on worker 0, B has 1 on worker 1, and
+     * each learns the other's from the workers' reports. Both see loads 3 and 1 and pick
+     * worker 1; on its own count alone B would pick worker 0, the one A keeps busy. */
+    cg_route_cand seen_by_a[2] = {{0, 3, 0, 0, 0}, {0, 0, 0, 0, 1}};
+    cg_route_cand seen_by_b[2] = {{0, 0, 0, 0, 3}, {0, 1, 0, 0, 0}};
     for (uint64_t t = 0; t < 4; t++) {
         ck_assert_int_eq(cg_route_pick(seen_by_a, 2, 256, 50, t, &k), 1);
         ck_assert_int_eq(cg_route_pick(seen_by_b, 2, 256, 50, t, &k), 1);
     }
+    ck_assert_int_eq(cg_route_load(&seen_by_a[0]), cg_route_load(&seen_by_b[0]));
+    ck_assert_int_eq(cg_route_load(&seen_by_a[1]), cg_route_load(&seen_by_b[1]));
     cg_route_cand own_only_b[2] = {{0, 0, 0, 0, 0}, {0, 1, 0, 0, 0}};
     ck_assert_int_eq(cg_route_pick(own_only_b, 2, 256, 50, 1, &k), 0);
 }
