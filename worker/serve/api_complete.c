@@ -183,7 +183,16 @@ static int parse_stops(cg_http_req *req, json_t *body, creq *c)
     return 1;
 }
 
-/* kv_transfer_params: {assembly_id, worker?}; worker only with --kv-request-source 1. */
+/* The --kv-source entry that url names, or NULL when it is not on the allow-list. */
+static const char *listed_source(const cg_worker_api *a, const char *url)
+{
+    for (size_t i = 0; i < a->p.n_kv_sources; i++)
+        if (cg_kvpull_url_same(a->p.kv_sources[i], url)) return a->p.kv_sources[i];
+    return NULL;
+}
+
+/* kv_transfer_params: {assembly_id, worker?}; a worker on the --kv-source list, or any with
+ * --kv-request-source 1. c->local must be set. */
 static int parse_kv_source(cg_worker_api *a, cg_http_req *req, json_t *body, creq *c)
 {
     json_t *ktp = NULL;
@@ -201,10 +210,12 @@ static int parse_kv_source(cg_worker_api *a, cg_http_req *req, json_t *body, cre
                            "a string (the worker's base URL)");
         return 0;
     }
-    if (c->worker && !a->p.kv_request_source) {
+    /* The allow-list is the SSRF guard: a name not on it makes this worker connect nowhere.
+     * An assembly held here needs no pull, so what it names does not matter. */
+    if (c->worker && !c->local && !a->p.kv_request_source && !listed_source(a, c->worker)) {
         cg_http_reply_error(req, CG_E_FORBIDDEN, "kv_transfer_params.worker",
-                            "this worker pulls KV only from its configured --kv-source; "
-                            "kv_transfer_params.worker is refused");
+                            "kv_transfer_params.worker is not one of this worker's --kv-source "
+                            "workers; it pulls KV only from those");
         return 0;
     }
     if (c->worker && !cg_kvpull_url_ok(c->worker)) {
@@ -370,7 +381,12 @@ static int resolve_kv(cg_worker_api *a, cg_http_req *req, const creq *c, kvsrc *
     if (c->assembly_id) {
         cr->assembly_id = c->assembly_id;
         /* Ids are 128 random bits, so a local id is never a remote one. */
-        const char *src = c->worker ? c->worker : a->p.kv_source;
+        /* the listed spelling of a named source (parse_kv_source checked the name), a name
+         * trusted by --kv-request-source 1, or the first source */
+        const char *src = c->worker               ? listed_source(a, c->worker)
+                          : a->p.n_kv_sources > 0 ? a->p.kv_sources[0]
+                                                  : NULL;
+        if (c->worker && !src) src = c->worker;
         if (src && !c->local) return pull(a, req, c, src, k, cr);
         return 1;
     }
@@ -777,8 +793,8 @@ void cg_api_complete_body(cg_worker_api *a, cg_http_req *req, json_t *body, int 
     int local = aid && cg_engine_has_assembly(a->e, aid, cg_now_ms());
     if (!cg_api_admit(a, req, local)) goto out_unadmitted;
     g.admitted = 1;
-    if (!parse_request(a, req, body, &c)) goto out;
     c.local = local;
+    if (!parse_request(a, req, body, &c)) goto out;
     cg_complete_req cr = {.temperature = (float)c.temperature,
                           .top_p = (float)c.top_p,
                           .seed = (uint64_t)c.seed,

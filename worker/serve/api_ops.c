@@ -117,7 +117,11 @@ void cg_api_info(cg_http_req *req, void *app)
     }
     SET("disk_write_behind", json_integer((json_int_t)(d ? ep.disk_write_behind : 0)));
     SET("tp", json_integer(a->p.tp));
-    SET("kv_source", a->p.kv_source ? json_string(a->p.kv_source) : json_null());
+    json_t *srcs = json_array();
+    for (size_t i = 0; i < a->p.n_kv_sources; i++)
+        json_array_append_new(srcs, json_string(a->p.kv_sources[i]));
+    SET("kv_source", a->p.n_kv_sources ? json_string(a->p.kv_sources[0]) : json_null());
+    SET("kv_sources", srcs);
     SET("assemblies_live", json_integer((json_int_t)cg_engine_live_assemblies(a->e, cg_now_ms())));
     SET("assembly_ttl_ms", json_integer((json_int_t)ep.assembly_ttl_ms));
     SET("recompute_ratio", json_real(a->p.recompute_ratio));

@@ -18,12 +18,15 @@ typedef struct cg_worker_api_params {
         *separator; /* borrowed; default CG_SPLIT_DEFAULT_SEPARATOR (prompts of /v1/completions) */
     size_t max_segments;         /* default 256 */
     uint32_t default_max_tokens; /* /v1/completions max_tokens when absent; default 16 */
-    /* Backend role: an assembly id this worker does not hold is pulled from kv_source
-     * (worker/serve/kvpull.h). A request's kv_transfer_params.worker is a URL chosen by
-     * whoever sent the request: it is refused unless kv_request_source is set, because the
-     * worker would otherwise connect wherever a client points it. */
-    const char *kv_source; /* borrowed; NULL/"" = none */
-    int kv_request_source; /* 1: kv_transfer_params.worker may name the source; default 0 */
+    /* Backend role: an assembly id this worker does not hold is pulled from a worker of the
+     * kv_sources allow-list (worker/serve/kvpull.h): the one its request's
+     * kv_transfer_params.worker names (the gateway names the worker that assembled it), else
+     * the first. A name is a URL chosen by whoever sent the request: one not on the list is
+     * refused unless kv_request_source is set, because the worker would otherwise connect
+     * wherever a client points it. */
+    const char *const *kv_sources; /* borrowed, n_kv_sources base URLs; NULL/0 = none */
+    size_t n_kv_sources;
+    int kv_request_source; /* 1: kv_transfer_params.worker may name any source; default 0 */
     int tp;                /* tensor-parallel ranks of a pull; default 1 */
     long kv_timeout_ms;    /* per pull request; default 5000 */
     int kv_max_pulls;      /* pulls at once; more are answered 503 at once; default 4 */

@@ -54,6 +54,21 @@ int cg_kvpull_url_ok(const char *url)
     return 1;
 }
 
+/* Length of url without a trailing "/", "/v1" or "/v1/". */
+static size_t base_len(const char *url)
+{
+    size_t n = strlen(url);
+    if (n && url[n - 1] == '/') n--;
+    if (n >= 3 && !memcmp(url + n - 3, "/v1", 3)) n -= 3;
+    return n;
+}
+
+int cg_kvpull_url_same(const char *a, const char *b)
+{
+    size_t na = base_len(a), nb = base_len(b);
+    return na == nb && !memcmp(a, b, na);
+}
+
 static int id_ok(const char *id)
 {
     if (!id || strlen(id) != 32) return 0;

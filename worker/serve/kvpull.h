@@ -71,5 +71,9 @@ cg_status cg_kvpull_assembly(cg_engine *e, const cg_kvpull_params *p, uint64_t n
 /* Checks a source worker base URL: http:// or https://, at most 1024 bytes, printable ASCII
  * without spaces. 1 when acceptable. */
 int cg_kvpull_url_ok(const char *url);
+/* 1 when a and b name the same worker base URL: equal once a trailing "/", "/v1" or "/v1/" is
+ * dropped from each (the gateway names workers by its normalised URL, an operator may write
+ * either form). Case-sensitive, so an allow-list never matches more than it says. */
+int cg_kvpull_url_same(const char *a, const char *b);
 
 #endif

@@ -100,7 +100,7 @@ typedef struct serve_cfg {
     size_t max_body;
     long long io_threads;
     long long job_threads;
-    char *kv_source;
+    cg_strlist kv_source;
     long long kv_request_source;
     long long tp;
     long long kv_timeout_ms;
@@ -255,9 +255,11 @@ static const cg_cfg_opt serve_opts[] = {
         "sampled comparisons waiting for idle time; more are dropped (counted)"),
     OPT("canary-chunk", "CHUNKGATE_WORKER_CANARY_CHUNK", CG_CFG_INT, canary_chunk, "32", 1, 1 << 20,
         "rows per background piece of a comparison: a live request waits at most for one"),
-    OPT("kv-source", "CHUNKGATE_WORKER_KV_SOURCE", CG_CFG_STR, kv_source, "", 0, 0,
-        "backend role: base URL of the worker whose assemblies /v1/completions pulls (empty = "
-        "only local assemblies)"),
+    OPT("kv-source", "CHUNKGATE_WORKER_KV_SOURCE", CG_CFG_LIST, kv_source, NULL, 0, 0,
+        "backend role, repeatable: base URL of a worker whose assemblies /v1/completions pulls; "
+        "the list is an allow-list: kv_transfer_params.worker (the gateway names the worker "
+        "that assembled) must be one of them (403 otherwise), and without one the first is used "
+        "(none = only local assemblies)"),
     OPT("kv-request-source", "CHUNKGATE_WORKER_KV_REQUEST_SOURCE", CG_CFG_INT, kv_request_source,
         "0", 0, 1,
         "1: a request's kv_transfer_params.worker may name the worker to pull from (lets any "
@@ -410,12 +412,13 @@ static int check_serve_cfg(const serve_cfg *c)
         why = "--model DIR is required (see generate-model)";
     else if (!c->separator[0])
         why = "--separator must not be empty";
-    else if (c->kv_source[0] && !cg_kvpull_url_ok(c->kv_source))
-        why = "--kv-source must be an http:// or https:// base URL";
     else if (c->remote_id[0] && !c->remote[0])
         why = "--remote-id names the --remote tier: give --remote too";
     else if (strlen(c->events_id) > CG_CHUNKEVENT_NAME_MAX)
         why = "--events-id is too long";
+    for (size_t i = 0; !why && i < c->kv_source.n; i++)
+        if (!cg_kvpull_url_ok(c->kv_source.v[i]))
+            why = "--kv-source must be an http:// or https:// base URL";
     if (!why) return 0;
     fprintf(stderr, "chunkgate-worker serve: %s\n", why);
     return 2;
@@ -659,7 +662,8 @@ static int open_api(const serve_cfg *c, parts *w)
     ap.separator = c->separator;
     ap.max_segments = (size_t)c->max_segments;
     ap.default_max_tokens = (uint32_t)c->default_max_tokens;
-    ap.kv_source = c->kv_source;
+    ap.kv_sources = (const char *const *)c->kv_source.v;
+    ap.n_kv_sources = c->kv_source.n;
     ap.tp = (int)c->tp;
     ap.kv_timeout_ms = (long)c->kv_timeout_ms;
     ap.kv_request_source = (int)c->kv_request_source;
@@ -692,7 +696,12 @@ static int open_api(const serve_cfg *c, parts *w)
     hp.admin_token = c->api_key[0] ? c->api_key : NULL; /* the ADMIN routes: all but /healthz */
     if (cg_http_open(&hp, &w->srv) != CG_OK) return -1; /* it logged why */
     const cg_model_config *mc = cg_model_cfg(w->model);
-    char host[256];
+    char host[256], kv_sources[512] = "";
+    for (size_t i = 0, off = 0; i < c->kv_source.n && off < sizeof kv_sources; i++) {
+        int k = snprintf(kv_sources + off, sizeof kv_sources - off, "%s%s", i ? ", " : "",
+                         c->kv_source.v[i]);
+        off += k > 0 ? (size_t)k : 0;
+    }
     const char *colon = strrchr(c->listen, ':');
     snprintf(host, sizeof host, "%.*s", (int)(colon - c->listen), c->listen);
     cg_log(CG_LOG_INFO,
@@ -700,7 +709,7 @@ static int open_api(const serve_cfg *c, parts *w)
            "%lld MiB, disk %lld MiB, tp %lld%s%s",
            mc->model_id, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim,
            cg_rope_style_name(mc->rope_style), mc->max_pos, c->pool_mb, c->disk_mb, c->tp,
-           c->kv_source[0] ? ", kv source " : "", c->kv_source);
+           c->kv_source.n ? ", kv sources " : "", c->kv_source.n ? kv_sources : "");
     cg_log(CG_LOG_INFO, "listening on %s:%u", host, (unsigned)cg_http_port(w->srv));
     return 0;
 }

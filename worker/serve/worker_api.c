@@ -34,7 +34,7 @@ cg_worker_api *cg_worker_api_new(cg_worker_api_params p)
     cg_worker_api *a = cg_calloc(1, sizeof *a);
     a->p = p;
     if (!a->p.separator || !a->p.separator[0]) a->p.separator = CG_SPLIT_DEFAULT_SEPARATOR;
-    if (a->p.kv_source && !a->p.kv_source[0]) a->p.kv_source = NULL;
+    if (!a->p.kv_sources) a->p.n_kv_sources = 0;
     if (a->p.tp < 1) a->p.tp = 1;
     if (a->p.kv_timeout_ms <= 0) a->p.kv_timeout_ms = 5000;
     if (a->p.kv_max_pulls < 1) a->p.kv_max_pulls = 1;
