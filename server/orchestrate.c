@@ -339,16 +339,21 @@ static void complete(gw_call *c, const cg_wc_assembly *a)
         cb = json_copy(c->body); /* shallow: top-level edits only; unknown fields go along */
         cg_gw_del_ext_fields(cb);
     }
-    json_object_set_new(cb, "kv_transfer_params", json_pack("{s:s}", "assembly_id", a->id));
+    /* --backend naming the worker itself is the same as no --backend: it consumes the
+     * assembly, so there is nothing to release after a good answer. */
+    int same = g->has_backend && !strcmp(cg_openai_base_url(g->client), cg_worker_url(c->w));
+    json_t *ktp = json_pack("{s:s}", "assembly_id", a->id);
+    /* A decoding backend that pulls from several KV workers learns which one assembled (its
+     * --kv-source allow-list decides whether it may pull from there). */
+    if (g->has_backend && !same)
+        json_object_set_new(ktp, "worker", json_string(cg_worker_url(c->w)));
+    json_object_set_new(cb, "kv_transfer_params", ktp);
     /* A chat without a limit decodes until EOS or the end of the context, as a chat does on
      * the worker itself (a completion's default limit is much smaller). */
     int64_t max_pos = cg_workers_max_positions(g->workers);
     if (c->chat && !json_object_get(cb, "max_tokens") && max_pos > a->n_tokens)
         json_object_set_new(cb, "max_tokens", json_integer(max_pos - a->n_tokens));
     int strip = ask_usage(cb, c->stream);
-    /* --backend naming the worker itself is the same as no --backend: it consumes the
-     * assembly, so there is nothing to release after a good answer. */
-    int same = g->has_backend && !strcmp(cg_openai_base_url(g->client), cg_worker_url(c->w));
     /* The comparison runs where the decoding does: only a worker can do it. */
     json_object_del(cb, "quality_probe");
     if (c->segs.quality_probe && (!g->has_backend || same))
