@@ -3,7 +3,9 @@
  * --kv-source and --tp N and pull the KV head range by head range, one request per rank.
  * With 4 KV heads, tp 1, 2, 4 and 8 (two ranks per head) give the same tokens and the same
  * logprobs as the source decoding its own assembly (the single-process path); the source's
- * assembly is released; another model or geometry at the source is refused. */
+ * assembly is released; another model or geometry at the source is refused. With several KV
+ * workers behind a gateway, the decoding backend's --kv-source list is an allow-list: it pulls
+ * from the worker the gateway names, and refuses (403) one that is not on the list. */
 #include <check.h>
 #include <curl/curl.h>
 #include <jansson.h>
@@ -32,6 +34,9 @@ static char model_dir[300], other_dir[300], kv2_dir[300];
  * (which trust a request's kv_transfer_params.worker: --kv-request-source 1), a backend that
  * does not (the default), and one whose --kv-source never answers */
 static th_proc src, src_other, src_kv2, be[4], guarded, hung;
+/* a second source, a third one no backend lists, a backend listing src and src2, and a
+ * gateway routing to src and src2 with that backend */
+static th_proc src2, src3, multi, gw;
 static int hung_fd = -1;
 static const int TPS[4] = {1, 2, 4, 8};
 
@@ -384,6 +389,93 @@ START_TEST(test_pulls_bounded)
 }
 END_TEST
 
+/* Several KV workers behind one gateway: the backend multi lists src and src2 (--kv-source
+ * twice), the gateway names the worker that assembled each request in
+ * kv_transfer_params.worker, and multi pulls from that one. Cold documents spread over both
+ * sources; every answer is the assembling source's own computation; each source served the
+ * pulls of its own assemblies. */
+START_TEST(test_several_sources)
+{
+    json_t *mi = call(&multi, "GET", "/v1/info", NULL, 200);
+    json_t *listed = json_object_get(mi, "kv_sources");
+    ck_assert_int_eq(json_array_size(listed), 2);
+    ck_assert_str_eq(json_string_value(json_array_get(listed, 1)), src2.url);
+    json_decref(mi);
+    json_t *si = call(&src, "GET", "/v1/info", NULL, 200);
+    char *model = cg_strdup(th_sget(si, "model"));
+    json_decref(si);
+    const char *ok_pulls = "chunkgate_worker_kv_pulls_total{result=\"ok\"}";
+    double pulls0 = metric(&multi, ok_pulls);
+    double kv0[2] = {metric(&src, KV_REQUESTS), metric(&src2, KV_REQUESTS)};
+    int used[2] = {0, 0};
+    for (int i = 0; i < 8; i++) {
+        char prompt[300];
+        snprintf(prompt, sizeof prompt,
+                 "Pull system. # # Pull document %d: the ferry leaves pier %d at dawn. # # Which "
+                 "pier?",
+                 i, 2 + i);
+        json_t *r = th_call(gw.port, "POST", "/v1/completions",
+                            json_pack("{s:s, s:s, s:i, s:f}", "model", model, "prompt", prompt,
+                                      "max_tokens", 8, "temperature", 0.0),
+                            NULL, 200);
+        json_t *cc = json_object_get(r, "chunk_cache");
+        ck_assert(json_is_false(json_object_get(cc, "fallback")));
+        const char *w = th_sget(cc, "worker");
+        ck_assert_ptr_nonnull(w);
+        int k = !strcmp(w, src.url) ? 0 : !strcmp(w, src2.url) ? 1 : -1;
+        ck_assert_msg(k >= 0, "routed to %s, not a source", w);
+        used[k]++;
+        /* the assembling source computing the same prompt itself (another salt: no reuse) */
+        json_t *direct = call(k ? &src2 : &src, "POST", "/v1/completions",
+                              json_pack("{s:s, s:i, s:f, s:s}", "prompt", prompt, "max_tokens", 8,
+                                        "temperature", 0.0, "cache_salt", "direct"),
+                              200);
+        ck_assert_str_eq(th_sget(choice0(r), "text"), th_sget(choice0(direct), "text"));
+        json_decref(direct);
+        json_decref(r);
+    }
+    free(model);
+    ck_assert_msg(used[0] > 0 && used[1] > 0, "the cold requests did not spread (%d/%d)", used[0],
+                  used[1]);
+    /* every answer was decoded on multi from a pull of the source that assembled it */
+    ck_assert_double_eq(metric(&multi, ok_pulls) - pulls0, 8);
+    ck_assert_double_eq(metric(&src, KV_REQUESTS) - kv0[0], used[0]);
+    ck_assert_double_eq(metric(&src2, KV_REQUESTS) - kv0[1], used[1]);
+
+    /* a listed source named in another spelling of its base URL is the same worker */
+    json_t *a = assemble(&src2);
+    char slash[96];
+    snprintf(slash, sizeof slash, "%s/v1/", src2.url);
+    json_t *got = decode(&multi, th_sget(a, "assembly_id"), slash, 200);
+    json_decref(got);
+    json_decref(a);
+}
+END_TEST
+
+/* A third KV worker, reachable but not on multi's --kv-source list: naming it is refused with
+ * 403 in the OpenAI error shape, and multi never contacts it (the SSRF guard). */
+START_TEST(test_unlisted_source_refused)
+{
+    json_t *a = assemble(&src3);
+    const char *id = th_sget(a, "assembly_id");
+    double pulls0 = metric(&multi, "chunkgate_worker_kv_pull_requests_total");
+    double kv0 = metric(&src3, KV_REQUESTS);
+    json_t *e = decode(&multi, id, src3.url, 403);
+    th_assert_error_json(e, "forbidden", "kv_transfer_params.worker");
+    json_decref(e);
+    ck_assert_double_eq(metric(&multi, "chunkgate_worker_kv_pull_requests_total"), pulls0);
+    ck_assert_double_eq(metric(&src3, KV_REQUESTS), kv0);
+    /* nobody took or released it: it is still there */
+    ck_assert_double_eq(metric(&src3, "chunkgate_worker_assemblies_live"), 1);
+    char path[128];
+    snprintf(path, sizeof path, "/v1/assemblies/%s", id);
+    th_resp r = http(&src3, "DELETE", path, NULL);
+    ck_assert_int_eq(r.status, 200);
+    th_resp_free(&r);
+    json_decref(a);
+}
+END_TEST
+
 int main(void)
 {
     int failed = 1;
@@ -436,10 +528,25 @@ int main(void)
         fprintf(stderr, "a guarded backend did not start; logs in %s\n", th_root());
         goto out;
     }
+    if (start(&src2, "source2", model_dir, NULL) != 0 ||
+        start(&src3, "source3", model_dir, NULL) != 0) {
+        fprintf(stderr, "a source worker did not start; logs in %s\n", th_root());
+        goto out;
+    }
+    const char *multi_args[] = {"--kv-source", src.url, "--kv-source", src2.url, NULL};
+    const char *gw_args[] = {"--worker",  src.url,   "--worker", src2.url,
+                             "--backend", multi.url, NULL};
+    if (start(&multi, "multi", model_dir, multi_args) != 0 ||
+        th_start_gateway(&gw, CHUNKGATE_BIN, "gw", gw_args) != 0 ||
+        !th_wait_worker(gw.port, NULL, src.url, 1) || !th_wait_worker(gw.port, NULL, src2.url, 1)) {
+        fprintf(stderr, "the several-sources setup did not start; logs in %s\n", th_root());
+        goto out;
+    }
     Suite *s = suite_create("tp");
     th_case(s, "processes", 300,
             TH_TESTS(test_slices, test_tp_matrix, test_request_source_refused, test_pulls_bounded,
-                     test_stream, test_refusals));
+                     test_stream, test_refusals, test_several_sources,
+                     test_unlisted_source_refused));
     failed = th_run(s, CK_FORK_GETENV);
 out:
     failed += stop(&src) != 0;
@@ -449,6 +556,10 @@ out:
         failed += stop(&be[t]) != 0;
     failed += stop(&guarded) != 0;
     failed += stop(&hung) != 0;
+    if (gw.pid > 0) failed += !th_stop_clean(&gw, "chunkgate");
+    failed += stop(&multi) != 0;
+    failed += stop(&src2) != 0;
+    failed += stop(&src3) != 0;
     if (hung_fd >= 0) close(hung_fd);
     th_cleanup(failed);
     curl_global_cleanup();

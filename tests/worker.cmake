@@ -12,12 +12,15 @@ if(TARGET test_worker)
 endif()
 # Worker KV tiers end to end (real processes): spill/restore, restart after SIGTERM and kill -9,
 # corruption, full disk. Backend role: tensor-parallel KV pulls, tp 1/2/4/8 against one source.
-foreach(t test_tiers_e2e test_tp)
-  if(TARGET chunkgate-worker AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/${t}.c)
-    cg_check_test(NAME ${t} SOURCES ${t}.c LIBS cg_test_engine TIMEOUT 300
-                  PROGRAMS chunkgate-worker)
-  endif()
-endforeach()
+if(TARGET chunkgate-worker AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_tiers_e2e.c)
+  cg_check_test(NAME test_tiers_e2e SOURCES test_tiers_e2e.c LIBS cg_test_engine TIMEOUT 300
+                PROGRAMS chunkgate-worker)
+endif()
+# test_tp also starts a gateway: several KV sources behind it, one decoding backend.
+if(TARGET chunkgate-worker AND TARGET chunkgate AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_tp.c)
+  cg_check_test(NAME test_tp SOURCES test_tp.c LIBS cg_test_engine TIMEOUT 300
+                PROGRAMS chunkgate-worker chunkgate)
+endif()
 # The scheduler through the engine: batch invariance (f32 and bf16 weights), shared decode
 # steps, chunked prefill between decode steps, admission, departures.
 cg_check_test(NAME test_sched SOURCES test_sched.c LIBS cg_wserve TIMEOUT 600)
