@@ -434,4 +434,17 @@ void th_engine_assemble(cg_engine *e, const char *sys, const char *d1, const cha
 char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char *d2, const char *q,
                        uint32_t max_tokens, int path);
 
+/* ------------------------------------------------------------ Redis */
+/* In cg_test_redis (tests/harness/redis.c), for suites that link hiredis. */
+
+typedef struct redisContext redisContext;
+/* A connection to the redis-server on loopback port with 2 s timeouts (check ->err). */
+redisContext *th_redis_connect(int port);
+/* 1 when the redis-server on port answers PING. */
+int th_redis_up(int port);
+/* Starts `server` (a redis-server binary) on loopback port as the test's th_proc (kill -9 and
+ * th_stop work; th_redis_start is the plain-pid form for benches), without persistence, plus
+ * the NULL-terminated extra arguments (or NULL); waits until it answers. Asserts. */
+void th_redis_spawn(th_proc *p, const char *server, int port, const char *const *extra);
+
 #endif
