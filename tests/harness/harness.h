@@ -419,6 +419,11 @@ typedef struct cg_model cg_model;
 /* chunkgate-worker generate-model --out dir plus extra args (th_gen_model), then the model
  * opened in-process. NULL when either fails (said on stderr). Close with cg_model_close. */
 cg_model *th_model_gen_open(const char *worker_bin, const char *dir, const char *const *extra);
+#define TH_MODEL_TMP 64
+/* The model at dir, or with dir NULL the tiny model generated in process into a fresh
+ * directory under /tmp, whose path is left in tmp for the caller to remove (th_rmrf; tmp is ""
+ * when nothing was made). NULL, with the reason in err, when either step fails. */
+cg_model *th_model_open_or_generate(const char *dir, char tmp[TH_MODEL_TMP], char *err, size_t n);
 /* cg_tok_encode of text[0, len) (with BOS when bos is set) into out, which the caller sized for
  * a byte tokenizer (len + 2 ids); returns the count. */
 uint32_t th_tok_into(const cg_model *m, const char *text, size_t len, int bos, int32_t *out);
