@@ -462,16 +462,22 @@ END_TEST
 
 /* ---- Redis down, Redis slow ------------------------------------------------------------------ */
 
+/* Requests sent by a thread of their own while the test kills and restarts Redis; the counters
+ * and the stop flag are shared with the test's thread (atomics). */
 typedef struct traffic {
     const th_proc *w;
-    volatile int stop;
-    int done, failed;
+    int stop, done, failed;
 } traffic;
+
+static int atomic_get(const int *v)
+{
+    return __atomic_load_n(v, __ATOMIC_ACQUIRE);
+}
 
 static void *traffic_main(void *arg)
 {
     traffic *t = arg;
-    for (int i = 0; !t->stop; i++) {
+    for (int i = 0; !atomic_get(&t->stop); i++) {
         /* every request brings a new document (stored, queued for Redis) and one seen before
          * (looked up in Redis once RAM has dropped it) */
         char fresh[256], seen[256];
@@ -480,10 +486,7 @@ static void *traffic_main(void *arg)
         snprintf(seen, sizeof seen, "%s Copy %d.", DOC[k % 6], k);
         const char *texts[2] = {fresh, seen};
         outcome o = ask_texts(t->w, texts, 2, 0);
-        if (o.ok)
-            t->done++;
-        else
-            t->failed++;
+        __atomic_add_fetch(o.ok ? &t->done : &t->failed, 1, __ATOMIC_RELEASE);
     }
     return NULL;
 }
@@ -499,13 +502,13 @@ START_TEST(test_redis_down_and_slow)
     traffic t = {.w = &a};
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, traffic_main, &t), 0);
-    for (int i = 0; i < 3000 && t.done < 10 && !t.failed; i++)
+    for (int i = 0; i < 3000 && atomic_get(&t.done) < 10 && !atomic_get(&t.failed); i++)
         th_sleep_ms(20);
     th_stop(&redis, SIGKILL);
-    int at_kill = t.done;
-    for (int i = 0; i < 3000 && t.done < at_kill + 20 && !t.failed; i++)
+    int at_kill = atomic_get(&t.done);
+    for (int i = 0; i < 3000 && atomic_get(&t.done) < at_kill + 20 && !atomic_get(&t.failed); i++)
         th_sleep_ms(20);
-    t.stop = 1;
+    __atomic_store_n(&t.stop, 1, __ATOMIC_RELEASE);
     pthread_join(th, NULL);
     ck_assert_int_eq(t.failed, 0);
     ck_assert_int_ge(t.done, at_kill + 20);
