@@ -166,18 +166,9 @@ int main(int argc, char **argv)
         i++;
     }
     cg_log_init("bench_quality", CG_LOG_WARN);
-    char tmp[] = "/tmp/cg_bench_quality_XXXXXX", err[512];
-    int generated = 0;
-    if (!model_dir) {
-        if (!mkdtemp(tmp)) die("mkdtemp", CG_E_IO, NULL);
-        cg_status st = cg_model_generate(tmp, cg_model_gen_default_params(), err, sizeof err);
-        if (st != CG_OK) die("generate", st, err);
-        model_dir = tmp;
-        generated = 1;
-    }
-    cg_model *m = NULL;
-    cg_status st = cg_model_open(model_dir, &m, err, sizeof err);
-    if (st != CG_OK) die("load", st, err);
+    char tmp[TH_MODEL_TMP], err[512];
+    cg_model *m = th_model_open_or_generate(model_dir, tmp, err, sizeof err);
+    if (!m) die("model", CG_E_IO, err);
     const cg_model_config *c = cg_model_cfg(m);
     printf("model %s (%s): %d layers, dim %d, %d heads, %d kv heads, head_dim %d, vocab %d\n",
            c->model_id, cg_arch_name(c->arch), c->n_layers, c->dim, c->n_heads, c->n_kv_heads,
@@ -219,7 +210,7 @@ int main(int argc, char **argv)
         const size_t n = (size_t)n_docs + 2;
         for (int mi = 0; mi < n_modes; mi++) {
             cg_engine *e = NULL;
-            st = cg_engine_open(m, cg_engine_default_params(), &e);
+            cg_status st = cg_engine_open(m, cg_engine_default_params(), &e);
             if (st != CG_OK) die("engine", st, NULL);
             setting none = {modes[mi], 0, 0};
             (void)run(e, s1, n, none, CG_PATH_CACHED, 0, NULL, NULL); /* the pool: order 1 */
@@ -302,6 +293,6 @@ int main(int argc, char **argv)
     free(t);
     free(tc);
     cg_model_close(&m);
-    if (generated) th_rmrf(tmp);
+    if (tmp[0]) th_rmrf(tmp);
     return 0;
 }

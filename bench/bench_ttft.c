@@ -78,18 +78,9 @@ int main(int argc, char **argv)
     }
     if (reps < 1) reps = 1;
     cg_log_init("bench_ttft", CG_LOG_WARN);
-    char tmp[] = "/tmp/cg_bench_ttft_XXXXXX", err[512];
-    int generated = 0;
-    if (!model_dir) {
-        if (!mkdtemp(tmp)) die("mkdtemp", CG_E_IO, NULL);
-        cg_status st = cg_model_generate(tmp, cg_model_gen_default_params(), err, sizeof err);
-        if (st != CG_OK) die("generate", st, err);
-        model_dir = tmp;
-        generated = 1;
-    }
-    cg_model *m = NULL;
-    cg_status st = cg_model_open(model_dir, &m, err, sizeof err);
-    if (st != CG_OK) die("load", st, err);
+    char tmp[TH_MODEL_TMP], err[512];
+    cg_model *m = th_model_open_or_generate(model_dir, tmp, err, sizeof err);
+    if (!m) die("model", CG_E_IO, err);
     const cg_model_config *c = cg_model_cfg(m);
     printf("model %s: %d layers, dim %d, %d heads, %d kv heads, head_dim %d, vocab %d\n",
            c->model_id, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size);
@@ -124,7 +115,7 @@ int main(int argc, char **argv)
         s_warm[N_DOCS + 1] = s_cold[N_DOCS + 1];
 
         cg_engine *e = NULL;
-        st = cg_engine_open(m, cg_engine_default_params(), &e);
+        cg_status st = cg_engine_open(m, cg_engine_default_params(), &e);
         if (st != CG_OK) die("engine", st, NULL);
         /* baseline: no cache at all, one causal forward over the whole prompt */
         base[r] = ttft(e, s_warm, N_DOCS + 2, CG_PATH_CAUSAL, NULL);
@@ -164,7 +155,7 @@ int main(int argc, char **argv)
     static const size_t ctx_bytes[] = {N_DOCS * DOC_BYTES, 0};
     for (size_t t = 0; t < CG_ARRAY_LEN(ctx_bytes); t++) {
         cg_engine *e = NULL;
-        st = cg_engine_open(m, cg_engine_default_params(), &e);
+        cg_status st = cg_engine_open(m, cg_engine_default_params(), &e);
         if (st != CG_OK) die("engine", st, NULL);
         rng_state = 12345;
         char *sys = th_words(SYS_BYTES, "System: ", &rng_state);
@@ -206,6 +197,6 @@ int main(int argc, char **argv)
     free(base);
     free(prefill);
     cg_model_close(&m);
-    if (generated) th_rmrf(tmp);
+    if (tmp[0]) th_rmrf(tmp);
     return 0;
 }

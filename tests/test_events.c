@@ -40,41 +40,9 @@ static char g_redis_server[512];
 
 /* ---- Redis ---------------------------------------------------------------------------------- */
 
-static redisContext *adm(int port)
-{
-    struct timeval tv = {2, 0};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
-    if (c && !c->err) redisSetTimeout(c, tv);
-    return c;
-}
-
-static int redis_up(int port)
-{
-    redisContext *c = adm(port);
-    int ok = 0;
-    if (c && !c->err) {
-        redisReply *r = redisCommand(c, "PING");
-        ok = r && r->type == REDIS_REPLY_STATUS;
-        freeReplyObject(r);
-    }
-    redisFree(c);
-    return ok;
-}
-
 static void start_redis(th_proc *p, int port)
 {
-    char ports[16], dir[400], log[64];
-    snprintf(ports, sizeof ports, "%d", port);
-    snprintf(dir, sizeof dir, "%s/redis-%d", th_root(), port);
-    snprintf(log, sizeof log, "redis-%d.log", port);
-    mkdir(dir, 0755);
-    const char *args[] = {"--port", ports, "--bind",       "127.0.0.1", "--dir", dir,
-                          "--save", "",    "--appendonly", "no",        NULL};
-    ck_assert_int_eq(th_spawn(p, g_redis_server, args, NULL, log, NULL, 0), 0);
-    for (int i = 0; i < 200 && !redis_up(port); i++)
-        th_sleep_ms(25);
-    ck_assert_msg(redis_up(port), "redis-server on %d did not start", port);
-    p->port = port;
+    th_redis_spawn(p, g_redis_server, port, NULL);
 }
 
 /* One chunk event as the test reads it back from the stream. */
@@ -86,7 +54,7 @@ typedef struct tev {
 /* The events after stream id *after (updated), at most cap, into v; returns how many. */
 static int read_events(int port, char *after, tev *v, int cap)
 {
-    redisContext *c = adm(port);
+    redisContext *c = th_redis_connect(port);
     ck_assert(c && !c->err);
     redisReply *r = redisCommand(c, "XRANGE %s (%s + COUNT %d", STREAM, after, cap);
     ck_assert(r && r->type == REDIS_REPLY_ARRAY);
@@ -112,7 +80,7 @@ static int read_events(int port, char *after, tev *v, int cap)
 
 static long long redis_int(int port, const char *cmd)
 {
-    redisContext *c = adm(port);
+    redisContext *c = th_redis_connect(port);
     ck_assert(c && !c->err);
     redisReply *r = redisCommand(c, cmd);
     ck_assert(r && r->type == REDIS_REPLY_INTEGER);
@@ -518,7 +486,7 @@ START_TEST(test_dropped_events_and_restart_resync)
         ck_assert_int_eq(ask(s.ga.port, 3000 + i, NULL), 200);
     ck_assert(wait_exact(&s, s.gb.port, 5000));
     /* Redis answers nothing for 1.5 s: the worker's queue of 2 overflows */
-    redisContext *c = adm(s.redis.port);
+    redisContext *c = th_redis_connect(s.redis.port);
     ck_assert(c && !c->err);
     redisReply *r = redisCommand(c, "CLIENT PAUSE 1500 ALL");
     ck_assert(r && r->type == REDIS_REPLY_STATUS);

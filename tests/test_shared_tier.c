@@ -43,60 +43,17 @@ static const char *QUESTION = TH_QUESTION;
 
 /* ---- Redis ---------------------------------------------------------------------------------- */
 
-static redisContext *adm(int port)
-{
-    struct timeval tv = {2, 0};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
-    if (c && !c->err) redisSetTimeout(c, tv);
-    return c;
-}
-
-static int redis_up(int port)
-{
-    redisContext *c = adm(port);
-    int ok = 0;
-    if (c && !c->err) {
-        redisReply *r = redisCommand(c, "PING");
-        ok = r && r->type == REDIS_REPLY_STATUS;
-        freeReplyObject(r);
-    }
-    redisFree(c);
-    return ok;
-}
-
 /* redis-server in the foreground on port, no persistence (a child of the test: kill -9 works). */
 static void start_redis(th_proc *p, int port)
 {
-    char ports[16], dir[400], log[64];
-    snprintf(ports, sizeof ports, "%d", port);
-    snprintf(dir, sizeof dir, "%s/redis-%d", th_root(), port);
-    snprintf(log, sizeof log, "redis-%d.log", port);
-    mkdir(dir, 0755);
-    const char *args[] = {"--port",
-                          ports,
-                          "--bind",
-                          "127.0.0.1",
-                          "--dir",
-                          dir,
-                          "--save",
-                          "",
-                          "--appendonly",
-                          "no",
-                          "--maxmemory",
-                          "256mb",
-                          "--maxmemory-policy",
-                          "allkeys-lru",
-                          NULL};
-    ck_assert_int_eq(th_spawn(p, g_redis_server, args, NULL, log, NULL, 0), 0);
-    for (int i = 0; i < 200 && !redis_up(port); i++)
-        th_sleep_ms(25);
-    ck_assert_msg(redis_up(port), "redis-server on %d did not start", port);
-    p->port = port;
+    static const char *const extra[] = {"--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru",
+                                        NULL};
+    th_redis_spawn(p, g_redis_server, port, extra);
 }
 
 static long long redis_int(int port, const char *cmd)
 {
-    redisContext *c = adm(port);
+    redisContext *c = th_redis_connect(port);
     ck_assert(c && !c->err);
     redisReply *r = redisCommand(c, cmd);
     ck_assert(r && r->type == REDIS_REPLY_INTEGER);
@@ -109,7 +66,7 @@ static long long redis_int(int port, const char *cmd)
 /* The value under name (caller frees); NULL when missing. */
 static char *redis_get(int port, const char *name, size_t *len)
 {
-    redisContext *c = adm(port);
+    redisContext *c = th_redis_connect(port);
     ck_assert(c && !c->err);
     redisReply *r = redisCommand(c, "GET %s", name);
     ck_assert(r != NULL);
@@ -126,7 +83,7 @@ static char *redis_get(int port, const char *name, size_t *len)
 
 static void redis_set(int port, const char *name, const void *v, size_t len)
 {
-    redisContext *c = adm(port);
+    redisContext *c = th_redis_connect(port);
     ck_assert(c && !c->err);
     redisReply *r = redisCommand(c, "SET %s %b", name, v, len);
     ck_assert(r && r->type == REDIS_REPLY_STATUS);
@@ -347,7 +304,7 @@ START_TEST(test_single_node_share)
     ck_assert_int_eq(redis_int(redis.port, "EXISTS chunkgate:events"), 1);
     ck_assert_int_eq(redis_int(redis.port, "DBSIZE"), 7 * KV_HEADS + 1);
     /* no TTL unless asked for: memory is Redis's job (maxmemory + allkeys-lru) */
-    redisContext *rc = adm(redis.port);
+    redisContext *rc = th_redis_connect(redis.port);
     redisReply *k = redisCommand(rc, "RANDOMKEY");
     ck_assert(k && k->type == REDIS_REPLY_STRING);
     redisReply *ttl = redisCommand(rc, "TTL %s", k->str);
@@ -505,16 +462,22 @@ END_TEST
 
 /* ---- Redis down, Redis slow ------------------------------------------------------------------ */
 
+/* Requests sent by a thread of their own while the test kills and restarts Redis; the counters
+ * and the stop flag are shared with the test's thread (atomics). */
 typedef struct traffic {
     const th_proc *w;
-    volatile int stop;
-    int done, failed;
+    int stop, done, failed;
 } traffic;
+
+static int atomic_get(const int *v)
+{
+    return __atomic_load_n(v, __ATOMIC_ACQUIRE);
+}
 
 static void *traffic_main(void *arg)
 {
     traffic *t = arg;
-    for (int i = 0; !t->stop; i++) {
+    for (int i = 0; !atomic_get(&t->stop); i++) {
         /* every request brings a new document (stored, queued for Redis) and one seen before
          * (looked up in Redis once RAM has dropped it) */
         char fresh[256], seen[256];
@@ -523,10 +486,7 @@ static void *traffic_main(void *arg)
         snprintf(seen, sizeof seen, "%s Copy %d.", DOC[k % 6], k);
         const char *texts[2] = {fresh, seen};
         outcome o = ask_texts(t->w, texts, 2, 0);
-        if (o.ok)
-            t->done++;
-        else
-            t->failed++;
+        __atomic_add_fetch(o.ok ? &t->done : &t->failed, 1, __ATOMIC_RELEASE);
     }
     return NULL;
 }
@@ -542,13 +502,13 @@ START_TEST(test_redis_down_and_slow)
     traffic t = {.w = &a};
     pthread_t th;
     ck_assert_int_eq(pthread_create(&th, NULL, traffic_main, &t), 0);
-    for (int i = 0; i < 3000 && t.done < 10 && !t.failed; i++)
+    for (int i = 0; i < 3000 && atomic_get(&t.done) < 10 && !atomic_get(&t.failed); i++)
         th_sleep_ms(20);
     th_stop(&redis, SIGKILL);
-    int at_kill = t.done;
-    for (int i = 0; i < 3000 && t.done < at_kill + 20 && !t.failed; i++)
+    int at_kill = atomic_get(&t.done);
+    for (int i = 0; i < 3000 && atomic_get(&t.done) < at_kill + 20 && !atomic_get(&t.failed); i++)
         th_sleep_ms(20);
-    t.stop = 1;
+    __atomic_store_n(&t.stop, 1, __ATOMIC_RELEASE);
     pthread_join(th, NULL);
     ck_assert_int_eq(t.failed, 0);
     ck_assert_int_ge(t.done, at_kill + 20);

@@ -5,6 +5,7 @@
 #include "worker/serve/text.h"
 #include "worker/serve/worker_api.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,4 +71,21 @@ uint32_t th_tok_into(const cg_model *m, const char *text, size_t len, int bos, i
     if (n) memcpy(out, ids, n * sizeof *out);
     free(ids);
     return (uint32_t)n;
+}
+
+cg_model *th_model_open_or_generate(const char *dir, char tmp[TH_MODEL_TMP], char *err, size_t n)
+{
+    tmp[0] = '\0';
+    if (!dir) {
+        snprintf(tmp, TH_MODEL_TMP, "/tmp/cg_bench_model_XXXXXX");
+        if (!mkdtemp(tmp)) {
+            snprintf(err, n, "mkdtemp: %s", strerror(errno));
+            tmp[0] = '\0';
+            return NULL;
+        }
+        if (cg_model_generate(tmp, cg_model_gen_default_params(), err, n) != CG_OK) return NULL;
+        dir = tmp;
+    }
+    cg_model *m = NULL;
+    return cg_model_open(dir, &m, err, n) == CG_OK ? m : NULL;
 }

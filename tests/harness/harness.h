@@ -419,6 +419,11 @@ typedef struct cg_model cg_model;
 /* chunkgate-worker generate-model --out dir plus extra args (th_gen_model), then the model
  * opened in-process. NULL when either fails (said on stderr). Close with cg_model_close. */
 cg_model *th_model_gen_open(const char *worker_bin, const char *dir, const char *const *extra);
+#define TH_MODEL_TMP 64
+/* The model at dir, or with dir NULL the tiny model generated in process into a fresh
+ * directory under /tmp, whose path is left in tmp for the caller to remove (th_rmrf; tmp is ""
+ * when nothing was made). NULL, with the reason in err, when either step fails. */
+cg_model *th_model_open_or_generate(const char *dir, char tmp[TH_MODEL_TMP], char *err, size_t n);
 /* cg_tok_encode of text[0, len) (with BOS when bos is set) into out, which the caller sized for
  * a byte tokenizer (len + 2 ids); returns the count. */
 uint32_t th_tok_into(const cg_model *m, const char *text, size_t len, int bos, int32_t *out);
@@ -433,5 +438,18 @@ void th_engine_assemble(cg_engine *e, const char *sys, const char *d1, const cha
  * sanitised to UTF-8 as the worker does; asserts every step. Caller frees. */
 char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char *d2, const char *q,
                        uint32_t max_tokens, int path);
+
+/* ------------------------------------------------------------ Redis */
+/* In cg_test_redis (tests/harness/redis.c), for suites that link hiredis. */
+
+typedef struct redisContext redisContext;
+/* A connection to the redis-server on loopback port with 2 s timeouts (check ->err). */
+redisContext *th_redis_connect(int port);
+/* 1 when the redis-server on port answers PING. */
+int th_redis_up(int port);
+/* Starts `server` (a redis-server binary) on loopback port as the test's th_proc (kill -9 and
+ * th_stop work; th_redis_start is the plain-pid form for benches), without persistence, plus
+ * the NULL-terminated extra arguments (or NULL); waits until it answers. Asserts. */
+void th_redis_spawn(th_proc *p, const char *server, int port, const char *const *extra);
 
 #endif
