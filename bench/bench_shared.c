@@ -33,7 +33,7 @@
 #include "tests/harness/harness.h"
 #include "kv/kvwire.h"
 #include "worker/serve/engine.h"
-#include "worker/serve/tiers.h"
+#include "worker/store/tiers.h"
 #include "base/remote.h"
 
 #define SYS_BYTES 256

@@ -13,7 +13,7 @@
 #include "worker/store/disk.h"
 #include "base/remote.h"
 #include "worker/store/events.h"
-#include "worker/serve/tiers.h"
+#include "worker/store/tiers.h"
 #include "worker/model/model.h"
 #include "worker/serve/sched.h"
 #include "cache/key.h"
@@ -349,7 +349,7 @@ typedef struct cg_engine_stats {
 } cg_engine_stats;
 cg_engine_stats cg_engine_get_stats(cg_engine *e);
 
-/* The tiers' counters (remote reads, write-behind queues; see worker/serve/tiers.h). */
+/* The tiers' counters (remote reads, write-behind queues; see worker/store/tiers.h). */
 cg_tiers_stats cg_engine_tier_stats(cg_engine *e);
 
 /* Waits up to timeout_ms until the chunks stored so far have been written (or the write

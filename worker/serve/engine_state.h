@@ -8,7 +8,7 @@
 #include "worker/serve/engine.h"
 #include "worker/serve/live.h"
 #include "worker/serve/sched.h"
-#include "worker/serve/tiers.h"
+#include "worker/store/tiers.h"
 
 struct cg_engine {
     const cg_model *m;

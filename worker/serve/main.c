@@ -16,7 +16,7 @@
 #include "worker/serve/api_common.h"
 #include "worker/serve/engine.h"
 #include "worker/serve/kvpull.h"
-#include "worker/serve/tiers.h"
+#include "worker/store/tiers.h"
 #include "worker/model/matmul.h"
 #include "worker/model/model.h"
 #include "worker/serve/worker_api.h"

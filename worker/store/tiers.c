@@ -1,6 +1,6 @@
 /* The worker's chunk KV tiers: RAM pool, disk tier (with its write-behind), remote tier, and
- * the one path by which a chunk's rows enter a request's KV (worker/serve/tiers.h). */
-#include "worker/serve/tiers.h"
+ * the one path by which a chunk's rows enter a request's KV (worker/store/tiers.h). */
+#include "worker/store/tiers.h"
 
 #include <stdio.h>
 #include <stdlib.h>
