@@ -284,7 +284,7 @@ static void finish(cg_openai *c, cg_openai_xfer *x, cg_status st, const char *de
     cg_openai_xfer_release(&x);
 }
 
-static void complete(cg_openai *c, cg_openai_xfer *x, CURLcode rc)
+static void complete_transfer(cg_openai *c, cg_openai_xfer *x, CURLcode rc)
 {
     char detail[CURL_ERROR_SIZE + 64];
     cg_status st;
@@ -433,7 +433,7 @@ static void read_done(cg_openai *c)
         cg_openai_xfer *x = NULL;
         CURLcode rc = m->data.result;
         curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
-        complete(c, x, rc);
+        complete_transfer(c, x, rc);
     }
 }
 

@@ -327,7 +327,7 @@ static void record(gw_call *c, const cg_wc_assembly *a)
 
 /* Completes the request from the assembly on the backend (the worker without --backend).
  * Frees c. */
-static void complete(gw_call *c, const cg_wc_assembly *a)
+static void complete_assembled(gw_call *c, const cg_wc_assembly *a)
 {
     cg_gateway *g = c->g;
     json_t *cb;
@@ -478,7 +478,7 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
         goto fallback;
     }
     record(c, &a);
-    complete(c, &a);
+    complete_assembled(c, &a);
     goto out;
 fallback : {
     cg_worker *failed = c->w;
