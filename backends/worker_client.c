@@ -20,14 +20,14 @@ typedef struct call {
 static int on_body(void *arg, const char *data, size_t len)
 {
     call *k = arg;
-    return cg_buf_append(&k->body, data, len) == CG_OK ? CG_OPENAI_CONTINUE : CG_OPENAI_ABORT;
+    return cg_buf_append(&k->body, data, len) == CG_OK ? CG_UPSTREAM_CONTINUE : CG_UPSTREAM_ABORT;
 }
 
 static int on_head(void *arg, long status, const char *ct)
 {
     call *k = arg;
     k->status = status;
-    return CG_OPENAI_CONTINUE;
+    return CG_UPSTREAM_CONTINUE;
 }
 
 static void on_done(void *arg, cg_status st, long http, const char *detail)
@@ -40,25 +40,25 @@ static void on_done(void *arg, cg_status st, long http, const char *detail)
     free(k);
 }
 
-static const cg_openai_handlers HANDLERS = {on_head, on_body, on_done, NULL};
+static const cg_upstream_handlers HANDLERS = {on_head, on_body, on_done, NULL};
 
-cg_status cg_wc_call(cg_openai *c, const char *base, const char *method, const char *path,
+cg_status cg_wc_call(cg_upstream *c, const char *base, const char *method, const char *path,
                      char *body, size_t body_len, const char *rid, long timeout_ms,
-                     cg_wc_done_fn fn, void *arg, cg_openai_xfer **ref)
+                     cg_wc_done_fn fn, void *arg, cg_upstream_xfer **ref)
 {
     call *k = cg_calloc(1, sizeof *k);
     cg_buf_init(&k->body, CG_WC_MAX_BYTES);
     k->fn = fn;
     k->arg = arg;
-    cg_openai_req r = {.base = base,
-                       .method = method,
-                       .path = path,
-                       .body = body,
-                       .body_len = body_len,
-                       .request_id = rid,
-                       .idle_timeout_ms = timeout_ms,
-                       .to_worker = 1};
-    cg_status st = cg_openai_submit_req(c, &r, &HANDLERS, k, ref);
+    cg_upstream_req r = {.base = base,
+                         .method = method,
+                         .path = path,
+                         .body = body,
+                         .body_len = body_len,
+                         .request_id = rid,
+                         .idle_timeout_ms = timeout_ms,
+                         .to_worker = 1};
+    cg_status st = cg_upstream_submit_req(c, &r, &HANDLERS, k, ref);
     if (st != CG_OK) {
         cg_buf_free(&k->body);
         free(k);
@@ -91,7 +91,7 @@ static void wake_waiter(void *arg, cg_status st, long http, json_t *body, const 
     pthread_mutex_unlock(&w->mu);
 }
 
-cg_status cg_wc_call_sync(cg_openai *c, const char *base, const char *method, const char *path,
+cg_status cg_wc_call_sync(cg_upstream *c, const char *base, const char *method, const char *path,
                           char *body, size_t body_len, long timeout_ms, long *http, json_t **out,
                           char *err, size_t errlen)
 {
@@ -125,7 +125,7 @@ static void release_done(void *arg, cg_status st, long http, json_t *body, const
     json_decref(body);
 }
 
-void cg_wc_release(cg_openai *c, const char *base, const char *assembly_id, const char *rid)
+void cg_wc_release(cg_upstream *c, const char *base, const char *assembly_id, const char *rid)
 {
     char path[96];
     snprintf(path, sizeof path, "/v1/assemblies/%.32s", assembly_id);
@@ -343,7 +343,7 @@ void cg_wc_assembly_free(cg_wc_assembly *a)
 
 /* ---------------------------------------------------------------- inventory */
 
-cg_status cg_wc_inventory(cg_openai *c, const char *base, long timeout_ms, cg_wc_chunk **out,
+cg_status cg_wc_inventory(cg_upstream *c, const char *base, long timeout_ms, cg_wc_chunk **out,
                           size_t *n, char *err, size_t errlen)
 {
     *out = NULL;

@@ -1,5 +1,5 @@
 /* The gateway's client for the worker API (openapi/worker.yaml): JSON calls to any worker URL
- * over the one curl event loop of backends/openai.h, either asynchronous (the request path:
+ * over the one curl event loop of backends/upstream.h, either asynchronous (the request path:
  * assemble, release) or blocking for threads that may wait (health checks, inventory sync,
  * admin registration), and parsers for the worker's answers (info, assembly, inventory). */
 #ifndef CG_WORKER_CLIENT_H
@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <jansson.h>
-#include "backends/openai.h"
+#include "backends/upstream.h"
 #include "cache/key.h"
 #include "cache/split.h"
 #include "base/status.h"
@@ -27,20 +27,20 @@ typedef void (*cg_wc_done_fn)(void *arg, cg_status st, long http, json_t *body, 
 /* Starts method path on the worker at base (borrowed) with body (taken over; NULL = none).
  * timeout_ms: longest silence from the worker. rid: X-Request-Id (borrowed, may be NULL).
  * On CG_OK fn runs exactly once; when ref is non-NULL *ref is a transfer reference the caller
- * gives back with cg_openai_xfer_release (to cancel the call). On failure fn never runs. */
-cg_status cg_wc_call(cg_openai *c, const char *base, const char *method, const char *path,
+ * gives back with cg_upstream_xfer_release (to cancel the call). On failure fn never runs. */
+cg_status cg_wc_call(cg_upstream *c, const char *base, const char *method, const char *path,
                      char *body, size_t body_len, const char *rid, long timeout_ms,
-                     cg_wc_done_fn fn, void *arg, cg_openai_xfer **ref) CG_WUR;
+                     cg_wc_done_fn fn, void *arg, cg_upstream_xfer **ref) CG_WUR;
 
 /* The same, blocking the calling thread (never the curl thread) until the answer. Returns the
  * transport status as above; *http gets the status and *out the parsed body (caller
  * decrefs; NULL when not JSON). err gets a message on failure. */
-cg_status cg_wc_call_sync(cg_openai *c, const char *base, const char *method, const char *path,
+cg_status cg_wc_call_sync(cg_upstream *c, const char *base, const char *method, const char *path,
                           char *body, size_t body_len, long timeout_ms, long *http, json_t **out,
                           char *err, size_t errlen) CG_WUR;
 
 /* DELETE {base}/v1/assemblies/{id}, fire and forget (a 404 means already consumed). */
-void cg_wc_release(cg_openai *c, const char *base, const char *assembly_id, const char *rid);
+void cg_wc_release(cg_upstream *c, const char *base, const char *assembly_id, const char *rid);
 
 /* The message of an OpenAI error body ({"error":{"message"}}), or NULL. Borrowed from j. */
 const char *cg_wc_error_message(json_t *j);
@@ -108,7 +108,7 @@ typedef struct cg_wc_chunk {
 /* Reads the worker's whole inventory, page by page (blocking; not on the curl thread).
  * *out is a new array of *n rows (caller frees). Returns CG_OK, or the transport status /
  * CG_E_BAD_GATEWAY with a message in err. */
-cg_status cg_wc_inventory(cg_openai *c, const char *base, long timeout_ms, cg_wc_chunk **out,
+cg_status cg_wc_inventory(cg_upstream *c, const char *base, long timeout_ms, cg_wc_chunk **out,
                           size_t *n, char *err, size_t errlen) CG_WUR;
 
 #endif

@@ -60,7 +60,7 @@ static void h_readyz(cg_http_req *req, void *app)
         /* Probing under the lock makes concurrent checks share one probe. */
         long http = 0;
         g->ready_st =
-            cg_openai_probe(g->client, READY_PROBE_MS, &http, g->ready_msg, sizeof g->ready_msg);
+            cg_upstream_probe(g->client, READY_PROBE_MS, &http, g->ready_msg, sizeof g->ready_msg);
         g->ready_at_ms = cg_now_ms();
     }
     cg_status st = g->ready_st;
@@ -118,7 +118,7 @@ static void h_metrics(cg_http_req *req, void *app)
     }
     cg_http_stats hs;
     cg_http_get_stats(g->http, &hs);
-    size_t in_flight = cg_openai_in_flight(g->client);
+    size_t in_flight = cg_upstream_in_flight(g->client);
     cg_status cst = cg_buf_printf(
         &out,
         "# HELP chunkgate_http_connections Open client connections.\n"
@@ -381,7 +381,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
         cg_log(CG_LOG_ERROR, "cannot open the chunk index %s", g->index_path);
         goto fail;
     }
-    cg_openai_params op = cg_openai_default_params();
+    cg_upstream_params op = cg_upstream_default_params();
     op.base_url = cfg->backend; /* NULL: every request names its upstream (a worker) */
     op.api_key = cfg->backend_api_key;
     op.worker_api_key = cfg->worker_api_key;
@@ -391,7 +391,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
      * name) is found by the next probe after its name is looked up again: cache names for at
      * most one health interval (under 1 s: not at all). DESIGN §20. */
     op.dns_cache_s = (long)(cfg->health_interval_ms / 1000);
-    if ((st = cg_openai_open(&op, &g->client)) != CG_OK) goto fail;
+    if ((st = cg_upstream_open(&op, &g->client)) != CG_OK) goto fail;
     g->has_backend = cfg->backend != NULL;
 
     cg_workers_params wp = cg_workers_default_params();
@@ -466,16 +466,16 @@ void cg_gateway_close(cg_gateway **gp)
     /* The health thread blocks on the upstream client: stop it before the client. */
     cg_workers_health_stop(g->workers);
     if (g->client) {
-        size_t left = cg_openai_drain(g->client, (uint64_t)g->cfg->drain_ms);
+        size_t left = cg_upstream_drain(g->client, (uint64_t)g->cfg->drain_ms);
         if (left) cg_log(CG_LOG_WARN, "stopping with %zu upstream transfers still running", left);
         /* Ends what is left (their clients get an error reply or an error event) and makes
          * later submits fail fast, so the HTTP server can then stop with nothing suspended. */
-        cg_openai_shutdown(g->client);
+        cg_upstream_shutdown(g->client);
     }
     cg_http_close(&g->http);
     cg_eventsync_close(&g->events); /* it asks the registry for resyncs */
     cg_workers_close(&g->workers);
-    cg_openai_close(&g->client);
+    cg_upstream_close(&g->client);
     if (g->index) {
         if (cg_index_flush(g->index) != CG_OK) cg_log(CG_LOG_WARN, "index flush reported errors");
         cg_index_close(&g->index);

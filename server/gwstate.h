@@ -5,7 +5,7 @@
 
 #include <pthread.h>
 #include <jansson.h>
-#include "backends/openai.h"
+#include "backends/upstream.h"
 #include "cache/key.h"
 #include "cache/split.h"
 #include "server/fallback.h"
@@ -22,8 +22,8 @@ struct cg_gateway {
     cg_mode default_mode;
     cg_index *index;
     cg_metrics *metrics;
-    cg_openai *client; /* the one curl event loop: backend, workers */
-    int has_backend;   /* --backend is set (the client's default base URL) */
+    cg_upstream *client; /* the one curl event loop: backend, workers */
+    int has_backend;     /* --backend is set (the client's default base URL) */
     cg_workers *workers;
     struct cg_eventsync *events; /* NULL without --events */
     cg_http_server *http;

@@ -341,7 +341,7 @@ static void complete_assembled(gw_call *c, const cg_wc_assembly *a)
     }
     /* --backend naming the worker itself is the same as no --backend: it consumes the
      * assembly, so there is nothing to release after a good answer. */
-    int same = g->has_backend && !strcmp(cg_openai_base_url(g->client), cg_worker_url(c->w));
+    int same = g->has_backend && !strcmp(cg_upstream_base_url(g->client), cg_worker_url(c->w));
     json_t *ktp = json_pack("{s:s}", "assembly_id", a->id);
     /* A decoding backend that pulls from several KV workers learns which one assembled (its
      * --kv-source allow-list decides whether it may pull from there). */

@@ -30,7 +30,7 @@ typedef struct relay {
     char model[128]; /* for the status page */
     int want_stream;
     json_t *chunk_cache; /* owned reference; NULL for models */
-    cg_openai_xfer *xfer;
+    cg_upstream_xfer *xfer;
     uint64_t start_ns;
 
     /* Target (cg_gw_target), copied. */
@@ -65,7 +65,7 @@ static void relay_free(relay *r)
     cg_buf_free(&r->body);
     cg_sse_free(&r->sse);
     cg_stream_unref(&r->stream);
-    cg_openai_xfer_release(&r->xfer);
+    cg_upstream_xfer_release(&r->xfer);
     free(r);
 }
 
@@ -131,9 +131,9 @@ static void on_stream_notify(void *arg, int gone)
 {
     relay *r = arg;
     if (gone)
-        cg_openai_xfer_cancel(r->xfer);
+        cg_upstream_xfer_cancel(r->xfer);
     else
-        cg_openai_xfer_resume(r->xfer);
+        cg_upstream_xfer_resume(r->xfer);
 }
 
 static void push(relay *r, const char *p, size_t n)
@@ -239,14 +239,14 @@ static int on_head(void *arg, long status, const char *ct)
     r->status = status;
     r->is_sse = r->kind == RELAY_INFER && r->want_stream && status >= 200 && status < 300 && ct &&
                 !strncasecmp(ct, "text/event-stream", 17);
-    if (!r->is_sse) return CG_OPENAI_CONTINUE;
+    if (!r->is_sse) return CG_UPSTREAM_CONTINUE;
     r->stream = cg_stream_new(STREAM_MAX_BUFFERED, ": keep-alive\n\n");
     r->sse = cg_sse_new(cg_sse_default_params());
     cg_http_add_header(r->req, "X-Accel-Buffering", "no"); /* ask proxies not to buffer */
     cg_http_reply_stream(r->req, (int)status, "text/event-stream", r->stream);
     r->req = NULL; /* replied: the request may be freed from now on */
     cg_stream_set_notify(r->stream, on_stream_notify, r);
-    return CG_OPENAI_CONTINUE;
+    return CG_UPSTREAM_CONTINUE;
 }
 
 static int on_body(void *arg, const char *data, size_t len)
@@ -255,22 +255,22 @@ static int on_body(void *arg, const char *data, size_t len)
     if (!r->is_sse) {
         if (cg_buf_append(&r->body, data, len) != CG_OK) {
             r->too_large = 1;
-            return CG_OPENAI_ABORT;
+            return CG_UPSTREAM_ABORT;
         }
-        return CG_OPENAI_CONTINUE;
+        return CG_UPSTREAM_CONTINUE;
     }
-    if (r->client_gone) return CG_OPENAI_ABORT;
+    if (r->client_gone) return CG_UPSTREAM_ABORT;
     int w = cg_stream_writable(r->stream);
     if (w < 0) {
         r->client_gone = 1;
-        return CG_OPENAI_ABORT;
+        return CG_UPSTREAM_ABORT;
     }
-    if (w == 0) return CG_OPENAI_PAUSE; /* the drain notification resumes us */
+    if (w == 0) return CG_UPSTREAM_PAUSE; /* the drain notification resumes us */
     if (cg_sse_feed(r->sse, data, len, on_event, r) != CG_OK) {
         r->sse_error = 1;
-        return CG_OPENAI_ABORT;
+        return CG_UPSTREAM_ABORT;
     }
-    return r->client_gone ? CG_OPENAI_ABORT : CG_OPENAI_CONTINUE;
+    return r->client_gone ? CG_UPSTREAM_ABORT : CG_UPSTREAM_CONTINUE;
 }
 
 /* Replies to a failed exchange that never started streaming. */
@@ -474,7 +474,7 @@ static int on_gone(void *arg)
     return 1;
 }
 
-static const cg_openai_handlers HANDLERS = {on_head, on_body, on_done, on_gone};
+static const cg_upstream_handlers HANDLERS = {on_head, on_body, on_done, on_gone};
 
 static relay *relay_new(cg_gateway *g, cg_http_req *req, relay_kind kind, const char *route)
 {
@@ -503,14 +503,14 @@ void cg_gw_relay_to(cg_gateway *g, cg_http_req *req, const cg_gw_target *t, char
     r->backend_is_worker = t->backend_is_worker;
     r->strip_usage = t->strip_usage;
     if (t->assembly_id) snprintf(r->assembly, sizeof r->assembly, "%s", t->assembly_id);
-    cg_openai_req q = {.base = t->base,
-                       .method = "POST",
-                       .path = t->path,
-                       .body = body,
-                       .body_len = body_len,
-                       .request_id = r->rid,
-                       .to_worker = t->to_worker};
-    if (cg_openai_submit_req(g->client, &q, &HANDLERS, r, &r->xfer) != CG_OK) {
+    cg_upstream_req q = {.base = t->base,
+                         .method = "POST",
+                         .path = t->path,
+                         .body = body,
+                         .body_len = body_len,
+                         .request_id = r->rid,
+                         .to_worker = t->to_worker};
+    if (cg_upstream_submit_req(g->client, &q, &HANDLERS, r, &r->xfer) != CG_OK) {
         cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
         if (r->assembly[0] && r->worker)
             cg_wc_release(g->client, cg_worker_url(r->worker), r->assembly, r->rid);
@@ -530,14 +530,14 @@ void cg_gw_models(cg_http_req *req, void *app)
 {
     cg_gateway *g = app;
     relay *r = relay_new(g, req, RELAY_MODELS, "models");
-    cg_openai_req q = {.method = "GET", .path = "/v1/models", .request_id = r->rid};
+    cg_upstream_req q = {.method = "GET", .path = "/v1/models", .request_id = r->rid};
     if (!g->has_backend) {
         r->worker = cg_workers_pick_any(g->workers, NULL);
         q.base = r->worker ? cg_worker_url(r->worker) : NULL;
         q.to_worker = 1;
     }
     if ((!g->has_backend && !r->worker) ||
-        cg_openai_submit_req(g->client, &q, &HANDLERS, r, NULL) != CG_OK) {
+        cg_upstream_submit_req(g->client, &q, &HANDLERS, r, NULL) != CG_OK) {
         reply_models(r, CG_E_UNAVAILABLE);
         relay_free(r);
     }

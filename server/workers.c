@@ -613,7 +613,7 @@ cg_status cg_workers_add(cg_workers *r, const char *url_in, int must_reach, int 
                  "/metrics, /v1/workers and the logs");
         return CG_E_VALUE;
     }
-    char *url = cg_openai_base_normalise(url_in);
+    char *url = cg_upstream_base_normalise(url_in);
     cg_status st = CG_OK;
     cg_wc_info info;
     memset(&info, 0, sizeof info);
@@ -700,7 +700,7 @@ out:
 
 cg_status cg_workers_remove(cg_workers *r, int64_t id, const char *url_in, json_t **out_json)
 {
-    char *url = url_in ? cg_openai_base_normalise(url_in) : NULL;
+    char *url = url_in ? cg_upstream_base_normalise(url_in) : NULL;
     cg_worker *w = NULL, *dead = NULL;
     if (out_json) *out_json = NULL;
     pthread_mutex_lock(&r->mu);

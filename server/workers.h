@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <jansson.h>
-#include "backends/openai.h"
+#include "backends/upstream.h"
 #include "cache/chatreq.h"
 #include "base/metrics.h"
 #include "server/failkind.h"
@@ -20,7 +20,7 @@ typedef struct cg_workers cg_workers;
 typedef struct cg_worker cg_worker;
 
 typedef struct cg_workers_params {
-    cg_openai *client;             /* borrowed: the gateway's curl event loop */
+    cg_upstream *client;           /* borrowed: the gateway's curl event loop */
     cg_index *index;               /* borrowed */
     cg_metrics *metrics;           /* borrowed */
     const char *model;             /* borrowed; NULL, or the model every worker must serve */

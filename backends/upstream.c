@@ -1,6 +1,7 @@
-/* OpenAI-compatible backend client: one curl multi thread drives every upstream transfer.
- * Why this holds 1,000 streams is explained in backends/openai.h. */
-#include "backends/openai.h"
+/* The upstream client: one curl multi thread drives every upstream transfer, to workers and
+ * inference backends alike.
+ * Why this holds 1,000 streams is explained in backends/upstream.h. */
+#include "backends/upstream.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -15,12 +16,12 @@
 #define EASY_SPARE 256
 #include "base/base.h"
 
-struct cg_openai_xfer {
-    cg_openai *c;
+struct cg_upstream_xfer {
+    cg_upstream *c;
     CURL *easy;
     struct curl_slist *headers;
     char *body;
-    cg_openai_handlers h;
+    cg_upstream_handlers h;
     void *arg;
     char errbuf[CURL_ERROR_SIZE];
 
@@ -32,36 +33,36 @@ struct cg_openai_xfer {
     cg_status abort_st; /* CG_OK: none */
     char abort_detail[160];
     int queued; /* in c->attn */
-    cg_openai_xfer *next_attn;
-    cg_openai_xfer *next_pending;
+    cg_upstream_xfer *next_attn;
+    cg_upstream_xfer *next_pending;
 
     /* Multi thread only. */
     int paused;
     int head_done;
-    int cb_abort;                /* a callback returned CG_OPENAI_ABORT */
-    uint64_t idle_ns;            /* longest silence allowed */
-    uint64_t last_ns;            /* last byte from the backend (or start, or resume) */
-    cg_openai_xfer *prev, *next; /* active list */
+    int cb_abort;                  /* a callback returned CG_UPSTREAM_ABORT */
+    uint64_t idle_ns;              /* longest silence allowed */
+    uint64_t last_ns;              /* last byte from the backend (or start, or resume) */
+    cg_upstream_xfer *prev, *next; /* active list */
 };
 
-struct cg_openai {
+struct cg_upstream {
     char *base;
     char *auth;        /* "Authorization: Bearer <api_key>", or NULL */
     char *worker_auth; /* the same with worker_api_key */
-    cg_openai_params p;
+    cg_upstream_params p;
     CURLM *multi;
     int epfd;          /* the multi thread's epoll set: upstream sockets + wake_fd */
     int wake_fd;       /* eventfd: new transfers or requests for the multi thread */
     uint64_t timer_ns; /* curl's next timeout (monotonic ns); 0 = none */
     pthread_t thread;
     pthread_mutex_t mu;
-    pthread_cond_t cv;                      /* a transfer ended (for drain) */
-    cg_openai_xfer *pending, *pending_tail; /* submitted, not yet added to multi */
-    cg_openai_xfer *attn;                   /* resume/cancel/abort requests */
+    pthread_cond_t cv;                        /* a transfer ended (for drain) */
+    cg_upstream_xfer *pending, *pending_tail; /* submitted, not yet added to multi */
+    cg_upstream_xfer *attn;                   /* resume/cancel/abort requests */
     size_t in_flight;
     int stopping;
-    int joined;             /* cg_openai_shutdown has run (or is running) */
-    cg_openai_xfer *active; /* multi thread only */
+    int joined;               /* cg_upstream_shutdown has run (or is running) */
+    cg_upstream_xfer *active; /* multi thread only */
     /* Easy handles of finished transfers, reset and kept for the next ones: a new handle is
      * a few KiB to allocate and clear, and then to free, on every request. Under mu. */
     CURL *spare[EASY_SPARE];
@@ -80,7 +81,7 @@ struct cg_openai {
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 
 /* A handle out of the spares, or a new one; NULL when curl cannot make one. */
-static CURL *easy_get(cg_openai *c)
+static CURL *easy_get(cg_upstream *c)
 {
     CURL *e = NULL;
     pthread_mutex_lock(&c->mu);
@@ -90,7 +91,7 @@ static CURL *easy_get(cg_openai *c)
 }
 
 /* Keeps a handle no longer in the multi for the next transfer (reset), or frees it. */
-static void easy_put(cg_openai *c, CURL *e)
+static void easy_put(cg_upstream *c, CURL *e)
 {
     if (!e) return;
     curl_easy_reset(e);
@@ -105,9 +106,9 @@ static void curl_init_once(void)
     curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
-cg_openai_params cg_openai_default_params(void)
+cg_upstream_params cg_upstream_default_params(void)
 {
-    cg_openai_params p;
+    cg_upstream_params p;
     memset(&p, 0, sizeof p);
     p.connect_timeout_ms = 3000;
     p.idle_timeout_ms = 300000;
@@ -116,13 +117,13 @@ cg_openai_params cg_openai_default_params(void)
     return p;
 }
 
-const char *cg_openai_base_url(const cg_openai *c)
+const char *cg_upstream_base_url(const cg_upstream *c)
 {
     return c->base;
 }
 
 /* "http://h:1/v1/" -> "http://h:1": paths are given from "/v1/" on. */
-char *cg_openai_base_normalise(const char *url)
+char *cg_upstream_base_normalise(const char *url)
 {
     char *b = cg_strdup(url);
     size_t n = strlen(b);
@@ -135,7 +136,7 @@ char *cg_openai_base_normalise(const char *url)
 }
 
 /* Wakes the multi thread (any thread; async-signal-safe write). */
-static void wake(cg_openai *c)
+static void wake(cg_upstream *c)
 {
     if (!__atomic_load_n(&c->sleeping, __ATOMIC_SEQ_CST)) return; /* it looks before it sleeps */
     uint64_t one = 1;
@@ -145,7 +146,7 @@ static void wake(cg_openai *c)
 
 /* ---------------------------------------------------------------- references */
 
-static void xfer_free(cg_openai_xfer *x)
+static void xfer_free(cg_upstream_xfer *x)
 {
     easy_put(x->c, x->easy);
     curl_slist_free_all(x->headers);
@@ -153,12 +154,12 @@ static void xfer_free(cg_openai_xfer *x)
     free(x);
 }
 
-void cg_openai_xfer_release(cg_openai_xfer **xp)
+void cg_upstream_xfer_release(cg_upstream_xfer **xp)
 {
-    cg_openai_xfer *x = *xp;
+    cg_upstream_xfer *x = *xp;
     if (!x) return;
     *xp = NULL;
-    cg_openai *c = x->c;
+    cg_upstream *c = x->c;
     pthread_mutex_lock(&c->mu);
     unsigned left = --x->refs;
     pthread_mutex_unlock(&c->mu);
@@ -166,9 +167,9 @@ void cg_openai_xfer_release(cg_openai_xfer **xp)
 }
 
 /* Queues a request for the multi thread. */
-static void request(cg_openai_xfer *x, int resume, int cancel, cg_status st, const char *detail)
+static void request(cg_upstream_xfer *x, int resume, int cancel, cg_status st, const char *detail)
 {
-    cg_openai *c = x->c;
+    cg_upstream *c = x->c;
     pthread_mutex_lock(&c->mu);
     if (x->done) {
         pthread_mutex_unlock(&c->mu);
@@ -189,15 +190,15 @@ static void request(cg_openai_xfer *x, int resume, int cancel, cg_status st, con
     wake(c);
 }
 
-void cg_openai_xfer_resume(cg_openai_xfer *x)
+void cg_upstream_xfer_resume(cg_upstream_xfer *x)
 {
     request(x, 1, 0, CG_OK, NULL);
 }
-void cg_openai_xfer_cancel(cg_openai_xfer *x)
+void cg_upstream_xfer_cancel(cg_upstream_xfer *x)
 {
     request(x, 0, 1, CG_OK, NULL);
 }
-void cg_openai_xfer_abort(cg_openai_xfer *x, cg_status st, const char *detail)
+void cg_upstream_xfer_abort(cg_upstream_xfer *x, cg_status st, const char *detail)
 {
     request(x, 0, 0, st == CG_OK ? CG_E_BAD_GATEWAY : st, detail);
 }
@@ -206,7 +207,7 @@ void cg_openai_xfer_abort(cg_openai_xfer *x, cg_status st, const char *detail)
 
 /* Reports the head once: status and content type are known when the first body byte (or the
  * end) arrives. Returns 0, or -1 when the consumer aborts. */
-static int deliver_head(cg_openai_xfer *x)
+static int deliver_head(cg_upstream_xfer *x)
 {
     if (x->head_done) return 0;
     x->head_done = 1;
@@ -214,7 +215,7 @@ static int deliver_head(cg_openai_xfer *x)
     char *ct = NULL;
     curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &status);
     curl_easy_getinfo(x->easy, CURLINFO_CONTENT_TYPE, &ct);
-    if (x->h.on_head && x->h.on_head(x->arg, status, ct) == CG_OPENAI_ABORT) {
+    if (x->h.on_head && x->h.on_head(x->arg, status, ct) == CG_UPSTREAM_ABORT) {
         x->cb_abort = 1;
         return -1;
     }
@@ -223,16 +224,16 @@ static int deliver_head(cg_openai_xfer *x)
 
 static size_t on_write(char *data, size_t size, size_t nmemb, void *ud)
 {
-    cg_openai_xfer *x = ud;
+    cg_upstream_xfer *x = ud;
     size_t n = size * nmemb;
     x->last_ns = cg_now_ns();
     if (deliver_head(x) != 0) return 0; /* != n: curl ends the transfer (CURLE_WRITE_ERROR) */
-    int r = x->h.on_body ? x->h.on_body(x->arg, data, n) : CG_OPENAI_CONTINUE;
-    if (r == CG_OPENAI_PAUSE) {
+    int r = x->h.on_body ? x->h.on_body(x->arg, data, n) : CG_UPSTREAM_CONTINUE;
+    if (r == CG_UPSTREAM_PAUSE) {
         x->paused = 1;
         return CURL_WRITEFUNC_PAUSE;
     }
-    if (r == CG_OPENAI_ABORT) {
+    if (r == CG_UPSTREAM_ABORT) {
         x->cb_abort = 1;
         return 0;
     }
@@ -241,14 +242,14 @@ static size_t on_write(char *data, size_t size, size_t nmemb, void *ud)
 
 static size_t on_header(char *data, size_t size, size_t nmemb, void *ud)
 {
-    cg_openai_xfer *x = ud;
+    cg_upstream_xfer *x = ud;
     x->last_ns = cg_now_ns();
     return size * nmemb;
 }
 
 /* ---------------------------------------------------------------- multi thread */
 
-static void active_unlink(cg_openai *c, cg_openai_xfer *x)
+static void active_unlink(cg_upstream *c, cg_upstream_xfer *x)
 {
     if (x->prev)
         x->prev->next = x->next;
@@ -259,7 +260,7 @@ static void active_unlink(cg_openai *c, cg_openai_xfer *x)
 }
 
 /* Ends x: removes it from curl and the lists, calls on_done, drops the client's reference. */
-static void finish(cg_openai *c, cg_openai_xfer *x, cg_status st, const char *detail)
+static void finish(cg_upstream *c, cg_upstream_xfer *x, cg_status st, const char *detail)
 {
     long status = 0;
     curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &status);
@@ -268,7 +269,7 @@ static void finish(cg_openai *c, cg_openai_xfer *x, cg_status st, const char *de
     pthread_mutex_lock(&c->mu);
     x->done = 1;
     if (x->queued) { /* drop a request that will never be served */
-        for (cg_openai_xfer **pp = &c->attn; *pp; pp = &(*pp)->next_attn)
+        for (cg_upstream_xfer **pp = &c->attn; *pp; pp = &(*pp)->next_attn)
             if (*pp == x) {
                 *pp = x->next_attn;
                 break;
@@ -281,10 +282,10 @@ static void finish(cg_openai *c, cg_openai_xfer *x, cg_status st, const char *de
     c->in_flight--;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    cg_openai_xfer_release(&x);
+    cg_upstream_xfer_release(&x);
 }
 
-static void complete_transfer(cg_openai *c, cg_openai_xfer *x, CURLcode rc)
+static void complete_transfer(cg_upstream *c, cg_upstream_xfer *x, CURLcode rc)
 {
     char detail[CURL_ERROR_SIZE + 64];
     cg_status st;
@@ -315,10 +316,10 @@ static void complete_transfer(cg_openai *c, cg_openai_xfer *x, CURLcode rc)
 }
 
 /* Serves resume/cancel/abort requests taken from c->attn. */
-static void serve_requests(cg_openai *c, cg_openai_xfer *list)
+static void serve_requests(cg_upstream *c, cg_upstream_xfer *list)
 {
     while (list) {
-        cg_openai_xfer *x = list;
+        cg_upstream_xfer *x = list;
         list = x->next_attn;
         pthread_mutex_lock(&c->mu);
         int resume = x->want_resume, cancel = x->want_cancel;
@@ -341,9 +342,9 @@ static void serve_requests(cg_openai *c, cg_openai_xfer *list)
 }
 
 /* Idle timeouts, and transfers whose consumer no longer wants them (handlers.gone). */
-static void check_idle(cg_openai *c, uint64_t now)
+static void check_idle(cg_upstream *c, uint64_t now)
 {
-    for (cg_openai_xfer *x = c->active, *next; x; x = next) {
+    for (cg_upstream_xfer *x = c->active, *next; x; x = next) {
         next = x->next;
         if (x->h.gone && x->h.gone(x->arg)) {
             finish(c, x, CG_E_UNAVAILABLE, "cancelled");
@@ -362,7 +363,7 @@ static void check_idle(cg_openai *c, uint64_t now)
 #define REG_IDLE (1u << 31)
 
 /* Registers fd for events (0 = nothing) in epfd, with as few epoll_ctl calls as possible. */
-static void reg_set(cg_openai *c, int fd, uint32_t events)
+static void reg_set(cg_upstream *c, int fd, uint32_t events)
 {
     if (fd < 0) return;
     if ((size_t)fd >= c->n_reg) {
@@ -391,14 +392,14 @@ static void reg_set(cg_openai *c, int fd, uint32_t events)
  * socket closed since, which left epfd with its close. */
 static int on_sockopt(void *clientp, curl_socket_t fd, curlsocktype purpose)
 {
-    cg_openai *c = clientp;
+    cg_upstream *c = clientp;
     if (fd >= 0 && (size_t)fd < c->n_reg) c->reg[fd] = 0;
     return CURL_SOCKOPT_OK;
 }
 
 static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp, void *socketp)
 {
-    cg_openai *c = userp;
+    cg_upstream *c = userp;
     if (what == CURL_POLL_REMOVE) {
         /* A connection going back to curl's cache stays registered for reading, so using it
          * again costs nothing; one that was watched for writing is set to reading. */
@@ -418,19 +419,19 @@ static int on_socket(CURL *e, curl_socket_t fd, int what, void *userp, void *soc
 /* curl's single timer: -1 deletes it, 0 means "call me at once". */
 static int on_timer(CURLM *m, long timeout_ms, void *userp)
 {
-    cg_openai *c = userp;
+    cg_upstream *c = userp;
     c->timer_ns = timeout_ms < 0 ? 0 : cg_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     if (timeout_ms == 0) c->timer_ns = 1; /* in the past: due now */
     return 0;
 }
 
-static void read_done(cg_openai *c)
+static void read_done(cg_upstream *c)
 {
     CURLMsg *m;
     int left;
     while ((m = curl_multi_info_read(c->multi, &left))) {
         if (m->msg != CURLMSG_DONE) continue;
-        cg_openai_xfer *x = NULL;
+        cg_upstream_xfer *x = NULL;
         CURLcode rc = m->data.result;
         curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
         complete_transfer(c, x, rc);
@@ -439,20 +440,20 @@ static void read_done(cg_openai *c)
 
 static void *multi_main(void *arg)
 {
-    cg_openai *c = arg;
+    cg_upstream *c = arg;
     uint64_t last_idle_check = cg_now_ns();
     struct epoll_event evs[256];
     for (;;) {
         /* 1. New transfers and requests from other threads. */
         pthread_mutex_lock(&c->mu);
-        cg_openai_xfer *pend = c->pending, *attn = c->attn;
+        cg_upstream_xfer *pend = c->pending, *attn = c->attn;
         c->pending = c->pending_tail = NULL;
         c->attn = NULL;
         int stopping = c->stopping;
         pthread_mutex_unlock(&c->mu);
         uint64_t now = cg_now_ns();
         while (pend) {
-            cg_openai_xfer *x = pend;
+            cg_upstream_xfer *x = pend;
             pend = x->next_pending;
             x->last_ns = now;
             x->next = c->active;
@@ -523,7 +524,7 @@ static void *multi_main(void *arg)
 
 /* ---------------------------------------------------------------- public */
 
-cg_status cg_openai_open(const cg_openai_params *p, cg_openai **out)
+cg_status cg_upstream_open(const cg_upstream_params *p, cg_upstream **out)
 {
     *out = NULL;
     if (p->base_url && strncmp(p->base_url, "http://", 7) && strncmp(p->base_url, "https://", 8)) {
@@ -531,9 +532,9 @@ cg_status cg_openai_open(const cg_openai_params *p, cg_openai **out)
         return CG_E_VALUE;
     }
     pthread_once(&curl_once, curl_init_once);
-    cg_openai *c = cg_calloc(1, sizeof *c);
+    cg_upstream *c = cg_calloc(1, sizeof *c);
     c->p = *p;
-    c->base = p->base_url ? cg_openai_base_normalise(p->base_url) : NULL;
+    c->base = p->base_url ? cg_upstream_base_normalise(p->base_url) : NULL;
     c->p.base_url = c->base;
     c->p.api_key = NULL;
     c->p.worker_api_key = NULL;
@@ -582,7 +583,7 @@ cg_status cg_openai_open(const cg_openai_params *p, cg_openai **out)
     return CG_OK;
 }
 
-size_t cg_openai_in_flight(cg_openai *c)
+size_t cg_upstream_in_flight(cg_upstream *c)
 {
     pthread_mutex_lock(&c->mu);
     size_t n = c->in_flight;
@@ -590,7 +591,7 @@ size_t cg_openai_in_flight(cg_openai *c)
     return n;
 }
 
-size_t cg_openai_drain(cg_openai *c, uint64_t timeout_ms)
+size_t cg_upstream_drain(cg_upstream *c, uint64_t timeout_ms)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -605,7 +606,7 @@ size_t cg_openai_drain(cg_openai *c, uint64_t timeout_ms)
     return n;
 }
 
-void cg_openai_shutdown(cg_openai *c)
+void cg_upstream_shutdown(cg_upstream *c)
 {
     pthread_mutex_lock(&c->mu);
     int joined = c->joined;
@@ -617,12 +618,12 @@ void cg_openai_shutdown(cg_openai *c)
     pthread_join(c->thread, NULL);
 }
 
-void cg_openai_close(cg_openai **cp)
+void cg_upstream_close(cg_upstream **cp)
 {
-    cg_openai *c = *cp;
+    cg_upstream *c = *cp;
     if (!c) return;
     *cp = NULL;
-    cg_openai_shutdown(c);
+    cg_upstream_shutdown(c);
     for (size_t i = 0; i < c->n_spare; i++)
         curl_easy_cleanup(c->spare[i]);
     curl_multi_cleanup(c->multi);
@@ -637,7 +638,7 @@ void cg_openai_close(cg_openai **cp)
     free(c);
 }
 
-static struct curl_slist *base_headers(cg_openai *c, const char *request_id, int json_body,
+static struct curl_slist *base_headers(cg_upstream *c, const char *request_id, int json_body,
                                        int to_worker)
 {
     struct curl_slist *h = NULL;
@@ -654,7 +655,7 @@ static struct curl_slist *base_headers(cg_openai *c, const char *request_id, int
     return h;
 }
 
-static void set_common(cg_openai *c, CURL *e, const char *base, const char *path, char *url,
+static void set_common(cg_upstream *c, CURL *e, const char *base, const char *path, char *url,
                        size_t url_len)
 {
     snprintf(url, url_len, "%s%s", base, path);
@@ -671,31 +672,31 @@ static void set_common(cg_openai *c, CURL *e, const char *base, const char *path
 #endif
 }
 
-cg_status cg_openai_submit(cg_openai *c, const char *method, const char *path, char *body,
-                           size_t body_len, const char *request_id, const cg_openai_handlers *h,
-                           void *arg, cg_openai_xfer **ref)
+cg_status cg_upstream_submit(cg_upstream *c, const char *method, const char *path, char *body,
+                             size_t body_len, const char *request_id, const cg_upstream_handlers *h,
+                             void *arg, cg_upstream_xfer **ref)
 {
-    cg_openai_req r = {.method = method,
-                       .path = path,
-                       .body = body,
-                       .body_len = body_len,
-                       .request_id = request_id};
-    return cg_openai_submit_req(c, &r, h, arg, ref);
+    cg_upstream_req r = {.method = method,
+                         .path = path,
+                         .body = body,
+                         .body_len = body_len,
+                         .request_id = request_id};
+    return cg_upstream_submit_req(c, &r, h, arg, ref);
 }
 
-cg_status cg_openai_submit_req(cg_openai *c, const cg_openai_req *r, const cg_openai_handlers *h,
-                               void *arg, cg_openai_xfer **ref)
+cg_status cg_upstream_submit_req(cg_upstream *c, const cg_upstream_req *r,
+                                 const cg_upstream_handlers *h, void *arg, cg_upstream_xfer **ref)
 {
     if (ref) *ref = NULL;
     const char *method = r->method;
     char *body = r->body;
     size_t body_len = r->body_len;
-    char *base = r->base ? cg_openai_base_normalise(r->base) : NULL;
+    char *base = r->base ? cg_upstream_base_normalise(r->base) : NULL;
     if (!base && !c->base) {
         free(body);
         return CG_E_VALUE;
     }
-    cg_openai_xfer *x = cg_calloc(1, sizeof *x);
+    cg_upstream_xfer *x = cg_calloc(1, sizeof *x);
     x->c = c;
     x->h = *h;
     x->arg = arg;
@@ -756,8 +757,8 @@ static size_t discard(char *data, size_t size, size_t nmemb, void *ud)
     return size * nmemb;
 }
 
-cg_status cg_openai_probe(cg_openai *c, long timeout_ms, long *http_status, char *err,
-                          size_t errlen)
+cg_status cg_upstream_probe(cg_upstream *c, long timeout_ms, long *http_status, char *err,
+                            size_t errlen)
 {
     *http_status = 0;
     CURL *e = curl_easy_init();
