@@ -757,8 +757,8 @@ static size_t discard(char *data, size_t size, size_t nmemb, void *ud)
     return size * nmemb;
 }
 
-cg_status cg_upstream_probe(cg_upstream *c, long timeout_ms, long *http_status, char *err,
-                            size_t errlen)
+cg_status cg_upstream_probe(cg_upstream *c, const char *path, long timeout_ms, long *http_status,
+                            char *err, size_t errlen)
 {
     *http_status = 0;
     CURL *e = curl_easy_init();
@@ -772,7 +772,7 @@ cg_status cg_upstream_probe(cg_upstream *c, long timeout_ms, long *http_status, 
         curl_easy_cleanup(e);
         return CG_E_UNAVAILABLE;
     }
-    set_common(c, e, c->base, "/v1/models", url, sizeof url);
+    set_common(c, e, c->base, path, url, sizeof url);
     struct curl_slist *h = base_headers(c, NULL, 0, 0);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);

@@ -129,11 +129,13 @@ void cg_upstream_xfer_abort(cg_upstream_xfer *x, cg_status st, const char *detai
 /* Gives back a reference from cg_upstream_submit; accepts NULL; sets *x to NULL. */
 void cg_upstream_xfer_release(cg_upstream_xfer **x);
 
-/* Blocking probe for readiness: GET {base}/v1/models with timeout_ms for the whole exchange.
- * Returns CG_OK when the backend answered with an HTTP status below 500 (*http_status set),
- * CG_E_UNAVAILABLE / CG_E_TIMEOUT / CG_E_BAD_GATEWAY otherwise, with a message in err. */
-cg_status cg_upstream_probe(cg_upstream *c, long timeout_ms, long *http_status, char *err,
-                            size_t errlen) CG_WUR;
+/* Blocking probe for readiness, off the multi thread: GET {base}{path} (path borrowed) with
+ * timeout_ms for the whole exchange, the body discarded. Returns CG_OK when the backend
+ * answered with an HTTP status below 500 (*http_status set), CG_E_UNAVAILABLE /
+ * CG_E_TIMEOUT / CG_E_BAD_GATEWAY otherwise, with a message in err. What to probe is the
+ * caller's: backends/openai.h probes an OpenAI-compatible backend. */
+cg_status cg_upstream_probe(cg_upstream *c, const char *path, long timeout_ms, long *http_status,
+                            char *err, size_t errlen) CG_WUR;
 
 /* The normalised base URL (borrowed, lives as long as c), or NULL when it has none. */
 const char *cg_upstream_base_url(const cg_upstream *c);

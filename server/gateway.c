@@ -9,6 +9,7 @@
 #include "server/infer.h"
 #include "server/relay.h"
 #include "server/statuspage.h"
+#include "backends/openai.h"
 #include "base/remote.h"
 
 #include <errno.h>
@@ -60,7 +61,7 @@ static void h_readyz(cg_http_req *req, void *app)
         /* Probing under the lock makes concurrent checks share one probe. */
         long http = 0;
         g->ready_st =
-            cg_upstream_probe(g->client, READY_PROBE_MS, &http, g->ready_msg, sizeof g->ready_msg);
+            cg_openai_probe(g->client, READY_PROBE_MS, &http, g->ready_msg, sizeof g->ready_msg);
         g->ready_at_ms = cg_now_ms();
     }
     cg_status st = g->ready_st;
