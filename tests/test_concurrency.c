@@ -228,13 +228,7 @@ END_TEST
  * request sent; returns the socket. */
 static int stalled_stream(int port, int max_tokens)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(fd, 0);
-    int small = 4096;
-    ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    int fd = th_connect_small_rcvbuf(port);
     /* top logprobs make each event large, so the socket buffers fill within seconds */
     json_t *j =
         json_pack("{s:s, s:i, s:f, s:b, s:i}", "prompt", "Plain prompt about the harbour",

@@ -78,18 +78,6 @@ static int read_events(int port, char *after, tev *v, int cap)
     return n;
 }
 
-static long long redis_int(int port, const char *cmd)
-{
-    redisContext *c = th_redis_connect(port);
-    ck_assert(c && !c->err);
-    redisReply *r = redisCommand(c, cmd);
-    ck_assert(r && r->type == REDIS_REPLY_INTEGER);
-    long long v = r->integer;
-    freeReplyObject(r);
-    redisFree(c);
-    return v;
-}
-
 /* ---- processes ------------------------------------------------------------------------------ */
 
 typedef struct setup {
@@ -393,7 +381,7 @@ START_TEST(test_trimmed_stream_resync_on_restart)
     for (int i = 6; i < 30; i++)
         ck_assert_int_eq(ask(s.ga.port, 1000 + i, NULL), 200);
     /* everything B has not read goes, then a few newer events */
-    long long trimmed = redis_int(s.redis.port, "XTRIM " STREAM " MAXLEN 0");
+    long long trimmed = th_redis_int(s.redis.port, "XTRIM " STREAM " MAXLEN 0");
     ck_assert(trimmed > 0);
     for (int i = 30; i < 34; i++)
         ck_assert_int_eq(ask(s.ga.port, 1000 + i, NULL), 200);

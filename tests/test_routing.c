@@ -149,13 +149,7 @@ static int load_in_range(void *arg)
  * the request stays admitted there while the socket is open. Returns the socket. */
 static int held_stream(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(fd, 0);
-    int small = 4096;
-    ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    int fd = th_connect_small_rcvbuf(port);
     /* top logprobs make each event large, so the buffers on the way fill long before the end */
     char *b = th_dumps(json_pack("{s:s, s:s, s:i, s:f, s:b, s:i}", "model", "chunkgate-tiny",
                                  "prompt", "Plain prompt about the harbour", "max_tokens", 30000,

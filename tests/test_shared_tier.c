@@ -51,18 +51,6 @@ static void start_redis(th_proc *p, int port)
     th_redis_spawn(p, g_redis_server, port, extra);
 }
 
-static long long redis_int(int port, const char *cmd)
-{
-    redisContext *c = th_redis_connect(port);
-    ck_assert(c && !c->err);
-    redisReply *r = redisCommand(c, cmd);
-    ck_assert(r && r->type == REDIS_REPLY_INTEGER);
-    long long v = r->integer;
-    freeReplyObject(r);
-    redisFree(c);
-    return v;
-}
-
 /* The value under name (caller frees); NULL when missing. */
 static char *redis_get(int port, const char *name, size_t *len)
 {
@@ -301,8 +289,8 @@ START_TEST(test_single_node_share)
     start_redis(&redis, th_free_port());
     share_between_workers(redis.port, remote_url(redis.port), 0);
     /* the chunks' values, and the workers' chunk events (on by default with --remote) */
-    ck_assert_int_eq(redis_int(redis.port, "EXISTS chunkgate:events"), 1);
-    ck_assert_int_eq(redis_int(redis.port, "DBSIZE"), 7 * KV_HEADS + 1);
+    ck_assert_int_eq(th_redis_int(redis.port, "EXISTS chunkgate:events"), 1);
+    ck_assert_int_eq(th_redis_int(redis.port, "DBSIZE"), 7 * KV_HEADS + 1);
     /* no TTL unless asked for: memory is Redis's job (maxmemory + allkeys-lru) */
     redisContext *rc = th_redis_connect(redis.port);
     redisReply *k = redisCommand(rc, "RANDOMKEY");
@@ -364,7 +352,7 @@ START_TEST(test_cluster_share)
     /* the 28 keys are spread over the three masters, and the stream of chunk events is on one */
     long long total = 0;
     for (int i = 0; i < 3; i++) {
-        long long n = redis_int(base + i, "DBSIZE");
+        long long n = th_redis_int(base + i, "DBSIZE");
         ck_assert_msg(n > 0, "master %d holds no key", base + i);
         total += n;
     }
@@ -444,11 +432,11 @@ START_TEST(test_corrupt_values_are_misses)
     char cmd[300];
     head_name(oa.key[1], 0, name, sizeof name); /* rewritten by c, with its TTL */
     snprintf(cmd, sizeof cmd, "TTL %s", name);
-    long long ttl = redis_int(redis.port, cmd);
+    long long ttl = th_redis_int(redis.port, cmd);
     ck_assert_msg(ttl > 3000 && ttl <= 3600, "TTL %lld", ttl);
     head_name(oa.key[0], 0, name, sizeof name); /* written by a, without */
     snprintf(cmd, sizeof cmd, "TTL %s", name);
-    ck_assert_int_eq(redis_int(redis.port, cmd), -1);
+    ck_assert_int_eq(th_redis_int(redis.port, cmd), -1);
     start_worker(&d, "corrupt-d", e);
     outcome od = ask(&d, docs, 5, 1);
     ck_assert_int_eq(count_tier(&od, "remote"), 6);
@@ -529,7 +517,7 @@ START_TEST(test_redis_down_and_slow)
         ask_texts(&a, texts, 1, 1);
         th_sleep_ms(100);
         /* a chunk's value, not only the chunk events (their client reconnects sooner) */
-        written = redis_int(port, "DBSIZE") - redis_int(port, "EXISTS chunkgate:events") > 0;
+        written = th_redis_int(port, "DBSIZE") - th_redis_int(port, "EXISTS chunkgate:events") > 0;
     }
     ck_assert_msg(written, "nothing reached Redis after it came back");
     ck_assert_double_gt(metric(&a, "chunkgate_worker_remote_reconnects_total"), 0);
@@ -552,7 +540,7 @@ START_TEST(test_redis_down_and_slow)
     char name[256], cmd[300];
     head_name(oc.key[1], 0, name, sizeof name);
     snprintf(cmd, sizeof cmd, "EXISTS %s", name);
-    ck_assert_int_eq(redis_int(port, cmd), 0);
+    ck_assert_int_eq(th_redis_int(port, cmd), 0);
     ck_assert_int_eq(th_stop(&c, SIGTERM), 0);
 
     /* slow (stopped): a fresh worker's request with five remote chunks pays one failed read and

@@ -403,6 +403,9 @@ int th_port_free(int port);
 int th_listen_silent(int *port);
 /* A connected TCP socket to 127.0.0.1:port, or -1. */
 int th_connect(int port);
+/* A loopback connection to port whose receive buffer is 4 KiB (a client that reads slowly or
+ * not at all fills it at once). Asserts. */
+int th_connect_small_rcvbuf(int port);
 /* Sends all n bytes; returns 0 or -1. */
 int th_send_all(int fd, const void *p, size_t n);
 /* Reads until the peer closes, timeout_ms passes or max bytes came; returns the bytes (caller
@@ -445,6 +448,8 @@ char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char 
 typedef struct redisContext redisContext;
 /* A connection to the redis-server on loopback port with 2 s timeouts (check ->err). */
 redisContext *th_redis_connect(int port);
+/* The integer reply of the command cmd (no arguments to format) on port. Asserts. */
+long long th_redis_int(int port, const char *cmd);
 /* 1 when the redis-server on port answers PING. */
 int th_redis_up(int port);
 /* Starts `server` (a redis-server binary) on loopback port as the test's th_proc (kill -9 and

@@ -109,6 +109,17 @@ int th_connect(int port)
     return fd;
 }
 
+int th_connect_small_rcvbuf(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    int small = 4096;
+    ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+    struct sockaddr_in sa = loopback(port);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    return fd;
+}
+
 int th_send_all(int fd, const void *p, size_t n)
 {
     const char *c = p;

@@ -46,3 +46,15 @@ void th_redis_spawn(th_proc *p, const char *server, int port, const char *const 
     ck_assert_msg(th_redis_up(port), "redis-server on %d did not start", port);
     p->port = port;
 }
+
+long long th_redis_int(int port, const char *cmd)
+{
+    redisContext *c = th_redis_connect(port);
+    ck_assert(c && !c->err);
+    redisReply *r = redisCommand(c, cmd);
+    ck_assert(r && r->type == REDIS_REPLY_INTEGER);
+    long long v = r->integer;
+    freeReplyObject(r);
+    redisFree(c);
+    return v;
+}
