@@ -4,7 +4,9 @@
 # The gateway runs the main path: it assembles each "# #" request's KV on the worker and
 # completes it there (no --backend: the chosen worker answers).
 # Environment: CG_MODEL (a Hugging Face checkpoint directory: config.json, *.safetensors,
-# tokenizer.json, tokenizer_config.json; default: the generated tiny model in CG_DATA/model),
+# tokenizer.json, tokenizer_config.json; default: models/chunkgate-rag, the small model trained
+# by train/ to answer questions over documents, where it is committed, else the generated
+# random-weight tiny model in CG_DATA/model; CG_MODEL=tiny: always the tiny model),
 # CG_LISTEN (gateway, default 127.0.0.1:8080), CG_WORKER_LISTEN (default 127.0.0.1:8081),
 # CG_DATA (default ./data), CG_POOL_MB (default 256).
 set -euo pipefail
@@ -19,13 +21,19 @@ listen=${CG_LISTEN:-127.0.0.1:8080}
 wlisten=${CG_WORKER_LISTEN:-127.0.0.1:8081}
 data=${CG_DATA:-./data}
 mkdir -p "$data/worker" "$data/gateway"
-if [ -n "${CG_MODEL:-}" ]; then
-    mdir=$CG_MODEL
-    [ -f "$mdir/config.json" ] || { echo "CG_MODEL=$mdir has no config.json" >&2; exit 1; }
-else
+model_choice=${CG_MODEL:-}
+if [ -z "$model_choice" ]; then
+    model_choice=tiny
+    [ -f models/chunkgate-rag/config.json ] && model_choice=models/chunkgate-rag
+fi
+case "$model_choice" in
+tiny)
     mdir=$data/model
     [ -f "$mdir/config.json" ] || build/worker/chunkgate-worker generate-model --out "$mdir"
-fi
+    ;;
+*) mdir=$model_choice ;;
+esac
+[ -f "$mdir/config.json" ] || { echo "$mdir has no config.json" >&2; exit 1; }
 
 build/worker/chunkgate-worker serve --model "$mdir" --listen "$wlisten" \
     --data-dir "$data/worker" --pool-mb "${CG_POOL_MB:-256}" &

@@ -70,15 +70,12 @@ class Llama(torch.nn.Module):
         ang = torch.cat([ang, ang], dim=-1)
         self.register_buffer("cos", ang.cos().float(), persistent=False)
         self.register_buffer("sin", ang.sin().float(), persistent=False)
-        # weights drawn with std 1/sqrt(fan-in) (residual outputs scaled down by the depth), the
-        # embeddings with 0.02 (tied: they are also the output layer); a narrow model drawn
-        # at GPT-2's 0.02 everywhere starts with flat attention and sits long on a plateau
-        torch.nn.init.normal_(self.embed.weight, std=0.02)
-        # one direction shared by every embedding: a content-free component of the residual
-        # stream from which attention can rank positions (RoPE) before it has learned any
-        # content, which shortens the plateau before copying heads form
-        with torch.no_grad():
-            self.embed.weight += 0.05 * torch.randn(1, d)
+        # weights drawn with std 1/sqrt(fan-in) (residual outputs scaled down by the depth);
+        # the embeddings (tied: also the output layer) with std c["embed_std"]: at GPT-2's
+        # 0.02 a narrow model starts with token identities too faint for attention to match
+        # on, and sits for a thousand steps or more on the plateau before copying heads form;
+        # at 1.0 they form several times sooner (train/README.md)
+        torch.nn.init.normal_(self.embed.weight, std=c.get("embed_std", 1.0))
         for L in self.layers:
             for lin in (L.q, L.k, L.v, L.gate, L.up):
                 torch.nn.init.normal_(lin.weight, std=d ** -0.5)
@@ -263,7 +260,7 @@ def batches(tok, rng, n, block_frac, ctx_w, docs_at, copy_at, group=8):
             if rng.random() < copy_at():
                 rows.append(copy_row(tok, rng))
                 continue
-            ex = world.example(rng, "train", max_docs=docs_at(), extra=rng.randint(0, 3))
+            ex = world.example(rng, "train", max_docs=docs_at(), extra=rng.randint(2, 6))
             rows.append(encode_turns(tok, ex))
         rows.sort(key=lambda r: len(r[0]))
         order = list(range(group))
@@ -332,7 +329,7 @@ def write_checkpoint(out, model, tok, log, args):
            "tie_word_embeddings": True, "torch_dtype": "bfloat16",
            "bos_token_id": None, "eos_token_id": tok.id("<|im_end|>"),
            "pad_token_id": tok.id("<|endoftext|>"), "rope_scaling": None}
-    cfg.update(c)
+    cfg.update({k: v for k, v in c.items() if k != "embed_std"})
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     with open(os.path.join(out, "generation_config.json"), "w") as f:
@@ -400,12 +397,12 @@ def write_card(out, log, model):
                  model.c["intermediate_size"], model.c["vocab_size"], model.c["rope_theta"],
                  n_params / 1e6),
              "- Data (`train/world.py`, drawn fresh for every batch from the seed): a world of "
-             "people, companies and cities; each training example is 2-6 documents (growing over "
+             "people, companies and cities; each training example is 1-6 documents (growing over "
              "the first %d%% of the run; a person's city, employer, job and age; a company's "
              "city, product and founding year, in varied sentences with filler), shuffled, under "
              "one of several system prompts, and one question: single-hop, two-hop (a person's "
              "employer's city or product), comparison (ages, founding years) or about someone in "
-             "no document (\"unknown\"), then 0-3 more single-hop questions as further turns; "
+             "no document (\"unknown\"), then 2-6 more single-hop questions as further turns; "
              "some sequences are copying sequences (train/README.md). The "
              "sequence is what chunkgate-worker computes for a chat request with `documents` "
              "under the ChatML template: each segment tokenized on its own. The loss weights the "
@@ -457,10 +454,15 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--context-weight", type=float, default=0.25)
-    ap.add_argument("--copy-warmup", type=float, default=0.3,
+    ap.add_argument("--copy-steps", type=int, default=3000,
+                    help="at most this many first steps on copying sequences alone, until their "
+                         "loss is under 1 nat (none with --init)")
+    ap.add_argument("--copy-warmup", type=float, default=0.0,
                     help="share of the run whose batches are a third copying sequences")
+    ap.add_argument("--embed-std", type=float, default=1.0,
+                    help="standard deviation of the initial embeddings")
     ap.add_argument("--curriculum", type=float, default=0.3,
-                    help="share of the run over which prompts grow from 2 to 6 documents")
+                    help="share of the run over which prompts grow from 1 to 6 documents")
     ap.add_argument("--block-mask", type=float, default=0.0,
                     help="share of batches trained under the chunk-isolating mask")
     ap.add_argument("--init", help="fine-tune this checkpoint directory (its tokenizer too)")
@@ -482,7 +484,7 @@ def main(argv=None):
             texts += world.segments(ex) + [ex["answer"]]
         tok = bpe.Tokenizer(bpe.train(texts, CONFIG["vocab_size"]))
     print("tokenizer: %d tokens (%.0f s)" % (len(tok), time.time() - t0), flush=True)
-    model = Llama(dict(CONFIG))
+    model = Llama(dict(CONFIG, embed_std=args.embed_std))
     if args.init:
         load_into(model, os.path.join(args.init, "model.safetensors"))
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -494,17 +496,28 @@ def main(argv=None):
     log = {"args": vars(args), "config": CONFIG, "loss": [], "probe": []}
     run = 0.0
     step = 0
-    # the curriculum: prompts of 2 documents at first, 6 from --curriculum of the run on
-    docs_at = lambda: min(6, 2 + int(4 * step / max(1, args.curriculum * args.steps)))  # noqa: E731
+    # the curriculum: prompts of 1 document at first, 6 from --curriculum of the run on
+    # (counted from the end of the copying stage)
+    rag0 = 0
+    docs_at = lambda: min(6, 1 + int(5 * (step - rag0) / max(1, args.curriculum * args.steps)))  # noqa: E731
     # copying sequences: a third of the batches early in the run, then one in ten
+    # first a stage of copying sequences alone (twice the rows: they are short), until the
+    # loss of the repeat averages under 1 nat or --copy-steps pass
+    copying = not args.init and args.copy_steps > 0
     copy_at = lambda: 0.33 if step < args.copy_warmup * args.steps else 0.1  # noqa: E731
+    copy_feed = batches(tok, rng, 2 * args.batch, 0, args.context_weight, docs_at, lambda: 1.0)
     feed = batches(tok, rng, args.batch, args.block_mask, args.context_weight, docs_at, copy_at)
     for step in range(1, args.steps + 1):
         lr = args.lr * min(1.0, step / args.warmup) * \
             (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
-        ids, m, w = next(feed)
+        if copying and (step > args.copy_steps or (step > 50 and run < 1.0)):
+            copying = False
+            rag0 = step - 1
+            log["copy_stage_steps"] = rag0
+            print("copy stage done after %d steps" % (step - 1), flush=True)
+        ids, m, w = next(copy_feed if copying else feed)
         logits = model(ids[:, :-1], m[:, :-1, :-1])
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
                              reduction="none")

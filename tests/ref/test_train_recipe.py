@@ -75,6 +75,85 @@ console.log(JSON.stringify(texts.map((t) => tok.encode(t, {add_special_tokens: f
     return json.loads(out.stdout)
 
 
+def check_model(binary, d, tmp, errors, answers=0):
+    """The worker's view of checkpoint d: architecture and chat template, /tokenize against the
+    recipe's encoder and @lenml/tokenizers, prompt logprobs against the torch reference and the
+    trainer's own model; with answers > 0, that many held-out single-hop questions asked through
+    the worker's chat API (greedy), whose share answered right is returned."""
+    name = os.path.basename(os.path.normpath(d))
+    tok = bpe.load(os.path.join(d, "tokenizer.json"))
+    corpus = world.Corpus(3)
+    texts = []
+    for k in world.KINDS:
+        ex = corpus.ask(k)
+        texts += world.segments(ex) + [ex["answer"]]
+    texts += ["Plain text, numbers 1234 and 56, it's here; don't stop!\n\n  spaced  out  ",
+              "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"]
+    wdir = tempfile.mkdtemp(prefix="w_", dir=tmp)
+    w = P.Worker(binary, d, wdir, 64)
+    right = 0
+    try:
+        info = w.call("GET", "/v1/info")
+        if info["architecture"] != "LlamaForCausalLM" or not info.get("chat_template"):
+            errors.append("%s: /v1/info: %s, chat template %r" % (name, info["architecture"],
+                                                                  info.get("chat_template")))
+        mine = [tok.encode(t) for t in texts]
+        theirs = [w.call("POST", "/tokenize", {"prompt": t, "add_special_tokens": False})["tokens"]
+                  for t in texts]
+        for t, a, b in zip(texts, mine, theirs):
+            if a != b:
+                errors.append("%s: tokens of %r: recipe %s, worker %s" % (name, t[:40], a[:12],
+                                                                          b[:12]))
+        ref = lenml_ids(d, texts)
+        if ref is None:
+            print("@lenml/tokenizers is not installed (npm ci in tests/ref): compared with "
+                  "the recipe's encoder only")
+        else:
+            for t, a, b in zip(texts, mine, ref):
+                if a != b:
+                    errors.append("%s: tokens of %r: recipe %s, @lenml/tokenizers %s"
+                                  % (name, t[:40], a[:12], b[:12]))
+        ids = rag_prompt(d, P.PROMPT_TOKENS)
+        res = w.call("POST", "/v1/completions",
+                     {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1,
+                      "temperature": 0, "return_tokens_as_token_ids": True})
+        got = res["choices"][0]["logprobs"]["token_logprobs"][1:len(ids)]
+        qs = world.Corpus(11)
+        for _ in range(answers):
+            ex = qs.ask("single")
+            body = {"messages": [{"role": "system", "content": ex["system"]},
+                                 {"role": "user", "content": ex["question"]}],
+                    "documents": ex["documents"],
+                    "max_tokens": 24, "temperature": 0}
+            out = w.call("POST", "/v1/chat/completions", body)
+            right += out["choices"][0]["message"]["content"].strip() == ex["answer"]
+    finally:
+        rc = w.stop()
+    if rc != 0:
+        errors.append("%s: the worker exited with %d" % (name, rc))
+    x = torch.tensor(ids)
+    with torch.no_grad():
+        ref = H.Model(d, torch.float64).forward(ids)
+        m = train.Llama(dict(train.CONFIG))
+        train.load_into(m, os.path.join(d, "model.safetensors"))
+        own = torch.log_softmax(m(x[None], train.masks([0] * len(ids), len(ids), None)[None])[0]
+                                .double(), -1)
+    worst_ref = max(abs(g - float(ref[i, ids[i + 1]])) for i, g in enumerate(got))
+    worst_own = max(abs(g - float(own[i, ids[i + 1]])) for i, g in enumerate(got))
+    print("%s: %d prompt tokens: max |Δ logprob| worker vs reference %.2e, vs the trainer's "
+          "model %.2e" % (name, len(ids), worst_ref, worst_own))
+    if worst_ref > TOL or worst_own > TOL:
+        errors.append("%s: logprobs differ: %.3g vs the reference, %.3g vs the trainer's model"
+                      % (name, worst_ref, worst_own))
+    return right / answers if answers else None
+
+
+# the committed checkpoints (train/README.md) and the least share of held-out single-hop
+# questions each must answer right through the worker
+COMMITTED = (("chunkgate-rag", 0.8), ("chunkgate-rag-block", 0.8))
+ANSWERS = 20
+
+
 def main():
     binary = os.environ.get("CHUNKGATE_WORKER_BIN")
     if not binary:
@@ -90,59 +169,18 @@ def main():
                   "generation_config.json", "README.md", "train_log.json", "loss.svg"):
             if not os.path.isfile(os.path.join(d, f)):
                 errors.append("the recipe wrote no %s" % f)
-        tok = bpe.load(os.path.join(d, "tokenizer.json"))
-        corpus = world.Corpus(3)
-        texts = []
-        for k in world.KINDS:
-            ex = corpus.ask(k)
-            texts += world.segments(ex) + [ex["answer"]]
-        texts += ["Plain text, numbers 1234 and 56, it's here; don't stop!\n\n  spaced  out  ",
-                  "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"]
-        os.makedirs(os.path.join(tmp, "w"))
-        w = P.Worker(binary, d, os.path.join(tmp, "w"), 64)
-        try:
-            info = w.call("GET", "/v1/info")
-            if info["architecture"] != "LlamaForCausalLM" or not info.get("chat_template"):
-                errors.append("/v1/info: %s, chat template %r" % (info["architecture"],
-                                                                  info.get("chat_template")))
-            mine = [tok.encode(t) for t in texts]
-            theirs = [w.call("POST", "/tokenize", {"prompt": t, "add_special_tokens": False})["tokens"]
-                      for t in texts]
-            for t, a, b in zip(texts, mine, theirs):
-                if a != b:
-                    errors.append("tokens of %r: recipe %s, worker %s" % (t[:40], a[:12], b[:12]))
-            ref = lenml_ids(d, texts)
-            if ref is None:
-                print("@lenml/tokenizers is not installed (npm ci in tests/ref): compared with "
-                      "the recipe's encoder only")
-            else:
-                for t, a, b in zip(texts, mine, ref):
-                    if a != b:
-                        errors.append("tokens of %r: recipe %s, @lenml/tokenizers %s"
-                                      % (t[:40], a[:12], b[:12]))
-            ids = rag_prompt(d, P.PROMPT_TOKENS)
-            res = w.call("POST", "/v1/completions",
-                         {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 1,
-                          "temperature": 0, "return_tokens_as_token_ids": True})
-            got = res["choices"][0]["logprobs"]["token_logprobs"][1:len(ids)]
-        finally:
-            rc = w.stop()
-        if rc != 0:
-            errors.append("the worker exited with %d" % rc)
-        x = torch.tensor(ids)
-        with torch.no_grad():
-            ref = H.Model(d, torch.float64).forward(ids)
-            m = train.Llama(dict(train.CONFIG))
-            train.load_into(m, os.path.join(d, "model.safetensors"))
-            own = torch.log_softmax(m(x[None], train.masks([0] * len(ids), len(ids), None)[None])[0]
-                                    .double(), -1)
-        worst_ref = max(abs(g - float(ref[i, ids[i + 1]])) for i, g in enumerate(got))
-        worst_own = max(abs(g - float(own[i, ids[i + 1]])) for i, g in enumerate(got))
-        print("%d prompt tokens: max |Δ logprob| worker vs reference %.2e, vs the trainer's model "
-              "%.2e" % (len(ids), worst_ref, worst_own))
-        if worst_ref > TOL or worst_own > TOL:
-            errors.append("logprobs differ: %.3g vs the reference, %.3g vs the trainer's model"
-                          % (worst_ref, worst_own))
+        check_model(binary, d, tmp, errors)
+        for name, least in COMMITTED:
+            cd = os.path.join(ROOT, "models", name)
+            if not os.path.isfile(os.path.join(cd, "model.safetensors")):
+                print("models/%s is not committed: not checked" % name)
+                continue
+            acc = check_model(binary, cd, tmp, errors, ANSWERS)
+            print("models/%s: %d of %d held-out single-hop questions answered right through the "
+                  "worker" % (name, round(acc * ANSWERS), ANSWERS))
+            if acc < least:
+                errors.append("models/%s answers %.0f%% of single-hop questions, under %.0f%%"
+                              % (name, 100 * acc, 100 * least))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for e in errors:
