@@ -407,15 +407,19 @@ START_TEST(test_several_sources)
     const char *ok_pulls = "chunkgate_worker_kv_pulls_total{result=\"ok\"}";
     double pulls0 = metric(&multi, ok_pulls);
     double kv0[2] = {metric(&src, KV_REQUESTS), metric(&src2, KV_REQUESTS)};
-    int used[2] = {0, 0};
-    for (int i = 0; i < 8; i++) {
-        char prompt[300];
-        snprintf(prompt, sizeof prompt,
-                 "Pull system. # # Pull document %d: the ferry leaves pier %d at dawn. # # Which "
-                 "pier?",
-                 i, 2 + i);
+    /* Each request its own system prompt: nothing is cached across them, so every one is
+     * routed cold, by load (none: they run one at a time) and then by its document's key. */
+    enum { N = 8 };
+    char prompt[N][300];
+    char *text[N];
+    int used[2] = {0, 0}, by[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(prompt[i], sizeof prompt[i],
+                 "Pull system %d. # # Pull document %d: the ferry leaves pier %d at dawn. # # "
+                 "Which pier?",
+                 i, i, 2 + i);
         json_t *r = th_call(gw.port, "POST", "/v1/completions",
-                            json_pack("{s:s, s:s, s:i, s:f}", "model", model, "prompt", prompt,
+                            json_pack("{s:s, s:s, s:i, s:f}", "model", model, "prompt", prompt[i],
                                       "max_tokens", 8, "temperature", 0.0),
                             NULL, 200);
         json_t *cc = json_object_get(r, "chunk_cache");
@@ -425,20 +429,26 @@ START_TEST(test_several_sources)
         int k = !strcmp(w, src.url) ? 0 : !strcmp(w, src2.url) ? 1 : -1;
         ck_assert_msg(k >= 0, "routed to %s, not a source", w);
         used[k]++;
-        /* the assembling source computing the same prompt itself (another salt: no reuse) */
-        json_t *direct = call(k ? &src2 : &src, "POST", "/v1/completions",
-                              json_pack("{s:s, s:i, s:f, s:s}", "prompt", prompt, "max_tokens", 8,
-                                        "temperature", 0.0, "cache_salt", "direct"),
-                              200);
-        ck_assert_str_eq(th_sget(choice0(r), "text"), th_sget(choice0(direct), "text"));
-        json_decref(direct);
+        by[i] = k;
+        text[i] = cg_strdup(th_sget(choice0(r), "text"));
         json_decref(r);
+    }
+    /* the assembling source computing the same prompt itself (another salt: no reuse), after
+     * the routed requests so that it adds no load while they are routed */
+    for (int i = 0; i < N; i++) {
+        json_t *direct = call(by[i] ? &src2 : &src, "POST", "/v1/completions",
+                              json_pack("{s:s, s:i, s:f, s:s}", "prompt", prompt[i], "max_tokens",
+                                        8, "temperature", 0.0, "cache_salt", "direct"),
+                              200);
+        ck_assert_str_eq(text[i], th_sget(choice0(direct), "text"));
+        json_decref(direct);
+        free(text[i]);
     }
     free(model);
     ck_assert_msg(used[0] > 0 && used[1] > 0, "the cold requests did not spread (%d/%d)", used[0],
                   used[1]);
     /* every answer was decoded on multi from a pull of the source that assembled it */
-    ck_assert_double_eq(metric(&multi, ok_pulls) - pulls0, 8);
+    ck_assert_double_eq(metric(&multi, ok_pulls) - pulls0, N);
     ck_assert_double_eq(metric(&src, KV_REQUESTS) - kv0[0], used[0]);
     ck_assert_double_eq(metric(&src2, KV_REQUESTS) - kv0[1], used[1]);
 
