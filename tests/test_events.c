@@ -610,13 +610,7 @@ int main(void)
     /* the cluster's nodes are daemons: stop them even when a check failed half-way */
     (void)cluster_script("stop", 0);
     /* a sanitizer report in any worker's or gateway's log fails the suite */
-    char cmd[600];
-    snprintf(cmd, sizeof cmd,
-             "grep -l -E 'AddressSanitizer|LeakSanitizer|runtime error:' %s/*.log >&2", th_root());
-    if (system(cmd) == 0) {
-        fprintf(stderr, "sanitizer reports in the logs above\n");
-        failed++;
-    }
+    failed += th_logs_have_sanitizer_reports();
     th_cleanup(failed != 0);
     return failed ? 1 : 0;
 }

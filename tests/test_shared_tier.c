@@ -727,13 +727,7 @@ int main(void)
     snprintf(dir, sizeof dir, "%s/cluster", th_root());
     (void)run_script("stop", dir, 0);
     /* a sanitizer report in any worker's or gateway's log fails the suite */
-    char cmd[600];
-    snprintf(cmd, sizeof cmd,
-             "grep -l -E 'AddressSanitizer|LeakSanitizer|runtime error:' %s/*.log >&2", th_root());
-    if (system(cmd) == 0) {
-        fprintf(stderr, "sanitizer reports in the logs above\n");
-        failed++;
-    }
+    failed += th_logs_have_sanitizer_reports();
     th_cleanup(failed != 0);
     return failed ? 1 : 0;
 }

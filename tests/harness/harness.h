@@ -75,6 +75,9 @@ char *th_path(char *out, size_t n, const char *name);
 /* Removes the temporary directory unless keep is set or CG_KEEP_TMP is in the environment
  * (then it names the directory on stderr). */
 void th_cleanup(int keep);
+/* 1 when a log file (*.log) in the temporary directory holds an ASan, LSan or UBSan report
+ * (the files are named on stderr), else 0: a suite's programs' reports fail the suite. */
+int th_logs_have_sanitizer_reports(void);
 
 /* A new directory /tmp/cg_<name>_XXXXXX for a unit suite; aborts on failure. Caller frees the
  * path (and removes the directory with th_rmrf). */

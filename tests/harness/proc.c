@@ -67,6 +67,16 @@ void th_rmrf(const char *path)
     nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+int th_logs_have_sanitizer_reports(void)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd,
+             "grep -l -E 'AddressSanitizer|LeakSanitizer|runtime error:' %s/*.log >&2", th_root());
+    if (system(cmd) != 0) return 0;
+    fprintf(stderr, "sanitizer reports in the logs above\n");
+    return 1;
+}
+
 void th_cleanup(int keep)
 {
     if (keep || getenv("CG_KEEP_TMP")) {
