@@ -56,11 +56,13 @@ void cg_api_assemble(cg_http_req *req, void *app)
     cg_key *keys = NULL;
     cg_assembly_info info = {0};
     char err[512], field[64];
+    int admitted = 0;
     if (!body) return;
     if (!cg_api_admit(a, req, 0)) {
         json_decref(body);
         return;
     }
+    admitted = 1;
     if (!cg_api_model_ok(a, req, body)) goto out;
     cg_api_opts o;
     if (!cg_api_parse_opts(a, req, body, "mode", &o)) goto out;
@@ -139,6 +141,10 @@ void cg_api_assemble(cg_http_req *req, void *app)
                           .cancel_ud = req,
                           .path = CG_PATH_CACHED};
     st = cg_engine_assemble(a->e, &ar, cg_now_ms(), &info, err, sizeof err);
+    /* The work is done: leave before answering, so that a load report read after the answer
+     * (GET /healthz, an event) no longer counts this request (DESIGN §18). */
+    cg_engine_leave(a->e);
+    admitted = 0;
     if (st != CG_OK) {
         cg_api_engine_error(req, st,
                             st == CG_E_KEY_MISMATCH || st == CG_E_VALUE ? "segments" : NULL, err);
@@ -148,7 +154,7 @@ void cg_api_assemble(cg_http_req *req, void *app)
            info.n_tokens, info.cached_tokens, info.n_segs, info.n_evicted);
     cg_http_reply_json(req, 200, assembly_json(a, &info));
 out:
-    cg_engine_leave(a->e);
+    if (admitted) cg_engine_leave(a->e);
     cg_assembly_info_free(&info);
     free(segs);
     free(keys);

@@ -445,6 +445,16 @@ typedef struct gen {
     int stall_counted; /* the stall cut was counted */
 } gen;
 
+/* Decoding is over: the request is no live work any more. It leaves before its answer goes
+ * out, so that a load report read after the answer no longer counts it (DESIGN §18), and so
+ * that a comparison (background work, which waits while a request is admitted) can run. */
+static void gen_leave(gen *g)
+{
+    if (!g->admitted) return;
+    cg_engine_leave(g->a->e);
+    g->admitted = 0;
+}
+
 static void gen_free(gen *g)
 {
     cg_buf_free(&g->text);
@@ -695,12 +705,6 @@ static json_t *probe_chunk_cache(gen *g, const cg_complete_result *res)
 {
     json_t *quality = json_null();
     cg_quality q;
-    /* Decoding is over: the request is no live work any more, and the comparison (background
-     * work) could not start while it held an admission. */
-    if (g->admitted) {
-        cg_engine_leave(g->a->e);
-        g->admitted = 0;
-    }
     if (res->probe && cg_canary_run(g->a->canary, res->probe, &q) == CG_OK)
         quality = cg_canary_quality_json(&q);
     return json_pack("{s:i, s:o}", "recomputed_tokens", (int)res->recomputed_tokens, "quality",
@@ -729,6 +733,7 @@ static void generate(cg_worker_api *a, const creq *c, cg_complete_req *cr, gen *
     cr->ud = g;
     cr->prompt_logprobs = c->echo && c->logprobs >= 0 && !cr->assembly_id ? (int)c->logprobs : -1;
     cg_status st = cg_engine_complete(a->e, cr, cg_now_ms(), &res, err, sizeof err);
+    gen_leave(g);
     if (st != CG_OK) {
         if (!g->s) {
             /* the prompt alone too long: the message says "the prompt has" */
@@ -817,7 +822,7 @@ void cg_api_complete_body(cg_worker_api *a, cg_http_req *req, json_t *body, int 
     g.created = (json_int_t)(cg_wall_ms() / 1000);
     generate(a, &c, &cr, &g);
 out:
-    if (g.admitted) cg_engine_leave(a->e);
+    gen_leave(&g);
 out_unadmitted:
     gen_close(&g);
     gen_free(&g);
