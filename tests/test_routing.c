@@ -304,7 +304,8 @@ int main(void)
 {
     Suite *s = suite_create("routing");
     th_case(s, "routing_rule", 0, TH_TESTS(route_rule, route_reported_load));
-    TCase *tc = th_case(s, "replicas", 300, TH_TESTS(replica_sees_load_of_another, answered_request_is_no_load));
+    TCase *tc = th_case(s, "replicas", 300,
+                        TH_TESTS(replica_sees_load_of_another, answered_request_is_no_load));
     tcase_add_unchecked_fixture(tc, procs_setup, procs_teardown);
     return th_run(s, CK_FORK_GETENV);
 }
