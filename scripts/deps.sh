@@ -3,7 +3,8 @@
 # missing ones). Used by scripts/test.sh and scripts/run.sh.
 set -euo pipefail
 # prometheus: promtool (tests/metrics_check.sh); docker-compose: `docker-compose config`
-# (tests/docker_check.sh); python3-yaml comes with it. chromium: headless render of the status
+# (tests/docker_check.sh); python3-yaml comes with it. nginx-light: the load balancer in front of
+# three gateways (tests/test_replicas.c). chromium: headless render of the status
 # page (tests/test_status.c; ~290 MB installed, the test skips without it). clang-format: the
 # formatting check of scripts/test.sh. python3-torch and python3-numpy: the independent reference
 # forward pass (tests/ref, the ref_* tests) and the training recipe (train/), for Debian's
@@ -12,7 +13,7 @@ set -euo pipefail
 # aardvark-dns iptables catatonit debootstrap.
 PKGS=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev libsqlite3-dev
       libxxhash-dev libcurl4-openssl-dev check libopenblas-dev libssl-dev libpcre2-dev libutf8proc-dev libhiredis-dev curl sqlite3
-      redis-server redis-tools prometheus docker-compose chromium valgrind clang-format python3-torch
+      redis-server redis-tools nginx-light prometheus docker-compose chromium valgrind clang-format python3-torch
       python3-numpy ${CG_EXTRA_PKGS:-})
 missing=()
 for p in "${PKGS[@]}"; do
