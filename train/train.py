@@ -445,6 +445,14 @@ def write_card(out, log, model):
         f.write("\n".join(lines))
 
 
+def lr_shape(args, step):
+    """The learning rate's share of --lr at step (after the warmup)."""
+    if args.schedule == "wsd":
+        left = (args.steps - step) / max(1.0, args.decay * args.steps)
+        return 0.1 + 0.9 * min(1.0, max(0.0, left))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -453,6 +461,10 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--schedule", choices=("cosine", "wsd"), default="cosine",
+                    help="learning rate after the warmup: a cosine down to a tenth, or constant "
+                         "until the last --decay share of the run, then linear down to a tenth")
+    ap.add_argument("--decay", type=float, default=0.2, help="the share of the run --schedule wsd decays over")
     ap.add_argument("--context-weight", type=float, default=0.25)
     ap.add_argument("--copy-steps", type=int, default=3000,
                     help="at most this many first steps on copying sequences alone, until their "
@@ -508,8 +520,7 @@ def main(argv=None):
     copy_feed = batches(tok, rng, 2 * args.batch, 0, args.context_weight, docs_at, lambda: 1.0)
     feed = batches(tok, rng, args.batch, args.block_mask, args.context_weight, docs_at, copy_at)
     for step in range(1, args.steps + 1):
-        lr = args.lr * min(1.0, step / args.warmup) * \
-            (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        lr = args.lr * min(1.0, step / args.warmup) * lr_shape(args, step)
         for g in opt.param_groups:
             g["lr"] = lr
         if copying and (step > args.copy_steps or (step > 50 and run < 1.0)):
