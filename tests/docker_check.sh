@@ -17,6 +17,7 @@ check_start
 echo "== docker-compose config"
 docker-compose -f docker/docker-compose.yml config -q
 docker-compose -f docker/docker-compose.yml config >"$tmp/compose.yml"
+docker-compose -f docker/docker-compose.replicas.yml config -q
 
 echo "== promtool check config"
 if command -v promtool >/dev/null; then

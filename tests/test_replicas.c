@@ -179,6 +179,7 @@ static void start_lb(farm *f, int n, const char *tag)
              "      proxy_pass http://gateways;\n      proxy_http_version 1.1;\n"
              "      proxy_set_header Connection \"\";\n      proxy_buffering off;\n"
              "      proxy_next_upstream error timeout non_idempotent;\n"
+             "      proxy_connect_timeout 1s;\n"
              "      proxy_read_timeout 120s;\n    }\n  }\n}\n",
              dir, dir, dir, dir, dir, dir, dir, servers, f->lb_port);
     snprintf(conf, sizeof conf, "%s/nginx.conf", dir);

@@ -6,10 +6,13 @@
 #   - after `down` and `up` with the volumes kept, the chunks come from the worker's disk tier;
 #   - a worker restarted on a new address serves through the gateway again within 15 s;
 #   - a mounted sharded checkpoint (with a user's file beside it) is loaded and never touched;
-#   - both containers run as 10001:10001 and pass their HEALTHCHECKs.
+#   - both containers run as 10001:10001 and pass their HEALTHCHECKs;
+#   - docker/docker-compose.replicas.yml (two gateways behind nginx, two workers, chunk events
+#     on Redis): every request after the first hits, through either gateway; with one gateway
+#     killed nginx serves through the other, and the restarted one resumes the events.
 # No image registry is used: debian:12 (tagged debian:12-slim too) is imported from a
-# `debootstrap --variant=minbase bookworm` of the host's Debian mirror, and Redis is a stand-in
-# built from Debian's redis-server (tests/containers/redis.Dockerfile). Packages come from the
+# `debootstrap --variant=minbase bookworm` of the host's Debian mirror, and Redis and nginx are
+# stand-ins built from Debian's redis-server and nginx-light (tests/containers/*.Dockerfile). Packages come from the
 # Debian mirror only.
 #
 # Needs root on Debian 12; installs what is missing: podman runc netavark aardvark-dns
@@ -88,6 +91,13 @@ if ! podman image exists redis:7.0-bookworm; then
         { tail -n 30 "$dir/build-redis.log"; fail "building the Redis stand-in"; }
 fi
 
+if ! podman image exists nginx:stable-bookworm; then
+    phase "nginx:stable-bookworm stand-in from Debian's nginx-light"
+    podman build --format docker --pull=never -f tests/containers/nginx.Dockerfile \
+        -t nginx:stable-bookworm tests/containers >"$dir/build-nginx.log" 2>&1 ||
+        { tail -n 30 "$dir/build-nginx.log"; fail "building the nginx stand-in"; }
+fi
+
 # --- The images, as the compose file names them (podman's layer cache: warm runs are quick).
 for target in worker gateway; do
     image=chunkgate-worker:local
@@ -110,6 +120,7 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 compose() { docker-compose --ansi never -p "$project" -f docker/docker-compose.yml "$@"; }
+replicas() { docker-compose --ansi never -p "${project}r" -f docker/docker-compose.replicas.yml "$@"; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export CHUNKGATE_PORT=${CHUNKGATE_PORT:-$(free_port)}
 gw="http://127.0.0.1:$CHUNKGATE_PORT"
@@ -121,11 +132,13 @@ cleanup() {
     if [ $rc -ne 0 ] && [ -S "$sock" ]; then
         echo "--- docker-compose logs (last lines)"
         compose logs --tail=30 2>&1 || true
+        replicas logs --tail=30 2>&1 || true
     fi
     [ -n "$health_pid" ] && { kill "$health_pid"; wait "$health_pid"; } 2>/dev/null
     podman rm -f -v --ignore -t 5 cgcheck-sharded >/dev/null 2>&1 || true
     podman rm -f -v --ignore -t 0 cgcheck-placeholder >/dev/null 2>&1 || true
     compose down -v -t 10 >/dev/null 2>&1 || true
+    replicas down -v -t 10 >/dev/null 2>&1 || true
     kill "$service_pid" 2>/dev/null
     wait 2>/dev/null || true
     rm -rf "$tmp"
@@ -134,6 +147,7 @@ cleanup() {
 trap cleanup EXIT
 # A previous run's leftovers.
 compose down -v -t 5 >/dev/null 2>&1 || true
+replicas down -v -t 5 >/dev/null 2>&1 || true
 podman rm -f -v --ignore -t 0 cgcheck-sharded cgcheck-placeholder >/dev/null 2>&1 || true
 
 cid() { compose ps -q "$1"; }
@@ -259,6 +273,48 @@ podman stop -t 30 cgcheck-sharded >/dev/null 2>>"$dir/sharded-run.log"
 [ "$(tree_sum "$m")" = "$before" ] || fail "the sharded checkpoint changed: $(diff <(echo "$before") <(tree_sum "$m") || true)"
 echo "ok: the worker served the sharded checkpoint; not a file of it (nor NOTES.txt) changed"
 
+phase "two gateways behind nginx, chunk events on Redis (docker/docker-compose.replicas.yml)"
+compose down -v -t 30 >/dev/null 2>&1
+export CHUNKGATE_PORT=$(free_port)
+gw="http://127.0.0.1:$CHUNKGATE_PORT"
+replicas up -d --no-build >"$dir/up-replicas.log" 2>&1 || { cat "$dir/up-replicas.log"; fail "compose up (replicas)"; }
+# served once, then twice in a row: round robin has reached both gateways
+wait_served 180 || fail "nginx did not serve through a gateway and a worker within 180 s"
+end=$((SECONDS + 60))
+until ask "$tmp/r1.json" && ask "$tmp/r2.json"; do
+    [ $SECONDS -lt $end ] || fail "the two gateways behind nginx do not both serve after 60 s"
+    sleep 0.5
+done
+for i in 1 2 3 4; do
+    ask "$tmp/r.json" || fail "request $i through nginx"
+    read -r hit tier cached <<<"$(chunk_of "$tmp/r.json")"
+    [ "$hit" = true ] || fail "request $i through nginx did not hit (tier $tier)"
+done
+# Each gateway answered some of them, and learned placements from the workers' events.
+metric() { # service, series: its value on that gateway (0 when absent)
+    podman exec "$(replicas ps -q "$1")" curl -fsS http://127.0.0.1:8080/metrics |
+        awk -v s="$2" '$1 == s {v = $2} END {print v + 0}'
+}
+for g in gateway-a gateway-b; do
+    served=$(metric "$g" 'chunkgate_requests_total{route="completions",code="200"}')
+    applied=$(metric "$g" chunkgate_events_applied_total)
+    [ "${served%.*}" -gt 0 ] && [ "${applied%.*}" -gt 0 ] ||
+        fail "$g: $served completions answered, $applied chunk events applied"
+    echo "$g: $served completions answered, $applied chunk events applied"
+done
+echo "ok: every request after the first hit, through either gateway"
+podman kill -s KILL "$(replicas ps -q gateway-a)" >/dev/null
+for i in 1 2 3; do
+    ask "$tmp/r.json" || fail "request $i through nginx after gateway-a was killed"
+done
+replicas start gateway-a >/dev/null 2>&1
+end=$((SECONDS + 60))
+until replicas logs gateway-a 2>&1 | grep -q "chunk events: resuming"; do
+    [ $SECONDS -lt $end ] || fail "the restarted gateway-a did not resume the chunk events"
+    sleep 1
+done
+echo "ok: with gateway-a killed nginx served through gateway-b; restarted, gateway-a resumed the events"
+
 phase "done in $((SECONDS - t0)) s; images and disk:"
-podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'chunkgate|redis|debian' | sort -u
+podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'chunkgate|redis|nginx|debian' | sort -u
 du -sh /var/lib/containers/storage 2>/dev/null || true
