@@ -142,26 +142,6 @@ static const char *complete_body(conn *assembled)
     return buf;
 }
 
-/* CPU seconds (user + system) a process has used so far, from /proc/PID/stat. */
-static double cpu_seconds(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')'); /* the command name may contain spaces */
-    if (!p) return -1;
-    unsigned long ut = 0, st = 0;
-    /* after ")": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
-     */
-    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-        return -1;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
 /* ------------------------------------------------------------ latency */
 
 static double one_gateway(conn *c)
@@ -319,7 +299,7 @@ int main(int argc, char **argv)
         one_gateway(&g);
         one_direct(&a, &b);
     }
-    double cpu0 = cpu_seconds(gw.pid);
+    double cpu0 = th_cpu_seconds(gw.pid);
     double *tg = cg_malloc((size_t)opt.requests * sizeof *tg);
     double *td = cg_malloc((size_t)opt.requests * sizeof *td);
     double *diff = cg_malloc((size_t)opt.requests * sizeof *diff);
@@ -334,7 +314,7 @@ int main(int argc, char **argv)
         }
         diff[i] = tg[i] - td[i];
     }
-    double gw_cpu_us = (cpu_seconds(gw.pid) - cpu0) * 1e6 / opt.requests;
+    double gw_cpu_us = (th_cpu_seconds(gw.pid) - cpu0) * 1e6 / opt.requests;
     json_t *check = json_loadb(g.body.data, g.body.len, 0, NULL);
     json_int_t cached = json_integer_value(
         json_object_get(json_object_get(json_object_get(check, "usage"), "prompt_tokens_details"),

@@ -180,6 +180,9 @@ enum {
  * (an exit during the wait leaves p->pid 0 and its status in p->wstatus). */
 int th_spawn(th_proc *p, const char *bin, const char *const *args, const char *const *env,
              const char *logname, const char *marker, int flags);
+/* CPU seconds (user + system, all threads) process pid has used so far, from /proc/PID/stat;
+ * -1 when unreadable. */
+double th_cpu_seconds(pid_t pid);
 /* Waits up to timeout_ms for p to exit by itself: its exit status, 128 + signal, or -1. */
 int th_wait_exit(th_proc *p, int timeout_ms);
 /* Sends sig and waits up to 20 s: the exit status, 128 + signal, or -1 (then SIGKILL). */

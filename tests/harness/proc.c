@@ -493,3 +493,21 @@ int th_start_fake(th_proc *p, const char *fake_bin, const char *name, const char
     snprintf(log, sizeof log, "%s.log", name);
     return th_spawn(p, fake_bin, args, NULL, log, "PORT ", 0);
 }
+
+double th_cpu_seconds(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command name may contain spaces */
+    unsigned long ut = 0, st = 0;
+    /* after ")": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
+     * stime */
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return -1;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
