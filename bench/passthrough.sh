@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Pass-through hot path: chunkgate next to nginx as a plain reverse proxy, in one run, against
 # the same trivial backend (nginx answering a fixed completion), driven by wrk with 4 KiB
-# prompts without a separator (nothing to key: the request is relayed). Reports for each of
+# prompts without a separator (nothing to key: the request is relayed), or with SEPARATORS=3
+# the keyed path: "system # # doc # # doc # # question" in the same bytes, which chunkgate
+# splits, keys, looks up in its index and records before it relays the prompt (no worker is
+# registered, so every request falls back to the backend as no_worker). Reports for each of
 # direct-to-backend, nginx proxy_pass and chunkgate: requests/s at 32 connections, and latency
 # p50/p99 at 1 connection; then the ratios the goal is stated in: chunkgate / nginx
 # throughput, and the p50 each proxy adds over the direct path.
@@ -9,7 +12,7 @@
 #   bench/passthrough.sh [BUILD_DIR (default build)]
 #
 # Environment: SECONDS_PER (default 5, per run), CONNS (default 32), THREADS (wrk, default
-# 2), PROMPT_BYTES (default 4096), ROUNDS (default 2: each measurement is taken this many
+# 2), PROMPT_BYTES (default 4096), SEPARATORS (default 0), ROUNDS (default 2: each measurement is taken this many
 # times, alternating, and the best kept), LOG_LEVEL (chunkgate, default warn),
 # IO_THREADS (chunkgate --io-threads and nginx worker_processes, default 2), GW_IO_THREADS
 # (chunkgate's alone, default IO_THREADS: each proxy at its own best setting).
@@ -23,6 +26,7 @@ SECONDS_PER=${SECONDS_PER:-5}
 CONNS=${CONNS:-32}
 THREADS=${THREADS:-2}
 PROMPT_BYTES=${PROMPT_BYTES:-4096}
+SEPARATORS=${SEPARATORS:-0}
 ROUNDS=${ROUNDS:-2}
 LOG_LEVEL=${LOG_LEVEL:-warn}
 IO_THREADS=${IO_THREADS:-2}
@@ -98,9 +102,13 @@ for _ in $(seq 1 100); do
 done
 curl -s -o /dev/null "http://127.0.0.1:$GPORT/healthz" || { echo "chunkgate did not start:"; cat "$tmp/gw.log"; exit 1; }
 
-# wrk script: POST a completion with a PROMPT_BYTES prompt, no separator.
+# wrk script: POST a completion with a PROMPT_BYTES prompt, SEPARATORS "# #" spread evenly.
 cat >"$tmp/post.lua" <<EOF
 local prompt = string.rep("lorem ipsum dolor sit amet, ", math.ceil($PROMPT_BYTES / 28)):sub(1, $PROMPT_BYTES)
+local parts, n = {}, $SEPARATORS + 1
+local step = math.floor(#prompt / n)
+for i = 1, n do parts[i] = prompt:sub((i - 1) * step + 1, i == n and #prompt or i * step) end
+prompt = table.concat(parts, " # # ")
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = '{"model":"m","max_tokens":1,"prompt":"' .. prompt .. '"}'
@@ -138,7 +146,7 @@ for round in $(seq 1 "$ROUNDS"); do
     done
 done
 cpus=$(nproc)
-echo "machine: $cpus CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); $PROMPT_BYTES-byte prompts;" \
+echo "machine: $cpus CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); $PROMPT_BYTES-byte prompts, $SEPARATORS separators;" \
     "best of $ROUNDS x ${SECONDS_PER}s per figure; nginx $IO_THREADS workers, chunkgate $GW_IO_THREADS I/O threads"
 printf '%-10s %14s %12s %12s\n' target "req/s@$CONNS" "p50@1 (us)" "p99@1 (us)"
 for k in "${names[@]}"; do
