@@ -1753,27 +1753,48 @@ cg_status cg_remote_del(cg_remote *r, size_t n, const char *const *keys, size_t 
     return st;
 }
 
+cg_status cg_remote_commands(cg_remote *r, size_t n, const cg_remote_cmd *cmds, int timeout_ms,
+                             struct redisReply **out)
+{
+    uint64_t t0 = cg_now_ns();
+    for (size_t i = 0; out && i < n; i++)
+        out[i] = NULL;
+    for (size_t i = 0; i < n; i++) {
+        const cg_remote_cmd *c = &cmds[i];
+        if (c->argc < 1 || !c->argv || !c->lens || c->key_arg < 0 || c->key_arg >= c->argc ||
+            !c->lens[c->key_arg]) {
+            count_error(r, CG_E_VALUE);
+            return CG_E_VALUE;
+        }
+    }
+    if (!n) return CG_OK;
+    op *ops = cg_calloc(n, sizeof *ops);
+    for (size_t i = 0; i < n; i++) {
+        const cg_remote_cmd *c = &cmds[i];
+        ops[i] = (op){.key = c->argv[c->key_arg],
+                      .klen = c->lens[c->key_arg],
+                      .argc = c->argc,
+                      .argv = c->argv,
+                      .argvlen = c->lens};
+    }
+    uint64_t deadline =
+        timeout_ms > 0 ? t0 + (uint64_t)timeout_ms * 1000000ull : deadline_after(r, t0);
+    cg_status st = exec_ops(r, OP_CMD, ops, n, deadline);
+    for (size_t i = 0; st == CG_OK && out && i < n; i++) {
+        out[i] = ops[i].rep;
+        ops[i].rep = NULL;
+    }
+    ops_free_replies(ops, n);
+    free(ops);
+    count_error(r, st);
+    return st;
+}
+
 cg_status cg_remote_command(cg_remote *r, int argc, const char *const *argv, const size_t *lens,
                             int key_arg, int timeout_ms, struct redisReply **out)
 {
-    uint64_t t0 = cg_now_ns();
-    *out = NULL;
-    if (argc < 1 || !argv || !lens || key_arg < 0 || key_arg >= argc || !lens[key_arg]) {
-        count_error(r, CG_E_VALUE);
-        return CG_E_VALUE;
-    }
-    op o = {
-        .key = argv[key_arg], .klen = lens[key_arg], .argc = argc, .argv = argv, .argvlen = lens};
-    uint64_t deadline =
-        timeout_ms > 0 ? t0 + (uint64_t)timeout_ms * 1000000ull : deadline_after(r, t0);
-    cg_status st = exec_ops(r, OP_CMD, &o, 1, deadline);
-    if (st == CG_OK) {
-        *out = o.rep;
-        o.rep = NULL;
-    }
-    ops_free_replies(&o, 1);
-    count_error(r, st);
-    return st;
+    cg_remote_cmd c = {.argc = argc, .argv = argv, .lens = lens, .key_arg = key_arg};
+    return cg_remote_commands(r, 1, &c, timeout_ms, out);
 }
 
 void cg_remote_reply_free(struct redisReply **rep)

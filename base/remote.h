@@ -147,6 +147,20 @@ cg_status cg_remote_del(cg_remote *r, size_t n, const char *const *keys, size_t 
 struct redisReply;
 cg_status cg_remote_command(cg_remote *r, int argc, const char *const *argv, const size_t *lens,
                             int key_arg, int timeout_ms, struct redisReply **out) CG_WUR;
+/* One command of cg_remote_commands: argv[0..argc), lens[i] bytes each, borrowed; argv[key_arg]
+ * picks the node. */
+typedef struct cg_remote_cmd {
+    int argc;
+    const char *const *argv;
+    const size_t *lens;
+    int key_arg;
+} cg_remote_cmd;
+/* Runs n commands pipelined (one round trip per node), as cg_remote_command runs one. CG_OK
+ * when every one succeeded: out[i] (out may be NULL: the replies are dropped) is its reply,
+ * each freed with cg_remote_reply_free; otherwise the out[i] are NULL, and some commands may
+ * have run (the caller must tolerate running a command twice when it retries). */
+cg_status cg_remote_commands(cg_remote *r, size_t n, const cg_remote_cmd *cmds, int timeout_ms,
+                             struct redisReply **out) CG_WUR;
 /* Frees a reply of cg_remote_command; accepts *rep == NULL, sets *rep to NULL. */
 void cg_remote_reply_free(struct redisReply **rep);
 

@@ -13,6 +13,10 @@
 
 /* Pause before an event Redis did not take is sent again. */
 #define RETRY_MS 100
+/* Events sent in one pipelined round trip at most. */
+#define PUBLISH_BATCH 64
+/* XADD key MAXLEN ~ N *, then the event's field/value pairs. */
+#define XADD_HEAD 6
 
 typedef struct item {
     cg_chunkevent_op op;
@@ -22,6 +26,14 @@ typedef struct item {
     uint64_t seq, ts_ms;
     int resync;
 } item;
+
+/* One event's XADD as sent: the event and the text its arguments point into. */
+typedef struct xadd {
+    cg_chunkevent ev;
+    cg_chunkevent_wire w;
+    const char *argv[XADD_HEAD + 2 * CG_CHUNKEVENT_MAX_FIELDS];
+    size_t lens[XADD_HEAD + 2 * CG_CHUNKEVENT_MAX_FIELDS];
+} xadd;
 
 struct cg_events {
     cg_events_params p;
@@ -45,6 +57,9 @@ struct cg_events {
     int stop;
     pthread_t thread;
     int started;
+    item batch[PUBLISH_BATCH]; /* the publisher's copy of the events it sends */
+    xadd xadds[PUBLISH_BATCH]; /* publisher thread only */
+    cg_remote_cmd cmds[PUBLISH_BATCH];
 
     uint64_t n_queued, n_published, n_dropped, n_failed; /* atomics */
 };
@@ -91,37 +106,39 @@ cg_status cg_events_open(cg_events_params p, cg_events **out, char *err, size_t 
     return CG_OK;
 }
 
-/* XADD stream MAXLEN ~ N * field value ...: CG_OK when Redis took the event. */
-static cg_status publish(cg_events *e, const item *it)
+/* One XADD stream MAXLEN ~ N * field value ... per event of e->batch[0..n), pipelined: CG_OK
+ * when Redis took them all. */
+static cg_status publish(cg_events *e, size_t n)
 {
-    cg_chunkevent ev = {.seq = it->seq,
-                        .op = it->op,
-                        .tokens = it->tokens,
-                        .ts_ms = it->ts_ms,
-                        .resync = it->resync};
-    memcpy(ev.worker, e->worker, sizeof ev.worker);
-    memcpy(ev.epoch, e->epoch, sizeof ev.epoch);
-    cg_key_hex(&it->key, ev.key);
-    ev.tier = it->tier;
+    uint32_t running = 0, queued = 0;
     pthread_mutex_lock(&e->load_mu);
-    if (e->load) e->load(e->load_ud, &ev.running, &ev.queued);
+    if (e->load) e->load(e->load_ud, &running, &queued);
     pthread_mutex_unlock(&e->load_mu);
-    cg_chunkevent_wire w;
-    cg_chunkevent_encode(&ev, &w);
-    /* XADD key MAXLEN ~ N * and the event's field/value pairs */
-    enum { HEAD = 6 };
-    const char *argv[HEAD + 2 * CG_CHUNKEVENT_MAX_FIELDS] = {"XADD", e->stream, "MAXLEN",
-                                                             "~",    e->maxlen, "*"};
-    size_t lens[HEAD + 2 * CG_CHUNKEVENT_MAX_FIELDS] = {4, e->stream_len,     6,
-                                                        1, strlen(e->maxlen), 1};
-    for (int i = 0; i < w.argc; i++) {
-        argv[HEAD + i] = w.argv[i];
-        lens[HEAD + i] = w.lens[i];
+    for (size_t i = 0; i < n; i++) {
+        const item *it = &e->batch[i];
+        xadd *x = &e->xadds[i];
+        x->ev = (cg_chunkevent){.seq = it->seq,
+                                .op = it->op,
+                                .tier = it->tier,
+                                .tokens = it->tokens,
+                                .running = running,
+                                .queued = queued,
+                                .ts_ms = it->ts_ms,
+                                .resync = it->resync};
+        memcpy(x->ev.worker, e->worker, sizeof x->ev.worker);
+        memcpy(x->ev.epoch, e->epoch, sizeof x->ev.epoch);
+        cg_key_hex(&it->key, x->ev.key);
+        cg_chunkevent_encode(&x->ev, &x->w);
+        const char *head[XADD_HEAD] = {"XADD", e->stream, "MAXLEN", "~", e->maxlen, "*"};
+        const size_t head_lens[XADD_HEAD] = {4, e->stream_len, 6, 1, strlen(e->maxlen), 1};
+        memcpy(x->argv, head, sizeof head);
+        memcpy(x->lens, head_lens, sizeof head_lens);
+        memcpy(x->argv + XADD_HEAD, x->w.argv, (size_t)x->w.argc * sizeof *x->argv);
+        memcpy(x->lens + XADD_HEAD, x->w.lens, (size_t)x->w.argc * sizeof *x->lens);
+        e->cmds[i] = (cg_remote_cmd){
+            .argc = XADD_HEAD + x->w.argc, .argv = x->argv, .lens = x->lens, .key_arg = 1};
     }
-    struct redisReply *rep = NULL;
-    cg_status st = cg_remote_command(e->r, HEAD + w.argc, argv, lens, 1, 0, &rep);
-    cg_remote_reply_free(&rep);
-    return st;
+    return cg_remote_commands(e->r, n, e->cmds, 0, NULL);
 }
 
 static void *publisher_main(void *arg)
@@ -132,16 +149,20 @@ static void *publisher_main(void *arg)
         while (!e->n && !e->stop)
             pthread_cond_wait(&e->cv, &e->mu);
         if (e->stop) break;
-        item it = e->q[e->head]; /* stays queued until Redis takes it: nothing is lost to an
-                                    outage shorter than the queue */
+        /* The events stay queued until Redis takes them: nothing is lost to an outage shorter
+         * than the queue. A batch that failed half-way is sent again whole: a gateway sees the
+         * repeated sequence numbers as a gap and resyncs this worker. */
+        size_t k = CG_MIN(e->n, (size_t)PUBLISH_BATCH);
+        for (size_t i = 0; i < k; i++)
+            e->batch[i] = e->q[(e->head + i) % e->p.queue_max];
         pthread_mutex_unlock(&e->mu);
-        cg_status st = publish(e, &it);
+        cg_status st = publish(e, k);
         pthread_mutex_lock(&e->mu);
         if (st == CG_OK) {
-            e->head = (e->head + 1) % e->p.queue_max;
-            e->n--;
-            e->sent++;
-            __atomic_add_fetch(&e->n_published, 1, __ATOMIC_RELAXED);
+            e->head = (e->head + k) % e->p.queue_max;
+            e->n -= k;
+            e->sent += k;
+            __atomic_add_fetch(&e->n_published, k, __ATOMIC_RELAXED);
             continue;
         }
         __atomic_add_fetch(&e->n_failed, 1, __ATOMIC_RELAXED);
