@@ -1,8 +1,9 @@
 """A byte-level BPE tokenizer: trained from a corpus, applied, and written as a Hugging Face
-`tokenizer.json` of the GPT-2 kind (ByteLevel pre-tokenizer with its regex, BPE model with
-merges, ByteLevel decoder), which chunkgate-worker and the reference tokenizers load.
+`tokenizer.json` of the kind Llama 3 and Qwen2 use (a Split pre-tokenizer with a regex, then
+ByteLevel; BPE model with merges; ByteLevel decoder), which chunkgate-worker and the reference
+tokenizers load.
 
-The corpus is ASCII, where the GPT-2 regex's \\p{L} and \\p{N} are [A-Za-z] and [0-9]; Python's
+The corpus is ASCII, where the regex's \\p{L} and \\p{N} are [A-Za-z] and [0-9]; Python's
 `re` has no Unicode classes, so this encoder refuses non-ASCII text rather than split it
 differently from the worker.
 """
@@ -12,7 +13,13 @@ import json
 import re
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-PRETOKEN = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+")
+# GPT-2's split pattern without the optional space before a word: spaces are tokens of their
+# own, so a word has the same tokens wherever it stands (after a space, at the start of a
+# document, or as an answer right after "assistant\n"). Copying a value from a document into the
+# answer is then copying the same tokens.
+PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# PATTERN with the ASCII meaning of its classes, for Python's re.
+PRETOKEN = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d|[A-Za-z]+|[0-9]+|[^\sA-Za-z0-9]+|\s+(?!\S)|\s+")
 SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL) + ")")
 
 
@@ -143,14 +150,16 @@ class Tokenizer:
     def to_json(self):
         """The tokenizer.json document (GPT-2 layout: no normalizer, no BOS)."""
         bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-              "use_regex": True}
+              "use_regex": False}
+        split = {"type": "Split", "pattern": {"Regex": PATTERN}, "behavior": "Isolated",
+                 "invert": False}
         return {
             "version": "1.0", "truncation": None, "padding": None,
             "added_tokens": [{"id": self.vocab[s], "content": s, "single_word": False,
                               "lstrip": False, "rstrip": False, "normalized": False,
                               "special": True} for s in SPECIAL],
             "normalizer": None,
-            "pre_tokenizer": bl,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, bl]},
             "post_processor": dict(bl, trim_offsets=False),
             "decoder": bl,
             "model": {"type": "BPE", "dropout": None, "unk_token": None,
