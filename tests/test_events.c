@@ -592,16 +592,9 @@ END_TEST
 
 int main(void)
 {
-    if (!th_which("redis-server", g_redis_server, sizeof g_redis_server)) {
-        printf("SKIPPED: redis-server is not installed (Debian: redis-server)\n");
+    if (!th_need("redis-server", "redis-server", g_redis_server, sizeof g_redis_server))
         return SKIP_CODE;
-    }
-    th_init("events", NULL);
-    snprintf(g_model, sizeof g_model, "%s/model", th_root());
-    if (th_gen_model(WORKER_BIN, g_model, NULL) != 0) {
-        fprintf(stderr, "generate-model failed\n");
-        return 1;
-    }
+    if (th_init_with_model("events", WORKER_BIN, g_model, sizeof g_model) != 0) return 1;
     int failed = th_run_tests(
         "events", "events", 180,
         TH_TESTS(test_eviction_reaches_every_gateway, test_trimmed_stream_resync_on_restart,

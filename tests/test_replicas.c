@@ -352,21 +352,13 @@ END_TEST
 
 int main(void)
 {
-    if (!th_which("redis-server", g_redis_server, sizeof g_redis_server)) {
-        printf("SKIPPED: redis-server is not installed (Debian: redis-server)\n");
+    if (!th_need("redis-server", "redis-server", g_redis_server, sizeof g_redis_server))
         return SKIP_CODE;
-    }
-    if (!th_which("nginx", g_nginx, sizeof g_nginx) &&
-        access(strcpy(g_nginx, "/usr/sbin/nginx"), X_OK) != 0) {
-        printf("SKIPPED: nginx is not installed (Debian: nginx-light)\n");
+    /* nginx lives in /usr/sbin, which a user's PATH may lack */
+    if (access(strcpy(g_nginx, "/usr/sbin/nginx"), X_OK) != 0 &&
+        !th_need("nginx", "nginx-light", g_nginx, sizeof g_nginx))
         return SKIP_CODE;
-    }
-    th_init("replicas", NULL);
-    snprintf(g_model, sizeof g_model, "%s/model", th_root());
-    if (th_gen_model(WORKER_BIN, g_model, NULL) != 0) {
-        fprintf(stderr, "generate-model failed\n");
-        return 1;
-    }
+    if (th_init_with_model("replicas", WORKER_BIN, g_model, sizeof g_model) != 0) return 1;
     int failed = th_run_tests(
         "replicas", "replicas", 240,
         TH_TESTS(hit_rate_of_three_matches_one, gateway_killed_under_load_and_a_new_one));

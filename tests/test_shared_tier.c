@@ -711,12 +711,7 @@ int main(void)
                "redis-tools)\n");
         return SKIP_CODE;
     }
-    th_init("shared_tier", NULL);
-    snprintf(g_model, sizeof g_model, "%s/model", th_root());
-    if (th_gen_model(WORKER_BIN, g_model, NULL) != 0) {
-        fprintf(stderr, "generate-model failed\n");
-        return 1;
-    }
+    if (th_init_with_model("shared_tier", WORKER_BIN, g_model, sizeof g_model) != 0) return 1;
     int failed = th_run_tests("shared_tier", "shared_tier", 120,
                               TH_TESTS(test_single_node_share, test_cluster_share,
                                        test_corrupt_values_are_misses, test_redis_down_and_slow,

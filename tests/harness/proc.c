@@ -511,3 +511,19 @@ double th_cpu_seconds(pid_t pid)
         return -1;
     return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
+
+int th_need(const char *name, const char *package, char *out, size_t n)
+{
+    if (th_which(name, out, n)) return 1;
+    printf("SKIPPED: %s is not installed (Debian: %s)\n", name, package);
+    return 0;
+}
+
+int th_init_with_model(const char *name, const char *worker_bin, char *model, size_t n)
+{
+    th_init(name, NULL);
+    snprintf(model, n, "%s/model", th_root());
+    if (th_gen_model(worker_bin, model, NULL) == 0) return 0;
+    fprintf(stderr, "generate-model failed\n");
+    return -1;
+}
