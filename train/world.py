@@ -43,28 +43,45 @@ PRODUCTS = ["lamps", "bicycles", "glass bottles", "paper", "ceramic tiles", "rad
             "pumps", "tea", "lenses", "batteries"]
 
 # Document sentences: (fact, template, split). {n} is the subject as written in this
-# sentence (a full name, or a pronoun after the first sentence about a person).
+# sentence (a full name, or a pronoun after the first sentence about a person); {o} is the
+# entity where a pronoun would not fit ("the age of {o}"), always its full name.
 PERSON_SENT = [
     ("city", "{n} lives in {v}.", "train"),
     ("city", "{n} has a house in {v}.", "train"),
     ("city", "These days {n} lives in the city of {v}.", "train"),
     ("city", "{n} moved to {v} some years ago and still lives there.", "train"),
+    ("city", "{n} resides in {v}.", "train"),
+    ("city", "{n} grew up elsewhere but now lives in {v}.", "train"),
+    ("city", "The home of {o} is in {v}.", "train"),
+    ("city", "{n} owns an apartment in {v}.", "train"),
+    ("city", "{n} is a resident of {v}.", "train"),
     ("city", "Home for {n} is {v}.", "heldout"),
     ("city", "{n} rents a small flat in {v}.", "heldout"),
     ("employer", "{n} works for {v}.", "train"),
     ("employer", "{n} is employed by {v}.", "train"),
     ("employer", "{n} has a job at {v}.", "train"),
     ("employer", "For several years {n} has worked at {v}.", "train"),
+    ("employer", "{n} is on the payroll of {v}.", "train"),
+    ("employer", "{n} got a position at {v}.", "train"),
+    ("employer", "The employer of {o} is {v}.", "train"),
+    ("employer", "{n} is a member of staff at {v}.", "train"),
     ("employer", "{n} draws a salary from {v}.", "heldout"),
     ("employer", "{n} joined the staff of {v} and stayed.", "heldout"),
     ("job", "{n} works as a {v}.", "train"),
     ("job", "{n} is a {v} by trade.", "train"),
     ("job", "By profession {n} is a {v}.", "train"),
+    ("job", "{n} makes a living as a {v}.", "train"),
+    ("job", "{n} is a {v}.", "train"),
+    ("job", "{n} spent years working as a {v}.", "train"),
+    ("job", "The profession of {o} is that of a {v}.", "train"),
     ("job", "{n} trained as a {v}.", "heldout"),
     ("job", "{n} earns a living as a {v}.", "heldout"),
     ("age", "{n} is {v} years old.", "train"),
     ("age", "{n} turned {v} this year.", "train"),
     ("age", "At {v}, {n} is no longer young.", "train"),
+    ("age", "{n} is aged {v}.", "train"),
+    ("age", "{n} is now {v}.", "train"),
+    ("age", "The age of {o} is {v}.", "train"),
     ("age", "{n} has reached the age of {v}.", "heldout"),
     ("age", "{n} had a birthday recently and is now {v}.", "heldout"),
 ]
@@ -72,15 +89,24 @@ COMPANY_SENT = [
     ("city", "{n} is based in {v}.", "train"),
     ("city", "{n} has its head office in {v}.", "train"),
     ("city", "The headquarters of {n} are in {v}.", "train"),
+    ("city", "{n} is located in {v}.", "train"),
+    ("city", "The offices of {o} stand in {v}.", "train"),
+    ("city", "{n} operates out of {v}.", "train"),
     ("city", "{n} runs its business from {v}.", "heldout"),
     ("city", "You will find the main office of {n} in {v}.", "heldout"),
     ("product", "{n} makes {v}.", "train"),
     ("product", "{n} produces {v}.", "train"),
     ("product", "The main product of {n} is {v}.", "train"),
+    ("product", "{n} manufactures {v}.", "train"),
+    ("product", "{n} turns out {v} by the thousand.", "train"),
+    ("product", "What {n} makes is {v}.", "train"),
     ("product", "{n} is known for its {v}.", "heldout"),
     ("product", "{n} sells {v} all over the region.", "heldout"),
     ("founded", "{n} was founded in {v}.", "train"),
     ("founded", "{n} opened its doors in {v}.", "train"),
+    ("founded", "{n} was established in {v}.", "train"),
+    ("founded", "{n} was set up in {v}.", "train"),
+    ("founded", "The founding year of {o} is {v}.", "train"),
     ("founded", "{n} dates back to {v}.", "heldout"),
     ("founded", "{n} has been in business since {v}.", "heldout"),
 ]
@@ -103,26 +129,41 @@ QUESTIONS = {
     ("single", "person", "city"): [("Where does {a} live?", "train"),
                                    ("In which city does {a} live?", "train"),
                                    ("Which city is {a}'s home?", "train"),
+                                   ("Where is {a}'s home?", "train"),
+                                   ("What city does {a} live in?", "train"),
+                                   ("Where does {a} reside?", "train"),
                                    ("Which town does {a} call home?", "heldout")],
     ("single", "person", "employer"): [("Who does {a} work for?", "train"),
                                        ("Which company employs {a}?", "train"),
                                        ("Who is {a}'s employer?", "train"),
+                                       ("What company does {a} work for?", "train"),
+                                       ("Which firm is {a} employed by?", "train"),
                                        ("Where is {a} employed?", "heldout")],
     ("single", "person", "job"): [("What is {a}'s job?", "train"),
                                   ("What does {a} do for a living?", "train"),
                                   ("What is the profession of {a}?", "train"),
+                                  ("What is {a}'s occupation?", "train"),
+                                  ("What does {a} work as?", "train"),
                                   ("What kind of work does {a} do?", "heldout")],
     ("single", "person", "age"): [("How old is {a}?", "train"),
                                   ("What age is {a}?", "train"),
+                                  ("What is the age of {a}?", "train"),
+                                  ("How old is {a} now?", "train"),
                                   ("How many years old is {a}?", "heldout")],
     ("single", "company", "city"): [("Where is {a} based?", "train"),
                                     ("In which city is {a} located?", "train"),
+                                    ("Where are the offices of {a}?", "train"),
+                                    ("Which city is {a} in?", "train"),
                                     ("Where does {a} have its head office?", "heldout")],
     ("single", "company", "product"): [("What does {a} make?", "train"),
                                        ("What does {a} produce?", "train"),
+                                       ("What does {a} manufacture?", "train"),
+                                       ("What product is {a} known for?", "train"),
                                        ("What goods come from {a}?", "heldout")],
     ("single", "company", "founded"): [("When was {a} founded?", "train"),
                                        ("In what year was {a} founded?", "train"),
+                                       ("When was {a} established?", "train"),
+                                       ("What year did {a} start?", "train"),
                                        ("Since when has {a} existed?", "heldout")],
     ("twohop", "person", "city"): [("Where is {a}'s employer based?", "train"),
                                    ("In which city is the company {a} works for?", "train"),
@@ -232,12 +273,14 @@ def document(w, e, must):
         if i > 0 and r.random() < 0.4:
             subj = e["he"] if e["type"] == "person" else "It"
         tmpl = pick(r, [row[1:] for row in rows if row[0] == fact], split)[0]
+        if "{o}" in tmpl:
+            subj = e["name"]
         if subj != e["name"] and not tmpl.startswith("{n}"):
             subj = subj.lower()
         v = e["facts"][fact]
         if "a {v}" in tmpl and v[0] in "aeiou":
             tmpl = tmpl.replace("a {v}", "an {v}")
-        s = tmpl.format(n=subj, v=v)
+        s = tmpl.format(n=subj, o=e["name"], v=v)
         s = s[0].upper() + s[1:]
         out.append(s)
         if r.random() < 0.2:
