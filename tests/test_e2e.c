@@ -128,6 +128,16 @@ static json_t *worker_view(int gport, const char *url)
     return found;
 }
 
+/* 1 when the gateway has nothing in flight on the worker at url (a const char *) and its last
+ * health check saw nothing running or queued there. */
+static int worker_idle(void *url)
+{
+    json_t *w = worker_view(gw.port, url);
+    int idle = w && th_iget(w, "in_flight") + th_iget(w, "running") + th_iget(w, "queued") == 0;
+    json_decref(w);
+    return idle;
+}
+
 /* The worker's own count of live assemblies (GET /v1/info). */
 static long long assemblies_live(int wport_)
 {
@@ -687,6 +697,10 @@ START_TEST(kill_restart_reconcile)
     int vi = worker_index(wurl), other = 1 - vi;
     long long vid = worker_id_of(wurl);
     ck_assert(placed(k1, vid));
+    /* The streamed request must go where the chunks are: wait until no load of an earlier
+     * request (a stream whose client left may still decode for a moment on a slow build) makes
+     * the gateway route it elsewhere. */
+    ck_assert_msg(th_wait_until(30000, 20, worker_idle, wurl), "worker %s never idle", wurl);
 
     th_sse s = {0};
     s.kill_after = wk[vi].pid;
