@@ -705,9 +705,14 @@ START_TEST(kill_restart_reconcile)
     th_sse s = {0};
     s.kill_after = wk[vi].pid;
     double t0 = th_now_s();
-    CURLcode rc = sse_post(&s, gw.port, "/v1/completions",
-                           json_pack("{s:s, s:s, s:i, s:f, s:b}", "model", MODEL, "prompt", p,
-                                     "max_tokens", 4000, "temperature", 0.0, "stream", 1));
+    /* Top-20 logprobs make each event about 2 KiB, so the whole answer (4000 events) cannot
+     * sit in the socket buffers: the worker can only run ahead of this client by what they
+     * hold, and is still decoding when the client, at its first event, kills it (without
+     * them, a fast worker could finish before a slow client got there). */
+    CURLcode rc =
+        sse_post(&s, gw.port, "/v1/completions",
+                 json_pack("{s:s, s:s, s:i, s:f, s:b, s:i}", "model", MODEL, "prompt", p,
+                           "max_tokens", 4000, "temperature", 0.0, "stream", 1, "logprobs", 20));
     ck_assert_msg(rc == CURLE_OK, "curl: %s", curl_easy_strerror(rc));
     ck_assert_double_lt(th_now_s() - t0, 30);
     ck_assert_int_eq(s.status, 200);
