@@ -716,12 +716,29 @@ START_TEST(kill_restart_reconcile)
     ck_assert_msg(rc == CURLE_OK, "curl: %s", curl_easy_strerror(rc));
     ck_assert_double_lt(th_now_s() - t0, 30);
     ck_assert_int_eq(s.status, 200);
+    /* the worker that streamed: the first data event's chunk_cache names it */
+    char served[64] = "";
+    for (int i = 0; i < s.n && !served[0]; i++) {
+        json_t *ev = th_sse_json(&s, i);
+        const char *w =
+            json_string_value(json_object_get(json_object_get(ev, "chunk_cache"), "worker"));
+        if (w) snprintf(served, sizeof served, "%s", w);
+        json_decref(ev);
+    }
     json_t *last = th_sse_json(&s, s.n - 1);
-    ck_assert_msg(last && json_is_object(json_object_get(last, "error")),
-                  "the stream did not end with an error event: %s", s.block[s.n - 1]);
+    if (!strcmp(served, wurl)) {
+        /* the killed worker streamed: an error event ends the stream, and no [DONE] */
+        ck_assert_msg(last && json_is_object(json_object_get(last, "error")),
+                      "the stream did not end with an error event: %s", s.block[s.n - 1]);
+        for (int i = 0; i < s.n; i++)
+            ck_assert_str_ne(s.block[i], "data: [DONE]");
+    } else {
+        /* On a loaded machine the gateway may have sent the stream to the other worker (it
+         * judged the holder busy); then it ends normally, whatever happened to the holder. */
+        fprintf(stderr, "kill_restart_reconcile: the stream went to %s, not to %s\n", served, wurl);
+        ck_assert_str_eq(s.block[s.n - 1], "data: [DONE]");
+    }
     json_decref(last);
-    for (int i = 0; i < s.n; i++)
-        ck_assert_str_ne(s.block[i], "data: [DONE]");
     th_sse_free(&s);
     th_stop(&wk[vi], SIGKILL); /* reaps it: the stream's first event killed it */
 
