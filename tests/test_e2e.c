@@ -113,31 +113,6 @@ static CURLcode sse_post(th_sse *s, int port, const char *path, json_t *body)
 
 /* ------------------------------------------------------------ state */
 
-/* The gateway's view of the worker at url (new reference) or NULL. */
-static json_t *worker_view(int gport, const char *url)
-{
-    json_t *l = admin(gport, "GET", "/v1/workers", NULL, 200);
-    json_t *found = NULL;
-    size_t i;
-    json_t *w;
-    json_array_foreach(json_object_get(l, "data"), i, w) if (!strcmp(th_sget(w, "url"), url))
-    {
-        found = json_incref(w);
-    }
-    json_decref(l);
-    return found;
-}
-
-/* 1 when the gateway has nothing in flight on the worker at url (a const char *) and its last
- * health check saw nothing running or queued there. */
-static int worker_idle(void *url)
-{
-    json_t *w = worker_view(gw.port, url);
-    int idle = w && th_iget(w, "in_flight") + th_iget(w, "running") + th_iget(w, "queued") == 0;
-    json_decref(w);
-    return idle;
-}
-
 /* The worker's own count of live assemblies (GET /v1/info). */
 static long long assemblies_live(int wport_)
 {
@@ -174,7 +149,7 @@ static int placed(const char *key, long long worker_id)
 
 static long long worker_id_of(const char *url)
 {
-    json_t *w = worker_view(gw.port, url);
+    json_t *w = th_worker_view(gw.port, ADMIN, url);
     ck_assert_ptr_nonnull(w);
     long long id = th_iget(w, "id");
     json_decref(w);
@@ -618,7 +593,7 @@ START_TEST(worker_failures_fall_back)
                            NULL};
     ck_assert_int_eq(start_gateway(&g3, "gw-failures", extra), 0);
     ck_assert(th_wait_worker(g3.port, ADMIN, u2, 1));
-    json_t *wv = worker_view(g3.port, u2);
+    json_t *wv = th_worker_view(g3.port, ADMIN, u2);
     char sync_path[96];
     snprintf(sync_path, sizeof sync_path, "/v1/workers/%lld/sync", th_iget(wv, "id"));
     json_decref(wv);
@@ -654,7 +629,7 @@ START_TEST(worker_failures_fall_back)
     json_decref(r);
     ck_assert_double_eq(th_metric(g3.port, "chunkgate_worker_errors_total{kind=\"timeout\"}"), 1);
     /* a timeout takes it out of routing until a probe answers */
-    json_t *down = worker_view(g3.port, u2);
+    json_t *down = th_worker_view(g3.port, ADMIN, u2);
     ck_assert(json_is_false(json_object_get(down, "healthy")));
     json_decref(down);
     kill(w2.pid, SIGCONT);
@@ -700,7 +675,7 @@ START_TEST(kill_restart_reconcile)
     /* The streamed request must go where the chunks are: wait until no load of an earlier
      * request (a stream whose client left may still decode for a moment on a slow build) makes
      * the gateway route it elsewhere. */
-    ck_assert_msg(th_wait_until(30000, 20, worker_idle, wurl), "worker %s never idle", wurl);
+    ck_assert_msg(th_wait_workers_idle(gw.port, ADMIN, wurl), "worker %s never idle", wurl);
 
     th_sse s = {0};
     s.kill_after = wk[vi].pid;
@@ -824,7 +799,7 @@ START_TEST(registration_mismatch_refused)
         const char *m = th_sget(json_object_get(e, "error"), "message");
         ck_assert_msg(strstr(m, cases[i].want) != NULL, "message: %s", m);
         json_decref(e);
-        json_t *view = worker_view(gw.port, url);
+        json_t *view = th_worker_view(gw.port, ADMIN, url);
         ck_assert_ptr_null(view);
         /* at startup, a reachable incompatible --worker stops the gateway (exit 1) */
         if (i == 0) {
@@ -924,7 +899,7 @@ START_TEST(admin_workers)
     char q[200];
     snprintf(q, sizeof q, "/v1/workers?url=%s", url);
     json_decref(admin(gw.port, "DELETE", q, NULL, 200));
-    ck_assert_ptr_null(worker_view(gw.port, url));
+    ck_assert_ptr_null(th_worker_view(gw.port, ADMIN, url));
     json_decref(w1);
     th_stop(&w, SIGTERM);
 }

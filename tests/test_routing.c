@@ -110,14 +110,7 @@ static char model_dir[300];
 /* The gateway's view of the worker at url: its JSON (new reference), asserted present. */
 static json_t *worker_view(int gport, const char *url)
 {
-    json_t *l = th_call(gport, "GET", "/v1/workers", NULL, NULL, 200);
-    json_t *found = NULL, *w;
-    size_t i;
-    json_array_foreach(json_object_get(l, "data"), i, w)
-    {
-        if (!strcmp(th_sget(w, "url"), url)) found = json_incref(w);
-    }
-    json_decref(l);
+    json_t *found = th_worker_view(gport, NULL, url);
     ck_assert_msg(found != NULL, "gateway on %d does not list %s", gport, url);
     return found;
 }

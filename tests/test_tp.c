@@ -394,20 +394,6 @@ END_TEST
  * kv_transfer_params.worker, and multi pulls from that one. Cold documents spread over both
  * sources; every answer is the assembling source's own computation; each source served the
  * pulls of its own assemblies. */
-/* 1 when the gateway's last health checks saw both sources with nothing running or queued. */
-static int sources_idle(void *arg)
-{
-    (void)arg;
-    json_t *l = th_call(gw.port, "GET", "/v1/workers", NULL, NULL, 200);
-    size_t i;
-    json_t *w;
-    int busy = 0;
-    json_array_foreach(json_object_get(l, "data"), i, w) busy +=
-        th_iget(w, "running") + th_iget(w, "queued") + th_iget(w, "in_flight") > 0;
-    json_decref(l);
-    return busy == 0;
-}
-
 START_TEST(test_several_sources)
 {
     json_t *mi = call(&multi, "GET", "/v1/info", NULL, 200);
@@ -424,7 +410,7 @@ START_TEST(test_several_sources)
     /* The earlier tests called the sources directly: until the gateway's health checks see
      * both idle, it counts that as other replicas' load and routes every cold request to the
      * idle-looking source (rightly). */
-    ck_assert_msg(th_wait_until(30000, 50, sources_idle, NULL),
+    ck_assert_msg(th_wait_workers_idle(gw.port, NULL, NULL),
                   "the gateway does not see both sources idle");
     /* Each request its own system prompt: nothing is cached across them, so every one is
      * routed cold, by load (none: they run one at a time) and then by its document's key. */

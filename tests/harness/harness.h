@@ -395,6 +395,13 @@ int th_wait_healthz(int port);
 /* Waits up to 30 s until GET /v1/workers on the gateway (token may be NULL) shows the worker
  * at url healthy (1) or not (0); returns 1 or 0. */
 int th_wait_worker(int gport, const char *token, const char *url, int healthy);
+/* The gateway's entry for the worker at url in GET /v1/workers (token may be NULL): a new
+ * reference, or NULL when the gateway lists no such worker. */
+json_t *th_worker_view(int gport, const char *token, const char *url);
+/* Waits up to 30 s until the gateway sees the worker at url (every worker when url is NULL)
+ * idle: nothing in flight from this gateway, nothing running or queued at its last health
+ * check; returns 1 or 0. */
+int th_wait_workers_idle(int gport, const char *token, const char *url);
 
 /* ------------------------------------------------------------ SQLite files */
 

@@ -413,22 +413,29 @@ typedef struct worker_state {
     int healthy;
 } worker_state;
 
-static int worker_is(void *arg)
+json_t *th_worker_view(int gport, const char *token, const char *url)
 {
-    worker_state *w = arg;
     th_resp r;
-    th_http(&r, w->gport, "GET", "/v1/workers", NULL, w->token, NULL);
+    th_http(&r, gport, "GET", "/v1/workers", NULL, token, NULL);
     json_t *j = th_json(&r);
     th_resp_free(&r);
     size_t k;
-    json_t *x;
-    int ok = 0;
+    json_t *x, *found = NULL;
     json_array_foreach(json_object_get(j, "data"), k, x)
     {
         const char *u = th_sget(x, "url");
-        if (u && !strcmp(u, w->url) && th_bget(x, "healthy") == !!w->healthy) ok = 1;
+        if (u && !strcmp(u, url)) found = json_incref(x);
     }
     json_decref(j);
+    return found;
+}
+
+static int worker_is(void *arg)
+{
+    worker_state *w = arg;
+    json_t *x = th_worker_view(w->gport, w->token, w->url);
+    int ok = x && th_bget(x, "healthy") == !!w->healthy;
+    json_decref(x);
     return ok;
 }
 
@@ -436,4 +443,36 @@ int th_wait_worker(int gport, const char *token, const char *url, int healthy)
 {
     worker_state w = {gport, token, url, healthy};
     return th_wait_until(30000, 20, worker_is, &w);
+}
+
+static long long load_of(json_t *x)
+{
+    return th_iget(x, "in_flight") + th_iget(x, "running") + th_iget(x, "queued");
+}
+
+static int workers_idle(void *arg)
+{
+    worker_state *w = arg;
+    if (w->url) {
+        json_t *x = th_worker_view(w->gport, w->token, w->url);
+        int idle = x && load_of(x) == 0;
+        json_decref(x);
+        return idle;
+    }
+    th_resp r;
+    th_http(&r, w->gport, "GET", "/v1/workers", NULL, w->token, NULL);
+    json_t *j = th_json(&r);
+    th_resp_free(&r);
+    size_t k;
+    json_t *x;
+    int busy = !j;
+    json_array_foreach(json_object_get(j, "data"), k, x) busy += load_of(x) > 0;
+    json_decref(j);
+    return busy == 0;
+}
+
+int th_wait_workers_idle(int gport, const char *token, const char *url)
+{
+    worker_state w = {gport, token, url, 1};
+    return th_wait_until(30000, 20, workers_idle, &w);
 }
