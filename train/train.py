@@ -41,6 +41,10 @@ CONFIG = dict(vocab_size=1024, hidden_size=128, num_hidden_layers=4, num_attenti
               rms_norm_eps=1e-5, max_position_embeddings=2048)
 
 
+# further single-hop questions a training prompt carries as more chat turns (at least, at most)
+EXTRA = (3, 8)
+
+
 # ---- the model, from the published Llama formulas ----
 
 class Llama(torch.nn.Module):
@@ -260,7 +264,7 @@ def batches(tok, rng, n, block_frac, ctx_w, docs_at, copy_at, group=8):
             if rng.random() < copy_at():
                 rows.append(copy_row(tok, rng))
                 continue
-            ex = world.example(rng, "train", max_docs=docs_at(), extra=rng.randint(2, 6))
+            ex = world.example(rng, "train", max_docs=docs_at(), extra=rng.randint(*EXTRA))
             rows.append(encode_turns(tok, ex))
         rows.sort(key=lambda r: len(r[0]))
         order = list(range(group))
@@ -375,15 +379,17 @@ def loss_svg(points, path):
 def write_card(out, log, model):
     """README.md: the model card (command, seed, data, loss curve, held-out accuracy)."""
     a = log["args"]
-    cmd = "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 train/train.py --out %s --seed %d --steps %d " \
-          "--batch %d --lr %g" % (os.path.relpath(out, os.path.dirname(HERE)), a["seed"], a["steps"],
-                                  a["batch"], a["lr"])
-    if a["init"]:
-        cmd += " --init %s" % os.path.relpath(a["init"], os.path.dirname(HERE))
-    if a["block_mask"]:
-        cmd += " --block-mask %g" % a["block_mask"]
+    default = vars(parser().parse_args(["--out", a["out"]]))
+    cmd = "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 train/train.py --out %s" % os.path.relpath(
+        out, os.path.dirname(HERE))
+    for k, v in a.items():
+        if k in ("out", "card") or v == default.get(k) or v is None:
+            continue
+        if k == "init":
+            v = os.path.relpath(v, os.path.dirname(HERE))
+        cmd += " --%s %s" % (k.replace("_", "-"), v if not isinstance(v, float) else "%g" % v)
     n_params = sum(p.numel() for p in model.parameters())
-    lines = ["# %s" % os.path.basename(os.path.normpath(out)), "",
+    lines = ["# %s" % os.path.basename(os.path.normpath(os.path.abspath(out))), "",
              "A small LlamaForCausalLM trained by chunkgate's recipe (`train/`) to answer questions "
              "over fictional documents. It exists so that chunk reuse can be measured on answers, "
              "not on random weights; it knows nothing of the real world.", "",
@@ -402,11 +408,12 @@ def write_card(out, log, model):
              "city, product and founding year, in varied sentences with filler), shuffled, under "
              "one of several system prompts, and one question: single-hop, two-hop (a person's "
              "employer's city or product), comparison (ages, founding years) or about someone in "
-             "no document (\"unknown\"), then 2-6 more single-hop questions as further turns; "
+             "no document (\"unknown\"), then %d-%d more single-hop questions as further turns; "
              "some sequences are copying sequences (train/README.md). The "
              "sequence is what chunkgate-worker computes for a chat request with `documents` "
              "under the ChatML template: each segment tokenized on its own. The loss weights the "
-             "answer tokens 1 and the rest %g." % (round(100 * a["curriculum"]), a["context_weight"]),
+             "answer tokens 1 and the rest %g." % (round(100 * a["curriculum"]), EXTRA[0], EXTRA[1],
+                                                   a["context_weight"]),
              "- Held out: entity names (one in eight, by a hash of the name; evaluation uses only "
              "those), and some document sentences, questions and system prompts.",
              "- Attention during training: plain causal%s." % (
@@ -453,7 +460,7 @@ def lr_shape(args, step):
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
 
 
-def main(argv=None):
+def parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=1)
@@ -481,7 +488,17 @@ def main(argv=None):
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-n", type=int, default=200, help="held-out questions per kind, at the end")
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args(argv)
+    ap.add_argument("--card", action="store_true",
+                    help="only rewrite the model card of --out from its train_log.json")
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    if args.card:
+        with open(os.path.join(args.out, "train_log.json")) as f:
+            write_card(args.out, json.load(f), Llama(dict(CONFIG)))
+        return
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
