@@ -48,6 +48,20 @@ done
 model=$(curl -fs "http://$wlisten/v1/info" | sed -n 's/.*"model":"\([^"]*\)".*/\1/p')
 model=${model:-chunkgate-tiny}
 
+case "$model" in
+chunkgate-rag*) # the trained model: questions over documents about its fictional world
+    cat <<EOT
+chunkgate: http://$listen  (worker: http://$wlisten, model $model, trained to answer from documents)
+Try (the second request reuses both documents' KV in the other order: see
+usage.prompt_tokens_details.cached_tokens and chunk_cache in the answer):
+  curl -s http://$listen/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model":"$model","max_tokens":24,"temperature":0,"messages":[{"role":"system","content":"Answer the question from the documents."},{"role":"user","content":"Where does Fas Sambis live?"}],"documents":["Fas Sambis is a painter by profession. The home of Fas Sambis is in Kirstairtmouth.","Gairka Optics produces soap. The head office of Gairka Optics is in Thakbro."]}'
+  curl -s http://$listen/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model":"$model","max_tokens":24,"temperature":0,"messages":[{"role":"system","content":"Answer the question from the documents."},{"role":"user","content":"What does Gairka Optics make?"}],"documents":["Gairka Optics produces soap. The head office of Gairka Optics is in Thakbro.","Fas Sambis is a painter by profession. The home of Fas Sambis is in Kirstairtmouth."]}'
+Workers: curl -s http://$listen/v1/workers     Demo: scripts/demo.sh
+EOT
+    ;;
+*)
 cat <<EOT
 chunkgate: http://$listen  (worker: http://$wlisten, model $model)
 Try (the second request reuses both documents' KV: see usage.prompt_tokens_details.cached_tokens
@@ -61,4 +75,6 @@ and chunk_cache in the answer):
     -d '{"model":"$model","messages":[{"role":"user","content":"What is the capital of France?"}],"documents":["Paris is the capital of France.","Berlin is the capital of Germany."],"max_tokens":32}'
 Workers: curl -s http://$listen/v1/workers     Demo: scripts/demo.sh
 EOT
+    ;;
+esac
 build/server/chunkgate --listen "$listen" --worker "http://$wlisten" --data-dir "$data/gateway"
