@@ -383,7 +383,7 @@ def write_card(out, log, model):
     cmd = "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 train/train.py --out %s" % os.path.relpath(
         out, os.path.dirname(HERE))
     for k, v in a.items():
-        if k in ("out", "card") or v == default.get(k) or v is None:
+        if k in ("out", "card") or (v == default.get(k) and k != "seed") or v is None:
             continue
         if k == "init":
             v = os.path.relpath(v, os.path.dirname(HERE))
@@ -431,8 +431,10 @@ def write_card(out, log, model):
                             ("sys_mask", "chunk-isolating mask, sys")):
             lines.append("| %s | %s |" % (label, " | ".join("%.1f%%" % (100 * h[name][k])
                                                              for k in world.KINDS)))
-        lines += ["", "The masked rows are what strict and sys reuse compute without any "
-                  "recompute; `bench/README.md` measures the same through the gateway.", ""]
+        lines += ["", "Every evaluation prompt carries 4-6 documents. The masked rows are what "
+                  "strict and sys reuse compute without any recompute; `bench/README.md` measures "
+                  "the same through the gateway, and `train/README.md` breaks the accuracy down "
+                  "by the number of documents and the phrasings.", ""]
     if log["loss"]:
         loss_svg(log["loss"], os.path.join(out, "loss.svg"))
         lines += ["## Training loss", "", "![loss](loss.svg)", "",
