@@ -413,18 +413,30 @@ typedef struct worker_state {
     int healthy;
 } worker_state;
 
-json_t *th_worker_view(int gport, const char *token, const char *url)
+/* GET /v1/workers on the gateway: the whole answer (new reference), or NULL. */
+static json_t *workers_list(int gport, const char *token)
 {
     th_resp r;
     th_http(&r, gport, "GET", "/v1/workers", NULL, token, NULL);
     json_t *j = th_json(&r);
     th_resp_free(&r);
+    return j;
+}
+
+/* Whether entry x of /v1/workers is the worker at url (every worker when url is NULL). */
+static int worker_matches(json_t *x, const char *url)
+{
+    const char *u = th_sget(x, "url");
+    return !url || (u && !strcmp(u, url));
+}
+
+json_t *th_worker_view(int gport, const char *token, const char *url)
+{
+    json_t *j = workers_list(gport, token), *x, *found = NULL;
     size_t k;
-    json_t *x, *found = NULL;
-    json_array_foreach(json_object_get(j, "data"), k, x)
+    json_array_foreach(json_object_get(j, "data"), k, x) if (worker_matches(x, url))
     {
-        const char *u = th_sget(x, "url");
-        if (u && !strcmp(u, url)) found = json_incref(x);
+        found = json_incref(x);
     }
     json_decref(j);
     return found;
@@ -453,22 +465,16 @@ static long long load_of(json_t *x)
 static int workers_idle(void *arg)
 {
     worker_state *w = arg;
-    if (w->url) {
-        json_t *x = th_worker_view(w->gport, w->token, w->url);
-        int idle = x && load_of(x) == 0;
-        json_decref(x);
-        return idle;
-    }
-    th_resp r;
-    th_http(&r, w->gport, "GET", "/v1/workers", NULL, w->token, NULL);
-    json_t *j = th_json(&r);
-    th_resp_free(&r);
+    json_t *j = workers_list(w->gport, w->token), *x;
     size_t k;
-    json_t *x;
-    int busy = !j;
-    json_array_foreach(json_object_get(j, "data"), k, x) busy += load_of(x) > 0;
+    int seen = 0, busy = 0;
+    json_array_foreach(json_object_get(j, "data"), k, x) if (worker_matches(x, w->url))
+    {
+        seen++;
+        busy += load_of(x) > 0;
+    }
     json_decref(j);
-    return busy == 0;
+    return seen && !busy;
 }
 
 int th_wait_workers_idle(int gport, const char *token, const char *url)
