@@ -522,6 +522,34 @@ static void *multi_main(void *arg)
     return NULL;
 }
 
+/* "Authorization: Bearer KEY", or NULL when key is unset or empty. */
+static char *bearer_header(const char *key)
+{
+    if (!key || !*key) return NULL;
+    size_t n = strlen(key) + 32;
+    char *h = cg_malloc(n);
+    snprintf(h, n, "Authorization: Bearer %s", key);
+    return h;
+}
+
+/* Frees a client whose thread never ran or has been joined; also a half-started one (a
+ * descriptor that failed to open is -1, and no handle has been lent yet). */
+static void client_free(cg_upstream *c)
+{
+    for (size_t i = 0; i < c->n_spare; i++)
+        curl_easy_cleanup(c->spare[i]);
+    curl_multi_cleanup(c->multi);
+    free(c->reg);
+    if (c->epfd >= 0) close(c->epfd);
+    if (c->wake_fd >= 0) close(c->wake_fd);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c->auth);
+    free(c->worker_auth);
+    free(c->base);
+    free(c);
+}
+
 /* ---------------------------------------------------------------- public */
 
 cg_status cg_upstream_open(const cg_upstream_params *p, cg_upstream **out)
@@ -538,16 +566,8 @@ cg_status cg_upstream_open(const cg_upstream_params *p, cg_upstream **out)
     c->p.base_url = c->base;
     c->p.api_key = NULL;
     c->p.worker_api_key = NULL;
-    if (p->api_key && *p->api_key) {
-        size_t n = strlen(p->api_key) + 32;
-        c->auth = cg_malloc(n);
-        snprintf(c->auth, n, "Authorization: Bearer %s", p->api_key);
-    }
-    if (p->worker_api_key && *p->worker_api_key) {
-        size_t n = strlen(p->worker_api_key) + 32;
-        c->worker_auth = cg_malloc(n);
-        snprintf(c->worker_auth, n, "Authorization: Bearer %s", p->worker_api_key);
-    }
+    c->auth = bearer_header(p->api_key);
+    c->worker_auth = bearer_header(p->worker_api_key);
     if (c->p.connect_timeout_ms <= 0) c->p.connect_timeout_ms = 3000;
     if (c->p.idle_timeout_ms <= 0) c->p.idle_timeout_ms = 300000;
     if (c->p.dns_cache_s < 0) c->p.dns_cache_s = 2;
@@ -568,15 +588,7 @@ cg_status cg_upstream_open(const cg_upstream_params *p, cg_upstream **out)
     if (c->epfd < 0 || c->wake_fd < 0 || epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->wake_fd, &ev) != 0 ||
         pthread_create(&c->thread, NULL, multi_main, c) != 0) {
         cg_log(CG_LOG_ERROR, "cannot start the backend client: %s", strerror(errno));
-        if (c->epfd >= 0) close(c->epfd);
-        if (c->wake_fd >= 0) close(c->wake_fd);
-        curl_multi_cleanup(c->multi);
-        pthread_mutex_destroy(&c->mu);
-        pthread_cond_destroy(&c->cv);
-        free(c->auth);
-        free(c->worker_auth);
-        free(c->base);
-        free(c);
+        client_free(c);
         return CG_E_INTERNAL;
     }
     *out = c;
@@ -624,18 +636,7 @@ void cg_upstream_close(cg_upstream **cp)
     if (!c) return;
     *cp = NULL;
     cg_upstream_shutdown(c);
-    for (size_t i = 0; i < c->n_spare; i++)
-        curl_easy_cleanup(c->spare[i]);
-    curl_multi_cleanup(c->multi);
-    free(c->reg);
-    close(c->epfd);
-    close(c->wake_fd);
-    pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->cv);
-    free(c->auth);
-    free(c->worker_auth);
-    free(c->base);
-    free(c);
+    client_free(c);
 }
 
 static struct curl_slist *base_headers(cg_upstream *c, const char *request_id, int json_body,

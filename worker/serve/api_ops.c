@@ -154,6 +154,17 @@ static void set_gauge(cg_metrics *m, const char *name, const char *help, double 
     cg_metric_set(cg_metrics_gauge(m, name, help, NULL), v);
 }
 
+/* One counter family with one label: name{label="values[i]"} = v[i]. */
+static void set_counters(cg_metrics *m, const char *name, const char *help, const char *label,
+                         const char *const *values, const uint64_t *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char l[96];
+        snprintf(l, sizeof l, "%s=\"%s\"", label, values[i]);
+        cg_metric_set(cg_metrics_counter(m, name, help, l), (double)v[i]);
+    }
+}
+
 /* The disk write-behind and the remote tier. */
 static void tier_metrics(cg_worker_api *a, cg_metrics *m, const cg_engine_stats *es)
 {
@@ -182,30 +193,20 @@ static void tier_metrics(cg_worker_api *a, cg_metrics *m, const cg_engine_stats 
         "Chunks looked up in the remote tier by outcome: hit, miss, invalid (a corrupt or "
         "foreign value, never used), error (Redis down or slow), skipped (not asked after an "
         "error in the same request)";
-    cg_metric_set(cg_metrics_counter(m, P "remote_reads_total", rl, "outcome=\"hit\""),
-                  (double)ts.remote_hits);
-    cg_metric_set(cg_metrics_counter(m, P "remote_reads_total", rl, "outcome=\"miss\""),
-                  (double)ts.remote_misses);
-    cg_metric_set(cg_metrics_counter(m, P "remote_reads_total", rl, "outcome=\"invalid\""),
-                  (double)ts.remote_invalid);
-    cg_metric_set(cg_metrics_counter(m, P "remote_reads_total", rl, "outcome=\"error\""),
-                  (double)ts.remote_errors);
-    cg_metric_set(cg_metrics_counter(m, P "remote_reads_total", rl, "outcome=\"skipped\""),
-                  (double)ts.remote_skipped);
+    static const char *const outcomes[] = {"hit", "miss", "invalid", "error", "skipped"};
+    const uint64_t reads[] = {ts.remote_hits, ts.remote_misses, ts.remote_invalid, ts.remote_errors,
+                              ts.remote_skipped};
+    set_counters(m, P "remote_reads_total", rl, "outcome", outcomes, reads, 5);
     set_counter(m, P "remote_read_bytes_total", "Value bytes read from the remote tier by hits",
                 ts.remote_bytes_read);
     set_counter(m, P "remote_written_bytes_total", "Value bytes written to the remote tier",
                 rs.bytes_written);
     set_counter(m, P "remote_writes_total", "Per-head values written to the remote tier", rs.sets);
     static const char *re = "Failed remote tier calls by kind (reads, writes, deletes, pings)";
-    cg_metric_set(cg_metrics_counter(m, P "remote_errors_total", re, "kind=\"unavailable\""),
-                  (double)rs.errors_unavailable);
-    cg_metric_set(cg_metrics_counter(m, P "remote_errors_total", re, "kind=\"timeout\""),
-                  (double)rs.errors_timeout);
-    cg_metric_set(cg_metrics_counter(m, P "remote_errors_total", re, "kind=\"protocol\""),
-                  (double)rs.errors_protocol);
-    cg_metric_set(cg_metrics_counter(m, P "remote_errors_total", re, "kind=\"other\""),
-                  (double)rs.errors_other);
+    static const char *const kinds[] = {"unavailable", "timeout", "protocol", "other"};
+    const uint64_t errs[] = {rs.errors_unavailable, rs.errors_timeout, rs.errors_protocol,
+                             rs.errors_other};
+    set_counters(m, P "remote_errors_total", re, "kind", kinds, errs, 4);
     set_counter(m, P "remote_queue_drops_total",
                 "Computed chunks not written to the remote tier: the write-behind queue was full",
                 ts.remote_put_drops);
