@@ -36,10 +36,9 @@
 #include "worker/store/tiers.h"
 #include "base/remote.h"
 
-#define SYS_BYTES 256
-#define DOC_BYTES 2048
-#define Q_BYTES 64
-#define N_DOCS 4
+#define SYS_BYTES TH_RAG_SYS_BYTES
+#define DOC_BYTES TH_RAG_DOC_BYTES
+#define N_DOCS TH_RAG_DOCS
 
 static void die(const char *what, cg_status st, const char *err)
 {
@@ -268,23 +267,11 @@ static void ttft_bench(const cg_model *m, int port, redisContext *adm, int reps)
     for (int r = 0; r < reps; r++) {
         redis_flushall(adm);
         rng_state = 0x9e3779b97f4a7c15ull * (uint64_t)(r + 1);
-        char *sys1 = th_words(SYS_BYTES, "System: answer from the documents. ", &rng_state);
-        char *q = th_words(Q_BYTES, "Question: ", &rng_state);
-        char *docs[N_DOCS];
-        for (int d = 0; d < N_DOCS; d++) {
-            char pre[32];
-            snprintf(pre, sizeof pre, "Document %d-%d. ", r, d);
-            docs[d] = th_words(DOC_BYTES, pre, &rng_state);
-        }
-        static const int order[N_DOCS] = {2, 0, 3, 1};
-        cg_engine_seg s_cold[N_DOCS + 2], s_warm[N_DOCS + 2];
-        s_cold[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys1, SYS_BYTES, NULL};
-        for (int d = 0; d < N_DOCS; d++) {
-            s_cold[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, docs[d], DOC_BYTES, NULL};
-            s_warm[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, docs[order[d]], DOC_BYTES, NULL};
-        }
-        s_cold[N_DOCS + 1] = s_warm[N_DOCS + 1] =
-            (cg_engine_seg){CG_ROLE_QUESTION, q, Q_BYTES, NULL};
+        char tag[16];
+        snprintf(tag, sizeof tag, "%d", r);
+        th_rag_work w;
+        th_rag_make(&w, tag, &rng_state);
+        cg_engine_seg *s_cold = w.cold, *s_warm = w.warm;
 
         cg_remote *rc = open_remote(port);
         cg_engine_params ep = cg_engine_default_params();
@@ -305,21 +292,13 @@ static void ttft_bench(const cg_model *m, int port, redisContext *adm, int reps)
          * pool (every page faulted in, as A's are by its cold run) and its KV buffers; the
          * remote chunks then take the blocks of evicted ones. */
         for (int round = 0; round < 2; round++) {
-            char *other[N_DOCS], *sys_other = th_words(SYS_BYTES, "System (warm-up): ", &rng_state);
-            cg_engine_seg s_other[N_DOCS + 2];
-            s_other[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys_other, SYS_BYTES, NULL};
-            for (int d = 0; d < N_DOCS; d++) {
-                char pre[32];
-                snprintf(pre, sizeof pre, "Other %d-%d-%d. ", r, round, d);
-                other[d] = th_words(DOC_BYTES, pre, &rng_state);
-                s_other[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, other[d], DOC_BYTES, NULL};
-            }
-            s_other[N_DOCS + 1] = s_cold[N_DOCS + 1];
-            (void)ttft(b, s_other, N_DOCS + 2, &info);
+            char tag_other[32];
+            snprintf(tag_other, sizeof tag_other, "other %d-%d", r, round);
+            th_rag_work other;
+            th_rag_make(&other, tag_other, &rng_state);
+            (void)ttft(b, other.cold, N_DOCS + 2, &info);
             cg_assembly_info_free(&info);
-            for (int d = 0; d < N_DOCS; d++)
-                free(other[d]);
-            free(sys_other);
+            th_rag_free(&other);
         }
         cold[r] = ttft(a, s_cold, N_DOCS + 2, &info);
         expect_tier(&info, 0, CG_TIER_RAM, "cold");
@@ -361,10 +340,7 @@ static void ttft_bench(const cg_model *m, int port, redisContext *adm, int reps)
         cg_engine_close(&b);
         cg_engine_close(&a);
         cg_remote_close(&rc);
-        free(sys1);
-        free(q);
-        for (int d = 0; d < N_DOCS; d++)
-            free(docs[d]);
+        th_rag_free(&w);
     }
     double tc = th_median(cold, reps), tr = th_median(ram, n_samples),
            tm = th_median(remote, n_samples);

@@ -17,10 +17,10 @@
 #include "base/base.h"
 #include "tests/harness/harness.h"
 
-#define SYS_BYTES 256
-#define DOC_BYTES 2048
-#define Q_BYTES 64
-#define N_DOCS 4
+#define SYS_BYTES TH_RAG_SYS_BYTES
+#define DOC_BYTES TH_RAG_DOC_BYTES
+#define Q_BYTES TH_RAG_Q_BYTES
+#define N_DOCS TH_RAG_DOCS
 
 static uint64_t rng_state;
 
@@ -94,25 +94,11 @@ int main(int argc, char **argv)
     uint32_t n_tok_cold = 0, n_tok_warm = 0, cached_warm = 0, computed_warm = 0;
     for (int r = 0; r < reps; r++) {
         rng_state = 0x9e3779b97f4a7c15ull * (uint64_t)(r + 1);
-        char *sys1 = th_words(SYS_BYTES, "System: answer from the documents. ", &rng_state);
-        char *sys2 = th_words(SYS_BYTES, "System (changed): be terse, cite. ", &rng_state);
-        char *q = th_words(Q_BYTES, "Question: ", &rng_state);
-        char *docs[N_DOCS];
-        for (int d = 0; d < N_DOCS; d++) {
-            char pre[32];
-            snprintf(pre, sizeof pre, "Document %d-%d. ", r, d);
-            docs[d] = th_words(DOC_BYTES, pre, &rng_state);
-        }
-        cg_engine_seg s_cold[N_DOCS + 2], s_warm[N_DOCS + 2];
-        static const int order[N_DOCS] = {2, 0, 3, 1};
-        s_cold[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys1, SYS_BYTES, NULL};
-        s_warm[0] = (cg_engine_seg){CG_ROLE_SYSTEM, sys2, SYS_BYTES, NULL};
-        for (int d = 0; d < N_DOCS; d++) {
-            s_cold[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, docs[d], DOC_BYTES, NULL};
-            s_warm[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, docs[order[d]], DOC_BYTES, NULL};
-        }
-        s_cold[N_DOCS + 1] = (cg_engine_seg){CG_ROLE_QUESTION, q, Q_BYTES, NULL};
-        s_warm[N_DOCS + 1] = s_cold[N_DOCS + 1];
+        char tag[16];
+        snprintf(tag, sizeof tag, "%d", r);
+        th_rag_work w;
+        th_rag_make(&w, tag, &rng_state);
+        const cg_engine_seg *s_cold = w.cold, *s_warm = w.warm;
 
         cg_engine *e = NULL;
         cg_status st = cg_engine_open(m, cg_engine_default_params(), &e);
@@ -134,11 +120,7 @@ int main(int argc, char **argv)
             if (!info.segs[i].hit) die("warm run had a miss", CG_E_INTERNAL, NULL);
         cg_assembly_info_free(&info);
         cg_engine_close(&e);
-        free(sys1);
-        free(sys2);
-        free(q);
-        for (int d = 0; d < N_DOCS; d++)
-            free(docs[d]);
+        th_rag_free(&w);
     }
     double tc = th_median(cold, reps), tw = th_median(warm, reps), tb = th_median(base, reps);
     printf("| run | prompt tokens | computed | TTFT (ms) |\n|---|---|---|---|\n");

@@ -2,5 +2,5 @@
 # cold / warm from RAM / warm from the remote tier, in one run (starts its own redis-server).
 if(TARGET cg_remote)
   add_executable(bench_shared bench_shared.c)
-  target_link_libraries(bench_shared PRIVATE cg_wserve cg_test_harness)
+  target_link_libraries(bench_shared PRIVATE cg_test_engine)
 endif()

@@ -89,3 +89,38 @@ cg_model *th_model_open_or_generate(const char *dir, char tmp[TH_MODEL_TMP], cha
     cg_model *m = NULL;
     return cg_model_open(dir, &m, err, n) == CG_OK ? m : NULL;
 }
+
+void th_rag_make(th_rag_work *w, const char *tag, uint64_t *state)
+{
+    w->sys = th_words(TH_RAG_SYS_BYTES, "System: answer from the documents. ", state);
+    w->sys2 = th_words(TH_RAG_SYS_BYTES, "System (changed): be terse, cite. ", state);
+    w->q = th_words(TH_RAG_Q_BYTES, "Question: ", state);
+    for (int d = 0; d < TH_RAG_DOCS; d++) {
+        char pre[64];
+        snprintf(pre, sizeof pre, "Document %s-%d. ", tag, d);
+        w->docs[d] = th_words(TH_RAG_DOC_BYTES, pre, state);
+    }
+    static const int order[TH_RAG_DOCS] = {2, 0, 3, 1};
+    const size_t n = TH_RAG_DOCS + 2;
+    w->cold = cg_calloc(n, sizeof *w->cold);
+    w->warm = cg_calloc(n, sizeof *w->warm);
+    w->cold[0] = (cg_engine_seg){CG_ROLE_SYSTEM, w->sys, TH_RAG_SYS_BYTES, NULL};
+    w->warm[0] = (cg_engine_seg){CG_ROLE_SYSTEM, w->sys2, TH_RAG_SYS_BYTES, NULL};
+    for (int d = 0; d < TH_RAG_DOCS; d++) {
+        w->cold[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, w->docs[d], TH_RAG_DOC_BYTES, NULL};
+        w->warm[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, w->docs[order[d]], TH_RAG_DOC_BYTES, NULL};
+    }
+    w->cold[n - 1] = w->warm[n - 1] = (cg_engine_seg){CG_ROLE_QUESTION, w->q, TH_RAG_Q_BYTES, NULL};
+}
+
+void th_rag_free(th_rag_work *w)
+{
+    free(w->sys);
+    free(w->sys2);
+    free(w->q);
+    for (int d = 0; d < TH_RAG_DOCS; d++)
+        free(w->docs[d]);
+    free(w->cold);
+    free(w->warm);
+    memset(w, 0, sizeof *w);
+}

@@ -462,6 +462,23 @@ void th_engine_assemble(cg_engine *e, const char *sys, const char *d1, const cha
 char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char *d2, const char *q,
                        uint32_t max_tokens, int path);
 
+/* The RAG workload of the TTFT benches (bench_ttft, bench_shared): a system prompt of
+ * TH_RAG_SYS_BYTES, TH_RAG_DOCS documents of TH_RAG_DOC_BYTES and a question of
+ * TH_RAG_Q_BYTES, pseudo-words from *state, the documents headed "Document TAG-d.". cold: the
+ * documents in order under sys; warm: the same documents reordered 2, 0, 3, 1 under sys2 (a
+ * changed system prompt); both end in q. Free with th_rag_free. */
+#define TH_RAG_DOCS 4
+#define TH_RAG_SYS_BYTES 256
+#define TH_RAG_DOC_BYTES 2048
+#define TH_RAG_Q_BYTES 64
+struct cg_engine_seg;
+typedef struct th_rag_work {
+    char *sys, *sys2, *q, *docs[TH_RAG_DOCS];
+    struct cg_engine_seg *cold, *warm; /* TH_RAG_DOCS + 2 each */
+} th_rag_work;
+void th_rag_make(th_rag_work *w, const char *tag, uint64_t *state);
+void th_rag_free(th_rag_work *w);
+
 /* ------------------------------------------------------------ Redis */
 /* In cg_test_redis (tests/harness/redis.c), for suites that link hiredis. */
 
