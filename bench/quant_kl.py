@@ -3,13 +3,17 @@
 next-token distributions against the 16-bit ones, on the same token ids.
 
   quant_kl.py MODEL_DIR WORK_DIR [--tokens 512] [--positions 32] [--seed 1]
-              [--id-min 1000] [--id-max 30000] [--threads 2] [--build build]
+              [--id-min 1000] [--id-max 30000] [--rag N] [--threads 2] [--build build]
 
 WORK_DIR receives the GGUFs (bench/gguf_write.py --type f16, q8_0, q4_0; kept when present)
 and the log-probability rows. chunkgate: build/bench/bench_quant (one process per setting,
 prefill kernels, pieces of 256 rows); llama.cpp: bench/llamacpp/llamacpp.mjs logprobs --full.
 Reported, over --positions positions spread evenly over --tokens xorshift32 ids (BOS first when
-the tokenizer adds one): mean and max KL(P || Q) in nats and top-1 agreement, for
+the tokenizer adds one), or with --rag N (a checkpoint trained by train/train.py) over the
+held-out RAG questions of train/world.py (4-6 documents each, rendered as the trainer does,
+one prompt after another, at most N and at most 2048 tokens) at every position and, as
+"answer", at the positions whose next token is an answer token, where the distribution
+decides what a user reads: mean and max KL(P || Q) in nats and top-1 agreement, for
   P = chunkgate 16-bit: Q = chunkgate q8, q4, llama.cpp F16, Q8_0, Q4_0;
   P = llama.cpp F16:    Q = llama.cpp Q8_0, Q4_0 (llama.cpp's own loss, as llama-perplexity
                         --kl-divergence measures it).
@@ -35,6 +39,29 @@ def kl_stats(p, q):
     return {"kl_mean": float(kl.mean()), "kl_max": float(kl.max()), "top1": "%d/%d" % (agree, len(kl))}
 
 
+def rag_ids(model_dir, n, seed, max_len):
+    """Held-out RAG prompts with their answers, one after another (each a new chat, as a
+    client would send it) in one sequence of at most max_len ids; every position; and the
+    indices of the positions whose next token is an answer token. At most n questions, the
+    four kinds in turn."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "train"))
+    import bpe
+    import train
+    import world
+    tok = bpe.load(os.path.join(model_dir, "tokenizer.json"))
+    per = (n + len(world.KINDS) - 1) // len(world.KINDS)
+    exs = world.eval_set(seed, per)
+    exs = [exs[k * per + i] for i in range(per) for k in range(len(world.KINDS))]
+    ids, ans_at = [], []
+    for ex in exs[:n]:
+        x, _, ans = train.encode(tok, ex)
+        if len(ids) + len(x) + len(ans) > max_len:
+            break
+        ans_at += range(len(ids) + len(x) - 1, len(ids) + len(x) + len(ans) - 1)
+        ids += x + ans
+    return ids, list(range(len(ids))), ans_at
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir")
@@ -44,6 +71,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--id-min", type=int, default=1000)
     ap.add_argument("--id-max", type=int, default=30000)
+    ap.add_argument("--rag", type=int, default=0,
+                    help="answer positions of this many held-out RAG questions instead of random ids")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--build", default="build")
     a = ap.parse_args()
@@ -51,8 +80,13 @@ def main():
     with open(os.path.join(a.model_dir, "config.json")) as f:
         cfg = json.load(f)
     V = cfg["vocab_size"]
-    ids, pos = probe_ids(a.model_dir, cfg, a.tokens, a.seed, a.id_min, min(a.id_max, V),
-                         a.positions)
+    if a.rag:
+        ids, pos, ans_at = rag_ids(a.model_dir, a.rag, a.seed,
+                                   min(2048, cfg.get("max_position_embeddings", 2048)))
+    else:
+        ans_at = None
+        ids, pos = probe_ids(a.model_dir, cfg, a.tokens, a.seed, a.id_min, min(a.id_max, V),
+                             a.positions)
     plist = ",".join(map(str, pos))
     ids_file = os.path.join(a.work, "ids.json")
     with open(ids_file, "w") as f:
@@ -94,6 +128,10 @@ def main():
         res["kl"]["cg_f16||" + q] = kl_stats(ref, rows[q])
     for q in ("llama_q8_0", "llama_q4_0"):
         res["kl"]["llama_f16||" + q] = kl_stats(rows["llama_f16"], rows[q])
+    if ans_at:
+        res["answer_positions"] = len(ans_at)
+        for q in ("cg_q8", "cg_q4", "llama_q8_0", "llama_q4_0"):
+            res["kl"]["answer: cg_f16||" + q] = kl_stats(ref[ans_at], rows[q][ans_at])
     sys.stderr.write("%-32s %12s %12s %8s\n" % ("KL(P || Q)", "mean", "max", "top-1"))
     for k, v in res["kl"].items():
         sys.stderr.write("%-32s %12.3e %12.3e %8s\n" % (k, v["kl_mean"], v["kl_max"], v["top1"]))
