@@ -482,14 +482,22 @@ cg_status cg_model_config_read(const char *dir, cg_model_config *c, char *err, s
         json_decref(root);
         return root ? CG_E_TYPE : CG_E_JSON;
     }
-    st = read_arch(root, c, err, errlen);
+    st = cg_model_config_parse(root, dir, c, err, errlen);
+    json_decref(root);
+    return st;
+}
+
+cg_status cg_model_config_parse(json_t *root, const char *dir, cg_model_config *c, char *err,
+                                size_t errlen)
+{
+    memset(c, 0, sizeof *c);
+    cg_status st = read_arch(root, c, err, errlen);
     if (st == CG_OK) st = refuse_unsupported(root, c, err, errlen);
     if (st == CG_OK) st = read_geometry(root, c, err, errlen);
     if (st == CG_OK) st = read_rope(root, c, err, errlen);
     if (st == CG_OK) st = read_model_id(root, dir, c, err, errlen);
     c->qkv_bias = c->arch == CG_ARCH_QWEN2;
     c->qk_norm = c->arch == CG_ARCH_QWEN3;
-    json_decref(root);
     return st;
 }
 

@@ -59,6 +59,12 @@ typedef struct cg_model_config {
 cg_status cg_model_config_read(const char *dir, cg_model_config *c, char *err,
                                size_t errlen) CG_WUR;
 
+/* The same from a parsed config.json object (root is borrowed); dir names the model when the
+ * object has no model id (its last path component). Messages say "config.json". */
+struct json_t;
+cg_status cg_model_config_parse(struct json_t *root, const char *dir, cg_model_config *c, char *err,
+                                size_t errlen) CG_WUR;
+
 /* The RoPE of c for kv/remap.h (borrows c's inv_freq table: c must outlive it). */
 cg_rope cg_model_config_rope(const cg_model_config *c);
 

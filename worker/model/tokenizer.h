@@ -49,6 +49,13 @@ void cg_tokens_free(cg_tokens *t);
  * or ids that do not fit the vocabulary). */
 cg_status cg_tokenizer_new(const char *path, cg_tokenizer **out, char *err, size_t errlen) CG_WUR;
 
+/* The same from objects already parsed: tok as tokenizer.json holds it, config (may be NULL)
+ * as tokenizer_config.json does (its chat_template too). Both are borrowed. label names the
+ * source in messages (e.g. a GGUF file whose metadata these objects were built from). */
+struct json_t;
+cg_status cg_tokenizer_new_json(struct json_t *tok, struct json_t *config, const char *label,
+                                cg_tokenizer **out, char *err, size_t errlen) CG_WUR;
+
 /* The tiny generated model's byte tokenizer: token b (0..255) is byte b, bos_id and eos_id
  * (both > 255, distinct) are special tokens without text. Encoding with add_special puts BOS
  * first; any bytes are accepted. On success *out owns a new tokenizer; CG_E_VALUE on bad ids. */

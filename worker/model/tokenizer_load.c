@@ -917,24 +917,16 @@ static cg_tokenizer *tok_alloc(void)
     return t;
 }
 
-static cg_status load(ld *L, const char *json_path, const char *dir)
+/* tokenizer.json's object: the model, the added tokens and the pipeline. */
+static cg_status load_tokenizer_json(ld *L, json_t *root)
 {
     cg_tokenizer *t = L->t;
-    char *buf = NULL;
-    size_t len;
-    json_t *root = NULL, *cfg = NULL;
-    char *cfg_path = NULL, *tpl_path = NULL;
-    cg_status st = read_file(L, json_path, &buf, &len, false);
-    if (st != CG_OK) goto out;
-    st = parse_json(L, buf, len, 0, &root);
-    cg_free(&buf);
-    if (st != CG_OK) goto out;
-
+    cg_status st;
     /* "truncation" and "padding" are ignored, as transformers ignores them unless a call asks
      * for truncation or padding. */
     int32_t max_id = -1;
-    if ((st = load_model(L, json_object_get(root, "model"), &max_id)) != CG_OK) goto out;
-    if ((st = load_added(L, json_object_get(root, "added_tokens"), &max_id)) != CG_OK) goto out;
+    if ((st = load_model(L, json_object_get(root, "model"), &max_id)) != CG_OK) return st;
+    if ((st = load_added(L, json_object_get(root, "added_tokens"), &max_id)) != CG_OK) return st;
     t->n_ids = max_id + 1;
     t->str_off = cg_malloc((size_t)(t->n_ids ? t->n_ids : 1) * sizeof *t->str_off);
     memset(t->str_off, 0xFF, (size_t)(t->n_ids ? t->n_ids : 1) * sizeof *t->str_off);
@@ -952,9 +944,37 @@ static cg_status load(ld *L, const char *json_path, const char *dir)
         (st = load_pretok(L, json_object_get(root, "pre_tokenizer"), "pre_tokenizer")) != CG_OK ||
         (st = load_post(L, json_object_get(root, "post_processor"), "post_processor")) != CG_OK ||
         (st = load_decoder(L, json_object_get(root, "decoder"), "decoder")) != CG_OK)
-        goto out;
-    if ((st = build_added(L)) != CG_OK) goto out;
+        return st;
+    if ((st = build_added(L)) != CG_OK) return st;
     if (t->n_tmpl > 1 && t->tmpl[0] >= 0 && t->special[t->tmpl[0]]) t->bos = t->tmpl[0];
+    return CG_OK;
+}
+
+/* After tokenizer_config.json: the BOS flag, the stream bytes, the cache. */
+static cg_status finish(ld *L)
+{
+    cg_tokenizer *t = L->t;
+    t->adds_bos = t->bos >= 0 && t->n_tmpl > 1 && t->tmpl[0] == t->bos;
+    cg_status st = build_stream_bytes(L);
+    if (st != CG_OK) return st;
+    t->cache = cg_calloc(CACHE_SHARDS, sizeof *t->cache);
+    for (int i = 0; i < CACHE_SHARDS; i++)
+        pthread_mutex_init(&t->cache[i].lock, NULL);
+    return CG_OK;
+}
+
+static cg_status load(ld *L, const char *json_path, const char *dir)
+{
+    cg_tokenizer *t = L->t;
+    char *buf = NULL;
+    size_t len;
+    json_t *root = NULL, *cfg = NULL;
+    char *cfg_path = NULL, *tpl_path = NULL;
+    cg_status st = read_file(L, json_path, &buf, &len, false);
+    if (st != CG_OK) goto out;
+    st = parse_json(L, buf, len, 0, &root);
+    cg_free(&buf);
+    if (st != CG_OK || (st = load_tokenizer_json(L, root)) != CG_OK) goto out;
 
     /* tokenizer_config.json and chat_template.jinja beside tokenizer.json (optional) */
     if (asprintf(&cfg_path, "%s/tokenizer_config.json", dir) < 0 ||
@@ -977,12 +997,8 @@ static cg_status load(ld *L, const char *json_path, const char *dir)
             buf = NULL;
         }
     }
-    t->adds_bos = t->bos >= 0 && t->n_tmpl > 1 && t->tmpl[0] == t->bos;
     L->file = json_path;
-    if ((st = build_stream_bytes(L)) != CG_OK) goto out;
-    t->cache = cg_calloc(CACHE_SHARDS, sizeof *t->cache);
-    for (int i = 0; i < CACHE_SHARDS; i++)
-        pthread_mutex_init(&t->cache[i].lock, NULL);
+    st = finish(L);
 out:
     free(buf);
     free(cfg_path);
@@ -990,6 +1006,22 @@ out:
     json_decref(root);
     json_decref(cfg);
     return st;
+}
+
+cg_status cg_tokenizer_new_json(json_t *tok, json_t *config, const char *label, cg_tokenizer **out,
+                                char *err, size_t errlen)
+{
+    *out = NULL;
+    ld L = {label, err, errlen, tok_alloc()};
+    cg_status st = load_tokenizer_json(&L, tok);
+    if (st == CG_OK && config) st = load_config(&L, config);
+    if (st == CG_OK) st = finish(&L);
+    if (st != CG_OK) {
+        cg_tokenizer_free(&L.t);
+        return st;
+    }
+    *out = L.t;
+    return CG_OK;
 }
 
 cg_status cg_tokenizer_new(const char *path, cg_tokenizer **out, char *err, size_t errlen)
