@@ -113,26 +113,13 @@ static const cg_st_tensor *find_tensor(const cg_model *m, const char *name, size
 
 /* ---- the tensors of the architecture ---- */
 
-/* One tensor the architecture needs: where it goes and its shape (d1 == 0: a vector). */
-typedef struct wspec {
-    char name[96];
-    int64_t d0, d1;
-    cg_weight *mat; /* a matrix, kept in its dtype */
-    float **vec;    /* a vector: copied to f32 */
-} wspec;
-
-typedef struct wlist {
-    wspec *v;
-    size_t n, cap;
-} wlist;
-
-static void want_mat(wlist *l, const char *name, int64_t rows, int64_t cols, cg_weight *dst)
+static void want_mat(cg_wlist *l, const char *name, int64_t rows, int64_t cols, cg_weight *dst)
 {
     if (l->n == l->cap) {
         l->cap = l->cap ? l->cap * 2 : 64;
         l->v = cg_realloc(l->v, l->cap * sizeof *l->v);
     }
-    wspec *w = &l->v[l->n++];
+    cg_wspec *w = &l->v[l->n++];
     memset(w, 0, sizeof *w);
     snprintf(w->name, sizeof w->name, "%s", name);
     w->d0 = rows;
@@ -140,14 +127,14 @@ static void want_mat(wlist *l, const char *name, int64_t rows, int64_t cols, cg_
     w->mat = dst;
 }
 
-static void want_vec(wlist *l, const char *name, int64_t n, float **dst)
+static void want_vec(cg_wlist *l, const char *name, int64_t n, float **dst)
 {
     want_mat(l, name, n, 0, NULL);
     l->v[l->n - 1].vec = dst;
 }
 
 /* Every tensor of config's architecture, with its HF name and shape. */
-static void list_tensors(cg_model *m, wlist *l)
+static void list_tensors(cg_model *m, cg_wlist *l)
 {
     const cg_model_config *c = &m->cfg;
     const int64_t D = c->dim, V = c->vocab_size, H = c->hidden_dim, hd = c->head_dim;
@@ -187,7 +174,7 @@ static cg_dtype dtype_of(cg_st_dtype d)
 }
 
 /* Checks one tensor against its spec: present, shape, dtype. */
-static cg_status check_tensor(const cg_model *m, const wspec *w, const cg_st_tensor **out,
+static cg_status check_tensor(const cg_model *m, const cg_wspec *w, const cg_st_tensor **out,
                               char *err, size_t errlen)
 {
     size_t fi = 0;
@@ -223,7 +210,7 @@ static cg_status check_tensor(const cg_model *m, const wspec *w, const cg_st_ten
 
 /* A tensor the architecture does not use may be one it needs (a bias, a norm, a rotary table
  * another implementation reads): the checkpoint is refused rather than run without it. */
-static cg_status refuse_unused(const cg_model *m, const wlist *l, char *err, size_t errlen)
+static cg_status refuse_unused(const cg_model *m, const cg_wlist *l, char *err, size_t errlen)
 {
     for (size_t f = 0; f < m->n_files; f++)
         for (size_t i = 0; i < cg_st_count(m->files[f]); i++) {
@@ -244,7 +231,7 @@ static cg_status refuse_unused(const cg_model *m, const wlist *l, char *err, siz
 
 /* Matrices stay where they are mapped (an f32 one at an odd address is copied: the kernels
  * need element alignment); vectors are copied to f32. */
-static cg_status place_tensors(cg_model *m, const wlist *l, char *err, size_t errlen)
+static cg_status place_tensors(cg_model *m, const cg_wlist *l, char *err, size_t errlen)
 {
     const cg_st_tensor **ts = cg_calloc(l->n, sizeof *ts);
     size_t copy_floats = 0;
@@ -264,7 +251,7 @@ static cg_status place_tensors(cg_model *m, const wlist *l, char *err, size_t er
     float *p = (float *)(((uintptr_t)m->arena + 63) & ~(uintptr_t)63);
     for (size_t i = 0; i < l->n; i++) {
         const cg_st_tensor *t = ts[i];
-        const wspec *w = &l->v[i];
+        const cg_wspec *w = &l->v[i];
         m->weight_bytes += t->nbytes;
         int misaligned = t->dtype == CG_ST_F32 && ((uintptr_t)t->data & 3u);
         if (w->vec || misaligned) {
@@ -338,7 +325,7 @@ const char *cg_quant_name(cg_quant q)
 
 /* --quant: every matrix (embedding and LM head included) quantised into one arena; the files
  * are then unmapped, so the model holds only the quantised copy. */
-static cg_status quantize_model(cg_model *m, const wlist *l, cg_quant quant, char *err,
+static cg_status quantize_model(cg_model *m, const cg_wlist *l, cg_quant quant, char *err,
                                 size_t errlen)
 {
     const cg_dtype to = quant == CG_QUANT_Q8 ? CG_DTYPE_Q8_0 : CG_DTYPE_Q4_0;
@@ -347,6 +334,14 @@ static cg_status quantize_model(cg_model *m, const wlist *l, cg_quant quant, cha
     for (size_t i = 0; i < l->n; i++) {
         const cg_weight *w = l->v[i].mat;
         if (!w) continue;
+        if (w->dtype == CG_DTYPE_Q8_0 || w->dtype == CG_DTYPE_Q4_0) {
+            cg_seterr(err, errlen,
+                      "--quant %s: tensor '%s' is already quantised (%s); serve a quantised "
+                      "checkpoint without --quant",
+                      cg_quant_name(quant), l->v[i].name,
+                      w->dtype == CG_DTYPE_Q8_0 ? "Q8_0" : "Q4_0");
+            return CG_E_UNSUPPORTED;
+        }
         if (w->cols % unit) {
             cg_seterr(err, errlen,
                       "--quant %s needs matrices whose in-features are a multiple of %d: tensor "
@@ -383,6 +378,7 @@ static cg_status quantize_model(cg_model *m, const wlist *l, cg_quant quant, cha
     /* nothing points into the files any more (vectors were copied to f32) */
     for (size_t i = 0; i < m->n_files; i++)
         cg_st_close(&m->files[i]);
+    cg_gguf_close(&m->gguf);
     snprintf(m->cfg.dtype, sizeof m->cfg.dtype, "%s", quant == CG_QUANT_Q8 ? "q8_0" : "q4_0");
     return CG_OK;
 }
@@ -396,22 +392,24 @@ cg_status cg_model_open_quant(const char *dir, cg_quant quant, cg_model **out, c
                               size_t errlen)
 {
     cg_model *m = cg_calloc(1, sizeof *m);
-    wlist l = {0};
+    cg_wlist l = {0};
     *out = NULL;
     if (err && errlen) err[0] = '\0';
-    cg_status st = cg_model_config_read(dir, &m->cfg, err, errlen);
-    if (st == CG_OK) st = open_files(m, dir, err, errlen);
+    const int gguf = cg_model_is_gguf(dir);
+    cg_status st = gguf ? cg_gguf_model_open(m, dir, err, errlen)
+                        : cg_model_config_read(dir, &m->cfg, err, errlen);
+    if (st == CG_OK && !gguf) st = open_files(m, dir, err, errlen);
     if (st == CG_OK) {
         m->layers = cg_calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
         list_tensors(m, &l);
-        st = place_tensors(m, &l, err, errlen);
+        st = gguf ? cg_gguf_place_tensors(m, &l, err, errlen) : place_tensors(m, &l, err, errlen);
     }
     if (st == CG_OK && (unsigned)quant >= CG_QUANT_COUNT) {
         cg_seterr(err, errlen, "unknown quantisation %d", (int)quant);
         st = CG_E_VALUE;
     }
     if (st == CG_OK && quant != CG_QUANT_NONE) st = quantize_model(m, &l, quant, err, errlen);
-    if (st == CG_OK) st = open_tokenizer(m, dir, err, errlen);
+    if (st == CG_OK && !gguf) st = open_tokenizer(m, dir, err, errlen);
     free(l.v);
     if (st != CG_OK) {
         cg_model_close(&m);
@@ -435,6 +433,7 @@ void cg_model_close(cg_model **pm)
     }
     free(m->files);
     free(m->file_names);
+    cg_gguf_close(&m->gguf);
     cg_tokenizer_free(&m->tok);
     free(m->arena);
     free(m->qarena);

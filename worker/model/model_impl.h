@@ -3,6 +3,7 @@
 #ifndef CG_MODEL_IMPL_H
 #define CG_MODEL_IMPL_H
 
+#include "worker/model/gguf.h"
 #include "worker/model/matmul.h"
 #include "worker/model/model.h"
 #include "worker/model/safetensors.h"
@@ -20,6 +21,7 @@ struct cg_model {
     cg_st_file **files; /* mapped for the model's lifetime: 16-bit matrices are used in place */
     char **file_names;
     size_t n_files;
+    cg_gguf *gguf;     /* a GGUF checkpoint instead of the files: mapped for the lifetime */
     void *arena;       /* f32 copies: vectors, and f32 matrices at an odd address */
     void *qarena;      /* --quant: every matrix's blocks and scales; the files are then closed */
     cg_weight embed;   /* [vocab][dim]; lookups dequantise its rows under --quant */
@@ -29,6 +31,31 @@ struct cg_model {
     cg_tokenizer *tok;
     size_t weight_bytes;
 };
+
+/* One tensor the architecture needs, by its Hugging Face name: where it goes and its shape
+ * (d1 == 0: a vector). */
+typedef struct cg_wspec {
+    char name[96];
+    int64_t d0, d1;
+    cg_weight *mat; /* a matrix, kept in its dtype */
+    float **vec;    /* a vector: copied to f32 */
+} cg_wspec;
+
+typedef struct cg_wlist {
+    cg_wspec *v;
+    size_t n, cap;
+} cg_wlist;
+
+/* ---- GGUF checkpoints (model_gguf.c) ---- */
+
+/* 1 when path names a GGUF file (a regular file ending in .gguf). */
+int cg_model_is_gguf(const char *path);
+/* Opens the GGUF at path into m->gguf and reads its config (m->cfg) and tokenizer (m->tok)
+ * from the metadata. */
+cg_status cg_gguf_model_open(cg_model *m, const char *path, char *err, size_t errlen);
+/* Places every tensor of l from m->gguf: 16-bit and f32 matrices in place, Q8_0 / Q4_0 ones
+ * repacked into m->qarena, vectors copied to f32; refuses a type or a tensor it cannot use. */
+cg_status cg_gguf_place_tensors(cg_model *m, const cg_wlist *l, char *err, size_t errlen);
 
 /* 1 when kv was made for a model of m's geometry. */
 int cg_kv_matches(const cg_kv *kv, const cg_model *m);

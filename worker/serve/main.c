@@ -125,7 +125,9 @@ typedef struct serve_cfg {
 #define OPT_ENUM(...) CG_OPT_ENUM(serve_cfg, __VA_ARGS__)
 static const cg_cfg_opt serve_opts[] = {
     OPT("model", "CHUNKGATE_WORKER_MODEL", CG_CFG_STR, model, NULL, 0, 0,
-        "model directory: config.json + model.safetensors (required)"),
+        "model directory (config.json + model.safetensors + tokenizer files) or a .gguf file "
+        "(llama, qwen2, qwen3; F32/F16/BF16/Q8_0/Q4_0 tensors; byte-level BPE tokenizer) "
+        "(required)"),
     OPT_ENUM("quant", "CHUNKGATE_WORKER_QUANT", quant, "none", cg_quant_names,
              "weights in memory: none (the checkpoint's f32/f16/bf16, mapped), q8 (int8 blocks of "
              "32 with an f16 scale, llama.cpp Q8_0's class) or q4 (4-bit blocks of 32, Q4_0's "
