@@ -5,7 +5,7 @@
 option(CG_FUZZ "Build the libFuzzer targets in tests/fuzz (clang; see scripts/fuzz.sh)" OFF)
 
 set(CG_FUZZ_TARGETS split chat sse json_request safetensors config kvwire disk chat_template
-    http_frame)
+    http_frame gguf)
 set(CG_FUZZ_LIBS_split cg_cache)
 set(CG_FUZZ_LIBS_chat cg_cache)
 set(CG_FUZZ_LIBS_sse cg_backends)
@@ -16,6 +16,7 @@ set(CG_FUZZ_LIBS_kvwire cg_kv)
 set(CG_FUZZ_LIBS_disk cg_wserve)
 set(CG_FUZZ_LIBS_chat_template cg_cache)
 set(CG_FUZZ_LIBS_http_frame cg_base)
+set(CG_FUZZ_LIBS_gguf cg_wserve)
 
 if(CG_FUZZ)
   if(NOT CMAKE_C_COMPILER_ID MATCHES "Clang")

@@ -382,6 +382,93 @@ def http_frame_seeds():
     h("pending_cr_empty_line", "\r\n\r", limits=(255, 255, 255, 11, 0), seed=0)
 
 
+# ---- fuzz_gguf: a one-layer llama of dim 32 with a byte-level BPE vocabulary (written by
+# bench/gguf_write.py's Writer: numpy), then damaged copies of it
+def gguf_seeds():
+    import sys
+    import tempfile
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
+    import numpy as np
+    import gguf_write as gw
+
+    # GPT-2's byte -> printable character map (the byte-level alphabet)
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    alphabet = [chr(c) for _, c in sorted(zip(bs, cs))]
+    tokens = alphabet + ["ab", "<|endoftext|>"]
+    types = [gw.TOK_NORMAL] * 257 + [gw.TOK_CONTROL]
+    V, D, F, H, KV, HD = len(tokens), 32, 64, 4, 2, 8
+    rng = np.random.RandomState(7)
+
+    def model(gtype, **over):
+        w = gw.Writer()
+        w.add("general.architecture", gw.T_STRING, "llama")
+        w.add("general.name", gw.T_STRING, "fuzz-gguf")
+        for k, v in (("context_length", 256), ("embedding_length", D), ("block_count", 1),
+                     ("feed_forward_length", F), ("attention.head_count", H),
+                     ("attention.head_count_kv", KV), ("rope.dimension_count", HD)):
+            w.add("llama." + k, gw.T_UINT32, over.get(k, v))
+        w.add("llama.attention.layer_norm_rms_epsilon", gw.T_FLOAT32, 1e-5)
+        w.add("llama.rope.freq_base", gw.T_FLOAT32, 10000.0)
+        w.add("tokenizer.ggml.model", gw.T_STRING, over.get("tok_model", "gpt2"))
+        w.add("tokenizer.ggml.pre", gw.T_STRING, over.get("pre", "default"))
+        w.add_array("tokenizer.ggml.tokens", gw.T_STRING, tokens)
+        w.add_array("tokenizer.ggml.token_type", gw.T_INT32, types)
+        w.add_array("tokenizer.ggml.merges", gw.T_STRING, ["a b"])
+        w.add("tokenizer.ggml.eos_token_id", gw.T_UINT32, V - 1)
+        w.add("tokenizer.chat_template", gw.T_STRING,
+              "{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+
+        def mat(rows, cols):
+            x = (rng.standard_normal((rows, cols)) * 0.1).astype(np.float32)
+            if gtype == gw.GGML_Q8_0:
+                return lambda: gw.quant_q8_0(x)
+            return lambda: x.astype(np.float16)
+
+        def vec(k):
+            x = np.ones(k, np.float32)
+            return lambda: x
+        w.add_tensor("token_embd.weight", gtype, [V, D], mat(V, D))
+        w.add_tensor("blk.0.attn_norm.weight", gw.GGML_F32, [D], vec(D))
+        for name, r, c in (("attn_q", H * HD, D), ("attn_k", KV * HD, D), ("attn_v", KV * HD, D),
+                           ("attn_output", D, H * HD), ("ffn_gate", F, D), ("ffn_up", F, D),
+                           ("ffn_down", D, F)):
+            w.add_tensor("blk.0.%s.weight" % name, gtype, [r, c], mat(r, c))
+        w.add_tensor("blk.0.ffn_norm.weight", gw.GGML_F32, [D], vec(D))
+        w.add_tensor("output_norm.weight", gw.GGML_F32, [D], vec(D))
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "m.gguf")
+            w.write(path)
+            with open(path, "rb") as f:
+                return f.read()
+
+    g = lambda name, data: write("gguf", name, data)
+    f16 = model(gw.GGML_F16)
+    g("valid_f16", f16)
+    g("valid_q8_0", model(gw.GGML_Q8_0))
+    g("pre_qwen2", model(gw.GGML_F16, pre="qwen2"))
+    g("pre_unknown", model(gw.GGML_F16, pre="falcon"))
+    g("tokenizer_spm", model(gw.GGML_F16, tok_model="llama"))
+    g("partial_rotary", model(gw.GGML_F16, **{"rope.dimension_count": 4}))
+    g("cut_in_data", f16[:len(f16) - 100])
+    g("cut_in_header", f16[:600])
+    g("bad_magic", b"GGML" + f16[4:256])
+    g("version_4", f16[:4] + struct.pack("<I", 4) + f16[8:256])
+    g("huge_counts", f16[:8] + struct.pack("<QQ", 1 << 40, 1 << 40) + f16[24:256])
+    # the first tensor info's type field -> 14 (Q6_K): after the metadata, name, dims
+    name = b"token_embd.weight"
+    i = f16.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    g("type_q6_k", f16[:i + 4 + 16] + struct.pack("<I", 14) + f16[i + 24:])
+    g("type_unknown", f16[:i + 4 + 16] + struct.pack("<I", 200) + f16[i + 24:])
+    g("dims_5", f16[:i] + struct.pack("<I", 5) + f16[i + 4:])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model-dir", help="directory with the generated config.json and model.safetensors")
@@ -395,6 +482,7 @@ def main():
     chat_template_seeds()
     http_frame_seeds()
     model_seeds(a.model_dir)
+    gguf_seeds()
 
 
 if __name__ == "__main__":
