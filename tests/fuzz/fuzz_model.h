@@ -1,7 +1,8 @@
-/* Shared by fuzz_safetensors.c and fuzz_config.c: a tiny generated model (1 layer, dim 32,
- * bf16) written once into a temporary directory, the file the input replaces, and the checks
- * on the safetensors reader and on cg_model_open. Set CG_FUZZ_SEED_OUT=DIR to also copy the
- * generated config.json and model.safetensors there (how the seed corpora were made). */
+/* Shared by fuzz_safetensors.c, fuzz_config.c and (the model check) fuzz_gguf.c: a tiny generated
+ * model (1 layer, dim 32, bf16) written once into a temporary directory, the file the input
+ * replaces, and the checks on the safetensors reader and on cg_model_open. Set CG_FUZZ_SEED_OUT=DIR
+ * to also copy the generated config.json and model.safetensors there (how the seed corpora were
+ * made). */
 #ifndef CG_FUZZ_MODEL_H
 #define CG_FUZZ_MODEL_H
 
@@ -22,7 +23,7 @@ static char g_dir[256];  /* the model directory the loader reads */
 static char g_gen[256];  /* the pristine generated model */
 static char g_path[300]; /* the file each input is written to */
 
-static void rm_model_dir(const char *dir)
+static inline void rm_model_dir(const char *dir)
 {
     static const char *const names[] = {"config.json", "model.safetensors"};
     char p[320];
@@ -33,13 +34,13 @@ static void rm_model_dir(const char *dir)
     rmdir(dir);
 }
 
-static void cleanup(void)
+static inline void cleanup(void)
 {
     rm_model_dir(g_dir);
     rm_model_dir(g_gen);
 }
 
-static void write_file(const char *path, const void *data, size_t n)
+static inline void write_file(const char *path, const void *data, size_t n)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) abort();
@@ -53,7 +54,7 @@ static void write_file(const char *path, const void *data, size_t n)
     close(fd);
 }
 
-static void *read_whole(const char *path, size_t *n)
+static inline void *read_whole(const char *path, size_t *n)
 {
     FILE *fp = fopen(path, "rb");
     if (!fp) abort();
@@ -67,7 +68,7 @@ static void *read_whole(const char *path, size_t *n)
     return buf;
 }
 
-static void copy_file(const char *from_dir, const char *to_dir, const char *name)
+static inline void copy_file(const char *from_dir, const char *to_dir, const char *name)
 {
     char a[320], b[320];
     size_t n;
@@ -80,7 +81,7 @@ static void copy_file(const char *from_dir, const char *to_dir, const char *name
 
 /* Generates the model into g_gen, and g_dir holding a copy of the file that stays fixed;
  * inputs are then written to g_dir/fuzzed. */
-static void model_setup(const char *fixed, const char *fuzzed)
+static inline void model_setup(const char *fixed, const char *fuzzed)
 {
     const char *tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
     char err[512];
@@ -112,7 +113,7 @@ static void model_setup(const char *fixed, const char *fuzzed)
     }
 }
 
-static size_t ref_dtype_size(const char *s)
+static inline size_t ref_dtype_size(const char *s)
 {
     static const struct {
         const char *name;
@@ -202,6 +203,28 @@ __attribute__((unused)) static void check_safetensors(const char *path, const ui
     FUZZ_CHECK(f == NULL);
 }
 
+/* A model a loader accepted: a consistent geometry, and a forward pass over the first n of
+ * tok (at most max_pos of them) that succeeds. Closes m. */
+static inline void check_opened_model(cg_model *m, const int32_t *tok, uint32_t n)
+{
+    const cg_model_config *c = cg_model_cfg(m);
+    FUZZ_CHECK(c->dim >= 1 && c->n_layers >= 1 && c->n_heads >= 1 && c->n_kv_heads >= 1);
+    FUZZ_CHECK(c->n_heads % c->n_kv_heads == 0 && c->head_dim % 2 == 0 && c->head_dim > 0);
+    FUZZ_CHECK(c->max_pos >= 1 && c->vocab_size >= 1);
+    FUZZ_CHECK(c->model_id[0] != '\0' && strlen(c->model_id) < sizeof c->model_id);
+    if (n > (uint32_t)c->max_pos) n = (uint32_t)c->max_pos;
+    cg_kv *kv = cg_kv_new(m, n);
+    FUZZ_CHECK(kv != NULL);
+    float *logits = malloc((size_t)c->vocab_size * sizeof(float));
+    if (!logits) abort();
+    cg_attn_span sp = {0, n, 0, 0};
+    FUZZ_CHECK(cg_model_forward(m, kv, tok, n, 0, 0, &sp, 1, logits) == CG_OK);
+    free(logits);
+    cg_kv_free(&kv);
+    cg_model_close(&m);
+    FUZZ_CHECK(m == NULL);
+}
+
 /* cg_model_open on g_dir; a model it accepts must be consistent and run a forward pass. */
 __attribute__((unused)) static void check_model(void)
 {
@@ -213,26 +236,12 @@ __attribute__((unused)) static void check_model(void)
         return;
     }
     const cg_model_config *c = cg_model_cfg(m);
-    FUZZ_CHECK(c->dim >= 1 && c->n_layers >= 1 && c->n_heads >= 1 && c->n_kv_heads >= 1);
-    FUZZ_CHECK(c->n_heads % c->n_kv_heads == 0 && c->head_dim % 2 == 0 && c->head_dim > 0);
     FUZZ_CHECK(c->vocab_size >= 256 && c->bos_id >= 0 && c->bos_id < c->vocab_size);
-    FUZZ_CHECK(c->n_eos >= 1 && c->eos_ids[0] >= 0 && c->eos_ids[0] < c->vocab_size &&
-               c->max_pos >= 1);
-    FUZZ_CHECK(c->model_id[0] != '\0' && strlen(c->model_id) < sizeof c->model_id);
+    FUZZ_CHECK(c->n_eos >= 1 && c->eos_ids[0] >= 0 && c->eos_ids[0] < c->vocab_size);
     /* accepted against a 1-layer, dim-32 file, so the forward below is small */
     FUZZ_CHECK(c->n_layers == 1 && c->dim == 32);
     int32_t tok[2] = {c->bos_id, 'a'};
-    uint32_t n = c->max_pos >= 2 ? 2 : 1;
-    cg_kv *kv = cg_kv_new(m, n);
-    FUZZ_CHECK(kv != NULL);
-    float *logits = malloc((size_t)c->vocab_size * sizeof(float));
-    if (!logits) abort();
-    cg_attn_span sp = {0, n, 0, 0};
-    FUZZ_CHECK(cg_model_forward(m, kv, tok, n, 0, 0, &sp, 1, logits) == CG_OK);
-    free(logits);
-    cg_kv_free(&kv);
-    cg_model_close(&m);
-    FUZZ_CHECK(m == NULL);
+    check_opened_model(m, tok, 2);
 }
 
 #endif

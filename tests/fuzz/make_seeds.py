@@ -391,16 +391,9 @@ def gguf_seeds():
     import numpy as np
     import gguf_write as gw
 
-    # GPT-2's byte -> printable character map (the byte-level alphabet)
-    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    alphabet = [chr(c) for _, c in sorted(zip(bs, cs))]
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "train"))
+    import bpe
+    alphabet = [bpe.B2U[b] for b in range(256)]  # GPT-2's byte-level alphabet
     tokens = alphabet + ["ab", "<|endoftext|>"]
     types = [gw.TOK_NORMAL] * 257 + [gw.TOK_CONTROL]
     V, D, F, H, KV, HD = len(tokens), 32, 64, 4, 2, 8
