@@ -36,14 +36,9 @@ missing=0
 command -v wrk >/dev/null || missing=1
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing=1
 if [ "$missing" = 1 ]; then
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "passthrough.sh: needs nginx-light and wrk (as root: apt-get install nginx-light wrk)" >&2
-        exit 1
-    fi
-    echo "passthrough.sh: installing nginx-light and wrk"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends nginx-light wrk
+    # shellcheck source=scripts/apt.sh
+    . "$(dirname "$0")/../scripts/apt.sh"
+    apt_install passthrough.sh nginx-light wrk
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 GW=$BUILD/server/chunkgate

@@ -15,20 +15,12 @@ PKGS=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev libsqlit
       libxxhash-dev libcurl4-openssl-dev check libopenblas-dev libssl-dev libpcre2-dev libutf8proc-dev libhiredis-dev curl sqlite3
       redis-server redis-tools nginx-light prometheus docker-compose chromium valgrind clang-format python3-torch
       python3-numpy ${CG_EXTRA_PKGS:-})
-missing=()
-for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+# shellcheck source=scripts/apt.sh
+. "$(dirname "$0")/apt.sh"
+mapfile -t missing < <(apt_missing "${PKGS[@]}")
 # Node and npm run the client-compatibility tests (tests/compat). Any node >= 18 will do (a
 # NodeSource build, for one, bundles npm); Debian 12's own nodejs (18.x) and npm are
 # installed only when no node is on the PATH at all.
 command -v node >/dev/null || missing+=(nodejs npm)
 [ ${#missing[@]} -eq 0 ] && exit 0
-if [ "$(id -u)" -ne 0 ]; then
-    echo "missing Debian packages: ${missing[*]} (run as root, or: sudo apt-get install -y ${missing[*]})" >&2
-    exit 1
-fi
-echo "installing: ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}"
+apt_install "scripts/deps.sh" "${missing[@]}"

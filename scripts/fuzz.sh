@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 BUILD=${CG_FUZZ_BUILD:-$ROOT/build-fuzz-clang}
 SECONDS_PER=${CG_FUZZ_SECONDS:-60}
-ALL=(split chat sse json_request safetensors config kvwire disk chat_template http_frame)
+ALL=(split chat sse json_request safetensors config kvwire disk chat_template http_frame gguf)
 
 # clang with its libFuzzer runtime (Debian: clang + libclang-rt-dev) and libomp (OpenMP).
 fuzzer_works() {
@@ -31,14 +31,9 @@ fuzzer_works() {
     return $rc
 }
 if ! command -v clang >/dev/null || ! fuzzer_works || ! dpkg-query -W -f='${Status}' libomp-dev 2>/dev/null | grep -q "install ok installed"; then
-    if [ "$(id -u)" -ne 0 ]; then
-        echo "fuzz.sh: needs clang with libFuzzer and libomp (as root: apt-get install clang libclang-rt-dev libomp-dev)" >&2
-        exit 1
-    fi
-    echo "fuzz.sh: installing clang, libclang-rt-dev, libomp-dev"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends clang libclang-rt-dev libomp-dev
+    # shellcheck source=scripts/apt.sh
+    . "$ROOT/scripts/apt.sh"
+    apt_install fuzz.sh clang libclang-rt-dev libomp-dev
     fuzzer_works || { echo "fuzz.sh: clang -fsanitize=fuzzer still does not link" >&2; exit 1; }
 fi
 scripts/deps.sh

@@ -41,14 +41,12 @@ fail() {
 
 [ "$(id -u)" -eq 0 ] || fail "the container check needs root (podman, debootstrap, apt-get)"
 pkgs=(podman runc netavark aardvark-dns iptables catatonit debootstrap docker-compose)
-missing=()
-for p in "${pkgs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+# shellcheck source=scripts/apt.sh
+. "$root/scripts/apt.sh"
+mapfile -t missing < <(apt_missing "${pkgs[@]}")
 if [ ${#missing[@]} -gt 0 ]; then
     phase "installing ${missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt_install containers/check.sh "${missing[@]}" >/dev/null
 fi
 
 mkdir -p "$dir"
