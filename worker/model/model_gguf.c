@@ -68,13 +68,17 @@ static void model_name(const cg_gguf *g, const char *path, char *out, size_t n)
 {
     size_t len = 0;
     const char *s = cg_gguf_get_str(g, "general.name", &len);
-    if (s && len && len < n) {
+    json_t *probe = s && len && len < n ? json_stringn(s, len) : NULL; /* NULL: not UTF-8 */
+    if (probe) {
+        json_decref(probe);
         snprintf(out, n, "%.*s", (int)len, s);
         return;
     }
     const char *b = strrchr(path, '/');
     b = b ? b + 1 : path;
     snprintf(out, n, "%.*s", (int)(strlen(b) - 5), b);
+    if (!(probe = json_string(out))) snprintf(out, n, "gguf-model");
+    json_decref(probe);
 }
 
 /* config.json as the metadata describes it; NULL with err set on a missing or refused key. */
@@ -144,6 +148,10 @@ static json_t *config_json(const cg_gguf *g, const char *path, const char **arch
         (json_int_t)arch_int(g, arch, "context_length"), "vocab_size", (json_int_t)vocab,
         "rms_norm_eps", eps, "rope_theta", theta, "tie_word_embeddings",
         !cg_gguf_find_tensor(g, "output.weight"));
+    if (!c) {
+        cg_seterr(err, errlen, "%s: the metadata does not make a config", path);
+        return NULL;
+    }
     if (!strcmp(arch, "llama")) json_object_set_new(c, "rope_style", json_string("interleaved"));
     int64_t id;
     if (cg_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &id) == 0)
@@ -306,7 +314,11 @@ static cg_status tokenizer_json(const cg_gguf *g, const char *path, json_t **tok
         int64_t ty = types ? cg_gguf_arr_int(types, i) : TOK_NORMAL;
         if (ty == TOK_UNUSED) continue;
         json_t *s = str_of(tokens, i);
-        if (!s) continue; /* not UTF-8: the tokenizer check below reports the gap */
+        if (!s) {
+            cg_seterr(err, errlen, "%s: tokenizer.ggml.tokens[%llu] is not valid UTF-8", path,
+                      (unsigned long long)i);
+            goto not_utf8;
+        }
         if (ty == TOK_CONTROL || ty == TOK_USER || ty == TOK_UNKNOWN)
             json_array_append_new(added, json_pack("{s:I, s:o, s:b, s:b, s:b, s:b, s:b}", "id",
                                                    (json_int_t)i, "content", s, "single_word", 0,
@@ -318,7 +330,12 @@ static cg_status tokenizer_json(const cg_gguf *g, const char *path, json_t **tok
     }
     for (uint64_t i = 0; i < merges->n; i++) {
         json_t *s = str_of(merges, i);
-        if (s) json_array_append_new(mlist, s);
+        if (!s) {
+            cg_seterr(err, errlen, "%s: tokenizer.ggml.merges[%llu] is not valid UTF-8", path,
+                      (unsigned long long)i);
+            goto not_utf8;
+        }
+        json_array_append_new(mlist, s);
     }
     json_t *tok =
         json_pack("{s:{s:s, s:o, s:o, s:b, s:b, s:b}, s:o, s:o, s:o, s:o, s:n}", "model", "type",
@@ -355,10 +372,24 @@ static cg_status tokenizer_json(const cg_gguf *g, const char *path, json_t **tok
         json_boolean(cg_gguf_get_int(g, "tokenizer.ggml.add_eos_token", &flag) == 0 && flag));
     size_t tlen = 0;
     const char *tpl = cg_gguf_get_str(g, "tokenizer.chat_template", &tlen);
-    if (tpl) json_object_set_new(cfg, "chat_template", json_stringn(tpl, tlen));
+    json_t *tj = tpl ? json_stringn(tpl, tlen) : NULL;
+    if (tpl && !tj) {
+        cg_seterr(err, errlen, "%s: tokenizer.chat_template is not valid UTF-8", path);
+        json_decref(tok);
+        json_decref(cfg);
+        return CG_E_VALUE;
+    }
+    if (tj) json_object_set_new(cfg, "chat_template", tj);
     *tok_out = tok;
     *cfg_out = cfg;
     return CG_OK;
+not_utf8:
+    json_decref(vocab);
+    json_decref(added);
+    json_decref(mlist);
+    json_decref(pretok);
+    json_decref(norm);
+    return CG_E_VALUE;
 }
 
 static void add_eos(cg_model_config *c, int64_t id)
