@@ -386,6 +386,7 @@ static bool parse(cg_gguf *g, char *err, size_t errlen)
             cg_seterr(err, errlen, "GGUF: tensor '%.100s' starts past the end of the file",
                       g->t[i].name);
             ok = false;
+            break;
         }
         g->t[i].data = g->map + data_off + offs[i];
     }
