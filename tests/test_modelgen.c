@@ -161,7 +161,7 @@ START_TEST(test_preset_table)
         cg_model_gen_params p;
         ck_assert_msg(cg_model_gen_preset(*name, &p) == CG_OK, "%s", *name);
     }
-    ck_assert_int_eq(n, 6);
+    ck_assert_int_eq(n, 7);
     cg_model_gen_params p = cg_model_gen_default_params();
     ck_assert_int_eq(cg_model_gen_preset("qwen2.5", &p), CG_E_VALUE);
     ck_assert_int_eq(cg_model_gen_preset("", &p), CG_E_VALUE);
@@ -182,6 +182,17 @@ START_TEST(test_preset_table)
     ck_assert_str_eq(p.dtype, "bf16");
     ck_assert_int_eq(p.bos_id, 151643);
     ck_assert_int_eq(p.eos_ids[0], 151645);
+    /* Qwen2.5-7B's: untied, vocabulary 152064 */
+    p = preset("qwen2.5-7b");
+    ck_assert_int_eq(p.n_layers, 28);
+    ck_assert_int_eq(p.dim, 3584);
+    ck_assert_int_eq(p.n_heads, 28);
+    ck_assert_int_eq(p.n_kv_heads, 4);
+    ck_assert_int_eq(p.head_dim ? p.head_dim : p.dim / p.n_heads, 128);
+    ck_assert_int_eq(p.hidden_dim, 18944);
+    ck_assert_int_eq(p.vocab_size, 152064);
+    ck_assert_int_eq(p.tie_embeddings, 0);
+    ck_assert_int_eq(p.bos_id, 151643);
 }
 END_TEST
 

@@ -69,8 +69,8 @@ cg_model_gen_params cg_model_gen_default_params(void)
 
 /* ---- presets ---- */
 
-static const char *const preset_names[] = {"tiny",  "llama3",       "llama2", "qwen2",
-                                           "qwen3", "qwen2.5-0.5b", NULL};
+static const char *const preset_names[] = {"tiny",  "llama3",       "llama2",     "qwen2",
+                                           "qwen3", "qwen2.5-0.5b", "qwen2.5-7b", NULL};
 
 const char *const *cg_model_gen_preset_names(void)
 {
@@ -88,9 +88,10 @@ typedef struct gen_preset {
 
 /* Qwen2.5 and Qwen3: the vocabulary padded to 151936, tied embeddings, RoPE base 1e6, their
  * BOS and EOS, bf16. */
-#define QWEN_CONVENTIONS                                                                           \
-    .vocab_size = 151936, .tie_embeddings = 1, .rope_theta = 1000000.0, .norm_eps = 1e-6,          \
-    .bos_id = 151643, .eos_ids = {151645}, .n_eos = 1, .dtype = "bf16"
+#define QWEN_IDS                                                                                   \
+    .rope_theta = 1000000.0, .norm_eps = 1e-6, .bos_id = 151643, .eos_ids = {151645}, .n_eos = 1,  \
+    .dtype = "bf16"
+#define QWEN_CONVENTIONS .vocab_size = 151936, .tie_embeddings = 1, QWEN_IDS
 
 /* In preset_names' order, after "tiny" (the defaults). */
 static const gen_preset presets[] = {
@@ -167,6 +168,19 @@ static const gen_preset presets[] = {
      .max_pos = 32768,
      QWEN_CONVENTIONS,
      .model_id = "chunkgate-qwen2.5-0.5b"},
+    /* The full Qwen2.5-7B geometry (about 15 GB at 16 bits): untied, a larger vocabulary. */
+    {.name = "qwen2.5-7b",
+     .arch = "Qwen2ForCausalLM",
+     .n_layers = 28,
+     .dim = 3584,
+     .n_heads = 28,
+     .n_kv_heads = 4,
+     .hidden_dim = 18944,
+     .max_pos = 32768,
+     .vocab_size = 152064,
+     .tie_embeddings = 0,
+     QWEN_IDS,
+     .model_id = "chunkgate-qwen2.5-7b"},
 };
 _Static_assert(CG_ARRAY_LEN(presets) + 2 == CG_ARRAY_LEN(preset_names),
                "one row per preset but tiny");

@@ -45,8 +45,8 @@ static const cg_cfg_opt gen_opts[] = {
             "directory to write config.json and model.safetensors into (created if missing; "
             "required)"),
     GEN_OPT("preset", "CHUNKGATE_WORKER_GEN_PRESET", CG_CFG_STR, preset, "tiny", 0, 0,
-            "tiny (byte-level Llama), llama3, llama2, qwen2, qwen3 (small, real vocabularies) or "
-            "qwen2.5-0.5b (full geometry)"),
+            "tiny (byte-level Llama), llama3, llama2, qwen2, qwen3 (small, real vocabularies), "
+            "qwen2.5-0.5b or qwen2.5-7b (full geometries)"),
     GEN_OPT("seed", "CHUNKGATE_WORKER_GEN_SEED", CG_CFG_INT, seed, "1", 0, (1LL << 62),
             "weights seed; the same seed gives the same bytes"),
     GEN_OPT("dtype", "CHUNKGATE_WORKER_GEN_DTYPE", CG_CFG_STR, dtype, "", 0, 0,
