@@ -13,7 +13,7 @@
 // Plus the worker's resident memory (VmRSS, VmHWM) after start, after the first forward
 // (weights paged in), after the longest prefill, after RAG, against weight bytes + pool.
 //
-//   NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node bench/llamacpp/versus.mjs --model-dir DIR --gguf F
+//   NODE_LLAMA_CPP_SKIP_DOWNLOAD=true node bench/llamacpp/versus.mjs --model-dir DIR|F.gguf --gguf F
 //       [--build build] [--threads 2] [--reps 2] [--prefill 512,4096] [--decode 128]
 //       [--docs 4] [--doc-words 1000] [--pool-mb 256] [--skip prefill,decode,rag,llama]
 //       [--flash-attention both|off|on|auto] [--llama-threads 1] [--worker-b BIN] [--json out.json]
@@ -126,10 +126,14 @@ const tmp = tmpDir("cg-versus-");
 const workerBin = path.join(build, "worker/chunkgate-worker");
 const gatewayBin = path.join(build, "server/chunkgate");
 for (const b of [workerBin, gatewayBin]) if (!fs.existsSync(b)) die(`${b} is missing: build first`);
-const weightBytes = fs.readdirSync(a["model-dir"]).filter((f) => f.endsWith(".safetensors"))
-    .reduce((s, f) => s + fs.statSync(path.join(a["model-dir"], f)).size, 0);
-const modelId = JSON.parse(fs.readFileSync(path.join(a["model-dir"], "config.json"), "utf8"))
-    ._name_or_path;
+// --model-dir may be a .gguf file: the worker then serves the very file llama.cpp maps (one copy
+// of the weights in the page cache, which a 7B model on a 24 GB machine needs)
+const isGguf = a["model-dir"].endsWith(".gguf");
+const weightBytes = isGguf ? fs.statSync(a["model-dir"]).size
+    : fs.readdirSync(a["model-dir"]).filter((f) => f.endsWith(".safetensors"))
+        .reduce((s, f) => s + fs.statSync(path.join(a["model-dir"], f)).size, 0);
+let modelId = isGguf ? null
+    : JSON.parse(fs.readFileSync(path.join(a["model-dir"], "config.json"), "utf8"))._name_or_path;
 
 const worker = await startServer(workerBin,
     ["serve", "--model", a["model-dir"], "--listen", "127.0.0.1:0", "--data-dir",
@@ -138,6 +142,7 @@ const worker = await startServer(workerBin,
 const wurl = `http://127.0.0.1:${worker.port}`;
 await waitReady(`${wurl}/healthz`);
 const winfo = await (await fetch(`${wurl}/v1/info`)).json();
+if (!modelId) modelId = (await (await fetch(`${wurl}/v1/models`)).json()).data[0].id;
 // under --quant the weights in memory are the quantised copy the worker logs at start
 const logged = fs.readFileSync(path.join(tmp, "worker.log"), "utf8").match(/weights \w+ \((\d+) MiB/);
 const mem = {weights_mib: quant !== "none" && logged ? Number(logged[1]) : weightBytes / 2 ** 20, pool_mib: poolMb, after_start: memMiB(worker.proc.pid)};
