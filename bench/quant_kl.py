@@ -16,7 +16,10 @@ one prompt after another, at most N and at most 2048 tokens) at every position a
 decides what a user reads: mean and max KL(P || Q) in nats and top-1 agreement, for
   P = chunkgate 16-bit: Q = chunkgate q8, q4, llama.cpp F16, Q8_0, Q4_0;
   P = llama.cpp F16:    Q = llama.cpp Q8_0, Q4_0 (llama.cpp's own loss, as llama-perplexity
-                        --kl-divergence measures it).
+                        --kl-divergence measures it);
+  P = llama.cpp Q8_0 / Q4_0: Q = chunkgate serving the same GGUF file (--model FILE.gguf: the
+                        file's blocks, repacked at load), so what remains is the two engines'
+                        arithmetic, not the weights.
 Prints a table and one JSON object.
 """
 
@@ -120,6 +123,17 @@ def main():
             return 2
         llama_release = json.loads(lc.stdout).get("llama_cpp_release")
         rows["llama_" + t] = np.fromfile(full, dtype="<f4").astype(np.float64).reshape(len(pos), V)
+        if t != "f16":
+            # chunkgate serving the same quantised file (its blocks, repacked at load)
+            out = subprocess.run([os.path.join(a.build, "bench", "bench_quant"), gguf, ids_file,
+                                  plist, os.path.join(a.work, "cg_gguf_" + t), "none"],
+                                 env=dict(os.environ, OMP_NUM_THREADS=str(a.threads)),
+                                 capture_output=True, text=True)
+            if out.returncode == 0:
+                rows["cg_gguf_" + t] = np.fromfile(os.path.join(a.work, "cg_gguf_%s.none.f32" % t),
+                                                   dtype="<f4").astype(np.float64).reshape(len(pos), V)
+            else:
+                sys.stderr.write("chunkgate on %s: %s" % (gguf, out.stderr))
 
     res = {"model": a.model_dir, "tokens": len(ids), "positions": len(pos), "seed": a.seed,
            "llama_cpp_release": llama_release, "chunkgate": meta, "kl": {}}
@@ -128,6 +142,10 @@ def main():
         res["kl"]["cg_f16||" + q] = kl_stats(ref, rows[q])
     for q in ("llama_q8_0", "llama_q4_0"):
         res["kl"]["llama_f16||" + q] = kl_stats(rows["llama_f16"], rows[q])
+    for t in ("q8_0", "q4_0"):
+        if "cg_gguf_" + t in rows:
+            res["kl"]["cg_f16||cg_gguf_" + t] = kl_stats(ref, rows["cg_gguf_" + t])
+            res["kl"]["llama_%s||cg_gguf_%s" % (t, t)] = kl_stats(rows["llama_" + t], rows["cg_gguf_" + t])
     if ans_at:
         res["answer_positions"] = len(ans_at)
         for q in ("cg_q8", "cg_q4", "llama_q8_0", "llama_q4_0"):
