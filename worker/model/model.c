@@ -308,12 +308,21 @@ static cg_status open_tokenizer(cg_model *m, const char *dir, char *err, size_t 
         st = cg_tokenizer_new_bytes(c->bos_id, c->eos_ids[0], &m->tok, err, errlen);
         if (st != CG_OK) return st;
     }
-    int32_t eos = cg_tokenizer_eos(m->tok);
-    if (eos >= 0 && eos < c->vocab_size && !cg_model_config_is_eos(c, eos) &&
-        c->n_eos < CG_MODEL_MAX_EOS)
-        c->eos_ids[c->n_eos++] = eos;
-    if (c->bos_id < 0) c->bos_id = cg_tokenizer_bos(m->tok);
+    cg_model_take_tokenizer_ids(c, m->tok);
     return CG_OK;
+}
+
+void cg_model_add_eos(cg_model_config *c, int64_t id)
+{
+    if (id >= 0 && id < c->vocab_size && !cg_model_config_is_eos(c, (int32_t)id) &&
+        c->n_eos < CG_MODEL_MAX_EOS)
+        c->eos_ids[c->n_eos++] = (int32_t)id;
+}
+
+void cg_model_take_tokenizer_ids(cg_model_config *c, const cg_tokenizer *t)
+{
+    cg_model_add_eos(c, cg_tokenizer_eos(t));
+    if (c->bos_id < 0) c->bos_id = cg_tokenizer_bos(t);
 }
 
 const char *const cg_quant_names[] = {"none", "q8", "q4", NULL};

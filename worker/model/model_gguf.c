@@ -392,13 +392,6 @@ not_utf8:
     return CG_E_VALUE;
 }
 
-static void add_eos(cg_model_config *c, int64_t id)
-{
-    if (id >= 0 && id < c->vocab_size && !cg_model_config_is_eos(c, (int32_t)id) &&
-        c->n_eos < CG_MODEL_MAX_EOS)
-        c->eos_ids[c->n_eos++] = (int32_t)id;
-}
-
 /* A GGUF names one EOS; the checkpoint's generation config, which listed the others, is not in
  * it. As llama.cpp does, generation also ends at the end-of-turn and end-of-message ids and at
  * the control tokens that end a turn in the common chat formats. */
@@ -411,7 +404,7 @@ static void end_of_generation(const cg_gguf *g, cg_model_config *c)
                                         "<end_of_turn>"};
     int64_t id;
     for (size_t i = 0; i < CG_ARRAY_LEN(keys); i++)
-        if (cg_gguf_get_int(g, keys[i], &id) == 0) add_eos(c, id);
+        if (cg_gguf_get_int(g, keys[i], &id) == 0) cg_model_add_eos(c, id);
     const cg_gguf_kv *tokens = cg_gguf_find(g, "tokenizer.ggml.tokens");
     const cg_gguf_kv *types = cg_gguf_find(g, "tokenizer.ggml.token_type");
     if (!tokens || !types) return;
@@ -420,7 +413,8 @@ static void end_of_generation(const cg_gguf *g, cg_model_config *c)
         size_t len;
         const char *s = cg_gguf_arr_str(tokens, i, &len);
         for (size_t k = 0; k < CG_ARRAY_LEN(texts); k++)
-            if (len == strlen(texts[k]) && !memcmp(s, texts[k], len)) add_eos(c, (int64_t)i);
+            if (len == strlen(texts[k]) && !memcmp(s, texts[k], len))
+                cg_model_add_eos(c, (int64_t)i);
     }
 }
 
@@ -452,9 +446,8 @@ cg_status cg_gguf_model_open(cg_model *m, const char *path, char *err, size_t er
                   (int)cg_tokenizer_vocab_size(m->tok), c->vocab_size);
         return CG_E_VALUE;
     }
-    add_eos(c, cg_tokenizer_eos(m->tok));
+    cg_model_take_tokenizer_ids(c, m->tok);
     end_of_generation(g, c);
-    if (c->bos_id < 0) c->bos_id = cg_tokenizer_bos(m->tok);
     return CG_OK;
 }
 

@@ -46,6 +46,13 @@ typedef struct cg_wlist {
     size_t n, cap;
 } cg_wlist;
 
+/* id joins c's stop ids (ignored outside the vocabulary, when present, or when the list is
+ * full). */
+void cg_model_add_eos(cg_model_config *c, int64_t id);
+/* After the tokenizer is open, from whatever files: its EOS joins the stop ids, and its BOS is
+ * the model's when the config names none. */
+void cg_model_take_tokenizer_ids(cg_model_config *c, const cg_tokenizer *t);
+
 /* ---- GGUF checkpoints (model_gguf.c) ---- */
 
 /* 1 when path names a GGUF file (a regular file ending in .gguf). */
