@@ -221,59 +221,33 @@ START_TEST(test_refusals)
     /* bound names may be called: macros, set variables, caller */
     expect_out("{% set f = range %}{{ f(2) }}{% macro g() %}G{% endmacro %}{{ g() }}", NULL,
                "[0, 1]G");
-    /* over-deep trees are refused before they can recurse */
-    sbuf b = {0};
-    cgt_sbuf_put(&b, "{{ ", 3);
-    for (int i = 0; i < 400; i++)
-        cgt_sbuf_put(&b, "(", 1);
-    cgt_sbuf_put(&b, "1", 1);
-    for (int i = 0; i < 400; i++)
-        cgt_sbuf_put(&b, ")", 1);
-    cgt_sbuf_put(&b, " }}", 3);
-    expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
-    b.len = 0;
-    cgt_sbuf_put(&b, "{{ a", 4);
-    for (int i = 0; i < 400; i++)
-        cgt_sbuf_put(&b, ".b", 2);
-    cgt_sbuf_put(&b, " }}", 4);
-    expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
-    b.len = 0;
-    cgt_sbuf_put(&b, "{{ 1", 4);
-    for (int i = 0; i < 400; i++)
-        cgt_sbuf_put(&b, " ~ 1", 4);
-    cgt_sbuf_put(&b, " }}", 4);
-    expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
-    b.len = 0; /* elif chains and conditional chains recurse in the parser */
-    cgt_sbuf_put(&b, "{% if 0 %}", 10);
-    for (int i = 0; i < 20000; i++)
-        cgt_sbuf_put(&b, "{% elif 0 %}", 12);
-    cgt_sbuf_put(&b, "{% endif %}", 11);
-    expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
-    b.len = 0;
-    cgt_sbuf_put(&b, "{{ 1", 4);
-    for (int i = 0; i < 20000; i++)
-        cgt_sbuf_put(&b, " if 0 else 1", 12);
-    cgt_sbuf_put(&b, " }}", 4);
-    expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
-    b.len = 0;
-    cgt_sbuf_put(&b, "{{ f", 4);
-    for (int i = 0; i < 20000; i++)
-        cgt_sbuf_put(&b, "()", 2);
-    cgt_sbuf_put(&b, " }}", 4);
-    expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
-    b.len = 0;
-    cgt_sbuf_put(&b, "{{ ", 3);
-    for (int i = 0; i < 20000; i++)
-        cgt_sbuf_put(&b, "not -", 5);
-    cgt_sbuf_put(&b, "1 }}", 4);
-    expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
-    b.len = 0;
-    for (int i = 0; i < 300; i++)
-        cgt_sbuf_put(&b, "{% if 1 %}", 10);
-    for (int i = 0; i < 300; i++)
-        cgt_sbuf_put(&b, "{% endif %}", 11);
-    expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
-    cgt_sbuf_free(&b);
+    /* over-deep trees are refused before they can recurse: head, n times open, mid, n times
+     * close, tail (elif chains and conditional chains recurse in the parser) */
+    static const struct {
+        const char *head, *open, *mid, *close, *tail;
+        int n;
+    } deep[] = {
+        {"{{ ", "(", "1", ")", " }}", 400},
+        {"{{ a", ".b", "", "", " }}", 400},
+        {"{{ 1", " ~ 1", "", "", " }}", 400},
+        {"{% if 0 %}", "{% elif 0 %}", "", "", "{% endif %}", 20000},
+        {"{{ 1", " if 0 else 1", "", "", " }}", 20000},
+        {"{{ f", "()", "", "", " }}", 20000},
+        {"{{ ", "not -", "1 }}", "", "", 20000},
+        {"", "{% if 1 %}", "", "{% endif %}", "", 300},
+    };
+    for (size_t c = 0; c < CG_ARRAY_LEN(deep); c++) {
+        sbuf b = {0};
+        cgt_sbuf_put(&b, deep[c].head, strlen(deep[c].head));
+        for (int i = 0; i < deep[c].n; i++)
+            cgt_sbuf_put(&b, deep[c].open, strlen(deep[c].open));
+        cgt_sbuf_put(&b, deep[c].mid, strlen(deep[c].mid));
+        for (int i = 0; i < deep[c].n; i++)
+            cgt_sbuf_put(&b, deep[c].close, strlen(deep[c].close));
+        cgt_sbuf_put(&b, deep[c].tail, strlen(deep[c].tail));
+        expect_err(b.p, NULL, CG_E_UNSUPPORTED, "1:");
+        cgt_sbuf_free(&b);
+    }
     /* a template over 1 MiB */
     size_t big = TPL_MAX_SOURCE + 1;
     char *s = cg_malloc(big);
