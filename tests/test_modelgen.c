@@ -539,46 +539,43 @@ END_TEST
 
 /* ---- rope_scaling overrides ---- */
 
+/* Generates p with rope_scaling spec into d and checks the rope_scaling object's type and
+ * factor; returns the config (caller decrefs). */
+static json_t *gen_rope_scaling(const char *d, cg_model_gen_params p, const char *spec,
+                                const char *type, double factor)
+{
+    p.rope_scaling = spec;
+    gen(d, p);
+    json_t *c = load_json(d, "config.json");
+    json_t *rs = json_object_get(c, "rope_scaling");
+    ck_assert_msg(!strcmp(jstr(rs, "rope_type"), type), "%s: rope_type %s", spec,
+                  jstr(rs, "rope_type"));
+    ck_assert_msg(json_real_value(json_object_get(rs, "factor")) == factor, "%s: factor %g", spec,
+                  json_real_value(json_object_get(rs, "factor")));
+    return c;
+}
+
 START_TEST(test_rope_scaling)
 {
     char *d = make_tmpdir();
     char err[ERRLEN];
     cg_model_gen_params p = mini("qwen2", 1024);
-    json_t *c, *rs;
+    json_t *c;
 
-    p.rope_scaling = "linear:2";
-    gen(d, p);
-    c = load_json(d, "config.json");
-    rs = json_object_get(c, "rope_scaling");
-    ck_assert_str_eq(jstr(rs, "rope_type"), "linear");
-    ck_assert(json_real_value(json_object_get(rs, "factor")) == 2.0);
+    c = gen_rope_scaling(d, p, "linear:2", "linear", 2.0);
     ck_assert_int_eq(jint(c, "max_position_embeddings"), 32768);
     json_decref(c);
 
-    p.rope_scaling = "yarn:4";
-    gen(d, p);
-    c = load_json(d, "config.json");
-    rs = json_object_get(c, "rope_scaling");
-    ck_assert_str_eq(jstr(rs, "rope_type"), "yarn");
-    ck_assert(json_real_value(json_object_get(rs, "factor")) == 4.0);
-    ck_assert_int_eq(jint(rs, "original_max_position_embeddings"), 32768);
+    c = gen_rope_scaling(d, p, "yarn:4", "yarn", 4.0);
+    ck_assert_int_eq(jint(json_object_get(c, "rope_scaling"), "original_max_position_embeddings"),
+                     32768);
     ck_assert_int_eq(jint(c, "max_position_embeddings"), 131072); /* original * factor */
     ck_assert_int_eq(jint(c, "sliding_window"), 131072);
     json_decref(c);
 
-    p.rope_scaling = "llama3:32";
-    gen(d, p);
-    c = load_json(d, "config.json");
-    rs = json_object_get(c, "rope_scaling");
-    ck_assert_str_eq(jstr(rs, "rope_type"), "llama3");
-    ck_assert(json_real_value(json_object_get(rs, "factor")) == 32.0);
-    json_decref(c);
-
-    p.rope_scaling = "dynamic:2"; /* written, so loaders can be tested refusing it */
-    gen(d, p);
-    c = load_json(d, "config.json");
-    ck_assert_str_eq(jstr(json_object_get(c, "rope_scaling"), "rope_type"), "dynamic");
-    json_decref(c);
+    json_decref(gen_rope_scaling(d, p, "llama3:32", "llama3", 32.0));
+    /* written, so loaders can be tested refusing it */
+    json_decref(gen_rope_scaling(d, p, "dynamic:2", "dynamic", 2.0));
 
     cg_model_gen_params l3 = mini("llama3", 0);
     l3.rope_scaling = "none";
