@@ -184,6 +184,16 @@ static void url_of(char *out, size_t cap, int port, const char *suffix)
     snprintf(out, cap, "redis://127.0.0.1:%d%s", port, suffix ? suffix : "");
 }
 
+/* The default parameters for the node on loopback port (path suffix may be NULL); the URL is
+ * written to url (cap bytes), which must outlive the parameters. */
+static cg_remote_params params_at(char *url, size_t cap, int port, const char *suffix)
+{
+    cg_remote_params p = cg_remote_default_params();
+    url_of(url, cap, port, suffix);
+    p.url = url;
+    return p;
+}
+
 /* ---- values and keys ---------------------------------------------------------------------- */
 
 /* Deterministic bytes with NULs and every byte value, different for each seed. */
@@ -367,10 +377,8 @@ END_TEST
  * CG_E_UNAVAILABLE, and during the backoff without a connection attempt. */
 START_TEST(down_at_start_fails_fast)
 {
-    cg_remote_params p = cg_remote_default_params();
     char url[64];
-    url_of(url, sizeof url, pick_ports(1, 0), NULL);
-    p.url = url;
+    cg_remote_params p = params_at(url, sizeof url, pick_ports(1, 0), NULL);
     p.backoff_min_ms = 5000;
     p.backoff_max_ms = 5000;
     cg_remote *r = open_ok(p);
@@ -402,10 +410,8 @@ END_TEST
 /* Nothing listens: connection attempts are spaced by a doubling backoff, capped. */
 START_TEST(backoff_doubles_to_its_cap)
 {
-    cg_remote_params p = cg_remote_default_params();
     char url[64];
-    url_of(url, sizeof url, pick_ports(1, 0), NULL);
-    p.url = url;
+    cg_remote_params p = params_at(url, sizeof url, pick_ports(1, 0), NULL);
     p.backoff_min_ms = 40;
     p.backoff_max_ms = 160;
     cg_remote *r = open_ok(p); /* the first attempt */
@@ -579,10 +585,8 @@ static cg_status fake_get(const char *reply, size_t reply_len, size_t value_max)
 {
     fake f;
     fake_start(&f, reply, reply_len);
-    cg_remote_params p = cg_remote_default_params();
     char url[64];
-    url_of(url, sizeof url, f.port, NULL);
-    p.url = url;
+    cg_remote_params p = params_at(url, sizeof url, f.port, NULL);
     p.timeout_ms = 300;
     if (value_max) p.value_max_bytes = value_max;
     cg_remote *r = open_ok(p);
@@ -645,10 +649,8 @@ START_TEST(extra_replies_never_served)
 {
     fake f;
     fake_start(&f, "$1\r\nx\r\n|$1\r\ny\r\n", 15);
-    cg_remote_params p = cg_remote_default_params();
     char url[64];
-    url_of(url, sizeof url, f.port, NULL);
-    p.url = url;
+    cg_remote_params p = params_at(url, sizeof url, f.port, NULL);
     p.backoff_min_ms = 1;
     p.backoff_max_ms = 1;
     p.conns_per_node = 1;
@@ -684,10 +686,8 @@ START_TEST(silent_server_times_out)
 {
     fake f;
     fake_start(&f, NULL, 0);
-    cg_remote_params p = cg_remote_default_params();
     char url[64];
-    url_of(url, sizeof url, f.port, NULL);
-    p.url = url;
+    cg_remote_params p = params_at(url, sizeof url, f.port, NULL);
     p.timeout_ms = 250;
     p.backoff_min_ms = 2000;
     cg_remote *r = open_ok(p); /* PING is answered */
@@ -764,9 +764,7 @@ static void node_teardown(void)
 
 static cg_remote_params node_params(char *url, size_t cap, const char *suffix)
 {
-    cg_remote_params p = cg_remote_default_params();
-    url_of(url, cap, g_srv.port, suffix);
-    p.url = url;
+    cg_remote_params p = params_at(url, cap, g_srv.port, suffix);
     p.timeout_ms = 2000; /* generous: the machine is shared; the failure cases set their own */
     return p;
 }
