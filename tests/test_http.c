@@ -52,18 +52,36 @@ static void h_ok(cg_http_req *r, void *app)
     cg_http_reply_json(r, 200, json_pack("{s:b}", "ok", 1));
 }
 
-/* Replies from another thread, later: the job thread returns first. */
-static void *late_reply(void *arg)
+/* A reply made from another thread after ms, so that the handler returns first. */
+typedef struct later {
+    cg_http_req *r;
+    int ms, status;
+    json_t *body;
+} later;
+
+static void *later_main(void *arg)
 {
-    th_sleep_ms(50);
-    cg_http_reply_json(arg, 202, json_pack("{s:s}", "late", "yes"));
+    later *l = arg;
+    th_sleep_ms(l->ms);
+    cg_http_reply_json(l->r, l->status, l->body);
+    free(l);
     return NULL;
 }
+
+/* Replies to r with status and body (taken over) from a new thread after ms. */
+static void reply_later(cg_http_req *r, int ms, int status, json_t *body)
+{
+    later *l = cg_malloc(sizeof *l);
+    *l = (later){r, ms, status, body};
+    pthread_t t;
+    pthread_create(&t, NULL, later_main, l);
+    pthread_detach(t);
+}
+
+/* Replies from another thread, later: the job thread returns first. */
 static void h_late(cg_http_req *r, void *app)
 {
-    pthread_t t;
-    pthread_create(&t, NULL, late_reply, r);
-    pthread_detach(t);
+    reply_later(r, 50, 202, json_pack("{s:s}", "late", "yes"));
 }
 
 /* Stream producers. prod_* are shared with the test body (same process: the server runs in
@@ -225,12 +243,6 @@ static void h_fast_job(cg_http_req *r, void *app)
 {
     cg_http_reply_json(r, 200, json_pack("{s:s}", "path", "job"));
 }
-static void *fast_later(void *arg)
-{
-    th_sleep_ms(30);
-    cg_http_reply_json(arg, 200, json_pack("{s:s}", "path", "later"));
-    return NULL;
-}
 static int h_fast(cg_http_req *r, void *app)
 {
     size_t n;
@@ -240,9 +252,7 @@ static int h_fast(cg_http_req *r, void *app)
         return 1;
     }
     if (n == 5 && !memcmp(b, "later", 5)) {
-        pthread_t t;
-        pthread_create(&t, NULL, fast_later, r);
-        pthread_detach(t);
+        reply_later(r, 30, 200, json_pack("{s:s}", "path", "later"));
         return 1;
     }
     return 0;
