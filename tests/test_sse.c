@@ -151,26 +151,22 @@ START_TEST(every_split_point)
     parse_whole(in, len, &whole);
     ck_assert_int_eq(whole.n, 4);
     ck_assert_str_eq(whole.raw.data, in + 3); /* the BOM is not part of any event */
+    feeder f;
     for (size_t cut = 0; cut <= len; cut++) {
-        sink s;
-        sink_init(&s);
-        cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
-        ck_assert_int_eq(cg_sse_feed(p, in, cut, collect, &s), CG_OK);
-        ck_assert_int_eq(cg_sse_feed(p, in + cut, len - cut, collect, &s), CG_OK);
-        ck_assert_int_eq(cg_sse_finish(p), 0);
-        ck_assert_msg(!strcmp(text_of(&s), text_of(&whole)), "cut at %zu: %s", cut, text_of(&s));
-        cg_sse_free(&p);
-        sink_free(&s);
+        feeder_open(&f, cg_sse_default_params());
+        feed_ok(&f, in, cut);
+        feed_ok(&f, in + cut, len - cut);
+        ck_assert_int_eq(cg_sse_finish(f.p), 0);
+        ck_assert_msg(!strcmp(text_of(&f.s), text_of(&whole)), "cut at %zu: %s", cut,
+                      text_of(&f.s));
+        feeder_close(&f);
     }
-    sink s;
-    sink_init(&s);
-    cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
+    feeder_open(&f, cg_sse_default_params());
     for (size_t i = 0; i < len; i++)
-        ck_assert_int_eq(cg_sse_feed(p, in + i, 1, collect, &s), CG_OK);
-    ck_assert_str_eq(text_of(&s), text_of(&whole));
-    ck_assert_uint_eq(cg_sse_events(p), 4);
-    cg_sse_free(&p);
-    sink_free(&s);
+        feed_ok(&f, in + i, 1);
+    ck_assert_str_eq(text_of(&f.s), text_of(&whole));
+    ck_assert_uint_eq(cg_sse_events(f.p), 4);
+    feeder_close(&f);
     sink_free(&whole);
 }
 END_TEST
@@ -289,21 +285,20 @@ START_TEST(random_split_invariance)
         size_t len = (size_t)(rand_r(&seed) % (int)sizeof in);
         for (size_t i = 0; i < len; i++)
             in[i] = alpha[rand_r(&seed) % (int)(sizeof alpha - 1)];
-        sink whole, parts;
+        sink whole;
         sink_init(&whole);
-        sink_init(&parts);
         parse_whole(in, len, &whole);
-        cg_sse_parser *p = cg_sse_new(cg_sse_default_params());
+        feeder parts;
+        feeder_open(&parts, cg_sse_default_params());
         for (size_t at = 0; at < len;) {
             size_t n = 1 + (size_t)(rand_r(&seed) % 7);
             if (n > len - at) n = len - at;
-            ck_assert_int_eq(cg_sse_feed(p, in + at, n, collect, &parts), CG_OK);
+            feed_ok(&parts, in + at, n);
             at += n;
         }
-        ck_assert_msg(!strcmp(text_of(&whole), text_of(&parts)), "round %d differs", round);
-        cg_sse_free(&p);
+        ck_assert_msg(!strcmp(text_of(&whole), text_of(&parts.s)), "round %d differs", round);
+        feeder_close(&parts);
         sink_free(&whole);
-        sink_free(&parts);
     }
 }
 END_TEST
