@@ -172,6 +172,15 @@ static long ask(int port, int i, char key[33])
     return ask_sized(port, i, 80, key);
 }
 
+/* Asks questions first .. end - 1 (ask) through gateway port; each must answer 200. */
+static void ask_each(int port, int first, int end)
+{
+    for (int i = first; i < end; i++) {
+        long status = ask(port, i, NULL);
+        ck_assert_msg(status == 200, "question %d answered %ld", i, status);
+    }
+}
+
 /* The worker's index id on gateway port. */
 static long long worker_id(int port)
 {
@@ -374,17 +383,14 @@ START_TEST(test_trimmed_stream_resync_on_restart)
 {
     setup s;
     start_all(&s, "trim");
-    for (int i = 0; i < 6; i++)
-        ck_assert_int_eq(ask(s.ga.port, 1000 + i, NULL), 200);
+    ask_each(s.ga.port, 1000, 1006);
     ck_assert(wait_exact(&s, s.gb.port, 5000));
     stop_gateway(&s.gb);
-    for (int i = 6; i < 30; i++)
-        ck_assert_int_eq(ask(s.ga.port, 1000 + i, NULL), 200);
+    ask_each(s.ga.port, 1006, 1030);
     /* everything B has not read goes, then a few newer events */
     long long trimmed = th_redis_int(s.redis.port, "XTRIM " STREAM " MAXLEN 0");
     ck_assert(trimmed > 0);
-    for (int i = 30; i < 34; i++)
-        ck_assert_int_eq(ask(s.ga.port, 1000 + i, NULL), 200);
+    ask_each(s.ga.port, 1030, 1034);
     start_gateway(&s, &s.gb, "trim-gb");
     ck_assert(wait_exact(&s, s.gb.port, 10000));
     double gaps = th_counter(s.gb.port, "chunkgate_events_gaps_total{kind=\"trimmed\"}");
@@ -401,8 +407,7 @@ START_TEST(test_trimmed_stream_resync_on_restart)
     start_gateway(&s, &gc, "trim-gc");
     ck_assert(wait_exact(&s, gc.port, 5000));
     /* and they follow the stream again */
-    for (int i = 34; i < 40; i++)
-        ck_assert_int_eq(ask(s.ga.port, 1000 + i, NULL), 200);
+    ask_each(s.ga.port, 1034, 1040);
     ck_assert(wait_exact(&s, s.gb.port, 5000));
     ck_assert(wait_exact(&s, gc.port, 5000));
     ck_assert(th_counter(gc.port, "chunkgate_events_applied_total") > 0);
@@ -418,21 +423,18 @@ START_TEST(test_redis_down_and_back)
 {
     setup s;
     start_all(&s, "down");
-    for (int i = 0; i < 4; i++)
-        ck_assert_int_eq(ask(s.ga.port, 2000 + i, NULL), 200);
+    ask_each(s.ga.port, 2000, 2004);
     ck_assert(wait_exact(&s, s.gb.port, 5000));
     int port = s.redis.port;
     th_stop(&s.redis, SIGKILL);
-    for (int i = 4; i < 16; i++)
-        ck_assert_int_eq(ask(s.ga.port, 2000 + i, NULL), 200);
+    ask_each(s.ga.port, 2004, 2016);
     double failed = th_counter(s.w.port, "chunkgate_worker_events_failed_total");
     double errs_b = th_counter(s.gb.port, "chunkgate_events_errors_total");
     printf("Redis down: worker events failed %.0f, gateway B read errors %.0f\n", failed, errs_b);
     ck_assert(failed > 0);
     ck_assert(errs_b > 0);
     start_redis(&s.redis, port);
-    for (int i = 16; i < 20; i++)
-        ck_assert_int_eq(ask(s.ga.port, 2000 + i, NULL), 200);
+    ask_each(s.ga.port, 2016, 2020);
     ck_assert(wait_exact(&s, s.gb.port, 10000));
     ck_assert(wait_exact(&s, s.ga.port, 10000));
     printf("Redis back: gateway B resyncs %.0f (gaps: resync %.0f, trimmed %.0f)\n",
@@ -463,8 +465,7 @@ START_TEST(test_dropped_events_and_restart_resync)
 {
     setup s;
     start_all_q(&s, "gap", "2");
-    for (int i = 0; i < 4; i++)
-        ck_assert_int_eq(ask(s.ga.port, 3000 + i, NULL), 200);
+    ask_each(s.ga.port, 3000, 3004);
     ck_assert(wait_exact(&s, s.gb.port, 5000));
     /* Redis answers nothing for 1.5 s: the worker's queue of 2 overflows */
     redisContext *c = th_redis_connect(s.redis.port);
@@ -474,8 +475,7 @@ START_TEST(test_dropped_events_and_restart_resync)
     freeReplyObject(r);
     redisFree(c);
     double t0 = th_now_s();
-    for (int i = 4; i < 10; i++)
-        ck_assert_int_eq(ask(s.ga.port, 3000 + i, NULL), 200);
+    ask_each(s.ga.port, 3004, 3010);
     double dropped = th_counter(s.w.port, "chunkgate_worker_events_dropped_total");
     ck_assert_msg(dropped > 0,
                   "no event was dropped while Redis was paused (%.0f published, %.0f queued)",
@@ -483,8 +483,7 @@ START_TEST(test_dropped_events_and_restart_resync)
                   th_counter(s.w.port, "chunkgate_worker_events_queue_depth"));
     while (th_now_s() - t0 < 1.6)
         th_sleep_ms(20);
-    for (int i = 10; i < 12; i++)
-        ck_assert_int_eq(ask(s.ga.port, 3000 + i, NULL), 200);
+    ask_each(s.ga.port, 3010, 3012);
     ck_assert(wait_counter(s.gb.port, "chunkgate_events_gaps_total{kind=\"resync\"}"));
     ck_assert(wait_exact(&s, s.gb.port, 10000));
     printf("Redis paused: %.0f events dropped by the worker; gateway B resyncs %.0f\n", dropped,
@@ -497,8 +496,7 @@ START_TEST(test_dropped_events_and_restart_resync)
     ck_assert(th_start_worker(&s.w, WORKER_BIN, g_model, port, "gap-w2", we) == 0);
     ck_assert(th_wait_worker(s.ga.port, NULL, s.wurl, 1));
     ck_assert(th_wait_worker(s.gb.port, NULL, s.wurl, 1));
-    for (int i = 12; i < 16; i++)
-        ck_assert_int_eq(ask(s.ga.port, 3000 + i, NULL), 200);
+    ask_each(s.ga.port, 3012, 3016);
     ck_assert(wait_counter(s.gb.port, "chunkgate_events_gaps_total{kind=\"epoch\"}"));
     ck_assert(wait_exact(&s, s.gb.port, 10000));
     stop_all(&s);
@@ -526,8 +524,7 @@ START_TEST(test_disk_tier_events)
         placed_tier(s.gb.port, big, wb, tier);
     ck_assert_msg(!strcmp(tier, "disk"), "gateway B places the large chunk in '%s', not disk",
                   tier);
-    for (int i = 1; i < 10; i++)
-        ck_assert_int_eq(ask(s.ga.port, 5000 + i, NULL), 200);
+    ask_each(s.ga.port, 5001, 5010);
     ck_assert(th_counter(s.w.port, "chunkgate_worker_spills_total") > 0);
     ck_assert(wait_exact(&s, s.gb.port, 5000));
     stop_all(&s);
@@ -578,8 +575,7 @@ START_TEST(test_cluster_events)
     for (int t = 0; t < 2000 && !seen; t += 5, th_sleep_ms(5))
         seen = placed(s.gb.port, key, wb) == 1;
     ck_assert_msg(seen, "gateway B never learned the stored chunk %s from the cluster", key);
-    for (int i = 1; i < 12; i++)
-        ck_assert_int_eq(ask(s.ga.port, 4000 + i, NULL), 200);
+    ask_each(s.ga.port, 4001, 4012);
     ck_assert(wait_exact(&s, s.gb.port, 5000));
     ck_assert(th_counter(s.gb.port, "chunkgate_events_applied_total") > 0);
     ck_assert_double_eq(th_counter(s.gb.port, "chunkgate_events_errors_total"), 0);
