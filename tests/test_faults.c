@@ -628,15 +628,17 @@ END_TEST
 
 /* ------------------------------------------------------------ clients that leave */
 
+/* What the gateway and its worker must let go of once a client left. */
 typedef struct gone_watch {
     int gport, wport;
+    const char *worker_gauge; /* the worker's series that must fall to 0 */
 } gone_watch;
 
 static int upstream_idle(void *arg)
 {
     gone_watch *gw_ = arg;
     return th_metric(gw_->gport, "chunkgate_upstream_in_flight") == 0 &&
-           th_metric(gw_->wport, "chunkgate_worker_assemblies_live") == 0;
+           th_metric(gw_->wport, gw_->worker_gauge) == 0;
 }
 
 /* A streamed client that leaves after 1 s while the backend is silent: 10 s before its first
@@ -664,7 +666,7 @@ START_TEST(stream_client_gone_while_backend_silent)
         /* nothing before the first byte; the first two events before the stall */
         ck_assert_int_eq(s.data_blocks, i ? 2 : 0);
         th_sse_free(&s);
-        gone_watch gwch = {g.port, w.port};
+        gone_watch gwch = {g.port, w.port, "chunkgate_worker_assemblies_live"};
         ck_assert_msg(th_wait_until(1500, 20, upstream_idle, &gwch),
                       "%s: %.1f s after the client left: upstream_in_flight %.0f, "
                       "assemblies_live %.0f",
@@ -679,13 +681,6 @@ START_TEST(stream_client_gone_while_backend_silent)
     ck_assert_int_eq(th_stop(&w, SIGTERM), 0);
 }
 END_TEST
-
-static int decode_idle(void *arg)
-{
-    gone_watch *gw_ = arg;
-    return th_metric(gw_->gport, "chunkgate_upstream_in_flight") == 0 &&
-           th_metric(gw_->wport, "chunkgate_worker_sequences_running") == 0;
-}
 
 /* A client that gives up on a long non-streamed completion: nothing is written to it before
  * the end, so only the parked connection's end shows that it left. The gateway must cancel its
@@ -707,8 +702,8 @@ START_TEST(non_stream_client_gone_cancels_decode)
     ck_assert_int_eq(r.status, 0); /* still decoding when the client gave up */
     th_resp_free(&r);
     ck_assert_double_eq(th_metric(w.port, "chunkgate_worker_sequences_running"), 1);
-    gone_watch gwch = {g.port, w.port};
-    ck_assert_msg(th_wait_until(2500, 20, decode_idle, &gwch),
+    gone_watch gwch = {g.port, w.port, "chunkgate_worker_sequences_running"};
+    ck_assert_msg(th_wait_until(2500, 20, upstream_idle, &gwch),
                   "%.1f s after the client left: upstream_in_flight %.0f, sequences_running %.0f",
                   th_now_s() - t0 - 1, th_metric(g.port, "chunkgate_upstream_in_flight"),
                   th_metric(w.port, "chunkgate_worker_sequences_running"));
