@@ -184,18 +184,6 @@ START_TEST(gateway_routes_around_busy)
 }
 END_TEST
 
-/* Sends POST /v1/completions with JSON body b on the connected socket fd. */
-static void post_completion(int fd, const char *b)
-{
-    char head[256];
-    int hl = snprintf(head, sizeof head,
-                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                      "application/json\r\nContent-Length: %zu\r\n\r\n",
-                      strlen(b));
-    ck_assert_int_eq(th_send_all(fd, head, (size_t)hl), 0);
-    ck_assert_int_eq(th_send_all(fd, b, strlen(b)), 0);
-}
-
 /* A streaming client that disconnects after a few events: its sequence leaves the batch at
  * the next step, and its assembly and requests are given back. */
 START_TEST(disconnect_frees_sequence)
@@ -203,7 +191,7 @@ START_TEST(disconnect_frees_sequence)
     int fd = th_connect(wk.port);
     ck_assert_int_ge(fd, 0);
     char *b = body_of(1, 2000, 1);
-    post_completion(fd, b);
+    th_send_post(fd, "/v1/completions", b);
     free(b);
     int closed = 0;
     char *got = th_recv(fd, 2000, 4096, &closed);
@@ -234,7 +222,7 @@ static int stalled_stream(int port, int max_tokens)
         json_pack("{s:s, s:i, s:f, s:b, s:i}", "prompt", "Plain prompt about the harbour",
                   "max_tokens", max_tokens, "temperature", 0.0, "stream", 1, "logprobs", 20);
     char *b = th_dumps(j);
-    post_completion(fd, b);
+    th_send_post(fd, "/v1/completions", b);
     free(b);
     return fd;
 }

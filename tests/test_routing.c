@@ -147,13 +147,7 @@ static int held_stream(int port)
     char *b = th_dumps(json_pack("{s:s, s:s, s:i, s:f, s:b, s:i}", "model", "chunkgate-tiny",
                                  "prompt", "Plain prompt about the harbour", "max_tokens", 30000,
                                  "temperature", 0.0, "stream", 1, "logprobs", 20));
-    char head[256];
-    int hl = snprintf(head, sizeof head,
-                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                      "application/json\r\nContent-Length: %zu\r\n\r\n",
-                      strlen(b));
-    ck_assert_int_eq(th_send_all(fd, head, (size_t)hl), 0);
-    ck_assert_int_eq(th_send_all(fd, b, strlen(b)), 0);
+    th_send_post(fd, "/v1/completions", b);
     free(b);
     return fd;
 }

@@ -428,6 +428,9 @@ int th_connect(int port);
 int th_connect_small_rcvbuf(int port);
 /* Sends all n bytes; returns 0 or -1. */
 int th_send_all(int fd, const void *p, size_t n);
+/* Sends POST path with the JSON text body on the connected socket fd (HTTP/1.1, with a
+ * Content-Length; the answer is left for the caller to read). Asserts. */
+void th_send_post(int fd, const char *path, const char *body);
 /* Reads until the peer closes, timeout_ms passes or max bytes came; returns the bytes (caller
  * frees, NUL-terminated) and sets *closed to 1 when the peer closed or reset. */
 char *th_recv(int fd, int timeout_ms, size_t max, int *closed);

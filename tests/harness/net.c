@@ -133,6 +133,18 @@ int th_send_all(int fd, const void *p, size_t n)
     return 0;
 }
 
+void th_send_post(int fd, const char *path, const char *body)
+{
+    char head[512];
+    int hl = snprintf(head, sizeof head,
+                      "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\n\r\n",
+                      path, strlen(body));
+    ck_assert_int_lt(hl, (int)sizeof head);
+    ck_assert_int_eq(th_send_all(fd, head, (size_t)hl), 0);
+    ck_assert_int_eq(th_send_all(fd, body, strlen(body)), 0);
+}
+
 /* Waits until fd is readable or the deadline passes, then reads into b; returns the bytes
  * read, 0 at end of stream or on an error, -1 on timeout. */
 static ssize_t recv_some(int fd, double deadline, cg_buf *b)
