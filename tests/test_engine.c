@@ -946,9 +946,7 @@ int main(int argc, char **argv)
                                        test_disk_tier, test_adopt));
     cg_model_close(&m_half);
     cg_model_close(&m_inter);
-    th_rmrf(dir_half);
-    th_rmrf(dir_inter);
-    free(dir_half);
-    free(dir_inter);
+    th_rmdtemp(dir_half);
+    th_rmdtemp(dir_inter);
     return failed;
 }

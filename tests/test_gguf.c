@@ -83,8 +83,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-    th_rmrf(root);
-    free(root);
+    th_rmdtemp(root);
 }
 
 static cg_model *open_model(const char *name, cg_quant q)

@@ -238,8 +238,7 @@ static void redis_teardown(void)
         waitpid(g_redis_pid, NULL, 0);
     }
     g_redis_pid = -1;
-    th_rmrf(g_redis_dir);
-    free(g_redis_dir);
+    th_rmdtemp(g_redis_dir);
     g_redis_dir = NULL;
 }
 

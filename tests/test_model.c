@@ -20,18 +20,6 @@
 
 /* ---- helpers ---- */
 
-static char *make_tmpdir(void)
-{
-    return th_mkdtemp("test_model");
-}
-
-/* Removes a directory of make_tmpdir and frees its path. */
-static void drop_dir(char *dir)
-{
-    th_rmrf(dir);
-    free(dir);
-}
-
 static uint8_t *read_all(const char *path, size_t *len)
 {
     ck_assert_msg(access(path, R_OK) == 0, "cannot open %s", path);
@@ -146,7 +134,7 @@ static void assert_geometry(const cg_model *m, const geometry *g)
 
 START_TEST(test_generate_load_defaults)
 {
-    char *dir = make_tmpdir();
+    char *dir = th_mkdtemp("test_model");
     gen(dir, cg_model_gen_default_params());
     cg_model *m = load(dir);
     const cg_model_config *c = cg_model_cfg(m);
@@ -167,13 +155,13 @@ START_TEST(test_generate_load_defaults)
     cg_model_close(&m);
     ck_assert_ptr_null(m);
     cg_model_close(&m); /* NULL is accepted */
-    drop_dir(dir);
+    th_rmdtemp(dir);
 }
 END_TEST
 
 START_TEST(test_generate_load_custom)
 {
-    char *dir = make_tmpdir();
+    char *dir = th_mkdtemp("test_model");
     cg_model_gen_params p = small_params();
     p.rope_style = CG_ROPE_INTERLEAVED;
     p.model_id = "tiny-interleaved";
@@ -195,14 +183,14 @@ START_TEST(test_generate_load_custom)
     bad.dtype = "f8";
     ck_assert_int_eq(cg_model_generate(dir, bad, err, sizeof err), CG_E_VALUE);
     ck_assert_ptr_nonnull(strstr(err, "dtype"));
-    drop_dir(dir);
+    th_rmdtemp(dir);
 }
 END_TEST
 
 /* Both rope styles load from the same weights (same seed) and give different logits. */
 START_TEST(test_rope_styles)
 {
-    char *d1 = make_tmpdir(), *d2 = make_tmpdir();
+    char *d1 = th_mkdtemp("test_model"), *d2 = th_mkdtemp("test_model");
     cg_model_gen_params p = small_params();
     gen(d1, p);
     p.rope_style = CG_ROPE_INTERLEAVED;
@@ -218,14 +206,15 @@ START_TEST(test_rope_styles)
     ck_assert_ptr_null(ka);
     cg_model_close(&a);
     cg_model_close(&b);
-    drop_dir(d1);
-    drop_dir(d2);
+    th_rmdtemp(d1);
+    th_rmdtemp(d2);
 }
 END_TEST
 
 START_TEST(test_determinism)
 {
-    char *d1 = make_tmpdir(), *d2 = make_tmpdir(), *d3 = make_tmpdir();
+    char *d1 = th_mkdtemp("test_model"), *d2 = th_mkdtemp("test_model"),
+         *d3 = th_mkdtemp("test_model");
     char p1[4096], p2[4096], p3[4096];
     cg_model_gen_params p = small_params();
     p.seed = 42;
@@ -241,9 +230,9 @@ START_TEST(test_determinism)
     join(p1, sizeof p1, d1, "config.json");
     join(p2, sizeof p2, d2, "config.json");
     ck_assert_uint_eq(th_file_fnv1a(p1), th_file_fnv1a(p2));
-    drop_dir(d1);
-    drop_dir(d2);
-    drop_dir(d3);
+    th_rmdtemp(d1);
+    th_rmdtemp(d2);
+    th_rmdtemp(d3);
 }
 END_TEST
 
@@ -260,7 +249,7 @@ START_TEST(test_dtypes)
     char path[4096], err[ERRLEN];
     cg_st_file *sf[3];
     for (int i = 0; i < 3; i++) {
-        d[i] = make_tmpdir();
+        d[i] = th_mkdtemp("test_model");
         cg_model_gen_params p = cg_model_gen_default_params();
         p.dtype = names[i];
         gen(d[i], p);
@@ -295,7 +284,7 @@ START_TEST(test_dtypes)
     for (int i = 0; i < 3; i++) {
         cg_st_close(&sf[i]);
         cg_model_close(&m[i]);
-        drop_dir(d[i]);
+        th_rmdtemp(d[i]);
     }
 }
 END_TEST
@@ -488,7 +477,7 @@ static void attn_bias(json_t *c)
 
 static char *fresh_small(void)
 {
-    char *dir = make_tmpdir();
+    char *dir = th_mkdtemp("test_model");
     gen(dir, small_params());
     return dir;
 }
@@ -517,7 +506,7 @@ START_TEST(test_bad_safetensors)
         char *dir = fresh_small();
         rewrite_header(dir, hcases[i].edit);
         expect_fail(dir, hcases[i].st, hcases[i].needle);
-        drop_dir(dir);
+        th_rmdtemp(dir);
     }
 
     /* truncated: the last tensor's bytes run past the end */
@@ -528,7 +517,7 @@ START_TEST(test_bad_safetensors)
     /* shorter than the length prefix */
     ck_assert_int_eq(truncate(path, 5), 0);
     expect_fail(dir, CG_E_VALUE, "too short");
-    drop_dir(dir);
+    th_rmdtemp(dir);
 
     /* header length beyond the file, and beyond the 100 MB limit */
     dir = fresh_small();
@@ -543,7 +532,7 @@ START_TEST(test_bad_safetensors)
     write_all(path, b, n);
     expect_fail(dir, CG_E_VALUE, "exceeds the file size");
     free(b);
-    drop_dir(dir);
+    th_rmdtemp(dir);
 
     /* bad JSON in the header; a header that is JSON but not an object */
     dir = fresh_small();
@@ -561,7 +550,7 @@ START_TEST(test_bad_safetensors)
     /* missing file */
     unlink(path);
     expect_fail(dir, CG_E_IO, "model.safetensors");
-    drop_dir(dir);
+    th_rmdtemp(dir);
 }
 END_TEST
 
@@ -597,7 +586,7 @@ START_TEST(test_bad_config)
         } else {
             expect_fail(dir, cases[i].st, cases[i].needle);
         }
-        drop_dir(dir);
+        th_rmdtemp(dir);
     }
     char path[4096];
     char *dir = fresh_small();
@@ -608,7 +597,7 @@ START_TEST(test_bad_config)
     expect_fail(dir, CG_E_TYPE, "config.json: not a JSON object");
     unlink(path);
     expect_fail(dir, CG_E_IO, "config.json");
-    drop_dir(dir);
+    th_rmdtemp(dir);
     expect_fail("/nonexistent/cg-model", CG_E_IO, "config.json");
 }
 END_TEST
@@ -699,7 +688,7 @@ START_TEST(test_fuzz_header)
     json_decref(h0);
     free(orig);
     free(b);
-    drop_dir(dir);
+    th_rmdtemp(dir);
 }
 END_TEST
 
@@ -848,7 +837,7 @@ static void ref_forward(const char *dir, const cg_model_config *c, const int32_t
 START_TEST(test_reference_forward)
 {
     for (int style = 0; style < 2; style++) {
-        char *dir = make_tmpdir();
+        char *dir = th_mkdtemp("test_model");
         cg_model_gen_params p = small_params();
         p.rope_style = style ? CG_ROPE_INTERLEAVED : CG_ROPE_HALF;
         p.seed = 5;
@@ -869,7 +858,7 @@ START_TEST(test_reference_forward)
         ck_assert_msg(rd < 1e-4, "%s: rel diff %g", cg_rope_style_name(c->rope_style), rd);
         cg_kv_free(&kv);
         cg_model_close(&m);
-        drop_dir(dir);
+        th_rmdtemp(dir);
     }
 }
 END_TEST
@@ -881,7 +870,7 @@ static char *g_dir;
 
 static void forward_setup(void)
 {
-    g_dir = make_tmpdir();
+    g_dir = th_mkdtemp("test_model");
     gen(g_dir, cg_model_gen_default_params());
     g_model = load(g_dir);
 }
@@ -889,7 +878,7 @@ static void forward_setup(void)
 static void forward_teardown(void)
 {
     cg_model_close(&g_model);
-    drop_dir(g_dir);
+    th_rmdtemp(g_dir);
 }
 
 static double rel_diff(const float *a, const float *b, int n)
@@ -1275,7 +1264,7 @@ static int argmax(const float *a, int V)
  * unknown quantisation, are refused with the tensor named. */
 START_TEST(test_quant_logits)
 {
-    char *dir = make_tmpdir();
+    char *dir = th_mkdtemp("test_model");
     cg_model_gen_params p = cg_model_gen_default_params();
     p.dtype = "f16";
     p.seed = 3;
@@ -1316,10 +1305,10 @@ START_TEST(test_quant_logits)
     ck_assert_double_lt(kl_mean[1], kl_mean[2]);
     free(ref);
     cg_model_close(&m16);
-    drop_dir(dir);
+    th_rmdtemp(dir);
 
     /* Llama 2's preset: 344 hidden features fit neither block size */
-    char *d2 = make_tmpdir();
+    char *d2 = th_mkdtemp("test_model");
     ck_assert_int_eq(cg_model_gen_preset("llama2", &p), CG_OK);
     gen(d2, p);
     for (int qi = 1; qi <= 3; qi++) {
@@ -1334,7 +1323,7 @@ START_TEST(test_quant_logits)
         ck_assert_int_eq(st, CG_E_UNSUPPORTED);
         ck_assert_msg(strstr(err, "mlp.down_proj.weight") && strstr(err, "344"), "%s", err);
     }
-    drop_dir(d2);
+    th_rmdtemp(d2);
 }
 END_TEST
 

@@ -22,16 +22,6 @@
 
 /* ---- helpers ---- */
 
-static char *make_tmpdir(void)
-{
-    return th_mkdtemp("test_modelgen");
-}
-
-static void done(char *dir)
-{
-    th_rmrf(dir);
-    free(dir);
-}
 
 static void write_text(const char *path, const char *text)
 {
@@ -134,7 +124,7 @@ START_TEST(test_tiny_pinned)
         {"bf16", 0x3fbbd7faf576f1abull, 0x081a19caf77b9231ull},
     };
     for (size_t i = 0; i < CG_ARRAY_LEN(pins); i++) {
-        char *d = make_tmpdir();
+        char *d = th_mkdtemp("test_modelgen");
         cg_model_gen_params p = preset("tiny");
         p.dtype = pins[i].dtype;
         gen(d, p);
@@ -143,7 +133,7 @@ START_TEST(test_tiny_pinned)
         ck_assert_msg(hash_in(d, "model.safetensors") == pins[i].weights,
                       "%s model.safetensors changed", pins[i].dtype);
         ck_assert(!exists(d, "tokenizer.json"));
-        done(d);
+        th_rmdtemp(d);
     }
     cg_model_gen_params a = cg_model_gen_default_params(), b = preset("tiny");
     ck_assert_int_eq(a.dim, b.dim);
@@ -397,7 +387,7 @@ static void check_values(cg_st_file *f)
 START_TEST(test_presets)
 {
     const expect *e = &EXPECT[_i];
-    char *d = make_tmpdir();
+    char *d = th_mkdtemp("test_modelgen");
     cg_model_gen_params p = preset(e->preset);
     ck_assert_str_eq(p.dtype, e->dtype);
     gen(d, p);
@@ -409,7 +399,7 @@ START_TEST(test_presets)
     check_tensors(f, e, dt);
     check_values(f);
     cg_st_close(&f);
-    done(d);
+    th_rmdtemp(d);
 }
 END_TEST
 
@@ -421,7 +411,7 @@ START_TEST(test_dtype_independent)
     char *d[3];
     cg_st_file *f[3];
     for (int i = 0; i < 3; i++) {
-        d[i] = make_tmpdir();
+        d[i] = th_mkdtemp("test_modelgen");
         cg_model_gen_params p = mini("qwen3", 4096);
         p.dtype = dts[i];
         gen(d[i], p);
@@ -444,14 +434,14 @@ START_TEST(test_dtype_independent)
     }
     for (int i = 0; i < 3; i++) {
         cg_st_close(&f[i]);
-        done(d[i]);
+        th_rmdtemp(d[i]);
     }
 }
 END_TEST
 
 START_TEST(test_preset_determinism)
 {
-    char *a = make_tmpdir(), *b = make_tmpdir(), *c = make_tmpdir();
+    char *a = th_mkdtemp("test_modelgen"), *b = th_mkdtemp("test_modelgen"), *c = th_mkdtemp("test_modelgen");
     cg_model_gen_params p = preset("llama2");
     gen(a, p);
     gen(b, p);
@@ -471,9 +461,9 @@ START_TEST(test_preset_determinism)
     ck_assert(!memcmp(ea->data, ec->data, ea->nbytes));
     cg_st_close(&fa);
     cg_st_close(&fc);
-    done(a);
-    done(b);
-    done(c);
+    th_rmdtemp(a);
+    th_rmdtemp(b);
+    th_rmdtemp(c);
 }
 END_TEST
 
@@ -481,7 +471,7 @@ END_TEST
 
 START_TEST(test_shards)
 {
-    char *one = make_tmpdir(), *many = make_tmpdir();
+    char *one = th_mkdtemp("test_modelgen"), *many = th_mkdtemp("test_modelgen");
     cg_model_gen_params p = mini("qwen2", 2048);
     p.n_layers = 3;
     gen(one, p);
@@ -532,8 +522,8 @@ START_TEST(test_shards)
     ck_assert_int_eq(cg_model_generate(many, p, err, sizeof err), CG_E_VALUE);
     ck_assert_ptr_nonnull(strstr(err, "shards"));
     cg_st_close(&f1);
-    done(one);
-    done(many);
+    th_rmdtemp(one);
+    th_rmdtemp(many);
 }
 END_TEST
 
@@ -557,7 +547,7 @@ static json_t *gen_rope_scaling(const char *d, cg_model_gen_params p, const char
 
 START_TEST(test_rope_scaling)
 {
-    char *d = make_tmpdir();
+    char *d = th_mkdtemp("test_modelgen");
     char err[ERRLEN];
     cg_model_gen_params p = mini("qwen2", 1024);
     json_t *c;
@@ -593,7 +583,7 @@ START_TEST(test_rope_scaling)
                       bad[i]);
         ck_assert_ptr_nonnull(strstr(err, "rope_scaling"));
     }
-    done(d);
+    th_rmdtemp(d);
 }
 END_TEST
 
@@ -601,7 +591,7 @@ END_TEST
 
 START_TEST(test_bad_params)
 {
-    char *d = make_tmpdir();
+    char *d = th_mkdtemp("test_modelgen");
     char err[ERRLEN];
     cg_model_gen_params p;
 #define BAD(field_change, needle)                                                                  \
@@ -627,7 +617,7 @@ START_TEST(test_bad_params)
     p = cg_model_gen_default_params();
     p.head_dim = 64;
     ck_assert_int_eq(cg_model_generate(d, p, err, sizeof err), CG_E_VALUE);
-    done(d);
+    th_rmdtemp(d);
 }
 END_TEST
 
@@ -653,7 +643,7 @@ static void fake_tokenizer(const char *dir, int bos_id)
 
 START_TEST(test_tokenizer_copy)
 {
-    char *tok = make_tmpdir(), *d = make_tmpdir();
+    char *tok = th_mkdtemp("test_modelgen"), *d = th_mkdtemp("test_modelgen");
     char err[ERRLEN], src[4096];
     fake_tokenizer(tok, 998);
     cg_model_gen_params p = mini("llama2", 1000);
@@ -694,8 +684,8 @@ START_TEST(test_tokenizer_copy)
     p = mini("llama2", 1000);
     p.tokenizer_dir = "/nonexistent/chunkgate-tokenizer";
     ck_assert_int_eq(cg_model_generate(d, p, err, sizeof err), CG_E_IO);
-    done(tok);
-    done(d);
+    th_rmdtemp(tok);
+    th_rmdtemp(d);
 }
 END_TEST
 
@@ -714,7 +704,7 @@ START_TEST(test_real_tokenizers)
         fprintf(stderr, "test_real_tokenizers: SKIPPED (run npm ci in tests/ref)\n");
         return;
     }
-    char *d = make_tmpdir();
+    char *d = th_mkdtemp("test_modelgen");
     char err[ERRLEN];
     for (size_t i = 0; i < CG_ARRAY_LEN(pairs); i++) {
         for (size_t j = 0; j < CG_ARRAY_LEN(pairs); j++) {
@@ -730,7 +720,7 @@ START_TEST(test_real_tokenizers)
                           pairs[j].pkg, cg_status_name(st), err);
         }
     }
-    done(d);
+    th_rmdtemp(d);
 }
 END_TEST
 
@@ -760,7 +750,7 @@ static int run_worker(const char *const *args)
 
 START_TEST(test_cli)
 {
-    char *d = make_tmpdir();
+    char *d = th_mkdtemp("test_modelgen");
     const char *ok[] = {"generate-model", "--preset", "qwen3",    "--out", d,
                         "--dtype",        "f32",      "--shards", "2",     "--rope-scaling",
                         "linear:2",       "--seed",   "5",        NULL};
@@ -780,7 +770,7 @@ START_TEST(test_cli)
     const char *badscale[] = {"generate-model", "--preset", "qwen2", "--out", d,
                               "--rope-scaling", "yarn",     NULL};
     ck_assert_int_eq(run_worker(badscale), 1);
-    done(d);
+    th_rmdtemp(d);
 }
 END_TEST
 

@@ -79,9 +79,11 @@ void th_cleanup(int keep);
  * (the files are named on stderr), else 0: a suite's programs' reports fail the suite. */
 int th_logs_have_sanitizer_reports(void);
 
-/* A new directory /tmp/cg_<name>_XXXXXX for a unit suite; aborts on failure. Caller frees the
- * path (and removes the directory with th_rmrf). */
+/* A new directory /tmp/cg_<name>_XXXXXX for a unit suite; aborts on failure. The caller
+ * removes it and frees the path with th_rmdtemp. */
 char *th_mkdtemp(const char *name);
+/* Removes a directory of th_mkdtemp (th_rmrf) and frees its path (taken over; NULL is fine). */
+void th_rmdtemp(char *path);
 /* rm -rf path (does not follow links). */
 void th_rmrf(const char *path);
 /* A file's bytes, NUL-terminated ("" when unreadable); *len (may be NULL) gets the size.

@@ -94,6 +94,13 @@ char *th_mkdtemp(const char *name)
     return cg_strdup(tmpl);
 }
 
+void th_rmdtemp(char *path)
+{
+    if (!path) return;
+    th_rmrf(path);
+    free(path);
+}
+
 char *th_read_file(const char *path, size_t *len)
 {
     cg_buf b;
