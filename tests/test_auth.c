@@ -25,9 +25,7 @@ static char model_dir[300], wurl[64];
 
 static void setup(void)
 {
-    th_init("auth", NULL);
-    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
-    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) abort();
+    if (th_init_with_model("auth", WORKER_BIN, model_dir, sizeof model_dir) != 0) abort();
     if (th_start_worker(&wk, WORKER_BIN, model_dir, 0, "w", NULL) != 0) th_die("worker", &wk);
     snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", wk.port);
     char keyfile[400];

@@ -21,12 +21,9 @@ static char backend[64], ua[64], ub[64], model_dir[400];
 
 static void setup(void)
 {
-    th_init("conformance", NULL);
-    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
-    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) abort();
+    if (th_init_with_model("conformance", WORKER_BIN, model_dir, sizeof model_dir) != 0) abort();
     const char *fargs[] = {"--delay-ms", "5", "--events", "4", NULL};
-    if (th_spawn(&fake, FAKE_BACKEND_BIN, fargs, NULL, "fake.log", "PORT ", 0) != 0)
-        th_die("fake backend", &fake);
+    if (th_start_fake(&fake, FAKE_BACKEND_BIN, "fake", fargs) != 0) th_die("fake backend", &fake);
     snprintf(backend, sizeof backend, "http://127.0.0.1:%d", fake.port);
     const char *eb[] = {"--backend", backend, NULL};
     if (th_start_gateway(&gwb, CHUNKGATE_BIN, "gwb", eb) != 0) th_die("gateway (backend)", &gwb);

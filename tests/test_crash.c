@@ -24,7 +24,7 @@ static void setup(void)
 {
     th_init("crash", NULL);
     const char *fargs[] = {"--delay-ms", "1", NULL};
-    if (th_spawn(&fake, FAKE_BACKEND_BIN, fargs, NULL, "fake.log", "PORT ", 0) != 0) abort();
+    if (th_start_fake(&fake, FAKE_BACKEND_BIN, "fake", fargs) != 0) abort();
     snprintf(backend, sizeof backend, "http://127.0.0.1:%d", fake.port);
 }
 

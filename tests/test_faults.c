@@ -24,12 +24,9 @@ static char backend[64], model_dir[300];
 
 static void setup(void)
 {
-    th_init("faults", NULL);
-    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
-    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) abort();
+    if (th_init_with_model("faults", WORKER_BIN, model_dir, sizeof model_dir) != 0) abort();
     const char *fargs[] = {"--delay-ms", "50", "--events", "5", NULL};
-    if (th_spawn(&fake, FAKE_BACKEND_BIN, fargs, NULL, "fake.log", "PORT ", 0) != 0)
-        th_die("fake backend", &fake);
+    if (th_start_fake(&fake, FAKE_BACKEND_BIN, "fake", fargs) != 0) th_die("fake backend", &fake);
     snprintf(backend, sizeof backend, "http://127.0.0.1:%d", fake.port);
     const char *extra[] = {"--backend", backend, "--backend-timeout-ms", "1500", "--heartbeat-ms",
                            "200",       NULL};

@@ -76,9 +76,7 @@ static char model_dir[300], usha[64], uxx[64];
 
 static void setup(void)
 {
-    th_init("keyhash", NULL);
-    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
-    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) abort();
+    if (th_init_with_model("keyhash", WORKER_BIN, model_dir, sizeof model_dir) != 0) abort();
     const char *e[] = {"--key-hash", "sha256", NULL};
     if (th_start_worker(&wsha, WORKER_BIN, model_dir, 0, "wsha", e) != 0) abort();
     if (th_start_worker(&wxx, WORKER_BIN, model_dir, 0, "wxx", NULL) != 0) abort();

@@ -29,8 +29,7 @@ static void setup(void)
 {
     th_init("limits", NULL);
     const char *fargs[] = {"--delay-ms", "100", "--events", "5", NULL};
-    if (th_spawn(&fake, FAKE_BACKEND_BIN, fargs, NULL, "fake.log", "PORT ", 0) != 0)
-        th_die("fake backend", &fake);
+    if (th_start_fake(&fake, FAKE_BACKEND_BIN, "fake", fargs) != 0) th_die("fake backend", &fake);
     snprintf(backend, sizeof backend, "http://127.0.0.1:%d", fake.port);
     const char *extra[] = {"--backend",
                            backend,

@@ -62,9 +62,7 @@ static json_t *healthz(int port)
 
 static void setup(void)
 {
-    th_init("quality", NULL);
-    snprintf(model_dir, sizeof model_dir, "%s/model", th_root());
-    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) abort();
+    if (th_init_with_model("quality", WORKER_BIN, model_dir, sizeof model_dir) != 0) abort();
     const char *e[] = {"--canary-rate", "1", "--canary-tokens", "6", NULL};
     if (th_start_worker(&wk, WORKER_BIN, model_dir, 0, "wk", e) != 0) abort();
     const char *e0[] = {"--canary-rate", "0", "--recompute-ratio", "1", NULL};

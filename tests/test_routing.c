@@ -277,9 +277,7 @@ END_TEST
 
 static void procs_setup(void)
 {
-    th_init("routing", NULL);
-    th_path(model_dir, sizeof model_dir, "model");
-    if (th_gen_model(WORKER_BIN, model_dir, NULL) != 0) abort();
+    if (th_init_with_model("routing", WORKER_BIN, model_dir, sizeof model_dir) != 0) abort();
 }
 
 static void procs_teardown(void)
