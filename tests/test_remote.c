@@ -231,6 +231,17 @@ static cg_remote_stats stats(cg_remote *r)
     return s;
 }
 
+/* A client of a loopback port nothing listens on, its backoff from min_ms to max_ms: the open
+ * succeeds all the same (the tier comes up later). */
+static cg_remote *open_unreachable(int min_ms, int max_ms)
+{
+    char url[64];
+    cg_remote_params p = params_at(url, sizeof url, pick_ports(1, 0), NULL);
+    p.backoff_min_ms = min_ms;
+    p.backoff_max_ms = max_ms;
+    return open_ok(p);
+}
+
 /* ---- unit: helpers ------------------------------------------------------------------------ */
 
 START_TEST(url_parsing)
@@ -377,11 +388,7 @@ END_TEST
  * CG_E_UNAVAILABLE, and during the backoff without a connection attempt. */
 START_TEST(down_at_start_fails_fast)
 {
-    char url[64];
-    cg_remote_params p = params_at(url, sizeof url, pick_ports(1, 0), NULL);
-    p.backoff_min_ms = 5000;
-    p.backoff_max_ms = 5000;
-    cg_remote *r = open_ok(p);
+    cg_remote *r = open_unreachable(5000, 5000);
     cg_remote_stats s = stats(r);
     ck_assert_uint_eq(s.connect_failures, 1);
     const char *keys[1] = {"k"};
@@ -410,11 +417,7 @@ END_TEST
 /* Nothing listens: connection attempts are spaced by a doubling backoff, capped. */
 START_TEST(backoff_doubles_to_its_cap)
 {
-    char url[64];
-    cg_remote_params p = params_at(url, sizeof url, pick_ports(1, 0), NULL);
-    p.backoff_min_ms = 40;
-    p.backoff_max_ms = 160;
-    cg_remote *r = open_ok(p); /* the first attempt */
+    cg_remote *r = open_unreachable(40, 160); /* the first attempt */
     /* For each attempt seen, when the call that made it started and ended: the true time
      * between two attempts is at most end[k] - start[k-1]. */
     uint64_t start_ns[32], end_ns[32], t0 = cg_now_ns();
