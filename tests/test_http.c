@@ -1290,6 +1290,19 @@ START_TEST(refusal_after_pending_answer)
 }
 END_TEST
 
+/* Sends the raw request in b (freed then) to the server: a head at its cap reaches the
+ * router (its JSON 404), one past it (past) gets the framing check's JSON 431. */
+static void exchange_at_cap(cg_buf *b, int past)
+{
+    char *ans = raw_exchange(port, b->data, b->len);
+    if (past)
+        assert_raw_error(ans, 431, "request_header_fields_too_large");
+    else
+        assert_raw_error(ans, 404, "not_found");
+    free(ans);
+    cg_buf_free(b);
+}
+
 /* The framing check's head limits lie inside the library's connection memory: a head just
  * inside them reaches the router (its JSON 404), and one past them gets the check's JSON 431,
  * never the library's own HTML 431. */
@@ -1297,12 +1310,12 @@ START_TEST(head_limits_inside_the_library)
 {
     /* default limits: 16 KiB of names + values, 100 fields, 8 KiB target */
     cg_buf b;
+    char target[8193]; /* an 8 KiB target */
+    memset(target, 't', 8192);
+    target[0] = '/';
+    target[8192] = '\0';
     for (int past = 0; past <= 1; past++) {
         cg_buf_init(&b, 0);
-        char target[8193];
-        memset(target, 't', 8192);
-        target[0] = '/';
-        target[8192] = '\0';
         ck_assert_int_eq(cg_buf_printf(&b, "GET %s HTTP/1.1\r\nHost: x\r\n", target), CG_OK);
         size_t sum = 4 + 1; /* Host: x */
         char val[200];
@@ -1319,21 +1332,11 @@ START_TEST(head_limits_inside_the_library)
         lv[last] = '\0';
         ck_assert_int_eq(cg_buf_printf(&b, "X-end: %s\r\nConnection: close\r\n\r\n", lv), CG_OK);
         free(lv);
-        char *ans = raw_exchange(port, b.data, b.len);
-        if (past)
-            assert_raw_error(ans, 431, "request_header_fields_too_large");
-        else
-            assert_raw_error(ans, 404, "not_found");
-        free(ans);
-        cg_buf_free(&b);
+        exchange_at_cap(&b, past);
     }
     /* the raw head at its cap (16 KiB + 8 KiB + 8 KiB): an 8 KiB target, 100 fields, blanks */
     for (int past = 0; past <= 1; past++) {
         cg_buf_init(&b, 0);
-        char target[8193];
-        memset(target, 't', 8192);
-        target[0] = '/';
-        target[8192] = '\0';
         ck_assert_int_eq(
             cg_buf_printf(&b, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n", target),
             CG_OK);
@@ -1345,13 +1348,7 @@ START_TEST(head_limits_inside_the_library)
             ck_assert_int_eq(cg_buf_append(&b, " ", 1), CG_OK);
         ck_assert_int_eq(cg_buf_append(&b, "v\r\n\r\n", 5), CG_OK);
         ck_assert_uint_eq(b.len, 32768 + (size_t)past);
-        char *ans = raw_exchange(port, b.data, b.len);
-        if (past)
-            assert_raw_error(ans, 431, "request_header_fields_too_large");
-        else
-            assert_raw_error(ans, 404, "not_found");
-        free(ans);
-        cg_buf_free(&b);
+        exchange_at_cap(&b, past);
     }
 }
 END_TEST
