@@ -151,26 +151,18 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     const char *url = NULL;
     int rounds = 9, ms = 120;
-    unsigned mode_mask = (1u << M_COUNT) - 1, only_tokens = 0;
-    int tune_malloc = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--url") && i + 1 < argc)
-            url = argv[++i];
-        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
-            rounds = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--ms") && i + 1 < argc)
-            ms = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--modes") && i + 1 < argc)
-            mode_mask = (unsigned)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
-            only_tokens = (unsigned)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--mallopt"))
-            tune_malloc = 1;
-        else {
-            fprintf(stderr, "usage: %s [--url redis://host:port] [--rounds R] [--ms M]\n", argv[0]);
-            return 2;
-        }
+    int modes = (1 << M_COUNT) - 1, tokens_only = 0, tune_malloc = 0;
+    const th_opt opts[] = {{"--url", TH_OPT_STR, &url},
+                           {"--rounds", TH_OPT_INT, &rounds},
+                           {"--ms", TH_OPT_INT, &ms},
+                           {"--modes", TH_OPT_INT, &modes},
+                           {"--tokens", TH_OPT_INT, &tokens_only},
+                           {"--mallopt", TH_OPT_FLAG, &tune_malloc}};
+    if (th_parse_opts(argc, argv, opts, CG_ARRAY_LEN(opts)) != 0) {
+        fprintf(stderr, "usage: %s [--url redis://host:port] [--rounds R] [--ms M]\n", argv[0]);
+        return 2;
     }
+    const unsigned mode_mask = (unsigned)modes, only_tokens = (unsigned)tokens_only;
     if (rounds < 1 || rounds > 50 || ms < 10 || ms > 10000) die("--rounds 1..50, --ms 10..10000");
     char urlbuf[64], dir[] = "/tmp/cg_bench_remote_XXXXXX";
     pid_t pid = -1;

@@ -64,17 +64,12 @@ int main(int argc, char **argv)
     }
     const char *model_dir = NULL;
     int reps = 3, n_decode = 128;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--model") && i + 1 < argc)
-            model_dir = argv[++i];
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
-            n_decode = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: bench_ttft [--model DIR] [--reps N] [--decode N]\n");
-            return 2;
-        }
+    const th_opt opts[] = {{"--model", TH_OPT_STR, &model_dir},
+                           {"--reps", TH_OPT_INT, &reps},
+                           {"--decode", TH_OPT_INT, &n_decode}};
+    if (th_parse_opts(argc, argv, opts, CG_ARRAY_LEN(opts)) != 0) {
+        fprintf(stderr, "usage: bench_ttft [--model DIR] [--reps N] [--decode N]\n");
+        return 2;
     }
     if (reps < 1) reps = 1;
     cg_log_init("bench_ttft", CG_LOG_WARN);
