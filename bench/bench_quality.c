@@ -166,13 +166,8 @@ int main(int argc, char **argv)
         i++;
     }
     cg_log_init("bench_quality", CG_LOG_WARN);
-    char tmp[TH_MODEL_TMP], err[512];
-    cg_model *m = th_model_open_or_generate(model_dir, tmp, err, sizeof err);
-    if (!m) die("model", CG_E_IO, err);
-    const cg_model_config *c = cg_model_cfg(m);
-    printf("model %s (%s): %d layers, dim %d, %d heads, %d kv heads, head_dim %d, vocab %d\n",
-           c->model_id, cg_arch_name(c->arch), c->n_layers, c->dim, c->n_heads, c->n_kv_heads,
-           c->head_dim, c->vocab_size);
+    char tmp[TH_MODEL_TMP];
+    cg_model *m = th_bench_model("bench_quality", model_dir, tmp);
     printf("workload: system %zu B, %d documents of %zu B placed in another order than they were "
            "computed in, question %zu B; %d prompts; KL/top-1 over the prompt's end + %u greedy "
            "tokens; TTFT median of %d reps\n\n",

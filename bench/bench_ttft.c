@@ -74,11 +74,7 @@ int main(int argc, char **argv)
     if (reps < 1) reps = 1;
     cg_log_init("bench_ttft", CG_LOG_WARN);
     char tmp[TH_MODEL_TMP], err[512];
-    cg_model *m = th_model_open_or_generate(model_dir, tmp, err, sizeof err);
-    if (!m) die("model", CG_E_IO, err);
-    const cg_model_config *c = cg_model_cfg(m);
-    printf("model %s: %d layers, dim %d, %d heads, %d kv heads, head_dim %d, vocab %d\n",
-           c->model_id, c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size);
+    cg_model *m = th_bench_model("bench_ttft", model_dir, tmp);
     printf("workload: system %d B, %d documents of %d B, question %d B; %d reps (median)\n\n",
            SYS_BYTES, N_DOCS, DOC_BYTES, Q_BYTES, reps);
 

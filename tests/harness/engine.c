@@ -90,6 +90,21 @@ cg_model *th_model_open_or_generate(const char *dir, char tmp[TH_MODEL_TMP], cha
     return cg_model_open(dir, &m, err, n) == CG_OK ? m : NULL;
 }
 
+cg_model *th_bench_model(const char *name, const char *dir, char tmp[TH_MODEL_TMP])
+{
+    char err[512];
+    cg_model *m = th_model_open_or_generate(dir, tmp, err, sizeof err);
+    if (!m) {
+        fprintf(stderr, "%s: model: %s\n", name, err);
+        exit(1);
+    }
+    const cg_model_config *c = cg_model_cfg(m);
+    printf("model %s (%s): %d layers, dim %d, %d heads, %d kv heads, head_dim %d, vocab %d\n",
+           c->model_id, cg_arch_name(c->arch), c->n_layers, c->dim, c->n_heads, c->n_kv_heads,
+           c->head_dim, c->vocab_size);
+    return m;
+}
+
 void th_rag_make(th_rag_work *w, const char *tag, uint64_t *state)
 {
     w->sys = th_words(TH_RAG_SYS_BYTES, "System: answer from the documents. ", state);

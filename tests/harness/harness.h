@@ -452,6 +452,9 @@ cg_model *th_model_gen_open(const char *worker_bin, const char *dir, const char 
  * directory under /tmp, whose path is left in tmp for the caller to remove (th_rmrf; tmp is ""
  * when nothing was made). NULL, with the reason in err, when either step fails. */
 cg_model *th_model_open_or_generate(const char *dir, char tmp[TH_MODEL_TMP], char *err, size_t n);
+/* For the bench called name: th_model_open_or_generate, exiting with the reason on stderr when
+ * it fails, then the model's geometry printed on stdout. */
+cg_model *th_bench_model(const char *name, const char *dir, char tmp[TH_MODEL_TMP]);
 /* cg_tok_encode of text[0, len) (with BOS when bos is set) into out, which the caller sized for
  * a byte tokenizer (len + 2 ids); returns the count. */
 uint32_t th_tok_into(const cg_model *m, const char *text, size_t len, int bos, int32_t *out);
