@@ -29,20 +29,23 @@ export function die(msg) {
     process.exit(2);
 }
 
-// The prompt ids of bench/llamacpp/llamacpp.mjs: xorshift32 from seed (0 -> 1), mapped to
-// [idMin, idMax).
-export function randomIds(n, seed, idMin = 1000, idMax = 30000) {
+// An xorshift32 stream from seed (0 -> 1): each call gives the next unsigned value.
+function xorshift32(seed) {
     let x = (seed >>> 0) || 1;
-    const out = new Array(n);
-    for (let i = 0; i < n; i++) {
+    return () => {
         x ^= x << 13;
         x >>>= 0;
         x ^= x >>> 17;
         x ^= x << 5;
         x >>>= 0;
-        out[i] = idMin + (x % (idMax - idMin));
-    }
-    return out;
+        return x;
+    };
+}
+
+// The prompt ids of bench/llamacpp/llamacpp.mjs: xorshift32 from seed, mapped to [idMin, idMax).
+export function randomIds(n, seed, idMin = 1000, idMax = 30000) {
+    const next = xorshift32(seed);
+    return Array.from({length: n}, () => idMin + (next() % (idMax - idMin)));
 }
 
 // Word-like English text of about nWords words (common words: about one token each for
@@ -52,14 +55,10 @@ const WORDS = ("the harbour survey council records annual report members river b
                "city north south east west year month week time people number part place " +
                "case point group problem fact system program question work government").split(" ");
 export function words(nWords, seed, tag) {
-    let x = (seed >>> 0) || 1;
+    const next = xorshift32(seed);
     const out = [tag];
     for (let i = 0; i < nWords; i++) {
-        x ^= x << 13;
-        x >>>= 0;
-        x ^= x >>> 17;
-        x ^= x << 5;
-        x >>>= 0;
+        const x = next();
         out.push(WORDS[x % WORDS.length] + (x % 16 === 0 ? "." : ""));
     }
     return out.join(" ");
