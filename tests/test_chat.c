@@ -80,6 +80,16 @@ static void expect_rendered(const rendered *r, const cg_split_params *p, const c
     cg_split_result_free(&again);
 }
 
+/* render_docs, then expect_rendered of its result. */
+static void expect_render(const cg_chat_msg *m, size_t n, const char *const *docs, size_t n_docs,
+                          const cg_split_params *p, const char *text, const char *const *want,
+                          size_t n_want, size_t empties)
+{
+    rendered r = render_docs(m, n, docs, n_docs, p);
+    expect_rendered(&r, p, text, want, n_want, empties);
+    rendered_free(&r);
+}
+
 static void expect_passthrough(const rendered *r)
 {
     ck_assert_msg(r->st == CG_OK, "status %s", cg_status_name(r->st));
@@ -92,15 +102,13 @@ START_TEST(test_system_and_user_with_separators)
 {
     cg_chat_msg m[] = {MSG("system", "You are careful. # # Rules doc."),
                        MSG("user", "Doc A # # Doc B # # What changed?")};
-    rendered r = render_docs(m, 2, NULL, 0, NULL);
     const char *want[] = {"You are careful.", "Rules doc.", "Doc A", "Doc B",
                           "user: What changed?\nassistant:"};
     /* The separator contains ' ', so segments are joined by "\n# #\n". */
-    expect_rendered(&r, NULL,
-                    "You are careful.\n# #\nRules doc.\n# #\nDoc A\n# #\nDoc B\n# #\n"
-                    "user: What changed?\nassistant:",
-                    want, 5, 0);
-    rendered_free(&r);
+    expect_render(m, 2, NULL, 0, NULL,
+                  "You are careful.\n# #\nRules doc.\n# #\nDoc A\n# #\nDoc B\n# #\n"
+                  "user: What changed?\nassistant:",
+                  want, 5, 0);
 }
 END_TEST
 
@@ -108,13 +116,11 @@ START_TEST(test_documents_array)
 {
     cg_chat_msg m[] = {MSG("system", "S"), MSG("user", "Q?")};
     const char *docs[] = {"  D1  ", " \n ", "D2 # # D3", "", "Learn C#"};
-    rendered r = render_docs(m, 2, docs, 5, NULL);
     /* Empty documents are skipped and counted; a document holding the separator is split. */
     const char *want[] = {"S", "D1", "D2", "D3", "Learn C#", "user: Q?\nassistant:"};
-    expect_rendered(&r, NULL,
-                    "S\n# #\nD1\n# #\nD2\n# #\nD3\n# #\nLearn C#\n# #\nuser: Q?\nassistant:", want,
-                    6, 2);
-    rendered_free(&r);
+    expect_render(m, 2, docs, 5, NULL,
+                  "S\n# #\nD1\n# #\nD2\n# #\nD3\n# #\nLearn C#\n# #\nuser: Q?\nassistant:", want, 6,
+                  2);
 }
 END_TEST
 
@@ -122,11 +128,10 @@ START_TEST(test_documents_before_conversation_chunks)
 {
     cg_chat_msg m[] = {MSG("user", "U1 # # q"), MSG("developer", "S # # SD")};
     const char *docs[] = {"D"};
-    rendered r = render_docs(m, 2, docs, 1, NULL);
     /* System parts (from any position), then documents, then conversation chunks. */
     const char *want[] = {"S", "SD", "D", "U1", "user: q\nassistant:"};
-    expect_rendered(&r, NULL, "S\n# #\nSD\n# #\nD\n# #\nU1\n# #\nuser: q\nassistant:", want, 5, 0);
-    rendered_free(&r);
+    expect_render(m, 2, docs, 1, NULL,
+                  "S\n# #\nSD\n# #\nD\n# #\nU1\n# #\nuser: q\nassistant:", want, 5, 0);
 }
 END_TEST
 
@@ -135,17 +140,15 @@ START_TEST(test_multi_turn)
     cg_chat_msg m[] = {MSG("system", "S"),           MSG("user", "doc1 # # q1"),
                        {"assistant", NULL, 0},       MSG("tool", "result # # "),
                        MSG("assistant", "a1 # #a2"), MSG("user", "q2")};
-    rendered r = render_docs(m, 6, NULL, 0, NULL);
     /* "result # # " has one non-empty part (its last), and one empty part, counted. The
      * assistant message without content gets a bare "assistant:" line. */
     const char *want[] = {
         "S", "doc1", "a1",
         "user: q1\nassistant:\ntool: result\nassistant: a2\nuser: q2\nassistant:"};
-    expect_rendered(&r, NULL,
-                    "S\n# #\ndoc1\n# #\na1\n# #\n"
-                    "user: q1\nassistant:\ntool: result\nassistant: a2\nuser: q2\nassistant:",
-                    want, 4, 1);
-    rendered_free(&r);
+    expect_render(m, 6, NULL, 0, NULL,
+                  "S\n# #\ndoc1\n# #\na1\n# #\n"
+                  "user: q1\nassistant:\ntool: result\nassistant: a2\nuser: q2\nassistant:",
+                  want, 4, 1);
 }
 END_TEST
 
@@ -154,25 +157,19 @@ START_TEST(test_no_system_message)
     /* Roles are positional: without a system message the first chunk takes position 0. */
     cg_chat_msg m[] = {MSG("user", "Q")};
     const char *docs[] = {"D1", "D2"};
-    rendered r = render_docs(m, 1, docs, 2, NULL);
     const char *want[] = {"D1", "D2", "user: Q\nassistant:"};
-    expect_rendered(&r, NULL, "D1\n# #\nD2\n# #\nuser: Q\nassistant:", want, 3, 0);
-    rendered_free(&r);
+    expect_render(m, 1, docs, 2, NULL, "D1\n# #\nD2\n# #\nuser: Q\nassistant:", want, 3, 0);
 }
 END_TEST
 
 START_TEST(test_no_conversation)
 {
     cg_chat_msg m[] = {MSG("system", "S # # D")};
-    rendered r = render_docs(m, 1, NULL, 0, NULL);
     const char *want[] = {"S", "D", "assistant:"};
-    expect_rendered(&r, NULL, "S\n# #\nD\n# #\nassistant:", want, 3, 0);
-    rendered_free(&r);
+    expect_render(m, 1, NULL, 0, NULL, "S\n# #\nD\n# #\nassistant:", want, 3, 0);
     const char *docs[] = {"only doc"};
-    r = render_docs(NULL, 0, docs, 1, NULL);
     const char *want2[] = {"only doc", "assistant:"};
-    expect_rendered(&r, NULL, "only doc\n# #\nassistant:", want2, 2, 0);
-    rendered_free(&r);
+    expect_render(NULL, 0, docs, 1, NULL, "only doc\n# #\nassistant:", want2, 2, 0);
 }
 END_TEST
 
@@ -206,11 +203,10 @@ START_TEST(test_custom_separator)
     cg_split_params p = cg_split_default_params();
     p.separator = "<<DOC>>";
     cg_chat_msg m[] = {MSG("system", "S<<DOC>>D1"), MSG("user", "q # # still q")};
-    rendered r = render_docs(m, 2, NULL, 0, &p);
     const char *want[] = {"S", "D1", "user: q # # still q\nassistant:"};
     /* The separator has no ' ', so ' ' pads it. */
-    expect_rendered(&r, &p, "S <<DOC>> D1 <<DOC>> user: q # # still q\nassistant:", want, 3, 0);
-    rendered_free(&r);
+    expect_render(m, 2, NULL, 0, &p, "S <<DOC>> D1 <<DOC>> user: q # # still q\nassistant:", want,
+                  3, 0);
 }
 END_TEST
 
@@ -254,10 +250,9 @@ START_TEST(test_invalid_utf8)
     expect_refused(bad_role, 1, NULL, 0, NULL, CG_E_UTF8);
     /* Valid multibyte text renders. */
     cg_chat_msg utf[] = {MSG("system", "Système # # 文書"), MSG("user", "質問？")};
-    rendered r = render_docs(utf, 2, NULL, 0, NULL);
     const char *want[] = {"Système", "文書", "user: 質問？\nassistant:"};
-    expect_rendered(&r, NULL, "Système\n# #\n文書\n# #\nuser: 質問？\nassistant:", want, 3, 0);
-    rendered_free(&r);
+    expect_render(utf, 2, NULL, 0, NULL, "Système\n# #\n文書\n# #\nuser: 質問？\nassistant:", want,
+                  3, 0);
 }
 END_TEST
 
