@@ -122,11 +122,18 @@ static cg_status put(cg_diskwb *w, uint32_t i)
     return st;
 }
 
+/* A write-behind over d with p; asserts it opened. */
+static cg_diskwb *open_wb(cg_disk *d, cg_diskwb_params p)
+{
+    cg_diskwb *w = NULL;
+    ck_assert_int_eq(cg_diskwb_open(d, p, &w), CG_OK);
+    return w;
+}
+
 START_TEST(test_writes_reach_disk)
 {
     cg_disk *d = open_disk(256);
-    cg_diskwb *w = NULL;
-    ck_assert_int_eq(cg_diskwb_open(d, cg_diskwb_default_params(), &w), CG_OK);
+    cg_diskwb *w = open_wb(d, cg_diskwb_default_params());
     for (uint32_t i = 0; i < 40; i++)
         ck_assert_int_eq(put(w, i), CG_OK);
     ck_assert_int_eq(cg_diskwb_flush(w, 30000), CG_OK);
@@ -153,10 +160,9 @@ END_TEST
 START_TEST(test_full_queue_drops)
 {
     cg_disk *d = open_disk(1024);
-    cg_diskwb *w = NULL;
     cg_diskwb_params p = cg_diskwb_default_params();
     p.max_bytes = 2 * g_block;
-    ck_assert_int_eq(cg_diskwb_open(d, p, &w), CG_OK);
+    cg_diskwb *w = open_wb(d, p);
     /* larger than the whole queue: never queued */
     chunk big = make_chunk(1000, 3 * BLOCK_TOKENS);
     cg_key bk = key_of(1000);
@@ -168,7 +174,7 @@ START_TEST(test_full_queue_drops)
     /* one chunk at a time: a burst is partly dropped, the rest written, all counted */
     p = cg_diskwb_default_params();
     p.max_items = 1;
-    ck_assert_int_eq(cg_diskwb_open(d, p, &w), CG_OK);
+    w = open_wb(d, p);
     int queued = 0;
     for (uint32_t i = 0; i < 200; i++)
         queued += put(w, i) == CG_OK;
@@ -196,10 +202,9 @@ END_TEST
 START_TEST(test_cancel_then_remove)
 {
     cg_disk *d = open_disk(1024);
-    cg_diskwb *w = NULL;
     cg_diskwb_params p = cg_diskwb_default_params();
     p.max_items = 1024;
-    ck_assert_int_eq(cg_diskwb_open(d, p, &w), CG_OK);
+    cg_diskwb *w = open_wb(d, p);
     size_t cancelled = 0;
     for (uint32_t i = 0; i < 60; i++) {
         for (uint32_t j = 0; j < 4; j++) /* others ahead of it, sometimes */
@@ -229,8 +234,7 @@ END_TEST
 START_TEST(test_close_writes_queue)
 {
     cg_disk *d = open_disk(512);
-    cg_diskwb *w = NULL;
-    ck_assert_int_eq(cg_diskwb_open(d, cg_diskwb_default_params(), &w), CG_OK);
+    cg_diskwb *w = open_wb(d, cg_diskwb_default_params());
     int n = 0;
     for (uint32_t i = 0; i < 50; i++)
         n += put(w, i) == CG_OK;
@@ -245,8 +249,7 @@ END_TEST
 START_TEST(test_dropped_keys)
 {
     cg_disk *d = open_disk(6); /* room for two or three chunks */
-    cg_diskwb *w = NULL;
-    ck_assert_int_eq(cg_diskwb_open(d, cg_diskwb_default_params(), &w), CG_OK);
+    cg_diskwb *w = open_wb(d, cg_diskwb_default_params());
     for (uint32_t i = 0; i < 30; i++) {
         ck_assert_int_eq(put(w, i), CG_OK);
         ck_assert_int_eq(cg_diskwb_flush(w, 30000), CG_OK);
