@@ -306,6 +306,15 @@ static int wait_exact(const setup *s, int port, int timeout_ms)
     return ok;
 }
 
+/* start_all_q, then questions first .. end - 1 through gateway A, until gateway B's index is
+ * exact: the state the resync tests start from. */
+static void start_exact(setup *s, const char *tag, const char *queue, int first, int end)
+{
+    start_all_q(s, tag, queue);
+    ask_each(s->ga.port, first, end);
+    ck_assert(wait_exact(s, s->gb.port, 5000));
+}
+
 /* ---- tests ---------------------------------------------------------------------------------- */
 
 /* A chunk stored through A is placed in B; each chunk the worker evicts leaves A's and B's
@@ -382,9 +391,7 @@ END_TEST
 START_TEST(test_trimmed_stream_resync_on_restart)
 {
     setup s;
-    start_all(&s, "trim");
-    ask_each(s.ga.port, 1000, 1006);
-    ck_assert(wait_exact(&s, s.gb.port, 5000));
+    start_exact(&s, "trim", NULL, 1000, 1006);
     stop_gateway(&s.gb);
     ask_each(s.ga.port, 1006, 1030);
     /* everything B has not read goes, then a few newer events */
@@ -422,9 +429,7 @@ END_TEST
 START_TEST(test_redis_down_and_back)
 {
     setup s;
-    start_all(&s, "down");
-    ask_each(s.ga.port, 2000, 2004);
-    ck_assert(wait_exact(&s, s.gb.port, 5000));
+    start_exact(&s, "down", NULL, 2000, 2004);
     int port = s.redis.port;
     th_stop(&s.redis, SIGKILL);
     ask_each(s.ga.port, 2004, 2016);
@@ -464,9 +469,7 @@ static int wait_counter(int port, const char *series)
 START_TEST(test_dropped_events_and_restart_resync)
 {
     setup s;
-    start_all_q(&s, "gap", "2");
-    ask_each(s.ga.port, 3000, 3004);
-    ck_assert(wait_exact(&s, s.gb.port, 5000));
+    start_exact(&s, "gap", "2", 3000, 3004);
     /* Redis answers nothing for 1.5 s: the worker's queue of 2 overflows */
     redisContext *c = th_redis_connect(s.redis.port);
     ck_assert(c && !c->err);
