@@ -66,13 +66,8 @@ static void check_reader(void)
 
 static void check_gguf_model(void)
 {
-    cg_model *m = NULL;
-    char err[512] = "";
-    cg_status st = cg_model_open(g_file, &m, err, sizeof err);
-    if (st != CG_OK) {
-        FUZZ_CHECK(m == NULL && err[0] != '\0');
-        return;
-    }
+    cg_model *m = open_or_refused(g_file);
+    if (!m) return;
     const cg_model_config *c = cg_model_cfg(m);
     /* a big model is accepted only from a big file: the forward runs on small ones */
     if ((size_t)c->dim * (size_t)c->vocab_size > (1u << 22) || c->n_layers > 4) {

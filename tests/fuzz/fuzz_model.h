@@ -225,16 +225,22 @@ static inline void check_opened_model(cg_model *m, const int32_t *tok, uint32_t 
     FUZZ_CHECK(m == NULL);
 }
 
-/* cg_model_open on g_dir; a model it accepts must be consistent and run a forward pass. */
-__attribute__((unused)) static void check_model(void)
+/* cg_model_open on path: the model it accepted, or NULL once its refusal is checked to carry a
+ * message. */
+static inline cg_model *open_or_refused(const char *path)
 {
     cg_model *m = NULL;
     char err[512] = "";
-    cg_status st = cg_model_open(g_dir, &m, err, sizeof err);
-    if (st != CG_OK) {
-        FUZZ_CHECK(m == NULL && err[0] != '\0');
-        return;
-    }
+    if (cg_model_open(path, &m, err, sizeof err) == CG_OK) return m;
+    FUZZ_CHECK(m == NULL && err[0] != '\0');
+    return NULL;
+}
+
+/* cg_model_open on g_dir; a model it accepts must be consistent and run a forward pass. */
+__attribute__((unused)) static void check_model(void)
+{
+    cg_model *m = open_or_refused(g_dir);
+    if (!m) return;
     const cg_model_config *c = cg_model_cfg(m);
     FUZZ_CHECK(c->vocab_size >= 256 && c->bos_id >= 0 && c->bos_id < c->vocab_size);
     FUZZ_CHECK(c->n_eos >= 1 && c->eos_ids[0] >= 0 && c->eos_ids[0] < c->vocab_size);
