@@ -163,6 +163,29 @@ static int ref_request_line(const line *l, const cg_http_frame_limits *lim, head
     return 1;
 }
 
+/* The field lines of a head (trailer 0) or of a trailer section (1) from *pos: 1 once the
+ * empty line that ends them is complete, 0 when the input ends first, -1 when they are refused.
+ * *bytes counts their raw bytes against max_head_bytes. */
+static int ref_fields(const uint8_t *b, size_t n, size_t *pos, const cg_http_frame_limits *lim,
+                      size_t *bytes, head_state *h, int trailer)
+{
+    size_t field_bytes = 0;
+    unsigned fields = 0;
+    for (;;) {
+        if (*pos == n) return 0;
+        line l = get_line(b, n, *pos);
+        size_t raw = l.next - *pos;
+        if (l.len && (l.p[0] == ' ' || l.p[0] == '\t')) return -1;
+        if (l.len && ++fields > lim->max_headers) return -1;
+        if (*bytes + raw > lim->max_head_bytes || l.bad_cr) return -1;
+        *bytes += raw;
+        *pos = l.next;
+        if (!l.len) return l.complete ? 1 : 0; /* the end of the section, or its CR so far */
+        if (!ref_field(&l, lim, &field_bytes, h, trailer)) return -1;
+        if (!l.complete) return 0;
+    }
+}
+
 static ref_result ref_parse(const uint8_t *b, size_t n, const cg_http_frame_limits *lim)
 {
     ref_result r = {0, 0, 1, 0};
@@ -171,8 +194,7 @@ static ref_result ref_parse(const uint8_t *b, size_t n, const cg_http_frame_limi
         r.idle = 0;
         head_state h;
         memset(&h, 0, sizeof h);
-        size_t head = 0, field_bytes = 0;
-        unsigned fields = 0;
+        size_t head = 0;
         /* empty lines, then the request line */
         line l;
         for (;;) {
@@ -186,23 +208,9 @@ static ref_result ref_parse(const uint8_t *b, size_t n, const cg_http_frame_limi
         }
         if (!ref_request_line(&l, lim, &h)) goto refused;
         if (!l.complete) return r;
-        /* header lines */
-        for (;;) {
-            if (pos == n) return r;
-            l = get_line(b, n, pos);
-            size_t raw = l.next - pos;
-            if (l.len && (l.p[0] == ' ' || l.p[0] == '\t')) goto refused;
-            if (l.len && ++fields > lim->max_headers) goto refused;
-            if (head + raw > lim->max_head_bytes || l.bad_cr) goto refused;
-            head += raw;
-            pos = l.next;
-            if (!l.len) { /* the end of the head, or its CR so far */
-                if (l.complete) break;
-                return r;
-            }
-            if (!ref_field(&l, lim, &field_bytes, &h, 0)) goto refused;
-            if (!l.complete) return r;
-        }
+        int f = ref_fields(b, n, &pos, lim, &head, &h, 0);
+        if (f < 0) goto refused;
+        if (f == 0) return r;
         if ((h.n_te && h.n_cl) || (h.n_te && h.minor == 0)) goto refused;
         if (h.minor == 1 ? h.n_host != 1 : h.n_host > 1) goto refused;
         if (h.chunked) {
@@ -244,25 +252,10 @@ static ref_result ref_parse(const uint8_t *b, size_t n, const cg_http_frame_limi
                     goto refused;
                 }
             }
-            /* trailer section */
-            size_t theader = 0, tbytes = 0;
-            unsigned tfields = 0;
-            for (;;) {
-                if (pos == n) return r;
-                l = get_line(b, n, pos);
-                size_t raw = l.next - pos;
-                if (l.len && (l.p[0] == ' ' || l.p[0] == '\t')) goto refused;
-                if (l.len && ++tfields > lim->max_headers) goto refused;
-                if (theader + raw > lim->max_head_bytes || l.bad_cr) goto refused;
-                theader += raw;
-                pos = l.next;
-                if (!l.len) {
-                    if (l.complete) break;
-                    return r;
-                }
-                if (!ref_field(&l, lim, &tbytes, &h, 1)) goto refused;
-                if (!l.complete) return r;
-            }
+            size_t trailer = 0;
+            f = ref_fields(b, n, &pos, lim, &trailer, &h, 1);
+            if (f < 0) goto refused;
+            if (f == 0) return r;
         } else if (h.cl) {
             if (n - pos < h.cl) return r;
             pos += h.cl;
