@@ -22,7 +22,6 @@
 
 /* ---- helpers ---- */
 
-
 static void write_text(const char *path, const char *text)
 {
     ck_assert_int_eq(th_write_file(path, text), 0);
@@ -155,34 +154,41 @@ START_TEST(test_preset_table)
     cg_model_gen_params p = cg_model_gen_default_params();
     ck_assert_int_eq(cg_model_gen_preset("qwen2.5", &p), CG_E_VALUE);
     ck_assert_int_eq(cg_model_gen_preset("", &p), CG_E_VALUE);
-    /* Qwen2.5-0.5B's published geometry. */
+    /* The published geometries of Qwen2.5-0.5B and Qwen2.5-7B (untied, vocabulary 152064), as
+     * layers, dim, heads, kv heads, head_dim, hidden, vocabulary, tied, BOS. */
+    static const struct {
+        const char *name;
+        int geometry[9];
+    } published[] = {
+        {"qwen2.5-0.5b", {24, 896, 14, 2, 64, 4864, 151936, 1, 151643}},
+        {"qwen2.5-7b", {28, 3584, 28, 4, 128, 18944, 152064, 0, 151643}},
+    };
+    for (size_t i = 0; i < CG_ARRAY_LEN(published); i++) {
+        p = preset(published[i].name);
+        const int got[9] = {p.n_layers,
+                            p.dim,
+                            p.n_heads,
+                            p.n_kv_heads,
+                            p.head_dim ? p.head_dim : p.dim / p.n_heads,
+                            p.hidden_dim,
+                            p.vocab_size,
+                            p.tie_embeddings,
+                            p.bos_id};
+        static const char *const field[9] = {
+            "n_layers",   "dim",        "n_heads",        "n_kv_heads", "head_dim",
+            "hidden_dim", "vocab_size", "tie_embeddings", "bos_id"};
+        for (int k = 0; k < 9; k++)
+            ck_assert_msg(got[k] == published[i].geometry[k], "%s: %s is %d, want %d",
+                          published[i].name, field[k], got[k], published[i].geometry[k]);
+    }
+    /* the rest of Qwen2.5-0.5B's */
     p = preset("qwen2.5-0.5b");
     ck_assert_str_eq(p.arch, "Qwen2ForCausalLM");
-    ck_assert_int_eq(p.n_layers, 24);
-    ck_assert_int_eq(p.dim, 896);
-    ck_assert_int_eq(p.n_heads, 14);
-    ck_assert_int_eq(p.n_kv_heads, 2);
-    ck_assert_int_eq(p.head_dim ? p.head_dim : p.dim / p.n_heads, 64);
-    ck_assert_int_eq(p.hidden_dim, 4864);
-    ck_assert_int_eq(p.vocab_size, 151936);
-    ck_assert_int_eq(p.tie_embeddings, 1);
     ck_assert(p.rope_theta == 1000000.0);
     ck_assert(p.norm_eps == 1e-6);
     ck_assert_int_eq(p.max_pos, 32768);
     ck_assert_str_eq(p.dtype, "bf16");
-    ck_assert_int_eq(p.bos_id, 151643);
     ck_assert_int_eq(p.eos_ids[0], 151645);
-    /* Qwen2.5-7B's: untied, vocabulary 152064 */
-    p = preset("qwen2.5-7b");
-    ck_assert_int_eq(p.n_layers, 28);
-    ck_assert_int_eq(p.dim, 3584);
-    ck_assert_int_eq(p.n_heads, 28);
-    ck_assert_int_eq(p.n_kv_heads, 4);
-    ck_assert_int_eq(p.head_dim ? p.head_dim : p.dim / p.n_heads, 128);
-    ck_assert_int_eq(p.hidden_dim, 18944);
-    ck_assert_int_eq(p.vocab_size, 152064);
-    ck_assert_int_eq(p.tie_embeddings, 0);
-    ck_assert_int_eq(p.bos_id, 151643);
 }
 END_TEST
 
@@ -441,7 +447,8 @@ END_TEST
 
 START_TEST(test_preset_determinism)
 {
-    char *a = th_mkdtemp("test_modelgen"), *b = th_mkdtemp("test_modelgen"), *c = th_mkdtemp("test_modelgen");
+    char *a = th_mkdtemp("test_modelgen"), *b = th_mkdtemp("test_modelgen"),
+         *c = th_mkdtemp("test_modelgen");
     cg_model_gen_params p = preset("llama2");
     gen(a, p);
     gen(b, p);
