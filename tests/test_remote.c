@@ -1039,6 +1039,23 @@ static void expect_chunk(cg_remote *r, unsigned chunk, unsigned heads, size_t le
     free_vals(vals, heads);
 }
 
+/* Stores chunk's heads (chunk_values) with cg_remote_set, or with cg_remote_put_async when async
+ * is set; returns the status. */
+static cg_status store_chunk(cg_remote *r, unsigned chunk, unsigned heads, size_t len,
+                             unsigned salt, int async)
+{
+    char keys[8][CG_REMOTE_KEY_MAX];
+    const char *kp[8];
+    char *vals[8];
+    size_t lens[8];
+    chunk_values(chunk, heads, len, keys, kp, vals, lens, salt);
+    const void *const *v = (const void *const *)vals;
+    cg_status st =
+        async ? cg_remote_put_async(r, heads, kp, v, lens) : cg_remote_set(r, heads, kp, v, lens);
+    free_vals(vals, heads);
+    return st;
+}
+
 START_TEST(node_write_behind_drops_and_flushes)
 {
     char url[64];
@@ -1055,9 +1072,7 @@ START_TEST(node_write_behind_drops_and_flushes)
 
     /* Redis stopped: the writer takes chunk 0 and waits for its reply; the queue fills. */
     kill(g_srv.pid, SIGSTOP);
-    chunk_values(0, HEADS, LEN, keys, kp, vals, lens, 0xb);
-    ck_assert_int_eq(cg_remote_put_async(r, HEADS, kp, (const void *const *)vals, lens), CG_OK);
-    free_vals(vals, HEADS);
+    ck_assert_int_eq(store_chunk(r, 0, HEADS, LEN, 0xb, 1), CG_OK);
     for (int i = 0; i < 200 && stats(r).queue_writing == 0; i++)
         th_sleep_ms(10);
     ck_assert_uint_eq(stats(r).queue_writing, 1);
@@ -1103,15 +1118,8 @@ START_TEST(node_close_drains_queue)
     cg_remote_params p = node_params(url, sizeof url, NULL);
     cg_remote *r = open_ok(p);
     enum { HEADS = 4, LEN = 10000, CHUNKS = 40 };
-    char keys[HEADS][CG_REMOTE_KEY_MAX];
-    const char *kp[HEADS];
-    char *vals[HEADS];
-    size_t lens[HEADS];
-    for (unsigned c = 0; c < CHUNKS; c++) {
-        chunk_values(c, HEADS, LEN, keys, kp, vals, lens, 0xc);
-        ck_assert_int_eq(cg_remote_put_async(r, HEADS, kp, (const void *const *)vals, lens), CG_OK);
-        free_vals(vals, HEADS);
-    }
+    for (unsigned c = 0; c < CHUNKS; c++)
+        ck_assert_int_eq(store_chunk(r, c, HEADS, LEN, 0xc, 1), CG_OK);
     cg_remote_close(&r); /* drains within drain_ms */
     r = open_ok(p);
     for (unsigned c = 0; c < CHUNKS; c++)
@@ -1318,15 +1326,8 @@ START_TEST(node_concurrent_readers_and_writer)
     p.conns_per_node = 2; /* fewer connections than threads: they wait for each other */
     p.timeout_ms = 10000;
     cg_remote *r = open_ok(p);
-    char keys[CC_HEADS][CG_REMOTE_KEY_MAX];
-    const char *kp[CC_HEADS];
-    char *vals[CC_HEADS];
-    size_t lens[CC_HEADS];
-    for (unsigned c = 0; c < CC_PRELOAD; c++) {
-        chunk_values(c, CC_HEADS, cc_len(c), keys, kp, vals, lens, 0xf);
-        ck_assert_int_eq(cg_remote_set(r, CC_HEADS, kp, (const void *const *)vals, lens), CG_OK);
-        free_vals(vals, CC_HEADS);
-    }
+    for (unsigned c = 0; c < CC_PRELOAD; c++)
+        ck_assert_int_eq(store_chunk(r, c, CC_HEADS, cc_len(c), 0xf, 0), CG_OK);
     enum { READERS = 4 };
     rd_arg a[READERS];
     pthread_t th[READERS];
@@ -1335,14 +1336,7 @@ START_TEST(node_concurrent_readers_and_writer)
         ck_assert_int_eq(pthread_create(&th[i], NULL, reader_main, &a[i]), 0);
     }
     for (unsigned c = CC_PRELOAD; c < CC_PRELOAD + 32; c++) {
-        chunk_values(c, CC_HEADS, cc_len(c), keys, kp, vals, lens, 0xf);
-        if (c % 2)
-            ck_assert_int_eq(cg_remote_put_async(r, CC_HEADS, kp, (const void *const *)vals, lens),
-                             CG_OK);
-        else
-            ck_assert_int_eq(cg_remote_set(r, CC_HEADS, kp, (const void *const *)vals, lens),
-                             CG_OK);
-        free_vals(vals, CC_HEADS);
+        ck_assert_int_eq(store_chunk(r, c, CC_HEADS, cc_len(c), 0xf, c % 2), CG_OK);
         th_sleep_ms(20);
     }
     ck_assert_int_eq(cg_remote_flush(r, 10000), CG_OK);
@@ -1423,19 +1417,8 @@ START_TEST(cluster_batches_spread_over_masters)
     cluster_flush();
     cg_remote *r = cluster_open(NULL);
     enum { CHUNKS = 50, HEADS = 2, LEN = 20000 };
-    char keys[HEADS][CG_REMOTE_KEY_MAX];
-    const char *kp[HEADS];
-    char *vals[HEADS];
-    size_t lens[HEADS];
-    for (unsigned c = 0; c < CHUNKS; c++) {
-        chunk_values(c, HEADS, LEN, keys, kp, vals, lens, 0x10);
-        if (c % 2)
-            ck_assert_int_eq(cg_remote_put_async(r, HEADS, kp, (const void *const *)vals, lens),
-                             CG_OK);
-        else
-            ck_assert_int_eq(cg_remote_set(r, HEADS, kp, (const void *const *)vals, lens), CG_OK);
-        free_vals(vals, HEADS);
-    }
+    for (unsigned c = 0; c < CHUNKS; c++) /* half written behind, half at once */
+        ck_assert_int_eq(store_chunk(r, c, HEADS, LEN, 0x10, c % 2), CG_OK);
     ck_assert_int_eq(cg_remote_flush(r, 10000), CG_OK);
     for (unsigned c = 0; c < CHUNKS; c++)
         expect_chunk(r, c, HEADS, LEN, 0x10, 1);
