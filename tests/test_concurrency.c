@@ -184,6 +184,26 @@ START_TEST(gateway_routes_around_busy)
 }
 END_TEST
 
+/* Two gauges of the worker at port that must both fall to 0. */
+typedef struct gauges {
+    int port;
+    const char *a, *b;
+} gauges;
+
+static int gauges_zero(void *arg)
+{
+    const gauges *g = arg;
+    return th_metric(g->port, g->a) == 0 && th_metric(g->port, g->b) == 0;
+}
+
+/* Waits up to timeout_ms until series a and b of the worker at port are both 0; returns 1, or 0
+ * on timeout. */
+static int wait_zero(int port, const char *a, const char *b, int timeout_ms)
+{
+    gauges g = {port, a, b};
+    return th_wait_until(timeout_ms, 50, gauges_zero, &g);
+}
+
 /* A streaming client that disconnects after a few events: its sequence leaves the batch at
  * the next step, and its assembly and requests are given back. */
 START_TEST(disconnect_frees_sequence)
@@ -199,13 +219,9 @@ START_TEST(disconnect_frees_sequence)
     free(got);
     ck_assert_double_eq(th_metric(wk.port, "chunkgate_worker_sequences_running"), 1);
     close(fd);
-    int gone = 0;
-    for (int i = 0; i < 300 && !gone; i++) {
-        gone = th_metric(wk.port, "chunkgate_worker_sequences_running") == 0 &&
-               th_metric(wk.port, "chunkgate_worker_requests_admitted") == 0;
-        if (!gone) th_sleep_ms(50);
-    }
-    ck_assert_msg(gone, "the sequence of a client that left is still running");
+    ck_assert_msg(wait_zero(wk.port, "chunkgate_worker_sequences_running",
+                            "chunkgate_worker_requests_admitted", 15000),
+                  "the sequence of a client that left is still running");
     ck_assert_double_eq(th_metric(wk.port, "chunkgate_worker_assemblies_live"), 0);
     /* it stopped well before its 2000 tokens */
     ck_assert_double_lt(th_metric(wk.port, "chunkgate_worker_decode_tokens_total"), 1000);
@@ -263,13 +279,9 @@ START_TEST(slow_readers_hold_no_slot)
     ck_assert_double_eq(th_metric(w.port, "chunkgate_worker_sequences_parked"), N);
     ck_assert_double_eq(th_metric(w.port, "chunkgate_worker_sequences_running"), 0);
     /* without a read for --stream-stall-ms the streams are cut and everything is freed */
-    int freed = 0;
-    for (int t = 0; t < 900 && !freed; t++) {
-        freed = th_metric(w.port, "chunkgate_worker_requests_admitted") == 0 &&
-                th_metric(w.port, "chunkgate_worker_sequences_parked") == 0;
-        if (!freed) th_sleep_ms(100);
-    }
-    ck_assert_msg(freed, "stalled streams still admitted after the stall timeout");
+    ck_assert_msg(wait_zero(w.port, "chunkgate_worker_requests_admitted",
+                            "chunkgate_worker_sequences_parked", 90000),
+                  "stalled streams still admitted after the stall timeout");
     ck_assert_double_eq(th_counter(w.port, "chunkgate_worker_stream_stalls_total"), N);
     for (int i = 0; i < N; i++) {
         int closed = 0;
