@@ -88,10 +88,7 @@ static req make_req(const char *sys, const int *docs, size_t n_docs, const char 
 {
     req r;
     memset(&r, 0, sizeof r);
-    if (sys) r.segs[r.n++] = (cg_engine_seg){CG_ROLE_SYSTEM, sys, strlen(sys), NULL};
-    for (size_t i = 0; i < n_docs; i++)
-        r.segs[r.n++] = (cg_engine_seg){CG_ROLE_CHUNK, DOC[docs[i]], strlen(DOC[docs[i]]), NULL};
-    if (q) r.segs[r.n++] = (cg_engine_seg){CG_ROLE_QUESTION, q, strlen(q), NULL};
+    r.n = th_engine_segs(r.segs, sys, DOC, docs, n_docs, q);
     return r;
 }
 

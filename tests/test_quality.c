@@ -62,10 +62,7 @@ static req make_req(const int *docs, size_t n_docs, const char *q)
 {
     req r;
     memset(&r, 0, sizeof r);
-    r.segs[r.n++] = (cg_engine_seg){CG_ROLE_SYSTEM, SYS, strlen(SYS), NULL};
-    for (size_t i = 0; i < n_docs; i++)
-        r.segs[r.n++] = (cg_engine_seg){CG_ROLE_CHUNK, DOC[docs[i]], strlen(DOC[docs[i]]), NULL};
-    if (q) r.segs[r.n++] = (cg_engine_seg){CG_ROLE_QUESTION, q, strlen(q), NULL};
+    r.n = th_engine_segs(r.segs, SYS, DOC, docs, n_docs, q);
     return r;
 }
 

@@ -1,6 +1,6 @@
 # Reference worker suites: the assembly engine's fidelity proofs (library level) and the HTTP
 # integration test against the real chunkgate-worker process.
-cg_check_test(NAME test_engine SOURCES test_engine.c LIBS cg_wserve TIMEOUT 600)
+cg_check_test(NAME test_engine SOURCES test_engine.c LIBS cg_test_engine TIMEOUT 600)
 if(TARGET chunkgate-worker AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_worker.c)
   cg_check_test(NAME test_worker SOURCES test_worker.c LIBS cg_test_engine TIMEOUT 600
                 PROGRAMS chunkgate-worker)

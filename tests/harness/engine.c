@@ -10,15 +10,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+size_t th_engine_segs(cg_engine_seg *segs, const char *sys, const char *const *docs,
+                      const int *order, size_t n, const char *q)
+{
+    size_t k = 0;
+    if (sys) segs[k++] = (cg_engine_seg){CG_ROLE_SYSTEM, sys, strlen(sys), NULL};
+    for (size_t i = 0; i < n; i++) {
+        const char *d = docs[order ? (size_t)order[i] : i];
+        segs[k++] = (cg_engine_seg){CG_ROLE_CHUNK, d, strlen(d), NULL};
+    }
+    if (q) segs[k++] = (cg_engine_seg){CG_ROLE_QUESTION, q, strlen(q), NULL};
+    return k;
+}
+
 void th_engine_assemble(cg_engine *e, const char *sys, const char *d1, const char *d2,
                         const char *q, int path, struct cg_assembly_info *info)
 {
-    cg_engine_seg s[4] = {{CG_ROLE_SYSTEM, sys, strlen(sys), NULL},
-                          {CG_ROLE_CHUNK, d1, strlen(d1), NULL},
-                          {CG_ROLE_CHUNK, d2, strlen(d2), NULL},
-                          {CG_ROLE_QUESTION, q, strlen(q), NULL}};
+    const char *docs[2] = {d1, d2};
+    cg_engine_seg s[4];
     cg_assemble_req ar = {.segs = s,
-                          .n_segs = 4,
+                          .n_segs = th_engine_segs(s, sys, docs, NULL, 2, q),
                           .mode = CG_MODE_STRICT,
                           .reserve_tokens = -1,
                           .path = (cg_engine_path)path};

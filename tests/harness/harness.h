@@ -460,6 +460,12 @@ cg_model *th_bench_model(const char *name, const char *dir, char tmp[TH_MODEL_TM
 uint32_t th_tok_into(const cg_model *m, const char *text, size_t len, int bos, int32_t *out);
 typedef struct cg_engine cg_engine;
 struct cg_assembly_info;
+struct cg_engine_seg;
+/* The segments of a prompt into segs (room for n + 2): system sys (NULL: none), then as chunks
+ * docs[order[0]], ..., docs[order[n - 1]] (order NULL: the first n in order), then question q
+ * (NULL: none); the text is borrowed. Returns the count. */
+size_t th_engine_segs(struct cg_engine_seg *segs, const char *sys, const char *const *docs,
+                      const int *order, size_t n, const char *q);
 /* Assembles the strict-mode prompt sys, d1, d2, q with e (borrowed) on path (at clock 1 ms);
  * asserts it worked. *info is the caller's (cg_assembly_info_free). */
 void th_engine_assemble(cg_engine *e, const char *sys, const char *d1, const char *d2,
@@ -479,7 +485,6 @@ char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char 
 #define TH_RAG_SYS_BYTES 256
 #define TH_RAG_DOC_BYTES 2048
 #define TH_RAG_Q_BYTES 64
-struct cg_engine_seg;
 typedef struct th_rag_work {
     char *sys, *sys2, *q, *docs[TH_RAG_DOCS];
     struct cg_engine_seg *cold, *warm; /* TH_RAG_DOCS + 2 each */
