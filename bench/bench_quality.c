@@ -287,7 +287,6 @@ int main(int argc, char **argv)
     free(res);
     free(t);
     free(tc);
-    cg_model_close(&m);
-    if (tmp[0]) th_rmrf(tmp);
+    th_bench_model_close(&m, tmp);
     return 0;
 }

@@ -169,7 +169,6 @@ int main(int argc, char **argv)
     free(warm);
     free(base);
     free(prefill);
-    cg_model_close(&m);
-    if (tmp[0]) th_rmrf(tmp);
+    th_bench_model_close(&m, tmp);
     return 0;
 }

@@ -116,6 +116,12 @@ cg_model *th_bench_model(const char *name, const char *dir, char tmp[TH_MODEL_TM
     return m;
 }
 
+void th_bench_model_close(cg_model **m, const char tmp[TH_MODEL_TMP])
+{
+    cg_model_close(m);
+    if (tmp[0]) th_rmrf(tmp);
+}
+
 void th_rag_make(th_rag_work *w, const char *tag, uint64_t *state)
 {
     w->sys = th_words(TH_RAG_SYS_BYTES, "System: answer from the documents. ", state);

@@ -455,6 +455,8 @@ cg_model *th_model_open_or_generate(const char *dir, char tmp[TH_MODEL_TMP], cha
 /* For the bench called name: th_model_open_or_generate, exiting with the reason on stderr when
  * it fails, then the model's geometry printed on stdout. */
 cg_model *th_bench_model(const char *name, const char *dir, char tmp[TH_MODEL_TMP]);
+/* Closes a model of th_bench_model (*m set to NULL) and removes the one it generated in tmp. */
+void th_bench_model_close(cg_model **m, const char tmp[TH_MODEL_TMP]);
 /* cg_tok_encode of text[0, len) (with BOS when bos is set) into out, which the caller sized for
  * a byte tokenizer (len + 2 ids); returns the count. */
 uint32_t th_tok_into(const cg_model *m, const char *text, size_t len, int bos, int32_t *out);
