@@ -341,6 +341,13 @@ END_TEST
 
 /* ---- the forward's ranking exit and full-distribution rows ---- */
 
+/* The prefill of toks[0, n) into kv under one attention span; the caller adds what it reads
+ * back. */
+static cg_fwd_seq prefill_of(cg_kv *kv, const int32_t *toks, uint32_t n, const cg_attn_span *span)
+{
+    return (cg_fwd_seq){.kv = kv, .tokens = toks, .n = n, .spans = span, .n_spans = 1};
+}
+
 START_TEST(test_forward_stop_and_rows)
 {
     const cg_model_config *c = cg_model_cfg(model);
@@ -353,14 +360,10 @@ START_TEST(test_forward_stop_and_rows)
     cg_attn_span span = {0, n, 0, 0};
     const uint32_t from = n - 20;
     float *rows = cg_malloc(20 * V * sizeof(float)), *last = cg_malloc(V * sizeof(float));
-    cg_fwd_seq q = {.kv = a,
-                    .tokens = toks,
-                    .n = n,
-                    .spans = &span,
-                    .n_spans = 1,
-                    .logits = last,
-                    .row_logits = rows,
-                    .row_logits_from = from};
+    cg_fwd_seq q = prefill_of(a, toks, n, &span);
+    q.logits = last;
+    q.row_logits = rows;
+    q.row_logits_from = from;
     ck_assert_int_eq(cg_model_forward_batch(model, &q, 1, CG_FWD_PREFILL, NULL), CG_OK);
     /* the last full row is the last row's logits */
     ck_assert_int_eq(memcmp(rows + 19 * V, last, V * sizeof(float)), 0);
@@ -380,14 +383,10 @@ START_TEST(test_forward_stop_and_rows)
      * what the full forward wrote there, and layer 0 is written. */
     float *sk = cg_malloc(n * kvd * sizeof(float)), *sv = cg_malloc(n * kvd * sizeof(float));
     cg_kv *z = cg_kv_new(model, n);
-    cg_fwd_seq s = {.kv = z,
-                    .tokens = toks,
-                    .n = n,
-                    .spans = &span,
-                    .n_spans = 1,
-                    .stop_layer = 1,
-                    .stop_k = sk,
-                    .stop_v = sv};
+    cg_fwd_seq s = prefill_of(z, toks, n, &span);
+    s.stop_layer = 1;
+    s.stop_k = sk;
+    s.stop_v = sv;
     cg_attn_span piece_spans[1];
     for (uint32_t r0 = 0; r0 < n; r0 += 37) {
         cg_fwd_seq piece = cg_fwd_seq_slice(&s, r0, CG_MIN(37, n - r0), piece_spans);
@@ -432,13 +431,9 @@ START_TEST(test_forward_interrupt)
     float *la = cg_malloc(V * sizeof(float)), *lb = cg_malloc(V * sizeof(float));
     cg_attn_span span = {0, n, 0, 0};
     int flag = 1;
-    cg_fwd_seq q = {.kv = a,
-                    .tokens = toks,
-                    .n = n,
-                    .spans = &span,
-                    .n_spans = 1,
-                    .logits = la,
-                    .interrupt = &flag};
+    cg_fwd_seq q = prefill_of(a, toks, n, &span);
+    q.logits = la;
+    q.interrupt = &flag;
     memset(la, 0, V * sizeof(float));
     ck_assert_int_eq(cg_model_forward_batch(model, &q, 1, CG_FWD_PREFILL, NULL), CG_E_UNAVAILABLE);
     for (size_t i = 0; i < V; i++)
