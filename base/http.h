@@ -29,8 +29,10 @@ typedef struct cg_http_req cg_http_req;
 typedef struct cg_stream cg_stream;
 
 /* A route handler. It must end the request with exactly one cg_http_reply_* call (from any
- * thread, possibly later); after that it must not touch req. */
-typedef void (*cg_http_handler)(cg_http_req *req, void *app);
+ * thread, possibly later); after that it must not touch req. Handlers are declared with the
+ * function type (`cg_http_handler_fn cg_foo;`) and stored as a cg_http_handler. */
+typedef void cg_http_handler_fn(cg_http_req *req, void *app);
+typedef cg_http_handler_fn *cg_http_handler;
 /* A route's fast handler, tried on the MHD thread when the body is complete, before the
  * request goes to the job pool: returns 1 when it took the request (it then ends it exactly
  * as a handler does, now or later from any thread), 0 to leave it to the handler, untouched.

@@ -5,10 +5,9 @@
 
 #include "base/http.h"
 
-void cg_gw_completions(cg_http_req *req, void *app);
-void cg_gw_chat_completions(cg_http_req *req, void *app);
+/* POST /v1/completions and POST /v1/chat/completions. */
+cg_http_handler_fn cg_gw_completions, cg_gw_chat_completions;
 /* POST /tokenize and /detokenize (vLLM's shapes), answered by a worker. */
-void cg_gw_tokenize(cg_http_req *req, void *app);
-void cg_gw_detokenize(cg_http_req *req, void *app);
+cg_http_handler_fn cg_gw_tokenize, cg_gw_detokenize;
 
 #endif

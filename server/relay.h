@@ -38,6 +38,6 @@ void cg_gw_relay(cg_gateway *g, cg_http_req *req, const char *route, const char 
 void cg_gw_fix_usage(cg_gateway *g, json_t *obj);
 
 /* GET /v1/models: the backend's or a healthy worker's list. */
-void cg_gw_models(cg_http_req *req, void *app);
+cg_http_handler_fn cg_gw_models;
 
 #endif

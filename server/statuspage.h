@@ -36,7 +36,7 @@ void cg_recent_ring_totals(cg_recent_ring *r, uint64_t *requests, uint64_t *erro
 json_t *cg_recent_ring_json(cg_recent_ring *r);
 
 /* Route handlers (app is the cg_gateway). */
-void cg_gw_status_page(cg_http_req *req, void *app);  /* GET /          text/html */
-void cg_gw_status_stats(cg_http_req *req, void *app); /* GET /v1/stats  application/json */
+cg_http_handler_fn cg_gw_status_page;  /* GET /          text/html */
+cg_http_handler_fn cg_gw_status_stats; /* GET /v1/stats  application/json */
 
 #endif

@@ -5,11 +5,9 @@
 
 #include "base/http.h"
 
-void cg_api_chunks(cg_http_req *req, void *app);
-void cg_api_chunk_get(cg_http_req *req, void *app);
-void cg_api_chunk_delete(cg_http_req *req, void *app);
-void cg_api_chunk_kv(cg_http_req *req, void *app);
-void cg_api_assembly_kv(cg_http_req *req, void *app);
-void cg_api_assembly_logits(cg_http_req *req, void *app);
+/* GET /v1/chunks, GET|DELETE /v1/chunks/{key} and GET /v1/chunks/{key}/kv. */
+cg_http_handler_fn cg_api_chunks, cg_api_chunk_get, cg_api_chunk_delete, cg_api_chunk_kv;
+/* GET /v1/assemblies/{id}/kv and /logits. */
+cg_http_handler_fn cg_api_assembly_kv, cg_api_assembly_logits;
 
 #endif

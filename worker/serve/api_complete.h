@@ -8,8 +8,7 @@
 #include "base/http.h"
 #include "worker/serve/api_params.h"
 
-void cg_api_completions(cg_http_req *req, void *app);
-void cg_api_chat_completions(cg_http_req *req, void *app);
+cg_http_handler_fn cg_api_completions, cg_api_chat_completions;
 
 /* Completes a completions-shaped body (owned: released here) and replies; chat: the answer
  * takes the chat.completion shapes. */

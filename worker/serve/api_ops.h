@@ -4,9 +4,7 @@
 
 #include "base/http.h"
 
-void cg_api_health(cg_http_req *req, void *app);
-void cg_api_info(cg_http_req *req, void *app);
-void cg_api_models(cg_http_req *req, void *app);
-void cg_api_metrics(cg_http_req *req, void *app);
+/* GET /healthz, /v1/info, /v1/models and /metrics. */
+cg_http_handler_fn cg_api_health, cg_api_info, cg_api_models, cg_api_metrics;
 
 #endif

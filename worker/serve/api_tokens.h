@@ -4,7 +4,6 @@
 
 #include "base/http.h"
 
-void cg_api_tokenize(cg_http_req *req, void *app);
-void cg_api_detokenize(cg_http_req *req, void *app);
+cg_http_handler_fn cg_api_tokenize, cg_api_detokenize;
 
 #endif
