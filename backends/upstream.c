@@ -605,11 +605,7 @@ size_t cg_upstream_in_flight(cg_upstream *c)
 
 size_t cg_upstream_drain(cg_upstream *c, uint64_t timeout_ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + timeout_ms * 1000000ull;
-    ts.tv_sec += (time_t)(ns / 1000000000ull);
-    ts.tv_nsec = (long)(ns % 1000000000ull);
+    struct timespec ts = cg_deadline_after_ms(CLOCK_REALTIME, timeout_ms);
     pthread_mutex_lock(&c->mu);
     while (c->in_flight && pthread_cond_timedwait(&c->cv, &c->mu, &ts) == 0) {
     }

@@ -3,9 +3,11 @@
 #ifndef CG_BASE_H
 #define CG_BASE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #include "base/status.h"
 
 #define CG_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -60,6 +62,14 @@ void cg_seterr(char *err, size_t errlen, const char *fmt, ...)
 uint64_t cg_now_ns(void);
 uint64_t cg_now_ms(void);
 uint64_t cg_wall_ms(void);
+
+/* Initialises cv to time its waits on CLOCK_MONOTONIC, so that a wall-clock step neither
+ * shortens nor stretches them. Destroy it with pthread_cond_destroy. */
+void cg_cond_init_monotonic(pthread_cond_t *cv);
+/* The absolute time ms milliseconds from now on clock, for pthread_cond_timedwait:
+ * CLOCK_REALTIME for a default condition variable, CLOCK_MONOTONIC for one made by
+ * cg_cond_init_monotonic. */
+struct timespec cg_deadline_after_ms(clockid_t clock, uint64_t ms);
 
 /* Constant-time comparison of two NUL-terminated secrets; returns 1 if equal. */
 int cg_secret_equal(const char *a, const char *b);

@@ -330,11 +330,7 @@ static int stream_wait_reader_locked(cg_stream *s)
         return 0;
     }
     const size_t len0 = s->len, head0 = s->head;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)s->stall_ms * 1000000ull;
-    ts.tv_sec += (time_t)(ns / 1000000000ull);
-    ts.tv_nsec = (long)(ns % 1000000000ull);
+    struct timespec ts = cg_deadline_after_ms(CLOCK_REALTIME, (uint64_t)s->stall_ms);
     while (!s->gone && s->len == len0 && s->head == head0)
         if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT) break;
     if (s->gone || s->len != len0 || s->head != head0) return 0;
@@ -468,11 +464,7 @@ static void *heartbeat_main(void *arg)
     uint64_t tick_ms = CG_MIN(srv->p.heartbeat_ms, 1000u), last_poke = cg_now_ns();
     pthread_mutex_lock(&srv->mu);
     while (!srv->stopping) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + tick_ms * 1000000ull;
-        ts.tv_sec += (time_t)(ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
+        struct timespec ts = cg_deadline_after_ms(CLOCK_REALTIME, tick_ms);
         pthread_cond_timedwait(&srv->hb_cv, &srv->mu, &ts);
         if (srv->stopping) break;
         uint64_t now = cg_now_ns();
@@ -778,11 +770,7 @@ static void *deadline_main(void *arg)
     uint64_t limit = (uint64_t)srv->p.conn_timeout_s * 1000000000ull;
     pthread_mutex_lock(&srv->conn_mu);
     while (!srv->deadline_stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + DEADLINE_TICK_MS * 1000000ull;
-        ts.tv_sec += (time_t)(ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
+        struct timespec ts = cg_deadline_after_ms(CLOCK_REALTIME, DEADLINE_TICK_MS);
         pthread_cond_timedwait(&srv->conn_cv, &srv->conn_mu, &ts);
         if (srv->deadline_stop) break;
         pthread_mutex_unlock(&srv->conn_mu);

@@ -170,15 +170,6 @@ static void count_error(cg_remote *r, cg_status st)
     }
 }
 
-static void cond_init_mono(pthread_cond_t *cv)
-{
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(cv, &a);
-    pthread_condattr_destroy(&a);
-}
-
 /* Waits on cv until deadline_ns (monotonic); returns ETIMEDOUT once it has passed. */
 static int cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_ns)
 {
@@ -194,7 +185,7 @@ static node *node_new(const char *host, int port, int n_conns, int backoff_min_m
     nd->host = cg_strdup(host);
     nd->port = port;
     pthread_mutex_init(&nd->mu, NULL);
-    cond_init_mono(&nd->cv);
+    cg_cond_init_monotonic(&nd->cv);
     nd->conns = cg_calloc((size_t)n_conns, sizeof *nd->conns);
     nd->n_conns = n_conns;
     nd->backoff_ms = backoff_min_ms;
@@ -1566,10 +1557,10 @@ cg_status cg_remote_open(cg_remote_params params, cg_remote **out, char *err, si
     pthread_mutex_init(&r->nodes_mu, NULL);
     pthread_rwlock_init(&r->map_lock, NULL);
     pthread_mutex_init(&r->refresh_mu, NULL);
-    cond_init_mono(&r->refresh_cv);
+    cg_cond_init_monotonic(&r->refresh_cv);
     pthread_mutex_init(&r->qmu, NULL);
     pthread_cond_init(&r->qcv, NULL);
-    cond_init_mono(&r->qdone);
+    cg_cond_init_monotonic(&r->qdone);
     pthread_mutex_init(&r->err_mu, NULL);
     pthread_mutex_init(&r->cache_mu, NULL);
     for (size_t i = 0; i < CG_REMOTE_SLOTS; i++)

@@ -233,11 +233,7 @@ cg_status cg_workers_open(const cg_workers_params *p, cg_workers **out)
     if (r->p.remote_hit_percent < 1 || r->p.remote_hit_percent > 99)
         r->p.remote_hit_percent = d.remote_hit_percent;
     pthread_mutex_init(&r->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    cg_cond_init_monotonic(&r->cv);
     cg_metrics *m = p->metrics;
     for (int k = 0; k < CG_FAILKIND_COUNT; k++) {
         if (!cg_failkind_of_worker((cg_failkind)k)) continue;
@@ -1081,11 +1077,7 @@ static void *health_main(void *arg)
             if (w->next_check_ms < wake) wake = w->next_check_ms;
         }
         if (wake <= now) continue;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + (wake - now) * 1000000ull;
-        ts.tv_sec += (time_t)(ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
+        struct timespec ts = cg_deadline_after_ms(CLOCK_MONOTONIC, wake - now);
         pthread_cond_timedwait(&r->cv, &r->mu, &ts);
     }
     pthread_mutex_unlock(&r->mu);

@@ -136,11 +136,7 @@ cg_status cg_diskwb_open(cg_disk *d, cg_diskwb_params p, cg_diskwb **out)
     w->block_tokens = dp.block_tokens;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->work_cv, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&w->done_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    cg_cond_init_monotonic(&w->done_cv);
     if (pthread_create(&w->thread, NULL, writer_main, w) != 0) {
         pthread_cond_destroy(&w->done_cv);
         pthread_cond_destroy(&w->work_cv);
@@ -250,11 +246,8 @@ size_t cg_diskwb_cancel(cg_diskwb *w, const cg_key *key)
 
 cg_status cg_diskwb_flush(cg_diskwb *w, int timeout_ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull;
-    ts.tv_sec += (time_t)(ns / 1000000000ull);
-    ts.tv_nsec = (long)(ns % 1000000000ull);
+    struct timespec ts =
+        cg_deadline_after_ms(CLOCK_MONOTONIC, (uint64_t)(timeout_ms > 0 ? timeout_ms : 0));
     cg_status st = CG_OK;
     pthread_mutex_lock(&w->mu);
     uint64_t want = w->enq_seq;

@@ -166,13 +166,7 @@ static void *publisher_main(void *arg)
             continue;
         }
         __atomic_add_fetch(&e->n_failed, 1, __ATOMIC_RELAXED);
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += RETRY_MS * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        struct timespec until = cg_deadline_after_ms(CLOCK_REALTIME, RETRY_MS);
         if (!e->stop) pthread_cond_timedwait(&e->cv, &e->mu, &until);
     }
     pthread_mutex_unlock(&e->mu);
