@@ -1028,8 +1028,9 @@ static void ops_free_replies(op *ops, size_t n)
 static void op_command(cg_remote *r, op_kind kind, const op *o, outq *out)
 {
     switch (kind) {
-    case OP_GET: {
-        const char *argv[] = {"GET", o->key};
+    case OP_GET:
+    case OP_DEL: {
+        const char *argv[] = {kind == OP_GET ? "GET" : "DEL", o->key};
         size_t lens[] = {3, o->klen};
         out_cmd(out, 2, argv, lens);
         break;
@@ -1040,12 +1041,6 @@ static void op_command(cg_remote *r, op_kind kind, const op *o, outq *out)
         const char *argv[] = {"SET", o->key, o->val, "EX", ttl};
         size_t lens[] = {3, o->klen, o->vlen, 2, (size_t)k};
         out_cmd(out, r->p.ttl_s ? 5 : 3, argv, lens);
-        break;
-    }
-    case OP_DEL: {
-        const char *argv[] = {"DEL", o->key};
-        size_t lens[] = {3, o->klen};
-        out_cmd(out, 2, argv, lens);
         break;
     }
     case OP_PING: {
@@ -1640,6 +1635,17 @@ static cg_status check_batch(size_t n, const char *const *keys)
     return CG_OK;
 }
 
+/* One op per key of a batch that check_batch accepted, keys borrowed; the caller frees. */
+static op *key_ops(size_t n, const char *const *keys)
+{
+    op *ops = cg_calloc(n, sizeof *ops);
+    for (size_t i = 0; i < n; i++) {
+        ops[i].key = keys[i];
+        ops[i].klen = strlen(keys[i]);
+    }
+    return ops;
+}
+
 cg_status cg_remote_get(cg_remote *r, size_t n, const char *const *keys, cg_remote_value *out,
                         uint64_t *elapsed_ns)
 {
@@ -1652,11 +1658,7 @@ cg_status cg_remote_get(cg_remote *r, size_t n, const char *const *keys, cg_remo
         st = CG_E_VALUE;
         goto out;
     }
-    ops = cg_calloc(n, sizeof *ops);
-    for (size_t i = 0; i < n; i++) {
-        ops[i].key = keys[i];
-        ops[i].klen = strlen(keys[i]);
-    }
+    ops = key_ops(n, keys);
     st = exec_ops(r, OP_GET, ops, n, deadline_after(r, t0));
     if (st == CG_OK) {
         uint64_t bytes = 0;
@@ -1704,10 +1706,8 @@ cg_status cg_remote_set(cg_remote *r, size_t n, const char *const *keys, const v
         count_error(r, CG_E_VALUE);
         return CG_E_VALUE;
     }
-    op *ops = cg_calloc(n, sizeof *ops);
+    op *ops = key_ops(n, keys);
     for (size_t i = 0; i < n; i++) {
-        ops[i].key = keys[i];
-        ops[i].klen = strlen(keys[i]);
         ops[i].val = vals[i] ? vals[i] : "";
         ops[i].vlen = vals[i] ? lens[i] : 0;
     }
@@ -1725,11 +1725,7 @@ cg_status cg_remote_del(cg_remote *r, size_t n, const char *const *keys, size_t 
         count_error(r, st);
         return st;
     }
-    op *ops = cg_calloc(n, sizeof *ops);
-    for (size_t i = 0; i < n; i++) {
-        ops[i].key = keys[i];
-        ops[i].klen = strlen(keys[i]);
-    }
+    op *ops = key_ops(n, keys);
     st = exec_ops(r, OP_DEL, ops, n, deadline_after(r, t0));
     if (st == CG_OK) {
         size_t d = 0;
