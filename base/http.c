@@ -299,12 +299,18 @@ void cg_stream_set_stall_timeout(cg_stream *s, int stall_ms)
     pthread_mutex_unlock(&s->mu);
 }
 
-int cg_stream_stalled(cg_stream *s)
+/* One of s's flags (a field of s), read under its lock. */
+static int stream_flag(cg_stream *s, const int *flag)
 {
     pthread_mutex_lock(&s->mu);
-    int v = s->stalled;
+    int v = *flag;
     pthread_mutex_unlock(&s->mu);
     return v;
+}
+
+int cg_stream_stalled(cg_stream *s)
+{
+    return stream_flag(s, &s->stalled);
 }
 
 /* Cuts the connection of a client that stopped reading: an abortive close (SO_LINGER 0, so the
@@ -372,10 +378,7 @@ void cg_stream_close(cg_stream *s)
 
 int cg_stream_cancelled(cg_stream *s)
 {
-    pthread_mutex_lock(&s->mu);
-    int g = s->gone;
-    pthread_mutex_unlock(&s->mu);
-    return g;
+    return stream_flag(s, &s->gone);
 }
 
 /* MHD content reader: runs on the MHD thread. */
