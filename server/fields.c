@@ -165,18 +165,26 @@ cg_status cg_gw_check_chat_fields(json_t *body, const char **param, char *msg, s
     return CG_OK;
 }
 
-json_t *cg_gw_worker_chat_fields(json_t *src)
+/* The fields of src that go to a chunkgate-worker: towards its chat route every field of the
+ * table but IGNORED and GATEWAY ones, towards its completions route only what it reads. */
+static json_t *worker_fields(json_t *src, int chat)
 {
     json_t *o = json_object();
     const char *k;
     json_t *v;
     json_object_foreach(src, k, v)
     {
-        cg_field_rule r = cg_gw_field_rule(k, 1);
-        if (r != CG_FIELD_UNKNOWN && r != CG_FIELD_IGNORED && r != CG_FIELD_GATEWAY)
-            json_object_set(o, k, v);
+        cg_field_rule r = cg_gw_field_rule(k, chat);
+        int keep = chat ? r != CG_FIELD_UNKNOWN && r != CG_FIELD_IGNORED && r != CG_FIELD_GATEWAY
+                        : r == CG_FIELD_FORWARD || r == CG_FIELD_WORKER_REFUSES;
+        if (keep) json_object_set(o, k, v);
     }
     return o;
+}
+
+json_t *cg_gw_worker_chat_fields(json_t *src)
+{
+    return worker_fields(src, 1);
 }
 
 json_t *cg_gw_chat_as_completion(json_t *body, const char *prompt, size_t prompt_len, int to_worker)
@@ -197,13 +205,5 @@ json_t *cg_gw_chat_as_completion(json_t *body, const char *prompt, size_t prompt
 
 json_t *cg_gw_worker_fields(json_t *src)
 {
-    json_t *o = json_object();
-    const char *k;
-    json_t *v;
-    json_object_foreach(src, k, v)
-    {
-        cg_field_rule r = cg_gw_field_rule(k, 0);
-        if (r == CG_FIELD_FORWARD || r == CG_FIELD_WORKER_REFUSES) json_object_set(o, k, v);
-    }
-    return o;
+    return worker_fields(src, 0);
 }
