@@ -247,8 +247,7 @@ static cg_status place_tensors(cg_model *m, const cg_wlist *l, char *err, size_t
         free(ts);
         return st;
     }
-    m->arena = cg_malloc(copy_floats * sizeof(float) + 64);
-    float *p = (float *)(((uintptr_t)m->arena + 63) & ~(uintptr_t)63);
+    float *p = cg_alloc64(&m->arena, copy_floats * sizeof(float));
     for (size_t i = 0; i < l->n; i++) {
         const cg_st_tensor *t = ts[i];
         const cg_wspec *w = &l->v[i];
@@ -359,10 +358,9 @@ static cg_status quantize_model(cg_model *m, const cg_wlist *l, cg_quant quant, 
             return CG_E_UNSUPPORTED;
         }
         size_t ns = 0, nq = cg_matmul_quant_bytes(to, w->rows, w->cols, &ns);
-        total += ((nq + 63) & ~(size_t)63) + ((ns * 2 + 63) & ~(size_t)63);
+        total += cg_qarena_bytes(nq, ns);
     }
-    m->qarena = cg_malloc(total + 64);
-    char *p = (char *)(((uintptr_t)m->qarena + 63) & ~(uintptr_t)63);
+    char *p = cg_alloc64(&m->qarena, total);
     m->weight_bytes = 0;
     for (size_t i = 0; i < l->n; i++) {
         cg_weight *w = l->v[i].mat;
@@ -372,9 +370,8 @@ static cg_status quantize_model(cg_model *m, const cg_wlist *l, cg_quant quant, 
         }
         size_t ns = 0, nq = cg_matmul_quant_bytes(to, w->rows, w->cols, &ns);
         void *q = p;
-        p += (nq + 63) & ~(size_t)63;
-        uint16_t *sc = (uint16_t *)(void *)p;
-        p += (ns * 2 + 63) & ~(size_t)63;
+        uint16_t *sc = (uint16_t *)(void *)(p + cg_round64(nq));
+        p += cg_qarena_bytes(nq, ns);
         cg_weight qw;
         if (cg_matmul_quantize(w, to, q, sc, &qw) != CG_OK) {
             cg_seterr(err, errlen, "--quant %s: tensor '%s' holds Inf or NaN", cg_quant_name(quant),

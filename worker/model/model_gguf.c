@@ -603,7 +603,7 @@ cg_status cg_gguf_place_tensors(cg_model *m, const cg_wlist *l, char *err, size_
             size_t ns = 0, nq = cg_matmul_quant_bytes(ts[i]->type == CG_GGML_Q8_0 ? CG_DTYPE_Q8_0
                                                                                   : CG_DTYPE_Q4_0,
                                                       (int)w->d0, (int)w->d1, &ns);
-            qbytes += ((nq + 63) & ~(size_t)63) + ((ns * 2 + 63) & ~(size_t)63);
+            qbytes += cg_qarena_bytes(nq, ns);
         }
     }
     if (st == CG_OK) st = refuse_unused(m, l, err, errlen);
@@ -611,13 +611,8 @@ cg_status cg_gguf_place_tensors(cg_model *m, const cg_wlist *l, char *err, size_
         free(ts);
         return st;
     }
-    m->arena = cg_malloc(floats * sizeof(float) + 64);
-    float *p = (float *)(((uintptr_t)m->arena + 63) & ~(uintptr_t)63);
-    char *q = NULL;
-    if (qbytes) {
-        m->qarena = cg_malloc(qbytes + 64);
-        q = (char *)(((uintptr_t)m->qarena + 63) & ~(uintptr_t)63);
-    }
+    float *p = cg_alloc64(&m->arena, floats * sizeof(float));
+    char *q = qbytes ? cg_alloc64(&m->qarena, qbytes) : NULL;
     for (size_t i = 0; i < l->n; i++) {
         const cg_gguf_tensor *t = ts[i];
         const cg_wspec *w = &l->v[i];
@@ -634,7 +629,7 @@ cg_status cg_gguf_place_tensors(cg_model *m, const cg_wlist *l, char *err, size_
         if (t->type == CG_GGML_Q8_0 || t->type == CG_GGML_Q4_0) {
             const cg_dtype dt = t->type == CG_GGML_Q8_0 ? CG_DTYPE_Q8_0 : CG_DTYPE_Q4_0;
             size_t ns = 0, nq = cg_matmul_quant_bytes(dt, mat->rows, mat->cols, &ns);
-            uint16_t *sc = (uint16_t *)(void *)(q + ((nq + 63) & ~(size_t)63));
+            uint16_t *sc = (uint16_t *)(void *)(q + cg_round64(nq));
             if (dt == CG_DTYPE_Q8_0)
                 repack_q8(t->data, ns, (int8_t *)q, sc);
             else
@@ -642,7 +637,7 @@ cg_status cg_gguf_place_tensors(cg_model *m, const cg_wlist *l, char *err, size_
             mat->data = q;
             mat->dtype = dt;
             mat->bscale = sc;
-            q += ((nq + 63) & ~(size_t)63) + ((ns * 2 + 63) & ~(size_t)63);
+            q += cg_qarena_bytes(nq, ns);
             m->weight_bytes += nq + ns * 2;
             continue;
         }

@@ -3,6 +3,9 @@
 #ifndef CG_MODEL_IMPL_H
 #define CG_MODEL_IMPL_H
 
+#include <stdint.h>
+
+#include "base/base.h"
 #include "worker/model/gguf.h"
 #include "worker/model/matmul.h"
 #include "worker/model/model.h"
@@ -52,6 +55,25 @@ void cg_model_add_eos(cg_model_config *c, int64_t id);
 /* After the tokenizer is open, from whatever files: its EOS joins the stop ids, and its BOS is
  * the model's when the config names none. */
 void cg_model_take_tokenizer_ids(cg_model_config *c, const cg_tokenizer *t);
+
+/* n rounded up to a multiple of 64 (a cache line, the kernels' widest load). */
+static inline size_t cg_round64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+/* A fresh allocation (cg_malloc) with n bytes at a 64-byte aligned address, which it returns;
+ * *raw gets the pointer to free. */
+static inline void *cg_alloc64(void **raw, size_t n)
+{
+    *raw = cg_malloc(n + 64);
+    return (void *)(((uintptr_t)*raw + 63) & ~(uintptr_t)63);
+}
+/* What a quantised matrix takes in m->qarena: its nq bytes of blocks, then its ns f16 block
+ * scales, each 64-byte aligned. */
+static inline size_t cg_qarena_bytes(size_t nq, size_t ns)
+{
+    return cg_round64(nq) + cg_round64(ns * 2);
+}
 
 /* ---- GGUF checkpoints (model_gguf.c) ---- */
 
