@@ -158,18 +158,26 @@ static char *dup_str(const uint8_t *s)
     return cg_strndup((const char *)s + 8, (size_t)n);
 }
 
-static bool read_kv(cur *c, cg_gguf_kv *kv)
+/* Reads a name (what: "a metadata key", "a tensor name") into *out, a copy that the caller
+ * frees even on failure; fails when it is empty or holds a NUL byte. Later errors name it. */
+static bool read_name(cur *c, const char *what, const char **out)
 {
-    const uint8_t *ks;
-    uint64_t klen;
-    c->what = "a metadata key";
-    if (!rd_str(c, &ks, &klen)) return false;
-    kv->key = dup_str(ks);
-    if (strlen(kv->key) != klen || !klen) {
-        cg_seterr(c->err, c->errlen, "GGUF: a metadata key is empty or holds a NUL byte");
+    const uint8_t *s;
+    uint64_t len;
+    c->what = what;
+    if (!rd_str(c, &s, &len)) return false;
+    *out = dup_str(s);
+    if (strlen(*out) != len || !len) {
+        cg_seterr(c->err, c->errlen, "GGUF: %s is empty or holds a NUL byte", what);
         return false;
     }
-    c->what = kv->key;
+    c->what = *out;
+    return true;
+}
+
+static bool read_kv(cur *c, cg_gguf_kv *kv)
+{
+    if (!read_name(c, "a metadata key", &kv->key)) return false;
     uint32_t type;
     if (!rd_u32(c, &type)) return false;
     kv->type = (cg_gguf_vtype)type;
@@ -225,16 +233,7 @@ static bool read_kv(cur *c, cg_gguf_kv *kv)
 
 static bool read_tensor_info(cur *c, cg_gguf_tensor *t, uint64_t *offset)
 {
-    const uint8_t *ns;
-    uint64_t nlen;
-    c->what = "a tensor name";
-    if (!rd_str(c, &ns, &nlen)) return false;
-    t->name = dup_str(ns);
-    if (strlen(t->name) != nlen || !nlen) {
-        cg_seterr(c->err, c->errlen, "GGUF: a tensor name is empty or holds a NUL byte");
-        return false;
-    }
-    c->what = t->name;
+    if (!read_name(c, "a tensor name", &t->name)) return false;
     uint32_t nd;
     if (!rd_u32(c, &nd)) return false;
     if (nd < 1 || nd > CG_GGUF_MAX_DIMS) {
@@ -450,6 +449,15 @@ const cg_gguf_kv *cg_gguf_find(const cg_gguf *g, const char *key)
     return bsearch(&k, g->kv, g->n_kv, sizeof *g->kv, by_key);
 }
 
+/* n (at most 8) little-endian bytes at p, zero-extended (this file builds only on
+ * little-endian hosts). */
+static uint64_t load_le(const uint8_t *p, size_t n)
+{
+    uint64_t v = 0;
+    memcpy(&v, p, n);
+    return v;
+}
+
 static int64_t scalar_int(cg_gguf_vtype t, const uint8_t *p, int *ok)
 {
     *ok = 1;
@@ -459,37 +467,19 @@ static int64_t scalar_int(cg_gguf_vtype t, const uint8_t *p, int *ok)
         return *p;
     case CG_GGUF_I8:
         return (int8_t)*p;
-    case CG_GGUF_U16: {
-        uint16_t v;
-        memcpy(&v, p, 2);
-        return v;
-    }
-    case CG_GGUF_I16: {
-        int16_t v;
-        memcpy(&v, p, 2);
-        return v;
-    }
-    case CG_GGUF_U32: {
-        uint32_t v;
-        memcpy(&v, p, 4);
-        return v;
-    }
-    case CG_GGUF_I32: {
-        int32_t v;
-        memcpy(&v, p, 4);
-        return v;
-    }
-    case CG_GGUF_U64: {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        if (v > INT64_MAX) break;
-        return (int64_t)v;
-    }
-    case CG_GGUF_I64: {
-        int64_t v;
-        memcpy(&v, p, 8);
-        return v;
-    }
+    case CG_GGUF_U16:
+        return (uint16_t)load_le(p, 2);
+    case CG_GGUF_I16:
+        return (int16_t)load_le(p, 2);
+    case CG_GGUF_U32:
+        return (uint32_t)load_le(p, 4);
+    case CG_GGUF_I32:
+        return (int32_t)load_le(p, 4);
+    case CG_GGUF_U64:
+        if (load_le(p, 8) > INT64_MAX) break;
+        return (int64_t)load_le(p, 8);
+    case CG_GGUF_I64:
+        return (int64_t)load_le(p, 8);
     default:
         break;
     }
