@@ -16,15 +16,9 @@
 
 const char *cg_role_name(cg_role r)
 {
-    switch (r) {
-    case CG_ROLE_SYSTEM:
-        return "system";
-    case CG_ROLE_CHUNK:
-        return "chunk";
-    case CG_ROLE_QUESTION:
-        return "question";
-    }
-    return "unknown";
+    static const char *const names[] = {
+        [CG_ROLE_SYSTEM] = "system", [CG_ROLE_CHUNK] = "chunk", [CG_ROLE_QUESTION] = "question"};
+    return (unsigned)r < CG_ARRAY_LEN(names) ? names[r] : "unknown";
 }
 
 cg_split_params cg_split_default_params(void)

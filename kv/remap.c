@@ -29,13 +29,9 @@ static inline void store4(float *p, v4f v)
 
 const char *cg_rope_style_name(cg_rope_style s)
 {
-    switch (s) {
-    case CG_ROPE_HALF:
-        return "half";
-    case CG_ROPE_INTERLEAVED:
-        return "interleaved";
-    }
-    return "unknown";
+    static const char *const names[] = {
+        [CG_ROPE_HALF] = "half", [CG_ROPE_INTERLEAVED] = "interleaved"};
+    return (unsigned)s < CG_ARRAY_LEN(names) ? names[s] : "unknown";
 }
 
 /* Rotation table, also the public cg_remap_table. HALF: c/s hold d/2 entries.

@@ -45,16 +45,9 @@ static const struct {
 
 const char *cg_st_dtype_name(cg_st_dtype d)
 {
-    switch (d) {
-    case CG_ST_F32:
-        return "F32";
-    case CG_ST_F16:
-        return "F16";
-    case CG_ST_BF16:
-        return "BF16";
-    default:
-        return "OTHER";
-    }
+    static const char *const names[] = {
+        [CG_ST_F32] = "F32", [CG_ST_F16] = "F16", [CG_ST_BF16] = "BF16"};
+    return (unsigned)d < CG_ARRAY_LEN(names) ? names[d] : "OTHER";
 }
 
 int cg_st_dtype_parse(const char *s, cg_st_dtype *out)
