@@ -363,6 +363,12 @@ int cgt_from_json(ctx *c, const json_t *j, val *out, unsigned depth)
     return TERR(c, NULL, "unsupported JSON value");
 }
 
+/* JSON.stringify's two-character escapes, by byte; other control bytes take \u00XX. */
+static const char *const short_escape[] = {
+    ['"'] = "\\\"", ['\\'] = "\\\\", ['\b'] = "\\b", ['\f'] = "\\f",
+    ['\n'] = "\\n", ['\r'] = "\\r",  ['\t'] = "\\t",
+};
+
 /* JSON.stringify of a string, then @huggingface/jinja's ensure_ascii rewrite. */
 static int json_str(ctx *c, const node *at, sbuf *b, const char *p, size_t n, bool ascii)
 {
@@ -374,20 +380,8 @@ static int json_str(ctx *c, const node *at, sbuf *b, const char *p, size_t n, bo
         const char *esc = NULL;
         char tmp[16];
         size_t l = 1;
-        if (ch == '"')
-            esc = "\\\"";
-        else if (ch == '\\')
-            esc = "\\\\";
-        else if (ch == '\b')
-            esc = "\\b";
-        else if (ch == '\f')
-            esc = "\\f";
-        else if (ch == '\n')
-            esc = "\\n";
-        else if (ch == '\r')
-            esc = "\\r";
-        else if (ch == '\t')
-            esc = "\\t";
+        if (ch < CG_ARRAY_LEN(short_escape) && short_escape[ch])
+            esc = short_escape[ch];
         else if (ch < 0x20) {
             snprintf(tmp, sizeof tmp, "\\u%04x", ch);
             esc = tmp;
