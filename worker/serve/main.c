@@ -446,6 +446,27 @@ static const char *events_url(const serve_cfg *c)
     return c->remote[0] ? c->remote : NULL;
 }
 
+/* The Redis password of --remote and --events (--remote-password-file, else the environment
+ * variable) into *out, NULL when there is none; give it back with drop_password. -1, logged
+ * under opt, when it cannot be read. */
+static int load_password(const serve_cfg *c, const char *opt, char **out)
+{
+    char err[ERRLEN];
+    cg_status st = cg_remote_load_password(
+        c->remote_password_file[0] ? c->remote_password_file : NULL, out, err, sizeof err);
+    if (st == CG_OK) return 0;
+    cg_log(CG_LOG_ERROR, "%s: %s", opt, err);
+    return -1;
+}
+
+/* Wipes and frees a password from load_password; NULL is a no-op. */
+static void drop_password(char *password)
+{
+    if (!password) return;
+    memset(password, 0, strlen(password));
+    free(password);
+}
+
 /* Opens the chunk event publisher (--events), when events are on; it starts publishing once
  * the worker listens (start_events). */
 static int open_events(const serve_cfg *c, parts *w)
@@ -454,13 +475,8 @@ static int open_events(const serve_cfg *c, parts *w)
     cg_api_random_hex(w->instance, 16);
     const char *url = events_url(c);
     if (!url) return 0;
-    char *password = NULL;
-    cg_status st = cg_remote_load_password(
-        c->remote_password_file[0] ? c->remote_password_file : NULL, &password, err, sizeof err);
-    if (st != CG_OK) {
-        cg_log(CG_LOG_ERROR, "--events: %s", err);
-        return -1;
-    }
+    char *password;
+    if (load_password(c, "--events", &password) != 0) return -1;
     cg_events_params p = cg_events_default_params();
     p.url = url;
     p.password = password;
@@ -469,8 +485,8 @@ static int open_events(const serve_cfg *c, parts *w)
     p.queue_max = (size_t)c->events_queue;
     p.epoch = w->instance;
     p.timeout_ms = (int)c->remote_timeout_ms;
-    st = cg_events_open(p, &w->events, err, sizeof err);
-    free(password);
+    cg_status st = cg_events_open(p, &w->events, err, sizeof err);
+    drop_password(password);
     if (st != CG_OK) {
         cg_log(CG_LOG_ERROR, "--events %s: %s", url, err);
         return -1;
@@ -511,13 +527,8 @@ static int open_remote(const serve_cfg *c, parts *w)
 {
     if (!c->remote[0]) return 0;
     char err[ERRLEN];
-    char *password = NULL;
-    cg_status st = cg_remote_load_password(
-        c->remote_password_file[0] ? c->remote_password_file : NULL, &password, err, sizeof err);
-    if (st != CG_OK) {
-        cg_log(CG_LOG_ERROR, "--remote: %s", err);
-        return -1;
-    }
+    char *password;
+    if (load_password(c, "--remote", &password) != 0) return -1;
     cg_remote_params rp = cg_remote_default_params();
     rp.url = c->remote;
     rp.password = password;
@@ -530,11 +541,8 @@ static int open_remote(const serve_cfg *c, parts *w)
         rp.on_written = cg_tiers_remote_written;
         rp.on_written_ud = w->events;
     }
-    st = cg_remote_open(rp, &w->remote, err, sizeof err);
-    if (password) {
-        memset(password, 0, strlen(password));
-        free(password);
-    }
+    cg_status st = cg_remote_open(rp, &w->remote, err, sizeof err);
+    drop_password(password);
     if (st != CG_OK) {
         cg_log(CG_LOG_ERROR, "--remote %s: %s", c->remote, err);
         return -1;
