@@ -1190,6 +1190,17 @@ static cg_status read_end(rconn *c, cg_status st)
     return st;
 }
 
+/* Steps s, a query for at most one row: CG_OK with the row to read, CG_E_NOT_FOUND when there
+ * is none, CG_E_IO (logged as what) on an error. The caller resets s. */
+static cg_status step_row(rconn *c, sqlite3_stmt *s, const char *what)
+{
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) return CG_OK;
+    if (rc == SQLITE_DONE) return CG_E_NOT_FOUND;
+    cg_db_log(DB_MODULE, c->db, what);
+    return CG_E_IO;
+}
+
 static void fill_placement(sqlite3_stmt *s, int col, cg_index_placement *p)
 {
     p->worker_id = sqlite3_column_int64(s, col);
@@ -1281,19 +1292,13 @@ cg_status cg_index_stream_pos_get(cg_index *ix, const char *stream, char *out, s
     rconn *c = pool_get(ix);
     sqlite3_stmt *s = c->s[R_STREAM_POS];
     sqlite3_bind_text(s, 1, stream, -1, SQLITE_STATIC);
-    int rc = sqlite3_step(s);
-    cg_status st = CG_OK;
-    if (rc == SQLITE_ROW) {
+    cg_status st = step_row(c, s, "stream position");
+    if (st == CG_OK) {
         const char *v = (const char *)sqlite3_column_text(s, 0);
         if (!v || strlen(v) >= cap)
             st = CG_E_VALUE;
         else
             memcpy(out, v, strlen(v) + 1);
-    } else if (rc == SQLITE_DONE) {
-        st = CG_E_NOT_FOUND;
-    } else {
-        cg_db_log(DB_MODULE, c->db, "stream position");
-        st = CG_E_IO;
     }
     sqlite3_reset(s);
     sqlite3_clear_bindings(s);
@@ -1308,16 +1313,8 @@ cg_status cg_index_worker_get_by_url(cg_index *ix, const char *url, cg_index_wor
     rconn *c = pool_get(ix);
     sqlite3_stmt *s = c->s[R_WORKER_BY_URL];
     sqlite3_bind_text(s, 1, url, -1, SQLITE_STATIC);
-    int rc = sqlite3_step(s);
-    cg_status st = CG_OK;
-    if (rc == SQLITE_ROW) {
-        fill_worker(s, out);
-    } else if (rc == SQLITE_DONE) {
-        st = CG_E_NOT_FOUND;
-    } else {
-        cg_db_log(DB_MODULE, c->db, "worker by url");
-        st = CG_E_IO;
-    }
+    cg_status st = step_row(c, s, "worker by url");
+    if (st == CG_OK) fill_worker(s, out);
     sqlite3_reset(s);
     sqlite3_clear_bindings(s);
     pool_put(ix, c);
@@ -1405,15 +1402,8 @@ cg_status cg_index_chunk_get(cg_index *ix, const cg_key *key, cg_index_chunk *ou
     if (st == CG_OK) {
         sqlite3_stmt *s = c->s[R_CHUNK_GET];
         cg_db_bind_key(s, 1, key);
-        int rc = sqlite3_step(s);
-        if (rc == SQLITE_ROW) {
-            st = fill_chunk(c, s, out);
-        } else if (rc == SQLITE_DONE) {
-            st = CG_E_NOT_FOUND;
-        } else {
-            cg_db_log(DB_MODULE, c->db, "chunk get");
-            st = CG_E_IO;
-        }
+        st = step_row(c, s, "chunk get");
+        if (st == CG_OK) st = fill_chunk(c, s, out);
         sqlite3_reset(s);
         sqlite3_clear_bindings(s);
     }
