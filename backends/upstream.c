@@ -15,6 +15,7 @@
 
 #define EASY_SPARE 256
 #include "base/base.h"
+#include "base/list.h"
 
 struct cg_upstream_xfer {
     cg_upstream *c;
@@ -34,15 +35,15 @@ struct cg_upstream_xfer {
     char abort_detail[160];
     int queued; /* in c->attn */
     cg_upstream_xfer *next_attn;
-    cg_upstream_xfer *next_pending;
+    cg_link pending_link; /* c->pending */
 
     /* Multi thread only. */
     int paused;
     int head_done;
-    int cb_abort;                  /* a callback returned CG_UPSTREAM_ABORT */
-    uint64_t idle_ns;              /* longest silence allowed */
-    uint64_t last_ns;              /* last byte from the backend (or start, or resume) */
-    cg_upstream_xfer *prev, *next; /* active list */
+    int cb_abort;     /* a callback returned CG_UPSTREAM_ABORT */
+    uint64_t idle_ns; /* longest silence allowed */
+    uint64_t last_ns; /* last byte from the backend (or start, or resume) */
+    cg_link link;     /* c->active */
 };
 
 struct cg_upstream {
@@ -56,13 +57,13 @@ struct cg_upstream {
     uint64_t timer_ns; /* curl's next timeout (monotonic ns); 0 = none */
     pthread_t thread;
     pthread_mutex_t mu;
-    pthread_cond_t cv;                        /* a transfer ended (for drain) */
-    cg_upstream_xfer *pending, *pending_tail; /* submitted, not yet added to multi */
-    cg_upstream_xfer *attn;                   /* resume/cancel/abort requests */
+    pthread_cond_t cv;      /* a transfer ended (for drain) */
+    cg_list pending;        /* submitted, not yet added to multi */
+    cg_upstream_xfer *attn; /* resume/cancel/abort requests */
     size_t in_flight;
     int stopping;
-    int joined;               /* cg_upstream_shutdown has run (or is running) */
-    cg_upstream_xfer *active; /* multi thread only */
+    int joined;     /* cg_upstream_shutdown has run (or is running) */
+    cg_list active; /* multi thread only */
     /* Easy handles of finished transfers, reset and kept for the next ones: a new handle is
      * a few KiB to allocate and clear, and then to free, on every request. Under mu. */
     CURL *spare[EASY_SPARE];
@@ -249,23 +250,13 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *ud)
 
 /* ---------------------------------------------------------------- multi thread */
 
-static void active_unlink(cg_upstream *c, cg_upstream_xfer *x)
-{
-    if (x->prev)
-        x->prev->next = x->next;
-    else
-        c->active = x->next;
-    if (x->next) x->next->prev = x->prev;
-    x->prev = x->next = NULL;
-}
-
 /* Ends x: removes it from curl and the lists, calls on_done, drops the client's reference. */
 static void finish(cg_upstream *c, cg_upstream_xfer *x, cg_status st, const char *detail)
 {
     long status = 0;
     curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &status);
     curl_multi_remove_handle(c->multi, x->easy);
-    active_unlink(c, x);
+    cg_list_remove(&c->active, &x->link);
     pthread_mutex_lock(&c->mu);
     x->done = 1;
     if (x->queued) { /* drop a request that will never be served */
@@ -344,8 +335,9 @@ static void serve_requests(cg_upstream *c, cg_upstream_xfer *list)
 /* Idle timeouts, and transfers whose consumer no longer wants them (handlers.gone). */
 static void check_idle(cg_upstream *c, uint64_t now)
 {
-    for (cg_upstream_xfer *x = c->active, *next; x; x = next) {
-        next = x->next;
+    for (cg_link *k = c->active.head, *next; k; k = next) {
+        next = k->next;
+        cg_upstream_xfer *x = CG_LIST_ENTRY(k, cg_upstream_xfer, link);
         if (x->h.gone && x->h.gone(x->arg)) {
             finish(c, x, CG_E_UNAVAILABLE, "cancelled");
             continue;
@@ -446,25 +438,24 @@ static void *multi_main(void *arg)
     for (;;) {
         /* 1. New transfers and requests from other threads. */
         pthread_mutex_lock(&c->mu);
-        cg_upstream_xfer *pend = c->pending, *attn = c->attn;
-        c->pending = c->pending_tail = NULL;
+        cg_list pend = c->pending;
+        cg_upstream_xfer *attn = c->attn;
+        c->pending = (cg_list){0};
         c->attn = NULL;
         int stopping = c->stopping;
         pthread_mutex_unlock(&c->mu);
         uint64_t now = cg_now_ns();
-        while (pend) {
-            cg_upstream_xfer *x = pend;
-            pend = x->next_pending;
+        for (cg_link *k; (k = cg_list_pop_front(&pend));) {
+            cg_upstream_xfer *x = CG_LIST_ENTRY(k, cg_upstream_xfer, pending_link);
             x->last_ns = now;
-            x->next = c->active;
-            if (c->active) c->active->prev = x;
-            c->active = x;
+            cg_list_push_back(&c->active, &x->link);
             curl_multi_add_handle(c->multi, x->easy); /* sets a 0 ms timer: starts below */
         }
         serve_requests(c, attn);
         if (stopping) {
-            while (c->active)
-                finish(c, c->active, CG_E_UNAVAILABLE, "gateway is stopping");
+            while (!cg_list_empty(&c->active))
+                finish(c, CG_LIST_ENTRY(c->active.head, cg_upstream_xfer, link), CG_E_UNAVAILABLE,
+                       "gateway is stopping");
             break;
         }
 
@@ -483,7 +474,7 @@ static void *multi_main(void *arg)
         }
 
         /* 3. Wait for sockets, the timer or a wakeup. */
-        long wait_ms = c->active ? 100 : 1000;
+        long wait_ms = cg_list_empty(&c->active) ? 1000 : 100;
         if (c->timer_ns) {
             now = cg_now_ns();
             long t = c->timer_ns <= now ? 0 : (long)((c->timer_ns - now + 999999) / 1000000);
@@ -493,7 +484,7 @@ static void *multi_main(void *arg)
          * the queue is looked at under mu after the flag is set). */
         __atomic_store_n(&c->sleeping, 1, __ATOMIC_SEQ_CST);
         pthread_mutex_lock(&c->mu);
-        if (c->pending || c->attn || c->stopping) wait_ms = 0;
+        if (!cg_list_empty(&c->pending) || c->attn || c->stopping) wait_ms = 0;
         pthread_mutex_unlock(&c->mu);
         int n = epoll_wait(c->epfd, evs, (int)CG_ARRAY_LEN(evs), (int)wait_ms);
         __atomic_store_n(&c->sleeping, 0, __ATOMIC_SEQ_CST);
@@ -739,11 +730,7 @@ cg_status cg_upstream_submit_req(cg_upstream *c, const cg_upstream_req *r,
         return CG_E_UNAVAILABLE;
     }
     c->in_flight++;
-    if (c->pending_tail)
-        c->pending_tail->next_pending = x;
-    else
-        c->pending = x;
-    c->pending_tail = x;
+    cg_list_push_back(&c->pending, &x->pending_link);
     pthread_mutex_unlock(&c->mu);
     wake(c);
     return CG_OK;

@@ -19,6 +19,7 @@
 #include <microhttpd.h>
 #include "base/http_frame.h"
 #include "base/http_guard.h"
+#include "base/list.h"
 
 #if MHD_VERSION >= 0x00097002
 #define CG_MHD_RESULT enum MHD_Result
@@ -43,11 +44,11 @@
 
 /* One client connection (MHD's socket context), from accept to close: the connection limit
  * counts these, the deadline thread watches them, and the framing check keeps its state here.
- * The fields after `next` belong to the connection's MHD thread. */
+ * The fields after `link` belong to the connection's MHD thread. */
 typedef struct conn_state {
     int fd;
     uint64_t waiting_since_ns; /* waiting for a request since; 0 = a request is being handled */
-    struct conn_state *prev, *next;
+    cg_link link;              /* srv->conns (conn_mu) */
     cg_http_server *srv;
     cg_http_frame *frame; /* NULL: framing left to libmicrohttpd (no_framing_check) */
     uint64_t begun, done; /* requests the library started and finished on it */
@@ -90,7 +91,7 @@ struct cg_stream {
     void *notify_arg;
     struct MHD_Connection *conn;
     cg_http_server *srv;
-    cg_stream *prev, *next; /* server's list of live streams */
+    cg_link link; /* srv->streams, the server's live streams (srv->mu) */
 };
 
 struct cg_http_req {
@@ -115,15 +116,15 @@ struct cg_http_req {
     /* While parked, the request is on the server's waiting list (srv->mu), where the heartbeat
      * looks for clients that left: MHD cannot see them while the connection is suspended. */
     int waiting;
-    int gone;     /* atomic: the client left before the reply */
-    char *bearer; /* the bearer token, trimmed (cg_http_req_bearer), or NULL */
-    cg_http_req *wprev, *wnext;
+    int gone;          /* atomic: the client left before the reply */
+    char *bearer;      /* the bearer token, trimmed (cg_http_req_bearer), or NULL */
+    cg_link wait_link; /* srv->waiting (srv->mu) */
     struct MHD_Response *resp;
     int resp_status;
     hdr *headers;
     cg_stream *stream;
     void *data;
-    cg_http_req *next_job;
+    cg_link job_link; /* srv->jobs (srv->mu) */
 };
 
 struct cg_http_server {
@@ -135,20 +136,20 @@ struct cg_http_server {
                                time (a broadcast woke every idle job thread per request) */
     pthread_cond_t hb_cv;   /* the heartbeat thread's timer / stopping */
     pthread_cond_t idle_cv; /* a job finished */
-    cg_http_req *job_head, *job_tail;
+    cg_list jobs;           /* cg_http_req by job_link, oldest first */
     unsigned jobs_running;
     pthread_t *job_threads;
     pthread_t hb_thread;
     int stopping;
     int quiesced;
-    cg_stream *streams;
-    cg_http_req *waiting; /* parked requests without a reply yet (mu) */
+    cg_list streams;
+    cg_list waiting; /* parked requests without a reply yet (mu) */
     unsigned long long rid_seq;
 
     /* Connections: the limit, the request deadline and their counters. */
     pthread_mutex_t conn_mu;
-    pthread_cond_t conn_cv; /* wakes the deadline thread at stop */
-    conn_state *conns;
+    pthread_cond_t conn_cv;    /* wakes the deadline thread at stop */
+    cg_list conns;             /* conn_state by link */
     size_t n_conns, n_pending; /* open; admitted by the accept policy, not yet started */
     uint64_t accepted, refused, timed_out, headers_too_large, malformed, lingered;
     pthread_t deadline_thread;
@@ -444,12 +445,7 @@ static void unwait_locked(cg_http_server *srv, cg_http_req *r)
 {
     if (!r->waiting) return;
     r->waiting = 0;
-    if (r->wprev)
-        r->wprev->wnext = r->wnext;
-    else
-        srv->waiting = r->wnext;
-    if (r->wnext) r->wnext->wprev = r->wprev;
-    r->wprev = r->wnext = NULL;
+    cg_list_remove(&srv->waiting, &r->wait_link);
 }
 
 int cg_http_req_gone(const cg_http_req *r)
@@ -473,7 +469,8 @@ static void *heartbeat_main(void *arg)
         uint64_t now = cg_now_ns();
         if (now - last_poke + 1000000ull >= (uint64_t)srv->p.heartbeat_ms * 1000000ull) {
             last_poke = now;
-            for (cg_stream *s = srv->streams; s; s = s->next) {
+            for (cg_link *k = srv->streams.head; k; k = k->next) {
+                cg_stream *s = CG_LIST_ENTRY(k, cg_stream, link);
                 pthread_mutex_lock(&s->mu);
                 if (s->suspended) {
                     s->poked = 1;
@@ -482,9 +479,11 @@ static void *heartbeat_main(void *arg)
                 pthread_mutex_unlock(&s->mu);
             }
         }
-        for (cg_http_req *r = srv->waiting; r; r = r->wnext)
+        for (cg_link *k = srv->waiting.head; k; k = k->next) {
+            cg_http_req *r = CG_LIST_ENTRY(k, cg_http_req, wait_link);
             if (!__atomic_load_n(&r->gone, __ATOMIC_RELAXED) && client_left(r))
                 __atomic_store_n(&r->gone, 1, __ATOMIC_RELAXED);
+        }
     }
     pthread_mutex_unlock(&srv->mu);
     return NULL;
@@ -718,9 +717,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         if (srv->n_pending) srv->n_pending--;
         srv->n_conns++;
         srv->accepted++;
-        cs->next = srv->conns;
-        if (srv->conns) srv->conns->prev = cs;
-        srv->conns = cs;
+        cg_list_push_back(&srv->conns, &cs->link);
         pthread_mutex_unlock(&srv->conn_mu);
         *socket_context = cs;
         return;
@@ -733,11 +730,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     /* MHD closes the socket after this returns; unlinking under conn_mu means the deadline
      * thread never shuts down a descriptor that may already belong to someone else. */
     pthread_mutex_lock(&srv->conn_mu);
-    if (cs->prev)
-        cs->prev->next = cs->next;
-    else
-        srv->conns = cs->next;
-    if (cs->next) cs->next->prev = cs->prev;
+    cg_list_remove(&srv->conns, &cs->link);
     srv->n_conns--;
     pthread_mutex_unlock(&srv->conn_mu);
     cg_http_frame_free(&cs->frame);
@@ -781,7 +774,8 @@ static void *deadline_main(void *arg)
         pthread_mutex_lock(&srv->conn_mu);
         if (srv->deadline_stop) break;
         uint64_t now = cg_now_ns();
-        for (conn_state *cs = srv->conns; cs; cs = cs->next) {
+        for (cg_link *k = srv->conns.head; k; k = k->next) {
+            conn_state *cs = CG_LIST_ENTRY(k, conn_state, link);
             if (!cs->waiting_since_ns || now - cs->waiting_since_ns < limit || cs->fd < 0) continue;
             cs->waiting_since_ns = 0; /* once */
             srv->timed_out++;
@@ -1017,9 +1011,7 @@ void cg_http_reply_stream(cg_http_req *r, int status, const char *content_type, 
     pthread_mutex_unlock(&s->mu);
     r->stream = cg_stream_ref(s);
     pthread_mutex_lock(&srv->mu);
-    s->next = srv->streams;
-    if (srv->streams) srv->streams->prev = s;
-    srv->streams = s;
+    cg_list_push_back(&srv->streams, &s->link);
     pthread_mutex_unlock(&srv->mu);
     set_response(r, status, resp);
 }
@@ -1273,12 +1265,7 @@ static void early_reply(cg_http_req *r)
 static void enqueue_job(cg_http_server *srv, cg_http_req *r)
 {
     pthread_mutex_lock(&srv->mu);
-    r->next_job = NULL;
-    if (srv->job_tail)
-        srv->job_tail->next_job = r;
-    else
-        srv->job_head = r;
-    srv->job_tail = r;
+    cg_list_push_back(&srv->jobs, &r->job_link);
     pthread_cond_signal(&srv->cv);
     pthread_mutex_unlock(&srv->mu);
 }
@@ -1288,12 +1275,11 @@ static void *job_main(void *arg)
     cg_http_server *srv = arg;
     pthread_mutex_lock(&srv->mu);
     for (;;) {
-        while (!srv->job_head && !srv->stopping)
+        while (cg_list_empty(&srv->jobs) && !srv->stopping)
             pthread_cond_wait(&srv->cv, &srv->mu);
-        cg_http_req *r = srv->job_head;
-        if (!r) break; /* stopping and drained */
-        srv->job_head = r->next_job;
-        if (!srv->job_head) srv->job_tail = NULL;
+        cg_link *k = cg_list_pop_front(&srv->jobs);
+        if (!k) break; /* stopping and drained */
+        cg_http_req *r = CG_LIST_ENTRY(k, cg_http_req, job_link);
         srv->jobs_running++;
         pthread_mutex_unlock(&srv->mu);
 
@@ -1384,10 +1370,7 @@ static CG_MHD_RESULT on_access(void *cls, struct MHD_Connection *conn, const cha
     r->suspended = 1;
     pthread_mutex_lock(&srv->mu);
     r->waiting = 1;
-    r->wprev = NULL;
-    r->wnext = srv->waiting;
-    if (srv->waiting) srv->waiting->wprev = r;
-    srv->waiting = r;
+    cg_list_push_back(&srv->waiting, &r->wait_link);
     pthread_mutex_unlock(&srv->mu);
     MHD_suspend_connection(conn);
     cg_http_fast_handler fast = srv->p.fast ? srv->p.fast[r->route - srv->p.routes] : NULL;
@@ -1421,12 +1404,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     cg_stream *s = r->stream;
     if (s) {
         pthread_mutex_lock(&srv->mu);
-        if (s->prev)
-            s->prev->next = s->next;
-        else if (srv->streams == s)
-            srv->streams = s->next;
-        if (s->next) s->next->prev = s->prev;
-        s->prev = s->next = NULL;
+        cg_list_remove(&srv->streams, &s->link);
         pthread_mutex_unlock(&srv->mu);
         pthread_mutex_lock(&s->mu);
         s->conn = NULL;
@@ -1624,7 +1602,8 @@ void cg_http_close(cg_http_server **sp)
     for (int round = 0; round < 50; round++) {
         int live = 0;
         pthread_mutex_lock(&srv->mu);
-        for (cg_stream *s = srv->streams; s; s = s->next) {
+        for (cg_link *k = srv->streams.head; k; k = k->next) {
+            cg_stream *s = CG_LIST_ENTRY(k, cg_stream, link);
             pthread_mutex_lock(&s->mu);
             stream_gone_locked(s);
             stream_wake_locked(s);
