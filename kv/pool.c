@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/list.h"
 
 struct cg_pool_chunk {
     cg_key key;
@@ -16,10 +17,10 @@ struct cg_pool_chunk {
     int published; /* data complete, visible to lookups */
     int detached;  /* removed from the index; freed at the last release */
     uint64_t last_used;
-    /* LRU list: exactly the published, indexed chunks with refs == 0 (head = oldest). */
-    cg_pool_chunk *lru_prev, *lru_next;
-    cg_pool_chunk *hnext;               /* index bucket chain */
-    cg_pool_chunk *all_prev, *all_next; /* every live chunk, for cg_pool_check */
+    /* p->lru: exactly the published, indexed chunks with refs == 0 (head = oldest). */
+    cg_link lru_link;
+    cg_pool_chunk *hnext; /* index bucket chain */
+    cg_link all_link;     /* p->all: every live chunk, for cg_pool_check */
 };
 
 struct cg_pool {
@@ -32,9 +33,9 @@ struct cg_pool {
     uint32_t *block_refs; /* owners per block: 0 free, 1 owned by one chunk */
     cg_pool_chunk **buckets;
     size_t n_buckets, n_indexed;
-    cg_pool_chunk *lru_head, *lru_tail;
+    cg_list lru;       /* cg_pool_chunk by lru_link */
     size_t lru_blocks; /* blocks an eviction of the whole LRU list would free */
-    cg_pool_chunk *all;
+    cg_list all;       /* cg_pool_chunk by all_link */
     size_t n_chunks, n_referenced;
     uint64_t evictions, inserts, hits, misses, full;
     pthread_mutex_t mu;
@@ -90,11 +91,7 @@ static void chunk_free(cg_pool *p, cg_pool_chunk *c)
         assert(p->block_refs[b] > 0);
         if (--p->block_refs[b] == 0) p->free_stack[p->n_free++] = b;
     }
-    if (c->all_prev)
-        c->all_prev->all_next = c->all_next;
-    else
-        p->all = c->all_next;
-    if (c->all_next) c->all_next->all_prev = c->all_prev;
+    cg_list_remove(&p->all, &c->all_link);
     p->n_chunks--;
     free(c->blocks);
     free(c);
@@ -104,8 +101,8 @@ void cg_pool_close(cg_pool **pp)
 {
     cg_pool *p = *pp;
     if (!p) return;
-    while (p->all)
-        chunk_free(p, p->all);
+    while (!cg_list_empty(&p->all))
+        chunk_free(p, CG_LIST_ENTRY(p->all.head, cg_pool_chunk, all_link));
     pthread_mutex_destroy(&p->mu);
     free(p->buckets);
     free(p->block_refs);
@@ -179,27 +176,13 @@ static void index_del(cg_pool *p, cg_pool_chunk *c)
 
 static void lru_push(cg_pool *p, cg_pool_chunk *c)
 {
-    c->lru_next = NULL;
-    c->lru_prev = p->lru_tail;
-    if (p->lru_tail)
-        p->lru_tail->lru_next = c;
-    else
-        p->lru_head = c;
-    p->lru_tail = c;
+    cg_list_push_back(&p->lru, &c->lru_link);
     p->lru_blocks += c->n_blocks;
 }
 
 static void lru_unlink(cg_pool *p, cg_pool_chunk *c)
 {
-    if (c->lru_prev)
-        c->lru_prev->lru_next = c->lru_next;
-    else
-        p->lru_head = c->lru_next;
-    if (c->lru_next)
-        c->lru_next->lru_prev = c->lru_prev;
-    else
-        p->lru_tail = c->lru_prev;
-    c->lru_prev = c->lru_next = NULL;
+    cg_list_remove(&p->lru, &c->lru_link);
     p->lru_blocks -= c->n_blocks;
 }
 
@@ -216,8 +199,9 @@ void cg_pool_evictions_add(cg_pool_evictions *e, const cg_key *k)
 /* Evicts the least recently used unreferenced chunk. Lock held. */
 static void evict_one(cg_pool *p, cg_pool_evictions *evicted)
 {
-    cg_pool_chunk *c = p->lru_head;
-    assert(c && c->refs == 0 && c->published && !c->detached);
+    assert(!cg_list_empty(&p->lru));
+    cg_pool_chunk *c = CG_LIST_ENTRY(p->lru.head, cg_pool_chunk, lru_link);
+    assert(c->refs == 0 && c->published && !c->detached);
     /* The callback sees the data before the blocks go back to the free list. */
     if (p->params.on_evict) p->params.on_evict(p->params.on_evict_ud, &c->key, c);
     if (evicted) cg_pool_evictions_add(evicted, &c->key);
@@ -261,9 +245,7 @@ cg_status cg_pool_insert(cg_pool *p, const cg_key *key, uint32_t n_tokens, uint6
     }
     c->refs = 1;
     c->last_used = now;
-    c->all_next = p->all;
-    if (p->all) p->all->all_prev = c;
-    p->all = c;
+    cg_list_push_back(&p->all, &c->all_link);
     p->n_chunks++;
     p->n_referenced++;
     p->inserts++;
@@ -519,7 +501,8 @@ cg_status cg_pool_check(cg_pool *p)
         owners[b] = UINT32_MAX; /* marks "on the free list" to catch duplicates */
     }
     size_t n_chunks = 0, n_ref = 0, n_idx = 0, lru_expect = 0, lru_blocks_expect = 0;
-    for (cg_pool_chunk *c = p->all; c; c = c->all_next) {
+    for (cg_link *k = p->all.head; k; k = k->next) {
+        cg_pool_chunk *c = CG_LIST_ENTRY(k, cg_pool_chunk, all_link);
         n_chunks++;
         n_ref += c->refs > 0;
         CHECK(c->n_blocks == (c->n_tokens + p->params.block_tokens - 1) / p->params.block_tokens);
@@ -547,12 +530,13 @@ cg_status cg_pool_check(cg_pool *p)
     CHECK(n_ref == p->n_referenced);
     CHECK(n_idx == p->n_indexed);
     size_t lru_n = 0, lru_b = 0;
-    for (cg_pool_chunk *c = p->lru_head, *prev = NULL; c; prev = c, c = c->lru_next) {
-        CHECK(c->lru_prev == prev);
+    for (cg_link *k = p->lru.head, *prev = NULL; k; prev = k, k = k->next) {
+        cg_pool_chunk *c = CG_LIST_ENTRY(k, cg_pool_chunk, lru_link);
+        CHECK(k->prev == prev);
         CHECK(c->refs == 0 && c->published && !c->detached);
         lru_n++;
         lru_b += c->n_blocks;
-        if (!c->lru_next) CHECK(p->lru_tail == c);
+        if (!k->next) CHECK(p->lru.tail == k);
     }
     CHECK(lru_n == lru_expect);
     CHECK(lru_b == lru_blocks_expect && lru_b == p->lru_blocks);

@@ -17,6 +17,7 @@
 #include <xxhash.h>
 
 #include "base/base.h"
+#include "base/list.h"
 #include "sql/kvstore.h"
 
 /* Most slots moved by one preadv/pwritev: consecutive slots are one contiguous file range. */
@@ -38,8 +39,8 @@ typedef struct rec {
     uint8_t detached; /* out of the index: freed by the last reader or by its writer */
     uint32_t readers; /* cg_disk_get calls reading its slots outside the lock */
     struct rec *hnext;
-    struct rec *lru_prev, *lru_next; /* exactly the indexed READY records, head = oldest */
-    struct rec *all_prev, *all_next; /* every record holding slots, for cg_disk_check */
+    cg_link lru_link; /* d->lru: exactly the indexed READY records, head = oldest */
+    cg_link all_link; /* d->all: every record holding slots, for cg_disk_check */
 } rec;
 
 struct cg_disk {
@@ -53,8 +54,8 @@ struct cg_disk {
     size_t n_words;
     rec **buckets;
     size_t n_buckets, n_indexed;
-    rec *lru_head, *lru_tail;
-    rec *all;
+    cg_list lru; /* rec by lru_link */
+    cg_list all; /* rec by all_link */
     size_t n_ready, ready_slots;
     uint64_t spills, restores, drops, removes, checksum_failures, io_errors, full;
     uint64_t bytes_written, bytes_read, open_dropped;
@@ -177,30 +178,6 @@ static void index_del(cg_disk *d, rec *r)
     }
 }
 
-static void lru_append(cg_disk *d, rec *r)
-{
-    r->lru_next = NULL;
-    r->lru_prev = d->lru_tail;
-    if (d->lru_tail)
-        d->lru_tail->lru_next = r;
-    else
-        d->lru_head = r;
-    d->lru_tail = r;
-}
-
-static void lru_unlink(cg_disk *d, rec *r)
-{
-    if (r->lru_prev)
-        r->lru_prev->lru_next = r->lru_next;
-    else
-        d->lru_head = r->lru_next;
-    if (r->lru_next)
-        r->lru_next->lru_prev = r->lru_prev;
-    else
-        d->lru_tail = r->lru_prev;
-    r->lru_prev = r->lru_next = NULL;
-}
-
 static rec *rec_new(cg_disk *d, const cg_key *key, uint32_t n_tokens, uint32_t n_slots)
 {
     rec *r = cg_calloc(1, sizeof *r);
@@ -208,9 +185,7 @@ static rec *rec_new(cg_disk *d, const cg_key *key, uint32_t n_tokens, uint32_t n
     r->n_tokens = n_tokens;
     r->n_slots = n_slots;
     r->slots = cg_malloc((size_t)n_slots * sizeof *r->slots);
-    r->all_next = d->all;
-    if (d->all) d->all->all_prev = r;
-    d->all = r;
+    cg_list_push_back(&d->all, &r->all_link);
     return r;
 }
 
@@ -218,11 +193,7 @@ static rec *rec_new(cg_disk *d, const cg_key *key, uint32_t n_tokens, uint32_t n
 static void rec_free(cg_disk *d, rec *r)
 {
     slots_give(d, r->slots, r->n_slots);
-    if (r->all_prev)
-        r->all_prev->all_next = r->all_next;
-    else
-        d->all = r->all_next;
-    if (r->all_next) r->all_next->all_prev = r->all_prev;
+    cg_list_remove(&d->all, &r->all_link);
     free(r->slots);
     free(r);
 }
@@ -232,7 +203,7 @@ static void rec_free(cg_disk *d, rec *r)
 static void rec_detach(cg_disk *d, rec *r)
 {
     index_del(d, r);
-    lru_unlink(d, r);
+    cg_list_remove(&d->lru, &r->lru_link);
     r->detached = 1;
     d->n_ready--;
     d->ready_slots -= r->n_slots;
@@ -252,8 +223,8 @@ static void touch_flush(cg_disk *d)
 static void touch(cg_disk *d, rec *r, uint64_t now)
 {
     r->last_used = now;
-    lru_unlink(d, r);
-    lru_append(d, r);
+    cg_list_remove(&d->lru, &r->lru_link);
+    cg_list_push_back(&d->lru, &r->lru_link);
     d->touch_keys[d->n_touch] = r->key;
     d->touch_times[d->n_touch++] = now;
     if (d->n_touch == TOUCH_BATCH) touch_flush(d);
@@ -340,8 +311,8 @@ static cg_status make_room(cg_disk *d, uint32_t need, cg_pool_evictions *dropped
 {
     uint64_t have = d->slots_free;
     size_t n = 0;
-    rec *r;
-    for (r = d->lru_head; r && have < need; r = r->lru_next) {
+    for (cg_link *l = d->lru.head; l && have < need; l = l->next) {
+        rec *r = CG_LIST_ENTRY(l, rec, lru_link);
         if (r->readers) continue;
         have += r->n_slots;
         n++;
@@ -350,8 +321,10 @@ static cg_status make_room(cg_disk *d, uint32_t need, cg_pool_evictions *dropped
     if (n == 0) return CG_OK;
     cg_key *keys = cg_malloc(n * sizeof *keys);
     size_t k = 0;
-    for (r = d->lru_head; k < n; r = r->lru_next)
+    for (cg_link *l = d->lru.head; k < n; l = l->next) {
+        rec *r = CG_LIST_ENTRY(l, rec, lru_link);
         if (!r->readers) keys[k++] = r->key;
+    }
     cg_status st = cg_kvstore_delete(d->kv, keys, n);
     if (st != CG_OK) {
         d->io_errors++;
@@ -439,7 +412,7 @@ cg_status cg_disk_put(cg_disk *d, const cg_key *key, uint32_t n_tokens, cg_disk_
         }
         if (st == CG_OK) {
             r->state = REC_READY;
-            lru_append(d, r);
+            cg_list_push_back(&d->lru, &r->lru_link);
             d->n_ready++;
             d->ready_slots += n;
             d->spills++;
@@ -614,8 +587,8 @@ cg_status cg_disk_remove(cg_disk *d, const cg_key *key)
 void cg_disk_foreach(cg_disk *d, void (*fn)(void *ud, const cg_disk_chunk_info *info), void *ud)
 {
     pthread_mutex_lock(&d->mu);
-    for (rec *r = d->lru_head; r; r = r->lru_next) {
-        cg_disk_chunk_info info = info_of(d, r);
+    for (cg_link *l = d->lru.head; l; l = l->next) {
+        cg_disk_chunk_info info = info_of(d, CG_LIST_ENTRY(l, rec, lru_link));
         fn(ud, &info);
     }
     pthread_mutex_unlock(&d->mu);
@@ -682,7 +655,8 @@ cg_status cg_disk_check(cg_disk *d)
     pthread_mutex_lock(&d->mu);
     /* Every record's slots are in range, owned by it alone, and marked used; nothing else is. */
     size_t held = 0;
-    for (rec *r = d->all; r; r = r->all_next) {
+    for (cg_link *l = d->all.head; l; l = l->next) {
+        rec *r = CG_LIST_ENTRY(l, rec, all_link);
         CHECK(r->n_slots == blocks_for(d, r->n_tokens), "record slot count");
         for (uint32_t i = 0; i < r->n_slots; i++) {
             uint32_t s = r->slots[i];
@@ -704,8 +678,9 @@ cg_status cg_disk_check(cg_disk *d)
     CHECK(used == held + pad, "bitmap has %zu used bits, expected %zu", used, held + pad);
     /* LRU = the indexed READY records. */
     size_t n_lru = 0, lru_slots = 0;
-    for (rec *r = d->lru_head, *prev = NULL; r; prev = r, r = r->lru_next) {
-        CHECK(r->lru_prev == prev, "lru back link");
+    for (cg_link *l = d->lru.head, *prev = NULL; l; prev = l, l = l->next) {
+        rec *r = CG_LIST_ENTRY(l, rec, lru_link);
+        CHECK(l->prev == prev, "lru back link");
         CHECK(r->state == REC_READY && !r->detached, "lru record not ready");
         CHECK(index_find(d, &r->key) == r, "lru record not indexed");
         n_lru++;
@@ -826,7 +801,7 @@ static cg_status load_inventory(cg_disk *d)
         r->last_used = l->last_used;
         r->state = REC_READY;
         index_add(d, r);
-        lru_append(d, r);
+        cg_list_push_back(&d->lru, &r->lru_link);
         d->n_ready++;
         d->ready_slots += l->n_slots;
     }
@@ -842,9 +817,8 @@ out:
 static void disk_destroy(cg_disk *d)
 {
     if (d->kv) touch_flush(d);
-    while (d->all) {
-        rec *r = d->all;
-        d->all = r->all_next;
+    for (cg_link *l; (l = cg_list_pop_front(&d->all));) {
+        rec *r = CG_LIST_ENTRY(l, rec, all_link);
         free(r->slots);
         free(r);
     }
