@@ -245,8 +245,7 @@ typedef struct seg {
 } seg;
 
 typedef struct outq {
-    char *hdr;
-    size_t hdr_len, hdr_cap;
+    cg_buf hdr; /* no cap: a call's commands are bounded by its batch limits */
     seg *segs;
     size_t n_segs, cap_segs;
     size_t cur, cur_off; /* first segment not fully sent, and its bytes already sent */
@@ -268,16 +267,9 @@ static void out_seg(outq *o, const char *ext, size_t off, size_t len)
 
 static void out_copy(outq *o, const void *p, size_t len)
 {
-    if (o->hdr_len + len > o->hdr_cap) {
-        size_t cap = o->hdr_cap ? o->hdr_cap : 1024;
-        while (cap < o->hdr_len + len)
-            cap *= 2;
-        o->hdr = cg_realloc(o->hdr, cap);
-        o->hdr_cap = cap;
-    }
-    memcpy(o->hdr + o->hdr_len, p, len);
-    out_seg(o, NULL, o->hdr_len, len);
-    o->hdr_len += len;
+    out_seg(o, NULL, o->hdr.len, len);
+    cg_status st = cg_buf_append(&o->hdr, p, len);
+    (void)st; /* no cap: cannot fail */
 }
 
 static void out_arg(outq *o, const void *p, size_t len)
@@ -309,7 +301,7 @@ static int out_pending(const outq *o)
 
 static void out_free(outq *o)
 {
-    free(o->hdr);
+    cg_buf_free(&o->hdr);
     free(o->segs);
     memset(o, 0, sizeof *o);
 }
@@ -353,7 +345,7 @@ static cg_status send_some(group *g)
         int k = 0;
         for (size_t i = o->cur; i < o->n_segs && k < IOV_BATCH; i++, k++) {
             const seg *s = &o->segs[i];
-            const char *base = s->ext ? s->ext : o->hdr + s->off;
+            const char *base = s->ext ? s->ext : o->hdr.data + s->off;
             size_t skip = i == o->cur ? o->cur_off : 0;
             iov[k].iov_base = (void *)(base + skip);
             iov[k].iov_len = s->len - skip;
