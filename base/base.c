@@ -257,6 +257,15 @@ void cg_cond_init_monotonic(pthread_cond_t *cv)
     pthread_condattr_destroy(&a);
 }
 
+void cg_thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, int *stop)
+{
+    pthread_mutex_lock(mu);
+    *stop = 1;
+    pthread_cond_broadcast(cv);
+    pthread_mutex_unlock(mu);
+    pthread_join(th, NULL);
+}
+
 struct timespec cg_deadline_after_ms(clockid_t clock, uint64_t ms)
 {
     struct timespec ts;

@@ -70,6 +70,9 @@ void cg_cond_init_monotonic(pthread_cond_t *cv);
  * CLOCK_REALTIME for a default condition variable, CLOCK_MONOTONIC for one made by
  * cg_cond_init_monotonic. */
 struct timespec cg_deadline_after_ms(clockid_t clock, uint64_t ms);
+/* Stops th, a thread that waits on cv under mu until *stop is set: sets *stop under mu, wakes
+ * every waiter on cv, and joins th. */
+void cg_thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, int *stop);
 
 /* Constant-time comparison of two NUL-terminated secrets; returns 1 if equal. */
 int cg_secret_equal(const char *a, const char *b);

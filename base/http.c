@@ -1618,11 +1618,7 @@ void cg_http_close(cg_http_server **sp)
     }
     /* The deadline thread may shut sockets down until MHD has closed them all. */
     MHD_stop_daemon(srv->d);
-    pthread_mutex_lock(&srv->conn_mu);
-    srv->deadline_stop = 1;
-    pthread_cond_broadcast(&srv->conn_cv);
-    pthread_mutex_unlock(&srv->conn_mu);
-    pthread_join(srv->deadline_thread, NULL);
+    cg_thread_stop(srv->deadline_thread, &srv->conn_mu, &srv->conn_cv, &srv->deadline_stop);
     pthread_mutex_lock(&srv->linger_mu);
     srv->linger_stop = 1;
     pthread_mutex_unlock(&srv->linger_mu);

@@ -1590,11 +1590,7 @@ void cg_remote_close(cg_remote **pr)
     if (r->writer_started) {
         if (cg_remote_flush(r, r->p.drain_ms) != CG_OK)
             cg_log(CG_LOG_WARN, "remote: write-behind queue not drained at close");
-        pthread_mutex_lock(&r->qmu);
-        r->q_stop = 1;
-        pthread_cond_broadcast(&r->qcv);
-        pthread_mutex_unlock(&r->qmu);
-        pthread_join(r->writer, NULL);
+        cg_thread_stop(r->writer, &r->qmu, &r->qcv, &r->q_stop);
     }
     for (qitem *it = r->qhead, *next; it; it = next) {
         next = it->next;

@@ -284,11 +284,7 @@ cg_status cg_workers_health_start(cg_workers *r)
 void cg_workers_health_stop(cg_workers *r)
 {
     if (!r || !r->started) return;
-    pthread_mutex_lock(&r->mu);
-    r->stop = 1;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-    pthread_join(r->thread, NULL);
+    cg_thread_stop(r->thread, &r->mu, &r->cv, &r->stop);
     r->started = 0;
 }
 

@@ -384,13 +384,7 @@ void cg_sched_close(cg_sched **sp)
 {
     cg_sched *s = *sp;
     if (!s) return;
-    if (s->started) {
-        pthread_mutex_lock(&s->mu);
-        s->stop = 1;
-        pthread_cond_signal(&s->work_cv);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->th, NULL);
-    }
+    if (s->started) cg_thread_stop(s->th, &s->mu, &s->work_cv, &s->stop);
     cg_fwd_scratch_free(&s->scratch);
     free(s->spans);
     free(s->run);

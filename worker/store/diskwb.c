@@ -153,11 +153,7 @@ void cg_diskwb_close(cg_diskwb **wp)
     cg_diskwb *w = *wp;
     if (!w) return;
     *wp = NULL;
-    pthread_mutex_lock(&w->mu);
-    w->stop = 1;
-    pthread_cond_broadcast(&w->work_cv);
-    pthread_mutex_unlock(&w->mu);
-    pthread_join(w->thread, NULL); /* it writes what is queued first */
+    cg_thread_stop(w->thread, &w->mu, &w->work_cv, &w->stop); /* it writes what is queued first */
     cg_pool_evictions_free(&w->dropped);
     pthread_cond_destroy(&w->done_cv);
     pthread_cond_destroy(&w->work_cv);

@@ -250,11 +250,8 @@ void cg_events_close(cg_events **ep)
     if (e->started) {
         if (cg_events_flush(e, 1000) != CG_OK)
             cg_log(CG_LOG_WARN, "events: the stream did not take the last events in time");
-        pthread_mutex_lock(&e->mu);
-        e->stop = 1; /* what is left after the flush is given up */
-        pthread_cond_signal(&e->cv);
-        pthread_mutex_unlock(&e->mu);
-        pthread_join(e->thread, NULL);
+        /* what is left after the flush is given up */
+        cg_thread_stop(e->thread, &e->mu, &e->cv, &e->stop);
     }
     cg_remote_close(&e->r);
     pthread_cond_destroy(&e->cv);
