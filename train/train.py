@@ -55,19 +55,7 @@ class Llama(torch.nn.Module):
         self.hd = hd
         self.nh, self.nkv = c["num_attention_heads"], c["num_key_value_heads"]
         self.embed = torch.nn.Embedding(c["vocab_size"], d)
-        self.layers = torch.nn.ModuleList()
-        for _ in range(c["num_hidden_layers"]):
-            L = torch.nn.Module()
-            L.ln1 = torch.nn.Parameter(torch.ones(d))
-            L.q = torch.nn.Linear(d, self.nh * hd, bias=False)
-            L.k = torch.nn.Linear(d, self.nkv * hd, bias=False)
-            L.v = torch.nn.Linear(d, self.nkv * hd, bias=False)
-            L.o = torch.nn.Linear(self.nh * hd, d, bias=False)
-            L.ln2 = torch.nn.Parameter(torch.ones(d))
-            L.gate = torch.nn.Linear(d, c["intermediate_size"], bias=False)
-            L.up = torch.nn.Linear(d, c["intermediate_size"], bias=False)
-            L.down = torch.nn.Linear(c["intermediate_size"], d, bias=False)
-            self.layers.append(L)
+        self.layers = torch.nn.ModuleList(self.new_layer() for _ in range(c["num_hidden_layers"]))
         self.norm = torch.nn.Parameter(torch.ones(d))
         inv = c["rope_theta"] ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
         ang = torch.arange(c["max_position_embeddings"], dtype=torch.float64)[:, None] * inv
@@ -86,6 +74,41 @@ class Llama(torch.nn.Module):
             depth = math.sqrt(2 * len(self.layers))
             torch.nn.init.normal_(L.o.weight, std=d ** -0.5 / depth)
             torch.nn.init.normal_(L.down.weight, std=c["intermediate_size"] ** -0.5 / depth)
+
+    def new_layer(self):
+        d, hd, c = self.c["hidden_size"], self.hd, self.c
+        L = torch.nn.Module()
+        L.ln1 = torch.nn.Parameter(torch.ones(d))
+        L.q = torch.nn.Linear(d, self.nh * hd, bias=False)
+        L.k = torch.nn.Linear(d, self.nkv * hd, bias=False)
+        L.v = torch.nn.Linear(d, self.nkv * hd, bias=False)
+        L.o = torch.nn.Linear(self.nh * hd, d, bias=False)
+        L.ln2 = torch.nn.Parameter(torch.ones(d))
+        L.gate = torch.nn.Linear(d, c["intermediate_size"], bias=False)
+        L.up = torch.nn.Linear(d, c["intermediate_size"], bias=False)
+        L.down = torch.nn.Linear(c["intermediate_size"], d, bias=False)
+        return L
+
+    def grow(self, n):
+        """Inserts n layers spread between the present ones (after every len/n of them), each
+        with its attention and MLP outputs at zero: the grown model computes exactly what it
+        did, and training gives the new layers their work (progressive stacking)."""
+        d = self.c["hidden_size"]
+        old = list(self.layers)
+        every = len(old) / n
+        out, added = [], 0
+        for i, L in enumerate(old):
+            out.append(L)
+            while added < n and (i + 1) >= round(every * (added + 1)):
+                N = self.new_layer()
+                for lin in (N.q, N.k, N.v, N.gate, N.up):
+                    torch.nn.init.normal_(lin.weight, std=d ** -0.5)
+                torch.nn.init.zeros_(N.o.weight)
+                torch.nn.init.zeros_(N.down.weight)
+                out.append(N)
+                added += 1
+        self.layers = torch.nn.ModuleList(out)
+        self.c["num_hidden_layers"] = len(out)
 
     def rms(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * w
@@ -487,6 +510,9 @@ def parser():
     ap.add_argument("--block-mask", type=float, default=0.0,
                     help="share of batches trained under the chunk-isolating mask")
     ap.add_argument("--init", help="fine-tune this checkpoint directory (its tokenizer too)")
+    ap.add_argument("--grow-layers", type=int, default=0,
+                    help="with --init: insert this many layers between the checkpoint's, their "
+                         "outputs starting at zero")
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-n", type=int, default=200, help="held-out questions per kind, at the end")
     ap.add_argument("--threads", type=int, default=2)
@@ -499,7 +525,8 @@ def main(argv=None):
     args = parser().parse_args(argv)
     if args.card:
         with open(os.path.join(args.out, "train_log.json")) as f:
-            write_card(args.out, json.load(f), Llama(dict(CONFIG)))
+            log = json.load(f)
+        write_card(args.out, log, Llama(dict(CONFIG, **log.get("config", {}))))
         return
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -515,16 +542,22 @@ def main(argv=None):
             texts += world.segments(ex) + [ex["answer"]]
         tok = bpe.Tokenizer(bpe.train(texts, CONFIG["vocab_size"]))
     print("tokenizer: %d tokens (%.0f s)" % (len(tok), time.time() - t0), flush=True)
-    model = Llama(dict(CONFIG, embed_std=args.embed_std))
     if args.init:
+        with open(os.path.join(args.init, "config.json")) as f:
+            got = json.load(f)
+        model = Llama({k: got[k] for k in CONFIG})
         load_into(model, os.path.join(args.init, "model.safetensors"))
+        if args.grow_layers:
+            model.grow(args.grow_layers)
+    else:
+        model = Llama(dict(CONFIG, embed_std=args.embed_std))
     decay = [p for p in model.parameters() if p.dim() == 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
                              {"params": rest, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
     probe = world.eval_set(args.seed, 25)
-    log = {"args": vars(args), "config": CONFIG, "loss": [], "probe": []}
+    log = {"args": vars(args), "config": {k: model.c[k] for k in CONFIG}, "loss": [], "probe": []}
     run = 0.0
     step = 0
     # the curriculum: prompts of 1 document at first, 6 from --curriculum of the run on
