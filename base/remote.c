@@ -1423,6 +1423,13 @@ out:
     return st;
 }
 
+void cg_remote_free_password(char *password)
+{
+    if (!password) return;
+    memset(password, 0, strlen(password));
+    free(password);
+}
+
 static void qitem_free(qitem **pit)
 {
     free(*pit);
@@ -1610,7 +1617,7 @@ void cg_remote_close(cg_remote **pr)
     pthread_mutex_destroy(&r->refresh_mu);
     pthread_rwlock_destroy(&r->map_lock);
     pthread_mutex_destroy(&r->nodes_mu);
-    free(r->password);
+    cg_remote_free_password(r->password);
     free(r);
     *pr = NULL;
 }

@@ -81,9 +81,13 @@ cg_status cg_remote_parse_url(const char *url, cg_remote_url *out, char *err, si
 /* Loads the Redis password: from the file at path when path is not NULL (one trailing newline
  * is dropped; empty, unreadable or longer than CG_REMOTE_PASSWORD_MAX is an error), otherwise
  * from the environment variable CG_REMOTE_PASSWORD_ENV (unset or empty: no password, *out =
- * NULL). On CG_OK *out is NULL or a string the caller frees with free(). Returns CG_E_IO when
- * the file cannot be read, CG_E_VALUE when its content is refused; err describes it. */
+ * NULL). On CG_OK *out is NULL or a string the caller gives back with cg_remote_free_password.
+ * Returns CG_E_IO when the file cannot be read, CG_E_VALUE when its content is refused; err
+ * describes it. */
 cg_status cg_remote_load_password(const char *path, char **out, char *err, size_t errlen) CG_WUR;
+/* Overwrites a password of cg_remote_load_password (or a copy of one) with zeros and frees it,
+ * so that it does not outlive its use in freed memory; NULL is a no-op. */
+void cg_remote_free_password(char *password);
 
 /* Cluster slot of a key (0..16383): CRC16/XMODEM of the key, or of its hash tag (the bytes
  * between the first '{' and the next '}', when not empty) mod 16384. */

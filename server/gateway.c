@@ -340,7 +340,7 @@ static cg_status open_events(cg_gateway *g)
     p.workers = g->workers;
     p.metrics = g->metrics;
     st = cg_eventsync_open(&p, &g->events, err, sizeof err);
-    free(password);
+    cg_remote_free_password(password);
     if (st != CG_OK) cg_log(CG_LOG_ERROR, "--events %s: %s", cfg->events, err);
     return st;
 }

@@ -447,8 +447,8 @@ static const char *events_url(const serve_cfg *c)
 }
 
 /* The Redis password of --remote and --events (--remote-password-file, else the environment
- * variable) into *out, NULL when there is none; give it back with drop_password. -1, logged
- * under opt, when it cannot be read. */
+ * variable) into *out, NULL when there is none; give it back with cg_remote_free_password. -1,
+ * logged under opt, when it cannot be read. */
 static int load_password(const serve_cfg *c, const char *opt, char **out)
 {
     char err[ERRLEN];
@@ -457,14 +457,6 @@ static int load_password(const serve_cfg *c, const char *opt, char **out)
     if (st == CG_OK) return 0;
     cg_log(CG_LOG_ERROR, "%s: %s", opt, err);
     return -1;
-}
-
-/* Wipes and frees a password from load_password; NULL is a no-op. */
-static void drop_password(char *password)
-{
-    if (!password) return;
-    memset(password, 0, strlen(password));
-    free(password);
 }
 
 /* Opens the chunk event publisher (--events), when events are on; it starts publishing once
@@ -486,7 +478,7 @@ static int open_events(const serve_cfg *c, parts *w)
     p.epoch = w->instance;
     p.timeout_ms = (int)c->remote_timeout_ms;
     cg_status st = cg_events_open(p, &w->events, err, sizeof err);
-    drop_password(password);
+    cg_remote_free_password(password);
     if (st != CG_OK) {
         cg_log(CG_LOG_ERROR, "--events %s: %s", url, err);
         return -1;
@@ -542,7 +534,7 @@ static int open_remote(const serve_cfg *c, parts *w)
         rp.on_written_ud = w->events;
     }
     cg_status st = cg_remote_open(rp, &w->remote, err, sizeof err);
-    drop_password(password);
+    cg_remote_free_password(password);
     if (st != CG_OK) {
         cg_log(CG_LOG_ERROR, "--remote %s: %s", c->remote, err);
         return -1;
