@@ -475,9 +475,11 @@ static int64_t scalar_int(cg_gguf_vtype t, const uint8_t *p, int *ok)
         return (uint32_t)load_le(p, 4);
     case CG_GGUF_I32:
         return (int32_t)load_le(p, 4);
-    case CG_GGUF_U64:
-        if (load_le(p, 8) > INT64_MAX) break;
-        return (int64_t)load_le(p, 8);
+    case CG_GGUF_U64: {
+        const uint64_t v = load_le(p, 8);
+        if (v > INT64_MAX) break;
+        return (int64_t)v;
+    }
     case CG_GGUF_I64:
         return (int64_t)load_le(p, 8);
     default:

@@ -369,9 +369,8 @@ static cg_status quantize_model(cg_model *m, const cg_wlist *l, cg_quant quant, 
             continue;
         }
         size_t ns = 0, nq = cg_matmul_quant_bytes(to, w->rows, w->cols, &ns);
-        void *q = p;
-        uint16_t *sc = (uint16_t *)(void *)(p + cg_round64(nq));
-        p += cg_qarena_bytes(nq, ns);
+        uint16_t *sc;
+        void *q = cg_qarena_take(&p, nq, ns, &sc);
         cg_weight qw;
         if (cg_matmul_quantize(w, to, q, sc, &qw) != CG_OK) {
             cg_seterr(err, errlen, "--quant %s: tensor '%s' holds Inf or NaN", cg_quant_name(quant),

@@ -629,15 +629,15 @@ cg_status cg_gguf_place_tensors(cg_model *m, const cg_wlist *l, char *err, size_
         if (t->type == CG_GGML_Q8_0 || t->type == CG_GGML_Q4_0) {
             const cg_dtype dt = t->type == CG_GGML_Q8_0 ? CG_DTYPE_Q8_0 : CG_DTYPE_Q4_0;
             size_t ns = 0, nq = cg_matmul_quant_bytes(dt, mat->rows, mat->cols, &ns);
-            uint16_t *sc = (uint16_t *)(void *)(q + cg_round64(nq));
+            uint16_t *sc;
+            void *blocks = cg_qarena_take(&q, nq, ns, &sc);
             if (dt == CG_DTYPE_Q8_0)
-                repack_q8(t->data, ns, (int8_t *)q, sc);
+                repack_q8(t->data, ns, blocks, sc);
             else
-                repack_q4(t->data, ns, (uint8_t *)q, sc);
-            mat->data = q;
+                repack_q4(t->data, ns, blocks, sc);
+            mat->data = blocks;
             mat->dtype = dt;
             mat->bscale = sc;
-            q += cg_qarena_bytes(nq, ns);
             m->weight_bytes += nq + ns * 2;
             continue;
         }

@@ -74,6 +74,15 @@ static inline size_t cg_qarena_bytes(size_t nq, size_t ns)
 {
     return cg_round64(nq) + cg_round64(ns * 2);
 }
+/* The next quantised matrix's place at *cursor in m->qarena, laid out as cg_qarena_bytes says:
+ * returns its blocks, sets *scales, and moves *cursor past both. */
+static inline void *cg_qarena_take(char **cursor, size_t nq, size_t ns, uint16_t **scales)
+{
+    char *q = *cursor;
+    *scales = (uint16_t *)(void *)(q + cg_round64(nq));
+    *cursor = q + cg_qarena_bytes(nq, ns);
+    return q;
+}
 
 /* ---- GGUF checkpoints (model_gguf.c) ---- */
 
