@@ -136,13 +136,9 @@ void th_rag_make(th_rag_work *w, const char *tag, uint64_t *state)
     const size_t n = TH_RAG_DOCS + 2;
     w->cold = cg_calloc(n, sizeof *w->cold);
     w->warm = cg_calloc(n, sizeof *w->warm);
-    w->cold[0] = (cg_engine_seg){CG_ROLE_SYSTEM, w->sys, TH_RAG_SYS_BYTES, NULL};
-    w->warm[0] = (cg_engine_seg){CG_ROLE_SYSTEM, w->sys2, TH_RAG_SYS_BYTES, NULL};
-    for (int d = 0; d < TH_RAG_DOCS; d++) {
-        w->cold[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, w->docs[d], TH_RAG_DOC_BYTES, NULL};
-        w->warm[1 + d] = (cg_engine_seg){CG_ROLE_CHUNK, w->docs[order[d]], TH_RAG_DOC_BYTES, NULL};
-    }
-    w->cold[n - 1] = w->warm[n - 1] = (cg_engine_seg){CG_ROLE_QUESTION, w->q, TH_RAG_Q_BYTES, NULL};
+    const char *const *docs = (const char *const *)w->docs;
+    th_engine_segs(w->cold, w->sys, docs, NULL, TH_RAG_DOCS, w->q);
+    th_engine_segs(w->warm, w->sys2, docs, order, TH_RAG_DOCS, w->q);
 }
 
 void th_rag_free(th_rag_work *w)
