@@ -8,6 +8,7 @@
 
 #include "base/base.h"
 #include "base/list.h"
+#include "base/map.h"
 
 struct cg_pool_chunk {
     cg_key key;
@@ -19,8 +20,8 @@ struct cg_pool_chunk {
     uint64_t last_used;
     /* p->lru: exactly the published, indexed chunks with refs == 0 (head = oldest). */
     cg_link lru_link;
-    cg_pool_chunk *hnext; /* index bucket chain */
-    cg_link all_link;     /* p->all: every live chunk, for cg_pool_check */
+    cg_map_node index_node; /* p->index: every chunk that is not detached, by key */
+    cg_link all_link;       /* p->all: every live chunk, for cg_pool_check */
 };
 
 struct cg_pool {
@@ -31,11 +32,10 @@ struct cg_pool {
     uint32_t *free_stack; /* ids of free blocks; top at n_free - 1 */
     size_t n_free;
     uint32_t *block_refs; /* owners per block: 0 free, 1 owned by one chunk */
-    cg_pool_chunk **buckets;
-    size_t n_buckets, n_indexed;
-    cg_list lru;       /* cg_pool_chunk by lru_link */
-    size_t lru_blocks; /* blocks an eviction of the whole LRU list would free */
-    cg_list all;       /* cg_pool_chunk by all_link */
+    cg_map index;         /* cg_pool_chunk by index_node, keyed by key */
+    cg_list lru;          /* cg_pool_chunk by lru_link */
+    size_t lru_blocks;    /* blocks an eviction of the whole LRU list would free */
+    cg_list all;          /* cg_pool_chunk by all_link */
     size_t n_chunks, n_referenced;
     uint64_t evictions, inserts, hits, misses, full;
     pthread_mutex_t mu;
@@ -77,8 +77,7 @@ cg_status cg_pool_open(cg_pool_params params, cg_pool **out)
     for (size_t i = 0; i < p->blocks_total; i++)
         p->free_stack[i] = (uint32_t)(p->blocks_total - 1 - i);
     p->n_free = p->blocks_total;
-    p->n_buckets = 64;
-    p->buckets = cg_calloc(p->n_buckets, sizeof *p->buckets);
+    CG_MAP_INIT(&p->index, cg_pool_chunk, index_node, key);
     pthread_mutex_init(&p->mu, NULL);
     *out = p;
     return CG_OK;
@@ -104,7 +103,7 @@ void cg_pool_close(cg_pool **pp)
     while (!cg_list_empty(&p->all))
         chunk_free(p, CG_LIST_ENTRY(p->all.head, cg_pool_chunk, all_link));
     pthread_mutex_destroy(&p->mu);
-    free(p->buckets);
+    cg_map_free(&p->index);
     free(p->block_refs);
     free(p->free_stack);
     free(p->data);
@@ -123,53 +122,12 @@ void cg_pool_evictions_free(cg_pool_evictions *e)
     e->n = e->cap = 0;
 }
 
-/* ---- index (keys are hash outputs already: their first bytes spread well) ---- */
-
-static size_t bucket_of(const cg_pool *p, const cg_key *k)
-{
-    uint64_t h;
-    memcpy(&h, k->b, sizeof h);
-    return (size_t)(h & (p->n_buckets - 1));
-}
+/* ---- index ---- */
 
 static cg_pool_chunk *index_find(const cg_pool *p, const cg_key *k)
 {
-    for (cg_pool_chunk *c = p->buckets[bucket_of(p, k)]; c; c = c->hnext)
-        if (memcmp(c->key.b, k->b, sizeof k->b) == 0) return c;
-    return NULL;
-}
-
-static void index_add(cg_pool *p, cg_pool_chunk *c)
-{
-    if (p->n_indexed + 1 > p->n_buckets) {
-        size_t old_n = p->n_buckets;
-        cg_pool_chunk **old = p->buckets;
-        p->n_buckets = old_n * 2;
-        p->buckets = cg_calloc(p->n_buckets, sizeof *p->buckets);
-        for (size_t i = 0; i < old_n; i++) {
-            for (cg_pool_chunk *e = old[i], *next; e; e = next) {
-                next = e->hnext;
-                size_t b = bucket_of(p, &e->key);
-                e->hnext = p->buckets[b];
-                p->buckets[b] = e;
-            }
-        }
-        free(old);
-    }
-    size_t b = bucket_of(p, &c->key);
-    c->hnext = p->buckets[b];
-    p->buckets[b] = c;
-    p->n_indexed++;
-}
-
-static void index_del(cg_pool *p, cg_pool_chunk *c)
-{
-    cg_pool_chunk **pp = &p->buckets[bucket_of(p, &c->key)];
-    while (*pp != c)
-        pp = &(*pp)->hnext;
-    *pp = c->hnext;
-    c->hnext = NULL;
-    p->n_indexed--;
+    cg_map_node *n = cg_map_find(&p->index, k);
+    return n ? CG_MAP_ENTRY(n, cg_pool_chunk, index_node) : NULL;
 }
 
 /* ---- LRU ---- */
@@ -206,7 +164,7 @@ static void evict_one(cg_pool *p, cg_pool_evictions *evicted)
     if (p->params.on_evict) p->params.on_evict(p->params.on_evict_ud, &c->key, c);
     if (evicted) cg_pool_evictions_add(evicted, &c->key);
     lru_unlink(p, c);
-    index_del(p, c);
+    cg_map_remove(&p->index, &c->index_node);
     p->evictions++;
     chunk_free(p, c);
 }
@@ -249,7 +207,7 @@ cg_status cg_pool_insert(cg_pool *p, const cg_key *key, uint32_t n_tokens, uint6
     p->n_chunks++;
     p->n_referenced++;
     p->inserts++;
-    index_add(p, c);
+    cg_map_add(&p->index, &c->index_node);
     *out = c;
 out:
     pthread_mutex_unlock(&p->mu);
@@ -313,7 +271,7 @@ void cg_pool_release(cg_pool *p, cg_pool_chunk **cp, uint64_t now)
         if (c->detached) {
             chunk_free(p, c);
         } else if (!c->published) {
-            index_del(p, c);
+            cg_map_remove(&p->index, &c->index_node);
             chunk_free(p, c);
         } else {
             c->last_used = now;
@@ -333,7 +291,7 @@ cg_status cg_pool_remove(cg_pool *p, const cg_key *key, int *deferred)
         st = CG_E_NOT_FOUND;
         goto out;
     }
-    index_del(p, c);
+    cg_map_remove(&p->index, &c->index_node);
     if (c->refs == 0) {
         lru_unlink(p, c);
         chunk_free(p, c);
@@ -434,12 +392,12 @@ static cg_pool_chunk_info info_of(const cg_pool *p, const cg_pool_chunk *c)
 void cg_pool_foreach(cg_pool *p, void (*fn)(void *ud, const cg_pool_chunk_info *info), void *ud)
 {
     pthread_mutex_lock(&p->mu);
-    for (size_t i = 0; i < p->n_buckets; i++) {
-        for (cg_pool_chunk *c = p->buckets[i]; c; c = c->hnext) {
-            if (!c->published) continue;
-            cg_pool_chunk_info info = info_of(p, c);
-            fn(ud, &info);
-        }
+    cg_map_iter it = cg_map_iter_start(&p->index);
+    for (cg_map_node *n; (n = cg_map_iter_next(&it));) {
+        const cg_pool_chunk *c = CG_MAP_ENTRY(n, cg_pool_chunk, index_node);
+        if (!c->published) continue;
+        cg_pool_chunk_info info = info_of(p, c);
+        fn(ud, &info);
     }
     pthread_mutex_unlock(&p->mu);
 }
@@ -528,7 +486,7 @@ cg_status cg_pool_check(cg_pool *p)
         CHECK(owners[b] != 0); /* no block leaked */
     CHECK(n_chunks == p->n_chunks);
     CHECK(n_ref == p->n_referenced);
-    CHECK(n_idx == p->n_indexed);
+    CHECK(n_idx == cg_map_count(&p->index));
     size_t lru_n = 0, lru_b = 0;
     for (cg_link *k = p->lru.head, *prev = NULL; k; prev = k, k = k->next) {
         cg_pool_chunk *c = CG_LIST_ENTRY(k, cg_pool_chunk, lru_link);
