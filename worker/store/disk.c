@@ -18,6 +18,7 @@
 
 #include "base/base.h"
 #include "base/list.h"
+#include "base/map.h"
 #include "sql/kvstore.h"
 
 /* Most slots moved by one preadv/pwritev: consecutive slots are one contiguous file range. */
@@ -35,12 +36,12 @@ typedef struct rec {
     uint32_t *slots; /* slot indexes in block order */
     uint8_t sum[CG_KVSTORE_SUM_BYTES];
     uint64_t last_used;
-    uint8_t state;    /* REC_WRITING until its row is committed */
-    uint8_t detached; /* out of the index: freed by the last reader or by its writer */
-    uint32_t readers; /* cg_disk_get calls reading its slots outside the lock */
-    struct rec *hnext;
-    cg_link lru_link; /* d->lru: exactly the indexed READY records, head = oldest */
-    cg_link all_link; /* d->all: every record holding slots, for cg_disk_check */
+    uint8_t state;          /* REC_WRITING until its row is committed */
+    uint8_t detached;       /* out of the index: freed by the last reader or by its writer */
+    uint32_t readers;       /* cg_disk_get calls reading its slots outside the lock */
+    cg_map_node index_node; /* d->index: every record not detached, by key */
+    cg_link lru_link;       /* d->lru: exactly the indexed READY records, head = oldest */
+    cg_link all_link;       /* d->all: every record holding slots, for cg_disk_check */
 } rec;
 
 struct cg_disk {
@@ -52,10 +53,9 @@ struct cg_disk {
     uint32_t slots_total, slots_free, cursor;
     uint64_t *used; /* one bit per slot; bits past slots_total in the last word stay set */
     size_t n_words;
-    rec **buckets;
-    size_t n_buckets, n_indexed;
-    cg_list lru; /* rec by lru_link */
-    cg_list all; /* rec by all_link */
+    cg_map index; /* rec by index_node, keyed by key */
+    cg_list lru;  /* rec by lru_link */
+    cg_list all;  /* rec by all_link */
     size_t n_ready, ready_slots;
     uint64_t spills, restores, drops, removes, checksum_failures, io_errors, full;
     uint64_t bytes_written, bytes_read, open_dropped;
@@ -126,56 +126,10 @@ static void slots_give(cg_disk *d, const uint32_t *slots, uint32_t n)
 
 /* ---- Index, LRU, record lifetime ------------------------------------------------------------ */
 
-static size_t bucket_of(const cg_disk *d, const cg_key *k)
-{
-    uint64_t h;
-    memcpy(&h, k->b, sizeof h); /* keys are XXH3 output: already uniform */
-    return (size_t)(h & (d->n_buckets - 1));
-}
-
 static rec *index_find(const cg_disk *d, const cg_key *k)
 {
-    for (rec *r = d->buckets[bucket_of(d, k)]; r; r = r->hnext)
-        if (cg_key_equal(&r->key, k)) return r;
-    return NULL;
-}
-
-static void index_grow(cg_disk *d)
-{
-    size_t old_n = d->n_buckets;
-    rec **old = d->buckets;
-    d->n_buckets = old_n * 2;
-    d->buckets = cg_calloc(d->n_buckets, sizeof *d->buckets);
-    for (size_t i = 0; i < old_n; i++) {
-        for (rec *r = old[i], *next; r; r = next) {
-            next = r->hnext;
-            size_t b = bucket_of(d, &r->key);
-            r->hnext = d->buckets[b];
-            d->buckets[b] = r;
-        }
-    }
-    free(old);
-}
-
-static void index_add(cg_disk *d, rec *r)
-{
-    if (d->n_indexed >= d->n_buckets) index_grow(d);
-    size_t b = bucket_of(d, &r->key);
-    r->hnext = d->buckets[b];
-    d->buckets[b] = r;
-    d->n_indexed++;
-}
-
-static void index_del(cg_disk *d, rec *r)
-{
-    for (rec **pp = &d->buckets[bucket_of(d, &r->key)]; *pp; pp = &(*pp)->hnext) {
-        if (*pp == r) {
-            *pp = r->hnext;
-            r->hnext = NULL;
-            d->n_indexed--;
-            return;
-        }
-    }
+    cg_map_node *n = cg_map_find(&d->index, k);
+    return n ? CG_MAP_ENTRY(n, rec, index_node) : NULL;
 }
 
 static rec *rec_new(cg_disk *d, const cg_key *key, uint32_t n_tokens, uint32_t n_slots)
@@ -202,7 +156,7 @@ static void rec_free(cg_disk *d, rec *r)
  * are freed now, or by its last reader. */
 static void rec_detach(cg_disk *d, rec *r)
 {
-    index_del(d, r);
+    cg_map_remove(&d->index, &r->index_node);
     cg_list_remove(&d->lru, &r->lru_link);
     r->detached = 1;
     d->n_ready--;
@@ -377,7 +331,8 @@ cg_status cg_disk_put(cg_disk *d, const cg_key *key, uint32_t n_tokens, cg_disk_
     r->state = REC_WRITING;
     r->last_used = now;
     slots_take(d, n, r->slots);
-    index_add(d, r); /* a second put of the key conflicts; gets do not see it yet */
+    /* A second put of the key conflicts; gets do not see it yet. */
+    cg_map_add(&d->index, &r->index_node);
     pthread_mutex_unlock(&d->mu);
 
     /* The slots are ours alone: no row names them, no other record holds them. */
@@ -419,7 +374,7 @@ cg_status cg_disk_put(cg_disk *d, const cg_key *key, uint32_t n_tokens, cg_disk_
             d->bytes_written += (uint64_t)n * d->slot_bytes;
         } else {
             d->io_errors++;
-            index_del(d, r);
+            cg_map_remove(&d->index, &r->index_node);
             rec_free(d, r);
             if (st != CG_E_IO) st = CG_E_IO;
         }
@@ -571,7 +526,8 @@ cg_status cg_disk_remove(cg_disk *d, const cg_key *key)
     if (!r) {
         st = CG_E_NOT_FOUND;
     } else if (r->state == REC_WRITING) {
-        index_del(d, r); /* its writer sees detached and frees it without committing */
+        /* Its writer sees detached and frees it without committing. */
+        cg_map_remove(&d->index, &r->index_node);
         r->detached = 1;
         d->removes++;
     } else if ((st = cg_kvstore_delete(d->kv, key, 1)) == CG_OK) {
@@ -688,12 +644,13 @@ cg_status cg_disk_check(cg_disk *d)
     }
     CHECK(n_lru == d->n_ready && lru_slots == d->ready_slots, "ready counts");
     size_t n_idx = 0;
-    for (size_t b = 0; b < d->n_buckets; b++)
-        for (rec *r = d->buckets[b]; r; r = r->hnext) {
-            CHECK(bucket_of(d, &r->key) == b && !r->detached, "index entry");
-            n_idx++;
-        }
-    CHECK(n_idx == d->n_indexed, "index count");
+    cg_map_iter it = cg_map_iter_start(&d->index);
+    for (cg_map_node *n; (n = cg_map_iter_next(&it));) {
+        rec *r = CG_MAP_ENTRY(n, rec, index_node);
+        CHECK(!r->detached && index_find(d, &r->key) == r, "index entry");
+        n_idx++;
+    }
+    CHECK(n_idx == cg_map_count(&d->index), "index count");
     /* The inventory names exactly the READY records, with their slots and checksums. */
     check_ctx c = {.d = d};
     CHECK(cg_kvstore_load(d->kv, check_row, &c) == CG_OK, "inventory load");
@@ -800,7 +757,7 @@ static cg_status load_inventory(cg_disk *d)
         memcpy(r->sum, l->sum, sizeof r->sum);
         r->last_used = l->last_used;
         r->state = REC_READY;
-        index_add(d, r);
+        cg_map_add(&d->index, &r->index_node);
         cg_list_push_back(&d->lru, &r->lru_link);
         d->n_ready++;
         d->ready_slots += l->n_slots;
@@ -824,7 +781,7 @@ static void disk_destroy(cg_disk *d)
     }
     cg_kvstore_close(&d->kv);
     if (d->fd >= 0) close(d->fd); /* also releases the flock */
-    cg_free(&d->buckets);
+    cg_map_free(&d->index);
     cg_free(&d->used);
     cg_free(&d->dir);
     cg_free(&d->model);
@@ -920,8 +877,7 @@ cg_status cg_disk_open(cg_disk_params p, cg_disk **out)
     d->used = cg_calloc(d->n_words, sizeof *d->used);
     if (d->slots_total % 64) d->used[d->n_words - 1] = ~0ull << (d->slots_total % 64);
     d->slots_free = d->slots_total;
-    d->n_buckets = 64;
-    d->buckets = cg_calloc(d->n_buckets, sizeof *d->buckets);
+    CG_MAP_INIT(&d->index, rec, index_node, key);
 
     st = CG_E_IO;
     if (mkdir(d->dir, 0755) != 0 && errno != EEXIST) {
