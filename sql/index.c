@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/map.h"
 
 /* PRAGMA application_id of a chunkgate index: "CGIX". Lets us refuse foreign SQLite files. */
 #define APP_ID 0x43474958
@@ -238,8 +239,15 @@ typedef struct pend {
     int64_t worker_id, tokens, now;
     uint64_t seq;
     uint8_t tier, del;
-    struct pend *next;
+    struct pend *next; /* the key's next worker, in the order they were queued */
 } pend;
+
+/* The queued placements of one key: what a lookup of the key reads. */
+typedef struct pend_key {
+    cg_map_node node;
+    cg_key key;
+    pend *first;
+} pend_key;
 
 /* An inventory replace waiting in the queue: until it commits, the index's placements of the
  * worker are superseded by the pend entries the replace queued. */
@@ -248,8 +256,6 @@ typedef struct pend_replace {
     uint64_t seq;
     struct pend_replace *next;
 } pend_replace;
-
-#define PEND_BUCKETS 4096u
 
 typedef struct opvec {
     op *v;
@@ -285,7 +291,7 @@ struct cg_index {
 
     /* Placements still in the queue, so lookups see them before the writer commits (under
      * mu; see "Queued placements" below). */
-    pend *pend_buckets[PEND_BUCKETS];
+    cg_map pend;            /* pend_key by node, keyed by key */
     pend_replace *replaces; /* inventory replaces queued, newest first */
 };
 
@@ -395,26 +401,44 @@ static const cg_db_schema schema = {
  * its keys before it reads SQLite: an entry committed meanwhile is in the snapshot too, and
  * applying it again changes nothing. */
 
-static size_t pend_bucket(const cg_key *k)
+static pend_key *pend_key_find(cg_index *ix, const cg_key *k)
 {
-    uint64_t h;
-    memcpy(&h, k->b, sizeof h); /* keys are uniform hashes already */
-    return (size_t)(h % PEND_BUCKETS);
+    cg_map_node *n = cg_map_find(&ix->pend, k);
+    return n ? CG_MAP_ENTRY(n, pend_key, node) : NULL;
 }
 
-static pend **pend_find_locked(cg_index *ix, const cg_key *k, int64_t wid)
+/* Where worker wid's entry is in g's list, or where it would be appended. */
+static pend **pend_find_locked(pend_key *g, int64_t wid)
 {
-    pend **pp = &ix->pend_buckets[pend_bucket(k)];
-    while (*pp && !((*pp)->worker_id == wid && cg_key_equal(&(*pp)->key, k)))
+    pend **pp = &g->first;
+    while (*pp && (*pp)->worker_id != wid)
         pp = &(*pp)->next;
     return pp;
+}
+
+/* Unlinks and frees *pp, and g with it once g holds no worker. */
+static void pend_drop_locked(cg_index *ix, pend_key *g, pend **pp)
+{
+    pend *dead = *pp;
+    *pp = dead->next;
+    free(dead);
+    if (!g->first) {
+        cg_map_remove(&ix->pend, &g->node);
+        free(g);
+    }
 }
 
 /* Records the queued op seq for (key, worker). */
 static void pend_put_locked(cg_index *ix, const cg_key *k, int64_t wid, uint8_t tier,
                             int64_t tokens, int64_t now, int del, uint64_t seq)
 {
-    pend **pp = pend_find_locked(ix, k, wid);
+    pend_key *g = pend_key_find(ix, k);
+    if (!g) {
+        g = cg_calloc(1, sizeof *g);
+        g->key = *k;
+        cg_map_add(&ix->pend, &g->node);
+    }
+    pend **pp = pend_find_locked(g, wid);
     if (!*pp) {
         *pp = cg_calloc(1, sizeof **pp);
         (*pp)->key = *k;
@@ -430,27 +454,21 @@ static void pend_put_locked(cg_index *ix, const cg_key *k, int64_t wid, uint8_t 
 /* The op seq on (key, worker) was applied: its entry goes unless a newer op replaced it. */
 static void pend_done_locked(cg_index *ix, const cg_key *k, int64_t wid, uint64_t seq)
 {
-    pend **pp = pend_find_locked(ix, k, wid);
-    if (*pp && (*pp)->seq == seq) {
-        pend *dead = *pp;
-        *pp = dead->next;
-        free(dead);
-    }
+    pend_key *g = pend_key_find(ix, k);
+    if (!g) return;
+    pend **pp = pend_find_locked(g, wid);
+    if (*pp && (*pp)->seq == seq) pend_drop_locked(ix, g, pp);
 }
 
 /* A replace of wid's inventory was queued as op seq: older entries of wid are superseded. */
 static void pend_replace_locked(cg_index *ix, int64_t wid, uint64_t seq)
 {
-    for (size_t b = 0; b < PEND_BUCKETS; b++)
-        for (pend **pp = &ix->pend_buckets[b]; *pp;) {
-            if ((*pp)->worker_id == wid) {
-                pend *dead = *pp;
-                *pp = dead->next;
-                free(dead);
-            } else {
-                pp = &(*pp)->next;
-            }
-        }
+    cg_map_iter it = cg_map_iter_start(&ix->pend);
+    for (cg_map_node *n; (n = cg_map_iter_next(&it));) {
+        pend_key *g = CG_MAP_ENTRY(n, pend_key, node);
+        pend **pp = pend_find_locked(g, wid);
+        if (*pp) pend_drop_locked(ix, g, pp); /* may free g: the iteration allows it */
+    }
     pend_replace *r = cg_calloc(1, sizeof *r);
     r->worker_id = wid;
     r->seq = seq;
@@ -471,12 +489,17 @@ static void pend_replace_done_locked(cg_index *ix, int64_t wid, uint64_t seq)
 
 static void pend_free_all(cg_index *ix)
 {
-    for (size_t b = 0; b < PEND_BUCKETS; b++)
-        while (ix->pend_buckets[b]) {
-            pend *dead = ix->pend_buckets[b];
-            ix->pend_buckets[b] = dead->next;
+    cg_map_iter it = cg_map_iter_start(&ix->pend);
+    for (cg_map_node *n; (n = cg_map_iter_next(&it));) {
+        pend_key *g = CG_MAP_ENTRY(n, pend_key, node);
+        while (g->first) {
+            pend *dead = g->first;
+            g->first = dead->next;
             free(dead);
         }
+        free(g);
+    }
+    cg_map_free(&ix->pend);
     while (ix->replaces) {
         pend_replace *dead = ix->replaces;
         ix->replaces = dead->next;
@@ -531,15 +554,16 @@ static void pend_view_take(cg_index *ix, const cg_key *keys, size_t n, pend_view
         }
         out->replaced[out->n_replaced++] = r->worker_id;
     }
-    for (size_t i = 0; i < n; i++)
-        for (pend *p = ix->pend_buckets[pend_bucket(&keys[i])]; p; p = p->next) {
-            if (!cg_key_equal(&p->key, &keys[i])) continue;
+    for (size_t i = 0; i < n; i++) {
+        pend_key *g = pend_key_find(ix, &keys[i]);
+        for (pend *p = g ? g->first : NULL; p; p = p->next) {
             if (out->n == cap) {
                 cap = cap ? cap * 2 : 8;
                 out->v = cg_realloc(out->v, cap * sizeof *out->v);
             }
             out->v[out->n++] = *p;
         }
+    }
     pthread_mutex_unlock(&ix->mu);
 }
 
@@ -651,6 +675,7 @@ cg_status cg_index_open(const char *path, cg_index_params params, cg_index **out
     pthread_once(&once, sqlite_global_config);
     ix = cg_calloc(1, sizeof *ix);
     ix->params = params;
+    CG_MAP_INIT(&ix->pend, pend_key, node, key);
 
     if (sqlite3_open_v2(path, &ix->wdb,
                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
