@@ -590,6 +590,14 @@ START_TEST(test_lifecycle)
     ck_assert_uint_eq(cg_engine_live_assemblies(e, 1500), 1); /* id1 expired */
     cg_complete_req cr = {.assembly_id = id1, .max_tokens = 4};
     ck_assert_int_eq(cg_engine_complete(e, &cr, 1500, &res, err, sizeof err), CG_E_NOT_FOUND);
+    /* only the whole id names a live assembly: not its prefix, not a longer string */
+    char near[40];
+    snprintf(near, sizeof near, "%.31s", id2);
+    cr.assembly_id = near;
+    ck_assert_int_eq(cg_engine_complete(e, &cr, 1500, &res, err, sizeof err), CG_E_NOT_FOUND);
+    snprintf(near, sizeof near, "%s0", id2);
+    ck_assert_int_eq(cg_engine_complete(e, &cr, 1500, &res, err, sizeof err), CG_E_NOT_FOUND);
+    ck_assert_uint_eq(cg_engine_live_assemblies(e, 1500), 1);
     ck_assert_int_eq(cg_pool_peek(cg_engine_pool(e), &k, &pi), CG_OK);
     ck_assert_uint_eq(pi.refs, 1); /* id2's */
     ck_assert_uint_eq(cg_engine_reap(e, 1700), 1);

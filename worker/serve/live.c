@@ -7,6 +7,7 @@
 #include <sys/random.h>
 
 #include "base/base.h"
+#include "base/map.h"
 
 /* Freed assembly KV buffers kept for the next assembly: a fresh buffer costs a page fault
  * per 4 KiB on first write, a noticeable part of a warm TTFT. */
@@ -18,8 +19,7 @@ struct cg_live {
     size_t max;
     uint64_t ttl_ms;
     pthread_mutex_t mu; /* guards everything below; never held while computing */
-    cg_assembly *head;
-    size_t n;
+    cg_map live;        /* cg_assembly by node, keyed by id */
     cg_live_stats stats;
     cg_kv *spare[SPARE_KV];
 };
@@ -31,6 +31,7 @@ cg_live *cg_live_new(const cg_model *m, cg_pool *pool, size_t max, uint64_t ttl_
     l->pool = pool;
     l->max = max ? max : 1;
     l->ttl_ms = ttl_ms;
+    CG_MAP_INIT(&l->live, cg_assembly, node, id);
     pthread_mutex_init(&l->mu, NULL);
     return l;
 }
@@ -39,11 +40,13 @@ void cg_live_free(cg_live **lp)
 {
     cg_live *l = *lp;
     if (!l) return;
-    while (l->head) {
-        cg_assembly *a = l->head;
-        l->head = a->next;
+    cg_map_iter it = cg_map_iter_start(&l->live);
+    for (cg_map_node *n; (n = cg_map_iter_next(&it));) {
+        cg_assembly *a = CG_MAP_ENTRY(n, cg_assembly, node);
+        cg_map_remove(&l->live, n);
         cg_live_discard(l, &a, 0);
     }
+    cg_map_free(&l->live);
     for (int i = 0; i < SPARE_KV; i++)
         cg_kv_free(&l->spare[i]);
     pthread_mutex_destroy(&l->mu);
@@ -143,10 +146,8 @@ cg_status cg_live_add(cg_live *l, cg_assembly **ap, uint64_t now, int adopted, c
     random_id(a->id);
     cg_status st = CG_E_UNAVAILABLE;
     pthread_mutex_lock(&l->mu);
-    if (l->n < l->max) {
-        a->next = l->head;
-        l->head = a;
-        l->n++;
+    if (cg_map_count(&l->live) < l->max) {
+        cg_map_add(&l->live, &a->node);
         if (adopted)
             l->stats.adopted++;
         else
@@ -160,20 +161,21 @@ cg_status cg_live_add(cg_live *l, cg_assembly **ap, uint64_t now, int adopted, c
     return st;
 }
 
+/* The live assembly id, or NULL. Lock held. Ids are 32 characters and the map compares all 33
+ * bytes of id[], so a string of any other length is not looked up. */
+static cg_assembly *find_locked(cg_live *l, const char *id)
+{
+    if (strnlen(id, 33) != 32) return NULL;
+    cg_map_node *n = cg_map_find(&l->live, id);
+    return n ? CG_MAP_ENTRY(n, cg_assembly, node) : NULL;
+}
+
 cg_assembly *cg_live_take(cg_live *l, const char *id, uint64_t now)
 {
     cg_live_reap(l, now);
-    cg_assembly *a = NULL;
     pthread_mutex_lock(&l->mu);
-    for (cg_assembly **pp = &l->head; *pp; pp = &(*pp)->next) {
-        if (strcmp((*pp)->id, id) == 0) {
-            a = *pp;
-            *pp = a->next;
-            a->next = NULL;
-            l->n--;
-            break;
-        }
-    }
+    cg_assembly *a = find_locked(l, id);
+    if (a) cg_map_remove(&l->live, &a->node);
     pthread_mutex_unlock(&l->mu);
     return a;
 }
@@ -184,49 +186,45 @@ cg_status cg_live_with(cg_live *l, const char *id, uint64_t now,
     cg_live_reap(l, now);
     cg_status st = CG_E_NOT_FOUND;
     pthread_mutex_lock(&l->mu);
-    for (cg_assembly *a = l->head; a; a = a->next)
-        if (strcmp(a->id, id) == 0) {
-            fn(a, ud);
-            st = CG_OK;
-            break;
-        }
+    const cg_assembly *a = find_locked(l, id);
+    if (a) {
+        fn(a, ud);
+        st = CG_OK;
+    }
     pthread_mutex_unlock(&l->mu);
     return st;
 }
 
 size_t cg_live_reap(cg_live *l, uint64_t now)
 {
-    cg_assembly *dead = NULL;
-    size_t n = 0;
+    cg_map dead; /* moved out under the lock, discarded after it: discarding takes it */
+    CG_MAP_INIT(&dead, cg_assembly, node, id);
     pthread_mutex_lock(&l->mu);
-    for (cg_assembly **pp = &l->head; *pp;) {
-        cg_assembly *a = *pp;
-        if (a->expires <= now) {
-            *pp = a->next;
-            a->next = dead;
-            dead = a;
-            l->n--;
-            n++;
-        } else {
-            pp = &a->next;
-        }
+    cg_map_iter it = cg_map_iter_start(&l->live);
+    for (cg_map_node *n; (n = cg_map_iter_next(&it));) {
+        if (CG_MAP_ENTRY(n, cg_assembly, node)->expires > now) continue;
+        cg_map_remove(&l->live, n);
+        cg_map_add(&dead, n);
     }
-    l->stats.expired += n;
+    size_t n_dead = cg_map_count(&dead);
+    l->stats.expired += n_dead;
     pthread_mutex_unlock(&l->mu);
-    while (dead) {
-        cg_assembly *a = dead;
-        dead = a->next;
+    it = cg_map_iter_start(&dead);
+    for (cg_map_node *n; (n = cg_map_iter_next(&it));) {
+        cg_assembly *a = CG_MAP_ENTRY(n, cg_assembly, node);
+        cg_map_remove(&dead, n);
         cg_log(CG_LOG_INFO, "assembly %s expired unconsumed", a->id);
         cg_live_discard(l, &a, now);
     }
-    return n;
+    cg_map_free(&dead);
+    return n_dead;
 }
 
 size_t cg_live_count(cg_live *l, uint64_t now)
 {
     cg_live_reap(l, now);
     pthread_mutex_lock(&l->mu);
-    size_t n = l->n;
+    size_t n = cg_map_count(&l->live);
     pthread_mutex_unlock(&l->mu);
     return n;
 }

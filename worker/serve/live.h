@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/map.h"
 #include "base/status.h"
 #include "kv/pool.h"
 #include "worker/model/model.h"
@@ -28,7 +29,7 @@ typedef struct cg_assembly {
     float recompute_ratio;
     uint32_t recompute_prefix, recomputed;
     uint64_t expires;
-    struct cg_assembly *next;
+    cg_map_node node; /* the table's, keyed by id, while it is live */
 } cg_assembly;
 
 typedef struct cg_live cg_live;
