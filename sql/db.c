@@ -12,6 +12,41 @@ void cg_db_log(const char *module, sqlite3 *db, const char *what)
            sqlite3_extended_errcode(db));
 }
 
+cg_status cg_db_open(const char *module, const char *path, int flags, int busy_ms, sqlite3 **db)
+{
+    if (sqlite3_open_v2(path, db, flags | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+        cg_log(CG_LOG_ERROR, "%s: cannot open %s: %s", module, path,
+               *db ? sqlite3_errmsg(*db) : "out of memory");
+        sqlite3_close(*db);
+        *db = NULL;
+        return CG_E_IO;
+    }
+    sqlite3_extended_result_codes(*db, 1);
+    sqlite3_busy_timeout(*db, busy_ms);
+    return CG_OK;
+}
+
+cg_status cg_db_prepare_all(const char *module, sqlite3 *db, const char *const *sql,
+                            sqlite3_stmt **out, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (sqlite3_prepare_v3(db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &out[i], NULL) !=
+            SQLITE_OK) {
+            cg_db_log(module, db, sql[i]);
+            return CG_E_IO;
+        }
+    }
+    return CG_OK;
+}
+
+void cg_db_finalize_all(sqlite3_stmt **s, int n)
+{
+    for (int i = 0; i < n; i++) {
+        sqlite3_finalize(s[i]);
+        s[i] = NULL;
+    }
+}
+
 int cg_db_step_done(sqlite3_stmt *s)
 {
     int rc;
@@ -121,4 +156,15 @@ cg_status cg_db_migrate(sqlite3 *db, const char *path, const cg_db_schema *schem
         if (!sqlite3_get_autocommit(db) && cg_db_exec(m, db, "COMMIT", "end migration") != CG_OK)
             return CG_E_IO;
     }
+}
+
+cg_status cg_db_setup(sqlite3 *db, const char *path, const cg_db_schema *schema,
+                      const char *pragmas)
+{
+    const char *m = schema->module;
+    cg_status st = cg_db_check_version(db, path, schema, &(int64_t){0});
+    if (st != CG_OK) return st;
+    if (cg_db_use_wal(m, db, path) != CG_OK || cg_db_exec(m, db, pragmas, "configure") != CG_OK)
+        return CG_E_IO;
+    return cg_db_migrate(db, path, schema);
 }

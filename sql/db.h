@@ -9,6 +9,19 @@
 
 /* Logs an SQLite error of db as "<module>: <what>: <message> (<extended code>)". */
 void cg_db_log(const char *module, sqlite3 *db, const char *what);
+/* Opens path into *db for one thread at a time (SQLITE_OPEN_NOMUTEX added to flags, which say
+ * SQLITE_OPEN_READWRITE, with SQLITE_OPEN_CREATE where the file may be new), with extended
+ * result codes and a busy timeout of busy_ms. Otherwise CG_E_IO, logged as "<module>: cannot
+ * open <path>: <why>", and *db NULL. The caller closes *db. */
+cg_status cg_db_open(const char *module, const char *path, int flags, int busy_ms,
+                     sqlite3 **db) CG_WUR;
+/* Prepares sql[0..n) into out[0..n) (SQLITE_PREPARE_PERSISTENT: statements kept for the life of
+ * the connection). CG_E_IO, logged with the failing statement, at the first that fails; the
+ * ones prepared stay in out for cg_db_finalize_all. */
+cg_status cg_db_prepare_all(const char *module, sqlite3 *db, const char *const *sql,
+                            sqlite3_stmt **out, int n) CG_WUR;
+/* Finalizes s[0..n) (NULL entries are fine) and sets them to NULL. */
+void cg_db_finalize_all(sqlite3_stmt **s, int n);
 /* Steps s to completion (ignoring rows), then resets it and clears its bindings.
  * Returns the final step code (SQLITE_DONE on success). */
 int cg_db_step_done(sqlite3_stmt *s);
@@ -44,5 +57,11 @@ cg_status cg_db_check_version(sqlite3 *db, const char *path, const cg_db_schema 
 /* Applies the pending migrations, each with its user_version bump in one BEGIN IMMEDIATE
  * transaction, so a crash leaves the old or the new version, never a mix. */
 cg_status cg_db_migrate(sqlite3 *db, const char *path, const cg_db_schema *schema) CG_WUR;
+/* Makes an open file ready for schema, in the order every opener of our files needs: refuses a
+ * future or foreign file before changing anything in it (cg_db_check_version), switches it to
+ * WAL (cg_db_use_wal), runs pragmas (the opener's durability settings: synchronous, journal
+ * size limit), then migrates (cg_db_migrate). Returns their status, CG_E_IO for the pragmas. */
+cg_status cg_db_setup(sqlite3 *db, const char *path, const cg_db_schema *schema,
+                      const char *pragmas) CG_WUR;
 
 #endif

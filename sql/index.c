@@ -351,35 +351,15 @@ static char *col_strdup(sqlite3_stmt *s, int i)
     return cg_strdup(t ? t : "");
 }
 
-static cg_status prepare_all(sqlite3 *db, const char *const *sql, sqlite3_stmt **out, int n)
-{
-    for (int i = 0; i < n; i++) {
-        if (sqlite3_prepare_v3(db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &out[i], NULL) !=
-            SQLITE_OK) {
-            cg_db_log(DB_MODULE, db, sql[i]);
-            return CG_E_IO;
-        }
-    }
-    return CG_OK;
-}
-
-static void finalize_all(sqlite3_stmt **s, int n)
-{
-    for (int i = 0; i < n; i++) {
-        sqlite3_finalize(s[i]);
-        s[i] = NULL;
-    }
-}
-
-/* Settings shared by the writer and the readers. */
-static cg_status configure(sqlite3 *db, const cg_index_params *p, int64_t cache_kib)
+/* Opens a connection with the settings shared by the writer and the readers. */
+static cg_status open_conn(const char *path, int flags, const cg_index_params *p, int64_t cache_kib,
+                           sqlite3 **db)
 {
     char sql[256];
-    sqlite3_extended_result_codes(db, 1);
-    sqlite3_busy_timeout(db, p->busy_timeout_ms);
+    if (cg_db_open(DB_MODULE, path, flags, p->busy_timeout_ms, db) != CG_OK) return CG_E_IO;
     snprintf(sql, sizeof sql, "PRAGMA cache_size = %lld; PRAGMA mmap_size = %lld;",
              (long long)-cache_kib, (long long)p->mmap_bytes);
-    return cg_db_exec(DB_MODULE, db, sql, "configure connection");
+    return cg_db_exec(DB_MODULE, *db, sql, "configure connection");
 }
 
 /* ---- Open: version checks and migrations --------------------------------------------------- */
@@ -629,12 +609,12 @@ static void index_destroy(cg_index *ix)
 {
     if (ix->rc) {
         for (int i = 0; i < ix->n_rc; i++) {
-            finalize_all(ix->rc[i].s, R_COUNT);
+            cg_db_finalize_all(ix->rc[i].s, R_COUNT);
             sqlite3_close(ix->rc[i].db);
         }
         cg_free(&ix->rc);
     }
-    finalize_all(ix->ws, W_COUNT);
+    cg_db_finalize_all(ix->ws, W_COUNT);
     /* The writer's connection closes last: as the last connection it checkpoints the WAL
      * into the main file and removes it. */
     if (ix->wdb) sqlite3_close(ix->wdb);
@@ -655,7 +635,6 @@ cg_status cg_index_open(const char *path, cg_index_params params, cg_index **out
 {
     cg_index *ix = NULL;
     cg_status st = CG_E_IO;
-    int64_t version = 0;
     char sql[256];
 
     *out = NULL;
@@ -677,13 +656,9 @@ cg_status cg_index_open(const char *path, cg_index_params params, cg_index **out
     ix->params = params;
     CG_MAP_INIT(&ix->pend, pend_key, node, key);
 
-    if (sqlite3_open_v2(path, &ix->wdb,
-                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                        NULL) != SQLITE_OK) {
-        cg_log(CG_LOG_ERROR, "index: cannot open %s: %s", path,
-               ix->wdb ? sqlite3_errmsg(ix->wdb) : "out of memory");
+    if (open_conn(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &params, params.cache_kib,
+                  &ix->wdb) != CG_OK)
         goto out;
-    }
     /* SQLite silently opens a write-protected file read-only; every write would then fail
      * while requests go on as if recorded. Refuse it at start with the reason instead. */
     if (sqlite3_db_readonly(ix->wdb, "main") == 1) {
@@ -693,41 +668,30 @@ cg_status cg_index_open(const char *path, cg_index_params params, cg_index **out
                path);
         goto out;
     }
-    if (configure(ix->wdb, &params, params.cache_kib) != CG_OK) goto out;
-    /* Refuse a future or foreign file before changing anything in it. */
-    st = cg_db_check_version(ix->wdb, path, &schema, &version);
-    if (st != CG_OK) goto out;
-    st = CG_E_IO;
     /* WAL: readers never block the writer nor each other. synchronous=NORMAL in WAL mode
      * syncs only at checkpoints: a commit survives a process crash (kill -9) but the last
      * commits may be lost on power loss; the database is never corrupted either way. The
      * index is a view workers can rebuild, so that trade buys commits without fsync. */
-    if (cg_db_use_wal(DB_MODULE, ix->wdb, path) != CG_OK) goto out;
     snprintf(sql, sizeof sql,
              "PRAGMA synchronous = %s; PRAGMA foreign_keys = ON; PRAGMA recursive_triggers = OFF;"
              " PRAGMA wal_autocheckpoint = %d;"
              " PRAGMA journal_size_limit = %d;",
              params.synchronous_full ? "FULL" : "NORMAL", params.wal_autocheckpoint,
              WAL_SIZE_LIMIT);
-    if (cg_db_exec(DB_MODULE, ix->wdb, sql, "configure writer") != CG_OK) goto out;
-    st = cg_db_migrate(ix->wdb, path, &schema);
+    st = cg_db_setup(ix->wdb, path, &schema, sql);
     if (st != CG_OK) goto out;
     st = CG_E_IO;
-    if (prepare_all(ix->wdb, write_sql, ix->ws, W_COUNT) != CG_OK) goto out;
+    if (cg_db_prepare_all(DB_MODULE, ix->wdb, write_sql, ix->ws, W_COUNT) != CG_OK) goto out;
 
     ix->n_rc = params.read_conns;
     ix->rc = cg_calloc((size_t)ix->n_rc, sizeof *ix->rc);
     ix->pool_free = cg_calloc((size_t)ix->n_rc, sizeof *ix->pool_free);
     for (int i = 0; i < ix->n_rc; i++) {
         rconn *c = &ix->rc[i];
-        if (sqlite3_open_v2(path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) !=
-            SQLITE_OK) {
-            cg_log(CG_LOG_ERROR, "index: cannot open read connection to %s", path);
+        if (open_conn(path, SQLITE_OPEN_READWRITE, &params, params.read_cache_kib, &c->db) != CG_OK)
             goto out;
-        }
-        if (configure(c->db, &params, params.read_cache_kib) != CG_OK ||
-            cg_db_exec(DB_MODULE, c->db, "PRAGMA query_only = ON", "configure reader") != CG_OK ||
-            prepare_all(c->db, read_sql, c->s, R_COUNT) != CG_OK)
+        if (cg_db_exec(DB_MODULE, c->db, "PRAGMA query_only = ON", "configure reader") != CG_OK ||
+            cg_db_prepare_all(DB_MODULE, c->db, read_sql, c->s, R_COUNT) != CG_OK)
             goto out;
         ix->pool_free[ix->n_free++] = i;
     }

@@ -94,8 +94,7 @@ static const cg_db_schema schema = {
 
 static void kvstore_destroy(cg_kvstore *kv)
 {
-    for (int i = 0; i < S_COUNT; i++)
-        sqlite3_finalize(kv->s[i]);
+    cg_db_finalize_all(kv->s, S_COUNT);
     if (kv->db) sqlite3_close(kv->db);
     cg_free(&kv->path);
     cg_free(&kv->slot_buf);
@@ -111,37 +110,18 @@ cg_status cg_kvstore_open(const char *path, int sync_full, cg_kvstore **out)
     if (!path || !*path || strcmp(path, ":memory:") == 0) return CG_E_VALUE;
     kv = cg_calloc(1, sizeof *kv);
     kv->path = cg_strdup(path);
-    if (sqlite3_open_v2(path, &kv->db,
-                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                        NULL) != SQLITE_OK) {
-        cg_log(CG_LOG_ERROR, "kvstore: cannot open %s: %s", path,
-               kv->db ? sqlite3_errmsg(kv->db) : "out of memory");
+    if (cg_db_open(DB_MODULE, path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, 5000, &kv->db) !=
+        CG_OK)
         goto out;
-    }
-    sqlite3_extended_result_codes(kv->db, 1);
-    sqlite3_busy_timeout(kv->db, 5000);
-    st = cg_db_check_version(kv->db, path, &schema, &(int64_t){0});
-    if (st != CG_OK) goto out;
-    st = CG_E_IO;
     /* WAL: a commit is one append to the log. synchronous=NORMAL survives kill -9; the
      * checksums in the rows catch what power loss could tear (readme-tiers.md). */
-    if (cg_db_use_wal(DB_MODULE, kv->db, path) != CG_OK) goto out;
-    if (cg_db_exec(DB_MODULE, kv->db,
-                   sync_full ? "PRAGMA synchronous = FULL; PRAGMA journal_size_limit = 16777216;"
-                             : "PRAGMA synchronous = NORMAL; PRAGMA journal_size_limit = 16777216;",
-                   "configure") != CG_OK)
-        goto out;
-    st = cg_db_migrate(kv->db, path, &schema);
+    st = cg_db_setup(kv->db, path, &schema,
+                     sync_full
+                         ? "PRAGMA synchronous = FULL; PRAGMA journal_size_limit = 16777216;"
+                         : "PRAGMA synchronous = NORMAL; PRAGMA journal_size_limit = 16777216;");
     if (st != CG_OK) goto out;
-    st = CG_E_IO;
-    for (int i = 0; i < S_COUNT; i++) {
-        if (sqlite3_prepare_v3(kv->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &kv->s[i],
-                               NULL) != SQLITE_OK) {
-            cg_db_log(DB_MODULE, kv->db, stmt_sql[i]);
-            goto out;
-        }
-    }
-    st = CG_OK;
+    st = cg_db_prepare_all(DB_MODULE, kv->db, stmt_sql, kv->s, S_COUNT);
+    if (st != CG_OK) goto out;
     *out = kv;
     kv = NULL;
 out:
