@@ -14,6 +14,7 @@
 
 #include "kv/attn.h"
 #include "base/base.h"
+#include "tests/harness/harness.h"
 
 static double now_s(void)
 {
@@ -181,12 +182,7 @@ typedef struct bcase {
 
 int main(int argc, char **argv)
 {
-    if (!getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-        perror("bench_attn: re-exec");
-        return 1;
-    }
+    th_omp_passive(argv);
     shape sh = {8, 4, 32};
     int reps = 5;
     const char *only = NULL;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "tests/harness/harness.h"
 #include "worker/model/matmul.h"
 
 /* Qwen2.5-0.5B */
@@ -397,12 +398,7 @@ static void bench_decode(int reps, int layers)
 
 int main(int argc, char **argv)
 {
-    if (!getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-        perror("bench_matmul: re-exec");
-        return 1;
-    }
+    th_omp_passive(argv);
     int reps = 7, layers = 4, prefill = 1, decode = 1;
     const char *isa = NULL;
     for (int i = 1; i < argc; i++) {

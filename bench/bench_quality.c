@@ -113,10 +113,7 @@ typedef struct result {
 
 int main(int argc, char **argv)
 {
-    if (!getenv("OMP_WAIT_POLICY")) { /* see bench_ttft.c */
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-    }
+    th_omp_passive(argv);
     const char *model_dir = NULL;
     int prompts = 3, reps = 3, n_docs = 4;
     uint32_t tokens = 16;

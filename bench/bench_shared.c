@@ -363,10 +363,7 @@ static void ttft_bench(const cg_model *m, int port, redisContext *adm, int reps)
 
 int main(int argc, char **argv)
 {
-    if (!getenv("OMP_WAIT_POLICY")) { /* see bench_ttft.c */
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-    }
+    th_omp_passive(argv);
     int reps = 3, n_chunks = 16, skip_ttft = 0;
     uint32_t tokens = 256;
     cg_model_gen_params gp = cg_model_gen_default_params();

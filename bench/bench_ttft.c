@@ -56,12 +56,7 @@ static double ttft(cg_engine *e, const cg_engine_seg *segs, size_t n, cg_engine_
 
 int main(int argc, char **argv)
 {
-    /* See worker_main.c: libgomp's spin-wait starves OpenBLAS on two cores; it reads the
-     * policy at load time, hence the re-exec. */
-    if (!getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-    }
+    th_omp_passive(argv);
     const char *model_dir = NULL;
     int reps = 3, n_decode = 128;
     const th_opt opts[] = {{"--model", TH_OPT_STR, &model_dir},

@@ -934,12 +934,7 @@ END_TEST
 int main(int argc, char **argv)
 {
     (void)argc;
-    /* As in worker_main.c: libgomp's default spin-wait starves OpenBLAS on two cores (this
-     * suite ran ten times slower); the policy is read at load time, hence the re-exec. */
-    if (!getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-    }
+    th_omp_passive(argv); /* this suite ran ten times slower under the spin-wait */
     cg_log_init("test_engine", CG_LOG_WARN);
     m_half = make_model(CG_ROPE_HALF, &dir_half);
     m_inter = make_model(CG_ROPE_INTERLEAVED, &dir_inter);

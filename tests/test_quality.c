@@ -648,10 +648,7 @@ END_TEST
 int main(int argc, char **argv)
 {
     (void)argc;
-    if (!getenv("OMP_WAIT_POLICY")) { /* see test_engine.c */
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-    }
+    th_omp_passive(argv);
     cg_log_init("test_quality", CG_LOG_WARN);
     snprintf(model_dir, sizeof model_dir, "/tmp/cg_test_quality_XXXXXX");
     if (!mkdtemp(model_dir)) abort();

@@ -204,6 +204,12 @@ int th_log_has_report(const th_proc *p);
 int th_stop_clean(th_proc *p, const char *what);
 /* Prints what failed and p's log to stderr, then aborts (for fixtures). */
 void th_die(const char *what, const th_proc *p);
+/* Unless OMP_WAIT_POLICY is set, sets it to passive and re-execs the program with argv (call it
+ * first in main): libgomp reads the policy when it loads, before main, and its default
+ * spin-wait keeps both cores busy after every parallel region, starving the OpenBLAS threads
+ * of the next product (as chunkgate-worker serve does for itself). Exits 1 when the re-exec
+ * fails. */
+void th_omp_passive(char **argv);
 /* Runs bin with args to completion (log in logname); returns its exit status as th_wait_exit
  * after at most 60 s, or -1. */
 int th_run_cmd(const char *bin, const char *const *args, const char *logname);

@@ -422,6 +422,15 @@ void th_die(const char *what, const th_proc *p)
     abort();
 }
 
+void th_omp_passive(char **argv)
+{
+    if (getenv("OMP_WAIT_POLICY")) return;
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv);
+    fprintf(stderr, "%s: re-exec with OMP_WAIT_POLICY=passive: %s\n", argv[0], strerror(errno));
+    exit(1);
+}
+
 int th_run_cmd(const char *bin, const char *const *args, const char *logname)
 {
     th_proc p;
