@@ -33,7 +33,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "llamacpp"))
-from crosscheck import probe_ids  # noqa: E402
+from crosscheck import add_probe_args, probe_ids  # noqa: E402
 
 
 def kl_stats(p, q):
@@ -69,11 +69,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir")
     ap.add_argument("work")
-    ap.add_argument("--tokens", type=int, default=512)
-    ap.add_argument("--positions", type=int, default=32)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--id-min", type=int, default=1000)
-    ap.add_argument("--id-max", type=int, default=30000)
+    add_probe_args(ap, positions=32)
     ap.add_argument("--rag", type=int, default=0,
                     help="answer positions of this many held-out RAG questions instead of random ids")
     ap.add_argument("--threads", type=int, default=2)

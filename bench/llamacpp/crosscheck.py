@@ -38,6 +38,16 @@ def xorshift_ids(n, seed, lo, hi):
     return out
 
 
+def add_probe_args(ap, positions):
+    """The options of the probe prompt that probe_ids reads: --tokens, --positions (default
+    positions), --seed, --id-min, --id-max."""
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--positions", type=int, default=positions)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--id-min", type=int, default=1000)
+    ap.add_argument("--id-max", type=int, default=30000)
+
+
 def probe_ids(model_dir, cfg, tokens, seed, lo, hi, positions):
     """The probe prompt of a cross-check: `tokens` pseudo-random ids in [lo, hi) from seed,
     led by BOS where the model's tokenizer adds one, and `positions` evenly spaced positions
@@ -58,12 +68,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir")
     ap.add_argument("gguf")
-    ap.add_argument("--tokens", type=int, default=512)
-    ap.add_argument("--positions", type=int, default=8)
+    add_probe_args(ap, positions=8)
     ap.add_argument("--top", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--id-min", type=int, default=1000)
-    ap.add_argument("--id-max", type=int, default=30000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-dlogprob", type=float, default=0.0,
