@@ -23,6 +23,7 @@
 #include "worker/serve/engine.h"
 #include "worker/model/model.h"
 #include "base/base.h"
+#include "tests/harness/kv_geom.h"
 
 #define LAYERS 4
 #define HEADS 4
@@ -279,19 +280,8 @@ int main(int argc, char **argv)
     if (mib == 0 || b.chunk_tokens == 0 || reps < 1) return 2;
     cg_log_init("bench_disk", CG_LOG_WARN);
 
-    cg_disk_params p = cg_disk_default_params();
-    p.dir = b.dir;
-    p.block_tokens = BT;
-    p.n_layers = LAYERS;
-    p.n_kv_heads = HEADS;
-    p.head_dim = HD;
-    p.model_id = "chunkgate-tiny";
-    cg_pool_params pp = cg_pool_default_params();
-    pp.block_tokens = BT;
-    pp.n_layers = LAYERS;
-    pp.n_kv_heads = HEADS;
-    pp.head_dim = HD;
-    p.block_bytes = cg_pool_block_bytes(&pp);
+    cg_disk_params p =
+        th_disk_params((th_kv_geom){LAYERS, HEADS, HD, BT}, b.dir, "chunkgate-tiny", 0);
     size_t blocks = (b.chunk_tokens + BT - 1) / BT;
     b.chunk_bytes = blocks * p.block_bytes;
     b.n_chunks = (mib << 20) / b.chunk_bytes;

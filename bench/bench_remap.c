@@ -9,6 +9,7 @@
 #include "base/base.h"
 #include "kv/pool.h"
 #include "kv/remap.h"
+#include "tests/harness/kv_geom.h"
 
 static volatile float sink;
 
@@ -134,11 +135,7 @@ int main(int argc, char **argv)
     free(dst);
 
     /* Pool: 8 layers x 4 kv heads x hd 128, block 16, one chunk filling about buffer_mb. */
-    cg_pool_params pp = cg_pool_default_params();
-    pp.n_layers = 8;
-    pp.n_kv_heads = 4;
-    pp.head_dim = 128;
-    pp.block_tokens = 16;
+    cg_pool_params pp = th_pool_params((th_kv_geom){8, 4, 128, 16}, 0);
     size_t per_token = (size_t)pp.n_layers * (size_t)pp.n_kv_heads * 2 * 128 * sizeof(float);
     uint32_t tokens = (uint32_t)(bytes / per_token);
     tokens -= tokens % 16;

@@ -21,6 +21,7 @@
 #include "kv/pool.h"
 #include "sql/kvstore.h"
 #include "tests/harness/harness.h"
+#include "tests/harness/kv_geom.h"
 
 /* Geometry: 2 layers, 2 KV heads, head_dim 8, 4 tokens a block -> 1024-byte blocks. */
 #define LAYERS 2
@@ -29,6 +30,7 @@
 #define BT 4
 #define BB ((size_t)HEADS * LAYERS * 2 * BT * HD * sizeof(float))
 #define MODEL "test-model"
+#define GEOM ((th_kv_geom){LAYERS, HEADS, HD, BT})
 
 static char g_dir[64];
 
@@ -103,16 +105,8 @@ static const void *src_block(void *ud, uint32_t i)
 
 static cg_disk_params params_for(const char *dir, size_t slots)
 {
-    cg_disk_params p = cg_disk_default_params();
-    p.dir = dir;
-    p.capacity_bytes = slots * BB + 100; /* rounded down to whole slots */
-    p.block_bytes = BB;
-    p.block_tokens = BT;
-    p.n_layers = LAYERS;
-    p.n_kv_heads = HEADS;
-    p.head_dim = HD;
-    p.model_id = MODEL;
-    return p;
+    /* the capacity is rounded down to whole slots */
+    return th_disk_params(GEOM, dir, MODEL, slots * BB + 100);
 }
 
 static cg_disk *open_disk(size_t slots)
@@ -910,12 +904,7 @@ START_TEST(test_pool_spill_and_restore)
 {
     cg_disk *d = open_disk(64);
     spill_ctx sc = {d, 0};
-    cg_pool_params pp = cg_pool_default_params();
-    pp.block_tokens = BT;
-    pp.n_layers = LAYERS;
-    pp.n_kv_heads = HEADS;
-    pp.head_dim = HD;
-    pp.capacity_bytes = 6 * BB; /* two chunks of 10 tokens (3 blocks) */
+    cg_pool_params pp = th_pool_params(GEOM, 6 * BB); /* two chunks of 10 tokens (3 blocks) */
     pp.on_evict = on_evict;
     pp.on_evict_ud = &sc;
     ck_assert_uint_eq(cg_pool_block_bytes(&pp), BB);

@@ -13,8 +13,10 @@
 #include "kv/pool.h"
 #include "worker/store/disk.h"
 #include "worker/store/diskwb.h"
+#include "tests/harness/kv_geom.h"
 
 #define BLOCK_TOKENS 4
+#define GEOM ((th_kv_geom){2, 2, 8, BLOCK_TOKENS})
 
 static char g_dir[64];
 static size_t g_block;
@@ -23,11 +25,7 @@ static void setup(void)
 {
     snprintf(g_dir, sizeof g_dir, "/tmp/cg_diskwb_XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(g_dir));
-    cg_pool_params pp = cg_pool_default_params();
-    pp.block_tokens = BLOCK_TOKENS;
-    pp.n_layers = 2;
-    pp.n_kv_heads = 2;
-    pp.head_dim = 8;
+    cg_pool_params pp = th_pool_params(GEOM, 0);
     g_block = cg_pool_block_bytes(&pp);
 }
 
@@ -44,17 +42,9 @@ static void teardown(void)
 
 static cg_disk *open_disk(size_t slots)
 {
-    cg_disk_params dp = cg_disk_default_params();
-    dp.dir = g_dir;
-    dp.capacity_bytes = slots * g_block;
-    dp.block_bytes = g_block;
-    dp.block_tokens = BLOCK_TOKENS;
-    dp.n_layers = 2;
-    dp.n_kv_heads = 2;
-    dp.head_dim = 8;
-    dp.model_id = "wb-test";
     cg_disk *d = NULL;
-    ck_assert_int_eq(cg_disk_open(dp, &d), CG_OK);
+    ck_assert_int_eq(cg_disk_open(th_disk_params(GEOM, g_dir, "wb-test", slots * g_block), &d),
+                     CG_OK);
     return d;
 }
 

@@ -8,6 +8,7 @@
 #include "base/base.h"
 #include "kv/pool.h"
 #include "tests/harness/harness.h"
+#include "tests/harness/kv_geom.h"
 
 /* Geometry used throughout: block = 3 heads * 2 layers * 2 * 4 tokens * 4 dims floats. */
 #define LAYERS 2
@@ -18,12 +19,7 @@
 
 static cg_pool *open_pool(size_t n_blocks, cg_pool_evict_fn fn, void *ud)
 {
-    cg_pool_params pp = cg_pool_default_params();
-    pp.capacity_bytes = n_blocks * BLOCK_BYTES;
-    pp.block_tokens = BT;
-    pp.n_layers = LAYERS;
-    pp.n_kv_heads = HEADS;
-    pp.head_dim = HD;
+    cg_pool_params pp = th_pool_params((th_kv_geom){LAYERS, HEADS, HD, BT}, n_blocks * BLOCK_BYTES);
     pp.on_evict = fn;
     pp.on_evict_ud = ud;
     cg_pool *p = NULL;

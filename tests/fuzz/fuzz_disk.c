@@ -23,6 +23,7 @@
 #include "worker/store/disk.h"
 #include "base/base.h"
 #include "sql/kvstore.h"
+#include "tests/harness/kv_geom.h"
 
 #define LAYERS 1
 #define HEADS 2
@@ -58,16 +59,7 @@ static uint64_t splitmix(uint64_t *s)
 
 static cg_disk_params params(void)
 {
-    cg_disk_params p = cg_disk_default_params();
-    p.dir = g_dir;
-    p.capacity_bytes = SLOTS * BB;
-    p.block_bytes = BB;
-    p.block_tokens = BT;
-    p.n_layers = LAYERS;
-    p.n_kv_heads = HEADS;
-    p.head_dim = HD;
-    p.model_id = MODEL;
-    return p;
+    return th_disk_params((th_kv_geom){LAYERS, HEADS, HD, BT}, g_dir, MODEL, SLOTS * BB);
 }
 
 typedef struct src {
