@@ -78,6 +78,17 @@ static cg_engine *new_engine(cg_model *m, size_t pool_bytes)
     return e;
 }
 
+/* The bytes of one pool block (the default 16 tokens) of m's KV. */
+static size_t block_bytes(const cg_model *m)
+{
+    const cg_model_config *c = cg_model_cfg(m);
+    cg_pool_params pp = cg_pool_default_params();
+    pp.n_layers = c->n_layers;
+    pp.n_kv_heads = c->n_kv_heads;
+    pp.head_dim = c->head_dim;
+    return cg_pool_block_bytes(&pp);
+}
+
 /* Segments: system (optional, NULL = none), chunks by document index, question. */
 typedef struct req {
     cg_engine_seg segs[8];
@@ -374,13 +385,7 @@ static int in_pool(cg_engine *e, const cg_key *k)
 START_TEST(test_pool_pressure)
 {
     /* Room for about two of the documents (each ~19 blocks of 16 tokens) and a system. */
-    const cg_model_config *c = cg_model_cfg(m_half);
-    cg_pool_params pp = cg_pool_default_params();
-    pp.n_layers = c->n_layers;
-    pp.n_kv_heads = c->n_kv_heads;
-    pp.head_dim = c->head_dim;
-    size_t bb = cg_pool_block_bytes(&pp);
-    cg_engine *e = new_engine(m_half, bb * 44);
+    cg_engine *e = new_engine(m_half, block_bytes(m_half) * 44);
     const uint32_t sys_blocks = (uint32_t)((strlen(SYS2) + 1 + 15) / 16);
     ck_assert_uint_lt(sys_blocks, 4);
 
@@ -680,11 +685,7 @@ START_TEST(test_disk_tier)
     const int vocab = c->vocab_size;
     char dir[] = "/tmp/cg_test_engine_disk_XXXXXX";
     ck_assert_ptr_nonnull(mkdtemp(dir));
-    cg_pool_params pp = cg_pool_default_params();
-    pp.n_layers = c->n_layers;
-    pp.n_kv_heads = c->n_kv_heads;
-    pp.head_dim = c->head_dim;
-    size_t bb = cg_pool_block_bytes(&pp);
+    const size_t bb = block_bytes(m_half);
     cg_engine_params p = cg_engine_default_params();
     p.pool_bytes = bb * 44; /* the system prompt and two documents */
     p.disk_bytes = (size_t)64 << 20;
