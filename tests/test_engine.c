@@ -18,6 +18,7 @@
 #include "worker/serve/engine.h"
 #include "base/base.h"
 #include "tests/harness/harness.h"
+#include "tests/harness/prompt.h"
 
 #define ERRLEN 512
 #define GREEDY 32
@@ -90,17 +91,9 @@ static size_t block_bytes(const cg_model *m)
 }
 
 /* Segments: system (optional, NULL = none), chunks by document index, question. */
-typedef struct req {
-    cg_engine_seg segs[8];
-    size_t n;
-} req;
-
-static req make_req(const char *sys, const int *docs, size_t n_docs, const char *q)
+static th_prompt make_req(const char *sys, const int *docs, size_t n_docs, const char *q)
 {
-    req r;
-    memset(&r, 0, sizeof r);
-    r.n = th_engine_segs(r.segs, sys, DOC, docs, n_docs, q);
-    return r;
+    return th_prompt_of(sys, DOC, docs, n_docs, q);
 }
 
 /* The result of one assembly decoded greedily. */
@@ -125,7 +118,7 @@ static void runs_free(run *const *rs, size_t n)
 
 static uint64_t clock_ms = 1000; /* the engine's "now": tests control time */
 
-static run do_run(cg_engine *e, const req *rq, cg_mode mode, cg_engine_path path, uint32_t k)
+static run do_run(cg_engine *e, const th_prompt *rq, cg_mode mode, cg_engine_path path, uint32_t k)
 {
     run r;
     memset(&r, 0, sizeof r);
@@ -191,7 +184,7 @@ static void strict_fidelity(cg_model *m)
 {
     cg_engine *e = new_engine(m, 0);
     int d1[] = {0, 1, 2};
-    req r1 = make_req(SYS1, d1, 3, Q1);
+    th_prompt r1 = make_req(SYS1, d1, 3, Q1);
     run a = do_run(e, &r1, CG_MODE_STRICT, CG_PATH_CACHED, 0);
     for (size_t i = 0; i < a.info.n_segs; i++)
         ck_assert_int_eq(a.info.segs[i].hit, 0);
@@ -209,7 +202,7 @@ static void strict_fidelity(cg_model *m)
     /* Second request: another system prompt (another length) and the chunks reordered, so
      * every chunk is a hit at a new offset. */
     int d2[] = {2, 0, 1};
-    req r2 = make_req(SYS2, d2, 3, Q2);
+    th_prompt r2 = make_req(SYS2, d2, 3, Q2);
     run b = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_CACHED, 0);
     for (size_t i = 1; i < 4; i++) {
         ck_assert_int_eq(b.info.segs[i].hit, 1);
@@ -245,7 +238,7 @@ START_TEST(test_sys_fidelity)
     cg_engine *e = new_engine(m_half, 0);
     int vocab = cg_model_cfg(m_half)->vocab_size;
     int d[] = {0, 1};
-    req r = make_req(SYS1, d, 2, Q1);
+    th_prompt r = make_req(SYS1, d, 2, Q1);
     run miss = do_run(e, &r, CG_MODE_SYS, CG_PATH_CACHED, 0);
     run bypass = do_run(e, &r, CG_MODE_SYS, CG_PATH_BYPASS, 0);
     assert_same(e, &miss, &bypass, "sys misses vs two-stage without cache");
@@ -257,7 +250,7 @@ START_TEST(test_sys_fidelity)
 
     /* Reordered: B now follows the system segment, A comes second. Still hits. */
     int d2[] = {1, 0};
-    req r2 = make_req(SYS1, d2, 2, Q1);
+    th_prompt r2 = make_req(SYS1, d2, 2, Q1);
     run hit2 = do_run(e, &r2, CG_MODE_SYS, CG_PATH_CACHED, 0);
     ck_assert_int_eq(hit2.info.segs[1].hit, 1);
     ck_assert_int_eq(hit2.info.segs[2].hit, 1);
@@ -266,7 +259,7 @@ START_TEST(test_sys_fidelity)
 
     /* A single chunk directly after the system segment: the single pass is exact. */
     int d3[] = {2};
-    req r3 = make_req(SYS1, d3, 1, Q2);
+    th_prompt r3 = make_req(SYS1, d3, 1, Q2);
     run c3 = do_run(e, &r3, CG_MODE_SYS, CG_PATH_CACHED, 0);
     run ref3 = do_run(e, &r3, CG_MODE_SYS, CG_PATH_REFERENCE, 0);
     assert_same(e, &c3, &ref3, "sys single chunk vs single pass");
@@ -282,7 +275,7 @@ START_TEST(test_sys_fidelity)
                   "two-stage and single pass agree although chunk 2 is displaced");
 
     /* sys keys depend on the system segment: another system prompt misses. */
-    req r4 = make_req(SYS2, d, 2, Q1);
+    th_prompt r4 = make_req(SYS2, d, 2, Q1);
     run c4 = do_run(e, &r4, CG_MODE_SYS, CG_PATH_CACHED, 0);
     ck_assert_int_eq(c4.info.segs[1].hit, 0);
     ck_assert_int_eq(c4.info.segs[2].hit, 0);
@@ -299,11 +292,11 @@ START_TEST(test_reuse_across_prompts)
 {
     cg_engine *e = new_engine(m_half, 0);
     int d1[] = {3, 4, 0, 1};
-    req r1 = make_req(SYS1, d1, 4, Q1);
+    th_prompt r1 = make_req(SYS1, d1, 4, Q1);
     run a = do_run(e, &r1, CG_MODE_STRICT, CG_PATH_CACHED, 0);
     ck_assert_uint_eq(a.info.cached_tokens, 0);
     int d2[] = {1, 0, 4, 3};
-    req r2 = make_req(SYS2, d2, 4, Q2);
+    th_prompt r2 = make_req(SYS2, d2, 4, Q2);
     run b = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_CACHED, 0);
     ck_assert_int_eq(b.info.segs[0].hit, 0);
     for (size_t i = 1; i <= 4; i++)
@@ -325,7 +318,7 @@ START_TEST(test_reuse_across_prompts)
 
     /* Without a question the last logits come from a hit chunk's last token. */
     int d3[] = {4, 3};
-    req r3 = make_req(SYS2, d3, 2, NULL);
+    th_prompt r3 = make_req(SYS2, d3, 2, NULL);
     run nq = do_run(e, &r3, CG_MODE_STRICT, CG_PATH_CACHED, 0);
     ck_assert_int_eq(nq.info.segs[2].hit, 1);
     run nqref = do_run(e, &r3, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
@@ -343,7 +336,7 @@ START_TEST(test_full_recompute)
 {
     cg_engine *e = new_engine(m_half, 0);
     int d[] = {0, 2, 4};
-    req r = make_req(SYS1, d, 3, Q1);
+    th_prompt r = make_req(SYS1, d, 3, Q1);
     run causal = do_run(e, &r, CG_MODE_STRICT, CG_PATH_CAUSAL, 0);
     run miss = do_run(e, &r, CG_MODE_STRICT, CG_PATH_CACHED, 100000);
     assert_same(e, &miss, &causal, "full recompute (misses) vs causal");
@@ -365,7 +358,7 @@ START_TEST(test_full_recompute)
     ck_assert(rel_diff(part.logits, causal.logits, vocab) > 1e-5);
     ck_assert(rel_diff(part.logits, ref.logits, vocab) > 1e-5);
     /* Prompt ending in a chunk, fully recomputed: the last logits are the causal ones. */
-    req rn = make_req(SYS1, d, 3, NULL);
+    th_prompt rn = make_req(SYS1, d, 3, NULL);
     run nq = do_run(e, &rn, CG_MODE_STRICT, CG_PATH_CACHED, 100000);
     run nqc = do_run(e, &rn, CG_MODE_STRICT, CG_PATH_CAUSAL, 0);
     assert_same(e, &nq, &nqc, "full recompute, no question");
@@ -391,7 +384,7 @@ START_TEST(test_pool_pressure)
 
     /* All five in one request: the pool cannot hold them, some are used unstored. */
     int all5[] = {0, 1, 2, 3, 4};
-    req r = make_req(SYS2, all5, 5, Q1);
+    th_prompt r = make_req(SYS2, all5, 5, Q1);
     run a = do_run(e, &r, CG_MODE_STRICT, CG_PATH_CACHED, 0);
     run ref = do_run(e, &r, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
     assert_same(e, &a, &ref, "pool pressure, one request");
@@ -404,7 +397,7 @@ START_TEST(test_pool_pressure)
 
     /* Hold an assembly on doc 0 (live, not consumed). */
     int d0[] = {0};
-    req rh = make_req(SYS2, d0, 1, Q2);
+    th_prompt rh = make_req(SYS2, d0, 1, Q2);
     cg_assembly_info held;
     char err[ERRLEN];
     cg_assemble_req ar = {
@@ -418,7 +411,7 @@ START_TEST(test_pool_pressure)
     int pairs[][2] = {{1, 2}, {3, 4}, {2, 3}, {4, 1}, {1, 3}};
     size_t evicted = 0;
     for (size_t i = 0; i < CG_ARRAY_LEN(pairs); i++) {
-        req rp = make_req(SYS1, pairs[i], 2, Q1);
+        th_prompt rp = make_req(SYS1, pairs[i], 2, Q1);
         run x = do_run(e, &rp, CG_MODE_STRICT, CG_PATH_CACHED, 0);
         run xr = do_run(e, &rp, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
         assert_same(e, &x, &xr, "pool pressure, rotating documents");
@@ -472,7 +465,7 @@ START_TEST(test_key_mismatch)
     cg_engine *e = new_engine(m_half, 0);
     const cg_model_config *c = cg_model_cfg(m_half);
     int d[] = {0, 1};
-    req r = make_req(SYS1, d, 2, Q1);
+    th_prompt r = make_req(SYS1, d, 2, Q1);
     /* Claim doc B's key for doc A's text (the poisoning attempt). */
     cg_key kb = cg_key_compute(c->model_id, strlen(c->model_id), CG_MODE_STRICT, NULL, 0, NULL,
                                DOC[1], strlen(DOC[1]));
@@ -557,7 +550,7 @@ START_TEST(test_lifecycle)
 
     /* TTL: an unconsumed assembly expires and gives its chunks back. */
     int d[] = {0};
-    req r = make_req(SYS1, d, 1, Q1);
+    th_prompt r = make_req(SYS1, d, 1, Q1);
     ar.segs = r.segs;
     ar.n_segs = r.n;
     ck_assert_int_eq(cg_engine_assemble(e, &ar, 1000, &info, err, sizeof err), CG_OK);
@@ -613,7 +606,7 @@ START_TEST(test_lifecycle)
     /* A plain prompt decodes like a one-segment system prompt (BOS + bytes, causal). */
     cp = (cg_complete_req){.prompt = SYS1, .prompt_len = strlen(SYS1), .max_tokens = GREEDY};
     ck_assert_int_eq(cg_engine_complete(e, &cp, 2000, &res, err, sizeof err), CG_OK);
-    req rs = make_req(SYS1, NULL, 0, NULL);
+    th_prompt rs = make_req(SYS1, NULL, 0, NULL);
     run one = do_run(e, &rs, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
     ck_assert_uint_eq(res.prompt_tokens, strlen(SYS1) + 1);
     ck_assert_uint_eq(res.n_tokens, one.n_toks);
@@ -626,7 +619,7 @@ START_TEST(test_lifecycle)
     /* Decoding past the reserve grows the KV; the tokens are those of a roomy KV. Sampling
      * with a seed is reproducible. */
     int dd[] = {1};
-    req rg = make_req(SYS2, dd, 1, Q2);
+    th_prompt rg = make_req(SYS2, dd, 1, Q2);
     ar.segs = rg.segs;
     ar.n_segs = rg.n;
     int32_t toks[2][48];
@@ -699,7 +692,7 @@ START_TEST(test_disk_tier)
     int pairs[][2] = {{0, 1}, {2, 3}, {4, 0}, {1, 2}, {3, 4}, {0, 2}, {1, 3}};
     size_t disk_segs = 0, spilled = 0;
     for (size_t i = 0; i < CG_ARRAY_LEN(pairs); i++) {
-        req rp = make_req(SYS2, pairs[i], 2, Q1);
+        th_prompt rp = make_req(SYS2, pairs[i], 2, Q1);
         run x = do_run(e, &rp, CG_MODE_STRICT, CG_PATH_CACHED, 0);
         run xr = do_run(big, &rp, CG_MODE_STRICT, CG_PATH_CACHED, 0);
         assert_identical(&x, &xr, vocab, "disk tier, rotating documents");
@@ -755,7 +748,7 @@ START_TEST(test_disk_tier)
         if (!in_pool(e, &k) && cg_disk_contains(cg_engine_disk(e), &k)) two[n_two++] = d;
     }
     ck_assert_int_eq(n_two, 2);
-    req rc = make_req(SYS2, two, 2, Q2);
+    th_prompt rc = make_req(SYS2, two, 2, Q2);
     run x = do_run(e, &rc, CG_MODE_STRICT, CG_PATH_CACHED, 0);
     run xr = do_run(big, &rc, CG_MODE_STRICT, CG_PATH_CACHED, 0);
     assert_identical(&x, &xr, vocab, "corrupt disk records");
@@ -807,7 +800,7 @@ START_TEST(test_adopt)
     const cg_model_config *c = cg_model_cfg(m_half);
     cg_engine *src = new_engine(m_half, 0), *dst = new_engine(m_half, 0);
     int d[] = {1, 2};
-    req r = make_req(SYS1, d, 2, Q1);
+    th_prompt r = make_req(SYS1, d, 2, Q1);
     cg_assemble_req ar = {
         .segs = r.segs, .n_segs = r.n, .mode = CG_MODE_STRICT, .reserve_tokens = -1};
     cg_assembly_info a, b;
@@ -886,7 +879,7 @@ START_TEST(test_ttl_from_ready)
     char err[ERRLEN];
     cg_assembly_info info;
     int d[] = {0};
-    req r = make_req(SYS1, d, 1, Q1);
+    th_prompt r = make_req(SYS1, d, 1, Q1);
     cg_assemble_req ar = {
         .segs = r.segs, .n_segs = r.n, .mode = CG_MODE_STRICT, .reserve_tokens = -1};
     ck_assert_int_eq(cg_engine_assemble(e, &ar, 1000, &info, err, sizeof err), CG_OK);
@@ -918,10 +911,10 @@ START_TEST(test_role_collision)
     cg_engine *e = new_engine(m_half, 0);
     cg_engine_seg s1[2] = {{CG_ROLE_SYSTEM, DOC[2], strlen(DOC[2]), NULL},
                            {CG_ROLE_QUESTION, Q1, strlen(Q1), NULL}};
-    req r1 = {{s1[0], s1[1]}, 2};
+    th_prompt r1 = {{s1[0], s1[1]}, 2};
     run a = do_run(e, &r1, CG_MODE_STRICT, CG_PATH_CACHED, 0);
     int d[] = {2};
-    req r2 = make_req(SYS1, d, 1, Q1);
+    th_prompt r2 = make_req(SYS1, d, 1, Q1);
     run b = do_run(e, &r2, CG_MODE_STRICT, CG_PATH_CACHED, 0);
     ck_assert(cg_key_equal(&a.info.segs[0].key, &b.info.segs[1].key));
     ck_assert_int_eq(b.info.segs[1].hit, 0);

@@ -18,6 +18,7 @@
 
 #include "base/base.h"
 #include "tests/harness/harness.h"
+#include "tests/harness/prompt.h"
 #include "worker/serve/engine.h"
 
 #define ERRLEN 512
@@ -52,18 +53,10 @@ static cg_engine *new_engine(void)
     return e;
 }
 
-typedef struct req {
-    cg_engine_seg segs[8];
-    size_t n;
-} req;
-
 /* System, the documents in the order given, the question (NULL: none). */
-static req make_req(const int *docs, size_t n_docs, const char *q)
+static th_prompt make_req(const int *docs, size_t n_docs, const char *q)
 {
-    req r;
-    memset(&r, 0, sizeof r);
-    r.n = th_engine_segs(r.segs, SYS, DOC, docs, n_docs, q);
-    return r;
+    return th_prompt_of(SYS, DOC, docs, n_docs, q);
 }
 
 typedef struct opts {
@@ -89,7 +82,7 @@ static void run_free(run *r)
     cg_probe_free(&r->probe);
 }
 
-static run do_run(cg_engine *e, const req *rq, opts o, uint32_t probe)
+static run do_run(cg_engine *e, const th_prompt *rq, opts o, uint32_t probe)
 {
     run r;
     memset(&r, 0, sizeof r);
@@ -163,7 +156,7 @@ static void ratio_one(cg_mode mode, const char *q)
     cg_engine *e = new_engine();
     int vocab = cg_model_cfg(model)->vocab_size;
     int order1[] = {0, 1, 2, 3}, order2[] = {2, 0, 3, 1};
-    req r1 = make_req(order1, 4, q), r2 = make_req(order2, 4, q);
+    th_prompt r1 = make_req(order1, 4, q), r2 = make_req(order2, 4, q);
     opts full = {mode, CG_PATH_CACHED, 0, 1.0f};
     run miss = do_run(e, &r1, full, PROBE_N); /* chunks computed, stored */
     run ref1 = do_run(e, &r1, CAUSAL, 0);
@@ -226,7 +219,7 @@ START_TEST(test_kl_falls_with_ratio)
     for (size_t mi = 0; mi < CG_ARRAY_LEN(modes); mi++) {
         cg_engine *e = new_engine();
         int order1[] = {0, 1, 2, 3}, order2[] = {3, 1, 0, 2};
-        req r1 = make_req(order1, 4, QUESTION), r2 = make_req(order2, 4, QUESTION);
+        th_prompt r1 = make_req(order1, 4, QUESTION), r2 = make_req(order2, 4, QUESTION);
         run warm = do_run(e, &r1, (opts){modes[mi], CG_PATH_CACHED, 0, 0}, 0);
         run_free(&warm);
         run ref = do_run(e, &r2, CAUSAL, 0);
@@ -278,7 +271,7 @@ START_TEST(test_union_with_prefix)
     cg_engine *e = new_engine();
     int vocab = cg_model_cfg(model)->vocab_size;
     int order1[] = {0, 1, 2}, order2[] = {2, 0, 1};
-    req r1 = make_req(order1, 3, QUESTION), r2 = make_req(order2, 3, QUESTION);
+    th_prompt r1 = make_req(order1, 3, QUESTION), r2 = make_req(order2, 3, QUESTION);
     run warm = do_run(e, &r1, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0}, 0);
     run ref = do_run(e, &r2, CAUSAL, 0);
     const uint32_t k = 16;
@@ -325,7 +318,7 @@ START_TEST(test_ratio_refused)
 {
     cg_engine *e = new_engine();
     int d[] = {0};
-    req r = make_req(d, 1, QUESTION);
+    th_prompt r = make_req(d, 1, QUESTION);
     const float bad[] = {-0.01f, 1.01f, NAN};
     for (size_t i = 0; i < CG_ARRAY_LEN(bad); i++) {
         cg_assemble_req ar = {
@@ -456,7 +449,7 @@ START_TEST(test_probe_capture)
     cg_engine *e = new_engine();
     int vocab = cg_model_cfg(model)->vocab_size;
     int d[] = {1, 0};
-    req r = make_req(d, 2, QUESTION);
+    th_prompt r = make_req(d, 2, QUESTION);
     /* No probe unless asked, none for a plain prompt. */
     run x = do_run(e, &r, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0}, 0);
     ck_assert_ptr_null(x.probe);
@@ -566,7 +559,7 @@ START_TEST(test_background_yields)
 {
     cg_engine *e = new_engine();
     int d[] = {0, 1, 2, 3};
-    req r = make_req(d, 4, QUESTION);
+    th_prompt r = make_req(d, 4, QUESTION);
     run x = do_run(e, &r, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0}, PROBE_N);
     ck_assert_ptr_nonnull(x.probe);
 
