@@ -93,6 +93,16 @@ static cg_index_stats stats_of(cg_index *ix)
     return st;
 }
 
+/* The stats, asserted to count these chunks, placements and chunk bytes. */
+static cg_index_stats expect_totals(cg_index *ix, int64_t chunks, int64_t placements, int64_t bytes)
+{
+    cg_index_stats st = stats_of(ix);
+    ck_assert_int_eq(st.chunks, chunks);
+    ck_assert_int_eq(st.placements, placements);
+    ck_assert_int_eq(st.bytes, bytes);
+    return st;
+}
+
 static cg_index_entry lookup1(cg_index *ix, const cg_key *k)
 {
     cg_index_entry e;
@@ -106,10 +116,7 @@ static cg_index_entry lookup1(cg_index *ix, const cg_key *k)
 START_TEST(test_create_sets_version)
 {
     cg_index *ix = open_default();
-    cg_index_stats st = stats_of(ix);
-    ck_assert_int_eq(st.chunks, 0);
-    ck_assert_int_eq(st.placements, 0);
-    ck_assert_int_eq(st.bytes, 0);
+    cg_index_stats st = expect_totals(ix, 0, 0, 0);
     ck_assert_int_eq(st.workers, 0);
     ck_assert_int_gt(st.file_bytes, 0);
     check_ok(ix);
@@ -158,10 +165,7 @@ START_TEST(test_reopen_keeps_data)
     /* no flush: close must drain the queue */
     cg_index_close(&ix);
     ix = open_default();
-    cg_index_stats st = stats_of(ix);
-    ck_assert_int_eq(st.chunks, 50);
-    ck_assert_int_eq(st.placements, 50);
-    ck_assert_int_eq(st.bytes, 50 * 10 + 49 * 50 / 2);
+    cg_index_stats st = expect_totals(ix, 50, 50, 50 * 10 + 49 * 50 / 2);
     ck_assert_int_eq(st.workers, 1);
     cg_key k = key_of(42);
     cg_index_entry e = lookup1(ix, &k);
@@ -441,10 +445,7 @@ START_TEST(test_placements_pin_delete)
     ck_assert_int_eq(e.placements[0].tier, CG_TIER_RAM);
     ck_assert_int_eq(e.placements[0].updated, 400);
     ck_assert_int_eq(e.pinned, 1);
-    cg_index_stats st = stats_of(ix);
-    ck_assert_int_eq(st.placements, 2);
-    ck_assert_int_eq(st.chunks, 2);
-    ck_assert_int_eq(st.bytes, 127);
+    expect_totals(ix, 2, 2, 127);
 
     cg_index_chunk_pin(ix, &k, 0);
     flush_ok(ix);
@@ -456,10 +457,7 @@ START_TEST(test_placements_pin_delete)
     ck_assert_int_eq(e.found, 0);
     ck_assert_int_eq(e.n_placements, 0);
     ck_assert_int_eq(e.tokens, 0);
-    st = stats_of(ix);
-    ck_assert_int_eq(st.chunks, 1);
-    ck_assert_int_eq(st.placements, 1);
-    ck_assert_int_eq(st.bytes, 77);
+    expect_totals(ix, 1, 1, 77);
     check_ok(ix);
     cg_index_close(&ix);
 }
