@@ -54,39 +54,6 @@ static float pattern(unsigned id, int layer, int head, int kv, uint32_t t, int e
                    (unsigned)e);
 }
 
-static void fill_chunk(cg_pool *p, cg_pool_chunk *c, unsigned id)
-{
-    uint32_t n = cg_pool_chunk_tokens(c);
-    float *rows = cg_malloc((size_t)n * HD * sizeof(float));
-    for (int l = 0; l < LAYERS; l++)
-        for (int h = 0; h < HEADS; h++)
-            for (int kv = 0; kv < 2; kv++) {
-                for (uint32_t t = 0; t < n; t++)
-                    for (int e = 0; e < HD; e++)
-                        rows[t * HD + e] = pattern(id, l, h, kv, t, e);
-                cg_pool_chunk_write(p, c, l, h, kv, rows);
-            }
-    free(rows);
-}
-
-/* Returns 1 when every row of the chunk holds the pattern of id. */
-static int chunk_matches(const cg_pool *p, const cg_pool_chunk *c, unsigned id)
-{
-    uint32_t n = cg_pool_chunk_tokens(c);
-    float *rows = cg_malloc((size_t)n * HD * sizeof(float));
-    int ok = 1;
-    for (int l = 0; l < LAYERS && ok; l++)
-        for (int h = 0; h < HEADS && ok; h++)
-            for (int kv = 0; kv < 2 && ok; kv++) {
-                cg_pool_chunk_read(p, c, l, h, kv, rows);
-                for (uint32_t t = 0; t < n && ok; t++)
-                    for (int e = 0; e < HD; e++)
-                        if (rows[t * HD + e] != pattern(id, l, h, kv, t, e)) ok = 0;
-            }
-    free(rows);
-    return ok;
-}
-
 static cg_pool_chunk *insert_filled(cg_pool *p, unsigned id, uint32_t tokens, uint64_t now,
                                     cg_pool_evictions *ev)
 {
@@ -94,7 +61,7 @@ static cg_pool_chunk *insert_filled(cg_pool *p, unsigned id, uint32_t tokens, ui
     cg_pool_chunk *c = NULL;
     ck_assert_int_eq(cg_pool_insert(p, &k, tokens, now, &c, ev), CG_OK);
     ck_assert_ptr_nonnull(c);
-    fill_chunk(p, c, id);
+    th_pool_fill(p, c, pattern, id);
     cg_pool_publish(p, c, now);
     return c;
 }
@@ -156,8 +123,8 @@ START_TEST(test_round_trip_and_layout)
     ck_assert_uint_eq(cg_pool_chunk_blocks(c), 3);
     ck_assert_uint_eq(cg_pool_chunk_bytes(p, c), 3 * BLOCK_BYTES);
     ck_assert_uint_eq(id_of(cg_pool_chunk_key(c)), 1);
-    ck_assert(chunk_matches(p, c, 1));
-    ck_assert(!chunk_matches(p, c, 2)); /* the comparison can fail */
+    ck_assert(th_pool_matches(p, c, pattern, 1));
+    ck_assert(!th_pool_matches(p, c, pattern, 2)); /* the comparison can fail */
 
     /* Zero-copy rows equal the written rows, block by block. */
     for (int l = 0; l < LAYERS; l++)
@@ -241,7 +208,7 @@ START_TEST(test_lru_order)
     cg_pool_release(p, &c, 12);
     cg_key ka = key_of(1);
     ck_assert_int_eq(cg_pool_get(p, &ka, 13, &a), CG_OK); /* touch a: b c a */
-    ck_assert(chunk_matches(p, a, 1));
+    ck_assert(th_pool_matches(p, a, pattern, 1));
     cg_pool_release(p, &a, 14);
     cg_pool_evictions ev = {0};
     cg_pool_chunk *d = insert_filled(p, 4, 12, 15, &ev); /* free 1 -> evicts b */
@@ -281,7 +248,7 @@ START_TEST(test_referenced_never_evicted)
     ck_assert(has_key(p, 3));
     for (unsigned id = 0; id < 10; id++)
         if (id != 3) ck_assert(!has_key(p, id));
-    ck_assert(chunk_matches(p, held, 3));
+    ck_assert(th_pool_matches(p, held, pattern, 3));
     /* Everything is referenced now: no room, and nothing changes. */
     cg_key k = key_of(50);
     cg_pool_chunk *c = NULL;
@@ -324,7 +291,7 @@ static void on_evict(void *ud, const cg_key *key, const cg_pool_chunk *c)
     unsigned id = id_of(key);
     log->ids[log->n] = id;
     log->data_ok[log->n] =
-        cg_key_equal(key, cg_pool_chunk_key(c)) && chunk_matches(log->pool, c, id);
+        cg_key_equal(key, cg_pool_chunk_key(c)) && th_pool_matches(log->pool, c, pattern, id);
     log->n++;
 }
 
@@ -382,7 +349,7 @@ START_TEST(test_filling_and_remove)
     ck_assert_int_eq(cg_pool_get(p, &k, 1, &g), CG_E_NOT_FOUND); /* still filling */
     ck_assert_int_eq(cg_pool_insert(p, &k, 5, 1, &dup, NULL), CG_E_CONFLICT);
     ck_assert(!has_key(p, 7));
-    fill_chunk(p, c, 7);
+    th_pool_fill(p, c, pattern, 7);
     cg_pool_publish(p, c, 2);
     ck_assert_int_eq(cg_pool_get(p, &k, 3, &g), CG_OK);
     ck_assert_ptr_eq(g, c);
@@ -397,7 +364,7 @@ START_TEST(test_filling_and_remove)
     ck_assert_int_eq(cg_pool_get(p, &k, 4, &miss), CG_E_NOT_FOUND);
     ck_assert_uint_eq(cg_pool_get_stats(p).blocks_free, 6);
     cg_pool_chunk *again = insert_filled(p, 7, 5, 5, NULL);
-    ck_assert(chunk_matches(p, c, 7)); /* the old one is intact while held */
+    ck_assert(th_pool_matches(p, c, pattern, 7)); /* the old one is intact while held */
     cg_pool_release(p, &c, 6);
     ck_assert_uint_eq(cg_pool_get_stats(p).blocks_free, 4); /* still held by g */
     cg_pool_release(p, &g, 6);
@@ -492,7 +459,7 @@ START_TEST(test_random_stress)
             cg_pool_stats s0 = cg_pool_get_stats(p);
             cg_status stt = cg_pool_insert(p, &k, tokens, now, &c, &ev);
             if (stt == CG_OK) {
-                fill_chunk(p, c, id);
+                th_pool_fill(p, c, pattern, id);
                 if (rnd(&st) % 8 == 0) {
                     cg_pool_release(p, &c, now); /* abandoned before publish */
                     ck_assert(!has_key(p, id));
@@ -515,13 +482,13 @@ START_TEST(test_random_stress)
         } else if (r < 6 && n_held < MAX_HELD) {
             cg_pool_chunk *c = NULL;
             if (cg_pool_get(p, &k, now, &c) == CG_OK) {
-                ck_assert(chunk_matches(p, c, id));
+                ck_assert(th_pool_matches(p, c, pattern, id));
                 held[n_held] = c;
                 held_id[n_held++] = id;
             }
         } else if (r < 9 && n_held > 0) {
             size_t i = rnd(&st) % n_held;
-            ck_assert(chunk_matches(p, held[i], held_id[i]));
+            ck_assert(th_pool_matches(p, held[i], pattern, held_id[i]));
             cg_pool_release(p, &held[i], now);
             held[i] = held[n_held - 1];
             held_id[i] = held_id[n_held - 1];
@@ -535,7 +502,7 @@ START_TEST(test_random_stress)
         assert_accounting(p);
         /* every held chunk's blocks are still its own */
         for (size_t i = 0; i < n_held; i++)
-            ck_assert(chunk_matches(p, held[i], held_id[i]));
+            ck_assert(th_pool_matches(p, held[i], pattern, held_id[i]));
         ck_assert_uint_le(cg_pool_get_stats(p).referenced_chunks, n_held);
     }
     while (n_held)
@@ -564,15 +531,15 @@ static void *thread_main(void *ud)
         cg_key k = key_of(id);
         cg_pool_chunk *c = NULL;
         if (cg_pool_get(a->pool, &k, (uint64_t)op, &c) == CG_OK) {
-            if (!chunk_matches(a->pool, c, id)) a->bad++;
+            if (!th_pool_matches(a->pool, c, pattern, id)) a->bad++;
             cg_pool_release(a->pool, &c, (uint64_t)op);
             continue;
         }
         cg_pool_evictions ev = {0};
         if (cg_pool_insert(a->pool, &k, rnd(&st) % 20 + 1, (uint64_t)op, &c, &ev) == CG_OK) {
-            fill_chunk(a->pool, c, id);
+            th_pool_fill(a->pool, c, pattern, id);
             cg_pool_publish(a->pool, c, (uint64_t)op);
-            if (!chunk_matches(a->pool, c, id)) a->bad++;
+            if (!th_pool_matches(a->pool, c, pattern, id)) a->bad++;
             cg_pool_release(a->pool, &c, (uint64_t)op);
         }
         cg_pool_evictions_free(&ev);
