@@ -1001,42 +1001,53 @@ START_TEST(node_wrong_type_and_size)
 }
 END_TEST
 
-static void chunk_values(unsigned chunk, unsigned heads, size_t len, char keys[][CG_REMOTE_KEY_MAX],
-                         const char **kp, char **vals, size_t *lens, unsigned salt)
+/* A chunk's heads as the remote tier stores them: keys, values of len bytes, in the shapes
+ * cg_remote_set and cg_remote_get take. */
+typedef struct chunk_kvs {
+    char keys[8][CG_REMOTE_KEY_MAX];
+    const char *kp[8];
+    char *vals[8];
+    const void *v[8]; /* vals, as the calls take them */
+    size_t lens[8];
+    unsigned heads;
+} chunk_kvs;
+
+static void chunk_values(chunk_kvs *c, unsigned chunk, unsigned heads, size_t len, unsigned salt)
 {
+    ck_assert_uint_le(heads, 8);
+    c->heads = heads;
     for (unsigned h = 0; h < heads; h++) {
-        chunk_key(keys[h], chunk, h, salt);
-        kp[h] = keys[h];
-        vals[h] = make_value(chunk * 100 + h + salt, len);
-        lens[h] = len;
+        chunk_key(c->keys[h], chunk, h, salt);
+        c->kp[h] = c->keys[h];
+        c->vals[h] = make_value(chunk * 100 + h + salt, len);
+        c->v[h] = c->vals[h];
+        c->lens[h] = len;
     }
 }
 
-static void free_vals(char **vals, unsigned n)
+/* Frees the values; the keys stay. */
+static void free_vals(chunk_kvs *c)
 {
-    for (unsigned i = 0; i < n; i++)
-        free(vals[i]);
+    for (unsigned i = 0; i < c->heads; i++)
+        free(c->vals[i]);
 }
 
 /* Checks that a chunk is stored (1) or absent (0) with the expected bytes. */
 static void expect_chunk(cg_remote *r, unsigned chunk, unsigned heads, size_t len, unsigned salt,
                          int present)
 {
-    char keys[8][CG_REMOTE_KEY_MAX];
-    const char *kp[8];
-    char *vals[8];
-    size_t lens[8];
-    chunk_values(chunk, heads, len, keys, kp, vals, lens, salt);
+    chunk_kvs kvs;
+    chunk_values(&kvs, chunk, heads, len, salt);
     cg_remote_value out[8];
-    cg_status st = cg_remote_get(r, heads, kp, out, NULL);
+    cg_status st = cg_remote_get(r, heads, kvs.kp, out, NULL);
     ck_assert_msg(st == (present ? CG_OK : CG_E_NOT_FOUND), "chunk %u: %s", chunk,
                   cg_status_name(st));
     for (unsigned h = 0; present && h < heads; h++) {
         ck_assert_uint_eq(out[h].len, len);
-        ck_assert_int_eq(memcmp(out[h].data, vals[h], len), 0);
+        ck_assert_int_eq(memcmp(out[h].data, kvs.vals[h], len), 0);
     }
     if (present) cg_remote_values_free(r, out, heads);
-    free_vals(vals, heads);
+    free_vals(&kvs);
 }
 
 /* Stores chunk's heads (chunk_values) with cg_remote_set, or with cg_remote_put_async when async
@@ -1044,15 +1055,11 @@ static void expect_chunk(cg_remote *r, unsigned chunk, unsigned heads, size_t le
 static cg_status store_chunk(cg_remote *r, unsigned chunk, unsigned heads, size_t len,
                              unsigned salt, int async)
 {
-    char keys[8][CG_REMOTE_KEY_MAX];
-    const char *kp[8];
-    char *vals[8];
-    size_t lens[8];
-    chunk_values(chunk, heads, len, keys, kp, vals, lens, salt);
-    const void *const *v = (const void *const *)vals;
-    cg_status st =
-        async ? cg_remote_put_async(r, heads, kp, v, lens) : cg_remote_set(r, heads, kp, v, lens);
-    free_vals(vals, heads);
+    chunk_kvs kvs;
+    chunk_values(&kvs, chunk, heads, len, salt);
+    cg_status st = async ? cg_remote_put_async(r, heads, kvs.kp, kvs.v, kvs.lens)
+                         : cg_remote_set(r, heads, kvs.kp, kvs.v, kvs.lens);
+    free_vals(&kvs);
     return st;
 }
 
@@ -1065,10 +1072,7 @@ START_TEST(node_write_behind_drops_and_flushes)
     p.queue_max_bytes = 1 << 20;
     cg_remote *r = open_ok(p);
     enum { HEADS = 2, LEN = 50000 };
-    char keys[HEADS][CG_REMOTE_KEY_MAX];
-    const char *kp[HEADS];
-    char *vals[HEADS];
-    size_t lens[HEADS];
+    chunk_kvs kvs;
 
     /* Redis stopped: the writer takes chunk 0 and waits for its reply; the queue fills. */
     kill(g_srv.pid, SIGSTOP);
@@ -1078,23 +1082,24 @@ START_TEST(node_write_behind_drops_and_flushes)
     ck_assert_uint_eq(stats(r).queue_writing, 1);
     double worst = 0;
     for (unsigned c = 1; c <= 6; c++) {
-        chunk_values(c, HEADS, LEN, keys, kp, vals, lens, 0xb);
+        chunk_values(&kvs, c, HEADS, LEN, 0xb);
         uint64_t t0 = cg_now_ns();
-        cg_status st = cg_remote_put_async(r, HEADS, kp, (const void *const *)vals, lens);
+        cg_status st = cg_remote_put_async(r, HEADS, kvs.kp, kvs.v, kvs.lens);
         worst = CG_MAX(worst, ms_since(t0));
         ck_assert_int_eq(st, c <= 3 ? CG_OK : CG_E_FULL);
-        free_vals(vals, HEADS);
+        free_vals(&kvs);
     }
     printf("remote: put_async against a stopped Redis: slowest call %.3f ms\n", worst);
     cg_remote_stats s = stats(r);
     ck_assert_uint_eq(s.queue_drops, 3);
     ck_assert_uint_eq(s.queue_depth, 4);
-    ck_assert_uint_eq(s.queue_bytes, 4 * (HEADS * (LEN + strlen(kp[0]) + 1)));
+    ck_assert_uint_eq(s.queue_bytes, 4 * (HEADS * (LEN + strlen(kvs.kp[0]) + 1)));
     ck_assert_int_eq(cg_remote_flush(r, 50), CG_E_TIMEOUT);
     /* A chunk larger than the byte bound is dropped too. */
     char *huge = make_value(1, 2 << 20);
     size_t hl = 2 << 20;
-    ck_assert_int_eq(cg_remote_put_async(r, 1, kp, (const void *const *)&huge, &hl), CG_E_VALUE);
+    ck_assert_int_eq(cg_remote_put_async(r, 1, kvs.kp, (const void *const *)&huge, &hl),
+                     CG_E_VALUE);
     free(huge);
     ck_assert_uint_eq(stats(r).queue_drops, 4);
 
@@ -1143,18 +1148,15 @@ static void *traffic_main(void *arg)
     traffic *t = arg;
     unsigned i = 0;
     while (!__atomic_load_n(&t->stop, __ATOMIC_ACQUIRE)) {
-        char keys[2][CG_REMOTE_KEY_MAX];
-        const char *kp[2];
-        char *vals[2];
-        size_t lens[2];
-        chunk_values(i % 50, 2, 4096, keys, kp, vals, lens, 0xd);
+        chunk_kvs kvs;
+        chunk_values(&kvs, i % 50, 2, 4096, 0xd);
         uint64_t t0 = cg_now_ns();
-        cg_status st = cg_remote_set(t->r, 2, kp, (const void *const *)vals, lens);
+        cg_status st = cg_remote_set(t->r, 2, kvs.kp, kvs.v, kvs.lens);
         cg_remote_value out[2];
-        cg_status st2 = st == CG_OK ? cg_remote_get(t->r, 2, kp, out, NULL) : st;
+        cg_status st2 = st == CG_OK ? cg_remote_get(t->r, 2, kvs.kp, out, NULL) : st;
         if (st2 == CG_OK) cg_remote_values_free(t->r, out, 2);
         uint64_t t1 = cg_now_ns();
-        free_vals(vals, 2);
+        free_vals(&kvs);
         double ms = (double)(t1 - t0) / 1e6 / (st == CG_OK ? 2 : 1);
         uint64_t k = __atomic_load_n(&t->killed_ns, __ATOMIC_ACQUIRE);
         uint64_t rs = __atomic_load_n(&t->restarted_ns, __ATOMIC_ACQUIRE);
@@ -1240,19 +1242,16 @@ START_TEST(node_stopped_costs_the_timeout)
     p.timeout_ms = 300;
     p.backoff_min_ms = 1000; /* the second call lands inside it even on a loaded machine */
     cg_remote *r = open_ok(p);
-    char keys[2][CG_REMOTE_KEY_MAX];
-    const char *kp[2];
-    char *vals[2];
-    size_t lens[2];
-    chunk_values(1, 2, 1000, keys, kp, vals, lens, 0xe);
-    ck_assert_int_eq(cg_remote_set(r, 2, kp, (const void *const *)vals, lens), CG_OK);
-    free_vals(vals, 2);
+    chunk_kvs kvs;
+    chunk_values(&kvs, 1, 2, 1000, 0xe);
+    ck_assert_int_eq(cg_remote_set(r, 2, kvs.kp, kvs.v, kvs.lens), CG_OK);
+    free_vals(&kvs);
 
     kill(g_srv.pid, SIGSTOP);
     cg_remote_value out[2];
     uint64_t ns = 0, ns2 = 0;
-    ck_assert_int_eq(cg_remote_get(r, 2, kp, out, &ns), CG_E_TIMEOUT);
-    ck_assert_int_eq(cg_remote_get(r, 2, kp, out, &ns2), CG_E_UNAVAILABLE);
+    ck_assert_int_eq(cg_remote_get(r, 2, kvs.kp, out, &ns), CG_E_TIMEOUT);
+    ck_assert_int_eq(cg_remote_get(r, 2, kvs.kp, out, &ns2), CG_E_UNAVAILABLE);
     printf("remote: SIGSTOPped Redis: first get CG_E_TIMEOUT after %.1f ms (timeout 300), the "
            "next fails fast in %.3f ms\n",
            (double)ns / 1e6, (double)ns2 / 1e6);
@@ -1267,7 +1266,7 @@ START_TEST(node_stopped_costs_the_timeout)
     cg_status st = CG_E_UNAVAILABLE;
     uint64_t t0 = cg_now_ns();
     while (st != CG_OK && ms_since(t0) < 8000) {
-        st = cg_remote_get(r, 2, kp, out, NULL);
+        st = cg_remote_get(r, 2, kvs.kp, out, NULL);
         if (st != CG_OK) th_sleep_ms(20);
     }
     ck_assert_int_eq(st, CG_OK);
@@ -1298,23 +1297,21 @@ static void *reader_main(void *arg)
     unsigned i = (unsigned)(uintptr_t)a;
     while (!__atomic_load_n(&a->stop, __ATOMIC_ACQUIRE)) {
         unsigned c = (i++ * 7) % (CC_PRELOAD + 32); /* preloaded, or being written */
-        char keys[CC_HEADS][CG_REMOTE_KEY_MAX];
-        const char *kp[CC_HEADS];
-        char *vals[CC_HEADS];
-        size_t lens[CC_HEADS];
-        chunk_values(c, CC_HEADS, cc_len(c), keys, kp, vals, lens, 0xf);
+        chunk_kvs kvs;
+        chunk_values(&kvs, c, CC_HEADS, cc_len(c), 0xf);
         cg_remote_value out[CC_HEADS];
-        cg_status st = cg_remote_get(a->r, CC_HEADS, kp, out, NULL);
+        cg_status st = cg_remote_get(a->r, CC_HEADS, kvs.kp, out, NULL);
         a->reads++;
         if (st == CG_OK) {
             a->hits++;
             for (unsigned h = 0; h < CC_HEADS; h++)
-                if (out[h].len != cc_len(c) || memcmp(out[h].data, vals[h], cc_len(c))) a->bad++;
+                if (out[h].len != cc_len(c) || memcmp(out[h].data, kvs.vals[h], cc_len(c)))
+                    a->bad++;
             cg_remote_values_free(a->r, out, CC_HEADS);
         } else if (st != CG_E_NOT_FOUND || c < CC_PRELOAD) {
             a->bad++;
         }
-        free_vals(vals, CC_HEADS);
+        free_vals(&kvs);
     }
     return NULL;
 }
@@ -1501,16 +1498,13 @@ START_TEST(cluster_ask_and_moved_during_migration)
     cluster_flush();
     cg_remote *r = cluster_open(NULL);
     enum { HEADS = 2, LEN = 3000 };
-    char keys[HEADS][CG_REMOTE_KEY_MAX];
-    const char *kp[HEADS];
-    char *vals[HEADS];
-    size_t lens[HEADS];
-    chunk_values(7, HEADS, LEN, keys, kp, vals, lens, 0x11);
-    ck_assert_int_eq(cg_remote_set(r, HEADS, kp, (const void *const *)vals, lens), CG_OK);
-    free_vals(vals, HEADS);
+    chunk_kvs kvs;
+    chunk_values(&kvs, 7, HEADS, LEN, 0x11);
+    ck_assert_int_eq(cg_remote_set(r, HEADS, kvs.kp, kvs.v, kvs.lens), CG_OK);
+    free_vals(&kvs);
     expect_chunk(r, 7, HEADS, LEN, 0x11, 1); /* the client's map is loaded and right */
 
-    const char *key = kp[0];
+    const char *key = kvs.kp[0];
     unsigned slot = cg_remote_key_slot(key, strlen(key));
     int a = owner_port(key);
     ck_assert_int_gt(a, 0);
@@ -1530,9 +1524,9 @@ START_TEST(cluster_ask_and_moved_during_migration)
     ck_assert_uint_eq(s1.redirects_ask - s0.redirects_ask, 1);
     ck_assert_uint_eq(s1.redirects_moved, s0.redirects_moved);
     /* A write to the migrated key follows the ASK too, and lands on B. */
-    chunk_values(7, HEADS, LEN, keys, kp, vals, lens, 0x11);
-    ck_assert_int_eq(cg_remote_set(r, 1, kp, (const void *const *)vals, lens), CG_OK);
-    free_vals(vals, HEADS);
+    chunk_values(&kvs, 7, HEADS, LEN, 0x11);
+    ck_assert_int_eq(cg_remote_set(r, 1, kvs.kp, kvs.v, kvs.lens), CG_OK);
+    free_vals(&kvs);
     cmd_ok(cb, "ASKING");
     ck_assert_int_eq(cmd_int(cb, "EXISTS %s", key), 1);
     redisReply *ask = cmd(ca, "EXISTS %s", key);
@@ -1598,17 +1592,14 @@ START_TEST(cluster_master_killed)
     p.timeout_ms = 500;
     cg_remote *r = cluster_open(&p);
     enum { CHUNKS = 30, HEADS = 2, LEN = 1000 };
-    char keys[HEADS][CG_REMOTE_KEY_MAX];
-    const char *kp[HEADS];
-    char *vals[HEADS];
-    size_t lens[HEADS];
+    chunk_kvs kvs;
     int on_dead[CHUNKS];
     int dead = g_cl_port + 2;
     for (unsigned c = 0; c < CHUNKS; c++) {
-        chunk_values(c, HEADS, LEN, keys, kp, vals, lens, 0x12);
-        ck_assert_int_eq(cg_remote_set(r, HEADS, kp, (const void *const *)vals, lens), CG_OK);
-        free_vals(vals, HEADS);
-        on_dead[c] = owner_port(kp[0]) == dead || owner_port(kp[1]) == dead;
+        chunk_values(&kvs, c, HEADS, LEN, 0x12);
+        ck_assert_int_eq(cg_remote_set(r, HEADS, kvs.kp, kvs.v, kvs.lens), CG_OK);
+        free_vals(&kvs);
+        on_dead[c] = owner_port(kvs.kp[0]) == dead || owner_port(kvs.kp[1]) == dead;
     }
     char pidfile[128];
     snprintf(pidfile, sizeof pidfile, "%s/node-%d/redis.pid", g_cl_dir, dead);
@@ -1623,10 +1614,10 @@ START_TEST(cluster_master_killed)
     double worst = 0;
     for (int round = 0; round < 3; round++)
         for (unsigned c = 0; c < CHUNKS; c++) {
-            chunk_values(c, HEADS, LEN, keys, kp, vals, lens, 0x12);
+            chunk_values(&kvs, c, HEADS, LEN, 0x12);
             cg_remote_value out[HEADS];
             uint64_t ns = 0;
-            cg_status st = cg_remote_get(r, HEADS, kp, out, &ns);
+            cg_status st = cg_remote_get(r, HEADS, kvs.kp, out, &ns);
             worst = CG_MAX(worst, (double)ns / 1e6);
             if (on_dead[c]) {
                 ck_assert_msg(st == CG_E_UNAVAILABLE || st == CG_E_TIMEOUT, "chunk %u: %s", c,
@@ -1634,11 +1625,11 @@ START_TEST(cluster_master_killed)
                 failed++;
             } else {
                 ck_assert_msg(st == CG_OK, "chunk %u: %s", c, cg_status_name(st));
-                ck_assert_int_eq(memcmp(out[0].data, vals[0], LEN), 0);
+                ck_assert_int_eq(memcmp(out[0].data, kvs.vals[0], LEN), 0);
                 cg_remote_values_free(r, out, HEADS);
                 served++;
             }
-            free_vals(vals, HEADS);
+            free_vals(&kvs);
         }
     printf("remote: one master killed: %d gets served by the others, %d failed; slowest %.1f ms "
            "(timeout 500)\n",
