@@ -727,6 +727,13 @@ static bool end_stmt(parser *ps, const char *w)
            expect(ps, K_CLOSE_STMT, "'%}'");
 }
 
+/* The rest of a block statement without an else: its '%}', the body, then {% end %}. */
+static bool block_body(parser *ps, nodelist *out, const char *end)
+{
+    return expect(ps, K_CLOSE_STMT, "'%}'") && parse_body(ps, out, end, NULL, NULL) &&
+           end_stmt(ps, end);
+}
+
 static bool valid_target(const node *x, bool allow_member)
 {
     if (x->kind == N_IDENT) return true;
@@ -774,13 +781,10 @@ static node *parse_set(parser *ps, tok *t)
     if (is(ps, K_EQUALS)) {
         advance(ps);
         P(x->b = parse_expression_sequence(ps, false));
-    } else {
         P(expect(ps, K_CLOSE_STMT, "'%}'"));
-        if (!parse_body(ps, &x->l1, "endset", NULL, NULL)) return NULL;
-        P(expect(ps, K_OPEN_STMT, "'{%'"));
-        P(expect_word(ps, "endset"));
+    } else {
+        P(block_body(ps, &x->l1, "endset"));
     }
-    P(expect(ps, K_CLOSE_STMT, "'%}'"));
     return x;
 }
 
@@ -792,9 +796,7 @@ static node *parse_macro(parser *ps, tok *t)
     node *name = parse_name(ps, CG_E_VALUE, "expected a macro name", &nt);
     P(name);
     x->s = name->s;
-    if (!parse_args(ps, 'p', &x->l1)) return NULL;
-    P(expect(ps, K_CLOSE_STMT, "'%}'"));
-    if (!parse_body(ps, &x->l2, "endmacro", NULL, NULL) || !end_stmt(ps, "endmacro")) return NULL;
+    if (!parse_args(ps, 'p', &x->l1) || !block_body(ps, &x->l2, "endmacro")) return NULL;
     return x;
 }
 
@@ -842,8 +844,7 @@ static node *parse_callblock(parser *ps, tok *t)
     call->a = callee;
     if (!parse_args(ps, 'c', &call->l1)) return NULL;
     P(x->a = fin(ps, call));
-    P(expect(ps, K_CLOSE_STMT, "'%}'"));
-    if (!parse_body(ps, &x->l2, "endcall", NULL, NULL) || !end_stmt(ps, "endcall")) return NULL;
+    P(block_body(ps, &x->l2, "endcall"));
     return x;
 }
 
@@ -861,8 +862,7 @@ static node *parse_filterblock(parser *ps, tok *t)
         if (!parse_args(ps, 'c', &f->l1)) return NULL;
     }
     P(x->a = fin(ps, f));
-    P(expect(ps, K_CLOSE_STMT, "'%}'"));
-    if (!parse_body(ps, &x->l1, "endfilter", NULL, NULL) || !end_stmt(ps, "endfilter")) return NULL;
+    P(block_body(ps, &x->l1, "endfilter"));
     return x;
 }
 
