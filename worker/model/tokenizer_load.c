@@ -147,6 +147,12 @@ static int kind_named(const named_kind *tab, size_t n, const char *s)
 
 typedef cg_status (*step_loader)(ld *L, const json_t *o, const char *path);
 
+/* Refuses a step whose type the tokenizer does not implement. */
+static cg_status unsupported_step(ld *L, const char *path, const char *type)
+{
+    return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
+}
+
 /* How every step of the pipeline (normalizer, pre-tokenizer, decoder, post-processor) starts:
  * *type is NULL when there is no step (o missing or null), else o's type. A "Sequence" is
  * loaded here: each entry of its list o[list_key] through load, at path.list_key[i]. */
@@ -230,7 +236,7 @@ static cg_status load_normalizer(ld *L, const json_t *o, const char *path)
         if (st != CG_OK) return st;
         z.kind = NZ_REPLACE;
     } else
-        return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
+        return unsupported_step(L, path, type);
     t->nz = cg_realloc(t->nz, (t->n_nz + 1) * sizeof *t->nz);
     t->nz[t->n_nz++] = z;
     return CG_OK;
@@ -282,7 +288,7 @@ static cg_status load_pretok(ld *L, const json_t *o, const char *path)
         if ((st = get_bool(L, o, "individual_digits", path, false, &p.individual)) != CG_OK)
             return st;
     } else
-        return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
+        return unsupported_step(L, path, type);
     t->pt = cg_realloc(t->pt, (t->n_pt + 1) * sizeof *t->pt);
     t->pt[t->n_pt++] = p;
     return CG_OK;
@@ -320,7 +326,7 @@ static cg_status load_decoder(ld *L, const json_t *o, const char *path)
             *dst[k] = (size_t)json_integer_value(v);
         }
     } else
-        return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
+        return unsupported_step(L, path, type);
     t->dc = cg_realloc(t->dc, (t->n_dc + 1) * sizeof *t->dc);
     t->dc[t->n_dc++] = d;
     return CG_OK;
@@ -334,8 +340,7 @@ static cg_status load_post(ld *L, const json_t *o, const char *path)
     cg_status st = load_step_type(L, o, path, "processors", load_post, &type);
     if (st != CG_OK || !type || !strcmp(type, "Sequence")) return st;
     if (!strcmp(type, "ByteLevel")) return CG_OK; /* offsets only; ids unchanged */
-    if (strcmp(type, "TemplateProcessing"))
-        return fail(L, CG_E_UNSUPPORTED, "%s.type '%s' is not supported", path, type);
+    if (strcmp(type, "TemplateProcessing")) return unsupported_step(L, path, type);
     const json_t *single = json_object_get(o, "single"),
                  *specials = json_object_get(o, "special_tokens");
     if (!json_is_array(single)) return fail(L, CG_E_VALUE, "%s.single must be an array", path);
