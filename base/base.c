@@ -96,6 +96,13 @@ void cg_buf_init(cg_buf *b, size_t max)
     b->max = max;
 }
 
+void cg_buf_init_unbounded(cg_buf *b)
+{
+    b->data = NULL;
+    b->len = b->cap = 0;
+    b->max = SIZE_MAX;
+}
+
 static cg_status buf_reserve(cg_buf *b, size_t extra)
 {
     if (b->max && (extra > b->max || b->len > b->max - extra)) return CG_E_TOO_LARGE;

@@ -32,9 +32,12 @@ typedef struct cg_buf {
     char *data; /* always NUL-terminated when len > 0 or after cg_buf_append */
     size_t len;
     size_t cap;
-    size_t max; /* 0 = unlimited */
+    size_t max; /* 0 = unlimited; SIZE_MAX when unbounded */
 } cg_buf;
 void cg_buf_init(cg_buf *b, size_t max);
+/* Starts an empty buffer without a cap, for one whose size something else bounds: the caller
+ * says what, next to the call. */
+void cg_buf_init_unbounded(cg_buf *b);
 /* Appends n bytes. Returns CG_E_TOO_LARGE when len + n would exceed max. */
 cg_status cg_buf_append(cg_buf *b, const void *p, size_t n) CG_WUR;
 cg_status cg_buf_printf(cg_buf *b, const char *fmt, ...) CG_WUR

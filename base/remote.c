@@ -245,11 +245,17 @@ typedef struct seg {
 } seg;
 
 typedef struct outq {
-    cg_buf hdr; /* no cap: a call's commands are bounded by its batch limits */
+    cg_buf hdr; /* unbounded: a call's commands are bounded by its batch limits */
     seg *segs;
     size_t n_segs, cap_segs;
     size_t cur, cur_off; /* first segment not fully sent, and its bytes already sent */
 } outq;
+
+static void out_init(outq *o)
+{
+    memset(o, 0, sizeof *o);
+    cg_buf_init_unbounded(&o->hdr); /* BATCH_MAX keys, INLINE_MAX bytes copied per argument */
+}
 
 static void out_seg(outq *o, const char *ext, size_t off, size_t len)
 {
@@ -269,7 +275,7 @@ static void out_copy(outq *o, const void *p, size_t len)
 {
     out_seg(o, NULL, o->hdr.len, len);
     cg_status st = cg_buf_append(&o->hdr, p, len);
-    (void)st; /* no cap: cannot fail */
+    (void)st; /* unbounded: cannot fail */
 }
 
 static void out_arg(outq *o, const void *p, size_t len)
@@ -716,6 +722,7 @@ static cg_status conn_open(cg_remote *r, node *nd, conn *cn, uint64_t deadline_n
 {
     cg_status st = CG_OK;
     group g = {0};
+    out_init(&g.out);
     uint64_t now = cg_now_ns();
     if (now >= deadline_ns) return CG_E_TIMEOUT;
     uint64_t left_us = (deadline_ns - now) / 1000;
@@ -928,6 +935,7 @@ static cg_status map_refresh(cg_remote *r, uint64_t deadline_ns, int force)
             continue;
         }
         group g = {.nd = nd, .cn = cn, .n_expect = 1};
+        out_init(&g.out);
         g.rep = cg_calloc(1, sizeof *g.rep);
         g.map = cg_calloc(1, sizeof *g.map);
         const char *argv[] = {"CLUSTER", "SLOTS"};
@@ -1112,6 +1120,7 @@ static cg_status run_round(cg_remote *r, op_kind kind, op *ops, size_t n, uint64
         group *g = &gs[k];
         g->ni = nodes_used[k];
         g->nd = r->nodes[g->ni];
+        out_init(&g->out);
         group_of[g->ni] = (int)k;
         g->rep = cg_calloc(per_node[g->ni], sizeof *g->rep);
         g->map = cg_calloc(per_node[g->ni], sizeof *g->map);

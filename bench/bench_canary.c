@@ -64,7 +64,7 @@ static double ttft(int port, const char *body)
 static char *request(char *const *docs, int n_docs, const char *sys, int i, int max_tokens)
 {
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     cg_status st = cg_buf_printf(&b, "%s", sys);
     int shift = i % n_docs, rev = (i / n_docs) % 2;
     for (int d = 0; d < n_docs && st == CG_OK; d++) {

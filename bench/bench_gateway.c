@@ -41,7 +41,7 @@ static size_t on_write(char *d, size_t sz, size_t n, void *ud)
 static void conn_init(conn *c)
 {
     memset(c, 0, sizeof *c);
-    cg_buf_init(&c->body, 0);
+    cg_buf_init_unbounded(&c->body);
     c->e = th_easy_json(on_write, c, 120, &c->h);
 }
 

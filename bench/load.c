@@ -70,7 +70,7 @@ static unsigned long miss_seq;
 static char *doc_text(const char *tag, unsigned long id)
 {
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     cg_status st = cg_buf_printf(&b, "Document %s-%lu.", tag, id);
     for (unsigned long i = 0; st == CG_OK && b.len < (size_t)doc_bytes; i++)
         st = cg_buf_printf(&b, " Record %lu of %s %lu notes item %lu.", i, tag, id, i * 31 + id);
@@ -80,7 +80,7 @@ static char *doc_text(const char *tag, unsigned long id)
 static char *rag_body(const char *d1, const char *d2, int stream)
 {
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     cg_status st = cg_buf_printf(&b,
                                  "{\"model\":\"" MODEL "\",\"max_tokens\":%d,\"temperature\":0,"
                                  "\"stream\":%s,\"prompt\":\"You are a load test. # # %s # # %s "
@@ -150,7 +150,7 @@ static void start(CURLM *m, conn *c)
     }
     case K_PLAIN: {
         cg_buf b;
-        cg_buf_init(&b, 0);
+        cg_buf_init_unbounded(&b);
         cg_status st = cg_buf_printf(&b,
                                      "{\"model\":\"" MODEL "\",\"max_tokens\":%d,\"prompt\":"
                                      "\"A plain question without documents %d?\"}",
@@ -257,7 +257,7 @@ int main(int argc, char **argv)
     conn *cs = cg_calloc((size_t)conns, sizeof *cs);
     for (int i = 0; i < conns; i++) {
         conn *c = &cs[i];
-        cg_buf_init(&c->resp, 0);
+        cg_buf_init_unbounded(&c->resp);
         c->e = th_easy_json(on_write, c, 120, &c->h);
         curl_easy_setopt(c->e, CURLOPT_PRIVATE, c);
         start(m, c);

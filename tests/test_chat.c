@@ -38,7 +38,7 @@ static rendered render_docs(const cg_chat_msg *m, size_t n, const char *const *d
     ck_assert_uint_le(n_docs, 512);
     for (size_t i = 0; i < n_docs; i++)
         lens[i] = strlen(docs[i]);
-    cg_buf_init(&r.text, 0);
+    cg_buf_init_unbounded(&r.text);
     memset(&r.segs, 0, sizeof r.segs);
     r.st = cg_chat_render(m, n, docs, lens, n_docs, p, &r.text, &r.segs);
     return r;
@@ -317,7 +317,7 @@ END_TEST
 START_TEST(test_bad_arguments)
 {
     cg_buf text;
-    cg_buf_init(&text, 0);
+    cg_buf_init_unbounded(&text);
     cg_split_result segs = {0};
     cg_chat_msg m[] = {MSG("user", "a # # q")};
     cg_chat_msg no_role[] = {{NULL, "a # # q", 7}};
@@ -446,7 +446,7 @@ START_TEST(test_random_conversations)
             strv_free(&tmp);
         }
         cg_buf q;
-        cg_buf_init(&q, 0);
+        cg_buf_init_unbounded(&q);
         for (size_t i = 0; i < n_msgs; i++) {
             if (cg_chat_is_system_role(m[i].role)) continue;
             naive_parts(m[i].content, "# #", &tmp, &had);
@@ -469,7 +469,7 @@ START_TEST(test_random_conversations)
             n_pass++;
         } else {
             cg_buf joined;
-            cg_buf_init(&joined, 0);
+            cg_buf_init_unbounded(&joined);
             for (size_t k = 0; k < segs.n; k++) {
                 if (k) ck_assert_int_eq(cg_buf_append(&joined, "\n# #\n", 5), CG_OK);
                 ck_assert_int_eq(cg_buf_append(&joined, segs.s[k], strlen(segs.s[k])), CG_OK);
@@ -508,7 +508,7 @@ START_TEST(test_kwargs_cap)
     }
     cg_chat_render_opts o = {"# #", 1, kw};
     cg_buf out;
-    cg_buf_init(&out, 0);
+    cg_buf_init_unbounded(&out);
     ck_assert_int_eq(cg_chat_kwargs_check(kw, err, sizeof err), CG_OK);
     ck_assert_int_eq(cg_chat_model_render(m, &r, &o, &out, err, sizeof err), CG_OK);
     ck_assert_str_eq(out.data, "xhi");

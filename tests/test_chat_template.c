@@ -41,7 +41,7 @@ static cg_status render_lim(const char *tpl, size_t len, const json_t *vars,
         return st;
     }
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     st = cg_chat_template_render(t, vars, &b, err, errlen);
     if (st == CG_OK)
         *out = cg_strndup(b.data ? b.data : "", b.len);
@@ -288,7 +288,7 @@ START_TEST(test_raise_exception)
                                           &t, err, sizeof err),
                      CG_OK);
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     ck_assert_int_eq(cg_buf_append(&b, "keep", 4), CG_OK);
     ck_assert_int_eq(cg_chat_template_render(t, NULL, &b, err, sizeof err), CG_E_VALUE);
     ck_assert_str_eq(err, "No 2 here");
@@ -307,7 +307,7 @@ START_TEST(test_raise_exception)
         char small[16];
         ck_assert_int_eq(cg_chat_template_new(src.p, src.len, NULL, &t, small, sizeof small),
                          CG_OK);
-        cg_buf_init(&b, 0);
+        cg_buf_init_unbounded(&b);
         ck_assert_int_eq(cg_chat_template_render(t, NULL, &b, small, cut), CG_E_VALUE);
         ck_assert_uint_eq(strlen(small) % 2, 0); /* whole 2-byte characters only */
         cg_buf_free(&b);
@@ -521,7 +521,7 @@ static void *thread_main(void *arg)
     thr *a = arg;
     for (int i = 0; i < 200; i++) {
         cg_buf b;
-        cg_buf_init(&b, 0);
+        cg_buf_init_unbounded(&b);
         char err[256];
         if (cg_chat_template_render(a->t, a->vars, &b, err, sizeof err) != CG_OK ||
             strcmp(b.data, a->want) != 0)
@@ -542,7 +542,7 @@ START_TEST(test_threads)
                              "system", "content", "S", "role", "user", "content", "U é", "role",
                              "assistant", "content", "A", "bos_token", "<s>", "eos_token", "</s>");
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     ck_assert_int_eq(cg_chat_template_render(t, vars, &b, err, sizeof err), CG_OK);
     pthread_t th[6];
     thr args[6];
@@ -587,7 +587,7 @@ static int fuzz_one(const char *src, size_t len, const json_t *vars,
         return 0;
     }
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     st = cg_chat_template_render(t, vars, &b, err, sizeof err);
     ck_assert_msg(st == CG_OK || st == CG_E_VALUE || st == CG_E_TOO_LARGE, "render status %s: %s",
                   cg_status_name(st), err);
@@ -846,7 +846,7 @@ static void parity_case(parity_run *pc, const char *id, const char *src, const j
         return;
     }
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     if (st == CG_OK) st = cg_chat_template_render(t, vars, &b, err, sizeof err);
     cg_chat_template_free(&t);
     bool ref_ok = json_is_true(json_object_get(r, "ok"));

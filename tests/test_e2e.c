@@ -344,7 +344,7 @@ START_TEST(streaming_main_path)
     ck_assert_int_eq(rc, CURLE_OK);
     ck_assert_int_eq(s.status, 200);
     cg_buf text;
-    cg_buf_init(&text, 0);
+    cg_buf_init_unbounded(&text);
     int first = 1, usage = 0, done = 0;
     for (int i = 0; i < s.n; i++) {
         if (!strcmp(s.block[i], "data: [DONE]")) {
@@ -426,7 +426,7 @@ START_TEST(chat_main_path)
     th_sse s = {0};
     ck_assert_int_eq(sse_post(&s, gw.port, "/v1/chat/completions", stream_body), CURLE_OK);
     cg_buf text;
-    cg_buf_init(&text, 0);
+    cg_buf_init_unbounded(&text);
     int n = 0;
     for (int i = 0; i < s.n; i++) {
         json_t *j = th_sse_json(&s, i);

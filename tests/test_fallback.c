@@ -22,7 +22,7 @@ START_TEST(fallback_table)
     ck_assert_ptr_null(s[CG_FALLBACK_NONE]);
     cg_metric_add(s[CG_FALLBACK_MODEL], 2);
     cg_buf out;
-    cg_buf_init(&out, 0);
+    cg_buf_init_unbounded(&out);
     cg_metrics_render(m, &out);
     const char *text = out.data ? out.data : "";
     ck_assert_ptr_nonnull(

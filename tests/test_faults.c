@@ -148,7 +148,7 @@ static void *do_call(void *arg)
 static char *long_prompt(int stream)
 {
     cg_buf doc;
-    cg_buf_init(&doc, 0);
+    cg_buf_init_unbounded(&doc);
     for (int i = 0; doc.len < 12000; i++) {
         cg_status st =
             cg_buf_printf(&doc, "Paragraph %d of the long record describes site %d. ", i, i * 7);
@@ -722,7 +722,7 @@ static char *long_doc_body(const char *model, int reps)
     const char *sentence = "The cooperative's bylaws were amended in March: members may vote by "
                            "post and the quorum fell to one third. ";
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     cg_status st =
         cg_buf_printf(&b, "{\"model\":\"%s\",\"max_tokens\":1,\"prompt\":\"Sys. # # ", model);
     for (int i = 0; i < reps; i++)

@@ -380,7 +380,7 @@ static int raw_send(int fd, const void *p, size_t n)
 static char *raw_recv(int fd, int timeout_ms, int *closed)
 {
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     int c = 0;
     for (;;) {
         struct pollfd pf = {fd, POLLIN, 0};
@@ -721,11 +721,11 @@ START_TEST(stream_complete)
     ck_assert_str_eq(r.ctype, "text/event-stream");
     /* every event, in order, nothing else but heartbeats */
     cg_buf want;
-    cg_buf_init(&want, 0);
+    cg_buf_init_unbounded(&want);
     for (int i = 0; i < 20; i++)
         ck_assert_int_eq(cg_buf_printf(&want, "data: %d\n\n", i), CG_OK);
     cg_buf got;
-    cg_buf_init(&got, 0);
+    cg_buf_init_unbounded(&got);
     const char *p = r.body.data;
     while (p && *p) { /* drop heartbeat comments */
         const char *end = strstr(p, "\n\n");
@@ -837,7 +837,7 @@ static void *stop_main(void *arg)
 START_TEST(stop_with_live_stream)
 {
     cg_buf body;
-    cg_buf_init(&body, 0);
+    cg_buf_init_unbounded(&body);
     CURLM *m = curl_multi_init();
     CURL *e = curl_easy_init();
     char url[128];
@@ -901,7 +901,7 @@ START_TEST(metrics_registry_lookups)
         ck_assert_ptr_ne(c[i], plain);
     }
     cg_buf out;
-    cg_buf_init(&out, 0);
+    cg_buf_init_unbounded(&out);
     cg_metrics_render(m, &out);
     ck_assert(cg_buf_append(&out, "", 1) == CG_OK);
     const char *r0 = strstr(out.data, "t_total{route=\"r0\"} 0");
@@ -980,10 +980,10 @@ START_TEST(framing_refusals)
     big_target[sizeof big_target - 1] = '\0';
     char *long_url = NULL, *many = NULL;
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     ck_assert_int_eq(cg_buf_printf(&b, "GET %s HTTP/1.1\r\n" HOST "\r\n", big_target), CG_OK);
     long_url = b.data;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     ck_assert_int_eq(cg_buf_printf(&b, "GET /t/hello HTTP/1.1\r\n" HOST), CG_OK);
     for (int i = 0; i < 150; i++)
         ck_assert_int_eq(cg_buf_printf(&b, "X-H%d: v\r\n", i), CG_OK);
@@ -1099,7 +1099,7 @@ START_TEST(chunked_cut_at_the_cap)
     free(ans);
     /* several small chunks that add up past the cap (4096): cut at the one that passes it */
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     ck_assert_int_eq(
         cg_buf_printf(&b, "POST /t/echo HTTP/1.1\r\n" HOST "Transfer-Encoding: chunked\r\n\r\n"),
         CG_OK);
@@ -1315,7 +1315,7 @@ START_TEST(head_limits_inside_the_library)
     target[0] = '/';
     target[8192] = '\0';
     for (int past = 0; past <= 1; past++) {
-        cg_buf_init(&b, 0);
+        cg_buf_init_unbounded(&b);
         ck_assert_int_eq(cg_buf_printf(&b, "GET %s HTTP/1.1\r\nHost: x\r\n", target), CG_OK);
         size_t sum = 4 + 1; /* Host: x */
         char val[200];
@@ -1336,7 +1336,7 @@ START_TEST(head_limits_inside_the_library)
     }
     /* the raw head at its cap (16 KiB + 8 KiB + 8 KiB): an 8 KiB target, 100 fields, blanks */
     for (int past = 0; past <= 1; past++) {
-        cg_buf_init(&b, 0);
+        cg_buf_init_unbounded(&b);
         ck_assert_int_eq(
             cg_buf_printf(&b, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n", target),
             CG_OK);

@@ -51,7 +51,7 @@ static cg_kvwire_header hdr_of(const char *model, uint32_t layers, uint32_t hd, 
 static void encode(const cg_kvwire_header *h, cg_buf *b)
 {
     src s = {h->n_tokens, h->head_dim, 0};
-    cg_buf_init(b, 0);
+    cg_buf_init_unbounded(b);
     ck_assert_int_eq(cg_kvwire_encode(h, rows_of, &s, b), CG_OK);
     ck_assert_uint_eq(s.calls, h->n_heads * h->n_layers * 2);
 }
@@ -288,7 +288,7 @@ END_TEST
 START_TEST(test_encode_refuses_bad_header_and_cap)
 {
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     src s = {3, 4, 0};
     cg_kvwire_header h = hdr_of("tiny", 2, 4, 3, 3, 2, 4); /* heads 3..4 of 4 */
     ck_assert_int_eq(cg_kvwire_encode(&h, rows_of, &s, &b), CG_E_VALUE);

@@ -96,7 +96,7 @@ static char *head_request(const char *method, const char *path, size_t pad_len, 
 {
     char *p = pad(pad_len, 'h');
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     cg_status st = cg_buf_printf(
         &b, "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Pad: %s\r\n", method, path, p);
     if (body) /* Content-Type + application/json = 28, Content-Length + digits */
@@ -180,7 +180,7 @@ START_TEST(body_at_and_past_the_limit)
         th_resp_free(&r);
         /* chunked: no Content-Length, the cap applies while reading */
         cg_buf q;
-        cg_buf_init(&q, 0);
+        cg_buf_init_unbounded(&q);
         cg_status st =
             cg_buf_printf(&q,
                           "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
@@ -288,7 +288,7 @@ START_TEST(json_values_depth_and_duplicates)
     /* --max-json-depth 16: the body object is level 1 */
     for (int past = 0; past <= 1; past++) {
         cg_buf b;
-        cg_buf_init(&b, 0);
+        cg_buf_init_unbounded(&b);
         int n = 15 + past;
         ck_assert_int_eq(cg_buf_printf(&b, "{\"model\":\"m\",\"prompt\":\"hi\",\"x\":"), CG_OK);
         for (int i = 0; i < n; i++)

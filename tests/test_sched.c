@@ -221,7 +221,7 @@ START_TEST(prefill_interleaves_with_decode)
     uint64_t stamps[64];
     job stream = {.e = e, .prompt = PROMPTS[0], .max_tokens = 64, .stamps = stamps};
     cg_buf longp;
-    cg_buf_init(&longp, 0);
+    cg_buf_init_unbounded(&longp);
     while (longp.len < 3000)
         ck_assert_int_eq(cg_buf_append(&longp, PROMPTS[1], strlen(PROMPTS[1])), CG_OK);
     uint64_t first_long = 0;

@@ -236,7 +236,7 @@ END_TEST
 static char *make_segments(size_t n, size_t n_empty)
 {
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     for (size_t i = 0; i < n; i++) {
         if (i) ck_assert_int_eq(cg_buf_append(&b, " # # ", 5), CG_OK);
         ck_assert_int_eq(cg_buf_printf(&b, "seg%zu", i), CG_OK);
@@ -531,7 +531,7 @@ START_TEST(test_large_prompt)
     static const char line[] = "# heading \xC3\xA9 \xC3\xBCn \xE4\xB8\x96\xE7\x95\x8C text. ";
     const size_t line_len = sizeof line - 1;
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     ck_assert_int_eq(cg_buf_append(&b, "system prompt", 13), CG_OK);
     for (int d = 0; d < 1000; d++) {
         ck_assert_int_eq(cg_buf_append(&b, " # # ", 5), CG_OK);

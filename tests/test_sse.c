@@ -17,8 +17,8 @@ typedef struct sink {
 
 static void sink_init(sink *s)
 {
-    cg_buf_init(&s->text, 0);
-    cg_buf_init(&s->raw, 0);
+    cg_buf_init_unbounded(&s->text);
+    cg_buf_init_unbounded(&s->raw);
     s->n = 0;
 }
 

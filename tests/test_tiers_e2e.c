@@ -149,7 +149,7 @@ static const uint8_t *local_chunk_kv(const char *key_hex, size_t *len)
             uint8_t hdr[512];
             size_t hb = 0;
             ck_assert_int_eq(cg_kvwire_header_encode(&h, hdr, sizeof hdr, &hb), CG_OK);
-            cg_buf_init(&bodies[k], 0);
+            cg_buf_init_unbounded(&bodies[k]);
             ck_assert_int_eq(cg_buf_append(&bodies[k], hdr, hb), CG_OK);
             ck_assert_int_eq(cg_buf_append(&bodies[k], payload, n), CG_OK);
             free(payload);

@@ -55,7 +55,7 @@ static cg_tokenizer *open_fixture(const char *name)
 static char *ids_str(const int32_t *ids, size_t n)
 {
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     cg_status st = cg_buf_append(&b, "[", 1);
     for (size_t i = 0; i < n && i < 64; i++)
         st = cg_buf_printf(&b, "%s%d", i ? "," : "", ids[i]);
@@ -86,7 +86,7 @@ static void check_ids(const cg_tokens *got, const json_t *want, const char *what
 static char *decode(const cg_tokenizer *t, const int32_t *ids, size_t n, int skip)
 {
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     ck_assert_int_eq(cg_tokenizer_decode(t, ids, n, skip, &b), CG_OK);
     if (!b.data) {
         b.data = cg_strdup("");
@@ -654,7 +654,7 @@ START_TEST(test_threads)
     cg_tokenizer *t = open_fixture("bl");
     json_t *corpus = load_json("tests/data/tokenizer_corpus.json");
     cg_buf all;
-    cg_buf_init(&all, 0);
+    cg_buf_init_unbounded(&all);
     const json_t *texts = json_object_get(corpus, "texts");
     for (size_t i = 0; i < json_array_size(texts); i++) {
         const json_t *x = json_array_get(texts, i);
@@ -773,7 +773,7 @@ START_TEST(test_real_files)
         cg_tokens tk = {0};
         ck_assert_int_eq(cg_tokenizer_encode(t, text, sizeof text - 1, 0, &tk), CG_OK);
         cg_buf b;
-        cg_buf_init(&b, 0);
+        cg_buf_init_unbounded(&b);
         for (size_t k = 0; k < tk.n; k++) {
             size_t len;
             const char *s = cg_tokenizer_token_bytes(t, tk.ids[k], &len);
@@ -829,7 +829,7 @@ START_TEST(test_normalize_exact)
                 utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)n, &want, opts[f]);
             ck_assert_int_ge(wn, 0);
             cg_buf got;
-            cg_buf_init(&got, 0);
+            cg_buf_init_unbounded(&got);
             ck_assert_int_eq(cg_unicode_normalize(text, n, forms[f], &got), CG_OK);
             ck_assert_msg(got.len == (size_t)wn && !memcmp(got.data, want, got.len),
                           "form %zu of text %d differs from utf8proc", f, it);
@@ -880,7 +880,7 @@ START_TEST(test_normalize_long_runs)
     size_t n;
     char *s = mark_pairs(80000, &n);
     cg_buf got;
-    cg_buf_init(&got, 0);
+    cg_buf_init_unbounded(&got);
     ck_assert_int_eq(cg_unicode_normalize(s, n, CG_NF_C, &got), CG_OK);
     ck_assert_uint_eq(got.len, 2 + 2 * 80000 + 2 * 79999);
     ck_assert_mem_eq(got.data, "\xc3\xa1", 2);
@@ -925,7 +925,7 @@ START_TEST(test_split_special)
         ck_assert_int_eq(n_user, !split);
         ck_assert_int_eq(n_tool, 1);
         cg_buf b;
-        cg_buf_init(&b, 0);
+        cg_buf_init_unbounded(&b);
         ck_assert_int_eq(cg_tokenizer_decode(t, tk.ids, tk.n, 0, &b), CG_OK);
         ck_assert_ptr_nonnull(strstr(b.data, "<|user|> there <tool> end"));
         cg_buf_free(&b);

@@ -245,7 +245,7 @@ START_TEST(test_stream)
     free(b);
     ck_assert_int_eq(r.status, 200);
     cg_buf text;
-    cg_buf_init(&text, 0);
+    cg_buf_init_unbounded(&text);
     int done = 0;
     for (char *p = r.body.data; p && (p = strstr(p, "data: "));) {
         p += 6;

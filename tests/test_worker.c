@@ -394,7 +394,7 @@ START_TEST(test_stream)
     ck_assert_ptr_nonnull(strstr(r.ctype, "text/event-stream"));
     /* events: "data: {json}\n\n" ... "data: [DONE]\n\n", heartbeat comments allowed */
     cg_buf text;
-    cg_buf_init(&text, 0);
+    cg_buf_init_unbounded(&text);
     const char *s = r.body.data, *end = r.body.data + r.body.len;
     int done = 0, finals = 0, events = 0, usages = 0;
     while (s < end) {

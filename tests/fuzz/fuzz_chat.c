@@ -148,7 +148,10 @@ static void check(const cg_chat_msg *m, size_t nm, const char *const *docs, cons
                   size_t nd, const cg_split_params *p, size_t text_max)
 {
     cg_buf text;
-    cg_buf_init(&text, text_max);
+    if (text_max)
+        cg_buf_init(&text, text_max);
+    else
+        cg_buf_init_unbounded(&text);
     cg_split_result res = {0};
     cg_status st = cg_chat_render(m, nm, docs, dl, nd, p, &text, &res);
     ref r;

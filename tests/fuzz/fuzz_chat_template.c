@@ -67,7 +67,7 @@ static bool valid_utf8(const char *s, size_t n)
 static cg_status render(const cg_chat_template *t, const json_t *vars, cg_buf *b, char *err,
                         size_t errlen)
 {
-    cg_buf_init(b, 0);
+    cg_buf_init_unbounded(b);
     FUZZ_CHECK(cg_buf_append(b, "pre", 3) == CG_OK);
     err[0] = 0;
     cg_status st = cg_chat_template_render(t, vars, b, err, errlen);

@@ -50,7 +50,7 @@ char *th_engine_answer(cg_model *m, const char *sys, const char *d1, const char 
     cg_complete_result res;
     ck_assert_int_eq(cg_engine_complete(e, &cr, 1, &res, err, sizeof err), CG_OK);
     cg_buf out;
-    cg_buf_init(&out, 0);
+    cg_buf_init_unbounded(&out);
     cg_utf8_sanitize(res.text, res.text_len, 1, &out);
     char *t = cg_strndup(out.data ? out.data : "", out.len);
     cg_buf_free(&out);

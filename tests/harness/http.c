@@ -70,8 +70,8 @@ CURL *th_easy_json(curl_write_callback write, void *ud, long timeout_s, struct c
 static void xfer_setup(xfer *x, th_resp *r, int port, const th_req *q)
 {
     memset(r, 0, sizeof *r);
-    cg_buf_init(&r->body, 0);
-    cg_buf_init(&r->head, 0);
+    cg_buf_init_unbounded(&r->body);
+    cg_buf_init_unbounded(&r->head);
     x->s = (sink){r, q->stop_after};
     x->e = th_easy_json(on_body, &x->s,
                         q->timeout_s ? q->timeout_s : th_params_now()->http_timeout_s, &x->h);

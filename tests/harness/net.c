@@ -162,7 +162,7 @@ static ssize_t recv_some(int fd, double deadline, cg_buf *b)
 char *th_recv(int fd, int timeout_ms, size_t max, int *closed)
 {
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     *closed = 0;
     double deadline = th_now_s() + timeout_ms / 1000.0;
     while (b.len < max) {
@@ -176,7 +176,7 @@ char *th_recv(int fd, int timeout_ms, size_t max, int *closed)
 char *th_recv_response(int fd, int timeout_ms)
 {
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     double deadline = th_now_s() + timeout_ms / 1000.0;
     for (;;) {
         const char *end = b.data ? strstr(b.data, "\r\n\r\n") : NULL;

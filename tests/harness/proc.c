@@ -104,7 +104,7 @@ void th_rmdtemp(char *path)
 char *th_read_file(const char *path, size_t *len)
 {
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b);
     FILE *f = fopen(path, "rb");
     if (f) {
         char tmp[8192];
@@ -175,7 +175,7 @@ char *th_run_output(const char *cmd, size_t *len, int *code)
     FILE *p = popen(cmd, "r");
     if (!p) return NULL;
     cg_buf out;
-    cg_buf_init(&out, 0);
+    cg_buf_init_unbounded(&out);
     char chunk[65536];
     size_t n;
     while ((n = fread(chunk, 1, sizeof chunk, p)) > 0)

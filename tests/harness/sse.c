@@ -27,6 +27,7 @@ static void take_blocks(th_sse *s)
 
 int th_sse_feed(th_sse *s, const char *d, size_t n)
 {
+    if (!s->raw.data && !s->raw.max) cg_buf_init_unbounded(&s->raw); /* s started zeroed */
     for (size_t i = 0; i < n; i++)
         if ((s->keep_cr || d[i] != '\r') && cg_buf_append(&s->raw, d + i, 1) != CG_OK) return -1;
     take_blocks(s);
@@ -54,7 +55,7 @@ CURLcode th_sse_post(th_sse *s, int port, const char *path, const char *body, co
     s->kill_after = keep.kill_after;
     s->keep_cr = keep.keep_cr;
     s->timeout_s = keep.timeout_s;
-    cg_buf_init(&s->raw, 0);
+    cg_buf_init_unbounded(&s->raw);
     CURL *e = curl_easy_init();
     char url[1024], auth[512];
     snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
