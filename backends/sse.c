@@ -40,11 +40,12 @@ cg_sse_parser *cg_sse_new(cg_sse_params p)
     cg_sse_parser *s = cg_calloc(1, sizeof *s);
     s->p.max_line = p.max_line ? p.max_line : d.max_line;
     s->p.max_event = p.max_event ? p.max_event : d.max_event;
-    /* The line cap is enforced here, so the buffers only need the block cap. */
+    /* The line cap is enforced here, so the buffers only need the block cap, and event and
+     * id, which hold one line's value, the line cap. */
     cg_buf_init(&s->raw, s->p.max_event);
     cg_buf_init(&s->data, s->p.max_event);
-    cg_buf_init(&s->event, 0);
-    cg_buf_init(&s->id, 0);
+    cg_buf_init(&s->event, s->p.max_line);
+    cg_buf_init(&s->id, s->p.max_line);
     s->retry = -1;
     return s;
 }

@@ -193,7 +193,7 @@ static void json_escape(cg_buf *out, const char *s)
             st = cg_buf_printf(out, "\\u%04x", c);
         else
             st = cg_buf_append(out, s, 1);
-        (void)st; /* unlimited buffer */
+        (void)st; /* an unbounded buffer */
     }
 }
 
@@ -215,7 +215,7 @@ void cg_log(cg_log_level level, const char *fmt, ...)
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
 
     cg_buf line;
-    cg_buf_init(&line, 0);
+    cg_buf_init_unbounded(&line); /* msg and rid are fixed arrays; escaping at most sextuples */
     cg_status st = cg_buf_printf(&line, "{\"ts\":\"%s.%03ldZ\",\"level\":\"%s\",\"prog\":\"%s\"",
                                  when, ts.tv_nsec / 1000000, names[level], log_program);
     if (log_rid[0]) {

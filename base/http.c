@@ -579,14 +579,14 @@ static void guard_refuse(conn_state *cs, cg_status st)
     json_decref(err);
     const char *reason = MHD_get_reason_phrase_for((unsigned)http);
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b); /* a status line, four headers, an error from a fixed message */
     cg_status bst =
         cg_buf_printf(&b,
                       "HTTP/1.1 %d %s\r\nConnection: close\r\n"
                       "Content-Type: application/json\r\nContent-Length: %zu\r\n"
                       "X-Request-Id: %s\r\n\r\n%s",
                       http, reason && *reason ? reason : "Error", strlen(text), rid, text);
-    (void)bst; /* unlimited buffer */
+    (void)bst; /* an unbounded buffer */
     free(text);
     cs->answer = b.data;
     cs->answer_len = b.len;

@@ -48,7 +48,7 @@ static cg_status get_content(json_t *c, size_t i, cg_chat_msg *row, cg_buf *part
         if (part->len) st = cg_buf_append(part, "\n", 1);
         if (st == CG_OK)
             st = cg_buf_append(part, json_string_value(text), json_string_length(text));
-        (void)st; /* unlimited buffer; the body cap bounds it */
+        (void)st; /* an unbounded buffer; the body cap bounds it */
     }
     row->content = part->len ? part->data : NULL;
     row->content_len = part->len;
@@ -75,7 +75,7 @@ static cg_status get_messages(json_t *body, cg_chat_req *r, char *msg, size_t ms
     r->parts = cg_calloc(n, sizeof *r->parts);
     r->n_msgs = n;
     for (size_t i = 0; i < n; i++)
-        cg_buf_init(&r->parts[i], 0);
+        cg_buf_init_unbounded(&r->parts[i]); /* text parts of the capped body */
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(ms, i);
         if (!json_is_object(m)) {
@@ -218,7 +218,7 @@ static void docs_into(cg_buf *b, const char *sys, size_t sys_len, const cg_chat_
         if (st == CG_OK) st = cg_buf_append(b, r->docs[i], r->doc_lens[i]);
     }
     if (st == CG_OK) st = cg_buf_printf(b, " %s ", sep);
-    (void)st; /* unlimited buffer; the body cap bounds it */
+    (void)st; /* an unbounded buffer; the body cap bounds it */
 }
 
 /* The template's messages: {role, content} rows, the documents in the system message. */
@@ -232,7 +232,7 @@ static json_t *template_messages(const cg_chat_req *r, const char *sep)
             has_system |= !strcmp(r->msgs[i].role, "system");
         if (!has_system) {
             cg_buf b;
-            cg_buf_init(&b, 0);
+            cg_buf_init_unbounded(&b); /* documents of the capped body */
             docs_into(&b, NULL, 0, r, sep);
             json_array_append_new(
                 msgs, json_pack("{s:s, s:s%}", "role", "system", "content", b.data, b.len));
@@ -245,7 +245,7 @@ static json_t *template_messages(const cg_chat_req *r, const char *sep)
         json_t *content = m->content ? json_stringn(m->content, m->content_len) : json_null();
         if (!placed && !strcmp(m->role, "system")) {
             cg_buf b;
-            cg_buf_init(&b, 0);
+            cg_buf_init_unbounded(&b); /* a system message and documents of the capped body */
             docs_into(&b, m->content, m->content_len, r, sep);
             json_decref(content);
             content = json_stringn(b.data, b.len);

@@ -81,7 +81,7 @@ static void h_metrics(cg_http_req *req, void *app)
 {
     cg_gateway *g = app;
     cg_buf out;
-    cg_buf_init(&out, 0);
+    cg_buf_init_unbounded(&out); /* the process's own series: fixed names, labels and workers */
     cg_metrics_render(g->metrics, &out);
     cg_index_stats s;
     if (cg_index_stats_get(g->index, &s) == CG_OK) {

@@ -77,7 +77,7 @@ static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, 
     json_t *docs = json_object_get(body, "documents");
     if (chat && json_is_array(docs) && json_array_size(docs)) {
         cg_buf joined;
-        cg_buf_init(&joined, 0);
+        cg_buf_init_unbounded(&joined); /* documents of a body the server capped */
         size_t i;
         json_t *d;
         json_array_foreach(docs, i, d)

@@ -147,7 +147,7 @@ static void push_json_event(relay *r, const cg_sse_event *ev, json_t *obj)
 {
     char *text = json_dumps(obj, JSON_COMPACT); /* one line: JSON escapes newlines */
     cg_buf out;
-    cg_buf_init(&out, 0);
+    cg_buf_init_unbounded(&out); /* text is in memory already; the SSE cap bounded its event */
     cg_status st = CG_OK;
     if (ev->event_len) st = cg_buf_printf(&out, "event: %.*s\n", (int)ev->event_len, ev->event);
     if (st == CG_OK && ev->has_id) st = cg_buf_printf(&out, "id: %.*s\n", (int)ev->id_len, ev->id);
@@ -431,7 +431,7 @@ static void on_done(void *arg, cg_status st, long http, const char *detail)
                 cg_http_error_json(st == CG_E_TIMEOUT ? CG_E_TIMEOUT : CG_E_BAD_GATEWAY, NULL, m);
             char *text = json_dumps(err, JSON_COMPACT);
             cg_buf out;
-            cg_buf_init(&out, 0);
+            cg_buf_init_unbounded(&out); /* an error object around m's 512 bytes */
             cg_status bst = cg_buf_printf(&out, "data: %s\n\n", text);
             (void)bst;
             push(r, out.data, out.len);

@@ -10,7 +10,7 @@
 void cg_gw_segments_init(cg_gw_segments *s)
 {
     memset(s, 0, sizeof *s);
-    cg_buf_init(&s->rendered, 0);
+    cg_buf_init_unbounded(&s->rendered); /* cg_gw_segments_split caps it for a chat */
 }
 
 void cg_gw_segments_free(cg_gw_segments *s)

@@ -565,7 +565,7 @@ int tk_normalize(ectx *c, const char *s, size_t n)
             static const cg_nf form[] = {
                 [NZ_NFC] = CG_NF_C, [NZ_NFD] = CG_NF_D, [NZ_NFKC] = CG_NF_KC, [NZ_NFKD] = CG_NF_KD};
             cg_buf d;
-            cg_buf_init(&d, 0);
+            cg_buf_init_unbounded(&d); /* the UTF-8 of code points already decomposed */
             cg_status st = cg_unicode_normalize(cur->p, cur->n, form[z->kind], &d);
             if (st == CG_OK) tk_sb_add(tmp, d.data, d.len);
             cg_buf_free(&d);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/json.h"
+#include "cache/chat_template.h"
 #include "cache/chatreq.h"
 #include "worker/serve/api_common.h"
 #include "worker/serve/api_complete.h"
@@ -118,7 +119,7 @@ void cg_api_chat_completions(cg_http_req *req, void *app)
     int templated = 0;
     if (!body) return;
     cg_buf text;
-    cg_buf_init(&text, 0);
+    cg_buf_init(&text, cg_chat_template_default_limits().max_output); /* the render bound */
     if (!check_chat_fields(req, body) || !cg_api_chat_prompt(a, req, body, &text, &templated)) {
         cg_buf_free(&text);
         json_decref(body);

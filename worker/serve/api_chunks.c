@@ -261,10 +261,10 @@ static void reply_kv(cg_worker_api *a, cg_http_req *req, const void *payload, si
         return;
     }
     cg_buf body;
-    cg_buf_init(&body, 0);
+    cg_buf_init(&body, hb + len); /* the size its wire header gives */
     cg_status st = cg_buf_append(&body, head, hb);
     if (st == CG_OK) st = cg_buf_append(&body, payload, len);
-    (void)st; /* unlimited buffer */
+    (void)st; /* the cap is exactly what goes in */
     char v[64];
     cg_http_add_header(req, "X-KV-Format", "CGKV1");
     snprintf(v, sizeof v, "%u", tokens);

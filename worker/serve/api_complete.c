@@ -538,7 +538,7 @@ static int push_event(gen *g, json_t *j)
     char *text = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b); /* text is in memory already */
     cg_status st = cg_buf_printf(&b, "data: %s\n\n", text);
     (void)st;
     int rc = cg_stream_push(g->s, b.data, b.len);
@@ -572,7 +572,7 @@ static int stream_text(gen *g, int final)
         safe = safe > g->c->stop_max - 1 ? safe - (g->c->stop_max - 1) : 0;
     if (safe < g->sent) safe = g->sent;
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b); /* at most three bytes for each byte of g->text */
     size_t used = cg_utf8_sanitize(g->text.data + g->sent, safe - g->sent, final, &b);
     g->sent += used;
     size_t upto = g->toks_sent;
@@ -615,7 +615,7 @@ static int on_token(void *ud, const cg_tok_rec *rec, const char *bytes, size_t l
     gen *g = ud;
     size_t before = g->text.len;
     cg_status st = cg_buf_append(&g->text, bytes, len);
-    (void)st; /* unlimited buffer */
+    (void)st; /* an unbounded buffer */
     add_entry(g, rec, before, g->text.len, 0);
     int stop = g->c->n_stops && find_stop(g, before);
     /* With echo the prompt goes first, and its logprobs come with the answer: such a stream
@@ -754,7 +754,7 @@ static void generate(cg_worker_api *a, const creq *c, cg_complete_req *cr, gen *
     const char *finish = g->stopped ? "stop" : res.finish_reason;
     if (c->echo) { /* the prompt goes before what was generated */
         gen pre = *g;
-        cg_buf_init(&pre.text, 0);
+        cg_buf_init_unbounded(&pre.text); /* the capped body's prompt, then g->text */
         pre.toks = NULL;
         pre.n_toks = pre.cap_toks = 0;
         echo_prompt(&pre, &res);
@@ -790,7 +790,7 @@ void cg_api_complete_body(cg_worker_api *a, cg_http_req *req, json_t *body, int 
     creq c = {.chat = chat};
     kvsrc k = {0};
     gen g = {.a = a, .req = req, .c = &c, .chat = chat};
-    cg_buf_init(&g.text, 0);
+    cg_buf_init_unbounded(&g.text); /* max_tokens tokens, which the context bounds */
     /* A completion of an assembly this worker holds is admitted whatever the load: its
      * prefill is done, and refusing it would waste it (max_running still bounds decoding). */
     json_t *ktp = json_object_get(body, "kv_transfer_params");

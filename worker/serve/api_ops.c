@@ -349,7 +349,7 @@ void cg_api_metrics(cg_http_req *req, void *app)
                 ds.open_dropped);
     tier_metrics(a, m, &es);
     cg_buf out;
-    cg_buf_init(&out, 0);
+    cg_buf_init_unbounded(&out); /* the worker's own series: fixed names and labels */
     cg_metrics_render(m, &out);
     cg_http_reply_raw(req, 200, "text/plain; version=0.0.4; charset=utf-8",
                       out.data ? out.data : "", out.len);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/json.h"
+#include "cache/chat_template.h"
 #include "worker/serve/api_common.h"
 #include "worker/serve/api_tokens.h"
 
@@ -36,7 +37,7 @@ void cg_api_tokenize(cg_http_req *req, void *app)
     json_t *body = cg_http_req_json(req);
     cg_buf chat;
     cg_tokens ids = {0};
-    cg_buf_init(&chat, 0);
+    cg_buf_init(&chat, cg_chat_template_default_limits().max_output); /* the render bound */
     int admitted = 0;
     if (!body) return;
     if (!cg_api_model_ok(a, req, body)) goto out;
@@ -116,7 +117,7 @@ void cg_api_detokenize(cg_http_req *req, void *app)
     json_t *body = cg_http_req_json(req), *tokens = NULL;
     int32_t *ids = NULL;
     cg_buf text;
-    cg_buf_init(&text, 0);
+    cg_buf_init_unbounded(&text); /* at most max_pos vocabulary entries, checked below */
     int admitted = 0;
     if (!body) return;
     if (!cg_api_model_ok(a, req, body)) goto out;

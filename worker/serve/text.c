@@ -28,14 +28,14 @@ size_t cg_utf8_sanitize(const char *in, size_t n, int final, cg_buf *out)
         st = cg_buf_append(out, repl, 3);
         i++;
     }
-    (void)st; /* out is unlimited */
+    (void)st; /* out has room for three bytes per byte of in */
     return i;
 }
 
 json_t *cg_json_text(const char *s, size_t n)
 {
     cg_buf b;
-    cg_buf_init(&b, 0);
+    cg_buf_init_unbounded(&b); /* at most three bytes for each byte of s */
     cg_utf8_sanitize(s, n, 1, &b);
     json_t *j = json_stringn(b.data ? b.data : "", b.len);
     cg_buf_free(&b);

@@ -9,7 +9,8 @@
 
 /* Appends UTF-8 made from in[0..n) to out: valid sequences are copied, invalid bytes and NUL
  * become U+FFFD. An incomplete sequence at the end is left unconsumed unless final (it may
- * complete with the next token's bytes). Returns the bytes consumed. */
+ * complete with the next token's bytes). out needs room for three bytes per byte of in.
+ * Returns the bytes consumed. */
 size_t cg_utf8_sanitize(const char *in, size_t n, int final, cg_buf *out);
 /* A JSON string of in[0..n) sanitized as above, final (new reference). */
 json_t *cg_json_text(const char *s, size_t n);
