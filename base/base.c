@@ -1,6 +1,7 @@
 /* Process-wide basics: status table, aborting allocator, capped buffers, JSON-lines log, clocks. */
 #include "base/base.h"
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +92,7 @@ char *cg_strndup(const char *s, size_t n)
 
 void cg_buf_init(cg_buf *b, size_t max)
 {
+    assert(max > 0 && "a cg_buf needs a cap; cg_buf_init_unbounded says when it does not");
     b->data = NULL;
     b->len = b->cap = 0;
     b->max = max;
@@ -105,7 +107,10 @@ void cg_buf_init_unbounded(cg_buf *b)
 
 static cg_status buf_reserve(cg_buf *b, size_t extra)
 {
-    if (b->max && (extra > b->max || b->len > b->max - extra)) return CG_E_TOO_LARGE;
+    assert(b->max > 0 && "a cg_buf is appended to only after one of its init calls");
+    /* SIZE_MAX - 1 keeps len + extra + 1 (the NUL) from wrapping in an unbounded buffer. */
+    size_t max = CG_MIN(b->max, SIZE_MAX - 1);
+    if (extra > max || b->len > max - extra) return CG_E_TOO_LARGE;
     size_t need = b->len + extra + 1;
     if (need <= b->cap) return CG_OK;
     size_t cap = b->cap ? b->cap : 256;

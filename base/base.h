@@ -27,13 +27,17 @@ char *cg_strndup(const char *s, size_t n);
         *(pp) = NULL;                                                                              \
     } while (0)
 
-/* Growable byte buffer with a hard cap (curl dynbuf). Owns its bytes. */
+/* Growable byte buffer with a hard cap (curl dynbuf). Owns its bytes. Every buffer names its
+ * cap when it starts; one whose size something else already bounds starts unbounded, by name. */
 typedef struct cg_buf {
     char *data; /* always NUL-terminated when len > 0 or after cg_buf_append */
     size_t len;
     size_t cap;
-    size_t max; /* 0 = unlimited; SIZE_MAX when unbounded */
+    size_t max; /* most bytes it may hold; SIZE_MAX when unbounded */
 } cg_buf;
+/* Starts an empty buffer that holds at most max bytes. max must not be 0: a missing cap is a
+ * programming error, asserted; where assertions are off, the buffer holds nothing and every
+ * non-empty append fails with CG_E_TOO_LARGE. A zeroed cg_buf is the same mistake. */
 void cg_buf_init(cg_buf *b, size_t max);
 /* Starts an empty buffer without a cap, for one whose size something else bounds: the caller
  * says what, next to the call. */

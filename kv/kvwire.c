@@ -126,7 +126,7 @@ cg_status cg_kvwire_encode(const cg_kvwire_header *h, cg_kvwire_rows_fn fn, void
     if (st != CG_OK) return st;
     st = cg_kvwire_payload_bytes(h, &payload);
     if (st != CG_OK) return st;
-    if (out->max && (payload > out->max || hb > out->max - payload)) return CG_E_TOO_LARGE;
+    if (payload > out->max || hb > out->max - payload) return CG_E_TOO_LARGE;
     st = cg_buf_append(out, head, hb);
     if (st != CG_OK) return st;
     size_t row_floats = (size_t)h->n_tokens * h->head_dim;
