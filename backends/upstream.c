@@ -563,7 +563,7 @@ cg_status cg_upstream_open(const cg_upstream_params *p, cg_upstream **out)
     if (c->p.idle_timeout_ms <= 0) c->p.idle_timeout_ms = 300000;
     if (c->p.dns_cache_s < 0) c->p.dns_cache_s = 2;
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    cg_cond_init_monotonic(&c->cv);
     c->multi = curl_multi_init();
     curl_multi_setopt(c->multi, CURLMOPT_MAXCONNECTS,
                       c->p.max_idle_conns > 0 ? c->p.max_idle_conns : 1024L);
@@ -596,7 +596,7 @@ size_t cg_upstream_in_flight(cg_upstream *c)
 
 size_t cg_upstream_drain(cg_upstream *c, uint64_t timeout_ms)
 {
-    struct timespec ts = cg_deadline_after_ms(CLOCK_REALTIME, timeout_ms);
+    struct timespec ts = cg_deadline_after_ms(timeout_ms);
     pthread_mutex_lock(&c->mu);
     while (c->in_flight && pthread_cond_timedwait(&c->cv, &c->mu, &ts) == 0) {
     }

@@ -278,10 +278,10 @@ void cg_thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, int *
     pthread_join(th, NULL);
 }
 
-struct timespec cg_deadline_after_ms(clockid_t clock, uint64_t ms)
+struct timespec cg_deadline_after_ms(uint64_t ms)
 {
     struct timespec ts;
-    clock_gettime(clock, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000ull;
     ts.tv_sec += (time_t)(ns / 1000000000ull);
     ts.tv_nsec = (long)(ns % 1000000000ull);

@@ -73,10 +73,9 @@ uint64_t cg_wall_ms(void);
 /* Initialises cv to time its waits on CLOCK_MONOTONIC, so that a wall-clock step neither
  * shortens nor stretches them. Destroy it with pthread_cond_destroy. */
 void cg_cond_init_monotonic(pthread_cond_t *cv);
-/* The absolute time ms milliseconds from now on clock, for pthread_cond_timedwait:
- * CLOCK_REALTIME for a default condition variable, CLOCK_MONOTONIC for one made by
- * cg_cond_init_monotonic. */
-struct timespec cg_deadline_after_ms(clockid_t clock, uint64_t ms);
+/* The absolute CLOCK_MONOTONIC time ms milliseconds from now, for pthread_cond_timedwait on a
+ * condition variable made by cg_cond_init_monotonic (every timed wait in chunkgate is). */
+struct timespec cg_deadline_after_ms(uint64_t ms);
 /* Stops th, a thread that waits on cv under mu until *stop is set: sets *stop under mu, wakes
  * every waiter on cv, and joins th. */
 void cg_thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, int *stop);

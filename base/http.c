@@ -190,7 +190,7 @@ cg_stream *cg_stream_new(size_t max_buffered, const char *heartbeat)
 {
     cg_stream *s = cg_calloc(1, sizeof *s);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    cg_cond_init_monotonic(&s->cv);
     s->refs = 1;
     s->fd = -1;
     s->max = max_buffered ? max_buffered : (1u << 20);
@@ -337,7 +337,7 @@ static int stream_wait_reader_locked(cg_stream *s)
         return 0;
     }
     const size_t len0 = s->len, head0 = s->head;
-    struct timespec ts = cg_deadline_after_ms(CLOCK_REALTIME, (uint64_t)s->stall_ms);
+    struct timespec ts = cg_deadline_after_ms((uint64_t)s->stall_ms);
     while (!s->gone && s->len == len0 && s->head == head0)
         if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT) break;
     if (s->gone || s->len != len0 || s->head != head0) return 0;
@@ -463,7 +463,7 @@ static void *heartbeat_main(void *arg)
     uint64_t tick_ms = CG_MIN(srv->p.heartbeat_ms, 1000u), last_poke = cg_now_ns();
     pthread_mutex_lock(&srv->mu);
     while (!srv->stopping) {
-        struct timespec ts = cg_deadline_after_ms(CLOCK_REALTIME, tick_ms);
+        struct timespec ts = cg_deadline_after_ms(tick_ms);
         pthread_cond_timedwait(&srv->hb_cv, &srv->mu, &ts);
         if (srv->stopping) break;
         uint64_t now = cg_now_ns();
@@ -766,7 +766,7 @@ static void *deadline_main(void *arg)
     uint64_t limit = (uint64_t)srv->p.conn_timeout_s * 1000000000ull;
     pthread_mutex_lock(&srv->conn_mu);
     while (!srv->deadline_stop) {
-        struct timespec ts = cg_deadline_after_ms(CLOCK_REALTIME, DEADLINE_TICK_MS);
+        struct timespec ts = cg_deadline_after_ms(DEADLINE_TICK_MS);
         pthread_cond_timedwait(&srv->conn_cv, &srv->conn_mu, &ts);
         if (srv->deadline_stop) break;
         pthread_mutex_unlock(&srv->conn_mu);
@@ -1509,10 +1509,10 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
     if (!srv->p.max_json_depth) srv->p.max_json_depth = jl.max_depth;
     pthread_mutex_init(&srv->mu, NULL);
     pthread_cond_init(&srv->cv, NULL);
-    pthread_cond_init(&srv->hb_cv, NULL);
+    cg_cond_init_monotonic(&srv->hb_cv);
     pthread_cond_init(&srv->idle_cv, NULL);
     pthread_mutex_init(&srv->conn_mu, NULL);
-    pthread_cond_init(&srv->conn_cv, NULL);
+    cg_cond_init_monotonic(&srv->conn_cv);
     pthread_mutex_init(&srv->linger_mu, NULL);
     srv->linger_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (!p->no_framing_check && cg_http_guard_init(&GUARD_OPS) != 0)

@@ -1073,7 +1073,7 @@ static void *health_main(void *arg)
             if (w->next_check_ms < wake) wake = w->next_check_ms;
         }
         if (wake <= now) continue;
-        struct timespec ts = cg_deadline_after_ms(CLOCK_MONOTONIC, wake - now);
+        struct timespec ts = cg_deadline_after_ms(wake - now);
         pthread_cond_timedwait(&r->cv, &r->mu, &ts);
     }
     pthread_mutex_unlock(&r->mu);

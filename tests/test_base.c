@@ -1,8 +1,12 @@
 /* The process-wide basics of base/base.h: a cg_buf holds exactly up to its cap and refuses the
  * byte past it, by append and by printf alike, without changing what it holds; an unbounded
  * buffer grows but refuses a size that would wrap; a zero cap is a programming error (an
- * assertion, or a buffer that holds nothing where assertions are off), never "unlimited". */
+ * assertion, or a buffer that holds nothing where assertions are off), never "unlimited".
+ * A timed wait on a monotonic condition variable with a cg_deadline_after_ms deadline lasts
+ * the time asked: a deadline on the wrong clock would end it at once. */
 #include <check.h>
+#include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -67,9 +71,37 @@ START_TEST(zero_cap_is_never_unlimited)
 }
 END_TEST
 
+START_TEST(monotonic_deadline_waits_the_time_asked)
+{
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv;
+    cg_cond_init_monotonic(&cv);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    struct timespec until = cg_deadline_after_ms(150);
+    int64_t ahead_ms = (int64_t)(until.tv_sec - now.tv_sec) * 1000 +
+                       (int64_t)(until.tv_nsec - now.tv_nsec) / 1000000;
+    ck_assert_msg(ahead_ms >= 149 && ahead_ms <= 1150, "deadline %lld ms ahead of CLOCK_MONOTONIC",
+                  (long long)ahead_ms);
+    uint64_t t0 = cg_now_ms();
+    pthread_mutex_lock(&mu);
+    int rc;
+    do
+        rc = pthread_cond_timedwait(&cv, &mu, &until);
+    while (rc == 0); /* spurious wakeups */
+    pthread_mutex_unlock(&mu);
+    uint64_t waited = cg_now_ms() - t0;
+    ck_assert_int_eq(rc, ETIMEDOUT);
+    ck_assert_msg(waited >= 140 && waited < 5000, "waited %llu ms for 150",
+                  (unsigned long long)waited);
+    pthread_cond_destroy(&cv);
+}
+END_TEST
+
 int main(void)
 {
     return th_run_tests("base", "core", 60,
                         TH_TESTS(buf_holds_up_to_its_cap, unbounded_buf_grows_but_never_wraps,
-                                 zero_cap_is_never_unlimited));
+                                 zero_cap_is_never_unlimited,
+                                 monotonic_deadline_waits_the_time_asked));
 }

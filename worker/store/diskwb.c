@@ -242,8 +242,7 @@ size_t cg_diskwb_cancel(cg_diskwb *w, const cg_key *key)
 
 cg_status cg_diskwb_flush(cg_diskwb *w, int timeout_ms)
 {
-    struct timespec ts =
-        cg_deadline_after_ms(CLOCK_MONOTONIC, (uint64_t)(timeout_ms > 0 ? timeout_ms : 0));
+    struct timespec ts = cg_deadline_after_ms((uint64_t)(timeout_ms > 0 ? timeout_ms : 0));
     cg_status st = CG_OK;
     pthread_mutex_lock(&w->mu);
     uint64_t want = w->enq_seq;

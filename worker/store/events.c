@@ -101,7 +101,7 @@ cg_status cg_events_open(cg_events_params p, cg_events **out, char *err, size_t 
     e->q = cg_calloc(p.queue_max, sizeof *e->q);
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->load_mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
+    cg_cond_init_monotonic(&e->cv);
     *out = e;
     return CG_OK;
 }
@@ -166,7 +166,7 @@ static void *publisher_main(void *arg)
             continue;
         }
         __atomic_add_fetch(&e->n_failed, 1, __ATOMIC_RELAXED);
-        struct timespec until = cg_deadline_after_ms(CLOCK_REALTIME, RETRY_MS);
+        struct timespec until = cg_deadline_after_ms(RETRY_MS);
         if (!e->stop) pthread_cond_timedwait(&e->cv, &e->mu, &until);
     }
     pthread_mutex_unlock(&e->mu);
