@@ -674,9 +674,37 @@ static void qmat_free(qmat *m)
 }
 
 static const cg_dtype qdtypes[] = {CG_DTYPE_Q8_0, CG_DTYPE_Q4_0};
+/* rows that are a multiple of 16 take the amx variant's tiles in prefill */
 static const int qshapes[][3] = {{1, 64, 1},    {3, 64, 2},   {5, 128, 3},  {4, 192, 5},
                                  {9, 896, 4},   {17, 256, 9}, {33, 64, 16}, {70, 320, 7},
-                                 {130, 512, 1}, {8, 4864, 2}};
+                                 {130, 512, 1}, {8, 4864, 2}, {16, 64, 1},  {48, 896, 33},
+                                 {32, 4864, 64}};
+
+/* The prefill bound of a block-quantised product in a variant: f32 summation, and in amx each
+ * of x and the dequantised weight rounded once to bf16 (relative 2^-9 each). */
+static double qprefill_bound(cg_matmul_isa isa, int cols, double mag)
+{
+    return bound(cols, 1, mag) + (isa == CG_MATMUL_ISA_AMX ? 0x1.02p-8 * mag : 0);
+}
+
+/* y, the prefill product of variant isa, against x times the dequantised weights summed in f64 */
+static void check_qprefill(const cg_weight *w, const float *x, int n, const float *y,
+                           cg_matmul_isa isa)
+{
+    const int rows = w->rows, cols = w->cols;
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < rows; r++) {
+            double ref = 0, mag = 0;
+            for (int k = 0; k < cols; k++) {
+                const double t = (double)x[(size_t)i * cols + k] * qval(w, r, k);
+                ref += t;
+                mag += fabs(t);
+            }
+            const double e = fabs(y[(size_t)i * rows + r] - ref);
+            ck_assert_msg(e <= qprefill_bound(isa, cols, mag), "%s prefill %dx%d n=%d: %g off",
+                          cg_matmul_isa_name(isa), rows, cols, n, e);
+        }
+}
 
 /* Every variant's decode kernel equals the reference bit for bit; Q8_0 also with an odd count of
  * blocks (the AVX-512 tile's half pair). A kernel that drops a block, mixes up nibbles, scales or
@@ -713,23 +741,54 @@ START_TEST(test_qkernels_exact)
                                      cg_matmul_isa_name(isas[v]),
                                      qdtypes[d] == CG_DTYPE_Q8_0 ? "q8_0" : "q4_0", rows, cols, n,
                                      i, y[i], want[i]);
-                /* the prefill path: f32 x against the dequantised weights, summed in f64 */
                 run(PREFILL, &m.w, x, n, y);
-                for (int i = 0; i < n; i++)
-                    for (int r = 0; r < rows; r++) {
-                        double ref = 0, mag = 0;
-                        for (int k = 0; k < cols; k++) {
-                            const double t = (double)x[(size_t)i * cols + k] * qval(&m.w, r, k);
-                            ref += t;
-                            mag += fabs(t);
-                        }
-                        const double e = fabs(y[(size_t)i * rows + r] - ref);
-                        ck_assert_msg(e <= bound(cols, 1, mag), "%s prefill %dx%d n=%d: %g off",
-                                      cg_matmul_isa_name(isas[v]), rows, cols, n, e);
-                    }
+                check_qprefill(&m.w, x, n, y, isas[v]);
             }
             free(want);
             free(y);
+            free(raw);
+            qmat_free(&m);
+        }
+}
+END_TEST
+
+/* The amx variant's prefill: a row's bits do not depend on n, on its position, nor on the
+ * thread count (each output is one chain of tile products); x rows past a multiple of 32 and
+ * a last single 16-row tile of W are written, and nothing else is. */
+START_TEST(test_qprefill_amx)
+{
+    if (!cg_matmul_isa_supported(CG_MATMUL_ISA_AMX)) {
+        printf("test_matmul: no AMX on this CPU: the amx prefill is not run\n");
+        return;
+    }
+    static const int ashapes[][3] = {{16, 64, 1}, {48, 896, 70}, {144, 4864, 33}};
+    const int threads = omp_get_max_threads();
+    for (int d = 0; d < 2; d++)
+        for (size_t s = 0; s < CG_ARRAY_LEN(ashapes); s++) {
+            const int rows = ashapes[s][0], cols = ashapes[s][1], n = ashapes[s][2];
+            qmat m = qmat_new(qdtypes[d], rows, cols, 60 + s);
+            void *raw;
+            float *x = x_new(n, cols, 0, 0, 70 + s, &raw);
+            const size_t ny = (size_t)n * rows;
+            float *all = cg_malloc((ny + rows) * sizeof(float));
+            float *part = cg_malloc((ny + rows) * sizeof(float));
+            use_isa(CG_MATMUL_ISA_AMX);
+            all[ny] = part[ny] = 7; /* past the end: untouched */
+            cg_matmul_prefill(&m.w, x, n, all, scratch);
+            ck_assert(all[ny] == 7);
+            check_qprefill(&m.w, x, n, all, CG_MATMUL_ISA_AMX);
+            static const int ns[] = {1, 2, 17, 33};
+            for (size_t ni = 0; ni < CG_ARRAY_LEN(ns); ni++) {
+                const int k = CG_MIN(ns[ni], n), off = n - k; /* the last k rows, at the front */
+                omp_set_num_threads(1 + (int)(ni % 2));
+                memset(part, 0xff, (size_t)k * rows * sizeof(float));
+                cg_matmul_prefill(&m.w, x + (size_t)off * cols, k, part, scratch);
+                ck_assert_mem_eq(part, all + (size_t)off * rows, (size_t)k * rows * sizeof(float));
+                ck_assert(part[ny] == 7);
+            }
+            omp_set_num_threads(threads);
+            free(all);
+            free(part);
             free(raw);
             qmat_free(&m);
         }
@@ -855,7 +914,7 @@ int main(void)
         TH_TESTS(test_against_f64, test_exact_integers, test_decode_batch_invariant, test_unaligned,
                  test_widen_all_values, test_widen_q8, test_quantize_q8, test_prefill_deterministic,
                  test_empty_and_zero_cols, test_qkernels_exact, test_qkernels_close_to_f32,
-                 test_qdecode_batch_invariant, test_quantize_blocks));
+                 test_qdecode_batch_invariant, test_qprefill_amx, test_quantize_blocks));
     tcase_add_checked_fixture(tc, setup, teardown);
     return th_run(s, CK_FORK_GETENV);
 }

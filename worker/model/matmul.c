@@ -348,9 +348,9 @@ static const isa_ops ops_512 = {
 /* ---- dispatch ---- */
 
 static const isa_ops *const all_ops[CG_MATMUL_ISA_COUNT] = {&ops_generic, &ops_avx2, &ops_512,
-                                                            &ops_512};
+                                                            &ops_512, &ops_512};
 static const char *const isa_names[CG_MATMUL_ISA_COUNT] = {"generic", "avx2", "avx512",
-                                                           "avx512vnni"};
+                                                           "avx512vnni", "amx"};
 
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
 static _Atomic int isa_cur = CG_MATMUL_ISA_GENERIC;
@@ -375,6 +375,8 @@ int cg_matmul_isa_supported(cg_matmul_isa isa)
     case CG_MATMUL_ISA_AVX512VNNI:
         return cg_matmul_isa_supported(CG_MATMUL_ISA_AVX512) &&
                __builtin_cpu_supports("avx512vnni");
+    case CG_MATMUL_ISA_AMX:
+        return cg_matmul_isa_supported(CG_MATMUL_ISA_AVX512VNNI) && cg_amx_supported();
     default:
         return 0;
     }
@@ -390,7 +392,8 @@ static void isa_init(void)
             if (!strcasecmp(env, isa_names[i])) found = i;
         if (found < 0)
             cg_log(CG_LOG_WARN,
-                   "CG_MATMUL_ISA=%s is not generic, avx2, avx512 or avx512vnni; ignored", env);
+                   "CG_MATMUL_ISA=%s is not generic, avx2, avx512, avx512vnni or amx; ignored",
+                   env);
         else
             cap = found;
     }
@@ -431,6 +434,8 @@ static const isa_ops *active_ops(void)
 struct cg_matmul_scratch {
     float *buf[MAX_THREADS];
     size_t cap[MAX_THREADS]; /* floats */
+    uint16_t *xp;            /* the amx variant's packed x, shared by the threads */
+    size_t xp_cap;           /* values */
 };
 
 cg_matmul_scratch *cg_matmul_scratch_new(void)
@@ -445,6 +450,7 @@ void cg_matmul_scratch_free(cg_matmul_scratch **ps)
     if (!s) return;
     for (int i = 0; i < MAX_THREADS; i++)
         free(s->buf[i]);
+    free(s->xp);
     cg_free(ps);
 }
 
@@ -483,6 +489,37 @@ static int thread_cap(void)
 /* Below ~1M multiply-adds the fork/join costs more than the second core gains. */
 #define PAR_MACS ((size_t)1 << 20)
 
+/* Weight rows per AMX panel: 32 to 128, at most 256 KiB of bf16 (the panel is swept over all of
+ * x from L2; 64-256 rows measured alike at 512 x 896 and 4096 x 896, 32 best at 4864 columns). */
+static size_t amx_panel_rows(size_t cols)
+{
+    return CG_MAX((size_t)32, CG_MIN((size_t)128, ((size_t)256 << 10) / (cols * 2) / 32 * 32));
+}
+
+/* The amx variant's prefill of a block-quantised w: x packed once into bf16 tiles by all threads,
+ * then the weight rows split between them at multiples of 16. */
+static void prefill_amx(const cg_weight *w, const float *x, int n, float *y, cg_matmul_scratch *s)
+{
+    const size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
+    const size_t need = cg_amx_x_elems(n, (int)cols), groups = need / cols / 16;
+    if (s->xp_cap < need) {
+        free(s->xp);
+        s->xp = cg_malloc(need * sizeof(uint16_t));
+        s->xp_cap = need;
+    }
+    const size_t pr = amx_panel_rows(cols), units = rows / 16;
+    const int par = (size_t)n * rows * cols >= PAR_MACS;
+#pragma omp parallel if (par) num_threads(thread_cap())
+    {
+        const size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+        cg_amx_pack_x(x, n, (int)cols, s->xp, groups * t / nt, groups * (t + 1) / nt);
+#pragma omp barrier
+        const size_t a = units * t / nt * 16, b = units * (t + 1) / nt * 16;
+        if (b > a)
+            cg_amx_rows(w, s->xp, n, y, a, b, pr, scratch_get(s, (int)t, pr * cols / 2 + 1024));
+    }
+}
+
 void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_matmul_scratch *s)
 {
     check_weight(w);
@@ -490,6 +527,12 @@ void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_m
     const size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
     if (cols == 0) {
         memset(y, 0, (size_t)n * rows * sizeof(float));
+        return;
+    }
+    if ((w->dtype == CG_DTYPE_Q8_0 || w->dtype == CG_DTYPE_Q4_0) && rows % 16 == 0 &&
+        cg_matmul_isa_active() == CG_MATMUL_ISA_AMX) {
+        assert(s);
+        prefill_amx(w, x, n, y, s);
         return;
     }
     const isa_ops *ops = active_ops();

@@ -76,7 +76,9 @@ void cg_matmul_scratch_free(cg_matmul_scratch **s);
  * sequence's prompt must be computed in the same chunks to reproduce bits.
  * x, w and y are borrowed; y must not overlap x. n == 0 does nothing.
  * Q8_0 / Q4_0 panels are dequantised exactly the same way (x stays f32 here: no activation
- * quantisation on this path). */
+ * quantisation on this path), except in the amx variant: there x and the dequantised weights
+ * are rounded to bf16 and multiplied on AMX tiles (rows a multiple of 16), and a row's bits
+ * depend neither on n, nor on its position, nor on the thread count. */
 void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_matmul_scratch *s);
 
 /* Decode path: the same product for a small batch of rows (1..CG_MATMUL_DECODE_MAX decode
@@ -112,14 +114,17 @@ cg_status cg_matmul_quantize(const cg_weight *w, cg_dtype to, void *q, uint16_t 
 void cg_matmul_dequant_row(const cg_weight *w, int row, float *out);
 
 /* Kernel variants, chosen once at first use: the best the CPU supports, capped by the
- * environment variable CG_MATMUL_ISA=generic|avx2|avx512|avx512vnni when set. The 16-bit
- * products of avx512vnni are those of avx512; only the block-quantised ones differ, and those
- * give the same bits in every variant (worker/model/matmul_quant.c). */
+ * environment variable CG_MATMUL_ISA=generic|avx2|avx512|avx512vnni|amx when set. The 16-bit
+ * products of avx512vnni and amx are those of avx512; only the block-quantised ones differ. Their
+ * decode gives the same bits in every variant (worker/model/matmul_quant.c). Their prefill gives
+ * the same bits in every variant but amx, which multiplies on AMX tiles in bf16: activations
+ * and dequantised weights rounded to bf16, products summed in f32 (worker/model/matmul_amx.c). */
 typedef enum cg_matmul_isa {
     CG_MATMUL_ISA_GENERIC,    /* portable C */
     CG_MATMUL_ISA_AVX2,       /* AVX2 + FMA + F16C */
     CG_MATMUL_ISA_AVX512,     /* AVX-512 F/BW/VL */
     CG_MATMUL_ISA_AVX512VNNI, /* the same with VNNI: vpdpbusd for the Q8_0 / Q4_0 products */
+    CG_MATMUL_ISA_AMX,        /* the same with AMX-BF16 tiles for the Q8_0 / Q4_0 prefill */
     CG_MATMUL_ISA_COUNT
 } cg_matmul_isa;
 
@@ -127,7 +132,7 @@ typedef enum cg_matmul_isa {
 int cg_matmul_isa_supported(cg_matmul_isa isa);
 /* The variant products use now. */
 cg_matmul_isa cg_matmul_isa_active(void);
-/* "generic", "avx2", "avx512", "avx512vnni" (static storage). */
+/* "generic", "avx2", "avx512", "avx512vnni", "amx" (static storage). */
 const char *cg_matmul_isa_name(cg_matmul_isa isa);
 /* Forces a variant (tests, benchmarks). Returns CG_E_UNSUPPORTED, changing nothing, when the
  * CPU cannot run it. Must not be called while a product runs. */

@@ -20,4 +20,16 @@ void cg_qmm_widen(const cg_weight *w, size_t row, size_t c0, size_t count, float
  * their source weights with it. */
 float cg_weight_at(const cg_weight *w, size_t i);
 
+/* AMX-BF16 prefill for block-quantised weights (matmul_amx.c). cg_amx_supported: the CPU has
+ * AMX-TILE, AMX-BF16 and AVX512-BF16, and the kernel granted this process the tile state (asked
+ * once). The product: cg_amx_pack_x packs x (bf16, zero rows up to a multiple of 32) into
+ * cg_amx_x_elems(n, cols) values, 16-row groups [g0, g1) per call so threads can share it;
+ * cg_amx_rows then writes weight rows [r0, r1) (a multiple of 16 apart) of y, dequantising
+ * panel_rows rows at a time into scratch (panel_rows * cols bf16, then 1024 floats). */
+int cg_amx_supported(void);
+size_t cg_amx_x_elems(int n, int cols);
+void cg_amx_pack_x(const float *x, int n, int cols, uint16_t *xp, size_t g0, size_t g1);
+void cg_amx_rows(const cg_weight *w, const uint16_t *xp, int n, float *y, size_t r0, size_t r1,
+                 size_t panel_rows, void *scratch);
+
 #endif

@@ -230,7 +230,7 @@ static const qops qops_512v = {.tile = {{NULL, a512v_q8_1, a512v_q8_2, a512v_q8_
                                .rb = QRB};
 
 static const qops *const all_qops[CG_MATMUL_ISA_COUNT] = {&qops_generic, &qops_avx2, &qops_512,
-                                                          &qops_512v};
+                                                          &qops_512v, &qops_512v};
 
 /* Round to nearest even, as rintf does, for |v| < 2^22, inline (rintf is a library call
  * without SSE4.1, and quantising a model makes billions of them). */
