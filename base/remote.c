@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/list.h"
 
 /* Largest batch one call takes (keys). */
 #define BATCH_MAX 65536
@@ -76,7 +77,7 @@ typedef struct node {
 
 /* One write-behind item: a chunk's keys and values, copied, in one allocation. */
 typedef struct qitem {
-    struct qitem *next;
+    cg_link link; /* on the queue */
     uint64_t seq;
     uint64_t tag; /* the caller's, handed to params.on_written */
     size_t n;
@@ -106,9 +107,9 @@ struct cg_remote {
     unsigned refresh_rr; /* refresh_mu: where the next refresh starts among the nodes */
 
     pthread_mutex_t qmu;
-    pthread_cond_t qcv;   /* items or stop for the writer */
-    pthread_cond_t qdone; /* the writer finished a batch */
-    qitem *qhead, *qtail;
+    pthread_cond_t qcv;                 /* items or stop for the writer */
+    pthread_cond_t qdone;               /* the writer finished a batch */
+    cg_list queue;                      /* qmu: qitems, oldest first */
     size_t q_items, q_bytes, q_writing; /* reserved, queued or being written */
     uint64_t q_seq, q_done;             /* last appended / last finished item seq */
     int q_stop;
@@ -1452,16 +1453,15 @@ static void *writer_main(void *arg)
     cg_remote *r = arg;
     pthread_mutex_lock(&r->qmu);
     for (;;) {
-        while (!r->qhead && !r->q_stop)
+        while (cg_list_empty(&r->queue) && !r->q_stop)
             pthread_cond_wait(&r->qcv, &r->qmu);
         if (r->q_stop) break;
         qitem *batch[WRITER_BATCH_ITEMS];
         size_t k = 0, bytes = 0;
-        while (r->qhead && k < WRITER_BATCH_ITEMS &&
-               (k == 0 || bytes + r->qhead->bytes <= WRITER_BATCH_BYTES)) {
-            qitem *it = r->qhead;
-            r->qhead = it->next;
-            if (!r->qhead) r->qtail = NULL;
+        while (!cg_list_empty(&r->queue) && k < WRITER_BATCH_ITEMS) {
+            qitem *it = CG_LIST_ENTRY(r->queue.head, qitem, link);
+            if (k > 0 && bytes + it->bytes > WRITER_BATCH_BYTES) break;
+            cg_list_remove(&r->queue, &it->link);
             bytes += it->bytes;
             batch[k++] = it;
         }
@@ -1608,8 +1608,8 @@ void cg_remote_close(cg_remote **pr)
             cg_log(CG_LOG_WARN, "remote: write-behind queue not drained at close");
         cg_thread_stop(r->writer, &r->qmu, &r->qcv, &r->q_stop);
     }
-    for (qitem *it = r->qhead, *next; it; it = next) {
-        next = it->next;
+    for (cg_link *l; (l = cg_list_pop_front(&r->queue));) {
+        qitem *it = CG_LIST_ENTRY(l, qitem, link);
         ST_ADD(r, queue_failed, 1);
         qitem_free(&it);
     }
@@ -1901,11 +1901,7 @@ cg_status cg_remote_put_async_tag(cg_remote *r, size_t n, const char *const *key
 
     pthread_mutex_lock(&r->qmu);
     it->seq = ++r->q_seq;
-    if (r->qtail)
-        r->qtail->next = it;
-    else
-        r->qhead = it;
-    r->qtail = it;
+    cg_list_push_back(&r->queue, &it->link);
     pthread_cond_signal(&r->qcv);
     pthread_mutex_unlock(&r->qmu);
     ST_ADD(r, queue_puts, 1);
