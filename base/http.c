@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <malloc.h>
 #include <stdarg.h>
 #include <netdb.h>
@@ -131,6 +132,7 @@ struct cg_http_server {
     struct MHD_Daemon *d;
     cg_http_params p;
     uint16_t port;
+    int sndbuf; /* p.sndbuf_bytes as SO_SNDBUF takes it; 0 = the kernel's autotuning */
     pthread_mutex_t mu;
     pthread_cond_t cv;      /* jobs queued / stopping: job threads only, signalled one job at a
                                time (a broadcast woke every idle job thread per request) */
@@ -181,6 +183,7 @@ cg_http_params cg_http_default_params(void)
     p.conn_timeout_s = 60;
     p.max_connections = 4096;
     p.heartbeat_ms = 5000;
+    p.sndbuf_bytes = 256u << 10;
     return p;
 }
 
@@ -708,6 +711,10 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         cs->fd = ci ? ci->connect_fd : -1;
         cs->srv = srv;
+        /* Before the first byte of any reply: a client that reads slowly gets only this much
+         * queued in the kernel, so its stream's producer is held back that soon. */
+        if (srv->sndbuf && cs->fd >= 0)
+            (void)setsockopt(cs->fd, SOL_SOCKET, SO_SNDBUF, &srv->sndbuf, sizeof srv->sndbuf);
         if (!srv->p.no_framing_check && cs->fd >= 0) {
             cs->frame = cg_http_frame_new(&srv->frame_limits);
             cg_http_guard_set(cs->fd, cs);
@@ -1474,6 +1481,28 @@ static cg_status resolve_listen(const char *listen, struct sockaddr_storage *ss,
     return CG_OK;
 }
 
+/* Logs the send buffer client connections get. Linux doubles an SO_SNDBUF request (the other
+ * half pays for its bookkeeping) and caps it at net.core.wmem_max first, so what a
+ * connection gets is read back from a socket of the listening family. */
+static void log_sndbuf(const cg_http_server *srv, int v6)
+{
+    if (!srv->sndbuf) {
+        cg_log(CG_LOG_INFO, "client connections: send buffer left to the kernel's autotuning");
+        return;
+    }
+    int got = 0;
+    socklen_t len = sizeof got;
+    int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &srv->sndbuf, sizeof srv->sndbuf) != 0 ||
+        getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &got, &len) != 0)
+        got = 0;
+    if (fd >= 0) close(fd);
+    cg_log(got && got < 2 * srv->sndbuf ? CG_LOG_WARN : CG_LOG_INFO,
+           "client connections: send buffer %d KiB asked, %d KiB granted by the kernel%s",
+           srv->sndbuf >> 10, got >> 10,
+           got && got < 2 * srv->sndbuf ? " (capped by net.core.wmem_max)" : "");
+}
+
 /* Frees a server whose threads are not running (or have been joined). */
 static void free_server(cg_http_server *srv)
 {
@@ -1504,6 +1533,7 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
     srv->p = *p;
     if (!srv->p.max_connections) srv->p.max_connections = 4096;
     if (!srv->p.conn_timeout_s) srv->p.conn_timeout_s = 60;
+    srv->sndbuf = (int)CG_MIN(srv->p.sndbuf_bytes, (size_t)INT_MAX / 2);
     cg_json_limits jl = cg_json_default_limits();
     if (!srv->p.max_json_values) srv->p.max_json_values = jl.max_values;
     if (!srv->p.max_json_depth) srv->p.max_json_depth = jl.max_depth;
@@ -1551,6 +1581,7 @@ cg_status cg_http_open(const cg_http_params *p, cg_http_server **out)
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv->d, MHD_DAEMON_INFO_BIND_PORT);
     srv->port = info ? info->port : 0;
+    log_sndbuf(srv, v6);
     unsigned nj = CG_MAX(1u, p->job_threads);
     srv->job_threads = cg_calloc(nj, sizeof(pthread_t));
     for (unsigned i = 0; i < nj; i++)

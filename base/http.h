@@ -95,6 +95,14 @@ typedef struct cg_http_params {
     unsigned max_connections;    /* open client connections; one more is accepted and closed at
                                     once, without a reply. Exact across io threads. Default 4096 */
     unsigned heartbeat_ms;       /* stream poke interval; default 5000 */
+    size_t sndbuf_bytes;         /* SO_SNDBUF of every client connection: caps what the kernel
+                                    queues for a client that reads slowly or not at all, so a
+                                    stream's producer is held back (and a stalled reader noticed)
+                                    after about this much. Linux doubles it for its bookkeeping
+                                    and caps the request at net.core.wmem_max; setting it turns
+                                    the kernel's autotuning off for the connection. Default
+                                    256 KiB; 0 = the kernel's autotuning (up to tcp_wmem's max,
+                                    4 MiB by default) */
     const char *admin_token;     /* borrowed; NULL/"" = admin routes open */
     const char *const *api_keys; /* borrowed, NULL-terminated; NULL = inference routes open */
     const cg_http_route *routes; /* borrowed, n_routes entries, must outlive the server */

@@ -435,6 +435,7 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     hp.max_connections = (unsigned)cfg->max_connections;
     hp.conn_timeout_s = (unsigned)cfg->conn_timeout_s;
     hp.heartbeat_ms = (unsigned)cfg->heartbeat_ms;
+    hp.sndbuf_bytes = cfg->sndbuf;
     hp.admin_token = cfg->admin_token;
     hp.api_keys = cfg->api_keys.n ? (const char *const *)cfg->api_keys.v : NULL;
     if (cfg->api_keys.n && !cfg->admin_token)

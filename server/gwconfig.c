@@ -110,6 +110,11 @@ const cg_cfg_opt cg_gateway_options[] = {
     OPT("conn-timeout-s", "CHUNKGATE_CONN_TIMEOUT_S", CG_CFG_INT, conn_timeout_s, "60", 1, 86400,
         "a client connection idle this long, or not done sending its request (headers and "
         "body) this long after it began, is closed; answers and streams are not limited"),
+    OPT("sndbuf", "CHUNKGATE_SNDBUF", CG_CFG_SIZE, sndbuf, "256K", 0, 1LL << 29,
+        "kernel send buffer of each client connection (SO_SNDBUF; Linux grants twice this, at "
+        "most twice net.core.wmem_max): bounds what a client that reads slowly or not at all "
+        "holds queued in the kernel, so its stream is held back after about this much rather than "
+        "megabytes; 0 = the kernel's autotuning (up to net.ipv4.tcp_wmem's max)"),
     OPT_ENUM("key-hash", "CHUNKGATE_KEY_HASH", key_hash, "xxhash", cg_key_hash_names,
              "chunk key hash: xxhash (XXH3-128) or sha256 (first 16 bytes of SHA-256, resists "
              "crafted collisions); every worker must use the same"),

@@ -45,6 +45,7 @@ typedef struct cg_gateway_config {
     size_t max_segment_bytes;
     long long max_connections;
     long long conn_timeout_s;
+    size_t sndbuf;
     int key_hash; /* cg_key_hash */
     long long index_busy_timeout_ms;
     cg_strlist recompute_defaults; /* --recompute-default MODEL=RATIO[:PREFIX_TOKENS] */

@@ -230,6 +230,44 @@ static void h_idle(cg_http_req *r, void *app)
     pthread_detach(t);
 }
 
+/* A producer that pushes 1 KiB at a time until its client has let nothing through for 2 s
+ * (the stall cut), and counts what it got through: what the server holds for a client that
+ * never reads. */
+static size_t flood_bytes;
+static int flood_stalled;
+static void *flood_producer(void *arg)
+{
+    cg_stream *s = arg;
+    char chunk[1024];
+    memset(chunk, 'f', sizeof chunk);
+    while (cg_stream_push(s, chunk, sizeof chunk) == 0) {
+        pthread_mutex_lock(&prod_mu);
+        flood_bytes += sizeof chunk;
+        prod_pushed++;
+        pthread_cond_broadcast(&prod_cv);
+        pthread_mutex_unlock(&prod_mu);
+    }
+    int stalled = cg_stream_stalled(s);
+    cg_stream_close(s);
+    cg_stream_unref(&s);
+    pthread_mutex_lock(&prod_mu);
+    flood_stalled = stalled;
+    prod_finished = 1;
+    pthread_cond_broadcast(&prod_cv);
+    pthread_mutex_unlock(&prod_mu);
+    return NULL;
+}
+
+static void h_flood(cg_http_req *r, void *app)
+{
+    cg_stream *s = cg_stream_new(4096, NULL);
+    cg_stream_set_stall_timeout(s, 2000);
+    cg_http_reply_stream(r, 200, "application/octet-stream", s);
+    pthread_t t;
+    pthread_create(&t, NULL, flood_producer, s);
+    pthread_detach(t);
+}
+
 /* A reply without a body, as a handler could make from an upstream answer that was not JSON:
  * the status's error in the OpenAI shape, never a crash. */
 static void h_nobody(cg_http_req *r, void *app)
@@ -271,6 +309,7 @@ static const cg_http_route routes[] = {
     {"GET", "/t/slow", h_slow, 0, "slow"},
     {"GET", "/t/nowait", h_nowait, 0, "nowait"},
     {"GET", "/t/idle", h_idle, 0, "idle"},
+    {"GET", "/t/flood", h_flood, 0, "flood"},
     {"GET", "/t/nobody/*", h_nobody, 0, "nobody"},
     {"POST", "/t/fast", h_fast_job, 0, "fast"},
 };
@@ -1353,6 +1392,77 @@ START_TEST(head_limits_inside_the_library)
 }
 END_TEST
 
+/* The accepted socket in this process whose peer is the client socket fd, or -1. */
+static int server_side_of(int fd)
+{
+    struct sockaddr_in me;
+    socklen_t len = sizeof me;
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&me, &len), 0);
+    for (int s = 0; s < 4096; s++) {
+        struct sockaddr_in peer;
+        len = sizeof peer;
+        if (s != fd && getpeername(s, (struct sockaddr *)&peer, &len) == 0 &&
+            peer.sin_family == AF_INET && peer.sin_port == me.sin_port &&
+            peer.sin_addr.s_addr == me.sin_addr.s_addr)
+            return s;
+    }
+    return -1;
+}
+
+/* params.sndbuf_bytes caps the kernel's send buffer of every client connection: the accepted
+ * socket has what the kernel grants for it (twice the request on Linux), and a client that
+ * never reads holds only about that much before the stream's producer is held back (and cut
+ * by its stall timeout). Over loopback the kernel's autotuning starts such a socket at about
+ * 1 MiB and lets it grow to tcp_wmem's max (4 MiB by default). */
+START_TEST(send_buffer_capped)
+{
+    enum { CAP = 16 << 10 };
+    cg_http_params p = cg_http_default_params();
+    p.listen = "127.0.0.1:0";
+    p.routes = routes;
+    p.n_routes = sizeof routes / sizeof routes[0];
+    p.sndbuf_bytes = CAP;
+    cg_http_server *capped = NULL;
+    ck_assert_int_eq(cg_http_open(&p, &capped), CG_OK);
+    /* what the kernel grants for the cap, on a socket of our own */
+    int probe = socket(AF_INET, SOCK_STREAM, 0), want = CAP, granted = 0;
+    socklen_t len = sizeof granted;
+    ck_assert_int_eq(setsockopt(probe, SOL_SOCKET, SO_SNDBUF, &want, sizeof want), 0);
+    ck_assert_int_eq(getsockopt(probe, SOL_SOCKET, SO_SNDBUF, &granted, &len), 0);
+    close(probe);
+    ck_assert_int_ge(granted, CAP);
+    /* a client with a small receive buffer that asks for a stream and never reads it */
+    int fd = socket(AF_INET, SOCK_STREAM, 0), rcv = 4096;
+    ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv), 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(cg_http_port(capped))};
+    a.sin_addr.s_addr = htonl(0x7f000001);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    const char *req = "GET /t/flood HTTP/1.1\r\nHost: x\r\n\r\n";
+    ck_assert_int_eq(raw_send(fd, req, strlen(req)), 0);
+    /* once the stream has begun, the server's side of the connection is open in this process */
+    wait_locked(&prod_pushed, 10);
+    ck_assert_int_gt(prod_pushed, 0);
+    pthread_mutex_unlock(&prod_mu);
+    int sfd = server_side_of(fd);
+    ck_assert_int_ge(sfd, 0);
+    int got = 0;
+    len = sizeof got;
+    ck_assert_int_eq(getsockopt(sfd, SOL_SOCKET, SO_SNDBUF, &got, &len), 0);
+    ck_assert_int_eq(got, granted);
+    /* the producer is held back, then cut for the stall */
+    wait_locked(&prod_finished, 30);
+    size_t through = flood_bytes;
+    int finished = prod_finished, stalled = flood_stalled;
+    pthread_mutex_unlock(&prod_mu);
+    ck_assert_msg(finished && stalled, "the stream was not cut for its stall");
+    /* the kernel's buffer, the client's window, the library's 16 KiB block and our 4 KiB
+     * queue, with room to spare; autotuning lets more than 1 MiB through */
+    ck_assert_msg(through < 256u << 10, "%zu bytes went to a client that never reads", through);
+    close(fd);
+    cg_http_close(&capped);
+}
+END_TEST
+
 START_TEST(bad_listen_address)
 {
     cg_http_params p = cg_http_default_params();
@@ -1382,5 +1492,5 @@ int main(void)
                  metrics_registry_lookups, bad_listen_address, framing_refusals, library_alone,
                  chunked_cut_at_the_cap, lingering_close, expect_continue_auth, head_on_get_routes,
                  absolute_form_and_padded_token, reply_without_body, refusal_after_pending_answer,
-                 head_limits_inside_the_library));
+                 head_limits_inside_the_library, send_buffer_capped));
 }

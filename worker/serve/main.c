@@ -114,6 +114,7 @@ typedef struct serve_cfg {
     long long canary_tokens;
     long long canary_queue;
     long long stream_stall_ms;
+    size_t sndbuf;
     long long split_special;
     long long canary_chunk;
     int log_level; /* cg_log_level */
@@ -236,6 +237,12 @@ static const cg_cfg_opt serve_opts[] = {
         100, 86400000,
         "a streamed completion whose client reads nothing for this long (its buffer full) is "
         "cut and its sequence freed"),
+    OPT("sndbuf", "CHUNKGATE_WORKER_SNDBUF", CG_CFG_SIZE, sndbuf, "256K", 0, 1LL << 29,
+        "kernel send buffer of each client connection (SO_SNDBUF; Linux grants twice this, at "
+        "most twice net.core.wmem_max): bounds what a client that reads slowly or not at all "
+        "holds queued in the kernel, so its stream is parked (and cut after --stream-stall-ms "
+        "without a read) after about this much rather than megabytes; 0 = the kernel's autotuning "
+        "(up to net.ipv4.tcp_wmem's max)"),
     OPT("max-queue", "CHUNKGATE_WORKER_MAX_QUEUE", CG_CFG_INT, max_queue, "48", 0, 1 << 20,
         "admitted requests beyond --max-running; one more assemble or completion is answered 429 "
         "with Retry-After"),
@@ -690,6 +697,7 @@ static int open_api(const serve_cfg *c, parts *w)
     hp.io_threads = (unsigned)c->io_threads;
     hp.job_threads = (unsigned)c->job_threads;
     hp.max_body_bytes = c->max_body;
+    hp.sndbuf_bytes = c->sndbuf;
     /* A prompt may come as up to 2^20 token ids (api_complete.c): one JSON value each. */
     hp.max_json_values = (1u << 20) + 4096;
     hp.routes = cg_worker_api_routes(&n_routes);
