@@ -250,8 +250,11 @@ START_TEST(slow_readers_hold_no_slot)
 {
     enum { N = 2 };
     th_proc w;
-    const char *args[] = {"--max-running",     "2",     "--max-queue", "8",
-                          "--stream-stall-ms", "30000", NULL};
+    /* A small send buffer, as the clients' receive buffers are small: the streams fall behind
+     * after some 650 tokens each rather than 1,400 at the default --sndbuf, which a sanitizer
+     * build on a busy machine decodes in minutes. */
+    const char *args[] = {"--max-running", "2",        "--max-queue", "8", "--stream-stall-ms",
+                          "30000",         "--sndbuf", "16K",         NULL};
     ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "slow", args), 0);
     int fds[N];
     for (int i = 0; i < N; i++)
