@@ -432,9 +432,9 @@ static const isa_ops *active_ops(void)
 #define MAX_THREADS 64
 
 struct cg_matmul_scratch {
-    float *buf[MAX_THREADS];
+    void *buf[MAX_THREADS];  /* floats */
     size_t cap[MAX_THREADS]; /* floats */
-    uint16_t *xp;            /* the amx variant's packed x, shared by the threads */
+    void *xp;                /* the amx variant's packed x (bf16), shared by the threads */
     size_t xp_cap;           /* values */
 };
 
@@ -454,14 +454,20 @@ void cg_matmul_scratch_free(cg_matmul_scratch **ps)
     cg_free(ps);
 }
 
+/* *buf, holding at least n elements of size bytes (*cap elements now); contents not kept. */
+static void *scratch_grow(void **buf, size_t *cap, size_t n, size_t size)
+{
+    if (*cap < n) {
+        free(*buf);
+        *buf = cg_malloc(n * size);
+        *cap = n;
+    }
+    return *buf;
+}
+
 static float *scratch_get(cg_matmul_scratch *s, int t, size_t floats)
 {
-    if (s->cap[t] < floats) {
-        free(s->buf[t]);
-        s->buf[t] = cg_malloc(floats * sizeof(float));
-        s->cap[t] = floats;
-    }
-    return s->buf[t];
+    return scratch_grow(&s->buf[t], &s->cap[t], floats, sizeof(float));
 }
 
 static void check_weight(const cg_weight *w)
@@ -502,21 +508,16 @@ static void prefill_amx(const cg_weight *w, const float *x, int n, float *y, cg_
 {
     const size_t rows = (size_t)w->rows, cols = (size_t)w->cols;
     const size_t need = cg_amx_x_elems(n, (int)cols), groups = need / cols / 16;
-    if (s->xp_cap < need) {
-        free(s->xp);
-        s->xp = cg_malloc(need * sizeof(uint16_t));
-        s->xp_cap = need;
-    }
+    uint16_t *xp = scratch_grow(&s->xp, &s->xp_cap, need, sizeof(uint16_t));
     const size_t pr = amx_panel_rows(cols), units = rows / 16;
     const int par = (size_t)n * rows * cols >= PAR_MACS;
 #pragma omp parallel if (par) num_threads(thread_cap())
     {
         const size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
-        cg_amx_pack_x(x, n, (int)cols, s->xp, groups * t / nt, groups * (t + 1) / nt);
+        cg_amx_pack_x(x, n, (int)cols, xp, groups * t / nt, groups * (t + 1) / nt);
 #pragma omp barrier
         const size_t a = units * t / nt * 16, b = units * (t + 1) / nt * 16;
-        if (b > a)
-            cg_amx_rows(w, s->xp, n, y, a, b, pr, scratch_get(s, (int)t, pr * cols / 2 + 1024));
+        if (b > a) cg_amx_rows(w, xp, n, y, a, b, pr, scratch_get(s, (int)t, pr * cols / 2 + 1024));
     }
 }
 

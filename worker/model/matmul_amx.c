@@ -64,15 +64,22 @@ size_t cg_amx_x_elems(int n, int cols)
     return (size_t)((n + 31) / 32 * 32) * (size_t)cols;
 }
 
+/* 32-bit lane i: the offset of row i of a 16 x 16 tile of 32-bit elements, in elements (16 i),
+ * for the scatter that transposes x into tiles and the gather that transposes C out of them. */
+T_AMX static inline __m512i tile_rows(void)
+{
+    return _mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32(16));
+}
+
 /* Packs rows [g0 * 16, g1 * 16) of x (n rows of cols floats; rows past n are zeros) into xp:
  * the tile of row group g and column block k at xp + (g * (cols / 32) + k) * TILE_ELEMS. */
 T_AMX void cg_amx_pack_x(const float *x, int n, int cols, uint16_t *xp, size_t g0, size_t g1)
 {
     const size_t kb = (size_t)cols / 32;
     /* element i of a row's 32-column block (as pairs: 32-bit lane i) goes to tile row i */
-    const __m512i rows =
-        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                           _mm512_set1_epi32(16));
+    const __m512i rows = tile_rows();
     for (size_t g = g0; g < g1; g++)
         for (size_t k = 0; k < kb; k++) {
             uint32_t *t = (uint32_t *)(xp + (g * kb + k) * TILE_ELEMS);
@@ -139,9 +146,7 @@ T_AMX static void load_panel(const cg_weight *w, size_t r, size_t m, uint16_t *p
  * tile is row m0 + j of y. Rows of x at or past n are padding and not written. */
 T_AMX static void store_c(const float *c, float *y, size_t rows, size_t r0, size_t m0, size_t n)
 {
-    const __m512i col =
-        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                           _mm512_set1_epi32(16));
+    const __m512i col = tile_rows();
     for (size_t j = 0; j < 16 && m0 + j < n; j++)
         _mm512_storeu_ps(y + (m0 + j) * rows + r0, _mm512_i32gather_ps(col, c + j, 4));
 }
