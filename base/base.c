@@ -100,9 +100,7 @@ void cg_buf_init(cg_buf *b, size_t max)
 
 void cg_buf_init_unbounded(cg_buf *b)
 {
-    b->data = NULL;
-    b->len = b->cap = 0;
-    b->max = SIZE_MAX;
+    cg_buf_init(b, SIZE_MAX);
 }
 
 static cg_status buf_reserve(cg_buf *b, size_t extra)
