@@ -170,22 +170,22 @@ static void tier_metrics(cg_worker_api *a, cg_metrics *m, const cg_engine_stats 
 {
     cg_tiers_stats ts = cg_engine_tier_stats(a->e);
     set_counter(m, P "disk_write_behind_total", "Computed chunks queued for the disk tier",
-                ts.wb_puts);
+                ts.wb.puts);
     set_counter(m, P "disk_write_behind_drops_total",
                 "Computed chunks not queued for the disk tier: the write-behind queue was full",
-                ts.wb_drops);
+                ts.wb.drops);
     set_counter(m, P "disk_write_behind_written_total",
-                "Queued chunks written to the disk tier (or found there)", ts.wb_written);
+                "Queued chunks written to the disk tier (or found there)", ts.wb.written);
     set_counter(m, P "disk_write_behind_failures_total", "Queued chunks the disk tier did not take",
-                ts.wb_failed);
+                ts.wb.failed);
     set_gauge(m, P "disk_write_behind_queue_chunks",
               "Chunks queued for the disk tier and not yet written (lost by a crash)",
-              (double)ts.wb_depth);
+              (double)ts.wb.depth);
     set_gauge(m, P "disk_write_behind_queue_bytes", "Bytes queued for the disk tier",
-              (double)ts.wb_bytes);
+              (double)ts.wb.bytes);
     set_gauge(m, P "disk_write_behind_oldest_seconds",
               "Age of the oldest chunk queued for the disk tier",
-              (double)ts.wb_oldest_age_ms / 1e3);
+              (double)ts.wb.oldest_age_ms / 1e3);
     cg_remote_stats rs = remote_stats(a);
     set_counter(m, P "remote_hits_total", "Cacheable segments served from the remote tier",
                 es->remote_hits);

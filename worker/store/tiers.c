@@ -208,16 +208,7 @@ cg_tiers_stats cg_tiers_get_stats(cg_tiers *t)
     };
     for (int i = 0; i <= CG_TIERS_REMOTE_BOUNDS; i++)
         s.remote_read_buckets[i] = load(&t->rlat[i]);
-    if (t->wb) {
-        cg_diskwb_stats w = cg_diskwb_get_stats(t->wb, cg_now_ms());
-        s.wb_puts = w.puts;
-        s.wb_drops = w.drops;
-        s.wb_written = w.written;
-        s.wb_failed = w.failed;
-        s.wb_depth = w.depth;
-        s.wb_bytes = w.bytes;
-        s.wb_oldest_age_ms = w.oldest_age_ms;
-    }
+    if (t->wb) s.wb = cg_diskwb_get_stats(t->wb, cg_now_ms());
     return s;
 }
 

@@ -16,6 +16,7 @@
 #include "kv/pool.h"
 #include "worker/model/model.h"
 #include "worker/store/disk.h"
+#include "worker/store/diskwb.h"
 #include "base/remote.h"
 #include "worker/store/events.h"
 
@@ -69,9 +70,7 @@ typedef struct cg_tiers_stats {
      * cg_tiers_remote_read_bounds (not cumulative) and the sum in seconds. */
     uint64_t remote_read_buckets[CG_TIERS_REMOTE_BOUNDS + 1];
     double remote_read_seconds;
-    /* Disk write-behind (zero without one). */
-    uint64_t wb_puts, wb_drops, wb_written, wb_failed;
-    uint64_t wb_depth, wb_bytes, wb_oldest_age_ms; /* gauges */
+    cg_diskwb_stats wb; /* the disk write-behind's (zero without one) */
 } cg_tiers_stats;
 cg_tiers_stats cg_tiers_get_stats(cg_tiers *t);
 
