@@ -299,6 +299,25 @@ static void usage(FILE *out)
                  "       chunkgate-worker SUBCOMMAND --help\n");
 }
 
+/* Fills cfg from the subcommand's flags and environment by its table: -1 to go on, else the
+ * exit status, 0 after printing its --help and 2 after saying what is wrong (cfg is then
+ * still the caller's to free with cg_config_free). */
+static int parse_args(const char *cmd, const char *required, const cg_cfg_opt *opts, size_t n,
+                      void *cfg, int argc, char **argv)
+{
+    char err[ERRLEN];
+    int help = 0;
+    if (cg_config_parse(opts, n, cfg, argc, argv, &help, err, sizeof err) != CG_OK) {
+        fprintf(stderr, "chunkgate-worker %s: %s\n", cmd, err);
+        return 2;
+    }
+    if (!help) return -1;
+    char line[128];
+    snprintf(line, sizeof line, "usage: chunkgate-worker %s %s [options]", cmd, required);
+    cg_config_help(stdout, line, opts, n);
+    return 0;
+}
+
 /* The generator's parameters from the preset and the overrides; 2 after printing why. */
 static int gen_params(const gen_cfg *c, cg_model_gen_params *p)
 {
@@ -332,20 +351,11 @@ static int cmd_generate(int argc, char **argv)
     gen_cfg c;
     memset(&c, 0, sizeof c);
     char err[ERRLEN];
-    int help = 0, rc = 1;
+    int rc;
     cg_model_gen_params p;
-    if (cg_config_parse(gen_opts, CG_ARRAY_LEN(gen_opts), &c, argc, argv, &help, err, sizeof err) !=
-        CG_OK) {
-        fprintf(stderr, "chunkgate-worker generate-model: %s\n", err);
-        rc = 2;
+    if ((rc = parse_args("generate-model", "--out DIR", gen_opts, CG_ARRAY_LEN(gen_opts), &c, argc,
+                         argv)) >= 0)
         goto out;
-    }
-    if (help) {
-        cg_config_help(stdout, "usage: chunkgate-worker generate-model --out DIR [options]",
-                       gen_opts, CG_ARRAY_LEN(gen_opts));
-        rc = 0;
-        goto out;
-    }
     if (!c.out || !c.out[0]) {
         fprintf(stderr, "chunkgate-worker generate-model: --out DIR is required\n");
         rc = 2;
@@ -752,22 +762,12 @@ static int cmd_serve(int argc, char **argv)
 {
     serve_cfg c;
     memset(&c, 0, sizeof c);
-    char err[ERRLEN];
-    int help = 0, rc = 1;
+    int rc;
     parts w = {0};
 
-    if (cg_config_parse(serve_opts, CG_ARRAY_LEN(serve_opts), &c, argc, argv, &help, err,
-                        sizeof err) != CG_OK) {
-        fprintf(stderr, "chunkgate-worker serve: %s\n", err);
-        rc = 2;
+    if ((rc = parse_args("serve", "--model DIR", serve_opts, CG_ARRAY_LEN(serve_opts), &c, argc,
+                         argv)) >= 0)
         goto out;
-    }
-    if (help) {
-        cg_config_help(stdout, "usage: chunkgate-worker serve --model DIR [options]", serve_opts,
-                       CG_ARRAY_LEN(serve_opts));
-        rc = 0;
-        goto out;
-    }
     if ((rc = check_serve_cfg(&c)) != 0 || (rc = load_api_key(&c)) != 0) goto out;
     rc = 1;
     cg_key_set_hash((cg_key_hash)c.key_hash); /* before any thread computes a key */
