@@ -21,14 +21,12 @@ import fs from "node:fs";
 import path from "node:path";
 import process from "node:process";
 
-import {die, loadavg, median, nowMs, parseArgs, percentile, randomIds, sleep, startServer,
-        streamCompletion, tmpDir, waitReady, words} from "./worker_client.mjs";
+import {commonOptions, die, loadavg, log, median, nowMs, parseArgs, percentile, randomIds, sleep,
+        startServer, streamCompletion, tmpDir, waitReady, words} from "./worker_client.mjs";
 
 const a = parseArgs(process.argv.slice(2));
 if (!a["model-dir"]) die("--model-dir DIR is required");
-const build = a.build ?? "build";
-const threads = Number(a.threads ?? 2);
-const reps = Number(a.reps ?? 2);
+const {build, threads, reps, skip} = commonOptions(a);
 const streamCounts = String(a.streams ?? "1,2,4,8,16").split(",").map(Number);
 const nDecode = Number(a.decode ?? 64);
 const promptLen = Number(a.prompt ?? 16);
@@ -39,9 +37,7 @@ const chunkPairs = String(a.chunks ?? "256:256,128:128,512:512").split(",")
     .map((p) => p.split(":").map(Number));
 const loadStreams = Number(a["load-streams"] ?? 8);
 const nShort = Number(a["short-requests"] ?? 24);
-const skip = new Set(String(a.skip ?? "").split(","));
 const LONG = 8192; // max_tokens of streams that are hung up once measured
-const log = (s) => process.stderr.write(s + "\n");
 const fmt = (x, d = 1) => (Number.isFinite(x) ? x.toFixed(d) : "-");
 
 const tmp = tmpDir("cg-batching-");

@@ -24,6 +24,20 @@ export function parseArgs(argv) {
     return a;
 }
 
+// The options every serving benchmark takes: --build (the build folder), --threads and --reps
+// (2 each by default) and --skip (a comma list of the parts not to run).
+export function commonOptions(a) {
+    return {
+        build: a.build ?? "build",
+        threads: Number(a.threads ?? 2),
+        reps: Number(a.reps ?? 2),
+        skip: new Set(String(a.skip ?? "").split(",")),
+    };
+}
+
+// Progress lines go to stderr; stdout carries the results.
+export const log = (s) => process.stderr.write(s + "\n");
+
 export function die(msg) {
     process.stderr.write(`${path.basename(process.argv[1])}: ${msg}\n`);
     process.exit(2);

@@ -32,24 +32,20 @@ import path from "node:path";
 import process from "node:process";
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 
-import {die, loadavg, median, memMiB, nowMs, parseArgs, randomIds, startServer,
-        streamCompletion, tmpDir, waitReady, words} from "../worker_client.mjs";
+import {commonOptions, die, loadavg, log, median, memMiB, nowMs, parseArgs, randomIds,
+        startServer, streamCompletion, tmpDir, waitReady, words} from "../worker_client.mjs";
 
 const a = parseArgs(process.argv.slice(2));
 if (!a["model-dir"] || !a.gguf) die("--model-dir DIR and --gguf FILE are required");
-const build = a.build ?? "build";
-const threads = Number(a.threads ?? 2);
-const reps = Number(a.reps ?? 2);
+const {build, threads, reps, skip} = commonOptions(a);
 const lens = String(a.prefill ?? "512,4096").split(",").map(Number);
 const nDecode = Number(a.decode ?? 128);
 const nDocs = Number(a.docs ?? 4);
 const docWords = Number(a["doc-words"] ?? 1000);
 const poolMb = Number(a["pool-mb"] ?? 256);
-const skip = new Set(String(a.skip ?? "").split(","));
 const fa = a["flash-attention"] ?? "both";
 const faModes = fa === "both" ? ["off", "on"] : [fa];
 const quant = a.quant ?? "none";
-const log = (s) => process.stderr.write(s + "\n");
 
 // ---------------------------------------------------------------- llama.cpp (in process)
 
