@@ -48,6 +48,16 @@ async function withLogs(fn) {
   }
 }
 
+// A greedy completion of a RAG prompt: the system prompt, documents and question joined by the
+// separator.
+const ragCompletion = (parts, maxTokens, extra = {}) => client.completions.create({
+  model: MODEL,
+  prompt: parts.join(SEP),
+  max_tokens: maxTokens,
+  temperature: 0,
+  ...extra,
+});
+
 const hitTokens = (cc) => cc.segments.filter((s) => s.hit).reduce((n, s) => n + s.tokens, 0);
 
 function checkCacheReport(cc, { chunks }) {
@@ -60,12 +70,8 @@ function checkCacheReport(cc, { chunks }) {
 }
 
 test('completions: cold, then the same documents reordered report cached_tokens', () => withLogs(async () => {
-  const cold = await client.completions.create({
-    model: MODEL,
-    prompt: ['You answer from the documents.', DOC_A, DOC_B, 'When does the ferry leave?'].join(SEP),
-    max_tokens: 6,
-    temperature: 0,
-  });
+  const cold = await ragCompletion(
+    ['You answer from the documents.', DOC_A, DOC_B, 'When does the ferry leave?'], 6);
   assert.equal(cold.object, 'text_completion');
   assert.equal(cold.model, MODEL);
   assert.equal(cold.choices.length, 1);
@@ -80,12 +86,7 @@ test('completions: cold, then the same documents reordered report cached_tokens'
   assert.match(cold._request_id, /\S/, 'the SDK exposes X-Request-Id as _request_id');
 
   // Other system prompt, documents swapped: both documents' KV is reused.
-  const warm = await client.completions.create({
-    model: MODEL,
-    prompt: ['Be brief.', DOC_B, DOC_A, 'Who automated the lighthouse?'].join(SEP),
-    max_tokens: 6,
-    temperature: 0,
-  });
+  const warm = await ragCompletion(['Be brief.', DOC_B, DOC_A, 'Who automated the lighthouse?'], 6);
   const cc = warm.chunk_cache;
   checkCacheReport(cc, { chunks: 2 });
   assert.deepEqual(cc.segments.map((s) => s.hit), [false, true, true]);
@@ -98,14 +99,9 @@ test('completions: cold, then the same documents reordered report cached_tokens'
 }));
 
 test('completions: streamed, with usage and cached_tokens in the last event', () => withLogs(async () => {
-  const stream = await client.completions.create({
-    model: MODEL,
-    prompt: ['Answer in one line.', DOC_A, DOC_C, 'What is published in March?'].join(SEP),
-    max_tokens: 5,
-    temperature: 0,
-    stream: true,
-    stream_options: { include_usage: true },
-  });
+  const stream = await ragCompletion(
+    ['Answer in one line.', DOC_A, DOC_C, 'What is published in March?'], 5,
+    { stream: true, stream_options: { include_usage: true } });
   let text = '';
   let usage = null;
   let cacheReport = null;
