@@ -262,20 +262,15 @@ END_TEST
 START_TEST(gateway_bad_values)
 {
     clear_gateway_env();
-    const char *cases[][3] = {
-        {"--log-level", "loud", "--log-level"},
-        {"--listen", "nohost", "--listen"},
-        {"--listen", "127.0.0.1:70000", "--listen"},
-        {"--backend", "ftp://x", "--backend"},
-        {"--chunk-mode", "loose", "--chunk-mode"},
-        {"--separator", "", "--separator"},
-        {"--max-segments", "1", "--max-segments"},
-        {"--max-body-bytes", "10", "--max-body-bytes"},
-        {"--key-hash", "md5", "--key-hash"},
-        {"--recompute-default", "m=1.5", "--recompute-default"},
-        {"--recompute-default", "=0.1", "--recompute-default"},
-        {"--recompute-default", "m=0.1:x", "--recompute-default"},
-        {"--recompute-default", "m", "--recompute-default"},
+    /* each refusal names the flag */
+    const char *cases[][2] = {
+        {"--log-level", "loud"},         {"--listen", "nohost"},
+        {"--listen", "127.0.0.1:70000"}, {"--backend", "ftp://x"},
+        {"--chunk-mode", "loose"},       {"--separator", ""},
+        {"--max-segments", "1"},         {"--max-body-bytes", "10"},
+        {"--key-hash", "md5"},           {"--recompute-default", "m=1.5"},
+        {"--recompute-default", "=0.1"}, {"--recompute-default", "m=0.1:x"},
+        {"--recompute-default", "m"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cg_gateway_config cfg;
@@ -283,8 +278,8 @@ START_TEST(gateway_bad_values)
         const char *args[] = {cases[i][0], cases[i][1], NULL};
         ck_assert_msg(gw_load(&cfg, args, err, sizeof err) == CG_E_VALUE, "%s %s accepted",
                       cases[i][0], cases[i][1]);
-        ck_assert_msg(strstr(err, cases[i][2]) != NULL, "message '%s' does not name %s", err,
-                      cases[i][2]);
+        ck_assert_msg(strstr(err, cases[i][0]) != NULL, "message '%s' does not name %s", err,
+                      cases[i][0]);
         cg_gateway_config_free(&cfg);
     }
 }
