@@ -98,6 +98,28 @@ static void expect_events(const char *in, size_t len, int n, const char *text, i
     sink_free(&s);
 }
 
+/* One feed and the number of events the sink must hold after it. */
+typedef struct piece {
+    const char *d;
+    int events;
+} piece;
+
+/* Feeds the pieces in turn to a parser with the default parameters, each accepted and followed
+ * by its count of events: asserts the events read as text and their raw bytes as raw. */
+static void expect_pieces(const piece *pieces, size_t n, const char *text, const char *raw)
+{
+    feeder f;
+    feeder_open(&f, cg_sse_default_params());
+    for (size_t i = 0; i < n; i++) {
+        feed_ok(&f, pieces[i].d, strlen(pieces[i].d));
+        ck_assert_msg(f.s.n == pieces[i].events, "after piece %zu: %d events, want %d", i, f.s.n,
+                      pieces[i].events);
+    }
+    ck_assert_str_eq(text_of(&f.s), text);
+    ck_assert_str_eq(f.s.raw.data, raw);
+    feeder_close(&f);
+}
+
 START_TEST(basic_event)
 {
     const char *in = "data: hello\n\n";
@@ -175,50 +197,34 @@ END_TEST
  * than starting the next block's raw bytes. */
 START_TEST(crlf_split_at_block_end)
 {
-    feeder f;
-    feeder_open(&f, cg_sse_default_params());
-    feed_ok(&f, "data: a\r\n\r", 10);
-    ck_assert_int_eq(f.s.n, 1); /* not waiting for the LF */
-    feed_ok(&f, "\ndata: b\n\n", 10);
-    ck_assert_int_eq(f.s.n, 2);
-    ck_assert_str_eq(f.s.raw.data, "data: a\r\n\rdata: b\n\n");
-    ck_assert_str_eq(text_of(&f.s), "[E=|D1=a|I0=|R=-1|C=0][E=|D1=b|I0=|R=-1|C=0]");
-    feeder_close(&f);
+    static const piece p[] = {{"data: a\r\n\r", 1 /* not waiting for the LF */},
+                              {"\ndata: b\n\n", 2}};
+    expect_pieces(p, CG_ARRAY_LEN(p), "[E=|D1=a|I0=|R=-1|C=0][E=|D1=b|I0=|R=-1|C=0]",
+                  "data: a\r\n\rdata: b\n\n");
 }
 END_TEST
 
 START_TEST(bom_variants)
 {
-    /* A BOM split over three feeds is skipped. */
-    feeder f;
-    feeder_open(&f, cg_sse_default_params());
-    feed_ok(&f, "\xEF", 1);
-    feed_ok(&f, "\xBB", 1);
-    feed_ok(&f,
-            "\xBF"
-            "data: z\n\n",
-            11);
-    ck_assert_str_eq(text_of(&f.s), "[E=|D1=z|I0=|R=-1|C=0]");
-    feeder_close(&f);
+    /* A BOM split over three feeds is skipped: no event holds it. */
+    static const piece split[] = {{"\xEF", 0},
+                                  {"\xBB", 0},
+                                  {"\xBF"
+                                   "data: z\n\n",
+                                   1}};
+    expect_pieces(split, CG_ARRAY_LEN(split), "[E=|D1=z|I0=|R=-1|C=0]", "data: z\n\n");
 
     /* A BOM prefix that turns out not to be one is ordinary input: here it makes the field
      * name unknown, so the block has no data. */
-    feeder_open(&f, cg_sse_default_params());
-    feed_ok(&f, "\xEF\xBB", 2);
-    feed_ok(&f, "data: z\n\ndata: ok\n\n", 19);
-    ck_assert_str_eq(text_of(&f.s), "[E=|D0=|I0=|R=-1|C=0][E=|D1=ok|I0=|R=-1|C=0]");
-    ck_assert_str_eq(f.s.raw.data, "\xEF\xBB"
-                                   "data: z\n\ndata: ok\n\n");
-    feeder_close(&f);
+    static const piece partial[] = {{"\xEF\xBB", 0}, {"data: z\n\ndata: ok\n\n", 2}};
+    expect_pieces(partial, CG_ARRAY_LEN(partial), "[E=|D0=|I0=|R=-1|C=0][E=|D1=ok|I0=|R=-1|C=0]",
+                  "\xEF\xBB"
+                  "data: z\n\ndata: ok\n\n");
 
     /* Only the stream start may hold a BOM. */
-    sink s;
-    sink_init(&s);
     const char *in = "data: a\n\n\xEF\xBB\xBF"
                      "data: b\n\n";
-    parse_whole(in, strlen(in), &s);
-    ck_assert_str_eq(text_of(&s), "[E=|D1=a|I0=|R=-1|C=0][E=|D0=|I0=|R=-1|C=0]");
-    sink_free(&s);
+    expect_events(in, strlen(in), 2, "[E=|D1=a|I0=|R=-1|C=0][E=|D0=|I0=|R=-1|C=0]", 0);
 }
 END_TEST
 
