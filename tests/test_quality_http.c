@@ -68,17 +68,14 @@ static void setup(void)
     const char *e0[] = {"--canary-rate", "0", "--recompute-ratio", "1", NULL};
     if (th_start_worker(&w0, WORKER_BIN, model_dir, 0, "w0", e0) != 0) abort();
     snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", wk.port);
-    const char *g[] = {"--worker",
-                       wurl,
-                       "--health-interval-ms",
+    const char *g[] = {"--health-interval-ms",
                        "200",
                        "--recompute-default",
                        MODEL "=0.5:4",
                        "--recompute-default",
                        "*=0.2",
                        NULL};
-    if (th_start_gateway(&gw, CHUNKGATE_BIN, "gw", g) != 0) abort();
-    if (!th_wait_worker(gw.port, NULL, wurl, 1)) abort();
+    if (th_start_gateway_to(&gw, CHUNKGATE_BIN, "gw", wurl, NULL, g) != 0) abort();
 }
 
 static void teardown(void)
