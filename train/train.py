@@ -110,6 +110,53 @@ class Llama(torch.nn.Module):
         self.layers = torch.nn.ModuleList(out)
         self.c["num_hidden_layers"] = len(out)
 
+    @torch.no_grad()
+    def widen(self, c):
+        """This model in the larger geometry c (hidden size, head dim, KV heads, MLP width at
+        least this model's, the same layers and head count), computing exactly what it computes:
+        every old weight in place, the new ones that a product reads from at zero and the rest
+        drawn as at initialisation, so that training gives the new width its work. RoPE pairs
+        dims (i, i + hd/2) at frequency theta^(-2i/hd): an old pair i moves to the new pair 2i,
+        which turns at the same frequency. Attention scores are divided by sqrt(hd), so the old
+        query rows are scaled by sqrt(new hd / old hd); RMSNorm divides by the root mean square
+        over all dims, so with the new dims of the residual stream at zero the norms' old
+        weights are scaled by sqrt(old d / new d)."""
+        d0, d1 = self.c["hidden_size"], c["hidden_size"]
+        h0, h1 = self.hd, c["hidden_size"] // c["num_attention_heads"]
+        nh, kv0, kv1 = self.nh, self.nkv, c["num_key_value_heads"]
+        m0, m1 = self.c["intermediate_size"], c["intermediate_size"]
+        assert c["num_attention_heads"] == nh and d1 >= d0 and h1 % h0 == 0 and m1 >= m0
+        assert kv1 % kv0 == 0 and (nh // kv1) * kv1 == nh
+        new = Llama(dict(c, embed_std=self.c.get("embed_std", 1.0)))
+        step = h1 // h0
+        rows = [step * i for i in range(h0 // 2)] + [h1 // 2 + step * i for i in range(h0 // 2)]
+        nscale = math.sqrt(d0 / d1)
+        new.embed.weight.zero_()
+        new.embed.weight[:, :d0] = self.embed.weight
+        new.norm.zero_()
+        new.norm[:d0] = self.norm * nscale
+        g0, g1 = nh // kv0, nh // kv1
+        for A, B in zip(self.layers, new.layers):
+            B.ln1.fill_(nscale)
+            B.ln1[:d0] = A.ln1 * nscale
+            B.ln2.fill_(nscale)
+            B.ln2[:d0] = A.ln2 * nscale
+            B.q.weight.zero_()
+            B.o.weight.zero_()
+            for h in range(nh):
+                B.q.weight[h * h1 + torch.tensor(rows), :d0] = \
+                    A.q.weight[h * h0:(h + 1) * h0] * math.sqrt(h1 / h0)
+                B.o.weight[:d0, h * h1:h * h1 + h0] = A.o.weight[:, h * h0:(h + 1) * h0]
+            for k in range(kv1):
+                old = (k * g1) // g0  # the old KV head of this new head's queries
+                B.k.weight[k * h1 + torch.tensor(rows), :d0] = A.k.weight[old * h0:(old + 1) * h0]
+                B.v.weight[k * h1:k * h1 + h0, :d0] = A.v.weight[old * h0:(old + 1) * h0]
+            for lin0, lin1 in ((A.gate, B.gate), (A.up, B.up)):
+                lin1.weight[:m0, :d0] = lin0.weight
+            B.down.weight.zero_()
+            B.down.weight[:d0, :m0] = A.down.weight
+        return new
+
     def rms(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c["rms_norm_eps"]) * w
 
@@ -277,17 +324,23 @@ def copy_row(tok, rng):
     return ids, [0] * len(ids), [(1 + n, len(ids))]
 
 
-def batches(tok, rng, n, block_frac, ctx_w, docs_at, copy_at, group=8):
+def batches(tok, rng, n, block_frac, ctx_w, docs_at, copy_at, group=8, hard=0.0, bind=0.0):
     """Batches of n training sequences, drawn `group` batches at a time and sorted by length
     so that little of each batch is padding. docs_at() is the curriculum's most documents,
-    copy_at() its share of copying sequences."""
+    copy_at() its share of copying sequences, hard the share of examples with hard distractors
+    (world.question), bind the share of binding drills (world.binding_example)."""
     while True:
         rows = []
         for _ in range(n * group):
             if rng.random() < copy_at():
                 rows.append(copy_row(tok, rng))
                 continue
-            ex = world.example(rng, "train", max_docs=docs_at(), extra=rng.randint(*EXTRA))
+            if bind and rng.random() < bind:
+                rows.append(encode_turns(tok, world.binding_example(rng, "train",
+                                                                    rng.randint(*EXTRA))))
+                continue
+            ex = world.example(rng, "train", max_docs=docs_at(), extra=rng.randint(*EXTRA),
+                               hard=bool(hard) and rng.random() < hard)
             rows.append(encode_turns(tok, ex))
         rows.sort(key=lambda r: len(r[0]))
         order = list(range(group))
@@ -485,6 +538,11 @@ def lr_shape(args, step):
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps))
 
 
+def args_set(args, name):
+    """Whether --name was given a value other than its default."""
+    return getattr(args, name) != parser().get_default(name)
+
+
 def parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -507,6 +565,22 @@ def parser():
                     help="standard deviation of the initial embeddings")
     ap.add_argument("--curriculum", type=float, default=0.3,
                     help="share of the run over which prompts grow from 1 to 6 documents")
+    ap.add_argument("--hard", type=float, default=0.0,
+                    help="share of training examples whose distractors state the asked fact for "
+                    "entities of the same type, half of them with names sharing a part")
+    ap.add_argument("--bind", type=float, default=0.0,
+                    help="share of training sequences that are binding drills: one-sentence "
+                    "documents stating the same fact for several entities")
+    ap.add_argument("--rope-theta", type=float, default=CONFIG["rope_theta"])
+    ap.add_argument("--hidden", type=int, default=CONFIG["hidden_size"])
+    ap.add_argument("--layers", type=int, default=CONFIG["num_hidden_layers"])
+    ap.add_argument("--heads", type=int, default=CONFIG["num_attention_heads"])
+    ap.add_argument("--kv-heads", type=int, default=CONFIG["num_key_value_heads"])
+    ap.add_argument("--mlp", type=int, default=CONFIG["intermediate_size"])
+    ap.add_argument("--bf16", action="store_true",
+                    help="train the matrix products in bfloat16 (torch.autocast; the weights and "
+                    "optimizer stay float32): several times faster where oneDNN has AMX or "
+                    "AVX512-BF16")
     ap.add_argument("--block-mask", type=float, default=0.0,
                     help="share of batches trained under the chunk-isolating mask")
     ap.add_argument("--init", help="fine-tune this checkpoint directory (its tokenizer too)")
@@ -549,8 +623,15 @@ def main(argv=None):
         load_into(model, os.path.join(args.init, "model.safetensors"))
         if args.grow_layers:
             model.grow(args.grow_layers)
+        wide = dict(model.c, hidden_size=args.hidden, num_attention_heads=args.heads,
+                    num_key_value_heads=args.kv_heads, intermediate_size=args.mlp)
+        if any(args_set(args, k) for k in ("hidden", "heads", "kv_heads", "mlp")):
+            model = model.widen(wide)
     else:
-        model = Llama(dict(CONFIG, embed_std=args.embed_std))
+        model = Llama(dict(CONFIG, embed_std=args.embed_std, hidden_size=args.hidden,
+                           num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                           num_key_value_heads=args.kv_heads, intermediate_size=args.mlp,
+                           rope_theta=args.rope_theta))
     decay = [p for p in model.parameters() if p.dim() == 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
@@ -570,7 +651,8 @@ def main(argv=None):
     copying = not args.init and args.copy_steps > 0
     copy_at = lambda: 0.33 if step < args.copy_warmup * args.steps else 0.1  # noqa: E731
     copy_feed = batches(tok, rng, 2 * args.batch, 0, args.context_weight, docs_at, lambda: 1.0)
-    feed = batches(tok, rng, args.batch, args.block_mask, args.context_weight, docs_at, copy_at)
+    feed = batches(tok, rng, args.batch, args.block_mask, args.context_weight, docs_at, copy_at,
+                   hard=args.hard, bind=args.bind)
     for step in range(1, args.steps + 1):
         lr = args.lr * min(1.0, step / args.warmup) * lr_shape(args, step)
         for g in opt.param_groups:
@@ -581,8 +663,12 @@ def main(argv=None):
             log["copy_stage_steps"] = rag0
             print("copy stage done after %d steps" % (step - 1), flush=True)
         ids, m, w = next(copy_feed if copying else feed)
-        logits = model(ids[:, :-1], m[:, :-1, :-1])
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+        # the copying stage stays in float32: a run of it in bfloat16 (hidden 256) did not
+        # leave its plateau in 1,680 steps, where float32 runs leave it after about 1,050
+        # (train/README.md); it is short sequences, cheap either way
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 and not copying):
+            logits = model(ids[:, :-1], m[:, :-1, :-1])
+        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
                              reduction="none")
         wt = w[:, :-1].reshape(-1)
         loss = (ce * wt).sum() / wt.sum()

@@ -253,6 +253,23 @@ class World:
                 "name": self._name(lambda: self._syl(2).capitalize() + " " +
                                    self.rng.choice(COMPANY_KIND))}
 
+    def namesake(self, e):
+        """A fresh entity of e's type whose name shares a part with e's (a person's first name
+        or surname, a company's first word): told apart from e only by the whole name."""
+        first, last = e["name"].split(" ", 1)
+        if e["type"] == "company":
+            make = lambda: first + " " + self.rng.choice(COMPANY_KIND)  # noqa: E731
+        elif self.rng.random() < 0.5:
+            make = lambda: first + " " + self._syl(self.rng.choice((2, 2, 3))).capitalize()  # noqa: E731
+        else:
+            make = lambda: self._syl(self.rng.choice((1, 2))).capitalize() + " " + last  # noqa: E731
+        try:
+            name = self._name(make)
+        except RuntimeError:
+            return self.person() if e["type"] == "person" else self.company()
+        return dict(e, name=name, facts=None) if e["type"] == "company" else \
+            {"type": "person", "name": name, "he": self.rng.choice(("He", "She"))}
+
     def city(self):
         return self._name(lambda: (self._syl(self.rng.choice((1, 2))) +
                                    self.rng.choice(CITY_SUFFIX)).capitalize())
@@ -310,13 +327,17 @@ def document(w, e, must):
     return " ".join(out), told
 
 
-def question(w, kind, max_docs=6, extra=0):
+def question(w, kind, max_docs=6, extra=0, hard=False):
     """One RAG example: (system, documents, question, answer, kind). The documents are shuffled
     and include distractors: 4-6 of them, or up to max_docs when that is smaller (a training
-    curriculum starts with short prompts)."""
+    curriculum starts with short prompts). With hard set (training only), the distractors of a
+    single-hop or unknown question are entities of the asked one's type that state the asked
+    fact, half of them with a name sharing a part with the asked name: the only way to the
+    answer is to find the document about the whole name asked for."""
     r, split = w.rng, w.split
     docs = []  # (entity, facts that must be stated)
     n_docs = r.randint(min(4, max_docs), max_docs)
+    like = None  # (entity, fact) the hard distractors imitate
     if kind == "single":
         etype = r.choice(("person", "person", "company"))
         fact = r.choice([k[2] for k in QUESTIONS if k[0] == "single" and k[1] == etype])
@@ -324,6 +345,7 @@ def question(w, kind, max_docs=6, extra=0):
         docs.append((e, [fact]))
         q = pick(r, QUESTIONS[("single", etype, fact)], split)[0].format(a=e["name"])
         a = e["facts"][fact]
+        like = (e, fact)
     elif kind == "twohop":
         fact = r.choice(("city", "product"))
         c = company_facts(w, w.company())
@@ -353,7 +375,15 @@ def question(w, kind, max_docs=6, extra=0):
         absent = w.person() if etype == "person" else w.company()
         q = pick(r, QUESTIONS[("single", etype, fact)], split)[0].format(a=absent["name"])
         a = "unknown"
+        like = (absent, fact)
     while len(docs) < n_docs:
+        if hard and like:
+            e0, fact = like
+            e = w.namesake(e0) if r.random() < 0.5 else \
+                (w.person() if e0["type"] == "person" else w.company())
+            e = person_facts(w, e) if e["type"] == "person" else company_facts(w, e)
+            docs.append((e, [fact]))
+            continue
         e = person_facts(w, w.person()) if r.random() < 0.6 else company_facts(w, w.company())
         docs.append((e, []))
     texts, facts = [], []
@@ -380,12 +410,13 @@ def question(w, kind, max_docs=6, extra=0):
             "more": more}
 
 
-def example(rng, split, kind=None, max_docs=6, extra=0):
+def example(rng, split, kind=None, max_docs=6, extra=0, hard=False):
     """One example of `kind` (drawn when None: single and twohop most often), with `extra`
-    more single-hop questions on its documents in "more" (question, answer)."""
+    more single-hop questions on its documents in "more" (question, answer); hard: see
+    question()."""
     if kind is None:
         kind = rng.choices(KINDS, weights=(4, 3, 2, 1))[0]
-    return question(World(rng, split), kind, max_docs, extra)
+    return question(World(rng, split), kind, max_docs, extra, hard)
 
 
 class Corpus:
@@ -453,6 +484,40 @@ class Corpus:
         r.shuffle(names)
         return {"system": pick(r, SYSTEMS, split)[0], "documents": [self.docs[n] for n in names],
                 "question": q, "answer": a, "kind": kind}
+
+
+def binding_example(rng, split, extra=0):
+    """A short drill in finding the entity asked about (the training's binding stage): 3-8
+    one-sentence documents that each state the same fact for another entity of one type, half
+    of the names sharing a part with another's, and questions about some of them. Reading the
+    fact alone answers one in 3-8; only the whole name answers them all."""
+    w = World(rng, split)
+    etype = rng.choice(("person", "person", "company"))
+    fact = rng.choice([k[2] for k in QUESTIONS if k[0] == "single" and k[1] == etype])
+    make = (lambda: person_facts(w, w.person())) if etype == "person" else \
+        (lambda: company_facts(w, w.company()))
+    ents = [make()]
+    for _ in range(rng.randint(2, 7)):
+        e = w.namesake(rng.choice(ents)) if rng.random() < 0.5 else None
+        if e:
+            e = person_facts(w, e) if etype == "person" else company_facts(w, e)
+        ents.append(e or make())
+    rows = PERSON_SENT if etype == "person" else COMPANY_SENT
+    docs = []
+    for e in ents:
+        tmpl = pick(rng, [row[1:] for row in rows if row[0] == fact], split)[0]
+        v = e["facts"][fact]
+        if "a {v}" in tmpl and v[0] in "aeiou":
+            tmpl = tmpl.replace("a {v}", "an {v}")
+        s = tmpl.format(n=e["name"], o=e["name"], v=v)
+        docs.append(s[0].upper() + s[1:])
+    order = list(range(len(ents)))
+    rng.shuffle(order)
+    asked = [ents[rng.randrange(len(ents))] for _ in range(1 + extra)]
+    qa = [(pick(rng, QUESTIONS[("single", etype, fact)], split)[0].format(a=e["name"]),
+           e["facts"][fact]) for e in asked]
+    return {"system": pick(rng, SYSTEMS, split)[0], "documents": [docs[i] for i in order],
+            "question": qa[0][0], "answer": qa[0][1], "kind": "single", "more": qa[1:]}
 
 
 def segments(ex):

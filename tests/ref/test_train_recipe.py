@@ -134,7 +134,9 @@ def check_model(binary, d, tmp, errors, answers=0):
     x = torch.tensor(ids)
     with torch.no_grad():
         ref = H.Model(d, torch.float64).forward(ids)
-        m = train.Llama(dict(train.CONFIG))
+        with open(os.path.join(d, "config.json")) as f:
+            cfg = json.load(f)
+        m = train.Llama({k: cfg[k] for k in train.CONFIG})
         train.load_into(m, os.path.join(d, "model.safetensors"))
         own = torch.log_softmax(m(x[None], train.masks([0] * len(ids), len(ids), None)[None])[0]
                                 .double(), -1)
@@ -146,6 +148,31 @@ def check_model(binary, d, tmp, errors, answers=0):
         errors.append("%s: logprobs differ: %.3g vs the reference, %.3g vs the trainer's model"
                       % (name, worst_ref, worst_own))
     return right / answers if answers else None
+
+
+def check_widen(d, errors):
+    """train.Llama.widen: the model in a wider geometry (hidden, head dim, KV heads, MLP) computes
+    what it computed, on a held-out RAG prompt."""
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    m = train.Llama({k: cfg[k] for k in train.CONFIG})
+    train.load_into(m, os.path.join(d, "model.safetensors"))
+    torch.manual_seed(0)
+    w = m.widen(dict(m.c, hidden_size=2 * cfg["hidden_size"],
+                     num_key_value_heads=cfg["num_attention_heads"],
+                     intermediate_size=2 * cfg["intermediate_size"]))
+    ids = rag_prompt(d, 200)
+    x = torch.tensor(ids)[None]
+    mask = train.masks([0] * len(ids), len(ids), None)[None]
+    with torch.no_grad():
+        a, b = m(x, mask), w(x, mask)
+    worst = float((a - b).abs().max() / a.abs().max())
+    print("widened %d -> %d: max |Δ logit| %.2e of the largest" % (cfg["hidden_size"],
+                                                                   w.c["hidden_size"], worst))
+    if worst > 1e-3:  # float32 sums in another order; a misplaced RoPE pair moves them ~0.7
+        errors.append("widen: logits moved by %.3g of the largest" % worst)
+    if sum(p.numel() for p in w.parameters()) <= sum(p.numel() for p in m.parameters()):
+        errors.append("widen: the widened model is no larger")
 
 
 # the committed checkpoints (train/README.md) and the least share of held-out single-hop
@@ -172,6 +199,7 @@ def main():
             if not os.path.isfile(os.path.join(d, f)):
                 errors.append("the recipe wrote no %s" % f)
         check_model(binary, d, tmp, errors)
+        check_widen(d, errors)
         for name, least in COMMITTED:
             cd = os.path.join(ROOT, "models", name)
             if not os.path.isfile(os.path.join(cd, "model.safetensors")):
