@@ -370,6 +370,15 @@ END_TEST
 
 /* ------------------------------------------------------------ fallback */
 
+/* Whether the gateway at *port has synced worker B's inventory once. */
+static int inventory_synced(void *port)
+{
+    json_t *x = th_worker_view(*(int *)port, NULL, ub);
+    int ok = x && json_is_integer(json_object_get(x, "last_sync_ms"));
+    json_decref(x);
+    return ok;
+}
+
 /* Worker A holds the request's chunks but fails its assemble (its one assembly slot is held);
  * worker B holds them too, out of the index's sight. The gateway assembles on B: chunk_cache
  * names B and its hits, and they add up to usage.prompt_tokens_details.cached_tokens. */
@@ -400,7 +409,9 @@ START_TEST(fallback_chunk_cache_agrees_with_cached_tokens)
                   (int)r.body.len, r.body.data);
     th_resp_free(&r);
     ck_assert(th_wait_worker(g.port, NULL, ub, 1));
-    th_sleep_ms(300); /* its first inventory sync is done */
+    /* its first inventory sync is done: it runs after B shows healthy, and one that ran after
+     * B's own request below would tell the index that B holds the chunks */
+    ck_assert(th_wait_until(30000, 20, inventory_synced, &g.port));
     /* B holds them too, from a request of its own: the index does not know */
     json_t *direct = json_deep_copy(req);
     json_object_set_new(direct, "chunk_separator", json_string("# #"));
