@@ -290,6 +290,14 @@ def company_facts(w, c):
     return c
 
 
+def fact_sentence(tmpl, e, fact, subj):
+    """A document sentence template filled in for entity e's fact, with subj as its subject."""
+    v = e["facts"][fact]
+    if "a {v}" in tmpl and v[0] in "aeiou":
+        tmpl = tmpl.replace("a {v}", "an {v}")
+    return tmpl.format(n=subj, o=e["name"], v=v)
+
+
 def document(w, e, must):
     """A document about entity e stating the facts in `must` and a few others, in random order,
     with filler sentences between."""
@@ -310,10 +318,7 @@ def document(w, e, must):
             subj = e["name"]
         if subj != e["name"] and not tmpl.startswith("{n}"):
             subj = subj.lower()
-        v = e["facts"][fact]
-        if "a {v}" in tmpl and v[0] in "aeiou":
-            tmpl = tmpl.replace("a {v}", "an {v}")
-        s = tmpl.format(n=subj, o=e["name"], v=v)
+        s = fact_sentence(tmpl, e, fact, subj)
         if r.random() < 0.25:
             if not s.startswith(e["name"]):
                 s = s[0].lower() + s[1:]
@@ -506,17 +511,13 @@ def binding_example(rng, split, extra=0):
     docs = []
     for e in ents:
         tmpl = pick(rng, [row[1:] for row in rows if row[0] == fact], split)[0]
-        v = e["facts"][fact]
-        if "a {v}" in tmpl and v[0] in "aeiou":
-            tmpl = tmpl.replace("a {v}", "an {v}")
-        s = tmpl.format(n=e["name"], o=e["name"], v=v)
+        s = fact_sentence(tmpl, e, fact, e["name"])
         docs.append(s[0].upper() + s[1:])
-    order = list(range(len(ents)))
-    rng.shuffle(order)
+    rng.shuffle(docs)
     asked = [ents[rng.randrange(len(ents))] for _ in range(1 + extra)]
     qa = [(pick(rng, QUESTIONS[("single", etype, fact)], split)[0].format(a=e["name"]),
            e["facts"][fact]) for e in asked]
-    return {"system": pick(rng, SYSTEMS, split)[0], "documents": [docs[i] for i in order],
+    return {"system": pick(rng, SYSTEMS, split)[0], "documents": docs,
             "question": qa[0][0], "answer": qa[0][1], "kind": "single", "more": qa[1:]}
 
 
