@@ -370,22 +370,26 @@ END_TEST
 
 /* ------------------------------------------------------------ fallback */
 
-/* Whether the gateway at *port has synced worker B's inventory once. */
-static int inventory_synced(void *port)
-{
-    json_t *x = th_worker_view(*(int *)port, NULL, ub);
-    int ok = x && json_is_integer(json_object_get(x, "last_sync_ms"));
-    json_decref(x);
-    return ok;
-}
-
 /* Worker A holds the request's chunks but fails its assemble (its one assembly slot is held);
- * worker B holds them too, out of the index's sight. The gateway assembles on B: chunk_cache
- * names B and its hits, and they add up to usage.prompt_tokens_details.cached_tokens. */
+ * worker B holds the document chunk too, from a request under another system prompt. The
+ * gateway assembles on B: chunk_cache names B and its hit, and it adds up to
+ * usage.prompt_tokens_details.cached_tokens. B holds less than A, so A stays the first choice
+ * whenever the index learns of B's chunk (a health check that times out on a slow build makes
+ * the gateway resync B's inventory); were they equal, the route would be a coin toss. */
 START_TEST(fallback_chunk_cache_agrees_with_cached_tokens)
 {
-    const char *ex[] = {"--worker", ua,  "--health-interval-ms", "200", "--sync-interval-ms",
-                        "0",        NULL};
+    /* Routing by cached tokens alone: a health check that lands while A computes the held
+     * assembly below reads A's load as 1, and at the default penalty (256 tokens a request)
+     * that outweighs A's 88 cached tokens, so the gateway went to B with no fallback */
+    const char *ex[] = {"--worker",
+                        ua,
+                        "--health-interval-ms",
+                        "200",
+                        "--sync-interval-ms",
+                        "0",
+                        "--load-penalty-tokens",
+                        "0",
+                        NULL};
     th_proc g;
     if (th_start_gateway(&g, CHUNKGATE_BIN, "gfallback", ex) != 0) th_die("gateway", &g);
     ck_assert(th_wait_worker(g.port, NULL, ua, 1));
@@ -409,12 +413,12 @@ START_TEST(fallback_chunk_cache_agrees_with_cached_tokens)
                   (int)r.body.len, r.body.data);
     th_resp_free(&r);
     ck_assert(th_wait_worker(g.port, NULL, ub, 1));
-    /* its first inventory sync is done: it runs after B shows healthy, and one that ran after
-     * B's own request below would tell the index that B holds the chunks */
-    ck_assert(th_wait_until(30000, 20, inventory_synced, &g.port));
-    /* B holds them too, from a request of its own: the index does not know */
+    /* B holds the document, from a request of its own under another system prompt */
     json_t *direct = json_deep_copy(req);
     json_object_set_new(direct, "chunk_separator", json_string("# #"));
+    json_object_set_new(direct, "prompt",
+                        json_string("Another system prompt. # # Fallback document: the ferry "
+                                    "leaves at nine and returns at five. # # When?"));
     ck_assert_int_eq(post(wb.port, "/v1/completions", direct, NULL, NULL, NULL), 200);
     /* A's one assembly slot is taken: its assemble answers 503 */
     th_http(&r, wa.port, "POST", "/v1/assemble",
@@ -440,12 +444,15 @@ START_TEST(fallback_chunk_cache_agrees_with_cached_tokens)
     }
     const char *worker = json_string_value(json_object_get(cc, "worker"));
     fprintf(stderr,
-            "fallback: worker %s, fallback %d, %d hits, %lld hit tokens, cached_tokens "
-            "%lld\n",
-            worker ? worker : "null", json_is_true(json_object_get(cc, "fallback")), hits,
+            "fallback: worker %s (A %s, B %s), fallback %d, %d hits, %lld hit tokens, "
+            "cached_tokens %lld\n",
+            worker ? worker : "null", ua, ub, json_is_true(json_object_get(cc, "fallback")), hits,
             hit_tokens, cached);
-    ck_assert(json_is_true(json_object_get(cc, "fallback")));
+    char *ccs = json_dumps(cc, JSON_COMPACT);
+    ck_assert_msg(json_is_true(json_object_get(cc, "fallback")), "no fallback: %s", ccs);
+    free(ccs);
     ck_assert_str_eq(json_string_value(json_object_get(cc, "fallback_reason")), "worker_error");
+    ck_assert_msg(hits == 1, "B reused %d chunks; it holds the document only", hits);
     ck_assert_msg(cached > 0, "B reused nothing");
     ck_assert_int_eq(hit_tokens, cached);
     ck_assert_msg(worker && !strcmp(worker, ub), "answered by %s", worker ? worker : "null");
