@@ -324,16 +324,53 @@ def copy_row(tok, rng):
     return ids, [0] * len(ids), [(1 + n, len(ids))]
 
 
-def batches(tok, rng, n, block_frac, ctx_w, docs_at, copy_at, group=8, hard=0.0, bind=0.0):
+def recall_row(tok, rng, gap):
+    """An associative recall sequence over random ordinary tokens: 3-8 facts `k1 k2 g.. = v.`,
+    each a key of two tokens (half of them sharing one with an earlier key), 0..gap tokens of
+    noise, `=` and a value of one or two tokens; then three queries `? k1 k2 =` whose values
+    carry the loss. Only the whole key answers, and with gap > 0 the value stands at a varying
+    distance from its key: the look-up a RAG answer needs (the name asked for, then the value
+    stated after it), without the language around it. Copying heads alone do not do it."""
+    dot, eq, ask = tok.encode(".")[0], tok.encode("=")[0], tok.encode("?")[0]
+    lo, hi = 256, len(tok) - len(bpe.SPECIAL)
+    n = rng.randint(3, 8)
+    keys = []
+    while len(keys) < n:
+        k = [rng.randrange(lo, hi), rng.randrange(lo, hi)]
+        if keys and rng.random() < 0.5:
+            o = rng.choice(keys)
+            i = rng.randrange(2)
+            k[i] = o[i]
+        if k not in keys:
+            keys.append(k)
+    vals = [[rng.randrange(lo, hi) for _ in range(rng.randint(1, 2))] for _ in keys]
+    ids = [tok.id("<|im_start|>")]
+    for k, v in zip(keys, vals):
+        ids += k + [rng.randrange(lo, hi) for _ in range(rng.randint(0, gap))] + [eq] + v + [dot]
+    spans = []
+    for _ in range(3):
+        i = rng.randrange(n)
+        ids += [ask] + keys[i] + [eq]
+        spans.append((len(ids), len(ids) + len(vals[i]) + 1))
+        ids += vals[i] + [dot]
+    return ids, [0] * len(ids), spans
+
+
+def batches(tok, rng, n, block_frac, ctx_w, docs_at, copy_at, group=8, hard=0.0, bind=0.0,
+            recall=0.0, gap_at=lambda: 0):
     """Batches of n training sequences, drawn `group` batches at a time and sorted by length
     so that little of each batch is padding. docs_at() is the curriculum's most documents,
     copy_at() its share of copying sequences, hard the share of examples with hard distractors
-    (world.question), bind the share of binding drills (world.binding_example)."""
+    (world.question), bind the share of binding drills (world.binding_example), recall the
+    share of recall sequences (recall_row) with gap_at() tokens of noise at most."""
     while True:
         rows = []
         for _ in range(n * group):
             if rng.random() < copy_at():
                 rows.append(copy_row(tok, rng))
+                continue
+            if recall and rng.random() < recall:
+                rows.append(recall_row(tok, rng, gap_at()))
                 continue
             if bind and rng.random() < bind:
                 rows.append(encode_turns(tok, world.binding_example(rng, "train",
@@ -396,6 +433,24 @@ def evaluate(model, tok, exs, block=None, batch=64):
             right[ex["kind"]][1] += 1
     model.train()
     return {k: round(a / n, 4) for k, (a, n) in right.items() if n}
+
+
+@torch.no_grad()
+def evaluate_recall(model, tok, gap, n=100):
+    """Exact match on the queries of n recall sequences (recall_row) with 0..gap noise tokens,
+    by teacher forcing as evaluate() does."""
+    model.eval()
+    rng = random.Random("recall-%d" % gap)
+    rows = [recall_row(tok, rng, gap) for _ in range(n)]
+    ids, m, _ = batch(rows, rng, 0, 0.0)
+    pred = model(ids, m).argmax(-1)
+    right = total = 0
+    for b, (_, _, spans) in enumerate(rows):
+        for a0, a1 in spans:
+            right += bool((pred[b, a0 - 1:a1 - 1] == ids[b, a0:a1]).all())
+            total += 1
+    model.train()
+    return round(right / total, 4)
 
 
 # ---- files ----
@@ -571,6 +626,14 @@ def parser():
     ap.add_argument("--bind", type=float, default=0.0,
                     help="share of training sequences that are binding drills: one-sentence "
                     "documents stating the same fact for several entities")
+    ap.add_argument("--recall", type=float, default=0.0,
+                    help="share of recall sequences (random-token key look-ups) among the RAG "
+                    "examples")
+    ap.add_argument("--recall-gap", type=int, default=3,
+                    help="most noise tokens between a recall key and its value")
+    ap.add_argument("--recall-steps", type=int, default=0,
+                    help="a stage of recall sequences alone before the RAG examples, the gap "
+                    "growing from 0 to --recall-gap over it")
     ap.add_argument("--rope-theta", type=float, default=CONFIG["rope_theta"])
     ap.add_argument("--hidden", type=int, default=CONFIG["hidden_size"])
     ap.add_argument("--layers", type=int, default=CONFIG["num_hidden_layers"])
@@ -651,8 +714,17 @@ def main(argv=None):
     copying = not args.init and args.copy_steps > 0
     copy_at = lambda: 0.33 if step < args.copy_warmup * args.steps else 0.1  # noqa: E731
     copy_feed = batches(tok, rng, 2 * args.batch, 0, args.context_weight, docs_at, lambda: 1.0)
+    # then a stage of recall sequences alone (--recall-steps), their gap growing from 0: a
+    # key right before its value is learnt first, and a varying distance only from there
+    recall0 = None
+    recalling = args.recall_steps > 0
+    gap_at = lambda: (args.recall_gap if recall0 is None or not recalling else  # noqa: E731
+                      min(args.recall_gap,
+                          (step - recall0) * (args.recall_gap + 1) // args.recall_steps))
+    recall_feed = batches(tok, rng, 2 * args.batch, 0, args.context_weight, docs_at,
+                          lambda: 0.0, group=1, recall=1.0, gap_at=gap_at)
     feed = batches(tok, rng, args.batch, args.block_mask, args.context_weight, docs_at, copy_at,
-                   hard=args.hard, bind=args.bind)
+                   hard=args.hard, bind=args.bind, recall=args.recall, gap_at=gap_at)
     for step in range(1, args.steps + 1):
         lr = args.lr * min(1.0, step / args.warmup) * lr_shape(args, step)
         for g in opt.param_groups:
@@ -662,11 +734,23 @@ def main(argv=None):
             rag0 = step - 1
             log["copy_stage_steps"] = rag0
             print("copy stage done after %d steps" % (step - 1), flush=True)
-        ids, m, w = next(copy_feed if copying else feed)
-        # the copying stage stays in float32: a run of it in bfloat16 (hidden 256) did not
-        # leave its plateau in 1,680 steps, where float32 runs leave it after about 1,050
-        # (train/README.md); it is short sequences, cheap either way
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 and not copying):
+        if recalling and not copying:
+            if recall0 is None:
+                recall0 = step - 1
+            elif step > recall0 + args.recall_steps:
+                recalling = False
+                rag0 = step - 1
+                log["recall_stage"] = {"steps": args.recall_steps,
+                                       "gap 0": evaluate_recall(model, tok, 0),
+                                       "gap %d" % args.recall_gap:
+                                       evaluate_recall(model, tok, args.recall_gap)}
+                print("recall stage done:", json.dumps(log["recall_stage"]), flush=True)
+        ids, m, w = next(copy_feed if copying else recall_feed if recalling else feed)
+        # the copying and recall stages stay in float32: a copying stage in bfloat16 (hidden
+        # 256) did not leave its plateau in 1,680 steps, where float32 runs leave it after
+        # about 1,050 (train/README.md); they are short sequences, cheap either way
+        fp32 = copying or recalling
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 and not fp32):
             logits = model(ids[:, :-1], m[:, :-1, :-1])
         ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
                              reduction="none")

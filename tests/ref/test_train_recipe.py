@@ -9,7 +9,9 @@ into a temporary directory, then checks what the worker makes of it:
   the Hugging Face tokenizers, loading the same tokenizer.json) when tests/ref is installed;
 - the worker's prompt log-probabilities of a 300-token RAG prompt agree with the independent
   torch reference (tests/ref/hf_forward.py, float64) and with the trainer's own model as saved
-  within 1e-2 at every position.
+  within 1e-2 at every position;
+- the recall sequences of the recipe's recall stage answer each query from its fact, and a
+  fine-tune with the stage logs its accuracy.
 
 Exit 77 (skipped, with the reason) without torch or CHUNKGATE_WORKER_BIN.
 """
@@ -175,6 +177,44 @@ def check_widen(d, errors):
         errors.append("widen: the widened model is no larger")
 
 
+def check_recall(d, tmp, errors):
+    """The recall sequences (train.recall_row) are what they claim: every key is unique, every
+    query's answer is the value stated after its key, the noise stays within the gap. Then a
+    fine-tune with a recall stage runs and logs the stage's accuracy."""
+    import random
+    tok = bpe.load(os.path.join(d, "tokenizer.json"))
+    dot, eq, ask = tok.encode(".")[0], tok.encode("=")[0], tok.encode("?")[0]
+    rng = random.Random(5)
+    for gap in (0, 3):
+        for _ in range(50):
+            ids, _, spans = train.recall_row(tok, rng, gap)
+            body = ids[1:ids.index(ask)]
+            facts = {}
+            start = 0
+            for i, t in enumerate(body):
+                if t == dot:
+                    fact = body[start:i]
+                    k = tuple(fact[:2])
+                    if k in facts:
+                        errors.append("recall: key %s stated twice" % (k,))
+                    if not 0 <= fact.index(eq) - 2 <= gap:
+                        errors.append("recall: %d noise tokens, gap %d" % (fact.index(eq) - 2, gap))
+                    facts[k] = fact[fact.index(eq) + 1:]
+                    start = i + 1
+            for a0, a1 in spans:
+                key = tuple(ids[a0 - 3:a0 - 1])
+                if ids[a0 - 4] != ask or ids[a0 - 1] != eq or facts.get(key) != ids[a0:a1 - 1]:
+                    errors.append("recall: the query %s is not answered by its fact" % (key,))
+                    return
+    out = os.path.join(tmp, "recall")
+    train.main(["--init", d, "--out", out, "--steps", "4", "--batch", "2", "--recall-steps", "2",
+                "--recall", "0.5", "--eval-n", "1", "--eval-every", "1000", "--threads", "1"])
+    with open(os.path.join(out, "train_log.json")) as f:
+        stage = json.load(f).get("recall_stage", {})
+    if stage.get("steps") != 2 or not all(0 <= stage.get(k, -1) <= 1 for k in ("gap 0", "gap 3")):
+        errors.append("recall: the recall stage logged %s" % stage)
+
+
 # the committed checkpoints (train/README.md) and the least share of held-out single-hop
 # questions (4-6 documents each) each must answer right through the worker. They answer 3 and 4
 # of these 20 (train/README.md: the models are not yet competent on several documents); the bar
@@ -200,6 +240,7 @@ def main():
                 errors.append("the recipe wrote no %s" % f)
         check_model(binary, d, tmp, errors)
         check_widen(d, errors)
+        check_recall(d, tmp, errors)
         for name, least in COMMITTED:
             cd = os.path.join(ROOT, "models", name)
             if not os.path.isfile(os.path.join(cd, "model.safetensors")):
