@@ -324,17 +324,26 @@ def copy_row(tok, rng):
     return ids, [0] * len(ids), [(1 + n, len(ids))]
 
 
-def recall_row(tok, rng, gap):
+def recall_row(tok, rng, gap, names=False):
     """An associative recall sequence over random ordinary tokens: 3-8 facts `k1 k2 g.. = v.`,
     each a key of two tokens (half of them sharing one with an earlier key), 0..gap tokens of
     noise, `=` and a value of one or two tokens; then three queries `? k1 k2 =` whose values
     carry the loss. Only the whole key answers, and with gap > 0 the value stands at a varying
     distance from its key: the look-up a RAG answer needs (the name asked for, then the value
-    stated after it), without the language around it. Copying heads alone do not do it."""
+    stated after it), without the language around it. Copying heads alone do not do it.
+    With names set, the keys are people's names (half of them namesakes) and the values their
+    cities, as the documents spell them: the same look-up on the tokens of the RAG data."""
     dot, eq, ask = tok.encode(".")[0], tok.encode("=")[0], tok.encode("?")[0]
     lo, hi = 256, len(tok) - len(bpe.SPECIAL)
     n = rng.randint(3, 8)
     keys = []
+    if names:
+        w = world.World(rng, "train")
+        people = [w.person()]
+        while len(people) < n:
+            people.append((rng.random() < 0.5 and w.namesake(rng.choice(people))) or w.person())
+        keys = [tok.encode(p["name"]) for p in people]
+        vals = [tok.encode(w.city()) for _ in people]
     while len(keys) < n:
         k = [rng.randrange(lo, hi), rng.randrange(lo, hi)]
         if keys and rng.random() < 0.5:
@@ -343,7 +352,8 @@ def recall_row(tok, rng, gap):
             k[i] = o[i]
         if k not in keys:
             keys.append(k)
-    vals = [[rng.randrange(lo, hi) for _ in range(rng.randint(1, 2))] for _ in keys]
+    if not names:
+        vals = [[rng.randrange(lo, hi) for _ in range(rng.randint(1, 2))] for _ in keys]
     ids = [tok.id("<|im_start|>")]
     for k, v in zip(keys, vals):
         ids += k + [rng.randrange(lo, hi) for _ in range(rng.randint(0, gap))] + [eq] + v + [dot]
@@ -357,12 +367,13 @@ def recall_row(tok, rng, gap):
 
 
 def batches(tok, rng, n, block_frac, ctx_w, docs_at, copy_at, group=8, hard=0.0, bind=0.0,
-            recall=0.0, gap_at=lambda: 0):
+            recall=0.0, gap_at=lambda: 0, recall_names=0.0):
     """Batches of n training sequences, drawn `group` batches at a time and sorted by length
     so that little of each batch is padding. docs_at() is the curriculum's most documents,
     copy_at() its share of copying sequences, hard the share of examples with hard distractors
     (world.question), bind the share of binding drills (world.binding_example), recall the
-    share of recall sequences (recall_row) with gap_at() tokens of noise at most."""
+    share of recall sequences (recall_row) with gap_at() tokens of noise at most, recall_names
+    the share of those over people's names."""
     while True:
         rows = []
         for _ in range(n * group):
@@ -370,7 +381,8 @@ def batches(tok, rng, n, block_frac, ctx_w, docs_at, copy_at, group=8, hard=0.0,
                 rows.append(copy_row(tok, rng))
                 continue
             if recall and rng.random() < recall:
-                rows.append(recall_row(tok, rng, gap_at()))
+                rows.append(recall_row(tok, rng, gap_at(),
+                                       bool(recall_names) and rng.random() < recall_names))
                 continue
             if bind and rng.random() < bind:
                 rows.append(encode_turns(tok, world.binding_example(rng, "train",
@@ -436,12 +448,12 @@ def evaluate(model, tok, exs, block=None, batch=64):
 
 
 @torch.no_grad()
-def evaluate_recall(model, tok, gap, n=100):
+def evaluate_recall(model, tok, gap, n=100, names=False):
     """Exact match on the queries of n recall sequences (recall_row) with 0..gap noise tokens,
     by teacher forcing as evaluate() does."""
     model.eval()
-    rng = random.Random("recall-%d" % gap)
-    rows = [recall_row(tok, rng, gap) for _ in range(n)]
+    rng = random.Random("recall-%d%s" % (gap, " names" if names else ""))
+    rows = [recall_row(tok, rng, gap, names) for _ in range(n)]
     ids, m, _ = batch(rows, rng, 0, 0.0)
     pred = model(ids, m).argmax(-1)
     right = total = 0
@@ -631,6 +643,9 @@ def parser():
                     "examples")
     ap.add_argument("--recall-gap", type=int, default=3,
                     help="most noise tokens between a recall key and its value")
+    ap.add_argument("--recall-names", type=float, default=0.0,
+                    help="share of the recall sequences whose keys are people's names and "
+                    "values their cities")
     ap.add_argument("--recall-steps", type=int, default=0,
                     help="a stage of recall sequences alone before the RAG examples, the gap "
                     "growing from 0 to --recall-gap over it")
@@ -722,9 +737,11 @@ def main(argv=None):
                       min(args.recall_gap,
                           (step - recall0) * (args.recall_gap + 1) // args.recall_steps))
     recall_feed = batches(tok, rng, 2 * args.batch, 0, args.context_weight, docs_at,
-                          lambda: 0.0, group=1, recall=1.0, gap_at=gap_at)
+                          lambda: 0.0, group=1, recall=1.0, gap_at=gap_at,
+                          recall_names=args.recall_names)
     feed = batches(tok, rng, args.batch, args.block_mask, args.context_weight, docs_at, copy_at,
-                   hard=args.hard, bind=args.bind, recall=args.recall, gap_at=gap_at)
+                   hard=args.hard, bind=args.bind, recall=args.recall, gap_at=gap_at,
+                   recall_names=args.recall_names)
     for step in range(1, args.steps + 1):
         lr = args.lr * min(1.0, step / args.warmup) * lr_shape(args, step)
         for g in opt.param_groups:
@@ -744,6 +761,9 @@ def main(argv=None):
                                        "gap 0": evaluate_recall(model, tok, 0),
                                        "gap %d" % args.recall_gap:
                                        evaluate_recall(model, tok, args.recall_gap)}
+                if args.recall_names:
+                    log["recall_stage"]["names, gap %d" % args.recall_gap] = \
+                        evaluate_recall(model, tok, args.recall_gap, names=True)
                 print("recall stage done:", json.dumps(log["recall_stage"]), flush=True)
         ids, m, w = next(copy_feed if copying else recall_feed if recalling else feed)
         # the copying and recall stages stay in float32: a copying stage in bfloat16 (hidden
