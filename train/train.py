@@ -262,6 +262,15 @@ def load_into(model, path):
             t.copy_(got[name])
 
 
+def load_model(d):
+    """The checkpoint in directory d, in the geometry its config.json gives."""
+    with open(os.path.join(d, "config.json")) as f:
+        got = json.load(f)
+    model = Llama({k: got[k] for k in CONFIG})
+    load_into(model, os.path.join(d, "model.safetensors"))
+    return model
+
+
 # ---- sequences and masks ----
 
 def encode(tok, ex):
@@ -695,10 +704,7 @@ def main(argv=None):
         tok = bpe.Tokenizer(bpe.train(texts, CONFIG["vocab_size"]))
     print("tokenizer: %d tokens (%.0f s)" % (len(tok), time.time() - t0), flush=True)
     if args.init:
-        with open(os.path.join(args.init, "config.json")) as f:
-            got = json.load(f)
-        model = Llama({k: got[k] for k in CONFIG})
-        load_into(model, os.path.join(args.init, "model.safetensors"))
+        model = load_model(args.init)
         if args.grow_layers:
             model.grow(args.grow_layers)
         wide = dict(model.c, hidden_size=args.hidden, num_attention_heads=args.heads,

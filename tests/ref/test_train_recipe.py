@@ -136,10 +136,7 @@ def check_model(binary, d, tmp, errors, answers=0):
     x = torch.tensor(ids)
     with torch.no_grad():
         ref = H.Model(d, torch.float64).forward(ids)
-        with open(os.path.join(d, "config.json")) as f:
-            cfg = json.load(f)
-        m = train.Llama({k: cfg[k] for k in train.CONFIG})
-        train.load_into(m, os.path.join(d, "model.safetensors"))
+        m = train.load_model(d)
         own = torch.log_softmax(m(x[None], train.masks([0] * len(ids), len(ids), None)[None])[0]
                                 .double(), -1)
     worst_ref = max(abs(g - float(ref[i, ids[i + 1]])) for i, g in enumerate(got))
@@ -155,10 +152,8 @@ def check_model(binary, d, tmp, errors, answers=0):
 def check_widen(d, errors):
     """train.Llama.widen: the model in a wider geometry (hidden, head dim, KV heads, MLP) computes
     what it computed, on a held-out RAG prompt."""
-    with open(os.path.join(d, "config.json")) as f:
-        cfg = json.load(f)
-    m = train.Llama({k: cfg[k] for k in train.CONFIG})
-    train.load_into(m, os.path.join(d, "model.safetensors"))
+    m = train.load_model(d)
+    cfg = m.c
     torch.manual_seed(0)
     w = m.widen(dict(m.c, hidden_size=2 * cfg["hidden_size"],
                      num_key_value_heads=cfg["num_attention_heads"],
