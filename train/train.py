@@ -345,7 +345,6 @@ def recall_row(tok, rng, gap, names=False):
     dot, eq, ask = tok.encode(".")[0], tok.encode("=")[0], tok.encode("?")[0]
     lo, hi = 256, len(tok) - len(bpe.SPECIAL)
     n = rng.randint(3, 8)
-    keys = []
     if names:
         w = world.World(rng, "train")
         people = [w.person()]
@@ -353,15 +352,16 @@ def recall_row(tok, rng, gap, names=False):
             people.append((rng.random() < 0.5 and w.namesake(rng.choice(people))) or w.person())
         keys = [tok.encode(p["name"]) for p in people]
         vals = [tok.encode(w.city()) for _ in people]
-    while len(keys) < n:
-        k = [rng.randrange(lo, hi), rng.randrange(lo, hi)]
-        if keys and rng.random() < 0.5:
-            o = rng.choice(keys)
-            i = rng.randrange(2)
-            k[i] = o[i]
-        if k not in keys:
-            keys.append(k)
-    if not names:
+    else:
+        keys = []
+        while len(keys) < n:
+            k = [rng.randrange(lo, hi), rng.randrange(lo, hi)]
+            if keys and rng.random() < 0.5:
+                o = rng.choice(keys)
+                i = rng.randrange(2)
+                k[i] = o[i]
+            if k not in keys:
+                keys.append(k)
         vals = [[rng.randrange(lo, hi) for _ in range(rng.randint(1, 2))] for _ in keys]
     ids = [tok.id("<|im_start|>")]
     for k, v in zip(keys, vals):
