@@ -253,6 +253,10 @@ class World:
                 "name": self._name(lambda: self._syl(2).capitalize() + " " +
                                    self.rng.choice(COMPANY_KIND))}
 
+    def entity(self, etype):
+        """A fresh person or company."""
+        return self.person() if etype == "person" else self.company()
+
     def namesake(self, e):
         """A fresh entity of e's type whose name shares a part with e's (a person's first name
         or surname, a company's first word): told apart from e only by the whole name."""
@@ -266,7 +270,7 @@ class World:
         try:
             name = self._name(make)
         except RuntimeError:
-            return self.person() if e["type"] == "person" else self.company()
+            return self.entity(e["type"])
         return dict(e, name=name, facts=None) if e["type"] == "company" else \
             {"type": "person", "name": name, "he": self.rng.choice(("He", "She"))}
 
@@ -288,6 +292,11 @@ def company_facts(w, c):
     c["facts"] = {"city": w.city(), "product": r.choice(PRODUCTS),
                   "founded": str(r.randint(1850, 2015))}
     return c
+
+
+def with_facts(w, e):
+    """Entity e with the facts of its type drawn."""
+    return person_facts(w, e) if e["type"] == "person" else company_facts(w, e)
 
 
 def fact_sentence(tmpl, e, fact, subj):
@@ -364,8 +373,7 @@ def question(w, kind, max_docs=6, extra=0, hard=False):
     elif kind == "compare":
         etype = r.choice(("person", "company"))
         fact = "age" if etype == "person" else "founded"
-        make = (lambda: person_facts(w, w.person())) if etype == "person" else \
-            (lambda: company_facts(w, w.company()))
+        make = lambda: with_facts(w, w.entity(etype))  # noqa: E731
         x, y = make(), make()
         while x["facts"][fact] == y["facts"][fact]:
             y = make()
@@ -377,17 +385,15 @@ def question(w, kind, max_docs=6, extra=0, hard=False):
     else:
         etype = r.choice(("person", "person", "company"))
         fact = r.choice([k[2] for k in QUESTIONS if k[0] == "single" and k[1] == etype])
-        absent = w.person() if etype == "person" else w.company()
+        absent = w.entity(etype)
         q = pick(r, QUESTIONS[("single", etype, fact)], split)[0].format(a=absent["name"])
         a = "unknown"
         like = (absent, fact)
     while len(docs) < n_docs:
         if hard and like:
             e0, fact = like
-            e = w.namesake(e0) if r.random() < 0.5 else \
-                (w.person() if e0["type"] == "person" else w.company())
-            e = person_facts(w, e) if e["type"] == "person" else company_facts(w, e)
-            docs.append((e, [fact]))
+            e = w.namesake(e0) if r.random() < 0.5 else w.entity(e0["type"])
+            docs.append((with_facts(w, e), [fact]))
             continue
         e = person_facts(w, w.person()) if r.random() < 0.6 else company_facts(w, w.company())
         docs.append((e, []))
@@ -499,14 +505,10 @@ def binding_example(rng, split, extra=0):
     w = World(rng, split)
     etype = rng.choice(("person", "person", "company"))
     fact = rng.choice([k[2] for k in QUESTIONS if k[0] == "single" and k[1] == etype])
-    make = (lambda: person_facts(w, w.person())) if etype == "person" else \
-        (lambda: company_facts(w, w.company()))
-    ents = [make()]
+    ents = [with_facts(w, w.entity(etype))]
     for _ in range(rng.randint(2, 7)):
         e = w.namesake(rng.choice(ents)) if rng.random() < 0.5 else None
-        if e:
-            e = person_facts(w, e) if etype == "person" else company_facts(w, e)
-        ents.append(e or make())
+        ents.append(with_facts(w, e or w.entity(etype)))
     rows = PERSON_SENT if etype == "person" else COMPANY_SENT
     docs = []
     for e in ents:
