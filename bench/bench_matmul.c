@@ -4,7 +4,8 @@
  *     plain sgemm on f32 weights (both cores, each thread one sgemm on half the rows of x, as
  *     the forward pass did before); GFLOP/s and ratio.
  *   decode, n = 1..16: cg_matmul_decode over several layers' weights (more bytes than L3) and
- *     over lm_head vs a plain 2-thread read of the same bytes; GB/s of weight bytes and ratio.
+ *     over lm_head vs a plain 2-thread read of the same bytes (f32, bf16, f16, the int8-per-row
+ *     option, and the Q8_0 / Q4_0 blocks of --quant q8 / q4); GB/s of weight bytes and ratio.
  *   usage: bench_matmul [--reps N] [--layers L] [--isa generic|avx2|avx512] [--skip-prefill]
  *          [--skip-decode]
  * Re-execs itself with OMP_WAIT_POLICY=passive unless the variable is set (as the worker runs). */
@@ -262,13 +263,15 @@ typedef struct wset {
     cg_weight *w; /* count matrices inside one arena, as in an mmapped file */
     int count;
     void *arena;
-    float *scales; /* Q8: one per row of every matrix */
-    size_t bytes;
+    float *scales;     /* Q8: one per row of every matrix */
+    uint16_t *bscales; /* Q8_0 / Q4_0: the block scales of every matrix, in one arena too */
+    size_t bytes;      /* every byte a pass reads: values and block scales */
 } wset;
 
 static wset wset_layers(cg_dtype dt, int layers)
 {
-    wset s = {cg_malloc((size_t)layers * NPROJ * sizeof(cg_weight)), layers * NPROJ, NULL, NULL, 0};
+    wset s = {
+        cg_malloc((size_t)layers * NPROJ * sizeof(cg_weight)), layers * NPROJ, NULL, NULL, NULL, 0};
     const size_t es = cg_dtype_size(dt);
     size_t all_rows = 0;
     for (int p = 0; p < NPROJ; p++) {
@@ -297,10 +300,38 @@ static wset wset_layers(cg_dtype dt, int layers)
 
 static wset wset_lm_head(cg_dtype dt)
 {
-    wset s = {cg_malloc(sizeof(cg_weight)), 1, NULL, NULL, 0};
+    wset s = {cg_malloc(sizeof(cg_weight)), 1, NULL, NULL, NULL, 0};
     s.w[0] = weights_new(dt, VOCAB, HIDDEN, 4, &s.arena, &s.scales);
     s.bytes = (size_t)VOCAB * HIDDEN * cg_dtype_size(dt);
     return s;
+}
+
+/* The f16 set s quantised to Q8_0 or Q4_0 by the worker's cg_matmul_quantize (as --quant
+ * does at load): every matrix's values in one arena, every block scale in another. */
+static wset wset_quantised(wset s, cg_dtype to)
+{
+    size_t vbytes = 0, nscale = 0;
+    for (int i = 0; i < s.count; i++) {
+        size_t ns;
+        vbytes += cg_matmul_quant_bytes(to, s.w[i].rows, s.w[i].cols, &ns);
+        nscale += ns;
+    }
+    wset q = {cg_malloc((size_t)s.count * sizeof(cg_weight)),
+              s.count,
+              cg_malloc(vbytes),
+              NULL,
+              cg_malloc(nscale * sizeof(uint16_t)),
+              vbytes + nscale * sizeof(uint16_t)};
+    char *v = q.arena;
+    uint16_t *sc = q.bscales;
+    for (int i = 0; i < s.count; i++) {
+        size_t ns;
+        const size_t nb = cg_matmul_quant_bytes(to, s.w[i].rows, s.w[i].cols, &ns);
+        if (cg_matmul_quantize(&s.w[i], to, v, sc, &q.w[i]) != CG_OK) abort();
+        v += nb;
+        sc += ns;
+    }
+    return q;
 }
 
 static void wset_free(wset *s)
@@ -308,13 +339,20 @@ static void wset_free(wset *s)
     free(s->w);
     free(s->arena);
     free(s->scales);
+    free(s->bscales);
 }
 
 static void read_set(const wset *s)
 {
     for (int i = 0; i < s->count; i++) {
         const cg_weight *w = &s->w[i];
-        read_2threads(w->data, (size_t)w->rows * w->cols * cg_dtype_size(w->dtype));
+        size_t ns = 0;
+        if (w->bscale) {
+            read_2threads(w->data, cg_matmul_quant_bytes(w->dtype, w->rows, w->cols, &ns));
+            read_2threads(w->bscale, ns * sizeof(uint16_t));
+        } else {
+            read_2threads(w->data, (size_t)w->rows * w->cols * cg_dtype_size(w->dtype));
+        }
     }
 }
 
@@ -372,7 +410,8 @@ static void bench_decode(int reps, int layers)
     printf("\ndecode: GB/s of weight bytes (median time); ratio = read time / kernel time, same "
            "rep (median); read = mean GB/s of the plain 2-thread read; 8/1 = time(n=8) / "
            "time(n=1), same rep (median); ms n=1 = median time of one pass at n=1; q8 is the "
-           "int8 option\n");
+           "int8-per-row option, q8_0 / q4_0 the block types of --quant q8 / q4 (values and "
+           "block scales read)\n");
     printf("%-16s %7s | %6s | %11s | %11s | %11s | %11s | %11s | %5s | %7s\n", "weights", "MiB",
            "read", "n=1  ratio", "n=2  ratio", "n=4  ratio", "n=8  ratio", "n=16 ratio", "8/1",
            "ms n=1");
@@ -392,6 +431,21 @@ static void bench_decode(int reps, int layers)
         bench_decode_set(label, &s, reps, x, y);
         wset_free(&s);
     }
+    /* the block types of --quant q8 / q4, quantised from the f16 sets */
+    static const cg_dtype qdts[] = {CG_DTYPE_Q8_0, CG_DTYPE_Q4_0};
+    static const char *const qnames[] = {"q8_0", "q4_0"};
+    for (int lm = 0; lm < 2; lm++)
+        for (int d = 0; d < 2; d++) {
+            wset f = lm ? wset_lm_head(CG_DTYPE_F16) : wset_layers(CG_DTYPE_F16, layers);
+            wset s = wset_quantised(f, qdts[d]);
+            wset_free(&f);
+            if (lm)
+                snprintf(label, sizeof label, "%s lm_head", qnames[d]);
+            else
+                snprintf(label, sizeof label, "%s %d layers", qnames[d], layers);
+            bench_decode_set(label, &s, reps, x, y);
+            wset_free(&s);
+        }
     free(x);
     free(y);
 }
