@@ -16,8 +16,6 @@
 # create (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# libgomp's default spin-wait starves the OpenBLAS threads on small machines.
-export OMP_WAIT_POLICY=passive
 
 gw=${CG_GATEWAY:-http://127.0.0.1:8080}
 doc_bytes=${CG_DOC_BYTES:-2048}

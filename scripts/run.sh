@@ -11,8 +11,6 @@
 # CG_DATA (default ./data), CG_POOL_MB (default 256).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# libgomp's default spin-wait starves the OpenBLAS threads on small machines.
-export OMP_WAIT_POLICY=passive
 scripts/deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$(nproc)" --target chunkgate chunkgate-worker

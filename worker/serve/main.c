@@ -26,6 +26,9 @@
 #include "base/signals.h"
 
 #define ERRLEN 1024
+/* libgomp spins this many times (a pause instruction each: 0.2-0.5 ms) before a waiting
+ * thread sleeps; 10,000 to 200,000 decoded equally fast, 2,000 a sixth slower (bench/README.md) */
+#define CG_WORKER_SPINCOUNT "10000"
 
 typedef struct gen_cfg {
     char *out;
@@ -798,12 +801,17 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "generate-model")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve")) {
         int rc;
-        /* libgomp reads OMP_WAIT_POLICY when it loads, before main. Its default spin-wait
-         * keeps both cores busy after every parallel region and starves the OpenBLAS threads
-         * of the next matrix product (decode became several times slower), so the server
-         * restarts itself once with the passive policy unless the operator chose one. */
-        if (!getenv("OMP_WAIT_POLICY")) {
-            setenv("OMP_WAIT_POLICY", "passive", 1);
+        /* libgomp reads its wait policy when it loads, before main. A thread that finishes
+         * its share of a parallel region waits for the next one: spinning for good (libgomp's
+         * "active") starves the request and streaming threads on a small machine, sleeping at
+         * once ("passive") costs a futex wake-up per region, hundreds per decoded token (a
+         * fifth of a 0.5B model's decode time at 4-bit). So the server restarts itself once
+         * with a bounded spin (CG_WORKER_SPINCOUNT), then sleep: it covers the gaps between
+         * one token's regions (docs/worker.md, bench/README.md). An operator's own
+         * OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept as it is. */
+        if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
+            setenv("OMP_WAIT_POLICY", "active", 1);
+            setenv("GOMP_SPINCOUNT", CG_WORKER_SPINCOUNT, 1);
             execv("/proc/self/exe", argv);
             /* exec failed: go on with the default policy */
         }
