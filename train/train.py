@@ -333,7 +333,7 @@ def copy_row(tok, rng):
     return ids, [0] * len(ids), [(1 + n, len(ids))]
 
 
-def recall_row(tok, rng, gap, names=False):
+def recall_row(tok, rng, gap, names=False, fixed=False):
     """An associative recall sequence over random ordinary tokens: 3-8 facts `k1 k2 g.. = v.`,
     each a key of two tokens (half of them sharing one with an earlier key), 0..gap tokens of
     noise, `=` and a value of one or two tokens; then three queries `? k1 k2 =` whose values
@@ -341,7 +341,8 @@ def recall_row(tok, rng, gap, names=False):
     distance from its key: the look-up a RAG answer needs (the name asked for, then the value
     stated after it), without the language around it. Copying heads alone do not do it.
     With names set, the keys are people's names (half of them namesakes) and the values their
-    cities, as the documents spell them: the same look-up on the tokens of the RAG data."""
+    cities, as the documents spell them: the same look-up on the tokens of the RAG data.
+    With fixed set, every fact has exactly gap tokens of noise (train/recall_probe.py)."""
     dot, eq, ask = tok.encode(".")[0], tok.encode("=")[0], tok.encode("?")[0]
     lo, hi = 256, len(tok) - len(bpe.SPECIAL)
     n = rng.randint(3, 8)
@@ -365,7 +366,8 @@ def recall_row(tok, rng, gap, names=False):
         vals = [[rng.randrange(lo, hi) for _ in range(rng.randint(1, 2))] for _ in keys]
     ids = [tok.id("<|im_start|>")]
     for k, v in zip(keys, vals):
-        ids += k + [rng.randrange(lo, hi) for _ in range(rng.randint(0, gap))] + [eq] + v + [dot]
+        noise = gap if fixed else rng.randint(0, gap)
+        ids += k + [rng.randrange(lo, hi) for _ in range(noise)] + [eq] + v + [dot]
     spans = []
     for _ in range(3):
         i = rng.randrange(n)
@@ -460,10 +462,15 @@ def evaluate(model, tok, exs, block=None, batch=64):
 def evaluate_recall(model, tok, gap, n=100, names=False):
     """Exact match on the queries of n recall sequences (recall_row) with 0..gap noise tokens,
     by teacher forcing as evaluate() does."""
-    model.eval()
     rng = random.Random("recall-%d%s" % (gap, " names" if names else ""))
-    rows = [recall_row(tok, rng, gap, names) for _ in range(n)]
-    ids, m, _ = batch(rows, rng, 0, 0.0)
+    return span_accuracy(model, [recall_row(tok, rng, gap, names) for _ in range(n)])
+
+
+@torch.no_grad()
+def span_accuracy(model, rows):
+    """Exact match on the answer spans of rows (ids, segments, spans), by teacher forcing."""
+    model.eval()
+    ids, m, _ = batch(rows, random.Random(0), 0, 0.0)
     pred = model(ids, m).argmax(-1)
     right = total = 0
     for b, (_, _, spans) in enumerate(rows):

@@ -32,6 +32,7 @@ import test_worker_parity as P  # noqa: E402  (exits 77 with the reason without 
 import torch  # noqa: E402
 import bpe  # noqa: E402
 import hf_forward as H  # noqa: E402
+import recall_probe  # noqa: E402
 import train  # noqa: E402
 import world  # noqa: E402
 
@@ -180,9 +181,9 @@ def check_recall(d, tmp, errors):
     tok = bpe.load(os.path.join(d, "tokenizer.json"))
     dot, eq, ask = tok.encode(".")[0], tok.encode("=")[0], tok.encode("?")[0]
     rng = random.Random(5)
-    for gap in (0, 3):
+    for gap, fixed in ((0, False), (3, False), (2, True)):
         for _ in range(50):
-            ids, _, spans = train.recall_row(tok, rng, gap)
+            ids, _, spans = train.recall_row(tok, rng, gap, fixed=fixed)
             body = ids[1:ids.index(ask)]
             facts = {}
             start = 0
@@ -192,8 +193,10 @@ def check_recall(d, tmp, errors):
                     k = tuple(fact[:2])
                     if k in facts:
                         errors.append("recall: key %s stated twice" % (k,))
-                    if not 0 <= fact.index(eq) - 2 <= gap:
-                        errors.append("recall: %d noise tokens, gap %d" % (fact.index(eq) - 2, gap))
+                    noise = fact.index(eq) - 2
+                    if not (noise == gap if fixed else 0 <= noise <= gap):
+                        errors.append("recall: %d noise tokens, gap %d%s" %
+                                      (noise, gap, " (fixed)" if fixed else ""))
                     facts[k] = fact[fact.index(eq) + 1:]
                     start = i + 1
             for a0, a1 in spans:
@@ -201,6 +204,16 @@ def check_recall(d, tmp, errors):
                 if ids[a0 - 4] != ask or ids[a0 - 1] != eq or facts.get(key) != ids[a0:a1 - 1]:
                     errors.append("recall: the query %s is not answered by its fact" % (key,))
                     return
+    # the probe's gather sequences ask for each fact's own key after its `=`
+    for _ in range(50):
+        ids, _, spans = recall_probe.gather_row(tok, rng, 3)
+        for a0, a1 in spans:
+            start = max(i for i in range(a0) if ids[i] in (dot, tok.id("<|im_start|>"))) + 1
+            if ids[a0 - 1] != eq or ids[a0:a1] != ids[start:start + 2]:
+                errors.append("recall_probe: a gather answer is not its fact's key")
+                return
+    recall_probe.main(["--init", d, "--steps", "2", "--batch", "2", "--grow", "1",
+                       "--gather", "0.5"])
     out = os.path.join(tmp, "recall")
     train.main(["--init", d, "--out", out, "--steps", "4", "--batch", "2", "--recall-steps", "2",
                 "--recall", "0.5", "--eval-n", "1", "--eval-every", "1000", "--threads", "1"])
