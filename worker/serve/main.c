@@ -27,7 +27,7 @@
 
 #define ERRLEN 1024
 /* libgomp spins this many times (a pause instruction each: 0.2-0.5 ms) before a waiting
- * thread sleeps; 10,000 to 200,000 decoded equally fast, 2,000 a sixth slower (bench/README.md) */
+ * thread sleeps; 10,000 to 200,000 decoded equally fast, 2,000 10-15% slower (bench/README.md) */
 #define CG_WORKER_SPINCOUNT "10000"
 
 typedef struct gen_cfg {
