@@ -17,7 +17,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bpe  # noqa: E402
@@ -62,10 +61,7 @@ def main(argv=None):
             "recall %d" % a.gap: [train.recall_row(tok, er, a.gap, fixed=a.fixed)
                                   for _ in range(100)],
             "gather %d" % a.gap: [gather_row(tok, er, a.gap) for _ in range(100)]}
-    decay = [p for p in model.parameters() if p.dim() == 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
-                             {"params": rest, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.98))
+    opt = train.new_optimizer(model, a.lr)
     rng = random.Random(a.seed)
     t0 = time.time()
     for step in range(1, a.steps + 1):
@@ -74,15 +70,8 @@ def main(argv=None):
         rows = [gather_row(tok, rng, a.gap) if rng.random() < a.gather else
                 train.recall_row(tok, rng, a.gap, fixed=a.fixed) for _ in range(a.batch)]
         ids, m, w = train.batch(rows, rng, 0, 0.25)
-        logits = model(ids[:, :-1], m[:, :-1, :-1])
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                             reduction="none")
-        wt = w[:, :-1].reshape(-1)
-        loss = (ce * wt).sum() / wt.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss, _ = train.batch_losses(model(ids[:, :-1], m[:, :-1, :-1]), ids, w)
+        train.take_step(model, opt, loss)
         if step % 100 == 0 or step == a.steps:
             accs = " ".join("%s %.3f" % (k, train.span_accuracy(model, rows))
                             for k, rows in held.items())

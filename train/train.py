@@ -428,6 +428,34 @@ def batch(rows, rng, block_frac, ctx_w):
     return ids, torch.stack(ms), w
 
 
+# ---- optimisation ----
+
+def new_optimizer(model, lr):
+    """AdamW with weight decay on the weight matrices only (not on the norms' gains)."""
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
+                              {"params": rest, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.98), eps=1e-8)
+
+
+def batch_losses(logits, ids, w):
+    """From the logits of ids[:, :-1]: the batch's loss weighted by w (batch()'s weights:
+    answer tokens 1, the rest the context weight) and the mean loss of its answer tokens."""
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                         reduction="none")
+    wt = w[:, :-1].reshape(-1)
+    return (ce * wt).sum() / wt.sum(), (ce * (wt == 1.0)).sum() / (wt == 1.0).sum()
+
+
+def take_step(model, opt, loss):
+    """One optimizer step on loss, the gradient's norm clipped to 1."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 # ---- evaluation ----
 
 @torch.no_grad()
@@ -723,11 +751,7 @@ def main(argv=None):
                            num_hidden_layers=args.layers, num_attention_heads=args.heads,
                            num_key_value_heads=args.kv_heads, intermediate_size=args.mlp,
                            rope_theta=args.rope_theta))
-    decay = [p for p in model.parameters() if p.dim() == 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
-                             {"params": rest, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.98), eps=1e-8)
+    opt = new_optimizer(model, args.lr)
     probe = world.eval_set(args.seed, 25)
     log = {"args": vars(args), "config": {k: model.c[k] for k in CONFIG}, "loss": [], "probe": []}
     run = 0.0
@@ -785,15 +809,8 @@ def main(argv=None):
         fp32 = copying or recalling
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 and not fp32):
             logits = model(ids[:, :-1], m[:, :-1, :-1])
-        ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                             reduction="none")
-        wt = w[:, :-1].reshape(-1)
-        loss = (ce * wt).sum() / wt.sum()
-        ans = (ce * (wt == 1.0)).sum() / (wt == 1.0).sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss, ans = batch_losses(logits, ids, w)
+        take_step(model, opt, loss)
         run = 0.98 * run + 0.02 * float(ans) if step > 1 else float(ans)
         if step % 20 == 0 or step == args.steps:
             log["loss"].append([step, round(float(loss), 4), round(float(ans), 4)])
