@@ -169,7 +169,7 @@ class Llama(torch.nn.Module):
     def forward(self, ids, mask):
         """ids [B, T]; mask [B, T, T] bool (True: may attend). Logits [B, T, V]."""
         B, T = ids.shape
-        pos = torch.arange(T)
+        pos = torch.arange(T, device=ids.device)
         h = self.embed(ids)
         g = self.nh // self.nkv
         m = mask[:, None]
@@ -210,7 +210,7 @@ class Llama(torch.nn.Module):
 
 def bf16_bytes(t):
     """Round-to-nearest-even bf16 of a float32 tensor, as raw little-endian bytes."""
-    i = t.detach().float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    i = t.detach().float().cpu().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     r = (i + 0x7FFF + ((i >> 16) & 1)) >> 16
     return r.to(torch.int32).to(torch.int16).numpy().astype("<i2").tobytes()
 
@@ -477,7 +477,7 @@ def evaluate(model, tok, exs, block=None, batch=64):
         for i, (ids, _, _) in enumerate(rows):
             x[i, :len(ids)] = torch.tensor(ids)
         m = torch.stack([masks(seg, T, block) for _, seg, _ in rows])
-        pred = model(x, m).argmax(-1)
+        pred = model(x.to(model.cos.device), m.to(model.cos.device)).argmax(-1).cpu()
         for ex, (ids, _, plen), p in zip(part, rows, pred):
             ok = bool((p[plen - 1:len(ids) - 1] == x[0].new_tensor(ids[plen:])).all())
             right[ex["kind"]][0] += ok
@@ -499,7 +499,7 @@ def span_accuracy(model, rows):
     """Exact match on the answer spans of rows (ids, segments, spans), by teacher forcing."""
     model.eval()
     ids, m, _ = batch(rows, random.Random(0), 0, 0.0)
-    pred = model(ids, m).argmax(-1)
+    pred = model(ids.to(model.cos.device), m.to(model.cos.device)).argmax(-1).cpu()
     right = total = 0
     for b, (_, _, spans) in enumerate(rows):
         for a0, a1 in spans:
@@ -712,6 +712,13 @@ def parser():
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-n", type=int, default=200, help="held-out questions per kind, at the end")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu",
+                    help="where to train: cpu (the committed checkpoints), or cuda to try settings "
+                         "fast; a run on a GPU is not bit-identical to the same run on the CPU")
+    ap.add_argument("--seconds", type=float, default=0.0,
+                    help="a time budget: the run ends after --steps or after this many seconds, "
+                         "whichever comes first, and the schedule and curriculum follow the "
+                         "larger share done; 0: none (the committed runs)")
     ap.add_argument("--card", action="store_true",
                     help="only rewrite the model card of --out from its train_log.json")
     return ap
@@ -726,6 +733,7 @@ def main(argv=None):
         return
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    dev = torch.device(args.device)
     rng = random.Random(args.seed)
     t0 = time.time()
     if args.init:
@@ -751,6 +759,7 @@ def main(argv=None):
                            num_hidden_layers=args.layers, num_attention_heads=args.heads,
                            num_key_value_heads=args.kv_heads, intermediate_size=args.mlp,
                            rope_theta=args.rope_theta))
+    model.to(dev)
     opt = new_optimizer(model, args.lr)
     probe = world.eval_set(args.seed, 25)
     log = {"args": vars(args), "config": {k: model.c[k] for k in CONFIG}, "loss": [], "probe": []}
@@ -759,7 +768,11 @@ def main(argv=None):
     # the curriculum: prompts of 1 document at first, 6 from --curriculum of the run on
     # (counted from the end of the copying stage)
     rag0 = 0
-    docs_at = lambda: min(6, 1 + int(5 * (step - rag0) / max(1, args.curriculum * args.steps)))  # noqa: E731
+    # how far the run is, in steps: the step, or under --seconds the share of the time spent
+    # in steps where that is further along
+    at = lambda: (max(step, (time.time() - t0) / args.seconds * args.steps)  # noqa: E731
+                  if args.seconds else step)
+    docs_at = lambda: min(6, 1 + int(5 * (at() - rag0) / max(1, args.curriculum * args.steps)))  # noqa: E731
     # copying sequences: a third of the batches early in the run, then one in ten
     # first a stage of copying sequences alone (twice the rows: they are short), until the
     # loss of the repeat averages under 1 nat or --copy-steps pass
@@ -780,20 +793,22 @@ def main(argv=None):
                    hard=args.hard, bind=args.bind, recall=args.recall, gap_at=gap_at,
                    recall_names=args.recall_names)
     for step in range(1, args.steps + 1):
-        lr = args.lr * min(1.0, step / args.warmup) * lr_shape(args, step)
+        if at() > args.steps:
+            break
+        lr = args.lr * min(1.0, step / args.warmup) * lr_shape(args, at())
         for g in opt.param_groups:
             g["lr"] = lr
         if copying and (step > args.copy_steps or (step > 50 and run < 1.0)):
             copying = False
-            rag0 = step - 1
-            log["copy_stage_steps"] = rag0
+            rag0 = at() - 1
+            log["copy_stage_steps"] = step - 1
             print("copy stage done after %d steps" % (step - 1), flush=True)
         if recalling and not copying:
             if recall0 is None:
                 recall0 = step - 1
             elif step > recall0 + args.recall_steps:
                 recalling = False
-                rag0 = step - 1
+                rag0 = at() - 1
                 log["recall_stage"] = {"steps": args.recall_steps,
                                        "gap 0": evaluate_recall(model, tok, 0),
                                        "gap %d" % args.recall_gap:
@@ -802,12 +817,13 @@ def main(argv=None):
                     log["recall_stage"]["names, gap %d" % args.recall_gap] = \
                         evaluate_recall(model, tok, args.recall_gap, names=True)
                 print("recall stage done:", json.dumps(log["recall_stage"]), flush=True)
-        ids, m, w = next(copy_feed if copying else recall_feed if recalling else feed)
+        ids, m, w = (t.to(dev) for t in next(copy_feed if copying else recall_feed if recalling
+                                             else feed))
         # the copying and recall stages stay in float32: a copying stage in bfloat16 (hidden
         # 256) did not leave its plateau in 1,680 steps, where float32 runs leave it after
         # about 1,050 (train/README.md); they are short sequences, cheap either way
         fp32 = copying or recalling
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16 and not fp32):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=args.bf16 and not fp32):
             logits = model(ids[:, :-1], m[:, :-1, :-1])
         loss, ans = batch_losses(logits, ids, w)
         take_step(model, opt, loss)
