@@ -13,6 +13,7 @@
 #include "tests/harness/harness.h"
 #include "base/base.h"
 #include "worker/model/matmul.h"
+#include "worker/model/matmul_impl.h"
 #include "worker/model/safetensors.h"
 
 /* the three checkpoint dtypes, then the int8 option */
@@ -680,11 +681,20 @@ static const int qshapes[][3] = {{1, 64, 1},    {3, 64, 2},   {5, 128, 3},  {4, 
                                  {130, 512, 1}, {8, 4864, 2}, {16, 64, 1},  {48, 896, 33},
                                  {32, 4864, 64}};
 
-/* The prefill bound of a block-quantised product in a variant: f32 summation, and in amx each
- * of x and the dequantised weight rounded once to bf16 (relative 2^-9 each). */
+/* Whether variant isa's prefill of block-quantised weights runs on bf16 tiles: amx, and
+ * avx512vnni on a CPU with AVX512-BF16 (matmul_bf16.c). */
+static int qprefill_tiled(cg_matmul_isa isa)
+{
+    return isa == CG_MATMUL_ISA_AMX || (isa == CG_MATMUL_ISA_AVX512VNNI && cg_bf16_supported());
+}
+
+/* The prefill bound of a block-quantised product in a variant: f32 summation, in amx each of x
+ * and the dequantised weight rounded once to bf16 (relative 2^-9 each), with AVX512-BF16 x
+ * alone (the weights' integers are exact in bf16). */
 static double qprefill_bound(cg_matmul_isa isa, int cols, double mag)
 {
-    return bound(cols, 1, mag) + (isa == CG_MATMUL_ISA_AMX ? 0x1.02p-8 * mag : 0);
+    const double round = isa == CG_MATMUL_ISA_AMX ? 0x1.02p-8 : qprefill_tiled(isa) ? 0x1p-9 : 0;
+    return bound(cols, 1, mag) + round * mag;
 }
 
 /* y, the prefill product of variant isa, against x times the dequantised weights summed in f64 */
@@ -752,16 +762,13 @@ START_TEST(test_qkernels_exact)
 }
 END_TEST
 
-/* The amx variant's prefill: a row's bits do not depend on n, on its position, nor on the
- * thread count (each output is one chain of tile products); x rows past a multiple of 32 and
- * a last single 16-row tile of W are written, and nothing else is. */
-START_TEST(test_qprefill_amx)
+/* The tiled prefills (amx; AVX512-BF16 under avx512vnni): a row's bits do not depend on n, on
+ * its position, nor on the thread count (each output is one chain of tile products); x rows
+ * past a multiple of the tile and a last single 16-row group of W are written, and nothing
+ * else is. */
+static void check_qprefill_tiled(cg_matmul_isa isa)
 {
-    if (!cg_matmul_isa_supported(CG_MATMUL_ISA_AMX)) {
-        printf("test_matmul: no AMX on this CPU: the amx prefill is not run\n");
-        return;
-    }
-    static const int ashapes[][3] = {{16, 64, 1}, {48, 896, 70}, {144, 4864, 33}};
+    static const int ashapes[][3] = {{16, 64, 1}, {48, 896, 70}, {144, 4864, 33}, {80, 192, 7}};
     const int threads = omp_get_max_threads();
     for (int d = 0; d < 2; d++)
         for (size_t s = 0; s < CG_ARRAY_LEN(ashapes); s++) {
@@ -772,11 +779,11 @@ START_TEST(test_qprefill_amx)
             const size_t ny = (size_t)n * rows;
             float *all = cg_malloc((ny + rows) * sizeof(float));
             float *part = cg_malloc((ny + rows) * sizeof(float));
-            use_isa(CG_MATMUL_ISA_AMX);
+            use_isa(isa);
             all[ny] = part[ny] = 7; /* past the end: untouched */
             cg_matmul_prefill(&m.w, x, n, all, scratch);
             ck_assert(all[ny] == 7);
-            check_qprefill(&m.w, x, n, all, CG_MATMUL_ISA_AMX);
+            check_qprefill(&m.w, x, n, all, isa);
             static const int ns[] = {1, 2, 17, 33};
             for (size_t ni = 0; ni < CG_ARRAY_LEN(ns); ni++) {
                 const int k = CG_MIN(ns[ni], n), off = n - k; /* the last k rows, at the front */
@@ -792,6 +799,25 @@ START_TEST(test_qprefill_amx)
             free(raw);
             qmat_free(&m);
         }
+}
+
+START_TEST(test_qprefill_amx)
+{
+    if (!cg_matmul_isa_supported(CG_MATMUL_ISA_AMX)) {
+        printf("test_matmul: no AMX on this CPU: the amx prefill is not run\n");
+        return;
+    }
+    check_qprefill_tiled(CG_MATMUL_ISA_AMX);
+}
+END_TEST
+
+START_TEST(test_qprefill_bf16)
+{
+    if (!cg_matmul_isa_supported(CG_MATMUL_ISA_AVX512VNNI) || !cg_bf16_supported()) {
+        printf("test_matmul: no AVX512-BF16 on this CPU: the bf16 prefill is not run\n");
+        return;
+    }
+    check_qprefill_tiled(CG_MATMUL_ISA_AVX512VNNI);
 }
 END_TEST
 
@@ -909,12 +935,13 @@ int main(void)
 {
     Suite *s = suite_create("matmul");
     tcase_add_checked_fixture(th_case(s, "isa env", 0, TH_TESTS(test_isa_choice)), setup, teardown);
-    TCase *tc = th_case(
-        s, "core", 300,
-        TH_TESTS(test_against_f64, test_exact_integers, test_decode_batch_invariant, test_unaligned,
-                 test_widen_all_values, test_widen_q8, test_quantize_q8, test_prefill_deterministic,
-                 test_empty_and_zero_cols, test_qkernels_exact, test_qkernels_close_to_f32,
-                 test_qdecode_batch_invariant, test_qprefill_amx, test_quantize_blocks));
+    TCase *tc =
+        th_case(s, "core", 300,
+                TH_TESTS(test_against_f64, test_exact_integers, test_decode_batch_invariant,
+                         test_unaligned, test_widen_all_values, test_widen_q8, test_quantize_q8,
+                         test_prefill_deterministic, test_empty_and_zero_cols, test_qkernels_exact,
+                         test_qkernels_close_to_f32, test_qdecode_batch_invariant,
+                         test_qprefill_amx, test_qprefill_bf16, test_quantize_blocks));
     tcase_add_checked_fixture(tc, setup, teardown);
     return th_run(s, CK_FORK_GETENV);
 }

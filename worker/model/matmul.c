@@ -521,6 +521,26 @@ static void prefill_amx(const cg_weight *w, const float *x, int n, float *y, cg_
     }
 }
 
+/* The avx512vnni variant's prefill of a block-quantised w on a CPU with AVX512-BF16 (and no
+ * AMX): x rounded once to bf16 by all threads, then the weight rows split between them at
+ * multiples of 16. */
+static void prefill_bf16(const cg_weight *w, const float *x, int n, float *y, cg_matmul_scratch *s)
+{
+    const size_t rows = (size_t)w->rows, cols = (size_t)w->cols, units = rows / 16;
+    uint16_t *xb =
+        scratch_grow(&s->xp, &s->xp_cap, cg_bf16_x_elems(n, (int)cols), sizeof(uint16_t));
+    const size_t sfloats = cg_bf16_scratch_bytes((int)cols) / sizeof(float) + 1;
+    const int par = (size_t)n * rows * cols >= PAR_MACS;
+#pragma omp parallel if (par) num_threads(thread_cap())
+    {
+        const size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+        cg_bf16_pack_x(x, (int)cols, xb, (size_t)n * t / nt, (size_t)n * (t + 1) / nt);
+#pragma omp barrier
+        const size_t a = units * t / nt * 16, b = units * (t + 1) / nt * 16;
+        if (b > a) cg_bf16_rows(w, xb, n, y, a, b, scratch_get(s, (int)t, sfloats));
+    }
+}
+
 void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_matmul_scratch *s)
 {
     check_weight(w);
@@ -530,11 +550,18 @@ void cg_matmul_prefill(const cg_weight *w, const float *x, int n, float *y, cg_m
         memset(y, 0, (size_t)n * rows * sizeof(float));
         return;
     }
-    if ((w->dtype == CG_DTYPE_Q8_0 || w->dtype == CG_DTYPE_Q4_0) && rows % 16 == 0 &&
-        cg_matmul_isa_active() == CG_MATMUL_ISA_AMX) {
-        assert(s);
-        prefill_amx(w, x, n, y, s);
-        return;
+    if ((w->dtype == CG_DTYPE_Q8_0 || w->dtype == CG_DTYPE_Q4_0) && rows % 16 == 0) {
+        const cg_matmul_isa isa = cg_matmul_isa_active();
+        if (isa == CG_MATMUL_ISA_AMX) {
+            assert(s);
+            prefill_amx(w, x, n, y, s);
+            return;
+        }
+        if (isa == CG_MATMUL_ISA_AVX512VNNI && cg_bf16_supported()) {
+            assert(s);
+            prefill_bf16(w, x, n, y, s);
+            return;
+        }
     }
     const isa_ops *ops = active_ops();
     const int par = (size_t)n * rows * cols >= PAR_MACS;

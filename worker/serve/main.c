@@ -136,7 +136,7 @@ static const cg_cfg_opt serve_opts[] = {
              "weights in memory: none (the checkpoint's f32/f16/bf16, mapped), q8 (int8 blocks of "
              "32 with an f16 scale, llama.cpp Q8_0's class) or q4 (4-bit blocks of 32, Q4_0's "
              "class), quantised at load; decode steps use int8 activations per block of 32, "
-             "prompt pieces over 64 rows f32 ones (bf16 on AMX)"),
+             "prompt pieces over 64 rows f32 ones (bf16 with AMX or AVX512-BF16)"),
     OPT("listen", "CHUNKGATE_WORKER_LISTEN", CG_CFG_STR, listen, "127.0.0.1:8090", 0, 0,
         "HOST:PORT to listen on; port 0 picks a free port (logged)"),
     OPT("api-key", "CHUNKGATE_WORKER_API_KEY", CG_CFG_STR, api_key, "", 0, 0,
