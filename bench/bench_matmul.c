@@ -1,8 +1,10 @@
 /* Weight-product throughput (worker/model/matmul.c) at the Qwen2.5-0.5B shapes, as ratios to
  * baselines measured in the same run:
- *   prefill, n = 512 rows per projection: cg_matmul_prefill on f32, bf16 and f16 weights vs
- *     plain sgemm on f32 weights (both cores, each thread one sgemm on half the rows of x, as
- *     the forward pass did before); GFLOP/s and ratio.
+ *   prefill, n = 512 rows per projection: cg_matmul_prefill on f32, bf16 and f16 weights, the
+ *     int8-per-row option and the Q8_0 / Q4_0 blocks of --quant q8 / q4 vs plain sgemm on f32
+ *     weights (both cores, each thread one sgemm on half the rows of x, as the forward pass did
+ *     before); GFLOP/s and ratio. The blocks run twice: in the active variant (amx or
+ *     AVX512-BF16 tiles where the CPU has them) and in avx512 (widened to f32 for sgemm).
  *   decode, n = 1..16: cg_matmul_decode over several layers' weights (more bytes than L3) and
  *     over lm_head vs a plain 2-thread read of the same bytes (f32, bf16, f16, the int8-per-row
  *     option, and the Q8_0 / Q4_0 blocks of --quant q8 / q4); GB/s of weight bytes and ratio.
@@ -185,15 +187,26 @@ static cg_weight weights_new(cg_dtype dt, int rows, int cols, uint64_t seed, voi
                        .scale = dt == CG_DTYPE_Q8 ? *scales : NULL};
 }
 
+/* The prefill's block-quantised columns: Q8_0 and Q4_0, in the active variant, then in avx512
+ * (the weights widened to f32 panels for sgemm) where the active one is above it. */
+#define NQP 4
+static const char *const qp_names[NQP] = {"q8_0", "q4_0", "q8_0 sg", "q4_0 sg"};
+
 static void bench_prefill(int reps, cg_matmul_scratch *scr)
 {
-    enum { NV = NDT + 1 }; /* v = 0: the sgemm baseline, v = 1 + d: cg_matmul_prefill on dts[d] */
+    /* v = 0: the sgemm baseline, v = 1 + d: cg_matmul_prefill on dts[d], then the NQP blocks */
+    enum { NV = NDT + 1 + NQP };
+    const cg_matmul_isa active = cg_matmul_isa_active();
+    const cg_matmul_isa widen = CG_MIN(active, CG_MATMUL_ISA_AVX512);
     printf("\nprefill: n = %d rows per product; GFLOP/s = 2*n*rows*cols / median time; ratio = "
-           "sgemm time / time, same rep (median); q8 is the int8 option\n",
-           PREFILL_N);
+           "sgemm time / time, same rep (median); q8 is the int8 option; q8_0 / q4_0 the blocks "
+           "of --quant q8 / q4 in %s, 'sg' in %s\n",
+           PREFILL_N, cg_matmul_isa_name(active), cg_matmul_isa_name(widen));
     printf("%-10s %5s %5s | %8s |", "projection", "out", "in", "sgemm");
     for (int d = 0; d < NDT; d++)
         printf(" %8s %5s |", dt_names[d], "ratio");
+    for (int d = 0; d < NQP; d++)
+        printf(" %8s %5s |", qp_names[d], "ratio");
     printf("\n");
     float *x = cg_malloc((size_t)PREFILL_N * INTER * sizeof(float));
     float *y = cg_malloc((size_t)PREFILL_N * INTER * sizeof(float));
@@ -207,6 +220,17 @@ static void bench_prefill(int reps, cg_matmul_scratch *scr)
         cg_weight cw[NDT];
         for (int d = 0; d < NDT; d++)
             cw[d] = weights_new(dts[d], pr->rows, pr->cols, 10 + (uint64_t)p, &w[d], &sc[d]);
+        /* the blocks, quantised from the f16 weights as --quant does at load */
+        static const cg_dtype qdt[2] = {CG_DTYPE_Q8_0, CG_DTYPE_Q4_0};
+        cg_weight qw[2];
+        void *qv[2];
+        uint16_t *qs[2];
+        for (int d = 0; d < 2; d++) {
+            size_t ns;
+            qv[d] = cg_malloc(cg_matmul_quant_bytes(qdt[d], pr->rows, pr->cols, &ns));
+            qs[d] = cg_malloc(ns * sizeof(uint16_t));
+            if (cg_matmul_quantize(&cw[2], qdt[d], qv[d], qs[d], &qw[d]) != CG_OK) abort();
+        }
         /* each rep times the baseline and the variants back to back; a variant's ratio is the
          * median over reps of baseline time / variant time within one rep */
         double *t[NV], *q[NV];
@@ -220,12 +244,17 @@ static void bench_prefill(int reps, cg_matmul_scratch *scr)
         for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
             for (int v = 0; v < NV; v++) {
                 double t0 = now_s();
+                const int qi = v - 1 - NDT; /* >= 0: a block column */
+                if (qi >= 2 && cg_matmul_set_isa(widen) != CG_OK) abort();
                 for (int i = 0; i < inner; i++) {
                     if (v == 0)
                         sgemm_baseline(x, PREFILL_N, w[0], pr->rows, pr->cols, y);
+                    else if (qi >= 0)
+                        cg_matmul_prefill(&qw[qi % 2], x, PREFILL_N, y, scr);
                     else
                         cg_matmul_prefill(&cw[v - 1], x, PREFILL_N, y, scr);
                 }
+                if (qi >= 2 && cg_matmul_set_isa(active) != CG_OK) abort();
                 if (r >= 0) t[v][r] = (now_s() - t0) / inner;
             }
             if (r >= 0)
@@ -247,6 +276,10 @@ static void bench_prefill(int reps, cg_matmul_scratch *scr)
         for (int d = 0; d < NDT; d++) {
             free(w[d]);
             free(sc[d]);
+        }
+        for (int d = 0; d < 2; d++) {
+            free(qv[d]);
+            free(qs[d]);
         }
     }
     printf("%-22s | %8s |", "whole layer", "");
