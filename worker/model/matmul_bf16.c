@@ -114,24 +114,25 @@ T_BF16 static void load_panel(const cg_weight *w, size_t r, int groups, uint16_t
         }
 }
 
+T_BF16 static inline __attribute__((always_inline)) void zero(__m512 v[XTILE][2])
+{
+#pragma GCC unroll 4
+    for (int b = 0; b < XTILE; b++)
+#pragma GCC unroll 2
+        for (int g = 0; g < 2; g++)
+            v[b][g] = _mm512_setzero_ps();
+}
+
 /* The panel's 16 * G weight rows against the nb rows xr of x (bf16), into yo[b][0 .. 16 * G). */
 T_BF16 static inline __attribute__((always_inline)) void tile(const uint16_t *pw, const float *ds,
                                                               int G, const uint16_t *const *xr,
                                                               int nb, size_t nblk, float *const *yo)
 {
     __m512 acc[XTILE][2];
-#pragma GCC unroll 4
-    for (int b = 0; b < XTILE; b++)
-#pragma GCC unroll 2
-        for (int g = 0; g < 2; g++)
-            acc[b][g] = _mm512_setzero_ps();
+    zero(acc);
     for (size_t k = 0; k < nblk; k++) {
         __m512 s[XTILE][2];
-#pragma GCC unroll 4
-        for (int b = 0; b < XTILE; b++)
-#pragma GCC unroll 2
-            for (int g = 0; g < 2; g++)
-                s[b][g] = _mm512_setzero_ps();
+        zero(s);
         const uint16_t *pk = pw + k * PAIRS * (size_t)G * 32;
 #pragma GCC unroll 16
         for (int p = 0; p < PAIRS; p++) {
