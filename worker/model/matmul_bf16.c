@@ -69,45 +69,51 @@ size_t cg_bf16_scratch_bytes(int cols)
     return nblk * PAIRS * LINE * (PANEL / 16) + nblk * PANEL * sizeof(float);
 }
 
-/* The integers of row `row`'s block k, 32 of them, as floats. */
-static void block_ints(const cg_weight *w, size_t row, size_t k, float q[QK])
+/* The 32 values of row `row`'s block k as bf16, in column order (32-bit unit p: columns 2p and
+ * 2p + 1): small integers, so the conversion through f32 is exact. */
+T_BF16 static inline __m512i block_bf16(const cg_weight *w, size_t row, size_t k)
 {
     const size_t cols = (size_t)w->cols;
+    __m512i lo, hi;
     if (w->dtype == CG_DTYPE_Q8_0) {
         const int8_t *s = (const int8_t *)w->data + row * cols + k * QK;
-        for (int i = 0; i < QK; i++)
-            q[i] = s[i];
+        lo = _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)s));
+        hi = _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(s + 16)));
     } else {
         /* per 64 columns, 32 bytes: low nibbles the even block, high nibbles the odd one */
         const uint8_t *s = (const uint8_t *)w->data + row * (cols / 2) + k / 2 * QK;
-        const int shift = (int)(k & 1) * 4;
-        for (int i = 0; i < QK; i++)
-            q[i] = (float)(((s[i] >> shift) & 15) - 8);
+        const __m512i eight = _mm512_set1_epi32(8), mask = _mm512_set1_epi32(15);
+        const int odd = (int)(k & 1);
+        lo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)s));
+        hi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const void *)(s + 16)));
+        if (odd) {
+            lo = _mm512_srli_epi32(lo, 4);
+            hi = _mm512_srli_epi32(hi, 4);
+        }
+        lo = _mm512_sub_epi32(_mm512_and_si512(lo, mask), eight);
+        hi = _mm512_sub_epi32(_mm512_and_si512(hi, mask), eight);
     }
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(hi), _mm512_cvtepi32_ps(lo));
 }
 
 /* Weight rows [r, r + 16 * groups) into the panel: pw[((k * PAIRS + p) * groups + g) * 32 +
  * 2 * lane + e] holds column 2p + e of block k of row r + 16 g + lane, as bf16 (exact); ds[(k *
- * groups + g) * 16 + lane] that block's scale. */
+ * groups + g) * 16 + lane] that block's scale. A block's 16 column pairs are scattered to their
+ * lines as 32-bit units. */
 T_BF16 static void load_panel(const cg_weight *w, size_t r, int groups, uint16_t *pw, float *ds)
 {
     const size_t nblk = (size_t)w->cols / QK;
-    float q[QK];
+    const __m512i line =
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                           _mm512_set1_epi32(16 * groups));
+    uint32_t *pu = (uint32_t *)(void *)pw;
     for (int g = 0; g < groups; g++)
         for (int lane = 0; lane < 16; lane++) {
             const size_t row = r + (size_t)g * 16 + (size_t)lane;
             for (size_t k = 0; k < nblk; k++) {
-                block_ints(w, row, k, q);
-                for (int p = 0; p < PAIRS; p++) {
-                    uint16_t *o = pw + ((k * PAIRS + (size_t)p) * (size_t)groups + (size_t)g) * 32 +
-                                  2 * (size_t)lane;
-                    /* small integers: the top half of the f32 is the exact bf16 */
-                    uint32_t b0, b1;
-                    memcpy(&b0, &q[2 * p], 4);
-                    memcpy(&b1, &q[2 * p + 1], 4);
-                    o[0] = (uint16_t)(b0 >> 16);
-                    o[1] = (uint16_t)(b1 >> 16);
-                }
+                _mm512_i32scatter_epi32(pu + (k * PAIRS * (size_t)groups + (size_t)g) * 16 +
+                                            (size_t)lane,
+                                        line, block_bf16(w, row, k), 4);
                 ds[(k * (size_t)groups + (size_t)g) * 16 + (size_t)lane] =
                     _cvtsh_ss(w->bscale[row * nblk + k]);
             }
