@@ -46,6 +46,9 @@ static const proj projs[] = {{"q_proj", QDIM, HIDDEN},     {"k_proj", KVDIM, HID
 #define NDT 4
 static const cg_dtype dts[NDT] = {CG_DTYPE_F32, CG_DTYPE_BF16, CG_DTYPE_F16, CG_DTYPE_Q8};
 static const char *const dt_names[NDT] = {"f32", "bf16", "f16", "q8"};
+/* the block types of --quant q8 / q4, quantised from the f16 weights as the worker does at load */
+static const cg_dtype qdts[2] = {CG_DTYPE_Q8_0, CG_DTYPE_Q4_0};
+static const char *const qnames[2] = {"q8_0", "q4_0"};
 
 static double now_s(void)
 {
@@ -168,7 +171,7 @@ static void read_2threads(const void *p, size_t bytes)
     sink = r;
 }
 
-/* ---- prefill ---- */
+/* ---- weights ---- */
 
 /* One matrix of dtype dt (in *arena, Q8 scales in *scales; caller frees both). */
 static cg_weight weights_new(cg_dtype dt, int rows, int cols, uint64_t seed, void **arena,
@@ -187,10 +190,56 @@ static cg_weight weights_new(cg_dtype dt, int rows, int cols, uint64_t seed, voi
                        .scale = dt == CG_DTYPE_Q8 ? *scales : NULL};
 }
 
-/* The prefill's block-quantised columns: Q8_0 and Q4_0, in the active variant, then in avx512
- * (the weights widened to f32 panels for sgemm) where the active one is above it. */
+typedef struct wset {
+    cg_weight *w; /* count matrices inside one arena, as in an mmapped file */
+    int count;
+    void *arena;
+    float *scales;     /* Q8: one per row of every matrix */
+    uint16_t *bscales; /* Q8_0 / Q4_0: the block scales of every matrix, in one arena too */
+    size_t bytes;      /* every byte a pass reads: values and block scales */
+} wset;
+
+/* The f16 set s quantised to Q8_0 or Q4_0 by the worker's cg_matmul_quantize (as --quant
+ * does at load): every matrix's values in one arena, every block scale in another. */
+static wset wset_quantised(wset s, cg_dtype to)
+{
+    size_t vbytes = 0, nscale = 0;
+    for (int i = 0; i < s.count; i++) {
+        size_t ns;
+        vbytes += cg_matmul_quant_bytes(to, s.w[i].rows, s.w[i].cols, &ns);
+        nscale += ns;
+    }
+    wset q = {cg_malloc((size_t)s.count * sizeof(cg_weight)),
+              s.count,
+              cg_malloc(vbytes),
+              NULL,
+              cg_malloc(nscale * sizeof(uint16_t)),
+              vbytes + nscale * sizeof(uint16_t)};
+    char *v = q.arena;
+    uint16_t *sc = q.bscales;
+    for (int i = 0; i < s.count; i++) {
+        size_t ns;
+        const size_t nb = cg_matmul_quant_bytes(to, s.w[i].rows, s.w[i].cols, &ns);
+        if (cg_matmul_quantize(&s.w[i], to, v, sc, &q.w[i]) != CG_OK) abort();
+        v += nb;
+        sc += ns;
+    }
+    return q;
+}
+
+static void wset_free(wset *s)
+{
+    free(s->w);
+    free(s->arena);
+    free(s->scales);
+    free(s->bscales);
+}
+
+/* ---- prefill ---- */
+
+/* The prefill's block-quantised columns: qdts in the active variant, then in avx512 (the
+ * weights widened to f32 panels for sgemm) where the active one is above it. */
 #define NQP 4
-static const char *const qp_names[NQP] = {"q8_0", "q4_0", "q8_0 sg", "q4_0 sg"};
 
 static void bench_prefill(int reps, cg_matmul_scratch *scr)
 {
@@ -205,8 +254,11 @@ static void bench_prefill(int reps, cg_matmul_scratch *scr)
     printf("%-10s %5s %5s | %8s |", "projection", "out", "in", "sgemm");
     for (int d = 0; d < NDT; d++)
         printf(" %8s %5s |", dt_names[d], "ratio");
-    for (int d = 0; d < NQP; d++)
-        printf(" %8s %5s |", qp_names[d], "ratio");
+    for (int d = 0; d < NQP; d++) {
+        char name[16];
+        snprintf(name, sizeof name, "%s%s", qnames[d % 2], d >= 2 ? " sg" : "");
+        printf(" %8s %5s |", name, "ratio");
+    }
     printf("\n");
     float *x = cg_malloc((size_t)PREFILL_N * INTER * sizeof(float));
     float *y = cg_malloc((size_t)PREFILL_N * INTER * sizeof(float));
@@ -220,17 +272,9 @@ static void bench_prefill(int reps, cg_matmul_scratch *scr)
         cg_weight cw[NDT];
         for (int d = 0; d < NDT; d++)
             cw[d] = weights_new(dts[d], pr->rows, pr->cols, 10 + (uint64_t)p, &w[d], &sc[d]);
-        /* the blocks, quantised from the f16 weights as --quant does at load */
-        static const cg_dtype qdt[2] = {CG_DTYPE_Q8_0, CG_DTYPE_Q4_0};
-        cg_weight qw[2];
-        void *qv[2];
-        uint16_t *qs[2];
-        for (int d = 0; d < 2; d++) {
-            size_t ns;
-            qv[d] = cg_malloc(cg_matmul_quant_bytes(qdt[d], pr->rows, pr->cols, &ns));
-            qs[d] = cg_malloc(ns * sizeof(uint16_t));
-            if (cg_matmul_quantize(&cw[2], qdt[d], qv[d], qs[d], &qw[d]) != CG_OK) abort();
-        }
+        wset qw[2];
+        for (int d = 0; d < 2; d++)
+            qw[d] = wset_quantised((wset){.w = &cw[2], .count = 1}, qdts[d]);
         /* each rep times the baseline and the variants back to back; a variant's ratio is the
          * median over reps of baseline time / variant time within one rep */
         double *t[NV], *q[NV];
@@ -243,19 +287,19 @@ static void bench_prefill(int reps, cg_matmul_scratch *scr)
         const int inner = CG_MAX(1, (int)(0.5e9 / flops));
         for (int r = -1; r < reps; r++) { /* r = -1: warm-up */
             for (int v = 0; v < NV; v++) {
-                double t0 = now_s();
                 const int qi = v - 1 - NDT; /* >= 0: a block column */
                 if (qi >= 2 && cg_matmul_set_isa(widen) != CG_OK) abort();
+                double t0 = now_s();
                 for (int i = 0; i < inner; i++) {
                     if (v == 0)
                         sgemm_baseline(x, PREFILL_N, w[0], pr->rows, pr->cols, y);
                     else if (qi >= 0)
-                        cg_matmul_prefill(&qw[qi % 2], x, PREFILL_N, y, scr);
+                        cg_matmul_prefill(qw[qi % 2].w, x, PREFILL_N, y, scr);
                     else
                         cg_matmul_prefill(&cw[v - 1], x, PREFILL_N, y, scr);
                 }
-                if (qi >= 2 && cg_matmul_set_isa(active) != CG_OK) abort();
                 if (r >= 0) t[v][r] = (now_s() - t0) / inner;
+                if (qi >= 2 && cg_matmul_set_isa(active) != CG_OK) abort();
             }
             if (r >= 0)
                 for (int v = 1; v < NV; v++)
@@ -277,10 +321,8 @@ static void bench_prefill(int reps, cg_matmul_scratch *scr)
             free(w[d]);
             free(sc[d]);
         }
-        for (int d = 0; d < 2; d++) {
-            free(qv[d]);
-            free(qs[d]);
-        }
+        for (int d = 0; d < 2; d++)
+            wset_free(&qw[d]);
     }
     printf("%-22s | %8s |", "whole layer", "");
     for (int v = 1; v < NV; v++)
@@ -291,15 +333,6 @@ static void bench_prefill(int reps, cg_matmul_scratch *scr)
 }
 
 /* ---- decode ---- */
-
-typedef struct wset {
-    cg_weight *w; /* count matrices inside one arena, as in an mmapped file */
-    int count;
-    void *arena;
-    float *scales;     /* Q8: one per row of every matrix */
-    uint16_t *bscales; /* Q8_0 / Q4_0: the block scales of every matrix, in one arena too */
-    size_t bytes;      /* every byte a pass reads: values and block scales */
-} wset;
 
 static wset wset_layers(cg_dtype dt, int layers)
 {
@@ -337,42 +370,6 @@ static wset wset_lm_head(cg_dtype dt)
     s.w[0] = weights_new(dt, VOCAB, HIDDEN, 4, &s.arena, &s.scales);
     s.bytes = (size_t)VOCAB * HIDDEN * cg_dtype_size(dt);
     return s;
-}
-
-/* The f16 set s quantised to Q8_0 or Q4_0 by the worker's cg_matmul_quantize (as --quant
- * does at load): every matrix's values in one arena, every block scale in another. */
-static wset wset_quantised(wset s, cg_dtype to)
-{
-    size_t vbytes = 0, nscale = 0;
-    for (int i = 0; i < s.count; i++) {
-        size_t ns;
-        vbytes += cg_matmul_quant_bytes(to, s.w[i].rows, s.w[i].cols, &ns);
-        nscale += ns;
-    }
-    wset q = {cg_malloc((size_t)s.count * sizeof(cg_weight)),
-              s.count,
-              cg_malloc(vbytes),
-              NULL,
-              cg_malloc(nscale * sizeof(uint16_t)),
-              vbytes + nscale * sizeof(uint16_t)};
-    char *v = q.arena;
-    uint16_t *sc = q.bscales;
-    for (int i = 0; i < s.count; i++) {
-        size_t ns;
-        const size_t nb = cg_matmul_quant_bytes(to, s.w[i].rows, s.w[i].cols, &ns);
-        if (cg_matmul_quantize(&s.w[i], to, v, sc, &q.w[i]) != CG_OK) abort();
-        v += nb;
-        sc += ns;
-    }
-    return q;
-}
-
-static void wset_free(wset *s)
-{
-    free(s->w);
-    free(s->arena);
-    free(s->scales);
-    free(s->bscales);
 }
 
 static void read_set(const wset *s)
@@ -465,8 +462,6 @@ static void bench_decode(int reps, int layers)
         wset_free(&s);
     }
     /* the block types of --quant q8 / q4, quantised from the f16 sets */
-    static const cg_dtype qdts[] = {CG_DTYPE_Q8_0, CG_DTYPE_Q4_0};
-    static const char *const qnames[] = {"q8_0", "q4_0"};
     for (int lm = 0; lm < 2; lm++)
         for (int d = 0; d < 2; d++) {
             wset f = lm ? wset_lm_head(CG_DTYPE_F16) : wset_layers(CG_DTYPE_F16, layers);
