@@ -527,8 +527,7 @@ static void prefill_amx(const cg_weight *w, const float *x, int n, float *y, cg_
 static void prefill_bf16(const cg_weight *w, const float *x, int n, float *y, cg_matmul_scratch *s)
 {
     const size_t rows = (size_t)w->rows, cols = (size_t)w->cols, units = rows / 16;
-    uint16_t *xb =
-        scratch_grow(&s->xp, &s->xp_cap, cg_bf16_x_elems(n, (int)cols), sizeof(uint16_t));
+    uint16_t *xb = scratch_grow(&s->xp, &s->xp_cap, (size_t)n * cols, sizeof(uint16_t));
     const size_t sfloats = cg_bf16_scratch_bytes((int)cols) / sizeof(float) + 1;
     const int par = (size_t)n * rows * cols >= PAR_MACS;
 #pragma omp parallel if (par) num_threads(thread_cap())

@@ -46,11 +46,6 @@ int cg_bf16_supported(void)
     return bf16_ok;
 }
 
-size_t cg_bf16_x_elems(int n, int cols)
-{
-    return (size_t)n * (size_t)cols;
-}
-
 /* Rows [t0, t1) of x (cols floats each) rounded to bf16 into xb. */
 T_BF16 void cg_bf16_pack_x(const float *x, int cols, uint16_t *xb, size_t t0, size_t t1)
 {
@@ -63,10 +58,16 @@ T_BF16 void cg_bf16_pack_x(const float *x, int cols, uint16_t *xb, size_t t0, si
     }
 }
 
+/* The bytes of a panel's bf16 values for nblk blocks; its scales follow them. */
+static size_t panel_bytes(size_t nblk)
+{
+    return nblk * PAIRS * LINE * (PANEL / 16);
+}
+
 size_t cg_bf16_scratch_bytes(int cols)
 {
     const size_t nblk = (size_t)cols / QK;
-    return nblk * PAIRS * LINE * (PANEL / 16) + nblk * PANEL * sizeof(float);
+    return panel_bytes(nblk) + nblk * PANEL * sizeof(float);
 }
 
 /* The 32 values of row `row`'s block k as bf16, in column order (32-bit unit p: columns 2p and
@@ -197,7 +198,7 @@ T_BF16 void cg_bf16_rows(const cg_weight *w, const uint16_t *xb, int n, float *y
 {
     const size_t cols = (size_t)w->cols, rows = (size_t)w->rows, nblk = cols / QK;
     uint16_t *pw = scratch;
-    float *ds = (float *)(void *)((char *)scratch + nblk * PAIRS * LINE * (PANEL / 16));
+    float *ds = (float *)(void *)((char *)scratch + panel_bytes(nblk));
     for (size_t r = r0; r < r1; r += PANEL) {
         const int G = r + PANEL <= r1 ? 2 : 1; /* a last single group of 16 rows */
         load_panel(w, r, G, pw, ds);

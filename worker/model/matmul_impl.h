@@ -34,11 +34,10 @@ void cg_amx_rows(const cg_weight *w, const uint16_t *xp, int n, float *y, size_t
 
 /* AVX512-BF16 prefill for block-quantised weights on CPUs without AMX (matmul_bf16.c).
  * cg_bf16_supported: the CPU has AVX512-BF16. The product: cg_bf16_pack_x rounds rows [t0, t1)
- * of x to bf16 into xb (cg_bf16_x_elems(n, cols) values; threads share it); cg_bf16_rows then
+ * of x to bf16 into xb (n * cols values; threads share it); cg_bf16_rows then
  * writes weight rows [r0, r1) (a multiple of 16 apart) of y, repacking 32 rows at a time into
  * scratch (cg_bf16_scratch_bytes(cols) bytes). */
 int cg_bf16_supported(void);
-size_t cg_bf16_x_elems(int n, int cols);
 void cg_bf16_pack_x(const float *x, int cols, uint16_t *xb, size_t t0, size_t t1);
 size_t cg_bf16_scratch_bytes(int cols);
 void cg_bf16_rows(const cg_weight *w, const uint16_t *xb, int n, float *y, size_t r0, size_t r1,
