@@ -793,14 +793,15 @@ def main(argv=None):
                    hard=args.hard, bind=args.bind, recall=args.recall, gap_at=gap_at,
                    recall_names=args.recall_names)
     for step in range(1, args.steps + 1):
-        if at() > args.steps:
+        at_step = at()
+        if at_step > args.steps:
             break
-        lr = args.lr * min(1.0, step / args.warmup) * lr_shape(args, at())
+        lr = args.lr * min(1.0, step / args.warmup) * lr_shape(args, at_step)
         for g in opt.param_groups:
             g["lr"] = lr
         if copying and (step > args.copy_steps or (step > 50 and run < 1.0)):
             copying = False
-            rag0 = at() - 1
+            rag0 = at_step - 1
             log["copy_stage_steps"] = step - 1
             print("copy stage done after %d steps" % (step - 1), flush=True)
         if recalling and not copying:
@@ -808,7 +809,7 @@ def main(argv=None):
                 recall0 = step - 1
             elif step > recall0 + args.recall_steps:
                 recalling = False
-                rag0 = at() - 1
+                rag0 = at_step - 1
                 log["recall_stage"] = {"steps": args.recall_steps,
                                        "gap 0": evaluate_recall(model, tok, 0),
                                        "gap %d" % args.recall_gap:
