@@ -23,6 +23,7 @@ import json
 import math
 import os
 import random
+import signal
 import struct
 import sys
 import time
@@ -167,24 +168,30 @@ class Llama(torch.nn.Module):
         return x * cos + rot * sin
 
     def forward(self, ids, mask):
-        """ids [B, T]; mask [B, T, T] bool (True: may attend). Logits [B, T, V]."""
+        """ids [B, T]; mask [B, T, T] bool (True: may attend). Logits [B, T, V].
+
+        The query heads that share a KV head are one matrix product against it (no copies
+        of K and V), the 1/sqrt(head dim) scale is applied to the queries rather than to the
+        [T, T] scores, and the mask is an additive bias built once for all layers: the
+        [T, T] passes are what a training step of long prompts spends most of its time on."""
         B, T = ids.shape
         pos = torch.arange(T, device=ids.device)
         h = self.embed(ids)
         g = self.nh // self.nkv
-        m = mask[:, None]
+        bias = None
         for L in self.layers:
             x = self.rms(h, L.ln1)
-            q = self.rope(L.q(x).view(B, T, self.nh, self.hd), pos)
+            q = self.rope(L.q(x).view(B, T, self.nh, self.hd), pos) * (1.0 / math.sqrt(self.hd))
             k = self.rope(L.k(x).view(B, T, self.nkv, self.hd), pos)
             v = L.v(x).view(B, T, self.nkv, self.hd)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            k = k.repeat_interleave(g, dim=1)
-            v = v.repeat_interleave(g, dim=1)
-            s = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd)
-            s = s.masked_fill(~m, float("-inf"))
-            a = torch.softmax(s, dim=-1) @ v
-            h = h + L.o(a.transpose(1, 2).reshape(B, T, -1))
+            q = q.view(B, T, self.nkv, g, self.hd).permute(0, 2, 3, 1, 4)  # B, kv, g, T, hd
+            k, v = k.transpose(1, 2)[:, :, None], v.transpose(1, 2)[:, :, None]
+            s = q @ k.transpose(-1, -2)
+            if bias is None:
+                bias = torch.zeros(mask.shape, dtype=s.dtype, device=s.device)
+                bias = bias.masked_fill_(~mask, float("-inf"))[:, None, None]
+            a = torch.softmax(s + bias, dim=-1) @ v
+            h = h + L.o(a.permute(0, 3, 1, 2, 4).reshape(B, T, -1))
             x = self.rms(h, L.ln2)
             h = h + L.down(F.silu(L.gate(x)) * L.up(x))
         return self.rms(h, self.norm) @ self.embed.weight.t()
@@ -719,9 +726,52 @@ def parser():
                     help="a time budget: the run ends after --steps or after this many seconds, "
                          "whichever comes first, and the schedule and curriculum follow the "
                          "larger share done; 0: none (the committed runs)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run in --out from its resume.pt, which the run writes "
+                         "at every --eval-every and when it is stopped with SIGTERM or SIGINT; "
+                         "the resumed run is bit-identical to one that never stopped (the same "
+                         "options are required, and --seconds is not allowed)")
+    ap.add_argument("--stop-at", type=int, default=0,
+                    help="stop as SIGTERM does, at the first point from this step on where the "
+                         "run can be saved for --resume (at most 8 steps on): to spread a long "
+                         "run over several sittings")
     ap.add_argument("--card", action="store_true",
                     help="only rewrite the model card of --out from its train_log.json")
     return ap
+
+
+# ---- stopping and resuming ----
+
+RESUMABLE = ("step", "run", "rag0", "copying", "recall0", "recalling", "drawn")
+
+
+def save_resume(out, model, opt, rng, tok, log, state, seconds):
+    """Writes out/resume.pt: everything the run needs to go on exactly where it is (the float32
+    weights, the optimizer, the random state, the stage, the log). Written between steps where
+    no batch generator holds drawn rows (see main), so the data from here on is drawn again
+    from the random state alone."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "resume.pt")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "rng": rng.getstate(),
+                "torch_rng": torch.get_rng_state(), "merges": tok.merges, "log": log,
+                "state": state, "seconds": seconds}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_resume(out, args):
+    """resume.pt of out, checked against the options of this run."""
+    path = os.path.join(out, "resume.pt")
+    if not os.path.exists(path):
+        sys.exit("train.py: --resume: no %s (a finished run removes it)" % path)
+    r = torch.load(path)
+    was = dict(r["log"]["args"], resume=args.resume, stop_at=args.stop_at)
+    diff = sorted(k for k, v in vars(args).items()
+                  if was.get(k, parser().get_default(k)) != v)
+    if diff:
+        sys.exit("train.py: --resume needs the options of the run it continues; these differ: "
+                 + ", ".join("--%s %s (was %s)" % (k.replace("_", "-"), getattr(args, k), was.get(k))
+                             for k in diff))
+    return r
 
 
 def main(argv=None):
@@ -731,12 +781,17 @@ def main(argv=None):
             log = json.load(f)
         write_card(args.out, log, Llama(dict(CONFIG, **log.get("config", {}))))
         return
+    if args.resume and args.seconds:
+        sys.exit("train.py: --resume follows steps; a run under --seconds cannot be resumed")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     dev = torch.device(args.device)
     rng = random.Random(args.seed)
     t0 = time.time()
-    if args.init:
+    resumed = load_resume(args.out, args) if args.resume else None
+    if resumed:
+        tok = bpe.Tokenizer(resumed["merges"])
+    elif args.init:
         tok = bpe.load(os.path.join(args.init, "tokenizer.json"))
     else:
         corpus_rng = random.Random("corpus-%d" % args.seed)
@@ -746,7 +801,10 @@ def main(argv=None):
             texts += world.segments(ex) + [ex["answer"]]
         tok = bpe.Tokenizer(bpe.train(texts, CONFIG["vocab_size"]))
     print("tokenizer: %d tokens (%.0f s)" % (len(tok), time.time() - t0), flush=True)
-    if args.init:
+    if resumed:
+        model = Llama(dict(CONFIG, **resumed["log"]["config"]))
+        model.load_state_dict(resumed["model"])
+    elif args.init:
         model = load_model(args.init)
         if args.grow_layers:
             model.grow(args.grow_layers)
@@ -765,6 +823,10 @@ def main(argv=None):
     log = {"args": vars(args), "config": {k: model.c[k] for k in CONFIG}, "loss": [], "probe": []}
     run = 0.0
     step = 0
+    # batches drawn from each generator below: a generator holds rows it has drawn until it
+    # has yielded the `group` batches they make, and the run is saved for --resume only
+    # where the generators still in use hold none
+    drawn = {"copy": 0, "feed": 0}
     # the curriculum: prompts of 1 document at first, 6 from --curriculum of the run on
     # (counted from the end of the copying stage)
     rag0 = 0
@@ -792,7 +854,37 @@ def main(argv=None):
     feed = batches(tok, rng, args.batch, args.block_mask, args.context_weight, docs_at, copy_at,
                    hard=args.hard, bind=args.bind, recall=args.recall, gap_at=gap_at,
                    recall_names=args.recall_names)
-    for step in range(1, args.steps + 1):
+    first = 1
+    if resumed:
+        model.load_state_dict(resumed["model"])
+        opt.load_state_dict(resumed["opt"])
+        rng.setstate(resumed["rng"])
+        torch.set_rng_state(resumed["torch_rng"])
+        log = resumed["log"]
+        log.setdefault("resumed_after", []).append(resumed["state"]["step"])
+        step, run, rag0, copying, recall0, recalling, drawn = (resumed["state"][k]
+                                                               for k in RESUMABLE)
+        first = step + 1
+        t0 -= resumed["seconds"]
+        print("resumed after step %d" % step, flush=True)
+    # SIGTERM or SIGINT stops the run at the next point it can be saved for --resume
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(1))
+    save_due = False
+    for step in range(first, args.steps + 1):
+        if args.stop_at and step > args.stop_at:
+            stop.append(1)
+        if (save_due or stop) and drawn["feed"] % 8 == 0 and (not copying or
+                                                              drawn["copy"] % 8 == 0):
+            state = dict(zip(RESUMABLE, (step - 1, run, rag0, copying, recall0, recalling,
+                                         drawn)))
+            save_resume(args.out, model, opt, rng, tok, log, state, time.time() - t0)
+            save_due = False
+            if stop:
+                print("stopped after step %d: --resume goes on from here" % (step - 1),
+                      flush=True)
+                return
         at_step = at()
         if at_step > args.steps:
             break
@@ -818,6 +910,8 @@ def main(argv=None):
                     log["recall_stage"]["names, gap %d" % args.recall_gap] = \
                         evaluate_recall(model, tok, args.recall_gap, names=True)
                 print("recall stage done:", json.dumps(log["recall_stage"]), flush=True)
+        which = "copy" if copying else "recall" if recalling else "feed"
+        drawn[which] = drawn.get(which, 0) + 1
         ids, m, w = (t.to(dev) for t in next(copy_feed if copying else recall_feed if recalling
                                              else feed))
         # the copying and recall stages stay in float32: a copying stage in bfloat16 (hidden
@@ -838,6 +932,7 @@ def main(argv=None):
             log["probe"].append([step, acc])
             print("step %d held-out %s" % (step, acc), flush=True)
             write_checkpoint(args.out, model, tok, log, args)
+            save_due = step < args.steps
     round_bf16_(model)
     exs = world.eval_set(args.seed, args.eval_n)
     log["heldout"] = {"full": evaluate(model, tok, exs)}
@@ -846,6 +941,8 @@ def main(argv=None):
     log["seconds"] = round(time.time() - t0)
     print("held-out:", json.dumps(log["heldout"]), flush=True)
     write_checkpoint(args.out, model, tok, log, args)
+    if os.path.exists(os.path.join(args.out, "resume.pt")):
+        os.remove(os.path.join(args.out, "resume.pt"))
 
 
 if __name__ == "__main__":

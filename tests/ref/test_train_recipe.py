@@ -11,7 +11,9 @@ into a temporary directory, then checks what the worker makes of it:
   torch reference (tests/ref/hf_forward.py, float64) and with the trainer's own model as saved
   within 1e-2 at every position;
 - the recall sequences of the recipe's recall stage answer each query from its fact, and a
-  fine-tune with the stage logs its accuracy.
+  fine-tune with the stage logs its accuracy;
+- a run stopped (--stop-at) and resumed (--resume) writes the same weights and losses as the
+  same run without a stop, and --resume refuses other options.
 
 Exit 77 (skipped, with the reason) without torch or CHUNKGATE_WORKER_BIN.
 """
@@ -223,6 +225,42 @@ def check_recall(d, tmp, errors):
         errors.append("recall: the recall stage logged %s" % stage)
 
 
+def check_resume(d, tmp, errors):
+    """A fine-tune of d stopped after its 3rd step (it stops at the 8th, where its batches are
+    all used) and resumed ends with the bytes of the same fine-tune run without a stop."""
+    run = ["--init", d, "--steps", "12", "--batch", "2", "--recall", "0.3", "--eval-n", "1",
+           "--eval-every", "1000", "--threads", "1"]
+    whole, parts = os.path.join(tmp, "whole"), os.path.join(tmp, "parts")
+    train.main(run + ["--out", whole])
+    train.main(run + ["--out", parts, "--stop-at", "3"])
+    if not os.path.isfile(os.path.join(parts, "resume.pt")):
+        errors.append("resume: a run stopped by --stop-at wrote no resume.pt")
+        return
+    try:
+        train.main(run + ["--out", parts, "--resume", "--lr", "1e-3"])
+        errors.append("resume: --resume took a run with another --lr")
+    except SystemExit as e:
+        if "--lr" not in str(e):
+            errors.append("resume: --resume with another --lr exited with %r" % str(e))
+    train.main(run + ["--out", parts, "--resume"])
+    logs = []
+    for out in (whole, parts):
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            logs.append(f.read())
+        with open(os.path.join(out, "train_log.json")) as f:
+            log = json.load(f)
+        logs.append(log["loss"])
+    if logs[0] != logs[2]:
+        errors.append("resume: the stopped and resumed run's weights differ from the whole run's")
+    if logs[1] != logs[3]:
+        errors.append("resume: the losses differ: %s vs %s" % (logs[3], logs[1]))
+    if log.get("resumed_after") != [8]:
+        errors.append("resume: the log says it resumed after %s, not step 8"
+                      % log.get("resumed_after"))
+    if os.path.exists(os.path.join(parts, "resume.pt")):
+        errors.append("resume: the finished run left its resume.pt")
+
+
 # the committed checkpoints (train/README.md) and the least share of held-out single-hop
 # questions (4-6 documents each) each must answer right through the worker. They answer 3 and 4
 # of these 20 (train/README.md: the models are not yet competent on several documents); the bar
@@ -249,6 +287,7 @@ def main():
         check_model(binary, d, tmp, errors)
         check_widen(d, errors)
         check_recall(d, tmp, errors)
+        check_resume(d, tmp, errors)
         for name, least in COMMITTED:
             cd = os.path.join(ROOT, "models", name)
             if not os.path.isfile(os.path.join(cd, "model.safetensors")):
