@@ -42,7 +42,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "train"))
 import world  # noqa: E402
 
-# (label, chunk_mode, recompute_prefix_tokens, recompute_ratio). The baseline "full" recomputes
+# (label, chunk_mode, recompute_prefix_tokens, recompute_ratio[, recompute_select]), the
+# selection "deviation" when left out ("q" in a label: "question"). The baseline "full" recomputes
 # every chunk token with full causal context, which DESIGN §5 makes equal to a plain causal
 # forward of the whole prompt; it goes through the same gateway and worker path.
 FULL_K = 100000
@@ -52,7 +53,12 @@ SETTINGS = [("strict", "strict", 0, 0.0), ("sys", "sys", 0, 0.0),
             ("strict r=0.05", "strict", 0, 0.05), ("strict r=0.15", "strict", 0, 0.15),
             ("strict r=0.3", "strict", 0, 0.3), ("strict r=0.5", "strict", 0, 0.5),
             ("sys k=4", "sys", 4, 0.0), ("sys r=0.15", "sys", 0, 0.15),
-            ("strict k=4 r=0.15", "strict", 4, 0.15), ("sys k=4 r=0.15", "sys", 4, 0.15)]
+            ("strict k=4 r=0.15", "strict", 4, 0.15), ("sys k=4 r=0.15", "sys", 4, 0.15),
+            ("strict r=0.05 q", "strict", 0, 0.05, "question"),
+            ("strict r=0.15 q", "strict", 0, 0.15, "question"),
+            ("strict r=0.3 q", "strict", 0, 0.3, "question"),
+            ("sys r=0.15 q", "sys", 0, 0.15, "question"),
+            ("strict k=4 r=0.15 q", "strict", 4, 0.15, "question")]
 
 
 def free_port():
@@ -297,8 +303,10 @@ def run(args, model, qs, settings, gport, wport):
         outs.append({"answer": text.strip(), "right": text.strip() == ex["answer"], "ttft": ttft})
     direct = outs
     warmed = set()
-    for label, mode, k, r in [("full", "strict", FULL_K, 0.0)] + settings:
-        extra = {"chunk_mode": mode, "recompute_prefix_tokens": k, "recompute_ratio": r}
+    for label, mode, k, r, *sel in [("full", "strict", FULL_K, 0.0)] + settings:
+        select = sel[0] if sel else "deviation"
+        extra = {"chunk_mode": mode, "recompute_prefix_tokens": k, "recompute_ratio": r,
+                 "recompute_select": select}
         if mode not in warmed:  # store every chunk of this mode once
             for ex in qs:
                 stream(gport, "/v1/chat/completions", chat(ex, {"chunk_mode": mode, "max_tokens": 1}))
@@ -319,7 +327,7 @@ def run(args, model, qs, settings, gport, wport):
         kls = [o["kl"] for o in outs if o["kl"] is not None]
         t1 = [o["top1"] for o in outs if o["top1"] is not None]
         record(label, outs, {"chunk_mode": mode, "recompute_prefix_tokens": k,
-                             "recompute_ratio": r,
+                             "recompute_ratio": r, "recompute_select": select,
                              "recomputed_share": rec / chunk_tok if chunk_tok else None,
                              "chunk_hit_rate": hits / segs if segs else None,
                              "kl_mean": sum(kls) / len(kls) if kls else None,

@@ -38,6 +38,15 @@ int cg_mode_parse(const char *s, cg_mode *out)
     return i >= 0 ? 0 : -1;
 }
 
+const char *const cg_select_names[] = {"deviation", "question", NULL};
+
+int cg_select_parse(const char *s, cg_select *out)
+{
+    int i = name_index(cg_select_names, s);
+    if (i >= 0) *out = (cg_select)i;
+    return i >= 0 ? 0 : -1;
+}
+
 const char *cg_key_hash_name(cg_key_hash h)
 {
     return h == CG_KEY_HASH_SHA256 ? "sha256" : "xxhash";

@@ -24,6 +24,21 @@ const char *cg_mode_name(cg_mode m);
 /* Parses a mode name; returns 0 on success, -1 if unknown. */
 int cg_mode_parse(const char *s, cg_mode *out);
 
+/* How a worker's recompute_ratio chooses the chunk tokens it recomputes. */
+typedef enum {
+    /* CacheBlend: the tokens whose K/V at layer 1 deviate most from a full-attention pass */
+    CG_SELECT_DEVIATION,
+    /* the tokens the question attends to most (ProphetKV): the question's queries in every
+     * layer, over the placed KV, summed per token; a prompt without a question falls back to
+     * deviation */
+    CG_SELECT_QUESTION,
+} cg_select;
+/* "deviation", "question" in cg_select order, NULL-terminated (the values of
+ * --recompute-select). */
+extern const char *const cg_select_names[];
+/* Parses a selection name; returns 0 on success, -1 if unknown. */
+int cg_select_parse(const char *s, cg_select *out);
+
 /* The hash over the encoding. XXH3-128 is fast but not built to resist crafted collisions;
  * SHA-256 (its first 16 bytes) is, at a higher cost. Gateway and workers must use the same. */
 typedef enum { CG_KEY_HASH_XXH3, CG_KEY_HASH_SHA256 } cg_key_hash;

@@ -695,3 +695,48 @@ void cg_attn_forward(const cg_attn_kv *kv, int n_heads, const cg_attn_span *span
     cg_free(&items);
     cg_free(&c.partials);
 }
+
+/* ---- the attention a set of queries pays each key ---- */
+
+#define MASS_ROWS 16
+
+void cg_attn_key_mass(const cg_attn_kv *kv, int n_heads, const float *q, size_t n_q, size_t n_keys,
+                      double *mass)
+{
+    if (!n_q || !n_keys) return;
+    const int d = kv->head_dim, group = n_heads / kv->n_kv_heads;
+    const size_t ld = (size_t)n_heads * (size_t)d, gd = (size_t)group * (size_t)d;
+    const float scale = 1.0f / sqrtf((float)d);
+    const size_t rows = n_q * (size_t)group;
+    float *qp = cg_malloc(CG_MIN(rows, (size_t)MASS_ROWS) * (size_t)d * sizeof(float));
+    float *s = cg_malloc((size_t)MASS_ROWS * n_keys * sizeof(float));
+    for (int h = 0; h < kv->n_kv_heads; h++) {
+        const float *k = kv->k + (size_t)h * kv->head_stride;
+        for (size_t r0 = 0; r0 < rows; r0 += MASS_ROWS) {
+            const size_t m = CG_MIN((size_t)MASS_ROWS, rows - r0);
+            /* row r of the stack: query row r / group, head h * group + r % group */
+            for (size_t i = 0; i < m; i++) {
+                size_t r = r0 + i;
+                memcpy(qp + i * (size_t)d,
+                       q + (r / (size_t)group) * ld + (size_t)h * gd +
+                           (r % (size_t)group) * (size_t)d,
+                       (size_t)d * sizeof(float));
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n_keys, d, scale, qp,
+                        d, k, d, 0.0f, s, (int)n_keys);
+            for (size_t i = 0; i < m; i++) {
+                const float *row = s + i * n_keys;
+                float mx = -INFINITY;
+                for (size_t j = 0; j < n_keys; j++)
+                    mx = fmaxf(mx, row[j]);
+                double sum = 0;
+                for (size_t j = 0; j < n_keys; j++)
+                    sum += exp((double)row[j] - mx);
+                for (size_t j = 0; j < n_keys; j++)
+                    mass[j] += exp((double)row[j] - mx) / sum;
+            }
+        }
+    }
+    free(qp);
+    free(s);
+}

@@ -26,6 +26,7 @@ static const struct {
     {"cache_salt", C | H | EXT, CG_FIELD_GATEWAY},
     {"recompute_prefix_tokens", C | H | EXT, CG_FIELD_GATEWAY},
     {"recompute_ratio", C | H | EXT, CG_FIELD_GATEWAY},
+    {"recompute_select", C | H | EXT, CG_FIELD_GATEWAY},
     {"quality_probe", C | H | EXT, CG_FIELD_GATEWAY},
     {"documents", C | EXT, CG_FIELD_GATEWAY},
     {"documents", H | EXT, CG_FIELD_RENDER},

@@ -106,11 +106,15 @@ static char *forward_body(cg_http_req *req, json_t *body, int chat, int stream, 
     return out;
 }
 
-/* The recompute options in a worker body: the request's, else the model's defaults. */
+/* The recompute options in a worker body: the request's, else the model's defaults (the
+ * worker's own --recompute-select for recompute_select). */
 static void set_recompute(json_t *o, const cg_gw_segments *s)
 {
     json_object_del(o, "recompute_prefix_tokens");
     json_object_del(o, "recompute_ratio");
+    json_object_del(o, "recompute_select");
+    if (s->recompute_select)
+        json_object_set_new(o, "recompute_select", json_string(s->recompute_select));
     if (s->recompute >= 0)
         json_object_set_new(o, "recompute_prefix_tokens", json_integer(s->recompute));
     if (s->recompute_ratio >= 0)

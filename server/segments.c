@@ -98,7 +98,7 @@ out:
 }
 
 /* The quality options: recompute_prefix_tokens and recompute_ratio (the model's
- * --recompute-default fills what the request left out) and quality_probe. */
+ * --recompute-default fills what the request left out), recompute_select and quality_probe. */
 static cg_status reuse_options(cg_gateway *g, json_t *body, const char *model, cg_gw_segments *out,
                                const char **param, char *msg, size_t msglen)
 {
@@ -125,6 +125,13 @@ static cg_status reuse_options(cg_gateway *g, json_t *body, const char *model, c
     if (cg_gateway_recompute_default(g->cfg, model, &def)) {
         if (out->recompute_ratio < 0) out->recompute_ratio = def.ratio;
         if (out->recompute < 0 && def.prefix >= 0) out->recompute = def.prefix;
+    }
+    *param = "recompute_select";
+    out->recompute_select = NULL;
+    if ((st = cg_json_get_string(body, "recompute_select", 0, &out->recompute_select)) != CG_OK ||
+        (out->recompute_select && cg_select_parse(out->recompute_select, &(cg_select){0}) != 0)) {
+        snprintf(msg, msglen, "recompute_select must be \"deviation\" or \"question\"");
+        return st != CG_OK ? st : CG_E_VALUE;
     }
     *param = "quality_probe";
     if ((st = cg_json_get_bool(body, "quality_probe", 0, &out->quality_probe)) != CG_OK) {

@@ -155,7 +155,7 @@ json_t *cg_recent_ring_json(cg_recent_ring *r)
 
 /* One setting's figures summed over the workers. */
 typedef struct qrow {
-    const char *mode, *ratio, *prefix; /* borrowed from the worker list */
+    const char *mode, *ratio, *prefix, *select; /* borrowed from the worker list */
     double requests, tokens, agreed, kl_sum;
 } qrow;
 
@@ -163,7 +163,7 @@ typedef struct qrow {
  * summed, agreement weighted by positions, mean KL by requests. */
 static json_t *quality_json(json_t *workers)
 {
-    qrow rows[256];
+    qrow rows[512];
     size_t n = 0, i, k;
     double req = 0, tok = 0, agr = 0, kl = 0, dropped = 0, failed = 0;
     json_t *w, *st;
@@ -177,7 +177,9 @@ static json_t *quality_json(json_t *workers)
         {
             const char *mode = str_of(st, "mode"), *ratio = str_of(st, "recompute_ratio");
             const char *prefix = str_of(st, "recompute_prefix_tokens");
+            const char *select = str_of(st, "recompute_select");
             if (!mode || !ratio || !prefix) continue;
+            if (!select) select = "deviation"; /* a worker from before the field */
             double rq = json_number_value(json_object_get(st, "requests"));
             double tk = json_number_value(json_object_get(st, "tokens_compared"));
             double ag = json_number_value(json_object_get(st, "top1_agreement")) * tk;
@@ -185,11 +187,11 @@ static json_t *quality_json(json_t *workers)
             req += rq, tok += tk, agr += ag, kl += ks;
             size_t j = 0;
             while (j < n && (strcmp(rows[j].mode, mode) || strcmp(rows[j].ratio, ratio) ||
-                             strcmp(rows[j].prefix, prefix)))
+                             strcmp(rows[j].prefix, prefix) || strcmp(rows[j].select, select)))
                 j++;
             if (j == n) {
                 if (n == CG_ARRAY_LEN(rows)) continue;
-                rows[n++] = (qrow){mode, ratio, prefix, 0, 0, 0, 0};
+                rows[n++] = (qrow){mode, ratio, prefix, select, 0, 0, 0, 0};
             }
             rows[j].requests += rq, rows[j].tokens += tk, rows[j].agreed += ag;
             rows[j].kl_sum += ks;
@@ -199,10 +201,10 @@ static json_t *quality_json(json_t *workers)
     for (size_t j = 0; j < n; j++)
         json_array_append_new(
             settings,
-            json_pack("{s:s, s:s, s:s, s:I, s:I, s:o, s:o}", "mode", rows[j].mode,
+            json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:o, s:o}", "mode", rows[j].mode,
                       "recompute_ratio", rows[j].ratio, "recompute_prefix_tokens", rows[j].prefix,
-                      "requests", (json_int_t)rows[j].requests, "tokens_compared",
-                      (json_int_t)rows[j].tokens, "top1_agreement",
+                      "recompute_select", rows[j].select, "requests", (json_int_t)rows[j].requests,
+                      "tokens_compared", (json_int_t)rows[j].tokens, "top1_agreement",
                       rows[j].tokens > 0 ? json_real(rows[j].agreed / rows[j].tokens) : json_null(),
                       "kl_mean",
                       rows[j].requests > 0 ? json_real(rows[j].kl_sum / rows[j].requests)
@@ -301,7 +303,8 @@ static const char PAGE[] =
     "<tbody id=\"workers\"></tbody></table>\n"
     "<h2>Reuse quality (canary: reused KV vs a full causal forward of the same tokens)</h2>\n"
     "<table><thead><tr><th>mode</th><th>recompute ratio</th><th>recompute prefix tokens</th>"
-    "<th>requests</th><th>positions compared</th><th>top-1 agreement</th><th>mean KL (nats)"
+    "<th>recompute select</th><th>requests</th><th>positions compared</th><th>top-1 "
+    "agreement</th><th>mean KL (nats)"
     "</th></tr></thead><tbody id=\"quality\"></tbody></table>\n"
     "<h2>Recent requests</h2>\n<table><thead><tr><th>time</th><th>route</th><th>model</th>"
     "<th>status</th><th>worker</th><th>routing</th><th>cached tokens</th><th>recomputed</th>"
@@ -332,7 +335,8 @@ static const char PAGE[] =
     "+'%');set('q-requests',Q.requests);set('q-kl',Q.kl_mean==null?'-':Q.kl_mean.toPrecision(3));"
     "\n"
     " fill('quality',Q.settings,function(tr,x){cell(tr,x.mode);cell(tr,x.recompute_ratio);"
-    "cell(tr,x.recompute_prefix_tokens);cell(tr,x.requests);cell(tr,x.tokens_compared);"
+    "cell(tr,x.recompute_prefix_tokens);cell(tr,x.recompute_select);cell(tr,x.requests);cell(tr,x."
+    "tokens_compared);"
     "cell(tr,x.top1_agreement==null?null:(x.top1_agreement*100).toFixed(1)+'%');"
     "cell(tr,x.kl_mean==null?null:x.kl_mean.toPrecision(3))});\n"
     " fill('workers',s.workers.data,function(tr,w){cell(tr,w.url);"

@@ -139,7 +139,7 @@ ge "$tmp/gateway.prom" "chunkgate_worker_healthy{worker=\"$wurl\"}" 1
 ge "$tmp/worker.prom" chunkgate_worker_chunk_hits_total 2
 ge "$tmp/worker.prom" 'chunkgate_worker_tier_bytes{tier="ram"}' 1
 ge "$tmp/worker.prom" 'chunkgate_worker_tier_capacity_bytes{tier="disk"}' 1
-ge "$tmp/worker.prom" 'chunkgate_worker_canary_kl_nats_count{mode="strict",recompute_ratio="0.15",recompute_prefix_tokens="0"}' 1
+ge "$tmp/worker.prom" 'chunkgate_worker_canary_kl_nats_count{mode="strict",recompute_ratio="0.15",recompute_prefix_tokens="0",recompute_select="deviation"}' 1
 
 echo "== the Grafana dashboard's series exist and its queries parse"
 exported=$( (families "$tmp/gateway.prom"; families "$tmp/worker.prom") | cut -d' ' -f1 | sort -u)

@@ -416,6 +416,63 @@ START_TEST(test_forward_softmax_weights)
 END_TEST
 
 /* The check must be able to fail: a visible key whose value differs changes the output. */
+/* cg_attn_key_mass against the softmax written out in double: grouped-query heads, more
+ * rows than one block of its scratch, a padded head stride; every row and head adds 1 in all;
+ * a key that matches one query head's direction takes that head's weight. */
+START_TEST(test_key_mass)
+{
+    unsigned st = 7;
+    static const int shapes[][3] = {{4, 2, 16}, {6, 3, 32}, {8, 1, 8}};
+    for (size_t c = 0; c < CG_ARRAY_LEN(shapes); c++) {
+        const int nh = shapes[c][0], nkv = shapes[c][1], d = shapes[c][2], group = nh / nkv;
+        const size_t n_q = 7, n_keys = 300, stride = n_keys * (size_t)d + 8;
+        float *k = cg_malloc((size_t)nkv * stride * sizeof(float));
+        float *q = cg_malloc(n_q * (size_t)nh * (size_t)d * sizeof(float));
+        for (size_t i = 0; i < (size_t)nkv * stride; i++)
+            k[i] = frand(&st);
+        for (size_t i = 0; i < n_q * (size_t)nh * (size_t)d; i++)
+            q[i] = 3.0f * frand(&st);
+        /* key 123 of kv head 0 points along row 2's head 0, scaled up */
+        for (int e = 0; e < d; e++)
+            k[123 * (size_t)d + (size_t)e] = 8.0f * q[2 * (size_t)nh * (size_t)d + (size_t)e];
+        cg_attn_kv kv = {.k = k, .v = k, .head_stride = stride, .n_kv_heads = nkv, .head_dim = d};
+        double *got = cg_calloc(n_keys, sizeof(double)), *want = cg_calloc(n_keys, sizeof(double));
+        got[5] = want[5] = 1.0; /* it adds to what is there */
+        cg_attn_key_mass(&kv, nh, q, n_q, n_keys, got);
+        double *sc = cg_malloc(n_keys * sizeof(double)), total = 0;
+        for (size_t t = 0; t < n_q; t++)
+            for (int h = 0; h < nh; h++) {
+                const float *qh = q + (t * (size_t)nh + (size_t)h) * (size_t)d;
+                const float *kh = k + (size_t)(h / group) * stride;
+                double mx = -INFINITY, sum = 0;
+                for (size_t j = 0; j < n_keys; j++) {
+                    double dot = 0;
+                    for (int e = 0; e < d; e++)
+                        dot += (double)qh[e] * kh[j * (size_t)d + (size_t)e];
+                    sc[j] = dot / sqrt((double)d);
+                    mx = fmax(mx, sc[j]);
+                }
+                for (size_t j = 0; j < n_keys; j++)
+                    sum += (sc[j] = exp(sc[j] - mx));
+                for (size_t j = 0; j < n_keys; j++)
+                    want[j] += sc[j] / sum;
+            }
+        for (size_t j = 0; j < n_keys; j++) {
+            ck_assert_msg(fabs(got[j] - want[j]) <= 1e-5 * fmax(1.0, want[j]),
+                          "shape %zu key %zu: %g, want %g", c, j, got[j], want[j]);
+            total += got[j];
+        }
+        ck_assert_msg(fabs(total - 1.0 - (double)(n_q * (size_t)nh)) < 1e-6, "total %g", total);
+        ck_assert_msg(got[123] > 0.9, "the matching key took %g", got[123]);
+        free(sc);
+        free(got);
+        free(want);
+        free(k);
+        free(q);
+    }
+}
+END_TEST
+
 START_TEST(test_forward_sees_visible_only)
 {
     /* one head, d 2: slot 2 is a strict chunk of length 1 at own_start 2 -> output == v[2] */
@@ -437,10 +494,11 @@ END_TEST
 
 int main(void)
 {
-    return th_run_tests(
-        "attn", "core", 300,
-        TH_TESTS(test_plan_matches_table, test_plan_hand, test_forward_random_layouts,
-                 test_forward_decode_and_prefix, test_forward_long_range,
-                 test_forward_sees_visible_only, test_forward_large_tiles, test_forward_decode_long,
-                 test_forward_split_keys, test_forward_peaked, test_forward_softmax_weights));
+    return th_run_tests("attn", "core", 300,
+                        TH_TESTS(test_plan_matches_table, test_plan_hand,
+                                 test_forward_random_layouts, test_forward_decode_and_prefix,
+                                 test_forward_long_range, test_forward_sees_visible_only,
+                                 test_forward_large_tiles, test_forward_decode_long,
+                                 test_forward_split_keys, test_forward_peaked,
+                                 test_forward_softmax_weights, test_key_mass));
 }

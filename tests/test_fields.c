@@ -11,8 +11,8 @@ START_TEST(extension_fields)
 {
     /* every extension of README "Request extensions" is one, in both APIs */
     static const char *const ext[] = {
-        "chunk_separator",         "cache_salt",      "chunk_mode",   "documents",
-        "recompute_prefix_tokens", "recompute_ratio", "quality_probe"};
+        "chunk_separator",         "cache_salt",      "chunk_mode",       "documents",
+        "recompute_prefix_tokens", "recompute_ratio", "recompute_select", "quality_probe"};
     for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
         json_t *b = json_pack("{s:s, s:s, s:i}", "model", "m", "prompt", "p", ext[i], 1);
         ck_assert_msg(cg_gw_has_ext_fields(b), "%s", ext[i]);

@@ -1,7 +1,9 @@
 /* Check suite for the quality of reuse (DESIGN §15) on the generated tiny model, in process:
  * selective recompute (recompute_ratio) equals a plain causal forward at r = 1 and brings the
  * answer closer to it as r grows on a reordered RAG prompt; its token set is the union with
- * recompute_prefix_tokens; the forward's ranking exit and full-distribution rows are exact;
+ * recompute_prefix_tokens; recompute_select "question" ranks by the question's attention (its
+ * own token set, deterministic, r = 1 causal, deviation without a question); the forward's
+ * ranking exit, captured queries and full-distribution rows are exact;
  * the quality probe compares a decoded request with a teacher-forced causal forward; the
  * scheduler's background queue yields to live work and can be stopped. The HTTP side (worker
  * options, canary metrics, chunk_cache.quality, gateway pass-through) is in
@@ -64,6 +66,7 @@ typedef struct opts {
     cg_engine_path path;
     uint32_t k;
     float r;
+    cg_select sel; /* how r ranks the tokens (deviation when left out) */
 } opts;
 
 /* One assembly decoded greedily, with its last prompt logits and, when probed, its probe. */
@@ -93,6 +96,7 @@ static run do_run(cg_engine *e, const th_prompt *rq, opts o, uint32_t probe)
                           .mode = o.mode,
                           .recompute_prefix_tokens = o.k,
                           .recompute_ratio = o.r,
+                          .recompute_select = o.sel,
                           .reserve_tokens = -1,
                           .path = o.path,
                           .logits_out = r.logits};
@@ -147,7 +151,7 @@ static void assert_same_tokens(const run *a, const run *b, const char *what)
         ck_assert_msg(a->toks[i] == b->toks[i], "%s: greedy token %zu differs", what, i);
 }
 
-static const opts CAUSAL = {CG_MODE_STRICT, CG_PATH_CAUSAL, 0, 0};
+static const opts CAUSAL = {CG_MODE_STRICT, CG_PATH_CAUSAL, 0, 0, 0};
 
 /* ---- r = 1 is a plain causal forward ---- */
 
@@ -157,7 +161,7 @@ static void ratio_one(cg_mode mode, const char *q)
     int vocab = cg_model_cfg(model)->vocab_size;
     int order1[] = {0, 1, 2, 3}, order2[] = {2, 0, 3, 1};
     th_prompt r1 = make_req(order1, 4, q), r2 = make_req(order2, 4, q);
-    opts full = {mode, CG_PATH_CACHED, 0, 1.0f};
+    opts full = {mode, CG_PATH_CACHED, 0, 1.0f, 0};
     run miss = do_run(e, &r1, full, PROBE_N); /* chunks computed, stored */
     run ref1 = do_run(e, &r1, CAUSAL, 0);
     double kl = kl_logits(ref1.logits, miss.logits, vocab);
@@ -182,7 +186,7 @@ static void ratio_one(cg_mode mode, const char *q)
     ck_assert_uint_eq(qa.top1_agreed, qa.tokens_compared);
 
     /* Without recompute the reordered prompt is not the causal one (the test can fail). */
-    run plain = do_run(e, &r2, (opts){mode, CG_PATH_CACHED, 0, 0}, 0);
+    run plain = do_run(e, &r2, (opts){mode, CG_PATH_CACHED, 0, 0, 0}, 0);
     ck_assert_msg(kl_logits(ref2.logits, plain.logits, vocab) > 1e-4,
                   "r=0 is as close to causal as r=1: the comparison cannot discriminate");
     run *all[] = {&miss, &ref1, &hit, &ref2, &plain};
@@ -220,13 +224,13 @@ START_TEST(test_kl_falls_with_ratio)
         cg_engine *e = new_engine();
         int order1[] = {0, 1, 2, 3}, order2[] = {3, 1, 0, 2};
         th_prompt r1 = make_req(order1, 4, QUESTION), r2 = make_req(order2, 4, QUESTION);
-        run warm = do_run(e, &r1, (opts){modes[mi], CG_PATH_CACHED, 0, 0}, 0);
+        run warm = do_run(e, &r1, (opts){modes[mi], CG_PATH_CACHED, 0, 0, 0}, 0);
         run_free(&warm);
         run ref = do_run(e, &r2, CAUSAL, 0);
         double prev_end = INFINITY, prev_mean = INFINITY;
         uint32_t prev_n = 0;
         for (size_t i = 0; i < CG_ARRAY_LEN(RATIOS); i++) {
-            run x = do_run(e, &r2, (opts){modes[mi], CG_PATH_CACHED, 0, RATIOS[i]}, PROBE_N);
+            run x = do_run(e, &r2, (opts){modes[mi], CG_PATH_CACHED, 0, RATIOS[i], 0}, PROBE_N);
             for (size_t s = 1; s <= 4; s++)
                 ck_assert_int_eq(x.info.segs[s].hit, 1);
             double end = kl_logits(ref.logits, x.logits, vocab);
@@ -272,18 +276,18 @@ START_TEST(test_union_with_prefix)
     int vocab = cg_model_cfg(model)->vocab_size;
     int order1[] = {0, 1, 2}, order2[] = {2, 0, 1};
     th_prompt r1 = make_req(order1, 3, QUESTION), r2 = make_req(order2, 3, QUESTION);
-    run warm = do_run(e, &r1, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0}, 0);
+    run warm = do_run(e, &r1, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0, 0}, 0);
     run ref = do_run(e, &r2, CAUSAL, 0);
     const uint32_t k = 16;
-    run pre = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, k, 0}, 0);
+    run pre = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, k, 0, 0}, 0);
     uint32_t n = chunk_tokens(&pre), nk = 0;
     for (size_t i = 1; i <= 3; i++)
         nk += CG_MIN(k, pre.info.segs[i].n_tokens);
     ck_assert_uint_eq(pre.info.recomputed_tokens, nk);
-    run rat = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0.15f}, 0);
+    run rat = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0.15f, 0}, 0);
     uint32_t nr = (uint32_t)floor(0.15 * n + 0.5);
     ck_assert_uint_eq(rat.info.recomputed_tokens, nr);
-    run both = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, k, 0.15f}, 0);
+    run both = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, k, 0.15f, 0}, 0);
     /* the union: at least each set, at most both, and strictly more than the ratio's alone
      * unless the ranking chose every prefix token */
     ck_assert_uint_ge(both.info.recomputed_tokens, CG_MAX(nk, nr));
@@ -291,14 +295,14 @@ START_TEST(test_union_with_prefix)
     /* the union is a different token set from each part: other logits */
     ck_assert(kl_logits(both.logits, rat.logits, vocab) > 0 || both.info.recomputed_tokens == nr);
     /* k covering every chunk makes any ratio a plain causal forward */
-    run all_k = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 100000, 0.05f}, 0);
+    run all_k = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 100000, 0.05f, 0}, 0);
     ck_assert_uint_eq(all_k.info.recomputed_tokens, n);
     double kl = kl_logits(ref.logits, all_k.logits, vocab);
     ck_assert_msg(kl <= 1e-6, "k >= chunk lengths with r=0.05: KL %g", kl);
     assert_same_tokens(&all_k, &ref, "k >= chunk lengths with r=0.05");
     /* r = 0 and k = 0 recompute nothing: the answer is the masked forward of DESIGN §5 */
-    run none = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0}, 0);
-    run masked = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_REFERENCE, 0, 0}, 0);
+    run none = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0, 0}, 0);
+    run masked = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_REFERENCE, 0, 0, 0}, 0);
     ck_assert_uint_eq(none.info.recomputed_tokens, 0);
     double md = 0, mr = 0;
     for (int i = 0; i < vocab; i++) {
@@ -308,6 +312,55 @@ START_TEST(test_union_with_prefix)
     ck_assert_msg(md <= 1e-4 * mr, "r=0, k=0 differs from the masked forward by %g", md / mr);
     assert_same_tokens(&none, &masked, "r=0, k=0 vs the masked forward");
     run *runs[] = {&warm, &ref, &pre, &rat, &both, &all_k, &none, &masked};
+    for (size_t i = 0; i < CG_ARRAY_LEN(runs); i++)
+        run_free(runs[i]);
+    cg_engine_close(&e);
+}
+END_TEST
+
+/* ---- recompute_select "question" ---- */
+
+START_TEST(test_select_question)
+{
+    cg_engine *e = new_engine();
+    int vocab = cg_model_cfg(model)->vocab_size;
+    int order1[] = {0, 1, 2, 3}, order2[] = {3, 1, 0, 2};
+    th_prompt r1 = make_req(order1, 4, QUESTION), r2 = make_req(order2, 4, QUESTION);
+    run warm = do_run(e, &r1, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0, 0}, 0);
+    run_free(&warm);
+    run ref = do_run(e, &r2, CAUSAL, 0);
+    int differs = 0;
+    const float rs[] = {0.15f, 0.5f};
+    for (size_t i = 0; i < CG_ARRAY_LEN(rs); i++) {
+        run dev = do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, rs[i], 0}, 0);
+        run q1 =
+            do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, rs[i], CG_SELECT_QUESTION}, 0);
+        run q2 =
+            do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, rs[i], CG_SELECT_QUESTION}, 0);
+        uint32_t want = (uint32_t)floor(rs[i] * chunk_tokens(&q1) + 0.5);
+        ck_assert_uint_eq(q1.info.recomputed_tokens, want);
+        ck_assert_uint_eq(dev.info.recomputed_tokens, want);
+        ck_assert_int_eq(memcmp(q1.logits, q2.logits, (size_t)vocab * sizeof(float)), 0);
+        assert_same_tokens(&q1, &q2, "question selection run twice");
+        differs += kl_logits(dev.logits, q1.logits, vocab) > 0;
+        fprintf(stderr, "r=%.2f: KL to causal, deviation %.3e, question %.3e\n", rs[i],
+                kl_logits(ref.logits, dev.logits, vocab), kl_logits(ref.logits, q1.logits, vocab));
+        run_free(&dev);
+        run_free(&q1);
+        run_free(&q2);
+    }
+    ck_assert_msg(differs, "the question's ranking chose the deviation's tokens at every r");
+    /* r = 1 is every chunk token whatever the ranking: a plain causal forward */
+    run all =
+        do_run(e, &r2, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 1.0f, CG_SELECT_QUESTION}, 0);
+    double kl = kl_logits(ref.logits, all.logits, vocab);
+    ck_assert_msg(kl <= 1e-6, "question, r=1: KL %g", kl);
+    /* a prompt that ends in a chunk has no question to rank by: the deviation ranking */
+    th_prompt nq = make_req(order2, 4, NULL);
+    run dn = do_run(e, &nq, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0.3f, 0}, 0);
+    run qn = do_run(e, &nq, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0.3f, CG_SELECT_QUESTION}, 0);
+    ck_assert_int_eq(memcmp(dn.logits, qn.logits, (size_t)vocab * sizeof(float)), 0);
+    run *runs[] = {&ref, &all, &dn, &qn};
     for (size_t i = 0; i < CG_ARRAY_LEN(runs); i++)
         run_free(runs[i]);
     cg_engine_close(&e);
@@ -396,6 +449,50 @@ START_TEST(test_forward_stop_and_rows)
                 md = fmax(md, fabs(cg_kv_k(z, 0, h)[t * hd + i] - cg_kv_k(a, 0, h)[t * hd + i]));
             }
     ck_assert_msg(md <= 1e-4 * mr, "ranking exit K/V differ by %g (max %g)", md, mr);
+    /* capture_q: every layer's queries, the same when the scheduler cuts the rows in pieces as
+     * in one call; a token's layer-0 query has the same norm per head wherever it stands
+     * (RoPE turns it, and nothing before layer 0's attention depends on other tokens) */
+    const size_t QD = (size_t)c->n_heads * hd, NL = (size_t)c->n_layers;
+    float *qa = cg_calloc(n * NL * QD, sizeof(float)), *qb = cg_calloc(n * NL * QD, sizeof(float));
+    cg_kv *y1 = cg_kv_new(model, n), *y2 = cg_kv_new(model, n);
+    cg_fwd_seq cq = prefill_of(y1, toks, n, &span);
+    cq.capture_q = qa;
+    ck_assert_int_eq(cg_model_forward_batch(model, &cq, 1, CG_FWD_PREFILL, NULL), CG_OK);
+    cq = prefill_of(y2, toks, n, &span);
+    cq.capture_q = qb;
+    for (uint32_t r0 = 0; r0 < n; r0 += 37) {
+        cg_fwd_seq piece = cg_fwd_seq_slice(&cq, r0, CG_MIN(37, n - r0), piece_spans);
+        ck_assert_int_eq(cg_model_forward_batch(model, &piece, 1, CG_FWD_PREFILL, NULL), CG_OK);
+    }
+    md = mr = 0;
+    for (size_t i = 0; i < n * NL * QD; i++) {
+        md = fmax(md, fabs((double)qa[i] - qb[i]));
+        mr = fmax(mr, fabs((double)qa[i]));
+    }
+    ck_assert_msg(mr > 0 && md <= 1e-4 * mr, "captured queries differ by %g (max %g)", md, mr);
+    int pairs = 0;
+    for (uint32_t t1 = 1; t1 < n && pairs < 8; t1++)
+        for (uint32_t t2 = t1 + 1; t2 < n && pairs < 8; t2++) {
+            if (toks[t1] != toks[t2]) continue;
+            pairs++;
+            for (int h = 0; h < c->n_heads; h++) {
+                double n1 = 0, n2 = 0, dd = 0;
+                for (size_t i = 0; i < hd; i++) {
+                    double x1 = qa[(size_t)t1 * NL * QD + (size_t)h * hd + i];
+                    double x2 = qa[(size_t)t2 * NL * QD + (size_t)h * hd + i];
+                    n1 += x1 * x1, n2 += x2 * x2, dd += (x1 - x2) * (x1 - x2);
+                }
+                ck_assert_msg(fabs(sqrt(n1) - sqrt(n2)) <= 1e-4 * sqrt(n1),
+                              "token %d: head %d's query norm %g at %u, %g at %u", toks[t1], h,
+                              sqrt(n1), t1, sqrt(n2), t2);
+                ck_assert_msg(dd > 0, "the query at %u is not rotated to its position", t2);
+            }
+        }
+    ck_assert_int_gt(pairs, 0);
+    cg_kv_free(&y1);
+    cg_kv_free(&y2);
+    free(qa);
+    free(qb);
     /* a stop call holds one sequence; the layer must exist */
     cg_fwd_seq two[2] = {s, s};
     ck_assert_int_eq(cg_model_forward_batch(model, two, 2, CG_FWD_PREFILL, NULL), CG_E_VALUE);
@@ -451,7 +548,7 @@ START_TEST(test_probe_capture)
     int d[] = {1, 0};
     th_prompt r = make_req(d, 2, QUESTION);
     /* No probe unless asked, none for a plain prompt. */
-    run x = do_run(e, &r, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0}, 0);
+    run x = do_run(e, &r, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0, 0}, 0);
     ck_assert_ptr_null(x.probe);
     run_free(&x);
     char err[ERRLEN];
@@ -560,7 +657,7 @@ START_TEST(test_background_yields)
     cg_engine *e = new_engine();
     int d[] = {0, 1, 2, 3};
     th_prompt r = make_req(d, 4, QUESTION);
-    run x = do_run(e, &r, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0}, PROBE_N);
+    run x = do_run(e, &r, (opts){CG_MODE_STRICT, CG_PATH_CACHED, 0, 0, 0}, PROBE_N);
     ck_assert_ptr_nonnull(x.probe);
 
     /* A sequence decodes; the comparison waits behind it, without running a piece. */
@@ -656,9 +753,9 @@ int main(int argc, char **argv)
     int failed =
         th_run_tests("quality", "recompute", 300,
                      TH_TESTS(test_ratio_one_strict, test_ratio_one_sys, test_ratio_one_no_question,
-                              test_kl_falls_with_ratio, test_union_with_prefix, test_ratio_refused,
-                              test_forward_stop_and_rows, test_forward_interrupt,
-                              test_probe_capture, test_background_yields));
+                              test_kl_falls_with_ratio, test_union_with_prefix,
+                              test_select_question, test_ratio_refused, test_forward_stop_and_rows,
+                              test_forward_interrupt, test_probe_capture, test_background_yields));
     cg_model_close(&model);
     th_rmrf(model_dir);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;

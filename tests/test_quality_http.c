@@ -121,6 +121,29 @@ START_TEST(worker_recompute_ratio)
         json_decref(e);
         json_decref(bad[i]);
     }
+    /* recompute_select: the question's ranking recomputes as many tokens; an unknown ranking
+     * or another type is refused naming the field */
+    a = post(wk.port, "/v1/assemble",
+             json_pack("{s:O, s:f, s:s}", "segments", segs, "recompute_ratio", 0.5,
+                       "recompute_select", "question"),
+             200);
+    ck_assert_int_eq(json_integer_value(json_object_get(a, "recomputed_tokens")), (n + 1) / 2);
+    json_decref(a);
+    json_t *bad_sel[] = {json_string("best"), json_integer(1)};
+    for (size_t i = 0; i < CG_ARRAY_LEN(bad_sel); i++) {
+        json_t *e =
+            post(wk.port, "/v1/assemble",
+                 json_pack("{s:O, s:O}", "segments", segs, "recompute_select", bad_sel[i]), 400);
+        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
+                         "recompute_select");
+        json_decref(e);
+        e = post(wk.port, "/v1/completions",
+                 json_pack("{s:s, s:O}", "prompt", "a # # b", "recompute_select", bad_sel[i]), 400);
+        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
+                         "recompute_select");
+        json_decref(e);
+        json_decref(bad_sel[i]);
+    }
     json_t *e = post(wk.port, "/v1/completions",
                      json_pack("{s:s, s:s}", "prompt", "a # # b", "quality_probe", "yes"), 400);
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
@@ -132,6 +155,7 @@ START_TEST(worker_recompute_ratio)
     th_http(&r, w0.port, "GET", "/v1/info", NULL, NULL, NULL);
     json_t *info = th_json(&r);
     ck_assert(json_real_value(json_object_get(info, "recompute_ratio")) == 1.0);
+    ck_assert_str_eq(json_string_value(json_object_get(info, "recompute_select")), "deviation");
     ck_assert(json_real_value(json_object_get(info, "canary_rate")) == 0.0);
     json_decref(info);
     th_resp_free(&r);
@@ -275,7 +299,8 @@ START_TEST(canary_metrics_move)
             th_sleep_ms(100);
     }
     ck_assert_msg(sampled_ok(wk.port) == 3, "sampled comparisons: %g", sampled_ok(wk.port));
-    const char *l = "{mode=\"strict\",recompute_ratio=\"0.00\",recompute_prefix_tokens=\"0\"}";
+    const char *l = "{mode=\"strict\",recompute_ratio=\"0.00\",recompute_prefix_tokens=\"0\","
+                    "recompute_select=\"deviation\"}";
     char series[256];
     snprintf(series, sizeof series, "chunkgate_worker_canary_kl_nats_count%s", l);
     ck_assert(th_metric(wk.port, series) == 3);
@@ -361,6 +386,12 @@ START_TEST(gateway_pass_through)
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
                      "recompute_ratio");
     json_decref(e);
+    e = post(gw.port, "/v1/completions",
+             json_pack("{s:s, s:s, s:s}", "model", MODEL, "prompt", p, "recompute_select", "best"),
+             400);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
+                     "recompute_select");
+    json_decref(e);
 }
 END_TEST
 
@@ -375,9 +406,16 @@ START_TEST(gateway_status_quality)
                                "quality_probe", 1),
                      200);
     json_decref(j);
+    /* recompute_select reaches the worker through the gateway: its comparison is a setting
+     * of its own */
+    j = post(gw.port, "/v1/completions",
+             json_pack("{s:s, s:s, s:i, s:b, s:s}", "model", MODEL, "prompt", p, "max_tokens", 2,
+                       "quality_probe", 1, "recompute_select", "question"),
+             200);
+    json_decref(j);
     json_t *quality = NULL;
     int found = 0;
-    for (int t = 0; t < 100 && !found; t++) {
+    for (int t = 0; t < 100 && found != 3; t++) {
         th_resp r;
         th_http(&r, gw.port, "GET", "/v1/stats", NULL, NULL, NULL);
         json_t *s = th_json(&r);
@@ -387,12 +425,19 @@ START_TEST(gateway_status_quality)
         json_decref(s);
         size_t i;
         json_t *row;
-        json_array_foreach(json_object_get(quality, "settings"), i, row) found |=
-            !strcmp(json_string_value(json_object_get(row, "recompute_ratio")), "0.50") &&
-            !strcmp(json_string_value(json_object_get(row, "recompute_prefix_tokens")), "1-8");
-        if (!found) th_sleep_ms(100);
+        json_array_foreach(json_object_get(quality, "settings"), i, row)
+        {
+            const char *sel = json_string_value(json_object_get(row, "recompute_select"));
+            if (!strcmp(json_string_value(json_object_get(row, "recompute_ratio")), "0.50") &&
+                !strcmp(json_string_value(json_object_get(row, "recompute_prefix_tokens")), "1-8"))
+                found |= sel && !strcmp(sel, "deviation")  ? 1
+                         : sel && !strcmp(sel, "question") ? 2
+                                                           : 0;
+        }
+        if (found != 3) th_sleep_ms(100);
     }
-    ck_assert_msg(found, "the default setting's comparison is not in /v1/stats");
+    ck_assert_msg(found & 1, "the default setting's comparison is not in /v1/stats");
+    ck_assert_msg(found & 2, "recompute_select \"question\" is not a setting in /v1/stats");
     ck_assert_int_ge(json_integer_value(json_object_get(quality, "requests")), 1);
     ck_assert(json_is_real(json_object_get(quality, "top1_agreement")));
     json_decref(quality);

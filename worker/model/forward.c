@@ -330,6 +330,20 @@ static void attend(const cg_model *m, const block *b, int l, cg_fwd_scratch *s)
     }
 }
 
+/* cg_fwd_seq.capture_q: layer l's queries of the rows of the sequences that ask for them. */
+static void capture_q(const cg_model *m, const block *b, int l, const cg_fwd_scratch *s)
+{
+    const size_t Q = (size_t)m->cfg.n_heads * (size_t)m->cfg.head_dim;
+    const size_t NL = (size_t)m->cfg.n_layers;
+    for (size_t i = 0; i < b->n_seqs; i++) {
+        const cg_fwd_seq *q = &b->seqs[i];
+        if (!q->capture_q) continue;
+        for (uint32_t t = 0; t < q->n; t++)
+            memcpy(q->capture_q + ((size_t)(q->row_off + t) * NL + (size_t)l) * Q,
+                   s->q + (b->row0[i] + t) * Q, Q * sizeof(float));
+    }
+}
+
 static void run_layer(const cg_model *m, const block *b, int l, cg_fwd_kind kind, cg_fwd_scratch *s)
 {
     const cg_model_config *c = &m->cfg;
@@ -340,6 +354,7 @@ static void run_layer(const cg_model *m, const block *b, int l, cg_fwd_kind kind
     matmul(&L->wk, s->xb, n, s->k, kind, s);
     matmul(&L->wv, s->xb, n, s->v, kind, s);
     prepare_qk(m, L, s, b->rows);
+    capture_q(m, b, l, s);
     attend(m, b, l, s);
     matmul(&L->wo, s->att, n, s->xb, kind, s);
     add_into(s->x, s->xb, (size_t)n * (size_t)D);

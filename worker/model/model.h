@@ -170,8 +170,13 @@ typedef struct cg_fwd_seq {
      * kv, and nothing after that runs (no logits). A call with stop_k holds one sequence. */
     int stop_layer;
     float *stop_k, *stop_v;
+    /* Optional, for choosing the chunk tokens a question reads (recompute_select "question"):
+     * every layer's queries of the rows (normed, biased and rotated as attention reads them)
+     * go to capture_q + (i * n_layers + layer) * n_heads * head_dim for row i. */
+    float *capture_q;
     /* 0 from callers; cg_fwd_seq_slice sets it to the slice's first row in the sequence it was
-     * cut from, where row_logits and stop_k / stop_v (which a slice shares) are indexed. */
+     * cut from, where row_logits, stop_k / stop_v and capture_q (which a slice shares) are
+     * indexed. */
     uint32_t row_off;
     /* Optional (background work that must yield): read between layers; once non-zero the call
      * stops with CG_E_UNAVAILABLE, its rows' KV written for some layers only (run them again:

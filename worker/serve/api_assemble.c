@@ -134,6 +134,7 @@ void cg_api_assemble(cg_http_req *req, void *app)
                           .salt_len = o.salt_len,
                           .recompute_prefix_tokens = (uint32_t)o.recompute,
                           .recompute_ratio = (float)o.recompute_ratio,
+                          .recompute_select = o.recompute_select,
                           .reserve_tokens = o.reserve,
                           .no_bos = !o.add_special,
                           .split_special = o.split_special,

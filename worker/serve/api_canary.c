@@ -14,16 +14,16 @@
 
 /* Label values are bucketed so that a client choosing settings freely cannot make the series
  * count grow without bound: the ratio to steps of 0.05 (21 values), the prefix tokens to 6
- * ranges. With two modes at most 252 settings. */
-#define MAX_SETTINGS (2 * 21 * 6)
+ * ranges. With two modes and two selections at most 504 settings. */
+#define MAX_SETTINGS (2 * 21 * 6 * 2)
 
 static const double KL_BUCKETS[] = {1e-6, 1e-5, 1e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1, 3};
 static const double AGREE_BUCKETS[] = {0.5, 0.75, 0.9, 0.95, 0.99, 1};
 
 /* The figures of one setting. */
 typedef struct setting {
-    char mode[8], ratio[8], prefix[8];
-    char labels[96]; /* the Prometheus label set of the three */
+    char mode[8], ratio[8], prefix[8], select[12];
+    char labels[128]; /* the Prometheus label set of the four */
     uint64_t requests, tokens, agreed;
     double kl_sum; /* of the per-request means */
 } setting;
@@ -75,9 +75,11 @@ static void labels_of(const cg_probe *p, setting *s)
              : k <= 32 ? "17-32"
              : k <= 64 ? "33-64"
                        : "65+");
+    snprintf(s->select, sizeof s->select, "%s", cg_select_names[p->recompute_select]);
     snprintf(s->labels, sizeof s->labels,
-             "mode=\"%s\",recompute_ratio=\"%s\",recompute_prefix_tokens=\"%s\"", s->mode, s->ratio,
-             s->prefix);
+             "mode=\"%s\",recompute_ratio=\"%s\",recompute_prefix_tokens=\"%s\","
+             "recompute_select=\"%s\"",
+             s->mode, s->ratio, s->prefix, s->select);
 }
 
 static void count(cg_canary *c, const char *kind, const char *result)
@@ -273,13 +275,13 @@ json_t *cg_canary_summary_json(cg_canary *c)
         tok += s->tokens;
         agr += s->agreed;
         kl += s->kl_sum;
-        json_array_append_new(rows,
-                              json_pack("{s:s, s:s, s:s, s:I, s:I, s:f, s:f}", "mode", s->mode,
-                                        "recompute_ratio", s->ratio, "recompute_prefix_tokens",
-                                        s->prefix, "requests", (json_int_t)s->requests,
-                                        "tokens_compared", (json_int_t)s->tokens, "top1_agreement",
-                                        s->tokens ? (double)s->agreed / s->tokens : 1.0, "kl_mean",
-                                        s->requests ? s->kl_sum / s->requests : 0.0));
+        json_array_append_new(
+            rows, json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:f, s:f}", "mode", s->mode,
+                            "recompute_ratio", s->ratio, "recompute_prefix_tokens", s->prefix,
+                            "recompute_select", s->select, "requests", (json_int_t)s->requests,
+                            "tokens_compared", (json_int_t)s->tokens, "top1_agreement",
+                            s->tokens ? (double)s->agreed / s->tokens : 1.0, "kl_mean",
+                            s->requests ? s->kl_sum / s->requests : 0.0));
     }
     uint64_t dropped = c->dropped;
     pthread_mutex_unlock(&c->mu);

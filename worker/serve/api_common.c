@@ -92,6 +92,17 @@ int cg_api_parse_opts(cg_worker_api *a, cg_http_req *req, json_t *body, const ch
         cg_api_field_error(req, st, "recompute_ratio", "a number in [0, 1]");
         return 0;
     }
+    const char *select = NULL;
+    o->recompute_select = a->p.recompute_select;
+    if ((st = cg_json_get_string(body, "recompute_select", 0, &select)) != CG_OK) {
+        cg_api_field_error(req, st, "recompute_select", "a string");
+        return 0;
+    }
+    if (select && cg_select_parse(select, &o->recompute_select) != 0) {
+        cg_http_reply_error(req, CG_E_VALUE, "recompute_select",
+                            "recompute_select must be \"deviation\" or \"question\"");
+        return 0;
+    }
     if ((st = cg_json_get_int(body, "reserve_tokens", -1, 0, maxpos, &o->reserve)) != CG_OK) {
         cg_api_field_error(req, st, "reserve_tokens", "an integer >= 0");
         return 0;

@@ -47,7 +47,8 @@ typedef struct cg_api_opts {
     const char *salt; /* borrowed from the body */
     size_t salt_len;
     long long recompute;
-    double recompute_ratio; /* the request's, else --recompute-ratio */
+    double recompute_ratio;     /* the request's, else --recompute-ratio */
+    cg_select recompute_select; /* the request's, else --recompute-select */
     long long reserve;
     int add_special;   /* add_special_tokens (vLLM): the system segment or plain prompt gets BOS */
     int split_special; /* split_special_tokens (HF, vLLM): special-token text is plain text */

@@ -125,6 +125,7 @@ void cg_api_info(cg_http_req *req, void *app)
     SET("assemblies_live", json_integer((json_int_t)cg_engine_live_assemblies(a->e, cg_now_ms())));
     SET("assembly_ttl_ms", json_integer((json_int_t)ep.assembly_ttl_ms));
     SET("recompute_ratio", json_real(a->p.recompute_ratio));
+    SET("recompute_select", json_string(cg_select_names[a->p.recompute_select]));
     SET("canary_rate", json_real(a->p.canary_rate));
     SET("canary_tokens", json_integer(a->p.canary_tokens));
     SET("kv_format", json_string("CGKV1"));
@@ -309,7 +310,8 @@ void cg_api_metrics(cg_http_req *req, void *app)
                 "recompute_ratio)",
                 es.recomputed_tokens);
     set_counter(m, P "rank_tokens_total",
-                "Chunk tokens run through the ranking pass of recompute_ratio (its first layers)",
+                "Tokens run through the ranking pass of recompute_ratio (chunk tokens through its "
+                "first layers, or the question through all)",
                 es.rank_tokens);
     set_counter(m, P "assemblies_total", "Assemblies built", es.assemblies_created);
     set_counter(m, P "assemblies_expired_total", "Assemblies released by their ttl",

@@ -42,11 +42,12 @@ typedef struct cg_worker_api_params {
      * NULL/"" = a random one. */
     const char *instance_id;
     /* Quality of reuse (DESIGN §15). */
-    double recompute_ratio; /* a request's recompute_ratio when it sends none; default 0 */
-    double canary_rate;     /* fraction of completions decoded from an assembly that are also
-                               compared with a plain causal forward in the background; 0.01 */
-    uint32_t canary_tokens; /* generated tokens a comparison covers (teacher forcing); 16 */
-    uint32_t canary_queue;  /* sampled comparisons waiting; more are dropped; default 4 */
+    double recompute_ratio;     /* a request's recompute_ratio when it sends none; default 0 */
+    cg_select recompute_select; /* a request's recompute_select when it sends none */
+    double canary_rate;         /* fraction of completions decoded from an assembly that are also
+                                   compared with a plain causal forward in the background; 0.01 */
+    uint32_t canary_tokens;     /* generated tokens a comparison covers (teacher forcing); 16 */
+    uint32_t canary_queue;      /* sampled comparisons waiting; more are dropped; default 4 */
     /* A streamed completion whose client reads nothing for this long, with the stream's buffer
      * full, is cut (its decode was parked meanwhile: worker/serve/sched.h); default 30000 ms */
     int stream_stall_ms;

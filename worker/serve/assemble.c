@@ -4,8 +4,9 @@
  *                pool (or the disk tier), a miss is computed at its virtual position, stored,
  *                and placed the same way (DESIGN §6);
  *   3. blend:    one token set recomputed with full causal context: EPIC's LegoLink (the
- *                first k tokens of each chunk) and CacheBlend's selective recompute (the
- *                chunk tokens whose KV deviates most, recompute_ratio);
+ *                first k tokens of each chunk) and a selective recompute of recompute_ratio
+ *                of the chunk tokens: CacheBlend's (those whose KV deviates most) or
+ *                ProphetKV's (those the question attends to most);
  *   4. finish:   the question prefilled under the mask, and the last token's logits;
  *   5. report:   the assembly made live and described to the caller.
  * The reference paths run one forward over the whole prompt instead of phases 2-4. */
@@ -370,15 +371,16 @@ static int rank_layer(const cg_model_config *c)
 }
 
 typedef struct ranked {
-    double dev;
+    double score;
     uint32_t slot;
 } ranked;
 
-/* Most deviating first; equal deviations in prompt order, so the choice is deterministic. */
-static int by_deviation(const void *pa, const void *pb)
+/* Highest score (deviation, attention) first; equal scores in prompt order, so the choice is
+ * deterministic. */
+static int by_score(const void *pa, const void *pb)
 {
     const ranked *a = pa, *b = pb;
-    if (a->dev != b->dev) return a->dev < b->dev ? 1 : -1;
+    if (a->score != b->score) return a->score < b->score ? 1 : -1;
     return a->slot < b->slot ? -1 : a->slot > b->slot;
 }
 
@@ -422,7 +424,7 @@ static cg_status rank_tokens(job *j, uint32_t c0, uint32_t n, uint32_t want, uin
             }
             r[t] = (ranked){d, c0 + t};
         }
-        qsort(r, n, sizeof *r, by_deviation);
+        qsort(r, n, sizeof *r, by_score);
         for (uint32_t t = 0; t < want; t++)
             sel[r[t].slot] = 1;
     }
@@ -432,8 +434,56 @@ static cg_status rank_tokens(job *j, uint32_t c0, uint32_t n, uint32_t want, uin
     return st;
 }
 
-/* The chosen chunk tokens (LegoLink's first k of each chunk; with r > 0 also CacheBlend's
- * round(r * N) most deviating and the last token of a prompt that ends in a chunk) are
+/* Ranks the chunk tokens in slots [c0, c1) by the attention the question (the last segment,
+ * at slot q0, nq tokens) pays them: one forward of the question over the placed KV that keeps
+ * its queries in every layer (the finish phase computes the question again, after the
+ * recompute), then per layer the softmax of every query head over slots [0, c1), summed per
+ * slot. Marks the want most attended in sel (indexed by slot). */
+static cg_status rank_by_question(job *j, uint32_t c0, uint32_t c1, uint32_t want, uint8_t *sel)
+{
+    const cg_model_config *c = cg_model_cfg(j->e->m);
+    const size_t last = j->n - 1, hd = (size_t)c->head_dim, QD = (size_t)c->n_heads * hd;
+    const uint32_t q0 = j->offs[last], nq = j->lens[last];
+    float *qs = cg_malloc((size_t)nq * (size_t)c->n_layers * QD * sizeof(float));
+    cg_attn_span span = {q0, nq, 0, 0};
+    cg_fwd_seq q = {.kv = j->a->kv,
+                    .tokens = j->toks[last],
+                    .n = nq,
+                    .slot0 = q0,
+                    .pos0 = q0,
+                    .spans = &span,
+                    .n_spans = 1,
+                    .capture_q = qs};
+    j->count.rank_tokens += nq;
+    cg_status st = cg_sched_prefill(j->e->sched, &q, NULL);
+    if (st == CG_OK) {
+        double *mass = cg_calloc(c1, sizeof *mass);
+        float *ql = cg_malloc((size_t)nq * QD * sizeof(float));
+        const size_t stride = (size_t)cg_kv_cap(j->a->kv) * hd;
+        for (int l = 0; l < c->n_layers; l++) {
+            for (uint32_t t = 0; t < nq; t++)
+                memcpy(ql + t * QD, qs + ((size_t)t * (size_t)c->n_layers + (size_t)l) * QD,
+                       QD * sizeof(float));
+            cg_attn_kv akv = {cg_kv_k(j->a->kv, l, 0), cg_kv_v(j->a->kv, l, 0), stride,
+                              c->n_kv_heads, (int)hd};
+            cg_attn_key_mass(&akv, c->n_heads, ql, nq, c1, mass);
+        }
+        ranked *r = cg_malloc((size_t)(c1 - c0) * sizeof *r);
+        for (uint32_t s = c0; s < c1; s++)
+            r[s - c0] = (ranked){mass[s], s};
+        qsort(r, c1 - c0, sizeof *r, by_score);
+        for (uint32_t t = 0; t < want; t++)
+            sel[r[t].slot] = 1;
+        free(r);
+        free(ql);
+        free(mass);
+    }
+    free(qs);
+    return st;
+}
+
+/* The chosen chunk tokens (LegoLink's first k of each chunk; with r > 0 also the round(r * N)
+ * that recompute_select ranks first and the last token of a prompt that ends in a chunk) are
  * recomputed in every layer with full causal attention over the whole sequence, in one forward
  * of scattered rows in prompt order (one pass over the weights for every chunk): within a
  * layer every row writes its K/V before any attends, so a row sees the rows recomputed before
@@ -456,6 +506,9 @@ static cg_status blend(job *j)
     cg_status st = CG_OK;
     if (want == n) {
         memset(sel + c0, 1, n);
+    } else if (want && j->req->recompute_select == CG_SELECT_QUESTION &&
+               j->roles[j->n - 1] == CG_ROLE_QUESTION) {
+        st = rank_by_question(j, c0, c1, want, sel);
     } else if (want) {
         st = rank_tokens(j, c0, c1 - c0, want, sel);
     }
@@ -574,6 +627,7 @@ static cg_status report(job *j, cg_assembly_info *out, char *err, size_t errlen)
     j->a->assembled = 1;
     j->a->mode = j->req->mode;
     j->a->recompute_ratio = j->req->recompute_ratio;
+    j->a->recompute_select = j->req->recompute_select;
     j->a->recompute_prefix = j->req->recompute_prefix_tokens;
     j->a->recomputed = j->recomputed;
     if (j->req->logits_out)

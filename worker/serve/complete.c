@@ -203,6 +203,7 @@ static cg_probe *start_probe(cg_engine *e, const cg_complete_req *req, const cg_
     p->logits = cg_malloc((size_t)rows * V * sizeof(float));
     p->mode = a->mode;
     p->recompute_ratio = a->recompute_ratio;
+    p->recompute_select = a->recompute_select;
     p->recompute_prefix_tokens = a->recompute_prefix;
     p->recomputed_tokens = a->recomputed;
     return p;

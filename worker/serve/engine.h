@@ -107,6 +107,7 @@ typedef struct cg_assemble_req {
      * tokens alone are recomputed; 1: every chunk token, a plain causal forward.
      * With r > 0 a prompt ending in a chunk also recomputes its last token (its logits). */
     float recompute_ratio;
+    cg_select recompute_select; /* how recompute_ratio ranks the tokens; default deviation */
     /* 0 (default): the system segment gets the tokenizer's BOS, as a completion prompt does;
      * 1: it does not (a prompt rendered by a chat template writes its own). Other segments
      * never do. */
@@ -253,6 +254,7 @@ typedef struct cg_probe {
     float *logits;   /* [n_rows][vocab_size]: raw logits of the reused path */
     cg_mode mode;    /* the assembly's isolation mode and recompute settings */
     float recompute_ratio;
+    cg_select recompute_select;
     uint32_t recompute_prefix_tokens, recomputed_tokens;
 } cg_probe;
 /* NULL-safe; sets *p to NULL. */

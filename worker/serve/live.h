@@ -12,6 +12,7 @@
 #include "base/status.h"
 #include "kv/pool.h"
 #include "worker/model/model.h"
+#include "cache/key.h"
 
 typedef struct cg_assembly {
     char id[33];       /* 32 lowercase hex characters: 128 random bits */
@@ -27,6 +28,7 @@ typedef struct cg_assembly {
     int assembled;
     cg_mode mode;
     float recompute_ratio;
+    cg_select recompute_select;
     uint32_t recompute_prefix, recomputed;
     uint64_t expires;
     cg_map_node node; /* the table's, keyed by id, while it is live */

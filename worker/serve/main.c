@@ -113,6 +113,7 @@ typedef struct serve_cfg {
     long long prefill_chunk;
     long long prefill_budget;
     double recompute_ratio;
+    int recompute_select;
     double canary_rate;
     long long canary_tokens;
     long long canary_queue;
@@ -258,6 +259,11 @@ static const cg_cfg_opt serve_opts[] = {
         1,
         "recompute_ratio of a request that sends none: the share of chunk tokens whose KV "
         "deviates most that is recomputed with full context (0 = off, 1 = a plain causal forward)"),
+    OPT_ENUM("recompute-select", "CHUNKGATE_WORKER_RECOMPUTE_SELECT", recompute_select, "deviation",
+             cg_select_names,
+             "recompute_select of a request that sends none: how recompute_ratio chooses its "
+             "tokens, deviation (those whose KV at layer 1 deviates most from a full-attention "
+             "pass, CacheBlend) or question (those the question attends to most, ProphetKV)"),
     OPT("canary-rate", "CHUNKGATE_WORKER_CANARY_RATE", CG_CFG_NUM, canary_rate, "0.01", 0, 1,
         "share of completions decoded from an assembly that are also computed with a plain causal "
         "forward in the background, to measure what reuse costs (KL, top-1 agreement in /metrics)"),
@@ -692,6 +698,7 @@ static int open_api(const serve_cfg *c, parts *w)
     ap.kv_request_source = (int)c->kv_request_source;
     ap.kv_max_pulls = (int)c->kv_max_pulls;
     ap.recompute_ratio = c->recompute_ratio;
+    ap.recompute_select = (cg_select)c->recompute_select;
     ap.canary_rate = c->canary_rate;
     ap.canary_tokens = (uint32_t)c->canary_tokens;
     ap.canary_queue = (uint32_t)c->canary_queue;
