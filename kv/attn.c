@@ -725,15 +725,15 @@ void cg_attn_key_mass(const cg_attn_kv *kv, int n_heads, const float *q, size_t 
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n_keys, d, scale, qp,
                         d, k, d, 0.0f, s, (int)n_keys);
             for (size_t i = 0; i < m; i++) {
-                const float *row = s + i * n_keys;
-                float mx = -INFINITY;
+                float *row = s + i * n_keys, mx = -INFINITY;
                 for (size_t j = 0; j < n_keys; j++)
                     mx = fmaxf(mx, row[j]);
                 double sum = 0;
                 for (size_t j = 0; j < n_keys; j++)
-                    sum += exp((double)row[j] - mx);
+                    sum += row[j] = expf(row[j] - mx);
+                const double inv = 1.0 / sum;
                 for (size_t j = 0; j < n_keys; j++)
-                    mass[j] += exp((double)row[j] - mx) / sum;
+                    mass[j] += row[j] * inv;
             }
         }
     }
