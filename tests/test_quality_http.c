@@ -88,6 +88,23 @@ static void teardown(void)
 
 /* ---- the worker ---- */
 
+/* field: value is refused with a 400 naming the field, by /v1/assemble (with segs) and by
+ * /v1/completions; takes value's reference. */
+static void refused_on_both(json_t *segs, const char *field, json_t *value)
+{
+    json_t *e =
+        post(wk.port, "/v1/assemble", json_pack("{s:O, s:O}", "segments", segs, field, value), 400);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
+                     field);
+    json_decref(e);
+    e = post(wk.port, "/v1/completions", json_pack("{s:s, s:O}", "prompt", "a # # b", field, value),
+             400);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
+                     field);
+    json_decref(e);
+    json_decref(value);
+}
+
 START_TEST(worker_recompute_ratio)
 {
     /* Segments of one chunk of known length (the tiny model's tokens are bytes). */
@@ -108,19 +125,8 @@ START_TEST(worker_recompute_ratio)
     json_decref(a);
     /* out of range, wrong type: 400 naming the field, on both routes */
     json_t *bad[] = {json_real(1.5), json_real(-0.1), json_string("half")};
-    for (size_t i = 0; i < CG_ARRAY_LEN(bad); i++) {
-        json_t *e = post(wk.port, "/v1/assemble",
-                         json_pack("{s:O, s:O}", "segments", segs, "recompute_ratio", bad[i]), 400);
-        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
-                         "recompute_ratio");
-        json_decref(e);
-        e = post(wk.port, "/v1/completions",
-                 json_pack("{s:s, s:O}", "prompt", "a # # b", "recompute_ratio", bad[i]), 400);
-        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
-                         "recompute_ratio");
-        json_decref(e);
-        json_decref(bad[i]);
-    }
+    for (size_t i = 0; i < CG_ARRAY_LEN(bad); i++)
+        refused_on_both(segs, "recompute_ratio", bad[i]);
     /* recompute_select: the question's ranking recomputes as many tokens; an unknown ranking
      * or another type is refused naming the field */
     a = post(wk.port, "/v1/assemble",
@@ -130,20 +136,8 @@ START_TEST(worker_recompute_ratio)
     ck_assert_int_eq(json_integer_value(json_object_get(a, "recomputed_tokens")), (n + 1) / 2);
     json_decref(a);
     json_t *bad_sel[] = {json_string("best"), json_integer(1)};
-    for (size_t i = 0; i < CG_ARRAY_LEN(bad_sel); i++) {
-        json_t *e =
-            post(wk.port, "/v1/assemble",
-                 json_pack("{s:O, s:O}", "segments", segs, "recompute_select", bad_sel[i]), 400);
-        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
-                         "recompute_select");
-        json_decref(e);
-        e = post(wk.port, "/v1/completions",
-                 json_pack("{s:s, s:O}", "prompt", "a # # b", "recompute_select", bad_sel[i]), 400);
-        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
-                         "recompute_select");
-        json_decref(e);
-        json_decref(bad_sel[i]);
-    }
+    for (size_t i = 0; i < CG_ARRAY_LEN(bad_sel); i++)
+        refused_on_both(segs, "recompute_select", bad_sel[i]);
     json_t *e = post(wk.port, "/v1/completions",
                      json_pack("{s:s, s:s}", "prompt", "a # # b", "quality_probe", "yes"), 400);
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "error"), "param")),
