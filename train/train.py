@@ -856,7 +856,6 @@ def main(argv=None):
                    recall_names=args.recall_names)
     first = 1
     if resumed:
-        model.load_state_dict(resumed["model"])
         opt.load_state_dict(resumed["opt"])
         rng.setstate(resumed["rng"])
         torch.set_rng_state(resumed["torch_rng"])
