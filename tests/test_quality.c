@@ -381,6 +381,12 @@ START_TEST(test_ratio_refused)
         ck_assert_int_eq(cg_engine_assemble(e, &ar, 1000, &info, err, sizeof err), CG_E_VALUE);
         ck_assert_ptr_nonnull(strstr(err, "recompute_ratio"));
     }
+    cg_assemble_req ar = {
+        .segs = r.segs, .n_segs = r.n, .recompute_select = (cg_select)7, .reserve_tokens = -1};
+    cg_assembly_info info;
+    char err[ERRLEN];
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, 1000, &info, err, sizeof err), CG_E_VALUE);
+    ck_assert_ptr_nonnull(strstr(err, "recompute_select"));
     cg_engine_close(&e);
 }
 END_TEST

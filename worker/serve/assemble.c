@@ -61,6 +61,10 @@ static cg_status check_segments(const cg_assemble_req *req, char *err, size_t er
         cg_seterr(err, errlen, "recompute_ratio must be a number in [0, 1]");
         return CG_E_VALUE;
     }
+    if ((unsigned)req->recompute_select > CG_SELECT_QUESTION) {
+        cg_seterr(err, errlen, "recompute_select must be deviation or question");
+        return CG_E_VALUE;
+    }
     return CG_OK;
 }
 
