@@ -700,12 +700,12 @@ void cg_attn_forward(const cg_attn_kv *kv, int n_heads, const cg_attn_span *span
 
 #define MASS_ROWS 16
 
-void cg_attn_key_mass(const cg_attn_kv *kv, int n_heads, const float *q, size_t n_q, size_t n_keys,
-                      double *mass)
+void cg_attn_key_mass(const cg_attn_kv *kv, int n_heads, const float *q, size_t ld, size_t n_q,
+                      size_t n_keys, double *mass)
 {
     if (!n_q || !n_keys) return;
     const int d = kv->head_dim, group = n_heads / kv->n_kv_heads;
-    const size_t ld = (size_t)n_heads * (size_t)d, gd = (size_t)group * (size_t)d;
+    const size_t gd = (size_t)group * (size_t)d;
     const float scale = 1.0f / sqrtf((float)d);
     const size_t rows = n_q * (size_t)group;
     float *qp = cg_malloc(CG_MIN(rows, (size_t)MASS_ROWS) * (size_t)d * sizeof(float));

@@ -42,13 +42,13 @@ typedef struct cg_attn_kv {
 void cg_attn_forward(const cg_attn_kv *kv, int n_heads, const cg_attn_span *spans, size_t n_spans,
                      const float *q, float *out);
 
-/* How much attention query rows pay each key slot: for each of the n_q rows of q (laid out as
- * in cg_attn_forward) and each of its n_heads heads, the softmax (scale 1/sqrt(head_dim)) of
- * its scores over key slots [0, n_keys) of kv is added into mass[0, n_keys), in double. Every
- * row and head adds weights that sum to 1. For choosing the tokens a question reads; one
- * thread, scratch of 16 * n_keys floats. */
-void cg_attn_key_mass(const cg_attn_kv *kv, int n_heads, const float *q, size_t n_q, size_t n_keys,
-                      double *mass);
+/* How much attention query rows pay each key slot: for each of the n_q rows of q (each as in
+ * cg_attn_forward, n_heads * head_dim floats, a row every ld floats) and each of its heads, the
+ * softmax (scale 1/sqrt(head_dim)) of its scores over key slots [0, n_keys) of kv is added into
+ * mass[0, n_keys), in double. Every row and head adds weights that sum to 1. For choosing the
+ * tokens a question reads; one thread, scratch of 16 * n_keys floats. */
+void cg_attn_key_mass(const cg_attn_kv *kv, int n_heads, const float *q, size_t ld, size_t n_q,
+                      size_t n_keys, double *mass);
 
 /* Debug/test dump: mask[i*n_slots + j] = 1 where slot i may attend slot j per spans, else 0.
  * Rows of slots outside every span are all 0. For small n only. */

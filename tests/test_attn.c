@@ -438,7 +438,7 @@ START_TEST(test_key_mass)
         cg_attn_kv kv = {.k = k, .v = k, .head_stride = stride, .n_kv_heads = nkv, .head_dim = d};
         double *got = cg_calloc(n_keys, sizeof(double)), *want = cg_calloc(n_keys, sizeof(double));
         got[5] = want[5] = 1.0; /* it adds to what is there */
-        cg_attn_key_mass(&kv, nh, q, n_q, n_keys, got);
+        cg_attn_key_mass(&kv, nh, q, (size_t)nh * (size_t)d, n_q, n_keys, got);
         double *sc = cg_malloc(n_keys * sizeof(double)), total = 0;
         for (size_t t = 0; t < n_q; t++)
             for (int h = 0; h < nh; h++) {

@@ -388,6 +388,14 @@ static int by_score(const void *pa, const void *pb)
     return a->slot < b->slot ? -1 : a->slot > b->slot;
 }
 
+/* Marks in sel (indexed by slot) the want best scored of the n ranked tokens r. */
+static void mark_top(ranked *r, uint32_t n, uint32_t want, uint8_t *sel)
+{
+    qsort(r, n, sizeof *r, by_score);
+    for (uint32_t t = 0; t < want; t++)
+        sel[r[t].slot] = 1;
+}
+
 /* Ranks the n chunk tokens in slots [c0, c0 + n) (the chunks lie back to back) by how far
  * their K and V at rank_layer deviate from a full-attention pass: one forward over them with
  * plain causal attention that stops at that layer (its lower layers rewrite the same K/V),
@@ -428,9 +436,7 @@ static cg_status rank_tokens(job *j, uint32_t c0, uint32_t n, uint32_t want, uin
             }
             r[t] = (ranked){d, c0 + t};
         }
-        qsort(r, n, sizeof *r, by_score);
-        for (uint32_t t = 0; t < want; t++)
-            sel[r[t].slot] = 1;
+        mark_top(r, n, want, sel);
     }
     free(k);
     free(v);
@@ -462,24 +468,17 @@ static cg_status rank_by_question(job *j, uint32_t c0, uint32_t c1, uint32_t wan
     cg_status st = cg_sched_prefill(j->e->sched, &q, NULL);
     if (st == CG_OK) {
         double *mass = cg_calloc(c1, sizeof *mass);
-        float *ql = cg_malloc((size_t)nq * QD * sizeof(float));
-        const size_t stride = (size_t)cg_kv_cap(j->a->kv) * hd;
+        const size_t stride = (size_t)cg_kv_cap(j->a->kv) * hd, NL = (size_t)c->n_layers;
         for (int l = 0; l < c->n_layers; l++) {
-            for (uint32_t t = 0; t < nq; t++)
-                memcpy(ql + t * QD, qs + ((size_t)t * (size_t)c->n_layers + (size_t)l) * QD,
-                       QD * sizeof(float));
             cg_attn_kv akv = {cg_kv_k(j->a->kv, l, 0), cg_kv_v(j->a->kv, l, 0), stride,
                               c->n_kv_heads, (int)hd};
-            cg_attn_key_mass(&akv, c->n_heads, ql, nq, c1, mass);
+            cg_attn_key_mass(&akv, c->n_heads, qs + (size_t)l * QD, NL * QD, nq, c1, mass);
         }
         ranked *r = cg_malloc((size_t)(c1 - c0) * sizeof *r);
         for (uint32_t s = c0; s < c1; s++)
             r[s - c0] = (ranked){mass[s], s};
-        qsort(r, c1 - c0, sizeof *r, by_score);
-        for (uint32_t t = 0; t < want; t++)
-            sel[r[t].slot] = 1;
+        mark_top(r, c1 - c0, want, sel);
         free(r);
-        free(ql);
         free(mass);
     }
     free(qs);
