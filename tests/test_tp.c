@@ -87,6 +87,7 @@ static double metric(const th_proc *w, const char *series)
     return th_counter(w->port, series);
 }
 
+/* Counted by the source once its reply is out: read with th_counter_settled. */
 #define KV_REQUESTS "chunkgate_worker_requests_total{route=\"assembly_kv\",code=\"200\"}"
 
 /* Assembles the test prompt on w; returns the assembly (caller decrefs). */
@@ -214,7 +215,7 @@ START_TEST(test_tp_matrix)
         fprintf(stderr, "tp %d: %d of %d token logprobs bit-identical to the single-process path\n",
                 tp, exact, MAX_TOKENS);
         /* each rank fetched its heads with its own request, and only those */
-        ck_assert_double_eq(metric(&src, KV_REQUESTS) - kv0, tp);
+        ck_assert_double_eq(th_counter_settled(src.port, KV_REQUESTS, kv0 + tp) - kv0, tp);
         ck_assert_double_eq(metric(&be[t], "chunkgate_worker_kv_pull_requests_total") - pulls0, tp);
         /* the source's assembly was released after the pull; the pulled copy was consumed */
         ck_assert_double_eq(metric(&src, "chunkgate_worker_assemblies_live"), 0);
@@ -454,8 +455,10 @@ START_TEST(test_several_sources)
                   used[1]);
     /* every answer was decoded on multi from a pull of the source that assembled it */
     ck_assert_double_eq(metric(&multi, ok_pulls) - pulls0, N);
-    ck_assert_double_eq(metric(&src, KV_REQUESTS) - kv0[0], used[0]);
-    ck_assert_double_eq(metric(&src2, KV_REQUESTS) - kv0[1], used[1]);
+    ck_assert_double_eq(th_counter_settled(src.port, KV_REQUESTS, kv0[0] + used[0]) - kv0[0],
+                        used[0]);
+    ck_assert_double_eq(th_counter_settled(src2.port, KV_REQUESTS, kv0[1] + used[1]) - kv0[1],
+                        used[1]);
 
     /* a listed source named in another spelling of its base URL is the same worker */
     json_t *a = assemble(&src2);

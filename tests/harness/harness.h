@@ -394,6 +394,10 @@ char *th_scrape(int port);
 double th_metric(int port, const char *series);
 /* The same, 0 when absent (a counter that has not moved). */
 double th_counter(int port, const char *series);
+/* th_counter, read again for up to 5 s until it reaches at least want; returns the last value.
+ * For the series a server bumps in its request-finished callback (requests_total,
+ * request_duration_seconds), which runs after the client already holds the whole reply. */
+double th_counter_settled(int port, const char *series, double want);
 
 /* Waits up to timeout_ms, every step_ms, until cond(arg) returns non-zero; returns 1, or 0 on
  * timeout. */

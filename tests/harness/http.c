@@ -382,6 +382,16 @@ double th_counter(int port, const char *series)
     return v;
 }
 
+double th_counter_settled(int port, const char *series, double want)
+{
+    double v = th_counter(port, series);
+    for (int waited = 0; v < want && waited < 5000; waited += 20) {
+        th_sleep_ms(20);
+        v = th_counter(port, series);
+    }
+    return v;
+}
+
 /* ------------------------------------------------------------ waiting */
 
 int th_wait_until(int timeout_ms, int step_ms, int (*cond)(void *), void *arg)
