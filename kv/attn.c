@@ -7,6 +7,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,6 +90,14 @@ void cg_attn_mask_dense(const cg_attn_span *spans, size_t n_spans, size_t n_slot
 #ifndef CG_ATTN_MAX_ISA
 #define CG_ATTN_MAX_ISA 3
 #endif
+
+/* The run-time cap under it (cg_attn_set_max_isa). */
+static _Atomic int max_isa = 3;
+
+void cg_attn_set_max_isa(int level)
+{
+    atomic_store_explicit(&max_isa, level, memory_order_relaxed);
+}
 
 /* ---- softmax vector loops ----
  * The exponentials are most of the work besides the products (one per visible score, against
@@ -388,13 +397,14 @@ __attribute__((target("avx512f"))) static float exp_sum_avx512(float *s, size_t 
 
 static vec_ops pick_vec_ops(int d)
 {
+    const int cap = CG_MIN(CG_ATTN_MAX_ISA, atomic_load_explicit(&max_isa, memory_order_relaxed));
     vec_ops ops = {max_scalar, exp_sum_scalar, dots_blas, axpy_blas};
-    if (CG_ATTN_MAX_ISA >= 1) ops.max = max_sse, ops.exp_sum = exp_sum_sse;
-    if (CG_ATTN_MAX_ISA >= 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (cap >= 1) ops.max = max_sse, ops.exp_sum = exp_sum_sse;
+    if (cap >= 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         ops.max = max_avx2, ops.exp_sum = exp_sum_avx2;
         if (d % 8 == 0) ops.dots = dots_avx2, ops.axpy = axpy_avx2;
     }
-    if (CG_ATTN_MAX_ISA >= 3 && __builtin_cpu_supports("avx512f"))
+    if (cap >= 3 && __builtin_cpu_supports("avx512f"))
         ops.max = max_avx512, ops.exp_sum = exp_sum_avx512;
     return ops;
 }

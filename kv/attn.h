@@ -50,6 +50,11 @@ void cg_attn_forward(const cg_attn_kv *kv, int n_heads, const cg_attn_span *span
 void cg_attn_key_mass(const cg_attn_kv *kv, int n_heads, const float *q, size_t ld, size_t n_q,
                       size_t n_keys, double *mass);
 
+/* Caps the vectors the softmax loops may use at run time: 0 scalar, 1 SSE2, 2 AVX2+FMA,
+ * 3 AVX-512F (the default: the widest the CPU has). The worker passes its kernels' cap
+ * (CG_MATMUL_ISA), so avx2 there leaves no AVX-512 instruction in a forward pass. */
+void cg_attn_set_max_isa(int level);
+
 /* Debug/test dump: mask[i*n_slots + j] = 1 where slot i may attend slot j per spans, else 0.
  * Rows of slots outside every span are all 0. For small n only. */
 void cg_attn_mask_dense(const cg_attn_span *spans, size_t n_spans, size_t n_slots, uint8_t *mask);

@@ -12,6 +12,11 @@
 #include "base/base.h"
 #include "tests/harness/harness.h"
 
+/* The compile-time cap of the kernel under test (tests/attn.cmake builds the lower ones). */
+#ifndef CG_ATTN_MAX_ISA
+#define CG_ATTN_MAX_ISA 3
+#endif
+
 static unsigned rnd(unsigned *st)
 {
     *st = *st * 1103515245u + 12345u;
@@ -492,13 +497,58 @@ START_TEST(test_forward_sees_visible_only)
 }
 END_TEST
 
+/* The run-time cap (cg_attn_set_max_isa): every level matches the reference, and the levels
+ * run different loops (scalar sums against vector lanes), so on a CPU with AVX2 the capped
+ * output differs in its last bits from the uncapped one: the cap takes effect. */
+static float *forward_at(int level, const cg_attn_kv *kv, const cg_attn_span *sp, const float *q,
+                         size_t n_out)
+{
+    float *o = cg_malloc(n_out * sizeof(float));
+    cg_attn_set_max_isa(level);
+    cg_attn_forward(kv, 4, sp, 1, q, o);
+    cg_attn_set_max_isa(3);
+    return o;
+}
+
+START_TEST(test_forward_runtime_cap)
+{
+    cg_attn_span sp = {.q_start = 0, .q_len = 600, .own_start = 0, .prefix = 0};
+    for (int level = 0; level <= 3; level++) {
+        unsigned st = 5150;
+        cg_attn_set_max_isa(level);
+        double e = compare(&st, 4, 2, 32, &sp, 1, 600, 3.0f);
+        cg_attn_set_max_isa(3);
+        ck_assert_msg(e <= 1e-5, "level %d: max diff %g", level, e);
+    }
+    const size_t n_slots = 600, d = 32, n_out = n_slots * 4 * d;
+    float *k = cg_malloc(2 * n_slots * d * sizeof(float));
+    float *v = cg_malloc(2 * n_slots * d * sizeof(float));
+    float *q = cg_malloc(n_out * sizeof(float));
+    unsigned st = 99;
+    for (size_t i = 0; i < 2 * n_slots * d; i++)
+        k[i] = frand(&st), v[i] = frand(&st);
+    for (size_t i = 0; i < n_out; i++)
+        q[i] = 3.0f * frand(&st);
+    cg_attn_kv kv = {.k = k, .v = v, .head_stride = n_slots * d, .n_kv_heads = 2, .head_dim = 32};
+    float *top = forward_at(3, &kv, &sp, q, n_out), *low = forward_at(0, &kv, &sp, q, n_out);
+    if (CG_ATTN_MAX_ISA >= 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        ck_assert_msg(memcmp(top, low, n_out * sizeof(float)) != 0,
+                      "the scalar cap ran the same loops as the widest");
+    free(top);
+    free(low);
+    free(k);
+    free(v);
+    free(q);
+}
+END_TEST
+
 int main(void)
 {
-    return th_run_tests("attn", "core", 300,
-                        TH_TESTS(test_plan_matches_table, test_plan_hand,
-                                 test_forward_random_layouts, test_forward_decode_and_prefix,
-                                 test_forward_long_range, test_forward_sees_visible_only,
-                                 test_forward_large_tiles, test_forward_decode_long,
-                                 test_forward_split_keys, test_forward_peaked,
-                                 test_forward_softmax_weights, test_key_mass));
+    return th_run_tests(
+        "attn", "core", 300,
+        TH_TESTS(test_plan_matches_table, test_plan_hand, test_forward_random_layouts,
+                 test_forward_decode_and_prefix, test_forward_long_range,
+                 test_forward_sees_visible_only, test_forward_large_tiles, test_forward_decode_long,
+                 test_forward_split_keys, test_forward_peaked, test_forward_softmax_weights,
+                 test_key_mass, test_forward_runtime_cap));
 }

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kv/attn.h"
 #include "worker/serve/api_common.h"
 #include "worker/serve/engine.h"
 #include "worker/serve/kvpull.h"
@@ -586,8 +587,12 @@ static int open_engine(const serve_cfg *c, parts *w)
         cg_log(CG_LOG_ERROR, "cannot load model from %s: %s", c->model, err);
         return -1;
     }
+    /* attention's softmax loops follow the kernels' cap: CG_MATMUL_ISA=avx2 runs as on a CPU
+     * without AVX-512 */
+    const cg_matmul_isa isa = cg_matmul_isa_active();
+    cg_attn_set_max_isa(isa >= CG_MATMUL_ISA_AVX512 ? 3 : isa >= CG_MATMUL_ISA_AVX2 ? 2 : 1);
     cg_log(CG_LOG_INFO, "weights %s (%zu MiB in memory), kernels %s", cg_model_cfg(w->model)->dtype,
-           cg_model_weight_bytes(w->model) >> 20, cg_matmul_isa_name(cg_matmul_isa_active()));
+           cg_model_weight_bytes(w->model) >> 20, cg_matmul_isa_name(isa));
     const cg_model_config *mc = cg_model_cfg(w->model);
     if (cg_tp_check(mc->n_kv_heads, (int)c->tp) != CG_OK) {
         cg_log(CG_LOG_ERROR,
