@@ -179,9 +179,16 @@ const out = {threads, reps, load_before: loadavg(), model: modelId, gguf: a.gguf
              worker_weights_dtype: winfo.weights_dtype,
              worker_kernels: (fs.readFileSync(path.join(tmp, "worker.log"), "utf8")
                  .match(/kernels (\w+)/) ?? [])[1],
-             llama_cpp_release: llama?.llamaCppRelease, flash_attention: faModes,
+             llama_cpp_release: llama?.llamaCppRelease, llama_cpu_variant: llamaCpuVariant(),
+             flash_attention: faModes,
              llama_threads: llamaThreads,
              prefill: [], decode: [], rag: [], memory: mem};
+// The CPU build of ggml that llama.cpp loaded (it picks the best its CPU runs: zen4, haswell,
+// ...); a copy of node_modules with only libggml-cpu-haswell.so runs it as on an AVX2-only CPU.
+function llamaCpuVariant() {
+    const m = fs.readFileSync("/proc/self/maps", "utf8").match(/libggml-cpu-([\w-]+)\.so/);
+    return m ? m[1] : undefined;
+}
 const first = (rep) => (rep % 2 === 0 ? "worker" : "llama.cpp"); // who goes first this rep
 
 // ---------------------------------------------------------------- 1. prefill
@@ -308,7 +315,7 @@ for (const k of Object.keys(mem))
 const fmt = (x, d = 1) => (Number.isFinite(x) ? x.toFixed(d) : "-");
 const bm = (xs, d = 1, best = Math.max) => `${fmt(best(...xs), d)} / ${fmt(median(xs), d)}`;
 console.log(`best / median over ${reps} reps; worker weights ${out.worker_weights_dtype}, kernels ` +
-            `${out.worker_kernels}; llama.cpp at ${threads} threads (the faster of flash attention ` +
+            `${out.worker_kernels}; llama.cpp (ggml-cpu ${out.llama_cpu_variant}) at ${threads} threads (the faster of flash attention ` +
             `${faModes.join(" / ")}), and the best of ${llamaThreads.join(", ")} threads in each measurement`);
 console.log(`| part | chunkgate-worker | llama.cpp ${threads} thr | ratio | llama.cpp best | ratio to best |`);
 console.log(`|---|---|---|---|---|---|`);
