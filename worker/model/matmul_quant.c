@@ -24,7 +24,7 @@
 #define QK 32      /* elements per block */
 #define QNB_MAX 4  /* largest batch tile */
 #define QRB 4      /* weight rows per tile (AVX-512, generic) */
-#define QRB_AVX2 2 /* AVX2 has 16 registers: 2 rows x 2 batch rows x 2 halves of accumulators */
+#define QRB_AVX2 4 /* AVX2 tile rows: 4 x 1 or 2 x 2 batch rows, x 2 halves of accumulators */
 
 /* One quantised row of x: q[cols] int8 values, a[cols] = |q|, per block d (scale, f32) and
  * c = -8 * sum(q) (the Q4_0 offset: w = nibble - 8, folded into the integer sum). */
@@ -115,9 +115,50 @@ T_AVX2 static inline __m256i avx2q_idot(__m256i u8, __m256i s8)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1));
 }
 
+/* One block k (h = k % 2) for rb rows against nb rows of x: raw[r] holds row r's bytes of the
+ * block (Q8_0) or of its pair (Q4_0: low nibbles block k - h, high nibbles block k - h + 1). */
 T_AVX2 static inline __attribute__((always_inline)) void
-avx2q_tile(cg_dtype dt, int nb, const uint8_t *const *wq, const uint16_t *const *wd, const qrow *xr,
-           int nblk, float *out, const char *pf)
+avx2q_step(int q8, int h, int nb, int rb, int k, const __m256i *raw, const uint16_t *const *wd,
+           const qrow *xr, __m256 acc[2][2][QRB_AVX2])
+{
+    __m256i xa[2], xq[2], xc[2];
+    float xd[2];
+#pragma GCC unroll 2
+    for (int b = 0; b < nb; b++) {
+        xq[b] = _mm256_loadu_si256((const void *)(xr[b].q + (size_t)k * QK));
+        if (q8)
+            xa[b] = _mm256_loadu_si256((const void *)(xr[b].a + (size_t)k * QK));
+        else
+            xc[b] = _mm256_zextsi128_si256(_mm_cvtsi32_si128(xr[b].c[k]));
+        xd[b] = xr[b].d[k];
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < rb; r++) {
+        __m256i w = raw[r];
+        if (!q8) {
+            if (h) w = _mm256_srli_epi16(w, 4);
+            w = _mm256_and_si256(w, _mm256_set1_epi8(0x0f));
+        }
+        const float dw = _cvtsh_ss(wd[r][k]);
+#pragma GCC unroll 2
+        for (int b = 0; b < nb; b++) {
+            __m256i i;
+            if (q8)
+                i = avx2q_idot(xa[b], _mm256_sign_epi8(w, xq[b]));
+            else
+                i = _mm256_add_epi32(xc[b], avx2q_idot(w, xq[b]));
+            acc[h][b][r] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw * xd[b]), acc[h][b][r]);
+        }
+    }
+}
+
+/* rb rows of W (2 or 4) against nb rows of x (1 or 2; rb * nb <= 4 keeps the accumulators in
+ * 8 of the 16 registers). The blocks go in pairs, so a Q4_0 pair is loaded once. out[b * os +
+ * r]; pf: the next rb rows, prefetched a pair's share at a time. */
+T_AVX2 static inline __attribute__((always_inline)) void
+avx2q_tile(cg_dtype dt, int nb, int rb, const uint8_t *const *wq, const uint16_t *const *wd,
+           const qrow *xr, int nblk, float *out, int os, const char *pf)
 {
     const int q8 = dt == CG_DTYPE_Q8_0;
     const size_t pairbytes = q8 ? 64 : 32;
@@ -126,67 +167,56 @@ avx2q_tile(cg_dtype dt, int nb, const uint8_t *const *wq, const uint16_t *const 
     for (int h = 0; h < 2; h++)
 #pragma GCC unroll 2
         for (int b = 0; b < nb; b++)
-#pragma GCC unroll 2
-            for (int r = 0; r < QRB_AVX2; r++)
+#pragma GCC unroll 4
+            for (int r = 0; r < rb; r++)
                 acc[h][b][r] = _mm256_setzero_ps();
-    for (int k = 0; k < nblk; k++) {
-        const int h = k & 1;
-        if (pf && !h) {
-            const char *pp = pf + (size_t)(k / 2) * QRB_AVX2 * pairbytes;
-            for (size_t l = 0; l < QRB_AVX2 * pairbytes; l += 64)
+    __m256i raw[QRB_AVX2];
+    int k = 0;
+    for (; k + 1 < nblk; k += 2) {
+        if (pf) {
+            const char *pp = pf + (size_t)(k / 2) * (size_t)rb * pairbytes;
+            for (size_t l = 0; l < (size_t)rb * pairbytes; l += 64)
                 _mm_prefetch(pp + l, _MM_HINT_T0);
         }
-        __m256i xa[2], xq[2], xc[2];
-        float xd[2];
-#pragma GCC unroll 2
-        for (int b = 0; b < nb; b++) {
-            xq[b] = _mm256_loadu_si256((const void *)(xr[b].q + (size_t)k * QK));
-            if (q8)
-                xa[b] = _mm256_loadu_si256((const void *)(xr[b].a + (size_t)k * QK));
-            else
-                xc[b] = _mm256_zextsi128_si256(_mm_cvtsi32_si128(xr[b].c[k]));
-            xd[b] = xr[b].d[k];
-        }
-#pragma GCC unroll 2
-        for (int r = 0; r < QRB_AVX2; r++) {
-            __m256i w;
-            if (q8) {
-                w = _mm256_loadu_si256((const void *)(wq[r] + (size_t)k * QK));
-            } else {
-                w = _mm256_loadu_si256((const void *)(wq[r] + (size_t)(k / 2) * QK));
-                if (h) w = _mm256_srli_epi16(w, 4);
-                w = _mm256_and_si256(w, _mm256_set1_epi8(0x0f));
-            }
-            const float dw = _cvtsh_ss(wd[r][k]);
-#pragma GCC unroll 2
-            for (int b = 0; b < nb; b++) {
-                __m256i i;
-                if (q8)
-                    i = avx2q_idot(xa[b], _mm256_sign_epi8(w, xq[b]));
-                else
-                    i = _mm256_add_epi32(xc[b], avx2q_idot(w, xq[b]));
-                acc[h][b][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw * xd[b]),
-                                               acc[h][b][r]);
-            }
-        }
+#pragma GCC unroll 4
+        for (int r = 0; r < rb; r++)
+            raw[r] = _mm256_loadu_si256((const void *)(wq[r] + (size_t)(q8 ? k : k / 2) * QK));
+        avx2q_step(q8, 0, nb, rb, k, raw, wd, xr, acc);
+        if (q8)
+#pragma GCC unroll 4
+            for (int r = 0; r < rb; r++)
+                raw[r] = _mm256_loadu_si256((const void *)(wq[r] + (size_t)(k + 1) * QK));
+        avx2q_step(q8, 1, nb, rb, k + 1, raw, wd, xr, acc);
+    }
+    if (k < nblk) { /* an odd last block: Q8_0 only (Q4_0 rows hold whole pairs) */
+#pragma GCC unroll 4
+        for (int r = 0; r < rb; r++)
+            raw[r] = _mm256_loadu_si256((const void *)(wq[r] + (size_t)k * QK));
+        avx2q_step(q8, 0, nb, rb, k, raw, wd, xr, acc);
     }
 #pragma GCC unroll 2
     for (int b = 0; b < nb; b++)
-#pragma GCC unroll 2
-        for (int r = 0; r < QRB_AVX2; r++)
-            out[b * QRB_AVX2 + r] = avx2q_hsum(acc[0][b][r], acc[1][b][r]);
+#pragma GCC unroll 4
+        for (int r = 0; r < rb; r++)
+            out[b * os + r] = avx2q_hsum(acc[0][b][r], acc[1][b][r]);
 }
 
-#define AVX2_FN(DT, NAME, NB)                                                                      \
-    T_AVX2 static void NAME(const uint8_t *const *wq, const uint16_t *const *wd, const qrow *xr,   \
-                            int nblk, float *out, const char *pf)                                  \
+/* A decode step (one row of x) takes 4 rows of W at a time; two rows of x take them 2 and 2. */
+#define AVX2_FN(DT, NAME1, NAME2)                                                                  \
+    T_AVX2 static void NAME1(const uint8_t *const *wq, const uint16_t *const *wd, const qrow *xr,  \
+                             int nblk, float *out, const char *pf)                                 \
     {                                                                                              \
-        avx2q_tile(DT, NB, wq, wd, xr, nblk, out, pf);                                             \
+        avx2q_tile(DT, 1, 4, wq, wd, xr, nblk, out, QRB_AVX2, pf);                                 \
+    }                                                                                              \
+    T_AVX2 static void NAME2(const uint8_t *const *wq, const uint16_t *const *wd, const qrow *xr,  \
+                             int nblk, float *out, const char *pf)                                 \
+    {                                                                                              \
+        const size_t half = 2 * (size_t)nblk * (DT == CG_DTYPE_Q8_0 ? QK : QK / 2);                \
+        avx2q_tile(DT, 2, 2, wq, wd, xr, nblk, out, QRB_AVX2, pf);                                 \
+        avx2q_tile(DT, 2, 2, wq + 2, wd + 2, xr, nblk, out + 2, QRB_AVX2, pf ? pf + half : NULL);  \
     }
-AVX2_FN(CG_DTYPE_Q8_0, avx2q_q8_1, 1)
-AVX2_FN(CG_DTYPE_Q8_0, avx2q_q8_2, 2)
-AVX2_FN(CG_DTYPE_Q4_0, avx2q_q4_1, 1)
-AVX2_FN(CG_DTYPE_Q4_0, avx2q_q4_2, 2)
+AVX2_FN(CG_DTYPE_Q8_0, avx2q_q8_1, avx2q_q8_2)
+AVX2_FN(CG_DTYPE_Q4_0, avx2q_q4_1, avx2q_q4_2)
 
 static const qops qops_avx2 = {
     .tile = {{NULL, avx2q_q8_1, avx2q_q8_2}, {NULL, avx2q_q4_1, avx2q_q4_2}},
