@@ -382,16 +382,6 @@ double th_counter(int port, const char *series)
     return v;
 }
 
-double th_counter_settled(int port, const char *series, double want)
-{
-    double v = th_counter(port, series);
-    for (int waited = 0; v < want && waited < 5000; waited += 20) {
-        th_sleep_ms(20);
-        v = th_counter(port, series);
-    }
-    return v;
-}
-
 /* ------------------------------------------------------------ waiting */
 
 int th_wait_until(int timeout_ms, int step_ms, int (*cond)(void *), void *arg)
@@ -401,6 +391,26 @@ int th_wait_until(int timeout_ms, int step_ms, int (*cond)(void *), void *arg)
         if (waited >= timeout_ms) return 0;
         th_sleep_ms(step_ms);
     }
+}
+
+typedef struct settle {
+    int port;
+    const char *series;
+    double want, v;
+} settle;
+
+static int counter_reached(void *arg)
+{
+    settle *s = arg;
+    s->v = th_counter(s->port, s->series);
+    return s->v >= s->want;
+}
+
+double th_counter_settled(int port, const char *series, double want)
+{
+    settle s = {port, series, want, 0};
+    th_wait_until(5000, 20, counter_reached, &s);
+    return s.v;
 }
 
 static int healthz_ok(void *arg)
