@@ -570,24 +570,57 @@ def loss_svg(points, path):
         f.write("\n".join(out) + "\n")
 
 
+def parents(init):
+    """The runs a fine-tune of init goes on from, first run first, each as its train_log.json
+    has it (args, seconds, loss, probe, held-out), so that the model card gives the whole
+    recipe and the whole loss curve without the earlier runs' directories."""
+    if not init or not os.path.exists(os.path.join(init, "train_log.json")):
+        return []
+    with open(os.path.join(init, "train_log.json")) as f:
+        prev = json.load(f)
+    keep = {k: prev[k] for k in ("args", "seconds", "loss", "probe", "heldout") if k in prev}
+    return prev.get("parents", []) + [keep]
+
+
+def shown_path(path):
+    """A path as a model card shows it: relative to the repository, or <name> outside it."""
+    rel = os.path.relpath(os.path.abspath(path), os.path.dirname(HERE))
+    return "<%s>" % os.path.basename(os.path.normpath(path)) if rel.startswith("..") else rel
+
+
+def recipe_command(out, a):
+    """The train.py command line of a run with options a (its log's args) and output out."""
+    default = vars(parser().parse_args(["--out", a["out"]]))
+    cmd = "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 train/train.py --out %s" % shown_path(out)
+    for k, v in a.items():
+        if k in ("out", "card", "resume", "stop_at") or (v == default.get(k) and k != "seed") \
+                or v is None:
+            continue
+        if k == "init":
+            v = shown_path(v)
+        if isinstance(v, bool):  # a flag (store_true) that is set
+            cmd += " --%s" % k.replace("_", "-")
+            continue
+        cmd += " --%s %s" % (k.replace("_", "-"), v if not isinstance(v, float) else "%g" % v)
+    return cmd
+
+
 def write_card(out, log, model):
     """README.md: the model card (command, seed, data, loss curve, held-out accuracy)."""
     a = log["args"]
-    default = vars(parser().parse_args(["--out", a["out"]]))
-    cmd = "OPENBLAS_NUM_THREADS=1 /usr/bin/python3 train/train.py --out %s" % os.path.relpath(
-        out, os.path.dirname(HERE))
-    for k, v in a.items():
-        if k in ("out", "card") or (v == default.get(k) and k != "seed") or v is None:
-            continue
-        if k == "init":
-            v = os.path.relpath(v, os.path.dirname(HERE))
-        cmd += " --%s %s" % (k.replace("_", "-"), v if not isinstance(v, float) else "%g" % v)
+    chain = log.get("parents", [])
+    cmd = recipe_command(out, a)
     n_params = sum(p.numel() for p in model.parameters())
     lines = ["# %s" % os.path.basename(os.path.normpath(os.path.abspath(out))), "",
              "A small LlamaForCausalLM trained by chunkgate's recipe (`train/`) to answer questions "
              "over fictional documents. It exists so that chunk reuse can be measured on answers, "
              "not on random weights; it knows nothing of the real world.", "",
-             "- Recipe: `%s` (%d threads, Debian python3-torch on CPU)." % (cmd, a["threads"]),
+             "- Recipe: `%s` (%d threads, Debian python3-torch on CPU)." % (cmd, a["threads"])
+             if not chain else
+             "- Recipe (%d threads, Debian python3-torch on CPU), %d runs, each from the one "
+             "before:\n%s" % (a["threads"], len(chain) + 1, "\n".join(
+                 "  %d. `%s`" % (i + 1, recipe_command(c["args"]["out"], c["args"]))
+                 for i, c in enumerate(chain + [log]))),
              "- Architecture: %d layers, hidden %d, %d heads / %d KV heads (head dim %d), MLP %d, "
              "vocabulary %d (byte-level BPE trained by the recipe), tied embeddings, RoPE theta "
              "%g; %.2f M parameters, stored as BF16." % (
@@ -614,7 +647,10 @@ def write_card(out, log, model):
                  "" if not a["block_mask"] else
                  "; %d%% of the batches under the chunk-isolating mask of DESIGN §5 (three in four "
                  "of those `strict`, the rest `sys`)" % round(100 * a["block_mask"])),
-             "- Time: %s s." % log.get("seconds", "-"), ""]
+             "- Time: %s s." % log.get("seconds", "-") if not chain else
+             "- Time: %s s (%s)." % (sum(c.get("seconds", 0) for c in chain + [log]),
+                                    " + ".join(str(c.get("seconds", "-")) for c in chain + [log])),
+             ""]
     if "heldout" in log:
         h = log["heldout"]
         lines += ["## Held-out exact match (torch, greedy; %d questions per kind)" % a["eval_n"], "",
@@ -629,18 +665,24 @@ def write_card(out, log, model):
                   "strict and sys reuse compute without any recompute; `bench/README.md` measures "
                   "the same through the gateway, and `train/README.md` breaks the accuracy down "
                   "by the number of documents and the phrasings.", ""]
-    if log["loss"]:
-        loss_svg(log["loss"], os.path.join(out, "loss.svg"))
-        lines += ["## Training loss", "", "![loss](loss.svg)", "",
-                  "| step | weighted loss | answer-token loss |", "|---|---|---|"]
-        pts = log["loss"]
+    # the whole recipe's curve: each run's steps after those of the runs before it
+    pts, probes, base = [], [], 0
+    for c in chain + [log]:
+        pts += [[base + p[0]] + p[1:] for p in c.get("loss", [])]
+        probes += [[base + st, acc] for st, acc in c.get("probe", [])]
+        base = pts[-1][0] if pts else base  # a run under --seconds ends before --steps
+    if pts:
+        loss_svg(pts, os.path.join(out, "loss.svg"))
+        lines += ["## Training loss", "", "![loss](loss.svg)", ""]
+        lines += ["Steps are counted across the recipe's runs.", ""] if chain else []
+        lines += ["| step | weighted loss | answer-token loss |", "|---|---|---|"]
         for p in pts[::max(1, len(pts) // 12)] + ([pts[-1]] if len(pts) % 12 else []):
             lines.append("| %d | %.3f | %.3f |" % tuple(p))
         lines.append("")
-    if log["probe"]:
+    if probes:
         lines += ["## Held-out probe during training (25 questions per kind)", "",
                   "| step | " + " | ".join(world.KINDS) + " |", "|---" * (len(world.KINDS) + 1) + "|"]
-        for step, acc in log["probe"]:
+        for step, acc in probes:
             lines.append("| %d | %s |" % (step, " | ".join("%.0f%%" % (100 * acc.get(k, 0))
                                                           for k in world.KINDS)))
         lines.append("")
@@ -820,7 +862,8 @@ def main(argv=None):
     model.to(dev)
     opt = new_optimizer(model, args.lr)
     probe = world.eval_set(args.seed, 25)
-    log = {"args": vars(args), "config": {k: model.c[k] for k in CONFIG}, "loss": [], "probe": []}
+    log = {"args": vars(args), "config": {k: model.c[k] for k in CONFIG}, "loss": [], "probe": [],
+           "parents": parents(args.init)}
     run = 0.0
     step = 0
     # batches drawn from each generator below: a generator holds rows it has drawn until it

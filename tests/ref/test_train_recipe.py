@@ -13,7 +13,8 @@ into a temporary directory, then checks what the worker makes of it:
 - the recall sequences of the recipe's recall stage answer each query from its fact, and a
   fine-tune with the stage logs its accuracy;
 - a run stopped (--stop-at) and resumed (--resume) writes the same weights and losses as the
-  same run without a stop, and --resume refuses other options.
+  same run without a stop, and --resume refuses other options;
+- a fine-tune's log and model card carry the run it went on from (the whole recipe).
 
 Exit 77 (skipped, with the reason) without torch or CHUNKGATE_WORKER_BIN.
 """
@@ -259,6 +260,14 @@ def check_resume(d, tmp, errors):
                       % log.get("resumed_after"))
     if os.path.exists(os.path.join(parts, "resume.pt")):
         errors.append("resume: the finished run left its resume.pt")
+    # a fine-tune's log and card carry the run it went on from
+    if [p["args"]["out"] for p in log.get("parents", [])] != [d]:
+        errors.append("resume: the fine-tune's log names %s as its parents, not %s"
+                      % ([p["args"]["out"] for p in log.get("parents", [])], d))
+    with open(os.path.join(parts, "README.md")) as f:
+        card = f.read()
+    if "2 runs, each from the one before" not in card or card.count("train/train.py --out") != 2:
+        errors.append("resume: the fine-tune's model card does not give both runs' commands")
 
 
 # the committed checkpoints (train/README.md) and the least share of held-out single-hop
