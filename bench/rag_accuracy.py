@@ -282,11 +282,7 @@ def run(args, model, qs, settings, gport, wport):
     rows, answers = [], {}
 
     def record(label, outs, extra=None):
-        kinds = {k: [0, 0] for k in world.KINDS}
-        for ex, o in zip(qs, outs):
-            kinds[ex["kind"]][0] += o["right"]
-            kinds[ex["kind"]][1] += 1
-        acc = {k: a / n for k, (a, n) in kinds.items()}
+        acc = kind_accuracy([ex["kind"] for ex in qs], [o["right"] for o in outs])
         ttft = [o["ttft"] * 1000 for o in outs]
         row = {"setting": label, "accuracy": acc,
                "accuracy_mean": sum(acc.values()) / len(acc),
@@ -380,6 +376,16 @@ def validate(qs, rows, answers):
                         for label, outs in answers.items()}}
 
 
+def kind_accuracy(kinds, rights):
+    """Exact match per question kind, over parallel lists of kinds and outcomes (kinds no
+    question has are left out)."""
+    tot = {k: [0, 0] for k in world.KINDS}
+    for k, r in zip(kinds, rights):
+        tot[k][0] += r
+        tot[k][1] += 1
+    return {k: a / n for k, (a, n) in tot.items() if n}
+
+
 def bootstrap_spearman(qs, reuse, answers, rounds=400, seed=1):
     """The 5th and 95th percentile of Spearman(mean KL, accuracy loss) over the settings when the
     requests are drawn again with replacement (the same draw for every setting): how much of the
@@ -393,12 +399,8 @@ def bootstrap_spearman(qs, reuse, answers, rounds=400, seed=1):
         pick = [rnd.randrange(n) for _ in range(n)]
 
         def acc(outs):  # mean over kinds, as accuracy_mean
-            tot = {k: [0, 0] for k in world.KINDS}
-            for i in pick:
-                tot[kinds[i]][0] += outs[i]["right"]
-                tot[kinds[i]][1] += 1
-            per = [a / m for a, m in tot.values() if m]
-            return sum(per) / len(per)
+            per = kind_accuracy([kinds[i] for i in pick], [outs[i]["right"] for i in pick])
+            return sum(per.values()) / len(per)
         base = acc(full)
         kl, loss = [], []
         for r in reuse:
