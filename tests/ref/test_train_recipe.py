@@ -270,6 +270,31 @@ def check_resume(d, tmp, errors):
         errors.append("resume: the fine-tune's model card does not give both runs' commands")
 
 
+def check_bf16_gate(tmp, errors):
+    """--bf16 is refused on a CPU without AVX-512 (its bfloat16 products run 10x slower than
+    float32 there), with the reason, and taken on one with AVX-512 or AVX512-BF16."""
+    flags = os.path.join(tmp, "cpuinfo")
+    with open(flags, "w") as f:
+        f.write("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n\n"
+                "processor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma f16c avx512bw\n")
+    if train.cpu_flags(flags) != {"fpu", "sse2", "avx", "avx2", "fma", "f16c"}:
+        errors.append("bf16: cpu_flags read %s from the first processor" % train.cpu_flags(flags))
+    if not train.slow_bf16(train.cpu_flags(flags)):
+        errors.append("bf16: an AVX2-only CPU was not found slow for --bf16")
+    for fast in ({"avx2", "avx512bw"}, {"avx2", "avx512_bf16"}, {"amx_bf16"}):
+        if train.slow_bf16(fast):
+            errors.append("bf16: a CPU with %s was found slow for --bf16" % sorted(fast))
+    if train.cpu_flags(os.path.join(tmp, "absent")) != set():
+        errors.append("bf16: cpu_flags of a missing file is not empty")
+    if train.slow_bf16(train.cpu_flags()):
+        try:
+            train.main(["--out", os.path.join(tmp, "bf16"), "--bf16", "--steps", "1"])
+            errors.append("bf16: --bf16 was taken on this CPU without AVX-512")
+        except SystemExit as e:
+            if "--bf16" not in str(e) or "AVX-512" not in str(e):
+                errors.append("bf16: the refusal gives no reason: %r" % str(e))
+
+
 # the committed checkpoints (train/README.md) and the least share of held-out single-hop
 # questions (4-6 documents each) each must answer right through the worker. They answer 3 and 4
 # of these 20 (train/README.md: the models are not yet competent on several documents); the bar
@@ -297,6 +322,7 @@ def main():
         check_widen(d, errors)
         check_recall(d, tmp, errors)
         check_resume(d, tmp, errors)
+        check_bf16_gate(tmp, errors)
         for name, least in COMMITTED:
             cd = os.path.join(ROOT, "models", name)
             if not os.path.isfile(os.path.join(cd, "model.safetensors")):
