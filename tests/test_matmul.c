@@ -762,6 +762,44 @@ START_TEST(test_qkernels_exact)
 }
 END_TEST
 
+/* x with NaN and infinities quantises alike in every variant (the vector quantiser against the
+ * scalar one): a NaN is left out of its block's maximum and its value clamps to -127, an
+ * infinite maximum makes the block's scale infinite. The decode outputs of each variant equal
+ * the generic ones bit for bit, NaN for NaN; a block of finite x alone stays finite. */
+START_TEST(test_qkernels_nonfinite)
+{
+    for (int d = 0; d < 2; d++) {
+        const int rows = 8, cols = 256;
+        qmat m = qmat_new(qdtypes[d], rows, cols, 31);
+        void *raw;
+        float *x = x_new(2, cols, 0, 0, 32, &raw);
+        x[3] = x[31] = NAN;       /* row 0: NaN in block 0, first and last; the rest finite */
+        x[cols + 5] = NAN;        /* row 1: NaN in block 0, */
+        x[cols + 40] = INFINITY;  /* +Inf in block 1, */
+        x[cols + 70] = -INFINITY; /* -Inf in block 2 */
+        float want[16], y[16];
+        use_isa(CG_MATMUL_ISA_GENERIC);
+        run(DECODE, &m.w, x, 1, want);
+        run(DECODE, &m.w, x + cols, 1, want + rows);
+        for (int r = 0; r < rows; r++) {
+            ck_assert_msg(isfinite(want[r]), "a NaN in x made output %d %g", r, want[r]);
+            ck_assert_msg(!isfinite(want[rows + r]), "infinite x gave a finite output %d", r);
+        }
+        for (int v = 0; v < n_isas; v++) {
+            use_isa(isas[v]);
+            run(DECODE, &m.w, x, 1, y);
+            run(DECODE, &m.w, x + cols, 1, y + rows);
+            for (int i = 0; i < 2 * rows; i++)
+                ck_assert_msg((isnan(y[i]) && isnan(want[i])) || !memcmp(&y[i], &want[i], 4),
+                              "%s %s: y[%d] = %g, generic %g", cg_matmul_isa_name(isas[v]),
+                              d ? "q4_0" : "q8_0", i, y[i], want[i]);
+        }
+        free(raw);
+        qmat_free(&m);
+    }
+}
+END_TEST
+
 /* The tiled prefills (amx; AVX512-BF16 under avx512vnni): a row's bits do not depend on n, on
  * its position, nor on the thread count (each output is one chain of tile products); x rows
  * past a multiple of the tile and a last single 16-row group of W are written, and nothing
@@ -935,13 +973,13 @@ int main(void)
 {
     Suite *s = suite_create("matmul");
     tcase_add_checked_fixture(th_case(s, "isa env", 0, TH_TESTS(test_isa_choice)), setup, teardown);
-    TCase *tc =
-        th_case(s, "core", 300,
-                TH_TESTS(test_against_f64, test_exact_integers, test_decode_batch_invariant,
-                         test_unaligned, test_widen_all_values, test_widen_q8, test_quantize_q8,
-                         test_prefill_deterministic, test_empty_and_zero_cols, test_qkernels_exact,
-                         test_qkernels_close_to_f32, test_qdecode_batch_invariant,
-                         test_qprefill_amx, test_qprefill_bf16, test_quantize_blocks));
+    TCase *tc = th_case(
+        s, "core", 300,
+        TH_TESTS(test_against_f64, test_exact_integers, test_decode_batch_invariant, test_unaligned,
+                 test_widen_all_values, test_widen_q8, test_quantize_q8, test_prefill_deterministic,
+                 test_empty_and_zero_cols, test_qkernels_exact, test_qkernels_close_to_f32,
+                 test_qdecode_batch_invariant, test_qprefill_amx, test_qprefill_bf16,
+                 test_quantize_blocks, test_qkernels_nonfinite));
     tcase_add_checked_fixture(tc, setup, teardown);
     return th_run(s, CK_FORK_GETENV);
 }
