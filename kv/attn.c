@@ -31,9 +31,12 @@
 /* Floats of the per-thread scores tile. */
 #define SCORES_FLOATS ((size_t)BLOCK_STACKED_ROWS * KEY_TILE)
 /* Items with at most this many stacked rows (decode: one slot x the group) take the few-row
- * path (dots_fn/axpy_fn below): sgemm with a handful of rows spends its time packing K. At 8
- * rows sgemm is as fast (measured with head_dim 32 to 128). */
-#define FEW_ROWS 4
+ * path (dots_fn/axpy_fn below): sgemm with a handful of rows spends its time packing K. On an
+ * AVX-512 machine sgemm was as fast at 8 rows; on an AVX2 Zen 3 a decode step of 7 query heads
+ * per KV head (Qwen2.5-0.5B) took 1.6x as long through sgemm as here (bench_attn). Without
+ * the vector kernels the few-row path is one sgemv per row, and stays at 4 rows. */
+#define FEW_ROWS 8
+#define FEW_ROWS_GEMV 4
 /* Keys per tile on the few-row path: nothing to amortise per tile, and 2048 keys of K or V
  * (256 KiB at head_dim 32) stay in L2 for the group's other rows. */
 #define FEW_TILE 2048
@@ -490,7 +493,7 @@ static void run_item(const ctx *c, const work *w, scratch *sc)
     const float *k = c->kv->k + (size_t)w->kvh * c->kv->head_stride;
     const float *v = c->kv->v + (size_t)w->kvh * c->kv->head_stride;
     const float scale = 1.0f / sqrtf((float)d);
-    const int few = rows <= FEW_ROWS;
+    const int few = rows <= (c->ops.dots == dots_blas ? FEW_ROWS_GEMV : FEW_ROWS);
     size_t tile = few ? CG_MIN((size_t)FEW_TILE, SCORES_FLOATS / rows) : KEY_TILE;
     if (c->blas_threaded && few && c->ops.dots == dots_blas)
         tile = CG_MIN(tile, CG_MAX((size_t)16, BLAS_GEMV_SINGLE_MN / (size_t)d));
