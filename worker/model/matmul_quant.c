@@ -38,10 +38,16 @@ typedef struct qrow {
 typedef void (*qtile_fn)(const uint8_t *const *wq, const uint16_t *const *wd, const qrow *xr,
                          int nblk, float *out, const char *pf);
 
+/* Quantises one row of x (cols floats) into q, a, d, c: see qrow. */
+typedef void (*qxrow_fn)(const float *x, int cols, int8_t *q, uint8_t *a, float *d, int32_t *c);
+
 typedef struct qops {
     qtile_fn tile[2][QNB_MAX + 1]; /* [0: Q8_0, 1: Q4_0][nb] */
     int nb_max, rb;
+    qxrow_fn xrow; /* the row quantiser of x, bit for bit the same in every variant */
 } qops;
+
+static void quantize_x_row(const float *x, int cols, int8_t *q, uint8_t *a, float *d, int32_t *c);
 
 /* The lanes' final sum, in the order of matmul.c's a512_hsum: halves added, then 8 -> 4 -> 2
  * -> 1 as avx2_hsum does. */
@@ -95,11 +101,14 @@ GEN_FN(CG_DTYPE_Q8_0, gen_q8_1)
 GEN_FN(CG_DTYPE_Q4_0, gen_q4_1)
 
 static const qops qops_generic = {
-    .tile = {{NULL, gen_q8_1}, {NULL, gen_q4_1}}, .nb_max = 1, .rb = QRB};
+    .tile = {{NULL, gen_q8_1}, {NULL, gen_q4_1}}, .nb_max = 1, .rb = QRB, .xrow = quantize_x_row};
 
 /* ---- AVX2: one ymm per block, even blocks in acc[0], odd in acc[1] ---- */
 
 #define T_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+T_AVX2 static void quantize_x_row_avx2(const float *x, int cols, int8_t *q, uint8_t *a, float *d,
+                                       int32_t *c);
 
 T_AVX2 static inline float avx2q_hsum(__m256 lo, __m256 hi)
 {
@@ -221,7 +230,8 @@ AVX2_FN(CG_DTYPE_Q4_0, avx2q_q4_1, avx2q_q4_2)
 static const qops qops_avx2 = {
     .tile = {{NULL, avx2q_q8_1, avx2q_q8_2}, {NULL, avx2q_q4_1, avx2q_q4_2}},
     .nb_max = 2,
-    .rb = QRB_AVX2};
+    .rb = QRB_AVX2,
+    .xrow = quantize_x_row_avx2};
 
 /* ---- AVX-512: one zmm per pair of blocks (matmul_quant_a512.inc) ---- */
 
@@ -253,11 +263,13 @@ T_512 static inline float q512_hsum(__m512 v)
 static const qops qops_512 = {.tile = {{NULL, a512q_q8_1, a512q_q8_2, a512q_q8_3, a512q_q8_4},
                                        {NULL, a512q_q4_1, a512q_q4_2, a512q_q4_3, a512q_q4_4}},
                               .nb_max = 4,
-                              .rb = QRB};
+                              .rb = QRB,
+                              .xrow = quantize_x_row_avx2};
 static const qops qops_512v = {.tile = {{NULL, a512v_q8_1, a512v_q8_2, a512v_q8_3, a512v_q8_4},
                                         {NULL, a512v_q4_1, a512v_q4_2, a512v_q4_3, a512v_q4_4}},
                                .nb_max = 4,
-                               .rb = QRB};
+                               .rb = QRB,
+                               .xrow = quantize_x_row_avx2};
 
 static const qops *const all_qops[CG_MATMUL_ISA_COUNT] = {&qops_generic, &qops_avx2, &qops_512,
                                                           &qops_512v, &qops_512v};
@@ -349,8 +361,8 @@ T_AVX2 static void quantize_x_row_avx2(const float *x, int cols, int8_t *q, uint
     }
 }
 
-/* x quantised to int8 per block of 32; avx2: AVX2 may be used. */
-static void quantize_x(const float *x, int n, int cols, qx *out, int avx2)
+/* x quantised to int8 per block of 32, each row by xrow. */
+static void quantize_x(const float *x, int n, int cols, qx *out, qxrow_fn xrow)
 {
     const size_t nblk = (size_t)cols / QK, ne = (size_t)n * (size_t)cols;
     const size_t ps = (ne + 63) & ~(size_t)63;
@@ -363,10 +375,9 @@ static void quantize_x(const float *x, int n, int cols, qx *out, int avx2)
     out->c = (int32_t *)(out->d + (size_t)n * nblk);
 #pragma omp parallel for if (ne >= ((size_t)1 << 18)) schedule(static)
     for (int t = 0; t < n; t++)
-        (avx2 ? quantize_x_row_avx2 : quantize_x_row)(
-            x + (size_t)t * (size_t)cols, cols, out->q + (size_t)t * (size_t)cols,
-            out->a + (size_t)t * (size_t)cols, out->d + (size_t)t * nblk,
-            out->c + (size_t)t * nblk);
+        xrow(x + (size_t)t * (size_t)cols, cols, out->q + (size_t)t * (size_t)cols,
+             out->a + (size_t)t * (size_t)cols, out->d + (size_t)t * nblk,
+             out->c + (size_t)t * nblk);
 }
 
 /* ---- the product ---- */
@@ -430,7 +441,7 @@ void cg_qmm_product(const cg_weight *w, const float *x, int n, float *y, cg_matm
     }
     const qops *ops = all_qops[isa];
     qx xq;
-    quantize_x(x, n, w->cols, &xq, isa != CG_MATMUL_ISA_GENERIC);
+    quantize_x(x, n, w->cols, &xq, ops->xrow);
     const size_t rows = (size_t)w->rows, rb = (size_t)ops->rb;
     const size_t blocks = (rows + rb - 1) / rb;
     const int par = rows * row_bytes(w) * (size_t)CG_MIN(n, 16) >= PAR_BYTES && blocks > 1;
