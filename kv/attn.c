@@ -493,9 +493,10 @@ static void run_item(const ctx *c, const work *w, scratch *sc)
     const float *k = c->kv->k + (size_t)w->kvh * c->kv->head_stride;
     const float *v = c->kv->v + (size_t)w->kvh * c->kv->head_stride;
     const float scale = 1.0f / sqrtf((float)d);
-    const int few = rows <= (c->ops.dots == dots_blas ? FEW_ROWS_GEMV : FEW_ROWS);
+    const int gemv = c->ops.dots == dots_blas; /* no vector kernels: sgemv per row */
+    const int few = rows <= (gemv ? FEW_ROWS_GEMV : FEW_ROWS);
     size_t tile = few ? CG_MIN((size_t)FEW_TILE, SCORES_FLOATS / rows) : KEY_TILE;
-    if (c->blas_threaded && few && c->ops.dots == dots_blas)
+    if (c->blas_threaded && few && gemv)
         tile = CG_MIN(tile, CG_MAX((size_t)16, BLAS_GEMV_SINGLE_MN / (size_t)d));
     if (c->blas_threaded && !few)
         tile = CG_MIN(tile, CG_MAX((size_t)16, BLAS_GEMM_SINGLE_MNK / ((size_t)rows * (size_t)d)));
