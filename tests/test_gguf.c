@@ -7,7 +7,8 @@
  *     rows were permuted; Llama's q/k rows are, and RoPE then pairs adjacent dims);
  *   - the tokenizer and chat template built from the metadata: the same ids on the tokenizer
  *     corpus (tests/data/tokenizer_corpus.json), the same template, BOS and EOS;
- *   - Q8_0 / Q4_0 GGUF: every repacked block dequantises to the file's own d * q;
+ *   - Q8_0 / Q4_0 GGUF: every repacked block dequantises to the file's own d * q, and the
+ *     file's pages of what was copied out leave the process (the weights are resident once);
  *   - refusals, each naming what: a tensor type the worker does not load, Q4_0 rows it cannot
  *     run, --quant on a quantised file, a truncated file, a file that is not GGUF.
  * llama.cpp itself reads the same files in ref_llamacpp. Exits 77 (skipped) with "SKIPPED:" when
@@ -324,6 +325,64 @@ START_TEST(test_quantised_blocks)
 }
 END_TEST
 
+/* The kB of this process's memory that mappings of `path` hold (Rss in /proc/self/smaps). */
+static long mapped_kb(const char *path)
+{
+    char real[4096];
+    ck_assert_ptr_nonnull(realpath(path, real));
+    FILE *f = fopen("/proc/self/smaps", "r");
+    ck_assert_ptr_nonnull(f);
+    char line[8192];
+    int inside = 0;
+    long kb = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char *sp = strchr(line, ' '), *dash = strchr(line, '-');
+        if (dash && sp && dash < sp && sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+            line[strcspn(line, "\n")] = 0;
+            const size_t n = strlen(line), m = strlen(real);
+            inside = n > m && strcmp(line + n - m, real) == 0 && line[n - m - 1] == ' ';
+        } else if (inside && strncmp(line, "Rss:", 4) == 0) {
+            kb += strtol(line + 4, NULL, 10);
+        }
+    }
+    fclose(f);
+    return kb;
+}
+
+START_TEST(test_quantised_resident_once)
+{
+    /* every tensor of a Q8_0 file is copied out at load (matrices repacked, vectors to f32), so
+     * what stays resident of its mapping is the header and metadata, and the partial pages at
+     * the tensors' edges: not the weights a second time */
+    const char *file = at("llama3-q8_0.gguf");
+    char err[ERRLEN] = "";
+    cg_gguf *g = NULL; /* a second mapping of the file: its header is resident too */
+    ck_assert_int_eq(cg_gguf_open(file, &g, err, sizeof err), CG_OK);
+    size_t tensors = 0, n = cg_gguf_n_tensors(g);
+    for (size_t i = 0; i < n; i++)
+        tensors += cg_gguf_tensor_at(g, i)->nbytes;
+    FILE *f = fopen(file, "rb");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    const long size = ftell(f), rest = size - (long)tensors;
+    fclose(f);
+    ck_assert_msg((long)tensors > 4 * rest, "the weights are not most of the file");
+    cg_model *m = open_model("llama3-q8_0.gguf", CG_QUANT_NONE);
+    const long kb = mapped_kb(file);
+    const long bound = (2 * rest + (long)n * 2 * sysconf(_SC_PAGESIZE)) / 1024;
+    ck_assert_msg(kb <= bound, "%ld kB of the %ld kB file resident after load (bound %ld kB)", kb,
+                  size / 1024, bound);
+    /* the dropped pages read back from the file */
+    const cg_gguf_tensor *a = cg_gguf_find_tensor(m->gguf, "blk.1.ffn_down.weight"),
+                         *b = cg_gguf_find_tensor(g, "blk.1.ffn_down.weight");
+    ck_assert(a && b && a->nbytes == b->nbytes && a->data != b->data);
+    ck_assert(memcmp(a->data, b->data, a->nbytes) == 0);
+    cg_model_close(&m);
+    cg_gguf_close(&g);
+}
+END_TEST
+
 /* Rewrites the ggml type of tensor `name` in a GGUF file (a copy at out). */
 static void retype(const char *in, const char *out, const char *name, uint32_t type)
 {
@@ -406,5 +465,6 @@ int main(void)
     }
     return th_run_suite("gguf", "gguf", 600, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
                         TH_TESTS(test_f16_as_safetensors, test_tokenizer_parity,
-                                 test_quantised_blocks, test_refusals));
+                                 test_quantised_blocks, test_quantised_resident_once,
+                                 test_refusals));
 }

@@ -441,6 +441,15 @@ void cg_gguf_close(cg_gguf **gp)
     free(g);
 }
 
+void cg_gguf_drop(const cg_gguf *g, const cg_gguf_tensor *t)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)t->data + page - 1) & ~(page - 1);
+    const uintptr_t hi = ((uintptr_t)t->data + t->nbytes) & ~(page - 1);
+    if ((const uint8_t *)lo < g->map || hi > (uintptr_t)g->map + g->map_len || hi <= lo) return;
+    madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: a failure leaves the pages mapped */
+}
+
 /* ---- lookups ---- */
 
 const cg_gguf_kv *cg_gguf_find(const cg_gguf *g, const char *key)

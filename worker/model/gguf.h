@@ -90,6 +90,10 @@ float cg_gguf_arr_f32(const cg_gguf_kv *kv, uint64_t i);
 size_t cg_gguf_n_tensors(const cg_gguf *g);
 const cg_gguf_tensor *cg_gguf_tensor_at(const cg_gguf *g, size_t i);
 const cg_gguf_tensor *cg_gguf_find_tensor(const cg_gguf *g, const char *name);
+/* t's bytes have been copied out: the whole pages of the mapping inside them leave the
+ * process's memory (MADV_DONTNEED on a private read-only mapping: reading them again reads
+ * the file). A quantised checkpoint repacked at load then holds its weights once, not twice. */
+void cg_gguf_drop(const cg_gguf *g, const cg_gguf_tensor *t);
 
 /* "F32", "Q6_K", ... for a ggml type; "unknown (N)" (static buffer per thread) otherwise. */
 const char *cg_gguf_type_name(uint32_t type);

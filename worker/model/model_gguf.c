@@ -622,6 +622,7 @@ cg_status cg_gguf_place_tensors(cg_model *m, const cg_wlist *l, char *err, size_
             *w->vec = p;
             p += ((size_t)w->d0 + 15) & ~(size_t)15;
             m->weight_bytes += (size_t)w->d0 * sizeof(float);
+            cg_gguf_drop(m->gguf, t);
             continue;
         }
         cg_weight *mat = w->mat;
@@ -639,6 +640,7 @@ cg_status cg_gguf_place_tensors(cg_model *m, const cg_wlist *l, char *err, size_
             mat->dtype = dt;
             mat->bscale = sc;
             m->weight_bytes += nq + ns * 2;
+            cg_gguf_drop(m->gguf, t);
             continue;
         }
         mat->dtype = t->type == CG_GGML_F16    ? CG_DTYPE_F16

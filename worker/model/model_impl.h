@@ -24,7 +24,8 @@ struct cg_model {
     cg_st_file **files; /* mapped for the model's lifetime: 16-bit matrices are used in place */
     char **file_names;
     size_t n_files;
-    cg_gguf *gguf;     /* a GGUF checkpoint instead of the files: mapped for the lifetime */
+    cg_gguf *gguf;     /* a GGUF checkpoint instead of the files: mapped for the lifetime; the
+                        * pages of tensors copied out are dropped (cg_gguf_drop) */
     void *arena;       /* f32 copies: vectors, and f32 matrices at an odd address */
     void *qarena;      /* --quant: every matrix's blocks and scales; the files are then closed */
     cg_weight embed;   /* [vocab][dim]; lookups dequantise its rows under --quant */
