@@ -8,8 +8,11 @@
  *   decode, n = 1..16: cg_matmul_decode over several layers' weights (more bytes than L3) and
  *     over lm_head vs a plain 2-thread read of the same bytes (f32, bf16, f16, the int8-per-row
  *     option, and the Q8_0 / Q4_0 blocks of --quant q8 / q4); GB/s of weight bytes and ratio.
+ *   read, --read-only MiB: the plain 2-thread read alone over a buffer of that size, one line
+ *     of GB/s (median and best); what bench/llamacpp/versus.mjs --bandwidth measures decode
+ *     against, in the same run.
  *   usage: bench_matmul [--reps N] [--layers L] [--isa generic|avx2|avx512] [--skip-prefill]
- *          [--skip-decode]
+ *          [--skip-decode] [--read-only MiB]
  * Re-execs itself with OMP_WAIT_POLICY=passive unless the variable is set (as the worker runs). */
 #include <cblas.h>
 #include <immintrin.h>
@@ -478,10 +481,30 @@ static void bench_decode(int reps, int layers)
     free(y);
 }
 
+/* The plain 2-thread read of a fresh buffer of mib MiB (touched first), reps times. */
+static void bench_read_only(int reps, size_t mib)
+{
+    const size_t bytes = mib << 20;
+    char *p = cg_malloc(bytes);
+    memset(p, 1, bytes);
+    double *t = cg_calloc((size_t)reps, sizeof *t), best = 0;
+    read_2threads(p, bytes);
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        read_2threads(p, bytes);
+        t[r] = now_s() - t0;
+        if (best == 0 || t[r] < best) best = t[r];
+    }
+    printf("read %zu MiB: %.2f GB/s median, %.2f GB/s best (%d reps)\n", mib,
+           (double)bytes / median(t, reps) / 1e9, (double)bytes / best / 1e9, reps);
+    free(t);
+    free(p);
+}
+
 int main(int argc, char **argv)
 {
     th_omp_passive(argv);
-    int reps = 7, layers = 4, prefill = 1, decode = 1;
+    int reps = 7, layers = 4, prefill = 1, decode = 1, read_mib = 0;
     const char *isa = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc)
@@ -494,15 +517,22 @@ int main(int argc, char **argv)
             prefill = 0;
         else if (!strcmp(argv[i], "--skip-decode"))
             decode = 0;
+        else if (!strcmp(argv[i], "--read-only") && i + 1 < argc)
+            read_mib = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_matmul [--reps N] [--layers L] "
-                            "[--isa generic|avx2|avx512] [--skip-prefill] [--skip-decode]\n");
+                            "[--isa generic|avx2|avx512] [--skip-prefill] [--skip-decode] "
+                            "[--read-only MiB]\n");
             return 2;
         }
     }
-    if (reps <= 0 || layers <= 0) {
-        fprintf(stderr, "bench_matmul: --reps and --layers must be positive\n");
+    if (reps <= 0 || layers <= 0 || read_mib < 0) {
+        fprintf(stderr, "bench_matmul: --reps, --layers and --read-only must be positive\n");
         return 2;
+    }
+    if (read_mib) {
+        bench_read_only(reps, (size_t)read_mib);
+        return 0;
     }
     if (isa) {
         int found = -1;

@@ -17,7 +17,10 @@
 //       [--build build] [--threads 2] [--reps 2] [--prefill 512,4096] [--decode 128]
 //       [--docs 4] [--doc-words 1000] [--pool-mb 256] [--skip prefill,decode,rag,llama]
 //       [--flash-attention both|off|on|auto] [--llama-threads 1] [--worker-b BIN] [--json out.json]
-//       [--quant none|q8|q4]
+//       [--quant none|q8|q4] [--bandwidth MiB [--decode-bytes B]]
+// --bandwidth runs build/bench/bench_matmul --read-only MiB (a plain read with --threads
+// threads) before each decode rep, and gives the worker's decode as GB/s of the bytes a token
+// reads (--decode-bytes, else the weights in memory) and as a share of that read.
 // --quant starts the worker(s) with --quant (pass the GGUF of the same bits: gguf_write.py
 // --type q8_0 / q4_0). --flash-attention both (the default) gives llama.cpp one context with
 // flash attention off and one with it on, per thread count, and every measurement takes the
@@ -27,6 +30,7 @@
 // starts a second chunkgate-worker binary (another build), measured right after the first in
 // parts 1 and 2.
 // Prints a table per part and one JSON object (--json writes it to a file too).
+import {execFileSync} from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import process from "node:process";
@@ -46,6 +50,7 @@ const poolMb = Number(a["pool-mb"] ?? 256);
 const fa = a["flash-attention"] ?? "both";
 const faModes = fa === "both" ? ["off", "on"] : [fa];
 const quant = a.quant ?? "none";
+const bandwidthMib = Number(a.bandwidth ?? 0);
 
 // ---------------------------------------------------------------- llama.cpp (in process)
 
@@ -225,10 +230,21 @@ if (!skip.has("prefill")) {
 }
 
 // ---------------------------------------------------------------- 2. decode
+// GB/s of a plain read of bandwidthMib MiB with the same threads (bench_matmul --read-only)
+function readGBs() {
+    const bin = path.join(build, "bench/bench_matmul");
+    const txt = execFileSync(bin, ["--read-only", String(bandwidthMib), "--reps", "5"],
+                             {env: {...process.env, OMP_NUM_THREADS: String(threads)}, encoding: "utf8"});
+    const m = txt.match(/([\d.]+) GB\/s median/);
+    if (!m) die(`bench_matmul --read-only printed no rate: ${txt}`);
+    return Number(m[1]);
+}
 if (!skip.has("decode") && nDecode > 0) {
     const prompt = randomIds(512, 1);
+    const decodeBytes = Number(a["decode-bytes"] ?? mem.weights_mib * 2 ** 20);
     for (let rep = 0; rep < reps; rep++) {
         const row = {rep, prompt_tokens: 512, first: first(rep), load: loadavg()};
+        if (bandwidthMib > 0) row.read_gbs = readGBs();
         const w = async () => {
             row.worker = await workerDecode(prompt, nDecode);
             if (wurlB) row.worker_b = await workerDecode(prompt, nDecode, wurlB);
@@ -242,6 +258,13 @@ if (!skip.has("decode") && nDecode > 0) {
         row.ratio = row.worker_tok_s / row.llama_tok_s;
         row.ratio_best = row.worker_tok_s / row.llama_best_tok_s;
         if (wurlB) row.ratio_b = row.worker_tok_s / (row.worker_b.tokens / row.worker_b.seconds);
+        if (row.read_gbs) {
+            row.decode_bytes = decodeBytes;
+            row.worker_gbs = decodeBytes * row.worker_tok_s / 1e9;
+            row.share_of_read = row.worker_gbs / row.read_gbs;
+            log(`decode reads ${(decodeBytes / 1e9).toFixed(3)} GB a token: ${row.worker_gbs.toFixed(2)} GB/s, ` +
+                `${row.share_of_read.toFixed(2)} of the plain read's ${row.read_gbs.toFixed(2)} GB/s`);
+        }
         out.decode.push(row);
         log(`decode ${nDecode} (worker ${row.worker.tokens} tokens): worker ${row.worker_tok_s.toFixed(1)} ` +
             `tok/s, llama.cpp ${row.llama_tok_s.toFixed(1)} tok/s (best ${row.llama_best_tok_s.toFixed(1)}), ` +
