@@ -17,10 +17,12 @@
 //       [--build build] [--threads 2] [--reps 2] [--prefill 512,4096] [--decode 128]
 //       [--docs 4] [--doc-words 1000] [--pool-mb 256] [--skip prefill,decode,rag,llama]
 //       [--flash-attention both|off|on|auto] [--llama-threads 1] [--worker-b BIN] [--json out.json]
-//       [--quant none|q8|q4] [--bandwidth MiB [--decode-bytes B]]
+//       [--quant none|q8|q4] [--bandwidth MiB [--decode-bytes B]] [--worker-timeout-ms 600000]
 // --bandwidth runs build/bench/bench_matmul --read-only MiB (a plain read with --threads
 // threads) before each decode rep, and gives the worker's decode as GB/s of the bytes a token
 // reads (--decode-bytes, else the weights in memory) and as a share of that read.
+// --worker-timeout-ms is the gateway's wait for an assemble in part 3: the cold RAG request of a
+// 7B model over 16k tokens runs for over half an hour.
 // --quant starts the worker(s) with --quant (pass the GGUF of the same bits: gguf_write.py
 // --type q8_0 / q4_0). --flash-attention both (the default) gives llama.cpp one context with
 // flash attention off and one with it on, per thread count, and every measurement takes the
@@ -51,6 +53,7 @@ const fa = a["flash-attention"] ?? "both";
 const faModes = fa === "both" ? ["off", "on"] : [fa];
 const quant = a.quant ?? "none";
 const bandwidthMib = Number(a.bandwidth ?? 0);
+const workerTimeoutMs = String(a["worker-timeout-ms"] ?? 600000);
 
 // ---------------------------------------------------------------- llama.cpp (in process)
 
@@ -277,7 +280,7 @@ if (!skip.has("decode") && nDecode > 0) {
 if (!skip.has("rag")) {
     const gw = await startServer(gatewayBin,
         ["--listen", "127.0.0.1:0", "--worker", wurl, "--data-dir", path.join(tmp, "gateway"),
-         "--worker-timeout-ms", "600000", "--health-timeout-ms", "30000",
+         "--worker-timeout-ms", workerTimeoutMs, "--health-timeout-ms", "30000",
          "--health-interval-ms", "5000"],
         path.join(tmp, "gateway.log"));
     const gurl = `http://127.0.0.1:${gw.port}`;
