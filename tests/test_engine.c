@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "worker/serve/engine.h"
+#include "worker/serve/live.h"
 #include "base/base.h"
 #include "tests/harness/harness.h"
 #include "tests/harness/prompt.h"
@@ -335,6 +336,27 @@ START_TEST(test_reuse_across_prompts)
     runs_free(all, CG_ARRAY_LEN(all));
     ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
     cg_engine_close(&e);
+}
+END_TEST
+
+/* A freed assembly's KV serves the next assembly of about the same size: a request a few
+ * tokens longer than the last takes the spare instead of a new buffer (which would then be kept
+ * beside it), and one over twice as small gets a buffer of its own. */
+START_TEST(test_spare_kv_reused)
+{
+    cg_live *l = cg_live_new(m_half, NULL, 4, 60000);
+    cg_assembly *a = cg_live_prepare(l, 900, 900 + 512, 0);
+    ck_assert_ptr_nonnull(a);
+    const cg_kv *kv = a->kv;
+    ck_assert_uint_ge(cg_kv_cap(kv), 900 + 512);
+    cg_live_discard(l, &a, 0);
+    cg_assembly *b = cg_live_prepare(l, 907, 907 + 512, 0);
+    ck_assert_ptr_eq(b->kv, kv);
+    cg_assembly *c = cg_live_prepare(l, 100, 100, 0);
+    ck_assert_ptr_ne(c->kv, kv);
+    cg_live_discard(l, &b, 0);
+    cg_live_discard(l, &c, 0);
+    cg_live_free(&l);
 }
 END_TEST
 
@@ -944,7 +966,7 @@ int main(int argc, char **argv)
                                        test_sys_fidelity, test_reuse_across_prompts,
                                        test_full_recompute, test_pool_pressure, test_key_mismatch,
                                        test_lifecycle, test_ttl_from_ready, test_role_collision,
-                                       test_disk_tier, test_adopt));
+                                       test_disk_tier, test_adopt, test_spare_kv_reused));
     cg_model_close(&m_half);
     cg_model_close(&m_inter);
     th_rmdtemp(dir_half);

@@ -12,6 +12,11 @@
 /* Freed assembly KV buffers kept for the next assembly: a fresh buffer costs a page fault
  * per 4 KiB on first write, a noticeable part of a warm TTFT. */
 #define SPARE_KV 2
+/* New buffers get a capacity in whole steps of this many slots, so that a spare fits the next
+ * request of about the same size (a RAG request a few tokens longer than the last one) rather
+ * than a second buffer being made and kept. The slots past a request's own are never written,
+ * so their pages cost nothing resident. */
+#define KV_CAP_STEP 1024
 
 struct cg_live {
     const cg_model *m;
@@ -67,7 +72,9 @@ static cg_kv *kv_get(cg_live *l, uint32_t cap)
         }
     }
     pthread_mutex_unlock(&l->mu);
-    return kv ? kv : cg_kv_new(l->m, cap);
+    if (kv) return kv;
+    const uint64_t stepped = ((uint64_t)cap + KV_CAP_STEP - 1) / KV_CAP_STEP * KV_CAP_STEP;
+    return cg_kv_new(l->m, (uint32_t)CG_MIN(stepped, (uint64_t)UINT32_MAX));
 }
 
 /* Keeps kv as a spare (replacing the smallest) or frees it. */
