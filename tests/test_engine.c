@@ -352,9 +352,9 @@ START_TEST(test_spare_kv_reused)
     cg_live_discard(l, &a, 0);
     cg_assembly *b = cg_live_prepare(l, 907, 907 + 512, 0);
     ck_assert_ptr_eq(b->kv, kv);
+    cg_live_discard(l, &b, 0); /* the spare again */
     cg_assembly *c = cg_live_prepare(l, 100, 100, 0);
     ck_assert_ptr_ne(c->kv, kv);
-    cg_live_discard(l, &b, 0);
     cg_live_discard(l, &c, 0);
     cg_live_free(&l);
 }
