@@ -344,14 +344,16 @@ END_TEST
  * beside it), and one over twice as small gets a buffer of its own. */
 START_TEST(test_spare_kv_reused)
 {
-    cg_live *l = cg_live_new(m_half, NULL, 4, 60000);
+    cg_live *l = cg_live_new(m_half, NULL, 4, 60000, SIZE_MAX);
     cg_assembly *a = cg_live_prepare(l, 900, 900 + 512, 0);
     ck_assert_ptr_nonnull(a);
     const cg_kv *kv = a->kv;
     ck_assert_uint_ge(cg_kv_cap(kv), 900 + 512);
     cg_live_discard(l, &a, 0);
+    ck_assert_uint_eq(cg_live_get_stats(l).spare_bytes, cg_kv_bytes(kv));
     cg_assembly *b = cg_live_prepare(l, 907, 907 + 512, 0);
     ck_assert_ptr_eq(b->kv, kv);
+    ck_assert_uint_eq(cg_live_get_stats(l).spare_bytes, 0);
     cg_live_discard(l, &b, 0); /* the spare again */
     cg_assembly *c = cg_live_prepare(l, 100, 100, 0);
     ck_assert_ptr_ne(c->kv, kv);
@@ -360,7 +362,45 @@ START_TEST(test_spare_kv_reused)
 }
 END_TEST
 
-/* (4) full recompute: k >= every chunk's length equals a plain causal forward. */
+/* The spares never hold more than their byte budget: a buffer over it is freed, and the
+ * largest buffers that fit are the ones kept. */
+START_TEST(test_spare_kv_budget)
+{
+    cg_live *l = cg_live_new(m_half, NULL, 4, 60000, 0);
+    cg_assembly *a = cg_live_prepare(l, 10, 10, 0);
+    cg_live_discard(l, &a, 0);
+    ck_assert_uint_eq(cg_live_get_stats(l).spare_bytes, 0); /* budget 0: none kept */
+    cg_live_free(&l);
+
+    /* Capacities go in steps of 1024 slots; the budget has room for 3 steps. */
+    cg_kv *k = cg_kv_new(m_half, 1024);
+    const size_t step = cg_kv_bytes(k);
+    cg_kv_free(&k);
+    l = cg_live_new(m_half, NULL, 4, 60000, 3 * step);
+    cg_assembly *big = cg_live_prepare(l, 3000, 3000, 0);   /* 3 steps */
+    cg_assembly *mid = cg_live_prepare(l, 2000, 2000, 0);   /* 2 */
+    cg_assembly *small = cg_live_prepare(l, 1000, 1000, 0); /* 1 */
+    cg_live_discard(l, &small, 0);
+    ck_assert_uint_eq(cg_live_get_stats(l).spare_bytes, step);
+    cg_live_discard(l, &mid, 0);
+    ck_assert_uint_eq(cg_live_get_stats(l).spare_bytes, 3 * step);
+    /* Largest first: the 3-step buffer is kept, and the two smaller are freed for it. */
+    cg_live_discard(l, &big, 0);
+    ck_assert_uint_eq(cg_live_get_stats(l).spare_bytes, 3 * step);
+    /* So 1500 slots (2 steps) find no spare (3 steps would waste over half) ... */
+    cg_assembly *a2 = cg_live_prepare(l, 1500, 1500, 0);
+    ck_assert_uint_eq(cg_live_get_stats(l).spare_bytes, 3 * step);
+    /* ... and 1600 take the 3-step one. */
+    cg_assembly *a3 = cg_live_prepare(l, 1600, 1600, 0);
+    ck_assert_uint_eq(cg_live_get_stats(l).spare_bytes, 0);
+    ck_assert_uint_eq(cg_kv_cap(a3->kv), 3 * 1024);
+    cg_live_discard(l, &a2, 0);
+    cg_live_discard(l, &a3, 0);
+    ck_assert_uint_eq(cg_live_get_stats(l).spare_bytes, 3 * step); /* a3's; a2's freed */
+    cg_live_free(&l);
+}
+END_TEST
+
 START_TEST(test_full_recompute)
 {
     cg_engine *e = new_engine(m_half, 0);
@@ -961,12 +1001,12 @@ int main(int argc, char **argv)
     cg_log_init("test_engine", CG_LOG_WARN);
     m_half = make_model(CG_ROPE_HALF, &dir_half);
     m_inter = make_model(CG_ROPE_INTERLEAVED, &dir_inter);
-    int failed = th_run_tests("engine", "fidelity", 300,
-                              TH_TESTS(test_strict_fidelity, test_strict_fidelity_interleaved,
-                                       test_sys_fidelity, test_reuse_across_prompts,
-                                       test_full_recompute, test_pool_pressure, test_key_mismatch,
-                                       test_lifecycle, test_ttl_from_ready, test_role_collision,
-                                       test_disk_tier, test_adopt, test_spare_kv_reused));
+    int failed = th_run_tests(
+        "engine", "fidelity", 300,
+        TH_TESTS(test_strict_fidelity, test_strict_fidelity_interleaved, test_sys_fidelity,
+                 test_reuse_across_prompts, test_full_recompute, test_pool_pressure,
+                 test_key_mismatch, test_lifecycle, test_ttl_from_ready, test_role_collision,
+                 test_disk_tier, test_adopt, test_spare_kv_reused, test_spare_kv_budget));
     cg_model_close(&m_half);
     cg_model_close(&m_inter);
     th_rmdtemp(dir_half);

@@ -531,6 +531,12 @@ uint32_t cg_kv_cap(const cg_kv *kv)
     return kv->cap;
 }
 
+size_t cg_kv_bytes(const cg_kv *kv)
+{
+    return (size_t)kv->cap * (size_t)kv->head_dim * (size_t)kv->n_layers * 2 *
+           (size_t)kv->n_kv_heads * sizeof(float);
+}
+
 int cg_kv_matches(const cg_kv *kv, const cg_model *m)
 {
     return kv->n_layers == m->cfg.n_layers && kv->n_kv_heads == m->cfg.n_kv_heads &&

@@ -127,6 +127,8 @@ typedef struct cg_kv cg_kv;
 cg_kv *cg_kv_new(const cg_model *m, uint32_t cap_tokens);
 void cg_kv_free(cg_kv **kv);
 uint32_t cg_kv_cap(const cg_kv *kv);
+/* Bytes of its capacity (its pages are mapped as slots are first written). */
+size_t cg_kv_bytes(const cg_kv *kv);
 float *cg_kv_k(cg_kv *kv, int layer, int head); /* -> [cap][head_dim] */
 float *cg_kv_v(cg_kv *kv, int layer, int head);
 /* Copies slots [0, n) of every plane of src into dst (same model; n <= both capacities). */

@@ -124,6 +124,7 @@ void cg_api_info(cg_http_req *req, void *app)
     SET("kv_sources", srcs);
     SET("assemblies_live", json_integer((json_int_t)cg_engine_live_assemblies(a->e, cg_now_ms())));
     SET("assembly_ttl_ms", json_integer((json_int_t)ep.assembly_ttl_ms));
+    SET("spare_kv_bytes", json_integer((json_int_t)ep.spare_kv_bytes));
     SET("recompute_ratio", json_real(a->p.recompute_ratio));
     SET("recompute_select", json_string(cg_select_names[a->p.recompute_select]));
     SET("canary_rate", json_real(a->p.canary_rate));
@@ -318,6 +319,10 @@ void cg_api_metrics(cg_http_req *req, void *app)
                 es.assemblies_expired);
     set_counter(m, P "assemblies_adopted_total", "Assemblies made from KV pulled from a worker",
                 es.assemblies_adopted);
+    set_gauge(m, P "kv_spare_bytes",
+              "Capacity of the freed assembly KV buffers kept for the next requests "
+              "(--spare-kv-mb)",
+              (double)es.kv_spare_bytes);
     /* Tiers: what each holds now, and the traffic between them. */
     cg_disk *d = cg_engine_disk(a->e);
     cg_disk_stats ds = d ? cg_disk_get_stats(d) : (cg_disk_stats){0};

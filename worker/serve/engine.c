@@ -16,6 +16,7 @@ cg_engine_params cg_engine_default_params(void)
         .assembly_ttl_ms = 60000,
         .max_assemblies = 64,
         .reserve_tokens = 512,
+        .spare_kv_bytes = (size_t)1 << 30,
         .disk_write_behind = 64,
         .disk_write_behind_bytes = (size_t)64 << 20,
         .sched = cg_sched_default_params(),
@@ -47,8 +48,8 @@ cg_status cg_engine_open(const cg_model *model, cg_engine_params params, cg_engi
         cg_engine_close(&e);
         return st;
     }
-    e->live =
-        cg_live_new(model, cg_tiers_pool(e->tiers), e->p.max_assemblies, e->p.assembly_ttl_ms);
+    e->live = cg_live_new(model, cg_tiers_pool(e->tiers), e->p.max_assemblies, e->p.assembly_ttl_ms,
+                          e->p.spare_kv_bytes);
     *out = e;
     return CG_OK;
 }
@@ -113,6 +114,7 @@ cg_engine_stats cg_engine_get_stats(cg_engine *e)
     s.assemblies_created = ls.created;
     s.assemblies_expired = ls.expired;
     s.assemblies_adopted = ls.adopted;
+    s.kv_spare_bytes = ls.spare_bytes;
     return s;
 }
 

@@ -30,6 +30,9 @@ typedef struct cg_engine_params {
     uint64_t assembly_ttl_ms; /* an unconsumed assembly is released after this; default 60000 */
     size_t max_assemblies;    /* live assemblies at once; default 64 (more -> CG_E_UNAVAILABLE) */
     uint32_t reserve_tokens;  /* decode room allocated with an assembly; default 512 */
+    /* Freed assembly KV buffers kept for the next assemblies (they save its page faults), at
+     * most this many bytes of capacity in all; 0 = none. Default 1 GiB. */
+    size_t spare_kv_bytes;
     /* Disk tier (worker/store/disk.h) below the RAM pool: a chunk evicted from RAM is
      * written there, a pool miss looks there. disk_bytes 0 (default) = no disk tier. */
     size_t disk_bytes;
@@ -344,6 +347,7 @@ typedef struct cg_engine_stats {
     uint64_t spills;             /* RAM evictions written to disk (or already there) */
     uint64_t spill_failures;     /* RAM evictions the disk did not take: dropped */
     uint64_t assemblies_adopted; /* assemblies made from pulled KV (cg_engine_adopt) */
+    size_t kv_spare_bytes;       /* gauge: capacity of the spare assembly KV buffers */
     uint64_t recomputed_tokens;  /* chunk tokens recomputed with full context */
     uint64_t rank_tokens;        /* chunk tokens run through the ranking pass of recompute_ratio */
     uint64_t remote_hits;        /* cacheable segments served from the remote tier (in

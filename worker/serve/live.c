@@ -9,8 +9,9 @@
 #include "base/base.h"
 #include "base/map.h"
 
-/* Freed assembly KV buffers kept for the next assembly: a fresh buffer costs a page fault
- * per 4 KiB on first write, a noticeable part of a warm TTFT. */
+/* Freed assembly KV buffers kept for the next assembly, at most this many and at most
+ * cg_live_new's spare_bytes of capacity in all: a fresh buffer costs a page fault per 4 KiB on
+ * first write, a noticeable part of a warm TTFT. */
 #define SPARE_KV 2
 /* New buffers get a capacity in whole steps of this many slots, so that a spare fits the next
  * request of about the same size (a RAG request a few tokens longer than the last one) rather
@@ -23,19 +24,22 @@ struct cg_live {
     cg_pool *pool;
     size_t max;
     uint64_t ttl_ms;
-    pthread_mutex_t mu; /* guards everything below; never held while computing */
-    cg_map live;        /* cg_assembly by node, keyed by id */
-    cg_live_stats stats;
+    pthread_mutex_t mu;  /* guards everything below; never held while computing */
+    cg_map live;         /* cg_assembly by node, keyed by id */
+    cg_live_stats stats; /* stats.spare_bytes: the capacity of spare[] in bytes */
     cg_kv *spare[SPARE_KV];
+    size_t spare_budget;
 };
 
-cg_live *cg_live_new(const cg_model *m, cg_pool *pool, size_t max, uint64_t ttl_ms)
+cg_live *cg_live_new(const cg_model *m, cg_pool *pool, size_t max, uint64_t ttl_ms,
+                     size_t spare_bytes)
 {
     cg_live *l = cg_calloc(1, sizeof *l);
     l->m = m;
     l->pool = pool;
     l->max = max ? max : 1;
     l->ttl_ms = ttl_ms;
+    l->spare_budget = spare_bytes;
     CG_MAP_INIT(&l->live, cg_assembly, node, id);
     pthread_mutex_init(&l->mu, NULL);
     return l;
@@ -58,6 +62,11 @@ void cg_live_free(cg_live **lp)
     cg_free(lp);
 }
 
+static uint32_t cap_of(const cg_kv *kv)
+{
+    return kv ? cg_kv_cap(kv) : 0;
+}
+
 /* A KV of at least cap slots: a spare one when one fits without wasting more than half of
  * it, else a new one. Stale rows are harmless: every slot is written before it is read. */
 static cg_kv *kv_get(cg_live *l, uint32_t cap)
@@ -65,10 +74,11 @@ static cg_kv *kv_get(cg_live *l, uint32_t cap)
     cg_kv *kv = NULL;
     pthread_mutex_lock(&l->mu);
     for (int i = 0; i < SPARE_KV && !kv; i++) {
-        uint32_t c = l->spare[i] ? cg_kv_cap(l->spare[i]) : 0;
+        uint32_t c = cap_of(l->spare[i]);
         if (c >= cap && c / 2 <= cap) {
             kv = l->spare[i];
             l->spare[i] = NULL;
+            l->stats.spare_bytes -= cg_kv_bytes(kv);
         }
     }
     pthread_mutex_unlock(&l->mu);
@@ -77,29 +87,42 @@ static cg_kv *kv_get(cg_live *l, uint32_t cap)
     return cg_kv_new(l->m, (uint32_t)CG_MIN(stepped, (uint64_t)UINT32_MAX));
 }
 
-/* Keeps kv as a spare (replacing the smallest) or frees it. */
+/* Keeps the largest of the spares and kv that fit SPARE_KV slots and the byte budget, largest
+ * first; frees the rest (outside the lock: unmapping a large buffer takes a while). */
 static void kv_put(cg_live *l, cg_kv **kvp)
 {
     cg_kv *kv = *kvp;
     *kvp = NULL;
     if (!kv) return;
+    cg_kv *cand[SPARE_KV + 1], *drop[SPARE_KV + 1];
+    size_t n_drop = 0;
     pthread_mutex_lock(&l->mu);
-    int slot = 0;
     for (int i = 0; i < SPARE_KV; i++) {
-        if (!l->spare[i]) {
-            slot = i;
-            break;
+        cand[i] = l->spare[i];
+        l->spare[i] = NULL;
+    }
+    cand[SPARE_KV] = kv;
+    for (int i = 1; i <= SPARE_KV; i++) /* by capacity, largest first (NULL last) */
+        for (int j = i; j > 0 && cap_of(cand[j]) > cap_of(cand[j - 1]); j--) {
+            cg_kv *t = cand[j];
+            cand[j] = cand[j - 1];
+            cand[j - 1] = t;
         }
-        if (cg_kv_cap(l->spare[i]) < cg_kv_cap(l->spare[slot])) slot = i;
+    size_t bytes = 0;
+    int kept = 0;
+    for (int i = 0; i <= SPARE_KV && cand[i]; i++) {
+        const size_t b = cg_kv_bytes(cand[i]);
+        if (kept < SPARE_KV && b <= l->spare_budget - bytes) {
+            l->spare[kept++] = cand[i];
+            bytes += b;
+        } else {
+            drop[n_drop++] = cand[i];
+        }
     }
-    cg_kv *old = l->spare[slot];
-    if (old && cg_kv_cap(old) >= cg_kv_cap(kv)) {
-        old = kv; /* keep the bigger one */
-    } else {
-        l->spare[slot] = kv;
-    }
+    l->stats.spare_bytes = bytes;
     pthread_mutex_unlock(&l->mu);
-    cg_kv_free(&old);
+    for (size_t i = 0; i < n_drop; i++)
+        cg_kv_free(&drop[i]);
 }
 
 cg_assembly *cg_live_prepare(cg_live *l, uint32_t n_tokens, uint32_t cap, size_t max_chunks)

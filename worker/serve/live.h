@@ -37,8 +37,11 @@ typedef struct cg_assembly {
 typedef struct cg_live cg_live;
 
 /* A table of at most max assemblies of model m (borrowed), whose chunk references belong to
- * pool (borrowed); each lives ttl_ms after it is added. Caller frees with cg_live_free. */
-cg_live *cg_live_new(const cg_model *m, cg_pool *pool, size_t max, uint64_t ttl_ms);
+ * pool (borrowed); each lives ttl_ms after it is added. Freed KV buffers of at most
+ * spare_bytes of capacity in all are kept for the next assemblies (0: none). Caller frees
+ * with cg_live_free. */
+cg_live *cg_live_new(const cg_model *m, cg_pool *pool, size_t max, uint64_t ttl_ms,
+                     size_t spare_bytes);
 /* Releases every live assembly (now = 0) and the table. NULL-safe; sets *l to NULL. */
 void cg_live_free(cg_live **l);
 
@@ -75,6 +78,7 @@ void cg_live_grow(cg_live *l, cg_assembly *a, uint32_t used, uint32_t cap);
 
 typedef struct cg_live_stats {
     uint64_t created, expired, adopted;
+    size_t spare_bytes; /* capacity of the freed KV buffers kept as spares, now */
 } cg_live_stats;
 cg_live_stats cg_live_get_stats(cg_live *l);
 

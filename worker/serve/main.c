@@ -97,6 +97,7 @@ typedef struct serve_cfg {
     long long assembly_ttl_ms;
     long long max_assemblies;
     long long reserve_tokens;
+    long long spare_kv_mb;
     long long max_segments;
     char *separator;
     char *chat_template;
@@ -214,6 +215,10 @@ static const cg_cfg_opt serve_opts[] = {
         1 << 20, "live assemblies at once; more are refused with 503"),
     OPT("reserve-tokens", "CHUNKGATE_WORKER_RESERVE_TOKENS", CG_CFG_INT, reserve_tokens, "512", 0,
         1 << 24, "decode room allocated with each assembly (it grows when exceeded)"),
+    OPT("spare-kv-mb", "CHUNKGATE_WORKER_SPARE_KV_MB", CG_CFG_INT, spare_kv_mb, "1024", 0, 1 << 24,
+        "freed assembly KV buffers kept for the next requests (saves their page faults), MiB in "
+        "all; 0 = none. A request's own KV (8 x layers x kv heads x head_dim bytes a token) is "
+        "outside --pool-mb, and a spare stays resident"),
     OPT("max-segments", "CHUNKGATE_WORKER_MAX_SEGMENTS", CG_CFG_INT, max_segments, "256", 2,
         1 << 20, "segments per request"),
     OPT("separator", "CHUNKGATE_WORKER_SEPARATOR", CG_CFG_STR, separator,
@@ -607,6 +612,7 @@ static int open_engine(const serve_cfg *c, parts *w)
     ep.assembly_ttl_ms = (uint64_t)c->assembly_ttl_ms;
     ep.max_assemblies = (size_t)c->max_assemblies;
     ep.reserve_tokens = (uint32_t)c->reserve_tokens;
+    ep.spare_kv_bytes = (size_t)c->spare_kv_mb << 20;
     ep.disk_bytes = (size_t)c->disk_mb << 20;
     ep.disk_dir = c->data_dir;
     ep.disk_write_behind = (size_t)c->disk_write_behind;
