@@ -401,6 +401,7 @@ START_TEST(test_spare_kv_budget)
 }
 END_TEST
 
+/* (4) full recompute: k >= every chunk's length equals a plain causal forward. */
 START_TEST(test_full_recompute)
 {
     cg_engine *e = new_engine(m_half, 0);

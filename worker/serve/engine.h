@@ -30,8 +30,9 @@ typedef struct cg_engine_params {
     uint64_t assembly_ttl_ms; /* an unconsumed assembly is released after this; default 60000 */
     size_t max_assemblies;    /* live assemblies at once; default 64 (more -> CG_E_UNAVAILABLE) */
     uint32_t reserve_tokens;  /* decode room allocated with an assembly; default 512 */
-    /* Freed assembly KV buffers kept for the next assemblies (they save its page faults), at
-     * most this many bytes of capacity in all; 0 = none. Default 1 GiB. */
+    /* Freed assembly KV buffers kept for the next assemblies (each saves the next one the page
+     * faults of a fresh buffer), at most this many bytes of capacity in all; 0 = none.
+     * Default 1 GiB. */
     size_t spare_kv_bytes;
     /* Disk tier (worker/store/disk.h) below the RAM pool: a chunk evicted from RAM is
      * written there, a pool miss looks there. disk_bytes 0 (default) = no disk tier. */
