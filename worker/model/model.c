@@ -495,6 +495,7 @@ size_t cg_tok_decode(const cg_model *m, int32_t t, char *out)
 struct cg_kv {
     uint32_t cap;
     int n_layers, n_kv_heads, head_dim;
+    size_t bytes; /* of data: cap slots of every plane */
     void *raw;
     float *data; /* [layer][K,V][kv head][cap][head_dim] */
 };
@@ -513,8 +514,9 @@ cg_kv *cg_kv_new(const cg_model *m, uint32_t cap_tokens)
     kv->n_layers = c->n_layers;
     kv->n_kv_heads = c->n_kv_heads;
     kv->head_dim = c->head_dim;
+    kv->bytes = floats * sizeof(float);
     /* calloc: pages are mapped lazily, so a large capacity costs only what is used */
-    kv->raw = cg_calloc(floats * sizeof(float) + 64, 1);
+    kv->raw = cg_calloc(kv->bytes + 64, 1);
     kv->data = (float *)(((uintptr_t)kv->raw + 63) & ~(uintptr_t)63);
     return kv;
 }
@@ -533,8 +535,7 @@ uint32_t cg_kv_cap(const cg_kv *kv)
 
 size_t cg_kv_bytes(const cg_kv *kv)
 {
-    return (size_t)kv->cap * (size_t)kv->head_dim * (size_t)kv->n_layers * 2 *
-           (size_t)kv->n_kv_heads * sizeof(float);
+    return kv->bytes;
 }
 
 int cg_kv_matches(const cg_kv *kv, const cg_model *m)

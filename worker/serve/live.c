@@ -26,7 +26,7 @@ struct cg_live {
     uint64_t ttl_ms;
     pthread_mutex_t mu;  /* guards everything below; never held while computing */
     cg_map live;         /* cg_assembly by node, keyed by id */
-    cg_live_stats stats; /* stats.spare_bytes: the capacity of spare[] in bytes */
+    cg_live_stats stats; /* but spare_bytes, summed from spare[] when asked */
     cg_kv *spare[SPARE_KV];
     size_t spare_budget;
 };
@@ -78,7 +78,6 @@ static cg_kv *kv_get(cg_live *l, uint32_t cap)
         if (c >= cap && c / 2 <= cap) {
             kv = l->spare[i];
             l->spare[i] = NULL;
-            l->stats.spare_bytes -= cg_kv_bytes(kv);
         }
     }
     pthread_mutex_unlock(&l->mu);
@@ -119,7 +118,6 @@ static void kv_put(cg_live *l, cg_kv **kvp)
             drop[n_drop++] = cand[i];
         }
     }
-    l->stats.spare_bytes = bytes;
     pthread_mutex_unlock(&l->mu);
     for (size_t i = 0; i < n_drop; i++)
         cg_kv_free(&drop[i]);
@@ -276,6 +274,8 @@ cg_live_stats cg_live_get_stats(cg_live *l)
 {
     pthread_mutex_lock(&l->mu);
     cg_live_stats s = l->stats;
+    for (int i = 0; i < SPARE_KV; i++)
+        s.spare_bytes += l->spare[i] ? cg_kv_bytes(l->spare[i]) : 0;
     pthread_mutex_unlock(&l->mu);
     return s;
 }
