@@ -170,28 +170,31 @@ class Llama(torch.nn.Module):
     def forward(self, ids, mask):
         """ids [B, T]; mask [B, T, T] bool (True: may attend). Logits [B, T, V].
 
-        The query heads that share a KV head are one matrix product against it (no copies
-        of K and V), the 1/sqrt(head dim) scale is applied to the queries rather than to the
-        [T, T] scores, and the mask is an additive bias built once for all layers: the
-        [T, T] passes are what a training step of long prompts spends most of its time on."""
+        The query heads that share a KV head are one matrix product against it, their rows
+        stacked ([g * T, hd] against [T, hd]: no broadcast batch dimension, which torch would
+        expand into g copies of K and V and then multiply in small pieces), the 1/sqrt(head
+        dim) scale is applied to the queries rather than to the [T, T] scores, and the mask is
+        an additive bias built once for all layers and added by the product itself (baddbmm):
+        the [T, T] passes are what a training step of long prompts spends most of its time on."""
         B, T = ids.shape
         pos = torch.arange(T, device=ids.device)
         h = self.embed(ids)
-        g = self.nh // self.nkv
+        g, kv, hd = self.nh // self.nkv, self.nkv, self.hd
         bias = None
         for L in self.layers:
             x = self.rms(h, L.ln1)
-            q = self.rope(L.q(x).view(B, T, self.nh, self.hd), pos) * (1.0 / math.sqrt(self.hd))
-            k = self.rope(L.k(x).view(B, T, self.nkv, self.hd), pos)
-            v = L.v(x).view(B, T, self.nkv, self.hd)
-            q = q.view(B, T, self.nkv, g, self.hd).permute(0, 2, 3, 1, 4)  # B, kv, g, T, hd
-            k, v = k.transpose(1, 2)[:, :, None], v.transpose(1, 2)[:, :, None]
-            s = q @ k.transpose(-1, -2)
+            q = self.rope(L.q(x).view(B, T, self.nh, hd), pos) * (1.0 / math.sqrt(hd))
+            k = self.rope(L.k(x).view(B, T, kv, hd), pos)
+            v = L.v(x).view(B, T, kv, hd)
+            q = q.view(B, T, kv, g, hd).permute(0, 2, 3, 1, 4).reshape(B * kv, g * T, hd)
+            k = k.transpose(1, 2).reshape(B * kv, T, hd)
+            v = v.transpose(1, 2).reshape(B * kv, T, hd)
             if bias is None:
-                bias = torch.zeros(mask.shape, dtype=s.dtype, device=s.device)
+                bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
                 bias = bias.masked_fill_(~mask, float("-inf"))[:, None, None]
-            a = torch.softmax(s + bias, dim=-1) @ v
-            h = h + L.o(a.permute(0, 3, 1, 2, 4).reshape(B, T, -1))
+                bias = bias.expand(B, kv, g, T, T).reshape(B * kv, g * T, T)
+            a = torch.softmax(torch.baddbmm(bias, q, k.transpose(1, 2)), dim=-1) @ v
+            h = h + L.o(a.view(B, kv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(B, T, -1))
             x = self.rms(h, L.ln2)
             h = h + L.down(F.silu(L.gate(x)) * L.up(x))
         return self.rms(h, self.norm) @ self.embed.weight.t()
