@@ -1,0 +1,74 @@
+#!/bin/bash
+# The CPU recipe of the wider model (hidden 256, 6 layers, 8 heads of 32), run in sittings:
+# train/README.md, "The CPU run of w256L6". It takes longer than one sitting on 2 cores, so
+# every part goes on from where the last sitting stopped it:
+#
+#   DIR/p1        the first part from scratch (copying stage, then RAG prompts), 4,000 steps
+#   DIR/p2        the second part from p1: a fresh optimizer, 6 documents a prompt, 2,400 steps
+#   DIR/p2-block  the block fine-tune of p2 (DESIGN §5's chunk-isolating mask), 500 steps
+#
+# A finished part (its train_log.json holds the held-out accuracy, and no resume.pt is left) is
+# skipped; an interrupted one (resume.pt) is resumed with the same options, bit-identically;
+# SIGTERM or SIGINT stops the running part at its next resumable step (at most 8 steps), and
+# the script exits 143. Started as the leader of its own session (setsid), it lowers the
+# priority of that session's scheduling group to nice 19, so that the run takes what the
+# machine leaves over and does not skew timings measured beside it.
+#
+#   setsid nohup train/cpu_run.sh /var/tmp/w256 > /var/tmp/w256.log 2>&1 &
+#   kill -TERM <pid>        # before the sitting ends; the same command later goes on
+set -uo pipefail
+
+dir=${1:?usage: train/cpu_run.sh DIR}
+here=$(cd "$(dirname "$0")" && pwd)
+py=/usr/bin/python3
+export OPENBLAS_NUM_THREADS=1
+
+if [ "$(ps -o sid= -p $$ | tr -d ' ')" = "$$" ]; then
+    renice -n 19 -p $$ > /dev/null
+    echo 19 > /proc/self/autogroup 2> /dev/null || true
+fi
+
+child=
+stopping=
+on_stop() {
+    stopping=1
+    [ -n "$child" ] && kill -TERM "$child" 2> /dev/null
+}
+trap on_stop TERM INT
+
+# part OUT OPTIONS...: runs (or resumes) one part; returns 0 once OUT is finished
+part() {
+    local out=$1
+    shift
+    if [ -f "$out/train_log.json" ] && [ ! -f "$out/resume.pt" ] &&
+        grep -q '"heldout"' "$out/train_log.json"; then
+        echo "== $out: finished in an earlier sitting"
+        return 0
+    fi
+    local resume=()
+    [ -f "$out/resume.pt" ] && resume=(--resume)
+    echo "== $out: $(date -u +%FT%TZ) ${resume[*]:-from the start}"
+    "$py" "$here/train.py" --out "$out" "$@" "${resume[@]}" &
+    child=$!
+    local rc
+    # a signal cuts the wait short; the trainer saves and exits on its own, so wait again
+    while :; do
+        wait "$child"
+        rc=$?
+        kill -0 "$child" 2> /dev/null || break
+    done
+    child=
+    if [ "$rc" -ne 0 ] || [ -n "$stopping" ] || [ -f "$out/resume.pt" ]; then
+        echo "== $out: stopped ($(date -u +%FT%TZ), exit $rc)"
+        return 1
+    fi
+}
+
+common=(--blas-threads 2 --eval-every 500)
+part "$dir/p1" --hidden 256 --layers 6 --heads 8 --kv-heads 4 --mlp 768 \
+    --steps 4000 --lr 0.002 --schedule wsd --decay 0.25 "${common[@]}" || exit 143
+part "$dir/p2" --init "$dir/p1" --steps 2400 --lr 0.0015 --schedule wsd --decay 0.4 \
+    --curriculum 0 --warmup 20 "${common[@]}" || exit 143
+part "$dir/p2-block" --init "$dir/p2" --steps 500 --block-mask 0.5 --lr 5e-4 --curriculum 0 \
+    --blas-threads 2 --eval-every 250 || exit 143
+echo "== all parts finished: $dir/p2 and $dir/p2-block"
