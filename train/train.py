@@ -199,7 +199,11 @@ class Llama(torch.nn.Module):
             k = k.transpose(1, 2).reshape(B * kv, T, hd)
             v = v.transpose(1, 2).reshape(B * kv, T, hd)
             if bias is None:
-                bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
+                # in the dtype the products run in (bfloat16 under --bf16), converted once
+                dt = (torch.get_autocast_gpu_dtype() if q.is_cuda and torch.is_autocast_enabled()
+                      else torch.get_autocast_cpu_dtype()
+                      if not q.is_cuda and torch.is_autocast_cpu_enabled() else q.dtype)
+                bias = torch.zeros(mask.shape, dtype=dt, device=q.device)
                 bias = bias.masked_fill_(~mask, float("-inf"))[:, None, :, None]
                 bias = bias.expand(B, kv, T, g, T).reshape(B * kv, T * g, T)
             out = []
@@ -780,8 +784,8 @@ def parser():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--blas-threads", type=int, default=1,
                     help="OpenBLAS threads for the steps on RAG prompts (the copying and recall "
-                         "stages keep one): 2 makes a float32 step of hidden 256 on six-document "
-                         "prompts about 15%% faster on 2 cores, and gains nothing at hidden 128")
+                         "stages keep one); 2 pays at hidden 256 on 2 cores, not at hidden 128 "
+                         "(train/README.md)")
     ap.add_argument("--device", default="cpu",
                     help="where to train: cpu (the committed checkpoints), or cuda to try settings "
                          "fast; a run on a GPU is not bit-identical to the same run on the CPU")
