@@ -10,10 +10,12 @@ warm time to first token (TTFT, streamed, p50 and mean), the share of chunk toke
 and the quality probe's KL and top-1 agreement (`quality_probe: true`, computed after the
 answer, so TTFT does not include it).
 
-The baseline ("full") is a plain causal prefill of exactly the same tokens: each request's
-segments are tokenized by the worker (/tokenize) and sent as a token-id prompt through the
-gateway, which passes it through; nothing is cached or reused. Every reuse setting is measured
-warm: one pass per isolation mode stores the chunks first.
+The baseline ("full") goes through the same gateway and worker path with
+recompute_prefix_tokens past every chunk, which recomputes every chunk token with full causal
+context: a plain causal prefill of exactly the same tokens (DESIGN section 5). The same token ids
+sent straight to the worker's /v1/completions are a second baseline and must give the same
+answers. Every reuse setting is measured warm: one pass per isolation mode stores the chunks
+first.
 
 The canary is validated on the same answers: across settings, Spearman's rank correlation of
 mean KL (and of 1 - top-1 agreement) with the accuracy loss; per request, the ROC AUC of the
@@ -23,7 +25,7 @@ Spearman of mean KL with the share of answers each setting turned wrong (the los
 answers reuse happened to turn right), and a 90% interval of Spearman(KL, accuracy loss) over
 the requests drawn again with replacement. The JSON keeps every answer, right or not, and its KL.
 
-    /usr/bin/python3 bench/rag_accuracy.py --model models/rag \\
+    /usr/bin/python3 bench/rag_accuracy.py --model models/chunkgate-rag \\
         [--n 600] [--out bench/results/rag_accuracy.json] [--svg bench/results/rag_accuracy.svg]
 """
 
