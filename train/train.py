@@ -804,7 +804,9 @@ def parser():
                     help="continue the run in --out from its resume.pt, which the run writes "
                          "at every --eval-every and when it is stopped with SIGTERM or SIGINT; "
                          "the resumed run is bit-identical to one that never stopped (the same "
-                         "options are required, and --seconds is not allowed)")
+                         "options are required, and --seconds is not allowed; --steps may "
+                         "change while a --schedule wsd run is before its decay, bit-identical "
+                         "to a run started with the new --steps)")
     ap.add_argument("--stop-at", type=int, default=0,
                     help="stop as SIGTERM does, at the first point from this step on where the "
                          "run can be saved for --resume (at most 8 steps on): to spread a long "
@@ -847,8 +849,30 @@ def save_resume(out, model, opt, rng, tok, log, state, seconds):
     os.replace(path + ".tmp", path)
 
 
+def schedule_at(a, step, rag0):
+    """What --steps decides at a step of a run that counts steps (no --seconds): the learning
+    rate's share, the documents of a prompt, and whether a third of the batch is copying."""
+    docs = min(6, 1 + int(5 * (step - rag0) / max(1, a.curriculum * a.steps)))
+    return lr_shape(a, step), docs, step < a.copy_warmup * a.steps
+
+
+def steps_change_ok(was, args, state):
+    """Whether a run stopped after state["step"] may go on under another --steps: every step it
+    ran would have run the same under the new count (a --schedule wsd run still before its decay,
+    its curriculum and copying warm-up behind it or unchanged), so the result is bit-identical to
+    a run started with the new --steps. Lengthens a long run while it is still in its stable
+    phase."""
+    old = argparse.Namespace(**dict(vars(args), steps=was["steps"]))
+    done = state["step"]
+    rag0 = state["rag0"] or 0
+    return (args.schedule == "wsd" and done < args.steps
+            and all(schedule_at(old, t, rag0) == schedule_at(args, t, rag0)
+                    for t in range(1, done + 1)))
+
+
 def load_resume(out, args):
-    """resume.pt of out, checked against the options of this run."""
+    """resume.pt of out, checked against the options of this run; --steps may differ where
+    steps_change_ok allows it (the log then records the change)."""
     path = os.path.join(out, "resume.pt")
     if not os.path.exists(path):
         sys.exit("train.py: --resume: no %s (a finished run removes it)" % path)
@@ -856,6 +880,16 @@ def load_resume(out, args):
     was = dict(r["log"]["args"], resume=args.resume, stop_at=args.stop_at)
     diff = sorted(k for k, v in vars(args).items()
                   if was.get(k, parser().get_default(k)) != v)
+    if diff == ["steps"]:
+        if not steps_change_ok(was, args, r["state"]):
+            sys.exit("train.py: --resume with --steps %d (was %d) would change steps the run has "
+                     "already made (its learning rate, curriculum or copying share); another "
+                     "--steps goes only with --schedule wsd before the decay"
+                     % (args.steps, was["steps"]))
+        r["log"].setdefault("steps_changed", []).append(
+            {"after_step": r["state"]["step"], "from": was["steps"], "to": args.steps})
+        r["log"]["args"]["steps"] = args.steps
+        diff = []
     if diff:
         sys.exit("train.py: --resume needs the options of the run it continues; these differ: "
                  + ", ".join("--%s %s (was %s)" % (k.replace("_", "-"), getattr(args, k), was.get(k))

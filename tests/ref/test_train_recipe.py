@@ -13,7 +13,9 @@ into a temporary directory, then checks what the worker makes of it:
 - the recall sequences of the recipe's recall stage answer each query from its fact, and a
   fine-tune with the stage logs its accuracy;
 - a run stopped (--stop-at) and resumed (--resume) writes the same weights and losses as the
-  same run without a stop, and --resume refuses other options;
+  same run without a stop, and --resume refuses other options; a --schedule wsd run resumed
+  before its decay under a larger --steps equals a run started with it, and a --steps that would
+  change the steps already made is refused;
 - a fine-tune's log and model card carry the run it went on from (the whole recipe).
 
 Exit 77 (skipped, with the reason) without torch or CHUNKGATE_WORKER_BIN.
@@ -270,6 +272,38 @@ def check_resume(d, tmp, errors):
         errors.append("resume: the fine-tune's model card does not give both runs' commands")
 
 
+def check_resume_steps(d, tmp, errors):
+    """A --schedule wsd run stopped before its decay goes on under a larger --steps and ends with
+    the bytes of a run started with that --steps; where its steps made so far would change (the
+    decay of the new count starts before the stop), the other --steps is refused."""
+    run = ["--init", d, "--batch", "2", "--schedule", "wsd", "--decay", "0.25", "--curriculum",
+           "0", "--eval-n", "1", "--eval-every", "1000", "--threads", "1"]
+    whole, parts = os.path.join(tmp, "whole_steps"), os.path.join(tmp, "parts_steps")
+    train.main(run + ["--out", whole, "--steps", "20"])
+    train.main(run + ["--out", parts, "--steps", "12", "--stop-at", "3"])  # stops after step 8
+    try:  # 10 steps decay from step 7.5 on: step 8 would have run at another learning rate
+        train.main(run + ["--out", parts, "--steps", "10", "--resume"])
+        errors.append("resume steps: --steps 10 was taken after step 8 of a run of 12")
+    except SystemExit as e:
+        if "--steps 10" not in str(e):
+            errors.append("resume steps: the refusal of --steps 10 says %r" % str(e))
+    train.main(run + ["--out", parts, "--steps", "20", "--resume"])
+    got = []
+    for out in (whole, parts):
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            got.append(f.read())
+        with open(os.path.join(out, "train_log.json")) as f:
+            log = json.load(f)
+        got.append(log["loss"])
+    if got[0] != got[2] or got[1] != got[3]:
+        errors.append("resume steps: the run lengthened from 12 to 20 steps differs from a run "
+                      "of 20")
+    if log.get("steps_changed") != [{"after_step": 8, "from": 12, "to": 20}] \
+            or log["args"]["steps"] != 20:
+        errors.append("resume steps: the log does not record the change: %s, steps %s"
+                      % (log.get("steps_changed"), log["args"]["steps"]))
+
+
 def check_bf16_gate(tmp, errors):
     """--bf16 is refused on a CPU without AVX-512 (its bfloat16 products run 10x slower than
     float32 there), with the reason, and taken on one with AVX-512 or AVX512-BF16."""
@@ -327,6 +361,7 @@ def main():
         check_widen(d, errors)
         check_recall(d, tmp, errors)
         check_resume(d, tmp, errors)
+        check_resume_steps(d, tmp, errors)
         check_bf16_gate(tmp, errors)
         for name, least in COMMITTED:
             cd = os.path.join(ROOT, "models", name)
