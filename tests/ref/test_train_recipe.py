@@ -228,6 +228,18 @@ def check_recall(d, tmp, errors):
         errors.append("recall: the recall stage logged %s" % stage)
 
 
+def weights_and_losses(*outs):
+    """[weights bytes, losses] of each run directory in turn, flat, and the last one's log."""
+    got = []
+    for out in outs:
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            got.append(f.read())
+        with open(os.path.join(out, "train_log.json")) as f:
+            log = json.load(f)
+        got.append(log["loss"])
+    return got, log
+
+
 def check_resume(d, tmp, errors):
     """A fine-tune of d stopped after its 3rd step (it stops at the 8th, where its batches are
     all used) and resumed ends with the bytes of the same fine-tune run without a stop."""
@@ -246,13 +258,7 @@ def check_resume(d, tmp, errors):
         if "--lr" not in str(e):
             errors.append("resume: --resume with another --lr exited with %r" % str(e))
     train.main(run + ["--out", parts, "--resume"])
-    logs = []
-    for out in (whole, parts):
-        with open(os.path.join(out, "model.safetensors"), "rb") as f:
-            logs.append(f.read())
-        with open(os.path.join(out, "train_log.json")) as f:
-            log = json.load(f)
-        logs.append(log["loss"])
+    logs, log = weights_and_losses(whole, parts)
     if logs[0] != logs[2]:
         errors.append("resume: the stopped and resumed run's weights differ from the whole run's")
     if logs[1] != logs[3]:
@@ -288,13 +294,7 @@ def check_resume_steps(d, tmp, errors):
         if "--steps 10" not in str(e):
             errors.append("resume steps: the refusal of --steps 10 says %r" % str(e))
     train.main(run + ["--out", parts, "--steps", "20", "--resume"])
-    got = []
-    for out in (whole, parts):
-        with open(os.path.join(out, "model.safetensors"), "rb") as f:
-            got.append(f.read())
-        with open(os.path.join(out, "train_log.json")) as f:
-            log = json.load(f)
-        got.append(log["loss"])
+    got, log = weights_and_losses(whole, parts)
     if got[0] != got[2] or got[1] != got[3]:
         errors.append("resume steps: the run lengthened from 12 to 20 steps differs from a run "
                       "of 20")
