@@ -4,7 +4,8 @@
 # every part goes on from where the last sitting stopped it:
 #
 #   DIR/p1        the first part from scratch (copying stage, then RAG prompts), 4,000 steps
-#   DIR/p2        the second part from p1: a fresh optimizer, 6 documents a prompt, 2,400 steps
+#   DIR/p2        the second part from p1: a fresh optimizer, 6 documents a prompt, 3,600 steps
+#                 (the GPU run's 2,400 and 1,200 more: this run's part one ended further back)
 #   DIR/p2-block  the block fine-tune of p2 (DESIGN §5's chunk-isolating mask), 500 steps
 #
 # A finished part (its train_log.json holds its own held-out accuracy, and no resume.pt is
@@ -86,7 +87,7 @@ part() {
 common=(--blas-threads 2 --eval-every 500)
 part "$dir/p1" --hidden 256 --layers 6 --heads 8 --kv-heads 4 --mlp 768 \
     --steps 4000 --lr 0.002 --schedule wsd --decay 0.25 "${common[@]}" || exit
-part "$dir/p2" --init "$dir/p1" --steps 2400 --lr 0.0015 --schedule wsd --decay 0.4 \
+part "$dir/p2" --init "$dir/p1" --steps 3600 --lr 0.0015 --schedule wsd --decay 0.4 \
     --curriculum 0 --warmup 20 "${common[@]}" || exit
 part "$dir/p2-block" --init "$dir/p2" --steps 500 --block-mask 0.5 --lr 5e-4 --curriculum 0 \
     --blas-threads 2 --eval-every 250 || exit
