@@ -849,11 +849,22 @@ def save_resume(out, model, opt, rng, tok, log, state, seconds):
     os.replace(path + ".tmp", path)
 
 
+def docs_at_step(a, at, rag0):
+    """The documents of a prompt at run position at (steps): 1, growing to 6 over --curriculum of
+    the run from rag0 (the end of the copying stage) on."""
+    return min(6, 1 + int(5 * (at - rag0) / max(1, a.curriculum * a.steps)))
+
+
+def copy_share(a, step):
+    """The share of copying sequences in a batch: a third early in the run (--copy-warmup), then
+    one in ten."""
+    return 0.33 if step < a.copy_warmup * a.steps else 0.1
+
+
 def schedule_at(a, step, rag0):
     """What --steps decides at a step of a run that counts steps (no --seconds): the learning
-    rate's share, the documents of a prompt, and whether a third of the batch is copying."""
-    docs = min(6, 1 + int(5 * (step - rag0) / max(1, a.curriculum * a.steps)))
-    return lr_shape(a, step), docs, step < a.copy_warmup * a.steps
+    rate's share, the documents of a prompt, and the share of copying sequences."""
+    return lr_shape(a, step), docs_at_step(a, step, rag0), copy_share(a, step)
 
 
 def steps_change_ok(was, args, state):
@@ -984,12 +995,12 @@ def main(argv=None):
     # in steps where that is further along
     at = lambda: (max(step, (time.time() - t0) / args.seconds * args.steps)  # noqa: E731
                   if args.seconds else step)
-    docs_at = lambda: min(6, 1 + int(5 * (at() - rag0) / max(1, args.curriculum * args.steps)))  # noqa: E731
+    docs_at = lambda: docs_at_step(args, at(), rag0)  # noqa: E731
     # copying sequences: a third of the batches early in the run, then one in ten
     # first a stage of copying sequences alone (twice the rows: they are short), until the
     # loss of the repeat averages under 1 nat or --copy-steps pass
     copying = not args.init and args.copy_steps > 0
-    copy_at = lambda: 0.33 if step < args.copy_warmup * args.steps else 0.1  # noqa: E731
+    copy_at = lambda: copy_share(args, step)  # noqa: E731
     copy_feed = batches(tok, rng, 2 * args.batch, 0, args.context_weight, docs_at, lambda: 1.0)
     # then a stage of recall sequences alone (--recall-steps), their gap growing from 0: a
     # key right before its value is learnt first, and a varying distance only from there
