@@ -3,11 +3,17 @@
 Llama / Qwen2 / Qwen3 one) into an f16, Q8_0 or Q4_0 GGUF file that llama.cpp loads, so that
 llama.cpp can serve as the speed and logprob baseline on exactly the same weights.
 
-  gguf_write.py [--type f16|q8_0|q4_0] MODEL_DIR OUT.gguf
+  gguf_write.py [--type f16|q8_0|q4_0] [--meta KEY=TYPE:VALUE]... [--drop-meta KEY]...
+                [--alignment N] MODEL_DIR OUT.gguf
 
 --type q8_0 / q4_0 quantise every 2-D weight (embedding and output included, as
 chunkgate-worker --quant q8 / q4 does) with llama.cpp's reference quantisers
 (quantize_row_q8_0_ref, quantize_row_q4_0_ref): blocks of 32 with an f16 scale.
+
+--meta sets (adds or replaces) a scalar metadata entry, TYPE one of u32, i32, f32, bool, str
+("nan" and "inf" are f32 values); --drop-meta leaves an entry out; --alignment writes
+general.alignment N and aligns the data to it. They make the files of other converters, and
+malformed ones, for tests.
 
 Needs numpy only. Reads config.json, model.safetensors or its shards
 (model.safetensors.index.json), tokenizer.json and tokenizer_config.json.
@@ -28,6 +34,7 @@ What it writes (GGUF v3, little-endian, 32-byte alignment):
     with scores derived from the merge ranks. Ids the tokenizer does not define are [PADn].
 """
 
+import argparse
 import json
 import os
 import re
@@ -125,11 +132,12 @@ def enc_value(vtype, v):
 
 class Writer:
     def __init__(self):
-        self.kv = []       # encoded key/value records
+        self.kv = {}       # key: encoded key/value record, in the order added
         self.tensors = []  # (name, ggml type, shape numpy order, producer)
+        self.align = ALIGN
 
     def add(self, key, vtype, v):
-        self.kv.append(enc_str(key) + struct.pack("<I", vtype) + enc_value(vtype, v))
+        self.kv[key] = enc_str(key) + struct.pack("<I", vtype) + enc_value(vtype, v)
 
     def add_array(self, key, etype, values):
         if etype == T_STRING:
@@ -140,7 +148,7 @@ class Writer:
             body = np.asarray(values, dtype="<f4").tobytes()
         else:
             raise ValueError(etype)
-        self.kv.append(enc_str(key) + struct.pack("<I", T_ARRAY) + struct.pack("<IQ", etype, len(values)) + body)
+        self.kv[key] = enc_str(key) + struct.pack("<I", T_ARRAY) + struct.pack("<IQ", etype, len(values)) + body
 
     def add_tensor(self, name, gtype, shape, producer):
         self.tensors.append((name, gtype, list(shape), producer))
@@ -151,6 +159,9 @@ class Writer:
                 GGML_Q4_0: n // 32 * 18}[gtype]
 
     def write(self, path):
+        align = self.align
+        if align != ALIGN:
+            self.add("general.alignment", T_UINT32, align)
         infos, offset = [], 0
         for name, gtype, shape, _ in self.tensors:
             n = int(np.prod(shape))
@@ -158,28 +169,28 @@ class Writer:
             dims = list(reversed(shape))  # ne[0] is the fastest-moving dimension
             infos.append(enc_str(name) + struct.pack("<I", len(dims)) +
                          struct.pack("<%dQ" % len(dims), *dims) + struct.pack("<IQ", gtype, offset))
-            offset += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+            offset += (nbytes + align - 1) // align * align
         tmp = path + ".tmp"
         with open(tmp, "wb") as f:
             f.write(struct.pack("<IIQQ", GGUF_MAGIC, GGUF_VERSION, len(self.tensors), len(self.kv)))
-            for rec in self.kv:
+            for rec in self.kv.values():
                 f.write(rec)
             for rec in infos:
                 f.write(rec)
-            f.write(b"\0" * (-f.tell() % ALIGN))
+            f.write(b"\0" * (-f.tell() % align))
             for name, gtype, shape, producer in self.tensors:
                 data = producer()
                 if gtype in (GGML_Q8_0, GGML_Q4_0):
                     if data.dtype != np.uint8 or data.size != self.nbytes(gtype, int(np.prod(shape))):
                         raise ConvertError("tensor %s: produced %s %s" % (name, data.dtype, data.shape))
                     f.write(data.tobytes())
-                    f.write(b"\0" * (-f.tell() % ALIGN))
+                    f.write(b"\0" * (-f.tell() % align))
                     continue
                 want = np.float32 if gtype == GGML_F32 else np.float16
                 if list(data.shape) != shape or data.dtype != want:
                     raise ConvertError("tensor %s: produced %s %s" % (name, data.dtype, data.shape))
                 f.write(np.ascontiguousarray(data).astype("<" + data.dtype.str[1:]).tobytes())
-                f.write(b"\0" * (-f.tell() % ALIGN))
+                f.write(b"\0" * (-f.tell() % align))
         os.replace(tmp, path)
 
 
@@ -340,7 +351,7 @@ def llama3_rope_factors(cfg, head_dim):
     return np.asarray(out, dtype=np.float32)
 
 
-def convert(model_dir, out_path, wtype="f16"):
+def convert(model_dir, out_path, wtype="f16", meta=(), drop=(), align=ALIGN):
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     hf_arch = (cfg.get("architectures") or [None])[0]
@@ -451,25 +462,56 @@ def convert(model_dir, out_path, wtype="f16"):
     extra = sorted(n for n in st if n not in used and not n.endswith("rotary_emb.inv_freq"))
     if extra:
         raise ConvertError("tensors not converted: %s" % extra[:5])
+    for key, vtype, v in meta:
+        w.add(key, vtype, v)
+    for key in drop:
+        w.kv.pop(key, None)
+    w.align = align
     w.write(out_path)
     return inexact[0]
 
 
-def main(argv):
-    wtype = "f16"
-    if len(argv) == 5 and argv[1] == "--type" and argv[2] in TYPES:
-        wtype = argv[2]
-        argv = argv[:1] + argv[3:]
-    if len(argv) != 3:
-        sys.stderr.write("usage: gguf_write.py [--type f16|q8_0|q4_0] MODEL_DIR OUT.gguf\n")
-        return 2
+META_TYPES = {"u32": (T_UINT32, int), "i32": (T_INT32, int), "f32": (T_FLOAT32, float),
+              "bool": (T_BOOL, lambda v: {"true": True, "false": False}[v]), "str": (T_STRING, str)}
+
+
+def meta_entry(text):
+    """KEY=TYPE:VALUE as (key, value type, value)."""
     try:
-        n = convert(argv[1], argv[2], wtype)
+        key, rest = text.split("=", 1)
+        tname, v = rest.split(":", 1)
+        vtype, parse = META_TYPES[tname]
+        return key, vtype, parse(v)
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError("%r is not KEY=TYPE:VALUE with TYPE one of %s"
+                                         % (text, ", ".join(META_TYPES)))
+
+
+def alignment(text):
+    n = int(text)
+    if n < 1 or n & (n - 1):
+        raise argparse.ArgumentTypeError("%s is not a power of two" % text)
+    return n
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(prog="gguf_write.py", description="HF checkpoint to GGUF")
+    ap.add_argument("--type", choices=sorted(TYPES), default="f16")
+    ap.add_argument("--meta", type=meta_entry, action="append", default=[],
+                    metavar="KEY=TYPE:VALUE", help="set a scalar metadata entry")
+    ap.add_argument("--drop-meta", action="append", default=[], metavar="KEY",
+                    help="leave a metadata entry out")
+    ap.add_argument("--alignment", type=alignment, default=ALIGN, metavar="N")
+    ap.add_argument("model_dir")
+    ap.add_argument("out")
+    a = ap.parse_args(argv[1:])
+    try:
+        n = convert(a.model_dir, a.out, a.type, a.meta, a.drop_meta, a.alignment)
     except (ConvertError, KeyError, OSError) as e:
         sys.stderr.write("gguf_write.py: %s\n" % e)
         return 1
-    size = os.path.getsize(argv[2])
-    msg = "wrote %s (%.1f MiB)" % (argv[2], size / 2**20)
+    size = os.path.getsize(a.out)
+    msg = "wrote %s (%.1f MiB)" % (a.out, size / 2**20)
     if n:
         msg += "; %d weights were not exact in f16 (rounded)" % n
     print(msg)

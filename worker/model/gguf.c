@@ -50,30 +50,27 @@ const char *cg_gguf_type_name(uint32_t type)
     return buf;
 }
 
-/* Bytes of n elements of a type the worker loads (elements per block, bytes per block); 0 for
- * the others and for an n that is not a whole number of blocks. */
-static size_t type_bytes(uint32_t type, int64_t n)
+/* Elements and bytes per block of a type the worker loads (a plain type is a block of one);
+ * 0 for the others. */
+static int type_block(uint32_t type, size_t *bytes)
 {
-    int64_t blk = 1, sz;
     switch (type) {
     case CG_GGML_F32:
-        sz = 4;
-        break;
+        *bytes = 4;
+        return 1;
     case CG_GGML_F16:
     case CG_GGML_BF16:
-        sz = 2;
-        break;
+        *bytes = 2;
+        return 1;
     case CG_GGML_Q8_0:
-        blk = 32, sz = 34;
-        break;
+        *bytes = 34;
+        return 32;
     case CG_GGML_Q4_0:
-        blk = 32, sz = 18;
-        break;
+        *bytes = 18;
+        return 32;
     default:
         return 0;
     }
-    if (n % blk) return 0;
-    return (size_t)(n / blk * sz);
 }
 
 /* ---- the cursor ---- */
@@ -287,13 +284,15 @@ static bool check_layout(cg_gguf *g, const uint8_t *data0, uint64_t align, char 
     for (size_t i = 0; i < g->n_t && ok; i++) {
         cg_gguf_tensor *t = ord[i];
         const uint8_t *next = i + 1 < g->n_t ? ord[i + 1]->data : end;
-        int known = type_bytes(t->type, 32) != 0;
-        size_t want = known ? type_bytes(t->type, t->numel) : (size_t)(next - t->data);
-        if (known && !want) {
+        size_t bsz = 0;
+        const int blk = type_block(t->type, &bsz);
+        /* as ggml lays them out, a block never spans two rows */
+        size_t want = blk ? (size_t)(t->numel / blk) * bsz : (size_t)(next - t->data);
+        if (blk && t->ne[0] % blk) {
             cg_seterr(err, errlen,
-                      "GGUF: tensor '%.100s' of type %s has %lld elements, not whole "
-                      "blocks of the type",
-                      t->name, cg_gguf_type_name(t->type), (long long)t->numel);
+                      "GGUF: tensor '%.100s' of type %s has rows of %lld elements, not whole "
+                      "blocks of %d",
+                      t->name, cg_gguf_type_name(t->type), (long long)t->ne[0], blk);
             ok = false;
         } else if ((size_t)(t->data - data0) % align) {
             cg_seterr(err, errlen,
@@ -346,6 +345,13 @@ static bool parse(cg_gguf *g, char *err, size_t errlen)
                   (unsigned long long)n_t, (unsigned long long)n_kv, MAX_ENTRIES);
         return false;
     }
+    /* a key takes at least 13 bytes and a tensor's entry 33: counts the file cannot hold are
+     * refused before anything is allocated for them */
+    if (n_kv * 13 + n_t * 33 > (uint64_t)(c.end - c.p)) {
+        cg_seterr(err, errlen, "GGUF: %llu tensors and %llu metadata keys do not fit in the file",
+                  (unsigned long long)n_t, (unsigned long long)n_kv);
+        return false;
+    }
     g->kv = cg_calloc(n_kv ? n_kv : 1, sizeof *g->kv);
     for (g->n_kv = 0; g->n_kv < n_kv; g->n_kv++)
         if (!read_kv(&c, &g->kv[g->n_kv])) {
@@ -361,9 +367,11 @@ static bool parse(cg_gguf *g, char *err, size_t errlen)
                 memcpy(&v, g->kv[i].data, 4);
                 a = v;
             }
-            if (a < 1 || a > 65536 || (a & (a - 1))) {
+            /* the format asks for a multiple of 8, so that every element type is aligned
+             * in place; the F32 and 16-bit weights are used where they lie */
+            if (a < 8 || a > 65536 || (a & (a - 1))) {
                 cg_seterr(err, errlen,
-                          "GGUF: general.alignment must be a u32 power of two up to "
+                          "GGUF: general.alignment must be a u32 power of two from 8 to "
                           "65536");
                 return false;
             }
@@ -559,6 +567,16 @@ float cg_gguf_arr_f32(const cg_gguf_kv *kv, uint64_t i)
     float f = 0;
     if (kv->atype == CG_GGUF_F32) memcpy(&f, kv->data + i * 4, 4);
     return f;
+}
+
+size_t cg_gguf_n_kv(const cg_gguf *g)
+{
+    return g->n_kv;
+}
+
+const cg_gguf_kv *cg_gguf_kv_at(const cg_gguf *g, size_t i)
+{
+    return &g->kv[i];
 }
 
 size_t cg_gguf_n_tensors(const cg_gguf *g)

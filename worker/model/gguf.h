@@ -71,6 +71,9 @@ typedef struct cg_gguf cg_gguf;
 cg_status cg_gguf_open(const char *path, cg_gguf **out, char *err, size_t errlen) CG_WUR;
 void cg_gguf_close(cg_gguf **g);
 
+/* The metadata entries, in the order of their keys. */
+size_t cg_gguf_n_kv(const cg_gguf *g);
+const cg_gguf_kv *cg_gguf_kv_at(const cg_gguf *g, size_t i);
 /* The entry called key, or NULL. */
 const cg_gguf_kv *cg_gguf_find(const cg_gguf *g, const char *key);
 /* Integer scalar (any integer type, or bool) into *out: 0, or -1 when absent, of another type

@@ -12,6 +12,8 @@
 #include "worker/model/model_impl.h"
 
 #include <jansson.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,10 +83,108 @@ static void model_name(const cg_gguf *g, const char *path, char *out, size_t n)
     json_decref(probe);
 }
 
-/* config.json as the metadata describes it; NULL with err set on a missing or refused key. */
-static json_t *config_json(const cg_gguf *g, const char *path, const char **arch_out, char *err,
-                           size_t errlen)
+/* The metadata the worker reads, by the kind of value it reads ('@' stands for "{arch}."). One
+ * of another kind is refused by name rather than read as absent: the default put in its place
+ * would run another model than the file describes. */
+enum meta_kind { META_INT, META_NUM, META_STR };
+static const struct {
+    const char *key;
+    enum meta_kind kind;
+} metadata[] = {
+    {"@context_length", META_INT},
+    {"@embedding_length", META_INT},
+    {"@block_count", META_INT},
+    {"@feed_forward_length", META_INT},
+    {"@attention.head_count", META_INT},
+    {"@attention.head_count_kv", META_INT},
+    {"@attention.key_length", META_INT},
+    {"@attention.value_length", META_INT},
+    {"@attention.layer_norm_rms_epsilon", META_NUM},
+    {"@rope.dimension_count", META_INT},
+    {"@rope.freq_base", META_NUM},
+    {"@rope.scale_linear", META_NUM},
+    {"@rope.scaling.type", META_STR},
+    {"@rope.scaling.factor", META_NUM},
+    {"@rope.scaling.original_context_length", META_INT},
+    {"@vocab_size", META_INT},
+    {"@expert_count", META_INT},
+    {"tokenizer.ggml.model", META_STR},
+    {"tokenizer.ggml.pre", META_STR},
+    {"tokenizer.ggml.bos_token_id", META_INT},
+    {"tokenizer.ggml.eos_token_id", META_INT},
+    {"tokenizer.ggml.eot_token_id", META_INT},
+    {"tokenizer.ggml.eom_token_id", META_INT},
+    {"tokenizer.ggml.add_bos_token", META_INT},
+    {"tokenizer.ggml.add_eos_token", META_INT},
+    {"tokenizer.chat_template", META_STR},
+};
+
+/* The keys under {arch}.rope.scaling. that the worker reads or that change nothing; llama.cpp
+ * reads more (attn_factor, the yarn_* corrections), which the worker does not apply. */
+static const char *const rope_scaling_keys[] = {"type", "factor", "original_context_length",
+                                                "finetuned"};
+
+static cg_status check_metadata(const cg_gguf *g, const char *arch, const char *path, char *err,
+                                size_t errlen)
 {
+    static const char *const want[] = {"an integer", "a finite number",
+                                       "a string without NUL bytes"};
+    for (size_t i = 0; i < CG_ARRAY_LEN(metadata); i++) {
+        char key[128];
+        const char *k = metadata[i].key;
+        if (*k == '@')
+            snprintf(key, sizeof key, "%s.%s", arch, k + 1);
+        else
+            snprintf(key, sizeof key, "%s", k);
+        const cg_gguf_kv *kv = cg_gguf_find(g, key);
+        if (!kv) continue;
+        int64_t n;
+        double d;
+        size_t len = 0;
+        const char *s;
+        bool ok = false;
+        switch (metadata[i].kind) {
+        case META_INT:
+            ok = cg_gguf_get_int(g, key, &n) == 0;
+            break;
+        case META_NUM:
+            ok = cg_gguf_get_float(g, key, &d) == 0 && isfinite(d);
+            break;
+        case META_STR:
+            s = cg_gguf_get_str(g, key, &len);
+            ok = s && !memchr(s, 0, len);
+            break;
+        }
+        if (!ok) {
+            cg_seterr(err, errlen, "%s: %s must be %s", path, key, want[metadata[i].kind]);
+            return CG_E_VALUE;
+        }
+    }
+    char prefix[64];
+    const size_t plen = (size_t)snprintf(prefix, sizeof prefix, "%s.rope.scaling.", arch);
+    for (size_t i = 0; i < cg_gguf_n_kv(g); i++) {
+        const char *key = cg_gguf_kv_at(g, i)->key;
+        if (strncmp(key, prefix, plen)) continue;
+        bool known = false;
+        for (size_t k = 0; k < CG_ARRAY_LEN(rope_scaling_keys) && !known; k++)
+            known = !strcmp(key + plen, rope_scaling_keys[k]);
+        if (!known) {
+            cg_seterr(err, errlen,
+                      "%s: %.100s is not supported (the worker reads %stype, factor "
+                      "and original_context_length)",
+                      path, key, prefix);
+            return CG_E_UNSUPPORTED;
+        }
+    }
+    return CG_OK;
+}
+
+/* config.json as the metadata describes it; NULL with err
+ * and *st set on a missing or refused key. */
+static json_t *config_json(const cg_gguf *g, const char *path, const char **arch_out, cg_status *st,
+                           char *err, size_t errlen)
+{
+    *st = CG_E_UNSUPPORTED;
     size_t alen = 0;
     const char *a = cg_gguf_get_str(g, "general.architecture", &alen);
     const char *arch = NULL, *hf = NULL;
@@ -98,6 +198,8 @@ static json_t *config_json(const cg_gguf *g, const char *path, const char **arch
         return NULL;
     }
     *arch_out = arch;
+    if ((*st = check_metadata(g, arch, path, err, errlen)) != CG_OK) return NULL;
+    *st = CG_E_VALUE;
     static const char *const need[] = {"embedding_length", "block_count", "feed_forward_length",
                                        "attention.head_count", "context_length"};
     for (size_t i = 0; i < CG_ARRAY_LEN(need); i++)
@@ -106,6 +208,15 @@ static json_t *config_json(const cg_gguf *g, const char *path, const char **arch
                       need[i]);
             return NULL;
         }
+    const int64_t experts = arch_int(g, arch, "expert_count");
+    if (experts > 0) {
+        cg_seterr(err, errlen,
+                  "%s: %s.expert_count is %lld: mixture-of-experts models are not "
+                  "supported",
+                  path, arch, (long long)experts);
+        *st = CG_E_UNSUPPORTED;
+        return NULL;
+    }
     const int64_t heads = arch_int(g, arch, "attention.head_count");
     const int64_t kv_heads = arch_int(g, arch, "attention.head_count_kv");
     const int64_t key_len = arch_int(g, arch, "attention.key_length");
@@ -117,6 +228,7 @@ static json_t *config_json(const cg_gguf *g, const char *path, const char **arch
                   "%s: %s.attention.value_length %lld differs from the key length "
                   "%lld; not supported",
                   path, arch, (long long)val_len, (long long)head_dim);
+        *st = CG_E_UNSUPPORTED;
         return NULL;
     }
     const int64_t rot = arch_int(g, arch, "rope.dimension_count");
@@ -125,6 +237,7 @@ static json_t *config_json(const cg_gguf *g, const char *path, const char **arch
                   "%s: %s.rope.dimension_count %lld rotates part of a head of %lld; "
                   "partial rotary embeddings are not supported",
                   path, arch, (long long)rot, (long long)head_dim);
+        *st = CG_E_UNSUPPORTED;
         return NULL;
     }
     const cg_gguf_kv *tokens = cg_gguf_find(g, "tokenizer.ggml.tokens");
@@ -132,8 +245,12 @@ static json_t *config_json(const cg_gguf *g, const char *path, const char **arch
     if (vocab < 1 && tokens) vocab = (int64_t)tokens->n;
     const cg_gguf_tensor *embd = cg_gguf_find_tensor(g, "token_embd.weight");
     if (vocab < 1 && embd && embd->ndim == 2) vocab = embd->ne[1];
-    double eps = 1e-6, theta = 10000.0;
-    arch_float(g, arch, "attention.layer_norm_rms_epsilon", &eps);
+    /* as llama.cpp: the norm's epsilon is required, RoPE's base defaults to 10000 */
+    double eps, theta = 10000.0;
+    if (arch_float(g, arch, "attention.layer_norm_rms_epsilon", &eps) != 0) {
+        cg_seterr(err, errlen, "%s: %s.attention.layer_norm_rms_epsilon is missing", path, arch);
+        return NULL;
+    }
     arch_float(g, arch, "rope.freq_base", &theta);
     char name[128];
     model_name(g, path, name, sizeof name);
@@ -158,28 +275,38 @@ static json_t *config_json(const cg_gguf *g, const char *path, const char **arch
         json_object_set_new(c, "bos_token_id", json_integer(id));
     if (cg_gguf_get_int(g, "tokenizer.ggml.eos_token_id", &id) == 0)
         json_object_set_new(c, "eos_token_id", json_integer(id));
+    /* as llama.cpp reads it: the type defaults to linear, the factor (or its older name,
+     * rope.scale_linear) to 1, and 0 means 1 */
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    size_t slen = 0;
+    size_t slen = 6;
     const char *scaling = cg_gguf_get_str(g, key, &slen);
-    double factor = 1.0;
-    arch_float(g, arch, "rope.scaling.factor", &factor);
-    if (scaling && slen == 6 && !memcmp(scaling, "linear", 6)) {
-        json_object_set_new(c, "rope_scaling",
-                            json_pack("{s:s, s:f}", "type", "linear", "factor", factor));
-    } else if (scaling && slen == 4 && !memcmp(scaling, "yarn", 4)) {
+    if (!scaling) scaling = "linear", slen = 6;
+    double factor = 0.0;
+    if (arch_float(g, arch, "rope.scaling.factor", &factor) != 0)
+        arch_float(g, arch, "rope.scale_linear", &factor);
+    if (factor == 0.0) factor = 1.0;
+    json_t *rs = NULL;
+    if (slen == 6 && !memcmp(scaling, "linear", 6)) {
+        if (factor != 1.0) rs = json_pack("{s:s, s:f}", "type", "linear", "factor", factor);
+    } else if (slen == 4 && !memcmp(scaling, "yarn", 4)) {
         int64_t orig = arch_int(g, arch, "rope.scaling.original_context_length");
-        json_object_set_new(
-            c, "rope_scaling",
-            json_pack("{s:s, s:f, s:I}", "rope_type", "yarn", "factor", factor,
-                      "original_max_position_embeddings",
-                      (json_int_t)(orig > 0 ? orig : arch_int(g, arch, "context_length"))));
-    } else if (scaling && !(slen == 4 && !memcmp(scaling, "none", 4))) {
+        rs = json_pack("{s:s, s:f, s:I}", "rope_type", "yarn", "factor", factor,
+                       "original_max_position_embeddings",
+                       (json_int_t)(orig > 0 ? orig : arch_int(g, arch, "context_length")));
+    } else if (!(slen == 4 && !memcmp(scaling, "none", 4))) {
         cg_seterr(err, errlen, "%s: %s '%.*s' is not supported (none, linear, yarn)", path, key,
                   (int)CG_MIN(slen, (size_t)32), scaling);
+        *st = CG_E_UNSUPPORTED;
         json_decref(c);
         return NULL;
     }
+    if (rs && json_object_set_new(c, "rope_scaling", rs) != 0) {
+        cg_seterr(err, errlen, "%s: the RoPE scaling does not make a config", path);
+        json_decref(c);
+        return NULL;
+    }
+    *st = CG_OK;
     return c;
 }
 
@@ -234,12 +361,16 @@ static json_t *split_then_bytes(const char *rx)
                      0, "trim_offsets", 0, "use_regex", 0);
 }
 
-/* pre_tokenizer and normalizer for tokenizer.ggml.pre; -1 when the name is not one the worker
+/* pre_tokenizer and normalizer for tokenizer.ggml.pre, and whether a BOS starts a prompt when
+ * tokenizer.ggml.add_bos_token does not say (llama.cpp's defaults: the Llama 3 family adds one,
+ * and the files of older converters lack the key); -1 when the name is not one the worker
  * knows. */
-static int pipeline(const char *pre, size_t n, json_t **pretok, json_t **norm, int *ignore_merges)
+static int pipeline(const char *pre, size_t n, json_t **pretok, json_t **norm, int *ignore_merges,
+                    int *add_bos)
 {
     *norm = NULL;
     *ignore_merges = 0;
+    *add_bos = 0;
 #define IS(s) (n == sizeof(s) - 1 && !memcmp(pre, s, n))
     if (!pre || IS("default") || IS("gpt2") || IS("gpt-2")) {
         *pretok = json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", 0,
@@ -251,20 +382,24 @@ static int pipeline(const char *pre, size_t n, json_t **pretok, json_t **norm, i
         *norm = json_pack("{s:s}", "type", "NFC");
         return 0;
     }
-    if (IS("llama-bpe") || IS("llama3")) {
+    if (IS("llama-bpe") || IS("llama3") || IS("llama-v3")) {
         *pretok = split_then_bytes(LLAMA3_RX);
         *ignore_merges = 1;
+        *add_bos = 1;
         return 0;
     }
 #undef IS
     return -1;
 }
 
+/* Element i of a string array as a JSON string; NULL when it is not UTF-8 or holds a NUL byte
+ * (a token's text is a key of the vocabulary, where a NUL would end it early and make it
+ * another token's). */
 static json_t *str_of(const cg_gguf_kv *kv, uint64_t i)
 {
     size_t len;
     const char *s = cg_gguf_arr_str(kv, i, &len);
-    return json_stringn(s, len);
+    return memchr(s, 0, len) ? NULL : json_stringn(s, len);
 }
 
 /* tokenizer.json and tokenizer_config.json as the metadata describes them. */
@@ -283,10 +418,10 @@ static cg_status tokenizer_json(const cg_gguf *g, const char *path, json_t **tok
     const cg_gguf_kv *tokens = cg_gguf_find(g, "tokenizer.ggml.tokens");
     const cg_gguf_kv *types = cg_gguf_find(g, "tokenizer.ggml.token_type");
     const cg_gguf_kv *merges = cg_gguf_find(g, "tokenizer.ggml.merges");
-    if (!tokens || tokens->type != CG_GGUF_ARRAY || tokens->atype != CG_GGUF_STRING || !merges ||
-        merges->type != CG_GGUF_ARRAY || merges->atype != CG_GGUF_STRING) {
+    if (!tokens || tokens->type != CG_GGUF_ARRAY || tokens->atype != CG_GGUF_STRING || !tokens->n ||
+        !merges || merges->type != CG_GGUF_ARRAY || merges->atype != CG_GGUF_STRING) {
         cg_seterr(err, errlen,
-                  "%s: tokenizer.ggml.tokens and tokenizer.ggml.merges must be "
+                  "%s: tokenizer.ggml.tokens (not empty) and tokenizer.ggml.merges must be "
                   "string arrays",
                   path);
         return CG_E_VALUE;
@@ -301,11 +436,11 @@ static cg_status tokenizer_json(const cg_gguf *g, const char *path, json_t **tok
     }
     const char *pre = cg_gguf_get_str(g, "tokenizer.ggml.pre", &plen);
     json_t *pretok, *norm;
-    int ignore_merges;
-    if (pipeline(pre, plen, &pretok, &norm, &ignore_merges) != 0) {
+    int ignore_merges, bos_default;
+    if (pipeline(pre, plen, &pretok, &norm, &ignore_merges, &bos_default) != 0) {
         cg_seterr(err, errlen,
                   "%s: tokenizer.ggml.pre '%.*s' is not supported (default, gpt2, "
-                  "qwen2, llama-bpe)",
+                  "qwen2, llama-bpe, llama3)",
                   path, (int)CG_MIN(plen, (size_t)32), pre);
         return CG_E_UNSUPPORTED;
     }
@@ -315,7 +450,8 @@ static cg_status tokenizer_json(const cg_gguf *g, const char *path, json_t **tok
         if (ty == TOK_UNUSED) continue;
         json_t *s = str_of(tokens, i);
         if (!s) {
-            cg_seterr(err, errlen, "%s: tokenizer.ggml.tokens[%llu] is not valid UTF-8", path,
+            cg_seterr(err, errlen,
+                      "%s: tokenizer.ggml.tokens[%llu] is not UTF-8 text without NUL bytes", path,
                       (unsigned long long)i);
             goto not_utf8;
         }
@@ -331,7 +467,8 @@ static cg_status tokenizer_json(const cg_gguf *g, const char *path, json_t **tok
     for (uint64_t i = 0; i < merges->n; i++) {
         json_t *s = str_of(merges, i);
         if (!s) {
-            cg_seterr(err, errlen, "%s: tokenizer.ggml.merges[%llu] is not valid UTF-8", path,
+            cg_seterr(err, errlen,
+                      "%s: tokenizer.ggml.merges[%llu] is not UTF-8 text without NUL bytes", path,
                       (unsigned long long)i);
             goto not_utf8;
         }
@@ -364,9 +501,10 @@ static cg_status tokenizer_json(const cg_gguf *g, const char *path, json_t **tok
         if (s) json_object_set_new(cfg, specials[i].cfg_key, s);
     }
     int64_t flag;
-    json_object_set_new(
-        cfg, "add_bos_token",
-        json_boolean(cg_gguf_get_int(g, "tokenizer.ggml.add_bos_token", &flag) == 0 && flag));
+    json_object_set_new(cfg, "add_bos_token",
+                        json_boolean(cg_gguf_get_int(g, "tokenizer.ggml.add_bos_token", &flag) == 0
+                                         ? flag != 0
+                                         : bos_default));
     json_object_set_new(
         cfg, "add_eos_token",
         json_boolean(cg_gguf_get_int(g, "tokenizer.ggml.add_eos_token", &flag) == 0 && flag));
@@ -424,8 +562,8 @@ cg_status cg_gguf_model_open(cg_model *m, const char *path, char *err, size_t er
     if (st != CG_OK) return st;
     const cg_gguf *g = m->gguf;
     const char *arch = NULL;
-    json_t *cfg = config_json(g, path, &arch, err, errlen);
-    if (!cfg) return CG_E_UNSUPPORTED;
+    json_t *cfg = config_json(g, path, &arch, &st, err, errlen);
+    if (!cfg) return st;
     char msg[512] = "";
     st = cg_model_config_parse(cfg, path, &m->cfg, msg, sizeof msg);
     json_decref(cfg);
@@ -530,6 +668,15 @@ static float to_f32(uint32_t type, const uint8_t *p, size_t i)
 
 static const char *const LOADS = "F32, F16, BF16, Q8_0 and Q4_0";
 
+/* "[a, b, ...]" of nd dims. */
+static void dims_text(char *out, size_t n, const int64_t *ne, int nd)
+{
+    size_t at = (size_t)snprintf(out, n, "[");
+    for (int d = 0; d < nd && at < n; d++)
+        at += (size_t)snprintf(out + at, n - at, "%s%lld", d ? ", " : "", (long long)ne[d]);
+    if (at < n) snprintf(out + at, n - at, "]");
+}
+
 /* Finds and checks the tensor of spec w. */
 static cg_status find(const cg_model *m, const cg_wspec *w, const cg_gguf_tensor **out, char *err,
                       size_t errlen)
@@ -547,10 +694,12 @@ static cg_status find(const cg_model *m, const cg_wspec *w, const cg_gguf_tensor
     const int ndim = w->d1 ? 2 : 1;
     if (t->ndim != ndim || t->ne[0] != (w->d1 ? w->d1 : w->d0) ||
         (ndim == 2 && t->ne[1] != w->d0)) {
-        cg_seterr(err, errlen, "GGUF: tensor '%s' has %d dims [%lld, %lld], expected [%lld%s%lld]",
-                  name, t->ndim, (long long)t->ne[0], (long long)(t->ndim > 1 ? t->ne[1] : 1),
-                  (long long)(w->d1 ? w->d1 : w->d0), w->d1 ? ", " : "",
-                  (long long)(w->d1 ? w->d0 : 0));
+        char has[96], want[48];
+        dims_text(has, sizeof has, t->ne, t->ndim);
+        const int64_t ne[2] = {w->d1 ? w->d1 : w->d0, w->d0};
+        dims_text(want, sizeof want, ne, ndim);
+        cg_seterr(err, errlen, "GGUF: tensor '%s' has dims %s, expected %s (ne[0] first)", name,
+                  has, want);
         return CG_E_VALUE;
     }
     int ok = t->type == CG_GGML_F32 || t->type == CG_GGML_F16 || t->type == CG_GGML_BF16 ||
