@@ -541,7 +541,8 @@ START_TEST(test_malformed_refused)
 END_TEST
 
 /* tokenizer_config.json's add_bos_token / add_eos_token rebuild the template as transformers
- * does; chat_template.jinja is read when the config has no template. */
+ * does; chat_template.jinja replaces the config's template, as transformers loads them; of named
+ * templates the "default" one, and none or two of them refused. */
 START_TEST(test_config_template)
 {
     static const struct {
@@ -614,9 +615,43 @@ START_TEST(test_config_template)
     ck_assert_int_eq(cg_tokenizer_new(tmpdir, &t, NULL, 0), CG_OK);
     ck_assert_str_eq(cg_tokenizer_chat_template(t), "{{ bos_token }}{{ messages }}");
     cg_tokenizer_free(&t);
+    write_file(tmpdir, "tokenizer_config.json", "{\"chat_template\": \"{{ messages }}\"}");
+    ck_assert_int_eq(cg_tokenizer_new(tmpdir, &t, NULL, 0), CG_OK);
+    ck_assert_str_eq(cg_tokenizer_chat_template(t), "{{ bos_token }}{{ messages }}");
+    cg_tokenizer_free(&t);
     char p[512];
     snprintf(p, sizeof p, "%s/chat_template.jinja", tmpdir);
     unlink(p);
+    static const struct {
+        const char *config, *want; /* want: the template, or the refusal's words */
+        cg_status st;
+    } named[] = {
+        {"{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}, {\"name\": "
+         "\"default\", \"template\": \"D\"}]}",
+         "D", CG_OK},
+        {"{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}]}",
+         "none is \"default\"", CG_E_VALUE},
+        {"{\"chat_template\": [{\"name\": \"default\", \"template\": \"A\"}, {\"name\": "
+         "\"default\", \"template\": \"B\"}]}",
+         "two templates", CG_E_VALUE},
+    };
+    for (size_t i = 0; i < CG_ARRAY_LEN(named); i++) {
+        write_file(tmpdir, "tokenizer_config.json", named[i].config);
+        char err[512] = "";
+        ck_assert_int_eq(cg_tokenizer_new(tmpdir, &t, err, sizeof err), named[i].st);
+        if (named[i].st == CG_OK)
+            ck_assert_str_eq(cg_tokenizer_chat_template(t), named[i].want);
+        else
+            ck_assert_msg(strstr(err, named[i].want), "%zu: %s", i, err);
+        cg_tokenizer_free(&t);
+    }
+    /* a key twice in tokenizer.json: which one HF's parser would take is not ours to guess */
+    write_file(tmpdir, "tokenizer_config.json", "{}");
+    write_file(tmpdir, "tokenizer.json",
+               "{" MODEL_OK ", \"normalizer\": null, \"normalizer\": null}");
+    char err[512] = "";
+    ck_assert_int_eq(cg_tokenizer_new(tmpdir, &t, err, sizeof err), CG_E_JSON);
+    ck_assert_msg(strstr(err, "duplicate"), "%s", err);
     clear_dir(tmpdir);
     rmdir(tmpdir);
 }

@@ -790,15 +790,22 @@ static cg_status load_config(ld *L, const json_t *cfg)
     if (json_is_string(ct))
         t->chat_template = cg_strdup(json_string_value(ct));
     else if (json_is_array(ct)) {
+        /* named templates: the worker renders the one transformers uses without a name */
         for (size_t i = 0; i < json_array_size(ct); i++) {
             const json_t *e = json_array_get(ct, i);
             const json_t *nm = json_object_get(e, "name"), *tp = json_object_get(e, "template");
             if (!json_is_string(nm) || !json_is_string(tp))
                 return fail(L, CG_E_VALUE, "chat_template[%zu] must have string name and template",
                             i);
-            if (!strcmp(json_string_value(nm), "default"))
-                t->chat_template = cg_strdup(json_string_value(tp));
+            if (strcmp(json_string_value(nm), "default")) continue;
+            if (t->chat_template)
+                return fail(L, CG_E_VALUE, "chat_template names two templates \"default\"");
+            t->chat_template = cg_strdup(json_string_value(tp));
         }
+        if (json_array_size(ct) && !t->chat_template)
+            return fail(L, CG_E_VALUE,
+                        "chat_template lists named templates and none is \"default\" (the one a "
+                        "chat request would render)");
     } else if (ct && !json_is_null(ct))
         return fail(L, CG_E_VALUE, "chat_template must be a string or a list of {name, template}");
 
@@ -977,7 +984,7 @@ static cg_status load(ld *L, const char *json_path, const char *dir)
     char *cfg_path = NULL, *tpl_path = NULL;
     cg_status st = read_file(L, json_path, &buf, &len, false);
     if (st != CG_OK) goto out;
-    st = parse_json(L, buf, len, 0, &root);
+    st = parse_json(L, buf, len, JSON_REJECT_DUPLICATES, &root);
     cg_free(&buf);
     if (st != CG_OK || (st = load_tokenizer_json(L, root)) != CG_OK) goto out;
 
@@ -994,13 +1001,13 @@ static cg_status load(ld *L, const char *json_path, const char *dir)
             goto out;
         cg_free(&buf);
     }
-    if (!t->chat_template) {
-        L->file = tpl_path;
-        if ((st = read_file(L, tpl_path, &buf, &len, true)) != CG_OK) goto out;
-        if (buf) {
-            t->chat_template = buf;
-            buf = NULL;
-        }
+    /* as transformers loads them, chat_template.jinja replaces the config's template */
+    L->file = tpl_path;
+    if ((st = read_file(L, tpl_path, &buf, &len, true)) != CG_OK) goto out;
+    if (buf) {
+        free(t->chat_template);
+        t->chat_template = buf;
+        buf = NULL;
     }
     L->file = json_path;
     st = finish(L);
