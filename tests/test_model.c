@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "worker/model/model.h"
+#include "worker/model/model_impl.h"
 #include "worker/model/safetensors.h"
 #include "base/base.h"
 #include "tests/harness/harness.h"
@@ -289,6 +290,48 @@ START_TEST(test_dtypes)
 }
 END_TEST
 
+/* A header whose length puts the data at an odd address: 16-bit matrices are copied to f32
+ * (the kernels read whole elements), with the same logits. */
+START_TEST(test_odd_data_offset)
+{
+    const char *names[2] = {"f16", "bf16"};
+    for (int i = 0; i < 2; i++) {
+        char *d = th_mkdtemp("test_model"), path[4096];
+        cg_model_gen_params p = cg_model_gen_default_params();
+        p.dtype = names[i];
+        gen(d, p);
+        float lg[2][258];
+        cg_model *m = load(d);
+        ck_assert_int_ne(m->layers[0].wq.dtype, CG_DTYPE_F32);
+        cg_kv *kv = prefill(m, PROMPT, lg[0], NULL);
+        cg_kv_free(&kv);
+        cg_model_close(&m);
+        /* one more space at the header's end */
+        join(path, sizeof path, d, "model.safetensors");
+        size_t n;
+        uint8_t *b = read_all(path, &n), *o = cg_malloc(n + 1);
+        uint64_t hl;
+        memcpy(&hl, b, 8);
+        memcpy(o + 8, b + 8, hl);
+        o[8 + hl] = ' ';
+        memcpy(o + 9 + hl, b + 8 + hl, n - 8 - hl);
+        hl++;
+        memcpy(o, &hl, 8);
+        write_all(path, o, n + 1);
+        free(b);
+        free(o);
+        m = load(d);
+        ck_assert_int_eq(m->layers[0].wq.dtype, CG_DTYPE_F32);
+        kv = prefill(m, PROMPT, lg[1], NULL);
+        cg_kv_free(&kv);
+        cg_model_close(&m);
+        double rel = max_diff(lg[0], lg[1], 258) / max_abs(lg[0], 258);
+        ck_assert_msg(rel < 1e-4, "%s: logits differ by %g", names[i], rel);
+        th_rmdtemp(d);
+    }
+}
+END_TEST
+
 START_TEST(test_half_conversions)
 {
     ck_assert(cg_f16_to_f32(0x3c00) == 1.0f);
@@ -475,6 +518,48 @@ static void attn_bias(json_t *c)
     json_object_set_new(c, "attention_bias", json_true());
 }
 
+/* transformers 5's form: rope_theta and the scaling in rope_parameters */
+static void params_yarn(json_t *c)
+{
+    json_object_del(c, "rope_theta");
+    json_object_set_new(
+        c, "rope_parameters",
+        json_pack("{s:s,s:f,s:f}", "rope_type", "yarn", "factor", 4.0, "rope_theta", 500000.0));
+}
+static void params_theta_differs(json_t *c)
+{
+    json_object_set_new(c, "rope_theta", json_real(10000.0));
+    json_object_set_new(c, "rope_parameters",
+                        json_pack("{s:s,s:f}", "rope_type", "default", "rope_theta", 500000.0));
+}
+static void params_per_layer(json_t *c)
+{
+    json_object_set_new(c, "rope_parameters",
+                        json_pack("{s:{s:s,s:f}}", "full_attention", "rope_type", "default",
+                                  "rope_theta", 10000.0));
+}
+static void llama3_no_fields(json_t *c)
+{
+    json_object_set_new(c, "rope_scaling",
+                        json_pack("{s:s,s:f}", "rope_type", "llama3", "factor", 8.0));
+}
+static void yarn_truncate_string(json_t *c)
+{
+    json_object_set_new(
+        c, "rope_scaling",
+        json_pack("{s:s,s:f,s:s}", "rope_type", "yarn", "factor", 4.0, "truncate", "no"));
+}
+static void yarn_no_truncate(json_t *c)
+{
+    json_object_set_new(
+        c, "rope_scaling",
+        json_pack("{s:s,s:f,s:b}", "rope_type", "yarn", "factor", 4.0, "truncate", 0));
+}
+static void attn_bias_one(json_t *c)
+{
+    json_object_set_new(c, "attention_bias", json_integer(1));
+}
+
 static char *fresh_small(void)
 {
     char *dir = th_mkdtemp("test_model");
@@ -575,6 +660,13 @@ START_TEST(test_bad_config)
         {fewer_layers, CG_E_UNSUPPORTED, "model.layers.1.input_layernorm.weight' is not used"},
         {wider, CG_E_VALUE, "model.embed_tokens.weight' has shape"},
         {attn_bias, CG_E_UNSUPPORTED, "attention_bias"},
+        /* a flag Python would take as true is not read as false */
+        {attn_bias_one, CG_E_TYPE, "'attention_bias' must be true or false"},
+        {params_yarn, CG_OK, "yarn"},
+        {params_theta_differs, CG_E_VALUE, "differ"},
+        {params_per_layer, CG_E_UNSUPPORTED, "per layer type"},
+        {llama3_no_fields, CG_E_MISSING, "'rope_scaling.low_freq_factor' is required"},
+        {yarn_truncate_string, CG_E_TYPE, "'rope_scaling.truncate' must be true or false"},
     };
     for (size_t i = 0; i < CG_ARRAY_LEN(cases); i++) {
         char *dir = fresh_small();
@@ -588,6 +680,24 @@ START_TEST(test_bad_config)
         }
         th_rmdtemp(dir);
     }
+    /* rope_parameters' theta is the one used; yarn without truncation keeps fractional
+     * correction dims, as transformers does */
+    const config_edit edits[] = {rope_yarn, params_yarn, yarn_no_truncate};
+    double f[3][2];
+    for (size_t i = 0; i < CG_ARRAY_LEN(edits); i++) {
+        char *d = fresh_small();
+        rewrite_config(d, edits[i]);
+        cg_model *m = load(d);
+        f[i][0] = m->cfg.rope_theta;
+        f[i][1] = 0;
+        for (int k = 0; k < m->cfg.head_dim / 2; k++)
+            f[i][1] += m->cfg.inv_freq[k];
+        cg_model_close(&m);
+        th_rmdtemp(d);
+    }
+    ck_assert_double_eq(f[1][0], 500000.0);
+    ck_assert_double_ne(f[0][0], 500000.0);
+    ck_assert_msg(f[2][1] != f[0][1], "truncate false changed no frequency");
     char path[4096];
     char *dir = fresh_small();
     join(path, sizeof path, dir, "config.json");
@@ -1333,7 +1443,8 @@ int main(void)
     th_case(s, "io", 0,
             TH_TESTS(test_generate_load_defaults, test_generate_load_custom, test_rope_styles,
                      test_determinism, test_dtypes, test_half_conversions, test_bad_safetensors,
-                     test_bad_config, test_fuzz_header, test_reference_forward, test_quant_logits));
+                     test_bad_config, test_odd_data_offset, test_fuzz_header,
+                     test_reference_forward, test_quant_logits));
     TCase *tc =
         th_case(s, "forward", 0,
                 TH_TESTS(test_prefill_vs_incremental, test_split_prefill, test_strict_chunk_remap,

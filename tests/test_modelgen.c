@@ -511,6 +511,36 @@ START_TEST(test_shards)
         json_integer_value(json_object_get(json_object_get(idx, "metadata"), "total_size")),
         (long long)total);
     ck_assert(!exists(many, "model-00005-of-00004.safetensors"));
+    /* A tensor in two shards is refused: which copy a loader takes is a guess. The last
+     * shard's copy is named in the weight map for one of its tensors. */
+    char src[4096], dst[4096], err0[ERRLEN] = "";
+    snprintf(src, sizeof src, "%s/model-00004-of-00004.safetensors", many);
+    snprintf(dst, sizeof dst, "%s/model-copy.safetensors", many);
+    size_t len = 0;
+    char *bytes = th_read_file(src, &len);
+    FILE *fp = fopen(dst, "wb");
+    ck_assert_uint_eq(fwrite(bytes, 1, len, fp), len);
+    fclose(fp);
+    free(bytes);
+    cg_st_file *f4 = open_st(many, "model-00004-of-00004.safetensors");
+    json_t *dup = json_deep_copy(idx);
+    json_object_set_new(json_object_get(dup, "weight_map"), cg_st_at(f4, 0)->name,
+                        json_string("model-copy.safetensors"));
+    cg_st_close(&f4);
+    char ipath[4096];
+    snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", many);
+    ck_assert_int_eq(json_dump_file(dup, ipath, 0), 0);
+    json_decref(dup);
+    cg_model *dm = NULL;
+    ck_assert_int_eq(cg_model_open(many, &dm, err0, sizeof err0), CG_E_VALUE);
+    ck_assert_msg(strstr(err0, "is in both") && strstr(err0, "model-copy.safetensors") &&
+                      strstr(err0, "model-00004-of-00004.safetensors"),
+                  "%s", err0);
+    unlink(dst);
+    ck_assert_int_eq(json_dump_file(idx, ipath, 0), 0);
+    /* restored, the shards pass (the model then lacks only a tokenizer for its vocabulary) */
+    ck_assert_int_ne(cg_model_open(many, &dm, err0, sizeof err0), CG_OK);
+    ck_assert_msg(strstr(err0, "tokenizer.json is missing"), "%s", err0);
     json_decref(idx);
     /* Writing the other layout into the same directory removes the first one's files. */
     p.shards = 1;

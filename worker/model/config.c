@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,16 +74,17 @@ static cg_status cfg_num(json_t *obj, const char *where, const char *key, double
     return CG_OK;
 }
 
-static cg_status cfg_bool(json_t *root, const char *key, int def, int *out, char *err,
-                          size_t errlen)
+/* Reads a boolean field of obj (named where for messages); absent or null: def. */
+static cg_status cfg_bool(json_t *obj, const char *where, const char *key, int def, int *out,
+                          char *err, size_t errlen)
 {
-    json_t *v = json_object_get(root, key);
+    json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) {
         *out = def;
         return CG_OK;
     }
     if (!json_is_boolean(v)) {
-        cg_seterr(err, errlen, "config.json: '%s' must be true or false", key);
+        cg_seterr(err, errlen, "config.json: '%s%s' must be true or false", where, key);
         return CG_E_TYPE;
     }
     *out = json_is_true(v);
@@ -241,9 +243,10 @@ static cg_status refuse_unsupported(json_t *root, const cg_model_config *c, char
     /* Qwen2's configs name a sliding window but do not use it unless use_sliding_window is
      * true; Mistral's is in use whenever it is set. */
     json_t *sw = json_object_get(root, "sliding_window");
-    int use_sw = c->arch == CG_ARCH_LLAMA
-                     ? sw && !json_is_null(sw)
-                     : json_is_true(json_object_get(root, "use_sliding_window"));
+    int use_sw = c->arch == CG_ARCH_LLAMA && sw && !json_is_null(sw);
+    if (c->arch != CG_ARCH_LLAMA &&
+        (st = cfg_bool(root, "", "use_sliding_window", 0, &use_sw, err, errlen)) != CG_OK)
+        return st;
     if (use_sw) {
         cg_seterr(err, errlen,
                   "config.json: a sliding attention window is not supported ('sliding_window' / "
@@ -251,14 +254,17 @@ static cg_status refuse_unsupported(json_t *root, const cg_model_config *c, char
         return CG_E_UNSUPPORTED;
     }
     static const char *const bias_keys[] = {"attention_bias", "mlp_bias"};
-    for (size_t i = 0; i < CG_ARRAY_LEN(bias_keys); i++)
-        if (json_is_true(json_object_get(root, bias_keys[i]))) {
+    for (size_t i = 0; i < CG_ARRAY_LEN(bias_keys); i++) {
+        int bias;
+        if ((st = cfg_bool(root, "", bias_keys[i], 0, &bias, err, errlen)) != CG_OK) return st;
+        if (bias) {
             cg_seterr(err, errlen,
                       "config.json: '%s' = true is not supported for %s (only Qwen2's q/k/v "
                       "biases are)",
                       bias_keys[i], cg_arch_name(c->arch));
             return CG_E_UNSUPPORTED;
         }
+    }
     return CG_OK;
 }
 
@@ -299,7 +305,7 @@ static cg_status read_geometry(json_t *root, cg_model_config *c, char *err, size
     TRY(cfg_num(root, "", "rms_norm_eps", 1e-6, 1e-12, 0.1, &eps, err, errlen));
     c->norm_eps = (float)eps;
     /* transformers' default for these three architectures is untied */
-    TRY(cfg_bool(root, "tie_word_embeddings", 0, &c->tie_embeddings, err, errlen));
+    TRY(cfg_bool(root, "", "tie_word_embeddings", 0, &c->tie_embeddings, err, errlen));
     TRY(read_bos(root, c, err, errlen));
     return read_eos(root, c, err, errlen);
 }
@@ -320,10 +326,11 @@ static double yarn_mscale(double scale, double mscale)
 /* YaRN (arXiv 2309.00071) as vLLM and transformers compute it: frequencies below the
  * correction range are interpolated (divided by factor), above it extrapolated (kept), a
  * linear ramp between; cos and sin carry the attention factor. */
-static cg_status rope_yarn(json_t *rs, cg_model_config *c, double factor, char *err, size_t errlen)
+static cg_status rope_yarn(json_t *rs, const char *w, cg_model_config *c, double factor, char *err,
+                           size_t errlen)
 {
-    const char *w = "rope_scaling.";
     double orig, beta_fast, beta_slow, af, ms, ms_all;
+    int truncate;
     cg_status st;
     TRY(cfg_num(rs, w, "original_max_position_embeddings", c->max_pos, 1, 1e9, &orig, err, errlen));
     TRY(cfg_num(rs, w, "beta_fast", 32, 1e-6, 1e6, &beta_fast, err, errlen));
@@ -331,12 +338,15 @@ static cg_status rope_yarn(json_t *rs, cg_model_config *c, double factor, char *
     TRY(cfg_num(rs, w, "attention_factor", 0, 0, 1e3, &af, err, errlen));
     TRY(cfg_num(rs, w, "mscale", 0, 0, 1e3, &ms, err, errlen));
     TRY(cfg_num(rs, w, "mscale_all_dim", 0, 0, 1e3, &ms_all, err, errlen));
+    TRY(cfg_bool(rs, w, "truncate", 1, &truncate, err, errlen));
     if (af <= 0)
         af = ms > 0 && ms_all > 0 ? yarn_mscale(factor, ms) / yarn_mscale(factor, ms_all)
                                   : yarn_mscale(factor, 1.0);
     const int d = c->head_dim, h = d / 2;
-    double lo = floor(yarn_dim(beta_fast, d, c->rope_theta, orig));
-    double hi = ceil(yarn_dim(beta_slow, d, c->rope_theta, orig));
+    /* the correction range in whole dims, unless truncate is false (gpt-oss) */
+    double lo = yarn_dim(beta_fast, d, c->rope_theta, orig);
+    double hi = yarn_dim(beta_slow, d, c->rope_theta, orig);
+    if (truncate) lo = floor(lo), hi = ceil(hi);
     lo = lo < 0 ? 0 : lo;
     hi = hi > d - 1 ? d - 1 : hi;
     if (lo == hi) hi += 0.001; /* no singular ramp */
@@ -352,12 +362,21 @@ static cg_status rope_yarn(json_t *rs, cg_model_config *c, double factor, char *
 }
 
 /* Llama 3.1: long wavelengths divided by factor, short ones kept, a smooth blend between. */
-static cg_status rope_llama3(json_t *rs, cg_model_config *c, double factor, char *err,
-                             size_t errlen)
+static cg_status rope_llama3(json_t *rs, const char *w, cg_model_config *c, double factor,
+                             char *err, size_t errlen)
 {
-    const char *w = "rope_scaling.";
     double lf, hf, orig;
     cg_status st;
+    /* required, as transformers requires them */
+    static const char *const need[] = {"low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings"};
+    for (size_t i = 0; i < CG_ARRAY_LEN(need); i++) {
+        json_t *v = json_object_get(rs, need[i]);
+        if (!v || json_is_null(v)) {
+            cg_seterr(err, errlen, "config.json: '%s%s' is required for llama3", w, need[i]);
+            return CG_E_MISSING;
+        }
+    }
     TRY(cfg_num(rs, w, "low_freq_factor", 1, 1e-9, 1e9, &lf, err, errlen));
     TRY(cfg_num(rs, w, "high_freq_factor", 4, 1e-9, 1e9, &hf, err, errlen));
     TRY(cfg_num(rs, w, "original_max_position_embeddings", 8192, 1, 1e9, &orig, err, errlen));
@@ -382,11 +401,50 @@ static cg_status rope_llama3(json_t *rs, cg_model_config *c, double factor, char
 }
 
 /* rope_theta, the pairing, and rope_scaling turned into per-frequency rates. Scaling that
- * depends on the sequence length cannot be remapped by a position delta (DESIGN §6). */
+ * depends on the sequence length cannot be remapped by a position delta (DESIGN §6).
+ * transformers 5 writes rope_theta and the scaling as one object, rope_parameters; either
+ * form is read, and both at once must agree. */
 static cg_status read_rope(json_t *root, cg_model_config *c, char *err, size_t errlen)
 {
     cg_status st;
-    TRY(cfg_num(root, "", "rope_theta", 10000.0, 1.0, 1e12, &c->rope_theta, err, errlen));
+    json_t *rp = json_object_get(root, "rope_parameters");
+    json_t *rs = json_object_get(root, "rope_scaling");
+    const char *w = "rope_scaling.";
+    if (rp && !json_is_null(rp)) {
+        if (!json_is_object(rp) ||
+            (!json_object_get(rp, "rope_type") && !json_object_get(rp, "rope_theta"))) {
+            cg_seterr(err, errlen,
+                      "config.json: 'rope_parameters' must be an object with rope_type and "
+                      "rope_theta (RoPE parameters per layer type are not supported)");
+            return CG_E_UNSUPPORTED;
+        }
+        if (rs && !json_is_null(rs)) {
+            const char *k;
+            json_t *v;
+            bool same = json_is_object(rs);
+            json_object_foreach(rs, k, v) same = same && json_equal(v, json_object_get(rp, k));
+            if (!same) {
+                cg_seterr(err, errlen,
+                          "config.json: 'rope_scaling' says what 'rope_parameters' does not");
+                return CG_E_VALUE;
+            }
+        }
+        double top, in;
+        TRY(cfg_num(root, "", "rope_theta", NAN, 1.0, 1e12, &top, err, errlen));
+        TRY(cfg_num(rp, "rope_parameters.", "rope_theta", NAN, 1.0, 1e12, &in, err, errlen));
+        if (!isnan(top) && !isnan(in) && top != in) {
+            cg_seterr(err, errlen,
+                      "config.json: 'rope_theta' %g and 'rope_parameters.rope_theta' "
+                      "%g differ",
+                      top, in);
+            return CG_E_VALUE;
+        }
+        c->rope_theta = !isnan(in) ? in : !isnan(top) ? top : 10000.0;
+        rs = rp;
+        w = "rope_parameters.";
+    } else {
+        TRY(cfg_num(root, "", "rope_theta", 10000.0, 1.0, 1e12, &c->rope_theta, err, errlen));
+    }
     for (int i = 0; i < c->head_dim / 2; i++)
         c->inv_freq[i] = pow(c->rope_theta, -2.0 * i / c->head_dim);
     c->attn_factor = 1.0;
@@ -402,7 +460,6 @@ static cg_status read_rope(json_t *root, cg_model_config *c, char *err, size_t e
             return s ? CG_E_VALUE : CG_E_TYPE;
         }
     }
-    json_t *rs = json_object_get(root, "rope_scaling");
     if (!rs || json_is_null(rs)) return CG_OK;
     const char *kind = NULL;
     if (json_is_object(rs)) {
@@ -410,22 +467,23 @@ static cg_status read_rope(json_t *root, cg_model_config *c, char *err, size_t e
         if (!kind) kind = json_string_value(json_object_get(rs, "type"));
     }
     if (!kind) {
-        cg_seterr(err, errlen, "config.json: 'rope_scaling' must be an object with a rope_type");
+        cg_seterr(err, errlen, "config.json: '%.*s' must be an object with a rope_type",
+                  (int)strlen(w) - 1, w);
         return CG_E_TYPE;
     }
     if (!strcmp(kind, "default")) return CG_OK;
     double factor;
     if (strcmp(kind, "linear") && strcmp(kind, "llama3") && strcmp(kind, "yarn")) {
         cg_seterr(err, errlen,
-                  "config.json: rope_scaling '%.40s' is not supported: it depends on the "
+                  "config.json: %.*s '%.40s' is not supported: it depends on the "
                   "sequence length, so cached K cannot be moved by a position delta (supported: "
                   "linear, llama3, yarn)",
-                  kind);
+                  (int)strlen(w) - 1, w, kind);
         return CG_E_UNSUPPORTED;
     }
-    TRY(cfg_num(rs, "rope_scaling.", "factor", NAN, 1.0, 1e6, &factor, err, errlen));
+    TRY(cfg_num(rs, w, "factor", NAN, 1.0, 1e6, &factor, err, errlen));
     if (isnan(factor)) {
-        cg_seterr(err, errlen, "config.json: 'rope_scaling.factor' is required for %s", kind);
+        cg_seterr(err, errlen, "config.json: '%sfactor' is required for %s", w, kind);
         return CG_E_MISSING;
     }
     snprintf(c->rope_scaling, sizeof c->rope_scaling, "%s", kind);
@@ -434,8 +492,8 @@ static cg_status read_rope(json_t *root, cg_model_config *c, char *err, size_t e
             c->inv_freq[i] /= factor;
         return CG_OK;
     }
-    return !strcmp(kind, "llama3") ? rope_llama3(rs, c, factor, err, errlen)
-                                   : rope_yarn(rs, c, factor, err, errlen);
+    return !strcmp(kind, "llama3") ? rope_llama3(rs, w, c, factor, err, errlen)
+                                   : rope_yarn(rs, w, c, factor, err, errlen);
 }
 
 static cg_status read_model_id(json_t *root, const char *dir, cg_model_config *c, char *err,

@@ -23,6 +23,8 @@ static int file_exists(const char *path)
     return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
+#define INDEX_MAX_BYTES (64 << 20)
+
 /* Opens one safetensors file and keeps it (mapped) in the model. */
 static cg_status open_file(cg_model *m, const char *dir, const char *name, char *err, size_t errlen)
 {
@@ -56,6 +58,13 @@ static cg_status open_shards(cg_model *m, const char *dir, char *err, size_t err
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    /* a few hundred KiB for the largest checkpoints */
+    struct stat sb;
+    if (stat(path, &sb) == 0 && sb.st_size > INDEX_MAX_BYTES) {
+        cg_seterr(err, errlen, "model.safetensors.index.json: %lld bytes, more than the %d allowed",
+                  (long long)sb.st_size, INDEX_MAX_BYTES);
+        return CG_E_VALUE;
+    }
     json_error_t jerr;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
@@ -208,29 +217,52 @@ static cg_status check_tensor(const cg_model *m, const cg_wspec *w, const cg_st_
     return CG_OK;
 }
 
-/* A tensor the architecture does not use may be one it needs (a bias, a norm, a rotary table
- * another implementation reads): the checkpoint is refused rather than run without it. */
-static cg_status refuse_unused(const cg_model *m, const cg_wlist *l, char *err, size_t errlen)
+static int by_name(const void *a, const void *b)
 {
-    for (size_t f = 0; f < m->n_files; f++)
-        for (size_t i = 0; i < cg_st_count(m->files[f]); i++) {
-            const char *name = cg_st_at(m->files[f], i)->name;
-            int used = 0;
-            for (size_t k = 0; k < l->n && !used; k++)
-                used = !strcmp(l->v[k].name, name);
-            if (used) continue;
-            cg_seterr(err, errlen,
-                      "%s: tensor '%.120s' is not used by %s as configured (tie_word_embeddings "
-                      "%s); refusing a checkpoint that may need it",
-                      m->file_names[f], name, cg_arch_name(m->cfg.arch),
-                      m->cfg.tie_embeddings ? "true" : "false");
-            return CG_E_UNSUPPORTED;
-        }
-    return CG_OK;
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Matrices stay where they are mapped (an f32 one at an odd address is copied: the kernels
- * need element alignment); vectors are copied to f32. */
+/* A tensor the architecture does not use may be one it needs (a bias, a norm, a rotary table
+ * another implementation reads): the checkpoint is refused rather than run without it. So is a
+ * tensor in two shards: which copy a loader takes is a guess (transformers takes the last). */
+static cg_status refuse_unused(const cg_model *m, const cg_wlist *l, char *err, size_t errlen)
+{
+    const char **wanted = cg_malloc((l->n ? l->n : 1) * sizeof *wanted);
+    for (size_t k = 0; k < l->n; k++)
+        wanted[k] = l->v[k].name;
+    qsort(wanted, l->n, sizeof *wanted, by_name);
+    cg_status st = CG_OK;
+    for (size_t f = 0; f < m->n_files && st == CG_OK; f++)
+        for (size_t i = 0; i < cg_st_count(m->files[f]) && st == CG_OK; i++) {
+            const char *name = cg_st_at(m->files[f], i)->name;
+            size_t first = f;
+            find_tensor(m, name, &first);
+            if (first != f) {
+                cg_seterr(err, errlen, "tensor '%.120s' is in both %s and %s", name,
+                          m->file_names[first], m->file_names[f]);
+                st = CG_E_VALUE;
+            } else if (!bsearch(&name, wanted, l->n, sizeof *wanted, by_name)) {
+                cg_seterr(err, errlen,
+                          "%s: tensor '%.120s' is not used by %s as configured "
+                          "(tie_word_embeddings %s); refusing a checkpoint that may need it",
+                          m->file_names[f], name, cg_arch_name(m->cfg.arch),
+                          m->cfg.tie_embeddings ? "true" : "false");
+                st = CG_E_UNSUPPORTED;
+            }
+        }
+    free(wanted);
+    return st;
+}
+
+/* A matrix the kernels cannot read in place: not at a multiple of its element size (the
+ * safetensors header's length sets where the data starts). */
+static int misaligned(const cg_st_tensor *t)
+{
+    return (uintptr_t)t->data % (t->dtype == CG_ST_F32 ? 4u : 2u) != 0;
+}
+
+/* Matrices stay where they are mapped (one not at a multiple of its element size is copied to
+ * f32: the kernels need element alignment); vectors are copied to f32. */
 static cg_status place_tensors(cg_model *m, const cg_wlist *l, char *err, size_t errlen)
 {
     const cg_st_tensor **ts = cg_calloc(l->n, sizeof *ts);
@@ -239,8 +271,7 @@ static cg_status place_tensors(cg_model *m, const cg_wlist *l, char *err, size_t
     for (size_t i = 0; i < l->n && st == CG_OK; i++) {
         st = check_tensor(m, &l->v[i], &ts[i], err, errlen);
         if (st != CG_OK) break;
-        int misaligned = ts[i]->dtype == CG_ST_F32 && ((uintptr_t)ts[i]->data & 3u);
-        if (l->v[i].vec || misaligned) copy_floats += (ts[i]->numel + 15) & ~(size_t)15;
+        if (l->v[i].vec || misaligned(ts[i])) copy_floats += (ts[i]->numel + 15) & ~(size_t)15;
     }
     if (st == CG_OK) st = refuse_unused(m, l, err, errlen);
     if (st != CG_OK) {
@@ -252,8 +283,7 @@ static cg_status place_tensors(cg_model *m, const cg_wlist *l, char *err, size_t
         const cg_st_tensor *t = ts[i];
         const cg_wspec *w = &l->v[i];
         m->weight_bytes += t->nbytes;
-        int misaligned = t->dtype == CG_ST_F32 && ((uintptr_t)t->data & 3u);
-        if (w->vec || misaligned) {
+        if (w->vec || misaligned(t)) {
             if (cg_st_to_f32(t, p) != CG_OK) abort(); /* dtypes were checked */
             if (w->vec)
                 *w->vec = p;
