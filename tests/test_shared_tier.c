@@ -28,6 +28,7 @@
 
 #include "base/base.h"
 #include "kv/kvwire.h"
+#include "worker/model/model.h"
 #include "tests/harness/harness.h"
 
 #define SKIP_CODE 77
@@ -210,9 +211,12 @@ static cg_buf get_raw(const th_proc *w, const char *path)
     return r.body;
 }
 
+/* the model's KV identity (model id and weights' fingerprint), which names its values */
+static char g_kv_model[160];
+
 static void head_name(const char *key, int h, char *out, size_t cap)
 {
-    ck_assert_int_eq(cg_kvwire_head_key(MODEL, (uint32_t)h, key, out, cap), CG_OK);
+    ck_assert_int_eq(cg_kvwire_head_key(g_kv_model, (uint32_t)h, key, out, cap), CG_OK);
 }
 
 /* ---- one node ------------------------------------------------------------------------------ */
@@ -301,6 +305,50 @@ START_TEST(test_single_node_share)
     freeReplyObject(ttl);
     freeReplyObject(k);
     redisFree(rc);
+    th_stop(&redis, SIGKILL);
+}
+END_TEST
+
+static json_t *info_of(const th_proc *w)
+{
+    th_resp r;
+    th_http(&r, w->port, "GET", "/v1/info", NULL, NULL, NULL);
+    json_t *j = th_json(&r);
+    th_resp_free(&r);
+    ck_assert_ptr_nonnull(j);
+    return j;
+}
+
+/* Another checkpoint under the same model id (another seed: same geometry and tokenizer) never
+ * reads this one's values: its KV would be decoded by other weights. */
+START_TEST(test_other_weights_same_id)
+{
+    th_proc redis, a, b;
+    start_redis(&redis, th_free_port());
+    const char *url = remote_url(redis.port);
+    const char *ea[] = {"--remote", url, NULL};
+    start_worker(&a, "wa", ea);
+    const int docs[] = {0, 1, 2};
+    outcome oa = ask(&a, docs, 3, 1);
+    ck_assert_int_eq(count_tier(&oa, "miss"), 4);
+    wait_remote_writes(&a, 4 * KV_HEADS);
+    char other[400];
+    snprintf(other, sizeof other, "%s/other-seed", th_root());
+    const char *gen[] = {"--seed", "99", NULL};
+    ck_assert_int_eq(th_gen_model(WORKER_BIN, other, gen), 0);
+    ck_assert_msg(th_start_worker(&b, WORKER_BIN, other, 0, "wother", ea) == 0,
+                  "worker wother did not start; log in %s", th_root());
+    json_t *ia = info_of(&a), *ib = info_of(&b);
+    ck_assert_str_eq(th_sget(ia, "model"), th_sget(ib, "model"));
+    ck_assert_str_ne(th_sget(ia, "kv_model"), th_sget(ib, "kv_model"));
+    json_decref(ia);
+    json_decref(ib);
+    outcome ob = ask(&b, docs, 3, 1);
+    ck_assert_int_eq(count_tier(&ob, "remote"), 0);
+    ck_assert_int_eq(count_tier(&ob, "miss"), 4);
+    ck_assert_double_eq(metric(&b, "chunkgate_worker_remote_hits_total"), 0);
+    ck_assert_int_eq(th_stop(&a, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&b, SIGTERM), 0);
     th_stop(&redis, SIGKILL);
 }
 END_TEST
@@ -712,11 +760,15 @@ int main(void)
         return SKIP_CODE;
     }
     if (th_init_with_model("shared_tier", WORKER_BIN, g_model, sizeof g_model) != 0) return 1;
-    int failed = th_run_tests("shared_tier", "shared_tier", 120,
-                              TH_TESTS(test_single_node_share, test_cluster_share,
-                                       test_corrupt_values_are_misses, test_redis_down_and_slow,
-                                       test_kill9_restart_serves_from_disk,
-                                       test_gateway_routes_to_shared_tier));
+    cg_model *m = NULL;
+    if (cg_model_open(g_model, &m, NULL, 0) != CG_OK) return 1;
+    snprintf(g_kv_model, sizeof g_kv_model, "%s", cg_model_cfg(m)->kv_model);
+    cg_model_close(&m);
+    int failed = th_run_tests(
+        "shared_tier", "shared_tier", 120,
+        TH_TESTS(test_single_node_share, test_other_weights_same_id, test_cluster_share,
+                 test_corrupt_values_are_misses, test_redis_down_and_slow,
+                 test_kill9_restart_serves_from_disk, test_gateway_routes_to_shared_tier));
     /* the cluster's nodes are daemons: stop them even when a check failed half-way */
     char dir[400];
     snprintf(dir, sizeof dir, "%s/cluster", th_root());

@@ -145,7 +145,7 @@ static const uint8_t *local_chunk_kv(const char *key_hex, size_t *len)
                                   .head_start = 0,
                                   .n_heads = (uint32_t)c->n_kv_heads,
                                   .total_kv_heads = (uint32_t)c->n_kv_heads};
-            snprintf(h.model, sizeof h.model, "%s", c->model_id);
+            snprintf(h.model, sizeof h.model, "%s", c->kv_model);
             uint8_t hdr[512];
             size_t hb = 0;
             ck_assert_int_eq(cg_kvwire_header_encode(&h, hdr, sizeof hdr, &hb), CG_OK);

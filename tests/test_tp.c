@@ -286,11 +286,13 @@ START_TEST(test_refusals)
     json_decref(e);
     json_decref(a);
 
-    /* the same model id with another geometry (2 KV heads): the CGKV header gives it away */
+    /* the same model id with other weights (2 KV heads): the fingerprint in the KV model
+     * gives it away */
     a = assemble(&src_kv2);
     e = decode(&be[1], th_sget(a, "assembly_id"), src_kv2.url, 502);
     ck_assert_str_eq(th_sget(json_object_get(e, "error"), "code"), "bad_gateway");
-    ck_assert_ptr_nonnull(strstr(th_sget(json_object_get(e, "error"), "message"), "2 KV heads"));
+    ck_assert_ptr_nonnull(
+        strstr(th_sget(json_object_get(e, "error"), "message"), "another model or checkpoint"));
     ck_assert_double_eq(metric(&src_kv2, "chunkgate_worker_assemblies_live"), 0);
     json_decref(e);
     json_decref(a);

@@ -527,7 +527,7 @@ START_TEST(test_inventory)
     ck_assert_int_eq(json_array_size(hk), cg_model_cfg(model)->n_kv_heads);
     for (size_t h = 0; h < json_array_size(hk); h++) {
         char want[256];
-        snprintf(want, sizeof want, "%s@head:%zu@%s", cg_model_cfg(model)->model_id, h, key);
+        snprintf(want, sizeof want, "%s@head:%zu@%s", cg_model_cfg(model)->kv_model, h, key);
         ck_assert_str_eq(json_string_value(json_array_get(hk, h)), want);
     }
     json_decref(c);
@@ -574,7 +574,7 @@ START_TEST(test_inventory)
     cg_kvwire_header hc, ha;
     const float *pc = NULL, *pa = NULL;
     ck_assert_int_eq(cg_kvwire_decode(kc.body.data, kc.body.len, &hc, &pc), CG_OK);
-    ck_assert_str_eq(hc.model, mc->model_id);
+    ck_assert_str_eq(hc.model, mc->kv_model);
     ck_assert_uint_eq(hc.n_tokens, nt);
     ck_assert_uint_eq(hc.head_start, 0);
     ck_assert_uint_eq(hc.n_heads, 2);

@@ -23,6 +23,11 @@ const char *cg_arch_name(cg_arch a);
 
 typedef struct cg_model_config {
     char model_id[128]; /* "model_id" or "_name_or_path" from config.json, else the dir name */
+    /* What KV computed by this model is stored under outside the process (the shared tier,
+     * the disk tier, pulls between workers): "{model_id}#{16 hex}", the hex a fingerprint of
+     * the weights as loaded, the config and the tokenizer (set by the loader). Two checkpoints
+     * under one model id never read each other's KV. */
+    char kv_model[160];
     cg_arch arch;
     int vocab_size;
     int dim;        /* hidden_size */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 #include <sys/stat.h>
 
 #include "base/base.h"
@@ -423,6 +424,82 @@ cg_status cg_model_open(const char *dir, cg_model **out, char *err, size_t errle
     return cg_model_open_quant(dir, CG_QUANT_NONE, out, err, errlen);
 }
 
+/* Bytes of matrix w's values, and of its scales. */
+static size_t weight_bytes(const cg_weight *w, size_t *scale_bytes)
+{
+    const size_t n = (size_t)w->rows * (size_t)w->cols;
+    size_t blocks = 0;
+    *scale_bytes = 0;
+    switch (w->dtype) {
+    case CG_DTYPE_F32:
+        return 4 * n;
+    case CG_DTYPE_F16:
+    case CG_DTYPE_BF16:
+        return 2 * n;
+    case CG_DTYPE_Q8:
+        *scale_bytes = 4 * (size_t)w->rows;
+        return n;
+    default:
+        blocks = 0;
+        const size_t b = cg_matmul_quant_bytes(w->dtype, w->rows, w->cols, &blocks);
+        *scale_bytes = 2 * blocks;
+        return b;
+    }
+}
+
+/* 17 samples of 64 bytes spread over p[0, n): a different checkpoint of the same shapes (other
+ * training, another quantisation) differs in all of them, at a cost independent of the size. */
+static void hash_samples(XXH3_state_t *h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    if (!b || !n) return;
+    const size_t piece = n < 64 ? n : 64;
+    for (size_t i = 0; i <= 16; i++)
+        XXH3_64bits_update(h, b + (n - piece) / 16 * i, piece);
+}
+
+/* m->cfg.kv_model: the model id and a fingerprint of what decides the KV it computes: the
+ * config's geometry and RoPE, each tensor's name, dtype and shape with samples of its bytes as
+ * loaded (after --quant), the vectors whole, and the ids the tokenizer gives a probe text. */
+static void fingerprint(cg_model *m, const cg_wlist *l)
+{
+    const cg_model_config *c = &m->cfg;
+    XXH3_state_t *h = XXH3_createState();
+    if (!h) abort();
+    XXH3_64bits_reset(h);
+    const int32_t geo[] = {(int32_t)c->arch,  c->vocab_size, c->dim,
+                           c->hidden_dim,     c->n_layers,   c->n_heads,
+                           c->n_kv_heads,     c->head_dim,   (int32_t)c->rope_style,
+                           c->tie_embeddings, c->qkv_bias,   c->qk_norm};
+    XXH3_64bits_update(h, geo, sizeof geo);
+    XXH3_64bits_update(h, &c->norm_eps, sizeof c->norm_eps);
+    XXH3_64bits_update(h, c->inv_freq, (size_t)(c->head_dim / 2) * sizeof *c->inv_freq);
+    XXH3_64bits_update(h, &c->attn_factor, sizeof c->attn_factor);
+    for (size_t i = 0; i < l->n; i++) {
+        const cg_wspec *w = &l->v[i];
+        XXH3_64bits_update(h, w->name, strlen(w->name) + 1);
+        if (w->vec) {
+            XXH3_64bits_update(h, *w->vec, (size_t)w->d0 * sizeof(float));
+            continue;
+        }
+        const cg_weight *x = w->mat;
+        const int32_t shape[] = {(int32_t)x->dtype, x->rows, x->cols};
+        XXH3_64bits_update(h, shape, sizeof shape);
+        size_t sb;
+        hash_samples(h, x->data, weight_bytes(x, &sb));
+        hash_samples(h, x->scale ? (const void *)x->scale : (const void *)x->bscale, sb);
+    }
+    static const char probe[] = "The quick brown fox, 1234 jumps: over the lazy dog. Ünïcödé "
+                                "東京 <|im_start|><|endoftext|>";
+    cg_tokens tk = {0};
+    if (m->tok && cg_tokenizer_encode(m->tok, probe, sizeof probe - 1, 1, &tk) == CG_OK)
+        XXH3_64bits_update(h, tk.ids, tk.n * sizeof *tk.ids);
+    cg_tokens_free(&tk);
+    const unsigned long long fp = (unsigned long long)XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    snprintf(m->cfg.kv_model, sizeof m->cfg.kv_model, "%s#%016llx", c->model_id, fp);
+}
+
 cg_status cg_model_open_quant(const char *dir, cg_quant quant, cg_model **out, char *err,
                               size_t errlen)
 {
@@ -445,6 +522,7 @@ cg_status cg_model_open_quant(const char *dir, cg_quant quant, cg_model **out, c
     }
     if (st == CG_OK && quant != CG_QUANT_NONE) st = quantize_model(m, &l, quant, err, errlen);
     if (st == CG_OK && !gguf) st = open_tokenizer(m, dir, err, errlen);
+    if (st == CG_OK) fingerprint(m, &l);
     free(l.v);
     if (st != CG_OK) {
         cg_model_close(&m);

@@ -194,7 +194,7 @@ void cg_api_chunk_get(cg_http_req *req, void *app)
     cg_key_hex(&k, hex);
     json_t *heads = json_array();
     for (int h = 0; h < c->n_kv_heads; h++)
-        if (cg_kvwire_head_key(c->model_id, (uint32_t)h, hex, hk, sizeof hk) == CG_OK)
+        if (cg_kvwire_head_key(c->kv_model, (uint32_t)h, hex, hk, sizeof hk) == CG_OK)
             json_array_append_new(heads, json_string(hk));
     json_object_set_new(j, "n_kv_heads", json_integer(c->n_kv_heads));
     json_object_set_new(j, "head_keys", heads);
@@ -252,7 +252,7 @@ static void reply_kv(cg_worker_api *a, cg_http_req *req, const void *payload, si
                           .head_start = (uint32_t)h0,
                           .n_heads = (uint32_t)(h1 - h0 + 1),
                           .total_kv_heads = (uint32_t)c->n_kv_heads};
-    snprintf(h.model, sizeof h.model, "%s", c->model_id);
+    snprintf(h.model, sizeof h.model, "%s", c->kv_model);
     uint8_t head[CG_KVWIRE_FIXED_BYTES + CG_KVWIRE_MODEL_MAX + CG_KVWIRE_ALIGN];
     size_t hb = 0, want = 0;
     if (cg_kvwire_header_encode(&h, head, sizeof head, &hb) != CG_OK ||
@@ -326,7 +326,7 @@ void cg_api_assembly_logits(cg_http_req *req, void *app)
         return;
     }
     char v[64];
-    cg_http_add_header(req, "X-Model", c->model_id);
+    cg_http_add_header(req, "X-Model", c->kv_model);
     snprintf(v, sizeof v, "%d", c->vocab_size);
     cg_http_add_header(req, "X-Vocab-Size", v);
     snprintf(v, sizeof v, "%u", n_tokens);

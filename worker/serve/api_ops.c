@@ -52,6 +52,7 @@ void cg_api_info(cg_http_req *req, void *app)
 #define SET(k, v) json_object_set_new(j, k, v)
     SET("object", json_string("worker.info"));
     SET("model", json_string(c->model_id));
+    SET("kv_model", json_string(c->kv_model));
     SET("n_layers", json_integer(c->n_layers));
     SET("n_heads", json_integer(c->n_heads));
     SET("n_kv_heads", json_integer(c->n_kv_heads));

@@ -257,12 +257,12 @@ static void *rank_main(void *arg)
         return NULL;
     }
     /* The same model and geometry, or the KV would be decoded by the wrong weights. */
-    if (strcmp(h.model, c->model_id) != 0 || h.n_layers != (uint32_t)c->n_layers ||
+    if (strcmp(h.model, c->kv_model) != 0 || h.n_layers != (uint32_t)c->n_layers ||
         h.head_dim != (uint32_t)c->head_dim || h.total_kv_heads != (uint32_t)c->n_kv_heads) {
         cg_seterr(k->err, sizeof k->err,
                   "%s: the source sends KV of model '%s' (%u layers, %u KV heads, head_dim %u) but "
                   "this backend serves '%s' (%d layers, %d KV heads, head_dim %d); refused",
-                  what, h.model, h.n_layers, h.total_kv_heads, h.head_dim, c->model_id, c->n_layers,
+                  what, h.model, h.n_layers, h.total_kv_heads, h.head_dim, c->kv_model, c->n_layers,
                   c->n_kv_heads, c->head_dim);
         k->st = CG_E_BAD_GATEWAY;
         return NULL;
@@ -338,12 +338,13 @@ static cg_status fetch_logits(const cg_model_config *c, const cg_kvpull_params *
     http_do("GET", url, p->api_key, p->timeout_ms, logits_bytes, lx);
     cg_status st = xfer_status(lx, "logits", err, errlen);
     if (st != CG_OK) return st;
-    if (strcmp(lx->model, c->model_id) != 0 || lx->vocab != c->vocab_size ||
+    if (strcmp(lx->model, c->kv_model) != 0 || lx->vocab != c->vocab_size ||
         lx->body.len != logits_bytes) {
         cg_seterr(err, errlen,
                   "the source serves model '%s' with %lld logits (%zu bytes) but this backend "
-                  "serves '%s' with %d; refused",
-                  lx->model, lx->vocab, lx->body.len, c->model_id, c->vocab_size);
+                  "serves '%s' with %d: another model or checkpoint (the part after '#' "
+                  "fingerprints the weights); refused",
+                  lx->model, lx->vocab, lx->body.len, c->kv_model, c->vocab_size);
         return CG_E_BAD_GATEWAY;
     }
     if (lx->tokens < 1 || lx->tokens > c->max_pos || lx->cached < 0 || lx->cached > lx->tokens) {

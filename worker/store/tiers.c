@@ -134,7 +134,7 @@ cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **
         dp.n_layers = c->n_layers;
         dp.n_kv_heads = c->n_kv_heads;
         dp.head_dim = c->head_dim;
-        dp.model_id = c->model_id;
+        dp.model_id = c->kv_model;
         dp.sync = p->disk_sync;
         if (!p->disk_dir || !p->disk_dir[0]) {
             st = CG_E_VALUE;
@@ -354,7 +354,7 @@ static int head_names(const cg_tiers *t, const cg_key *key, char *names, const c
     cg_key_hex(key, hex);
     for (int h = 0; h < cfg->n_kv_heads; h++) {
         char *name = names + (size_t)h * CG_REMOTE_KEY_MAX;
-        if (cg_kvwire_head_key(cfg->model_id, (uint32_t)h, hex, name, CG_REMOTE_KEY_MAX) != CG_OK)
+        if (cg_kvwire_head_key(cfg->kv_model, (uint32_t)h, hex, name, CG_REMOTE_KEY_MAX) != CG_OK)
             return -1;
         keys[h] = name;
     }
@@ -367,7 +367,7 @@ static cg_kvwire_header wire_header(const cg_tiers *t, uint32_t n_tokens)
     const cg_model_config *cfg = cg_model_cfg(t->m);
     cg_kvwire_header h;
     memset(&h, 0, sizeof h);
-    snprintf(h.model, sizeof h.model, "%s", cfg->model_id);
+    snprintf(h.model, sizeof h.model, "%s", cfg->kv_model);
     h.n_layers = (uint32_t)cfg->n_layers;
     h.head_dim = (uint32_t)cfg->head_dim;
     h.dtype = CG_KVWIRE_DTYPE_F32;
