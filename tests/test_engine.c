@@ -583,6 +583,15 @@ START_TEST(test_key_mismatch)
 END_TEST
 
 /* Input checks, TTL expiry, plain prompts, KV growth while decoding, export. */
+/* a slow token callback (a client reading slowly: the scheduler decodes ahead of it) that
+ * asks to stop at the third token, counting its calls */
+static int stop_at_third(void *ud, const cg_tok_rec *rec, const char *bytes, size_t len)
+{
+    (void)rec, (void)bytes, (void)len;
+    th_sleep_ms(20);
+    return ++*(int *)ud >= 3;
+}
+
 START_TEST(test_lifecycle)
 {
     cg_engine_params p = cg_engine_default_params();
@@ -714,6 +723,23 @@ START_TEST(test_lifecycle)
     ck_assert_uint_eq(nt[0], nt[1]);
     for (size_t i = 0; i < nt[0]; i++)
         ck_assert_int_eq(toks[0][i], toks[1][i]);
+
+    /* on_token stops at the 3rd token: the answer ends there, whatever the scheduler had
+     * already made (a stop sequence's cut relies on it) */
+    for (int run_i = 0; run_i < 2; run_i++) {
+        int seen = 0;
+        cp = (cg_complete_req){.prompt = "hello there",
+                               .prompt_len = 11,
+                               .max_tokens = 48,
+                               .on_token = stop_at_third,
+                               .ud = &seen};
+        ck_assert_int_eq(cg_engine_complete(e, &cp, 4000, &res, err, sizeof err), CG_OK);
+        ck_assert_int_eq(seen, 3);
+        ck_assert_uint_eq(res.n_tokens, 3);
+        ck_assert_uint_eq(res.completion_tokens, 3);
+        ck_assert_str_eq(res.finish_reason, "stop");
+        cg_complete_result_free(&res);
+    }
 
     /* max_tokens 0 */
     cp = (cg_complete_req){.prompt = "hi", .prompt_len = 2, .max_tokens = 0};

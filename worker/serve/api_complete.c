@@ -614,6 +614,7 @@ static int find_stop(gen *g, size_t before)
 static int on_token(void *ud, const cg_tok_rec *rec, const char *bytes, size_t len)
 {
     gen *g = ud;
+    if (g->stopped) return 1; /* what the scheduler had made before it saw the stop */
     size_t before = g->text.len;
     cg_status st = cg_buf_append(&g->text, bytes, len);
     (void)st; /* an unbounded buffer */

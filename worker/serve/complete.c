@@ -263,6 +263,8 @@ static cg_status decode(cg_engine *e, const cg_complete_req *req, cg_assembly *a
     cg_tok_rec rec;
     cg_dseq_state state;
     while (cg_sched_next(e->sched, &d, &rec, &state)) {
+        /* tokens the scheduler made before it saw the cancel are drained, not answered */
+        if (out->cancelled) continue;
         size_t nb = 0;
         const char *bytes = "";
         if (!cg_tokenizer_is_special(tok, rec.token)) {
