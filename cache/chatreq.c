@@ -316,7 +316,7 @@ json_t *cg_chat_as_completion(json_t *body, const char *prompt, size_t prompt_le
     if (json_is_true(json_object_get(body, "logprobs"))) {
         json_t *k = json_object_get(body, "top_logprobs");
         json_object_set_new(o, "logprobs",
-                            json_integer(json_is_integer(k) ? json_integer_value(k) : 0));
+                            json_integer(json_is_number(k) ? (json_int_t)json_number_value(k) : 0));
     }
     return o;
 }

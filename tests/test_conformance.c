@@ -202,6 +202,15 @@ START_TEST(chat_parameters_refused_by_name)
         {"logprobs", "false", 200, NULL},
         {"presence_penalty", "0", 200, NULL},
         {"metadata", "{\"a\":\"b\"}", 200, NULL},
+        /* vLLM's sampling fields: refused unless neutral, never dropped */
+        {"ignore_eos", "true", 400, "ignore_eos"},
+        {"ignore_eos", "false", 200, NULL},
+        {"min_p", "0.1", 400, "min_p"},
+        {"min_p", "0", 200, NULL},
+        {"skip_special_tokens", "false", 400, "skip_special_tokens"},
+        {"skip_special_tokens", "true", 200, NULL},
+        {"stop_token_ids", "[7]", 400, "stop_token_ids"},
+        {"guided_choice", "[\"a\",\"b\"]", 400, "guided_choice"},
     };
     for (int sep = 0; sep <= 1; sep++)
         for (size_t i = 0; i < CG_ARRAY_LEN(cases); i++) {

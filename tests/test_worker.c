@@ -694,6 +694,19 @@ START_TEST(test_logprobs)
         json_object_get(json_array_get(json_object_get(r, "choices"), 0), "logprobs")));
     json_decref(r);
     free(p);
+    /* chat: top_logprobs written 3.0 is 3, as its check accepts it */
+    r = call("POST", "/v1/chat/completions",
+             greedy(json_pack("{s:[{s:s, s:s}], s:b, s:f}", "messages", "role", "user", "content",
+                              "Hello", "logprobs", 1, "top_logprobs", 3.0),
+                    2),
+             200);
+    json_t *c0 = json_array_get(
+        json_object_get(
+            json_object_get(json_array_get(json_object_get(r, "choices"), 0), "logprobs"),
+            "content"),
+        0);
+    ck_assert_int_eq(json_array_size(json_object_get(c0, "top_logprobs")), 3);
+    json_decref(r);
 }
 END_TEST
 
@@ -766,6 +779,19 @@ START_TEST(test_bad_inputs)
         {"POST", "/v1/completions", "{\"kv_transfer_params\":\"x\"}", 400, "invalid_type"},
         {"POST", "/v1/completions", "{\"prompt\":\"a\",\"model\":\"gpt-9\"}", 404,
          "model_not_found"},
+        /* fields a route would ignore: the chat route's, the other route's mode, vLLM's */
+        {"POST", "/v1/completions", "{\"prompt\":\"a\",\"documents\":[\"d\"]}", 400,
+         "invalid_value"},
+        {"POST", "/v1/completions", "{\"prompt\":\"a # # b\",\"mode\":\"sys\"}", 400,
+         "invalid_value"},
+        {"POST", "/v1/assemble",
+         "{\"chunk_mode\":\"sys\",\"segments\":[{\"role\":\"chunk\",\"text\":\"a\"}]}", 400,
+         "invalid_value"},
+        {"POST", "/v1/completions", "{\"prompt\":\"a\",\"ignore_eos\":true}", 400, "invalid_value"},
+        {"POST", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"kv_transfer_params\":"
+         "{\"assembly_id\":\"ffffffffffffffffffffffffffffffff\"}}",
+         400, "invalid_value"},
         {"DELETE", "/v1/assemblies/ffffffffffffffffffffffffffffffff", NULL, 404, "not_found"},
         {"GET", "/v1/assemblies/abc/kv", NULL, 404, "not_found"},
         {"GET", "/v1/nothing", NULL, 404, "not_found"},

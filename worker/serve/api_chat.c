@@ -51,6 +51,14 @@ static int check_chat_fields(cg_http_req *req, json_t *body)
                             "echo is not supported in chat completions; use /v1/completions");
         return 0;
     }
+    /* an assembly would be decoded in place of the messages */
+    json_t *kv = json_object_get(body, "kv_transfer_params");
+    if (kv && !json_is_null(kv)) {
+        cg_http_reply_error(req, CG_E_VALUE, "kv_transfer_params",
+                            "kv_transfer_params is not supported in chat completions (the "
+                            "messages would be ignored); use /v1/completions");
+        return 0;
+    }
     return 1;
 }
 
@@ -131,8 +139,10 @@ void cg_api_chat_completions(cg_http_req *req, void *app)
     json_t *v;
     json_object_foreach(body, k, v) if (!chat_only(k) && !json_object_get(cb, k))
         json_object_set(cb, k, v);
-    /* the template wrote the model's special tokens (BOS included) itself */
-    if (templated) json_object_set_new(cb, "add_special_tokens", json_false());
+    /* the template wrote the model's special tokens (BOS included) itself, unless the client
+     * says otherwise (as /tokenize then counts) */
+    if (templated && !json_object_get(body, "add_special_tokens"))
+        json_object_set_new(cb, "add_special_tokens", json_false());
     json_decref(body);
     cg_api_complete_body(a, req, cb, 1);
 }

@@ -65,6 +65,17 @@ int cg_api_parse_opts(cg_worker_api *a, cg_http_req *req, json_t *body, const ch
     const char *mode = NULL;
     json_t *salt = NULL;
     o->mode = CG_MODE_STRICT;
+    /* /v1/assemble calls it mode, the completion routes chunk_mode: the other route's name
+     * would be ignored */
+    const char *other = strcmp(mode_field, "mode") ? "mode" : "chunk_mode";
+    json_t *ov = json_object_get(body, other);
+    if (ov && !json_is_null(ov)) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "this route reads the isolation mode from %s, not %s", mode_field,
+                 other);
+        cg_http_reply_error(req, CG_E_VALUE, other, msg);
+        return 0;
+    }
     if ((st = cg_json_get_string(body, mode_field, 0, &mode)) != CG_OK) {
         cg_api_field_error(req, st, mode_field, "a string");
         return 0;

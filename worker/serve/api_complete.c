@@ -125,19 +125,50 @@ static int parse_flags(cg_http_req *req, json_t *body, creq *c)
  * sets them expects an effect. Their neutral values are accepted. */
 static int refuse_unsupported(cg_http_req *req, json_t *body)
 {
+    /* neutral: the number that changes nothing (NAN: only null, or absent or empty, is
+     * neutral); a boolean's neutral value is NEUTRAL_FALSE or NEUTRAL_TRUE */
+    enum { NEUTRAL_FALSE = 1000, NEUTRAL_TRUE };
     static const struct {
         const char *name;
-        double neutral; /* NAN: only null (or absent, empty) is neutral */
-    } params[] = {{"best_of", 1},           {"presence_penalty", 0},
-                  {"frequency_penalty", 0}, {"repetition_penalty", 1},
-                  {"min_tokens", 0},        {"top_k", -1},
-                  {"suffix", NAN},          {"logit_bias", NAN},
-                  {"tools", NAN},           {"functions", NAN},
-                  {"response_format", NAN}, {"guided_json", NAN},
-                  {"guided_regex", NAN}};
+        double neutral;
+    } params[] = {
+        {"best_of", 1},
+        {"presence_penalty", 0},
+        {"frequency_penalty", 0},
+        {"repetition_penalty", 1},
+        {"min_tokens", 0},
+        {"top_k", -1},
+        {"min_p", 0},
+        {"suffix", NAN},
+        {"logit_bias", NAN},
+        {"tools", NAN},
+        {"functions", NAN},
+        {"function_call", NAN},
+        {"response_format", NAN},
+        {"guided_json", NAN},
+        {"guided_regex", NAN},
+        {"guided_choice", NAN},
+        {"guided_grammar", NAN},
+        {"structured_outputs", NAN},
+        {"stop_token_ids", NAN},
+        {"allowed_token_ids", NAN},
+        {"bad_words", NAN},
+        {"prompt_logprobs", NAN},
+        {"prediction", NAN},
+        {"modalities", NAN},
+        {"audio", NAN},
+        {"reasoning_effort", NAN},
+        {"ignore_eos", NEUTRAL_FALSE},
+        {"use_beam_search", NEUTRAL_FALSE},
+        {"include_stop_str_in_output", NEUTRAL_FALSE},
+        {"skip_special_tokens", NEUTRAL_TRUE},
+    };
     for (size_t i = 0; i < CG_ARRAY_LEN(params); i++) {
         json_t *v = json_object_get(body, params[i].name);
         if (!v || json_is_null(v)) continue;
+        if (json_is_boolean(v) && params[i].neutral >= NEUTRAL_FALSE &&
+            json_is_true(v) == (params[i].neutral == NEUTRAL_TRUE))
+            continue;
         if (json_is_number(v) && json_number_value(v) == params[i].neutral) continue;
         if ((json_is_object(v) && json_object_size(v) == 0) ||
             (json_is_string(v) && json_string_length(v) == 0) ||
@@ -260,13 +291,32 @@ static int parse_prompt(cg_http_req *req, json_t *body, creq *c)
     return 1;
 }
 
+/* The chat fields a completion would ignore (a chat request's reach here converted). */
+static int refuse_chat_fields(cg_http_req *req, json_t *body)
+{
+    static const char *const chat[] = {"messages", "documents"};
+    for (size_t i = 0; i < CG_ARRAY_LEN(chat); i++) {
+        json_t *v = json_object_get(body, chat[i]);
+        if (!v || json_is_null(v)) continue;
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "%s is a field of /v1/chat/completions; a completion takes its documents in "
+                 "the prompt, separated by the chunk separator",
+                 chat[i]);
+        cg_http_reply_error(req, CG_E_VALUE, chat[i], msg);
+        return 0;
+    }
+    return 1;
+}
+
 /* Every field of the body; replies 4xx and returns 0 on the first bad one. */
 static int parse_request(cg_worker_api *a, cg_http_req *req, json_t *body, creq *c)
 {
     cg_status st;
-    if (!cg_api_model_ok(a, req, body) || !parse_sampling(a, req, body, c) ||
-        !parse_flags(req, body, c) || !refuse_unsupported(req, body) ||
-        !parse_stops(req, body, c) || !parse_kv_source(a, req, body, c) ||
+    if (!cg_api_model_ok(a, req, body) || !refuse_chat_fields(req, body) ||
+        !parse_sampling(a, req, body, c) || !parse_flags(req, body, c) ||
+        !refuse_unsupported(req, body) || !parse_stops(req, body, c) ||
+        !parse_kv_source(a, req, body, c) ||
         !cg_api_parse_opts(a, req, body, "chunk_mode", &c->o) || !parse_prompt(req, body, c))
         return 0;
     if ((st = cg_json_get_string(body, "chunk_separator", 0, &c->separator)) != CG_OK ||
