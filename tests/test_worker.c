@@ -205,6 +205,11 @@ START_TEST(test_kv_transfer_equals_prompt)
     /* via /v1/assemble + kv_transfer_params */
     json_t *a = call("POST", "/v1/assemble",
                      json_pack("{s:o}", "segments", th_segments(sys, DOCB, DOCA, QUESTION)), 200);
+    /* a max_tokens beyond the context is refused before the assembly is consumed: the same
+     * request with fewer succeeds */
+    json_t *big = complete_assembly(a, cg_model_cfg(model)->max_pos, 400);
+    th_assert_error_json(big, "context_length_exceeded", "max_tokens");
+    json_decref(big);
     json_t *r1 = complete_assembly(a, 24, 200);
     char *t1 = completion_text(r1, NULL);
     json_t *u1 = json_object_get(r1, "usage");
@@ -788,6 +793,12 @@ START_TEST(test_bad_inputs)
          "{\"chunk_mode\":\"sys\",\"segments\":[{\"role\":\"chunk\",\"text\":\"a\"}]}", 400,
          "invalid_value"},
         {"POST", "/v1/completions", "{\"prompt\":\"a\",\"ignore_eos\":true}", 400, "invalid_value"},
+        {"POST", "/tokenize",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"chunk_separator\":7}", 400,
+         "invalid_type"},
+        {"POST", "/tokenize",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"chunk_separator\":\"\"}", 400,
+         "invalid_value"},
         {"POST", "/v1/chat/completions",
          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"kv_transfer_params\":"
          "{\"assembly_id\":\"ffffffffffffffffffffffffffffffff\"}}",

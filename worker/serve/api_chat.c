@@ -88,8 +88,14 @@ int cg_api_chat_prompt(cg_worker_api *a, cg_http_req *req, json_t *body, cg_buf 
         cg_http_reply_error(req, st, param, msg);
         goto out;
     }
-    const char *sep = json_string_value(json_object_get(body, "chunk_separator"));
-    if (!sep || !*sep) sep = a->p.separator;
+    const char *sep = NULL;
+    if ((st = cg_json_get_string(body, "chunk_separator", 0, &sep)) != CG_OK || (sep && !*sep)) {
+        cg_api_field_error(req, st == CG_OK ? CG_E_VALUE : st, "chunk_separator",
+                           "a non-empty string");
+        st = st == CG_OK ? CG_E_VALUE : st;
+        goto out;
+    }
+    if (!sep) sep = a->p.separator;
     *templated = a->p.chat != NULL;
     if (a->p.chat) {
         char err[480];

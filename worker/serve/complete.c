@@ -82,6 +82,11 @@ static void want_prompt_logprobs(const cg_complete_req *req, const int32_t *ids,
 }
 
 /* The prompt and the completion must fit the model's positions (as OpenAI and vLLM answer). */
+static void tokens_of(const cg_assembly *a, void *ud)
+{
+    *(uint32_t *)ud = a->n_tokens;
+}
+
 static cg_status fit_context(cg_engine *e, cg_complete_req *r, uint32_t n_prompt, char *err,
                              size_t errlen)
 {
@@ -298,7 +303,14 @@ cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t 
     cg_status st = CG_OK;
     memset(out, 0, sizeof *out);
     if (err && errlen) err[0] = '\0';
+    cg_complete_req r = *req;
     if (req->assembly_id) {
+        /* the context is checked before the assembly is consumed: a request refused for its
+         * max_tokens can be sent again with fewer */
+        uint32_t n = 0;
+        if (cg_live_with(e->live, req->assembly_id, now, tokens_of, &n) == CG_OK &&
+            (st = fit_context(e, &r, n, err, errlen)) != CG_OK)
+            return st;
         a = cg_live_take(e->live, req->assembly_id, now); /* consumed: DELETE and the reaper
                                                              no longer see it */
         if (!a) {
@@ -313,7 +325,6 @@ cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t 
             return st;
         }
     }
-    cg_complete_req r = *req;
     st = fit_context(e, &r, a->n_tokens, err, errlen);
     if (st == CG_OK) st = decode(e, &r, a, out, err, errlen);
     if (st == CG_OK && a->tokens) {
