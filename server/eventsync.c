@@ -173,9 +173,9 @@ static void apply(cg_eventsync *s, const cg_chunkevent *ev, const cg_key *key, i
     case CG_CHUNKEVENT_PROMOTED:
         if (tier == CG_TIER_REMOTE) {
             if (tier_row >= 0)
-                cg_index_placement_set(ix, key, tier_row, CG_TIER_REMOTE, ev->tokens, now);
+                cg_index_event_placement_set(ix, key, tier_row, CG_TIER_REMOTE, ev->tokens, now);
         } else {
-            cg_index_placement_set(ix, key, wid, tier, ev->tokens, now);
+            cg_index_event_placement_set(ix, key, wid, tier, ev->tokens, now);
         }
         break;
     case CG_CHUNKEVENT_EVICTED:
@@ -186,19 +186,20 @@ static void apply(cg_eventsync *s, const cg_chunkevent *ev, const cg_key *key, i
             if (cg_index_lookup(ix, key, 1, &e) != CG_OK) break;
             for (int i = 0; i < e.n_placements; i++)
                 if (e.placements[i].worker_id == wid && e.placements[i].tier == CG_TIER_DISK)
-                    cg_index_placement_del(ix, key, wid);
+                    cg_index_event_placement_del(ix, key, wid);
         } else if (tier == CG_TIER_REMOTE) {
-            if (tier_row >= 0) cg_index_placement_del(ix, key, tier_row);
+            if (tier_row >= 0) cg_index_event_placement_del(ix, key, tier_row);
         } else {
-            cg_index_placement_del(ix, key, wid);
+            cg_index_event_placement_del(ix, key, wid);
         }
         break;
     case CG_CHUNKEVENT_FAILED:
-        if (tier == CG_TIER_REMOTE && tier_row >= 0) cg_index_placement_del(ix, key, tier_row);
+        if (tier == CG_TIER_REMOTE && tier_row >= 0)
+            cg_index_event_placement_del(ix, key, tier_row);
         break;
     case CG_CHUNKEVENT_DELETED:
-        cg_index_placement_del(ix, key, wid);
-        if (tier_row >= 0) cg_index_placement_del(ix, key, tier_row);
+        cg_index_event_placement_del(ix, key, wid);
+        if (tier_row >= 0) cg_index_event_placement_del(ix, key, tier_row);
         break;
     case CG_CHUNKEVENT_N_OPS:
         break;

@@ -1039,8 +1039,8 @@ void cg_index_chunk_hit(cg_index *ix, const cg_key *key, int64_t now_ms)
     enqueue(ix, &o, 1);
 }
 
-void cg_index_placement_set(cg_index *ix, const cg_key *key, int64_t worker_id, cg_tier tier,
-                            int64_t tokens, int64_t now_ms)
+static void placement_set(cg_index *ix, const cg_key *key, int64_t worker_id, cg_tier tier,
+                          int64_t tokens, int64_t now_ms, int droppable)
 {
     op o = {.type = OP_PLACE_SET,
             .key = *key,
@@ -1048,13 +1048,31 @@ void cg_index_placement_set(cg_index *ix, const cg_key *key, int64_t worker_id, 
             .tier = tier_byte(tier),
             .tokens = tokens,
             .now = now_ms};
-    enqueue(ix, &o, 1);
+    enqueue(ix, &o, droppable);
+}
+
+void cg_index_placement_set(cg_index *ix, const cg_key *key, int64_t worker_id, cg_tier tier,
+                            int64_t tokens, int64_t now_ms)
+{
+    placement_set(ix, key, worker_id, tier, tokens, now_ms, 1);
+}
+
+void cg_index_event_placement_set(cg_index *ix, const cg_key *key, int64_t worker_id, cg_tier tier,
+                                  int64_t tokens, int64_t now_ms)
+{
+    placement_set(ix, key, worker_id, tier, tokens, now_ms, 0);
 }
 
 void cg_index_placement_del(cg_index *ix, const cg_key *key, int64_t worker_id)
 {
     op o = {.type = OP_PLACE_DEL, .key = *key, .worker_id = worker_id};
     enqueue(ix, &o, 1);
+}
+
+void cg_index_event_placement_del(cg_index *ix, const cg_key *key, int64_t worker_id)
+{
+    op o = {.type = OP_PLACE_DEL, .key = *key, .worker_id = worker_id};
+    enqueue(ix, &o, 0);
 }
 
 void cg_index_worker_placements_replace(cg_index *ix, int64_t worker_id, const cg_key *keys,

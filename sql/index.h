@@ -96,6 +96,12 @@ void cg_index_placement_set(cg_index *ix, const cg_key *key, int64_t worker_id, 
                             int64_t tokens, int64_t now_ms);
 /* Forgets that worker_id holds key (evicted). The chunk row stays. */
 void cg_index_placement_del(cg_index *ix, const cg_key *key, int64_t worker_id);
+/* The two above for the changes chunk events report (server/eventsync.c): never dropped when
+ * the queue is full, as the stream position that follows them is not, so a position is never
+ * committed past an event whose change was lost. */
+void cg_index_event_placement_set(cg_index *ix, const cg_key *key, int64_t worker_id, cg_tier tier,
+                                  int64_t tokens, int64_t now_ms);
+void cg_index_event_placement_del(cg_index *ix, const cg_key *key, int64_t worker_id);
 /* Full inventory sync: worker_id's placements become exactly keys[0..n) (tiers[i], tokens[i])
  * in one atomic step. n may be 0 (the worker holds nothing). Arrays are copied. */
 void cg_index_worker_placements_replace(cg_index *ix, int64_t worker_id, const cg_key *keys,

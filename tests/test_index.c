@@ -689,6 +689,9 @@ START_TEST(test_queue_full_drops)
     p.queue_max = 10;
     p.busy_timeout_ms = 20000;
     ck_assert_int_eq(cg_index_open(g_path, p, &ix), CG_OK);
+    int64_t w;
+    ck_assert_int_eq(cg_index_worker_add(ix, "http://w", "tiny", 1, &w), CG_OK);
+    const uint64_t applied0 = stats_of(ix).ops_applied;
     /* Hold the write lock from another connection so the writer is stuck in BEGIN. */
     sqlite3 *db;
     ck_assert_int_eq(sqlite3_open(g_path, &db), SQLITE_OK);
@@ -699,16 +702,22 @@ START_TEST(test_queue_full_drops)
     }
     cg_key pk = key_of(3);
     cg_index_chunk_pin(ix, &pk, 1); /* control op: accepted beyond the cap */
+    /* a chunk event's placement is kept too (its stream position follows it); a request's
+     * is dropped */
+    cg_key ek = key_of(5), rk = key_of(6);
+    cg_index_event_placement_set(ix, &ek, w, CG_TIER_RAM, 12, 1);
+    cg_index_placement_set(ix, &rk, w, CG_TIER_RAM, 12, 1);
     cg_index_stats st = stats_of(ix);
-    ck_assert_uint_eq(st.ops_dropped, 990);
-    ck_assert_uint_eq(st.queue_depth, 11);
+    ck_assert_uint_eq(st.ops_dropped, 991);
+    ck_assert_uint_eq(st.queue_depth, 12);
     ck_assert_int_eq(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(db);
     flush_ok(ix);
     st = stats_of(ix);
-    ck_assert_uint_eq(st.ops_applied, 11);
+    ck_assert_uint_eq(st.ops_applied - applied0, 12);
     ck_assert_int_eq(st.chunks, 10);
     ck_assert_int_eq(lookup1(ix, &pk).pinned, 1);
+    ck_assert_int_eq(lookup1(ix, &ek).n_placements, 1);
     cg_index_close(&ix);
 }
 END_TEST
