@@ -27,6 +27,7 @@ typedef struct source {
     char epoch[CG_CHUNKEVENT_NAME_MAX + 1];
     uint64_t seq;
     int64_t worker_id; /* index id of the worker that reported this epoch, or -1 */
+    uint64_t used;     /* the reader's event count at its last event */
 } source;
 
 enum { GAP_SEQUENCE, GAP_EPOCH, GAP_RESYNC, GAP_TRIMMED, GAP_KINDS };
@@ -41,6 +42,7 @@ struct cg_eventsync {
     int check_trim;   /* the next read first checks that the stream still holds pos */
     source *src;
     size_t n_src;
+    uint64_t events_seen; /* events read, for the sources' recency */
     pthread_t thread;
     int started, stop; /* stop: atomic */
     cg_metric *m_applied, *m_skipped, *m_errors, *m_resyncs, *m_lag, *m_lag_last;
@@ -148,13 +150,27 @@ static cg_status locate(cg_eventsync *s)
     return CG_OK;
 }
 
+/* The source called name. A new one takes a free slot, or the slot of the source heard from
+ * least recently (workers come and go under new names: a pod's host name changes on every
+ * restart); that one then starts again as a worker seen for the first time. */
 static source *source_get(cg_eventsync *s, const char *name)
 {
+    s->events_seen++;
+    source *x = NULL;
     for (size_t i = 0; i < s->n_src; i++)
-        if (!strcmp(s->src[i].name, name)) return &s->src[i];
-    if (s->n_src == MAX_SOURCES) return NULL;
-    source *x = &s->src[s->n_src++];
+        if (!strcmp(s->src[i].name, name)) {
+            s->src[i].used = s->events_seen;
+            return &s->src[i];
+        }
+    if (s->n_src < MAX_SOURCES) {
+        x = &s->src[s->n_src++];
+    } else {
+        x = &s->src[0];
+        for (size_t i = 1; i < s->n_src; i++)
+            if (s->src[i].used < x->used) x = &s->src[i];
+    }
     memset(x, 0, sizeof *x);
+    x->used = s->events_seen;
     snprintf(x->name, sizeof x->name, "%s", name);
     x->worker_id = -1;
     return x;

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/chunkevent.h"
 #include "tests/harness/harness.h"
 
 #define SKIP_CODE 77
@@ -464,12 +465,45 @@ static int wait_counter(int port, const char *series)
     return th_wait_until(10000, 20, wait_counter_cond, arg);
 }
 
+/* Events of n workers that come and go (pods named anew at each restart), none registered. */
+static void flood_sources(int redis_port, int n)
+{
+    redisContext *c = th_redis_connect(redis_port);
+    ck_assert(c && !c->err);
+    for (int i = 0; i < n; i++) {
+        cg_chunkevent ev = {.seq = 1,
+                            .op = CG_CHUNKEVENT_STORED,
+                            .tier = CG_TIER_RAM,
+                            .tokens = 4,
+                            .ts_ms = cg_wall_ms()};
+        snprintf(ev.worker, sizeof ev.worker, "gone-pod-%d:8081", i);
+        snprintf(ev.epoch, sizeof ev.epoch, "epoch-%d", i);
+        snprintf(ev.key, sizeof ev.key, "%032x", i);
+        cg_chunkevent_wire w;
+        cg_chunkevent_encode(&ev, &w);
+        const char *argv[3 + 2 * CG_CHUNKEVENT_MAX_FIELDS] = {"XADD", STREAM, "*"};
+        size_t lens[3 + 2 * CG_CHUNKEVENT_MAX_FIELDS] = {4, strlen(STREAM), 1};
+        for (int k = 0; k < w.argc; k++)
+            argv[3 + k] = w.argv[k], lens[3 + k] = w.lens[k];
+        redisReply *r = redisCommandArgv(c, 3 + w.argc, argv, lens);
+        ck_assert(r && r->type == REDIS_REPLY_STRING);
+        freeReplyObject(r);
+    }
+    redisFree(c);
+}
+
 /* Events dropped by a full queue (Redis paused) flag a resync; a restarted worker (a new
- * epoch) is resynced too; gateway B is exact after each. */
+ * epoch) is resynced too; gateway B is exact after each. Before them, the events of 1,100
+ * workers that came and went: a gateway keeps following the live one. */
 START_TEST(test_dropped_events_and_restart_resync)
 {
     setup s;
-    start_exact(&s, "gap", "2", 3000, 3004);
+    start_all_q(&s, "gap", "2");
+    /* before the worker's first event: the gateways have heard of more workers than they
+     * follow at once, and must still follow this one */
+    flood_sources(s.redis.port, 1100);
+    ask_each(s.ga.port, 3000, 3004);
+    ck_assert(wait_exact(&s, s.gb.port, 5000));
     /* Redis answers nothing for 1.5 s: the worker's queue of 2 overflows */
     redisContext *c = th_redis_connect(s.redis.port);
     ck_assert(c && !c->err);
