@@ -211,6 +211,19 @@ START_TEST(test_kv_transfer_equals_prompt)
     th_assert_error_json(big, "context_length_exceeded", "max_tokens");
     json_decref(big);
     json_t *r1 = complete_assembly(a, 24, 200);
+    /* echo of an assembly: the prompt it was built from, then the answer */
+    json_t *ae = call("POST", "/v1/assemble",
+                      json_pack("{s:o}", "segments", th_segments(sys, DOCB, DOCA, QUESTION)), 200);
+    json_t *re = call("POST", "/v1/completions",
+                      greedy(json_pack("{s:{s:s}, s:b}", "kv_transfer_params", "assembly_id",
+                                       th_sget(ae, "assembly_id"), "echo", 1),
+                             4),
+                      200);
+    char *te = completion_text(re, NULL);
+    ck_assert_msg(strstr(te, QUESTION) && strstr(te, DOCA), "echo: '%.200s'", te);
+    free(te);
+    json_decref(re);
+    json_decref(ae);
     char *t1 = completion_text(r1, NULL);
     json_t *u1 = json_object_get(r1, "usage");
     ck_assert_int_eq(th_iget(u1, "prompt_tokens"), th_iget(a, "n_tokens"));

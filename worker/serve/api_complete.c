@@ -438,7 +438,16 @@ static int resolve_kv(cg_worker_api *a, cg_http_req *req, const creq *c, kvsrc *
                           : a->p.n_kv_sources > 0 ? a->p.kv_sources[0]
                                                   : NULL;
         if (c->worker && !src) src = c->worker;
-        if (src && !c->local) return pull(a, req, c, src, k, cr);
+        if (src && !c->local) {
+            /* a pulled assembly arrives as KV and logits, without its tokens */
+            if (c->echo) {
+                cg_http_reply_error(req, CG_E_VALUE, "echo",
+                                    "echo needs the prompt's tokens, which an assembly pulled "
+                                    "from another worker does not carry");
+                return 0;
+            }
+            return pull(a, req, c, src, k, cr);
+        }
         return 1;
     }
     if (c->ids) {
@@ -689,6 +698,9 @@ static void echo_prompt(gen *g, const cg_complete_result *res)
     } else if (c->ids) {
         st = cg_tokenizer_decode(cg_model_tokenizer(cg_engine_model(g->a->e)), c->ids, c->n_ids, 0,
                                  &g->text);
+    } else if (res->prompt_ids) { /* a live assembly's: the tokens it was built from */
+        st = cg_tokenizer_decode(cg_model_tokenizer(cg_engine_model(g->a->e)), res->prompt_ids,
+                                 res->n_prompt, 0, &g->text);
     }
     (void)st;
     if (res->prompt_lp) {
