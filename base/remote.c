@@ -327,6 +327,7 @@ typedef struct group {
     char *big;        /* a large bulk string being received in place (BIG_MIN bytes or more) */
     size_t big_len, big_got; /* its length, and bytes received of big_len + 2 (with CRLF) */
     size_t big_cap;          /* its buffer's size */
+    size_t fed;              /* bytes given to the reply parser */
 } group;
 
 static void group_free(group *g)
@@ -522,6 +523,12 @@ static cg_status recv_some(cg_remote *r, group *g)
             if (g->big_got < g->big_len + 2) continue;
             if (big_finish(g) != CG_OK) return CG_E_BAD_GATEWAY;
         } else if (redisReaderFeed(rd, buf, (size_t)n) != REDIS_OK) {
+            return CG_E_BAD_GATEWAY;
+        } else if ((g->fed += (size_t)n) > r->p.value_max_bytes * g->n_expect + 65536) {
+            /* The parser builds every element of a reply as it goes (this hiredis has no
+             * element cap): a reply of many small elements is bounded by its bytes here. */
+            LOG_LIMITED(r, "remote: replies from %s:%d are larger than value_max_bytes (%zu)",
+                        g->nd->host, g->nd->port, r->p.value_max_bytes);
             return CG_E_BAD_GATEWAY;
         }
         cg_status st = parse_some(r, g, rd);

@@ -48,7 +48,9 @@ typedef struct cg_remote_params {
     int conns_per_node;       /* default 4: connections per node, opened lazily, 1..64 */
     int max_redirects;        /* default 5: MOVED/ASK rounds one call follows, 0..16 */
     size_t value_max_bytes;   /* default 256 MiB: a reply value larger than this is refused
-                                 (CG_E_BAD_GATEWAY) before it is buffered whole */
+                                 (CG_E_BAD_GATEWAY) before it is buffered whole, and so are
+                                 the replies of one call whose bytes through the parser (all
+                                 but large bulk strings) pass value_max_bytes per reply */
     int drain_ms;             /* default 2000: cg_remote_close waits this long for the queue */
     size_t value_cache_bytes; /* default 64 MiB: buffers of large values (64 KiB and more) given
                                  back with cg_remote_values_free are kept for the next reads,

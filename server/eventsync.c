@@ -15,6 +15,7 @@
 
 /* Workers whose event sequence is followed; more are still applied, without gap checks. */
 #define MAX_SOURCES 1024
+#define EVENTS_REPLY_MAX ((size_t)4 << 20)
 /* Longest stream entry id ("<ms>-<seq>"). */
 #define ID_MAX 48
 /* Event lag histogram bounds (seconds). */
@@ -307,17 +308,45 @@ static cg_status read_once(cg_eventsync *s)
     return st;
 }
 
+/* After this many replies in a row that could not be read at one position (an entry too large
+ * or malformed for the parser, not Redis being away), the reader leaves the entries there for
+ * the stream's tail and resyncs every worker, rather than ask for them forever. */
+#define BAD_REPLIES_SKIP 5
+
+/* Leaves the entries after the position for the stream's tail (CG_OK), and resyncs every
+ * worker. */
+static cg_status skip_to_tail(cg_eventsync *s)
+{
+    char last[ID_MAX];
+    cg_status st = edge_id(s, 1, last);
+    if (st != CG_OK) return st;
+    if (!last[0]) return CG_E_NOT_FOUND;
+    cg_log(CG_LOG_WARN, "chunk events: the entries of %s after %s cannot be read; going on from %s",
+           s->stream, s->pos, last);
+    snprintf(s->pos, sizeof s->pos, "%s", last);
+    cg_index_stream_pos_set(s->p.index, s->stream, s->pos);
+    gap(s, GAP_TRIMMED, -1, 1, "unreadable entries skipped for", "all workers");
+    return CG_OK;
+}
+
 static void *reader_main(void *arg)
 {
     cg_eventsync *s = arg;
-    int failing = 0;
+    int failing = 0, bad = 0;
+    char bad_pos[ID_MAX] = "";
     while (!__atomic_load_n(&s->stop, __ATOMIC_RELAXED)) {
+        /* after the wait: a refused reply also puts the node in a short backoff */
+        if (bad >= BAD_REPLIES_SKIP && skip_to_tail(s) == CG_OK) bad = 0;
         cg_status st = locate(s);
         if (st == CG_OK) st = read_once(s);
         if (st == CG_OK) {
             if (failing) cg_log(CG_LOG_INFO, "chunk events: reading %s again", s->stream);
-            failing = 0;
+            failing = bad = 0;
             continue;
+        }
+        if (st == CG_E_BAD_GATEWAY && s->pos[0]) {
+            bad = strcmp(bad_pos, s->pos) ? 1 : bad + 1;
+            snprintf(bad_pos, sizeof bad_pos, "%s", s->pos);
         }
         if (!failing)
             cg_log(CG_LOG_WARN, "chunk events: reading %s failed (%s); retrying", s->stream,
@@ -340,6 +369,9 @@ cg_status cg_eventsync_open(const cg_eventsync_params *p, cg_eventsync **out, ch
     rp.conns_per_node = 2;
     rp.queue_max_items = 1;
     rp.backoff_max_ms = 1000; /* catch up soon after an outage */
+    /* a batch of events is a few hundred KiB: a reply far larger is not one (and its many
+     * elements would be built in memory before it could be refused) */
+    rp.value_max_bytes = EVENTS_REPLY_MAX;
     cg_remote *r = NULL;
     cg_status st = cg_remote_open(rp, &r, err, errlen);
     if (st != CG_OK) return st;

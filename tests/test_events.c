@@ -540,6 +540,30 @@ START_TEST(test_dropped_events_and_restart_resync)
 }
 END_TEST
 
+/* An entry no batch of events can be (5 MiB in one field): a gateway does not ask for it
+ * forever; it goes on from the stream's tail, resyncs every worker, and follows again. */
+START_TEST(test_unreadable_entry_skipped)
+{
+    setup s;
+    start_exact(&s, "huge", "64", 4000, 4002);
+    const size_t n = (size_t)5 << 20;
+    char *v = cg_malloc(n);
+    memset(v, 'x', n);
+    redisContext *c = th_redis_connect(s.redis.port);
+    ck_assert(c && !c->err);
+    redisReply *r = redisCommand(c, "XADD %s * w %b", STREAM, v, n);
+    ck_assert(r && r->type == REDIS_REPLY_STRING);
+    freeReplyObject(r);
+    redisFree(c);
+    free(v);
+    ask_each(s.ga.port, 4002, 4006);
+    ck_assert(wait_counter(s.gb.port, "chunkgate_events_gaps_total{kind=\"trimmed\"}"));
+    ask_each(s.ga.port, 4006, 4008);
+    ck_assert(wait_exact(&s, s.gb.port, 10000));
+    stop_all(&s);
+}
+END_TEST
+
 /* With a disk tier: a chunk RAM cannot keep reaches the disk through the write-behind, and RAM
  * evictions spill there; gateway B learns both tiers from the events. */
 START_TEST(test_disk_tier_events)
@@ -632,7 +656,7 @@ int main(void)
         "events", "events", 180,
         TH_TESTS(test_eviction_reaches_every_gateway, test_trimmed_stream_resync_on_restart,
                  test_redis_down_and_back, test_dropped_events_and_restart_resync,
-                 test_disk_tier_events, test_cluster_events));
+                 test_unreadable_entry_skipped, test_disk_tier_events, test_cluster_events));
     /* the cluster's nodes are daemons: stop them even when a check failed half-way */
     (void)cluster_script("stop", 0);
     /* a sanitizer report in any worker's or gateway's log fails the suite */
