@@ -663,6 +663,14 @@ START_TEST(test_lifecycle)
     cg_assembly_info_free(&info);
     /* the limit of live assemblies */
     ck_assert_int_eq(cg_engine_assemble(e, &ar, 1300, &info, err, sizeof err), CG_E_UNAVAILABLE);
+    /* ... which a completion's own assembly, decoded at once, is not held to */
+    ar.internal = 1;
+    ck_assert_int_eq(cg_engine_assemble(e, &ar, 1300, &info, err, sizeof err), CG_OK);
+    cg_complete_req ci = {.assembly_id = info.id, .max_tokens = 2};
+    ck_assert_int_eq(cg_engine_complete(e, &ci, 1300, &res, err, sizeof err), CG_OK);
+    cg_complete_result_free(&res);
+    cg_assembly_info_free(&info);
+    ar.internal = 0;
     ck_assert_uint_eq(cg_engine_live_assemblies(e, 1499), 2);
     ck_assert_uint_eq(cg_engine_live_assemblies(e, 1500), 1); /* id1 expired */
     cg_complete_req cr = {.assembly_id = id1, .max_tokens = 4};

@@ -414,7 +414,8 @@ static int assemble(cg_worker_api *a, cg_http_req *req, const creq *c, kvsrc *k,
                           .split_special = c->o.split_special,
                           .cancelled = cg_api_client_left,
                           .cancel_ud = req,
-                          .path = CG_PATH_CACHED};
+                          .path = CG_PATH_CACHED,
+                          .internal = 1};
     cg_status st = cg_engine_assemble(a->e, &ar, cg_now_ms(), &k->info, err, sizeof err);
     if (st != CG_OK) {
         cg_api_engine_error(req, st, "prompt", err);

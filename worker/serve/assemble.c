@@ -240,7 +240,7 @@ static cg_status new_assembly(job *j, char *err, size_t errlen)
 {
     cg_engine *e = j->e;
     const cg_model_config *cfg = cg_model_cfg(e->m);
-    if (cg_live_full(e->live, j->now)) {
+    if (!j->req->internal && cg_live_full(e->live, j->now)) {
         cg_seterr(err, errlen, "%zu assemblies are live (the limit); consume or release some",
                   e->p.max_assemblies);
         return CG_E_UNAVAILABLE;
@@ -639,7 +639,8 @@ static cg_status report(job *j, cg_assembly_info *out, char *err, size_t errlen)
      * than the ttl (4.5k tokens of Qwen2.5-0.5B took 97 s on a loaded 2-core machine), and
      * counting from the request's arrival expired it the moment it was made. */
     uint64_t ready = j->now + (j->e->p.now_ms ? j->e->p.now_ms() - j->started_ms : 0);
-    cg_status st = cg_live_add(j->e->live, &j->a, ready, 0, out->id);
+    cg_status st =
+        cg_live_add(j->e->live, &j->a, ready, j->req->internal ? CG_LIVE_UNCAPPED : 0, out->id);
     if (st != CG_OK) {
         cg_seterr(err, errlen, "%zu assemblies are live (the limit); consume or release some",
                   j->e->p.max_assemblies);

@@ -198,7 +198,7 @@ cg_status cg_engine_adopt(cg_engine *e, cg_kv **kvp, uint32_t n_tokens, uint32_t
     a->cached_tokens = cached_tokens;
     a->logits = cg_malloc((size_t)cfg->vocab_size * sizeof(float));
     memcpy(a->logits, logits, (size_t)cfg->vocab_size * sizeof(float));
-    return cg_live_add(e->live, &a, now, 1, id_out);
+    return cg_live_add(e->live, &a, now, CG_LIVE_ADOPTED, id_out);
 }
 
 /* ---- export, delete, flush ---- */

@@ -127,6 +127,10 @@ typedef struct cg_assemble_req {
     int64_t reserve_tokens; /* < 0: the engine's default */
     cg_engine_path path;    /* default CG_PATH_CACHED (0) */
     float *logits_out;      /* optional: receives vocab_size logits of the last token */
+    /* 1: the caller decodes it at once (a completion's own "# #" prompt): not counted against
+     * max_assemblies, which bounds the assemblies clients build and hold (/v1/assemble); the
+     * completions' admission bounds these. */
+    int internal;
 } cg_assemble_req;
 
 typedef struct cg_engine_seg_result {

@@ -164,7 +164,7 @@ static void random_id(char out[33])
     cg_hex_encode(b, sizeof b, out);
 }
 
-cg_status cg_live_add(cg_live *l, cg_assembly **ap, uint64_t now, int adopted, char id_out[33])
+cg_status cg_live_add(cg_live *l, cg_assembly **ap, uint64_t now, int flags, char id_out[33])
 {
     cg_assembly *a = *ap;
     *ap = NULL;
@@ -174,9 +174,9 @@ cg_status cg_live_add(cg_live *l, cg_assembly **ap, uint64_t now, int adopted, c
     random_id(a->id);
     cg_status st = CG_E_UNAVAILABLE;
     pthread_mutex_lock(&l->mu);
-    if (cg_map_count(&l->live) < l->max) {
+    if ((flags & CG_LIVE_UNCAPPED) || cg_map_count(&l->live) < l->max) {
         cg_map_add(&l->live, &a->node);
-        if (adopted)
+        if (flags & CG_LIVE_ADOPTED)
             l->stats.adopted++;
         else
             l->stats.created++;

@@ -52,11 +52,13 @@ cg_assembly *cg_live_prepare(cg_live *l, uint32_t n_tokens, uint32_t cap, size_t
 /* Gives back everything a (not live) assembly holds: pool references, KV (kept as a spare),
  * logits. NULL-safe; sets *a to NULL. now: monotonic ms (pool LRU). */
 void cg_live_discard(cg_live *l, cg_assembly **a, uint64_t now);
+/* cg_live_add's flags. */
+#define CG_LIVE_ADOPTED 1  /* its KV was pulled from another worker (counted apart) */
+#define CG_LIVE_UNCAPPED 2 /* decoded at once by its maker: live beyond the limit */
 /* Makes *a live with a fresh id and its ttl from now; takes it over (sets *a NULL), also on
- * CG_E_UNAVAILABLE (too many live: it is discarded). adopted: its KV was pulled from another
- * worker (counted apart from the assemblies built here). id_out (optional) receives the id. */
-cg_status cg_live_add(cg_live *l, cg_assembly **a, uint64_t now, int adopted,
-                      char id_out[33]) CG_WUR;
+ * CG_E_UNAVAILABLE (too many live, unless CG_LIVE_UNCAPPED: it is discarded). id_out
+ * (optional) receives the id. */
+cg_status cg_live_add(cg_live *l, cg_assembly **a, uint64_t now, int flags, char id_out[33]) CG_WUR;
 /* Unlinks the live assembly id: the caller owns it (and later discards it). NULL when unknown,
  * expired or consumed. */
 cg_assembly *cg_live_take(cg_live *l, const char *id, uint64_t now);

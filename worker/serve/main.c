@@ -212,7 +212,9 @@ static const cg_cfg_opt serve_opts[] = {
     OPT("assembly-ttl-ms", "CHUNKGATE_WORKER_ASSEMBLY_TTL_MS", CG_CFG_INT, assembly_ttl_ms, "60000",
         1, 86400000, "an assembly not consumed or deleted within this time is released"),
     OPT("max-assemblies", "CHUNKGATE_WORKER_MAX_ASSEMBLIES", CG_CFG_INT, max_assemblies, "64", 1,
-        1 << 20, "live assemblies at once; more are refused with 503"),
+        1 << 20,
+        "live assemblies at once built with `/v1/assemble` (a completion's own is decoded at "
+        "once and not counted); more are refused with 503"),
     OPT("reserve-tokens", "CHUNKGATE_WORKER_RESERVE_TOKENS", CG_CFG_INT, reserve_tokens, "512", 0,
         1 << 24, "decode room allocated with each assembly (it grows when exceeded)"),
     OPT("spare-kv-mb", "CHUNKGATE_WORKER_SPARE_KV_MB", CG_CFG_INT, spare_kv_mb, "1024", 0, 1 << 24,
