@@ -17,6 +17,7 @@
 
 #include "worker/serve/engine.h"
 #include "worker/serve/live.h"
+#include "worker/store/tiers.h"
 #include "base/base.h"
 #include "tests/harness/harness.h"
 #include "tests/harness/prompt.h"
@@ -843,8 +844,9 @@ START_TEST(test_disk_tier)
 
     /* Corruption: every slot of the data file gets bytes flipped behind the tier's back. The
      * records fail their checksum and are misses, recomputed: the answers keep every bit. */
-    char path[128];
-    snprintf(path, sizeof path, "%s/kv.blocks", dir);
+    char path[600], kvdir[512];
+    ck_assert_int_eq(cg_tiers_disk_dir(c, dir, kvdir, sizeof kvdir), 0);
+    snprintf(path, sizeof path, "%s/kv.blocks", kvdir);
     ck_assert_int_gt(th_flip_bytes(path, bb, 100, 1, 108, 0xa5), 0);
     int two[2], n_two = 0;
     for (int d = 0; d < 5 && n_two < 2; d++) {

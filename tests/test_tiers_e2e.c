@@ -21,6 +21,7 @@
 
 #include "worker/serve/engine.h"
 #include "worker/serve/worker_api.h"
+#include "worker/store/tiers.h"
 #include "base/base.h"
 #include "kv/kvwire.h"
 #include "tests/harness/harness.h"
@@ -326,8 +327,9 @@ START_TEST(test_spill_restore_restart)
      * the high byte (sign, exponent) of one float in 128, enough to change the answers if the
      * KV were used */
     stop_worker(&w, SIGTERM);
-    char path[256];
-    snprintf(path, sizeof path, "%s/kv.blocks", data);
+    char path[600], kvdir[512];
+    ck_assert_int_eq(cg_tiers_disk_dir(cg_model_cfg(model), data, kvdir, sizeof kvdir), 0);
+    snprintf(path, sizeof path, "%s/kv.blocks", kvdir);
     ck_assert_int_gt(th_flip_bytes(path, 64 * 1024, 3, 512, 64 * 1024, 0x41), 0);
     w = start_worker("main", data, "2", "64");
     outcome o = ask(&w, 0); /* the answer equals recomputation: corrupt KV is never served */
@@ -573,6 +575,47 @@ START_TEST(test_data_dir_locked)
 }
 END_TEST
 
+/* Other weights on the same data dir (another seed under the same model id): the worker starts
+ * with an empty tier of its own beside the first one's, which stays; files of the layout
+ * before the KV model named the directory are kept and named in the log. */
+START_TEST(test_other_weights_same_data_dir)
+{
+    char data[160], other[160], legacy[400];
+    th_path(data, sizeof data, "data-switch");
+    th_path(other, sizeof other, "model-seed9");
+    const char *seed[] = {"--seed", "9", NULL};
+    cg_model *m2 = th_model_gen_open(WORKER_BIN, other, seed);
+    ck_assert_ptr_nonnull(m2);
+    ck_assert_str_eq(cg_model_cfg(m2)->model_id, cg_model_cfg(model)->model_id);
+    ck_assert_str_ne(cg_model_cfg(m2)->kv_model, cg_model_cfg(model)->kv_model);
+    th_proc w = start_worker("switch1", data, "2", "4");
+    (void)ask(&w, 0);
+    stop_worker(&w, SIGTERM);
+    snprintf(legacy, sizeof legacy, "%s/kv.blocks", data);
+    ck_assert_int_eq(th_write_file(legacy, "old"), 0);
+    th_proc w2;
+    const char *extra[] = {"--data-dir", data, "--pool-mb", "2", "--disk-mb", "4", NULL};
+    ck_assert_msg(th_start_worker(&w2, WORKER_BIN, other, 0, "switch2", extra) == 0,
+                  "a worker of other weights did not start on the data dir; log %s", w2.log);
+    ck_assert(th_file_has(w2.log, "earlier layout"));
+    stop_worker(&w2, SIGTERM);
+    char d1[512], d2[512];
+    struct stat sb;
+    ck_assert_int_eq(cg_tiers_disk_dir(cg_model_cfg(model), data, d1, sizeof d1), 0);
+    ck_assert_int_eq(cg_tiers_disk_dir(cg_model_cfg(m2), data, d2, sizeof d2), 0);
+    ck_assert_int_eq(stat(d1, &sb), 0);
+    ck_assert_int_eq(stat(d2, &sb), 0);
+    ck_assert_int_eq(stat(legacy, &sb), 0);
+    /* back to the first weights: their tier is there, with what the first run kept (the
+     * answer is checked against recomputation) */
+    w = start_worker("switch3", data, "2", "4");
+    outcome o3 = ask(&w, 0);
+    ck_assert_int_gt(o3.tier_disk, 0);
+    stop_worker(&w, SIGTERM);
+    cg_model_close(&m2);
+}
+END_TEST
+
 int main(void)
 {
     cg_log_init("test_tiers_e2e", CG_LOG_WARN);
@@ -583,7 +626,7 @@ int main(void)
     int failed = th_run_tests("tiers_e2e", "processes", 300,
                               TH_TESTS(test_spill_restore_restart, test_full_disk,
                                        test_unpooled_chunks_reach_disk, test_kill9_during_spills,
-                                       test_data_dir_locked));
+                                       test_data_dir_locked, test_other_weights_same_data_dir));
     cg_model_close(&model);
     th_cleanup(failed);
     curl_global_cleanup();

@@ -2,9 +2,12 @@
  * the one path by which a chunk's rows enter a request's KV (worker/store/tiers.h). */
 #include "worker/store/tiers.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/base.h"
 #include "kv/kvwire.h"
@@ -108,6 +111,31 @@ static void evicted(void *ud, const cg_key *key, const cg_pool_chunk *c)
     cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, key, CG_TIER_RAM, cg_pool_chunk_tokens(c));
 }
 
+/* The files of the layout before the KV model named the directory (kv.blocks and kv.db in
+ * the data dir itself): kept, as the user's, and said once. */
+static void legacy_files(const char *base)
+{
+    char path[4096];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/kv.blocks", base);
+    if (stat(path, &sb) != 0) return;
+    cg_log(CG_LOG_INFO,
+           "disk: %s and kv.db beside it hold KV of an earlier layout (%lld bytes allocated), "
+           "which this worker does not read; delete them to reclaim the space",
+           path, (long long)sb.st_blocks * 512);
+}
+
+int cg_tiers_disk_dir(const cg_model_config *c, const char *base, char *out, size_t cap)
+{
+    char name[sizeof c->kv_model];
+    size_t n = 0;
+    for (const char *s = c->kv_model; *s && n + 1 < sizeof name; s++)
+        name[n++] = (isalnum((unsigned char)*s) || *s == '.' || *s == '-' || *s == '_') ? *s : '_';
+    name[n] = '\0';
+    int k = snprintf(out, cap, "%s/kv-%s", base, name);
+    return k < 0 || (size_t)k >= cap ? -1 : 0;
+}
+
 cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **out)
 {
     *out = NULL;
@@ -127,7 +155,13 @@ cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **
     cg_status st = CG_OK;
     if (p->disk_bytes > 0) {
         cg_disk_params dp = cg_disk_default_params();
-        dp.dir = p->disk_dir;
+        char dir[4096];
+        if (!p->disk_dir || !p->disk_dir[0] ||
+            cg_tiers_disk_dir(c, p->disk_dir, dir, sizeof dir) != 0) {
+            st = CG_E_VALUE;
+            goto out;
+        }
+        dp.dir = dir;
         dp.capacity_bytes = p->disk_bytes;
         dp.block_bytes = t->block_bytes;
         dp.block_tokens = p->block_tokens;
@@ -136,11 +170,13 @@ cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **
         dp.head_dim = c->head_dim;
         dp.model_id = c->kv_model;
         dp.sync = p->disk_sync;
-        if (!p->disk_dir || !p->disk_dir[0]) {
-            st = CG_E_VALUE;
+        if (mkdir(p->disk_dir, 0755) != 0 && errno != EEXIST) {
+            cg_log(CG_LOG_ERROR, "disk: cannot create %s: %s", p->disk_dir, strerror(errno));
+            st = CG_E_IO;
             goto out;
         }
         if ((st = cg_disk_open(dp, &t->disk)) != CG_OK) goto out;
+        legacy_files(p->disk_dir);
         pp.on_evict = spill;
         pp.on_evict_ud = t;
         if (p->disk_wb_items > 0) {
