@@ -52,6 +52,8 @@ typedef struct relay {
     int first_data_done;
     int client_gone;
     int sse_error;
+    int upstream_error; /* the upstream sent an error event: its answer ended there */
+    int saw_done;       /* the upstream's [DONE] came: its answer is whole */
     int ttft_done;
     uint64_t ttft_ns; /* start_ns to the first answer byte */
     size_t events;
@@ -177,15 +179,18 @@ static void on_event(void *arg, const cg_sse_event *ev)
 {
     relay *r = arg;
     if (r->client_gone) return;
-    if (ev->has_data && ev->data_len == 6 && !memcmp(ev->data, "[DONE]", 6))
+    if (ev->has_data && ev->data_len == 6 && !memcmp(ev->data, "[DONE]", 6)) {
+        r->saw_done = 1;
         return; /* the gateway writes its own [DONE] once the upstream has ended cleanly */
+    }
     json_t *obj = NULL;
     if (ev->has_data) {
         /* Parse only the events we change: the first data event and usage chunks (every
          * event when it is converted to the chat shape). */
         int want = r->to_chat || !r->first_data_done ||
                    memmem(ev->data, ev->data_len, "\"usage\"", 7) ||
-                   memmem(ev->data, ev->data_len, "\"chunk_cache\"", 13);
+                   memmem(ev->data, ev->data_len, "\"chunk_cache\"", 13) ||
+                   memmem(ev->data, ev->data_len, "\"error\"", 7);
         if (want) obj = json_loadb(ev->data, ev->data_len, 0, NULL);
         if (obj && !json_is_object(obj)) {
             json_decref(obj);
@@ -193,6 +198,10 @@ static void on_event(void *arg, const cg_sse_event *ev)
         }
     }
     if (obj) {
+        /* an error event (a worker or vLLM whose decoding failed): relayed, and the stream
+         * then ends without [DONE], whatever the upstream sends after it */
+        if (json_is_object(json_object_get(obj, "error")) && !json_object_get(obj, "choices"))
+            r->upstream_error = 1;
         if (r->to_chat && !json_object_get(obj, "error"))
             cg_chat_answer_shape(obj, 1, r->chat_chunks++ == 0);
         int upstream_cc = json_object_get(obj, "chunk_cache") != NULL;
@@ -368,7 +377,8 @@ static void reply_models(relay *r, cg_status st)
 static void finish_target(relay *r, cg_status st, const char *detail)
 {
     cg_gateway *g = r->g;
-    int ok = st == CG_OK && r->status >= 200 && r->status < 300 && !r->client_gone && !r->sse_error;
+    int ok = st == CG_OK && r->status >= 200 && r->status < 300 && !r->client_gone &&
+             !r->sse_error && !r->upstream_error;
     if (r->worker && r->backend_is_worker && st != CG_OK && !r->client_gone &&
         strcmp(detail, "cancelled") != 0)
         cg_workers_error(g->workers, r->worker,
@@ -412,8 +422,12 @@ static void on_done(void *arg, cg_status st, long http, const char *detail)
         if (r->client_gone || (st == CG_E_UNAVAILABLE && !strcmp(detail, "cancelled"))) {
             cg_metric_add(g->m_disconnects, 1);
             cg_log(CG_LOG_INFO, "client left after %zu events; upstream cancelled", r->events);
-        } else if (st == CG_OK && !r->sse_error) {
-            if (partial) cg_log(CG_LOG_WARN, "the backend's stream ended inside an event");
+        } else if (st == CG_OK && r->upstream_error) {
+            /* its error event went out as it came: no [DONE] after it */
+            cg_gw_backend_error(g, CG_FAIL_STREAM);
+            cg_log(CG_LOG_WARN, "the backend's stream ended with an error event after %zu events",
+                   r->events);
+        } else if (st == CG_OK && !r->sse_error && r->saw_done && !partial) {
             if (r->pending_usage) {
                 cg_sse_event none = {0};
                 push_json_event(r, &none, r->pending_usage);
@@ -424,7 +438,10 @@ static void on_done(void *arg, cg_status st, long http, const char *detail)
              * event) and end it without [DONE], so no client takes it for complete. */
             char m[512];
             snprintf(m, sizeof m, "the backend's stream failed after %zu events: %s", r->events,
-                     r->sse_error ? "an event exceeded the size limit" : detail);
+                     r->sse_error  ? "an event exceeded the size limit"
+                     : st != CG_OK ? detail
+                     : partial     ? "it ended inside an event"
+                                   : "it ended without [DONE]");
             cg_gw_backend_error(g, CG_FAIL_STREAM);
             cg_log(CG_LOG_WARN, "%s", m);
             json_t *err =

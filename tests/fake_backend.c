@@ -19,6 +19,8 @@
  *   FAULT:USAGELAST   stream: usage (when asked for) rides on the last choice chunk instead of
  *                     a chunk of its own, as some backends send it
  *   FAULT:WORKERCC    non-stream answer with a chunk_cache of its own, as a chunkgate worker
+ *   FAULT:ERRDONE     stream: an error event after 2 events, then [DONE]
+ *   FAULT:NODONE      stream: the body ends cleanly after the events, without [DONE]
  *                     answers ({"recomputed_tokens":7,"quality":{"kl":0.5}})
  *
  *   --worker-info FILE  also stand in for a worker in front of which a proxy is overloaded:
@@ -65,7 +67,7 @@ typedef struct stream {
     conn *c;
     struct MHD_Connection *mc;
     int chat, crlf, close_after, stall_ms, events, usage, i, phase;
-    int midstall_ms, rst, badsse, usage_last;
+    int midstall_ms, rst, badsse, usage_last, errdone, nodone;
     long huge, huge_sent; /* FAULT:HUGESSE: bytes of the long line, sent so far */
     char *model;
     json_t *fake; /* echo object for the first event */
@@ -152,7 +154,16 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     }
     if (s->close_after && s->i >= s->close_after) return MHD_CONTENT_READER_END_WITH_ERROR;
     char *data = NULL;
-    if (s->i < s->events) {
+    if (s->errdone && s->i == 2 && s->phase == 0) {
+        /* decoding failed upstream: an error event, then [DONE], as a worker and vLLM send */
+        data = strdup("{\"error\": {\"message\": \"a decode step failed\", \"type\": "
+                      "\"server_error\", \"param\": null, \"code\": \"internal_error\"}}");
+        s->i = s->events;
+        s->phase = 1;
+    } else if (s->nodone && s->i >= s->events) {
+        s->c->stream_done = 1; /* a clean end of the body without [DONE] */
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    } else if (s->i < s->events) {
         char text[32];
         snprintf(text, sizeof text, "tok%d ", s->i);
         json_t *ev;
@@ -288,6 +299,8 @@ static MHD_RESULT handle_infer(struct MHD_Connection *mc, conn *c, int chat)
         s->rst = magic(text, "FAULT:RST") >= 0;
         s->badsse = magic(text, "FAULT:BADSSE") >= 0;
         s->usage_last = magic(text, "FAULT:USAGELAST") >= 0;
+        s->errdone = magic(text, "FAULT:ERRDONE") >= 0;
+        s->nodone = magic(text, "FAULT:NODONE") >= 0;
         long huge = magic(text, "FAULT:HUGESSE");
         s->huge = huge > 0 ? huge : 0;
         s->events = magic(text, "FAULT:SLOW") >= 0 ? 60 : n_events;

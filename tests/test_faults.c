@@ -87,6 +87,16 @@ START_TEST(backend_stream_faults)
     ck_assert_str_eq(error_code(ev[2]), "upstream_timeout");
     ck_assert_double_lt(secs, 4.5);
     th_sse_data_free(ev, n);
+    /* an error event from the backend, then its [DONE]: relayed, and no [DONE] after it */
+    n = stream("FAULT:ERRDONE # # d # # q", &ev, &secs);
+    ck_assert_int_eq(n, 3);
+    ck_assert_str_eq(error_code(ev[2]), "internal_error");
+    th_sse_data_free(ev, n);
+    /* a body that ends without [DONE]: cut, so an error event and no [DONE] */
+    n = stream("FAULT:NODONE # # d # # q", &ev, &secs);
+    ck_assert_int_eq(n, 6);
+    ck_assert_str_eq(error_code(ev[5]), "bad_gateway");
+    th_sse_data_free(ev, n);
     /* a TCP reset after 2 events: error event, no [DONE] */
     n = stream("FAULT:RST # # d # # q", &ev, &secs);
     ck_assert_int_eq(n, 3);
