@@ -854,6 +854,32 @@ START_TEST(test_geometry_mismatch_refused)
 }
 END_TEST
 
+/* --disk-mb beyond the filesystem's free space: refused at open, not found out at a spill
+ * after records were dropped for it */
+START_TEST(test_no_room_refused)
+{
+    /* slots of 1 MiB, so that 2 TiB (more than any test machine has free) is 2M of them */
+    char big[600];
+    snprintf(big, sizeof big, "%s/big", g_dir);
+    cg_disk_params p = th_disk_params((th_kv_geom){2, 2, 2048, 16}, big, MODEL, (size_t)2 << 40);
+    ck_assert_uint_eq(p.block_bytes, (size_t)1 << 20);
+    cg_disk *d = NULL;
+    cg_status st = cg_disk_open(p, &d);
+    if (st == CG_OK) {
+        printf("test_no_room_refused: this filesystem has 2 TiB free; not checked\n");
+        cg_disk_close(&d);
+        return;
+    }
+    ck_assert_int_eq(st, CG_E_UNAVAILABLE);
+    ck_assert_ptr_null(d);
+    /* a capacity that fits opens in the same directory */
+    p.capacity_bytes = (size_t)4 << 20;
+    ck_assert_int_eq(cg_disk_open(p, &d), CG_OK);
+    check_ok(d);
+    cg_disk_close(&d);
+}
+END_TEST
+
 START_TEST(test_foreign_inventory_refused)
 {
     sql_exec("CREATE TABLE something (x INTEGER)");
@@ -1062,7 +1088,7 @@ int main(void)
     return th_run_suite(
         "disk", "core", 120, (th_fixture){setup, teardown, 1}, CK_FORK_GETENV,
         TH_TESTS(test_round_trip, test_sync_mode, test_restart, test_lru_drop_when_full,
-                 test_chunk_bigger_than_disk, test_corruption_detected,
+                 test_no_room_refused, test_chunk_bigger_than_disk, test_corruption_detected,
                  test_swapped_rows_and_truncated_file, test_open_drops_bad_rows,
                  test_callback_races, test_torn_writes_never_served, test_geometry_mismatch_refused,
                  test_foreign_inventory_refused, test_pool_spill_and_restore, test_threads_smoke));

@@ -598,6 +598,7 @@ START_TEST(test_other_weights_same_data_dir)
     ck_assert_msg(th_start_worker(&w2, WORKER_BIN, other, 0, "switch2", extra) == 0,
                   "a worker of other weights did not start on the data dir; log %s", w2.log);
     ck_assert(th_file_has(w2.log, "earlier layout"));
+    ck_assert(th_file_has(w2.log, "the tier of another model or weights"));
     stop_worker(&w2, SIGTERM);
     char d1[512], d2[512];
     struct stat sb;

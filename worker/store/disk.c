@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -912,6 +913,24 @@ cg_status cg_disk_open(cg_disk_params p, cg_disk **out)
         cg_log(CG_LOG_ERROR, "disk: cannot size %s: %s", d->blocks_path, strerror(errno));
         goto out;
     }
+    /* The file is sparse: without the space reserved now, a full filesystem would show only
+     * when a spill writes, after make_room had already dropped records for it. A capacity the
+     * filesystem cannot hold is refused before anything is reserved (a reservation that fails
+     * half-way would keep what it took); the reservation itself is best effort. */
+    struct statvfs fs;
+    const off_t held = (off_t)sb.st_blocks * 512;
+    if (fstatvfs(d->fd, &fs) == 0 && want > held &&
+        (unsigned long long)(want - held) > (unsigned long long)fs.f_bavail * fs.f_frsize) {
+        cg_log(CG_LOG_ERROR,
+               "disk: %s: --disk-mb needs %lld more bytes than the file holds, and the filesystem "
+               "has %llu free; lower --disk-mb or free space",
+               d->blocks_path, (long long)(want - held),
+               (unsigned long long)fs.f_bavail * fs.f_frsize);
+        st = CG_E_UNAVAILABLE;
+        goto out;
+    }
+    if (fallocate(d->fd, 0, 0, want) != 0 && errno != EOPNOTSUPP && errno != ENOSYS)
+        cg_log(CG_LOG_WARN, "disk: %s: space not reserved: %s", d->blocks_path, strerror(errno));
     cg_log(CG_LOG_INFO, "disk: %s: %zu chunks in %u of %u slots of %zu bytes", d->dir, d->n_ready,
            d->slots_total - d->slots_free, d->slots_total, bb);
     st = CG_OK;

@@ -3,11 +3,13 @@
 #include "worker/store/tiers.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 
 #include "base/base.h"
 #include "kv/kvwire.h"
@@ -111,18 +113,30 @@ static void evicted(void *ud, const cg_key *key, const cg_pool_chunk *c)
     cg_events_emit(t->p.events, CG_CHUNKEVENT_EVICTED, key, CG_TIER_RAM, cg_pool_chunk_tokens(c));
 }
 
-/* The files of the layout before the KV model named the directory (kv.blocks and kv.db in
- * the data dir itself): kept, as the user's, and said once. */
-static void legacy_files(const char *base)
+/* What else the data dir holds: the tiers of other models or weights (kv-* directories), and
+ * the files of the layout before the KV model named the directory (kv.blocks and kv.db in
+ * the data dir itself). Kept, as the user's, and said once: --disk-mb bounds this tier only. */
+static void other_tiers(const char *base, const char *mine)
 {
     char path[4096];
     struct stat sb;
     snprintf(path, sizeof path, "%s/kv.blocks", base);
-    if (stat(path, &sb) != 0) return;
-    cg_log(CG_LOG_INFO,
-           "disk: %s and kv.db beside it hold KV of an earlier layout (%lld bytes allocated), "
-           "which this worker does not read; delete them to reclaim the space",
-           path, (long long)sb.st_blocks * 512);
+    if (stat(path, &sb) == 0)
+        cg_log(CG_LOG_INFO,
+               "disk: %s and kv.db beside it hold KV of an earlier layout (%lld bytes "
+               "allocated), which this worker does not read; delete them to reclaim the space",
+               path, (long long)sb.st_blocks * 512);
+    DIR *d = opendir(base);
+    if (!d) return;
+    const char *me = strrchr(mine, '/') ? strrchr(mine, '/') + 1 : mine;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, "kv-", 3) && strcmp(e->d_name, me))
+            cg_log(CG_LOG_INFO,
+                   "disk: %s/%s is the tier of another model or weights, kept for when it "
+                   "is served again; delete it when it no longer is",
+                   base, e->d_name);
+    closedir(d);
 }
 
 int cg_tiers_disk_dir(const cg_model_config *c, const char *base, char *out, size_t cap)
@@ -132,7 +146,9 @@ int cg_tiers_disk_dir(const cg_model_config *c, const char *base, char *out, siz
     for (const char *s = c->kv_model; *s && n + 1 < sizeof name; s++)
         name[n++] = (isalnum((unsigned char)*s) || *s == '.' || *s == '-' || *s == '_') ? *s : '_';
     name[n] = '\0';
-    int k = snprintf(out, cap, "%s/kv-%s", base, name);
+    /* the id's own hash keeps two ids that read alike here ("org/m", "org_m") apart */
+    int k = snprintf(out, cap, "%s/kv-%s-%08x", base, name,
+                     (unsigned)(XXH3_64bits(c->model_id, strlen(c->model_id)) & 0xffffffffu));
     return k < 0 || (size_t)k >= cap ? -1 : 0;
 }
 
@@ -176,7 +192,7 @@ cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **
             goto out;
         }
         if ((st = cg_disk_open(dp, &t->disk)) != CG_OK) goto out;
-        legacy_files(p->disk_dir);
+        other_tiers(p->disk_dir, dir);
         pp.on_evict = spill;
         pp.on_evict_ud = t;
         if (p->disk_wb_items > 0) {

@@ -43,10 +43,10 @@ typedef struct cg_tiers_params {
  * outlive the tiers). CG_E_VALUE when the pool or the disk cannot hold one block, or
  * cg_disk_open's statuses. Caller closes with cg_tiers_close. */
 cg_status cg_tiers_open(const cg_model *m, const cg_tiers_params *p, cg_tiers **out) CG_WUR;
-/* The disk tier's directory under disk_dir: "kv-{kv_model}" (characters other than letters,
- * digits, '.', '-' and '_' as '_'), so each checkpoint keeps its own KV and a worker switched
- * to another model, or to other weights under the same id, starts an empty tier beside the
- * old one instead of refusing to start. 0, or -1 when it does not fit cap. */
+/* The disk tier's directory under disk_dir: "kv-{kv_model}-{8 hex of the model id's XXH3}"
+ * (characters other than letters, digits, '.', '-' and '_' as '_'), so each checkpoint keeps its
+ * own KV and a worker switched to another model, or to other weights under the same id, starts an
+ * empty tier beside the old one instead of refusing to start. 0, or -1 when it does not fit cap. */
 int cg_tiers_disk_dir(const cg_model_config *c, const char *disk_dir, char *out, size_t cap);
 void cg_tiers_close(cg_tiers **t);
 
