@@ -459,9 +459,13 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
         goto out;
     }
     if (http != 200) {
-        const char *code = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
-        if (http == 400 && code && !strcmp(code, "context_length_exceeded")) {
-            /* The prompt does not fit the model: the client's error, as the worker put it. */
+        json_t *err = json_object_get(j, "error");
+        const char *code = json_string_value(json_object_get(err, "code"));
+        const char *param = json_string_value(json_object_get(err, "param"));
+        /* The prompt does not fit the model, or a field the client sent has a value the worker
+         * refuses: the client's error, as the worker put it, and no fault of the worker's. */
+        if (http == 400 && ((code && !strcmp(code, "context_length_exceeded")) ||
+                            (param && json_object_get(c->body, param)))) {
             cg_http_reply_json(c->req, 400, j);
             j = NULL;
             call_free(c);

@@ -492,6 +492,25 @@ START_TEST(tenant_isolation)
 }
 END_TEST
 
+/* A field the client sent that the worker's assemble refuses: the client's 400, as the worker
+ * put it, not a worker failure retried on the others. */
+START_TEST(assemble_refusal_is_the_clients)
+{
+    double errs0 = th_metric(gw.port, "chunkgate_worker_errors_total{kind=\"status\"}");
+    double fb0 = th_metric(gw.port, "chunkgate_fallbacks_total");
+    char *p = th_rag("Refusal system.", "Refusal document.", NULL, "Refused?");
+    json_t *b = json_pack("{s:s, s:s, s:i, s:s}", "model", MODEL, "prompt", p, "max_tokens", 1,
+                          "split_special_tokens", "yes");
+    json_t *e = gw_call("POST", "/v1/completions", b, 400);
+    ck_assert_str_eq(th_sget(json_object_get(e, "error"), "param"), "split_special_tokens");
+    json_decref(e);
+    ck_assert_double_eq(th_metric(gw.port, "chunkgate_worker_errors_total{kind=\"status\"}"),
+                        errs0);
+    ck_assert_double_eq(th_metric(gw.port, "chunkgate_fallbacks_total"), fb0);
+    free(p);
+}
+END_TEST
+
 /* ------------------------------------------------------------ tests: assemblies */
 
 /* A client that leaves mid-stream: the upstream transfer is cancelled and the worker's
@@ -1045,7 +1064,7 @@ int main(void)
         "e2e", "gateway_and_workers", 180, (th_fixture){suite_setup, suite_teardown, 0}, CK_NOFORK,
         TH_TESTS(main_path_hits_on_same_worker, misses_spread_and_documents_stick,
                  streaming_main_path, chat_main_path, tenant_isolation,
-                 disconnect_and_failure_release_assembly, worker_failures_fall_back,
-                 kill_restart_reconcile, registration_mismatch_refused, admin_workers, pinning,
-                 operations_and_metrics, gateway_stops_cleanly));
+                 assemble_refusal_is_the_clients, disconnect_and_failure_release_assembly,
+                 worker_failures_fall_back, kill_restart_reconcile, registration_mismatch_refused,
+                 admin_workers, pinning, operations_and_metrics, gateway_stops_cleanly));
 }
