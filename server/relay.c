@@ -329,6 +329,18 @@ static void reply_answer(relay *r)
                                    cg_failkind_status(CG_FAIL_INVALID), NULL, msg);
         return;
     }
+    /* The backend refused the gateway's own credentials (--backend-api-key): not the client's
+     * key, whatever the backend's message says. */
+    if (r->status == 401 || r->status == 403) {
+        json_decref(obj);
+        cg_gw_backend_error(g, CG_FAIL_STATUS);
+        snprintf(msg, sizeof msg,
+                 "the backend refused the gateway's credentials (HTTP %ld); check "
+                 "--backend-api-key",
+                 r->status);
+        cg_http_reply_error(r->req, CG_E_BAD_GATEWAY, NULL, msg);
+        return;
+    }
     /* A 4xx is usually the client's mistake (unknown model, bad parameter) reported by the
      * backend: relayed, but not counted as a backend failure. */
     if (r->status >= 500) cg_gw_backend_error(g, CG_FAIL_STATUS);

@@ -8,6 +8,7 @@
  *
  * Magic words in the prompt (or in any chat message content):
  *   FAULT:500         500 with an OpenAI error object      FAULT:TEXT500  500 with text/plain
+ *   FAULT:401         401 invalid_api_key, as a backend that refuses the gateway's key
  *   FAULT:BADJSON     200 with a body that is not JSON      FAULT:STALL:ms wait ms before answering
  *   FAULT:CLOSE       stream: close the connection after 2 events
  *   FAULT:BIG:n       non-stream answer padded by n bytes   FAULT:SLOW     stream 60 events
@@ -277,7 +278,12 @@ static MHD_RESULT handle_infer(struct MHD_Connection *mc, conn *c, int chat)
     int stream_req = json_is_true(json_object_get(req, "stream"));
     long stall = magic(text, "FAULT:STALL");
     MHD_RESULT ret;
-    if (magic(text, "FAULT:500") >= 0) {
+    if (magic(text, "FAULT:401") >= 0) {
+        ret = reply_json(mc, 401,
+                         json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message",
+                                   "Incorrect API key provided", "type", "invalid_request_error",
+                                   "param", "code", "invalid_api_key"));
+    } else if (magic(text, "FAULT:500") >= 0) {
         ret = reply_json(mc, 500,
                          json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", "fake failure",
                                    "type", "server_error", "param", "code", "fake_500"));

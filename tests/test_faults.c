@@ -130,6 +130,13 @@ START_TEST(backend_stream_faults)
             NULL, NULL);
     ck_assert(th_is_error(&r, 500, "fake_500"));
     th_resp_free(&r);
+    /* the backend refuses the gateway's --backend-api-key: a 502 that says so, not the
+     * client's 401 invalid_api_key */
+    th_http(&r, gw.port, "POST", "/v1/completions", "{\"model\":\"m\",\"prompt\":\"FAULT:401\"}",
+            NULL, NULL);
+    ck_assert(th_is_error(&r, 502, "bad_gateway"));
+    ck_assert_ptr_nonnull(strstr(r.body.data, "--backend-api-key"));
+    th_resp_free(&r);
     assert_serves(gw.port);
 }
 END_TEST
