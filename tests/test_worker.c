@@ -205,6 +205,15 @@ START_TEST(test_kv_transfer_equals_prompt)
     /* via /v1/assemble + kv_transfer_params */
     json_t *a = call("POST", "/v1/assemble",
                      json_pack("{s:o}", "segments", th_segments(sys, DOCB, DOCA, QUESTION)), 200);
+    /* a "# #" prompt whose max_tokens does not fit is refused before its prefill */
+    char *pf = th_rag(sys, "A document nobody computed yet.", NULL, QUESTION);
+    double pre0 = th_metric(worker.port, "chunkgate_worker_prefill_tokens_total");
+    json_t *nf = call("POST", "/v1/completions",
+                      greedy(json_pack("{s:s}", "prompt", pf), cg_model_cfg(model)->max_pos), 400);
+    th_assert_error_json(nf, "context_length_exceeded", "max_tokens");
+    json_decref(nf);
+    ck_assert_double_eq(th_metric(worker.port, "chunkgate_worker_prefill_tokens_total"), pre0);
+    free(pf);
     /* a max_tokens beyond the context is refused before the assembly is consumed: the same
      * request with fewer succeeds */
     json_t *big = complete_assembly(a, cg_model_cfg(model)->max_pos, 400);

@@ -415,10 +415,17 @@ static int assemble(cg_worker_api *a, cg_http_req *req, const creq *c, kvsrc *k,
                           .cancelled = cg_api_client_left,
                           .cancel_ud = req,
                           .path = CG_PATH_CACHED,
-                          .internal = 1};
+                          .internal = 1,
+                          .decode_tokens = c->max_tokens_given ? (uint32_t)c->max_tokens : 0};
     cg_status st = cg_engine_assemble(a->e, &ar, cg_now_ms(), &k->info, err, sizeof err);
     if (st != CG_OK) {
-        cg_api_engine_error(req, st, "prompt", err);
+        /* the prompt alone, or the prompt and max_tokens together, beyond the context */
+        cg_api_engine_error(req, st,
+                            st == CG_E_CONTEXT && ar.decode_tokens &&
+                                    strstr(err, "for the completion")
+                                ? "max_tokens"
+                                : "prompt",
+                            err);
         return 0;
     }
     cr->assembly_id = k->info.id;

@@ -131,6 +131,10 @@ typedef struct cg_assemble_req {
      * max_assemblies, which bounds the assemblies clients build and hold (/v1/assemble); the
      * completions' admission bounds these. */
     int internal;
+    /* The tokens the caller will decode after the prompt (a completion's max_tokens, when it
+     * is not clamped to the context): the prompt and these must fit the model's positions,
+     * checked before anything is computed (CG_E_CONTEXT). 0: the prompt alone. */
+    uint32_t decode_tokens;
 } cg_assemble_req;
 
 typedef struct cg_engine_seg_result {
