@@ -298,6 +298,25 @@ START_TEST(test_refusals)
     json_decref(a);
     ck_assert_double_gt(metric(&be[1], "chunkgate_worker_kv_pulls_total{result=\"error\"}"), 0);
 
+    /* max_tokens beyond the context: refused after the logits, before any KV moves, and the
+     * source keeps its assembly: the same request with fewer tokens succeeds */
+    json_t *info = call(&be[2], "GET", "/v1/info", NULL, 200);
+    const long long max_pos = th_iget(info, "max_positions");
+    json_decref(info);
+    a = assemble(&src);
+    json_t *ktp =
+        json_pack("{s:s, s:s}", "assembly_id", th_sget(a, "assembly_id"), "worker", src.url);
+    e = call(&be[2], "POST", "/v1/completions",
+             json_pack("{s:o, s:I, s:f}", "kv_transfer_params", ktp, "max_tokens",
+                       (json_int_t)max_pos, "temperature", 0.0),
+             400);
+    ck_assert_str_eq(th_sget(json_object_get(e, "error"), "code"), "context_length_exceeded");
+    ck_assert_str_eq(th_sget(json_object_get(e, "error"), "param"), "max_tokens");
+    json_decref(e);
+    ck_assert_double_eq(metric(&src, "chunkgate_worker_assemblies_live"), 1);
+    json_decref(decode(&be[2], th_sget(a, "assembly_id"), src.url, 200));
+    json_decref(a);
+
     /* a worker URL that is not http(s) */
     e = decode(&be[2], "0123456789abcdef0123456789abcdef", "file:///etc/passwd", 400);
     ck_assert_str_eq(th_sget(json_object_get(e, "error"), "param"), "kv_transfer_params.worker");

@@ -367,6 +367,7 @@ static int pull(cg_worker_api *a, cg_http_req *req, const creq *c, const char *s
     pp.tp = a->p.tp;
     pp.timeout_ms = a->p.kv_timeout_ms;
     pp.api_key = a->p.api_key;
+    pp.decode_tokens = c->max_tokens_given ? (uint32_t)c->max_tokens : 0;
     cg_status st = cg_kvpull_assembly(a->e, &pp, cg_now_ms(), &k->pulled, err, sizeof err);
     __atomic_sub_fetch(&a->pulls, 1, __ATOMIC_ACQ_REL);
     cg_metrics_inc(a->metrics, P "kv_pulls_total",
@@ -379,9 +380,11 @@ static int pull(cg_worker_api *a, cg_http_req *req, const creq *c, const char *s
     if (st != CG_OK) {
         cg_log(CG_LOG_WARN, "kv pull of assembly %.64s from %s failed: %s", c->assembly_id, src,
                err);
-        cg_api_engine_error(
-            req, st, st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id" : "kv_transfer_params",
-            err);
+        cg_api_engine_error(req, st,
+                            st == CG_E_NOT_FOUND ? "kv_transfer_params.assembly_id"
+                            : st == CG_E_CONTEXT ? "max_tokens"
+                                                 : "kv_transfer_params",
+                            err);
         return 0;
     }
     cg_metric_observe(cg_metrics_histogram(a->metrics, P "kv_pull_seconds",

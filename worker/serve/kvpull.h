@@ -35,6 +35,10 @@ typedef struct cg_kvpull_params {
     int release;             /* 1 (default): DELETE the source assembly after pulling */
     const char *api_key;     /* sent as a bearer token (the source's --api-key); borrowed;
                                 NULL = none */
+    uint32_t decode_tokens;  /* the tokens the completion will decode (0: not checked): the
+                                source's prompt and these must fit the positions, or the pull
+                                stops with CG_E_CONTEXT after the logits, before any KV moves,
+                                and the source keeps its assembly */
 } cg_kvpull_params;
 
 cg_kvpull_params cg_kvpull_default_params(void);
