@@ -137,7 +137,7 @@ static void restore_bench(const cg_model *m, int port, uint32_t tokens, int n_ch
         char hex[CG_KEY_HEX_LEN + 1];
         cg_key_hex(&keys[c], hex);
         for (int h = 0; h < H; h++)
-            if (cg_kvwire_head_key(cfg->model_id, (uint32_t)h, hex, names[c * H + h],
+            if (cg_kvwire_head_key(cfg->kv_model, (uint32_t)h, hex, names[c * H + h],
                                    CG_REMOTE_KEY_MAX) != CG_OK)
                 die("head key", CG_E_VALUE, NULL);
     }

@@ -13,7 +13,8 @@
 #include "base/chunkevent.h"
 #include "base/remote.h"
 
-/* Workers whose event sequence is followed; more are still applied, without gap checks. */
+/* Worker names whose event sequence is followed at once; past that the least recent gives its
+ * place (source_get). */
 #define MAX_SOURCES 1024
 #define EVENTS_REPLY_MAX ((size_t)4 << 20)
 /* Longest stream entry id ("<ms>-<seq>"). */
@@ -44,6 +45,7 @@ struct cg_eventsync {
     source *src;
     size_t n_src;
     uint64_t events_seen; /* events read, for the sources' recency */
+    int recycled;         /* a source has given its place: a name may come back unfollowed */
     pthread_t thread;
     int started, stop; /* stop: atomic */
     cg_metric *m_applied, *m_skipped, *m_errors, *m_resyncs, *m_lag, *m_lag_last;
@@ -169,6 +171,7 @@ static source *source_get(cg_eventsync *s, const char *name)
         x = &s->src[0];
         for (size_t i = 1; i < s->n_src; i++)
             if (s->src[i].used < x->used) x = &s->src[i];
+        s->recycled = 1;
     }
     memset(x, 0, sizeof *x);
     x->used = s->events_seen;
@@ -243,8 +246,12 @@ static void entry(cg_eventsync *s, const redisReply *fields)
     int64_t wid = -1, tier_row = -1;
     int known = cg_workers_find_instance(s->p.workers, ev.epoch, &wid, &tier_row);
     source *src = source_get(s, ev.worker);
-    if (src) {
-        if (!src->epoch[0]) {
+    {
+        if (!src->epoch[0] && s->recycled) {
+            /* first event of this name since its place was given (or since the start): what
+             * it said meanwhile went unchecked, so its inventory is read again */
+            gap(s, GAP_SEQUENCE, known ? wid : -1, 0, "events not followed from", ev.worker);
+        } else if (!src->epoch[0]) {
             /* first event of this worker since the start: its inventory covers the past */
         } else if (strcmp(src->epoch, ev.epoch)) {
             /* restarted: the registry learns the new instance at the sync */

@@ -40,6 +40,7 @@ typedef struct relay {
     cg_worker *worker; /* owned reference, released at the end */
     char assembly[33]; /* "" = none */
     int backend_is_worker;
+    int to_worker;   /* the upstream is a worker (its key, --worker-api-key) */
     int chat_chunks; /* chat chunks sent (the first carries the role) */
 
     long status;
@@ -329,15 +330,16 @@ static void reply_answer(relay *r)
                                    cg_failkind_status(CG_FAIL_INVALID), NULL, msg);
         return;
     }
-    /* The backend refused the gateway's own credentials (--backend-api-key): not the client's
-     * key, whatever the backend's message says. */
-    if (r->status == 401 || r->status == 403) {
+    /* The upstream refused the gateway's own credentials (--backend-api-key, or
+     * --worker-api-key for a worker): not the client's key, whatever the message says (a
+     * client's key is never sent upstream). Other refusals, such as a worker's 403 for a KV
+     * source it does not trust, are relayed as they came. */
+    if (r->status == 401) {
         json_decref(obj);
         cg_gw_backend_error(g, CG_FAIL_STATUS);
         snprintf(msg, sizeof msg,
-                 "the backend refused the gateway's credentials (HTTP %ld); check "
-                 "--backend-api-key",
-                 r->status);
+                 "the upstream refused the gateway's credentials (HTTP 401); check %s",
+                 r->to_worker ? "--worker-api-key" : "--backend-api-key");
         cg_http_reply_error(r->req, CG_E_BAD_GATEWAY, NULL, msg);
         return;
     }
@@ -530,6 +532,7 @@ void cg_gw_relay_to(cg_gateway *g, cg_http_req *req, const cg_gw_target *t, char
     r->count_usage = t->count_usage;
     r->worker = t->worker;
     r->backend_is_worker = t->backend_is_worker;
+    r->to_worker = t->to_worker;
     r->strip_usage = t->strip_usage;
     if (t->assembly_id) snprintf(r->assembly, sizeof r->assembly, "%s", t->assembly_id);
     cg_upstream_req q = {.base = t->base,

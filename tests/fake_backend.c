@@ -20,9 +20,9 @@
  *   FAULT:USAGELAST   stream: usage (when asked for) rides on the last choice chunk instead of
  *                     a chunk of its own, as some backends send it
  *   FAULT:WORKERCC    non-stream answer with a chunk_cache of its own, as a chunkgate worker
+ *                     answers ({"recomputed_tokens":7,"quality":{"kl":0.5}})
  *   FAULT:ERRDONE     stream: an error event after 2 events, then [DONE]
  *   FAULT:NODONE      stream: the body ends cleanly after the events, without [DONE]
- *                     answers ({"recomputed_tokens":7,"quality":{"kl":0.5}})
  *
  *   --worker-info FILE  also stand in for a worker in front of which a proxy is overloaded:
  *                     GET /v1/info answers FILE's JSON (a real worker's, maybe edited), GET

@@ -555,6 +555,10 @@ static void yarn_no_truncate(json_t *c)
         c, "rope_scaling",
         json_pack("{s:s,s:f,s:b}", "rope_type", "yarn", "factor", 4.0, "truncate", 0));
 }
+static void params_theta_only(json_t *c)
+{
+    json_object_set_new(c, "rope_parameters", json_pack("{s:f}", "rope_theta", 10000.0));
+}
 static void attn_bias_one(json_t *c)
 {
     json_object_set_new(c, "attention_bias", json_integer(1));
@@ -663,6 +667,7 @@ START_TEST(test_bad_config)
         /* a flag Python would take as true is not read as false */
         {attn_bias_one, CG_E_TYPE, "'attention_bias' must be true or false"},
         {params_yarn, CG_OK, "yarn"},
+        {params_theta_only, CG_OK, "none"},
         {params_theta_differs, CG_E_VALUE, "differ"},
         {params_per_layer, CG_E_UNSUPPORTED, "per layer type"},
         {llama3_no_fields, CG_E_MISSING, "'rope_scaling.low_freq_factor' is required"},

@@ -645,6 +645,14 @@ START_TEST(test_config_template)
             ck_assert_msg(strstr(err, named[i].want), "%zu: %s", i, err);
         cg_tokenizer_free(&t);
     }
+    /* ... unless chat_template.jinja says which template a chat renders */
+    write_file(tmpdir, "tokenizer_config.json",
+               "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}]}");
+    write_file(tmpdir, "chat_template.jinja", "J");
+    ck_assert_int_eq(cg_tokenizer_new(tmpdir, &t, NULL, 0), CG_OK);
+    ck_assert_str_eq(cg_tokenizer_chat_template(t), "J");
+    cg_tokenizer_free(&t);
+    unlink(p);
     /* a key twice in tokenizer.json: which one HF's parser would take is not ours to guess */
     write_file(tmpdir, "tokenizer_config.json", "{}");
     write_file(tmpdir, "tokenizer.json",

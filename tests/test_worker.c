@@ -815,6 +815,7 @@ START_TEST(test_bad_inputs)
          "{\"chunk_mode\":\"sys\",\"segments\":[{\"role\":\"chunk\",\"text\":\"a\"}]}", 400,
          "invalid_value"},
         {"POST", "/v1/completions", "{\"prompt\":\"a\",\"ignore_eos\":true}", 400, "invalid_value"},
+        {"POST", "/v1/completions", "{\"prompt\":\"a\",\"ignore_eos\":1000}", 400, "invalid_value"},
         {"POST", "/tokenize",
          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"chunk_separator\":7}", 400,
          "invalid_type"},

@@ -465,6 +465,8 @@ static cg_status read_rope(json_t *root, cg_model_config *c, char *err, size_t e
     if (json_is_object(rs)) {
         kind = json_string_value(json_object_get(rs, "rope_type"));
         if (!kind) kind = json_string_value(json_object_get(rs, "type"));
+        /* rope_parameters with rope_theta alone: transformers' default rope_type */
+        if (!kind && rs == rp && !json_object_get(rs, "rope_type")) kind = "default";
     }
     if (!kind) {
         cg_seterr(err, errlen, "config.json: '%.*s' must be an object with a rope_type",

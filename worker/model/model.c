@@ -439,8 +439,7 @@ static size_t weight_bytes(const cg_weight *w, size_t *scale_bytes)
     case CG_DTYPE_Q8:
         *scale_bytes = 4 * (size_t)w->rows;
         return n;
-    default:
-        blocks = 0;
+    default:;
         const size_t b = cg_matmul_quant_bytes(w->dtype, w->rows, w->cols, &blocks);
         *scale_bytes = 2 * blocks;
         return b;

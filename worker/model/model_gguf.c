@@ -440,7 +440,7 @@ static cg_status tokenizer_json(const cg_gguf *g, const char *path, json_t **tok
     if (pipeline(pre, plen, &pretok, &norm, &ignore_merges, &bos_default) != 0) {
         cg_seterr(err, errlen,
                   "%s: tokenizer.ggml.pre '%.*s' is not supported (default, gpt2, "
-                  "qwen2, llama-bpe, llama3)",
+                  "qwen2, llama-bpe, llama3, llama-v3)",
                   path, (int)CG_MIN(plen, (size_t)32), pre);
         return CG_E_UNSUPPORTED;
     }

@@ -20,6 +20,9 @@ typedef struct ld {
     char *err;
     size_t errlen;
     cg_tokenizer *t;
+    /* tokenizer_config.json's named templates have no single "default" (none, or two): the
+     * worker cannot tell which one a chat renders, unless chat_template.jinja decides */
+    const char *template_unclear;
 } ld;
 
 static cg_status fail(ld *L, cg_status st, const char *fmt, ...)
@@ -798,14 +801,16 @@ static cg_status load_config(ld *L, const json_t *cfg)
                 return fail(L, CG_E_VALUE, "chat_template[%zu] must have string name and template",
                             i);
             if (strcmp(json_string_value(nm), "default")) continue;
-            if (t->chat_template)
-                return fail(L, CG_E_VALUE, "chat_template names two templates \"default\"");
+            if (t->chat_template) {
+                L->template_unclear = "chat_template names two templates \"default\"";
+                cg_free(&t->chat_template);
+                break;
+            }
             t->chat_template = cg_strdup(json_string_value(tp));
         }
-        if (json_array_size(ct) && !t->chat_template)
-            return fail(L, CG_E_VALUE,
-                        "chat_template lists named templates and none is \"default\" (the one a "
-                        "chat request would render)");
+        if (json_array_size(ct) && !t->chat_template && !L->template_unclear)
+            L->template_unclear = "chat_template lists named templates and none is \"default\" "
+                                  "(the one a chat request would render)";
     } else if (ct && !json_is_null(ct))
         return fail(L, CG_E_VALUE, "chat_template must be a string or a list of {name, template}");
 
@@ -1008,6 +1013,10 @@ static cg_status load(ld *L, const char *json_path, const char *dir)
         free(t->chat_template);
         t->chat_template = buf;
         buf = NULL;
+    } else if (L->template_unclear) {
+        L->file = cfg_path;
+        st = fail(L, CG_E_VALUE, "%s", L->template_unclear);
+        goto out;
     }
     L->file = json_path;
     st = finish(L);
@@ -1024,9 +1033,10 @@ cg_status cg_tokenizer_new_json(json_t *tok, json_t *config, const char *label, 
                                 char *err, size_t errlen)
 {
     *out = NULL;
-    ld L = {label, err, errlen, tok_alloc()};
+    ld L = {label, err, errlen, tok_alloc(), NULL};
     cg_status st = load_tokenizer_json(&L, tok);
     if (st == CG_OK && config) st = load_config(&L, config);
+    if (st == CG_OK && L.template_unclear) st = fail(&L, CG_E_VALUE, "%s", L.template_unclear);
     if (st == CG_OK) st = finish(&L);
     if (st != CG_OK) {
         cg_tokenizer_free(&L.t);
@@ -1053,7 +1063,7 @@ cg_status cg_tokenizer_new(const char *path, cg_tokenizer **out, char *err, size
             dir = cg_strdup("/");
         }
     }
-    ld L = {json_path, err, errlen, tok_alloc()};
+    ld L = {json_path, err, errlen, tok_alloc(), NULL};
     cg_status st = load(&L, json_path, dir);
     free(json_path);
     free(dir);

@@ -169,7 +169,9 @@ static int refuse_unsupported(cg_http_req *req, json_t *body)
         if (json_is_boolean(v) && params[i].neutral >= NEUTRAL_FALSE &&
             json_is_true(v) == (params[i].neutral == NEUTRAL_TRUE))
             continue;
-        if (json_is_number(v) && json_number_value(v) == params[i].neutral) continue;
+        if (params[i].neutral < NEUTRAL_FALSE && json_is_number(v) &&
+            json_number_value(v) == params[i].neutral)
+            continue;
         if ((json_is_object(v) && json_object_size(v) == 0) ||
             (json_is_string(v) && json_string_length(v) == 0) ||
             (json_is_array(v) && json_array_size(v) == 0))
@@ -684,7 +686,6 @@ static int find_stop(gen *g, size_t before)
 static int on_token(void *ud, const cg_tok_rec *rec, const char *bytes, size_t len)
 {
     gen *g = ud;
-    if (g->stopped) return 1; /* what the scheduler had made before it saw the stop */
     size_t before = g->text.len;
     cg_status st = cg_buf_append(&g->text, bytes, len);
     (void)st; /* an unbounded buffer */

@@ -81,12 +81,13 @@ static void want_prompt_logprobs(const cg_complete_req *req, const int32_t *ids,
     q->row_top_k = (int)k;
 }
 
-/* The prompt and the completion must fit the model's positions (as OpenAI and vLLM answer). */
+/* A live assembly's prompt tokens (cg_live_with). */
 static void tokens_of(const cg_assembly *a, void *ud)
 {
     *(uint32_t *)ud = a->n_tokens;
 }
 
+/* The prompt and the completion must fit the model's positions (as OpenAI and vLLM answer). */
 static cg_status fit_context(cg_engine *e, cg_complete_req *r, uint32_t n_prompt, char *err,
                              size_t errlen)
 {

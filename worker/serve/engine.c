@@ -198,7 +198,8 @@ cg_status cg_engine_adopt(cg_engine *e, cg_kv **kvp, uint32_t n_tokens, uint32_t
     a->cached_tokens = cached_tokens;
     a->logits = cg_malloc((size_t)cfg->vocab_size * sizeof(float));
     memcpy(a->logits, logits, (size_t)cfg->vocab_size * sizeof(float));
-    return cg_live_add(e->live, &a, now, CG_LIVE_ADOPTED, id_out);
+    /* decoded at once by the completion that pulled it, like a completion's own */
+    return cg_live_add(e->live, &a, now, CG_LIVE_ADOPTED | CG_LIVE_UNCAPPED, id_out);
 }
 
 /* ---- export, delete, flush ---- */

@@ -148,7 +148,10 @@ static const cg_cfg_opt serve_opts[] = {
     OPT("api-key-file", "CHUNKGATE_WORKER_API_KEY_FILE", CG_CFG_STR, api_key_file, "", 0, 0,
         "file holding --api-key (its first line that is not blank or #)"),
     OPT("data-dir", "CHUNKGATE_WORKER_DATA_DIR", CG_CFG_STR, data_dir, "./chunkgate-worker-data", 0,
-        0, "state directory (created if missing): holds the disk tier (kv.blocks, kv.db)"),
+        0,
+        "state directory (created if missing): holds the disk tier, one kv-* directory per model "
+        "and "
+        "weights"),
     OPT("pool-mb", "CHUNKGATE_WORKER_POOL_MB", CG_CFG_INT, pool_mb, "256", 1, 1 << 20,
         "KV pool (RAM tier) capacity in MiB"),
     OPT("disk-mb", "CHUNKGATE_WORKER_DISK_MB", CG_CFG_INT, disk_mb, "0", 0, 1LL << 30,
@@ -213,8 +216,8 @@ static const cg_cfg_opt serve_opts[] = {
         1, 86400000, "an assembly not consumed or deleted within this time is released"),
     OPT("max-assemblies", "CHUNKGATE_WORKER_MAX_ASSEMBLIES", CG_CFG_INT, max_assemblies, "64", 1,
         1 << 20,
-        "live assemblies at once built with `/v1/assemble` (a completion's own is decoded at "
-        "once and not counted); more are refused with 503"),
+        "live assemblies at once built with /v1/assemble (a completion's own is decoded at once "
+        "and not counted); more are refused with 503"),
     OPT("reserve-tokens", "CHUNKGATE_WORKER_RESERVE_TOKENS", CG_CFG_INT, reserve_tokens, "512", 0,
         1 << 24, "decode room allocated with each assembly (it grows when exceeded)"),
     OPT("spare-kv-mb", "CHUNKGATE_WORKER_SPARE_KV_MB", CG_CFG_INT, spare_kv_mb, "1024", 0, 1 << 24,

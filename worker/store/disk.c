@@ -909,16 +909,12 @@ cg_status cg_disk_open(cg_disk_params p, cg_disk **out)
     st = CG_E_IO;
     struct stat sb;
     off_t want = (off_t)d->slots_total * (off_t)bb;
-    if (fstat(d->fd, &sb) != 0 || (sb.st_size != want && ftruncate(d->fd, want) != 0)) {
-        cg_log(CG_LOG_ERROR, "disk: cannot size %s: %s", d->blocks_path, strerror(errno));
-        goto out;
-    }
     /* The file is sparse: without the space reserved now, a full filesystem would show only
      * when a spill writes, after make_room had already dropped records for it. A capacity the
      * filesystem cannot hold is refused before anything is reserved (a reservation that fails
      * half-way would keep what it took); the reservation itself is best effort. */
     struct statvfs fs;
-    const off_t held = (off_t)sb.st_blocks * 512;
+    const off_t held = fstat(d->fd, &sb) == 0 ? (off_t)sb.st_blocks * 512 : 0;
     if (fstatvfs(d->fd, &fs) == 0 && want > held &&
         (unsigned long long)(want - held) > (unsigned long long)fs.f_bavail * fs.f_frsize) {
         cg_log(CG_LOG_ERROR,
@@ -927,6 +923,10 @@ cg_status cg_disk_open(cg_disk_params p, cg_disk **out)
                d->blocks_path, (long long)(want - held),
                (unsigned long long)fs.f_bavail * fs.f_frsize);
         st = CG_E_UNAVAILABLE;
+        goto out;
+    }
+    if (fstat(d->fd, &sb) != 0 || (sb.st_size != want && ftruncate(d->fd, want) != 0)) {
+        cg_log(CG_LOG_ERROR, "disk: cannot size %s: %s", d->blocks_path, strerror(errno));
         goto out;
     }
     if (fallocate(d->fd, 0, 0, want) != 0 && errno != EOPNOTSUPP && errno != ENOSYS)
