@@ -113,6 +113,17 @@ static void cmd_ok(redisContext *c, const char *fmt, ...)
 
 static void srv_spawn(srv *s)
 {
+    /* everything the child needs is made before the fork: the test has threads, and a child
+     * of a threaded process may call only async-signal-safe functions before execv */
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->port);
+    const char *argv[32] = {g_redis_server, "--port",    port,           "--bind",      "127.0.0.1",
+                            "--save",       "",          "--appendonly", "no",          "--dir",
+                            s->dir,         "--logfile", "redis.log",    "--daemonize", "no"};
+    int k = 15;
+    for (int i = 0; i < s->n_extra; i++)
+        argv[k++] = s->extra[i];
+    argv[k] = NULL;
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
@@ -120,21 +131,12 @@ static void srv_spawn(srv *s)
         int nul = open("/dev/null", O_RDWR);
         dup2(nul, 0);
         dup2(nul, 1);
-        char port[16];
-        snprintf(port, sizeof port, "%d", s->port);
-        const char *argv[32] = {g_redis_server, "--port",      port,   "--bind",
-                                "127.0.0.1",    "--save",      "",     "--appendonly",
-                                "no",           "--dir",       s->dir, "--logfile",
-                                "redis.log",    "--daemonize", "no"};
-        int k = 15;
-        for (int i = 0; i < s->n_extra; i++)
-            argv[k++] = s->extra[i];
-        argv[k] = NULL;
         execv(g_redis_server, (char *const *)argv);
         _exit(127);
     }
     s->pid = pid;
-    for (int i = 0; i < 200; i++) {
+    /* up to 30 s: a machine busy with parallel suites can be slow to start it */
+    for (int i = 0; i < 600; i++) {
         int status;
         ck_assert_msg(waitpid(pid, &status, WNOHANG) == 0, "redis-server exited at start (%s)",
                       s->dir);

@@ -59,19 +59,21 @@ int th_port_free(int port)
 
 pid_t th_redis_start(int port, const char *dir)
 {
+    /* formatted before the fork: a child of a threaded process may call only
+     * async-signal-safe functions before it execs */
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         int nul = open("/dev/null", O_RDWR);
         dup2(nul, 0);
         dup2(nul, 1);
-        char ps[16];
-        snprintf(ps, sizeof ps, "%d", port);
         execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
                "--appendonly", "no", "--dir", dir, "--logfile", "redis.log", (char *)NULL);
         _exit(127);
     }
-    for (int i = 0; pid > 0 && i < 200; i++) {
+    for (int i = 0; pid > 0 && i < 600; i++) { /* up to 30 s on a busy machine */
         int fd = th_connect(port);
         if (fd >= 0) {
             int closed;
