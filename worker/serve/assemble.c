@@ -186,16 +186,8 @@ static cg_status tokenize(job *j, char *err, size_t errlen)
         j->total += j->lens[i];
         if (s->role == CG_ROLE_CHUNK) j->max_chunk = CG_MAX(j->max_chunk, j->lens[i]);
     }
-    const uint32_t more = j->req->decode_tokens;
-    if (more && (uint64_t)j->total + more > (uint64_t)cfg->max_pos) {
-        cg_seterr(err, errlen,
-                  "This model's maximum context length is %d tokens. However, you requested "
-                  "%llu tokens (%llu in the prompt, %u for the completion). Please reduce the "
-                  "prompt or max_tokens.",
-                  cfg->max_pos, (unsigned long long)j->total + more, (unsigned long long)j->total,
-                  more);
-        return CG_E_CONTEXT;
-    }
+    cg_status st = cg_engine_fits(cfg->max_pos, j->total, j->req->decode_tokens, err, errlen);
+    if (st != CG_OK) return st;
     j->s_len = j->roles[0] == CG_ROLE_SYSTEM ? j->lens[0] : 0;
     /* in mode sys every chunk's KV follows the system segment's tokens */
     if (j->req->mode == CG_MODE_SYS && j->roles[0] == CG_ROLE_SYSTEM && j->nocache[0])

@@ -97,19 +97,26 @@ static cg_status fit_context(cg_engine *e, cg_complete_req *r, uint32_t n_prompt
         r->max_tokens = (uint32_t)(max_pos > n_prompt ? max_pos - n_prompt : 0);
         return CG_OK;
     }
-    if (n_prompt >= max_pos) {
+    return cg_engine_fits((int)max_pos, n_prompt, r->max_tokens, err, errlen);
+}
+
+cg_status cg_engine_fits(int max_pos, uint64_t n_prompt, uint64_t max_tokens, char *err,
+                         size_t errlen)
+{
+    if (n_prompt + max_tokens <= (uint64_t)max_pos) return CG_OK;
+    if (n_prompt >= (uint64_t)max_pos) {
         cg_seterr(err, errlen,
-                  "This model's maximum context length is %llu tokens. However, the prompt has "
-                  "%u tokens. Please reduce the prompt.",
-                  (unsigned long long)max_pos, n_prompt);
+                  "This model's maximum context length is %d tokens. However, the prompt has "
+                  "%llu tokens. Please reduce the prompt.",
+                  max_pos, (unsigned long long)n_prompt);
         return CG_E_CONTEXT;
     }
     cg_seterr(err, errlen,
-              "This model's maximum context length is %llu tokens. However, you requested %llu "
-              "tokens (%u in the prompt, %u for the completion). Please reduce the prompt or "
+              "This model's maximum context length is %d tokens. However, you requested %llu "
+              "tokens (%llu in the prompt, %llu for the completion). Please reduce the prompt or "
               "max_tokens.",
-              (unsigned long long)max_pos, (unsigned long long)n_prompt + r->max_tokens, n_prompt,
-              r->max_tokens);
+              max_pos, (unsigned long long)(n_prompt + max_tokens), (unsigned long long)n_prompt,
+              (unsigned long long)max_tokens);
     return CG_E_CONTEXT;
 }
 

@@ -251,6 +251,11 @@ void cg_complete_result_free(cg_complete_result *r);
  * The KV grows when decoding passes the assembly's reserve. Returns CG_E_NOT_FOUND for an
  * unknown or expired assembly, CG_E_CONTEXT when the plain prompt exceeds max_pos.
  * On success *out is filled (caller frees with cg_complete_result_free). */
+/* CG_OK when n_prompt tokens and max_tokens more fit the model's max_pos positions; else
+ * CG_E_CONTEXT with the message OpenAI and vLLM give (naming the prompt alone when it does not
+ * fit by itself). Shared by the completion, the assemble that precedes it and a pull. */
+cg_status cg_engine_fits(int max_pos, uint64_t n_prompt, uint64_t max_tokens, char *err,
+                         size_t errlen) CG_WUR;
 cg_status cg_engine_complete(cg_engine *e, const cg_complete_req *req, uint64_t now,
                              cg_complete_result *out, char *err, size_t errlen) CG_WUR;
 

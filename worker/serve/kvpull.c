@@ -435,16 +435,9 @@ cg_status cg_kvpull_assembly(cg_engine *e, const cg_kvpull_params *p, uint64_t n
     st = fetch_logits(c, p, base, &lx, err, errlen);
     if (st == CG_E_NOT_FOUND) goto out; /* nothing to release */
     if (st == CG_OK && p->decode_tokens &&
-        (uint64_t)lx.tokens + p->decode_tokens > (uint64_t)c->max_pos) {
-        cg_seterr(err, errlen,
-                  "This model's maximum context length is %d tokens. However, you requested "
-                  "%llu tokens (%lld in the prompt, %u for the completion). Please reduce the "
-                  "prompt or max_tokens.",
-                  c->max_pos, (unsigned long long)lx.tokens + p->decode_tokens,
-                  (long long)lx.tokens, p->decode_tokens);
-        st = CG_E_CONTEXT;
+        (st = cg_engine_fits(c->max_pos, (uint64_t)lx.tokens, p->decode_tokens, err, errlen)) !=
+            CG_OK)
         goto out; /* the source keeps its assembly: the request may come again with fewer */
-    }
     if (st == CG_OK) {
         const uint32_t n_tokens = (uint32_t)lx.tokens;
         uint64_t cap = CG_MIN((uint64_t)n_tokens + cg_engine_get_params(e).reserve_tokens,
