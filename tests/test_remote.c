@@ -136,6 +136,7 @@ static void srv_spawn(srv *s)
     }
     s->pid = pid;
     /* up to 30 s: a machine busy with parallel suites can be slow to start it */
+    char why[160] = "no attempt";
     for (int i = 0; i < 600; i++) {
         int status;
         ck_assert_msg(waitpid(pid, &status, WNOHANG) == 0, "redis-server exited at start (%s)",
@@ -144,15 +145,30 @@ static void srv_spawn(srv *s)
         if (c && !c->err) {
             redisReply *r = redisCommand(c, "PING");
             int up = r != NULL && (r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_ERROR);
+            snprintf(why, sizeof why, "PING: %s",
+                     r ? (r->str ? r->str : "a reply of another type") : c->errstr);
             if (r) freeReplyObject(r);
             redisFree(c);
             if (up) return;
-        } else if (c) {
+        } else {
+            snprintf(why, sizeof why, "connect: %s", c ? c->errstr : "out of memory");
             redisFree(c);
         }
         th_sleep_ms(50);
     }
-    ck_abort_msg("redis-server on port %d did not come up", s->port);
+    char log[256], tail[1024] = "";
+    snprintf(log, sizeof log, "%s/redis.log", s->dir);
+    FILE *f = fopen(log, "r");
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        long n = ftell(f);
+        fseek(f, n > (long)sizeof tail - 1 ? n - (long)sizeof tail + 1 : 0, SEEK_SET);
+        size_t got = fread(tail, 1, sizeof tail - 1, f);
+        tail[got] = 0;
+        fclose(f);
+    }
+    ck_abort_msg("redis-server (pid %d) on port %d did not come up in 30 s; last %s; %s ends:\n%s",
+                 (int)pid, s->port, why, log, tail);
 }
 
 static void srv_start(srv *s)
