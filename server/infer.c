@@ -179,7 +179,7 @@ void cg_gw_chat_completions(cg_http_req *req, void *app)
  * the least-loaded healthy worker unchanged and its answer comes back as it is. */
 static void to_worker(cg_http_req *req, cg_gateway *g, const char *path)
 {
-    cg_worker *w = cg_workers_pick_any(g->workers, NULL);
+    cg_worker *w = cg_workers_pick_any(g->workers, NULL, 0);
     if (!w) {
         cg_gw_reply_error(req, CG_E_UNAVAILABLE, NULL, "no healthy worker to tokenize with");
         return;

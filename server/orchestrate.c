@@ -17,6 +17,10 @@
 #include "server/fields.h"
 #include "server/relay.h"
 
+/* The most workers one request is sent to: its route, then the retries after a 429 or a
+ * failure. */
+#define CG_GW_MAX_TRIES 8
+
 /* One request on its way through the dispatcher. */
 typedef struct gw_call {
     cg_gateway *g;
@@ -30,8 +34,25 @@ typedef struct gw_call {
     cg_route_kind kind;
     cg_fallback fallback; /* set once the request falls back */
     uint64_t t0;
-    int busy_tries; /* workers that answered 429 to this request's assemble */
+    /* The workers this request was sent to (index ids): a retry after a 429 or a failure goes
+     * to one it has not tried yet, so every worker is asked at most once. */
+    int64_t tried[CG_GW_MAX_TRIES];
+    size_t n_tried;
 } gw_call;
+
+/* Notes that c was sent to w; returns w. */
+static cg_worker *tried(gw_call *c, cg_worker *w)
+{
+    if (w && c->n_tried < CG_GW_MAX_TRIES) c->tried[c->n_tried++] = cg_worker_id(w);
+    return w;
+}
+
+/* The least-loaded healthy worker c has not tried yet (in flight, noted as tried), or NULL. */
+static cg_worker *pick_untried(gw_call *c)
+{
+    if (c->n_tried >= CG_GW_MAX_TRIES) return NULL;
+    return tried(c, cg_workers_pick_any(c->g->workers, c->tried, c->n_tried));
+}
 
 static void call_free(gw_call *c)
 {
@@ -212,10 +233,10 @@ static void count_fallback(cg_gateway *g, gw_call *c, cg_fallback reason)
     if ((unsigned)reason < CG_FALLBACK_COUNT) cg_metric_add(g->m_fallback[reason], 1);
 }
 
-/* Forwards the plain prompt: to --backend, else to the least-loaded healthy worker other
- * than exclude. reason: CG_FALLBACK_NONE for pass-through, else the fallback reason; why: what
- * failed (for the error message). Frees c. */
-static void forward_plain(gw_call *c, cg_fallback reason, const cg_worker *exclude, const char *why)
+/* Forwards the plain prompt: to --backend, else to the least-loaded healthy worker the request
+ * has not been sent to yet. reason: CG_FALLBACK_NONE for pass-through, else the fallback
+ * reason; why: what failed (for the error message). Frees c. */
+static void forward_plain(gw_call *c, cg_fallback reason, const char *why)
 {
     cg_gateway *g = c->g;
     if (reason != CG_FALLBACK_NONE) {
@@ -232,10 +253,11 @@ static void forward_plain(gw_call *c, cg_fallback reason, const cg_worker *exclu
         t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
         body = forward_body(c->req, c->body, c->chat, c->stream, &t.strip_usage, &len);
     } else {
-        cg_worker *w = cg_workers_pick_any(g->workers, exclude);
+        cg_worker *w = pick_untried(c);
         if (!w) {
             char msg[768];
-            snprintf(msg, sizeof msg, "no backend is configured and no worker is healthy%s%s%s",
+            snprintf(msg, sizeof msg, "no backend is configured and %s%s%s%s",
+                     c->n_tried ? "no healthy worker is left to try" : "no worker is healthy",
                      why ? " (" : "", why ? why : "", why ? ")" : "");
             cg_http_reply_error(c->req, CG_E_UNAVAILABLE, NULL, msg);
             call_free(c);
@@ -407,23 +429,21 @@ static void submit_assemble(gw_call *c)
 }
 
 /* A worker answered 429 (at --max-running + --max-queue): it is busy, not broken. The request
- * goes to another worker that can take it; when every worker has been tried, the client gets
- * the 429 with Retry-After. Returns 1 when it took over c. */
+ * goes to a healthy worker it has not tried yet; when there is none left, the client gets the
+ * 429 with Retry-After. Returns 1 when it took over c. */
 static int on_busy(gw_call *c, json_t **body)
 {
     cg_gateway *g = c->g;
     cg_metric_add(g->m_busy, 1);
-    if (++c->busy_tries < (int)cg_workers_count(g->workers)) {
-        cg_worker *other = cg_workers_pick_any(g->workers, c->w);
-        if (other) {
-            cg_log(CG_LOG_INFO, "worker %s is busy (429); trying %s", cg_worker_url(c->w),
-                   cg_worker_url(other));
-            cg_workers_release(g->workers, &c->w);
-            c->w = other;
-            c->kind = CG_ROUTE_LEAST_LOADED;
-            submit_assemble(c);
-            return 1;
-        }
+    cg_worker *other = pick_untried(c);
+    if (other) {
+        cg_log(CG_LOG_INFO, "worker %s is busy (429); trying %s", cg_worker_url(c->w),
+               cg_worker_url(other));
+        cg_workers_release(g->workers, &c->w);
+        c->w = other;
+        c->kind = CG_ROUTE_LEAST_LOADED;
+        submit_assemble(c);
+        return 1;
     }
     cg_http_add_header(c->req, "Retry-After", "1");
     /* A worker or a proxy in front of it may answer 429 with a body that is not the OpenAI
@@ -494,9 +514,7 @@ fallback : {
     /* Without --backend the plain prompt would go to another worker, which would split and
      * assemble it anyway, out of the index's sight and with a chunk_cache that cannot say
      * what it reused: assemble there instead, once. */
-    cg_worker *next = !g->has_backend && c->fallback == CG_FALLBACK_NONE
-                          ? cg_workers_pick_any(g->workers, failed)
-                          : NULL;
+    cg_worker *next = !g->has_backend && c->fallback == CG_FALLBACK_NONE ? pick_untried(c) : NULL;
     if (next) {
         cg_log(CG_LOG_WARN, "assembling on %s instead: %s", cg_worker_url(next), why);
         count_fallback(g, c, CG_FALLBACK_WORKER_ERROR);
@@ -507,7 +525,7 @@ fallback : {
         goto out;
     }
     cg_log(CG_LOG_WARN, "falling back to the plain prompt: %s", why);
-    forward_plain(c, CG_FALLBACK_WORKER_ERROR, failed, why);
+    forward_plain(c, CG_FALLBACK_WORKER_ERROR, why);
     cg_workers_release(g->workers, &failed);
 }
 out:
@@ -588,14 +606,14 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
 
     if (c->segs.split.passthrough || !c->segs.n_keys) {
         if (c->segs.split.passthrough) cg_metric_add(g->m_passthrough, 1);
-        forward_plain(c, CG_FALLBACK_NONE, NULL, NULL);
+        forward_plain(c, CG_FALLBACK_NONE, NULL);
         return;
     }
     char pool_model[256];
     const char *model = json_string_value(json_object_get(body, "model"));
     if (!cg_workers_count(g->workers) ||
         !cg_workers_model(g->workers, pool_model, sizeof pool_model)) {
-        forward_plain(c, CG_FALLBACK_NO_WORKER, NULL, NULL);
+        forward_plain(c, CG_FALLBACK_NO_WORKER, NULL);
         return;
     }
     if (strcmp(pool_model, model) != 0) {
@@ -603,18 +621,18 @@ void cg_gw_orchestrate(cg_gateway *g, cg_http_req *req, json_t *body, cg_gw_segm
         char why[400];
         snprintf(why, sizeof why, "the workers serve '%.128s', the request names '%.128s'",
                  pool_model, model);
-        forward_plain(c, CG_FALLBACK_MODEL, NULL, why);
+        forward_plain(c, CG_FALLBACK_MODEL, why);
         return;
     }
     int64_t expect = 0;
     unsigned char *steer = cg_calloc(c->segs.n_keys, 1);
     for (size_t k = 0; k < c->segs.n_keys; k++)
         steer[k] = c->segs.split.segs[c->segs.key_seg[k]].role == CG_ROLE_CHUNK;
-    c->w = cg_workers_route(g->workers, c->ent, steer, c->segs.n_keys, c->segs.keys,
-                            tie_hash(&c->segs), &c->kind, &expect);
+    c->w = tried(c, cg_workers_route(g->workers, c->ent, steer, c->segs.n_keys, c->segs.keys,
+                                     tie_hash(&c->segs), &c->kind, &expect));
     free(steer);
     if (!c->w) {
-        forward_plain(c, CG_FALLBACK_NO_WORKER, NULL, NULL);
+        forward_plain(c, CG_FALLBACK_NO_WORKER, NULL);
         return;
     }
     /* Parsed: only a fallback to --backend may still forward the raw bytes. */

@@ -564,7 +564,7 @@ void cg_gw_models(cg_http_req *req, void *app)
     relay *r = relay_new(g, req, RELAY_MODELS, "models");
     cg_upstream_req q = {.method = "GET", .path = "/v1/models", .request_id = r->rid};
     if (!g->has_backend) {
-        r->worker = cg_workers_pick_any(g->workers, NULL);
+        r->worker = cg_workers_pick_any(g->workers, NULL, 0);
         q.base = r->worker ? cg_worker_url(r->worker) : NULL;
         q.to_worker = 1;
     }

@@ -838,14 +838,18 @@ cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, const unsi
     return w;
 }
 
-cg_worker *cg_workers_pick_any(cg_workers *r, const cg_worker *exclude)
+cg_worker *cg_workers_pick_any(cg_workers *r, const int64_t *skip, size_t n_skip)
 {
     cg_worker *best = NULL;
     int64_t best_load = 0;
     pthread_mutex_lock(&r->mu);
     for (size_t i = 0; i < r->n; i++) {
         cg_worker *w = r->v[i];
-        if (w == exclude || w->state != W_HEALTHY) continue;
+        if (w->state != W_HEALTHY) continue;
+        size_t k = 0;
+        while (k < n_skip && skip[k] != w->id)
+            k++;
+        if (k < n_skip) continue;
         cg_route_cand c = {0, w->in_flight, 0, 0, w->others};
         if (!best || cg_route_load(&c) < best_load) {
             best = w;

@@ -142,10 +142,10 @@ int cg_route_pick(const cg_route_cand *c, size_t n, long long penalty, int remot
 cg_worker *cg_workers_route(cg_workers *r, const cg_index_entry *ent, const unsigned char *steer,
                             size_t n_keys, const cg_key *keys, uint64_t tie, cg_route_kind *kind,
                             int64_t *cached);
-/* The least-loaded healthy worker (cg_route_load) other than exclude (may be NULL), for a
- * plain prompt;
- * counted in flight like cg_workers_route. NULL when there is none. */
-cg_worker *cg_workers_pick_any(cg_workers *r, const cg_worker *exclude);
+/* The least-loaded healthy worker (cg_route_load) whose id (cg_worker_id) is none of the
+ * n_skip in skip (may be NULL when n_skip is 0), for a plain prompt or a retry; counted in
+ * flight like cg_workers_route. NULL when there is none. */
+cg_worker *cg_workers_pick_any(cg_workers *r, const int64_t *skip, size_t n_skip);
 /* Ends a routed request: in flight - 1, reference given back. Accepts NULL; sets *w NULL. */
 void cg_workers_release(cg_workers *r, cg_worker **w);
 

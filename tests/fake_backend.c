@@ -54,7 +54,7 @@ static int delay_ms = 100;
 static char *worker_info; /* --worker-info: the file's JSON, NULL when not a worker stand-in */
 
 static pthread_mutex_t stats_mu = PTHREAD_MUTEX_INITIALIZER;
-static long st_requests, st_streams_started, st_streams_completed, st_streams_aborted;
+static long st_requests, st_assembles, st_streams_started, st_streams_completed, st_streams_aborted;
 static long st_active_streams;
 
 typedef struct conn {
@@ -400,16 +400,21 @@ static MHD_RESULT on_access(void *cls, struct MHD_Connection *mc, const char *ur
         return reply(mc, 200, "application/json", worker_info);
     if (worker_info && !strcmp(method, "GET") && !strcmp(url, "/v1/chunks"))
         return reply(mc, 200, "application/json", "{\"object\":\"list\",\"data\":[]}");
-    if (worker_info && !strcmp(method, "POST") && !strcmp(url, "/v1/assemble"))
+    if (worker_info && !strcmp(method, "POST") && !strcmp(url, "/v1/assemble")) {
+        pthread_mutex_lock(&stats_mu);
+        st_assembles++;
+        pthread_mutex_unlock(&stats_mu);
         return reply(mc, 429, "text/plain", "Too Many Requests\n");
+    }
     if (!strcmp(method, "GET") && !strcmp(url, "/healthz"))
         return reply_json(mc, 200, json_pack("{s:s}", "status", "ok"));
     if (!strcmp(method, "GET") && !strcmp(url, "/stats")) {
         pthread_mutex_lock(&stats_mu);
-        json_t *j = json_pack("{s:i, s:i, s:i, s:i, s:i}", "requests", (int)st_requests,
-                              "streams_started", (int)st_streams_started, "streams_completed",
-                              (int)st_streams_completed, "streams_aborted", (int)st_streams_aborted,
-                              "active_streams", (int)st_active_streams);
+        json_t *j =
+            json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "requests", (int)st_requests, "assembles",
+                      (int)st_assembles, "streams_started", (int)st_streams_started,
+                      "streams_completed", (int)st_streams_completed, "streams_aborted",
+                      (int)st_streams_aborted, "active_streams", (int)st_active_streams);
         pthread_mutex_unlock(&stats_mu);
         return reply_json(mc, 200, j);
     }

@@ -503,6 +503,50 @@ START_TEST(worker_429_text_plain_is_a_rate_limit_error)
 }
 END_TEST
 
+/* Two workers behind an overloaded proxy (429 to every assemble) and one real worker: every
+ * request reaches the real one, whichever worker its route picks first, and asks each busy one
+ * at most once. */
+START_TEST(busy_workers_are_each_asked_once)
+{
+    enum { N = 6 };
+    th_proc a, b, w, g;
+    start_stand_in(&a, "busy-a", NULL, 0);
+    start_stand_in(&b, "busy-b", NULL, 0);
+    ck_assert_int_eq(th_start_worker(&w, WORKER_BIN, model_dir, 0, "free", NULL), 0);
+    char wurl[64];
+    snprintf(wurl, sizeof wurl, "http://127.0.0.1:%d", w.port);
+    const char *ge[] = {"--worker", b.url, "--worker", wurl, "--health-interval-ms", "200", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "gthree", a.url, NULL, ge), 0);
+    ck_assert(th_wait_worker(g.port, NULL, b.url, 1));
+    ck_assert(th_wait_worker(g.port, NULL, wurl, 1));
+    for (int i = 0; i < N; i++) {
+        char body[256];
+        snprintf(body, sizeof body,
+                 "{\"model\":\"" MODEL "\",\"max_tokens\":1,"
+                 "\"prompt\":\"Sys. # # Document number %d. # # Why?\"}",
+                 i);
+        th_resp r;
+        th_http(&r, g.port, "POST", "/v1/completions", body, NULL, NULL);
+        ck_assert_msg(r.status == 200, "request %d: HTTP %ld %.*s", i, r.status, (int)r.body.len,
+                      r.body.data ? r.body.data : "");
+        th_resp_free(&r);
+    }
+    long asked = 0;
+    for (th_proc *s = &a; s; s = s == &a ? &b : NULL) {
+        json_t *st = th_call(s->port, "GET", "/stats", NULL, NULL, 200);
+        long n = (long)json_integer_value(json_object_get(st, "assembles"));
+        ck_assert_int_le(n, N);
+        asked += n;
+        json_decref(st);
+    }
+    ck_assert_double_eq(th_metric(g.port, "chunkgate_worker_busy_total"), (double)asked);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    th_stop(&w, SIGTERM);
+    th_stop(&b, SIGTERM);
+    th_stop(&a, SIGTERM);
+}
+END_TEST
+
 START_TEST(worker_of_another_key_version_is_refused)
 {
     th_proc s, g, w;
@@ -861,10 +905,11 @@ int main(void)
                                  restarted_worker_is_resynced));
     tcase_add_unchecked_fixture(tc, setup, teardown);
     /* Workers that misbehave at the gateway's door, each played by a stand-in. */
-    tc = th_case(s, "stand-ins", 120,
-                 TH_TESTS(worker_429_text_plain_is_a_rate_limit_error,
-                          worker_of_another_key_version_is_refused,
-                          worker_up_after_gateway_serves_at_once, main_path_refusals));
+    tc =
+        th_case(s, "stand-ins", 120,
+                TH_TESTS(worker_429_text_plain_is_a_rate_limit_error,
+                         busy_workers_are_each_asked_once, worker_of_another_key_version_is_refused,
+                         worker_up_after_gateway_serves_at_once, main_path_refusals));
     tcase_add_unchecked_fixture(tc, setup, teardown);
     tc = th_case(s, "lengths", 120, TH_TESTS(tokens_not_bytes_count_against_positions));
     tcase_add_unchecked_fixture(tc, setup, teardown);
