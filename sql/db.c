@@ -168,3 +168,26 @@ cg_status cg_db_setup(sqlite3 *db, const char *path, const cg_db_schema *schema,
         return CG_E_IO;
     return cg_db_migrate(db, path, schema);
 }
+
+int cg_db_file_damaged(const char *path)
+{
+    sqlite3 *db = NULL;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+        sqlite3_close(db);
+        return 0;
+    }
+    sqlite3_stmt *s = NULL;
+    int damaged = 0;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA quick_check", -1, &s, NULL);
+    if (rc == SQLITE_OK) rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        const char *r = (const char *)sqlite3_column_text(s, 0);
+        damaged = !r || strcmp(r, "ok") != 0;
+    } else {
+        int e = sqlite3_errcode(db) & 0xff;
+        damaged = e == SQLITE_NOTADB || e == SQLITE_CORRUPT;
+    }
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return damaged;
+}

@@ -63,5 +63,9 @@ cg_status cg_db_migrate(sqlite3 *db, const char *path, const cg_db_schema *schem
  * size limit), then migrates (cg_db_migrate). Returns their status, CG_E_IO for the pragmas. */
 cg_status cg_db_setup(sqlite3 *db, const char *path, const cg_db_schema *schema,
                       const char *pragmas) CG_WUR;
+/* 1 when the SQLite file at path is damaged: SQLite finds it is not a database or corrupt, or
+ * PRAGMA quick_check reports a problem. 0 when it reads as sound, and when it cannot be read at
+ * all (missing, no permission): only a file SQLite can read and finds broken counts. */
+int cg_db_file_damaged(const char *path);
 
 #endif

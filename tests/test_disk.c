@@ -3,6 +3,7 @@
  * loop) never served, open-time validation, geometry refusal, the pool adapter and a
  * multi-threaded smoke test. */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -887,6 +888,82 @@ START_TEST(test_no_room_refused)
 }
 END_TEST
 
+/* Removes g_dir's kv.db.damaged-* files; returns how many there were, and the size of the
+ * first (the set-aside inventory) in *bytes. */
+static int remove_damaged(off_t *bytes)
+{
+    DIR *dir = opendir(g_dir);
+    ck_assert_ptr_nonnull(dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (strncmp(e->d_name, "kv.db.damaged-", 14) != 0) continue;
+        char p[400];
+        snprintf(p, sizeof p, "%s/%s", g_dir, e->d_name);
+        struct stat sb;
+        if (!strchr(e->d_name + 14, '-') && stat(p, &sb) == 0) *bytes = sb.st_size;
+        ck_assert_int_eq(unlink(p), 0);
+        n++;
+    }
+    closedir(dir);
+    return n;
+}
+
+/* Overwrites n bytes of g_dir's kv.db at offset with 0xA5. */
+static void scribble_db(off_t offset, size_t n)
+{
+    char p[160];
+    path_in(p, sizeof p, "kv.db");
+    int fd = open(p, O_WRONLY);
+    ck_assert_int_ge(fd, 0);
+    uint8_t *junk = cg_malloc(n);
+    memset(junk, 0xA5, n);
+    ck_assert_int_eq(pwrite(fd, junk, n, offset), (ssize_t)n);
+    free(junk);
+    close(fd);
+}
+
+/* A damaged inventory (its header, then a page of its tables) does not keep the tier from
+ * opening: the file is kept aside as kv.db.damaged-<ms>, the tier starts empty and works. */
+START_TEST(test_damaged_inventory_set_aside)
+{
+    for (int where = 0; where < 2; where++) {
+        cg_disk *d = open_disk(64);
+        for (uint64_t i = 0; i < 40; i++) {
+            cg_key k = key_of(i);
+            ck_assert_int_eq(put_key(d, &k, 5, 1000 + i, NULL), CG_OK);
+        }
+        cg_disk_close(&d); /* checkpoints the WAL into kv.db */
+        char p[160];
+        path_in(p, sizeof p, "kv.db");
+        struct stat sb;
+        ck_assert_int_eq(stat(p, &sb), 0);
+        ck_assert_int_gt(sb.st_size, 4096);
+        if (where == 0)
+            scribble_db(0, 100); /* the header: not a database */
+        else
+            scribble_db(sb.st_size - 4096, 4096); /* the last page: the header still reads */
+        d = open_disk(64);
+        cg_disk_stats st = cg_disk_get_stats(d);
+        ck_assert_uint_eq(st.chunks, 0);
+        ck_assert_uint_eq(st.used_bytes, 0);
+        cg_key k = key_of(1000);
+        ck_assert_int_eq(put_key(d, &k, 9, 5000, NULL), CG_OK);
+        ck_assert_int_eq(get_key(d, &k, 9, 5001), CG_OK);
+        check_ok(d);
+        cg_disk_close(&d);
+        off_t kept = 0;
+        ck_assert_int_eq(remove_damaged(&kept), 1);
+        ck_assert_int_eq(kept, sb.st_size);
+        /* and the new inventory is sound */
+        d = open_disk(64);
+        ck_assert_uint_eq(cg_disk_get_stats(d).chunks, 1);
+        ck_assert_int_eq(get_key(d, &k, 9, 6000), CG_OK);
+        cg_disk_close(&d);
+        rm_dir_files(g_dir);
+    }
+}
+END_TEST
+
 START_TEST(test_foreign_inventory_refused)
 {
     sql_exec("CREATE TABLE something (x INTEGER)");
@@ -1098,5 +1175,6 @@ int main(void)
                  test_no_room_refused, test_chunk_bigger_than_disk, test_corruption_detected,
                  test_swapped_rows_and_truncated_file, test_open_drops_bad_rows,
                  test_callback_races, test_torn_writes_never_served, test_geometry_mismatch_refused,
-                 test_foreign_inventory_refused, test_pool_spill_and_restore, test_threads_smoke));
+                 test_foreign_inventory_refused, test_damaged_inventory_set_aside,
+                 test_pool_spill_and_restore, test_threads_smoke));
 }

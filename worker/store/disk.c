@@ -20,6 +20,7 @@
 #include "base/base.h"
 #include "base/list.h"
 #include "base/map.h"
+#include "sql/db.h"
 #include "sql/kvstore.h"
 
 /* Most slots moved by one preadv/pwritev: consecutive slots are one contiguous file range. */
@@ -833,6 +834,40 @@ static cg_status check_geometry(cg_disk *d)
     return CG_OK;
 }
 
+/* Opens d's inventory, checks its geometry and loads its rows; d->kv stays open on failure
+ * (disk_destroy closes it), and no record is loaded unless all are. */
+static cg_status open_inventory(cg_disk *d)
+{
+    cg_status st = cg_kvstore_open(d->db_path, d->params.sync, &d->kv);
+    if (st == CG_OK) st = check_geometry(d);
+    if (st == CG_OK) st = load_inventory(d);
+    return st;
+}
+
+/* Renames the damaged inventory kv.db (and its -wal and -shm, which SQLite would otherwise apply
+ * to a new file of the same name) to kv.db.damaged-<unix ms>. CG_E_IO when a rename fails. */
+static cg_status set_aside(cg_disk *d)
+{
+    static const char *const tails[] = {"", "-wal", "-shm"};
+    unsigned long long ms = (unsigned long long)cg_wall_ms();
+    for (size_t i = 0; i < CG_ARRAY_LEN(tails); i++) {
+        char from[PATH_MAX], to[PATH_MAX];
+        snprintf(from, sizeof from, "%s%s", d->db_path, tails[i]);
+        snprintf(to, sizeof to, "%s.damaged-%llu%s", d->db_path, ms, tails[i]);
+        if (rename(from, to) != 0 && errno != ENOENT) {
+            cg_log(CG_LOG_ERROR, "disk: %s is damaged and cannot be set aside as %s: %s",
+                   d->db_path, to, strerror(errno));
+            return CG_E_IO;
+        }
+        if (!i)
+            cg_log(CG_LOG_WARN,
+                   "disk: %s is damaged (not a database, or SQLite's quick_check failed); kept as "
+                   "%s, and the disk tier starts empty",
+                   d->db_path, to);
+    }
+    return CG_OK;
+}
+
 cg_status cg_disk_open(cg_disk_params p, cg_disk **out)
 {
     cg_disk *d = NULL;
@@ -898,11 +933,14 @@ cg_status cg_disk_open(cg_disk_params p, cg_disk **out)
         st = e == EWOULDBLOCK ? CG_E_CONFLICT : CG_E_IO;
         goto out;
     }
-    st = cg_kvstore_open(d->db_path, p.sync, &d->kv);
-    if (st != CG_OK) goto out;
-    st = check_geometry(d);
-    if (st != CG_OK) goto out;
-    st = load_inventory(d);
+    st = open_inventory(d);
+    /* The inventory indexes a cache: a damaged one is kept aside for a look, never deleted,
+     * and the tier starts empty rather than keep the worker from serving. */
+    if (st == CG_E_IO && cg_db_file_damaged(d->db_path)) {
+        cg_kvstore_close(&d->kv);
+        st = set_aside(d);
+        if (st == CG_OK) st = open_inventory(d);
+    }
     if (st != CG_OK) goto out;
     /* Only now, with out-of-range rows deleted, may the file shrink. A short file (truncated
      * by someone) grows with zeros, which the checksums of the records there reject. */
