@@ -1012,6 +1012,55 @@ END_TEST
 
 /* A system text equal to a chunk text has the same strict key but one more token (BOS):
  * the engine must not mix them up. */
+/* The cancel hook of test_client_left: 1 from its calls-th call on. */
+typedef struct left_after {
+    int calls, at;
+} left_after;
+
+static int left_hook(void *ud)
+{
+    left_after *l = ud;
+    return ++l->calls >= l->at;
+}
+
+/* A client that leaves while its cold prompt is computed stops it before the next segment's
+ * forward: the segments computed until then stay stored, the rest are not computed, and the
+ * same prompt asked again finds what was stored. */
+START_TEST(test_client_left)
+{
+    cg_engine *e = new_engine(m_half, 0);
+    int d[] = {0, 1, 2, 3};
+    th_prompt rq = make_req(SYS1, d, 4, Q1);
+    left_after l = {.at = 3}; /* asked before the system segment, chunk 0, then chunk 1 */
+    cg_assemble_req ar = {.segs = rq.segs,
+                          .n_segs = rq.n,
+                          .mode = CG_MODE_STRICT,
+                          .reserve_tokens = -1,
+                          .path = CG_PATH_CACHED,
+                          .cancelled = left_hook,
+                          .cancel_ud = &l};
+    cg_assembly_info info;
+    char err[ERRLEN];
+    cg_status st = cg_engine_assemble(e, &ar, clock_ms, &info, err, sizeof err);
+    ck_assert_int_eq(st, CG_E_UNAVAILABLE);
+    ck_assert_msg(strstr(err, "client left") && strstr(err, "2 segments"), "%s", err);
+    ck_assert_int_eq(l.calls, 3);
+    ck_assert_uint_eq(cg_pool_get_stats(cg_engine_pool(e)).chunks, 2);
+    ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
+    /* asked again, in full: the system segment and the first chunk hit */
+    run again = do_run(e, &rq, CG_MODE_STRICT, CG_PATH_CACHED, 0);
+    ck_assert_int_eq(again.info.segs[0].hit, 1);
+    ck_assert_int_eq(again.info.segs[1].hit, 1);
+    for (size_t i = 2; i < again.info.n_segs; i++)
+        ck_assert_int_eq(again.info.segs[i].hit, 0);
+    run ref = do_run(e, &rq, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
+    assert_same(e, &again, &ref, "after a client left");
+    run *all[] = {&again, &ref};
+    runs_free(all, CG_ARRAY_LEN(all));
+    cg_engine_close(&e);
+}
+END_TEST
+
 START_TEST(test_role_collision)
 {
     cg_engine *e = new_engine(m_half, 0);
@@ -1038,12 +1087,13 @@ int main(int argc, char **argv)
     cg_log_init("test_engine", CG_LOG_WARN);
     m_half = make_model(CG_ROPE_HALF, &dir_half);
     m_inter = make_model(CG_ROPE_INTERLEAVED, &dir_inter);
-    int failed = th_run_tests(
-        "engine", "fidelity", 300,
-        TH_TESTS(test_strict_fidelity, test_strict_fidelity_interleaved, test_sys_fidelity,
-                 test_reuse_across_prompts, test_full_recompute, test_pool_pressure,
-                 test_key_mismatch, test_lifecycle, test_ttl_from_ready, test_role_collision,
-                 test_disk_tier, test_adopt, test_spare_kv_reused, test_spare_kv_budget));
+    int failed = th_run_tests("engine", "fidelity", 300,
+                              TH_TESTS(test_strict_fidelity, test_strict_fidelity_interleaved,
+                                       test_sys_fidelity, test_reuse_across_prompts,
+                                       test_full_recompute, test_pool_pressure, test_key_mismatch,
+                                       test_lifecycle, test_ttl_from_ready, test_client_left,
+                                       test_role_collision, test_disk_tier, test_adopt,
+                                       test_spare_kv_reused, test_spare_kv_budget));
     cg_model_close(&m_half);
     cg_model_close(&m_inter);
     th_rmdtemp(dir_half);

@@ -90,8 +90,18 @@ typedef struct job {
     cg_assembly *a;
     int have_logits;     /* a->logits hold the last token's logits */
     uint32_t recomputed; /* chunk tokens recomputed in phase 3 */
+    uint32_t computed;   /* segments computed in phase 2 */
+    int left;            /* the client left: the forwards not yet run are not run */
     cg_engine_stats count;
 } job;
+
+/* 1 once the request's client has left (its cancel hook, asked before each forward that a
+ * cold or long prompt may be made of): what is computed stays stored, the rest is not run. */
+static int client_left(job *j)
+{
+    if (!j->left && j->req->cancelled) j->left = j->req->cancelled(j->req->cancel_ud) != 0;
+    return j->left;
+}
 
 static void job_free(job *j)
 {
@@ -358,10 +368,12 @@ static cg_status place(job *j)
             continue;
         }
         if (cached) j->count.chunk_misses++;
+        if (client_left(j)) return CG_E_UNAVAILABLE;
         cg_status st = j->roles[i] == CG_ROLE_SYSTEM
                            ? compute_system(j, i, i == last ? j->a->logits : NULL, cached)
                            : compute_chunk(j, i, cached);
         if (st != CG_OK) return st;
+        j->computed++;
     }
     return CG_OK;
 }
@@ -661,8 +673,8 @@ static cg_status compute(job *j)
         st = run_reference(j);
     } else {
         st = place(j);
-        if (st == CG_OK) st = blend(j);
-        if (st == CG_OK) st = finish(j);
+        if (st == CG_OK) st = client_left(j) ? CG_E_UNAVAILABLE : blend(j);
+        if (st == CG_OK) st = client_left(j) ? CG_E_UNAVAILABLE : finish(j);
     }
     cg_tiers_collect(j->e->tiers, NULL);
     return st;
@@ -679,6 +691,16 @@ cg_status cg_engine_assemble(cg_engine *e, const cg_assemble_req *req, uint64_t 
     if (st == CG_OK) st = prepare(&j, err, errlen);
     if (st == CG_OK) st = new_assembly(&j, err, errlen);
     if (st == CG_OK) st = compute(&j);
+    if (st == CG_E_UNAVAILABLE && j.left) {
+        cg_log(CG_LOG_INFO,
+               "client left while the prompt was computed: %u of %zu segments computed, the rest "
+               "not",
+               j.computed, j.n);
+        cg_seterr(err, errlen,
+                  "the client left while the prompt was computed: %u segments were computed "
+                  "(and stored when cacheable), the rest not",
+                  j.computed);
+    }
     if (st == CG_OK) st = report(&j, out, err, errlen);
     /* Evictions happened even when the request failed: keep the count exact. */
     cg_engine_stats add = {.evictions = j.ev.n};

@@ -120,8 +120,9 @@ typedef struct cg_assemble_req {
      * it tokenizes differently is computed and never cached (keys cover text, the cache holds
      * the usual tokens), and in mode sys so are the chunks after such a system segment. */
     int split_special;
-    /* Optional: asked while segments are tokenized; non-zero (the client left) stops the
-     * request with CG_E_UNAVAILABLE. */
+    /* Optional: asked while segments are tokenized and before each forward of the prompt
+     * (each segment computed, the recomputation, the question); non-zero (the client left)
+     * stops the request with CG_E_UNAVAILABLE. Segments computed before it stay stored. */
     int (*cancelled)(void *ud);
     void *cancel_ud;
     int64_t reserve_tokens; /* < 0: the engine's default */
