@@ -71,7 +71,9 @@ const cg_cfg_opt cg_gateway_options[] = {
         "ms or this, the shorter); also how long an upstream host name is cached before it is "
         "looked up again (whole seconds; under 1 s: not cached)"),
     OPT("health-timeout-ms", "CHUNKGATE_HEALTH_TIMEOUT_MS", CG_CFG_INT, health_timeout_ms, "1000",
-        10, 600000, "limit of one health probe; a worker that misses it is taken out of routing"),
+        10, 600000,
+        "limit of one health probe; a healthy worker that misses two in a row (or fails one "
+        "otherwise) is taken out of routing"),
     OPT("sync-interval-ms", "CHUNKGATE_SYNC_INTERVAL_MS", CG_CFG_INT, sync_interval_ms, "60000", 0,
         86400000,
         "full inventory resync period per healthy worker (0 = only when a worker (re)appears or "

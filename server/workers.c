@@ -26,6 +26,7 @@ struct cg_worker {
     int64_t others;          /* running + queued beyond probe_peak: other gateways' load */
     uint64_t next_check_ms;  /* monotonic */
     uint64_t retry_ms;       /* probe period while down: 100 ms doubling to 500 ms; 0 = up */
+    int missed;              /* a healthy worker's last probe timed out: one more and it is down */
     uint64_t last_sync_ms;   /* monotonic; 0 = never */
     int64_t last_ok_wall, last_sync_wall, synced_chunks;
     int want_sync;
@@ -983,7 +984,18 @@ static void check_one(cg_workers *r, cg_worker *w, uint64_t now)
     w->running = running;
     w->queued = queued;
     w->others = CG_MAX(running + queued - w->probe_peak, 0);
-    if (!ok) {
+    /* A healthy worker whose probe only timed out (a loaded machine, a pause) stays in routing
+     * until a second probe in a row does, as a load balancer's unhealthy threshold; one that
+     * refuses the connection or answers an error leaves at once. */
+    int grace = !ok && st == CG_E_TIMEOUT && w->state == W_HEALTHY && !w->missed;
+    w->missed = grace;
+    if (grace) {
+        cg_log(CG_LOG_WARN,
+               "worker %s missed a health check (%s); it leaves routing if the next "
+               "one fails too",
+               w->url, detail);
+        set_error(w, "GET /healthz: %s", detail);
+    } else if (!ok) {
         went_down = w->state == W_HEALTHY || w->state == W_UNKNOWN;
         if (w->state != W_DOWN)
             cg_log(CG_LOG_WARN, "worker %s failed its health check: %s", w->url,
@@ -1046,7 +1058,10 @@ void cg_workers_tick(cg_workers *r, uint64_t now)
          * completions failed meanwhile); a refused connect twice a second costs nothing. */
         cg_worker *w = due[i];
         uint64_t cap = CG_MIN(DOWN_RETRY_MAX_MS, (uint64_t)r->p.health_interval_ms);
-        if (w->state == W_DOWN) {
+        if (w->missed) {
+            /* the second probe goes soon: a worker that is really gone leaves routing fast */
+            w->next_check_ms = cg_now_ms() + CG_MIN(100u, cap);
+        } else if (w->state == W_DOWN) {
             w->retry_ms = w->retry_ms ? CG_MIN(w->retry_ms * 2, cap) : CG_MIN(100u, cap);
             w->next_check_ms = cg_now_ms() + w->retry_ms;
         } else {

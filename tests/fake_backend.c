@@ -27,6 +27,9 @@
  *   --worker-info FILE  also stand in for a worker in front of which a proxy is overloaded:
  *                     GET /v1/info answers FILE's JSON (a real worker's, maybe edited), GET
  *                     /v1/chunks an empty inventory, and POST /v1/assemble 429 in text/plain.
+ *
+ *   POST /control/healthz-stall?ms=MS&count=N  the next N answers to GET /healthz wait MS ms
+ *                     first (a worker slow to answer its health checks).
  * Libmicrohttpd is used directly (thread per connection, so a stream can simply sleep). */
 #include <arpa/inet.h>
 #include <sys/socket.h>
@@ -56,6 +59,7 @@ static char *worker_info; /* --worker-info: the file's JSON, NULL when not a wor
 static pthread_mutex_t stats_mu = PTHREAD_MUTEX_INITIALIZER;
 static long st_requests, st_assembles, st_streams_started, st_streams_completed, st_streams_aborted;
 static long st_active_streams;
+static long healthz_stall_ms, healthz_stalls; /* POST /control/healthz-stall */
 
 typedef struct conn {
     char *body;
@@ -406,8 +410,23 @@ static MHD_RESULT on_access(void *cls, struct MHD_Connection *mc, const char *ur
         pthread_mutex_unlock(&stats_mu);
         return reply(mc, 429, "text/plain", "Too Many Requests\n");
     }
-    if (!strcmp(method, "GET") && !strcmp(url, "/healthz"))
+    if (!strcmp(method, "POST") && !strcmp(url, "/control/healthz-stall")) {
+        const char *ms = MHD_lookup_connection_value(mc, MHD_GET_ARGUMENT_KIND, "ms");
+        const char *count = MHD_lookup_connection_value(mc, MHD_GET_ARGUMENT_KIND, "count");
+        pthread_mutex_lock(&stats_mu);
+        healthz_stall_ms = ms ? atol(ms) : 0;
+        healthz_stalls = count ? atol(count) : 0;
+        pthread_mutex_unlock(&stats_mu);
         return reply_json(mc, 200, json_pack("{s:s}", "status", "ok"));
+    }
+    if (!strcmp(method, "GET") && !strcmp(url, "/healthz")) {
+        pthread_mutex_lock(&stats_mu);
+        long stall = healthz_stalls > 0 ? healthz_stall_ms : 0;
+        if (healthz_stalls > 0) healthz_stalls--;
+        pthread_mutex_unlock(&stats_mu);
+        if (stall) th_sleep_ms((int)stall);
+        return reply_json(mc, 200, json_pack("{s:s}", "status", "ok"));
+    }
     if (!strcmp(method, "GET") && !strcmp(url, "/stats")) {
         pthread_mutex_lock(&stats_mu);
         json_t *j =

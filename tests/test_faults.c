@@ -547,6 +547,43 @@ START_TEST(busy_workers_are_each_asked_once)
 }
 END_TEST
 
+/* 1 when the gateway at gport lists the worker at url as healthy. */
+static int listed_healthy(int gport, const char *url)
+{
+    json_t *w = th_worker_view(gport, NULL, url);
+    int ok = w && json_is_true(json_object_get(w, "healthy"));
+    json_decref(w);
+    return ok;
+}
+
+static int stand_in_down(void *arg)
+{
+    const th_proc *g = ((const th_proc *const *)arg)[0], *s = ((const th_proc *const *)arg)[1];
+    return !listed_healthy(g->port, s->url);
+}
+
+/* A worker whose health probe times out once stays in routing; two timeouts in a row take it
+ * out, and it is back once it answers in time again. */
+START_TEST(one_slow_health_check_keeps_the_worker)
+{
+    th_proc s, g;
+    start_stand_in(&s, "slowhz", NULL, 0);
+    const char *ge[] = {"--health-interval-ms", "100", "--health-timeout-ms", "150", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "gslowhz", s.url, NULL, ge), 0);
+    th_expect(s.port, "POST", "/control/healthz-stall?ms=400&count=1", "", NULL, 200);
+    for (double t0 = th_now_s(); th_now_s() - t0 < 1.5; th_sleep_ms(10))
+        ck_assert_msg(listed_healthy(g.port, s.url), "one missed health check took it out");
+    ck_assert(th_file_has(g.log, "missed a health check"));
+    th_expect(s.port, "POST", "/control/healthz-stall?ms=400&count=3", "", NULL, 200);
+    const th_proc *both[] = {&g, &s};
+    ck_assert_msg(th_wait_until(5000, 10, stand_in_down, (void *)both),
+                  "two missed health checks in a row left it in routing");
+    ck_assert(th_wait_worker(g.port, NULL, s.url, 1));
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    th_stop(&s, SIGTERM);
+}
+END_TEST
+
 START_TEST(worker_of_another_key_version_is_refused)
 {
     th_proc s, g, w;
@@ -905,11 +942,11 @@ int main(void)
                                  restarted_worker_is_resynced));
     tcase_add_unchecked_fixture(tc, setup, teardown);
     /* Workers that misbehave at the gateway's door, each played by a stand-in. */
-    tc =
-        th_case(s, "stand-ins", 120,
-                TH_TESTS(worker_429_text_plain_is_a_rate_limit_error,
-                         busy_workers_are_each_asked_once, worker_of_another_key_version_is_refused,
-                         worker_up_after_gateway_serves_at_once, main_path_refusals));
+    tc = th_case(s, "stand-ins", 120,
+                 TH_TESTS(worker_429_text_plain_is_a_rate_limit_error,
+                          busy_workers_are_each_asked_once, one_slow_health_check_keeps_the_worker,
+                          worker_of_another_key_version_is_refused,
+                          worker_up_after_gateway_serves_at_once, main_path_refusals));
     tcase_add_unchecked_fixture(tc, setup, teardown);
     tc = th_case(s, "lengths", 120, TH_TESTS(tokens_not_bytes_count_against_positions));
     tcase_add_unchecked_fixture(tc, setup, teardown);
