@@ -14,6 +14,7 @@ typedef struct call {
     cg_buf body;
     long status;
     cg_wc_done_fn fn;
+    int (*gone)(void *arg);
     void *arg;
 } call;
 
@@ -40,15 +41,22 @@ static void on_done(void *arg, cg_status st, long http, const char *detail)
     free(k);
 }
 
-static const cg_upstream_handlers HANDLERS = {on_head, on_body, on_done, NULL};
+static int on_gone(void *arg)
+{
+    call *k = arg;
+    return k->gone && k->gone(k->arg);
+}
+
+static const cg_upstream_handlers HANDLERS = {on_head, on_body, on_done, on_gone};
 
 cg_status cg_wc_call(cg_upstream *c, const char *base, const char *method, const char *path,
                      char *body, size_t body_len, const char *rid, long timeout_ms,
-                     cg_wc_done_fn fn, void *arg, cg_upstream_xfer **ref)
+                     cg_wc_done_fn fn, int (*gone)(void *arg), void *arg, cg_upstream_xfer **ref)
 {
     call *k = cg_calloc(1, sizeof *k);
     cg_buf_init(&k->body, CG_WC_MAX_BYTES);
     k->fn = fn;
+    k->gone = gone;
     k->arg = arg;
     cg_upstream_req r = {.base = base,
                          .method = method,
@@ -101,8 +109,8 @@ cg_status cg_wc_call_sync(cg_upstream *c, const char *base, const char *method, 
     pthread_cond_init(&w.cv, NULL);
     *http = 0;
     *out = NULL;
-    cg_status st =
-        cg_wc_call(c, base, method, path, body, body_len, NULL, timeout_ms, wake_waiter, &w, NULL);
+    cg_status st = cg_wc_call(c, base, method, path, body, body_len, NULL, timeout_ms, wake_waiter,
+                              NULL, &w, NULL);
     if (st != CG_OK) {
         snprintf(err, errlen, "the gateway is stopping");
     } else {
@@ -130,7 +138,7 @@ void cg_wc_release(cg_upstream *c, const char *base, const char *assembly_id, co
     char path[96];
     snprintf(path, sizeof path, "/v1/assemblies/%.32s", assembly_id);
     cg_status st =
-        cg_wc_call(c, base, "DELETE", path, NULL, 0, rid, 5000, release_done, NULL, NULL);
+        cg_wc_call(c, base, "DELETE", path, NULL, 0, rid, 5000, release_done, NULL, NULL, NULL);
     (void)st; /* stopping: the worker's ttl releases it */
 }
 

@@ -26,11 +26,14 @@ typedef void (*cg_wc_done_fn)(void *arg, cg_status st, long http, json_t *body, 
 
 /* Starts method path on the worker at base (borrowed) with body (taken over; NULL = none).
  * timeout_ms: longest silence from the worker. rid: X-Request-Id (borrowed, may be NULL).
+ * gone (may be NULL): polled about every 100 ms while the call runs; non-zero cancels it
+ * (fn then gets CG_E_UNAVAILABLE, "cancelled"), as cg_upstream_handlers.gone.
  * On CG_OK fn runs exactly once; when ref is non-NULL *ref is a transfer reference the caller
  * gives back with cg_upstream_xfer_release (to cancel the call). On failure fn never runs. */
 cg_status cg_wc_call(cg_upstream *c, const char *base, const char *method, const char *path,
                      char *body, size_t body_len, const char *rid, long timeout_ms,
-                     cg_wc_done_fn fn, void *arg, cg_upstream_xfer **ref) CG_WUR;
+                     cg_wc_done_fn fn, int (*gone)(void *arg), void *arg,
+                     cg_upstream_xfer **ref) CG_WUR;
 
 /* The same, blocking the calling thread (never the curl thread) until the answer. Returns the
  * transport status as above; *http gets the status and *out the parsed body (caller

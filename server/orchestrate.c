@@ -38,6 +38,7 @@ typedef struct gw_call {
      * to one it has not tried yet, so every worker is asked at most once. */
     int64_t tried[CG_GW_MAX_TRIES];
     size_t n_tried;
+    int client_gone; /* the client left while the assemble ran: it was cancelled */
 } gw_call;
 
 /* Notes that c was sent to w; returns w. */
@@ -405,6 +406,15 @@ static void complete_assembled(gw_call *c, const cg_wc_assembly *a)
 }
 
 static void on_assembled(void *arg, cg_status st, long http, json_t *j, const char *detail);
+
+/* Polled while the assemble runs: a client that left cancels it, and with it the prompt's
+ * computing on the worker, which stops before its next forward when its caller goes. */
+static int assemble_gone(void *arg)
+{
+    gw_call *c = arg;
+    if (!c->client_gone) c->client_gone = cg_http_req_gone(c->req);
+    return c->client_gone;
+}
 static json_t *assemble_body(const gw_call *c);
 
 /* POST {worker}/v1/assemble for c on c->w; the answer comes to on_assembled. */
@@ -422,7 +432,8 @@ static void submit_assemble(gw_call *c)
     snprintf(url, sizeof url, "%s", cg_worker_url(c->w));
     cg_http_req *req = c->req;
     if (cg_wc_call(g->client, url, "POST", "/v1/assemble", text, strlen(text), c->rid,
-                   (long)g->cfg->worker_timeout_ms, on_assembled, c, NULL) != CG_OK) {
+                   (long)g->cfg->worker_timeout_ms, on_assembled, assemble_gone, c,
+                   NULL) != CG_OK) {
         cg_http_reply_error(req, CG_E_UNAVAILABLE, NULL, "the gateway is stopping");
         call_free(c);
     }
@@ -469,6 +480,19 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
     cg_log_set_request_id(c->rid);
     cg_metric_observe(g->m_assemble, (double)(cg_now_ns() - c->t0) / 1e9);
     const char *url = cg_worker_url(c->w);
+    if (c->client_gone) {
+        /* no fault of the worker's: nobody waits for this answer (an assembly made just before
+         * the cancel is given back) */
+        char perr[256];
+        if (st == CG_OK && http == 200 && cg_wc_assembly_parse(j, &a, perr, sizeof perr) == CG_OK &&
+            a.id[0])
+            cg_wc_release(g->client, url, a.id, c->rid);
+        cg_metric_add(g->m_disconnects, 1);
+        cg_log(CG_LOG_INFO, "client left during the assemble on %s; it was cancelled", url);
+        cg_http_reply_error(c->req, CG_E_UNAVAILABLE, NULL, "the client left; assemble cancelled");
+        call_free(c);
+        goto out;
+    }
     if (st != CG_OK) {
         snprintf(why, sizeof why, "assemble on %s: %s", url, detail);
         cg_workers_error(g->workers, c->w, cg_failkind_of(st, CG_FAIL_INVALID), why);

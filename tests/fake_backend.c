@@ -30,12 +30,16 @@
  *
  *   POST /control/healthz-stall?ms=MS&count=N  the next N answers to GET /healthz wait MS ms
  *                     first (a worker slow to answer its health checks).
+ *   POST /control/assemble-stall?ms=MS  the next POST /v1/assemble waits MS ms before its 429
+ *                     (a worker computing a cold prompt); a caller that hangs up meanwhile is
+ *                     seen at once and counted in /stats as assembles_abandoned.
  * Libmicrohttpd is used directly (thread per connection, so a stream can simply sleep). */
 #include <arpa/inet.h>
 #include <sys/socket.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <microhttpd.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -60,6 +64,8 @@ static pthread_mutex_t stats_mu = PTHREAD_MUTEX_INITIALIZER;
 static long st_requests, st_assembles, st_streams_started, st_streams_completed, st_streams_aborted;
 static long st_active_streams;
 static long healthz_stall_ms, healthz_stalls; /* POST /control/healthz-stall */
+static long assemble_stall_ms;                /* POST /control/assemble-stall */
+static long st_assembles_abandoned;
 
 typedef struct conn {
     char *body;
@@ -407,8 +413,31 @@ static MHD_RESULT on_access(void *cls, struct MHD_Connection *mc, const char *ur
     if (worker_info && !strcmp(method, "POST") && !strcmp(url, "/v1/assemble")) {
         pthread_mutex_lock(&stats_mu);
         st_assembles++;
+        long stall = assemble_stall_ms;
+        assemble_stall_ms = 0;
         pthread_mutex_unlock(&stats_mu);
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        for (long waited = 0; ci && waited < stall; waited += 20) {
+            struct pollfd pf = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+            char b;
+            if (poll(&pf, 1, 20) == 1 &&
+                ((pf.revents & (POLLERR | POLLHUP)) ||
+                 ((pf.revents & POLLRDHUP) && recv(pf.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0))) {
+                pthread_mutex_lock(&stats_mu);
+                st_assembles_abandoned++;
+                pthread_mutex_unlock(&stats_mu);
+                return MHD_NO;
+            }
+        }
         return reply(mc, 429, "text/plain", "Too Many Requests\n");
+    }
+    if (!strcmp(method, "POST") && !strcmp(url, "/control/assemble-stall")) {
+        const char *ms = MHD_lookup_connection_value(mc, MHD_GET_ARGUMENT_KIND, "ms");
+        pthread_mutex_lock(&stats_mu);
+        assemble_stall_ms = ms ? atol(ms) : 0;
+        pthread_mutex_unlock(&stats_mu);
+        return reply_json(mc, 200, json_pack("{s:s}", "status", "ok"));
     }
     if (!strcmp(method, "POST") && !strcmp(url, "/control/healthz-stall")) {
         const char *ms = MHD_lookup_connection_value(mc, MHD_GET_ARGUMENT_KIND, "ms");
@@ -430,8 +459,9 @@ static MHD_RESULT on_access(void *cls, struct MHD_Connection *mc, const char *ur
     if (!strcmp(method, "GET") && !strcmp(url, "/stats")) {
         pthread_mutex_lock(&stats_mu);
         json_t *j =
-            json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "requests", (int)st_requests, "assembles",
-                      (int)st_assembles, "streams_started", (int)st_streams_started,
+            json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i}", "requests", (int)st_requests,
+                      "assembles", (int)st_assembles, "assembles_abandoned",
+                      (int)st_assembles_abandoned, "streams_started", (int)st_streams_started,
                       "streams_completed", (int)st_streams_completed, "streams_aborted",
                       (int)st_streams_aborted, "active_streams", (int)st_active_streams);
         pthread_mutex_unlock(&stats_mu);

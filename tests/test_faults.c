@@ -781,6 +781,53 @@ END_TEST
  * the end, so only the parked connection's end shows that it left. The gateway must cancel its
  * upstream transfer, and the worker (the backend here) stop decoding and free the sequence,
  * within about a second, not when max_tokens is reached. */
+/* 1 once the stand-in at *(int *)arg saw an assemble's caller hang up. */
+static int assemble_abandoned(void *arg)
+{
+    json_t *st = th_call(*(int *)arg, "GET", "/stats", NULL, NULL, 200);
+    int gone = json_integer_value(json_object_get(st, "assembles_abandoned")) > 0;
+    json_decref(st);
+    return gone;
+}
+
+static int logged_assemble_cancel(void *log)
+{
+    return th_file_has(log, "client left during the assemble");
+}
+
+/* A client that leaves while the gateway waits on the worker's assemble (a cold prompt being
+ * computed) cancels it within a heartbeat or two: the worker sees its caller go, which stops
+ * its computing (test_engine's test_client_left), and the gateway counts a disconnect, not a
+ * worker error. */
+START_TEST(client_gone_during_assemble_cancels_it)
+{
+    th_proc s, g;
+    start_stand_in(&s, "slowasm", NULL, 0);
+    const char *ge[] = {"--heartbeat-ms", "200", NULL};
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "gslowasm", s.url, NULL, ge), 0);
+    th_expect(s.port, "POST", "/control/assemble-stall?ms=30000", "", NULL, 200);
+    double d0 = th_metric(g.port, "chunkgate_client_disconnects_total");
+    th_req q = {.path = "/v1/completions",
+                .body = "{\"model\":\"" MODEL "\",\"max_tokens\":1,"
+                        "\"prompt\":\"Sys. # # A cold document. # # Q?\"}",
+                .timeout_s = 1};
+    th_resp r;
+    th_send(&r, g.port, &q);
+    ck_assert_int_eq(r.status, 0); /* still assembling when the client gave up */
+    th_resp_free(&r);
+    ck_assert_msg(th_wait_until(5000, 20, assemble_abandoned, &s.port),
+                  "the assemble ran on after its client left");
+    ck_assert(th_wait_until(2000, 20, logged_assemble_cancel, (void *)g.log));
+    ck_assert_double_eq(th_metric(g.port, "chunkgate_client_disconnects_total"), d0 + 1);
+    json_t *w = th_worker_view(g.port, NULL, s.url);
+    ck_assert_int_eq(json_integer_value(json_object_get(w, "errors")), 0);
+    ck_assert(json_is_true(json_object_get(w, "healthy")));
+    json_decref(w);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    th_stop(&s, SIGTERM);
+}
+END_TEST
+
 START_TEST(non_stream_client_gone_cancels_decode)
 {
     th_proc w, g;
@@ -951,9 +998,10 @@ int main(void)
     tc = th_case(s, "lengths", 120, TH_TESTS(tokens_not_bytes_count_against_positions));
     tcase_add_unchecked_fixture(tc, setup, teardown);
     /* Clients that leave while the gateway waits on an upstream. */
-    tc = th_case(
-        s, "client-gone", 120,
-        TH_TESTS(stream_client_gone_while_backend_silent, non_stream_client_gone_cancels_decode));
+    tc = th_case(s, "client-gone", 120,
+                 TH_TESTS(stream_client_gone_while_backend_silent,
+                          non_stream_client_gone_cancels_decode,
+                          client_gone_during_assemble_cancels_it));
     tcase_add_unchecked_fixture(tc, setup, teardown);
     return th_run(s, CK_FORK_GETENV);
 }
