@@ -1046,6 +1046,7 @@ START_TEST(test_client_left)
     ck_assert_msg(strstr(err, "client left") && strstr(err, "2 segments"), "%s", err);
     ck_assert_int_eq(l.calls, 3);
     ck_assert_uint_eq(cg_pool_get_stats(cg_engine_pool(e)).chunks, 2);
+    uint64_t computed = cg_engine_get_stats(e).prefill_tokens; /* counted though it failed */
     ck_assert_int_eq(cg_pool_check(cg_engine_pool(e)), CG_OK);
     /* asked again, in full: the system segment and the first chunk hit */
     run again = do_run(e, &rq, CG_MODE_STRICT, CG_PATH_CACHED, 0);
@@ -1053,6 +1054,7 @@ START_TEST(test_client_left)
     ck_assert_int_eq(again.info.segs[1].hit, 1);
     for (size_t i = 2; i < again.info.n_segs; i++)
         ck_assert_int_eq(again.info.segs[i].hit, 0);
+    ck_assert_uint_eq(computed, again.info.segs[0].n_tokens + again.info.segs[1].n_tokens);
     run ref = do_run(e, &rq, CG_MODE_STRICT, CG_PATH_REFERENCE, 0);
     assert_same(e, &again, &ref, "after a client left");
     run *all[] = {&again, &ref};

@@ -702,8 +702,9 @@ cg_status cg_engine_assemble(cg_engine *e, const cg_assemble_req *req, uint64_t 
                   j.computed);
     }
     if (st == CG_OK) st = report(&j, out, err, errlen);
-    /* Evictions happened even when the request failed: keep the count exact. */
-    cg_engine_stats add = {.evictions = j.ev.n};
+    /* Evictions and forwards happened even when the request failed (a client that left, a
+     * full pool): keep those counts exact. */
+    cg_engine_stats add = {.evictions = j.ev.n, .prefill_tokens = j.count.prefill_tokens};
     if (st == CG_OK) {
         add = j.count;
         add.evictions = j.ev.n;
