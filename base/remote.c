@@ -484,7 +484,7 @@ static cg_status parse_some(cg_remote *r, group *g, redisReader *rd)
 {
     while (g->n_got < g->n_expect && !g->big) {
         int t = big_take(r, g, rd);
-        if (t < 0) return CG_E_BAD_GATEWAY;
+        if (t < 0) return CG_E_TOO_LARGE;
         if (t == 2) break;
         if (t == 1) {
             if (g->big_got == g->big_len + 2 && big_finish(g) != CG_OK) return CG_E_BAD_GATEWAY;
@@ -529,7 +529,7 @@ static cg_status recv_some(cg_remote *r, group *g)
              * element cap): a reply of many small elements is bounded by its bytes here. */
             LOG_LIMITED(r, "remote: replies from %s:%d are larger than value_max_bytes (%zu)",
                         g->nd->host, g->nd->port, r->p.value_max_bytes);
-            return CG_E_BAD_GATEWAY;
+            return CG_E_TOO_LARGE;
         }
         cg_status st = parse_some(r, g, rd);
         if (st != CG_OK) return st;
@@ -542,7 +542,7 @@ static cg_status recv_some(cg_remote *r, group *g)
         if (buffered > r->p.value_max_bytes + 1024) {
             LOG_LIMITED(r, "remote: a reply from %s:%d is larger than value_max_bytes (%zu)",
                         g->nd->host, g->nd->port, r->p.value_max_bytes);
-            return CG_E_BAD_GATEWAY;
+            return CG_E_TOO_LARGE;
         }
         if (!g->big && (size_t)n < sizeof buf) return CG_OK;
     }
@@ -612,11 +612,16 @@ static int conn_failure(cg_status st)
 }
 
 /* Gives cn back. A connection failure closes it and the node's idle connections, and starts
- * (or doubles) the node's backoff: no call connects to it again before retry_at_ms. */
+ * (or doubles) the node's backoff: no call connects to it again before retry_at_ms. A reply
+ * refused for its size (CG_E_TOO_LARGE) closes cn alone: the stream stopped inside the reply,
+ * but the node is fine, and one oversized value must not take it from every caller. */
 static void conn_release(cg_remote *r, node *nd, conn *cn, cg_status st)
 {
     pthread_mutex_lock(&nd->mu);
-    if (conn_failure(st)) {
+    if (st == CG_E_TOO_LARGE && cn->ctx) {
+        redisFree(cn->ctx);
+        cn->ctx = NULL;
+    } else if (conn_failure(st)) {
         if (cn->ctx) redisFree(cn->ctx);
         cn->ctx = NULL;
         for (int i = 0; i < nd->n_conns; i++) {
@@ -950,7 +955,9 @@ static cg_status map_refresh(cg_remote *r, uint64_t deadline_ns, int force)
         out_cmd(&g.out, 2, argv, NULL);
         pump(r, &g, 1, deadline_ns);
         conn_release(r, nd, cn, g.st);
-        st = g.st == CG_OK ? map_install(r, g.rep[0], nd) : g.st;
+        st = g.st == CG_OK            ? map_install(r, g.rep[0], nd)
+             : g.st == CG_E_TOO_LARGE ? CG_E_BAD_GATEWAY
+                                      : g.st;
         group_free(&g);
         if (st == CG_E_VALUE || st == CG_E_TIMEOUT) break;
     }
@@ -1154,7 +1161,9 @@ static cg_status run_round(cg_remote *r, op_kind kind, op *ops, size_t n, uint64
     }
     for (size_t k = 0; k < acquired; k++) {
         conn_release(r, gs[k].nd, gs[k].cn, gs[k].st);
-        if (st == CG_OK && gs[k].st != CG_OK) st = gs[k].st;
+        /* an oversized reply is the protocol class to callers, as a wrong reply is */
+        if (st == CG_OK && gs[k].st != CG_OK)
+            st = gs[k].st == CG_E_TOO_LARGE ? CG_E_BAD_GATEWAY : gs[k].st;
     }
     if (st == CG_OK) {
         for (size_t k = 0; k < ng && st == CG_OK; k++) {
