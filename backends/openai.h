@@ -16,4 +16,10 @@
 cg_status cg_openai_probe(cg_upstream *c, long timeout_ms, long *http_status, char *err,
                           size_t errlen) CG_WUR;
 
+/* What c's default backend is, asked at GET /healthz with the backend's key: 1 when it answers
+ * as a chunkgate-worker does ({"object": "worker.health", ...}), 0 when it answers anything
+ * else (another server, another status), -1 when it did not answer (down, timed out): ask
+ * again later. Blocking, off the multi thread; c is borrowed. */
+int cg_openai_backend_is_worker(cg_upstream *c, long timeout_ms);
+
 #endif

@@ -736,13 +736,15 @@ cg_status cg_upstream_submit_req(cg_upstream *c, const cg_upstream_req *r,
     return CG_OK;
 }
 
-static size_t discard(char *data, size_t size, size_t nmemb, void *ud)
+static size_t keep_probe_body(char *data, size_t size, size_t nmemb, void *ud)
 {
+    cg_buf *b = ud;
+    if (b && cg_buf_append(b, data, size * nmemb) != CG_OK) return 0; /* over its bound */
     return size * nmemb;
 }
 
-cg_status cg_upstream_probe(cg_upstream *c, const char *path, long timeout_ms, long *http_status,
-                            char *err, size_t errlen)
+cg_status cg_upstream_probe(cg_upstream *c, const char *path, long timeout_ms, cg_buf *body,
+                            long *http_status, char *err, size_t errlen)
 {
     *http_status = 0;
     CURL *e = curl_easy_init();
@@ -761,12 +763,13 @@ cg_status cg_upstream_probe(cg_upstream *c, const char *path, long timeout_ms, l
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, CG_MIN(timeout_ms, c->p.connect_timeout_ms));
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, keep_probe_body);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, body);
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, ebuf);
     CURLcode rc = curl_easy_perform(e);
     cg_status st = CG_OK;
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, http_status); /* 0 without a head */
     if (rc == CURLE_OK) {
-        curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, http_status);
         if (*http_status >= 500) {
             snprintf(err, errlen, "backend answered HTTP %ld", *http_status);
             st = CG_E_UNAVAILABLE;

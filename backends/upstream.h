@@ -23,6 +23,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "base/base.h"
 #include "base/status.h"
 
 typedef struct cg_upstream cg_upstream;
@@ -130,12 +131,13 @@ void cg_upstream_xfer_abort(cg_upstream_xfer *x, cg_status st, const char *detai
 void cg_upstream_xfer_release(cg_upstream_xfer **x);
 
 /* Blocking probe for readiness, off the multi thread: GET {base}{path} (path borrowed) with
- * timeout_ms for the whole exchange, the body discarded. Returns CG_OK when the backend
- * answered with an HTTP status below 500 (*http_status set), CG_E_UNAVAILABLE /
- * CG_E_TIMEOUT / CG_E_BAD_GATEWAY otherwise, with a message in err. What to probe is the
- * caller's: backends/openai.h probes an OpenAI-compatible backend. */
-cg_status cg_upstream_probe(cg_upstream *c, const char *path, long timeout_ms, long *http_status,
-                            char *err, size_t errlen) CG_WUR;
+ * timeout_ms for the whole exchange, with the backend's key. The body goes to body (NULL:
+ * discarded; a body beyond body's bound fails the probe with CG_E_BAD_GATEWAY). Returns CG_OK
+ * when the backend answered with an HTTP status below 500 (*http_status set),
+ * CG_E_UNAVAILABLE / CG_E_TIMEOUT / CG_E_BAD_GATEWAY otherwise, with a message in err. What to
+ * probe is the caller's: backends/openai.h probes an OpenAI-compatible backend. */
+cg_status cg_upstream_probe(cg_upstream *c, const char *path, long timeout_ms, cg_buf *body,
+                            long *http_status, char *err, size_t errlen) CG_WUR;
 
 /* The normalised base URL (borrowed, lives as long as c), or NULL when it has none. */
 const char *cg_upstream_base_url(const cg_upstream *c);

@@ -22,6 +22,26 @@
 
 /* ---------------------------------------------------------------- operations routes */
 
+/* Until it is known, asks what --backend is (on the health thread, once a health interval): a
+ * chunkgate-worker splits a "# #" prompt itself, so a plain prompt that falls back to it must
+ * carry the tenant's salt (server/orchestrate.c). */
+static void ask_backend(void *ud, uint64_t now_ms)
+{
+    cg_gateway *g = ud;
+    if (__atomic_load_n(&g->backend_is_worker, __ATOMIC_ACQUIRE) >= 0) return;
+    if (g->backend_asked_ms && now_ms - g->backend_asked_ms < (uint64_t)g->cfg->health_interval_ms)
+        return;
+    g->backend_asked_ms = now_ms;
+    int kind = cg_openai_backend_is_worker(g->client, (long)g->cfg->health_timeout_ms);
+    if (kind < 0) return;
+    if (kind)
+        cg_log(CG_LOG_INFO,
+               "--backend %s is a chunkgate-worker: plain prompts that fall back to it keep the "
+               "tenant's cache_salt, chunk_mode and chunk_separator",
+               g->cfg->backend);
+    __atomic_store_n(&g->backend_is_worker, kind, __ATOMIC_RELEASE);
+}
+
 static void h_healthz(cg_http_req *req, void *app)
 {
     cg_http_reply_json(req, 200, json_pack("{s:s}", "status", "ok"));
@@ -405,6 +425,12 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     wp.sync_interval_ms = (long)cfg->sync_interval_ms;
     wp.load_penalty_tokens = cfg->load_penalty_tokens;
     wp.remote_hit_percent = (int)cfg->remote_hit_percent;
+    g->backend_is_worker = -1;
+    if (g->has_backend) {
+        wp.tick = ask_backend;
+        wp.tick_ud = g;
+        ask_backend(g, cg_now_ms()); /* the first fallback may come at once */
+    }
     if ((st = cg_workers_open(&wp, &g->workers)) != CG_OK) goto fail;
     /* Before the workers' inventories are read: no event after them may be missed. */
     if ((st = open_events(g)) != CG_OK) goto fail;

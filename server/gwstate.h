@@ -24,6 +24,10 @@ struct cg_gateway {
     cg_metrics *metrics;
     cg_upstream *client; /* the one curl event loop: backend, workers */
     int has_backend;     /* --backend is set (the client's default base URL) */
+    /* What --backend is (cg_openai_backend_is_worker): 1 a chunkgate-worker, 0 another server,
+     * -1 not known yet (asked at start, then by the health thread until it answers); atomic */
+    int backend_is_worker;
+    uint64_t backend_asked_ms; /* health thread only: when it was last asked */
     cg_workers *workers;
     struct cg_eventsync *events; /* NULL without --events */
     cg_http_server *http;

@@ -250,7 +250,13 @@ static void forward_plain(gw_call *c, cg_fallback reason, const char *why)
                       .count_usage = 1};
     char *body;
     size_t len = 0;
-    if (g->has_backend) {
+    if (g->has_backend && __atomic_load_n(&g->backend_is_worker, __ATOMIC_ACQUIRE) == 1) {
+        /* a chunkgate-worker as --backend splits the prompt itself: the tenant's salt goes
+         * along, as to a worker, or it would mix the tenants in its pool */
+        t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
+        body = worker_plain_body(c, &t.strip_usage, &len);
+        cg_http_req_drop_body(c->req);
+    } else if (g->has_backend) {
         t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
         body = forward_body(c->req, c->body, c->chat, c->stream, &t.strip_usage, &len);
     } else {

@@ -1082,6 +1082,7 @@ static void *health_main(void *arg)
     while (!r->stop) {
         pthread_mutex_unlock(&r->mu);
         cg_workers_tick(r, cg_now_ms());
+        if (r->p.tick) r->p.tick(r->p.tick_ud, cg_now_ms());
         pthread_mutex_lock(&r->mu);
         if (r->stop) break;
         /* Sleep until the earliest check is due (or a wakeup: new worker, error, stale). */

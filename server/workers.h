@@ -34,6 +34,10 @@ typedef struct cg_workers_params {
     int remote_hit_percent;        /* routing: a token a worker can read from its shared remote
                                       tier scores this percent of a local one, 1..99; default
                                       50 */
+    /* Optional: called by the health thread after each round of probes (the gateway asks
+     * what its --backend is there until it knows). */
+    void (*tick)(void *ud, uint64_t now_ms);
+    void *tick_ud;
 } cg_workers_params;
 
 cg_workers_params cg_workers_default_params(void);

@@ -452,12 +452,41 @@ START_TEST(worker_key_between_gateway_and_worker)
 }
 END_TEST
 
+/* A chunkgate-worker as --backend (a decoding worker of a disaggregated setup, or the worker
+ * alone) splits a "# #" prompt that falls back to it by itself: the gateway learns what its
+ * backend is and sends the tenant's salt along, so tenant B never hits tenant A's chunks in
+ * the backend's pool either. */
+START_TEST(fallback_to_a_worker_backend_keeps_tenants_apart)
+{
+    th_proc w2, g3;
+    ck_assert_int_eq(th_start_worker(&w2, WORKER_BIN, model_dir, 0, "w2", NULL), 0);
+    char backend[64];
+    snprintf(backend, sizeof backend, "http://127.0.0.1:%d", w2.port);
+    /* no --worker: every request falls back to the plain prompt on --backend */
+    const char *ga[] = {"--backend", backend, "--api-key", KEY1, "--api-key", KEY2, NULL};
+    ck_assert_int_eq(th_start_gateway(&g3, CHUNKGATE_BIN, "g3", ga), 0);
+    ck_assert(th_file_has(g3.log, "is a chunkgate-worker"));
+    char *p = completion("Backend tenant system.", "A document only tenant A has sent to it.",
+                         "What is it?", NULL);
+    const char *hits = "chunkgate_worker_chunk_hits_total";
+    for (int i = 0; i < 2; i++)
+        json_decref(th_call_text(g3.port, "POST", "/v1/completions", p, KEY1, 200));
+    double a = th_metric(w2.port, hits);
+    ck_assert_double_ge(a, 2); /* A's second request hit its own two segments */
+    json_decref(th_call_text(g3.port, "POST", "/v1/completions", p, KEY2, 200));
+    ck_assert_msg(th_metric(w2.port, hits) == a, "tenant B hit tenant A's chunks on the backend");
+    free(p);
+    ck_assert_int_eq(th_stop(&g3, SIGTERM), 0);
+    ck_assert_int_eq(th_stop(&w2, SIGTERM), 0);
+}
+END_TEST
+
 int main(void)
 {
-    return th_run_suite("auth", "auth", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
-                        TH_TESTS(inference_routes_need_an_api_key,
-                                 admin_routes_take_only_the_admin_token, tenant_id_is_pinned,
-                                 tenant_b_cannot_detect_tenant_a, forged_key_cannot_overwrite_kv,
-                                 logs_hold_no_secret_and_no_prompt,
-                                 worker_key_between_gateway_and_worker));
+    return th_run_suite(
+        "auth", "auth", 120, (th_fixture){setup, teardown, 0}, CK_FORK_GETENV,
+        TH_TESTS(inference_routes_need_an_api_key, admin_routes_take_only_the_admin_token,
+                 tenant_id_is_pinned, tenant_b_cannot_detect_tenant_a,
+                 fallback_to_a_worker_backend_keeps_tenants_apart, forged_key_cannot_overwrite_kv,
+                 logs_hold_no_secret_and_no_prompt, worker_key_between_gateway_and_worker));
 }

@@ -17,10 +17,12 @@ void cg_api_health(cg_http_req *req, void *app)
      * weigh the worker by the same numbers, not only by the requests each sent itself. */
     uint32_t running = 0, queued = 0;
     cg_sched_load(cg_engine_sched(a->e), &running, &queued);
+    /* "object" tells a gateway whose --backend this is that a chunkgate-worker answers (a
+     * plain prompt falling back to it keeps the tenant's salt) */
     cg_http_reply_json(req, 200,
-                       json_pack("{s:s, s:I, s:I, s:o}", "status", "ok", "running",
-                                 (json_int_t)running, "queued", (json_int_t)queued, "canary",
-                                 cg_canary_summary_json(a->canary)));
+                       json_pack("{s:s, s:s, s:I, s:I, s:o}", "object", "worker.health", "status",
+                                 "ok", "running", (json_int_t)running, "queued", (json_int_t)queued,
+                                 "canary", cg_canary_summary_json(a->canary)));
 }
 
 /* A special token's string ("<|endoftext|>"), or null when it has none. */
