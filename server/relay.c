@@ -394,13 +394,20 @@ static void finish_target(relay *r, cg_status st, const char *detail)
     int ok = st == CG_OK && r->status >= 200 && r->status < 300 && !r->client_gone &&
              !r->sse_error && !r->upstream_error;
     if (r->worker && r->backend_is_worker && st != CG_OK && !r->client_gone &&
-        strcmp(detail, "cancelled") != 0)
+        strcmp(detail, "cancelled") != 0) {
         cg_workers_error(g->workers, r->worker,
                          st == CG_E_TIMEOUT                     ? CG_FAIL_TIMEOUT
                          : st == CG_E_UNAVAILABLE && !r->status ? CG_FAIL_CONNECT
                          : r->is_sse                            ? CG_FAIL_STREAM
                                                                 : CG_FAIL_INVALID,
                          detail);
+    } else if (r->worker && r->backend_is_worker && st == CG_OK && r->status >= 500) {
+        /* the worker answered its completion with a server error: its failure too, as a
+         * failed assemble is, not only the backend's */
+        char why[96];
+        snprintf(why, sizeof why, "the completion answered HTTP %ld", r->status);
+        cg_workers_error(g->workers, r->worker, CG_FAIL_STATUS, why);
+    }
     if (r->assembly[0] && r->worker && !(ok && r->backend_is_worker)) {
         cg_wc_release(g->client, cg_worker_url(r->worker), r->assembly, r->rid);
         cg_metric_add(g->m_releases, 1);

@@ -584,6 +584,32 @@ START_TEST(one_slow_health_check_keeps_the_worker)
 }
 END_TEST
 
+/* A worker that answers its completion with a server error (here a stand-in asked to, for a
+ * plain prompt that goes straight to it) is counted as that worker's failure, as a failed
+ * assemble is: in its errors and in chunkgate_worker_errors_total{kind="status"}. */
+START_TEST(worker_completion_5xx_is_the_workers_error)
+{
+    th_proc s, g;
+    start_stand_in(&s, "w500", NULL, 0);
+    ck_assert_int_eq(th_start_gateway_to(&g, CHUNKGATE_BIN, "gw500", s.url, NULL, NULL), 0);
+    double before = th_metric(g.port, "chunkgate_worker_errors_total{kind=\"status\"}");
+    th_resp r;
+    th_http(&r, g.port, "POST", "/v1/completions",
+            "{\"model\":\"" MODEL "\",\"max_tokens\":1,\"prompt\":\"FAULT:500 plain\"}", NULL,
+            NULL);
+    ck_assert_int_eq(r.status, 500);
+    th_resp_free(&r);
+    json_t *w = th_worker_view(g.port, NULL, s.url);
+    ck_assert_int_eq(json_integer_value(json_object_get(w, "errors")), 1);
+    ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(w, "last_error")), "HTTP 500"));
+    json_decref(w);
+    ck_assert_double_eq(th_metric(g.port, "chunkgate_worker_errors_total{kind=\"status\"}"),
+                        before + 1);
+    ck_assert_int_eq(th_stop(&g, SIGTERM), 0);
+    th_stop(&s, SIGTERM);
+}
+END_TEST
+
 START_TEST(worker_of_another_key_version_is_refused)
 {
     th_proc s, g, w;
@@ -992,6 +1018,7 @@ int main(void)
     tc = th_case(s, "stand-ins", 120,
                  TH_TESTS(worker_429_text_plain_is_a_rate_limit_error,
                           busy_workers_are_each_asked_once, one_slow_health_check_keeps_the_worker,
+                          worker_completion_5xx_is_the_workers_error,
                           worker_of_another_key_version_is_refused,
                           worker_up_after_gateway_serves_at_once, main_path_refusals));
     tcase_add_unchecked_fixture(tc, setup, teardown);
