@@ -1045,6 +1045,54 @@ START_TEST(node_wrong_type_and_size)
 }
 END_TEST
 
+/* A reply of many small elements (a list read whole, as an events reader reads a stream) is
+ * bounded by its bytes, not only by its largest element: one beyond value_max_bytes fails
+ * that call with the protocol error and closes its connection, and the node serves the next
+ * call at once (no backoff). */
+START_TEST(node_reply_of_many_small_elements_is_bounded)
+{
+    char url[64];
+    cg_remote_params p = node_params(url, sizeof url, NULL);
+    p.value_max_bytes = 100000;
+    p.backoff_min_ms = 60000;
+    p.backoff_max_ms = 60000;
+    cg_remote *r = open_ok(p);
+    redisContext *c = adm(g_srv.port);
+    /* 30,000 elements of 12 bytes: about 570 kB of reply, none over the bound alone */
+    for (int i = 0; i < 30; i++) {
+        const char *argv[1002];
+        size_t lens[1002];
+        argv[0] = "RPUSH";
+        argv[1] = "small-list";
+        for (int k = 0; k < 1000; k++)
+            argv[2 + k] = "element-0123";
+        for (int k = 0; k < 1002; k++)
+            lens[k] = strlen(argv[k]);
+        redisReply *rep = redisCommandArgv(c, 1002, argv, lens);
+        ck_assert(rep && rep->type == REDIS_REPLY_INTEGER);
+        freeReplyObject(rep);
+    }
+    freeReplyObject(cmd(c, "SET fine-value 1234"));
+    redisFree(c);
+    const char *argv[] = {"LRANGE", "small-list", "0", "-1"};
+    size_t lens[] = {6, 10, 1, 2};
+    struct redisReply *out = NULL;
+    ck_assert_int_eq(cg_remote_command(r, 4, argv, lens, 1, 0, &out), CG_E_BAD_GATEWAY);
+    ck_assert_ptr_null(out);
+    /* a short range of the same list, and a plain GET, go through at once */
+    const char *few[] = {"LRANGE", "small-list", "0", "9"};
+    size_t few_lens[] = {6, 10, 1, 1};
+    ck_assert_int_eq(cg_remote_command(r, 4, few, few_lens, 1, 0, &out), CG_OK);
+    ck_assert_uint_eq(out->elements, 10);
+    cg_remote_reply_free(&out);
+    cg_remote_value v[1];
+    const char *k[1] = {"fine-value"};
+    ck_assert_int_eq(cg_remote_get(r, 1, k, v, NULL), CG_OK);
+    cg_remote_values_free(r, v, 1);
+    cg_remote_close(&r);
+}
+END_TEST
+
 /* A chunk's heads as the remote tier stores them: keys, values of len bytes, in the shapes
  * cg_remote_set and cg_remote_get take. */
 typedef struct chunk_kvs {
@@ -1701,9 +1749,10 @@ int main(void)
         tcase_add_checked_fixture(
             th_case(su, "node", 120,
                     TH_TESTS(node_round_trips, node_database_selection, node_ttl, node_auth,
-                             node_wrong_type_and_size, node_write_behind_drops_and_flushes,
-                             node_close_drains_queue, node_killed_mid_traffic_recovers,
-                             node_stopped_costs_the_timeout, node_concurrent_readers_and_writer)),
+                             node_wrong_type_and_size, node_reply_of_many_small_elements_is_bounded,
+                             node_write_behind_drops_and_flushes, node_close_drains_queue,
+                             node_killed_mid_traffic_recovers, node_stopped_costs_the_timeout,
+                             node_concurrent_readers_and_writer)),
             node_setup, node_teardown);
     if (have_server && g_redis_cli[0])
         tcase_add_unchecked_fixture(
