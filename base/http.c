@@ -1424,7 +1424,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     /* Keep-alive: the connection now waits for its next request. */
     conn_waiting(srv, r->cs, cg_now_ns());
     double secs = (double)(cg_now_ns() - r->start_ns) / 1e9;
-    int status = r->resp_status ? r->resp_status : 499;
+    int status = r->resp_status ? r->resp_status : CG_HTTP_CLIENT_GONE;
     if (!r->resp_status && cs && cs->refused && r->index == cs->bad_index)
         status = cs->refused_http; /* the framing check answered it */
     const char *route = r->route ? r->route->name : "unknown";

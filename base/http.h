@@ -180,6 +180,10 @@ json_t *cg_http_req_json(cg_http_req *r);
  * is handled: long work for it (tokenizing a huge prompt) may stop. Cheap: one poll. A client
  * that half-closes after its request counts as gone. Only before the reply. */
 int cg_http_req_client_left(cg_http_req *r);
+/* The status of a reply nobody reads because its client left (nginx's "client closed
+ * request"), as counted and logged for a request left without any reply: not a 5xx, and
+ * logged at info level. */
+#define CG_HTTP_CLIENT_GONE 499
 
 /* 1 once the server saw the client of r leave while r waited for its reply (checked at each
  * heartbeat, and at least every second: MHD cannot see it while the connection is parked). A client

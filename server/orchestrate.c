@@ -495,7 +495,8 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
             cg_wc_release(g->client, url, a.id, c->rid);
         cg_metric_add(g->m_disconnects, 1);
         cg_log(CG_LOG_INFO, "client left during the assemble on %s; it was cancelled", url);
-        cg_http_reply_error(c->req, CG_E_UNAVAILABLE, NULL, "the client left; assemble cancelled");
+        cg_http_reply_error_status(c->req, CG_HTTP_CLIENT_GONE, CG_E_UNAVAILABLE, NULL,
+                                   "the client left; assemble cancelled");
         call_free(c);
         goto out;
     }

@@ -483,7 +483,8 @@ static void on_done(void *arg, cg_status st, long http, const char *detail)
     } else if (r->client_gone) {
         /* Nobody reads this answer, but the parked request still needs one to end. */
         cg_metric_add(g->m_disconnects, 1);
-        cg_http_reply_error(r->req, CG_E_UNAVAILABLE, NULL, "the client left; upstream cancelled");
+        cg_http_reply_error_status(r->req, CG_HTTP_CLIENT_GONE, CG_E_UNAVAILABLE, NULL,
+                                   "the client left; upstream cancelled");
     } else if (st != CG_OK) {
         reply_failure(r, st, http, detail);
     } else {

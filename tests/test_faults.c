@@ -845,6 +845,13 @@ START_TEST(client_gone_during_assemble_cancels_it)
                   "the assemble ran on after its client left");
     ck_assert(th_wait_until(2000, 20, logged_assemble_cancel, (void *)g.log));
     ck_assert_double_eq(th_metric(g.port, "chunkgate_client_disconnects_total"), d0 + 1);
+    /* counted as nginx counts a client that closed its request, not as a server error */
+    ck_assert_double_eq(
+        th_metric(g.port, "chunkgate_requests_total{route=\"completions\",code=\"499\"}"), 1);
+    ck_assert_double_le(/* -1: no such series */
+                        th_metric(g.port,
+                                  "chunkgate_requests_total{route=\"completions\",code=\"503\"}"),
+                        0);
     json_t *w = th_worker_view(g.port, NULL, s.url);
     ck_assert_int_eq(json_integer_value(json_object_get(w, "errors")), 0);
     ck_assert(json_is_true(json_object_get(w, "healthy")));
