@@ -246,25 +246,23 @@ static void entry(cg_eventsync *s, const redisReply *fields)
     int64_t wid = -1, tier_row = -1;
     int known = cg_workers_find_instance(s->p.workers, ev.epoch, &wid, &tier_row);
     source *src = source_get(s, ev.worker);
-    {
-        if (!src->epoch[0] && s->recycled) {
-            /* first event of this name since its place was given (or since the start): what
-             * it said meanwhile went unchecked, so its inventory is read again */
-            gap(s, GAP_SEQUENCE, known ? wid : -1, 0, "events not followed from", ev.worker);
-        } else if (!src->epoch[0]) {
-            /* first event of this worker since the start: its inventory covers the past */
-        } else if (strcmp(src->epoch, ev.epoch)) {
-            /* restarted: the registry learns the new instance at the sync */
-            gap(s, GAP_EPOCH, src->worker_id, 0, "a new epoch of", ev.worker);
-        } else if (ev.seq != src->seq + 1) {
-            gap(s, GAP_SEQUENCE, known ? wid : src->worker_id, 0, "events lost from", ev.worker);
-        } else if (ev.resync) {
-            gap(s, GAP_RESYNC, known ? wid : src->worker_id, 0, "a resync asked by", ev.worker);
-        }
-        snprintf(src->epoch, sizeof src->epoch, "%s", ev.epoch);
-        src->seq = ev.seq;
-        if (known) src->worker_id = wid;
+    if (!src->epoch[0] && s->recycled) {
+        /* first event of this name since its place was given (or since the start): what
+         * it said meanwhile went unchecked, so its inventory is read again */
+        gap(s, GAP_SEQUENCE, known ? wid : -1, 0, "events not followed from", ev.worker);
+    } else if (!src->epoch[0]) {
+        /* first event of this worker since the start: its inventory covers the past */
+    } else if (strcmp(src->epoch, ev.epoch)) {
+        /* restarted: the registry learns the new instance at the sync */
+        gap(s, GAP_EPOCH, src->worker_id, 0, "a new epoch of", ev.worker);
+    } else if (ev.seq != src->seq + 1) {
+        gap(s, GAP_SEQUENCE, known ? wid : src->worker_id, 0, "events lost from", ev.worker);
+    } else if (ev.resync) {
+        gap(s, GAP_RESYNC, known ? wid : src->worker_id, 0, "a resync asked by", ev.worker);
     }
+    snprintf(src->epoch, sizeof src->epoch, "%s", ev.epoch);
+    src->seq = ev.seq;
+    if (known) src->worker_id = wid;
     if (!known) {
         /* not registered here, or its new instance is not synced yet (the sync covers it) */
         cg_metric_add(s->m_skipped, 1);
