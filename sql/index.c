@@ -1063,16 +1063,20 @@ void cg_index_event_placement_set(cg_index *ix, const cg_key *key, int64_t worke
     placement_set(ix, key, worker_id, tier, tokens, now_ms, 0);
 }
 
-void cg_index_placement_del(cg_index *ix, const cg_key *key, int64_t worker_id)
+static void placement_del(cg_index *ix, const cg_key *key, int64_t worker_id, int droppable)
 {
     op o = {.type = OP_PLACE_DEL, .key = *key, .worker_id = worker_id};
-    enqueue(ix, &o, 1);
+    enqueue(ix, &o, droppable);
+}
+
+void cg_index_placement_del(cg_index *ix, const cg_key *key, int64_t worker_id)
+{
+    placement_del(ix, key, worker_id, 1);
 }
 
 void cg_index_event_placement_del(cg_index *ix, const cg_key *key, int64_t worker_id)
 {
-    op o = {.type = OP_PLACE_DEL, .key = *key, .worker_id = worker_id};
-    enqueue(ix, &o, 0);
+    placement_del(ix, key, worker_id, 0);
 }
 
 void cg_index_worker_placements_replace(cg_index *ix, int64_t worker_id, const cg_key *keys,
