@@ -16,10 +16,21 @@
 cg_status cg_openai_probe(cg_upstream *c, long timeout_ms, long *http_status, char *err,
                           size_t errlen) CG_WUR;
 
-/* What c's default backend is, asked at GET /healthz with the backend's key: 1 when it answers
- * as a chunkgate-worker does ({"object": "worker.health", ...}), 0 when it answers anything
- * else (another server, another status), -1 when it did not answer (down, timed out): ask
- * again later. Blocking, off the multi thread; c is borrowed. */
+/* What an answer (status http, body of len bytes) to GET /healthz says of the server: 1 a
+ * chunkgate-worker ({"object": "worker.health"}, or an earlier worker's {"status": "ok",
+ * "running": N, "queued": N}), 0 another server. */
+int cg_openai_health_is_worker(long http, const char *body, size_t len);
+
+/* What c's default backend is, asked at GET /healthz with the backend's key: 1 a
+ * chunkgate-worker, 0 another server (any complete answer below 500), -1 no complete answer
+ * (down, timed out, cut, a 5xx): ask again later. Blocking, off the multi thread; c is
+ * borrowed. */
 int cg_openai_backend_is_worker(cg_upstream *c, long timeout_ms);
+
+/* The same question without blocking: fn(arg, kind) runs once, on the multi thread, with the
+ * answer as above. CG_OK when it was asked (fn will run); otherwise fn never runs. */
+typedef void (*cg_openai_kind_fn)(void *arg, int kind);
+cg_status cg_openai_ask_backend_kind(cg_upstream *c, long timeout_ms, cg_openai_kind_fn fn,
+                                     void *arg) CG_WUR;
 
 #endif

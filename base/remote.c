@@ -777,7 +777,8 @@ static cg_status conn_open(cg_remote *r, node *nd, conn *cn, uint64_t deadline_n
             out_cmd(&g.out, 2, argv, NULL);
         }
         pump(r, &g, 1, deadline_ns);
-        st = g.st;
+        /* a handshake reply over the size bound is a broken node, not one oversized value */
+        st = g.st == CG_E_TOO_LARGE ? CG_E_BAD_GATEWAY : g.st;
         for (size_t i = 0; st == CG_OK && i < n_cmd; i++) {
             const redisReply *rep = g.rep[i];
             int is_auth = r->password && i == 0;

@@ -22,17 +22,9 @@
 
 /* ---------------------------------------------------------------- operations routes */
 
-/* Until it is known, asks what --backend is (on the health thread, once a health interval): a
- * chunkgate-worker splits a "# #" prompt itself, so a plain prompt that falls back to it must
- * carry the tenant's salt (server/orchestrate.c). */
-static void ask_backend(void *ud, uint64_t now_ms)
+/* Records what --backend is (kind as cg_openai_backend_is_worker; -1 changes nothing). */
+static void backend_kind_known(cg_gateway *g, int kind)
 {
-    cg_gateway *g = ud;
-    if (__atomic_load_n(&g->backend_is_worker, __ATOMIC_ACQUIRE) >= 0) return;
-    if (g->backend_asked_ms && now_ms - g->backend_asked_ms < (uint64_t)g->cfg->health_interval_ms)
-        return;
-    g->backend_asked_ms = now_ms;
-    int kind = cg_openai_backend_is_worker(g->client, (long)g->cfg->health_timeout_ms);
     if (kind < 0) return;
     if (kind)
         cg_log(CG_LOG_INFO,
@@ -40,6 +32,30 @@ static void ask_backend(void *ud, uint64_t now_ms)
                "tenant's cache_salt, chunk_mode and chunk_separator",
                g->cfg->backend);
     __atomic_store_n(&g->backend_is_worker, kind, __ATOMIC_RELEASE);
+}
+
+static void backend_answered(void *arg, int kind)
+{
+    cg_gateway *g = arg;
+    backend_kind_known(g, kind);
+    __atomic_store_n(&g->backend_asking, 0, __ATOMIC_RELEASE);
+}
+
+/* Until it is known, asks what --backend is, once a health interval, without blocking the
+ * health thread: a chunkgate-worker splits a "# #" prompt itself, so a plain prompt that falls
+ * back to it must carry the tenant's salt (server/orchestrate.c). */
+static void ask_backend(void *ud, uint64_t now_ms)
+{
+    cg_gateway *g = ud;
+    if (__atomic_load_n(&g->backend_is_worker, __ATOMIC_ACQUIRE) >= 0 ||
+        __atomic_load_n(&g->backend_asking, __ATOMIC_ACQUIRE))
+        return;
+    if (now_ms - g->backend_asked_ms < (uint64_t)g->cfg->health_interval_ms) return;
+    g->backend_asked_ms = now_ms;
+    __atomic_store_n(&g->backend_asking, 1, __ATOMIC_RELEASE);
+    if (cg_openai_ask_backend_kind(g->client, (long)g->cfg->health_timeout_ms, backend_answered,
+                                   g) != CG_OK)
+        __atomic_store_n(&g->backend_asking, 0, __ATOMIC_RELEASE);
 }
 
 static void h_healthz(cg_http_req *req, void *app)
@@ -429,7 +445,10 @@ cg_status cg_gateway_open(const cg_gateway_config *cfg, cg_gateway **out)
     if (g->has_backend) {
         wp.tick = ask_backend;
         wp.tick_ud = g;
-        ask_backend(g, cg_now_ms()); /* the first fallback may come at once */
+        /* asked once before serving, as the workers are: the first fallback may come at once */
+        backend_kind_known(g,
+                           cg_openai_backend_is_worker(g->client, (long)g->cfg->health_timeout_ms));
+        g->backend_asked_ms = cg_now_ms();
     }
     if ((st = cg_workers_open(&wp, &g->workers)) != CG_OK) goto fail;
     /* Before the workers' inventories are read: no event after them may be missed. */

@@ -27,6 +27,7 @@ struct cg_gateway {
     /* What --backend is (cg_openai_backend_is_worker): 1 a chunkgate-worker, 0 another server,
      * -1 not known yet (asked at start, then by the health thread until it answers); atomic */
     int backend_is_worker;
+    int backend_asking;        /* atomic: a question to it is in flight */
     uint64_t backend_asked_ms; /* health thread only: when it was last asked */
     cg_workers *workers;
     struct cg_eventsync *events; /* NULL without --events */

@@ -250,7 +250,19 @@ static void forward_plain(gw_call *c, cg_fallback reason, const char *why)
                       .count_usage = 1};
     char *body;
     size_t len = 0;
-    if (g->has_backend && __atomic_load_n(&g->backend_is_worker, __ATOMIC_ACQUIRE) == 1) {
+    int backend_kind =
+        g->has_backend ? __atomic_load_n(&g->backend_is_worker, __ATOMIC_ACQUIRE) : 0;
+    if (backend_kind < 0 && c->segs.salt) {
+        /* Not known yet whether --backend splits the prompt itself: without the salt a
+         * chunkgate-worker there would mix the tenants, and a salt may not go to a server
+         * that refuses unknown fields. Refused, rather than sent either way. */
+        cg_http_reply_error(c->req, CG_E_UNAVAILABLE, NULL,
+                            "the backend has not answered GET /healthz yet, so a salted request "
+                            "cannot fall back to it; retry shortly");
+        call_free(c);
+        return;
+    }
+    if (backend_kind == 1) {
         /* a chunkgate-worker as --backend splits the prompt itself: the tenant's salt goes
          * along, as to a worker, or it would mix the tenants in its pool */
         t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
@@ -491,8 +503,12 @@ static void on_assembled(void *arg, cg_status st, long http, json_t *j, const ch
          * the cancel is given back) */
         char perr[256];
         if (st == CG_OK && http == 200 && cg_wc_assembly_parse(j, &a, perr, sizeof perr) == CG_OK &&
-            a.id[0])
+            a.id[0]) {
+            /* what the worker now holds is true all the same */
+            if (assembly_matches(c, &a, perr, sizeof perr)) record(c, &a);
             cg_wc_release(g->client, url, a.id, c->rid);
+            cg_metric_add(g->m_releases, 1);
+        }
         cg_metric_add(g->m_disconnects, 1);
         cg_log(CG_LOG_INFO, "client left during the assemble on %s; it was cancelled", url);
         cg_http_reply_error_status(c->req, CG_HTTP_CLIENT_GONE, CG_E_UNAVAILABLE, NULL,

@@ -452,6 +452,11 @@ START_TEST(worker_key_between_gateway_and_worker)
 }
 END_TEST
 
+static int knows_worker_backend(void *log)
+{
+    return th_file_has(log, "is a chunkgate-worker");
+}
+
 /* A chunkgate-worker as --backend (a decoding worker of a disaggregated setup, or the worker
  * alone) splits a "# #" prompt that falls back to it by itself: the gateway learns what its
  * backend is and sends the tenant's salt along, so tenant B never hits tenant A's chunks in
@@ -465,7 +470,7 @@ START_TEST(fallback_to_a_worker_backend_keeps_tenants_apart)
     /* no --worker: every request falls back to the plain prompt on --backend */
     const char *ga[] = {"--backend", backend, "--api-key", KEY1, "--api-key", KEY2, NULL};
     ck_assert_int_eq(th_start_gateway(&g3, CHUNKGATE_BIN, "g3", ga), 0);
-    ck_assert(th_file_has(g3.log, "is a chunkgate-worker"));
+    ck_assert(th_wait_until(10000, 20, knows_worker_backend, (void *)g3.log));
     char *p = completion("Backend tenant system.", "A document only tenant A has sent to it.",
                          "What is it?", NULL);
     const char *hits = "chunkgate_worker_chunk_hits_total";
@@ -475,9 +480,29 @@ START_TEST(fallback_to_a_worker_backend_keeps_tenants_apart)
     ck_assert_double_ge(a, 2); /* A's second request hit its own two segments */
     json_decref(th_call_text(g3.port, "POST", "/v1/completions", p, KEY2, 200));
     ck_assert_msg(th_metric(w2.port, hits) == a, "tenant B hit tenant A's chunks on the backend");
-    free(p);
     ck_assert_int_eq(th_stop(&g3, SIGTERM), 0);
     ck_assert_int_eq(th_stop(&w2, SIGTERM), 0);
+
+    /* A backend that has not answered yet (nothing listens there): a salted request is refused
+     * rather than sent either way; one without a salt goes on and finds the backend down. */
+    char down[64];
+    snprintf(down, sizeof down, "http://127.0.0.1:%d", th_free_port());
+    const char *gd[] = {"--backend", down, NULL};
+    th_proc g4;
+    ck_assert_int_eq(th_start_gateway(&g4, CHUNKGATE_BIN, "g4", gd), 0);
+    char *salted = completion("Backend tenant system.", "A document.", "Q?", "tenant-x");
+    th_resp r;
+    th_http(&r, g4.port, "POST", "/v1/completions", salted, NULL, NULL);
+    ck_assert_msg(th_is_error(&r, 503, "upstream_unavailable") &&
+                      strstr(r.body.data, "has not answered GET /healthz"),
+                  "HTTP %ld %s", r.status, r.body.data);
+    th_resp_free(&r);
+    free(salted);
+    th_http(&r, g4.port, "POST", "/v1/completions", p, NULL, NULL);
+    ck_assert_int_eq(r.status, 502);
+    th_resp_free(&r);
+    free(p);
+    ck_assert_int_eq(th_stop(&g4, SIGTERM), 0);
 }
 END_TEST
 

@@ -1010,8 +1010,6 @@ START_TEST(test_ttl_from_ready)
 }
 END_TEST
 
-/* A system text equal to a chunk text has the same strict key but one more token (BOS):
- * the engine must not mix them up. */
 /* The cancel hook of test_client_left: 1 from its calls-th call on. */
 typedef struct left_after {
     int calls, at;
@@ -1063,6 +1061,8 @@ START_TEST(test_client_left)
 }
 END_TEST
 
+/* A system text equal to a chunk text has the same strict key but one more token (BOS):
+ * the engine must not mix them up. */
 START_TEST(test_role_collision)
 {
     cg_engine *e = new_engine(m_half, 0);

@@ -122,11 +122,10 @@ static void job_free(job *j)
 }
 
 /* Runs one forward on the scheduler (rows at slots = positions [slot, slot+n)) and counts
- * its tokens. */
+ * its tokens once it ran. */
 static cg_status fwd(job *j, cg_kv *kv, const int32_t *t, uint32_t n, uint32_t slot,
                      cg_attn_span span, float *logits)
 {
-    j->count.prefill_tokens += n;
     cg_fwd_seq q = {.kv = kv,
                     .tokens = t,
                     .n = n,
@@ -135,7 +134,9 @@ static cg_status fwd(job *j, cg_kv *kv, const int32_t *t, uint32_t n, uint32_t s
                     .spans = &span,
                     .n_spans = 1,
                     .logits = logits};
-    return cg_sched_prefill(j->e->sched, &q, NULL);
+    cg_status st = cg_sched_prefill(j->e->sched, &q, NULL);
+    if (st == CG_OK) j->count.prefill_tokens += n;
+    return st;
 }
 
 /* ---- 1. prepare ---- */
