@@ -252,10 +252,11 @@ static void forward_plain(gw_call *c, cg_fallback reason, const char *why)
     size_t len = 0;
     int backend_kind =
         g->has_backend ? __atomic_load_n(&g->backend_is_worker, __ATOMIC_ACQUIRE) : 0;
-    if (backend_kind < 0 && c->segs.salt) {
+    if (backend_kind < 0 && c->segs.salt && c->segs.n_keys) {
         /* Not known yet whether --backend splits the prompt itself: without the salt a
          * chunkgate-worker there would mix the tenants, and a salt may not go to a server
-         * that refuses unknown fields. Refused, rather than sent either way. */
+         * that refuses unknown fields. Refused, rather than sent either way (a prompt without
+         * separators has nothing to mix and goes on). */
         cg_http_reply_error(c->req, CG_E_UNAVAILABLE, NULL,
                             "the backend has not answered GET /healthz yet, so a salted request "
                             "cannot fall back to it; retry shortly");

@@ -501,6 +501,12 @@ START_TEST(fallback_to_a_worker_backend_keeps_tenants_apart)
     th_http(&r, g4.port, "POST", "/v1/completions", p, NULL, NULL);
     ck_assert_int_eq(r.status, 502);
     th_resp_free(&r);
+    /* nor is a salted prompt without separators: nothing in it would be kept apart */
+    th_http(&r, g4.port, "POST", "/v1/completions",
+            "{\"model\":\"" MODEL "\",\"max_tokens\":1,\"prompt\":\"Plain.\",\"cache_salt\":\"s\"}",
+            NULL, NULL);
+    ck_assert_int_eq(r.status, 502);
+    th_resp_free(&r);
     free(p);
     ck_assert_int_eq(th_stop(&g4, SIGTERM), 0);
 }
