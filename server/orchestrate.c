@@ -246,6 +246,7 @@ static void forward_plain(gw_call *c, cg_fallback reason, const char *why)
     }
     cg_gw_target t = {.route = route_name(c),
                       .model = json_string_value(json_object_get(c->body, "model")),
+                      .path = c->chat ? "/v1/chat/completions" : "/v1/completions",
                       .cached_tokens = -1,
                       .count_usage = 1};
     char *body;
@@ -263,31 +264,27 @@ static void forward_plain(gw_call *c, cg_fallback reason, const char *why)
         call_free(c);
         return;
     }
-    if (backend_kind == 1) {
-        /* a chunkgate-worker as --backend splits the prompt itself: the tenant's salt goes
-         * along, as to a worker, or it would mix the tenants in its pool */
-        t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
-        body = worker_plain_body(c, &t.strip_usage, &len);
-        cg_http_req_drop_body(c->req);
-    } else if (g->has_backend) {
-        t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
+    if (g->has_backend && backend_kind != 1) {
         body = forward_body(c->req, c->body, c->chat, c->stream, &t.strip_usage, &len);
     } else {
-        cg_worker *w = pick_untried(c);
-        if (!w) {
-            char msg[768];
-            snprintf(msg, sizeof msg, "no backend is configured and %s%s%s%s",
-                     c->n_tried ? "no healthy worker is left to try" : "no worker is healthy",
-                     why ? " (" : "", why ? why : "", why ? ")" : "");
-            cg_http_reply_error(c->req, CG_E_UNAVAILABLE, NULL, msg);
-            call_free(c);
-            return;
+        if (!g->has_backend) {
+            cg_worker *w = pick_untried(c);
+            if (!w) {
+                char msg[768];
+                snprintf(msg, sizeof msg, "no backend is configured and %s%s%s%s",
+                         c->n_tried ? "no healthy worker is left to try" : "no worker is healthy",
+                         why ? " (" : "", why ? why : "", why ? ")" : "");
+                cg_http_reply_error(c->req, CG_E_UNAVAILABLE, NULL, msg);
+                call_free(c);
+                return;
+            }
+            t.base = cg_worker_url(w);
+            t.to_worker = 1;
+            t.worker = w;
+            t.backend_is_worker = 1;
         }
-        t.base = cg_worker_url(w);
-        t.to_worker = 1;
-        t.path = c->chat ? "/v1/chat/completions" : "/v1/completions";
-        t.worker = w;
-        t.backend_is_worker = 1;
+        /* A worker answers, or a chunkgate-worker as --backend: it splits the prompt itself,
+         * so the tenant's salt goes along, or it would mix the tenants in its pool. */
         body = worker_plain_body(c, &t.strip_usage, &len);
         cg_http_req_drop_body(c->req);
     }
