@@ -611,6 +611,13 @@ static int conn_failure(cg_status st)
            st == CG_E_AUTH || st == CG_E_VALUE;
 }
 
+/* What a caller sees of a group's I/O status: an oversized reply is the protocol class, as a
+ * wrong reply is (only conn_release tells the two apart). */
+static cg_status caller_status(cg_status st)
+{
+    return st == CG_E_TOO_LARGE ? CG_E_BAD_GATEWAY : st;
+}
+
 /* Gives cn back. A connection failure closes it and the node's idle connections, and starts
  * (or doubles) the node's backoff: no call connects to it again before retry_at_ms. A reply
  * refused for its size (CG_E_TOO_LARGE) closes cn alone: the stream stopped inside the reply,
@@ -778,7 +785,7 @@ static cg_status conn_open(cg_remote *r, node *nd, conn *cn, uint64_t deadline_n
         }
         pump(r, &g, 1, deadline_ns);
         /* a handshake reply over the size bound is a broken node, not one oversized value */
-        st = g.st == CG_E_TOO_LARGE ? CG_E_BAD_GATEWAY : g.st;
+        st = caller_status(g.st);
         for (size_t i = 0; st == CG_OK && i < n_cmd; i++) {
             const redisReply *rep = g.rep[i];
             int is_auth = r->password && i == 0;
@@ -956,9 +963,7 @@ static cg_status map_refresh(cg_remote *r, uint64_t deadline_ns, int force)
         out_cmd(&g.out, 2, argv, NULL);
         pump(r, &g, 1, deadline_ns);
         conn_release(r, nd, cn, g.st);
-        st = g.st == CG_OK            ? map_install(r, g.rep[0], nd)
-             : g.st == CG_E_TOO_LARGE ? CG_E_BAD_GATEWAY
-                                      : g.st;
+        st = g.st == CG_OK ? map_install(r, g.rep[0], nd) : caller_status(g.st);
         group_free(&g);
         if (st == CG_E_VALUE || st == CG_E_TIMEOUT) break;
     }
@@ -1162,9 +1167,7 @@ static cg_status run_round(cg_remote *r, op_kind kind, op *ops, size_t n, uint64
     }
     for (size_t k = 0; k < acquired; k++) {
         conn_release(r, gs[k].nd, gs[k].cn, gs[k].st);
-        /* an oversized reply is the protocol class to callers, as a wrong reply is */
-        if (st == CG_OK && gs[k].st != CG_OK)
-            st = gs[k].st == CG_E_TOO_LARGE ? CG_E_BAD_GATEWAY : gs[k].st;
+        if (st == CG_OK && gs[k].st != CG_OK) st = caller_status(gs[k].st);
     }
     if (st == CG_OK) {
         for (size_t k = 0; k < ng && st == CG_OK; k++) {

@@ -133,10 +133,9 @@ int cg_api_parse_opts(cg_worker_api *a, cg_http_req *req, json_t *body, const ch
 void cg_api_engine_error(cg_http_req *req, cg_status st, const char *param, const char *err)
 {
     /* the engine stopped because its client left: nobody reads this, and it is no 5xx */
-    if (st == CG_E_UNAVAILABLE && cg_http_req_client_left(req))
-        cg_http_reply_error_status(req, CG_HTTP_CLIENT_GONE, st, param, err && err[0] ? err : NULL);
-    else
-        cg_http_reply_error(req, st, param, err && err[0] ? err : NULL);
+    int http = st == CG_E_UNAVAILABLE && cg_http_req_client_left(req) ? CG_HTTP_CLIENT_GONE
+                                                                      : cg_status_http(st);
+    cg_http_reply_error_status(req, http, st, param, err && err[0] ? err : NULL);
 }
 
 void cg_api_random_hex(char *out, size_t n_bytes)
